@@ -1,0 +1,114 @@
+"""Configuration: frozen dataclasses built once and passed in.
+
+Precedence, lowest to highest: built-in defaults, ``riverbed.toml`` (in the working
+directory, or the file named by ``RIVERBED_CONFIG``), then ``RIVERBED_*`` environment
+variables. Library code never reads the environment itself; it receives a
+:class:`Config` (or one of its parts) from its caller.
+
+``riverbed.toml``::
+
+    home = ".riverbed"
+    control = "etcd://127.0.0.1:2379"
+
+    [spark]
+    master = "local[*]"
+    conf = { "spark.sql.shuffle.partitions" = "8" }
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from riverbed.errors import ConfigError
+
+__all__ = ["Config", "SparkConfig", "load_config"]
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """How riverbed builds SparkSessions (see :mod:`riverbed.spark`)."""
+
+    master: str = "local[*]"
+    app_name: str = "riverbed"
+    conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Where riverbed keeps things. Every location is a URL or a path."""
+
+    home: Path = Path(".riverbed")
+    control: str = ""
+    spark: SparkConfig = field(default_factory=SparkConfig)
+
+    @property
+    def control_url(self) -> str:
+        """The control-plane URL; defaults to SQLite under ``home``."""
+        if self.control:
+            return self.control
+        return f"sqlite:///{(self.home / 'control.db').resolve()}"
+
+
+def _expect_str(source: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"{source}: '{key}' must be a string, got {type(value).__name__} {value!r}; "
+            f'quote it, e.g. {key} = "..."'
+        )
+    return value
+
+
+def load_config(
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Config:
+    """Build the :class:`Config` from ``riverbed.toml`` and ``RIVERBED_*`` variables."""
+    env = os.environ if env is None else env
+    cwd = Path.cwd() if cwd is None else cwd
+    path = Path(env["RIVERBED_CONFIG"]) if env.get("RIVERBED_CONFIG") else cwd / "riverbed.toml"
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the file or remove it") from exc
+    elif env.get("RIVERBED_CONFIG"):
+        raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
+
+    known = {"home", "control", "spark"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    src = str(path)
+    home = Path(_expect_str(src, "home", data.get("home", ".riverbed")))
+    control = _expect_str(src, "control", data.get("control", ""))
+    spark_data = data.get("spark", {})
+    if not isinstance(spark_data, dict):
+        raise ConfigError(f"{path}: [spark] must be a table")
+    master = _expect_str(src, "spark.master", spark_data.get("master", "local[*]"))
+    conf_raw = spark_data.get("conf", {})
+    if not isinstance(conf_raw, dict):
+        raise ConfigError(f"{path}: spark.conf must be a table of strings")
+    conf = {str(k): str(v) for k, v in conf_raw.items()}
+
+    if env.get("RIVERBED_HOME"):
+        home = Path(env["RIVERBED_HOME"])
+    if env.get("RIVERBED_CONTROL"):
+        control = env["RIVERBED_CONTROL"]
+    if env.get("RIVERBED_SPARK_MASTER"):
+        master = env["RIVERBED_SPARK_MASTER"]
+    if not home.is_absolute():
+        home = cwd / home
+    return Config(
+        home=home,
+        control=control,
+        spark=SparkConfig(master=master, conf=MappingProxyType(conf)),
+    )

@@ -1,0 +1,45 @@
+"""Errors of the control plane (see :mod:`riverbed.errors` for the tree)."""
+
+from __future__ import annotations
+
+from riverbed.errors import RiverbedError
+
+
+class ControlError(RiverbedError):
+    """Base of every control-plane error."""
+
+
+class InvalidURLError(ControlError):
+    """The control-plane URL has an unknown scheme or a malformed address."""
+
+
+class UnavailableError(ControlError):
+    """No endpoint of the control plane answered."""
+
+
+class KeyNotFoundError(ControlError):
+    """A key that had to exist does not."""
+
+
+class LeaseNotFoundError(ControlError):
+    """The lease was revoked or has expired."""
+
+
+class CompactedError(ControlError):
+    """A watch asked for revisions that were compacted away."""
+
+    def __init__(self, requested: int, compact_revision: int) -> None:
+        super().__init__(
+            f"revision {requested} has been compacted (oldest kept: {compact_revision}); "
+            f"re-read the keys with get/range, then watch from their revision + 1"
+        )
+        self.requested = requested
+        self.compact_revision = compact_revision
+
+
+class LockTimeoutError(ControlError):
+    """A lock or leadership was not acquired within the timeout."""
+
+
+class SessionLostError(ControlError):
+    """The session's lease expired or was revoked while something depended on it."""

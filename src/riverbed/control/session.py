@@ -1,0 +1,92 @@
+"""A lease kept alive by a background thread that this object owns."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import TracebackType
+
+from riverbed.control.base import ControlPlane
+from riverbed.control.errors import ControlError, LeaseNotFoundError, SessionLostError
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Grant a lease and keep it alive until :meth:`close` (or the process dies).
+
+    The keeper refreshes every ``ttl / 3`` seconds. If the lease is found expired, or
+    no refresh succeeded for a whole TTL, :attr:`lost` is set and the keeper stops:
+    everything attached to the lease (locks, leadership, registrations) must be
+    considered gone. Code that acts on behalf of the session should check
+    :meth:`ensure_alive` and, for safety, fence its writes by revision.
+    """
+
+    def __init__(self, cp: ControlPlane, ttl: int = 10) -> None:
+        self.cp = cp
+        self.ttl = ttl
+        self.lease = cp.grant(ttl).id
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._keep, name=f"riverbed-lease-{self.lease:x}", daemon=True
+        )
+        self._thread.start()
+
+    def _keep(self) -> None:
+        interval = max(self.ttl / 3, 0.1)
+        last_ok = time.monotonic()
+        while not self._stop.wait(interval):
+            try:
+                self.cp.keepalive(self.lease)
+                last_ok = time.monotonic()
+            except LeaseNotFoundError:
+                log.warning("lease %x expired; session lost", self.lease)
+                self.lost.set()
+                return
+            except ControlError as exc:
+                if time.monotonic() - last_ok >= self.ttl:
+                    log.warning("lease %x not refreshed for %ss (%s); session lost",
+                                self.lease, self.ttl, exc)
+                    self.lost.set()
+                    return
+                log.info("keepalive of lease %x failed (%s); retrying", self.lease, exc)
+
+    @property
+    def alive(self) -> bool:
+        return not self.lost.is_set() and not self._stop.is_set()
+
+    def ensure_alive(self) -> None:
+        if not self.alive:
+            raise SessionLostError(
+                f"session lease {self.lease:x} is gone (expired or closed); start a new session"
+            )
+
+    def close(self, revoke: bool = True) -> None:
+        """Stop the keeper; revoke the lease (deleting its keys) unless told not to."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if revoke and not self.lost.is_set():
+            try:
+                self.cp.revoke(self.lease)
+            except ControlError as exc:
+                log.warning("could not revoke lease %x (%s); it expires in %ss",
+                            self.lease, exc, self.ttl)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else "lost" if self.lost.is_set() else "closed"
+        return f"Session(lease={self.lease:x}, ttl={self.ttl}, {state})"
