@@ -19,8 +19,10 @@ the last event delivered, so no event is lost or repeated across a failover.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -86,6 +88,16 @@ def _kv(d: dict[str, Any]) -> KeyValue:
         version=int(d.get("version", 0)),
         lease=int(d.get("lease", 0)),
     )
+
+
+def _shutdown(response: httpx.Response) -> None:
+    """Unblock a thread reading ``response``: closing alone does not interrupt a recv()."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    response.close()
 
 
 class _Unsent(Exception):
@@ -288,7 +300,7 @@ class EtcdControlPlane(ControlPlane):
         with self._http.stream(
             "POST", endpoint + "/v3/watch", json={"create_request": create}, timeout=timeout
         ) as response:
-            w.interrupt = response.close
+            w.interrupt = lambda: _shutdown(response)
             if w.stopping.is_set():
                 return
             for line in response.iter_lines():

@@ -1,0 +1,1 @@
+"""The ``riverbed`` command: thin, it parses arguments and calls the packages."""

@@ -1,0 +1,68 @@
+"""Entry point of the ``riverbed`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from riverbed import __version__
+from riverbed.cli import control as control_cli
+from riverbed.errors import RiverbedError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="riverbed",
+        description="Resilient, stateful stream aggregation and recurring data jobs on Spark.",
+    )
+    parser.add_argument("--version", action="version", version=f"riverbed {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    control_cli.add_parser(sub)
+    demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
+    demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    demo.add_argument("--ttl", type=int, default=2, help="session lease TTL in seconds")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from riverbed.config import load_config
+    from riverbed.demo import run_demo
+
+    return run_demo(load_config(), workers=args.workers, ttl=args.ttl)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # SIGTERM unwinds like Ctrl-C, so sessions revoke their leases on the way out.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        code: int = args.func(args)
+        return code
+    except RiverbedError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 1
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

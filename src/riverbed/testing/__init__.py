@@ -1,0 +1,10 @@
+"""Helpers for riverbed's own tests and benchmarks: real servers on loopback ports.
+
+Not imported by library code. Each server object starts a real process on free
+loopback ports in a private temporary directory and always stops it (context
+managers; pytest fixtures in ``tests/conftest.py`` wrap them).
+"""
+
+from riverbed.testing.servers import EtcdCluster, EtcdServer, PostgresServer, free_port
+
+__all__ = ["EtcdCluster", "EtcdServer", "PostgresServer", "free_port"]

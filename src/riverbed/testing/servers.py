@@ -1,0 +1,290 @@
+"""Real etcd and PostgreSQL servers for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from riverbed.errors import RiverbedError
+
+
+class ServerError(RiverbedError):
+    """A test server could not be started."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _require(binary: str, package: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise ServerError(
+            f"'{binary}' is not installed; install Debian's {package} "
+            f"(apt-get install -y {package}) or run `make test`, which does it"
+        )
+    return path
+
+
+def _wait_until(check: object, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.02)  # waiting for another process to come up: nothing to wait on
+    tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+    raise ServerError(f"{what} did not become ready in {timeout}s\n{tail}")
+
+
+# --------------------------------------------------------------------------- etcd
+class _EtcdNode:
+    def __init__(self, name: str, base: Path, client_port: int, peer_port: int) -> None:
+        self.name = name
+        self.dir = base / name
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self, initial_cluster: str, state: str = "new") -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "etcd.log", "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [
+                _require("etcd", "etcd-server"),
+                "--name", self.name,
+                "--data-dir", str(self.dir / "data"),
+                "--listen-client-urls", self.client_url,
+                "--advertise-client-urls", self.client_url,
+                "--listen-peer-urls", self.peer_url,
+                "--initial-advertise-peer-urls", self.peer_url,
+                "--initial-cluster", initial_cluster,
+                "--initial-cluster-state", state,
+                "--initial-cluster-token", "riverbed-test",
+                "--heartbeat-interval", "10",
+                "--election-timeout", "100",
+                "--logger", "zap",
+                "--log-level", "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def status(self) -> dict[str, str] | None:
+        try:
+            r = httpx.post(f"{self.client_url}/v3/maintenance/status", json={}, timeout=0.5)
+            data: dict[str, str] = r.json()
+            return data if r.status_code == 200 and "leader" in data else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def healthy(self) -> bool:
+        try:
+            r = httpx.get(f"{self.client_url}/health", timeout=0.5)
+            return r.status_code == 200 and r.json().get("health") == "true"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class EtcdCluster:
+    """``size`` etcd members on loopback (``size=1`` for a single node)."""
+
+    def __init__(self, size: int = 1) -> None:
+        self._tmp = tempfile.mkdtemp(prefix="riverbed-etcd-")
+        base = Path(self._tmp)
+        self.nodes = [_EtcdNode(f"n{i}", base, free_port(), free_port()) for i in range(size)]
+        self._initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.endpoint for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(self.endpoints)
+
+    def start(self) -> EtcdCluster:
+        for node in self.nodes:
+            node.start(self._initial)
+        _wait_until(lambda: all(n.healthy() for n in self.nodes), 30, "etcd",
+                    self.nodes[0].dir / "etcd.log")
+        return self
+
+    def leader_index(self) -> int:
+        """Index of the current raft leader (waits for one)."""
+        found: list[int] = []
+
+        def check() -> bool:
+            for i, node in enumerate(self.nodes):
+                st = node.status() if node.proc and node.proc.poll() is None else None
+                if st and st.get("leader") == st.get("header", {}).get("member_id"):  # type: ignore[attr-defined]
+                    found.append(i)
+                    return True
+            return False
+
+        _wait_until(check, 15, "an etcd leader")
+        return found[0]
+
+    def kill(self, index: int) -> None:
+        self.nodes[index].kill()
+
+    def restart(self, index: int) -> None:
+        node = self.nodes[index]
+        node.start(self._initial, state="existing")
+        _wait_until(node.healthy, 30, f"etcd member {node.name}", node.dir / "etcd.log")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> EtcdCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def EtcdServer() -> EtcdCluster:  # noqa: N802 - reads as a class at call sites
+    """A single-node etcd."""
+    return EtcdCluster(1)
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for candidate in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True):
+        return str(candidate)
+    raise ServerError(
+        f"PostgreSQL's '{name}' is not installed; apt-get install -y postgresql "
+        "(or run `make test`, which does it)"
+    )
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (``fsync=off``) with a template database.
+
+    ``initdb`` refuses to run as root, so as root the cluster belongs to the
+    ``postgres`` user and its commands run through ``runuser``.
+    """
+
+    TEMPLATE = "riverbed_template"
+
+    def __init__(self) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="riverbed-pg-"))
+        self.data = self._tmp / "data"
+        self.port = free_port()
+        self._as: list[str] = []
+        if os.geteuid() == 0:
+            self._as = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self._tmp, "postgres", "postgres")
+        self._counter = 0
+
+    def _run(self, *args: str) -> None:
+        result = subprocess.run([*self._as, *args], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ServerError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def start(self) -> PostgresServer:
+        self._run(_pg_bin("initdb"), "-D", str(self.data), "-U", "postgres",
+                  "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self._tmp} "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-o", options,
+                  "-l", str(self._tmp / "postgres.log"), "-w", "start")
+        self.execute(f"CREATE DATABASE {self.TEMPLATE}")
+        return self
+
+    def execute(self, sql: str, dbname: str = "postgres") -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
+            conn.execute(sql.encode())
+
+    @contextlib.contextmanager
+    def database(self) -> Iterator[str]:
+        """A fresh database cloned from the template; yields its DSN, drops it after."""
+        self._counter += 1
+        name = f"test_{os.getpid()}_{self._counter}"
+        self.execute(f"CREATE DATABASE {name} TEMPLATE {self.TEMPLATE}")
+        try:
+            yield self.dsn(name)
+        finally:
+            self.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            with contextlib.suppress(ServerError):
+                self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,60 @@
+"""Shared fixtures: real servers on loopback ports, one Spark session per run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from riverbed.testing import EtcdCluster, EtcdServer, PostgresServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdCluster]:
+    """One single-node etcd for the whole run (tests isolate by key prefix)."""
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def etcd_cluster() -> Iterator[EtcdCluster]:
+    """A fresh 3-node etcd cluster for one failover test."""
+    with EtcdCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
+    """DSN of a fresh database (from the template) for one test."""
+    with postgres_server.database() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from riverbed.config import SparkConfig
+    from riverbed.spark import session
+
+    s = session(SparkConfig(master="local[2]", app_name="riverbed-tests"), test=True)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for child processes: this interpreter's riverbed, unbuffered output."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
