@@ -77,7 +77,9 @@ def load_config(
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML ({exc}); fix the file or remove it") from exc
+            raise ConfigError(
+                f"{path} is not valid TOML ({exc}); fix the file or remove it"
+            ) from exc
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 

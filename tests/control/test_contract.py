@@ -67,9 +67,7 @@ def test_prefix_range_is_sorted_and_bounded(cp: ControlPlane, ns: str) -> None:
 def test_txn_applies_all_operations_at_one_revision(cp: ControlPlane, ns: str) -> None:
     cp.put(ns + "gone", "x")
     start = cp.revision()
-    result = cp.txn(
-        success=[Put.of(ns + "a", "1"), Put.of(ns + "b", "2"), Delete.of(ns + "gone")]
-    )
+    result = cp.txn(success=[Put.of(ns + "a", "1"), Put.of(ns + "b", "2"), Delete.of(ns + "gone")])
     assert result.succeeded
     assert result.revision == start + 1
     a, b = cp.get(ns + "a"), cp.get(ns + "b")
@@ -124,7 +122,7 @@ def test_compare_and_swap_from_threads_loses_no_increment(cp: ControlPlane, ns: 
 
 
 def test_writing_a_key_twice_in_one_txn_is_rejected(cp: ControlPlane, ns: str) -> None:
-    with pytest.raises(Exception, match="twice|duplicate"):
+    with pytest.raises(Exception, match=r"twice|duplicate"):
         cp.txn(success=[Put.of(ns + "d", "1"), Put.of(ns + "d", "2")])
     assert cp.get(ns + "d") is None
 
@@ -189,9 +187,7 @@ def test_keepalive_extends_a_lease_past_its_ttl(cp: ControlPlane, ns: str) -> No
 # -- watches -----------------------------------------------------------------------
 
 
-def test_watch_replays_history_in_order_and_resumes_without_gaps(
-    cp: ControlPlane, ns: str
-) -> None:
+def test_watch_replays_history_in_order_and_resumes_without_gaps(cp: ControlPlane, ns: str) -> None:
     start = cp.revision() + 1
     for i in range(5):
         cp.put(ns + "w", str(i))
@@ -223,7 +219,7 @@ def test_watch_without_start_sees_only_new_events_filtered_by_prefix(
         cp.put(ns + "dir/new", "y")
         cp.txn(success=[Put.of(ns + "dir/a", "1"), Put.of(ns + "dir/b", "2")])
         got = [watch.get(timeout=5) for _ in range(3)]
-    assert [e.kv.key.decode()[len(ns):] for e in got if e] == ["dir/new", "dir/a", "dir/b"]
+    assert [e.kv.key.decode()[len(ns) :] for e in got if e] == ["dir/new", "dir/a", "dir/b"]
     assert got[1] is not None and got[2] is not None
     assert got[1].revision == got[2].revision
 

@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
 
     c = cmds.add_parser("lock", help="hold lock NAME (while COMMAND runs, or until killed)")
     c.add_argument("name")
-    c.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and arguments")
+    c.add_argument("cmd", nargs="*", help="command to run while holding the lock (after --)")
     c.add_argument("--ttl", type=int, default=10, help="session lease TTL (default 10)")
     c.add_argument("--timeout", type=float, help="give up after this many seconds")
     c.set_defaults(run=_lock)
@@ -190,8 +190,11 @@ def _watch(cp: ControlPlane, args: argparse.Namespace) -> int:
 
 def _lease_grant(cp: ControlPlane, args: argparse.Namespace) -> int:
     grant = cp.grant(args.ttl)
-    _emit(args, {"id": f"{grant.id:x}", "ttl": grant.ttl},
-          f"lease {grant.id:x} granted with TTL({grant.ttl}s)")
+    _emit(
+        args,
+        {"id": f"{grant.id:x}", "ttl": grant.ttl},
+        f"lease {grant.id:x} granted with TTL({grant.ttl}s)",
+    )
     return 0
 
 
@@ -221,7 +224,7 @@ def _lease_ttl(cp: ControlPlane, args: argparse.Namespace) -> int:
 
 
 def _lock(cp: ControlPlane, args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = list(args.cmd)
     with Session(cp, ttl=args.ttl) as session:
         lock = Lock(session, args.name)
         token = lock.acquire(timeout=args.timeout)
@@ -230,7 +233,10 @@ def _lock(cp: ControlPlane, args: argparse.Namespace) -> int:
             _emit(args, {"name": args.name, "key": key, "token": token}, key)
             if cmd:
                 env = dict(os.environ, RIVERBED_LOCK_TOKEN=str(token))
-                return subprocess.run(cmd, env=env, check=False).returncode
+                try:
+                    return subprocess.run(cmd, env=env, check=False).returncode
+                except OSError as exc:
+                    raise ValueError(f"cannot run {cmd[0]!r} under the lock: {exc}") from exc
             session.lost.wait()
             session.ensure_alive()
             return 1
@@ -266,21 +272,37 @@ def _members(cp: ControlPlane, args: argparse.Namespace) -> int:
         try:
             meta = json.loads(args.meta)
         except ValueError:
-            raise ValueError(f"--meta {args.meta!r} is not JSON, e.g. --meta '{{\"host\": \"a\"}}'") from None
+            raise ValueError(
+                f'--meta {args.meta!r} is not JSON, e.g. --meta \'{{"host": "a"}}\''
+            ) from None
         with Session(cp, ttl=args.ttl) as session:
             member = registry.register(session, args.register, meta)
-            _emit(args, {"registered": member.id, "revision": member.revision},
-                  f"registered {member.id}")
+            _emit(
+                args,
+                {"registered": member.id, "revision": member.revision},
+                f"registered {member.id}",
+            )
             session.lost.wait()
             session.ensure_alive()
             return 1
     members, rev = registry.snapshot()
     for m in members:
-        _emit(args, {"id": m.id, "metadata": dict(m.metadata), "joined_revision": m.revision},
-              f"{m.id}  {json.dumps(dict(m.metadata))}")
+        _emit(
+            args,
+            {"id": m.id, "metadata": dict(m.metadata), "joined_revision": m.revision},
+            f"{m.id}  {json.dumps(dict(m.metadata))}",
+        )
     if args.watch:
         for change in registry.changes(start_revision=rev + 1):
             m = change.member
-            _emit(args, {"change": change.kind, "id": m.id, "metadata": dict(m.metadata),
-                         "revision": change.revision}, f"{change.kind} {m.id}")
+            _emit(
+                args,
+                {
+                    "change": change.kind,
+                    "id": m.id,
+                    "metadata": dict(m.metadata),
+                    "revision": change.revision,
+                },
+                f"{change.kind} {m.id}",
+            )
     return 0

@@ -42,7 +42,18 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" is a command to run (``control lock NAME -- cmd ...``); split it
+    # off first, since argparse cannot mix options and a trailing command in a subparser.
+    trailing: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, trailing = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if trailing is not None:
+        if not hasattr(args, "cmd"):
+            parser.error("'--' is only understood by `riverbed control lock NAME -- COMMAND`")
+        args.cmd = [*args.cmd, *trailing]
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

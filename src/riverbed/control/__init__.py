@@ -80,7 +80,9 @@ def _float_option(url: str, options: dict[str, list[str]], name: str, default: f
     try:
         return float(options[name][-1])
     except ValueError:
-        raise InvalidURLError(f"{url}: option {name}={options[name][-1]!r} is not a number") from None
+        raise InvalidURLError(
+            f"{url}: option {name}={options[name][-1]!r} is not a number"
+        ) from None
 
 
 def connect(url: str) -> ControlPlane:

@@ -219,7 +219,7 @@ class Delete:
 
 Op: TypeAlias = Put | Get | Delete
 # Per operation: Get -> list of KeyValue, Put -> previous KeyValue or None, Delete -> count.
-OpResult: TypeAlias = list[KeyValue] | KeyValue | None | int
+OpResult: TypeAlias = list[KeyValue] | KeyValue | int | None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from riverbed.control.base import Bytes, Compare, ControlPlane, Delete, EventType, Get, KeyValue, Put
+from riverbed.control.base import (
+    Bytes,
+    Compare,
+    ControlPlane,
+    Delete,
+    EventType,
+    Get,
+    KeyValue,
+    Put,
+)
 from riverbed.control.base import to_bytes as _b
 from riverbed.control.errors import SessionLostError
 from riverbed.control.lock import enqueue, wait_turn
@@ -20,6 +29,10 @@ from riverbed.control.session import Session
 
 def _leader_of(kvs: dict[bytes, KeyValue]) -> KeyValue | None:
     return min(kvs.values(), key=lambda kv: kv.create_revision, default=None)
+
+
+def _identity(kv: KeyValue | None) -> tuple[bytes, bytes] | None:
+    return (kv.key, kv.value) if kv else None
 
 
 class Election:
@@ -73,8 +86,9 @@ class Election:
             raise SessionLostError(
                 f"our candidacy key {mine.key!r} in election '{self.name}' is gone (lease lost)"
             )
-        return KeyValue(mine.key, value, mine.create_revision, result.revision,
-                        mine.version + 1, session.lease)
+        return KeyValue(
+            mine.key, value, mine.create_revision, result.revision, mine.version + 1, session.lease
+        )
 
     def resign(self) -> None:
         """Step down (or withdraw the candidacy); the next candidate takes over."""
@@ -113,7 +127,7 @@ class Election:
                 else:
                     kvs.pop(event.kv.key, None)
                 leader = _leader_of(kvs)
-                if (leader and (leader.key, leader.value)) != (current and (current.key, current.value)):
+                if _identity(leader) != _identity(current):
                     current = leader
                     yield current
 

@@ -58,7 +58,13 @@ from riverbed.control.errors import (
 
 log = logging.getLogger(__name__)
 
-_TARGETS = {"value": "VALUE", "version": "VERSION", "create": "CREATE", "mod": "MOD", "lease": "LEASE"}
+_TARGETS = {
+    "value": "VALUE",
+    "version": "VERSION",
+    "create": "CREATE",
+    "mod": "MOD",
+    "lease": "LEASE",
+}
 _FIELDS = {
     "value": "value",
     "version": "version",
@@ -251,10 +257,8 @@ class EtcdControlPlane(ControlPlane):
         return ttl
 
     def revoke(self, lease: int) -> None:
-        try:
+        with contextlib.suppress(LeaseNotFoundError):
             self._call("/v3/lease/revoke", {"ID": str(lease)}, write=False)
-        except LeaseNotFoundError:
-            pass
 
     def time_to_live(self, lease: int) -> int | None:
         data = self._call("/v3/lease/timetolive", {"ID": str(lease)}, write=False)

@@ -41,7 +41,7 @@ def enqueue(session: Session, prefix: bytes, value: bytes) -> KeyValue:
 
 
 def wait_turn(session: Session, prefix: bytes, mine: KeyValue, timeout: float | None) -> None:
-    """Steps 2–3: block until ``mine`` has the lowest create_revision under ``prefix``."""
+    """Steps 2-3: block until ``mine`` has the lowest create_revision under ``prefix``."""
     cp = session.cp
     end = None if timeout is None else time.monotonic() + timeout
     while True:

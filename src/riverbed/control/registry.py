@@ -43,7 +43,7 @@ class Registry:
         self.prefix = f"riverbed/registry/{group}/".encode()
 
     def _member(self, kv: KeyValue) -> Member:
-        member_id = kv.key[len(self.prefix):].decode()
+        member_id = kv.key[len(self.prefix) :].decode()
         try:
             metadata = json.loads(kv.value) if kv.value else {}
         except ValueError:

@@ -47,8 +47,12 @@ class Session:
                 return
             except ControlError as exc:
                 if time.monotonic() - last_ok >= self.ttl:
-                    log.warning("lease %x not refreshed for %ss (%s); session lost",
-                                self.lease, self.ttl, exc)
+                    log.warning(
+                        "lease %x not refreshed for %ss (%s); session lost",
+                        self.lease,
+                        self.ttl,
+                        exc,
+                    )
                     self.lost.set()
                     return
                 log.info("keepalive of lease %x failed (%s); retrying", self.lease, exc)
@@ -73,8 +77,9 @@ class Session:
             try:
                 self.cp.revoke(self.lease)
             except ControlError as exc:
-                log.warning("could not revoke lease %x (%s); it expires in %ss",
-                            self.lease, exc, self.ttl)
+                log.warning(
+                    "could not revoke lease %x (%s); it expires in %ss", self.lease, exc, self.ttl
+                )
 
     def __enter__(self) -> Session:
         return self

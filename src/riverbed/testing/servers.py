@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -77,19 +78,32 @@ class _EtcdNode:
         self.proc = subprocess.Popen(
             [
                 _require("etcd", "etcd-server"),
-                "--name", self.name,
-                "--data-dir", str(self.dir / "data"),
-                "--listen-client-urls", self.client_url,
-                "--advertise-client-urls", self.client_url,
-                "--listen-peer-urls", self.peer_url,
-                "--initial-advertise-peer-urls", self.peer_url,
-                "--initial-cluster", initial_cluster,
-                "--initial-cluster-state", state,
-                "--initial-cluster-token", "riverbed-test",
-                "--heartbeat-interval", "10",
-                "--election-timeout", "100",
-                "--logger", "zap",
-                "--log-level", "warn",
+                "--name",
+                self.name,
+                "--data-dir",
+                str(self.dir / "data"),
+                "--listen-client-urls",
+                self.client_url,
+                "--advertise-client-urls",
+                self.client_url,
+                "--listen-peer-urls",
+                self.peer_url,
+                "--initial-advertise-peer-urls",
+                self.peer_url,
+                "--initial-cluster",
+                initial_cluster,
+                "--initial-cluster-state",
+                state,
+                "--initial-cluster-token",
+                "riverbed-test",
+                "--heartbeat-interval",
+                "10",
+                "--election-timeout",
+                "100",
+                "--logger",
+                "zap",
+                "--log-level",
+                "warn",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -97,10 +111,10 @@ class _EtcdNode:
         )
         log.close()
 
-    def status(self) -> dict[str, str] | None:
+    def status(self) -> dict[str, Any] | None:
         try:
             r = httpx.post(f"{self.client_url}/v3/maintenance/status", json={}, timeout=0.5)
-            data: dict[str, str] = r.json()
+            data: dict[str, Any] = r.json()
             return data if r.status_code == 200 and "leader" in data else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -146,8 +160,9 @@ class EtcdCluster:
     def start(self) -> EtcdCluster:
         for node in self.nodes:
             node.start(self._initial)
-        _wait_until(lambda: all(n.healthy() for n in self.nodes), 30, "etcd",
-                    self.nodes[0].dir / "etcd.log")
+        _wait_until(
+            lambda: all(n.healthy() for n in self.nodes), 30, "etcd", self.nodes[0].dir / "etcd.log"
+        )
         return self
 
     def leader_index(self) -> int:
@@ -157,7 +172,8 @@ class EtcdCluster:
         def check() -> bool:
             for i, node in enumerate(self.nodes):
                 st = node.status() if node.proc and node.proc.poll() is None else None
-                if st and st.get("leader") == st.get("header", {}).get("member_id"):  # type: ignore[attr-defined]
+                header = st.get("header") if st else None
+                if st and isinstance(header, dict) and st.get("leader") == header.get("member_id"):
                     found.append(i)
                     return True
             return False
@@ -194,7 +210,7 @@ class EtcdCluster:
         self.stop()
 
 
-def EtcdServer() -> EtcdCluster:  # noqa: N802 - reads as a class at call sites
+def EtcdServer() -> EtcdCluster:
     """A single-node etcd."""
     return EtcdCluster(1)
 
@@ -240,14 +256,32 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def start(self) -> PostgresServer:
-        self._run(_pg_bin("initdb"), "-D", str(self.data), "-U", "postgres",
-                  "--auth=trust", "-E", "UTF8", "--no-sync")
+        self._run(
+            _pg_bin("initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self._tmp} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         )
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-o", options,
-                  "-l", str(self._tmp / "postgres.log"), "-w", "start")
+        self._run(
+            _pg_bin("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self._tmp / "postgres.log"),
+            "-w",
+            "start",
+        )
         self.execute(f"CREATE DATABASE {self.TEMPLATE}")
         return self
 

@@ -1,0 +1,116 @@
+"""The riverbed command: etcdctl-like output, one clear line and non-zero exit on errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "riverbed.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'control.db'}"
+
+
+def test_put_get_del_roundtrip(url: str) -> None:
+    assert run("control", "--url", url, "put", "app/a", "1").stdout.strip() == "OK"
+    run("control", "--url", url, "put", "app/b", "2")
+    got = run("control", "--url", url, "get", "app/", "--prefix")
+    assert got.stdout.split() == ["app/a", "1", "app/b", "2"]
+    js = run("control", "--url", url, "--json", "get", "app/a")
+    record = json.loads(js.stdout)
+    assert record["value"] == "1" and record["version"] == 1
+    assert run("control", "--url", url, "del", "app/", "--prefix").stdout.strip() == "2"
+
+
+def test_watch_replays_from_revision(url: str) -> None:
+    run("control", "--url", url, "put", "k", "v1")
+    run("control", "--url", url, "put", "k", "v2")
+    out = run("control", "--url", url, "--json", "watch", "k", "--rev", "1", "--count", "2")
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(e["type"], e["value"]) for e in events] == [("PUT", "v1"), ("PUT", "v2")]
+
+
+def test_lease_lifecycle(url: str) -> None:
+    grant = json.loads(run("control", "--url", url, "--json", "lease", "grant", "30").stdout)
+    lease = grant["id"]
+    run("control", "--url", url, "put", "eph", "x", "--lease", lease)
+    ttl = run("control", "--url", url, "--json", "lease", "timetolive", lease)
+    assert 0 < json.loads(ttl.stdout)["ttl"] <= 30
+    assert run("control", "--url", url, "lease", "keepalive", lease, "--once").returncode == 0
+    run("control", "--url", url, "lease", "revoke", lease)
+    missing = run("control", "--url", url, "get", "eph")
+    assert missing.returncode == 1 and "not found" in missing.stderr
+
+
+def test_lock_runs_command_with_fencing_token(url: str) -> None:
+    out = run(
+        "control",
+        "--url",
+        url,
+        "lock",
+        "job",
+        "--ttl",
+        "5",
+        "--",
+        sys.executable,
+        "-c",
+        "import os; print('token', os.environ['RIVERBED_LOCK_TOKEN'])",
+    )
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[-1].startswith("token ")
+    failing = run(
+        "control", "--url", url, "lock", "job", "--", sys.executable, "-c", "raise SystemExit(7)"
+    )
+    assert failing.returncode == 7
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["control", "--url", "bogus://x", "get", "a"], "unknown control-plane URL"),
+        (["control", "--url", "sqlite://host/x.db", "get", "a"], "three slashes"),
+        (["control", "--url", "etcd://nohostport", "get", "a"], "not host:port"),
+        (["control", "--url", "etcd://127.0.0.1:1?timeout=0.5", "get", "a"], "no etcd endpoint"),
+        (["control", "--url", "memory://", "get", "nope"], "key 'nope' not found"),
+        (["control", "--url", "memory://", "lease", "revoke", "xyz"], "is not hex"),
+        (["control", "--url", "memory://", "put", "a", "b", "--", "x"], "only understood"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
+    out = run(*args)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_corrupt_control_database_is_reported_and_left_alone(tmp_path: Path) -> None:
+    bad = tmp_path / "control.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    out = run("control", "--url", f"sqlite:///{bad}", "get", "a")
+    assert out.returncode == 1 and "not a riverbed control database" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert bad.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_default_url_comes_from_riverbed_home(tmp_path: Path) -> None:
+    import os
+
+    env = dict(os.environ, RIVERBED_HOME=str(tmp_path / "home"))
+    env.pop("RIVERBED_CONTROL", None)
+    assert run("control", "put", "x", "1", env=env).returncode == 0
+    assert (tmp_path / "home" / "control.db").exists()

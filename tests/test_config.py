@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from riverbed import ConfigError, load_config
+
+
+def test_defaults_put_everything_under_home(tmp_path: Path) -> None:
+    config = load_config(env={}, cwd=tmp_path)
+    assert config.home == tmp_path / ".riverbed"
+    assert config.control_url == f"sqlite:///{tmp_path / '.riverbed' / 'control.db'}"
+    assert config.spark.master == "local[*]"
+
+
+def test_toml_then_environment_override(tmp_path: Path) -> None:
+    (tmp_path / "riverbed.toml").write_text(
+        'home = "/data/rb"\ncontrol = "etcd://a:1"\n[spark]\nmaster = "spark://m:7077"\n'
+        'conf = { "spark.sql.shuffle.partitions" = 8 }\n'
+    )
+    config = load_config(env={}, cwd=tmp_path)
+    assert (config.home, config.control_url) == (Path("/data/rb"), "etcd://a:1")
+    assert config.spark.master == "spark://m:7077"
+    assert config.spark.conf["spark.sql.shuffle.partitions"] == "8"
+    env = {"RIVERBED_CONTROL": "memory://", "RIVERBED_SPARK_MASTER": "local[2]"}
+    config = load_config(env=env, cwd=tmp_path)
+    assert (config.control_url, config.spark.master) == ("memory://", "local[2]")
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    config = load_config(env={}, cwd=tmp_path)
+    with pytest.raises(AttributeError):
+        config.control = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("home = [1", "not valid TOML"),
+        ('contrl = "x"', "unknown setting"),
+        ("control = 5", "must be a string"),
+        ("spark = 3", r"\[spark\] must be a table"),
+    ],
+)
+def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "riverbed.toml").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={}, cwd=tmp_path)
+
+
+def test_missing_explicit_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(env={"RIVERBED_CONFIG": str(tmp_path / "nope.toml")}, cwd=tmp_path)
