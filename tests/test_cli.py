@@ -114,3 +114,33 @@ def test_default_url_comes_from_riverbed_home(tmp_path: Path) -> None:
     env.pop("RIVERBED_CONTROL", None)
     assert run("control", "put", "x", "1", env=env).returncode == 0
     assert (tmp_path / "home" / "control.db").exists()
+
+
+def test_a_server_that_is_not_etcd_is_named(tmp_path: Path) -> None:
+    from riverbed.testing import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        out = run("control", "--url", f"etcd://127.0.0.1:{port}", "get", "a")
+    finally:
+        server.terminate()
+        server.wait()
+    assert out.returncode == 1
+    assert "not etcd's JSON gateway" in out.stderr and "Traceback" not in out.stderr

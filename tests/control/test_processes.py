@@ -216,3 +216,64 @@ def test_lock_is_never_held_by_two_processes(
         assert kind == "enter" and leave == f"exit {pid}", "critical sections overlapped"
         tokens.append(int(token))
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_paused_leader_is_fenced_out_when_it_resumes(
+    url: str, subprocess_env: dict[str, str]
+) -> None:
+    """SIGSTOP the leader past its TTL: a new leader takes over; on SIGCONT the old
+    one's writes (guarded by its term) are rejected and it steps down."""
+    import signal
+
+    from riverbed.demo import ELECTION, FENCED_KEY
+
+    workers = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "riverbed.demo",
+                "worker",
+                name,
+                "--url",
+                url,
+                "--ttl",
+                str(TTL),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=subprocess_env,
+        )
+        for name in ("p1", "p2")
+    }
+    cp = connect(url)
+    try:
+        election = Election(cp, ELECTION)
+        first = next(kv for kv in election.observe(timeout=30) if kv is not None)
+        old_name, old_term = first.text, first.create_revision
+        paused = workers[old_name]
+        paused.send_signal(signal.SIGSTOP)
+        new = next(
+            kv for kv in election.observe(timeout=TTL + 5) if kv is not None and kv.key != first.key
+        )
+        assert new.create_revision > old_term
+        # let the new leader write under its own term, then wake the old one
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            kv = cp.get(FENCED_KEY)
+            if kv is not None and kv.text.startswith(new.text):
+                break
+            time.sleep(0.05)
+        paused.send_signal(signal.SIGCONT)
+        assert paused.wait(timeout=TTL + 5) == 1, "resumed old leader did not step down"
+        time.sleep(0.5)
+        kv = cp.get(FENCED_KEY)
+        assert kv is not None and kv.text.startswith(f"{new.text} term={new.create_revision}")
+        assert workers[new.text].poll() is None, "new leader stopped"
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+                proc.wait(timeout=10)
+        cp.close()

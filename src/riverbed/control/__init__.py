@@ -129,7 +129,7 @@ def connect(url: str) -> ControlPlane:
 
         cp = EtcdControlPlane(endpoints, timeout=_float_option(url, options, "timeout", 10.0))
         try:
-            cp.revision()
+            cp.revision(timeout=min(cp.timeout, 3.0))  # fail fast on a wrong URL
         except ControlError:
             cp.close()
             raise

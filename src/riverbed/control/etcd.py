@@ -134,8 +134,11 @@ class EtcdControlPlane(ControlPlane):
             if self._current == index:
                 self._current = (index + 1) % len(self.endpoints)
 
-    def _call(self, path: str, body: dict[str, Any], *, write: bool) -> dict[str, Any]:
-        deadline = time.monotonic() + self.timeout
+    def _call(
+        self, path: str, body: dict[str, Any], *, write: bool, timeout: float | None = None
+    ) -> dict[str, Any]:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         backoff = 0.02
         last: Exception | None = None
         while True:
@@ -147,7 +150,7 @@ class EtcdControlPlane(ControlPlane):
                 self._failed(index)
             if time.monotonic() >= deadline:
                 raise UnavailableError(
-                    f"no etcd endpoint of {self.url} answered within {self.timeout:g}s "
+                    f"no etcd endpoint of {self.url} answered within {timeout:g}s "
                     f"({last}); check that etcd is running and the URL is right"
                 )
             # Back off between rounds over all endpoints (not a polling loop: a retry).
@@ -167,7 +170,13 @@ class EtcdControlPlane(ControlPlane):
                 f"etcd at {url} failed while handling a write ({type(exc).__name__}); its "
                 "outcome is unknown: re-read the keys before retrying"
             ) from exc
-        data: dict[str, Any] = response.json()
+        try:
+            data: dict[str, Any] = response.json()
+        except ValueError:
+            raise ControlError(
+                f"{url} answered HTTP {response.status_code} with something that is not etcd's "
+                "JSON gateway; check the host:port in the etcd:// URL"
+            ) from None
         if "error" in data or response.status_code != 200:
             message = str(data.get("message") or data.get("error") or response.text)
             if any(m in message for m in _RETRYABLE) or response.status_code == 503:
@@ -230,8 +239,9 @@ class EtcdControlPlane(ControlPlane):
         assert isinstance(op, Delete)
         return {"request_delete_range": rng}
 
-    def revision(self) -> int:
-        data = self._call("/v3/kv/range", {"key": _b64(b"\0"), "count_only": True}, write=False)
+    def revision(self, timeout: float | None = None) -> int:
+        body = {"key": _b64(b"\0"), "count_only": True}
+        data = self._call("/v3/kv/range", body, write=False, timeout=timeout)
         return int(data["header"]["revision"])
 
     def compact(self, revision: int) -> None:

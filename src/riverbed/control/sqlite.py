@@ -47,7 +47,7 @@ from riverbed.control.base import (
     Watch,
     to_bytes,
 )
-from riverbed.control.errors import CompactedError, ControlError
+from riverbed.control.errors import CompactedError, ControlError, UnavailableError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
@@ -229,7 +229,7 @@ class _Connection:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[_SqliteStorage]:
-        with self._exclusive():
+        with self._exclusive(), self._errors():
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.storage
@@ -240,12 +240,22 @@ class _Connection:
 
     @contextlib.contextmanager
     def read(self) -> Iterator[_SqliteStorage]:
-        with self._mutex:
+        with self._mutex, self._errors():
             self.conn.execute("BEGIN")
             try:
                 yield self.storage
             finally:
                 self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite failures (disk full, I/O error, locked too long) as UnavailableError."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise UnavailableError(
+                f"control database {self.path} failed ({exc}); check disk space and permissions"
+            ) from exc
 
     def data_version(self) -> int:
         with self._mutex:
