@@ -34,6 +34,9 @@ def test_put_get_del_roundtrip(url: str) -> None:
     js = run("control", "--url", url, "--json", "get", "app/a")
     record = json.loads(js.stdout)
     assert record["value"] == "1" and record["version"] == 1
+    # options also work after the subcommand, where etcdctl users put them
+    after = run("control", "get", "app/", "--prefix", "--json", "--url", url)
+    assert [json.loads(line)["key"] for line in after.stdout.splitlines()] == ["app/a", "app/b"]
     assert run("control", "--url", url, "del", "app/", "--prefix").stdout.strip() == "2"
 
 

@@ -35,9 +35,18 @@ def add_parser(sub: Any) -> None:
         description="Talk to the control plane (like etcdctl). The backend comes from --url, "
         "else RIVERBED_CONTROL, else riverbed.toml, else sqlite under RIVERBED_HOME.",
     )
-    p.add_argument("--url", help="sqlite:///path.db | etcd://host:port[,host:port] | memory://")
-    p.add_argument("--json", action="store_true", help="machine-readable output (JSON lines)")
-    cmds = p.add_subparsers(dest="control_command", metavar="COMMAND", required=True)
+    url_help = "sqlite:///path.db | etcd://host:port[,host:port] | memory://"
+    json_help = "machine-readable output (JSON lines)"
+    p.add_argument("--url", help=url_help)
+    p.add_argument("--json", action="store_true", help=json_help)
+    # The same options after the subcommand (`get KEY --json`), as etcdctl users type them.
+    # SUPPRESS: when absent there, they do not overwrite what was given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    cmds = _Subcommands(
+        p.add_subparsers(dest="control_command", metavar="COMMAND", required=True), common
+    )
 
     c = cmds.add_parser("put", help="set KEY to VALUE")
     c.add_argument("key")
@@ -64,7 +73,9 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_watch)
 
     lease = cmds.add_parser("lease", help="grant, keep alive, revoke or inspect leases")
-    lcmds = lease.add_subparsers(dest="lease_command", metavar="ACTION", required=True)
+    lcmds = _Subcommands(
+        lease.add_subparsers(dest="lease_command", metavar="ACTION", required=True), common
+    )
     c = lcmds.add_parser("grant", help="grant a lease of TTL seconds; prints its id")
     c.add_argument("ttl", type=int)
     c.set_defaults(run=_lease_grant)
@@ -102,6 +113,20 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_members)
 
     p.set_defaults(func=_dispatch)
+
+
+class _Subcommands:
+    """Adds subcommands that all accept the shared options (``--url``, ``--json``)."""
+
+    def __init__(self, action: Any, common: argparse.ArgumentParser) -> None:
+        self._action = action
+        self._common = common
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._action.add_parser(
+            name, parents=[self._common], **kwargs
+        )
+        return parser
 
 
 def _dispatch(args: argparse.Namespace) -> int:
