@@ -258,11 +258,17 @@ class Watch(ABC):
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    def __iter__(self) -> Iterator[Event]:
+    def events(self, idle_timeout: float | None = None) -> Iterator[Event]:
+        """Yield events until the watch closes, or ``idle_timeout`` seconds pass without one."""
         while not self._closed.is_set():
-            event = self.get(timeout=0.5)
+            event = self.get(timeout=0.5 if idle_timeout is None else idle_timeout)
             if event is not None:
                 yield event
+            elif idle_timeout is not None:
+                return
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.events()
 
     def __enter__(self) -> Watch:
         return self

@@ -23,7 +23,7 @@ from riverbed.control.base import (
 )
 from riverbed.control.base import to_bytes as _b
 from riverbed.control.errors import SessionLostError
-from riverbed.control.lock import enqueue, wait_turn
+from riverbed.control.lock import enqueue, take_turn
 from riverbed.control.session import Session
 
 
@@ -51,11 +51,7 @@ class Election:
         mine = enqueue(session, self.prefix, _b(value))
         if mine.value != _b(value):
             mine = self._put_value(session, mine, _b(value))
-        try:
-            wait_turn(session, self.prefix, mine, timeout)
-        except BaseException:
-            self.cp.delete(mine.key)
-            raise
+        take_turn(session, self.prefix, mine, timeout)
         self._key = mine
         return mine.create_revision
 
@@ -116,12 +112,7 @@ class Election:
         current = _leader_of(kvs)
         yield current
         with self.cp.watch(self.prefix, prefix=True, start_revision=snap.revision + 1) as watch:
-            while True:
-                event = watch.get(timeout=timeout)
-                if event is None:
-                    if timeout is not None:
-                        return
-                    continue
+            for event in watch.events(idle_timeout=timeout):
                 if event.type is EventType.PUT:
                     kvs[event.kv.key] = event.kv
                 else:

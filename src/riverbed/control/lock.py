@@ -68,6 +68,15 @@ def wait_turn(session: Session, prefix: bytes, mine: KeyValue, timeout: float | 
                     break
 
 
+def take_turn(session: Session, prefix: bytes, mine: KeyValue, timeout: float | None) -> None:
+    """:func:`wait_turn`, withdrawing our key if we give up (timeout, lost session, Ctrl-C)."""
+    try:
+        wait_turn(session, prefix, mine, timeout)
+    except BaseException:
+        session.cp.delete(mine.key)
+        raise
+
+
 class Lock:
     """``with Lock(session, "jobs/compaction"): ...`` — held by one session at a time."""
 
@@ -80,11 +89,7 @@ class Lock:
     def acquire(self, timeout: float | None = None) -> int:
         """Block until held; returns the fencing token (our key's create_revision)."""
         mine = enqueue(self.session, self.prefix, b"")
-        try:
-            wait_turn(self.session, self.prefix, mine, timeout)
-        except BaseException:
-            self.session.cp.delete(mine.key)
-            raise
+        take_turn(self.session, self.prefix, mine, timeout)
         self._key = mine
         return mine.create_revision
 

@@ -100,12 +100,7 @@ class Registry:
         """Joins, updates and departures from ``start_revision``; ends after ``timeout``
         seconds without a change, if given."""
         with self.cp.watch(self.prefix, prefix=True, start_revision=start_revision) as watch:
-            while True:
-                event = watch.get(timeout=timeout)
-                if event is None:
-                    if timeout is not None:
-                        return
-                    continue
+            for event in watch.events(idle_timeout=timeout):
                 if event.type is EventType.DELETE:
                     prev = event.prev_kv or KeyValue(event.kv.key, b"", 0, 0, 0, 0)
                     yield MembershipChange("left", self._member(prev), event.revision)
