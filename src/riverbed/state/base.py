@@ -1,0 +1,69 @@
+"""Interfaces of the state layer: local engines and their atomic version marker.
+
+A :class:`LocalDB` is one partition's state on this machine. It is written only by
+:meth:`LocalDB.apply`, which applies a whole batch of operations *and* the new
+version marker atomically, so a local database is always exactly at some version.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+# ("put", key, value) | ("del", key, b"") | ("range", start, end): delete start <= key < end
+OpKind = Literal["put", "del", "range"]
+Op: TypeAlias = tuple[OpKind, bytes, bytes]
+
+
+class LocalDB(ABC):
+    """One partition's local state, at one version."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int:
+        """The version this database holds (0: empty, never committed)."""
+
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
+    @abstractmethod
+    def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Pairs with ``start <= key < end`` (``end=None``: to the last key), by key."""
+
+    @abstractmethod
+    def apply(self, ops: Sequence[Op], version: int) -> None:
+        """Apply ``ops`` and set the version marker, atomically."""
+
+    @abstractmethod
+    def checkpoint(self, dest: Path) -> None:
+        """Write a consistent copy of the database into the new directory ``dest``."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Engine(ABC):
+    """Opens and restores local databases of one kind."""
+
+    name: str
+
+    @abstractmethod
+    def open(self, path: Path) -> LocalDB:
+        """Open (or create) the database at ``path``; PartitionBusyError if held elsewhere."""
+
+    @abstractmethod
+    def restore(self, checkpoint: Path, path: Path) -> None:
+        """Replace the database at ``path`` with a checkpoint directory (which may be consumed)."""
+
+    @abstractmethod
+    def reset(self, path: Path) -> None:
+        """Make the database at ``path`` empty (version 0)."""
+
+    @abstractmethod
+    def open_readonly(self, checkpoint: Path) -> LocalDB:
+        """Open a checkpoint directory for reading, without copying or locking it."""

@@ -1,0 +1,164 @@
+"""Durable storage for changelogs and snapshots.
+
+:class:`DurableStorage` is the small set of operations the state layer needs from a
+place that outlives machines: atomic whole-object writes, reads, listings, deletes,
+and directory upload/download where the upload becomes visible all at once. The
+file implementation maps them to a directory tree (a local disk, NFS, a mounted
+bucket); an object store (S3) fits the same shape: objects are written whole, and a
+snapshot counts only once its manifest object exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from riverbed.state.errors import CorruptStateError, StateError
+
+MANIFEST = "MANIFEST.riverbed.json"
+
+
+class DurableStorage(ABC):
+    url: str
+
+    @abstractmethod
+    def write(self, name: str, data: bytes) -> None:
+        """Write object ``name`` whole: readers see the old content or the new, never a part."""
+
+    @abstractmethod
+    def read(self, name: str) -> bytes: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names of the entries directly under ``prefix`` (a "directory")."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Delete an object or a whole "directory"; missing is fine."""
+
+    @abstractmethod
+    def upload_dir(self, local: Path, name: str) -> None:
+        """Copy a local directory to ``name``; it appears whole (with a manifest) or not at all."""
+
+    @abstractmethod
+    def download_dir(self, name: str, local: Path) -> None:
+        """Copy a complete uploaded directory to ``local`` (which must not exist)."""
+
+    @abstractmethod
+    def local_path(self, name: str) -> Path | None:
+        """A local path for ``name`` if the storage is a file system, else ``None``."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStorage(DurableStorage):
+    """Durable storage in a directory. ``fsync`` on every write: it is the source of truth."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = f"file://{root}"
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def read(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise StateError(f"{self.url}/{name} does not exist") from None
+
+    def list(self, prefix: str) -> list[str]:
+        path = self._path(prefix)
+        if not path.is_dir():
+            return []
+        return sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def upload_dir(self, local: Path, name: str) -> None:
+        """1. copy files into a hidden temp dir; 2. fsync them and write the manifest;
+        3. rename the temp dir into place (an existing complete copy wins)."""
+        final = self._path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
+        shutil.copytree(local, tmp)
+        files = {}
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+                files[str(f.relative_to(tmp))] = f.stat().st_size
+        manifest = tmp / MANIFEST
+        manifest.write_text(json.dumps({"files": files}), encoding="utf-8")
+        with open(manifest, "rb") as fh:
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if (final / MANIFEST).exists():
+            shutil.rmtree(tmp)
+            return
+        if final.exists():
+            shutil.rmtree(final)  # an incomplete leftover
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+
+    def download_dir(self, name: str, local: Path) -> None:
+        src = self._path(name)
+        try:
+            manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CorruptStateError(f"snapshot {src} has no valid manifest ({exc})") from exc
+        shutil.copytree(src, local, ignore=shutil.ignore_patterns(MANIFEST))
+        for rel, size in manifest["files"].items():
+            got = (local / rel).stat().st_size if (local / rel).exists() else -1
+            if got != size:
+                raise CorruptStateError(f"snapshot {src}: {rel} is {got} bytes, expected {size}")
+
+    def complete(self, name: str) -> bool:
+        return (self._path(name) / MANIFEST).exists()
+
+    def local_path(self, name: str) -> Path | None:
+        return self._path(name)
+
+
+def open_storage(url: str | Path) -> FileStorage:
+    """``file:///abs/path``, or a plain path."""
+    if isinstance(url, Path):
+        return FileStorage(url.resolve())
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        path = parts.path if parts.scheme else url
+        if not path:
+            raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
+        return FileStorage(Path(path).resolve())
+    raise StateError(
+        f"unsupported durable location {url!r}; use a path or file:///path "
+        "(object stores are not supported yet)"
+    )

@@ -1,0 +1,25 @@
+"""Errors of the state store."""
+
+from __future__ import annotations
+
+from riverbed.errors import RiverbedError
+
+
+class StateError(RiverbedError):
+    """Base of every state-store error."""
+
+
+class VersionNotFoundError(StateError):
+    """A requested version no longer exists (purged) or never existed."""
+
+
+class PartitionBusyError(StateError):
+    """Another process holds the partition's local database open."""
+
+
+class CorruptStateError(StateError):
+    """A changelog or snapshot failed its checksum or could not be read."""
+
+
+class StoreClosedError(StateError):
+    """The store was already committed or aborted."""

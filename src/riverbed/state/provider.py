@@ -1,0 +1,315 @@
+"""The state provider: load any version of any partition, anywhere.
+
+Durable layout under the checkpoint location::
+
+    <namespace>/<partition>/changelog/<version:020d>.rbcl   one per committed version
+    <namespace>/<partition>/snapshot/<version:020d>/        RocksDB checkpoint + manifest
+    <namespace>/<partition>/meta.json                       {"purged_through": S}
+
+Local layout: ``<local_dir>/<namespace>/<partition>/`` is the engine's database.
+
+Load protocol (:meth:`StateProvider.load`):
+
+1. open the local database (waiting while another process holds it);
+2. list the durable versions; the target is the newest version <= the requested one;
+3. if the local database is at the target, use it; if it is behind and every
+   changelog after it is still kept, replay them (catch up); otherwise rebuild it —
+   newest snapshot <= target, then the changelogs after that snapshot, checking that
+   each was based on the version before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from riverbed.state.base import Engine, LocalDB, Op
+from riverbed.state.changelog import Changelog
+from riverbed.state.durable import DurableStorage, open_storage
+from riverbed.state.errors import (
+    CorruptStateError,
+    PartitionBusyError,
+    StateError,
+    VersionNotFoundError,
+)
+from riverbed.state.store import StateStore
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SUFFIX = ".rbcl"
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where state lives and how often it is compacted into snapshots."""
+
+    local_dir: Path
+    durable: str | Path
+    engine: str = "rocksdb"
+    snapshot_every: int = 10  # versions between snapshots
+    retain_versions: int = 100  # versions kept loadable by maintain()
+    lock_timeout: float = 30.0  # seconds to wait for a partition held by another process
+
+
+@dataclass(frozen=True)
+class PartitionIndex:
+    changelogs: list[int]
+    snapshots: list[int]
+    purged_through: int
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(set(self.changelogs) | set(self.snapshots))
+
+    @property
+    def latest(self) -> int:
+        return max(self.versions, default=0)
+
+
+def _engine(name: str) -> Engine:
+    if name == "rocksdb":
+        from riverbed.state.rocksdb import RocksEngine
+
+        return RocksEngine()
+    if name == "memory":
+        from riverbed.state.memory import MemoryEngine
+
+        return MemoryEngine()
+    raise StateError(f"unknown state engine {name!r}; use 'rocksdb' or 'memory'")
+
+
+def _check_name(namespace: str) -> None:
+    if not _NAME.match(namespace):
+        raise ValueError(
+            f"namespace {namespace!r} must be 1-128 letters, digits, '_', '.', '-' "
+            "and start with a letter or digit"
+        )
+
+
+class StateProvider:
+    """Loads versioned partition state; see the module docstring for the protocols."""
+
+    def __init__(self, config: StateConfig) -> None:
+        self.config = config
+        self.engine = _engine(config.engine)
+        self.durable: DurableStorage = open_storage(config.durable)
+        self.local_dir = Path(config.local_dir)
+        if config.snapshot_every < 1 or config.retain_versions < 1:
+            raise ValueError("snapshot_every and retain_versions must be at least 1")
+
+    # -- names ---------------------------------------------------------------------------
+    @staticmethod
+    def _base(namespace: str, partition: int) -> str:
+        _check_name(namespace)
+        if partition < 0:
+            raise ValueError(f"partition must be >= 0, got {partition}")
+        return f"{namespace}/{partition}"
+
+    def _changelog_name(self, namespace: str, partition: int, version: int) -> str:
+        return f"{self._base(namespace, partition)}/changelog/{version:020d}{_SUFFIX}"
+
+    def _snapshot_name(self, namespace: str, partition: int, version: int) -> str:
+        return f"{self._base(namespace, partition)}/snapshot/{version:020d}"
+
+    def _local(self, namespace: str, partition: int) -> Path:
+        return self.local_dir / namespace / str(partition)
+
+    # -- listing -------------------------------------------------------------------------
+    def namespaces(self) -> list[str]:
+        return [n for n in self.durable.list("") if _NAME.match(n)]
+
+    def partitions(self, namespace: str) -> list[int]:
+        _check_name(namespace)
+        return sorted(int(p) for p in self.durable.list(namespace) if p.isdigit())
+
+    def index(self, namespace: str, partition: int) -> PartitionIndex:
+        base = self._base(namespace, partition)
+        changelogs = sorted(
+            int(n[: -len(_SUFFIX)])
+            for n in self.durable.list(f"{base}/changelog")
+            if n.endswith(_SUFFIX)
+        )
+        snapshots = sorted(
+            int(n)
+            for n in self.durable.list(f"{base}/snapshot")
+            if n.isdigit() and self._snapshot_complete(f"{base}/snapshot/{n}")
+        )
+        purged = 0
+        with contextlib.suppress(StateError):
+            purged = int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
+        return PartitionIndex(changelogs, snapshots, purged)
+
+    def _snapshot_complete(self, name: str) -> bool:
+        from riverbed.state.durable import MANIFEST
+
+        return MANIFEST in self.durable.list(name)
+
+    def versions(self, namespace: str, partition: int) -> list[int]:
+        """Every loadable version of a partition."""
+        index = self.index(namespace, partition)
+        return [v for v in index.versions if v >= index.purged_through]
+
+    # -- load ----------------------------------------------------------------------------
+    def load(self, namespace: str, partition: int, version: int | None = None) -> StateStore:
+        """The partition's state as of ``version`` (newest committed version <= it; default:
+        the latest), ready for reads and staged writes."""
+        path = self._local(namespace, partition)
+        index = self.index(namespace, partition)
+        target = self._resolve(namespace, partition, index, version)
+        db = self._open(path)
+        try:
+            db = self._bring_to(namespace, partition, path, db, index, target)
+        except BaseException:
+            db.close()
+            raise
+        return StateStore(self, namespace, partition, db, target)
+
+    def _resolve(
+        self, namespace: str, partition: int, index: PartitionIndex, version: int | None
+    ) -> int:
+        if version is not None and version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        candidates = [v for v in index.versions if version is None or v <= version]
+        target = max(candidates, default=0)
+        if index.purged_through and target < index.purged_through:
+            raise VersionNotFoundError(
+                f"version {version} of {namespace}/{partition} was purged (oldest kept: "
+                f"{index.purged_through}); raise retain_versions to keep more history"
+            )
+        return target
+
+    def _open(self, path: Path) -> LocalDB:
+        deadline = time.monotonic() + self.config.lock_timeout
+        delay = 0.01
+        while True:
+            try:
+                return self.engine.open(path)
+            except PartitionBusyError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)  # another process holds the RocksDB lock: nothing to wait on
+            delay = min(delay * 2, 0.2)
+
+    def _bring_to(
+        self,
+        namespace: str,
+        partition: int,
+        path: Path,
+        db: LocalDB,
+        index: PartitionIndex,
+        target: int,
+    ) -> LocalDB:
+        local = db.version
+        if local == target:
+            return db
+        if local < target and local >= index.purged_through:
+            try:
+                self._replay(namespace, partition, db, index, local, target)
+                return db
+            except CorruptStateError as exc:
+                log.warning("catch-up of %s/%s failed (%s); rebuilding", namespace, partition, exc)
+        db.close()
+        base = max((s for s in index.snapshots if s <= target), default=0)
+        if base == 0 and index.purged_through:
+            raise VersionNotFoundError(
+                f"no snapshot of {namespace}/{partition} at or before version {target} survives"
+            )
+        if base:
+            tmp = self.local_dir / ".restore" / uuid.uuid4().hex
+            try:
+                self.durable.download_dir(self._snapshot_name(namespace, partition, base), tmp)
+                self.engine.restore(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            self.engine.reset(path)
+        db = self._open(path)
+        try:
+            if db.version != base:
+                raise CorruptStateError(
+                    f"snapshot {base} of {namespace}/{partition} holds version {db.version}"
+                )
+            self._replay(namespace, partition, db, index, base, target)
+        except BaseException:
+            db.close()
+            raise
+        log.info("restored %s/%s to version %d (snapshot %d)", namespace, partition, target, base)
+        return db
+
+    def _replay(
+        self,
+        namespace: str,
+        partition: int,
+        db: LocalDB,
+        index: PartitionIndex,
+        start: int,
+        target: int,
+    ) -> None:
+        previous = start
+        for version in (v for v in index.changelogs if start < v <= target):
+            name = self._changelog_name(namespace, partition, version)
+            changelog = Changelog.decode(self.durable.read(name), name)
+            if changelog.version != version or changelog.base > previous:
+                raise CorruptStateError(
+                    f"{name} is based on version {changelog.base}, but the chain is at "
+                    f"{previous}; the history was rewritten non-deterministically"
+                )
+            db.apply(changelog.ops, version)
+            previous = version
+
+    # -- commit (called by StateStore) --------------------------------------------------
+    def _commit(
+        self, namespace: str, partition: int, db: LocalDB, base: int, new: int, ops: Sequence[Op]
+    ) -> None:
+        changelog = Changelog(new, base, list(ops))
+        self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
+        db.apply(ops, new)
+        last = max(self.index(namespace, partition).snapshots, default=0)
+        if new - last >= self.config.snapshot_every:
+            self._snapshot(namespace, partition, db, new)
+
+    def _snapshot(self, namespace: str, partition: int, db: LocalDB, version: int) -> None:
+        tmp = self.local_dir / ".snapshots" / uuid.uuid4().hex
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db.checkpoint(tmp)
+            self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- maintenance --------------------------------------------------------------------
+    def maintain(self, namespace: str, partition: int) -> int:
+        """Snapshot if due, then purge what no retained version needs; returns the
+        version everything before which was purged (0: nothing)."""
+        index = self.index(namespace, partition)
+        latest = index.latest
+        if latest and latest - max(index.snapshots, default=0) >= self.config.snapshot_every:
+            store = self.load(namespace, partition, latest)
+            try:
+                self._snapshot(namespace, partition, store._live(), latest)
+            finally:
+                store.abort()
+            index = self.index(namespace, partition)
+        keep_from = latest - self.config.retain_versions + 1
+        base = max((s for s in index.snapshots if s <= keep_from), default=0)
+        if base <= index.purged_through:
+            return index.purged_through
+        prefix = self._base(namespace, partition)
+        # Record the purge first: a crash half-way leaves extra files, never a lie.
+        self.durable.write(f"{prefix}/meta.json", json.dumps({"purged_through": base}).encode())
+        for s in index.snapshots:
+            if s < base:
+                self.durable.delete(self._snapshot_name(namespace, partition, s))
+        for v in index.changelogs:
+            if v <= base:
+                self.durable.delete(self._changelog_name(namespace, partition, v))
+        return base

@@ -1,0 +1,122 @@
+"""The RocksDB engine (``rocksdict``): one DB directory per (namespace, partition).
+
+User keys live in the default column family, the version marker in a ``riverbed``
+column family; one ``WriteBatch`` spans both, so data and version commit together
+(RocksDB's WAL makes the batch all-or-nothing across a crash).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+
+from riverbed.state.base import Engine, LocalDB, Op
+from riverbed.state.errors import PartitionBusyError, StateError
+
+_META_CF = "riverbed"
+_VERSION = b"version"
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+class RocksLocalDB(LocalDB):
+    def __init__(self, db: Rdict, readonly: bool = False) -> None:
+        self._db = db
+        self._readonly = readonly
+        self._meta = db.get_column_family(_META_CF)
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        raw = self._meta.get(_VERSION)
+        return int(raw) if raw is not None else 0
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(key)
+        return value
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        values = self._db.get(list(keys))
+        assert values is not None
+        return list(values)
+
+    def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(start)
+        while it.valid():
+            key = it.key()
+            if end is not None and key >= end:
+                return
+            yield key, it.value()
+            it.next()
+
+    def apply(self, ops: Sequence[Op], version: int) -> None:
+        if self._readonly:
+            raise StateError("this state database was opened read-only")
+        batch = WriteBatch(raw_mode=True)
+        for kind, a, b in ops:
+            if kind == "put":
+                batch.put(a, b)
+            elif kind == "del":
+                batch.delete(a)
+            else:
+                batch.delete_range(a, b)
+        batch.put(_VERSION, str(version).encode(), self._db.get_column_family_handle(_META_CF))
+        self._db.write(batch)
+
+    def checkpoint(self, dest: Path) -> None:
+        Checkpoint(self._db).create_checkpoint(str(dest))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # The column-family handle holds the DB open too: close it first, or the LOCK
+        # file stays held and the next open in this process fails.
+        self._meta.close()
+        self._db.close()
+
+
+class RocksEngine(Engine):
+    name = "rocksdb"
+
+    def open(self, path: Path) -> LocalDB:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = Rdict(str(path), _options())
+        except Exception as exc:  # rocksdict raises a bare Exception for I/O errors
+            if "LOCK" in str(exc):
+                raise PartitionBusyError(
+                    f"state database {path} is open in another process (RocksDB allows one "
+                    "writer); wait for that task to finish, or give each worker its own "
+                    "local directory"
+                ) from exc
+            raise StateError(f"cannot open state database {path}: {exc}") from exc
+        if _META_CF not in Rdict.list_cf(str(path)):
+            db.create_column_family(_META_CF, _options())
+        return RocksLocalDB(db)
+
+    def restore(self, checkpoint: Path, path: Path) -> None:
+        """Move the (downloaded) checkpoint directory into place; it is consumed."""
+        if path.exists():
+            shutil.rmtree(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(checkpoint), str(path))
+
+    def reset(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def open_readonly(self, checkpoint: Path) -> LocalDB:
+        try:
+            db = Rdict(str(checkpoint), _options(), access_type=AccessType.read_only())
+        except Exception as exc:
+            raise StateError(f"cannot read state checkpoint {checkpoint}: {exc}") from exc
+        return RocksLocalDB(db, readonly=True)
