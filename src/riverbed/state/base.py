@@ -22,8 +22,13 @@ class LocalDB(ABC):
 
     @property
     @abstractmethod
+    def marker(self) -> tuple[int, int]:
+        """(version, tag) this database holds: (0, 0) when empty. The tag is the checksum
+        of the version's changelog, so a database from another history is recognised."""
+
+    @property
     def version(self) -> int:
-        """The version this database holds (0: empty, never committed)."""
+        return self.marker[0]
 
     @abstractmethod
     def get(self, key: bytes) -> bytes | None: ...
@@ -36,8 +41,8 @@ class LocalDB(ABC):
         """Pairs with ``start <= key < end`` (``end=None``: to the last key), by key."""
 
     @abstractmethod
-    def apply(self, ops: Sequence[Op], version: int) -> None:
-        """Apply ``ops`` and set the version marker, atomically."""
+    def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
+        """Apply ``ops`` and set the (version, tag) marker, atomically."""
 
     @abstractmethod
     def checkpoint(self, dest: Path) -> None:

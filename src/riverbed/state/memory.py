@@ -24,10 +24,15 @@ class _Data:
         self.keys: list[bytes] = []
         self.values: dict[bytes, bytes] = {}
         self.version = 0
+        self.tag = 0
 
     def dump(self) -> bytes:
         packed: bytes = msgpack.packb(
-            {"version": self.version, "items": [[k, self.values[k]] for k in self.keys]}
+            {
+                "version": self.version,
+                "tag": self.tag,
+                "items": [[k, self.values[k]] for k in self.keys],
+            }
         )
         return packed
 
@@ -36,6 +41,7 @@ class _Data:
         doc = msgpack.unpackb(raw)
         data = cls()
         data.version = int(doc["version"])
+        data.tag = int(doc["tag"])
         data.keys = [bytes(k) for k, _ in doc["items"]]
         data.values = {bytes(k): bytes(v) for k, v in doc["items"]}
         return data
@@ -47,8 +53,8 @@ class MemoryLocalDB(LocalDB):
         self._release = release
 
     @property
-    def version(self) -> int:
-        return self._d.version
+    def marker(self) -> tuple[int, int]:
+        return (self._d.version, self._d.tag)
 
     def get(self, key: bytes) -> bytes | None:
         return self._d.values.get(key)
@@ -60,7 +66,7 @@ class MemoryLocalDB(LocalDB):
         for key in keys[lo:hi]:
             yield key, self._d.values[key]
 
-    def apply(self, ops: Sequence[Op], version: int) -> None:
+    def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
         if self._release is None:
             raise StateError("this state database was opened read-only")
         d = self._d
@@ -77,7 +83,7 @@ class MemoryLocalDB(LocalDB):
                 for key in d.keys[lo:hi]:
                     del d.values[key]
                 del d.keys[lo:hi]
-        d.version = version
+        d.version, d.tag = version, tag
 
     def checkpoint(self, dest: Path) -> None:
         dest.mkdir(parents=True)

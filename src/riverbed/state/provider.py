@@ -12,10 +12,15 @@ Load protocol (:meth:`StateProvider.load`):
 
 1. open the local database (waiting while another process holds it);
 2. list the durable versions; the target is the newest version <= the requested one;
-3. if the local database is at the target, use it; if it is behind and every
-   changelog after it is still kept, replay them (catch up); otherwise rebuild it —
-   newest snapshot <= target, then the changelogs after that snapshot, checking that
-   each was based on the version before it.
+3. walk the target's changelog base pointers back until reaching the local database
+   (same version *and* same tag, i.e. the same history), a snapshot of the same
+   history, or the empty state; start from that and apply the changelogs forward.
+
+Every version carries a *tag*, the checksum of its changelog, kept in the local
+database's version marker and in the snapshot's name. Re-committing an old version
+(a retried batch) never deletes newer versions — a late zombie retry must not destroy
+work — and because versions are rebuilt along base pointers, a newer version based on
+an older history is still rebuilt exactly as it was committed.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class StateConfig:
 @dataclass(frozen=True)
 class PartitionIndex:
     changelogs: list[int]
-    snapshots: list[int]
+    snapshots: dict[int, int]  # version -> tag of the changelog it was taken at
     purged_through: int
 
     @property
@@ -117,8 +122,8 @@ class StateProvider:
     def _changelog_name(self, namespace: str, partition: int, version: int) -> str:
         return f"{self._base(namespace, partition)}/changelog/{version:020d}{_SUFFIX}"
 
-    def _snapshot_name(self, namespace: str, partition: int, version: int) -> str:
-        return f"{self._base(namespace, partition)}/snapshot/{version:020d}"
+    def _snapshot_name(self, namespace: str, partition: int, version: int, tag: int) -> str:
+        return f"{self._base(namespace, partition)}/snapshot/{version:020d}-{tag:08x}"
 
     def _local(self, namespace: str, partition: int) -> Path:
         return self.local_dir / namespace / str(partition)
@@ -138,11 +143,11 @@ class StateProvider:
             for n in self.durable.list(f"{base}/changelog")
             if n.endswith(_SUFFIX)
         )
-        snapshots = sorted(
-            int(n)
-            for n in self.durable.list(f"{base}/snapshot")
-            if n.isdigit() and self._snapshot_complete(f"{base}/snapshot/{n}")
-        )
+        snapshots: dict[int, int] = {}
+        for n in self.durable.list(f"{base}/snapshot"):
+            version, _, tag = n.partition("-")
+            if version.isdigit() and tag and self._snapshot_complete(f"{base}/snapshot/{n}"):
+                snapshots[int(version)] = int(tag, 16)
         purged = 0
         with contextlib.suppress(StateError):
             purged = int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
@@ -171,7 +176,7 @@ class StateProvider:
         except BaseException:
             db.close()
             raise
-        return StateStore(self, namespace, partition, db, target)
+        return StateStore(self, namespace, partition, db)
 
     def _resolve(
         self, namespace: str, partition: int, index: PartitionIndex, version: int | None
@@ -199,6 +204,50 @@ class StateProvider:
             time.sleep(delay)  # another process holds the RocksDB lock: nothing to wait on
             delay = min(delay * 2, 0.2)
 
+    def _changelog(self, namespace: str, partition: int, version: int) -> Changelog:
+        name = self._changelog_name(namespace, partition, version)
+        return Changelog.decode(self.durable.read(name), name)
+
+    def _plan(
+        self,
+        namespace: str,
+        partition: int,
+        index: PartitionIndex,
+        target: int,
+        local: tuple[int, int],
+    ) -> tuple[str, int, list[Changelog]]:
+        """How to build ``target``: ("local" | "snapshot" | "empty", start version, the
+        changelogs to apply in order). Walks base pointers back from the target until it
+        meets the local database, a snapshot of the same history, or the empty state."""
+        chain: list[Changelog] = []
+        changelogs = set(index.changelogs)
+        current, expected = target, None  # expected: the tag the next-newer version was built on
+        while current:
+            changelog = (
+                self._changelog(namespace, partition, current) if current in changelogs else None
+            )
+            if changelog is not None and expected is not None and changelog.tag != expected:
+                raise CorruptStateError(
+                    f"version {chain[-1].version} of {namespace}/{partition} was built on a "
+                    f"version {current} that was later re-committed with other contents, so it "
+                    "cannot be rebuilt; batches must be deterministic (re-run version "
+                    f"{chain[-1].version} to repair it)"
+                )
+            tag = changelog.tag if changelog is not None else expected
+            if tag is not None and local == (current, tag):
+                return "local", current, chain[::-1]
+            snap = index.snapshots.get(current)
+            if snap is not None and (tag is None or snap == tag):
+                return "snapshot", current, chain[::-1]
+            if changelog is None:
+                raise VersionNotFoundError(
+                    f"version {current} of {namespace}/{partition} is needed to rebuild version "
+                    f"{target} but was purged; load a newer version"
+                )
+            chain.append(changelog)
+            current, expected = changelog.base, changelog.base_tag
+        return "empty", 0, chain[::-1]
+
     def _bring_to(
         self,
         namespace: str,
@@ -208,81 +257,70 @@ class StateProvider:
         index: PartitionIndex,
         target: int,
     ) -> LocalDB:
-        local = db.version
-        if local == target:
+        if target == 0 and db.version == 0:
             return db
-        if local < target and local >= index.purged_through:
-            try:
-                self._replay(namespace, partition, db, index, local, target)
-                return db
-            except CorruptStateError as exc:
-                log.warning("catch-up of %s/%s failed (%s); rebuilding", namespace, partition, exc)
-        db.close()
-        base = max((s for s in index.snapshots if s <= target), default=0)
-        if base == 0 and index.purged_through:
-            raise VersionNotFoundError(
-                f"no snapshot of {namespace}/{partition} at or before version {target} survives"
-            )
-        if base:
-            tmp = self.local_dir / ".restore" / uuid.uuid4().hex
-            try:
-                self.durable.download_dir(self._snapshot_name(namespace, partition, base), tmp)
-                self.engine.restore(tmp, path)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            self.engine.reset(path)
-        db = self._open(path)
-        try:
-            if db.version != base:
-                raise CorruptStateError(
-                    f"snapshot {base} of {namespace}/{partition} holds version {db.version}"
-                )
-            self._replay(namespace, partition, db, index, base, target)
-        except BaseException:
+        kind, start, chain = self._plan(namespace, partition, index, target, db.marker)
+        if kind != "local":
             db.close()
+            if kind == "snapshot":
+                tmp = self.local_dir / ".restore" / uuid.uuid4().hex
+                name = self._snapshot_name(namespace, partition, start, index.snapshots[start])
+                try:
+                    self.durable.download_dir(name, tmp)
+                    self.engine.restore(tmp, path)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                self.engine.reset(path)
+            db = self._open(path)
+        try:
+            if db.version != start:
+                raise CorruptStateError(
+                    f"{kind} state of {namespace}/{partition} holds version {db.version}, "
+                    f"expected {start}"
+                )
+            for changelog in chain:
+                db.apply(changelog.ops, changelog.version, changelog.tag)
+        except BaseException:
+            if kind != "local":
+                db.close()
             raise
-        log.info("restored %s/%s to version %d (snapshot %d)", namespace, partition, target, base)
+        if kind != "local" or chain:
+            log.info(
+                "built %s/%s version %d from %s %d + %d changelog(s)",
+                namespace,
+                partition,
+                target,
+                kind,
+                start,
+                len(chain),
+            )
         return db
 
-    def _replay(
+    # -- commit (called by StateStore) --------------------------------------------------
+    def _commit(
         self,
         namespace: str,
         partition: int,
         db: LocalDB,
-        index: PartitionIndex,
-        start: int,
-        target: int,
+        base: tuple[int, int],
+        new: int,
+        ops: Sequence[Op],
     ) -> None:
-        previous = start
-        for version in (v for v in index.changelogs if start < v <= target):
-            name = self._changelog_name(namespace, partition, version)
-            changelog = Changelog.decode(self.durable.read(name), name)
-            if changelog.version != version or changelog.base > previous:
-                raise CorruptStateError(
-                    f"{name} is based on version {changelog.base}, but the chain is at "
-                    f"{previous}; the history was rewritten non-deterministically"
-                )
-            db.apply(changelog.ops, version)
-            previous = version
-
-    # -- commit (called by StateStore) --------------------------------------------------
-    def _commit(
-        self, namespace: str, partition: int, db: LocalDB, base: int, new: int, ops: Sequence[Op]
-    ) -> None:
-        changelog = Changelog(new, base, list(ops))
+        changelog = Changelog(new, base[0], base[1], list(ops))
         self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
-        db.apply(ops, new)
+        db.apply(ops, new, changelog.tag)
         last = max(self.index(namespace, partition).snapshots, default=0)
         if new - last >= self.config.snapshot_every:
-            self._snapshot(namespace, partition, db, new)
+            self._snapshot(namespace, partition, db)
 
-    def _snapshot(self, namespace: str, partition: int, db: LocalDB, version: int) -> None:
+    def _snapshot(self, namespace: str, partition: int, db: LocalDB) -> None:
+        version, tag = db.marker
         tmp = self.local_dir / ".snapshots" / uuid.uuid4().hex
         tmp.parent.mkdir(parents=True, exist_ok=True)
         try:
             db.checkpoint(tmp)
-            self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version))
+            self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version, tag))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -295,7 +333,7 @@ class StateProvider:
         if latest and latest - max(index.snapshots, default=0) >= self.config.snapshot_every:
             store = self.load(namespace, partition, latest)
             try:
-                self._snapshot(namespace, partition, store._live(), latest)
+                self._snapshot(namespace, partition, store._live())
             finally:
                 store.abort()
             index = self.index(namespace, partition)
@@ -306,9 +344,9 @@ class StateProvider:
         prefix = self._base(namespace, partition)
         # Record the purge first: a crash half-way leaves extra files, never a lie.
         self.durable.write(f"{prefix}/meta.json", json.dumps({"purged_through": base}).encode())
-        for s in index.snapshots:
+        for s, tag in index.snapshots.items():
             if s < base:
-                self.durable.delete(self._snapshot_name(namespace, partition, s))
+                self.durable.delete(self._snapshot_name(namespace, partition, s, tag))
         for v in index.changelogs:
             if v <= base:
                 self.durable.delete(self._changelog_name(namespace, partition, v))

@@ -35,9 +35,12 @@ class RocksLocalDB(LocalDB):
         self._closed = False
 
     @property
-    def version(self) -> int:
+    def marker(self) -> tuple[int, int]:
         raw = self._meta.get(_VERSION)
-        return int(raw) if raw is not None else 0
+        if raw is None:
+            return (0, 0)
+        version, _, tag = raw.partition(b":")
+        return (int(version), int(tag or b"0"))
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
@@ -58,7 +61,7 @@ class RocksLocalDB(LocalDB):
             yield key, it.value()
             it.next()
 
-    def apply(self, ops: Sequence[Op], version: int) -> None:
+    def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
         if self._readonly:
             raise StateError("this state database was opened read-only")
         batch = WriteBatch(raw_mode=True)
@@ -69,7 +72,8 @@ class RocksLocalDB(LocalDB):
                 batch.delete(a)
             else:
                 batch.delete_range(a, b)
-        batch.put(_VERSION, str(version).encode(), self._db.get_column_family_handle(_META_CF))
+        marker = f"{version}:{tag}".encode()
+        batch.put(_VERSION, marker, self._db.get_column_family_handle(_META_CF))
         self._db.write(batch)
 
     def checkpoint(self, dest: Path) -> None:

@@ -39,12 +39,12 @@ class StateStore:
     """Read and stage writes on one partition at :attr:`version`; then commit or abort."""
 
     def __init__(
-        self, provider: StateProvider, namespace: str, partition: int, db: LocalDB, version: int
+        self, provider: StateProvider, namespace: str, partition: int, db: LocalDB
     ) -> None:
         self.provider = provider
         self.namespace = namespace
         self.partition = partition
-        self.version = version
+        self.version, self._tag = db.marker
         self._db: LocalDB | None = db
         self._ops: list[Op] = []
         self._staged: dict[bytes, bytes | None] = {}  # None: deleted
@@ -141,7 +141,9 @@ class StateStore:
                 "versions only grow (load an older version to redo a batch)"
             )
         try:
-            self.provider._commit(self.namespace, self.partition, db, self.version, new, self._ops)
+            self.provider._commit(
+                self.namespace, self.partition, db, (self.version, self._tag), new, self._ops
+            )
         finally:
             self._release()
         self.version = new
