@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -48,6 +49,11 @@ class DurableStorage(ABC):
     @abstractmethod
     def download_dir(self, name: str, local: Path) -> None:
         """Copy a complete uploaded directory to ``local`` (which must not exist)."""
+
+    @abstractmethod
+    def sweep(self, prefix: str, older_than: float) -> int:
+        """Remove leftovers of interrupted writes under ``prefix`` older than ``older_than``
+        seconds (younger ones may belong to a writer still at work); returns how many."""
 
     @abstractmethod
     def local_path(self, name: str) -> Path | None:
@@ -143,6 +149,21 @@ class FileStorage(DurableStorage):
 
     def complete(self, name: str) -> bool:
         return (self._path(name) / MANIFEST).exists()
+
+    def sweep(self, prefix: str, older_than: float) -> int:
+        root = self._path(prefix)
+        if not root.is_dir():
+            return 0
+        cutoff = time.time() - older_than
+        removed = 0
+        for entry in root.rglob(".*.tmp-*"):
+            if entry.stat().st_mtime < cutoff:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def local_path(self, name: str) -> Path | None:
         return self._path(name)

@@ -325,9 +325,11 @@ class StateProvider:
             shutil.rmtree(tmp, ignore_errors=True)
 
     # -- maintenance --------------------------------------------------------------------
-    def maintain(self, namespace: str, partition: int) -> int:
-        """Snapshot if due, then purge what no retained version needs; returns the
-        version everything before which was purged (0: nothing)."""
+    def maintain(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:
+        """Snapshot if due, purge what no retained version needs, and sweep leftovers of
+        interrupted uploads older than ``sweep_after`` seconds. Returns the version
+        everything before which was purged (0: nothing)."""
+        self.durable.sweep(self._base(namespace, partition), sweep_after)
         index = self.index(namespace, partition)
         latest = index.latest
         if latest and latest - max(index.snapshots, default=0) >= self.config.snapshot_every:
