@@ -1,0 +1,252 @@
+"""Distinct counting as state values: exact bitmaps, HyperLogLog, and adaptive.
+
+Every sketch is a mergeable partial: build one per (window, key) from a batch,
+``merge`` it into the stored one, store ``to_bytes()``. Reads report whether the
+value is exact and its error bounds.
+
+* :class:`ExactIds`  — exact; integer ids in a Roaring bitmap (built from numpy
+  arrays at ~15-20M ids/s), other ids (str/bytes) in a sorted set.
+* :class:`HLL`       — Apache DataSketches HyperLogLog (``lg_k`` 4..21, default 12:
+  ~1.6 % relative standard error, ~2 KB). Stored as the compact HLL_4 image, which
+  Spark's ``hll_sketch_estimate``/``hll_union`` read; Spark's ``hll_sketch_agg``
+  output (HLL_8) loads here — the hashes are the same.
+* :class:`AdaptiveDistinct` — exact while it holds at most ``threshold`` ids, then
+  converts itself to HLL.
+
+DataSketches' Python ``update`` takes one item per call (no array form), so HLL
+updates iterate ``ndarray.tolist()`` with a bound method (~9M ids/s measured);
+bitmaps are built from the array directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Union
+
+import datasketches as ds
+import msgpack
+import numpy as np
+import pyroaring
+
+from riverbed.state.errors import CorruptStateError
+
+_EXACT_INT, _EXACT_STR, _HLL = 0, 1, 2
+Ids = Union[np.ndarray, Iterable[int], Iterable[str], Iterable[bytes]]  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class DistinctCount:
+    """A distinct count: ``value`` with bounds; ``exact`` when lower == value == upper."""
+
+    value: float
+    exact: bool
+    lower: float
+    upper: float
+
+    @property
+    def rel_error(self) -> float:
+        """Half-width of the bounds relative to the value (0 when exact)."""
+        if self.exact or self.value == 0:
+            return 0.0
+        return (self.upper - self.lower) / 2 / self.value
+
+
+def _as_list(ids: Ids) -> list[Any]:
+    if isinstance(ids, np.ndarray):
+        out: list[Any] = ids.tolist()
+        return out
+    return list(ids)
+
+
+class HLL:
+    """HyperLogLog (Apache DataSketches), Spark-compatible."""
+
+    def __init__(self, lg_k: int = 12, sketch: Any = None) -> None:
+        if not 4 <= lg_k <= 21:
+            raise ValueError(f"lg_k must be between 4 and 21, got {lg_k}")
+        self.lg_k = lg_k
+        self._s = sketch if sketch is not None else ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_4)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> HLL:
+        try:
+            sketch = ds.hll_sketch.deserialize(data)
+        except (RuntimeError, ValueError) as exc:
+            raise CorruptStateError(f"not a DataSketches HLL image ({exc})") from exc
+        return cls(sketch.lg_config_k, sketch)
+
+    def update(self, ids: Ids) -> HLL:
+        update = self._s.update
+        for item in _as_list(ids):
+            update(item)
+        return self
+
+    def merge(self, other: HLL) -> HLL:
+        union = ds.hll_union(max(self.lg_k, other.lg_k))
+        union.update(self._s)
+        union.update(other._s)
+        self._s = union.get_result(ds.tgt_hll_type.HLL_4)
+        self.lg_k = self._s.lg_config_k
+        return self
+
+    def count(self) -> DistinctCount:
+        return DistinctCount(
+            value=self._s.get_estimate(),
+            exact=False,
+            lower=self._s.get_lower_bound(2),
+            upper=self._s.get_upper_bound(2),
+        )
+
+    def to_bytes(self) -> bytes:
+        data: bytes = self._s.serialize_compact()
+        return data
+
+    @staticmethod
+    def relative_standard_error(lg_k: int) -> float:
+        """Published RSE of HLL_4 at ``lg_k`` (1.04 / sqrt(K))."""
+        return 1.04 / math.sqrt(1 << lg_k)
+
+
+class ExactIds:
+    """Exact distinct ids: a 64-bit Roaring bitmap for integers, a set otherwise."""
+
+    def __init__(self, bitmap: pyroaring.BitMap64 | None = None, items: set[Any] | None = None):
+        self._bitmap = bitmap
+        self._items = items
+
+    def update(self, ids: Ids) -> ExactIds:
+        if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and self._items is None:
+            if ids.size and ids.min() < 0:
+                raise ValueError("integer ids must be >= 0 for the exact bitmap")
+            if self._bitmap is None:
+                self._bitmap = pyroaring.BitMap64()
+            self._bitmap.update(ids.astype(np.uint64, copy=False))
+            return self
+        values = _as_list(ids)
+        if self._bitmap is not None or (
+            self._items is None and values and all(isinstance(v, int) for v in values)
+        ):
+            if self._bitmap is None:
+                self._bitmap = pyroaring.BitMap64()
+            if not all(isinstance(v, int) and v >= 0 for v in values):
+                raise ValueError("cannot mix non-integer ids into an integer id set")
+            self._bitmap.update(values)
+            return self
+        if self._items is None:
+            self._items = set()
+        self._items.update(values)
+        return self
+
+    def merge(self, other: ExactIds) -> ExactIds:
+        if other._bitmap is not None:
+            if self._items is not None:
+                raise ValueError("cannot merge integer ids into a set of string ids")
+            self._bitmap = (self._bitmap or pyroaring.BitMap64()) | other._bitmap
+        if other._items is not None:
+            if self._bitmap is not None:
+                raise ValueError("cannot merge string ids into an integer id bitmap")
+            self._items = (self._items or set()) | other._items
+        return self
+
+    def __len__(self) -> int:
+        if self._bitmap is not None:
+            return len(self._bitmap)
+        return len(self._items or ())
+
+    def ids(self) -> list[Any]:
+        if self._bitmap is not None:
+            return list(self._bitmap)
+        return sorted(self._items or ())
+
+    def count(self) -> DistinctCount:
+        n = float(len(self))
+        return DistinctCount(n, True, n, n)
+
+    def to_hll(self, lg_k: int) -> HLL:
+        if self._bitmap is not None:
+            return HLL(lg_k).update(self._bitmap.to_array())
+        return HLL(lg_k).update(sorted(self._items or ()))
+
+    def to_bytes(self) -> bytes:
+        if self._items is not None:
+            packed: bytes = msgpack.packb(sorted(self._items))
+            return bytes([_EXACT_STR]) + packed
+        bitmap = self._bitmap or pyroaring.BitMap64()
+        return bytes([_EXACT_INT]) + bitmap.serialize()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ExactIds:
+        kind, payload = data[0], data[1:]
+        if kind == _EXACT_INT:
+            return cls(bitmap=pyroaring.BitMap64.deserialize(payload))
+        if kind == _EXACT_STR:
+            return cls(items=set(msgpack.unpackb(payload)))
+        raise CorruptStateError(f"not an exact id set (kind byte {kind})")
+
+
+class AdaptiveDistinct:
+    """Exact while small (<= ``threshold`` ids), HyperLogLog beyond.
+
+    Stored as one kind byte then the payload, so one state column can hold both.
+    """
+
+    def __init__(self, threshold: int = 10_000, lg_k: int = 12) -> None:
+        self.threshold = threshold
+        self.lg_k = lg_k
+        self._exact: ExactIds | None = ExactIds()
+        self._hll: HLL | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self._exact is not None
+
+    def _spill(self) -> None:
+        if self._exact is not None and len(self._exact) > self.threshold:
+            self._hll = self._exact.to_hll(self.lg_k)
+            self._exact = None
+
+    def update(self, ids: Ids) -> AdaptiveDistinct:
+        if self._exact is not None:
+            self._exact.update(ids)
+            self._spill()
+        else:
+            assert self._hll is not None
+            self._hll.update(ids)
+        return self
+
+    def merge(self, other: AdaptiveDistinct) -> AdaptiveDistinct:
+        if self._exact is not None and other._exact is not None:
+            self._exact.merge(other._exact)
+            self._spill()
+            return self
+        mine = self._hll if self._hll is not None else self._as_hll()
+        theirs = other._hll if other._hll is not None else other._as_hll()
+        self._hll, self._exact = mine.merge(theirs), None
+        return self
+
+    def _as_hll(self) -> HLL:
+        assert self._exact is not None
+        return self._exact.to_hll(self.lg_k)
+
+    def count(self) -> DistinctCount:
+        if self._exact is not None:
+            return self._exact.count()
+        assert self._hll is not None
+        return self._hll.count()
+
+    def to_bytes(self) -> bytes:
+        if self._exact is not None:
+            return self._exact.to_bytes()
+        assert self._hll is not None
+        return bytes([_HLL]) + self._hll.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, threshold: int = 10_000, lg_k: int = 12) -> AdaptiveDistinct:
+        out = cls(threshold, lg_k)
+        if data[:1] == bytes([_HLL]):
+            out._hll, out._exact = HLL.from_bytes(data[1:]), None
+        else:
+            out._exact = ExactIds.from_bytes(data)
+        return out

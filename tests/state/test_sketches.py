@@ -1,0 +1,107 @@
+"""Distinct-count sketches: error bounds, exactness, merges, bytes, Spark interop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasketches as ds
+import numpy as np
+import pytest
+
+from riverbed.state.sketches import HLL, AdaptiveDistinct, ExactIds
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000, 100_000, 1_000_000])
+@pytest.mark.parametrize("lg_k", [10, 12, 14])
+def test_hll_error_within_three_published_standard_errors(n: int, lg_k: int) -> None:
+    ids = np.random.default_rng(n + lg_k).permutation(n * 3)[:n]  # n distinct ids
+    hll = HLL.from_bytes(HLL(lg_k).update(np.concatenate([ids, ids[: n // 2]])).to_bytes())
+    count = hll.count()
+    assert not count.exact
+    assert abs(count.value - n) / n <= 3 * HLL.relative_standard_error(lg_k)
+    assert count.lower <= count.value <= count.upper
+
+
+def test_hll_merge_equals_one_sketch_of_the_union() -> None:
+    a = np.arange(0, 60_000)
+    b = np.arange(40_000, 100_000)  # overlaps a
+    merged = HLL().update(a).merge(HLL().update(b))
+    single = HLL().update(np.concatenate([a, b]))
+
+    def registers(h: HLL) -> bytes:
+        # HLL_8 image: a 40-byte preamble (incl. estimator state), then one byte a register
+        union = ds.hll_union(12)
+        union.update(h._s)
+        image: bytes = union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()
+        return image[40:]
+
+    assert registers(merged) == registers(single)
+    assert registers(HLL().update(b).merge(HLL().update(a))) == registers(merged)
+    assert abs(merged.count().value - 100_000) / 100_000 < 3 * HLL.relative_standard_error(12)
+
+
+def test_hll_strings_and_compact_size() -> None:
+    hll = HLL(12).update([f"user-{i}" for i in range(5_000)])
+    data = hll.to_bytes()
+    assert len(data) < 2_200  # HLL_4 compact at lg_k=12 is ~2 KB
+    assert abs(HLL.from_bytes(data).count().value - 5_000) / 5_000 < 0.05
+
+
+def test_exact_ids_ints_and_strings() -> None:
+    ints = ExactIds().update(np.array([5, 1, 5, 2**40, 1], dtype=np.int64))
+    ints.merge(ExactIds().update([7, 1]))
+    assert ints.count().value == 4 and ints.count().exact
+    assert ExactIds.from_bytes(ints.to_bytes()).ids() == [1, 5, 7, 2**40]
+    strs = ExactIds().update(["b", "a", "b"]).merge(ExactIds().update(["c"]))
+    assert ExactIds.from_bytes(strs.to_bytes()).ids() == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=">= 0"):
+        ExactIds().update(np.array([-1]))
+    with pytest.raises(ValueError, match="cannot merge"):
+        strs.merge(ints)
+
+
+def test_adaptive_switches_to_hll_past_its_threshold_and_says_so() -> None:
+    d = AdaptiveDistinct(threshold=1_000)
+    d.update(np.arange(800))
+    assert d.exact and d.count().value == 800 and d.count().rel_error == 0
+    again = AdaptiveDistinct.from_bytes(d.to_bytes(), threshold=1_000)
+    again.update(np.arange(500, 1_500))
+    count = again.count()
+    assert not again.exact and not count.exact
+    assert abs(count.value - 1_500) / 1_500 < 0.05 and 0 < count.rel_error < 0.1
+    restored = AdaptiveDistinct.from_bytes(again.to_bytes(), threshold=1_000)
+    assert not restored.exact and restored.count().value == count.value
+    # merging an exact partial into a sketch keeps it approximate and adds the ids
+    restored.merge(AdaptiveDistinct(threshold=1_000).update(np.arange(1_500, 1_600)))
+    assert abs(restored.count().value - 1_600) / 1_600 < 0.05
+
+
+@pytest.mark.spark
+def test_spark_sketches_load_in_python_and_python_sketches_load_in_spark(spark: Any) -> None:
+    from pyspark.sql import functions as F
+
+    n = 20_000
+    df = spark.range(0, n).withColumn("s", F.concat(F.lit("u"), F.col("id").cast("string")))
+    row = df.agg(
+        F.hll_sketch_agg("id", 12).alias("ids"), F.hll_sketch_agg("s", 12).alias("strs")
+    ).first()
+    for column, python_ids in [("ids", np.arange(n)), ("strs", [f"u{i}" for i in range(n)])]:
+        spark_blob = bytes(row[column])
+        from_spark = HLL.from_bytes(spark_blob)
+        spark_estimate = (
+            spark.createDataFrame([(spark_blob,)], "b binary")
+            .select(F.hll_sketch_estimate("b"))
+            .first()[0]
+        )
+        assert round(from_spark.count().value) == spark_estimate
+        # same hashing: Python's sketch of the same ids unions with Spark's to ~n, not ~2n
+        ours = HLL(12).update(python_ids)
+        union = HLL.from_bytes(spark_blob).merge(ours).count().value
+        assert abs(union - n) / n < 3 * HLL.relative_standard_error(12)
+        # and Spark reads ours (compact HLL_4)
+        back = (
+            spark.createDataFrame([(ours.to_bytes(),)], "b binary")
+            .select(F.hll_sketch_estimate("b"))
+            .first()[0]
+        )
+        assert back == round(HLL.from_bytes(ours.to_bytes()).count().value)
