@@ -8,9 +8,10 @@ import pytest
 
 import riverbed
 import riverbed.control
+import riverbed.state
 
 
-@pytest.mark.parametrize("module", [riverbed, riverbed.control])
+@pytest.mark.parametrize("module", [riverbed, riverbed.control, riverbed.state])
 def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
     assert sorted(module.__all__) == module.__all__
     for name in module.__all__:
@@ -25,8 +26,9 @@ def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
     assert classes <= set(module.__all__), f"unexported classes: {classes - set(module.__all__)}"
 
 
-def test_every_error_derives_from_the_root() -> None:
-    for name in riverbed.control.__all__:
-        obj = getattr(riverbed.control, name)
+@pytest.mark.parametrize("module", [riverbed.control, riverbed.state])
+def test_every_error_derives_from_the_root(module: types.ModuleType) -> None:
+    for name in module.__all__:
+        obj = getattr(module, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, riverbed.RiverbedError), name

@@ -45,6 +45,7 @@ class Config:
 
     home: Path = Path(".riverbed")
     control: str = ""
+    checkpoints: str = ""
     spark: SparkConfig = field(default_factory=SparkConfig)
 
     @property
@@ -53,6 +54,16 @@ class Config:
         if self.control:
             return self.control
         return f"sqlite:///{(self.home / 'control.db').resolve()}"
+
+    @property
+    def checkpoints_url(self) -> str:
+        """Durable location of checkpoints (state changelogs and snapshots)."""
+        return self.checkpoints or f"file://{(self.home / 'checkpoints').resolve()}"
+
+    @property
+    def state_dir(self) -> Path:
+        """This machine's local state databases."""
+        return self.home / "state"
 
 
 def _expect_str(source: str, key: str, value: Any) -> str:
@@ -83,7 +94,7 @@ def load_config(
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 
-    known = {"home", "control", "spark"}
+    known = {"home", "control", "checkpoints", "spark"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
@@ -92,6 +103,7 @@ def load_config(
     src = str(path)
     home = Path(_expect_str(src, "home", data.get("home", ".riverbed")))
     control = _expect_str(src, "control", data.get("control", ""))
+    checkpoints = _expect_str(src, "checkpoints", data.get("checkpoints", ""))
     spark_data = data.get("spark", {})
     if not isinstance(spark_data, dict):
         raise ConfigError(f"{path}: [spark] must be a table")
@@ -105,6 +117,8 @@ def load_config(
         home = Path(env["RIVERBED_HOME"])
     if env.get("RIVERBED_CONTROL"):
         control = env["RIVERBED_CONTROL"]
+    if env.get("RIVERBED_CHECKPOINTS"):
+        checkpoints = env["RIVERBED_CHECKPOINTS"]
     if env.get("RIVERBED_SPARK_MASTER"):
         master = env["RIVERBED_SPARK_MASTER"]
     if not home.is_absolute():
@@ -112,5 +126,6 @@ def load_config(
     return Config(
         home=home,
         control=control,
+        checkpoints=checkpoints,
         spark=SparkConfig(master=master, conf=MappingProxyType(conf)),
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from riverbed.cli._common import Subcommands, shared_options
 from riverbed.config import load_config
 from riverbed.control import (
     ControlPlane,
@@ -35,16 +36,12 @@ def add_parser(sub: Any) -> None:
         description="Talk to the control plane (like etcdctl). The backend comes from --url, "
         "else RIVERBED_CONTROL, else riverbed.toml, else sqlite under RIVERBED_HOME.",
     )
-    url_help = "sqlite:///path.db | etcd://host:port[,host:port] | memory://"
-    json_help = "machine-readable output (JSON lines)"
-    p.add_argument("--url", help=url_help)
-    p.add_argument("--json", action="store_true", help=json_help)
-    # The same options after the subcommand (`get KEY --json`), as etcdctl users type them.
-    # SUPPRESS: when absent there, they do not overwrite what was given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
-    cmds = _Subcommands(
+    common = shared_options(
+        p,
+        ("--url", {"help": "sqlite:///path.db | etcd://host:port[,host:port] | memory://"}),
+        ("--json", {"action": "store_true", "help": "machine-readable output (JSON lines)"}),
+    )
+    cmds = Subcommands(
         p.add_subparsers(dest="control_command", metavar="COMMAND", required=True), common
     )
 
@@ -73,7 +70,7 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_watch)
 
     lease = cmds.add_parser("lease", help="grant, keep alive, revoke or inspect leases")
-    lcmds = _Subcommands(
+    lcmds = Subcommands(
         lease.add_subparsers(dest="lease_command", metavar="ACTION", required=True), common
     )
     c = lcmds.add_parser("grant", help="grant a lease of TTL seconds; prints its id")
@@ -113,20 +110,6 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_members)
 
     p.set_defaults(func=_dispatch)
-
-
-class _Subcommands:
-    """Adds subcommands that all accept the shared options (``--url``, ``--json``)."""
-
-    def __init__(self, action: Any, common: argparse.ArgumentParser) -> None:
-        self._action = action
-        self._common = common
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = self._action.add_parser(
-            name, parents=[self._common], **kwargs
-        )
-        return parser
 
 
 def _dispatch(args: argparse.Namespace) -> int:

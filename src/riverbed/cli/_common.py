@@ -1,0 +1,34 @@
+"""Pieces shared by the CLI's command groups."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+class Subcommands:
+    """Adds subcommands that all accept the group's shared options, so they work before
+    or after the subcommand (``control --json get k`` and ``control get k --json``)."""
+
+    def __init__(self, action: Any, common: argparse.ArgumentParser) -> None:
+        self._action = action
+        self._common = common
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._action.add_parser(
+            name, parents=[self._common], **kwargs
+        )
+        return parser
+
+
+def shared_options(
+    parser: argparse.ArgumentParser, *options: tuple[str, dict[str, Any]]
+) -> argparse.ArgumentParser:
+    """Add ``options`` to ``parser`` and return a parent parser carrying them for
+    subcommands, with SUPPRESS defaults so an absent option there does not overwrite
+    one given before the subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    for flag, kwargs in options:
+        parser.add_argument(flag, **kwargs)
+        common.add_argument(flag, **{**kwargs, "default": argparse.SUPPRESS})
+    return common
