@@ -1,14 +1,18 @@
 """One version's changes, as written to durable storage.
 
-Layout: ``RBCL`` magic, format byte ``1``, a msgpack document
-``{"version": v, "base": b, "base_tag": t, "ops": [[kind, a, b], ...]}``, then a CRC32
-of everything before it. ``base`` is the version these changes were applied on top
-of and ``base_tag`` that version's tag (its changelog's CRC), so a reader can follow
-the chain back and tell when a base was since rewritten with other contents.
+Layout::
+
+    b"RBCL\\x02" | version u64 | base u64 | base_tag u32 | msgpack([[kind, a, b], ...]) | crc32 u32
+
+``base`` is the version these changes were applied on top of and ``base_tag`` that
+version's tag; the tag of a changelog is its CRC trailer. Header and trailer have
+fixed sizes, so planning a rebuild (:func:`peek`) reads two small ends of each file
+instead of decoding every operation.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +22,26 @@ import msgpack
 from riverbed.state.base import Op
 from riverbed.state.errors import CorruptStateError
 
-_MAGIC = b"RBCL\x01"
+_MAGIC = b"RBCL\x02"
+_HEADER = struct.Struct(">QQI")
+HEAD_SIZE = len(_MAGIC) + _HEADER.size
+TAIL_SIZE = 4
+
+
+@dataclass(frozen=True)
+class Header:
+    version: int
+    base: int
+    base_tag: int
+    tag: int
+
+
+def peek(head: bytes, tail: bytes, where: str = "changelog") -> Header:
+    """The header and tag from the first HEAD_SIZE and last TAIL_SIZE bytes of a changelog."""
+    if len(head) < HEAD_SIZE or not head.startswith(_MAGIC) or len(tail) != TAIL_SIZE:
+        raise CorruptStateError(f"{where} is not a riverbed changelog")
+    version, base, base_tag = _HEADER.unpack_from(head, len(_MAGIC))
+    return Header(version, base, base_tag, int.from_bytes(tail, "big"))
 
 
 @dataclass(frozen=True)
@@ -30,13 +53,10 @@ class Changelog:
 
     @cached_property
     def raw(self) -> bytes:
-        body: bytes = _MAGIC + msgpack.packb(
-            {
-                "version": self.version,
-                "base": self.base,
-                "base_tag": self.base_tag,
-                "ops": [list(op) for op in self.ops],
-            }
+        body: bytes = (
+            _MAGIC
+            + _HEADER.pack(self.version, self.base, self.base_tag)
+            + msgpack.packb([list(op) for op in self.ops])
         )
         return body + zlib.crc32(body).to_bytes(4, "big")
 
@@ -50,11 +70,13 @@ class Changelog:
 
     @classmethod
     def decode(cls, raw: bytes, where: str = "changelog") -> Changelog:
-        if len(raw) < len(_MAGIC) + 4 or not raw.startswith(_MAGIC):
-            raise CorruptStateError(f"{where} is not a riverbed changelog")
-        body, crc = raw[:-4], int.from_bytes(raw[-4:], "big")
-        if zlib.crc32(body) != crc:
+        header = peek(raw[:HEAD_SIZE], raw[-TAIL_SIZE:], where)
+        body = raw[:-TAIL_SIZE]
+        if zlib.crc32(body) != header.tag:
             raise CorruptStateError(f"{where} failed its checksum (torn or altered file)")
-        doc = msgpack.unpackb(body[len(_MAGIC) :])
-        ops: list[Op] = [(str(k), bytes(a), bytes(b)) for k, a, b in doc["ops"]]  # type: ignore[misc]
-        return cls(int(doc["version"]), int(doc["base"]), int(doc["base_tag"]), ops)
+        try:
+            doc = msgpack.unpackb(body[HEAD_SIZE:])
+        except ValueError as exc:
+            raise CorruptStateError(f"{where} cannot be decoded ({exc})") from exc
+        ops: list[Op] = [(str(k), bytes(a), bytes(b)) for k, a, b in doc]  # type: ignore[misc]
+        return cls(header.version, header.base, header.base_tag, ops)

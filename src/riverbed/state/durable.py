@@ -35,6 +35,10 @@ class DurableStorage(ABC):
     def read(self, name: str) -> bytes: ...
 
     @abstractmethod
+    def read_ends(self, name: str, head: int, tail: int) -> tuple[bytes, bytes]:
+        """The first ``head`` and last ``tail`` bytes of an object (a ranged read)."""
+
+    @abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Names of the entries directly under ``prefix`` (a "directory")."""
 
@@ -93,6 +97,16 @@ class FileStorage(DurableStorage):
     def read(self, name: str) -> bytes:
         try:
             return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise StateError(f"{self.url}/{name} does not exist") from None
+
+    def read_ends(self, name: str, head: int, tail: int) -> tuple[bytes, bytes]:
+        try:
+            with open(self._path(name), "rb") as f:
+                first = f.read(head)
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - tail))
+                return first, f.read(tail)
         except FileNotFoundError:
             raise StateError(f"{self.url}/{name} does not exist") from None
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from riverbed.state.base import Engine, LocalDB, Op
-from riverbed.state.changelog import Changelog
+from riverbed.state.changelog import HEAD_SIZE, TAIL_SIZE, Changelog, Header, peek
 from riverbed.state.durable import DurableStorage, open_storage
 from riverbed.state.errors import (
     CorruptStateError,
@@ -208,6 +208,11 @@ class StateProvider:
         name = self._changelog_name(namespace, partition, version)
         return Changelog.decode(self.durable.read(name), name)
 
+    def _header(self, namespace: str, partition: int, version: int) -> Header:
+        name = self._changelog_name(namespace, partition, version)
+        head, tail = self.durable.read_ends(name, HEAD_SIZE, TAIL_SIZE)
+        return peek(head, tail, name)
+
     def _plan(
         self,
         namespace: str,
@@ -215,16 +220,16 @@ class StateProvider:
         index: PartitionIndex,
         target: int,
         local: tuple[int, int],
-    ) -> tuple[str, int, list[Changelog]]:
+    ) -> tuple[str, int, list[Header]]:
         """How to build ``target``: ("local" | "snapshot" | "empty", start version, the
         changelogs to apply in order). Walks base pointers back from the target until it
         meets the local database, a snapshot of the same history, or the empty state."""
-        chain: list[Changelog] = []
+        chain: list[Header] = []
         changelogs = set(index.changelogs)
         current, expected = target, None  # expected: the tag the next-newer version was built on
         while current:
             changelog = (
-                self._changelog(namespace, partition, current) if current in changelogs else None
+                self._header(namespace, partition, current) if current in changelogs else None
             )
             if changelog is not None and expected is not None and changelog.tag != expected:
                 raise CorruptStateError(
@@ -279,7 +284,13 @@ class StateProvider:
                     f"{kind} state of {namespace}/{partition} holds version {db.version}, "
                     f"expected {start}"
                 )
-            for changelog in chain:
+            for header in chain:
+                changelog = self._changelog(namespace, partition, header.version)
+                if changelog.tag != header.tag:
+                    raise CorruptStateError(
+                        f"changelog {header.version} of {namespace}/{partition} changed while "
+                        "it was being replayed; retry the load"
+                    )
                 db.apply(changelog.ops, changelog.version, changelog.tag)
         except BaseException:
             if kind != "local":
