@@ -1,0 +1,45 @@
+"""Key layouts that make window expiry one cheap range delete.
+
+A windowed key is ``window_start`` (milliseconds since the epoch, 8 bytes big-endian,
+so byte order = time order) followed by the user key. Every key of windows that
+ended before a watermark is then in one contiguous range, deleted with a single
+``delete_range`` — recorded in the changelog like any other write.
+"""
+
+from __future__ import annotations
+
+import struct
+from datetime import UTC, datetime
+
+from riverbed.state.store import StateStore
+
+_TS = struct.Struct(">Q")
+
+
+def to_millis(ts: datetime | int) -> int:
+    """Milliseconds since the epoch; datetimes must be timezone-aware."""
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None:
+            raise ValueError(f"naive datetime {ts!r}: pass a timezone-aware (UTC) datetime")
+        return int(ts.timestamp() * 1000)
+    if ts < 0:
+        raise ValueError(f"timestamp must be >= 0 ms, got {ts}")
+    return ts
+
+
+def window_key(window_start: datetime | int, key: bytes) -> bytes:
+    return _TS.pack(to_millis(window_start)) + key
+
+
+def split_window_key(data: bytes) -> tuple[datetime, bytes]:
+    (millis,) = _TS.unpack_from(data)
+    return datetime.fromtimestamp(millis / 1000, tz=UTC), data[_TS.size :]
+
+
+def window_prefix(window_start: datetime | int) -> bytes:
+    return _TS.pack(to_millis(window_start))
+
+
+def expire_before(store: StateStore, window_start: datetime | int) -> None:
+    """Delete every window that starts before ``window_start`` (one range delete)."""
+    store.delete_range(_TS.pack(0), window_prefix(window_start))
