@@ -168,10 +168,13 @@ class StateProvider:
         """The partition's state as of ``version`` (newest committed version <= it; default:
         the latest), ready for reads and staged writes."""
         path = self._local(namespace, partition)
-        index = self.index(namespace, partition)
-        target = self._resolve(namespace, partition, index, version)
+        self._base(namespace, partition)  # validate names before touching disk
         db = self._open(path)
         try:
+            # Read the index only once we hold the partition: a commit by the previous
+            # holder must be visible, or "latest" could be stale.
+            index = self.index(namespace, partition)
+            target = self._resolve(namespace, partition, index, version)
             db = self._bring_to(namespace, partition, path, db, index, target)
         except BaseException:
             db.close()
