@@ -1,0 +1,38 @@
+"""Errors of the event log."""
+
+from __future__ import annotations
+
+from riverbed.errors import RiverbedError
+
+
+class LogError(RiverbedError):
+    """Base of every log error."""
+
+
+class TopicNotFoundError(LogError):
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic '{topic}' does not exist; create it with "
+            f"`riverbed topic create {topic} --partitions N`"
+        )
+        self.topic = topic
+
+
+class TopicExistsError(LogError):
+    pass
+
+
+class CorruptLogError(LogError):
+    """A segment failed its checksum or framing in the middle of a partition."""
+
+
+class SerdeError(LogError):
+    """A value could not be serialized or deserialized with the topic's serde."""
+
+
+class OffsetOutOfRangeError(LogError):
+    """The offset is before the partition's first retained record or past its end."""
+
+
+class GroupError(LogError):
+    """A consumer-group operation failed (stale generation, lost claim, bad config)."""

@@ -1,0 +1,264 @@
+"""The :class:`Log`: topics, producers and readers over one storage."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from riverbed.log.base import Fsync, LogStorage, TopicConfig
+from riverbed.log.errors import LogError, SerdeError
+from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
+from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
+from riverbed.log.serdes import BUILTIN_SERDES, Serde
+
+
+def _key_bytes(key: bytes | str | int | None) -> bytes | None:
+    if key is None or isinstance(key, bytes):
+        return key
+    return str(key).encode()
+
+
+def _ts_ms(ts: datetime | int | None) -> int:
+    if ts is None:
+        return now_ms()
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None:
+            raise ValueError(f"naive timestamp {ts!r}: use a timezone-aware (UTC) datetime")
+        return int(ts.timestamp() * 1000)
+    return int(ts)
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    partition: int
+    start: int
+    end: int
+
+
+class Log:
+    """Topics on one storage. Partitioners and serdes are registered on this object."""
+
+    def __init__(self, storage: LogStorage) -> None:
+        self.storage = storage
+        self.url = storage.url
+        self._partitioner_factories: dict[str, Callable[[], Partitioner]] = dict(
+            BUILTIN_PARTITIONERS
+        )
+        self._serdes: dict[str, Serde] = dict(BUILTIN_SERDES)
+        self._lock = threading.Lock()
+
+    # -- registries (owned by this object) ----------------------------------------------
+    def register_partitioner(self, name: str, factory: Callable[[], Partitioner]) -> None:
+        self._partitioner_factories[name] = factory
+
+    def register_serde(self, serde: Serde) -> None:
+        self._serdes[serde.name] = serde
+
+    def serde(self, name: str) -> Serde:
+        try:
+            return self._serdes[name]
+        except KeyError:
+            raise LogError(
+                f"serde '{name}' is not registered on this log; register it with "
+                f"log.register_serde(...) (known: {', '.join(sorted(self._serdes))})"
+            ) from None
+
+    def partitioner(self, name: str) -> Partitioner:
+        try:
+            return self._partitioner_factories[name]()
+        except KeyError:
+            raise LogError(
+                f"partitioner '{name}' is not registered on this log; register it with "
+                f"log.register_partitioner(...) "
+                f"(known: {', '.join(sorted(self._partitioner_factories))})"
+            ) from None
+
+    # -- topics -------------------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        *,
+        partitioner: str = "key-hash",
+        serde: str = "json",
+        segment_bytes: int = 64 * 1024 * 1024,
+        retention_bytes: int | None = None,
+        retention_ms: int | None = None,
+        fsync: Fsync = "batch",
+        fsync_interval_ms: int = 1000,
+    ) -> TopicConfig:
+        self.partitioner(partitioner)  # fail before creating anything
+        self.serde(serde)
+        config = TopicConfig(
+            name,
+            partitions,
+            partitioner,
+            serde,
+            segment_bytes,
+            retention_bytes,
+            retention_ms,
+            fsync,
+            fsync_interval_ms,
+        )
+        self.storage.create_topic(config)
+        return config
+
+    def topic(self, name: str) -> TopicConfig:
+        return self.storage.topic_config(name)
+
+    def topics(self) -> list[str]:
+        return self.storage.list_topics()
+
+    def add_partitions(self, name: str, partitions: int) -> TopicConfig:
+        """Grow ``name`` to ``partitions`` partitions (never fewer)."""
+        return self.storage.set_partitions(name, partitions)
+
+    def offsets(self, topic: str) -> list[PartitionOffsets]:
+        config = self.topic(topic)
+        return [
+            PartitionOffsets(p, *self.storage.offsets(topic, p)) for p in range(config.partitions)
+        ]
+
+    # -- producing and reading ----------------------------------------------------------
+    def producer(self, topic: str) -> Producer:
+        return Producer(self, topic)
+
+    def read(
+        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000
+    ) -> list[Record]:
+        config = self.topic(topic)
+        serde = self.serde(config.serde)
+        return [
+            _decode(topic, partition, o, raw, serde)
+            for o, raw in self.storage.read(topic, partition, offset, max_records)
+        ]
+
+    def iter_records(self, topic: str, partition: int, offset: int = 0) -> Iterator[Record]:
+        """Every record from ``offset`` to the current end."""
+        while True:
+            batch = self.read(topic, partition, offset, 1000)
+            if not batch:
+                return
+            yield from batch
+            offset = batch[-1].offset + 1
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def _decode(topic: str, partition: int, offset: int, raw: RawRecord, serde: Serde) -> Record:
+    try:
+        value = serde.deserialize(raw.value)
+    except SerdeError as exc:
+        raise SerdeError(f"{topic}/{partition}@{offset}: {exc}") from exc
+    return Record(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp=datetime.fromtimestamp(raw.timestamp_ms / 1000, tz=UTC),
+        key=raw.key,
+        value=value,
+        headers=raw.headers,
+    )
+
+
+class Producer:
+    """Appends records to one topic with its partitioner and serde.
+
+    ``send`` appends one record now; ``send_batch`` appends many as one batch per
+    partition (much faster); ``buffer`` + ``flush`` collect records and write them in
+    batches, returning their coordinates at flush.
+    """
+
+    def __init__(self, log: Log, topic: str) -> None:
+        self.log = log
+        self.topic = topic
+        config = log.topic(topic)  # TopicNotFoundError names the fix
+        self._serde = log.serde(config.serde)
+        self._partitioner = log.partitioner(config.partitioner)
+        self._partitions = config.partitions
+        self._pending: list[tuple[int, RawRecord]] = []
+
+    def _raw(
+        self,
+        value: Any,
+        key: bytes | str | int | None,
+        timestamp: datetime | int | None,
+        headers: Mapping[str, bytes] | None,
+        partition: int | None,
+    ) -> tuple[int, RawRecord]:
+        kb = _key_bytes(key)
+        if partition is None:
+            partition = self._partitioner.partition(kb, self._partitions)
+        raw = RawRecord(_ts_ms(timestamp), kb, self._serde.serialize(value), dict(headers or {}))
+        return partition, raw
+
+    def refresh(self) -> None:
+        """Pick up partitions added since this producer was created."""
+        self._partitions = self.log.topic(self.topic).partitions
+
+    def send(
+        self,
+        value: Any,
+        *,
+        key: bytes | str | int | None = None,
+        timestamp: datetime | int | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        partition: int | None = None,
+    ) -> RecordMetadata:
+        p, raw = self._raw(value, key, timestamp, headers, partition)
+        offset = self.log.storage.append(self.topic, p, [raw])
+        return RecordMetadata(self.topic, p, offset)
+
+    def buffer(
+        self,
+        value: Any,
+        *,
+        key: bytes | str | int | None = None,
+        timestamp: datetime | int | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> None:
+        self._pending.append(self._raw(value, key, timestamp, headers, None))
+
+    def flush(self) -> list[RecordMetadata]:
+        """Write buffered records, one batch per partition; their coordinates in order."""
+        pending, self._pending = self._pending, []
+        return self._append(pending)
+
+    def send_batch(
+        self,
+        values: Iterable[Any] | Any,
+        *,
+        key_field: str | None = None,
+        timestamp_field: str | None = None,
+    ) -> list[RecordMetadata]:
+        """Append many values (dicts, or rows of a ``pyarrow.Table``) as batches."""
+        if hasattr(values, "to_pylist"):
+            values = values.to_pylist()
+        items = []
+        for value in values:
+            key = value.get(key_field) if key_field and isinstance(value, dict) else None
+            ts = value.get(timestamp_field) if timestamp_field and isinstance(value, dict) else None
+            items.append(self._raw(value, key, ts, None, None))
+        return self._append(items)
+
+    def _append(self, items: Sequence[tuple[int, RawRecord]]) -> list[RecordMetadata]:
+        by_partition: dict[int, list[int]] = {}
+        for i, (p, _) in enumerate(items):
+            by_partition.setdefault(p, []).append(i)
+        out: list[RecordMetadata | None] = [None] * len(items)
+        for p, indexes in by_partition.items():
+            base = self.log.storage.append(self.topic, p, [items[i][1] for i in indexes])
+            for n, i in enumerate(indexes):
+                out[i] = RecordMetadata(self.topic, p, base + n)
+        return [m for m in out if m is not None]
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.flush()

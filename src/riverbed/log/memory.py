@@ -1,0 +1,85 @@
+"""``memory://``: topics in this process's memory (tests, notebooks)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from riverbed.log.base import LogStorage, TopicConfig
+from riverbed.log.errors import OffsetOutOfRangeError, TopicExistsError, TopicNotFoundError
+from riverbed.log.records import RawRecord
+
+
+class MemoryLogStorage(LogStorage):
+    def __init__(self) -> None:
+        self.url = "memory://"
+        self._topics: dict[str, TopicConfig] = {}
+        self._data: dict[tuple[str, int], list[RawRecord]] = {}
+        self._start: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def create_topic(self, config: TopicConfig) -> None:
+        with self._lock:
+            if config.name in self._topics:
+                raise TopicExistsError(f"topic '{config.name}' already exists")
+            self._topics[config.name] = config
+
+    def topic_config(self, name: str) -> TopicConfig:
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise TopicNotFoundError(name) from None
+
+    def list_topics(self) -> list[str]:
+        return sorted(self._topics)
+
+    def set_partitions(self, name: str, partitions: int) -> TopicConfig:
+        with self._lock:
+            config = self.topic_config(name)
+            if partitions < config.partitions:
+                raise ValueError(
+                    f"topic '{name}' has {config.partitions} partitions; partitions can be "
+                    "added, never removed"
+                )
+            self._topics[name] = replace(config, partitions=partitions)
+            return self._topics[name]
+
+    def _check(self, topic: str, partition: int) -> None:
+        config = self.topic_config(topic)
+        if not 0 <= partition < config.partitions:
+            raise ValueError(
+                f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
+            )
+
+    def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
+        self._check(topic, partition)
+        with self._lock:
+            data = self._data.setdefault((topic, partition), [])
+            base = self._start.get((topic, partition), 0) + len(data)
+            data.extend(records)
+            return base
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_records: int
+    ) -> list[tuple[int, RawRecord]]:
+        self._check(topic, partition)
+        with self._lock:
+            data = self._data.get((topic, partition), [])
+            start = self._start.get((topic, partition), 0)
+            if offset < start:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} of {topic}/{partition} was removed by retention "
+                    f"(first retained: {start})"
+                )
+            i = offset - start
+            return [(start + i + n, r) for n, r in enumerate(data[i : i + max_records])]
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        self._check(topic, partition)
+        with self._lock:
+            start = self._start.get((topic, partition), 0)
+            return start, start + len(self._data.get((topic, partition), []))
+
+    def enforce_retention(self, topic: str) -> int:
+        return 0

@@ -1,0 +1,49 @@
+"""Partitioners: which partition a record goes to. A topic remembers its partitioner by
+name; user-defined ones are registered on the :class:`~riverbed.log.Log` object."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Partitioner(Protocol):
+    name: str
+
+    def partition(self, key: bytes | None, partitions: int) -> int: ...
+
+
+class KeyHashPartitioner:
+    """CRC32 of the key bytes mod N: the same on every process, machine and Python
+    version (unlike ``hash()``). Records without a key are spread round-robin."""
+
+    name = "key-hash"
+
+    def __init__(self) -> None:
+        self._fallback = RoundRobinPartitioner()
+
+    def partition(self, key: bytes | None, partitions: int) -> int:
+        if key is None:
+            return self._fallback.partition(None, partitions)
+        return zlib.crc32(key) % partitions
+
+
+class RoundRobinPartitioner:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def partition(self, key: bytes | None, partitions: int) -> int:
+        with self._lock:
+            return next(self._counter) % partitions
+
+
+BUILTIN_PARTITIONERS: dict[str, Callable[[], Partitioner]] = {
+    "key-hash": KeyHashPartitioner,
+    "round-robin": RoundRobinPartitioner,
+}

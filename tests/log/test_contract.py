@@ -1,0 +1,131 @@
+"""The log contract, on memory and file storage."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from riverbed.log import Log, LogError, SerdeError, TopicExistsError, TopicNotFoundError
+from riverbed.log.partitioners import KeyHashPartitioner
+
+
+def test_topics_remember_their_configuration(log: Log) -> None:
+    log.create_topic("events", 4, partitioner="round-robin", serde="msgpack")
+    config = log.topic("events")
+    assert (config.partitions, config.partitioner, config.serde) == (4, "round-robin", "msgpack")
+    assert log.topics() == ["events"]
+    with pytest.raises(TopicExistsError):
+        log.create_topic("events", 1)
+    with pytest.raises(TopicNotFoundError, match="riverbed topic create nope"):
+        log.producer("nope")
+
+
+def test_records_keep_key_value_time_headers_and_get_offsets(log: Log) -> None:
+    log.create_topic("t", 1)
+    ts = datetime(2026, 11, 21, 10, 30, tzinfo=UTC)
+    producer = log.producer("t")
+    first = producer.send({"a": 1}, key="k1", timestamp=ts, headers={"h": b"v"})
+    second = producer.send([1, 2], key=b"k2")
+    assert (first.partition, first.offset, second.offset) == (0, 0, 1)
+    records = log.read("t", 0)
+    assert [r.value for r in records] == [{"a": 1}, [1, 2]]
+    assert records[0].key == b"k1" and records[0].timestamp == ts
+    assert records[0].headers == {"h": b"v"} and records[1].headers == {}
+    with pytest.raises(ValueError, match="naive"):
+        producer.send(1, timestamp=datetime(2026, 1, 1))  # noqa: DTZ001
+
+
+def test_key_hash_is_stable_and_keeps_a_key_on_one_partition(log: Log) -> None:
+    # CRC32, not hash(): this mapping must never change between versions
+    assert [KeyHashPartitioner().partition(k, 8) for k in (b"user-1", b"user-2", b"x")] == [4, 6, 3]
+    log.create_topic("t", 8)
+    metas = log.producer("t").send_batch(
+        [{"u": f"user-{i % 10}"} for i in range(200)], key_field="u"
+    )
+    by_key: dict[str, set[int]] = {}
+    for i, meta in enumerate(metas):
+        by_key.setdefault(f"user-{i % 10}", set()).add(meta.partition)
+    assert all(len(parts) == 1 for parts in by_key.values())
+
+
+def test_round_robin_spreads_evenly(log: Log) -> None:
+    log.create_topic("t", 4, partitioner="round-robin")
+    metas = log.producer("t").send_batch(list(range(400)))
+    counts = [sum(1 for m in metas if m.partition == p) for p in range(4)]
+    assert counts == [100, 100, 100, 100]
+
+
+def test_batches_buffer_flush_and_arrow_tables(log: Log) -> None:
+    import pyarrow as pa
+
+    log.create_topic("t", 2, partitioner="round-robin")
+    with log.producer("t") as producer:
+        for i in range(10):
+            producer.buffer({"i": i})
+    table = pa.table({"i": list(range(10, 15)), "who": ["a"] * 5})
+    log.producer("t").send_batch(table)
+    values = sorted(r.value["i"] for p in range(2) for r in log.iter_records("t", p))
+    assert values == list(range(15))
+
+
+def test_reading_from_an_offset_and_across_segments(log: Log) -> None:
+    log.create_topic("t", 1, segment_bytes=2048)
+    producer = log.producer("t")
+    for i in range(50):
+        producer.send_batch([{"i": i * 10 + j, "pad": "x" * 20} for j in range(10)])
+    assert [o.end for o in log.offsets("t")] == [500]
+    got = log.read("t", 0, offset=137, max_records=200)
+    assert [r.offset for r in got] == list(range(137, 337))
+    assert [r.value["i"] for r in got] == list(range(137, 337))
+    assert [r.offset for r in log.iter_records("t", 0, 490)] == list(range(490, 500))
+
+
+def test_partitions_can_be_added_never_removed(log: Log) -> None:
+    log.create_topic("t", 2)
+    producer = log.producer("t")
+    log.add_partitions("t", 5)
+    producer.refresh()
+    meta = producer.send(1, partition=4)
+    assert meta.partition == 4 and len(log.offsets("t")) == 5
+    with pytest.raises(ValueError, match="never removed"):
+        log.add_partitions("t", 3)
+
+
+def test_user_defined_serde_and_partitioner_live_on_the_log_object(log: Log) -> None:
+    class Upper:
+        name = "upper"
+
+        def serialize(self, value: Any) -> bytes:
+            return str(value).upper().encode()
+
+        def deserialize(self, data: bytes) -> Any:
+            return data.decode()
+
+    class Last:
+        name = "last"
+
+        def partition(self, key: bytes | None, partitions: int) -> int:
+            return partitions - 1
+
+    with pytest.raises(LogError, match="register"):
+        log.create_topic("t", 3, serde="upper")
+    log.register_serde(Upper())
+    log.register_partitioner("last", Last)
+    log.create_topic("t", 3, serde="upper", partitioner="last")
+    meta = log.producer("t").send("hello")
+    assert meta.partition == 2 and log.read("t", 2)[0].value == "HELLO"
+
+
+def test_bad_values_name_the_problem(log: Log) -> None:
+    log.create_topic("j", 1, serde="json")
+    with pytest.raises(SerdeError, match="JSON"):
+        log.producer("j").send(object())
+    log.create_topic("b", 1, serde="bytes")
+    with pytest.raises(SerdeError, match="bytes"):
+        log.producer("b").send(12)
+    with pytest.raises(ValueError, match="topic name"):
+        log.create_topic("../escape", 1)
+    with pytest.raises(ValueError, match=r"partitions 0\.\.0"):
+        log.producer("j").send(1, partition=3)
