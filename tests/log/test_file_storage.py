@@ -1,0 +1,181 @@
+"""File storage: torn tails, corruption, retention, many producer processes, SIGKILL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import riverbed.log
+from riverbed.log import CorruptLogError, Log, OffsetOutOfRangeError
+
+PROCS = Path(__file__).with_name("procs.py")
+
+
+def segment_files(root: Path, topic: str, partition: int) -> list[Path]:
+    return sorted((root / topic / str(partition)).glob("*.log"))
+
+
+def test_torn_tail_is_reported_and_truncated_keeping_every_whole_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 1)
+    producer = log.producer("t")
+    for i in range(5):
+        producer.send_batch([{"i": i * 3 + j} for j in range(3)])
+    log.close()
+    segment = segment_files(tmp_path, "t", 0)[-1]
+    whole = segment.stat().st_size
+    with open(segment, "ab") as f:  # a crashed writer's half batch
+        f.write(b"\x00\x00\x01\x00garbage-half-written")
+    reopened = riverbed.log.open(tmp_path)
+    assert [r.value["i"] for r in reopened.iter_records("t", 0)] == list(range(15))
+    with caplog.at_level(logging.WARNING, logger="riverbed.log.file"):
+        meta = reopened.producer("t").send({"i": 15})
+    assert meta.offset == 15
+    assert "torn or corrupt batch" in caplog.text
+    assert segment.stat().st_size > whole  # truncated back, then appended
+    assert [r.value["i"] for r in reopened.iter_records("t", 0)] == list(range(16))
+
+
+def test_corruption_inside_a_closed_segment_is_an_error_not_silence(tmp_path: Path) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 1, segment_bytes=1024)
+    for i in range(40):
+        log.producer("t").send({"i": i, "pad": "y" * 50})
+    first = segment_files(tmp_path, "t", 0)[0]
+    data = bytearray(first.read_bytes())
+    data[40] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match="closed segment"):
+        list(log.iter_records("t", 0))
+
+
+def test_retention_by_size_drops_whole_old_segments(tmp_path: Path) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 1, segment_bytes=4096, retention_bytes=16_384)
+    for i in range(300):
+        log.producer("t").send({"i": i, "pad": "z" * 100})
+    start, end = log.storage.offsets("t", 0)
+    assert end == 300 and start > 0
+    total = sum(p.stat().st_size for p in segment_files(tmp_path, "t", 0))
+    assert total <= 16_384 + 4096
+    with pytest.raises(OffsetOutOfRangeError, match="retention"):
+        log.read("t", 0, 0)
+    assert [r.offset for r in log.iter_records("t", 0, start)] == list(range(start, 300))
+
+
+def test_retention_by_age(tmp_path: Path) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 1, segment_bytes=2048, retention_ms=60_000)
+    for i in range(100):
+        log.producer("t").send({"i": i, "pad": "q" * 50})
+    old = time.time() - 3600
+    for segment in segment_files(tmp_path, "t", 0)[:-1]:
+        os.utime(segment, (old, old))
+    assert log.storage.enforce_retention("t") > 0
+    assert len(segment_files(tmp_path, "t", 0)) == 1
+    assert log.storage.offsets("t", 0)[1] == 100
+
+
+@pytest.mark.parametrize("fsync", ["batch", "interval", "never"])
+def test_every_fsync_policy_stores_the_same(tmp_path: Path, fsync: str) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 1, fsync=fsync)  # type: ignore[arg-type]
+    log.producer("t").send_batch(list(range(100)))
+    assert [r.value for r in riverbed.log.open(tmp_path).iter_records("t", 0)] == list(range(100))
+    with pytest.raises(ValueError, match="fsync"):
+        log.create_topic("u", 1, fsync="sometimes")  # type: ignore[arg-type]
+
+
+def run_producers(
+    path: Path, env: dict[str, str], names: list[str], seconds: float, batch: int
+) -> list[list[tuple[int, int, int, int]]]:
+    """Run producer processes for ``seconds`` then SIGKILL them; their acked batches."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(PROCS), str(path), name, str(batch)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name in names
+    ]
+    acked: list[list[tuple[int, int, int, int]]] = [[] for _ in procs]
+
+    def read(i: int) -> None:
+        out = procs[i].stdout
+        assert out is not None
+        for line in out:
+            p, base, count, seq = map(int, line.split())
+            acked[i].append((p, base, count, seq))
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(names))]
+    for t in readers:
+        t.start()
+    time.sleep(seconds)
+    for p in procs:
+        p.kill()
+        p.wait()
+    for t in readers:
+        t.join()
+    return acked
+
+
+def check_log(path: Path, names: list[str], acked: list[list[tuple[int, int, int, int]]]) -> None:
+    log = riverbed.log.open(path)
+    stored: dict[int, list[dict[str, object]]] = {}
+    for p in range(log.topic("events").partitions):
+        records = list(log.iter_records("events", p))
+        assert [r.offset for r in records] == list(range(len(records))), "offset gap"
+        stored[p] = [r.value for r in records]
+    seen: dict[tuple[int, int], dict[str, object]] = {}
+    for p, values in stored.items():
+        for offset, value in enumerate(values):
+            seen[(p, offset)] = value
+    for i, batches in enumerate(acked):
+        for p, base, count, seq in batches:
+            for k in range(count):
+                value = seen.get((p, base + k))
+                assert value is not None, f"acknowledged record {names[i]}#{seq + k} lost"
+                assert (value["w"], value["seq"]) == (names[i], seq + k)
+    # per writer, sequence numbers are in order and unique (a batch is all or nothing)
+    for name in names:
+        seqs = [v["seq"] for vs in stored.values() for v in vs if v["w"] == name]
+        assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+        assert len(seqs) % 50 == 0, "a partial batch is visible"
+
+
+@pytest.mark.slow
+def test_producer_processes_killed_mid_batch_lose_nothing_acknowledged(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("events", 2, segment_bytes=256 * 1024)
+    log.close()
+    rng = random.Random(11)
+    all_acked: list[list[tuple[int, int, int, int]]] = []
+    for round_no in range(5):
+        names = [f"r{round_no}w{i}" for i in range(3)]
+        acked = run_producers(tmp_path, subprocess_env, names, rng.uniform(0.3, 0.8), 50)
+        assert all(acked), "a producer acknowledged nothing"
+        all_acked.extend(acked)
+        check_log(tmp_path, names, acked)
+    total = sum(count for batches in all_acked for _, _, count, _ in batches)
+    stored = sum(o.end for o in riverbed.log.open(tmp_path).offsets("events"))
+    assert stored >= total
+
+
+def test_corrupt_topic_file_is_named(file_log: Log, tmp_path: Path) -> None:
+    file_log.create_topic("t", 1)
+    (tmp_path / "log" / "t" / "topic.json").write_text("{not json")
+    with pytest.raises(CorruptLogError, match=r"topic\.json"):
+        riverbed.log.open(tmp_path / "log").topic("t")
