@@ -472,14 +472,9 @@ class Consumer:
                             continue
                         if dlq is None:
                             raise
-                        dlq.send(
-                            record.value,
-                            key=record.key,
-                            headers={
-                                "error": repr(exc).encode(),
-                                "source": f"{record.topic}/{record.partition}@{record.offset}".encode(),
-                            },
-                        )
+                        source = f"{record.topic}/{record.partition}@{record.offset}"
+                        headers = {"error": repr(exc).encode(), "source": source.encode()}
+                        dlq.send(record.value, key=record.key, headers=headers)
                         log.warning(
                             "%r failed %d times; sent to %s", record, retries + 1, dlq.topic
                         )
