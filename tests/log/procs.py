@@ -19,5 +19,30 @@ def produce_forever(path: str, writer: str, batch: int) -> None:
         seq += batch
 
 
+def consume_forever(log_path: str, control_url: str, member: str, out_path: str) -> None:
+    """A group member that appends "partition offset key seq time_ns" per processed record."""
+    import time as _time
+
+    from riverbed.control import connect
+
+    log = riverbed.log.open(f"file://{log_path}")
+    cp = connect(control_url)
+    out = open(out_path, "a")  # noqa: SIM115 - kept open until SIGKILL
+
+    def handle(record: riverbed.log.Record) -> None:
+        value = record.value
+        out.write(
+            f"{record.partition} {record.offset} {value['k']} {value['seq']} {_time.time_ns()}\n"
+        )
+        out.flush()
+        _time.sleep(0.001)
+
+    with log.consumer(cp, "workers", "events", member_id=member, session_ttl=2) as consumer:
+        consumer.run(handle, max_records=20)
+
+
 if __name__ == "__main__":
-    produce_forever(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] == "consume":
+        consume_forever(*sys.argv[2:6])
+    else:
+        produce_forever(sys.argv[1], sys.argv[2], int(sys.argv[3]))

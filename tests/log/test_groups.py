@@ -1,0 +1,163 @@
+"""Consumer groups: assignment, rebalancing, fenced commits, run() with retries and DLQ."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import riverbed.log
+from riverbed.control import ControlPlane, connect
+from riverbed.log import GroupError, Log, Record
+from riverbed.log.group import describe_group
+from riverbed.log.group.consumer import Consumer
+
+
+@pytest.fixture
+def cp(tmp_path: Path) -> Iterator[ControlPlane]:
+    plane = connect(f"sqlite:///{tmp_path / 'control.db'}")
+    yield plane
+    plane.close()
+
+
+@pytest.fixture
+def flog(tmp_path: Path) -> Iterator[Log]:
+    opened = riverbed.log.open(tmp_path / "log")
+    yield opened
+    opened.close()
+
+
+def until(
+    condition: Callable[[], bool], timeout: float = 10, step: Callable[[], object] = lambda: None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        step()
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+def fill(log: Log, topic: str, n: int, partitions: int = 4) -> None:
+    log.create_topic(topic, partitions)
+    log.producer(topic).send_batch([{"i": i, "k": f"key{i % 9}"} for i in range(n)], key_field="k")
+
+
+def test_one_member_gets_everything_and_commits(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 300)
+    with flog.consumer(cp, "g", "ev", member_id="a", session_ttl=2) as consumer:
+        got: list[Record] = []
+        until(lambda: len(got) >= 300, step=lambda: got.extend(consumer.poll(0.1)))
+        consumer.poll(0)  # marks the previous records processed: commits them
+        assert sorted(r.value["i"] for r in got) == list(range(300))
+        desc = describe_group(flog, cp, "g")
+        assert desc.members == ["a"] and desc.leader == "a"
+        assert all(p.owner == "a" and p.lag == 0 for p in desc.partitions)
+    # a new member resumes from the committed offsets: nothing left
+    with flog.consumer(cp, "g", "ev", member_id="b", session_ttl=2) as again:
+        until(lambda: len(again.assignment()) == 4, step=lambda: again.poll(0.05))
+        assert again.poll(0.3) == []
+
+
+def test_join_and_leave_rebalance_without_two_owners(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 50)
+    a = flog.consumer(cp, "g", "ev", member_id="a", session_ttl=2, assignor="sticky")
+    until(lambda: len(a.assignment()) == 4, step=lambda: a.poll(0.05))
+    b = flog.consumer(cp, "g", "ev", member_id="b", session_ttl=2, assignor="sticky")
+    both = lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2  # noqa: E731
+    until(both, step=lambda: (a.poll(0.02), b.poll(0.02)))
+    assert not a.assignment() & b.assignment()
+    b.close()
+    until(lambda: len(a.assignment()) == 4, step=lambda: a.poll(0.05))
+    assert describe_group(flog, cp, "g").members == ["a"]
+    a.close()
+
+
+def test_new_partitions_are_picked_up(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 10, partitions=2)
+    with flog.consumer(cp, "g", "ev", session_ttl=2, metadata_interval=0.2) as consumer:
+        until(lambda: len(consumer.assignment()) == 2, step=lambda: consumer.poll(0.05))
+        flog.add_partitions("ev", 3)
+        flog.producer("ev").send({"new": True}, partition=2)
+        got: list[Record] = []
+        until(
+            lambda: any(r.partition == 2 for r in got), step=lambda: got.extend(consumer.poll(0.05))
+        )
+
+
+def test_a_member_that_lost_its_claim_cannot_commit(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 40, partitions=1)
+    with flog.consumer(cp, "g", "ev", member_id="z", session_ttl=2) as zombie:
+        records: list[Record] = []
+        until(lambda: len(records) >= 40, step=lambda: records.extend(zombie.poll(0.05)))
+        # someone else takes the partition (e.g. after our lease was thought dead)
+        cp.delete("riverbed/loggroup/g/claim/ev/0")
+        cp.put("riverbed/loggroup/g/claim/ev/0", "other")
+        zombie.commit()  # rejected: fenced by the claim's revision
+        assert cp.get("riverbed/loggroup/g/offset/ev/0") is None
+        assert zombie.assignment() == set()
+
+
+def test_run_retries_in_order_and_dead_letters_poison_records(flog: Log, cp: ControlPlane) -> None:
+    flog.create_topic("ev", 2)
+    flog.create_topic("ev.dlq", 1)
+    flog.producer("ev").send_batch([{"i": i, "k": f"k{i % 2}"} for i in range(40)], key_field="k")
+    seen: list[int] = []
+    attempts: dict[int, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def handler(record: Record) -> None:
+        i = record.value["i"]
+        with lock:
+            attempts[i] = attempts.get(i, 0) + 1
+            if i == 7 or (i == 12 and attempts[i] < 3):
+                raise RuntimeError(f"cannot handle {i}")
+            seen.append(i)
+            if len(seen) == 39:
+                stop.set()
+
+    with flog.consumer(cp, "g", "ev", session_ttl=5) as consumer:
+        consumer.run(handler, retries=3, backoff=0.01, dead_letter="ev.dlq", stop=stop)
+    assert attempts[7] == 4 and attempts[12] == 3
+    for key in (0, 1):  # per-key (= per-partition) order kept despite retries
+        mine = [i for i in seen if i % 2 == key]
+        assert mine == sorted(mine)
+    dead = flog.read("ev.dlq", 0)
+    assert [r.value["i"] for r in dead] == [7]
+    assert b"cannot handle 7" in dead[0].headers["error"]
+    assert dead[0].headers["source"].startswith(b"ev/")
+
+
+def test_run_without_dead_letter_raises_after_retries(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 5, partitions=1)
+
+    def boom(record: Record) -> None:
+        raise ValueError("bad record")
+
+    with flog.consumer(cp, "g", "ev", session_ttl=5) as consumer, pytest.raises(ValueError):
+        consumer.run(boom, retries=1, backoff=0.001)
+
+
+def test_bad_group_configuration_is_named(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 1)
+    with pytest.raises(ValueError, match="assignor"):
+        flog.consumer(cp, "g", "ev", assignor="fastest")
+    with pytest.raises(ValueError, match="group name"):
+        flog.consumer(cp, "a/b", "ev")
+    from riverbed.log import TopicNotFoundError
+
+    with pytest.raises(TopicNotFoundError):
+        flog.consumer(cp, "g", "missing")
+    consumer = flog.consumer(cp, "g", "ev", session_ttl=2)
+    consumer.close()
+    with pytest.raises(GroupError, match="closed"):
+        consumer.poll(0)
+
+
+def test_consumer_is_importable_from_the_group_package() -> None:
+    assert Consumer.__module__ == "riverbed.log.group.consumer"
