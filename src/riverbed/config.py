@@ -46,6 +46,7 @@ class Config:
     home: Path = Path(".riverbed")
     control: str = ""
     checkpoints: str = ""
+    log: str = ""
     spark: SparkConfig = field(default_factory=SparkConfig)
 
     @property
@@ -59,6 +60,11 @@ class Config:
     def checkpoints_url(self) -> str:
         """Durable location of checkpoints (state changelogs and snapshots)."""
         return self.checkpoints or f"file://{(self.home / 'checkpoints').resolve()}"
+
+    @property
+    def log_url(self) -> str:
+        """The event log's location."""
+        return self.log or f"file://{(self.home / 'log').resolve()}"
 
     @property
     def state_dir(self) -> Path:
@@ -94,7 +100,7 @@ def load_config(
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 
-    known = {"home", "control", "checkpoints", "spark"}
+    known = {"home", "control", "checkpoints", "log", "spark"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
@@ -104,6 +110,7 @@ def load_config(
     home = Path(_expect_str(src, "home", data.get("home", ".riverbed")))
     control = _expect_str(src, "control", data.get("control", ""))
     checkpoints = _expect_str(src, "checkpoints", data.get("checkpoints", ""))
+    log_url = _expect_str(src, "log", data.get("log", ""))
     spark_data = data.get("spark", {})
     if not isinstance(spark_data, dict):
         raise ConfigError(f"{path}: [spark] must be a table")
@@ -117,6 +124,8 @@ def load_config(
         home = Path(env["RIVERBED_HOME"])
     if env.get("RIVERBED_CONTROL"):
         control = env["RIVERBED_CONTROL"]
+    if env.get("RIVERBED_LOG"):
+        log_url = env["RIVERBED_LOG"]
     if env.get("RIVERBED_CHECKPOINTS"):
         checkpoints = env["RIVERBED_CHECKPOINTS"]
     if env.get("RIVERBED_SPARK_MASTER"):
@@ -127,5 +136,6 @@ def load_config(
         home=home,
         control=control,
         checkpoints=checkpoints,
+        log=log_url,
         spark=SparkConfig(master=master, conf=MappingProxyType(conf)),
     )

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from riverbed import __version__
 from riverbed.cli import control as control_cli
+from riverbed.cli import log as log_cli
 from riverbed.cli import state as state_cli
 from riverbed.errors import RiverbedError
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     control_cli.add_parser(sub)
     state_cli.add_parser(sub)
+    log_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--ttl", type=int, default=2, help="session lease TTL in seconds")
