@@ -182,7 +182,10 @@ def _topic_describe(args: argparse.Namespace) -> int:
 
 def _topic_add(args: argparse.Namespace) -> int:
     config = _log(args).add_partitions(args.name, args.partitions)
-    out.print(f"topic {config.name} now has {config.partitions} partitions")
+    if args.json:
+        print(json.dumps(config.to_dict()))
+    else:
+        out.print(f"topic {config.name} now has {config.partitions} partitions")
     return 0
 
 
