@@ -203,13 +203,12 @@ class Consumer:
         return out
 
     def _lead(self) -> None:
-        while not self._stop.is_set():
-            try:
-                term = self.election.campaign(self.member_id, timeout=0.5)
-                break
-            except ControlError:
-                if self._stop.is_set() or not self.session.alive:
-                    return
+        try:
+            # Waits in line (watching only its predecessor) until elected; ends with
+            # SessionLostError when close() ends the session.
+            term = self.election.campaign(self.member_id)
+        except ControlError:
+            return
         registry = Registry(self.cp, self.keys.registry)
         election_key = self.election.prefix + f"{self.session.lease:x}".encode()
         log.info("consumer %s leads group %s (term %d)", self.member_id, self.group, term)
@@ -499,11 +498,11 @@ class Consumer:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout=5)
         with contextlib.suppress(ControlError):
             self.election.resign()
-        self.session.close()
+        self.session.close()  # ends a campaign still waiting in line
+        for thread in self._threads:
+            thread.join(timeout=5)
 
     def __enter__(self) -> Consumer:
         return self
