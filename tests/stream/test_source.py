@@ -1,0 +1,119 @@
+"""The riverbed Spark source, batch and streaming, on a real local[2] session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import riverbed.log
+from riverbed.log.records import RawRecord
+from riverbed.stream import register
+
+pytestmark = pytest.mark.spark
+SCHEMA = "user_id long, flag string"
+
+
+@pytest.fixture
+def log_url(tmp_path: Path) -> str:
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("events", 3)
+    log.producer("events").send_batch(
+        [{"user_id": i % 40, "flag": f"f{i % 5}"} for i in range(500)], key_field="flag"
+    )
+    log.storage.append("events", 0, [RawRecord(0, b"k", b"{oops not json")])
+    log.producer("events").send({"user_id": "abc", "flag": "f1"}, partition=1)
+    log.close()
+    return url
+
+
+def test_batch_read_decodes_fields_and_flags_malformed_records(spark: Any, log_url: str) -> None:
+    register(spark)
+    df = (
+        spark.read.format("riverbed")
+        .option("topic", "events")
+        .option("log", log_url)
+        .option("schema", SCHEMA)
+        .load()
+    )
+    assert df.columns == ["user_id", "flag", "key", "timestamp", "partition", "offset", "_error"]
+    rows = df.collect()
+    assert len(rows) == 502
+    bad = sorted((r["partition"], r["_error"][:40]) for r in rows if r["_error"])
+    assert len(bad) == 2
+    assert "not JSON" in bad[0][1] and "user_id" in bad[1][1]
+    good = [r for r in rows if not r["_error"]]
+    assert sorted(r["user_id"] for r in good) == sorted(i % 40 for i in range(500))
+
+
+def test_schema_is_inferred_without_the_option(spark: Any, log_url: str) -> None:
+    register(spark)
+    df = spark.read.format("riverbed").option("topic", "events").option("log", log_url).load()
+    assert dict(df.dtypes)["user_id"] == "bigint" and dict(df.dtypes)["flag"] == "string"
+
+
+def test_stream_reads_everything_once_in_bounded_batches_and_resumes(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    register(spark)
+    batches: list[list[tuple[int, int]]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        batches.append([(r["partition"], r["offset"]) for r in df.collect()])
+
+    def run() -> None:
+        query = (
+            spark.readStream.format("riverbed")
+            .option("topic", "events")
+            .option("log", log_url)
+            .option("schema", SCHEMA)
+            .option("maxRecordsPerBatch", 120)
+            .load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()
+    seen = [c for b in batches for c in b]
+    assert len(seen) == 502 == len(set(seen))
+    assert all(len(b) <= 120 for b in batches), [len(b) for b in batches]
+    assert len(batches) >= 5
+    for p in range(3):  # within a partition, offsets arrive in order
+        offsets = [o for q, o in seen if q == p]
+        assert offsets == sorted(offsets)
+    # new data and a new partition, then a restart from the checkpoint
+    log = riverbed.log.open(log_url)
+    next_in_p0 = log.storage.offsets("events", 0)[1]
+    log.add_partitions("events", 4)
+    log.producer("events").send({"user_id": 1, "flag": "new"}, partition=3)
+    log.producer("events").send({"user_id": 2, "flag": "new"}, partition=0)
+    log.close()
+    batches.clear()
+    run()
+    assert sorted(c for b in batches for c in b) == [(0, next_in_p0), (3, 0)]
+
+
+def test_bad_options_are_named(spark: Any, log_url: str) -> None:
+    register(spark)
+    with pytest.raises(Exception, match="topic"):
+        spark.read.format("riverbed").option("log", log_url).load().collect()
+    with pytest.raises(Exception, match="maxRecordsPerBatch"):
+        query = (
+            spark.readStream.format("riverbed")
+            .option("topic", "events")
+            .option("log", log_url)
+            .option("schema", SCHEMA)
+            .option("maxRecordsPerBatch", "lots")
+            .load()
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(60)
+        raise RuntimeError(str(query.exception()))
