@@ -1,0 +1,85 @@
+"""Windows and metrics: pure logic, no Spark (Hypothesis)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+from riverbed.stream.windows import Hopping, Sliding, Tumbling, duration_ms
+
+HOUR = 3_600_000
+
+
+@given(st.integers(0, 2**41))
+def test_tumbling_puts_each_event_in_exactly_its_window(ts: int) -> None:
+    starts = Tumbling("1h").starts(np.array([ts]))
+    assert len(starts) == 1
+    assert starts[0][0] <= ts < starts[0][0] + HOUR and starts[0][0] % HOUR == 0
+
+
+@given(st.integers(0, 2**41), st.sampled_from([("1h", "15m"), ("2h", "1h"), ("30m", "30m")]))
+def test_hopping_windows_all_contain_the_event(ts: int, size_hop: tuple[str, str]) -> None:
+    window = Hopping(*size_hop)
+    starts = [s[0] for s in window.starts(np.array([ts]))]
+    assert len(starts) == window.size_ms // window.hop_ms
+    assert all(s <= ts < s + window.size_ms and s % window.hop_ms == 0 for s in starts)
+    assert len(set(starts)) == len(starts)
+
+
+def test_sliding_and_durations() -> None:
+    assert len(Sliding("1h", step="10m").starts(np.array([0]))) == 6
+    assert duration_ms("1h30m") == 90 * 60_000 and duration_ms(5) == 5
+    with pytest.raises(ValueError, match="duration"):
+        duration_ms("an hour")
+    with pytest.raises(ValueError, match="multiple"):
+        Hopping("1h", "7m")
+
+
+def test_metrics_partial_merge_result_match_numpy() -> None:
+    a, b = np.array([1.0, 5.0, 3.0]), np.array([10.0, -2.0])
+    both = np.concatenate([a, b])
+    for metric, expected in [
+        (Count(), len(both)),
+        (Sum("x"), both.sum()),
+        (Min("x"), both.min()),
+        (Max("x"), both.max()),
+        (Mean("x"), both.mean()),
+    ]:
+        merged = metric.merge(metric.partial(a, len(a)), metric.partial(b, len(b)))
+        assert metric.result(merged)[""] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["exact", "hll", "adaptive"])
+def test_distinct_partials_merge(mode: str) -> None:
+    metric = Distinct("u", mode=mode, threshold=100)  # type: ignore[arg-type]
+    a, b = np.arange(0, 150), np.arange(100, 300)
+    result = metric.result(metric.merge(metric.partial(a, 150), metric.partial(b, 200)))
+    if mode == "exact":
+        assert result == {"": 300, "_is_exact": True, "_error": 0.0}
+    else:
+        assert abs(result[""] - 300) <= 300 * 0.05 and result["_is_exact"] is False
+
+
+def test_aggregation_spec_validates_and_pickles() -> None:
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        window=Tumbling("1h"),
+        metrics={"users": Distinct("user_id"), "events": Count()},
+    )
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert spec.columns() == ["flag", "timestamp", "user_id"]
+    with pytest.raises(ValueError, match="metric"):
+        Aggregation(name="x", key="k", window=Tumbling("1h"), metrics={})
+    with pytest.raises(ValueError, match="output"):
+        Aggregation(
+            name="x", key="k", window=Tumbling("1h"), metrics={"n": Count()}, output="sometimes"
+        )  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="mode"):
+        Distinct("u", mode="fuzzy")  # type: ignore[arg-type]
