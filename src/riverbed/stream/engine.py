@@ -1,0 +1,229 @@
+"""The aggregation engine: one micro-batch = one ``batch_id`` = one state version.
+
+For each micro-batch (``foreachBatch``):
+
+1. **batch metadata** — the watermark this batch uses is derived from earlier batches
+   only and recorded under ``<checkpoint>/riverbed/batches/<batch_id>.json`` before
+   any work; a re-run of the batch reads it back, so it sees the same watermark;
+2. **side outputs** — malformed records (``_error``) go to ``<name>.dlq`` and events
+   whose every window is already closed go to ``<name>.late`` (both counted);
+3. **pre-aggregate** each Spark partition vectorized (pandas) per (window, key) into
+   partials, tagged with their state partition (``crc32(key) % state_partitions``),
+   carried as data — never Spark's physical partition index;
+4. **merge** — ``groupBy(state_partition).applyInPandas``: one call per state
+   partition (plus a heartbeat row so partitions without data still expire and emit):
+   load the state as of the previous batch (version ``batch_id``), merge, emit, expire
+   closed windows, commit version ``batch_id + 1``;
+5. **output** — the emitted rows overwrite ``<output>/batch_id=<id>/``: a re-run
+   replaces its own output, never duplicates it.
+
+A task retry, a speculative copy or a driver restart re-runs steps 3-5 for the same
+``batch_id`` against the same previous version, so the state version and the output
+are the same (see :mod:`riverbed.state` for why re-commits are safe).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pandas as pd
+
+from riverbed.state import StateConfig, StateProvider
+from riverbed.state.keys import split_window_key, window_key, window_prefix
+from riverbed.stream.aggregation import Aggregation
+
+log = logging.getLogger(__name__)
+
+PARTIAL_SCHEMA = "state_partition int, window_start long, key string, partials binary"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a task needs; pickled to executors."""
+
+    spec: Aggregation
+    state: StateConfig
+    checkpoint: str
+    output: str
+    log_url: str | None = None  # for the .dlq and .late topics
+
+
+def output_schema(spec: Aggregation) -> str:
+    cols = ["window_start timestamp", "window_end timestamp", "key string"]
+    for name, metric in spec.metrics.items():
+        kind = type(metric).__name__
+        if kind == "Count":
+            cols.append(f"{name} long")
+        elif kind == "Distinct":
+            cols += [f"{name} long", f"{name}_is_exact boolean", f"{name}_error double"]
+        else:
+            cols.append(f"{name} double")
+    cols += ["batch_id long"]
+    return ", ".join(cols)
+
+
+def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
+    uniques = keys.unique()
+    mapping = {k: zlib.crc32(str(k).encode()) % n for k in uniques}
+    out: np.ndarray = keys.map(mapping).to_numpy(dtype=np.int32)
+    return out
+
+
+# -- step 1: batch metadata ------------------------------------------------------------------
+class BatchLog:
+    """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.dir = Path(checkpoint) / "riverbed" / "batches"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, batch_id: int) -> Path:
+        return self.dir / f"{batch_id:012d}.json"
+
+    def get(self, batch_id: int) -> dict[str, Any] | None:
+        path = self._path(batch_id)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def previous(self, batch_id: int) -> dict[str, Any] | None:
+        earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
+        return json.loads(earlier[-1].read_text()) if earlier else None
+
+    def put(self, batch_id: int, record: dict[str, Any]) -> None:
+        path = self._path(batch_id)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(record))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def update(self, batch_id: int, **fields: Any) -> None:
+        record = self.get(batch_id) or {}
+        record.update(fields)
+        self.put(batch_id, record)
+
+
+# -- step 3: pre-aggregation -------------------------------------------------------------------
+def preaggregate(
+    spec: Aggregation, watermark_ms: int
+) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    size = spec.window.size_ms
+
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for pdf in frames:
+            if pdf.empty:
+                continue
+            ts = pd.to_datetime(pdf[spec.time], utc=True).astype("int64").to_numpy() // 1_000_000
+            keys = pdf[spec.key].astype(str).to_numpy()
+            parts = []
+            for starts in spec.window.starts(ts):
+                open_ = starts + size > watermark_ms  # a closed window takes no more events
+                if not open_.any():
+                    continue
+                frame = pd.DataFrame({"window_start": starts[open_], "key": keys[open_]})
+                for column in spec.columns()[2:]:
+                    frame[column] = pdf[column].to_numpy()[open_]
+                parts.append(frame)
+            if not parts:
+                continue
+            exploded = pd.concat(parts, ignore_index=True)
+            rows = []
+            for (window_start, key), group in exploded.groupby(["window_start", "key"], sort=False):
+                partials = {
+                    name: metric.partial(
+                        group[metric.column].to_numpy() if hasattr(metric, "column") else None,
+                        len(group),
+                    )
+                    for name, metric in spec.metrics.items()
+                }
+                rows.append((int(window_start), key, msgpack.packb(partials, use_bin_type=True)))
+            out = pd.DataFrame(rows, columns=["window_start", "key", "partials"])
+            out.insert(0, "state_partition", state_partition_of(out["key"], spec.state_partitions))
+            yield out
+
+    return run
+
+
+# -- step 4: merge into state -------------------------------------------------------------------
+def merger(
+    config: EngineConfig, batch_id: int, watermark_ms: int, previous_watermark_ms: int
+) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    spec = config.spec
+    size = spec.window.size_ms
+
+    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+        partition = int(pdf["state_partition"].iloc[0])
+        provider = StateProvider(config.state)
+        store = provider.load(spec.name, partition, version=batch_id)
+        try:
+            # combine this batch's partials per (window, key) (several Spark tasks made them)
+            batch: dict[bytes, dict[str, Any]] = {}
+            for window_start, key, blob in pdf.loc[
+                pdf["key"].notna(), ["window_start", "key", "partials"]
+            ].itertuples(index=False):
+                k = window_key(int(window_start), key.encode())
+                partial = msgpack.unpackb(blob, raw=False)
+                if k in batch:
+                    batch[k] = {
+                        n: m.merge(batch[k][n], partial[n]) for n, m in spec.metrics.items()
+                    }
+                else:
+                    batch[k] = partial
+            keys = sorted(batch)
+            emitted: dict[bytes, dict[str, Any]] = {}
+            for k, stored in zip(keys, store.get_many(keys), strict=True):
+                value = batch[k]
+                if stored is not None:
+                    old = msgpack.unpackb(stored, raw=False)
+                    value = {n: m.merge(old[n], value[n]) for n, m in spec.metrics.items()}
+                store.put(k, msgpack.packb(value, use_bin_type=True))
+                if spec.output == "update":
+                    emitted[k] = value
+            # windows the watermark closed in this batch: start + size <= watermark
+            closed_to = watermark_ms - size  # starts <= closed_to are closed
+            if spec.output == "final" and watermark_ms > previous_watermark_ms:
+                lo = max(previous_watermark_ms - size + 1, 0)
+                for k, blob in store.scan(
+                    start=window_prefix(lo), end=window_prefix(closed_to + 1)
+                ):
+                    emitted[k] = msgpack.unpackb(blob, raw=False)
+            expire_to = closed_to - spec.keep_closed_ms
+            if expire_to >= 0:
+                store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
+            store.commit(batch_id + 1)
+        except BaseException:
+            store.abort()
+            raise
+        return _rows(spec, emitted, batch_id)
+
+    return run
+
+
+def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
+    records = []
+    for k, value in sorted(emitted.items()):
+        start, key = split_window_key(k)
+        row: dict[str, Any] = {
+            "window_start": start,
+            "window_end": start + pd.Timedelta(milliseconds=spec.window.size_ms),
+            "key": key.decode(),
+        }
+        for name, metric in spec.metrics.items():
+            for suffix, result in metric.result(value[name]).items():
+                row[name + suffix] = result
+        row["batch_id"] = batch_id
+        records.append(row)
+    columns = [c.split()[0] for c in output_schema(spec).split(", ")]
+    frame = pd.DataFrame(records, columns=columns)
+    for column in ("window_start", "window_end"):
+        frame[column] = pd.to_datetime(frame[column], utc=True)
+    return frame

@@ -1,0 +1,187 @@
+"""Running an aggregation as a Structured Streaming query, and reading its results."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from riverbed.state import StateConfig
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.engine import (
+    PARTIAL_SCHEMA,
+    BatchLog,
+    EngineConfig,
+    merger,
+    output_schema,
+    preaggregate,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
+    """The state partition count is fixed on first start; refuse a change."""
+    path = checkpoint / "riverbed" / "spec.json"
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        if recorded["state_partitions"] != spec.state_partitions:
+            raise ValueError(
+                f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
+                f"state partitions; it cannot change to {spec.state_partitions} (state is "
+                "placed by key hash). Use the recorded count or a new checkpoint."
+            )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"name": spec.name, "state_partitions": spec.state_partitions}))
+
+
+def foreach_batch(config: EngineConfig) -> Any:
+    """The ``foreachBatch`` function for ``config``."""
+    spec = config.spec
+    batches = BatchLog(config.checkpoint)
+
+    def run(df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        record = batches.get(batch_id)
+        if record is None:  # first run of this batch: fix its watermark from earlier ones
+            prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
+            record = {
+                "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
+                "previous_watermark_ms": prev["watermark_ms"],
+                "max_event_ms": prev["max_event_ms"],
+            }
+        watermark = int(record["watermark_ms"])
+        has_error = "_error" in df.columns
+        good = df.filter(F.col("_error").isNull()) if has_error else df
+        good = good.select(*spec.columns()).cache()
+        try:
+            stats = good.agg(
+                F.max(F.col(spec.time)).alias("max_ts"), F.count(F.lit(1)).alias("n")
+            ).first()
+            max_ts = stats["max_ts"]
+            if max_ts is not None:
+                record["max_event_ms"] = max(
+                    int(record["max_event_ms"]), int(pd.Timestamp(max_ts).timestamp() * 1000)
+                )
+            hop = spec.window.hop_ms
+            last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
+            late = good.filter(last_start + spec.window.size_ms <= F.lit(watermark))
+            record.setdefault("late", late.count())
+            if has_error:
+                record.setdefault("malformed", df.filter(F.col("_error").isNotNull()).count())
+            batches.put(batch_id, record)
+            _side_outputs(config, df, late, batch_id, batches, has_error)
+
+            session = df.sparkSession
+            partials = good.mapInPandas(preaggregate(spec, watermark), PARTIAL_SCHEMA)
+            heartbeat = session.createDataFrame(
+                [(p, 0, None, b"") for p in range(spec.state_partitions)], PARTIAL_SCHEMA
+            )
+            out = (
+                partials.unionByName(heartbeat)
+                .groupBy("state_partition")
+                .applyInPandas(
+                    merger(config, batch_id, watermark, int(record["previous_watermark_ms"])),
+                    output_schema(spec),
+                )
+            )
+            target = Path(config.output) / f"batch_id={batch_id}"
+            out.write.mode("overwrite").parquet(str(target))
+            batches.update(batch_id, done=True, input=int(stats["n"]))
+        finally:
+            good.unpersist()
+
+    return run
+
+
+def _side_outputs(
+    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: BatchLog, has_error: bool
+) -> None:
+    """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
+    if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
+        return
+    import riverbed.log
+
+    log_ = riverbed.log.open(config.log_url)
+    try:
+        for suffix, frame in (
+            (".dlq", df.filter("_error IS NOT NULL") if has_error else None),
+            (".late", late),
+        ):
+            if frame is None:
+                continue
+            rows = [r.asDict() for r in frame.limit(100_000).collect()]
+            if not rows:
+                continue
+            topic = config.spec.name + suffix
+            if topic not in log_.topics():
+                log_.create_topic(topic, 1)
+            log_.producer(topic).send_batch(
+                [
+                    {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+                    | {"batch_id": batch_id}
+                    for row in rows
+                ]
+            )
+    finally:
+        log_.close()
+    batches.update(batch_id, side_outputs_written=True)
+
+
+def start(
+    spark: Any,
+    spec: Aggregation,
+    source: Any,
+    *,
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig | None = None,
+    log_url: str | None = None,
+    trigger: dict[str, Any] | None = None,
+) -> Any:
+    """Start the streaming aggregation of ``source`` (a streaming DataFrame)."""
+    checkpoint, output = Path(checkpoint), Path(output)
+    _check_partitions(checkpoint, spec)
+    if state is None:
+        state = StateConfig(local_dir=checkpoint / "local-state", durable=checkpoint / "state")
+    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url)
+    writer = (
+        source.writeStream.foreachBatch(foreach_batch(config))
+        .option("checkpointLocation", str(checkpoint / "spark"))
+        .queryName(spec.name)
+    )
+    return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
+
+
+def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
+    """The current result table: per (window, key), the row of the latest batch."""
+    import pyarrow.dataset as ds
+
+    root = Path(output)
+    if not root.exists():
+        return pd.DataFrame()
+    # batch_id is a column of the files; the directory names only keep batches apart
+    table = ds.dataset(str(root), format="parquet").to_table()
+    frame = table.to_pandas()
+    if frame.empty:
+        return frame
+    for column in ("window_start", "window_end"):  # Spark writes UTC instants, read naive
+        if frame[column].dt.tz is None:
+            frame[column] = frame[column].dt.tz_localize("UTC")
+    frame = frame.sort_values("batch_id").drop_duplicates(["window_start", "key"], keep="last")
+    return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
+
+
+def reset(checkpoint: str | Path, output: str | Path) -> None:
+    """Forget a query: its checkpoint (offsets, state) and its output."""
+    for path in (Path(checkpoint), Path(output)):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["read_results", "reset", "start"]
