@@ -1,0 +1,267 @@
+"""The streaming aggregation on local[2], against a pandas oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import riverbed.log
+from riverbed.log.records import RawRecord
+from riverbed.stream import register
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.engine import BatchLog, EngineConfig
+from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+from riverbed.stream.runner import foreach_batch, read_results, start
+from riverbed.stream.windows import Hopping, Sliding, Tumbling
+from tests.stream.conftest import make_events, write_events
+
+pytestmark = pytest.mark.spark
+SCHEMA = "user_id long, flag string, amount double, ts timestamp"
+METRICS = {
+    "events": Count(),
+    "users": Distinct("user_id"),
+    "users_hll": Distinct("user_id", mode="hll"),
+    "users_adaptive": Distinct("user_id", mode="adaptive", threshold=50),
+    "total": Sum("amount"),
+    "low": Min("amount"),
+    "high": Max("amount"),
+    "avg": Mean("amount"),
+}
+
+
+def source(spark: Any, url: str, max_records: int = 700) -> Any:
+    register(spark)
+    return (
+        spark.readStream.format("riverbed")
+        .option("topic", "events")
+        .option("log", url)
+        .option("schema", SCHEMA)
+        .option("maxRecordsPerBatch", max_records)
+        .load()
+    )
+
+
+def run_to_end(spark: Any, spec: Aggregation, url: str, root: Path) -> pd.DataFrame:
+    query = start(
+        spark,
+        spec,
+        source(spark, url),
+        checkpoint=root / "ckpt",
+        output=root / "out",
+        log_url=url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return read_results(root / "out")
+
+
+def oracle(events: pd.DataFrame, window: Any) -> pd.DataFrame:
+    ts = events["ts"].astype("int64") // 1_000_000
+    parts = []
+    for starts in window.starts(ts.to_numpy()):
+        parts.append(events.assign(window_start=pd.to_datetime(starts, unit="ms", utc=True)))
+    exploded = pd.concat(parts)
+    return (
+        exploded.groupby(["window_start", "flag"])
+        .agg(
+            events=("user_id", "size"),
+            users=("user_id", "nunique"),
+            total=("amount", "sum"),
+            low=("amount", "min"),
+            high=("amount", "max"),
+            avg=("amount", "mean"),
+        )
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+
+
+@pytest.mark.parametrize(
+    "window",
+    [Tumbling("1h"), Hopping("2h", "30m"), Sliding("1h", step="20m")],
+    ids=["tumbling", "hopping", "sliding"],
+)
+def test_every_window_and_metric_matches_the_oracle(
+    spark: Any, log_url: str, tmp_path: Path, window: Any
+) -> None:
+    events = make_events(3000, hours=5)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=window,
+        watermark="10h",
+        metrics=METRICS,
+        state_partitions=3,
+    )
+    got = run_to_end(spark, spec, log_url, tmp_path)
+    want = oracle(events, window)
+    merged = got.merge(
+        want, on=["window_start", "key"], suffixes=("", "_oracle"), how="outer", indicator=True
+    )
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"].head()
+    for column in ("events", "users"):
+        assert (merged[column] == merged[f"{column}_oracle"]).all(), column
+    for column in ("total", "low", "high", "avg"):
+        assert np.allclose(merged[column], merged[f"{column}_oracle"]), column
+    assert merged["users_is_exact"].all()
+    # HLL: within 3 standard errors of lg_k=12 (small counts are nearly exact)
+    rel = (merged["users_hll"] - merged["users"]).abs() / merged["users"]
+    assert (rel <= 3 * 1.04 / 64).all()
+    adaptive_exact = merged["users_adaptive_is_exact"]
+    assert (
+        merged.loc[adaptive_exact, "users_adaptive"] == merged.loc[adaptive_exact, "users"]
+    ).all()
+    assert (merged.loc[~adaptive_exact, "users"] > 50).all()
+
+
+def test_rerunning_a_batch_never_double_counts(spark: Any, log_url: str, tmp_path: Path) -> None:
+    """A batch run twice (driver restart, task retry after commit) gives the same state
+    version and output."""
+    events = make_events(1000, hours=3)
+    write_events(log_url, events)
+    register(spark)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id")},
+        state_partitions=2,
+    )
+    from riverbed.state import StateConfig
+
+    config = EngineConfig(
+        spec,
+        StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "out"),
+    )
+    df = (
+        spark.read.format("riverbed")
+        .option("topic", "events")
+        .option("log", log_url)
+        .option("schema", SCHEMA)
+        .load()
+    )
+    first, second = df.filter("offset % 2 = 0"), df.filter("offset % 2 = 1")
+    run = foreach_batch(config)
+    run(first, 0)
+    run(second, 1)
+    once = read_results(tmp_path / "out")
+    run(second, 1)  # the same batch again: same previous version, same result
+    run(second, 1)
+    twice = read_results(tmp_path / "out")
+    pd.testing.assert_frame_equal(once, twice)
+    assert once["events"].sum() == 1000
+    assert BatchLog(str(tmp_path / "ckpt")).get(1)["done"] is True
+
+
+def test_late_and_malformed_records_are_counted_and_kept(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    events = make_events(600, hours=4)
+    write_events(log_url, events, partitions=1)
+    log = riverbed.log.open(log_url)
+    log.storage.append("events", 0, [RawRecord(0, b"f1", b"{broken")])
+    late = events.iloc[:5].assign(ts=events["ts"].min())  # 4 h behind by then
+    log.close()
+    write_events(log_url, late, partitions=1)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="30m",
+        metrics={"events": Count()},
+        state_partitions=2,
+    )
+    query = start(
+        spark,
+        spec,
+        source(spark, log_url, max_records=400),
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    batches = [BatchLog(str(tmp_path / "ckpt")).get(b) for b in range(3)]
+    assert sum(b.get("malformed", 0) for b in batches if b) == 1
+    assert sum(b.get("late", 0) for b in batches if b) == 5
+    log = riverbed.log.open(log_url)
+    assert len(log.read("flags.dlq", 0)) == 1 and len(log.read("flags.late", 0)) == 5
+    got = read_results(tmp_path / "out")
+    assert got["events"].sum() == 600  # the late five did not change closed windows
+
+
+def test_final_mode_emits_each_window_once_when_closed(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    events = make_events(2000, hours=6)
+    write_events(log_url, events, partitions=1)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="0s",
+        output="final",
+        metrics={"events": Count()},
+        state_partitions=2,
+    )
+    run_to_end(spark, spec, log_url, tmp_path)
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pandas()
+    assert not rows.duplicated(["window_start", "key"]).any(), "a window was emitted twice"
+    want = oracle(events, Tumbling("1h"))
+    # a window is emitted by the first batch whose (recorded) watermark passed its end
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    last = max(int(p.stem) for p in batches.dir.glob("*.json"))
+    watermark = pd.Timestamp(batches.get(last)["watermark_ms"], unit="ms", tz="UTC")
+    closed = want[want["window_start"] + pd.Timedelta(hours=1) <= watermark]
+    assert 0 < len(closed) < len(want)
+    got = rows.assign(window_start=pd.to_datetime(rows["window_start"], utc=True))
+    merged = closed.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
+    assert len(merged) == len(closed)
+    assert (merged["events"] == merged["events_oracle"]).all()
+
+
+def test_state_partition_count_is_fixed_at_first_start(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    write_events(log_url, make_events(10, hours=1))
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        metrics={"events": Count()},
+        state_partitions=2,
+    )
+    run_to_end(spark, spec, log_url, tmp_path)
+    changed = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        metrics={"events": Count()},
+        state_partitions=4,
+    )
+    with pytest.raises(ValueError, match="cannot change to 4"):
+        start(
+            spark,
+            changed,
+            source(spark, log_url),
+            checkpoint=tmp_path / "ckpt",
+            output=tmp_path / "out",
+        )
