@@ -40,6 +40,7 @@ TEST_CONF: dict[str, str] = {
 
 BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",  # riverbed prints its own progress
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 

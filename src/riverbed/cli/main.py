@@ -14,6 +14,7 @@ from riverbed import __version__
 from riverbed.cli import control as control_cli
 from riverbed.cli import log as log_cli
 from riverbed.cli import state as state_cli
+from riverbed.cli import stream as stream_cli
 from riverbed.errors import RiverbedError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     control_cli.add_parser(sub)
     state_cli.add_parser(sub)
     log_cli.add_parsers(sub)
+    stream_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     demo.add_argument("--ttl", type=int, default=2, help="session lease TTL in seconds")

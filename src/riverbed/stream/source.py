@@ -311,20 +311,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_rows = self.max_records
         if max_rows is None:
             return {p: max(begin[p], latest[p]) for p in latest}
-        budget = int(max_rows)
-        out = dict(begin)
-        # hand the budget out round-robin so every partition advances
-        while budget > 0:
-            open_parts = [p for p in out if out[p] < latest[p]]
-            if not open_parts:
+        # Share the budget in proportion to each partition's backlog: partitions fed at
+        # different rates then advance through event time together, so a busy partition
+        # does not fall behind the watermark and turn into "late" data.
+        backlog = {p: max(0, latest[p] - begin[p]) for p in latest}
+        total = sum(backlog.values())
+        if total <= int(max_rows):
+            return {p: begin[p] + backlog[p] for p in latest}
+        out = {p: begin[p] + backlog[p] * int(max_rows) // total for p in latest}
+        left = int(max_rows) - sum(out[p] - begin[p] for p in latest)
+        for p in sorted(latest, key=lambda q: backlog[q], reverse=True):  # rounding remainder
+            if left <= 0:
                 break
-            share = max(1, budget // len(open_parts))
-            for p in open_parts:
-                take = min(share, latest[p] - out[p], budget)
-                out[p] += take
-                budget -= take
-                if budget == 0:
-                    break
+            if out[p] < latest[p]:
+                out[p] += 1
+                left -= 1
         return out
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[LogSlice]:

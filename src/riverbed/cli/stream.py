@@ -1,0 +1,135 @@
+"""``riverbed stream run|status`` and ``riverbed query``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from riverbed.config import load_config
+from riverbed.errors import ConfigError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def add_parsers(sub: Any) -> None:
+    stream = sub.add_parser("stream", help="run a streaming aggregation from a spec file")
+    cmds = stream.add_subparsers(dest="stream_command", metavar="COMMAND", required=True)
+    c = cmds.add_parser("run", help="run SPEC.py (until stopped, or --once for the backlog)")
+    c.add_argument("spec")
+    c.add_argument("--once", action="store_true", help="process what is there, then stop")
+    c.add_argument("--max-records-per-batch", type=int, help="bound each micro-batch")
+    c.add_argument("--master", help="Spark master (default: RIVERBED_SPARK_MASTER or local[*])")
+    c.set_defaults(func=_run)
+    c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
+    c.add_argument("spec")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_status)
+
+    query = sub.add_parser("query", help="read an aggregation's results")
+    query.add_argument("name", help="aggregation name (or its spec file)")
+    query.add_argument("--key", action="append", help="only these keys")
+    query.add_argument("--window", help="only windows starting at this time (ISO, UTC)")
+    query.add_argument("--json", action="store_true")
+    query.set_defaults(func=_query)
+
+
+def _job(spec: str) -> Any:
+    from riverbed.stream.job import job_for, load_spec
+
+    aggregation, source = load_spec(spec)
+    return job_for(load_config(), aggregation, source)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from riverbed.spark import session
+    from riverbed.stream.job import run
+
+    job = _job(args.spec)
+    config = load_config()
+    spark_config = replace(config.spark, master=args.master) if args.master else config.spark
+    spark = session(spark_config)
+
+    def progress(batch_id: int, record: dict[str, Any]) -> None:
+        err.print(
+            f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
+            f"{record.get('malformed', 0)} malformed"
+        )
+
+    err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
+    run(spark, job, once=args.once, max_records=args.max_records_per_batch, on_progress=progress)
+    spark.stop()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from riverbed.stream.job import status
+
+    info = status(_job(args.spec))
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    for key in (
+        "aggregation",
+        "batches",
+        "input_records",
+        "late",
+        "malformed",
+        "watermark",
+        "state_bytes",
+    ):
+        out.print(f"{key:>14}: {info[key]}")
+    out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info["lag"].items()))
+    return 0
+
+
+def _query(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from riverbed.stream.runner import read_results
+
+    name = args.name
+    if name.endswith(".py"):
+        name = _job(name).aggregation.name
+    root = load_config().home.resolve() / "output" / name
+    if not root.exists():
+        raise ConfigError(f"no results for aggregation '{name}' in {root}; run it first")
+    frame = read_results(root)
+    if args.key:
+        frame = frame[frame["key"].isin(args.key)]
+    if args.window:
+        start = pd.Timestamp(args.window)
+        start = start.tz_localize("UTC") if start.tzinfo is None else start
+        frame = frame[frame["window_start"] == start]
+    if args.json:
+        for row in frame.to_dict("records"):
+            print(
+                json.dumps(
+                    {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()},
+                    default=str,
+                )
+            )
+        return 0
+    table = Table(title=f"{name} ({len(frame)} rows)")
+    columns = [c for c in frame.columns if c not in ("window_end", "batch_id")]
+    for column in columns:
+        table.add_column(column)
+    for row in frame[columns].itertuples(index=False):
+        table.add_row(
+            *(
+                v.strftime("%Y-%m-%d %H:%M")
+                if hasattr(v, "strftime")
+                else f"{v:.4f}"
+                if isinstance(v, float)
+                else str(v)
+                for v in row
+            )
+        )
+    out.print(table)
+    return 0

@@ -1,0 +1,180 @@
+"""A streaming job from a spec file, with the default locations under RIVERBED_HOME.
+
+A spec file is Python that defines ``aggregation`` (an :class:`Aggregation`) and
+``source`` (options of ``format("riverbed")``; ``topic`` at least)::
+
+    from riverbed.stream import Aggregation, Count, Distinct, Tumbling
+
+    source = {"topic": "events", "schema": "user_id long, flag string, ts timestamp"}
+    aggregation = Aggregation(
+        name="flags_hourly", key="flag", time="ts", window=Tumbling("1h"), watermark="10m",
+        metrics={"users": Distinct("user_id"), "events": Count()},
+    )
+
+Locations: checkpoint ``<checkpoints>/<name>``, state ``<checkpoints>/state`` (namespace
+= the aggregation's name) with local databases in ``RIVERBED_HOME/state``, results in
+``RIVERBED_HOME/output/<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from riverbed.config import Config
+from riverbed.errors import ConfigError
+from riverbed.state import StateConfig
+from riverbed.stream.aggregation import Aggregation
+
+
+@dataclass(frozen=True)
+class Job:
+    aggregation: Aggregation
+    source: dict[str, str]
+    checkpoint: Path
+    output: Path
+    state: StateConfig
+    log_url: str
+
+
+def _path(url: str) -> Path:
+    parts = urlsplit(url)
+    if parts.scheme not in ("", "file"):
+        raise ConfigError(f"checkpoints must be a local path or file:// URL for now, not {url}")
+    return Path(parts.path if parts.scheme else url)
+
+
+def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, str]]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"spec file {path} does not exist")
+    try:
+        namespace = runpy.run_path(str(path))
+    except Exception as exc:
+        raise ConfigError(f"spec file {path} failed to load: {type(exc).__name__}: {exc}") from exc
+    aggregation = namespace.get("aggregation")
+    source = namespace.get("source")
+    if not isinstance(aggregation, Aggregation):
+        raise ConfigError(f"{path} must define `aggregation = Aggregation(...)`")
+    if not isinstance(source, dict) or "topic" not in source:
+        raise ConfigError(f'{path} must define `source = {{"topic": ..., "schema": ...}}`')
+    return aggregation, {str(k): str(v) for k, v in source.items()}
+
+
+def job_for(config: Config, aggregation: Aggregation, source: dict[str, str]) -> Job:
+    checkpoints = _path(config.checkpoints_url)
+    return Job(
+        aggregation=aggregation,
+        source=source,
+        checkpoint=checkpoints / aggregation.name,
+        output=config.home.resolve() / "output" / aggregation.name,
+        state=StateConfig(local_dir=config.state_dir.resolve(), durable=checkpoints / "state"),
+        log_url=source.get("log") or config.log_url,
+    )
+
+
+def run(
+    spark: Any,
+    job: Job,
+    *,
+    once: bool = False,
+    max_records: int | None = None,
+    on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+) -> None:
+    """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
+    finished batch's id and its record (input, late, malformed, watermark)."""
+    from riverbed.stream.runner import start
+    from riverbed.stream.source import register
+
+    register(spark)
+    reader = spark.readStream.format("riverbed").option("log", job.log_url)
+    for key, value in job.source.items():
+        reader = reader.option(key, value)
+    if max_records:
+        reader = reader.option("maxRecordsPerBatch", max_records)
+    trigger = {"availableNow": True} if once else {"processingTime": "1 second"}
+    query = start(
+        spark,
+        job.aggregation,
+        reader.load(),
+        checkpoint=job.checkpoint,
+        output=job.output,
+        state=job.state,
+        log_url=job.log_url,
+        trigger=trigger,
+    )
+    from riverbed.stream.engine import BatchLog
+
+    batches = BatchLog(str(job.checkpoint))
+    reported: set[int] = set()
+
+    def report() -> None:
+        for path in sorted(batches.dir.glob("*.json")):
+            batch_id = int(path.stem)
+            record = batches.get(batch_id)
+            if batch_id not in reported and record and record.get("done") and on_progress:
+                reported.add(batch_id)
+                on_progress(batch_id, record)
+
+    report_existing = {int(p.stem) for p in batches.dir.glob("*.json")}
+    reported |= report_existing
+    try:
+        while query.isActive:
+            query.awaitTermination(0.5)
+            report()
+        report()
+        if query.exception() is not None:
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    finally:
+        if query.isActive:
+            query.stop()
+
+
+def status(job: Job) -> dict[str, Any]:
+    """Batches, input, late and malformed counts, watermark, lag per log partition."""
+    import riverbed.log
+    from riverbed.stream.engine import BatchLog
+
+    batches = BatchLog(str(job.checkpoint))
+    records = sorted(batches.dir.glob("*.json"))
+    done = [json.loads(p.read_text()) for p in records]
+    offsets_dir = job.checkpoint / "spark" / "commits"
+    committed: dict[str, int] = {}
+    last_commit = (
+        sorted((p for p in offsets_dir.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+        if offsets_dir.exists()
+        else []
+    )
+    if last_commit:
+        offsets_file = job.checkpoint / "spark" / "offsets" / last_commit[-1].name
+        if offsets_file.exists():
+            committed = json.loads(offsets_file.read_text().splitlines()[-1])
+    log = riverbed.log.open(job.log_url)
+    topic = job.source["topic"]
+    lag = {}
+    for part in log.offsets(topic):
+        lag[str(part.partition)] = part.end - int(committed.get(str(part.partition), part.start))
+    log.close()
+    watermark = done[-1]["watermark_ms"] if done else 0
+    return {
+        "aggregation": job.aggregation.name,
+        "batches": sum(1 for d in done if d.get("done")),
+        "input_records": sum(d.get("input", 0) for d in done),
+        "late": sum(d.get("late", 0) for d in done),
+        "malformed": sum(d.get("malformed", 0) for d in done),
+        "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
+        "lag": lag,
+        "state_bytes": sum(
+            f.stat().st_size
+            for f in (job.state.local_dir / job.aggregation.name).rglob("*")
+            if f.is_file()
+        )
+        if (job.state.local_dir / job.aggregation.name).exists()
+        else 0,
+    }
