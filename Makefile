@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap what they need, idempotently.
-#   make demo   run the end-to-end demo on embedded defaults
+#   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, and the whole pytest suite (all markers)
 
 VENV   := .venv
@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 bootstrap: $(STAMP)
 
 demo: $(STAMP)
+	@bash scripts/check_system.sh java
 	@$(BIN)/riverbed demo
 
 system-test:

@@ -33,17 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
     log_cli.add_parsers(sub)
     stream_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
-    demo.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
-    demo.add_argument("--ttl", type=int, default=2, help="session lease TTL in seconds")
+    demo.add_argument(
+        "which",
+        nargs="?",
+        default="stream",
+        choices=["stream", "control"],
+        help="stream (default): the streaming main job; control: the control-plane tour",
+    )
+    demo.add_argument("--events", type=int, default=200_000, help="events to generate")
+    demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
+    demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
     demo.set_defaults(func=_demo)
     return parser
 
 
 def _demo(args: argparse.Namespace) -> int:
     from riverbed.config import load_config
-    from riverbed.demo import run_demo
 
-    return run_demo(load_config(), workers=args.workers, ttl=args.ttl)
+    if args.which == "control":
+        from riverbed.demo import run_demo
+
+        return run_demo(load_config(), workers=args.workers, ttl=args.ttl)
+    from riverbed.stream.demo import run_demo_stream
+
+    return run_demo_stream(load_config(), events=args.events)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

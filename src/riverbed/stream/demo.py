@@ -1,0 +1,225 @@
+"""``riverbed demo``: hourly unique users per feature flag, exactly-once through a crash.
+
+1. generate a synthetic clickstream into a riverbed topic: skewed flags, repeat
+   users, events arriving out of order, a few very late events, a few malformed ones;
+2. run the streaming aggregation as a separate driver process (``riverbed stream
+   run``) and SIGKILL it — Spark driver JVM included — part-way through;
+3. restart it: it resumes from its checkpoint;
+4. compute the same answer independently with pandas over the same events and compare:
+   exact distinct counts must be identical, HLL within its error bound; late and
+   malformed events are accounted for in their topics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import riverbed.log
+from riverbed.config import Config
+from riverbed.log.records import RawRecord
+
+console = Console(highlight=False)
+T0 = datetime(2026, 11, 20, tzinfo=UTC)
+
+SPEC = """
+from riverbed.stream import Aggregation, Count, Distinct, Tumbling
+
+source = {"topic": "clicks", "schema": "user_id long, flag string, ts timestamp"}
+aggregation = Aggregation(
+    name="flags_hourly", key="flag", time="ts", window=Tumbling("1h"), watermark="15m",
+    metrics={
+        "users": Distinct("user_id"),
+        "users_hll": Distinct("user_id", mode="hll"),
+        "events": Count(),
+    },
+    state_partitions=4,
+)
+"""
+
+
+def generate(n: int, flags: int, users: int, seed: int = 7) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    minutes = np.sort(rng.integers(0, 24 * 60, n))
+    jitter = rng.integers(-120, 120, n)  # out of order by up to 2 minutes
+    ts = T0 + pd.to_timedelta(minutes * 60 + np.clip(minutes * 60 + jitter, 0, None) % 60, unit="s")
+    flag = (rng.zipf(1.3, n) - 1) % flags  # a few flags carry most traffic
+    user = (rng.pareto(1.5, n) * users / 10).astype(np.int64) % users  # repeat users
+    events = pd.DataFrame({"user_id": user, "flag": [f"flag-{f:02d}" for f in flag], "ts": ts})
+    late = rng.choice(n, size=max(1, n // 2000), replace=False)  # arrive hours behind
+    order = np.arange(n, dtype=float)
+    order[late] += n * 0.5  # delivered much later than their event time
+    return events.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
+
+
+def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int:
+    home = config.home.resolve() / "demo"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    env = {**os.environ, "RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    for key in ("RIVERBED_LOG", "RIVERBED_CHECKPOINTS", "RIVERBED_CONFIG"):
+        env.pop(key, None)
+    spec_path = home / "flags_hourly.py"
+    spec_path.write_text(SPEC)
+    console.rule("[bold]riverbed demo: hourly unique users per feature flag")
+    console.print(f"working in {home}\n")
+
+    data = generate(events, flags=50, users=events // 4, seed=seed)
+    log = riverbed.log.open(home / "log")
+    log.create_topic("clicks", 4)
+    producer = log.producer("clicks")
+    with Progress(console=console, transient=False) as progress:
+        task = progress.add_task("producing clicks", total=len(data))
+        for start in range(0, len(data), 5_000):
+            chunk = data.iloc[start : start + 5_000]
+            producer.send_batch(
+                [
+                    {"user_id": int(u), "flag": f, "ts": t.isoformat()}
+                    for u, f, t in chunk.itertuples(index=False)
+                ],
+                key_field="flag",
+            )
+            progress.update(task, advance=len(chunk))
+    bad = [
+        RawRecord(0, b"flag-01", b'{"user_id": 1, "flag": "flag-01", "ts": '),
+        RawRecord(0, b"flag-02", b"not json at all"),
+        RawRecord(
+            0,
+            b"flag-03",
+            json.dumps({"user_id": "x", "flag": "flag-03", "ts": T0.isoformat()}).encode(),
+        ),
+    ]
+    for n, record in enumerate(bad):
+        log.storage.append("clicks", n % 4, [record])
+    log.close()
+    console.print(
+        f"{len(data):,} events ({data['flag'].nunique()} flags, "
+        f"{data['user_id'].nunique():,} users, 24 h), {len(bad)} malformed records\n"
+    )
+
+    command = [
+        sys.executable,
+        "-m",
+        "riverbed.cli.main",
+        "stream",
+        "run",
+        str(spec_path),
+        "--once",
+        "--max-records-per-batch",
+        str(max(1, events // 10)),
+    ]
+    batches_dir = home / "checkpoints" / "flags_hourly" / "riverbed" / "batches"
+    console.print("[bold]1.[/bold] starting the streaming query (a separate driver process)")
+    driver = subprocess.Popen(command, env=env, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and driver.poll() is None:
+        done = [p for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")]
+        if len(done) >= 3:
+            break
+        time.sleep(0.2)
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and its Spark JVM, no goodbye
+        driver.wait()
+        finished = sum(
+            1 for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")
+        )
+        console.print(
+            f"[bold red]2. SIGKILL[/bold red] the driver after {finished} batches "
+            "(mid-stream, no clean shutdown)"
+        )
+    else:
+        console.print("[yellow]the query finished before it could be killed[/yellow]")
+    console.print("[bold]3.[/bold] restarting it: it resumes from the checkpoint")
+    if subprocess.run(command, env=env, check=False).returncode != 0:
+        console.print("[red]the restarted query failed[/red]")
+        return 1
+    return _verdict(home, data)
+
+
+def _verdict(home: Path, data: pd.DataFrame) -> int:
+    from riverbed.stream.runner import read_results
+
+    results = read_results(home / "output" / "flags_hourly")
+    log = riverbed.log.open(home / "log")
+    late = (
+        pd.DataFrame([r.value for r in log.iter_records("flags_hourly.late", 0)])
+        if "flags_hourly.late" in log.topics()
+        else pd.DataFrame(columns=["user_id", "flag", "ts"])
+    )
+    dead = (
+        list(log.iter_records("flags_hourly.dlq", 0)) if "flags_hourly.dlq" in log.topics() else []
+    )
+    late = late.drop_duplicates(["user_id", "flag", "ts"])  # side outputs are at-least-once
+    late_keys = set(
+        zip(late["user_id"], late["flag"], pd.to_datetime(late["ts"], utc=True), strict=True)
+    )
+    on_time = data[
+        [
+            (u, f, t) not in late_keys
+            for u, f, t in data[["user_id", "flag", "ts"]].itertuples(index=False)
+        ]
+    ]
+    oracle = (
+        on_time.assign(window_start=on_time["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users_oracle=("user_id", "nunique"), events_oracle=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+    merged = oracle.merge(results, on=["window_start", "key"], how="outer")
+    exact_ok = (merged["users"] == merged["users_oracle"]).all() and (
+        merged["events"] == merged["events_oracle"]
+    ).all()
+    rel = (merged["users_hll"] - merged["users_oracle"]).abs() / merged["users_oracle"]
+    hll_ok = bool((rel <= 3 * 1.04 / 64).all())
+
+    console.print(
+        "\n[bold]4.[/bold] results vs pandas over the same events (busiest flag, first 6 hours):"
+    )
+    top = data["flag"].value_counts().index[0]
+    table = Table()
+    for column in ("hour (UTC)", "flag", "riverbed exact", "pandas", "riverbed HLL", "HLL error"):
+        table.add_column(column, justify="right")
+    for row in merged[merged["key"] == top].sort_values("window_start").head(6).itertuples():
+        table.add_row(
+            row.window_start.strftime("%m-%d %H:00"),
+            row.key,
+            str(row.users),
+            str(row.users_oracle),
+            str(row.users_hll),
+            f"{abs(row.users_hll - row.users_oracle) / row.users_oracle:.2%}",
+        )
+    console.print(table)
+    console.print(
+        f"windows x flags compared: {len(merged):,}; events counted "
+        f"{int(merged['events'].sum()):,} + late {len(late):,} + malformed "
+        f"{len(dead)} = {int(merged['events'].sum()) + len(late) + len(dead):,} "
+        f"of {len(data) + 3:,} produced"
+    )
+    console.print(
+        f"exact distinct users: [bold]{'IDENTICAL' if exact_ok else 'DIFFERENT'}[/bold] "
+        "to the independent answer"
+    )
+    console.print(
+        f"HLL distinct users: [bold]{'WITHIN' if hll_ok else 'OUTSIDE'}[/bold] the "
+        f"error bound (max {rel.max():.2%}, bound {3 * 1.04 / 64:.2%})"
+    )
+    console.rule("[bold green]done" if exact_ok and hll_ok else "[bold red]mismatch")
+    console.print(
+        "Query it:  RIVERBED_HOME=" + str(home) + " riverbed query flags_hourly --key " + top
+    )
+    log.close()
+    return 0 if exact_ok and hll_ok else 1
