@@ -1,0 +1,100 @@
+"""SIGKILL the driver process (Spark JVM included) at random points, over and over;
+after a final run the results equal the oracle exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from riverbed.stream.runner import read_results
+from riverbed.stream.windows import Hopping
+from tests.stream.conftest import make_events, write_events
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SPEC = """
+from riverbed.stream import Aggregation, Count, Distinct, Hopping
+
+source = {"topic": "events", "schema": "user_id long, flag string, amount double, ts timestamp"}
+aggregation = Aggregation(
+    name="crashy", key="flag", time="ts", window=Hopping("1h", "30m"), watermark="3h",
+    metrics={"users": Distinct("user_id"), "events": Count()}, state_partitions=3,
+)
+"""
+KILLS = 10
+
+
+def test_driver_killed_ten_times_still_gives_the_oracle(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    events = make_events(12_000, hours=8, seed=3)
+    write_events(f"file://{home / 'log'}", events, partitions=3)
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    command = [
+        sys.executable,
+        "-m",
+        "riverbed.cli.main",
+        "stream",
+        "run",
+        str(spec),
+        "--once",
+        "--max-records-per-batch",
+        "600",
+    ]
+    batches = home / "checkpoints" / "crashy" / "riverbed" / "batches"
+    rng = random.Random(5)
+    kills = 0
+    for _ in range(KILLS):
+        driver = subprocess.Popen(
+            command,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # wait for the JVM to be up and at least one batch in flight, then a random moment
+        deadline = time.monotonic() + 120
+        while not batches.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(rng.uniform(0.0, 3.0))
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            kills += 1
+        driver.wait()
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert kills >= KILLS - 2, f"only {kills} kills landed while the query ran"
+    done = [json.loads(p.read_text()) for p in batches.glob("*.json")]
+    assert sum(d.get("late", 0) for d in done) == 0  # the watermark is generous here
+
+    got = read_results(home / "output" / "crashy")
+    ts = events["ts"].astype("int64") // 1_000_000
+    parts = [
+        events.assign(window_start=pd.to_datetime(s, unit="ms", utc=True))
+        for s in Hopping("1h", "30m").starts(ts.to_numpy())
+    ]
+    want = (
+        pd.concat(parts)
+        .groupby(["window_start", "flag"])
+        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+    merged = want.merge(
+        got, on=["window_start", "key"], suffixes=("_oracle", ""), how="outer", indicator=True
+    )
+    assert (merged["_merge"] == "both").all()
+    assert (merged["users"] == merged["users_oracle"]).all()
+    assert (merged["events"] == merged["events_oracle"]).all(), "double or missing counts"
