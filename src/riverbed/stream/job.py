@@ -161,7 +161,12 @@ def status(job: Job) -> dict[str, Any]:
     for part in log.offsets(topic):
         lag[str(part.partition)] = part.end - int(committed.get(str(part.partition), part.start))
     log.close()
-    watermark = done[-1]["watermark_ms"] if done else 0
+    # the watermark the next batch will use: from everything seen so far
+    watermark = (
+        max(done[-1]["watermark_ms"], done[-1]["max_event_ms"] - job.aggregation.watermark_ms)
+        if done
+        else 0
+    )
     return {
         "aggregation": job.aggregation.name,
         "batches": sum(1 for d in done if d.get("done")),
