@@ -58,8 +58,10 @@ def foreach_batch(config: EngineConfig) -> Any:
             }
         watermark = int(record["watermark_ms"])
         has_error = "_error" in df.columns
+        # Read the source once: every step below (stats, side outputs, partials) uses it.
+        df = df.cache()
         good = df.filter(F.col("_error").isNull()) if has_error else df
-        good = good.select(*spec.columns()).cache()
+        good = good.select(*spec.columns())
         try:
             stats = good.agg(
                 F.max(F.col(spec.time)).alias("max_ts"), F.count(F.lit(1)).alias("n")
@@ -95,7 +97,7 @@ def foreach_batch(config: EngineConfig) -> Any:
             out.write.mode("overwrite").parquet(str(target))
             batches.update(batch_id, done=True, input=int(stats["n"]))
         finally:
-            good.unpersist()
+            df.unpersist()
 
     return run
 

@@ -146,11 +146,18 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
     value_fields = [f for f in schema.fields if f.name not in META_NAMES]
     serde = log.serde(log.topic(topic).serde)
     offset = part.start
+    fast = serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields)
     try:
         while offset < part.end:
             raw = log.storage.read(topic, part.partition, offset, min(10_000, part.end - offset))
+            raw = [(o, r) for o, r in raw if o < part.end]
             if not raw:
                 break
+            batch = _fast_batch(raw, part.partition, value_fields, arrow_schema) if fast else None
+            if batch is not None:
+                offset = raw[-1][0] + 1
+                yield batch
+                continue
             columns: dict[str, list[Any]] = {f.name: [] for f in schema.fields}
             for o, record in raw:
                 if o >= part.end:
@@ -190,6 +197,49 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
             )
     finally:
         log.close()
+
+
+_FAST_TYPES = (LongType, IntegerType, DoubleType, StringType, BooleanType, TimestampType)
+
+
+def _fast_batch(
+    raw: list[tuple[int, Any]], partition: int, value_fields: list[StructField], schema: Any
+) -> Any:
+    """Parse a chunk of JSON values with pyarrow in one call (~10x the per-record path).
+
+    Returns ``None`` when anything is off (a malformed value, a type mismatch, a value
+    spanning lines); the caller then takes the per-record path, which reports each
+    problem in ``_error``.
+    """
+    import io
+
+    import numpy as np
+    import pyarrow.json as pj
+
+    value_schema = pa.schema([schema.field(f.name) for f in value_fields])
+    block = b"\n".join(record.value for _, record in raw)
+    try:
+        table = pj.read_json(
+            io.BytesIO(block),
+            parse_options=pj.ParseOptions(
+                explicit_schema=value_schema, unexpected_field_behavior="ignore"
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    n = len(raw)
+    if table.num_rows != n:
+        return None
+    ts_ms = np.fromiter((record.timestamp_ms for _, record in raw), dtype=np.int64, count=n)
+    arrays = {f.name: table.column(f.name).combine_chunks() for f in value_fields}
+    arrays["key"] = pa.array(
+        [r.key.decode("utf-8", "replace") if r.key else None for _, r in raw], pa.string()
+    )
+    arrays["timestamp"] = pa.array(ts_ms * 1000, pa.int64()).cast(schema.field("timestamp").type)
+    arrays["partition"] = pa.array(np.full(n, partition, dtype=np.int32))
+    arrays["offset"] = pa.array(np.fromiter((o for o, _ in raw), dtype=np.int64, count=n))
+    arrays["_error"] = pa.nulls(n, pa.string())
+    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 def _coerce(value: Any, data_type: DataType) -> tuple[Any, str | None]:
