@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,11 +25,33 @@ class ServerError(RiverbedError):
     """A test server could not be started."""
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()  # noqa: SIM115
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now and outside the kernel's ephemeral range.
+
+    Ports from ``bind(0)`` come from the ephemeral range, which outgoing connections
+    also draw from: between choosing a port and the server binding it, a client socket
+    (etcd peers dialing each other, say) could take it. Ports below that range are only
+    ever taken by an explicit bind.
+    """
+    low, _ = _ephemeral_range()
+    ceiling = max(low - 1, 2000)
+    for _ in range(200):
+        port = random.randint(max(1024, ceiling - 12000), ceiling)  # noqa: S311
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerError("no free TCP port found below the ephemeral range")
 
 
 def _require(binary: str, package: str) -> str:
@@ -157,12 +180,27 @@ class EtcdCluster:
     def url(self) -> str:
         return "etcd://" + ",".join(self.endpoints)
 
-    def start(self) -> EtcdCluster:
-        for node in self.nodes:
-            node.start(self._initial)
-        _wait_until(
-            lambda: all(n.healthy() for n in self.nodes), 30, "etcd", self.nodes[0].dir / "etcd.log"
-        )
+    def start(self, attempts: int = 3) -> EtcdCluster:
+        for attempt in range(attempts):
+            for node in self.nodes:
+                node.start(self._initial)
+            try:
+                _wait_until(
+                    lambda: all(n.healthy() for n in self.nodes),
+                    30,
+                    "etcd",
+                    self.nodes[0].dir / "etcd.log",
+                )
+                return self
+            except ServerError as exc:
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                # a port was taken between choosing and binding it: new ports, again
+                for node in self.nodes:
+                    node.kill()
+                    shutil.rmtree(node.dir, ignore_errors=True)
+                    node.client_port, node.peer_port = free_port(), free_port()
+                self._initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
         return self
 
     def leader_index(self) -> int:
