@@ -115,7 +115,10 @@ def run_producers(
         out = procs[i].stdout
         assert out is not None
         for line in out:
-            p, base, count, seq = map(int, line.split())
+            fields = line.split()
+            if len(fields) != 4 or not line.endswith("\n"):
+                continue  # a line cut by SIGKILL: that batch was not acknowledged
+            p, base, count, seq = map(int, fields)
             acked[i].append((p, base, count, seq))
 
     readers = [threading.Thread(target=read, args=(i,)) for i in range(len(names))]
