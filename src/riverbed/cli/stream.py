@@ -24,6 +24,11 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--once", action="store_true", help="process what is there, then stop")
     c.add_argument("--max-records-per-batch", type=int, help="bound each micro-batch")
     c.add_argument("--master", help="Spark master (default: RIVERBED_SPARK_MASTER or local[*])")
+    c.add_argument(
+        "--sql",
+        help="also upsert results into a table: sqlite:///x.db or "
+        "postgresql://user@host/db (table = the aggregation's name)",
+    )
     c.set_defaults(func=_run)
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec")
@@ -63,7 +68,14 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
-    run(spark, job, once=args.once, max_records=args.max_records_per_batch, on_progress=progress)
+    run(
+        spark,
+        job,
+        once=args.once,
+        max_records=args.max_records_per_batch,
+        sql=args.sql,
+        on_progress=progress,
+    )
     spark.stop()
     return 0
 

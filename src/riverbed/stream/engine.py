@@ -56,6 +56,7 @@ class EngineConfig:
     checkpoint: str
     output: str
     log_url: str | None = None  # for the .dlq and .late topics
+    sql_url: str | None = None  # also upsert results into this SQL table
 
 
 def output_schema(spec: Aggregation) -> str:

@@ -85,6 +85,7 @@ def run(
     *,
     once: bool = False,
     max_records: int | None = None,
+    sql: str | None = None,
     on_progress: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
@@ -107,6 +108,7 @@ def run(
         output=job.output,
         state=job.state,
         log_url=job.log_url,
+        sql=sql,
         trigger=trigger,
     )
     from riverbed.stream.engine import BatchLog

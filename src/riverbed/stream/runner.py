@@ -95,11 +95,27 @@ def foreach_batch(config: EngineConfig) -> Any:
             )
             target = Path(config.output) / f"batch_id={batch_id}"
             out.write.mode("overwrite").parquet(str(target))
+            if config.sql_url:
+                from riverbed.stream.sinks import SqlSink
+
+                rows = _batch_rows(target)
+                SqlSink(config.sql_url).upsert(spec.name, rows)
             batches.update(batch_id, done=True, input=int(stats["n"]))
         finally:
             df.unpersist()
 
     return run
+
+
+def _batch_rows(target: Path) -> pd.DataFrame:
+    """The rows one batch wrote (small: the windows it changed or closed)."""
+    import pyarrow.dataset as ds
+
+    frame = ds.dataset(str(target), format="parquet").to_table().to_pandas()
+    for column in ("window_start", "window_end"):
+        if column in frame and frame[column].dt.tz is None:
+            frame[column] = frame[column].dt.tz_localize("UTC")
+    return frame
 
 
 def _side_outputs(
@@ -145,6 +161,7 @@ def start(
     output: str | Path,
     state: StateConfig | None = None,
     log_url: str | None = None,
+    sql: str | None = None,
     trigger: dict[str, Any] | None = None,
 ) -> Any:
     """Start the streaming aggregation of ``source`` (a streaming DataFrame)."""
@@ -152,7 +169,7 @@ def start(
     _check_partitions(checkpoint, spec)
     if state is None:
         state = StateConfig(local_dir=checkpoint / "local-state", durable=checkpoint / "state")
-    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url)
+    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql)
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
         .option("checkpointLocation", str(checkpoint / "spark"))

@@ -1,0 +1,129 @@
+"""SQL result tables: SQLite or PostgreSQL, upserted per batch.
+
+Rows are keyed by (window_start, key). An upsert only replaces a row written by the
+same or an earlier batch (``WHERE stored.batch_id <= new.batch_id``), so re-running a
+batch is harmless and a late retry of an old batch never overwrites newer results.
+Identifiers are validated names; values always travel as parameters.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pandas as pd
+
+from riverbed.errors import ConfigError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def _ident(name: str) -> str:
+    if not _IDENT.match(name):
+        raise ConfigError(f"{name!r} is not a valid SQL table or column name")
+    return f'"{name}"'
+
+
+def _sql_type(dtype: Any, postgres: bool) -> str:
+    kind = getattr(dtype, "kind", "O")
+    if str(dtype).startswith("datetime64"):
+        return "TIMESTAMPTZ" if postgres else "TEXT"
+    if kind == "b":
+        return "BOOLEAN" if postgres else "INTEGER"
+    if kind in "iu":
+        return "BIGINT" if postgres else "INTEGER"
+    if kind == "f":
+        return "DOUBLE PRECISION" if postgres else "REAL"
+    return "TEXT"
+
+
+class SqlSink:
+    """``sqlite:///path.db`` (SQLAlchemy-style, as for the control plane) or
+    ``postgresql://user@host:port/db``."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme == "sqlite":
+            path = parts.path[1:] if parts.path.startswith("/") else parts.path
+            if not path:
+                raise ConfigError(f"{url}: no database path; e.g. sqlite:///results.db")
+            self.postgres = False
+            self.path = Path(path)
+        elif parts.scheme in ("postgresql", "postgres"):
+            self.postgres = True
+        else:
+            raise ConfigError(
+                f"unsupported SQL sink {url!r}; use sqlite:///path.db or postgresql://…"
+            )
+        self.url = url
+
+    def _connect(self) -> Any:
+        if self.postgres:
+            try:
+                import psycopg
+            except ImportError:
+                raise ConfigError(
+                    "the PostgreSQL sink needs psycopg: pip install 'riverbed[postgres]'"
+                ) from None
+            return psycopg.connect(self.url)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite3.connect(self.path)
+
+    def upsert(self, table: str, frame: pd.DataFrame) -> int:
+        """Insert or replace rows of ``frame`` (must have window_start, key, batch_id)."""
+        if frame.empty:
+            return 0
+        columns = list(frame.columns)
+        for required in ("window_start", "key", "batch_id"):
+            if required not in columns:
+                raise ValueError(f"result rows need a {required!r} column")
+        names = [_ident(c) for c in columns]
+        target = _ident(table)
+        mark = "%s" if self.postgres else "?"
+        ddl = (
+            f"CREATE TABLE IF NOT EXISTS {target} ("
+            + ", ".join(
+                f"{n} {_sql_type(frame[c].dtype, self.postgres)}"
+                for n, c in zip(names, columns, strict=True)
+            )
+            + ', PRIMARY KEY ("window_start", "key"))'
+        )
+        updates = ", ".join(
+            f"{n} = excluded.{n}"
+            for n, c in zip(names, columns, strict=True)
+            if c not in ("window_start", "key")
+        )
+        dml = (
+            f"INSERT INTO {target} ({', '.join(names)}) VALUES ({', '.join([mark] * len(names))}) "  # noqa: S608 - identifiers validated by _ident, values are parameters
+            f'ON CONFLICT ("window_start", "key") DO UPDATE SET {updates} '
+            f'WHERE {target}."batch_id" <= excluded."batch_id"'
+        )
+        rows = [
+            tuple(_value(v, self.postgres) for v in row)
+            for row in frame.itertuples(index=False, name=None)
+        ]
+        with self._connect() as conn:
+            conn.execute(ddl)
+            if self.postgres:
+                with conn.cursor() as cur:
+                    cur.executemany(dml, rows)
+            else:
+                conn.executemany(dml, rows)
+        return len(rows)
+
+    def read(self, table: str) -> pd.DataFrame:
+        with self._connect() as conn:
+            cur = conn.execute(f"SELECT * FROM {_ident(table)} ORDER BY window_start, key")  # noqa: S608
+            cols = [d[0] for d in cur.description]
+            return pd.DataFrame(cur.fetchall(), columns=cols)
+
+
+def _value(v: Any, postgres: bool) -> Any:
+    if isinstance(v, pd.Timestamp):
+        return v.to_pydatetime() if postgres else v.isoformat()
+    if hasattr(v, "item"):  # numpy scalars
+        return v.item()
+    return v
