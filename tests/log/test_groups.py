@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import riverbed.log
 from riverbed.control import ControlPlane, connect
 from riverbed.log import GroupError, Log, Record
 from riverbed.log.group import describe_group
@@ -24,10 +23,9 @@ def cp(tmp_path: Path) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture
-def flog(tmp_path: Path) -> Iterator[Log]:
-    opened = riverbed.log.open(tmp_path / "log")
-    yield opened
-    opened.close()
+def flog(file_log: Log) -> Log:
+    """The file-backed log from tests/log/conftest.py."""
+    return file_log
 
 
 def until(

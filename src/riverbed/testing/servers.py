@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -72,6 +72,31 @@ def _wait_until(check: object, timeout: float, what: str, log: Path | None = Non
         time.sleep(0.02)  # waiting for another process to come up: nothing to wait on
     tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
     raise ServerError(f"{what} did not become ready in {timeout}s\n{tail}")
+
+
+class _Server:
+    """Start on enter; always stop on exit, and also when start itself fails."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 # --------------------------------------------------------------------------- etcd
@@ -163,7 +188,7 @@ class _EtcdNode:
                 self.kill()
 
 
-class EtcdCluster:
+class EtcdCluster(_Server):
     """``size`` etcd members on loopback (``size=1`` for a single node)."""
 
     def __init__(self, size: int = 1) -> None:
@@ -180,7 +205,7 @@ class EtcdCluster:
     def url(self) -> str:
         return "etcd://" + ",".join(self.endpoints)
 
-    def start(self, attempts: int = 3) -> EtcdCluster:
+    def start(self, attempts: int = 3) -> Self:
         for attempt in range(attempts):
             for node in self.nodes:
                 node.start(self._initial)
@@ -232,21 +257,6 @@ class EtcdCluster:
             node.stop()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> EtcdCluster:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 def EtcdServer() -> EtcdCluster:
     """A single-node etcd."""
@@ -266,7 +276,7 @@ def _pg_bin(name: str) -> str:
     )
 
 
-class PostgresServer:
+class PostgresServer(_Server):
     """A throwaway PostgreSQL cluster (``fsync=off``) with a template database.
 
     ``initdb`` refuses to run as root, so as root the cluster belongs to the
@@ -293,7 +303,7 @@ class PostgresServer:
     def dsn(self, dbname: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
-    def start(self) -> PostgresServer:
+    def start(self) -> Self:
         self._run(
             _pg_bin("initdb"),
             "-D",
@@ -345,18 +355,3 @@ class PostgresServer:
             with contextlib.suppress(ServerError):
                 self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
