@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from typing import Any
 
@@ -249,7 +248,6 @@ def _consume(args: argparse.Namespace) -> int:
     cp = connect(_control_url(args))
     seen = 0
     idle_since = None
-    stop = threading.Event()
     with log.consumer(
         cp,
         args.group,
@@ -257,7 +255,7 @@ def _consume(args: argparse.Namespace) -> int:
         session_ttl=args.ttl,
         start_from="earliest" if args.from_beginning else "latest",
     ) as consumer:
-        while not stop.is_set():
+        while True:
             records = consumer.poll(
                 timeout=0.5,
                 max_records=100 if args.max is None else max(1, min(100, args.max - seen)),

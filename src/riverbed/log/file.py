@@ -107,7 +107,6 @@ class _Writer:
     directory: Path
     lockfile: int
     mutex: threading.Lock = field(default_factory=threading.Lock)
-    recovered: bool = False
     base: int = 0  # active segment
     fd: int = -1
     size: int = 0
@@ -263,7 +262,6 @@ class FileLogStorage(LogStorage):
             os.close(w.fd)
         w.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         w.base, w.size, w.next_offset = last, size, next_offset
-        w.recovered = True
 
     @staticmethod
     def _trim_index(directory: Path, base: int, size: int) -> None:
@@ -279,7 +277,6 @@ class FileLogStorage(LogStorage):
         path = _seg_path(w.directory, base)
         w.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         w.base, w.size, w.next_offset, w.since_index = base, 0, next_offset, 0
-        w.recovered = True
 
     def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
         if not records:

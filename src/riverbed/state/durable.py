@@ -59,10 +59,6 @@ class DurableStorage(ABC):
         """Remove leftovers of interrupted writes under ``prefix`` older than ``older_than``
         seconds (younger ones may belong to a writer still at work); returns how many."""
 
-    @abstractmethod
-    def local_path(self, name: str) -> Path | None:
-        """A local path for ``name`` if the storage is a file system, else ``None``."""
-
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -161,9 +157,6 @@ class FileStorage(DurableStorage):
             if got != size:
                 raise CorruptStateError(f"snapshot {src}: {rel} is {got} bytes, expected {size}")
 
-    def complete(self, name: str) -> bool:
-        return (self._path(name) / MANIFEST).exists()
-
     def sweep(self, prefix: str, older_than: float) -> int:
         root = self._path(prefix)
         if not root.is_dir():
@@ -178,9 +171,6 @@ class FileStorage(DurableStorage):
                     entry.unlink(missing_ok=True)
                 removed += 1
         return removed
-
-    def local_path(self, name: str) -> Path | None:
-        return self._path(name)
 
 
 def open_storage(url: str | Path) -> FileStorage:

@@ -114,7 +114,7 @@ def run(
     from riverbed.stream.engine import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
-    reported: set[int] = set()
+    reported = {int(p.stem) for p in batches.dir.glob("*.json")}  # earlier runs' batches
 
     def report() -> None:
         for path in sorted(batches.dir.glob("*.json")):
@@ -124,8 +124,6 @@ def run(
                 reported.add(batch_id)
                 on_progress(batch_id, record)
 
-    report_existing = {int(p.stem) for p in batches.dir.glob("*.json")}
-    reported |= report_existing
     try:
         while query.isActive:
             query.awaitTermination(0.5)
