@@ -143,15 +143,20 @@ class StateProvider:
             for n in self.durable.list(f"{base}/changelog")
             if n.endswith(_SUFFIX)
         )
+        snapshots = self._snapshots(base)
+        purged = 0
+        with contextlib.suppress(StateError):
+            purged = int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
+        return PartitionIndex(changelogs, snapshots, purged)
+
+    def _snapshots(self, base: str) -> dict[int, int]:
+        """Complete snapshots of a partition: version -> tag."""
         snapshots: dict[int, int] = {}
         for n in self.durable.list(f"{base}/snapshot"):
             version, _, tag = n.partition("-")
             if version.isdigit() and tag and self._snapshot_complete(f"{base}/snapshot/{n}"):
                 snapshots[int(version)] = int(tag, 16)
-        purged = 0
-        with contextlib.suppress(StateError):
-            purged = int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
-        return PartitionIndex(changelogs, snapshots, purged)
+        return snapshots
 
     def _snapshot_complete(self, name: str) -> bool:
         from riverbed.state.durable import MANIFEST
@@ -324,7 +329,8 @@ class StateProvider:
         changelog = Changelog(new, base[0], base[1], list(ops))
         self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
         db.apply(ops, new, changelog.tag)
-        last = max(self.index(namespace, partition).snapshots, default=0)
+        # only the snapshot listing: the changelog directory grows with history
+        last = max(self._snapshots(self._base(namespace, partition)), default=0)
         if new - last >= self.config.snapshot_every:
             self._snapshot(namespace, partition, db)
 

@@ -74,9 +74,11 @@ def foreach_batch(config: EngineConfig) -> Any:
             hop = spec.window.hop_ms
             last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
             late = good.filter(last_start + spec.window.size_ms <= F.lit(watermark))
-            record.setdefault("late", late.count())
-            if has_error:
-                record.setdefault("malformed", df.filter(F.col("_error").isNotNull()).count())
+            # counted once: a re-run keeps the recorded counts and skips these Spark jobs
+            if "late" not in record:
+                record["late"] = late.count()
+            if has_error and "malformed" not in record:
+                record["malformed"] = df.filter(F.col("_error").isNotNull()).count()
             batches.put(batch_id, record)
             _side_outputs(config, df, late, batch_id, batches, has_error)
 
@@ -111,7 +113,11 @@ def _batch_rows(target: Path) -> pd.DataFrame:
     """The rows one batch wrote (small: the windows it changed or closed)."""
     import pyarrow.dataset as ds
 
-    frame = ds.dataset(str(target), format="parquet").to_table().to_pandas()
+    return _utc(ds.dataset(str(target), format="parquet").to_table().to_pandas())
+
+
+def _utc(frame: pd.DataFrame) -> pd.DataFrame:
+    """Spark writes UTC instants to Parquet; they read back naive. Make them UTC again."""
     for column in ("window_start", "window_end"):
         if column in frame and frame[column].dt.tz is None:
             frame[column] = frame[column].dt.tz_localize("UTC")
@@ -190,10 +196,8 @@ def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.Data
     frame = table.to_pandas()
     if frame.empty:
         return frame
-    for column in ("window_start", "window_end"):  # Spark writes UTC instants, read naive
-        if frame[column].dt.tz is None:
-            frame[column] = frame[column].dt.tz_localize("UTC")
-    frame = frame.sort_values("batch_id").drop_duplicates(["window_start", "key"], keep="last")
+    frame = _utc(frame).sort_values("batch_id")
+    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
     return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
 
 
