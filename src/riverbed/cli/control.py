@@ -231,6 +231,14 @@ def _lease_ttl(cp: ControlPlane, args: argparse.Namespace) -> int:
     return 0
 
 
+def _hold(session: Session) -> int:
+    """Keep what the session holds until the process is stopped (Ctrl-C / SIGTERM unwind
+    and release it) or the lease is lost, which is an error."""
+    session.lost.wait()
+    session.ensure_alive()
+    return 1
+
+
 def _lock(cp: ControlPlane, args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     with Session(cp, ttl=args.ttl) as session:
@@ -245,9 +253,7 @@ def _lock(cp: ControlPlane, args: argparse.Namespace) -> int:
                     return subprocess.run(cmd, env=env, check=False).returncode
                 except OSError as exc:
                     raise ValueError(f"cannot run {cmd[0]!r} under the lock: {exc}") from exc
-            session.lost.wait()
-            session.ensure_alive()
-            return 1
+            return _hold(session)
         finally:
             lock.release()
 
@@ -267,9 +273,7 @@ def _elect(cp: ControlPlane, args: argparse.Namespace) -> int:
         try:
             data = {"name": args.name, "value": args.value, "term": term}
             _emit(args, data, args.value)
-            session.lost.wait()
-            session.ensure_alive()
-            return 1
+            return _hold(session)
         finally:
             election.resign()
 
@@ -290,9 +294,7 @@ def _members(cp: ControlPlane, args: argparse.Namespace) -> int:
                 {"registered": member.id, "revision": member.revision},
                 f"registered {member.id}",
             )
-            session.lost.wait()
-            session.ensure_alive()
-            return 1
+            return _hold(session)
     members, rev = registry.snapshot()
     for m in members:
         _emit(
