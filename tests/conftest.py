@@ -46,7 +46,7 @@ def spark() -> Iterator[object]:
     from riverbed.config import SparkConfig
     from riverbed.spark import session
 
-    s = session(SparkConfig(master="local[2]", app_name="riverbed-tests"), test=True)
+    s = session(SparkConfig(master="local[2,2]", app_name="riverbed-tests"), test=True)
     yield s
     s.stop()
 

@@ -31,4 +31,4 @@ def test_session_settings(spark: Any) -> None:
     conf = spark.conf
     assert conf.get("spark.sql.session.timeZone") == "UTC"
     assert conf.get("spark.sql.shuffle.partitions") == "2"
-    assert spark.sparkContext.master == "local[2]"
+    assert spark.sparkContext.master == "local[2,2]"

@@ -82,6 +82,21 @@ def test_reading_from_an_offset_and_across_segments(log: Log) -> None:
     assert [r.offset for r in log.iter_records("t", 0, 490)] == list(range(490, 500))
 
 
+@pytest.mark.parametrize(("start", "end"), [(0, 500), (137, 337), (495, 500), (7, 8), (200, 200)])
+def test_columnar_reads_equal_record_reads(log: Log, start: int, end: int) -> None:
+    log.create_topic("t", 1, segment_bytes=2048)
+    producer = log.producer("t")
+    for i in range(50):
+        producer.send_batch([{"i": i * 10 + j} for j in range(10)], key_field="i")
+    columns = log.storage.read_columns("t", 0, start, end)
+    records = log.storage.read("t", 0, start, max(end - start, 1)) if end > start else []
+    assert columns.offsets == list(range(start, end))
+    assert columns.offsets == [o for o, _ in records]
+    assert columns.values == [r.value for _, r in records]
+    assert columns.keys == [r.key for _, r in records]
+    assert columns.timestamps_ms == [r.timestamp_ms for _, r in records]
+
+
 def test_partitions_can_be_added_never_removed(log: Log) -> None:
     log.create_topic("t", 2)
     producer = log.producer("t")

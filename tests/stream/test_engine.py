@@ -45,11 +45,25 @@ def source(spark: Any, url: str, max_records: int = 700) -> Any:
     )
 
 
-def run_to_end(spark: Any, spec: Aggregation, url: str, root: Path) -> pd.DataFrame:
+PATHS = ["spark", "colocated", "shuffled"]
+
+
+def source_for(spark: Any, url: str, path: str, max_records: int = 700) -> Any:
+    """The same topic as a Spark DataFrame of events (``spark``) or as topic options for
+    the log-native path, co-located (auto) or forced to shuffle partials."""
+    if path == "spark":
+        return source(spark, url, max_records)
+    options = {"topic": "events", "log": url, "schema": SCHEMA, "maxRecordsPerBatch": max_records}
+    return options | ({"co_locate": "false"} if path == "shuffled" else {})
+
+
+def run_to_end(
+    spark: Any, spec: Aggregation, url: str, root: Path, path: str = "spark"
+) -> pd.DataFrame:
     query = start(
         spark,
         spec,
-        source(spark, url),
+        source_for(spark, url, path),
         checkpoint=root / "ckpt",
         output=root / "out",
         log_url=url,
@@ -57,6 +71,10 @@ def run_to_end(spark: Any, spec: Aggregation, url: str, root: Path) -> pd.DataFr
     )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
+    if path != "spark":  # the plan the batches took is the one the test asked for
+        batches = BatchLog(str(root / "ckpt"))
+        plans = {batches.get(int(p.stem))["co_located"] for p in batches.dir.glob("*.json")}
+        assert plans == {path == "colocated"}, plans
     return read_results(root / "out")
 
 
@@ -81,13 +99,14 @@ def oracle(events: pd.DataFrame, window: Any) -> pd.DataFrame:
     )
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "window",
     [Tumbling("1h"), Hopping("2h", "30m"), Sliding("1h", step="20m")],
     ids=["tumbling", "hopping", "sliding"],
 )
 def test_every_window_and_metric_matches_the_oracle(
-    spark: Any, log_url: str, tmp_path: Path, window: Any
+    spark: Any, log_url: str, tmp_path: Path, window: Any, path: str
 ) -> None:
     events = make_events(3000, hours=5)
     write_events(log_url, events)
@@ -100,7 +119,7 @@ def test_every_window_and_metric_matches_the_oracle(
         metrics=METRICS,
         state_partitions=3,
     )
-    got = run_to_end(spark, spec, log_url, tmp_path)
+    got = run_to_end(spark, spec, log_url, tmp_path, path)
     want = oracle(events, window)
     merged = got.merge(
         want, on=["window_start", "key"], suffixes=("", "_oracle"), how="outer", indicator=True
@@ -164,8 +183,9 @@ def test_rerunning_a_batch_never_double_counts(spark: Any, log_url: str, tmp_pat
     assert BatchLog(str(tmp_path / "ckpt")).get(1)["done"] is True
 
 
+@pytest.mark.parametrize("path", ["spark", "shuffled"])
 def test_late_and_malformed_records_are_counted_and_kept(
-    spark: Any, log_url: str, tmp_path: Path
+    spark: Any, log_url: str, tmp_path: Path, path: str
 ) -> None:
     events = make_events(600, hours=4)
     write_events(log_url, events, partitions=1)
@@ -186,7 +206,7 @@ def test_late_and_malformed_records_are_counted_and_kept(
     query = start(
         spark,
         spec,
-        source(spark, log_url, max_records=400),
+        source_for(spark, log_url, path, max_records=400),
         checkpoint=tmp_path / "ckpt",
         output=tmp_path / "out",
         log_url=log_url,
@@ -198,13 +218,18 @@ def test_late_and_malformed_records_are_counted_and_kept(
     assert sum(b.get("malformed", 0) for b in batches if b) == 1
     assert sum(b.get("late", 0) for b in batches if b) == 5
     log = riverbed.log.open(log_url)
-    assert len(log.read("flags.dlq", 0)) == 1 and len(log.read("flags.late", 0)) == 5
+    dlq, late_records = log.read("flags.dlq", 0), log.read("flags.late", 0)
+    assert len(dlq) == 1 and len(late_records) == 5
+    assert "{broken" in dlq[0].value["_error"]  # the reason quotes the bad value
+    assert dlq[0].value["offset"] == 600 and dlq[0].value["batch_id"] >= 0
+    assert sorted(r.value["user_id"] for r in late_records) == sorted(late["user_id"])
     got = read_results(tmp_path / "out")
     assert got["events"].sum() == 600  # the late five did not change closed windows
 
 
+@pytest.mark.parametrize("path", ["spark", "shuffled"])
 def test_final_mode_emits_each_window_once_when_closed(
-    spark: Any, log_url: str, tmp_path: Path
+    spark: Any, log_url: str, tmp_path: Path, path: str
 ) -> None:
     events = make_events(2000, hours=6)
     write_events(log_url, events, partitions=1)
@@ -218,7 +243,7 @@ def test_final_mode_emits_each_window_once_when_closed(
         metrics={"events": Count()},
         state_partitions=2,
     )
-    run_to_end(spark, spec, log_url, tmp_path)
+    run_to_end(spark, spec, log_url, tmp_path, path)
     import pyarrow.dataset as ds
 
     rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pandas()

@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from riverbed.log.base import LogStorage, TopicConfig, check_topic_name
 from riverbed.log.errors import (
@@ -45,7 +46,7 @@ from riverbed.log.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from riverbed.log.records import RawRecord, decode_batch, encode_batch, read_header
+from riverbed.log.records import Columns, RawRecord, decode_rows, encode_batch, read_header
 
 log = logging.getLogger(__name__)
 
@@ -340,14 +341,13 @@ class FileLogStorage(LogStorage):
         return removed
 
     # -- reads --------------------------------------------------------------------------
-    def read(
-        self, topic: str, partition: int, offset: int, max_records: int
-    ) -> list[tuple[int, RawRecord]]:
+    def _batches(self, topic: str, partition: int, offset: int) -> Iterator[tuple[int, list[Any]]]:
+        """Whole batches holding ``offset`` and after, as (base offset, msgpack rows)."""
         directory = self._partition_dir(topic, partition)
         segments = _segments(directory)
         if not segments:
             if offset == 0:
-                return []
+                return
             raise OffsetOutOfRangeError(
                 f"{topic}/{partition} is empty; offset {offset} is past its end"
             )
@@ -356,7 +356,6 @@ class FileLogStorage(LogStorage):
                 f"offset {offset} of {topic}/{partition} was removed by retention "
                 f"(first retained: {segments[0]})"
             )
-        out: list[tuple[int, RawRecord]] = []
         i = bisect.bisect_right(segments, offset) - 1
         for n, base in enumerate(segments[i:]):
             last = i + n == len(segments) - 1
@@ -370,7 +369,7 @@ class FileLogStorage(LogStorage):
             except FileNotFoundError:  # removed by retention meanwhile
                 continue
             try:
-                while len(out) < max_records:
+                while True:
                     header = read_header(buf, pos)
                     if header is None:
                         if not last and pos < len(buf):
@@ -379,18 +378,46 @@ class FileLogStorage(LogStorage):
                             )
                         break
                     if header.next_offset > offset:
-                        for k, record in enumerate(decode_batch(buf, pos, header)):
-                            o = header.base_offset + k
-                            if o >= offset and len(out) < max_records:
-                                out.append((o, record))
+                        yield header.base_offset, decode_rows(buf, pos, header)
                     pos += header.size
                     at = header.next_offset
             finally:
                 mapped.__exit__(None, None, None)
-            if len(out) >= max_records or last:
-                break
+            if last:
+                return
             offset = max(offset, at)
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_records: int
+    ) -> list[tuple[int, RawRecord]]:
+        out: list[tuple[int, RawRecord]] = []
+        for base, rows in self._batches(topic, partition, offset):
+            skip = max(0, offset - base)
+            for k, (ts, key, value, headers) in enumerate(rows[skip:], base + skip):
+                out.append((k, RawRecord(ts, key, value, headers or {})))
+                if len(out) >= max_records:
+                    return out
         return out
+
+    def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
+        offsets: list[range] = []
+        ts: list[int] = []
+        keys: list[bytes | None] = []
+        values: list[bytes] = []
+        for base, rows in self._batches(topic, partition, start):
+            if base >= end:
+                break
+            chunk = rows[max(0, start - base) : end - base]
+            if chunk:
+                first = max(start, base)
+                offsets.append(range(first, first + len(chunk)))
+                c_ts, c_keys, c_values, _ = zip(*chunk, strict=True)
+                ts.extend(c_ts)
+                keys.extend(c_keys)
+                values.extend(c_values)
+            if base + len(rows) >= end:
+                break
+        return Columns([o for r in offsets for o in r], ts, keys, values)
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -101,10 +101,20 @@ def read_header(buf: bytes | memoryview, pos: int) -> BatchHeader | None:
     return BatchHeader(base, count, end - pos)
 
 
-def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> list[RawRecord]:
+def decode_rows(buf: bytes | memoryview, pos: int, header: BatchHeader) -> list[Any]:
+    """The batch's records as stored: ``[[ts_ms, key, value, headers], ...]``."""
     start = pos + PREFIX_SIZE + _HEAD.size
     try:
-        rows = msgpack.unpackb(bytes(buf[start : pos + header.size]), raw=False)
+        rows: list[Any] = msgpack.unpackb(bytes(buf[start : pos + header.size]), raw=False)
     except ValueError as exc:
         raise CorruptLogError(f"batch at offset {header.base_offset} cannot be decoded") from exc
-    return [RawRecord(ts, key, value, headers or {}) for ts, key, value, headers in rows]
+    return rows
+
+
+class Columns(NamedTuple):
+    """Records [start, end) of a partition column by column, for vectorized readers."""
+
+    offsets: list[int]
+    timestamps_ms: list[int]
+    keys: list[bytes | None]
+    values: list[bytes]

@@ -29,7 +29,7 @@ import logging
 import os
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ class EngineConfig:
     output: str
     log_url: str | None = None  # for the .dlq and .late topics
     sql_url: str | None = None  # also upsert results into this SQL table
+    fault: str | None = None  # the RIVERBED_FAULT failpoint, read on the driver (tests)
 
 
 def output_schema(spec: Aggregation) -> str:
@@ -78,6 +79,13 @@ def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
     mapping = {k: zlib.crc32(str(k).encode()) % n for k in uniques}
     out: np.ndarray = keys.map(mapping).to_numpy(dtype=np.int32)
     return out
+
+
+def event_millis(column: pd.Series) -> np.ndarray:
+    """Event times as ms since the epoch, whatever unit pandas holds them in (Spark's
+    Arrow path gives ns, pyarrow's to_pandas keeps us)."""
+    ms: np.ndarray = pd.to_datetime(column, utc=True).dt.as_unit("ms").astype("int64").to_numpy()
+    return ms
 
 
 # -- step 1: batch metadata ------------------------------------------------------------------
@@ -114,39 +122,55 @@ class BatchLog:
 
 
 # -- step 3: pre-aggregation -------------------------------------------------------------------
+Partial = tuple[int, str, dict[str, Any]]  # (window start ms, key, {metric: partial})
+
+
+def partials_of(spec: Aggregation, pdf: pd.DataFrame, watermark_ms: int) -> list[Partial]:
+    """Per (window, key) partials of one frame of events, vectorized per group. Events
+    only count toward windows the watermark has not closed."""
+    if pdf.empty:
+        return []
+    size = spec.window.size_ms
+    ts = event_millis(pdf[spec.time])
+    keys = pdf[spec.key].astype(str).to_numpy()
+    parts = []
+    for starts in spec.window.starts(ts):
+        open_ = starts + size > watermark_ms  # a closed window takes no more events
+        if not open_.any():
+            continue
+        frame = pd.DataFrame({"window_start": starts[open_], "key": keys[open_]})
+        for column in spec.columns()[2:]:
+            frame[column] = pdf[column].to_numpy()[open_]
+        parts.append(frame)
+    if not parts:
+        return []
+    exploded = pd.concat(parts, ignore_index=True)
+    out: list[Partial] = []
+    for (window_start, key), group in exploded.groupby(["window_start", "key"], sort=False):
+        partials = {
+            name: metric.partial(
+                group[metric.column].to_numpy() if hasattr(metric, "column") else None,
+                len(group),
+            )
+            for name, metric in spec.metrics.items()
+        }
+        out.append((int(window_start), str(key), partials))
+    return out
+
+
 def preaggregate(
     spec: Aggregation, watermark_ms: int
 ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    size = spec.window.size_ms
+    """``mapInPandas`` step: partials as rows, tagged with their state partition."""
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for pdf in frames:
-            if pdf.empty:
+            rows = [
+                (start, key, msgpack.packb(partials, use_bin_type=True))
+                for start, key, partials in partials_of(spec, pdf, watermark_ms)
+            ]
+            if not rows:
                 continue
-            ts = pd.to_datetime(pdf[spec.time], utc=True).astype("int64").to_numpy() // 1_000_000
-            keys = pdf[spec.key].astype(str).to_numpy()
-            parts = []
-            for starts in spec.window.starts(ts):
-                open_ = starts + size > watermark_ms  # a closed window takes no more events
-                if not open_.any():
-                    continue
-                frame = pd.DataFrame({"window_start": starts[open_], "key": keys[open_]})
-                for column in spec.columns()[2:]:
-                    frame[column] = pdf[column].to_numpy()[open_]
-                parts.append(frame)
-            if not parts:
-                continue
-            exploded = pd.concat(parts, ignore_index=True)
-            rows = []
-            for (window_start, key), group in exploded.groupby(["window_start", "key"], sort=False):
-                partials = {
-                    name: metric.partial(
-                        group[metric.column].to_numpy() if hasattr(metric, "column") else None,
-                        len(group),
-                    )
-                    for name, metric in spec.metrics.items()
-                }
-                rows.append((int(window_start), key, msgpack.packb(partials, use_bin_type=True)))
             out = pd.DataFrame(rows, columns=["window_start", "key", "partials"])
             out.insert(0, "state_partition", state_partition_of(out["key"], spec.state_partitions))
             yield out
@@ -155,56 +179,92 @@ def preaggregate(
 
 
 # -- step 4: merge into state -------------------------------------------------------------------
+class InjectedFault(RuntimeError):
+    """Raised by the ``RIVERBED_FAULT`` failpoint (tests only)."""
+
+
+def _failpoint(config: EngineConfig, partition: int, batch_id: int) -> None:
+    """``RIVERBED_FAULT=after_commit:<dir>``: in every batch, the first task to commit a
+    state partition dies right after the commit, once (a marker file in ``<dir>``
+    remembers it), the way a task is lost between its commit and reporting success."""
+    if not config.fault or not config.fault.startswith("after_commit:"):
+        return
+    marker = Path(config.fault.split(":", 1)[1]) / f"{config.spec.name}-{batch_id}"
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch(exist_ok=False)
+    except FileExistsError:
+        return
+    raise InjectedFault(f"injected fault after commit: partition {partition}, batch {batch_id}")
+
+
+def merge_partition(
+    config: EngineConfig,
+    partition: int,
+    batch_id: int,
+    watermark_ms: int,
+    previous_watermark_ms: int,
+    partials: Iterable[Partial],
+) -> pd.DataFrame:
+    """Merge one batch's partials into state partition ``partition``: load version
+    ``batch_id``, merge, emit, expire closed windows, commit ``batch_id + 1``. Returns
+    the rows to emit."""
+    spec = config.spec
+    size = spec.window.size_ms
+    provider = StateProvider(config.state)
+    store = provider.load(spec.name, partition, version=batch_id)
+    try:
+        # combine this batch's partials per (window, key) (several tasks made them)
+        batch: dict[bytes, dict[str, Any]] = {}
+        for window_start, key, partial in partials:
+            k = window_key(window_start, key.encode())
+            if k in batch:
+                batch[k] = {n: m.merge(batch[k][n], partial[n]) for n, m in spec.metrics.items()}
+            else:
+                batch[k] = partial
+        keys = sorted(batch)
+        emitted: dict[bytes, dict[str, Any]] = {}
+        for k, stored in zip(keys, store.get_many(keys), strict=True):
+            value = batch[k]
+            if stored is not None:
+                old = msgpack.unpackb(stored, raw=False)
+                value = {n: m.merge(old[n], value[n]) for n, m in spec.metrics.items()}
+            store.put(k, msgpack.packb(value, use_bin_type=True))
+            if spec.output == "update":
+                emitted[k] = value
+        # windows the watermark closed in this batch: start + size <= watermark
+        closed_to = watermark_ms - size  # starts <= closed_to are closed
+        if spec.output == "final" and watermark_ms > previous_watermark_ms:
+            lo = max(previous_watermark_ms - size + 1, 0)
+            for k, blob in store.scan(start=window_prefix(lo), end=window_prefix(closed_to + 1)):
+                emitted[k] = msgpack.unpackb(blob, raw=False)
+        expire_to = closed_to - spec.keep_closed_ms
+        if expire_to >= 0:
+            store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
+        store.commit(batch_id + 1)
+    except BaseException:
+        store.abort()
+        raise
+    _failpoint(config, partition, batch_id)
+    return _rows(spec, emitted, batch_id)
+
+
 def merger(
     config: EngineConfig, batch_id: int, watermark_ms: int, previous_watermark_ms: int
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    spec = config.spec
-    size = spec.window.size_ms
+    """``applyInPandas`` step: one call per state partition (a heartbeat row makes sure
+    every partition gets one)."""
 
     def run(pdf: pd.DataFrame) -> pd.DataFrame:
+        rows = pdf.loc[pdf["key"].notna(), ["window_start", "key", "partials"]]
+        partials = (
+            (int(start), key, msgpack.unpackb(blob, raw=False))
+            for start, key, blob in rows.itertuples(index=False)
+        )
         partition = int(pdf["state_partition"].iloc[0])
-        provider = StateProvider(config.state)
-        store = provider.load(spec.name, partition, version=batch_id)
-        try:
-            # combine this batch's partials per (window, key) (several Spark tasks made them)
-            batch: dict[bytes, dict[str, Any]] = {}
-            for window_start, key, blob in pdf.loc[
-                pdf["key"].notna(), ["window_start", "key", "partials"]
-            ].itertuples(index=False):
-                k = window_key(int(window_start), key.encode())
-                partial = msgpack.unpackb(blob, raw=False)
-                if k in batch:
-                    batch[k] = {
-                        n: m.merge(batch[k][n], partial[n]) for n, m in spec.metrics.items()
-                    }
-                else:
-                    batch[k] = partial
-            keys = sorted(batch)
-            emitted: dict[bytes, dict[str, Any]] = {}
-            for k, stored in zip(keys, store.get_many(keys), strict=True):
-                value = batch[k]
-                if stored is not None:
-                    old = msgpack.unpackb(stored, raw=False)
-                    value = {n: m.merge(old[n], value[n]) for n, m in spec.metrics.items()}
-                store.put(k, msgpack.packb(value, use_bin_type=True))
-                if spec.output == "update":
-                    emitted[k] = value
-            # windows the watermark closed in this batch: start + size <= watermark
-            closed_to = watermark_ms - size  # starts <= closed_to are closed
-            if spec.output == "final" and watermark_ms > previous_watermark_ms:
-                lo = max(previous_watermark_ms - size + 1, 0)
-                for k, blob in store.scan(
-                    start=window_prefix(lo), end=window_prefix(closed_to + 1)
-                ):
-                    emitted[k] = msgpack.unpackb(blob, raw=False)
-            expire_to = closed_to - spec.keep_closed_ms
-            if expire_to >= 0:
-                store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
-            store.commit(batch_id + 1)
-        except BaseException:
-            store.abort()
-            raise
-        return _rows(spec, emitted, batch_id)
+        return merge_partition(
+            config, partition, batch_id, watermark_ms, previous_watermark_ms, partials
+        )
 
     return run
 

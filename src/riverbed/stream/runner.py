@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from riverbed.config import load_config
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.engine import (
@@ -22,6 +25,8 @@ from riverbed.stream.engine import (
 )
 
 log = logging.getLogger(__name__)
+
+SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
 
 
 def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
@@ -50,18 +55,13 @@ def foreach_batch(config: EngineConfig) -> Any:
 
         record = batches.get(batch_id)
         if record is None:  # first run of this batch: fix its watermark from earlier ones
-            prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
-            record = {
-                "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
-                "previous_watermark_ms": prev["watermark_ms"],
-                "max_event_ms": prev["max_event_ms"],
-            }
+            record = next_record(batches, batch_id, spec)
         watermark = int(record["watermark_ms"])
         has_error = "_error" in df.columns
         # Read the source once: every step below (stats, side outputs, partials) uses it.
         df = df.cache()
-        good = df.filter(F.col("_error").isNull()) if has_error else df
-        good = good.select(*spec.columns())
+        whole = df.filter(F.col("_error").isNull()).drop("_error") if has_error else df
+        good = whole.select(*spec.columns())
         try:
             stats = good.agg(
                 F.max(F.col(spec.time)).alias("max_ts"), F.count(F.lit(1)).alias("n")
@@ -73,7 +73,8 @@ def foreach_batch(config: EngineConfig) -> Any:
                 )
             hop = spec.window.hop_ms
             last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
-            late = good.filter(last_start + spec.window.size_ms <= F.lit(watermark))
+            # late events go to the side topic whole, so they can be reprocessed
+            late = whole.filter(last_start + spec.window.size_ms <= F.lit(watermark))
             # counted once: a re-run keeps the recorded counts and skips these Spark jobs
             if "late" not in record:
                 record["late"] = late.count()
@@ -109,6 +110,16 @@ def foreach_batch(config: EngineConfig) -> Any:
     return run
 
 
+def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str, Any]:
+    """A new batch's record: its watermark, derived from earlier batches only."""
+    prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
+    return {
+        "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
+        "previous_watermark_ms": prev["watermark_ms"],
+        "max_event_ms": prev["max_event_ms"],
+    }
+
+
 def _batch_rows(target: Path) -> pd.DataFrame:
     """The rows one batch wrote (small: the windows it changed or closed)."""
     import pyarrow.dataset as ds
@@ -130,32 +141,50 @@ def _side_outputs(
     """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
     if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
         return
+    dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toPandas() if has_error else None
+    _side_outputs_from_frames(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())
+
+
+def _side_outputs_from_frames(
+    config: EngineConfig,
+    batch_id: int,
+    batches: BatchLog,
+    dlq: pd.DataFrame | None,
+    late: pd.DataFrame | None,
+) -> None:
+    """Write up to SIDE_LIMIT records each to <name>.dlq and <name>.late, once per batch."""
+    if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
+        return
     import riverbed.log
 
     log_ = riverbed.log.open(config.log_url)
     try:
-        for suffix, frame in (
-            (".dlq", df.filter("_error IS NOT NULL") if has_error else None),
-            (".late", late),
-        ):
-            if frame is None:
-                continue
-            rows = [r.asDict() for r in frame.limit(100_000).collect()]
-            if not rows:
+        for suffix, frame in ((".dlq", dlq), (".late", late)):
+            if frame is None or frame.empty:
                 continue
             topic = config.spec.name + suffix
             if topic not in log_.topics():
                 log_.create_topic(topic, 1)
             log_.producer(topic).send_batch(
                 [
-                    {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
-                    | {"batch_id": batch_id}
-                    for row in rows
+                    {k: _plain(v) for k, v in row.items()} | {"batch_id": batch_id}
+                    for row in frame.head(SIDE_LIMIT).to_dict("records")
                 ]
             )
     finally:
         log_.close()
     batches.update(batch_id, side_outputs_written=True)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly: timestamps as ISO strings, numpy scalars as Python, NaN/NaT as None."""
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def start(
@@ -170,18 +199,40 @@ def start(
     sql: str | None = None,
     trigger: dict[str, Any] | None = None,
 ) -> Any:
-    """Start the streaming aggregation of ``source`` (a streaming DataFrame)."""
+    """Start the streaming aggregation; returns Spark's ``StreamingQuery``.
+
+    ``source`` is either the options of a riverbed topic (a dict: ``topic``, and
+    optionally ``log``, ``schema``, ``maxRecordsPerBatch``, ``startingOffsets``,
+    ``co_locate``) -- the log-native path (:mod:`riverbed.stream.direct`), where the
+    state tasks read the topic themselves -- or any streaming DataFrame with the
+    aggregation's columns (and optionally ``_error``), aggregated through Spark.
+    """
     checkpoint, output = Path(checkpoint), Path(output)
     _check_partitions(checkpoint, spec)
     if state is None:
         state = StateConfig(local_dir=checkpoint / "local-state", durable=checkpoint / "state")
-    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql)
+    if isinstance(source, Mapping):
+        from riverbed.stream.direct import plan
+
+        options = {str(k): str(v) for k, v in source.items()}
+        options.setdefault("log", log_url or load_config().log_url)
+        config = EngineConfig(
+            spec, state, str(checkpoint), str(output), log_url or options["log"], sql, _fault()
+        )
+        frame, batch_fn = plan(spark, config, options)
+    else:
+        config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, _fault())
+        frame, batch_fn = source, foreach_batch(config)
     writer = (
-        source.writeStream.foreachBatch(foreach_batch(config))
+        frame.writeStream.foreachBatch(batch_fn)
         .option("checkpointLocation", str(checkpoint / "spark"))
         .queryName(spec.name)
     )
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
+
+
+def _fault() -> str | None:
+    return os.environ.get("RIVERBED_FAULT") or None
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:

@@ -17,12 +17,14 @@ options and open the log inside :meth:`read`.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -47,6 +49,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from riverbed.log.records import Columns
 
 META_FIELDS = [
     StructField("key", StringType()),
@@ -134,67 +138,32 @@ class LogSlice(InputPartition):
     end: int
 
 
+# ``option("slices", "true")``: instead of records, each micro-batch is one row per log
+# partition, (partition, start, end) -- the offsets Spark checkpointed for the batch. The
+# stream engine's log-native path reads the records itself, inside its state tasks.
+SLICES_DDL = "partition int, start long, end long"
+
+
+@dataclass(frozen=True)
+class AllSlices(InputPartition):
+    slices: tuple[LogSlice, ...]
+
+
+CHUNK = 50_000  # records per Arrow batch
+
+
 def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> Iterator[Any]:
     """Yield Arrow record batches of ``schema`` for one slice (runs on executors)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from riverbed.log import SerdeError
-
     log = _open(options)
-    topic = options["topic"]
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    value_fields = [f for f in schema.fields if f.name not in META_NAMES]
-    serde = log.serde(log.topic(topic).serde)
-    offset = part.start
-    fast = serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields)
     try:
-        while offset < part.end:
-            raw = log.storage.read(topic, part.partition, offset, min(10_000, part.end - offset))
-            raw = [(o, r) for o, r in raw if o < part.end]
-            if not raw:
-                break
-            batch = _fast_batch(raw, part.partition, value_fields, arrow_schema) if fast else None
-            if batch is not None:
-                offset = raw[-1][0] + 1
-                yield batch
-                continue
-            columns: dict[str, list[Any]] = {f.name: [] for f in schema.fields}
-            for o, record in raw:
-                if o >= part.end:
-                    break
-                error = None
-                values: dict[str, Any] = {}
-                try:
-                    decoded = serde.deserialize(record.value)
-                    if isinstance(decoded, dict):
-                        values = decoded
-                    elif len(value_fields) == 1:
-                        values = {value_fields[0].name: decoded}
-                    else:
-                        error = f"value is {type(decoded).__name__}, not an object"
-                except SerdeError as exc:
-                    error = str(exc)
-                for f in value_fields:
-                    v = values.get(f.name)
-                    if v is not None and error is None:
-                        v, problem = _coerce(v, f.dataType)
-                        if problem:
-                            error = f"field {f.name!r}: {problem}"
-                    columns[f.name].append(v)
-                if error is not None:
-                    for f in value_fields:
-                        columns[f.name][-1] = None
-                columns["key"].append(record.key.decode("utf-8", "replace") if record.key else None)
-                columns["timestamp"].append(
-                    datetime.fromtimestamp(record.timestamp_ms / 1000, tz=UTC)
-                )
-                columns["partition"].append(part.partition)
-                columns["offset"].append(o)
-                columns["_error"].append(error)
-                offset = o + 1
-            yield pa.RecordBatch.from_pydict(
-                {n: columns[n] for n in arrow_schema.names}, schema=arrow_schema
+        topic = options["topic"]
+        serde = log.serde(log.topic(topic).serde)
+        for start in range(part.start, part.end, CHUNK):
+            columns = log.storage.read_columns(
+                topic, part.partition, start, min(start + CHUNK, part.end)
             )
+            if columns.offsets:
+                yield to_arrow(columns, part.partition, schema, serde)
     finally:
         log.close()
 
@@ -202,44 +171,95 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
 _FAST_TYPES = (LongType, IntegerType, DoubleType, StringType, BooleanType, TimestampType)
 
 
-def _fast_batch(
-    raw: list[tuple[int, Any]], partition: int, value_fields: list[StructField], schema: Any
-) -> Any:
-    """Parse a chunk of JSON values with pyarrow in one call (~10x the per-record path).
+def to_arrow(columns: Columns, partition: int, schema: StructType, serde: Any) -> pa.RecordBatch:
+    """Decode stored records into an Arrow batch of ``schema`` (value fields + metadata)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    value_fields = [f for f in schema.fields if f.name not in META_NAMES]
+    values = None
+    if serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields):
+        values = _json_values(columns.values, value_fields, arrow_schema)
+    if values is None:
+        values = _values_one_by_one(columns.values, value_fields, arrow_schema, serde)
+    n = len(columns.offsets)
+    arrays = dict(values)
+    try:
+        arrays["key"] = pa.array(columns.keys, pa.binary()).cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: decode leniently
+        arrays["key"] = pa.array(
+            [k.decode("utf-8", "replace") if k is not None else None for k in columns.keys],
+            pa.string(),
+        )
+    ts_us = np.array(columns.timestamps_ms, dtype=np.int64) * 1000
+    arrays["timestamp"] = pa.array(ts_us).cast(arrow_schema.field("timestamp").type)
+    arrays["partition"] = pa.array(np.full(n, partition, dtype=np.int32))
+    arrays["offset"] = pa.array(np.array(columns.offsets, dtype=np.int64))
+    if "_error" not in arrays:
+        arrays["_error"] = pa.nulls(n, pa.string())
+    return pa.RecordBatch.from_arrays([arrays[n] for n in arrow_schema.names], schema=arrow_schema)
+
+
+def _json_values(
+    values: list[bytes], value_fields: list[StructField], schema: pa.Schema
+) -> dict[str, pa.Array] | None:
+    """Parse JSON values with pyarrow in one call (~10x the per-record path).
 
     Returns ``None`` when anything is off (a malformed value, a type mismatch, a value
     spanning lines); the caller then takes the per-record path, which reports each
     problem in ``_error``.
     """
-    import io
-
-    import numpy as np
     import pyarrow.json as pj
 
     value_schema = pa.schema([schema.field(f.name) for f in value_fields])
-    block = b"\n".join(record.value for _, record in raw)
     try:
         table = pj.read_json(
-            io.BytesIO(block),
+            io.BytesIO(b"\n".join(values)),
             parse_options=pj.ParseOptions(
                 explicit_schema=value_schema, unexpected_field_behavior="ignore"
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
-    n = len(raw)
-    if table.num_rows != n:
+    if table.num_rows != len(values):
         return None
-    ts_ms = np.fromiter((record.timestamp_ms for _, record in raw), dtype=np.int64, count=n)
-    arrays = {f.name: table.column(f.name).combine_chunks() for f in value_fields}
-    arrays["key"] = pa.array(
-        [r.key.decode("utf-8", "replace") if r.key else None for _, r in raw], pa.string()
-    )
-    arrays["timestamp"] = pa.array(ts_ms * 1000, pa.int64()).cast(schema.field("timestamp").type)
-    arrays["partition"] = pa.array(np.full(n, partition, dtype=np.int32))
-    arrays["offset"] = pa.array(np.fromiter((o for o, _ in raw), dtype=np.int64, count=n))
-    arrays["_error"] = pa.nulls(n, pa.string())
-    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
+    return {f.name: table.column(f.name).combine_chunks() for f in value_fields}
+
+
+def _values_one_by_one(
+    values: list[bytes], value_fields: list[StructField], schema: pa.Schema, serde: Any
+) -> dict[str, pa.Array]:
+    from riverbed.log import SerdeError
+
+    out: dict[str, list[Any]] = {f.name: [] for f in value_fields}
+    errors: list[str | None] = []
+    for raw in values:
+        error = None
+        fields: dict[str, Any] = {}
+        try:
+            decoded = serde.deserialize(raw)
+            if isinstance(decoded, dict):
+                fields = decoded
+            elif len(value_fields) == 1:
+                fields = {value_fields[0].name: decoded}
+            else:
+                error = f"value is {type(decoded).__name__}, not an object"
+        except SerdeError as exc:
+            error = str(exc)
+        row = []
+        for f in value_fields:
+            v = fields.get(f.name)
+            if v is not None and error is None:
+                v, problem = _coerce(v, f.dataType)
+                if problem:
+                    error = f"field {f.name!r}: {problem}"
+            row.append(v)
+        for f, v in zip(value_fields, row, strict=True):
+            out[f.name].append(None if error is not None else v)
+        errors.append(error)
+    arrays = {name: pa.array(col, schema.field(name).type) for name, col in out.items()}
+    arrays["_error"] = pa.array(errors, pa.string())
+    return arrays
 
 
 def _coerce(value: Any, data_type: DataType) -> tuple[Any, str | None]:
@@ -282,6 +302,8 @@ class RiverbedDataSource(DataSource):
         self.options: dict[str, str] = {k.lower(): v for k, v in options.items()}
 
     def schema(self) -> StructType | str:
+        if self.options.get("slices") == "true":
+            return SLICES_DDL
         values = value_schema(self.options)
         if isinstance(values, str):
             return f"{values}, {META_DDL}"  # Spark's JVM parses DDL; workers cannot
@@ -378,11 +400,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 left -= 1
         return out
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[LogSlice]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         slices = [LogSlice(int(p), int(start.get(p, 0)), int(e)) for p, e in end.items()]
+        if self.options.get("slices") == "true":  # every partition, also the idle ones
+            return [AllSlices(tuple(sorted(slices, key=lambda s: s.partition)))]
         return [s for s in slices if s.end > s.start]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, AllSlices):
+            return iter([(s.partition, s.start, s.end) for s in partition.slices])
         assert isinstance(partition, LogSlice)
         return read_slice(self.options, self.schema, partition)
 

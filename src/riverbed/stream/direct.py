@@ -1,0 +1,361 @@
+"""The log-native path: the state tasks read riverbed topics themselves.
+
+When the source is a riverbed topic, Spark does not need to move the events at all.
+The streaming query reads only *offsets* (``format("riverbed")`` with ``slices``: one
+row per log partition and micro-batch, checkpointed by Spark like any source), and
+each micro-batch runs one Spark job over those slices:
+
+* **co-located** — the topic is keyed by the aggregation key with the key-hash
+  partitioner and has as many partitions as the aggregation has state partitions, so
+  log partition *p* holds exactly the keys of state partition *p*. One task per
+  partition reads its slice (Arrow, vectorized), pre-aggregates, merges into state
+  partition *p* and commits. No shuffle, no event crosses into the JVM.
+* **shuffled** — otherwise tasks read pieces of the slices and pre-aggregate, and only
+  the per-(window, key) partials are shuffled to the state partitions (an RDD
+  ``partitionBy`` on the state partition: AQE never coalesces it, and the partition
+  index *is* the state partition).
+
+Either way the tasks also classify events as malformed (``_error``) or late (every
+window already closed) and count them; the driver writes them to the side topics once
+per batch, writes the batch's output, and records the batch. Re-runs of a batch get the
+same slices from Spark's offset log and the same watermark from the batch record, so
+they commit the same state version and replace the same output.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.errors import RiverbedError
+from riverbed.stream.engine import (
+    BatchLog,
+    EngineConfig,
+    Partial,
+    event_millis,
+    merge_partition,
+    output_schema,
+    partials_of,
+    state_partition_of,
+)
+from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record
+from riverbed.stream.source import LogSlice, read_slice
+
+log = logging.getLogger(__name__)
+
+
+class NotCoLocatedError(RiverbedError):
+    """A co-located task found a key that belongs to another state partition."""
+
+
+@dataclass(frozen=True)
+class DirectConfig:
+    """What the tasks need besides the engine config; pickled to executors."""
+
+    engine: EngineConfig
+    options: dict[str, str]  # source options: topic, log, ...
+    schema: Any  # StructType: value fields + the source's metadata columns
+    co_located: bool
+
+
+@dataclass
+class Side:
+    """Per-task counts and side records."""
+
+    input: int = 0
+    late: int = 0
+    malformed: int = 0
+    max_event_ms: int | None = None
+    late_rows: list[pd.DataFrame] = field(default_factory=list)
+    dlq_rows: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, other: Side) -> None:
+        self.input += other.input
+        self.late += other.late
+        self.malformed += other.malformed
+        if other.max_event_ms is not None:
+            self.max_event_ms = max(self.max_event_ms or other.max_event_ms, other.max_event_ms)
+        self.late_rows += other.late_rows
+        self.dlq_rows += other.dlq_rows
+
+
+def _events(cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side) -> Iterator[Any]:
+    """Good, on-time events of ``piece`` as pandas frames; the rest is counted in ``side``."""
+    spec = cfg.engine.spec
+    hop, size = spec.window.hop_ms, spec.window.size_ms
+    for batch in read_slice(cfg.options, cfg.schema, piece):
+        pdf = batch.to_pandas()
+        side.input += len(pdf)
+        bad = pdf["_error"].notna().to_numpy()
+        if bad.any():
+            side.malformed += int(bad.sum())
+            if sum(map(len, side.dlq_rows)) < SIDE_LIMIT:
+                side.dlq_rows.append(pdf[bad])
+            pdf = pdf[~bad]
+        if pdf.empty:
+            continue
+        ts = event_millis(pdf[spec.time])
+        last_start = ts // hop * hop
+        late = last_start + size <= watermark_ms
+        if late.any():
+            side.late += int(late.sum())
+            if sum(map(len, side.late_rows)) < SIDE_LIMIT:
+                side.late_rows.append(pdf.loc[late].drop(columns="_error"))
+        if len(ts):
+            top = int(ts.max())
+            side.max_event_ms = top if side.max_event_ms is None else max(side.max_event_ms, top)
+        yield pdf.loc[~late, spec.columns()]
+
+
+def colocated_task(
+    cfg: DirectConfig, batch_id: int, watermark_ms: int, previous_watermark_ms: int
+) -> Any:
+    """One task per state partition: read log partition p, merge into state partition p."""
+    spec = cfg.engine.spec
+    n = spec.state_partitions
+
+    def run(piece: LogSlice) -> tuple[pd.DataFrame, Side]:
+        side = Side()
+        partials: list[Partial] = []
+        for pdf in _events(cfg, piece, watermark_ms, side):
+            owners = state_partition_of(pdf[spec.key], n)
+            stray = owners != piece.partition
+            if stray.any():
+                key = pdf[spec.key].to_numpy()[stray][0]
+                raise NotCoLocatedError(
+                    f"topic {cfg.options['topic']!r} partition {piece.partition} holds "
+                    f"{spec.key}={key!r}, which belongs to state partition "
+                    f"{int(owners[stray][0])}: the topic is not keyed by {spec.key!r}. "
+                    f'Produce with key_field="{spec.key}", or set the source option '
+                    'co_locate="false" to shuffle partials instead.'
+                )
+            partials += partials_of(spec, pdf, watermark_ms)
+        rows = merge_partition(
+            cfg.engine, piece.partition, batch_id, watermark_ms, previous_watermark_ms, partials
+        )
+        return rows, side
+
+    return run
+
+
+def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
+    """Stage 1 of the shuffled path: (state partition, partial) pairs, and one
+    (n, Side) pair for the driver."""
+    spec = cfg.engine.spec
+    n = spec.state_partitions
+
+    def run(piece: LogSlice) -> list[tuple[int, Any]]:
+        side = Side()
+        out: list[tuple[int, Any]] = []
+        for pdf in _events(cfg, piece, watermark_ms, side):
+            partials = partials_of(spec, pdf, watermark_ms)
+            if partials:
+                owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
+                out += [(int(p), partial) for p, partial in zip(owners, partials, strict=True)]
+        out.append((n, side))
+        return out
+
+    return run
+
+
+def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
+    """Split slices so that every core gets about two pieces of work."""
+    total = sum(s.end - s.start for s in slices)
+    size = max(20_000, -(-total // max(1, 2 * parallelism)))
+    out = []
+    for s in slices:
+        for start in range(s.start, s.end, size):
+            out.append(LogSlice(s.partition, start, min(start + size, s.end)))
+    return out
+
+
+def run_batch(
+    spark: Any,
+    cfg: DirectConfig,
+    batch_id: int,
+    record: dict[str, Any],
+    slices: list[LogSlice],
+) -> tuple[pd.DataFrame, Side]:
+    """Run one micro-batch's Spark job; returns the emitted rows and the side counts."""
+    spec = cfg.engine.spec
+    n = spec.state_partitions
+    watermark, previous = int(record["watermark_ms"]), int(record["previous_watermark_ms"])
+    sc = spark.sparkContext
+    sc.setJobDescription(f"riverbed {spec.name} batch {batch_id}")
+    side = Side()
+    frames = []
+    if record["co_located"]:
+        task = colocated_task(cfg, batch_id, watermark, previous)
+        by_partition = {s.partition: s for s in slices}
+        work = [by_partition.get(p, LogSlice(p, 0, 0)) for p in range(n)]
+        for rows, part_side in sc.parallelize(work, n).map(task).collect():
+            frames.append(rows)
+            side.add(part_side)
+    else:
+        work = pieces([s for s in slices if s.end > s.start], sc.defaultParallelism)
+        stage1 = sc.parallelize(work or [LogSlice(0, 0, 0)], max(1, len(work)))
+        shuffled = stage1.flatMap(shuffle_tasks(cfg, watermark)).partitionBy(n + 1, lambda p: p)
+
+        def merge(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+            if index == n:  # the driver's channel: every task's Side
+                yield ("side", [s for _, s in items])
+                return
+            rows = merge_partition(
+                cfg.engine, index, batch_id, watermark, previous, (p for _, p in items)
+            )
+            yield ("rows", rows)
+
+        for kind, value in shuffled.mapPartitionsWithIndex(merge).collect():
+            if kind == "rows":
+                frames.append(value)
+            else:
+                for s in value:
+                    side.add(s)
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return rows, side
+
+
+def output_arrow_schema(spec: Any) -> pa.Schema:
+    types = {
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "string": pa.string(),
+        "long": pa.int64(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+    }
+    return pa.schema(
+        [(name, types[kind]) for name, kind in (c.split() for c in output_schema(spec).split(", "))]
+    )
+
+
+def write_output(output: str, spec: Any, batch_id: int, rows: pd.DataFrame) -> None:
+    """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    schema = output_arrow_schema(spec)
+    table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
+    root = Path(output)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    pq.write_table(table, tmp / "part-00000.parquet")
+    target = root / f"batch_id={batch_id}"
+    if target.exists():  # a re-run replaces its own output
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
+def foreach_batch(cfg: DirectConfig) -> Any:
+    """The ``foreachBatch`` function of the log-native path."""
+    spec = cfg.engine.spec
+    batches = BatchLog(cfg.engine.checkpoint)
+
+    def run(df: Any, batch_id: int) -> None:
+        slices = [LogSlice(int(r[0]), int(r[1]), int(r[2])) for r in df.collect()]
+        record = batches.get(batch_id)
+        if record is None:  # first run of this batch: fix its watermark and its plan
+            record = next_record(batches, batch_id, spec)
+        if "co_located" not in record:
+            record["co_located"] = cfg.co_located and len(slices) == spec.state_partitions
+            batches.put(batch_id, record)
+        rows, side = run_batch(df.sparkSession, cfg, batch_id, record, slices)
+        if side.max_event_ms is not None:
+            record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
+        record.update(late=side.late, malformed=side.malformed)
+        batches.put(batch_id, record)
+        late = pd.concat(side.late_rows) if side.late_rows else None
+        dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
+        _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
+        write_output(cfg.engine.output, spec, batch_id, rows)
+        if cfg.engine.sql_url:
+            from riverbed.stream.sinks import SqlSink
+
+            SqlSink(cfg.engine.sql_url).upsert(spec.name, rows)
+        batches.update(batch_id, done=True, input=side.input)
+
+    return run
+
+
+def decide_co_location(options: dict[str, str], spec: Any) -> bool:
+    """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits:
+    key-hash partitioner, one log partition per state partition, and its records keyed
+    by the aggregation key (checked on the first records of every partition here, and
+    on every record by the tasks)."""
+    import riverbed.log
+
+    choice = options.get("co_locate", "auto").lower()
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"co_locate must be auto, true or false, not {choice!r}")
+    if choice == "false":
+        return False
+    topic_log = riverbed.log.open(options["log"])
+    try:
+        topic = topic_log.topic(options["topic"])
+        fits = topic.partitioner == "key-hash" and topic.partitions == spec.state_partitions
+        if fits and choice == "auto":
+            for p in range(topic.partitions):
+                first = topic_log.storage.offsets(topic.name, p)[0]
+                for record in topic_log.read(topic.name, p, first, 100):
+                    value = record.value if isinstance(record.value, dict) else {}
+                    if spec.key not in value or record.key != str(value[spec.key]).encode():
+                        return False
+    finally:
+        topic_log.close()
+    if choice == "true" and not fits:
+        raise ValueError(
+            f"co_locate=true needs topic {options['topic']!r} to use the key-hash partitioner "
+            f"with {spec.state_partitions} partitions (the aggregation's state_partitions)"
+        )
+    return fits
+
+
+SPARK_OPTIONS = ("topic", "log", "maxrecordsperbatch", "startingoffsets")
+
+
+def plan(spark: Any, config: EngineConfig, options: dict[str, str]) -> tuple[Any, Any]:
+    """The streaming DataFrame of slices and the ``foreachBatch`` function for a topic."""
+    from pyspark.sql.types import StructType
+
+    import riverbed.log
+    from riverbed.stream.source import META_FIELDS, register, value_schema
+
+    if "topic" not in options:
+        raise ValueError('a riverbed source needs {"topic": NAME, ...}')
+    topic_log = riverbed.log.open(options["log"])
+    try:
+        if options["topic"] not in topic_log.topics():
+            raise ValueError(
+                f"topic {options['topic']!r} does not exist in {options['log']}; create it "
+                f"with `riverbed topic create {options['topic']} --partitions "
+                f"{config.spec.state_partitions}`"
+            )
+    finally:
+        topic_log.close()
+    values = value_schema({k.lower(): v for k, v in options.items()})
+    # a DDL string is parsed here, on the driver: executors cannot parse DDL
+    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
+    if not isinstance(parsed, StructType):
+        raise ValueError(f"schema {options.get('schema')!r} must be a list of fields")
+    schema = StructType(list(parsed.fields) + META_FIELDS)
+    missing = [c for c in config.spec.columns() if c not in schema.fieldNames()]
+    if missing:
+        raise ValueError(
+            f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
+            f"schema ({', '.join(schema.fieldNames())}) does not have"
+        )
+    cfg = DirectConfig(config, options, schema, decide_co_location(options, config.spec))
+    register(spark)
+    reader = spark.readStream.format("riverbed").option("slices", "true")
+    for key, value in options.items():
+        if key.lower() in SPARK_OPTIONS:
+            reader = reader.option(key, value)
+    return reader.load(), foreach_batch(cfg)
