@@ -14,6 +14,7 @@ from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.direct import plan
 from riverbed.stream.engine import BatchLog, EngineConfig
+from riverbed.stream.job import root_cause
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.runner import read_results, start
 from riverbed.stream.source import SLICES_DDL
@@ -80,8 +81,9 @@ def test_co_locate_true_on_a_wrongly_keyed_topic_fails_with_the_fix(
     )
     with pytest.raises(Exception) as failure:
         query.awaitTermination(300)
-    error = str(failure.value)
-    assert "NotCoLocatedError" in error
+    # what `riverbed stream run` prints: the root cause, not the nested tracebacks
+    error = root_cause(failure.value)
+    assert error.startswith("NotCoLocatedError: topic 'events' partition")
     assert "not keyed by 'flag'" in error and 'co_locate="false"' in error
 
 

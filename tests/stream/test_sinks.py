@@ -57,12 +57,48 @@ def test_bad_sink_urls_and_names(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_engine_writes_the_same_results_to_sql(spark: Any, tmp_path: Path) -> None:
+def test_topic_sink_writes_each_batch_once_per_partition(tmp_path: Path) -> None:
+    from riverbed.log import open as open_log
+    from riverbed.stream.sinks import TopicSink
+
+    url = f"file://{tmp_path / 'log'}"
+    batch0 = pd.concat([rows(0, 10, key=f"f{i}") for i in range(8)], ignore_index=True)
+    sink = TopicSink(url, "flags.results", partitions=3)
+    assert sink.write(0, batch0) == 8
+    assert sink.write(0, batch0) == 0  # a re-run of batch 0: nothing new
+    # a crash after one partition's append: the re-run writes only the others
+    batch1 = batch0.assign(users=20, batch_id=1)
+    log = open_log(url)
+    counts = {p.partition: p.end for p in log.offsets("flags.results")}
+    first = min(counts)
+    one = batch1[
+        [sink.log.partitioner("key-hash").partition(k.encode(), 3) == first for k in batch1["key"]]
+    ]
+    assert sink.write(1, one) == len(one) > 0
+    assert sink.write(1, batch1) == 8 - len(one)
+    assert sink.write(0, batch0) == 0  # an old batch never lands after a newer one
+    records = [r for p in range(3) for r in log.read("flags.results", p, 0, 100)]
+    assert len(records) == 16
+    assert sorted((r.value["key"], r.value["batch_id"]) for r in records) == sorted(
+        [(f"f{i}", b) for i in range(8) for b in (0, 1)]
+    )
+    assert records[0].timestamp == T + pd.Timedelta(hours=1)  # event time = window end
+    sink.close()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("path", ["spark", "direct"])
+def test_engine_writes_the_same_results_to_sql_topic_and_live_state(
+    spark: Any, tmp_path: Path, path: str
+) -> None:
+    from riverbed.log import open as open_log
+    from riverbed.state import StateConfig
     from riverbed.stream import (
         Aggregation,
         Count,
         Distinct,
         Tumbling,
+        read_live,
         read_results,
         register,
         start,
@@ -72,14 +108,15 @@ def test_engine_writes_the_same_results_to_sql(spark: Any, tmp_path: Path) -> No
     url = f"file://{tmp_path / 'log'}"
     write_events(url, make_events(1500, hours=3))
     register(spark)
-    source = (
-        spark.readStream.format("riverbed")
-        .option("topic", "events")
-        .option("log", url)
-        .option("schema", "user_id long, flag string, amount double, ts timestamp")
-        .option("maxRecordsPerBatch", 500)
-        .load()
-    )
+    options = {
+        "topic": "events",
+        "log": url,
+        "schema": "user_id long, flag string, amount double, ts timestamp",
+        "maxRecordsPerBatch": "500",
+    }
+    source: Any = options
+    if path == "spark":
+        source = spark.readStream.format("riverbed").options(**options).load()
     spec = Aggregation(
         name="flags",
         key="flag",
@@ -97,11 +134,16 @@ def test_engine_writes_the_same_results_to_sql(spark: Any, tmp_path: Path) -> No
         checkpoint=tmp_path / "ckpt",
         output=tmp_path / "out",
         sql=sql,
+        topic="flags.results",
+        log_url=url,
         trigger={"availableNow": True},
     )
     query.awaitTermination(300)
     assert query.exception() is None
     parquet = read_results(tmp_path / "out")
+    assert parquet["n"].sum() == 1500
+
+    # SQL: the same rows
     table = SqlSink(sql).read("flags")
     assert len(table) == len(parquet)
     merged = parquet.assign(window_start=parquet["window_start"].map(pd.Timestamp.isoformat)).merge(
@@ -109,3 +151,34 @@ def test_engine_writes_the_same_results_to_sql(spark: Any, tmp_path: Path) -> No
     )
     assert len(merged) == len(parquet)
     assert (merged["users"] == merged["users_sql"]).all() and (merged["n"] == merged["n_sql"]).all()
+
+    # topic: every batch's rows once; the newest per (window, key) equals the table
+    log = open_log(url)
+    records = [
+        r
+        for p in log.offsets("flags.results")
+        for r in log.read("flags.results", p.partition, 0, 10**6)
+    ]
+    values = pd.DataFrame([r.value for r in records])
+    assert not values.duplicated(["batch_id", "window_start", "key"]).any()
+    assert all(r.key == r.value["key"].encode() for r in records)
+    newest = values.sort_values("batch_id").drop_duplicates(["window_start", "key"], keep="last")
+    assert sorted(zip(newest["key"], newest["users"], newest["n"], strict=True)) == sorted(
+        zip(parquet["key"], parquet["users"], parquet["n"], strict=True)
+    )
+
+    # live from state: now, and as of the end of batch 0
+    state = StateConfig(
+        local_dir=tmp_path / "ckpt" / "local-state", durable=tmp_path / "ckpt" / "state"
+    )
+    live = read_live(spec, state)
+    columns = ["window_start", "key", "users", "n"]
+    pd.testing.assert_frame_equal(
+        live[columns].reset_index(drop=True),
+        parquet[columns].reset_index(drop=True),
+        check_dtype=False,
+    )
+    first = read_live(spec, state, batch_id=0)
+    batch0 = values[values["batch_id"] == 0]
+    assert first["n"].sum() == batch0["n"].sum() == 500
+    assert sorted(first["key"]) == sorted(batch0["key"])

@@ -66,6 +66,15 @@ def test_distinct_partials_merge(mode: str) -> None:
         assert abs(result[""] - 300) <= 300 * 0.05 and result["_is_exact"] is False
 
 
+@pytest.mark.parametrize("mode", ["exact", "hll", "adaptive"])
+def test_integer_ids_with_nulls_merge_with_integer_ids(mode: str) -> None:
+    """pandas turns an integer column with nulls into float64; its ids are the same ids."""
+    metric = Distinct("u", mode=mode, threshold=1000)  # type: ignore[arg-type]
+    with_nulls = np.array([1.0, np.nan, 2.0, 3.0])
+    merged = metric.merge(metric.partial(np.array([3, 4]), 2), metric.partial(with_nulls, 4))
+    assert metric.result(merged)[""] == 4
+
+
 def test_aggregation_spec_validates_and_pickles() -> None:
     spec = Aggregation(
         name="flags",

@@ -29,6 +29,9 @@ def add_parsers(sub: Any) -> None:
         help="also upsert results into a table: sqlite:///x.db or "
         "postgresql://user@host/db (table = the aggregation's name)",
     )
+    c.add_argument(
+        "--topic", help="also append each batch's results to this riverbed topic (in the log)"
+    )
     c.set_defaults(func=_run)
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec")
@@ -39,6 +42,14 @@ def add_parsers(sub: Any) -> None:
     query.add_argument("name", help="aggregation name (or its spec file)")
     query.add_argument("--key", action="append", help="only these keys")
     query.add_argument("--window", help="only windows starting at this time (ISO, UTC)")
+    query.add_argument(
+        "--from-state",
+        action="store_true",
+        help="answer live from the state store (needs the spec file), not the result table",
+    )
+    query.add_argument(
+        "--batch", type=int, help="with --from-state: as of the end of this batch id"
+    )
     query.add_argument("--json", action="store_true")
     query.set_defaults(func=_query)
 
@@ -74,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         once=args.once,
         max_records=args.max_records_per_batch,
         sql=args.sql,
+        topic=args.topic,
         on_progress=progress,
     )
     spark.stop()
@@ -107,12 +119,26 @@ def _query(args: argparse.Namespace) -> int:
     from riverbed.stream.runner import read_results
 
     name = args.name
-    if name.endswith(".py"):
-        name = _job(name).aggregation.name
-    root = load_config().home.resolve() / "output" / name
-    if not root.exists():
-        raise ConfigError(f"no results for aggregation '{name}' in {root}; run it first")
-    frame = read_results(root)
+    if args.batch is not None and not args.from_state:
+        raise ConfigError("--batch reads state as of a batch: add --from-state")
+    if args.from_state:
+        from riverbed.stream.runner import read_live
+
+        if not name.endswith(".py"):
+            raise ConfigError(
+                "--from-state decodes the state with the aggregation's metrics: pass its "
+                f"spec file (riverbed query {name}.py --from-state), not its name"
+            )
+        job = _job(name)
+        name = job.aggregation.name
+        frame = read_live(job.aggregation, job.state, args.batch)
+    else:
+        if name.endswith(".py"):
+            name = _job(name).aggregation.name
+        root = load_config().home.resolve() / "output" / name
+        if not root.exists():
+            raise ConfigError(f"no results for aggregation '{name}' in {root}; run it first")
+        frame = read_results(root)
     if args.key:
         frame = frame[frame["key"].isin(args.key)]
     if args.window:

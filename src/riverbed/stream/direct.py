@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
 from riverbed.stream.engine import (
@@ -45,7 +46,7 @@ from riverbed.stream.engine import (
     partials_of,
     state_partition_of,
 )
-from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record
+from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record, publish
 from riverbed.stream.source import LogSlice, read_slice
 
 log = logging.getLogger(__name__)
@@ -91,14 +92,16 @@ def _events(cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side) -
     spec = cfg.engine.spec
     hop, size = spec.window.hop_ms, spec.window.size_ms
     for batch in read_slice(cfg.options, cfg.schema, piece):
-        pdf = batch.to_pandas()
-        side.input += len(pdf)
-        bad = pdf["_error"].notna().to_numpy()
-        if bad.any():
-            side.malformed += int(bad.sum())
+        side.input += batch.num_rows
+        errors = batch.column("_error")
+        if errors.null_count < batch.num_rows:  # malformed records in this batch
+            bad = pc.is_valid(errors)
+            side.malformed += int(pc.sum(bad).as_py())
             if sum(map(len, side.dlq_rows)) < SIDE_LIMIT:
-                side.dlq_rows.append(pdf[bad])
-            pdf = pdf[~bad]
+                side.dlq_rows.append(batch.filter(bad).to_pandas())
+            batch = batch.filter(pc.invert(bad))
+        # filtered in Arrow first: an integer column without nulls stays int64 in pandas
+        pdf = batch.to_pandas()
         if pdf.empty:
             continue
         ts = event_millis(pdf[spec.time])
@@ -218,8 +221,14 @@ def run_batch(
             else:
                 for s in value:
                     side.add(s)
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return rows, side
+    full = [f for f in frames if len(f)]
+    if not full:
+        return _empty_rows(spec), side
+    return pd.concat(full, ignore_index=True), side
+
+
+def _empty_rows(spec: Any) -> pd.DataFrame:
+    return output_arrow_schema(spec).empty_table().to_pandas()
 
 
 def output_arrow_schema(spec: Any) -> pa.Schema:
@@ -276,10 +285,7 @@ def foreach_batch(cfg: DirectConfig) -> Any:
         dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
         _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
         write_output(cfg.engine.output, spec, batch_id, rows)
-        if cfg.engine.sql_url:
-            from riverbed.stream.sinks import SqlSink
-
-            SqlSink(cfg.engine.sql_url).upsert(spec.name, rows)
+        publish(cfg.engine, batch_id, rows)
         batches.update(batch_id, done=True, input=side.input)
 
     return run

@@ -30,7 +30,7 @@ import os
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,9 @@ class EngineConfig:
     output: str
     log_url: str | None = None  # for the .dlq and .late topics
     sql_url: str | None = None  # also upsert results into this SQL table
-    fault: str | None = None  # the RIVERBED_FAULT failpoint, read on the driver (tests)
+    results_topic: str | None = None  # also append results to this topic (in log_url)
+    # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
+    fault: str | None = field(default_factory=lambda: os.environ.get("RIVERBED_FAULT") or None)
 
 
 def output_schema(spec: Aggregation) -> str:

@@ -19,6 +19,7 @@ Locations: checkpoint ``<checkpoints>/<name>``, state ``<checkpoints>/state`` (n
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import time
 from collections.abc import Callable
@@ -28,9 +29,27 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from riverbed.config import Config
-from riverbed.errors import ConfigError
+from riverbed.errors import ConfigError, RiverbedError
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
+
+
+class StreamFailedError(RiverbedError):
+    """The streaming query stopped with an error (its root cause is in the message)."""
+
+
+_CAUSE = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Fault)): (.+)$", re.MULTILINE)
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost ``SomeError: message`` line of a Spark failure (whose text nests
+    the JVM's and the Python worker's tracebacks), else its first line."""
+    text = str(exc)
+    causes = [m for m in _CAUSE.finditer(text) if "py4j" not in m.group(1).lower()]
+    if causes:
+        name, message = causes[-1].groups()
+        return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -86,29 +105,28 @@ def run(
     once: bool = False,
     max_records: int | None = None,
     sql: str | None = None,
+    topic: str | None = None,
     on_progress: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
     finished batch's id and its record (input, late, malformed, watermark)."""
     from riverbed.stream.runner import start
-    from riverbed.stream.source import register
 
-    register(spark)
-    reader = spark.readStream.format("riverbed").option("log", job.log_url)
-    for key, value in job.source.items():
-        reader = reader.option(key, value)
+    options = {"log": job.log_url, **job.source}
     if max_records:
-        reader = reader.option("maxRecordsPerBatch", max_records)
+        options = {k: v for k, v in options.items() if k.lower() != "maxrecordsperbatch"}
+        options["maxRecordsPerBatch"] = str(max_records)
     trigger = {"availableNow": True} if once else {"processingTime": "1 second"}
     query = start(
         spark,
         job.aggregation,
-        reader.load(),
+        options,  # the log-native path: state tasks read the topic themselves
         checkpoint=job.checkpoint,
         output=job.output,
         state=job.state,
         log_url=job.log_url,
         sql=sql,
+        topic=topic,
         trigger=trigger,
     )
     from riverbed.stream.engine import BatchLog
@@ -130,7 +148,9 @@ def run(
             report()
         report()
         if query.exception() is not None:
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+            raise StreamFailedError(
+                f"aggregation {job.aggregation.name!r} stopped: {root_cause(query.exception())}"
+            )
     finally:
         if query.isActive:
             query.stop()

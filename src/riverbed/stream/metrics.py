@@ -120,6 +120,10 @@ class Distinct:
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
         values = column[~_isnull(column)]
+        if values.dtype.kind == "f" and np.array_equal(values, np.floor(values)):
+            # an integer column with nulls reaches pandas as float64: the ids are still
+            # integers, and must land in the same bitmap as the batches without nulls
+            values = values.astype(np.int64)
         return self._empty().update(values).to_bytes()
 
     def merge(self, a: Any, b: Any) -> Any:

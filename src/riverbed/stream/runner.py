@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from riverbed.stream.engine import (
     output_schema,
     preaggregate,
 )
+from riverbed.stream.sinks import plain
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +98,8 @@ def foreach_batch(config: EngineConfig) -> Any:
             )
             target = Path(config.output) / f"batch_id={batch_id}"
             out.write.mode("overwrite").parquet(str(target))
-            if config.sql_url:
-                from riverbed.stream.sinks import SqlSink
-
-                rows = _batch_rows(target)
-                SqlSink(config.sql_url).upsert(spec.name, rows)
+            if config.sql_url or config.results_topic:
+                publish(config, batch_id, _batch_rows(target))
             batches.update(batch_id, done=True, input=int(stats["n"]))
         finally:
             df.unpersist()
@@ -167,7 +164,7 @@ def _side_outputs_from_frames(
                 log_.create_topic(topic, 1)
             log_.producer(topic).send_batch(
                 [
-                    {k: _plain(v) for k, v in row.items()} | {"batch_id": batch_id}
+                    {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
                     for row in frame.head(SIDE_LIMIT).to_dict("records")
                 ]
             )
@@ -176,15 +173,20 @@ def _side_outputs_from_frames(
     batches.update(batch_id, side_outputs_written=True)
 
 
-def _plain(value: Any) -> Any:
-    """JSON-friendly: timestamps as ISO strings, numpy scalars as Python, NaN/NaT as None."""
-    if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
-        return None
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "item"):
-        return value.item()
-    return value
+def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
+    """The batch's rows to the optional sinks: the SQL table and the results topic."""
+    from riverbed.stream.sinks import SqlSink, TopicSink
+
+    if config.sql_url:
+        SqlSink(config.sql_url).upsert(config.spec.name, rows)
+    if config.results_topic:
+        if config.log_url is None:
+            raise ValueError("a results topic needs a log: pass log_url")
+        sink = TopicSink(config.log_url, config.results_topic, config.spec.state_partitions)
+        try:
+            sink.write(batch_id, rows)
+        finally:
+            sink.close()
 
 
 def start(
@@ -197,6 +199,7 @@ def start(
     state: StateConfig | None = None,
     log_url: str | None = None,
     sql: str | None = None,
+    topic: str | None = None,
     trigger: dict[str, Any] | None = None,
 ) -> Any:
     """Start the streaming aggregation; returns Spark's ``StreamingQuery``.
@@ -206,6 +209,9 @@ def start(
     ``co_locate``) -- the log-native path (:mod:`riverbed.stream.direct`), where the
     state tasks read the topic themselves -- or any streaming DataFrame with the
     aggregation's columns (and optionally ``_error``), aggregated through Spark.
+
+    Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)
+    and ``topic`` (a riverbed topic in ``log_url``) add sinks.
     """
     checkpoint, output = Path(checkpoint), Path(output)
     _check_partitions(checkpoint, spec)
@@ -217,11 +223,11 @@ def start(
         options = {str(k): str(v) for k, v in source.items()}
         options.setdefault("log", log_url or load_config().log_url)
         config = EngineConfig(
-            spec, state, str(checkpoint), str(output), log_url or options["log"], sql, _fault()
+            spec, state, str(checkpoint), str(output), log_url or options["log"], sql, topic
         )
         frame, batch_fn = plan(spark, config, options)
     else:
-        config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, _fault())
+        config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic)
         frame, batch_fn = source, foreach_batch(config)
     writer = (
         frame.writeStream.foreachBatch(batch_fn)
@@ -229,10 +235,6 @@ def start(
         .queryName(spec.name)
     )
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
-
-
-def _fault() -> str | None:
-    return os.environ.get("RIVERBED_FAULT") or None
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
@@ -252,10 +254,43 @@ def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.Data
     return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
 
 
+def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None) -> pd.DataFrame:
+    """Results answered from the state store instead of the result table: every window
+    the state still holds (open ones, and closed ones within ``keep_closed``), as of
+    the end of ``batch_id`` (default: the newest committed batch), per partition.
+
+    Reads go through durable storage into a private directory: a running query is
+    never blocked, and what it has not committed is never seen.
+    """
+    import msgpack
+
+    from riverbed.state import StateProvider
+    from riverbed.state.query import read_state
+    from riverbed.stream.engine import _rows, output_schema
+
+    provider = StateProvider(state)
+    if not provider.partitions(spec.name):
+        raise ValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
+    version = None if batch_id is None else batch_id + 1
+    frames = []
+    for batch in read_state(provider, spec.name, version):
+        values = {
+            key: msgpack.unpackb(value, raw=False)
+            for key, value in zip(
+                batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True
+            )
+        }
+        frames.append(_rows(spec, values, batch.column("version")[0].as_py() - 1))
+    if not frames:
+        return pd.DataFrame(columns=[c.split()[0] for c in output_schema(spec).split(", ")])
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
+
+
 def reset(checkpoint: str | Path, output: str | Path) -> None:
     """Forget a query: its checkpoint (offsets, state) and its output."""
     for path in (Path(checkpoint), Path(output)):
         shutil.rmtree(path, ignore_errors=True)
 
 
-__all__ = ["read_results", "reset", "start"]
+__all__ = ["read_live", "read_results", "reset", "start"]
