@@ -85,8 +85,10 @@ def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
 
 def event_millis(column: pd.Series) -> np.ndarray:
     """Event times as ms since the epoch, whatever unit pandas holds them in (Spark's
-    Arrow path gives ns, pyarrow's to_pandas keeps us)."""
-    ms: np.ndarray = pd.to_datetime(column, utc=True).dt.as_unit("ms").astype("int64").to_numpy()
+    Arrow path gives ns, pyarrow's to_pandas keeps us); naive times are UTC."""
+    if not pd.api.types.is_datetime64_any_dtype(column.dtype):
+        column = pd.to_datetime(column, utc=True)  # strings, objects: parse (slow path)
+    ms: np.ndarray = column.dt.as_unit("ms").astype("int64").to_numpy()
     return ms
 
 
