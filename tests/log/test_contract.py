@@ -90,11 +90,11 @@ def test_columnar_reads_equal_record_reads(log: Log, start: int, end: int) -> No
         producer.send_batch([{"i": i * 10 + j} for j in range(10)], key_field="i")
     columns = log.storage.read_columns("t", 0, start, end)
     records = log.storage.read("t", 0, start, max(end - start, 1)) if end > start else []
-    assert columns.offsets == list(range(start, end))
-    assert columns.offsets == [o for o, _ in records]
-    assert columns.values == [r.value for _, r in records]
-    assert columns.keys == [r.key for _, r in records]
-    assert columns.timestamps_ms == [r.timestamp_ms for _, r in records]
+    assert columns.offsets.tolist() == list(range(start, end))
+    assert columns.offsets.tolist() == [o for o, _ in records]
+    assert columns.values.to_pylist() == [r.value for _, r in records]
+    assert columns.keys.to_pylist() == [r.key for _, r in records]
+    assert columns.timestamps_ms.tolist() == [r.timestamp_ms for _, r in records]
 
 
 def test_partitions_can_be_added_never_removed(log: Log) -> None:

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import numpy as np
+import pyarrow as pa
+
 from riverbed.log.records import Columns, RawRecord
 
 Fsync = Literal["batch", "interval", "never"]
@@ -77,18 +80,23 @@ class LogStorage(ABC):
         """Records [start, end) column by column, without a Python object per record
         (what the Spark source and the stream engine read). Storages may do better than
         this default."""
-        out = Columns([], [], [], [])
-        while start < end:
-            chunk = self.read(topic, partition, start, min(end - start, 10_000))
-            if not chunk:
+        from riverbed.log.records import ColumnBatch
+
+        chunks = []
+        offset = start
+        while offset < end:
+            records = self.read(topic, partition, offset, min(end - offset, 10_000))
+            if not records:
                 break
-            for offset, record in chunk:
-                out.offsets.append(offset)
-                out.timestamps_ms.append(record.timestamp_ms)
-                out.keys.append(record.key)
-                out.values.append(record.value)
-            start = chunk[-1][0] + 1
-        return out
+            batch = ColumnBatch(
+                np.array([r.timestamp_ms for _, r in records], dtype=np.int64),
+                pa.array([r.key for _, r in records], pa.binary()),
+                pa.array([r.value for _, r in records], pa.binary()),
+                None,
+            )
+            chunks.append(batch)
+            offset = records[-1][0] + 1
+        return Columns.concat(start, chunks)
 
     @abstractmethod
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:

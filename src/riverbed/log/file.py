@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from riverbed.log.base import LogStorage, TopicConfig, check_topic_name
 from riverbed.log.errors import (
@@ -46,7 +45,14 @@ from riverbed.log.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from riverbed.log.records import Columns, RawRecord, decode_rows, encode_batch, read_header
+from riverbed.log.records import (
+    ColumnBatch,
+    Columns,
+    RawRecord,
+    decode_batch,
+    encode_batch,
+    read_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +347,10 @@ class FileLogStorage(LogStorage):
         return removed
 
     # -- reads --------------------------------------------------------------------------
-    def _batches(self, topic: str, partition: int, offset: int) -> Iterator[tuple[int, list[Any]]]:
-        """Whole batches holding ``offset`` and after, as (base offset, msgpack rows)."""
+    def _batches(
+        self, topic: str, partition: int, offset: int
+    ) -> Iterator[tuple[int, ColumnBatch]]:
+        """Whole batches holding ``offset`` and after, as (base offset, columns)."""
         directory = self._partition_dir(topic, partition)
         segments = _segments(directory)
         if not segments:
@@ -378,7 +386,7 @@ class FileLogStorage(LogStorage):
                             )
                         break
                     if header.next_offset > offset:
-                        yield header.base_offset, decode_rows(buf, pos, header)
+                        yield header.base_offset, decode_batch(buf, pos, header)
                     pos += header.size
                     at = header.next_offset
             finally:
@@ -391,33 +399,25 @@ class FileLogStorage(LogStorage):
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[tuple[int, RawRecord]]:
         out: list[tuple[int, RawRecord]] = []
-        for base, rows in self._batches(topic, partition, offset):
+        for base, batch in self._batches(topic, partition, offset):
             skip = max(0, offset - base)
-            for k, (ts, key, value, headers) in enumerate(rows[skip:], base + skip):
-                out.append((k, RawRecord(ts, key, value, headers or {})))
-                if len(out) >= max_records:
-                    return out
+            chunk = batch.slice(skip, skip + max_records - len(out)).rows()
+            out.extend(enumerate(chunk, base + skip))
+            if len(out) >= max_records:
+                break
         return out
 
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
-        offsets: list[range] = []
-        ts: list[int] = []
-        keys: list[bytes | None] = []
-        values: list[bytes] = []
-        for base, rows in self._batches(topic, partition, start):
+        chunks: list[ColumnBatch] = []
+        for base, batch in self._batches(topic, partition, start):
             if base >= end:
                 break
-            chunk = rows[max(0, start - base) : end - base]
-            if chunk:
-                first = max(start, base)
-                offsets.append(range(first, first + len(chunk)))
-                c_ts, c_keys, c_values, _ = zip(*chunk, strict=True)
-                ts.extend(c_ts)
-                keys.extend(c_keys)
-                values.extend(c_values)
-            if base + len(rows) >= end:
+            chunk = batch.slice(max(0, start - base), end - base)
+            if len(chunk):
+                chunks.append(chunk)
+            if base + len(batch) >= end:
                 break
-        return Columns([o for r in offsets for o in r], ts, keys, values)
+        return Columns.concat(start, chunks)
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)

@@ -2,11 +2,21 @@
 
 A batch on disk::
 
-    length u32 | crc32 u32 | base_offset u64 | count u32 | msgpack([[ts, key, value, hdrs]..])
+    length u32 | crc32 u32 | base_offset u64 | count u32 | msgpack(payload)
 
 ``length`` counts everything after itself; ``crc32`` covers everything after itself.
 A reader that finds fewer bytes than ``length``, or a CRC mismatch, is looking at a
 torn write: the batch does not exist.
+
+The payload is columnar (format 2), so readers decode a batch with a handful of array
+copies instead of a Python object per record::
+
+    [2, timestamps (int64 LE), key offsets (int32 LE, count + 1), key validity
+     (little-endian bitmap, or b"" when every key is set), key bytes,
+     value offsets (int32 LE, count + 1), value bytes, headers (list of maps, or nil)]
+
+Format 1, still read, was ``[[ts, key, value, headers], ...]``: its elements are rows
+(arrays), never the integer 2.
 """
 
 from __future__ import annotations
@@ -16,9 +26,11 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
+import numpy as np
+import pyarrow as pa
 
 from riverbed.log.errors import CorruptLogError
 
@@ -69,9 +81,39 @@ class RecordMetadata:
     offset: int
 
 
+FORMAT_COLUMNS = 2
+_MAX_BYTES = 2**31 - 1  # int32 offsets
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype="<i4")
+    if lengths.sum() > _MAX_BYTES:
+        raise ValueError("a batch's keys or values exceed 2 GiB; append smaller batches")
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
 def encode_batch(base_offset: int, records: Sequence[RawRecord]) -> bytes:
-    payload: bytes = _HEAD.pack(base_offset, len(records)) + msgpack.packb(
-        [[r.timestamp_ms, r.key, r.value, dict(r.headers)] for r in records], use_bin_type=True
+    n = len(records)
+    ts = np.fromiter((r.timestamp_ms for r in records), dtype="<i8", count=n)
+    keys = [r.key for r in records]
+    valid = np.fromiter((k is not None for k in keys), dtype=bool, count=n)
+    key_lens = np.fromiter((len(k) if k is not None else 0 for k in keys), dtype=np.int64, count=n)
+    values = [r.value for r in records]
+    value_lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
+    headers = [dict(r.headers) for r in records] if any(r.headers for r in records) else None
+    payload: bytes = _HEAD.pack(base_offset, n) + msgpack.packb(
+        [
+            FORMAT_COLUMNS,
+            ts.tobytes(),
+            _offsets(key_lens).tobytes(),
+            b"" if valid.all() else np.packbits(valid, bitorder="little").tobytes(),
+            b"".join(k for k in keys if k is not None),
+            _offsets(value_lens).tobytes(),
+            b"".join(values),
+            headers,
+        ],
+        use_bin_type=True,
     )
     return _PREFIX.pack(len(payload) + 4, zlib.crc32(payload)) + payload
 
@@ -101,20 +143,96 @@ def read_header(buf: bytes | memoryview, pos: int) -> BatchHeader | None:
     return BatchHeader(base, count, end - pos)
 
 
-def decode_rows(buf: bytes | memoryview, pos: int, header: BatchHeader) -> list[Any]:
-    """The batch's records as stored: ``[[ts_ms, key, value, headers], ...]``."""
+@dataclass(frozen=True)
+class ColumnBatch:
+    """One stored batch, column by column."""
+
+    timestamps_ms: np.ndarray  # int64
+    keys: pa.BinaryArray
+    values: pa.BinaryArray
+    headers: list[dict[str, bytes]] | None
+
+    def __len__(self) -> int:
+        return len(self.timestamps_ms)
+
+    def slice(self, start: int, stop: int) -> ColumnBatch:
+        return ColumnBatch(
+            self.timestamps_ms[start:stop],
+            self.keys.slice(start, max(0, stop - start)),
+            self.values.slice(start, max(0, stop - start)),
+            self.headers[start:stop] if self.headers is not None else None,
+        )
+
+    def rows(self) -> list[RawRecord]:
+        headers = self.headers or [{}] * len(self)
+        return [
+            RawRecord(ts, key, value, h or {})
+            for ts, key, value, h in zip(
+                self.timestamps_ms.tolist(),
+                self.keys.to_pylist(),
+                self.values.to_pylist(),
+                headers,
+                strict=True,
+            )
+        ]
+
+
+def _binary(n: int, offsets: bytes, data: bytes, validity: bytes = b"") -> pa.BinaryArray:
+    buffers = [pa.py_buffer(validity) if validity else None, pa.py_buffer(offsets)]
+    array = pa.Array.from_buffers(pa.binary(), n, [*buffers, pa.py_buffer(data)])
+    assert isinstance(array, pa.BinaryArray)
+    return array
+
+
+def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> ColumnBatch:
     start = pos + PREFIX_SIZE + _HEAD.size
     try:
-        rows: list[Any] = msgpack.unpackb(bytes(buf[start : pos + header.size]), raw=False)
-    except ValueError as exc:
+        payload = msgpack.unpackb(bytes(buf[start : pos + header.size]), raw=False)
+        n = header.count
+        if payload and payload[0] == FORMAT_COLUMNS:
+            _, ts, key_offsets, key_valid, key_data, value_offsets, value_data, headers = payload
+            return ColumnBatch(
+                np.frombuffer(ts, dtype="<i8"),
+                _binary(n, key_offsets, key_data, key_valid),
+                _binary(n, value_offsets, value_data),
+                headers,
+            )
+        # format 1: rows
+        return ColumnBatch(
+            np.array([r[0] for r in payload], dtype=np.int64),
+            pa.array([r[1] for r in payload], pa.binary()),
+            pa.array([r[2] for r in payload], pa.binary()),
+            [r[3] or {} for r in payload] if any(r[3] for r in payload) else None,
+        )
+    except (ValueError, TypeError, IndexError, pa.ArrowInvalid) as exc:
         raise CorruptLogError(f"batch at offset {header.base_offset} cannot be decoded") from exc
-    return rows
 
 
-class Columns(NamedTuple):
-    """Records [start, end) of a partition column by column, for vectorized readers."""
+@dataclass(frozen=True)
+class Columns:
+    """Records [start, start + len) of a partition column by column, for vectorized
+    readers (the Spark source, the stream engine). Offsets are contiguous."""
 
-    offsets: list[int]
-    timestamps_ms: list[int]
-    keys: list[bytes | None]
-    values: list[bytes]
+    start: int
+    timestamps_ms: np.ndarray  # int64 ms
+    keys: pa.BinaryArray  # null where a record has no key
+    values: pa.BinaryArray
+
+    def __len__(self) -> int:
+        return len(self.timestamps_ms)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.arange(self.start, self.start + len(self), dtype=np.int64)
+
+    @staticmethod
+    def concat(start: int, batches: Sequence[ColumnBatch]) -> Columns:
+        if not batches:
+            empty = pa.array([], pa.binary())
+            return Columns(start, np.zeros(0, np.int64), empty, empty)
+        return Columns(
+            start,
+            np.concatenate([b.timestamps_ms for b in batches]),
+            pa.concat_arrays([b.keys for b in batches]),
+            pa.concat_arrays([b.values for b in batches]),
+        )
