@@ -12,7 +12,7 @@ import riverbed.log
 from riverbed.state import StateConfig
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.direct import plan
+from riverbed.stream.direct import logged_slices, plan
 from riverbed.stream.engine import BatchLog, EngineConfig
 from riverbed.stream.job import root_cause
 from riverbed.stream.metrics import Count, Distinct
@@ -64,6 +64,29 @@ def test_topic_keyed_by_another_field_is_shuffled(spark: Any, log_url: str, tmp_
     write(log_url, events, partitions=3, key_field="user_id")  # same count, wrong key
     got = run_to_end(spark, spec(3), log_url, tmp_path, "shuffled")
     check(got, events)
+
+
+def test_slices_from_the_offset_log_cover_the_topic_once(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """Batches after the first take their slices from Spark's offset log: contiguous,
+    each batch's input equals its slices, together exactly the topic."""
+    events = make_events(2000, hours=3)
+    write(log_url, events, partitions=3, key_field="flag")
+    run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    ids = sorted(int(p.stem) for p in batches.dir.glob("*.json"))
+    assert len(ids) >= 3 and logged_slices(str(tmp_path / "ckpt"), 0) is None
+    previous: dict[int, int] = {}
+    for b in ids[1:]:
+        slices = logged_slices(str(tmp_path / "ckpt"), b)
+        assert slices is not None
+        assert batches.get(b)["input"] == sum(s.end - s.start for s in slices)
+        if previous:
+            assert all(s.start == previous[s.partition] for s in slices)
+        previous = {s.partition: s.end for s in slices}
+    assert sum(batches.get(b)["input"] for b in ids) == 2000
+    assert previous == {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
 
 
 def test_co_locate_true_on_a_wrongly_keyed_topic_fails_with_the_fix(

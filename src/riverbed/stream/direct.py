@@ -25,6 +25,7 @@ they commit the same state version and replace the same output.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -198,6 +199,9 @@ def run_batch(
         task = colocated_task(cfg, batch_id, watermark, previous)
         by_partition = {s.partition: s for s in slices}
         work = [by_partition.get(p, LogSlice(p, 0, 0)) for p in range(n)]
+        # biggest first: Spark launches tasks in this order, so the longest task does not
+        # start last on a core that is already busy (longest-processing-time first)
+        work.sort(key=lambda s: s.end - s.start, reverse=True)
         for rows, part_side in sc.parallelize(work, n).map(task).collect():
             frames.append(rows)
             side.add(part_side)
@@ -269,26 +273,76 @@ def foreach_batch(cfg: DirectConfig) -> Any:
     batches = BatchLog(cfg.engine.checkpoint)
 
     def run(df: Any, batch_id: int) -> None:
-        slices = [LogSlice(int(r[0]), int(r[1]), int(r[2])) for r in df.collect()]
+        began = time.perf_counter()
+        slices = logged_slices(cfg.engine.checkpoint, batch_id)
+        if slices is None:  # batch 0, or an offset log we cannot read: ask Spark
+            slices = [LogSlice(int(r[0]), int(r[1]), int(r[2])) for r in df.collect()]
+        planned = time.perf_counter()
         record = batches.get(batch_id)
         if record is None:  # first run of this batch: fix its watermark and its plan
             record = next_record(batches, batch_id, spec)
         if "co_located" not in record:
             record["co_located"] = cfg.co_located and len(slices) == spec.state_partitions
-            batches.put(batch_id, record)
+            # not fsynced: a re-run after a crash derives the same watermark again
+            batches.put(batch_id, record, durable=False)
         rows, side = run_batch(df.sparkSession, cfg, batch_id, record, slices)
+        merged = time.perf_counter()
         if side.max_event_ms is not None:
             record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
         record.update(late=side.late, malformed=side.malformed)
-        batches.put(batch_id, record)
         late = pd.concat(side.late_rows) if side.late_rows else None
         dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
-        _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
+        if late is not None or dlq is not None:
+            batches.put(batch_id, record)
+            _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
+            record = batches.get(batch_id) or record
         write_output(cfg.engine.output, spec, batch_id, rows)
         publish(cfg.engine, batch_id, rows)
-        batches.update(batch_id, done=True, input=side.input)
+        record["ms"] = {  # where the batch's time went, for `riverbed stream status`
+            "offsets": round((planned - began) * 1000),
+            "state_job": round((merged - planned) * 1000),
+            "outputs": round((time.perf_counter() - merged) * 1000),
+        }
+        # durable before Spark commits the batch: the next batch's watermark comes from it
+        batches.put(batch_id, record | {"done": True, "input": side.input})
 
     return run
+
+
+def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
+    """This batch's slices from Spark's write-ahead offset log, without a Spark job.
+
+    Spark writes ``offsets/<b>`` (the end offsets of batch *b*) before running *b*, and
+    batch *b* starts where *b - 1* ended, so the two files give exactly the slices the
+    batch's DataFrame would yield. ``None`` when they cannot tell (batch 0, files gone,
+    an unexpected format): the caller then reads the slices through Spark.
+    """
+    if batch_id == 0:
+        return None
+    directory = Path(checkpoint) / "spark" / "offsets"
+    try:
+        end, start = (_source_offsets(directory / str(b)) for b in (batch_id, batch_id - 1))
+    except (OSError, ValueError):
+        return None
+    if end is None or start is None:
+        return None
+    return [LogSlice(int(p), int(start.get(p, 0)), int(e)) for p, e in sorted(end.items())]
+
+
+def _source_offsets(path: Path) -> dict[str, int] | None:
+    """The one source's offsets in an offset log file (``v1``, metadata, one line per
+    source), if it has that shape."""
+    import json
+
+    lines = path.read_text().splitlines()
+    if len(lines) != 3 or lines[0] != "v1":
+        return None
+    offsets = json.loads(lines[2])
+    if not isinstance(offsets, dict) or not all(
+        isinstance(v, int) and str(k).isdigit() for k, v in offsets.items()
+    ):
+        return None
+    return offsets
 
 
 def decide_co_location(options: dict[str, str], spec: Any) -> bool:

@@ -111,12 +111,15 @@ class BatchLog:
         earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
         return json.loads(earlier[-1].read_text()) if earlier else None
 
-    def put(self, batch_id: int, record: dict[str, Any]) -> None:
+    def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
+        """Replace the record atomically; ``durable=False`` skips the fsync (for records
+        a re-run would rebuild the same way)."""
         path = self._path(batch_id)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
         tmp.write_text(json.dumps(record))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
 
     def update(self, batch_id: int, **fields: Any) -> None:

@@ -150,6 +150,8 @@ def _side_outputs_from_frames(
     late: pd.DataFrame | None,
 ) -> None:
     """Write up to SIDE_LIMIT records each to <name>.dlq and <name>.late, once per batch."""
+    if all(frame is None or frame.empty for frame in (dlq, late)):
+        return
     if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
         return
     import riverbed.log
