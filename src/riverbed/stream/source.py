@@ -218,6 +218,9 @@ def _json_values(
     try:
         table = pj.read_json(
             io.BytesIO(newline_joined(values)),
+            # one thread: Spark already runs a task per core; Arrow's own pool would
+            # oversubscribe them
+            read_options=pj.ReadOptions(use_threads=False, block_size=16 << 20),
             parse_options=pj.ParseOptions(
                 explicit_schema=value_schema, unexpected_field_behavior="ignore"
             ),
