@@ -64,6 +64,14 @@ def test_run_query_results_and_live_state(
     published = [r.value for p in range(3) for r in log.read("flags.results", p, 0, 10_000)]
     assert {r["batch_id"] for r in published} == {0, 1, 2}
 
+    assert main(["stream", "status", str(spec), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["batches"], status["input_records"], status["late"]) == (3, 900, 0)
+    assert set(status["lag"].values()) == {0} and status["state_bytes"] > 0
+    assert set(status["last_batch_ms"]) == {"offsets", "state_job", "outputs"}
+    assert main(["stream", "status", str(spec)]) == 0
+    assert "last batch: offsets" in capsys.readouterr().out
+
     # mistakes are named, with the fix
     assert main(["query", "flags", "--from-state"]) == 1
     assert "pass its spec file" in capsys.readouterr().err

@@ -110,6 +110,9 @@ def _status(args: argparse.Namespace) -> int:
     ):
         out.print(f"{key:>14}: {info[key]}")
     out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info["lag"].items()))
+    if info["last_batch_ms"]:
+        parts = ", ".join(f"{k} {v} ms" for k, v in info["last_batch_ms"].items())
+        out.print(f"{'last batch':>14}: {parts}")
     return 0
 
 

@@ -195,6 +195,8 @@ def status(job: Job) -> dict[str, Any]:
         "malformed": sum(d.get("malformed", 0) for d in done),
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
+        # where the newest batch's time went (log-native path): offsets, state_job, outputs
+        "last_batch_ms": next((d["ms"] for d in reversed(done) if d.get("ms")), None),
         "state_bytes": sum(
             f.stat().st_size
             for f in (job.state.local_dir / job.aggregation.name).rglob("*")
