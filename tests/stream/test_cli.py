@@ -69,6 +69,7 @@ def test_run_query_results_and_live_state(
     assert (status["batches"], status["input_records"], status["late"]) == (3, 900, 0)
     assert set(status["lag"].values()) == {0} and status["state_bytes"] > 0
     assert set(status["last_batch_ms"]) == {"offsets", "state_job", "outputs"}
+    assert status["input_rate"] > 0
     assert main(["stream", "status", str(spec)]) == 0
     assert "last batch: offsets" in capsys.readouterr().out
 

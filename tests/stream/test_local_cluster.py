@@ -24,16 +24,20 @@ from riverbed.spark import session
 from riverbed.state import StateConfig
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
 
-root, log_url = Path(sys.argv[1]), sys.argv[2]
+root, log_url, path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 spark = session(SparkConfig(master="local-cluster[2,1,1024]", app_name="riverbed-lc",
                             conf={"spark.executor.memory": "512m",
                                   "spark.sql.shuffle.partitions": "4"}))
 register(spark)
-source = (spark.readStream.format("riverbed").option("topic", "events").option("log", log_url)
-          .option("schema", "user_id long, flag string, amount double, ts timestamp")
-          .option("maxRecordsPerBatch", 800).load())
+options = {"topic": "events", "log": log_url, "maxRecordsPerBatch": "800",
+           "schema": "user_id long, flag string, amount double, ts timestamp"}
+# "dataframe": events through Spark; "shuffled": the log-native path with 4 state
+# partitions over a 3-partition topic; "colocated": 3 state partitions, one per log partition
+source = (spark.readStream.format("riverbed").options(**options).load()
+          if path == "dataframe" else options)
 spec = Aggregation(name="lc", key="flag", time="ts", window=Tumbling("1h"), watermark="9h",
-                   metrics={"users": Distinct("user_id"), "events": Count()}, state_partitions=4)
+                   metrics={"users": Distinct("user_id"), "events": Count()},
+                   state_partitions=3 if path == "colocated" else 4)
 # A relative local_dir resolves in each executor's own work directory.
 state = StateConfig(local_dir=Path("executor-state"), durable=root / "durable", snapshot_every=3)
 query = start(spark, spec, source, checkpoint=root / "ckpt", output=root / "out", state=state,
@@ -47,14 +51,15 @@ spark.stop()
 """
 
 
+@pytest.mark.parametrize("path", ["dataframe", "shuffled", "colocated"])
 def test_state_moves_between_executors_and_results_stay_exact(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    tmp_path: Path, subprocess_env: dict[str, str], path: str
 ) -> None:
     events = make_events(4000, hours=6, seed=9)
     log_url = f"file://{tmp_path / 'log'}"
     write_events(log_url, events)
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(tmp_path), log_url],
+        [sys.executable, "-c", DRIVER, str(tmp_path), log_url, path],
         env=subprocess_env,
         capture_output=True,
         text=True,
@@ -72,6 +77,9 @@ def test_state_moves_between_executors_and_results_stay_exact(
         assert len(executors) >= 2, "state work did not spread over both executors"
     finally:
         shutil.rmtree(app_dir, ignore_errors=True)
+    if path != "dataframe":
+        plans = {r["co_located"] for r in map(_record, (tmp_path / "ckpt").rglob("batches/*.json"))}
+        assert plans == {path == "colocated"}
     got = read_results(tmp_path / "out")
     want = (
         events.assign(window_start=events["ts"].dt.floor("1h"))
@@ -84,3 +92,10 @@ def test_state_moves_between_executors_and_results_stay_exact(
     assert len(merged) == len(want) == len(got)
     assert (merged["users"] == merged["users_oracle"]).all()
     assert (merged["events"] == merged["events_oracle"]).all()
+
+
+def _record(path: Path) -> dict[str, object]:
+    import json
+
+    record: dict[str, object] = json.loads(path.read_text())
+    return record

@@ -73,9 +73,11 @@ def _run(args: argparse.Namespace) -> int:
     spark = session(spark_config)
 
     def progress(batch_id: int, record: dict[str, Any]) -> None:
+        ms = sum((record.get("ms") or {}).values())
+        rate = f", {record.get('input', 0) * 1000 / ms:,.0f} records/s" if ms else ""
         err.print(
             f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
-            f"{record.get('malformed', 0)} malformed"
+            f"{record.get('malformed', 0)} malformed{rate}"
         )
 
     err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
@@ -105,6 +107,7 @@ def _status(args: argparse.Namespace) -> int:
         "input_records",
         "late",
         "malformed",
+        "input_rate",
         "watermark",
         "state_bytes",
     ):

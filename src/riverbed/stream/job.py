@@ -187,6 +187,7 @@ def status(job: Job) -> dict[str, Any]:
         if done
         else 0
     )
+    last = next((d for d in reversed(done) if d.get("ms")), None)
     return {
         "aggregation": job.aggregation.name,
         "batches": sum(1 for d in done if d.get("done")),
@@ -196,7 +197,12 @@ def status(job: Job) -> dict[str, Any]:
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
-        "last_batch_ms": next((d["ms"] for d in reversed(done) if d.get("ms")), None),
+        "last_batch_ms": last.get("ms") if last else None,
+        "input_rate": (  # records/s while the newest batch ran
+            round(last.get("input", 0) * 1000 / sum(last["ms"].values()))
+            if last and sum(last["ms"].values())
+            else None
+        ),
         "state_bytes": sum(
             f.stat().st_size
             for f in (job.state.local_dir / job.aggregation.name).rglob("*")
