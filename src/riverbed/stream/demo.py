@@ -122,7 +122,10 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         str(max(1, events // 10)),
     ]
     batches_dir = home / "checkpoints" / "flags_hourly" / "riverbed" / "batches"
-    console.print("[bold]1.[/bold] starting the streaming query (a separate driver process)")
+    console.print(
+        "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 Spark "
+        "tasks a batch, each reading one log partition straight into its state partition"
+    )
     driver = subprocess.Popen(command, env=env, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
