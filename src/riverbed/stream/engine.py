@@ -108,6 +108,10 @@ class BatchLog:
         return json.loads(path.read_text()) if path.exists() else None
 
     def previous(self, batch_id: int) -> dict[str, Any] | None:
+        """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
+        listing only when that one is missing)."""
+        if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
+            return record
         earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
         return json.loads(earlier[-1].read_text()) if earlier else None
 
