@@ -83,6 +83,16 @@ def consume_read(log: riverbed.log.Log, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def consume_columns(log: riverbed.log.Log, n: int) -> float:
+    """The columnar read the Spark source and the stream engine use (Arrow arrays)."""
+    start = time.perf_counter()
+    count = 0
+    for offset in range(0, n, 50_000):
+        count += len(log.storage.read_columns("t", 0, offset, min(offset + 50_000, n)))
+    assert count == n
+    return n / (time.perf_counter() - start)
+
+
 def consume_group(log: riverbed.log.Log, n: int) -> float:
     cp = connect("memory://")
     start = time.perf_counter()
@@ -121,6 +131,9 @@ def main() -> None:
         rate, log_batch = produce_batches(root, values, "batch")
         rows.append(("produce send_batch(1000), fsync batch", rate, raw_w))
         rows.append(("consume Log.read", consume_read(log_never, args.records), raw_r))
+        rows.append(
+            ("consume storage.read_columns", consume_columns(log_never, args.records), raw_r)
+        )
         rows.append(("consume group poll()", consume_group(log_never, args.records), raw_r))
         log_never.close()
         log_batch.close()

@@ -5,16 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import random
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.log import CorruptLogError, Log, OffsetOutOfRangeError
+from riverbed.log.records import RawRecord, decode_batch, encode_batch, read_header
 
 PROCS = Path(__file__).with_name("procs.py")
 
@@ -182,3 +188,41 @@ def test_corrupt_topic_file_is_named(file_log: Log, tmp_path: Path) -> None:
     (tmp_path / "log" / "t" / "topic.json").write_text("{not json")
     with pytest.raises(CorruptLogError, match=r"topic\.json"):
         riverbed.log.open(tmp_path / "log").topic("t")
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**62),
+            st.none() | st.binary(max_size=12),
+            st.binary(max_size=40),
+            st.dictionaries(st.text(max_size=5), st.binary(max_size=5), max_size=2),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_batch_format_round_trips_rows_and_columns(rows: list[Any]) -> None:
+    """Format 2 (columnar) keeps every field: missing keys, empty values, headers."""
+    records = [RawRecord(ts, key, value, headers) for ts, key, value, headers in rows]
+    frame = encode_batch(7, records)
+    header = read_header(frame, 0)
+    assert header is not None and (header.base_offset, header.count) == (7, len(records))
+    batch = decode_batch(frame, 0, header)
+    assert batch.rows() == records
+    assert batch.keys.to_pylist() == [r.key for r in records]
+    assert batch.timestamps_ms.tolist() == [r.timestamp_ms for r in records]
+
+
+def test_format_1_batches_are_still_read() -> None:
+    import msgpack
+
+    rows = [[5, b"k", b"v1", {}], [6, None, b"v2", {"h": b"x"}]]
+    payload = struct.pack(">QI", 0, 2) + msgpack.packb(rows, use_bin_type=True)
+    frame = struct.pack(">II", len(payload) + 4, zlib.crc32(payload)) + payload
+    header = read_header(frame, 0)
+    assert header is not None
+    assert decode_batch(frame, 0, header).rows() == [
+        RawRecord(5, b"k", b"v1", {}),
+        RawRecord(6, None, b"v2", {"h": b"x"}),
+    ]

@@ -22,10 +22,13 @@ Format 1, still read, was ``[[ts, key, value, headers], ...]``: its elements are
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -85,33 +88,40 @@ FORMAT_COLUMNS = 2
 _MAX_BYTES = 2**31 - 1  # int32 offsets
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype="<i4")
-    if lengths.sum() > _MAX_BYTES:
+def _le(values: array[int]) -> bytes:
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values.tobytes()
+
+
+def _offsets(lengths: list[int]) -> bytes:
+    offsets = array("i", [0])
+    offsets.extend(accumulate(lengths))
+    if offsets[-1] > _MAX_BYTES:
         raise ValueError("a batch's keys or values exceed 2 GiB; append smaller batches")
-    np.cumsum(lengths, out=out[1:])
-    return out
+    return _le(offsets)
 
 
 def encode_batch(base_offset: int, records: Sequence[RawRecord]) -> bytes:
+    # array + accumulate, not numpy: most appends are small, where numpy's per-call
+    # overhead would dominate
     n = len(records)
-    ts = np.fromiter((r.timestamp_ms for r in records), dtype="<i8", count=n)
     keys = [r.key for r in records]
-    valid = np.fromiter((k is not None for k in keys), dtype=bool, count=n)
-    key_lens = np.fromiter((len(k) if k is not None else 0 for k in keys), dtype=np.int64, count=n)
     values = [r.value for r in records]
-    value_lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=n)
-    headers = [dict(r.headers) for r in records] if any(r.headers for r in records) else None
+    missing = [k is None for k in keys]
+    validity = b""
+    if any(missing):
+        validity = np.packbits(~np.array(missing), bitorder="little").tobytes()
     payload: bytes = _HEAD.pack(base_offset, n) + msgpack.packb(
         [
             FORMAT_COLUMNS,
-            ts.tobytes(),
-            _offsets(key_lens).tobytes(),
-            b"" if valid.all() else np.packbits(valid, bitorder="little").tobytes(),
+            _le(array("q", [r.timestamp_ms for r in records])),
+            _offsets([len(k) if k is not None else 0 for k in keys]),
+            validity,
             b"".join(k for k in keys if k is not None),
-            _offsets(value_lens).tobytes(),
+            _offsets([len(v) for v in values]),
             b"".join(values),
-            headers,
+            [dict(r.headers) for r in records] if any(r.headers for r in records) else None,
         ],
         use_bin_type=True,
     )
