@@ -5,13 +5,41 @@ See docs/stream.md. The pieces::
     from riverbed.stream import Aggregation, Tumbling, Distinct, Count, start, read_results
 
 ``read_live`` answers from the state store as of a batch instead of the result table.
+
+Names load on first use (PEP 562): Spark imports ``riverbed.stream.source`` in a fresh
+Python process for every streaming query it starts, and that should not pay for pandas
+and the engine.
 """
 
-from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
-from riverbed.stream.runner import read_live, read_results, start
-from riverbed.stream.source import RiverbedDataSource, register
-from riverbed.stream.windows import Hopping, Sliding, Tumbling
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from riverbed.stream.aggregation import Aggregation
+    from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+    from riverbed.stream.runner import read_live, read_results, start
+    from riverbed.stream.source import RiverbedDataSource, register
+    from riverbed.stream.windows import Hopping, Sliding, Tumbling
+
+_WHERE = {
+    "Aggregation": "aggregation",
+    "Count": "metrics",
+    "Distinct": "metrics",
+    "Max": "metrics",
+    "Mean": "metrics",
+    "Min": "metrics",
+    "Sum": "metrics",
+    "read_live": "runner",
+    "read_results": "runner",
+    "start": "runner",
+    "RiverbedDataSource": "source",
+    "register": "source",
+    "Hopping": "windows",
+    "Sliding": "windows",
+    "Tumbling": "windows",
+}
 
 __all__ = [
     "Aggregation",
@@ -30,3 +58,15 @@ __all__ = [
     "register",
     "start",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'riverbed.stream' has no attribute {name!r}")
+    value = getattr(import_module(f"riverbed.stream.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
