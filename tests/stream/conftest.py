@@ -25,7 +25,9 @@ def make_events(n: int, hours: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
-def write_events(url: str, events: pd.DataFrame, partitions: int = 3) -> None:
+def write_events(
+    url: str, events: pd.DataFrame, partitions: int = 3, key_field: str = "flag"
+) -> None:
     log = riverbed.log.open(url)
     if "events" not in log.topics():
         log.create_topic("events", partitions)
@@ -34,7 +36,7 @@ def write_events(url: str, events: pd.DataFrame, partitions: int = 3) -> None:
             {"user_id": int(u), "flag": f, "amount": a, "ts": t.isoformat()}
             for u, f, a, t in events[["user_id", "flag", "amount", "ts"]].itertuples(index=False)
         ],
-        key_field="flag",
+        key_field=key_field,
     )
     log.close()
 

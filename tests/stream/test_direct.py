@@ -19,7 +19,7 @@ from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.runner import read_results, start
 from riverbed.stream.source import SLICES_DDL
 from riverbed.stream.windows import Tumbling
-from tests.stream.conftest import make_events
+from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, SCHEMA, oracle, run_to_end
 
 pytestmark = pytest.mark.spark
@@ -37,20 +37,6 @@ def spec(partitions: int = 3) -> Aggregation:
     )
 
 
-def write(url: str, events: pd.DataFrame, partitions: int, key_field: str) -> None:
-    log = riverbed.log.open(url)
-    if "events" not in log.topics():
-        log.create_topic("events", partitions)
-    log.producer("events").send_batch(
-        [
-            {"user_id": int(u), "flag": f, "amount": a, "ts": t.isoformat()}
-            for u, f, a, t in events[["user_id", "flag", "amount", "ts"]].itertuples(index=False)
-        ],
-        key_field=key_field,
-    )
-    log.close()
-
-
 def check(got: pd.DataFrame, events: pd.DataFrame) -> None:
     want = oracle(events, Tumbling("1h"))
     merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_oracle"))
@@ -61,7 +47,7 @@ def check(got: pd.DataFrame, events: pd.DataFrame) -> None:
 
 def test_topic_keyed_by_another_field_is_shuffled(spark: Any, log_url: str, tmp_path: Path) -> None:
     events = make_events(1500, hours=3)
-    write(log_url, events, partitions=3, key_field="user_id")  # same count, wrong key
+    write_events(log_url, events, partitions=3, key_field="user_id")  # same count, wrong key
     got = run_to_end(spark, spec(3), log_url, tmp_path, "shuffled")
     check(got, events)
 
@@ -72,7 +58,7 @@ def test_slices_from_the_offset_log_cover_the_topic_once(
     """Batches after the first take their slices from Spark's offset log: contiguous,
     each batch's input equals its slices, together exactly the topic."""
     events = make_events(2000, hours=3)
-    write(log_url, events, partitions=3, key_field="flag")
+    write_events(log_url, events, partitions=3, key_field="flag")
     run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
     batches = BatchLog(str(tmp_path / "ckpt"))
     ids = sorted(int(p.stem) for p in batches.dir.glob("*.json"))
@@ -92,7 +78,7 @@ def test_slices_from_the_offset_log_cover_the_topic_once(
 def test_co_locate_true_on_a_wrongly_keyed_topic_fails_with_the_fix(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:
-    write(log_url, make_events(300, hours=1), partitions=3, key_field="user_id")
+    write_events(log_url, make_events(300, hours=1), partitions=3, key_field="user_id")
     options = {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": "true"}
     query = start(
         spark,
@@ -111,7 +97,7 @@ def test_co_locate_true_on_a_wrongly_keyed_topic_fails_with_the_fix(
 
 
 def test_bad_source_options_are_named(spark: Any, log_url: str, tmp_path: Path) -> None:
-    write(log_url, make_events(10, hours=1), partitions=3, key_field="flag")
+    write_events(log_url, make_events(10, hours=1), partitions=3, key_field="flag")
     config = EngineConfig(
         spec(3),
         StateConfig(local_dir=tmp_path / "l", durable=tmp_path / "d"),
@@ -137,7 +123,7 @@ def test_rerunning_a_batch_never_double_counts(
     spark: Any, log_url: str, tmp_path: Path, co_locate: str
 ) -> None:
     events = make_events(1000, hours=3)
-    write(log_url, events, partitions=3, key_field="flag")
+    write_events(log_url, events, partitions=3, key_field="flag")
     config = EngineConfig(
         spec(3),
         StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
@@ -169,7 +155,7 @@ def test_task_failing_after_its_state_commit_is_retried_without_double_counting(
     version."""
     assert spark.sparkContext.master == "local[2,2]"
     events = make_events(1500, hours=4)
-    write(log_url, events, partitions=3, key_field="flag")
+    write_events(log_url, events, partitions=3, key_field="flag")
     faults = tmp_path / "faults"
     monkeypatch.setenv("RIVERBED_FAULT", f"after_commit:{faults}")
     register(spark)

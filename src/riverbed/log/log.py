@@ -194,14 +194,16 @@ class Producer:
         self._partitions = config.partitions
         self._pending: list[tuple[int, RawRecord]] = []
 
-    def _raw(
+    def record(
         self,
         value: Any,
-        key: bytes | str | int | None,
-        timestamp: datetime | int | None,
-        headers: Mapping[str, bytes] | None,
-        partition: int | None,
+        key: bytes | str | int | None = None,
+        timestamp: datetime | int | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        partition: int | None = None,
     ) -> tuple[int, RawRecord]:
+        """The stored form of a record and the partition it goes to, without writing it
+        (for writers that append per partition themselves)."""
         kb = _key_bytes(key)
         if partition is None:
             partition = self._partitioner.partition(kb, self._partitions)
@@ -221,7 +223,7 @@ class Producer:
         headers: Mapping[str, bytes] | None = None,
         partition: int | None = None,
     ) -> RecordMetadata:
-        p, raw = self._raw(value, key, timestamp, headers, partition)
+        p, raw = self.record(value, key, timestamp, headers, partition)
         offset = self.log.storage.append(self.topic, p, [raw])
         return RecordMetadata(self.topic, p, offset)
 
@@ -233,7 +235,7 @@ class Producer:
         timestamp: datetime | int | None = None,
         headers: Mapping[str, bytes] | None = None,
     ) -> None:
-        self._pending.append(self._raw(value, key, timestamp, headers, None))
+        self._pending.append(self.record(value, key, timestamp, headers, None))
 
     def flush(self) -> list[RecordMetadata]:
         """Write buffered records, one batch per partition; their coordinates in order."""
@@ -254,7 +256,7 @@ class Producer:
         for value in values:
             key = value.get(key_field) if key_field and isinstance(value, dict) else None
             ts = value.get(timestamp_field) if timestamp_field and isinstance(value, dict) else None
-            items.append(self._raw(value, key, ts, None, None))
+            items.append(self.record(value, key, ts, None, None))
         return self._append(items)
 
     def _append(self, items: Sequence[tuple[int, RawRecord]]) -> list[RecordMetadata]:

@@ -30,8 +30,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +50,9 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record, publish
 from riverbed.stream.source import LogSlice, read_slice
+
+if TYPE_CHECKING:
+    from riverbed.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +82,25 @@ class Side:
     late_rows: list[pd.DataFrame] = field(default_factory=list)
     dlq_rows: list[pd.DataFrame] = field(default_factory=list)
 
+    def saw(self, event_ms: int | None) -> None:
+        """Raise ``max_event_ms`` to ``event_ms``."""
+        if event_ms is not None:
+            self.max_event_ms = max(self.max_event_ms or event_ms, event_ms)
+
     def add(self, other: Side) -> None:
         self.input += other.input
         self.late += other.late
         self.malformed += other.malformed
-        if other.max_event_ms is not None:
-            self.max_event_ms = max(self.max_event_ms or other.max_event_ms, other.max_event_ms)
+        self.saw(other.max_event_ms)
         self.late_rows += other.late_rows
         self.dlq_rows += other.dlq_rows
 
 
-def _events(cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side) -> Iterator[Any]:
-    """Good, on-time events of ``piece`` as pandas frames; the rest is counted in ``side``."""
+def _events(
+    cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side
+) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
+    the rest is counted in ``side``."""
     spec = cfg.engine.spec
     hop, size = spec.window.hop_ms, spec.window.size_ms
     for batch in read_slice(cfg.options, cfg.schema, piece):
@@ -112,10 +123,8 @@ def _events(cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side) -
             side.late += int(late.sum())
             if sum(map(len, side.late_rows)) < SIDE_LIMIT:
                 side.late_rows.append(pdf.loc[late].drop(columns="_error"))
-        if len(ts):
-            top = int(ts.max())
-            side.max_event_ms = top if side.max_event_ms is None else max(side.max_event_ms, top)
-        yield pdf.loc[~late, spec.columns()]
+        side.saw(int(ts.max()))
+        yield pdf.loc[~late, spec.columns()], ts[~late]
 
 
 def colocated_task(
@@ -128,7 +137,7 @@ def colocated_task(
     def run(piece: LogSlice) -> tuple[pd.DataFrame, Side]:
         side = Side()
         partials: list[Partial] = []
-        for pdf in _events(cfg, piece, watermark_ms, side):
+        for pdf, ts in _events(cfg, piece, watermark_ms, side):
             owners = state_partition_of(pdf[spec.key], n)
             stray = owners != piece.partition
             if stray.any():
@@ -140,7 +149,7 @@ def colocated_task(
                     f'Produce with key_field="{spec.key}", or set the source option '
                     'co_locate="false" to shuffle partials instead.'
                 )
-            partials += partials_of(spec, pdf, watermark_ms)
+            partials += partials_of(spec, pdf, watermark_ms, ts)
         rows = merge_partition(
             cfg.engine, piece.partition, batch_id, watermark_ms, previous_watermark_ms, partials
         )
@@ -158,8 +167,8 @@ def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
     def run(piece: LogSlice) -> list[tuple[int, Any]]:
         side = Side()
         out: list[tuple[int, Any]] = []
-        for pdf in _events(cfg, piece, watermark_ms, side):
-            partials = partials_of(spec, pdf, watermark_ms)
+        for pdf, ts in _events(cfg, piece, watermark_ms, side):
+            partials = partials_of(spec, pdf, watermark_ms, ts)
             if partials:
                 owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
                 out += [(int(p), partial) for p, partial in zip(owners, partials, strict=True)]
@@ -321,7 +330,7 @@ def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
         return None
     directory = Path(checkpoint) / "spark" / "offsets"
     try:
-        end, start = (_source_offsets(directory / str(b)) for b in (batch_id, batch_id - 1))
+        end, start = (source_offsets(directory / str(b)) for b in (batch_id, batch_id - 1))
     except (OSError, ValueError):
         return None
     if end is None or start is None:
@@ -329,7 +338,7 @@ def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
     return [LogSlice(int(p), int(start.get(p, 0)), int(e)) for p, e in sorted(end.items())]
 
 
-def _source_offsets(path: Path) -> dict[str, int] | None:
+def source_offsets(path: Path) -> dict[str, int] | None:
     """The one source's offsets in an offset log file (``v1``, metadata, one line per
     source), if it has that shape."""
     import json
@@ -345,31 +354,25 @@ def _source_offsets(path: Path) -> dict[str, int] | None:
     return offsets
 
 
-def decide_co_location(options: dict[str, str], spec: Any) -> bool:
+def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bool:
     """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits:
     key-hash partitioner, one log partition per state partition, and its records keyed
     by the aggregation key (checked on the first records of every partition here, and
     on every record by the tasks)."""
-    import riverbed.log
-
     choice = options.get("co_locate", "auto").lower()
     if choice not in ("auto", "true", "false"):
         raise ValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
-    topic_log = riverbed.log.open(options["log"])
-    try:
-        topic = topic_log.topic(options["topic"])
-        fits = topic.partitioner == "key-hash" and topic.partitions == spec.state_partitions
-        if fits and choice == "auto":
-            for p in range(topic.partitions):
-                first = topic_log.storage.offsets(topic.name, p)[0]
-                for record in topic_log.read(topic.name, p, first, 100):
-                    value = record.value if isinstance(record.value, dict) else {}
-                    if spec.key not in value or record.key != str(value[spec.key]).encode():
-                        return False
-    finally:
-        topic_log.close()
+    topic = topic_log.topic(options["topic"])
+    fits = topic.partitioner == "key-hash" and topic.partitions == spec.state_partitions
+    if fits and choice == "auto":
+        for p in range(topic.partitions):
+            first = topic_log.storage.offsets(topic.name, p)[0]
+            for record in topic_log.read(topic.name, p, first, 100):
+                value = record.value if isinstance(record.value, dict) else {}
+                if spec.key not in value or record.key != str(value[spec.key]).encode():
+                    return False
     if choice == "true" and not fits:
         raise ValueError(
             f"co_locate=true needs topic {options['topic']!r} to use the key-hash partitioner "
@@ -398,6 +401,7 @@ def plan(spark: Any, config: EngineConfig, options: dict[str, str]) -> tuple[Any
                 f"with `riverbed topic create {options['topic']} --partitions "
                 f"{config.spec.state_partitions}`"
             )
+        co_located = decide_co_location(topic_log, options, config.spec)
     finally:
         topic_log.close()
     values = value_schema({k.lower(): v for k, v in options.items()})
@@ -412,7 +416,7 @@ def plan(spark: Any, config: EngineConfig, options: dict[str, str]) -> tuple[Any
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )
-    cfg = DirectConfig(config, options, schema, decide_co_location(options, config.spec))
+    cfg = DirectConfig(config, options, schema, co_located)
     register(spark)
     reader = spark.readStream.format("riverbed").option("slices", "true")
     for key, value in options.items():

@@ -136,13 +136,17 @@ class BatchLog:
 Partial = tuple[int, str, dict[str, Any]]  # (window start ms, key, {metric: partial})
 
 
-def partials_of(spec: Aggregation, pdf: pd.DataFrame, watermark_ms: int) -> list[Partial]:
+def partials_of(
+    spec: Aggregation, pdf: pd.DataFrame, watermark_ms: int, ts: np.ndarray | None = None
+) -> list[Partial]:
     """Per (window, key) partials of one frame of events, vectorized per group. Events
-    only count toward windows the watermark has not closed."""
+    only count toward windows the watermark has not closed. ``ts``: the frame's event
+    times in ms, when the caller has them already."""
     if pdf.empty:
         return []
     size = spec.window.size_ms
-    ts = event_millis(pdf[spec.time])
+    if ts is None:
+        ts = event_millis(pdf[spec.time])
     keys = pdf[spec.key].astype(str).to_numpy()
     parts = []
     for starts in spec.window.starts(ts):

@@ -159,6 +159,7 @@ def run(
 def status(job: Job) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
     import riverbed.log
+    from riverbed.stream.direct import source_offsets
     from riverbed.stream.engine import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
@@ -174,7 +175,7 @@ def status(job: Job) -> dict[str, Any]:
     if last_commit:
         offsets_file = job.checkpoint / "spark" / "offsets" / last_commit[-1].name
         if offsets_file.exists():
-            committed = json.loads(offsets_file.read_text().splitlines()[-1])
+            committed = source_offsets(offsets_file) or {}
     log = riverbed.log.open(job.log_url)
     topic = job.source["topic"]
     lag = {}

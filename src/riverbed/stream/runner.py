@@ -219,17 +219,17 @@ def start(
     _check_partitions(checkpoint, spec)
     if state is None:
         state = StateConfig(local_dir=checkpoint / "local-state", durable=checkpoint / "state")
-    if isinstance(source, Mapping):
-        from riverbed.stream.direct import plan
-
+    options = None
+    if isinstance(source, Mapping):  # a topic: side outputs default to its log
         options = {str(k): str(v) for k, v in source.items()}
         options.setdefault("log", log_url or load_config().log_url)
-        config = EngineConfig(
-            spec, state, str(checkpoint), str(output), log_url or options["log"], sql, topic
-        )
+        log_url = log_url or options["log"]
+    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic)
+    if options is not None:
+        from riverbed.stream.direct import plan
+
         frame, batch_fn = plan(spark, config, options)
     else:
-        config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic)
         frame, batch_fn = source, foreach_batch(config)
     writer = (
         frame.writeStream.foreachBatch(batch_fn)

@@ -154,16 +154,13 @@ class TopicSink:
         """Append the batch's rows; returns how many records were written now."""
         from riverbed.log.records import RawRecord
 
-        config = self.log.topic(self.topic)
-        serde = self.log.serde(config.serde)
-        partitioner = self.log.partitioner(config.partitioner)
+        producer = self.log.producer(self.topic)
         by_partition: dict[int, list[RawRecord]] = {}
         for row in rows.to_dict("records"):
-            key = str(row["key"]).encode()
             value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-            end = pd.Timestamp(row["window_end"])
-            raw = RawRecord(int(end.timestamp() * 1000), key, serde.serialize(value), {})
-            by_partition.setdefault(partitioner.partition(key, config.partitions), []).append(raw)
+            end = int(pd.Timestamp(row["window_end"]).timestamp() * 1000)
+            partition, raw = producer.record(value, key=str(row["key"]), timestamp=end)
+            by_partition.setdefault(partition, []).append(raw)
         written = 0
         for partition, records in sorted(by_partition.items()):
             if self._last_batch(partition) >= batch_id:
