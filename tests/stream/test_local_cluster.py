@@ -25,9 +25,19 @@ from riverbed.state import StateConfig
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
 
 root, log_url, path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+# No locality wait: with the default 3 s, every short state task waits for the executor
+# that holds its shuffle input, so all of them can land on one executor.
 spark = session(SparkConfig(master="local-cluster[2,1,1024]", app_name="riverbed-lc",
                             conf={"spark.executor.memory": "512m",
-                                  "spark.sql.shuffle.partitions": "4"}))
+                                  "spark.sql.shuffle.partitions": "4",
+                                  "spark.locality.wait": "0"}))
+# Executors register a few seconds after the driver starts; a batch planned before the
+# second one is up runs entirely on the first.
+import time
+deadline = time.monotonic() + 120
+while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:  # driver + 2
+    assert time.monotonic() < deadline, "local-cluster executors did not register in 120 s"
+    time.sleep(0.2)
 register(spark)
 options = {"topic": "events", "log": log_url, "maxRecordsPerBatch": "800",
            "schema": "user_id long, flag string, amount double, ts timestamp"}
