@@ -177,6 +177,21 @@ def test_maintain_purges_but_keeps_retained_versions(provider: StateProvider) ->
         provider.load("ns", 0, 5)
 
 
+def test_purge_runs_while_a_writer_holds_the_partition(provider: StateProvider) -> None:
+    """purge() only touches durable files: it neither waits for the partition nor
+    snapshots it, and the writer's next commit and loads still work."""
+    for v in range(1, 11):
+        commit_items(provider, {b"v": str(v).encode()}, v)
+    writer = provider.load("ns", 0)  # holds the partition (lock_timeout is 0.5 s)
+    assert provider.purge("ns", 0) == 6  # retain 4 (7..10): the snapshot at 6
+    assert provider.versions("ns", 0) == [6, 7, 8, 9, 10]
+    writer.put(b"v", b"11")
+    writer.commit(11)
+    store = provider.load("ns", 0, 7)
+    assert store.get(b"v") == b"7"
+    store.abort()
+
+
 @pytest.mark.parametrize("bad", ["", "a/b", "../x", "-lead"])
 def test_bad_namespace_names(provider: StateProvider, bad: str) -> None:
     with pytest.raises(ValueError, match="namespace"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,75 @@ def test_state_partition_count_is_fixed_at_first_start(
             checkpoint=tmp_path / "ckpt",
             output=tmp_path / "out",
         )
+
+
+@pytest.mark.parametrize("path", ["spark", "colocated"])
+def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """State history and batch records older than ``retain_versions`` are purged as the
+    query runs; totals survive the purge, and a restart on a machine without the local
+    state (restored from what the purge kept) continues exactly."""
+    import shutil
+
+    from riverbed.state import StateConfig
+
+    first, more = make_events(2400, hours=4, seed=3), make_events(600, hours=4, seed=4)
+    write_events(log_url, first)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id")},
+        state_partitions=3,
+    )
+    state = StateConfig(
+        local_dir=tmp_path / "local",
+        durable=tmp_path / "durable",
+        snapshot_every=2,
+        retain_versions=3,
+    )
+
+    def run() -> None:
+        query = start(
+            spark,
+            spec,
+            source_for(spark, log_url, path, max_records=150),
+            checkpoint=tmp_path / "ckpt",
+            output=tmp_path / "out",
+            state=state,
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+
+    run()
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    ids = batches.ids()
+    assert ids[-1] >= 12, "too few batches to see purges"
+    # pruned every 2 batches down to the newest 3: never more than 4 records
+    assert len(ids) <= 4 and ids == list(range(ids[-1] - len(ids) + 1, ids[-1] + 1))
+    totals = batches.get(ids[-1])["totals"]
+    assert totals["batches"] == ids[-1] + 1
+    assert totals["input"] == len(first)
+    for partition in range(3):
+        base = tmp_path / "durable" / "flags" / str(partition)
+        changelogs = sorted(int(p.name.split(".")[0]) for p in (base / "changelog").iterdir())
+        snapshots = sorted(int(p.name.split("-")[0]) for p in (base / "snapshot").iterdir())
+        purged = json.loads((base / "meta.json").read_text())["purged_through"]
+        assert purged > 0 and changelogs[0] > purged and snapshots[0] == purged
+        assert len(changelogs) <= 4 and len(snapshots) <= 3, (changelogs, snapshots)
+
+    # a new machine: no local state; the purged history must not be needed
+    shutil.rmtree(tmp_path / "local")
+    write_events(log_url, more)
+    run()
+    got = read_results(tmp_path / "out")
+    want = oracle(pd.concat([first, more]), Tumbling("1h"))
+    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
+    assert len(merged) == len(want) == len(got)
+    assert (merged["events"] == merged["events_oracle"]).all()
+    assert (merged["users"] == merged["users_oracle"]).all()
+    assert batches.get(batches.ids()[-1])["totals"]["input"] == len(first) + len(more)

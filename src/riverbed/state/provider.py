@@ -349,7 +349,6 @@ class StateProvider:
         """Snapshot if due, purge what no retained version needs, and sweep leftovers of
         interrupted uploads older than ``sweep_after`` seconds. Returns the version
         everything before which was purged (0: nothing)."""
-        self.durable.sweep(self._base(namespace, partition), sweep_after)
         index = self.index(namespace, partition)
         latest = index.latest
         if latest and latest - max(index.snapshots, default=0) >= self.config.snapshot_every:
@@ -358,7 +357,17 @@ class StateProvider:
                 self._snapshot(namespace, partition, store._live())
             finally:
                 store.abort()
-            index = self.index(namespace, partition)
+        return self.purge(namespace, partition, sweep_after)
+
+    def purge(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:
+        """The durable half of :meth:`maintain`: delete the snapshots and changelogs no
+        retained version needs, and sweep leftovers of interrupted uploads. Never opens
+        the partition, so it is safe from any process while a writer commits (the stream
+        engine runs it on the driver). Returns the version everything before which was
+        purged (0: nothing)."""
+        self.durable.sweep(self._base(namespace, partition), sweep_after)
+        index = self.index(namespace, partition)
+        latest = index.latest
         keep_from = latest - self.config.retain_versions + 1
         base = max((s for s in index.snapshots if s <= keep_from), default=0)
         if base <= index.purged_through:

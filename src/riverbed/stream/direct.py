@@ -43,6 +43,7 @@ from riverbed.stream.engine import (
     EngineConfig,
     Partial,
     event_millis,
+    finish_batch,
     merge_partition,
     output_schema,
     partials_of,
@@ -312,8 +313,7 @@ def foreach_batch(cfg: DirectConfig) -> Any:
             "state_job": round((merged - planned) * 1000),
             "outputs": round((time.perf_counter() - merged) * 1000),
         }
-        # durable before Spark commits the batch: the next batch's watermark comes from it
-        batches.put(batch_id, record | {"done": True, "input": side.input})
+        finish_batch(cfg.engine, batches, batch_id, record | {"input": side.input})
 
     return run
 

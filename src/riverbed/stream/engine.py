@@ -15,7 +15,11 @@ For each micro-batch (``foreachBatch``):
    load the state as of the previous batch (version ``batch_id``), merge, emit, expire
    closed windows, commit version ``batch_id + 1``;
 5. **output** — the emitted rows overwrite ``<output>/batch_id=<id>/``: a re-run
-   replaces its own output, never duplicates it.
+   replaces its own output, never duplicates it;
+6. **finish** — the batch record gets ``done`` and running totals; every
+   ``snapshot_every`` batches the driver purges state history and batch records older
+   than ``retain_versions`` batches (:func:`finish_batch`), so a query that runs for
+   months keeps a bounded checkpoint.
 
 A task retry, a speculative copy or a driver restart re-runs steps 3-5 for the same
 ``batch_id`` against the same previous version, so the state version and the output
@@ -130,6 +134,65 @@ class BatchLog:
         record = self.get(batch_id) or {}
         record.update(fields)
         self.put(batch_id, record)
+
+    def ids(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.dir.glob("*.json"))
+
+    def prune(self, keep_from: int) -> int:
+        """Delete the records of batches before ``keep_from``; returns how many."""
+        gone = 0
+        for batch_id in self.ids():
+            if batch_id >= keep_from:
+                break
+            self._path(batch_id).unlink(missing_ok=True)
+            gone += 1
+        return gone
+
+
+COUNTS = ("input", "late", "malformed")
+
+
+def finish_batch(
+    config: EngineConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
+) -> None:
+    """Record the batch as done (durably, before Spark commits it: the next batch's
+    watermark comes from it), with running totals; then, every ``snapshot_every``
+    batches, purge what no retained version needs."""
+    prev = batches.previous(batch_id)
+    if prev is not None and "totals" in prev:
+        totals = dict(prev["totals"])
+    else:  # the first batch, or records from before totals existed: count them once
+        earlier = [r for b in batches.ids() if b < batch_id and (r := batches.get(b))]
+        done = [r for r in earlier if r.get("done")]
+        totals = {c: sum(int(r.get(c, 0)) for r in done) for c in COUNTS}
+        totals["batches"] = len(done)
+    for c in COUNTS:
+        totals[c] = int(totals.get(c, 0)) + int(record.get(c, 0))
+    totals["batches"] = int(totals.get("batches", 0)) + 1
+    batches.put(batch_id, record | {"done": True, "totals": totals})
+    if (batch_id + 1) % config.state.snapshot_every == 0:
+        maintain(config, batches, batch_id)
+
+
+def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
+    """Purge state snapshots and changelogs, and batch records, that no version among
+    the newest ``retain_versions`` needs. Runs on the driver without opening any state
+    partition, so it never competes with the state tasks; a failure is logged and
+    retried at the next round, never fails the query."""
+    spec = config.spec
+    try:
+        provider = StateProvider(config.state)
+        for partition in range(spec.state_partitions):
+            provider.purge(spec.name, partition)
+        batches.prune(batch_id + 1 - config.state.retain_versions)
+    except Exception as exc:  # maintenance must not stop the query
+        log.warning(
+            "maintenance of %s after batch %d failed (retried in %d batches): %s",
+            spec.name,
+            batch_id,
+            config.state.snapshot_every,
+            exc,
+        )
 
 
 # -- step 3: pre-aggregation -------------------------------------------------------------------

@@ -189,12 +189,20 @@ def status(job: Job) -> dict[str, Any]:
         else 0
     )
     last = next((d for d in reversed(done) if d.get("ms")), None)
+    # running totals of the newest finished batch: older records may have been pruned
+    newest = next((d for d in reversed(done) if d.get("done")), None)
+    if newest is not None and "totals" in newest:
+        totals = newest["totals"]
+    else:  # a checkpoint from before totals: every record is still there
+        finished = [d for d in done if d.get("done")]
+        totals = {c: sum(d.get(c, 0) for d in finished) for c in ("input", "late", "malformed")}
+        totals["batches"] = len(finished)
     return {
         "aggregation": job.aggregation.name,
-        "batches": sum(1 for d in done if d.get("done")),
-        "input_records": sum(d.get("input", 0) for d in done),
-        "late": sum(d.get("late", 0) for d in done),
-        "malformed": sum(d.get("malformed", 0) for d in done),
+        "batches": totals["batches"],
+        "input_records": totals["input"],
+        "late": totals["late"],
+        "malformed": totals["malformed"],
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs

@@ -18,6 +18,7 @@ from riverbed.stream.engine import (
     PARTIAL_SCHEMA,
     BatchLog,
     EngineConfig,
+    finish_batch,
     merger,
     output_schema,
     preaggregate,
@@ -100,7 +101,8 @@ def foreach_batch(config: EngineConfig) -> Any:
             out.write.mode("overwrite").parquet(str(target))
             if config.sql_url or config.results_topic:
                 publish(config, batch_id, _batch_rows(target))
-            batches.update(batch_id, done=True, input=int(stats["n"]))
+            record = batches.get(batch_id) or record
+            finish_batch(config, batches, batch_id, record | {"input": int(stats["n"])})
         finally:
             df.unpersist()
 
