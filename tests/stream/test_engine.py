@@ -363,3 +363,50 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
     assert batches.get(batches.ids()[-1])["totals"]["input"] == len(first) + len(more)
+
+
+@pytest.mark.parametrize("path", ["spark", "colocated"])
+def test_the_result_table_reads_the_same_in_duckdb_polars_and_spark(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """Whichever path wrote it, the Parquet table has one schema (UTC microsecond
+    timestamps) and every reader sees the rows read_results keeps."""
+    import duckdb
+    import polars as pl
+
+    write_events(log_url, make_events(1500, hours=4, seed=5))
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id", mode="hll")},
+        state_partitions=3,
+    )
+    want = run_to_end(spark, spec, log_url, tmp_path, path)
+    assert len(want) > 10 and want["batch_id"].nunique() > 1
+    out = tmp_path / "out"
+    columns = ["window_start", "key", "events", "users", "users_error", "batch_id"]
+
+    def latest(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.sort_values("batch_id").drop_duplicates(["window_start", "key"], keep="last")
+        frame["batch_id"] = frame["batch_id"].astype("int64")
+        return frame[columns].sort_values(["window_start", "key"]).reset_index(drop=True)
+
+    readers = {
+        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{out}/*/*.parquet')").df(),
+        "polars": pl.read_parquet(f"{out}/*/*.parquet").to_pandas(),
+        "spark": spark.read.parquet(str(out)).toPandas(),
+    }
+    expected = latest(want)
+    for name, frame in readers.items():
+        if name == "spark":  # naive, in the session time zone: riverbed sessions use UTC
+            for c in ("window_start", "window_end"):
+                frame[c] = frame[c].dt.tz_localize("UTC")
+        got = latest(frame)
+        # one unit and zone for the comparison
+        got["window_start"] = got["window_start"].dt.tz_convert("UTC").dt.as_unit("us")
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False, obj=name)
+    schema = pl.read_parquet_schema(next(out.glob("*/*.parquet")))
+    assert schema["window_start"] == pl.Datetime("us", "UTC")

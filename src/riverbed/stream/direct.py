@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
@@ -45,9 +43,10 @@ from riverbed.stream.engine import (
     event_millis,
     finish_batch,
     merge_partition,
-    output_schema,
+    output_arrow_schema,
     partials_of,
     state_partition_of,
+    write_output,
 )
 from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record, publish
 from riverbed.stream.source import LogSlice, read_slice
@@ -243,38 +242,6 @@ def run_batch(
 
 def _empty_rows(spec: Any) -> pd.DataFrame:
     return output_arrow_schema(spec).empty_table().to_pandas()
-
-
-def output_arrow_schema(spec: Any) -> pa.Schema:
-    types = {
-        "timestamp": pa.timestamp("us", tz="UTC"),
-        "string": pa.string(),
-        "long": pa.int64(),
-        "double": pa.float64(),
-        "boolean": pa.bool_(),
-    }
-    return pa.schema(
-        [(name, types[kind]) for name, kind in (c.split() for c in output_schema(spec).split(", "))]
-    )
-
-
-def write_output(output: str, spec: Any, batch_id: int, rows: pd.DataFrame) -> None:
-    """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory)."""
-    import shutil
-
-    import pyarrow.parquet as pq
-
-    schema = output_arrow_schema(spec)
-    table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
-    root = Path(output)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
-    tmp.mkdir()
-    pq.write_table(table, tmp / "part-00000.parquet")
-    target = root / f"batch_id={batch_id}"
-    if target.exists():  # a re-run replaces its own output
-        shutil.rmtree(target)
-    tmp.rename(target)
 
 
 def foreach_batch(cfg: DirectConfig) -> Any:

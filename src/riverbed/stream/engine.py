@@ -41,6 +41,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import split_window_key, window_key, window_prefix
@@ -78,6 +79,46 @@ def output_schema(spec: Aggregation) -> str:
             cols.append(f"{name} double")
     cols += ["batch_id long"]
     return ", ".join(cols)
+
+
+def output_arrow_schema(spec: Aggregation) -> pa.Schema:
+    types = {
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "string": pa.string(),
+        "long": pa.int64(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+    }
+    return pa.schema(
+        [(name, types[kind]) for name, kind in (c.split() for c in output_schema(spec).split(", "))]
+    )
+
+
+def write_output(
+    output: str, spec: Aggregation, batch_id: int, rows: pd.DataFrame | pa.Table
+) -> pa.Table:
+    """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory);
+    returns what was written. Both paths write through here, so the table has one
+    Parquet schema (timestamps as UTC microseconds) whichever path wrote a batch."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    schema = output_arrow_schema(spec)
+    if isinstance(rows, pa.Table):
+        table = rows.select(schema.names).cast(schema)
+    else:
+        table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
+    root = Path(output)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    pq.write_table(table, tmp / "part-00000.parquet")
+    target = root / f"batch_id={batch_id}"
+    if target.exists():  # a re-run replaces its own output
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return table
 
 
 def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:

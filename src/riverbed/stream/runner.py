@@ -22,6 +22,7 @@ from riverbed.stream.engine import (
     merger,
     output_schema,
     preaggregate,
+    write_output,
 )
 from riverbed.stream.sinks import plain
 
@@ -97,10 +98,11 @@ def foreach_batch(config: EngineConfig) -> Any:
                     output_schema(spec),
                 )
             )
-            target = Path(config.output) / f"batch_id={batch_id}"
-            out.write.mode("overwrite").parquet(str(target))
+            # the rows a batch emits are few (the windows it changed or closed): collect
+            # them as Arrow and write them the way the log-native path does
+            written = write_output(config.output, spec, batch_id, out.toArrow())
             if config.sql_url or config.results_topic:
-                publish(config, batch_id, _batch_rows(target))
+                publish(config, batch_id, written.to_pandas())
             record = batches.get(batch_id) or record
             finish_batch(config, batches, batch_id, record | {"input": int(stats["n"])})
         finally:
@@ -117,13 +119,6 @@ def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str
         "previous_watermark_ms": prev["watermark_ms"],
         "max_event_ms": prev["max_event_ms"],
     }
-
-
-def _batch_rows(target: Path) -> pd.DataFrame:
-    """The rows one batch wrote (small: the windows it changed or closed)."""
-    import pyarrow.dataset as ds
-
-    return _utc(ds.dataset(str(target), format="parquet").to_table().to_pandas())
 
 
 def _utc(frame: pd.DataFrame) -> pd.DataFrame:
