@@ -295,14 +295,20 @@ def test_state_partition_count_is_fixed_at_first_start(
 
 @pytest.mark.parametrize("path", ["spark", "colocated"])
 def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
-    spark: Any, log_url: str, tmp_path: Path, path: str
+    spark: Any, log_url: str, tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """State history and batch records older than ``retain_versions`` are purged as the
-    query runs; totals survive the purge, and a restart on a machine without the local
-    state (restored from what the purge kept) continues exactly."""
+    """State history and batch records older than ``retain_versions`` are purged and
+    the result table is compacted as the query runs; totals survive, readers see the
+    same table, and a restart on a machine without the local state (restored from what
+    the purge kept) continues exactly."""
     import shutil
 
+    import duckdb
+
+    import riverbed.stream.engine as engine
     from riverbed.state import StateConfig
+
+    monkeypatch.setattr(engine, "COMPACT_AFTER", 3)  # foreachBatch runs in this process
 
     first, more = make_events(2400, hours=4, seed=3), make_events(600, hours=4, seed=4)
     write_events(log_url, first)
@@ -351,6 +357,9 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
         purged = json.loads((base / "meta.json").read_text())["purged_through"]
         assert purged > 0 and changelogs[0] > purged and snapshots[0] == purged
         assert len(changelogs) <= 4 and len(snapshots) <= 3, (changelogs, snapshots)
+    out = tmp_path / "out"
+    assert len(list(out.glob("batch_id=*"))) <= 6
+    assert list(out.glob("batch_id=*/compacted-*.parquet"))
 
     # a new machine: no local state; the purged history must not be needed
     shutil.rmtree(tmp_path / "local")
@@ -363,6 +372,17 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
     assert batches.get(batches.ids()[-1])["totals"]["input"] == len(first) + len(more)
+    # an outside reader of the compacted table: the same rows
+    latest = duckdb.sql(
+        f"SELECT window_start, key, events, users FROM read_parquet('{out}/*/*.parquet') "
+        "QUALIFY row_number() OVER (PARTITION BY window_start, key ORDER BY batch_id DESC) = 1 "
+        "ORDER BY window_start, key"
+    ).df()
+    pd.testing.assert_frame_equal(
+        latest[["key", "events", "users"]],
+        got[["key", "events", "users"]].reset_index(drop=True),
+        check_dtype=False,
+    )
 
 
 @pytest.mark.parametrize("path", ["spark", "colocated"])

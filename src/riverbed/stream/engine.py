@@ -115,10 +115,71 @@ def write_output(
     tmp.mkdir()
     pq.write_table(table, tmp / "part-00000.parquet")
     target = root / f"batch_id={batch_id}"
-    if target.exists():  # a re-run replaces its own output
+    if target.exists():  # a re-run replaces its own output (never what compaction put there)
+        for carried in target.glob("compacted-*.parquet"):
+            carried.rename(tmp / carried.name)
         shutil.rmtree(target)
     tmp.rename(target)
     return table
+
+
+COMPACT_AFTER = 100  # batch directories of the result table before they are folded
+
+
+def _batch_dirs(root: Path) -> list[int]:
+    return sorted(
+        int(p.name.split("=", 1)[1])
+        for p in root.glob("batch_id=*")
+        if p.is_dir() and p.name.split("=", 1)[1].isdigit()
+    )
+
+
+def compact_output(output: str, spec: Aggregation, upto: int) -> int:
+    """Fold the result table's batch directories before ``upto`` into ``batch_id=upto``
+    once there are ``COMPACT_AFTER`` of them; returns how many were folded.
+
+    ``upto`` must be a batch Spark has committed (it is never re-run). The latest row
+    per (window_start, key) among the older batches -- except the keys ``upto`` wrote
+    itself, which are newer -- is written as ``compacted-*.parquet`` into
+    ``batch_id=upto`` with ``batch_id = upto`` (so every reader, including Spark's
+    directory-based one, agrees), then the older directories are deleted. A crash in
+    between leaves older rows that lose to the compacted ones: readers that keep the
+    highest ``batch_id`` per (window_start, key) see the same table at every step.
+    """
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    root = Path(output)
+    older = [b for b in _batch_dirs(root) if b < upto]
+    target = root / f"batch_id={upto}"
+    if len(older) < COMPACT_AFTER or not target.is_dir():
+        return 0
+    schema = output_arrow_schema(spec)
+
+    def read(directory: Path) -> list[pa.Table]:
+        # Spark-written batches of older versions: INT96, naive UTC -- cast reads them
+        return [
+            pq.read_table(f).select(schema.names).cast(schema)
+            for f in sorted(directory.glob("*.parquet"))
+        ]
+
+    old = pa.concat_tables([t for b in older for t in read(root / f"batch_id={b}")])
+    own = pa.concat_tables(read(target) or [schema.empty_table()])
+    frame = old.to_pandas().sort_values("batch_id", kind="stable")
+    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
+    mine = pd.MultiIndex.from_frame(own.select(["window_start", "key"]).to_pandas())
+    frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
+    frame["batch_id"] = upto
+    name = f"compacted-{uuid.uuid4().hex}.parquet"
+    pq.write_table(
+        pa.Table.from_pandas(frame, schema=schema, preserve_index=False), target / f".{name}.tmp"
+    )
+    (target / f".{name}.tmp").rename(target / name)
+    for b in older:
+        shutil.rmtree(root / f"batch_id={b}", ignore_errors=True)
+    log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
+    return len(older)
 
 
 def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
@@ -217,7 +278,8 @@ def finish_batch(
 
 def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
     """Purge state snapshots and changelogs, and batch records, that no version among
-    the newest ``retain_versions`` needs. Runs on the driver without opening any state
+    the newest ``retain_versions`` needs, and compact the result table
+    (:func:`compact_output`). Runs on the driver without opening any state
     partition, so it never competes with the state tasks; a failure is logged and
     retried at the next round, never fails the query."""
     spec = config.spec
@@ -226,6 +288,8 @@ def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
         for partition in range(spec.state_partitions):
             provider.purge(spec.name, partition)
         batches.prune(batch_id + 1 - config.state.retain_versions)
+        if batch_id > 0:  # the batch before this one is committed: fold the table into it
+            compact_output(config.output, spec, batch_id - 1)
     except Exception as exc:  # maintenance must not stop the query
         log.warning(
             "maintenance of %s after batch %d failed (retried in %d batches): %s",

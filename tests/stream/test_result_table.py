@@ -1,0 +1,85 @@
+"""The Parquet result table: per-batch directories, and their compaction."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import riverbed.stream.engine as engine
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.metrics import Count
+from riverbed.stream.runner import read_results
+from riverbed.stream.windows import Tumbling
+
+SPEC = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
+T = pd.Timestamp("2026-11-21", tz="UTC")
+
+
+def batch(batch_id: int, keys: list[str], hour: int = 0) -> pd.DataFrame:
+    start = T + pd.Timedelta(hours=hour)
+    return pd.DataFrame(
+        {
+            "window_start": [start] * len(keys),
+            "window_end": [start + pd.Timedelta(hours=1)] * len(keys),
+            "key": keys,
+            "n": [batch_id * 10 + i for i in range(len(keys))],
+            "batch_id": [batch_id] * len(keys),
+        }
+    )
+
+
+def table_without_batch_ids(out: Path) -> pd.DataFrame:
+    return read_results(out).drop(columns="batch_id")
+
+
+def test_compaction_keeps_the_table_and_survives_a_crash_before_its_deletes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine, "COMPACT_AFTER", 3)
+    out = tmp_path / "out"
+    engine.write_output(str(out), SPEC, 0, batch(0, ["a", "b", "c"]))
+    engine.write_output(str(out), SPEC, 1, batch(1, ["a", "d"]))
+    engine.write_output(str(out), SPEC, 2, batch(2, ["b"], hour=1))
+    assert engine.compact_output(str(out), SPEC, 2) == 0  # 2 older directories: not yet
+    engine.write_output(str(out), SPEC, 3, batch(3, ["b", "e"]))
+    before = table_without_batch_ids(out)
+    backup = tmp_path / "backup"
+    shutil.copytree(out, backup)
+
+    assert engine.compact_output(str(out), SPEC, 3) == 3
+    assert sorted(p.name for p in out.iterdir()) == ["batch_id=3"]
+    after = read_results(out)
+    pd.testing.assert_frame_equal(after.drop(columns="batch_id"), before)
+    assert set(after["batch_id"]) == {3}  # carried rows say where they are now
+    # batch 3's own rows were not duplicated into the compacted file
+    compacted = pd.read_parquet(next((out / "batch_id=3").glob("compacted-*.parquet")))
+    assert not {"b", "e"} & set(compacted.loc[compacted["window_start"] == T, "key"])
+
+    # a crash after the compacted file, before the deletes: old rows lose to it
+    for p in backup.iterdir():
+        if p.name != "batch_id=3":
+            shutil.copytree(p, out / p.name)
+    pd.testing.assert_frame_equal(table_without_batch_ids(out), before)
+    # ... and the next compaction folds them all again
+    engine.write_output(str(out), SPEC, 4, batch(4, ["a"]))
+    assert engine.compact_output(str(out), SPEC, 4) == 4
+    want = before.set_index(["window_start", "key"])
+    want.loc[(T, "a"), "n"] = 40
+    pd.testing.assert_frame_equal(
+        table_without_batch_ids(out).set_index(["window_start", "key"]), want
+    )
+
+
+def test_a_rerun_of_the_compaction_batch_keeps_the_compacted_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine, "COMPACT_AFTER", 1)
+    out = tmp_path / "out"
+    engine.write_output(str(out), SPEC, 0, batch(0, ["a", "b"]))
+    engine.write_output(str(out), SPEC, 1, batch(1, ["a"]))
+    assert engine.compact_output(str(out), SPEC, 1) == 1
+    engine.write_output(str(out), SPEC, 1, batch(1, ["a"]))  # replaced by a re-run
+    assert sorted(read_results(out)["key"]) == ["a", "b"]
