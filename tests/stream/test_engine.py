@@ -430,3 +430,21 @@ def test_the_result_table_reads_the_same_in_duckdb_polars_and_spark(
         pd.testing.assert_frame_equal(got, expected, check_dtype=False, obj=name)
     schema = pl.read_parquet_schema(next(out.glob("*/*.parquet")))
     assert schema["window_start"] == pl.Datetime("us", "UTC")
+
+
+def test_running_totals_continue_from_records_written_before_totals(tmp_path: Path) -> None:
+    from riverbed.state import StateConfig
+    from riverbed.stream.engine import finish_batch
+
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches.put(0, {"done": True, "input": 10, "late": 1})  # an older riverbed's records
+    batches.put(1, {"done": True, "input": 5, "malformed": 2})
+    batches.put(2, {"watermark_ms": 0})  # started, never finished
+    spec = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
+    config = EngineConfig(
+        spec, StateConfig(local_dir=tmp_path / "l", durable=tmp_path / "d"), "", ""
+    )
+    finish_batch(config, batches, 3, {"input": 7, "late": 3})
+    assert batches.get(3)["totals"] == {"input": 22, "late": 4, "malformed": 2, "batches": 3}
+    finish_batch(config, batches, 4, {"input": 1})
+    assert batches.get(4)["totals"] == {"input": 23, "late": 4, "malformed": 2, "batches": 4}

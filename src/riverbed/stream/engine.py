@@ -254,20 +254,28 @@ class BatchLog:
 COUNTS = ("input", "late", "malformed")
 
 
+def summed_totals(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Totals over finished batch records, for checkpoints from before running totals
+    (where no record was pruned yet)."""
+    done = [r for r in records if r.get("done")]
+    totals = {c: sum(int(r.get(c, 0)) for r in done) for c in COUNTS}
+    totals["batches"] = len(done)
+    return totals
+
+
 def finish_batch(
     config: EngineConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
 ) -> None:
     """Record the batch as done (durably, before Spark commits it: the next batch's
     watermark comes from it), with running totals; then, every ``snapshot_every``
-    batches, purge what no retained version needs."""
+    batches, run :func:`maintain`."""
     prev = batches.previous(batch_id)
     if prev is not None and "totals" in prev:
         totals = dict(prev["totals"])
     else:  # the first batch, or records from before totals existed: count them once
-        earlier = [r for b in batches.ids() if b < batch_id and (r := batches.get(b))]
-        done = [r for r in earlier if r.get("done")]
-        totals = {c: sum(int(r.get(c, 0)) for r in done) for c in COUNTS}
-        totals["batches"] = len(done)
+        totals = summed_totals(
+            r for b in batches.ids() if b < batch_id and (r := batches.get(b)) is not None
+        )
     for c in COUNTS:
         totals[c] = int(totals.get(c, 0)) + int(record.get(c, 0))
     totals["batches"] = int(totals.get("batches", 0)) + 1

@@ -160,7 +160,7 @@ def status(job: Job) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
     import riverbed.log
     from riverbed.stream.direct import source_offsets
-    from riverbed.stream.engine import BatchLog
+    from riverbed.stream.engine import BatchLog, summed_totals
 
     batches = BatchLog(str(job.checkpoint))
     records = sorted(batches.dir.glob("*.json"))
@@ -190,13 +190,9 @@ def status(job: Job) -> dict[str, Any]:
     )
     last = next((d for d in reversed(done) if d.get("ms")), None)
     # running totals of the newest finished batch: older records may have been pruned
-    newest = next((d for d in reversed(done) if d.get("done")), None)
-    if newest is not None and "totals" in newest:
-        totals = newest["totals"]
-    else:  # a checkpoint from before totals: every record is still there
-        finished = [d for d in done if d.get("done")]
-        totals = {c: sum(d.get(c, 0) for d in finished) for c in ("input", "late", "malformed")}
-        totals["batches"] = len(finished)
+    # (a checkpoint from before totals still has every record: sum them)
+    newest: dict[str, Any] = next((d for d in reversed(done) if d.get("done")), {})
+    totals = newest["totals"] if "totals" in newest else summed_totals(done)
     return {
         "aggregation": job.aggregation.name,
         "batches": totals["batches"],
