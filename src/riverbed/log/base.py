@@ -8,9 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import numpy as np
-import pyarrow as pa
-
 from riverbed.log.records import Columns, RawRecord
 
 Fsync = Literal["batch", "interval", "never"]
@@ -88,13 +85,7 @@ class LogStorage(ABC):
             records = self.read(topic, partition, offset, min(end - offset, 10_000))
             if not records:
                 break
-            batch = ColumnBatch(
-                np.array([r.timestamp_ms for _, r in records], dtype=np.int64),
-                pa.array([r.key for _, r in records], pa.binary()),
-                pa.array([r.value for _, r in records], pa.binary()),
-                None,
-            )
-            chunks.append(batch)
+            chunks.append(ColumnBatch.from_rows([r for _, r in records]))
             offset = records[-1][0] + 1
         return Columns.concat(start, chunks)
 

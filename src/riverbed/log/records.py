@@ -173,6 +173,17 @@ class ColumnBatch:
             self.headers[start:stop] if self.headers is not None else None,
         )
 
+    @staticmethod
+    def from_rows(rows: Sequence[RawRecord]) -> ColumnBatch:
+        """The inverse of :meth:`rows` (for row-shaped sources: format 1 batches,
+        storages without a columnar read)."""
+        return ColumnBatch(
+            np.array([r.timestamp_ms for r in rows], dtype=np.int64),
+            pa.array([r.key for r in rows], pa.binary()),
+            pa.array([r.value for r in rows], pa.binary()),
+            [dict(r.headers) for r in rows] if any(r.headers for r in rows) else None,
+        )
+
     def rows(self) -> list[RawRecord]:
         headers = self.headers or [{}] * len(self)
         return [
@@ -208,12 +219,7 @@ def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Colu
                 headers,
             )
         # format 1: rows
-        return ColumnBatch(
-            np.array([r[0] for r in payload], dtype=np.int64),
-            pa.array([r[1] for r in payload], pa.binary()),
-            pa.array([r[2] for r in payload], pa.binary()),
-            [r[3] or {} for r in payload] if any(r[3] for r in payload) else None,
-        )
+        return ColumnBatch.from_rows([RawRecord(r[0], r[1], r[2], r[3] or {}) for r in payload])
     except (ValueError, TypeError, IndexError, pa.ArrowInvalid) as exc:
         raise CorruptLogError(f"batch at offset {header.base_offset} cannot be decoded") from exc
 
