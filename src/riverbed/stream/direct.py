@@ -40,10 +40,10 @@ from riverbed.stream.engine import (
     BatchLog,
     EngineConfig,
     Partial,
+    empty_rows,
     event_millis,
     finish_batch,
     merge_partition,
-    output_arrow_schema,
     partials_of,
     state_partition_of,
     write_output,
@@ -236,12 +236,8 @@ def run_batch(
                     side.add(s)
     full = [f for f in frames if len(f)]
     if not full:
-        return _empty_rows(spec), side
+        return empty_rows(spec), side
     return pd.concat(full, ignore_index=True), side
-
-
-def _empty_rows(spec: Any) -> pd.DataFrame:
-    return output_arrow_schema(spec).empty_table().to_pandas()
 
 
 def foreach_batch(cfg: DirectConfig) -> Any:

@@ -94,6 +94,11 @@ def output_arrow_schema(spec: Aggregation) -> pa.Schema:
     )
 
 
+def empty_rows(spec: Aggregation) -> pd.DataFrame:
+    """A batch that emitted nothing, with the output's columns and types."""
+    return output_arrow_schema(spec).empty_table().to_pandas()
+
+
 def write_output(
     output: str, spec: Aggregation, batch_id: int, rows: pd.DataFrame | pa.Table
 ) -> pa.Table:
@@ -474,8 +479,7 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
                 row[name + suffix] = result
         row["batch_id"] = batch_id
         records.append(row)
-    columns = [c.split()[0] for c in output_schema(spec).split(", ")]
-    frame = pd.DataFrame(records, columns=columns)
+    frame = pd.DataFrame(records, columns=output_arrow_schema(spec).names)
     for column in ("window_start", "window_end"):
         frame[column] = pd.to_datetime(frame[column], utc=True)
     return frame

@@ -265,7 +265,7 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 
     from riverbed.state import StateProvider
     from riverbed.state.query import read_state
-    from riverbed.stream.engine import _rows, output_schema
+    from riverbed.stream.engine import _rows, empty_rows
 
     provider = StateProvider(state)
     if not provider.partitions(spec.name):
@@ -281,7 +281,7 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
         }
         frames.append(_rows(spec, values, batch.column("version")[0].as_py() - 1))
     if not frames:
-        return pd.DataFrame(columns=[c.split()[0] for c in output_schema(spec).split(", ")])
+        return empty_rows(spec)
     frame = pd.concat(frames, ignore_index=True)
     return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
 
