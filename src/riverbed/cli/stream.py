@@ -65,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.spark import session
+    from riverbed.stream.engine import input_rate
     from riverbed.stream.job import run
 
     job = _job(args.spec)
@@ -73,8 +74,8 @@ def _run(args: argparse.Namespace) -> int:
     spark = session(spark_config)
 
     def progress(batch_id: int, record: dict[str, Any]) -> None:
-        ms = sum((record.get("ms") or {}).values())
-        rate = f", {record.get('input', 0) * 1000 / ms:,.0f} records/s" if ms else ""
+        per_second = input_rate(record)
+        rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
         err.print(
             f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
             f"{record.get('malformed', 0)} malformed{rate}"

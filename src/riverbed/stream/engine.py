@@ -259,6 +259,13 @@ class BatchLog:
 COUNTS = ("input", "late", "malformed")
 
 
+def input_rate(record: dict[str, Any]) -> float | None:
+    """Records per second while a finished batch ran (log-native batches say where
+    their time went in ``ms``; others do not)."""
+    ms = sum((record.get("ms") or {}).values())
+    return int(record.get("input", 0)) * 1000 / ms if ms else None
+
+
 def summed_totals(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Totals over finished batch records, for checkpoints from before running totals
     (where no record was pruned yet)."""

@@ -135,10 +135,11 @@ def run(
     reported = {int(p.stem) for p in batches.dir.glob("*.json")}  # earlier runs' batches
 
     def report() -> None:
-        for path in sorted(batches.dir.glob("*.json")):
-            batch_id = int(path.stem)
+        for batch_id in batches.ids():
+            if batch_id in reported or on_progress is None:
+                continue  # read only the records not reported yet
             record = batches.get(batch_id)
-            if batch_id not in reported and record and record.get("done") and on_progress:
+            if record and record.get("done"):
                 reported.add(batch_id)
                 on_progress(batch_id, record)
 
@@ -160,7 +161,7 @@ def status(job: Job) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
     import riverbed.log
     from riverbed.stream.direct import source_offsets
-    from riverbed.stream.engine import BatchLog, summed_totals
+    from riverbed.stream.engine import BatchLog, input_rate, summed_totals
 
     batches = BatchLog(str(job.checkpoint))
     records = sorted(batches.dir.glob("*.json"))
@@ -189,6 +190,7 @@ def status(job: Job) -> dict[str, Any]:
         else 0
     )
     last = next((d for d in reversed(done) if d.get("ms")), None)
+    rate = input_rate(last) if last else None
     # running totals of the newest finished batch: older records may have been pruned
     # (a checkpoint from before totals still has every record: sum them)
     newest: dict[str, Any] = next((d for d in reversed(done) if d.get("done")), {})
@@ -203,11 +205,7 @@ def status(job: Job) -> dict[str, Any]:
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
         "last_batch_ms": last.get("ms") if last else None,
-        "input_rate": (  # records/s while the newest batch ran
-            round(last.get("input", 0) * 1000 / sum(last["ms"].values()))
-            if last and sum(last["ms"].values())
-            else None
-        ),
+        "input_rate": None if rate is None else round(rate),  # records/s, newest batch
         "state_bytes": sum(
             f.stat().st_size
             for f in (job.state.local_dir / job.aggregation.name).rglob("*")
