@@ -9,6 +9,8 @@ variables. Library code never reads the environment itself; it receives a
 
     home = ".riverbed"
     control = "etcd://127.0.0.1:2379"
+    jobs_db = "postgresql://riverbed@db:5432/jobs"   # default: sqlite under home
+    jobs_dir = "jobs"                                  # where job modules live
 
     [spark]
     master = "local[*]"
@@ -47,6 +49,8 @@ class Config:
     control: str = ""
     checkpoints: str = ""
     log: str = ""
+    jobs_db: str = ""
+    jobs_dir: Path = Path("jobs")
     spark: SparkConfig = field(default_factory=SparkConfig)
 
     @property
@@ -65,6 +69,11 @@ class Config:
     def log_url(self) -> str:
         """The event log's location."""
         return self.log or f"file://{(self.home / 'log').resolve()}"
+
+    @property
+    def jobs_db_url(self) -> str:
+        """The jobs queue's database; defaults to SQLite under ``home``."""
+        return self.jobs_db or f"sqlite:///{(self.home / 'jobs.db').resolve()}"
 
     @property
     def state_dir(self) -> Path:
@@ -100,7 +109,7 @@ def load_config(
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 
-    known = {"home", "control", "checkpoints", "log", "spark"}
+    known = {"home", "control", "checkpoints", "log", "jobs_db", "jobs_dir", "spark"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
@@ -111,6 +120,8 @@ def load_config(
     control = _expect_str(src, "control", data.get("control", ""))
     checkpoints = _expect_str(src, "checkpoints", data.get("checkpoints", ""))
     log_url = _expect_str(src, "log", data.get("log", ""))
+    jobs_db = _expect_str(src, "jobs_db", data.get("jobs_db", ""))
+    jobs_dir = Path(_expect_str(src, "jobs_dir", data.get("jobs_dir", "jobs")))
     spark_data = data.get("spark", {})
     if not isinstance(spark_data, dict):
         raise ConfigError(f"{path}: [spark] must be a table")
@@ -126,6 +137,12 @@ def load_config(
         control = env["RIVERBED_CONTROL"]
     if env.get("RIVERBED_LOG"):
         log_url = env["RIVERBED_LOG"]
+    if env.get("RIVERBED_JOBS_DB"):
+        jobs_db = env["RIVERBED_JOBS_DB"]
+    if env.get("RIVERBED_JOBS_DIR"):
+        jobs_dir = Path(env["RIVERBED_JOBS_DIR"])
+    if not jobs_dir.is_absolute():
+        jobs_dir = cwd / jobs_dir
     if env.get("RIVERBED_CHECKPOINTS"):
         checkpoints = env["RIVERBED_CHECKPOINTS"]
     if env.get("RIVERBED_SPARK_MASTER"):
@@ -137,5 +154,7 @@ def load_config(
         control=control,
         checkpoints=checkpoints,
         log=log_url,
+        jobs_db=jobs_db,
+        jobs_dir=jobs_dir,
         spark=SparkConfig(master=master, conf=MappingProxyType(conf)),
     )

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from riverbed import __version__
 from riverbed.cli import control as control_cli
+from riverbed.cli import jobs as jobs_cli
 from riverbed.cli import log as log_cli
 from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     state_cli.add_parser(sub)
     log_cli.add_parsers(sub)
     stream_cli.add_parsers(sub)
+    jobs_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument(
         "which",

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from riverbed.durations import duration_ms
 from riverbed.stream.metrics import Metric
-from riverbed.stream.windows import Window, duration_ms
+from riverbed.stream.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 

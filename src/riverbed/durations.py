@@ -1,0 +1,36 @@
+"""Durations as people write them: ``"90s"``, ``"1h30m"``, ``"250ms"``, a ``timedelta``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+__all__ = ["duration_ms", "duration_seconds"]
+
+_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(value: str | int | timedelta) -> int:
+    """``"90s"``, ``"1h"``, ``"1h30m"``, ``timedelta`` or milliseconds."""
+    if isinstance(value, timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, int):
+        return value
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", value.strip())
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", value):
+        raise ValueError(f"cannot read duration {value!r}; write e.g. '10m', '1h', '1h30m'")
+    return int(sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def duration_seconds(value: str | float | timedelta) -> float:
+    """Like :func:`duration_ms`, in seconds; a bare number is already seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"duration {value!r} is negative")
+        return float(value)
+    if isinstance(value, str | timedelta):
+        ms = duration_ms(value)
+        if ms < 0:
+            raise ValueError(f"duration {value!r} is negative")
+        return ms / 1000
+    raise ValueError(f"cannot read duration {value!r}; write e.g. '10m', '1h', 30 (seconds)")

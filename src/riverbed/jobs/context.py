@@ -1,0 +1,126 @@
+"""What a job's ``main(ctx, work_ids, **kwargs)`` gets: its claim and fenced output.
+
+**Fenced output.** ``ctx.output`` stages a chunk's files in a directory private to
+this attempt (``<home>/jobs/staging/<chunk>-<attempt>/``). Publishing is the
+transaction that records DONE: it names the attempt whose staging is the output, and
+it is refused to any attempt that no longer holds the claim. Only after that commit is
+the staged directory moved to ``<home>/jobs/output/<job>/chunk=<id>/`` — by the worker
+right away, or by the orchestrator after a crash in between (the database says which
+attempt to move; a zombie's staging is never named, so it is never published).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
+
+
+def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
+    return home / "jobs" / "staging" / f"{chunk_id}-{attempt}"
+
+
+def published_dir(home: Path, job: str, chunk_id: int) -> Path:
+    return home / "jobs" / "output" / job / f"chunk={chunk_id}"
+
+
+def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
+    """Move the recorded attempt's staging into place (idempotent). False if there is
+    nothing to move (already published, or staged nothing)."""
+    src = staging_dir(home, chunk_id, attempt)
+    dst = published_dir(home, job, chunk_id)
+    if not src.exists():
+        return False
+    if dst.exists():  # moved before a crash, or a half-copied leftover: the DB decides
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dst)
+    _fsync_dir(dst.parent)
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Output:
+    """Files a chunk stages; published only if this attempt's result is recorded."""
+
+    def __init__(self, staging: Path) -> None:
+        self.dir = staging
+
+    def __repr__(self) -> str:
+        return f"Output({str(self.dir)!r})"
+
+    def path(self, name: str) -> Path:
+        """A path inside this attempt's staging directory (parents created)."""
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise ValueError(f"output name {name!r} must be a relative path inside the output")
+        target = self.dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.path(name)
+        target.write_text(text, encoding="utf-8")
+        return target
+
+    def write_json(self, name: str, value: Any) -> Path:
+        return self.write_text(name, json.dumps(value, sort_keys=True, default=str) + "\n")
+
+    def write_parquet(self, name: str, table: Any) -> Path:
+        """A pyarrow Table or a pandas DataFrame as one Parquet file."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not isinstance(table, pa.Table):
+            table = pa.Table.from_pandas(table, preserve_index=False)
+        target = self.path(name)
+        pq.write_table(table, target)
+        return target
+
+    @property
+    def used(self) -> bool:
+        return self.dir.exists() and any(self.dir.iterdir())
+
+
+@dataclass
+class Context:
+    """A running chunk: who it is, its fencing token, and where its output goes."""
+
+    chunk_id: int
+    attempt: int
+    job: str
+    work_ids: list[int]
+    kwargs: dict[str, Any]
+    master: int | None
+    output: Output
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("riverbed.job"))
+    _spark: Any = None
+
+    @property
+    def token(self) -> tuple[int, int]:
+        """(chunk id, attempt): unique per attempt; writes outside ``output`` can carry it
+        to be fenced downstream (e.g. a ``WHERE attempt <= :token`` upsert)."""
+        return (self.chunk_id, self.attempt)
+
+    @property
+    def spark(self) -> Any:
+        """The worker's warm SparkSession (jobs of ``kind="spark"``)."""
+        if self._spark is None:
+            raise RuntimeError(
+                f"job '{self.job}' asked for ctx.spark but is not kind='spark'; set "
+                "Job(kind='spark', ...) so a worker runs it with a SparkSession"
+            )
+        return self._spark

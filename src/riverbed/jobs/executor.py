@@ -1,0 +1,121 @@
+"""The child process that runs chunks for a worker, one at a time, kept warm.
+
+A worker keeps up to ``concurrency`` executors. Each is a spawned process in its own
+process group that receives a chunk over a pipe, runs ``main(ctx, work_ids,
+**kwargs)`` with stdout/stderr going to the attempt's log file, and answers
+``{"ok": True, "output": bool}`` or ``{"ok": False, "error": traceback}``. Cancelling
+or timing out a chunk kills the executor's process group (a Spark executor's JVM dies
+with its driver's stdin) and the worker starts a fresh one.
+
+Spark jobs get one SparkSession per executor, created on the first Spark chunk and
+kept across chunks, so only the first pays the JVM start; each chunk runs in its own
+job group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from riverbed.config import SparkConfig
+from riverbed.jobs.context import Context, Output, staging_dir
+from riverbed.jobs.spec import Catalog
+
+
+@contextlib.contextmanager
+def _redirected(log_path: Path) -> Iterator[None]:
+    """Send fds 1 and 2 (the job's prints, and its subprocesses') to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(fd)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+class ChunkRunner:
+    """Runs chunks in this process (an executor child, or the development runner)."""
+
+    def __init__(self, jobs_dir: Path, home: Path, spark_config: SparkConfig | None) -> None:
+        self.jobs_dir = jobs_dir
+        self.home = home
+        self.spark_config = spark_config
+        self.catalog = Catalog(jobs_dir)
+        self._spark: Any = None
+
+    def spark(self) -> Any:
+        if self._spark is None:
+            from riverbed.spark import session
+
+            self._spark = session(self.spark_config)
+        return self._spark
+
+    def run(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Run one claimed chunk; never raises (the answer says what happened)."""
+        chunk_id, attempt = int(req["id"]), int(req["attempt"])
+        try:
+            loaded = self.catalog.get(req["job"])
+            if req.get("code_version") and loaded.code_version != req["code_version"]:
+                self.catalog = Catalog(self.jobs_dir)  # the module changed: import it again
+                for name in [n for n in sys.modules if n == f"riverbed_jobs_{req['job']}"]:
+                    del sys.modules[name]
+                loaded = self.catalog.get(req["job"])
+            ctx = Context(
+                chunk_id=chunk_id,
+                attempt=attempt,
+                job=req["job"],
+                work_ids=list(req["work_ids"]),
+                kwargs=dict(req["kwargs"]),
+                master=req.get("master"),
+                output=Output(staging_dir(self.home, chunk_id, attempt)),
+            )
+            if loaded.spec.kind == "spark":
+                ctx._spark = self.spark()
+                ctx._spark.sparkContext.setJobGroup(
+                    f"riverbed-chunk-{chunk_id}-{attempt}",
+                    f"riverbed job {req['job']} chunk {chunk_id} attempt {attempt}",
+                    interruptOnCancel=True,
+                )
+            loaded.spec.main(ctx, list(req["work_ids"]), **dict(req["kwargs"]))
+            return {"ok": True, "output": ctx.output.used, "version": loaded.code_version}
+        except BaseException as exc:  # the job's failure is data for the queue
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return {"ok": False, "error": traceback.format_exc()}
+
+
+def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str | None) -> None:
+    """Entry point of an executor child (spawned by the worker)."""
+    with contextlib.suppress(OSError):
+        os.setpgrp()  # cancel kills the whole group, the job's own children included
+    spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
+    runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config)
+    while True:
+        try:
+            req = conn.recv()
+        except (EOFError, OSError):
+            return
+        if req is None:
+            return
+        with _redirected(Path(req["log"])):
+            answer = runner.run(req)
+            if not answer["ok"]:
+                print(answer["error"], file=sys.stderr)  # noqa: T201 - into the attempt's log
+        conn.send(answer)

@@ -1,0 +1,208 @@
+"""The orchestrator: one acts at a time, elected through the control plane.
+
+1. Campaign in the election ``riverbed-jobs``; the term (the leader key's create
+   revision) only grows across failovers.
+2. :meth:`JobQueue.fence` writes the term into the database; every grooming
+   transaction checks it first, so a demoted orchestrator (paused, partitioned, its
+   lease gone) has every write refused with :class:`FencedError` — it steps down.
+3. Duties, each tick and whenever the worker registry changes: reap the chunks of
+   workers whose lease expired (retry with backoff, or FAILED at the limit), ask
+   workers to stop chunks past their timeout, fire cron schedules (once per fire time,
+   in the submitting transaction), and publish outputs a worker recorded but did not
+   move (it died in between).
+
+Readiness of dependents is *not* a duty: the transaction that records a success
+promotes them, so a dependency level costs one claim, not an orchestrator tick.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection
+
+from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
+from riverbed.jobs import cron
+from riverbed.jobs.context import publish
+from riverbed.jobs.errors import FencedError, JobsError
+from riverbed.jobs.queue import JobQueue
+from riverbed.jobs.runs import submit
+from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs
+from riverbed.jobs.worker import WORKERS
+
+log = logging.getLogger(__name__)
+
+ELECTION = "riverbed-jobs"
+
+
+@dataclass
+class OrchestratorStats:
+    terms: list[int]
+    reaped: int = 0
+    fired: int = 0
+    published: int = 0
+
+
+class Orchestrator:
+    """Campaigns, then performs the duties while it leads (see the module doc)."""
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        cp: ControlPlane,
+        catalog: Catalog,
+        home: Path | str,
+        *,
+        name: str | None = None,
+        ttl: int = 10,
+        tick: float = 0.5,
+        stale_after: float = 60.0,
+    ) -> None:
+        self.queue = queue
+        self.cp = cp
+        self.catalog = catalog
+        self.home = Path(home)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.ttl = ttl
+        self.tick = tick
+        self.stale_after = stale_after
+        self.registry = Registry(cp, WORKERS)
+        self.stats = OrchestratorStats(terms=[])
+
+    def __repr__(self) -> str:
+        return f"Orchestrator({self.name})"
+
+    def live_workers(self) -> set[str]:
+        return {m.id for m in self.registry.members()}
+
+    def run(self, stop: threading.Event | None = None) -> OrchestratorStats:
+        """Lead when elected, until ``stop``; a lost term means campaigning again."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            with Session(self.cp, ttl=self.ttl) as session:
+                election = Election(self.cp, ELECTION, session)
+                try:
+                    term = election.campaign(self.name, timeout=0.5)
+                except LockTimeoutError:
+                    election.resign()
+                    continue
+                try:
+                    self._lead(term, session, stop)
+                except FencedError as exc:
+                    log.warning("orchestrator %s stepped down: %s", self.name, exc)
+                finally:
+                    election.resign()
+        return self.stats
+
+    def _lead(self, term: int, session: Session, stop: threading.Event) -> None:
+        self.queue.fence(term, self.name)
+        self.stats.terms.append(term)
+        log.info("orchestrator %s leads with term %s", self.name, term)
+        self._sync_schedules(term)
+        changed = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_workers, args=(changed, stop, session), daemon=True
+        )
+        watcher.start()
+        while not stop.is_set() and session.alive:
+            self.duties(term)
+            changed.wait(self.tick)
+            changed.clear()
+
+    def _watch_workers(
+        self, changed: threading.Event, stop: threading.Event, session: Session
+    ) -> None:
+        """Wake the duties as soon as a worker leaves (its lease expired)."""
+        try:
+            _, rev = self.registry.snapshot()
+            for change in self.registry.changes(start_revision=rev + 1, timeout=1.0):
+                if change.kind == "left":
+                    changed.set()
+                if stop.is_set() or not session.alive:
+                    return
+        except Exception:  # the tick still runs the duties
+            log.debug("registry watch ended", exc_info=True)
+
+    def duties(self, term: int) -> None:
+        """One round of everything the orchestrator does (each fenced by ``term``)."""
+        reaped = self.queue.reap(term, self.live_workers, self.stale_after)
+        if reaped:
+            log.warning("reaped chunks %s of lost workers", reaped)
+        self.stats.reaped += len(reaped)
+        self.queue.overdue(term)
+        self._fire(term)
+        for row in self.queue.unmaterialized():
+            if publish(self.home, row["job"], row["id"], row["output_attempt"]):
+                self.stats.published += 1
+            self.queue.mark_materialized(row["id"])
+
+    def _sync_schedules(self, term: int) -> None:
+        jobs, errors = self.catalog.load_all()
+        for exc in errors:
+            log.error("job module not loaded: %s", exc)
+        wanted = []
+        for loaded in jobs:
+            sched = loaded.spec.schedule
+            if isinstance(sched, Schedule):
+                wanted.append(
+                    {
+                        "job": loaded.name,
+                        "cron": sched.cron,
+                        "kwargs": canonical_kwargs(sched.kwargs),
+                        "work_ids": None
+                        if sched.work_ids is None
+                        else json.dumps(list(sched.work_ids)),
+                        "grace": sched.grace_seconds,
+                    }
+                )
+        self.queue.sync_schedules(term, wanted)
+
+    def _submit_fire(self, row: dict[str, Any], fire_time: float, conn: Connection) -> int:
+        ids = None if row["work_ids"] is None else json.loads(row["work_ids"])
+        master, _ = submit(
+            self.catalog,
+            self.queue,
+            row["job"],
+            ids,
+            json.loads(row["kwargs"]),
+            conn=conn,
+            schedule=row["cron"],
+            fire_time=fire_time,
+        )
+        return master
+
+    def _fire(self, term: int) -> None:
+        rows = self.queue.schedules()
+        if not rows:
+            return
+        now = self.queue.now()
+        for row in rows:
+            fire_time = cron.due_fire(row["cron"], row["last_fire"], now, row["grace"])
+            if fire_time is None:
+                continue
+            job = row["job"]
+            try:
+                spec = self.catalog.get(job).spec
+                master = self.queue.fire(
+                    term,
+                    job,
+                    fire_time,
+                    spec.allow_multiple_jobs,
+                    functools.partial(self._submit_fire, row, fire_time),
+                )
+            except FencedError:
+                raise
+            except JobsError as exc:
+                log.error("schedule of job '%s' could not fire: %s", job, exc)
+                continue
+            if master is not None:
+                self.stats.fired += 1
+                log.info("cron fired %s at %s → run %s", job, fire_time, master)

@@ -1,0 +1,1080 @@
+"""The jobs queue: submissions, claims, results — every transition one transaction.
+
+States::
+
+    MASTER ─────────────────────────────────────────────► DONE | FAILED | CANCELED
+    QUEUED ──(last dependency DONE)──► PENDING ──claim──► RUNNING ──► DONE
+       │                                  ▲                  ├──► PENDING (retry, backoff)
+       └──► UPSTREAM_FAILED | CANCELED    └──────────────────┤──► SPLIT (bisected in two)
+                                                             └──► FAILED | CANCELED
+
+Rules every method keeps:
+
+1. **Fencing by attempt.** A claim increments ``attempt``; a heartbeat, result or
+   failure is applied only ``WHERE id = ? AND attempt = ? AND state = 'RUNNING'`` and
+   the row count is checked — a stale attempt gets :class:`FencedError` and changes
+   nothing.
+2. **Fencing by term.** What the orchestrator does (reaping, timeouts, cron) runs
+   inside a transaction that first reads the term row and refuses a stale term;
+   :meth:`JobQueue.fence` raises the term when a new leader takes over.
+3. **Readiness in the completing transaction.** A chunk's success decrements its
+   dependents' ``deps_left`` and turns those at zero PENDING in the same transaction,
+   so no orchestrator round trip sits between dependency levels. Only a *success*
+   counts.
+4. **One transaction per submission**: the master row, every chunk, edge and
+   membership, or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, tuple_, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from riverbed.jobs.errors import FencedError, NotFoundError
+from riverbed.jobs.graph import ActiveChunk, Freshness, Plan
+from riverbed.jobs.schema import (
+    Database,
+    attempts,
+    chunks,
+    edges,
+    fires,
+    freshness,
+    latest,
+    members,
+    meta,
+    schedules,
+)
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("QUEUED", "PENDING", "RUNNING")
+ENDED = ("DONE", "FAILED", "CANCELED", "UPSTREAM_FAILED", "SPLIT")
+FAILURES = ("FAILED", "UPSTREAM_FAILED")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-job execution settings copied into each chunk row at submission."""
+
+    kind: str = "python"
+    max_attempts: int = 1
+    backoff: float = 5.0
+    timeout: float | None = None
+    bisect: bool = False
+    code_version: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A chunk a worker now runs, with its attempt: the fencing token."""
+
+    id: int
+    master: int | None
+    job: str
+    kind: str
+    kwargs: dict[str, Any]
+    work_ids: list[int]
+    attempt: int
+    timeout: float | None
+    code_version: str
+
+
+def _row(r: Any) -> dict[str, Any]:
+    return dict(r._mapping)
+
+
+class JobQueue:
+    """Operations on one jobs database (see the module doc for the rules)."""
+
+    def __init__(self, db: Database | str, create: bool = True) -> None:
+        self.db = db if isinstance(db, Database) else Database(db)
+        if create:
+            self.db.create()
+
+    def __repr__(self) -> str:
+        return f"JobQueue({self.db.url!r})"
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _now(self, conn: Connection) -> float:
+        return float(conn.execute(select(self.db.now)).scalar_one())
+
+    def now(self) -> float:
+        """The database's clock (epoch seconds)."""
+        with self.db.read() as conn:
+            return self._now(conn)
+
+    def _upsert(self, table: Any, keys: list[str], col: str) -> Any:
+        """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col (both dialects)."""
+        dialect = pg_dialect if self.db.dialect == "postgresql" else sqlite_dialect
+        stmt = dialect.insert(table)
+        return stmt.on_conflict_do_update(
+            index_elements=keys, set_={col: getattr(stmt.excluded, col)}
+        )
+
+    def _check_term(self, conn: Connection, term: int) -> None:
+        q = select(meta.c.term, meta.c.leader).where(meta.c.id == 1)
+        if self.db.dialect == "postgresql":
+            q = q.with_for_update(read=True)
+        current, leader = conn.execute(q).one()
+        if current != term:
+            raise FencedError(
+                f"orchestrator term {term} is stale: term {current} ({leader}) acts now"
+            )
+
+    # -- submission -----------------------------------------------------------------------
+
+    def inputs(
+        self, conn: Connection, nodes: Iterable[tuple[str, str]], lock: bool = True
+    ) -> tuple[Freshness, list[ActiveChunk]]:
+        """Freshness and active chunks of the given (job, kwargs) nodes, read in ``conn``
+        (locked on PostgreSQL so a concurrent completion waits for this submission)."""
+        fresh = Freshness()
+        active: list[ActiveChunk] = []
+        for job, kw in set(nodes):
+            rows = conn.execute(
+                select(freshness.c.work_id, freshness.c.succeeded_at).where(
+                    freshness.c.job == job, freshness.c.kwargs == kw
+                )
+            ).all()
+            if rows:
+                fresh.by_id[(job, kw)] = {int(w): float(t) for w, t in rows}
+            last = conn.execute(
+                select(latest.c.succeeded_at).where(latest.c.job == job, latest.c.kwargs == kw)
+            ).scalar()
+            if last is not None:
+                fresh.latest[(job, kw)] = float(last)
+            q = select(chunks.c.id, chunks.c.work_ids).where(
+                chunks.c.job == job,
+                chunks.c.kwargs == kw,
+                chunks.c.state.in_(ACTIVE),
+                chunks.c.kind != "master",
+            )
+            if lock and self.db.dialect == "postgresql":
+                q = q.with_for_update()
+            for cid, ids in conn.execute(q).all():
+                active.append(ActiveChunk(int(cid), job, kw, tuple(json.loads(ids))))
+        return fresh, active
+
+    def submit(
+        self,
+        nodes: Iterable[tuple[str, str]],
+        plan_for: Callable[[Freshness, Sequence[ActiveChunk], float], Plan],
+        policies: Mapping[str, Policy],
+        *,
+        conn: Connection | None = None,
+        schedule: str | None = None,
+        fire_time: float | None = None,
+        parent: int | None = None,
+    ) -> tuple[int, Plan]:
+        """Resolve (``plan_for`` with what the database says now) and write the whole
+        graph in one transaction; returns the master id and the plan written."""
+        if conn is None:
+            with self.db.write() as own:
+                return self.submit(
+                    nodes,
+                    plan_for,
+                    policies,
+                    conn=own,
+                    schedule=schedule,
+                    fire_time=fire_time,
+                    parent=parent,
+                )
+        if self.db.dialect == "postgresql":
+            # Submissions resolve against each other's chunks: one at a time.
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7201)")
+        now = self._now(conn)
+        fresh, active = self.inputs(conn, nodes)
+        plan = plan_for(fresh, active, now)
+        root_policy = policies[plan.job]
+        master_id = int(
+            conn.execute(
+                insert(chunks)
+                .values(
+                    master=None,
+                    job=plan.job,
+                    kind="master",
+                    state="MASTER",
+                    kwargs=json.dumps(plan.kwargs, sort_keys=True, separators=(",", ":")),
+                    work_ids=json.dumps(list(plan.work_ids)),
+                    n_ids=len(plan.work_ids),
+                    deps_left=len(plan.roots),
+                    active_left=len(plan.chunks),
+                    failed=0,
+                    created_at=now,
+                    code_version=root_policy.code_version,
+                    schedule=schedule,
+                    fire_time=fire_time,
+                    parent=parent,
+                )
+                .returning(chunks.c.id)
+            ).scalar_one()
+        )
+        new = plan.new_chunks
+        ids: dict[int, int] = {c.index: int(c.reuse) for c in plan.chunks if c.reuse is not None}
+        if new:
+            rows = []
+            for c in new:
+                pol = policies[c.job]
+                rows.append(
+                    {
+                        "master": master_id,
+                        "job": c.job,
+                        "kind": pol.kind,
+                        "state": "PENDING" if not c.upstream else "QUEUED",
+                        "kwargs": c.kwargs_text,
+                        "work_ids": json.dumps(list(c.work_ids)),
+                        "n_ids": len(c.work_ids),
+                        "deps_left": len(c.upstream),
+                        "active_left": 0,
+                        "failed": 0,
+                        "max_attempts": pol.max_attempts,
+                        "backoff": pol.backoff,
+                        "timeout": pol.timeout,
+                        "bisect": pol.bisect,
+                        "not_before": now,
+                        "created_at": now,
+                        "code_version": pol.code_version,
+                    }
+                )
+            got = conn.execute(
+                insert(chunks).returning(chunks.c.id, sort_by_parameter_order=True), rows
+            ).all()
+            for c, (cid,) in zip(new, got, strict=True):
+                ids[c.index] = int(cid)
+        links = [{"upstream": ids[u], "downstream": ids[c.index]} for c in new for u in c.upstream]
+        links += [{"upstream": ids[r], "downstream": master_id} for r in plan.roots]
+        if links:
+            conn.execute(insert(edges), links)
+        if plan.chunks:
+            conn.execute(
+                insert(members),
+                [{"master": master_id, "chunk": ids[c.index]} for c in plan.chunks],
+            )
+        reused = [c for c in plan.chunks if c.reuse is not None]
+        if reused:
+            # A reused chunk that already succeeded is no dependency and no member to wait
+            # for (read under the lock taken in inputs()).
+            done = {
+                int(i)
+                for (i,) in conn.execute(
+                    select(chunks.c.id).where(
+                        chunks.c.id.in_([c.reuse for c in reused]), chunks.c.state == "DONE"
+                    )
+                ).all()
+            }
+            if done:
+                self._recount(conn, master_id, [ids[c.index] for c in new], done, now)
+        if not plan.chunks:
+            self._settle_master(conn, master_id, now)
+        self.db.notify(conn)
+        return master_id, plan
+
+    def _recount(
+        self, conn: Connection, master_id: int, new_ids: list[int], done: set[int], now: float
+    ) -> None:
+        for cid in done:
+            downs = [
+                d
+                for (d,) in conn.execute(
+                    select(edges.c.downstream).where(
+                        edges.c.upstream == cid, edges.c.downstream.in_([*new_ids, master_id])
+                    )
+                ).all()
+            ]
+            if downs:
+                conn.execute(
+                    update(chunks)
+                    .where(chunks.c.id.in_(downs))
+                    .values(deps_left=chunks.c.deps_left - 1)
+                )
+        conn.execute(
+            update(chunks)
+            .where(chunks.c.id == master_id)
+            .values(active_left=chunks.c.active_left - len(done))
+        )
+        if new_ids:
+            conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.id.in_(new_ids), chunks.c.deps_left == 0, chunks.c.state == "QUEUED"
+                )
+                .values(state="PENDING", not_before=now)
+            )
+        self._settle_master(conn, master_id, now)
+
+    # -- workers --------------------------------------------------------------------------
+
+    def has_work(self, kinds: Sequence[str] = ("python", "spark")) -> bool:
+        """Whether a chunk is claimable now (a cheap read before taking the write lock)."""
+        with self.db.read() as conn:
+            now = self._now(conn)
+            return (
+                conn.execute(
+                    select(chunks.c.id)
+                    .where(
+                        chunks.c.state == "PENDING",
+                        chunks.c.not_before <= now,
+                        chunks.c.kind.in_(kinds),
+                    )
+                    .limit(1)
+                ).first()
+                is not None
+            )
+
+    def next_retry(self) -> float | None:
+        """Seconds until the earliest backed-off chunk becomes claimable, if any."""
+        with self.db.read() as conn:
+            now = self._now(conn)
+            at = conn.execute(
+                select(func.min(chunks.c.not_before)).where(
+                    chunks.c.state == "PENDING", chunks.c.not_before > now
+                )
+            ).scalar()
+            return None if at is None else max(0.0, float(at) - now)
+
+    def claim(
+        self,
+        worker: str,
+        host: str,
+        limit: int = 1,
+        kinds: Sequence[str] = ("python", "spark"),
+        master: int | None = None,
+    ) -> list[Claim]:
+        """Atomically move up to ``limit`` PENDING chunks to RUNNING for ``worker``
+        (only chunks of run ``master``, if given)."""
+        if limit < 1:
+            return []
+        with self.db.write() as conn:
+            now = self._now(conn)
+            pick = (
+                select(chunks.c.id)
+                .where(
+                    chunks.c.state == "PENDING",
+                    chunks.c.not_before <= now,
+                    chunks.c.kind.in_(kinds),
+                )
+                .order_by(chunks.c.id)
+                .limit(limit)
+            )
+            if master is not None:
+                pick = pick.where(
+                    chunks.c.id.in_(
+                        select(members.c.chunk).where(members.c.master == master).scalar_subquery()
+                    )
+                )
+            if self.db.dialect == "postgresql":
+                pick = pick.with_for_update(skip_locked=True)
+            rows = conn.execute(
+                update(chunks)
+                .where(chunks.c.id.in_(pick.scalar_subquery()), chunks.c.state == "PENDING")
+                .values(
+                    state="RUNNING",
+                    attempt=chunks.c.attempt + 1,
+                    worker=worker,
+                    host=host,
+                    started_at=now,
+                    heartbeat_at=now,
+                    cancel_requested=False,
+                )
+                .returning(
+                    chunks.c.id,
+                    chunks.c.master,
+                    chunks.c.job,
+                    chunks.c.kind,
+                    chunks.c.kwargs,
+                    chunks.c.work_ids,
+                    chunks.c.attempt,
+                    chunks.c.timeout,
+                    chunks.c.code_version,
+                )
+            ).all()
+            if not rows:
+                return []
+            conn.execute(
+                insert(attempts),
+                [
+                    {
+                        "chunk": r.id,
+                        "attempt": r.attempt,
+                        "worker": worker,
+                        "host": host,
+                        "code_version": r.code_version,
+                        "started_at": now,
+                        "state": "RUNNING",
+                    }
+                    for r in rows
+                ],
+            )
+        return [
+            Claim(
+                int(r.id),
+                None if r.master is None else int(r.master),
+                r.job,
+                r.kind,
+                json.loads(r.kwargs),
+                json.loads(r.work_ids),
+                int(r.attempt),
+                r.timeout,
+                r.code_version,
+            )
+            for r in sorted(rows, key=lambda r: r.id)
+        ]
+
+    def heartbeat(self, worker: str, held: Sequence[tuple[int, int]]) -> dict[int, str]:
+        """Refresh the held (chunk, attempt) claims: each answers ``ok``, ``cancel``
+        (stop it and record CANCELED) or ``lost`` (the attempt is no longer ours)."""
+        if not held:
+            return {}
+        with self.db.write() as conn:
+            now = self._now(conn)
+            rows = conn.execute(
+                update(chunks)
+                .where(
+                    tuple_(chunks.c.id, chunks.c.attempt).in_(list(held)),
+                    chunks.c.state == "RUNNING",
+                    chunks.c.worker == worker,
+                )
+                .values(heartbeat_at=now)
+                .returning(chunks.c.id, chunks.c.cancel_requested)
+            ).all()
+        status = {int(i): ("cancel" if c else "ok") for i, c in rows}
+        return {cid: status.get(cid, "lost") for cid, _ in held}
+
+    def succeed(self, chunk_id: int, attempt: int, output: bool = False) -> None:
+        """Record DONE (and, with ``output``, that this attempt's staged output is the
+        published one) — only for the current attempt."""
+        with self.db.write() as conn:
+            now = self._now(conn)
+            row = conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.id == chunk_id,
+                    chunks.c.attempt == attempt,
+                    chunks.c.state == "RUNNING",
+                )
+                .values(
+                    state="DONE",
+                    finished_at=now,
+                    error=None,
+                    output_attempt=attempt if output else None,
+                )
+                .returning(chunks.c.job, chunks.c.kwargs, chunks.c.work_ids)
+            ).first()
+            if row is None:
+                raise FencedError(
+                    f"chunk {chunk_id} attempt {attempt} is no longer running under this "
+                    "claim (reclaimed, cancelled or already recorded); its result is discarded"
+                )
+            self._end_attempt(conn, chunk_id, attempt, "DONE", None, now)
+            ids = json.loads(row.work_ids)
+            if ids:
+                conn.execute(
+                    self._upsert(freshness, ["job", "kwargs", "work_id"], "succeeded_at"),
+                    [
+                        {"job": row.job, "kwargs": row.kwargs, "work_id": w, "succeeded_at": now}
+                        for w in ids
+                    ],
+                )
+            conn.execute(
+                self._upsert(latest, ["job", "kwargs"], "succeeded_at"),
+                [{"job": row.job, "kwargs": row.kwargs, "succeeded_at": now}],
+            )
+            downs = [
+                int(d)
+                for (d,) in conn.execute(
+                    select(edges.c.downstream).where(edges.c.upstream == chunk_id)
+                ).all()
+            ]
+            if downs:
+                conn.execute(
+                    update(chunks)
+                    .where(chunks.c.id.in_(downs))
+                    .values(deps_left=chunks.c.deps_left - 1)
+                )
+                promoted = conn.execute(
+                    update(chunks)
+                    .where(
+                        chunks.c.id.in_(downs),
+                        chunks.c.deps_left == 0,
+                        chunks.c.state == "QUEUED",
+                    )
+                    .values(state="PENDING", not_before=now)
+                    .returning(chunks.c.id)
+                ).all()
+                if promoted:
+                    self.db.notify(conn)
+            self._settle(conn, chunk_id, failed=False, now=now)
+
+    def release(self, chunk_id: int, attempt: int) -> None:
+        """A worker stopping on purpose gives a running chunk back: PENDING again, and
+        the attempt does not count against the retry limit."""
+        with self.db.write() as conn:
+            now = self._now(conn)
+            done = conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.id == chunk_id,
+                    chunks.c.attempt == attempt,
+                    chunks.c.state == "RUNNING",
+                )
+                .values(
+                    state="PENDING",
+                    worker=None,
+                    not_before=now,
+                    max_attempts=chunks.c.max_attempts + 1,
+                )
+            ).rowcount
+            if not done:
+                raise FencedError(f"chunk {chunk_id} attempt {attempt} is not ours to release")
+            self._end_attempt(conn, chunk_id, attempt, "RELEASED", "worker stopped", now)
+            self.db.notify(conn)
+
+    def fail(self, chunk_id: int, attempt: int, error: str, *, cancelled: bool = False) -> str:
+        """Record a failed (or cancelled) attempt; returns the chunk's new state:
+        PENDING (retry after backoff), SPLIT (bisected), FAILED or CANCELED."""
+        with self.db.write() as conn:
+            return self._fail(conn, chunk_id, attempt, error, cancelled, self._now(conn))
+
+    def _fail(
+        self,
+        conn: Connection,
+        chunk_id: int,
+        attempt: int,
+        error: str,
+        cancelled: bool,
+        now: float,
+    ) -> str:
+        q = select(chunks).where(
+            chunks.c.id == chunk_id, chunks.c.attempt == attempt, chunks.c.state == "RUNNING"
+        )
+        if self.db.dialect == "postgresql":
+            q = q.with_for_update()
+        row = conn.execute(q).first()
+        if row is None:
+            raise FencedError(
+                f"chunk {chunk_id} attempt {attempt} is no longer running under this claim; "
+                "its failure is not recorded"
+            )
+        cancelled = cancelled or bool(row.cancel_requested)
+        if cancelled:
+            self._end(conn, chunk_id, "CANCELED", error, now)
+            self._end_attempt(conn, chunk_id, attempt, "CANCELED", error, now)
+            self._settle(conn, chunk_id, failed=False, now=now)
+            self._cascade(conn, chunk_id, "CANCELED", now)
+            return "CANCELED"
+        self._end_attempt(conn, chunk_id, attempt, "FAILED", error, now)
+        if attempt < row.max_attempts:
+            delay = float(row.backoff) * (2 ** (attempt - 1))
+            conn.execute(
+                update(chunks)
+                .where(chunks.c.id == chunk_id)
+                .values(state="PENDING", not_before=now + delay, error=error, worker=None)
+            )
+            self.db.notify(conn)
+            return "PENDING"
+        if row.bisect and row.n_ids > 1:
+            self._split(conn, row, error, now)
+            return "SPLIT"
+        self._end(conn, chunk_id, "FAILED", error, now)
+        self._settle(conn, chunk_id, failed=True, now=now)
+        self._cascade(conn, chunk_id, "UPSTREAM_FAILED", now)
+        return "FAILED"
+
+    def _end(
+        self, conn: Connection, chunk_id: int, state: str, error: str | None, now: float
+    ) -> None:
+        conn.execute(
+            update(chunks)
+            .where(chunks.c.id == chunk_id)
+            .values(state=state, finished_at=now, error=error)
+        )
+
+    def _end_attempt(
+        self,
+        conn: Connection,
+        chunk_id: int,
+        attempt: int,
+        state: str,
+        error: str | None,
+        now: float,
+    ) -> None:
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.chunk == chunk_id, attempts.c.attempt == attempt)
+            .values(state=state, finished_at=now, error=error)
+        )
+
+    def _split(self, conn: Connection, row: Any, error: str, now: float) -> None:
+        """Bisect a failed chunk: two halves replace it for its dependents and masters."""
+        ids = json.loads(row.work_ids)
+        mid = len(ids) // 2
+        base = {
+            k: getattr(row, k)
+            for k in (
+                "master",
+                "job",
+                "kind",
+                "kwargs",
+                "max_attempts",
+                "backoff",
+                "timeout",
+                "bisect",
+                "code_version",
+            )
+        }
+        halves = [
+            int(
+                conn.execute(
+                    insert(chunks)
+                    .values(
+                        **base,
+                        state="PENDING",
+                        work_ids=json.dumps(part),
+                        n_ids=len(part),
+                        deps_left=0,
+                        active_left=0,
+                        failed=0,
+                        not_before=now,
+                        created_at=now,
+                        parent=row.id,
+                    )
+                    .returning(chunks.c.id)
+                ).scalar_one()
+            )
+            for part in (ids[:mid], ids[mid:])
+        ]
+        self._end(conn, row.id, "SPLIT", f"bisected into {halves[0]} and {halves[1]}: {error}", now)
+        downs = [
+            int(d)
+            for (d,) in conn.execute(
+                select(edges.c.downstream).where(edges.c.upstream == row.id)
+            ).all()
+        ]
+        if downs:
+            conn.execute(
+                insert(edges), [{"upstream": h, "downstream": d} for h in halves for d in downs]
+            )
+            conn.execute(
+                update(chunks)
+                .where(chunks.c.id.in_(downs), chunks.c.kind != "master")
+                .values(deps_left=chunks.c.deps_left + 1)
+            )
+        masters = [
+            int(m)
+            for (m,) in conn.execute(select(members.c.master).where(members.c.chunk == row.id))
+        ]
+        if masters:
+            conn.execute(
+                insert(members), [{"master": m, "chunk": h} for m in masters for h in halves]
+            )
+            conn.execute(
+                update(chunks)
+                .where(chunks.c.id.in_(masters))
+                .values(active_left=chunks.c.active_left + 2)
+            )
+        self._settle(conn, row.id, failed=False, now=now)
+        self.db.notify(conn)
+
+    def _cascade(self, conn: Connection, chunk_id: int, state: str, now: float) -> None:
+        """Everything waiting (transitively) on ``chunk_id`` ends as ``state``."""
+        why = (
+            f"upstream chunk {chunk_id} was cancelled"
+            if state == "CANCELED"
+            else f"upstream chunk {chunk_id} failed"
+        )
+        frontier = [chunk_id]
+        while frontier:
+            downs = conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.id.in_(
+                        select(edges.c.downstream)
+                        .where(edges.c.upstream.in_(frontier))
+                        .scalar_subquery()
+                    ),
+                    chunks.c.state.in_(("QUEUED", "PENDING")),
+                    chunks.c.kind != "master",
+                )
+                .values(state=state, finished_at=now, error=why)
+                .returning(chunks.c.id)
+            ).all()
+            frontier = [int(d) for (d,) in downs]
+            for d in frontier:
+                self._settle(conn, d, failed=state in FAILURES, now=now)
+
+    def _settle(self, conn: Connection, chunk_id: int, failed: bool, now: float) -> None:
+        """A member ended: count it in each of its masters and end those with none left."""
+        masters = conn.execute(
+            update(chunks)
+            .where(
+                chunks.c.id.in_(
+                    select(members.c.master).where(members.c.chunk == chunk_id).scalar_subquery()
+                )
+            )
+            .values(
+                active_left=chunks.c.active_left - 1,
+                failed=chunks.c.failed + (1 if failed else 0),
+            )
+            .returning(chunks.c.id, chunks.c.active_left)
+        ).all()
+        for master_id, left in masters:
+            if left <= 0:
+                self._settle_master(conn, int(master_id), now)
+
+    def _settle_master(self, conn: Connection, master_id: int, now: float) -> None:
+        row = conn.execute(
+            select(chunks.c.state, chunks.c.failed, chunks.c.cancel_requested).where(
+                chunks.c.id == master_id
+            )
+        ).one()
+        if row.state != "MASTER":
+            return
+        if row.cancel_requested:
+            state, error = "CANCELED", "cancelled by request"
+        elif row.failed:
+            state, error = "FAILED", f"{row.failed} chunk(s) failed"
+        else:
+            state, error = "DONE", None
+        self._end(conn, master_id, state, error, now)
+
+    def mark_materialized(self, chunk_id: int) -> None:
+        with self.db.write() as conn:
+            conn.execute(update(chunks).where(chunks.c.id == chunk_id).values(materialized=True))
+
+    # -- the orchestrator's duties (term-fenced) ------------------------------------------
+
+    def fence(self, term: int, leader: str) -> None:
+        """Make ``term`` the acting orchestrator's term; a newer one refuses it."""
+        with self.db.write() as conn:
+            now = self._now(conn)
+            done = conn.execute(
+                update(meta)
+                .where(meta.c.id == 1, meta.c.term <= term)
+                .values(term=term, leader=leader, since=now)
+            ).rowcount
+            if not done:
+                self._check_term(conn, term)  # raises with the newer term named
+
+    def reap(
+        self, term: int, live_workers: Callable[[], set[str]], stale_after: float
+    ) -> list[int]:
+        """Chunks RUNNING on a worker that is gone (its lease expired) or silent for
+        ``stale_after`` seconds go back to retry (or fail at the retry limit)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            running = conn.execute(
+                select(chunks.c.id, chunks.c.attempt, chunks.c.worker, chunks.c.heartbeat_at).where(
+                    chunks.c.state == "RUNNING"
+                )
+            ).all()
+            if not running:
+                return []
+            # Read membership only after the RUNNING rows: a worker registers before it
+            # claims, so a claim seen above belongs to a worker that is listed below
+            # unless that worker is gone.
+            live = live_workers()
+            reaped = []
+            for cid, attempt, worker, beat in running:
+                silent = now - float(beat or 0.0)
+                if worker in live and silent <= stale_after:
+                    continue
+                why = (
+                    f"worker {worker} lost (its lease expired)"
+                    if worker not in live
+                    else f"worker {worker} sent no heartbeat for {silent:.0f}s"
+                )
+                self._fail(conn, int(cid), int(attempt), why, False, now)
+                reaped.append(int(cid))
+            return reaped
+
+    def overdue(self, term: int, grace: float = 10.0) -> list[int]:
+        """Ask workers to stop chunks past their timeout (+ ``grace``)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            rows = conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.state == "RUNNING",
+                    chunks.c.timeout.is_not(None),
+                    chunks.c.cancel_requested.is_(False),
+                    chunks.c.started_at + chunks.c.timeout + grace < now,
+                )
+                .values(cancel_requested=True, error="timed out")
+                .returning(chunks.c.id)
+            ).all()
+            return [int(r[0]) for r in rows]
+
+    def unmaterialized(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self.db.read() as conn:
+            return [
+                _row(r)
+                for r in conn.execute(
+                    select(chunks.c.id, chunks.c.job, chunks.c.output_attempt)
+                    .where(
+                        chunks.c.state == "DONE",
+                        chunks.c.output_attempt.is_not(None),
+                        chunks.c.materialized.is_(False),
+                    )
+                    .limit(limit)
+                ).all()
+            ]
+
+    def sync_schedules(self, term: int, wanted: Sequence[dict[str, Any]]) -> None:
+        """Store the schedules found in the job specs (the specs are the truth)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            have = {r.job: r for r in conn.execute(select(schedules)).all()}
+            names = {w["job"] for w in wanted}
+            for gone in set(have) - names:
+                conn.execute(schedules.delete().where(schedules.c.job == gone))
+            for w in wanted:
+                values = {k: w[k] for k in ("cron", "kwargs", "work_ids", "grace")}
+                if w["job"] in have:
+                    old = have[w["job"]]
+                    if any(getattr(old, k) != v for k, v in values.items()):
+                        conn.execute(
+                            update(schedules)
+                            .where(schedules.c.job == w["job"])
+                            .values(**values, updated_at=now)
+                        )
+                else:
+                    conn.execute(
+                        insert(schedules).values(
+                            job=w["job"], **values, last_fire=None, updated_at=now
+                        )
+                    )
+
+    def schedules(self) -> list[dict[str, Any]]:
+        with self.db.read() as conn:
+            return [_row(r) for r in conn.execute(select(schedules).order_by(schedules.c.job))]
+
+    def fire(
+        self,
+        term: int,
+        job: str,
+        fire_time: float,
+        allow_multiple: bool,
+        submit: Callable[[Connection], int],
+    ) -> int | None:
+        """Record the fire (once per (job, fire time), in the same transaction as its
+        submission); skip it while a previous run is active unless ``allow_multiple``.
+        Returns the new master id, or None when skipped or already fired."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            if conn.execute(
+                select(fires.c.job).where(fires.c.job == job, fires.c.fire_time == fire_time)
+            ).first():
+                return None
+            master: int | None = None
+            note = None
+            running = conn.execute(
+                select(chunks.c.id).where(
+                    chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
+                )
+            ).first()
+            if running is not None and not allow_multiple:
+                note = f"skipped: run {running[0]} still active (allow_multiple_jobs=False)"
+            else:
+                master = submit(conn)
+            conn.execute(
+                insert(fires).values(job=job, fire_time=fire_time, master=master, note=note)
+            )
+            conn.execute(
+                update(schedules).where(schedules.c.job == job).values(last_fire=fire_time)
+            )
+            return master
+
+    # -- user actions ---------------------------------------------------------------------
+
+    def cancel(self, chunk_id: int) -> dict[str, int]:
+        """Cancel a run (its own chunks) or one chunk: waiting chunks end CANCELED now,
+        running ones are stopped by their worker, which records CANCELED."""
+        with self.db.write() as conn:
+            now = self._now(conn)
+            row = conn.execute(select(chunks).where(chunks.c.id == chunk_id)).first()
+            if row is None:
+                raise NotFoundError(f"no run or chunk {chunk_id}; see `riverbed jobs list`")
+            if row.kind == "master":
+                if row.state != "MASTER":
+                    return {"waiting": 0, "running": 0}
+                conn.execute(
+                    update(chunks).where(chunks.c.id == chunk_id).values(cancel_requested=True)
+                )
+                targets: list[tuple[Any, Any]] = [
+                    (i, s)
+                    for i, s in conn.execute(
+                        select(chunks.c.id, chunks.c.state).where(
+                            chunks.c.master == chunk_id, chunks.c.state.in_(ACTIVE)
+                        )
+                    )
+                ]
+            else:
+                targets = [(row.id, row.state)] if row.state in ACTIVE else []
+            waiting = [int(i) for i, s in targets if s in ("QUEUED", "PENDING")]
+            running = [int(i) for i, s in targets if s == "RUNNING"]
+            for cid in waiting:
+                ended = conn.execute(
+                    update(chunks)
+                    .where(chunks.c.id == cid, chunks.c.state.in_(("QUEUED", "PENDING")))
+                    .values(state="CANCELED", finished_at=now, error="cancelled by request")
+                ).rowcount
+                if ended:
+                    self._settle(conn, cid, failed=False, now=now)
+                    self._cascade(conn, cid, "CANCELED", now)
+            if running:
+                conn.execute(
+                    update(chunks)
+                    .where(chunks.c.id.in_(running))
+                    .values(cancel_requested=True, error="cancelled by request")
+                )
+            return {"waiting": len(waiting), "running": len(running)}
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, chunk_id: int) -> dict[str, Any]:
+        with self.db.read() as conn:
+            row = conn.execute(select(chunks).where(chunks.c.id == chunk_id)).first()
+            if row is None:
+                raise NotFoundError(f"no run or chunk {chunk_id}; see `riverbed jobs list`")
+            out = _row(row)
+            out["upstream"] = sorted(
+                int(u)
+                for (u,) in conn.execute(
+                    select(edges.c.upstream).where(edges.c.downstream == chunk_id)
+                )
+            )
+            out["attempts"] = [
+                _row(a)
+                for a in conn.execute(
+                    select(attempts)
+                    .where(attempts.c.chunk == chunk_id)
+                    .order_by(attempts.c.attempt)
+                )
+            ]
+            return out
+
+    def graph(self, master_id: int) -> list[dict[str, Any]]:
+        """The chunks of a run with their upstream ids, in id order."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(chunks)
+                .join(members, members.c.chunk == chunks.c.id)
+                .where(members.c.master == master_id)
+                .order_by(chunks.c.id)
+            ).all()
+            ids = [r.id for r in rows]
+            ups: dict[int, list[int]] = {int(i): [] for i in ids}
+            if ids:
+                for u, d in conn.execute(
+                    select(edges.c.upstream, edges.c.downstream).where(edges.c.downstream.in_(ids))
+                ):
+                    ups[int(d)].append(int(u))
+            out = []
+            for r in rows:
+                item = _row(r)
+                item["upstream"] = sorted(ups[int(r.id)])
+                out.append(item)
+            return out
+
+    def runs(self, state: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Master rows (runs), newest first; ``state`` filters."""
+        with self.db.read() as conn:
+            q = select(chunks).where(chunks.c.kind == "master")
+            if state:
+                q = q.where(chunks.c.state == state.upper())
+            return [_row(r) for r in conn.execute(q.order_by(chunks.c.id.desc()).limit(limit))]
+
+    def chunks_in(self, state: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        with self.db.read() as conn:
+            q = select(chunks).where(chunks.c.kind != "master")
+            if state:
+                q = q.where(chunks.c.state == state.upper())
+            return [_row(r) for r in conn.execute(q.order_by(chunks.c.id.desc()).limit(limit))]
+
+    def freshness(self, job: str) -> list[dict[str, Any]]:
+        """Per kwargs: work ids known, oldest and newest success (database clock)."""
+        with self.db.read() as conn:
+            now = self._now(conn)
+            rows = conn.execute(
+                select(
+                    freshness.c.kwargs,
+                    func.count(),
+                    func.min(freshness.c.succeeded_at),
+                    func.max(freshness.c.succeeded_at),
+                )
+                .where(freshness.c.job == job)
+                .group_by(freshness.c.kwargs)
+            ).all()
+            out = [
+                {
+                    "kwargs": kw,
+                    "work_ids": int(n),
+                    "oldest": float(lo),
+                    "newest": float(hi),
+                    "now": now,
+                }
+                for kw, n, lo, hi in rows
+            ]
+            seen = {o["kwargs"] for o in out}
+            for kw, at in conn.execute(
+                select(latest.c.kwargs, latest.c.succeeded_at).where(latest.c.job == job)
+            ):
+                if kw not in seen:
+                    out.append(
+                        {
+                            "kwargs": kw,
+                            "work_ids": 0,
+                            "oldest": float(at),
+                            "newest": float(at),
+                            "now": now,
+                        }
+                    )
+            return out
+
+    def fresh_ids(self, job: str, kwargs: str) -> dict[int, float]:
+        with self.db.read() as conn:
+            return {
+                int(w): float(t)
+                for w, t in conn.execute(
+                    select(freshness.c.work_id, freshness.c.succeeded_at).where(
+                        freshness.c.job == job, freshness.c.kwargs == kwargs
+                    )
+                )
+            }
+
+    def counts(self) -> dict[str, int]:
+        with self.db.read() as conn:
+            return {
+                s: int(n)
+                for s, n in conn.execute(
+                    select(chunks.c.state, func.count())
+                    .where(chunks.c.kind != "master")
+                    .group_by(chunks.c.state)
+                )
+            }
+
+    def active_run(self, job: str) -> int | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                select(chunks.c.id).where(
+                    chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
+                )
+            ).first()
+            return None if row is None else int(row[0])
+
+
+__all__ = ["ACTIVE", "ENDED", "Claim", "JobQueue", "Policy"]

@@ -1,0 +1,296 @@
+"""The jobs database: one schema (SQLAlchemy Core) for SQLite and PostgreSQL.
+
+Times are seconds since the epoch taken from **the database's clock**
+(:func:`db_now`), so every process compares timestamps from one clock.
+
+SQLite (the embedded default, many processes on one machine): WAL,
+``synchronous=NORMAL``, and every write transaction is ``BEGIN IMMEDIATE`` under an
+``flock`` on ``<db>.lock`` (SQLite's busy handler can starve one process for seconds;
+the flock queues writers fairly — the control plane measured the same). PostgreSQL:
+claims use ``FOR UPDATE SKIP LOCKED``; ``NOTIFY rb_jobs`` wakes workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    create_engine,
+    event,
+    literal_column,
+    select,
+    text,
+)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from riverbed.jobs.errors import QueueError
+
+SCHEMA_VERSION = 1
+_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+
+metadata = MetaData()
+
+meta = Table(
+    "rb_jobs_meta",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("schema_version", Integer, nullable=False),
+    Column("term", BigInteger, nullable=False),  # the acting orchestrator's election term
+    Column("leader", Text, nullable=False),
+    Column("since", Float, nullable=False),
+)
+
+chunks = Table(
+    "rb_jobs_chunks",
+    metadata,
+    Column("id", _ID, primary_key=True, autoincrement=True),
+    Column("master", BigInteger),  # the run that created it (None for a master row)
+    Column("job", Text, nullable=False),
+    Column("kind", Text, nullable=False),  # master | python | spark
+    Column("state", Text, nullable=False),
+    Column("kwargs", Text, nullable=False),  # canonical JSON
+    Column("work_ids", Text, nullable=False),  # JSON list
+    Column("n_ids", Integer, nullable=False),
+    Column("deps_left", Integer, nullable=False, default=0),
+    Column("active_left", Integer, nullable=False, default=0),  # masters: members not ended
+    Column("failed", Integer, nullable=False, default=0),  # masters: members failed
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False, default=1),
+    Column("backoff", Float, nullable=False, default=5.0),
+    Column("timeout", Float),
+    Column("bisect", Boolean, nullable=False, default=False),
+    Column("not_before", Float, nullable=False, default=0.0),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("heartbeat_at", Float),
+    Column("finished_at", Float),
+    Column("worker", Text),
+    Column("host", Text),
+    Column("code_version", Text, nullable=False, default=""),
+    Column("error", Text),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("output_attempt", Integer),
+    Column("materialized", Boolean, nullable=False, default=False),
+    Column("parent", BigInteger),  # bisected from / rerun of
+    Column("schedule", Text),
+    Column("fire_time", Float),
+)
+Index("rb_jobs_claim", chunks.c.state, chunks.c.not_before, chunks.c.id)
+Index("rb_jobs_by_master", chunks.c.master)
+Index("rb_jobs_by_job", chunks.c.job, chunks.c.kwargs, chunks.c.state)
+
+edges = Table(
+    "rb_jobs_edges",
+    metadata,
+    Column("upstream", BigInteger, primary_key=True),
+    Column("downstream", BigInteger, primary_key=True),
+)
+Index("rb_jobs_edges_down", edges.c.downstream)
+
+members = Table(
+    "rb_jobs_members",
+    metadata,
+    Column("master", BigInteger, primary_key=True),
+    Column("chunk", BigInteger, primary_key=True),
+)
+Index("rb_jobs_members_chunk", members.c.chunk)
+
+attempts = Table(
+    "rb_jobs_attempts",
+    metadata,
+    Column("chunk", BigInteger, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("worker", Text, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("code_version", Text, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("state", Text, nullable=False),
+    Column("error", Text),
+)
+
+freshness = Table(
+    "rb_jobs_freshness",
+    metadata,
+    Column("job", Text, primary_key=True),
+    Column("kwargs", Text, primary_key=True),
+    Column("work_id", BigInteger, primary_key=True),
+    Column("succeeded_at", Float, nullable=False),
+)
+
+latest = Table(
+    "rb_jobs_latest",
+    metadata,
+    Column("job", Text, primary_key=True),
+    Column("kwargs", Text, primary_key=True),
+    Column("succeeded_at", Float, nullable=False),
+)
+
+schedules = Table(
+    "rb_jobs_schedules",
+    metadata,
+    Column("job", Text, primary_key=True),
+    Column("cron", Text, nullable=False),
+    Column("kwargs", Text, nullable=False),
+    Column("work_ids", Text),
+    Column("grace", Float, nullable=False),
+    Column("last_fire", Float),
+    Column("updated_at", Float, nullable=False),
+)
+
+fires = Table(
+    "rb_jobs_fires",
+    metadata,
+    Column("job", Text, primary_key=True),
+    Column("fire_time", Float, primary_key=True),
+    Column("master", BigInteger),  # None: skipped (previous run still active)
+    Column("note", Text),
+)
+
+
+def db_now(dialect: str) -> Any:
+    """An SQL expression for the database's clock, in epoch seconds."""
+    if dialect == "sqlite":
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+    return literal_column("extract(epoch from clock_timestamp())::double precision")
+
+
+class Database:
+    """Engines for one jobs database URL, plus the write-transaction discipline."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.lock_path: Path | None = None
+        if parts.scheme == "sqlite":
+            if parts.netloc:
+                raise QueueError(
+                    f"{url}: a SQLite URL has three slashes and a path, e.g. "
+                    "sqlite:///.riverbed/jobs.db or sqlite:////var/riverbed/jobs.db"
+                )
+            path = Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+            if not str(path) or str(path) == ".":
+                raise QueueError(f"{url}: no database path; e.g. sqlite:///.riverbed/jobs.db")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.dialect = "sqlite"
+            self.path: Path | None = path
+            self.lock_path = path.with_name(path.name + ".lock")
+            self.engine = self._sqlite_engine(path, immediate=True)
+            self.reader = self._sqlite_engine(path, immediate=False)
+        elif parts.scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+            try:
+                import psycopg  # noqa: F401
+            except ImportError:
+                raise QueueError(
+                    "a PostgreSQL jobs database needs psycopg: pip install 'riverbed[postgres]'"
+                ) from None
+            self.dialect = "postgresql"
+            self.path = None
+            sa_url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            self.engine = create_engine(sa_url, pool_size=4, max_overflow=4, pool_pre_ping=True)
+            self.reader = self.engine
+        else:
+            raise QueueError(
+                f"unsupported jobs database {url!r}; use sqlite:///path/jobs.db or "
+                "postgresql://user@host:port/db (RIVERBED_JOBS_DB)"
+            )
+        self.now = db_now(self.dialect)
+
+    @staticmethod
+    def _sqlite_engine(path: Path, immediate: bool) -> Engine:
+        engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi: sqlite3.Connection, _record: Any) -> None:
+            dbapi.isolation_level = None  # we issue BEGIN ourselves
+            dbapi.execute("PRAGMA busy_timeout = 30000")
+            dbapi.execute("PRAGMA journal_mode = WAL")
+            dbapi.execute("PRAGMA synchronous = NORMAL")
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+
+    def __repr__(self) -> str:
+        return f"Database({self.url!r})"
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction (serialized fairly across processes on SQLite)."""
+        try:
+            with self._flock(), self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Connection]:
+        try:
+            with self.reader.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def _flock(self) -> Iterator[None]:
+        if self.lock_path is None:
+            yield
+            return
+        with open(self.lock_path, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def create(self) -> None:
+        """Create the tables if missing; refuse a database of another schema version."""
+        with self.write() as conn:
+            metadata.create_all(conn)
+            row = conn.execute(select(meta.c.schema_version).where(meta.c.id == 1)).first()
+            if row is None:
+                conn.execute(
+                    meta.insert().values(
+                        id=1, schema_version=SCHEMA_VERSION, term=0, leader="", since=0.0
+                    )
+                )
+            elif row[0] != SCHEMA_VERSION:
+                raise QueueError(
+                    f"jobs database {self.url} has schema version {row[0]}, this riverbed "
+                    f"uses {SCHEMA_VERSION}; point RIVERBED_JOBS_DB at a new database"
+                )
+
+    def notify(self, conn: Connection) -> None:
+        """Wake waiting workers when the transaction commits (PostgreSQL)."""
+        if self.dialect == "postgresql":
+            conn.execute(text("SELECT pg_notify('rb_jobs', '')"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    msg = str(getattr(exc, "orig", None) or exc).strip()
+    return msg.splitlines()[0] if msg else type(exc).__name__

@@ -1,0 +1,363 @@
+"""Job specs: a module per job, its spec next to its code.
+
+A job is a Python module in the jobs directory (``RIVERBED_JOBS_DIR``, default
+``./jobs``) whose module-level ``job`` is a :class:`Job`::
+
+    # jobs/daily_usage.py
+    from riverbed.jobs import Dependency, Job
+
+    def main(ctx, work_ids, day="today"):
+        ...
+
+    job = Job(main=main, chunk_size=50, retries=2, timeout="10m",
+              dependencies=[Dependency("ingest", max_lag="1h")])
+
+The job's name is the file's stem. Loading a module never calls ``main``; modules whose
+name starts with ``_`` are helpers the jobs may import. A module that fails to import
+is a :class:`~riverbed.jobs.errors.SpecError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any, Literal
+
+from riverbed.durations import duration_seconds
+from riverbed.jobs.errors import SpecError, WorkIdsError
+
+__all__ = [
+    "Catalog",
+    "Dependency",
+    "Job",
+    "LoadedJob",
+    "Schedule",
+    "canonical_kwargs",
+    "parse_work_ids",
+]
+
+Duration = str | float | timedelta
+Kind = Literal["python", "spark"]
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+
+
+def canonical_kwargs(kwargs: Mapping[str, Any]) -> str:
+    """The one JSON text of ``kwargs`` (sorted keys): equal kwargs, equal text."""
+    try:
+        return json.dumps(dict(kwargs), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise SpecError(
+            f"job kwargs must be JSON values (str, int, float, bool, None, lists, dicts): {exc}"
+        ) from None
+
+
+def _frozen(kwargs: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    data = dict(kwargs or {})
+    canonical_kwargs(data)
+    return MappingProxyType(data)
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """An edge from a job to a job it needs.
+
+    * ``max_lag``: the dependency is pruned for a chunk only when every work id in it
+      succeeded (with the same kwargs) less than ``max_lag`` ago; ``None`` = always run.
+    * ``kwargs``: fixed keyword arguments for the dependency and every job below it
+      (a lower edge's value for the same name wins).
+    * ``allow_missing_work_ids``: fresh when the job succeeded within ``max_lag`` for
+      *any* work ids.
+    * ``unique``: this edge gets its own copy of the dependency instead of sharing one
+      with other paths of the graph.
+    """
+
+    job: str
+    max_lag: Duration | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    allow_missing_work_ids: bool = False
+    unique: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, str) or not _NAME.match(self.job):
+            raise SpecError(f"dependency job {self.job!r} is not a job name (a module's stem)")
+        if self.max_lag is not None:
+            try:
+                duration_seconds(self.max_lag)
+            except ValueError as exc:
+                raise SpecError(f"dependency on '{self.job}': max_lag: {exc}") from None
+        object.__setattr__(self, "kwargs", _frozen(self.kwargs))
+
+    @property
+    def max_lag_seconds(self) -> float | None:
+        return None if self.max_lag is None else duration_seconds(self.max_lag)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When cron submits the job: a five-field cron expression (UTC), the kwargs and
+    work ids of each fire, and how late a missed fire may still run (once)."""
+
+    cron: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    work_ids: Sequence[int] | None = None
+    grace: Duration = "10m"
+
+    def __post_init__(self) -> None:
+        from riverbed.jobs.cron import parse_cron
+
+        try:
+            parse_cron(self.cron)
+            duration_seconds(self.grace)
+        except ValueError as exc:
+            raise SpecError(f"schedule {self.cron!r}: {exc}") from None
+        object.__setattr__(self, "kwargs", _frozen(self.kwargs))
+        if self.work_ids is not None:
+            object.__setattr__(self, "work_ids", tuple(parse_work_ids(self.work_ids)))
+
+    @property
+    def grace_seconds(self) -> float:
+        return duration_seconds(self.grace)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's spec. ``main(ctx, work_ids, **kwargs)`` runs one chunk."""
+
+    main: Callable[..., Any]
+    name: str = ""
+    chunk_size: int | None = None
+    dependencies: Sequence[Dependency] = ()
+    allow_multiple_jobs: bool = False
+    retries: int = 0
+    retry_backoff: Duration = "5s"
+    timeout: Duration | None = None
+    select_work: Callable[..., Iterable[int]] | None = None
+    schedule: Schedule | str | None = None
+    kind: Kind = "python"
+    bisect: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"job '{self.name}'" if self.name else "job"
+        if not callable(self.main):
+            raise SpecError(f"{where}: main must be a function main(ctx, work_ids, **kwargs)")
+        if self.chunk_size is not None and (
+            not isinstance(self.chunk_size, int) or self.chunk_size < 1
+        ):
+            raise SpecError(f"{where}: chunk_size must be a whole number ≥ 1 (or None: one chunk)")
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise SpecError(f"{where}: retries must be a whole number ≥ 0")
+        if self.kind not in ("python", "spark"):
+            raise SpecError(f"{where}: kind must be 'python' or 'spark', not {self.kind!r}")
+        try:
+            duration_seconds(self.retry_backoff)
+            if self.timeout is not None:
+                duration_seconds(self.timeout)
+        except ValueError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+        deps = tuple(self.dependencies)
+        for dep in deps:
+            if not isinstance(dep, Dependency):
+                raise SpecError(f"{where}: dependencies must be Dependency(...), got {dep!r}")
+        object.__setattr__(self, "dependencies", deps)
+        if isinstance(self.schedule, str):
+            object.__setattr__(self, "schedule", Schedule(self.schedule))
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        return None if self.timeout is None else duration_seconds(self.timeout)
+
+    @property
+    def backoff_seconds(self) -> float:
+        return duration_seconds(self.retry_backoff)
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A job spec with where it came from."""
+
+    spec: Job
+    path: Path
+    code_version: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def parse_work_ids(value: str | Iterable[int]) -> list[int]:
+    """``"1-100,205"`` or an iterable of whole numbers → sorted, unique ids."""
+    if isinstance(value, str):
+        ids: set[int] = set()
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            lo, sep, hi = part.partition("-")
+            try:
+                if sep:
+                    a, b = int(lo), int(hi)
+                    if b < a:
+                        raise WorkIdsError(f"work id range {part!r} runs backwards; write {b}-{a}")
+                    ids.update(range(a, b + 1))
+                else:
+                    ids.add(int(part))
+            except ValueError:
+                raise WorkIdsError(
+                    f"cannot read work ids {value!r}: {part!r} is not a whole number or a "
+                    "range; write e.g. 1-100,205"
+                ) from None
+        return sorted(ids)
+    out: set[int] = set()
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int):
+            try:
+                as_int = int(item)
+            except (TypeError, ValueError):
+                as_int = None
+            if as_int is None or as_int != item:
+                raise WorkIdsError(f"work id {item!r} is not a whole number")
+            item = as_int
+        out.add(int(item))
+    return sorted(out)
+
+
+def _where(exc: BaseException, path: Path) -> str:
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f"{path}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+    if frames and frames[-1].lineno:
+        return f"{path}:{frames[-1].lineno}"
+    return str(path)
+
+
+def _git_sha(directory: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+class Catalog:
+    """The jobs of one directory, imported on first use and kept."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory).resolve()
+        self._jobs: dict[str, LoadedJob] = {}
+        self._git: str | bool | None = False  # False: not asked yet
+
+    def __repr__(self) -> str:
+        return f"Catalog({str(self.directory)!r}, loaded={sorted(self._jobs)})"
+
+    def names(self) -> list[str]:
+        """Every job module in the directory (without importing them)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p.stem for p in self.directory.glob("*.py") if not p.stem.startswith("_"))
+
+    def _git_sha(self) -> str | None:
+        if self._git is False:
+            self._git = _git_sha(self.directory)
+        return self._git if isinstance(self._git, str) else None
+
+    def get(self, name: str) -> LoadedJob:
+        """The job ``name`` (``<dir>/<name>.py``), imported the first time."""
+        if name in self._jobs:
+            return self._jobs[name]
+        if not _NAME.match(name):
+            raise SpecError(f"{name!r} is not a job name; job names are module stems")
+        path = self.directory / f"{name}.py"
+        if not path.exists():
+            known = ", ".join(self.names()) or "none"
+            raise SpecError(
+                f"no job '{name}': {path} does not exist (jobs in {self.directory}: {known}); "
+                "set RIVERBED_JOBS_DIR or create the module"
+            )
+        loaded = self._import(name, path)
+        self._jobs[name] = loaded
+        return loaded
+
+    def load_all(self) -> tuple[list[LoadedJob], list[SpecError]]:
+        """Every job of the directory; modules that fail are returned as errors."""
+        jobs: list[LoadedJob] = []
+        errors: list[SpecError] = []
+        for name in self.names():
+            try:
+                jobs.append(self.get(name))
+            except SpecError as exc:
+                errors.append(exc)
+        return jobs, errors
+
+    def closure(self, root: str) -> dict[str, Job]:
+        """``root`` and every job it depends on, transitively."""
+        out: dict[str, Job] = {}
+        todo = [root]
+        while todo:
+            name = todo.pop()
+            if name in out:
+                continue
+            spec = self.get(name).spec
+            out[name] = spec
+            todo.extend(d.job for d in spec.dependencies if d.job not in out)
+        return out
+
+    def _import(self, name: str, path: Path) -> LoadedJob:
+        source = path.read_bytes()
+        module_name = f"riverbed_jobs_{name}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise SpecError(f"{path} cannot be imported as a Python module")
+        module: ModuleType = importlib.util.module_from_spec(spec)
+        if str(self.directory) not in sys.path:
+            sys.path.insert(0, str(self.directory))  # jobs may import their _helpers
+        try:
+            spec.loader.exec_module(module)
+        except SpecError as exc:
+            raise SpecError(f"{_where(exc, path)}: {exc}") from None
+        except (Exception, SystemExit) as exc:
+            raise SpecError(
+                f"{_where(exc, path)}: job module '{name}' failed to import: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        job = getattr(module, "job", None)
+        if not isinstance(job, Job):
+            raise SpecError(
+                f"{path} defines no `job = Job(main=..., ...)`; add one, or rename it "
+                f"_{name}.py if it is a helper module"
+            )
+        if job.name and job.name != name:
+            raise SpecError(
+                f"{path}: Job(name={job.name!r}) differs from the module's name '{name}'; "
+                "a job's name is its module's stem — drop name= or rename the file"
+            )
+        if not job.name:
+            job = _with_name(job, name)
+        for dep in job.dependencies:
+            if dep.job == name:
+                raise SpecError(f"{path}: job '{name}' depends on itself; remove that dependency")
+        digest = hashlib.sha256(source).hexdigest()[:12]
+        git = self._git_sha()
+        version = f"git:{git} src:{digest}" if git else f"src:{digest}"
+        return LoadedJob(job, path, version)
+
+
+def _with_name(job: Job, name: str) -> Job:
+    from dataclasses import replace
+
+    return replace(job, name=name)

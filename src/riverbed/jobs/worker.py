@@ -1,0 +1,430 @@
+"""Workers: claim chunks, run them in warm executor processes, record what happened.
+
+A worker's life:
+
+1. Open a control-plane :class:`Session` and register ``<host>-<pid>-<random>`` in the
+   ``riverbed-jobs-workers`` registry. The orchestrator reaps the chunks of a worker
+   whose entry vanished (its lease expired).
+2. Loop: claim up to its free slots (the claim's attempt is the fencing token), hand
+   each chunk to an idle executor, wait for an answer, a wake-up from the database
+   (PostgreSQL ``LISTEN``; SQLite ``PRAGMA data_version``) or the next heartbeat.
+3. Heartbeat every ``heartbeat`` seconds: a chunk answered ``lost`` (reclaimed) or
+   ``cancel`` is stopped by killing its executor; a chunk past its timeout too.
+4. An answer is recorded only for the current attempt (``succeed`` / ``fail`` raise
+   :class:`FencedError` otherwise, and the attempt's staging is deleted). After DONE,
+   the staged output is moved into place.
+5. If the session is lost, running executors are killed (their chunks will be reaped)
+   and the worker registers again under a new id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from riverbed.control import ControlPlane, Registry, Session
+from riverbed.jobs.context import publish, staging_dir
+from riverbed.jobs.errors import FencedError
+from riverbed.jobs.queue import Claim, JobQueue
+
+log = logging.getLogger(__name__)
+
+WORKERS = "riverbed-jobs-workers"
+
+
+def log_path(home: Path, chunk_id: int, attempt: int) -> Path:
+    return home / "jobs" / "logs" / f"{chunk_id}-{attempt}.log"
+
+
+class Waker:
+    """A readable fd that becomes ready when the jobs database may have new work."""
+
+    def __init__(self, queue: JobQueue, poll: float = 0.01) -> None:
+        self.read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self._stop = threading.Event()
+        self._poll = poll
+        self._queue = queue
+        self._thread = threading.Thread(target=self._run, name="riverbed-jobs-waker", daemon=True)
+        self._thread.start()
+
+    def _signal(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._write_fd, b"!")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.read_fd, 4096):
+                pass
+
+    def _run(self) -> None:
+        db = self._queue.db
+        try:
+            if db.dialect == "sqlite" and db.path is not None:
+                conn = sqlite3.connect(db.path)
+                try:
+                    last = conn.execute("PRAGMA data_version").fetchone()[0]
+                    while not self._stop.wait(self._poll):
+                        now = conn.execute("PRAGMA data_version").fetchone()[0]
+                        if now != last:
+                            last = now
+                            self._signal()
+                finally:
+                    conn.close()
+            else:
+                import psycopg
+
+                dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
+                with psycopg.connect(dsn, autocommit=True) as pg:
+                    pg.execute("LISTEN rb_jobs")
+                    while not self._stop.is_set():
+                        for _ in pg.notifies(timeout=0.5, stop_after=1):
+                            self._signal()
+        except Exception:
+            log.exception("jobs waker stopped; workers fall back to their heartbeat tick")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
+
+@dataclass
+class _Executor:
+    proc: Any
+    conn: Connection
+
+
+@dataclass
+class _Slot:
+    claim: Claim
+    executor: _Executor
+    started: float
+    stopping: str | None = None  # why it is being stopped (cancel, lost, timeout)
+
+
+@dataclass
+class WorkerStats:
+    done: int = 0
+    failed: int = 0
+    fenced: int = 0
+    ids: list[int] = field(default_factory=list)
+
+
+class Worker:
+    """Runs chunks of the queue until stopped (see the module doc)."""
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        cp: ControlPlane,
+        jobs_dir: Path,
+        home: Path,
+        *,
+        concurrency: int = 1,
+        kinds: tuple[str, ...] = ("python", "spark"),
+        ttl: int = 10,
+        heartbeat: float = 1.0,
+        spark_master: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be ≥ 1, not {concurrency}")
+        self.queue = queue
+        self.cp = cp
+        self.jobs_dir = Path(jobs_dir).resolve()
+        self.home = Path(home).resolve()
+        self.concurrency = concurrency
+        self.kinds = kinds
+        self.ttl = ttl
+        self.heartbeat = heartbeat
+        self.spark_master = spark_master
+        self.clock = clock
+        self.host = socket.gethostname()
+        self.registry = Registry(cp, WORKERS)
+        self.id = ""
+        self.stats = WorkerStats()
+        self._idle: list[_Executor] = []
+        self._slots: dict[int, _Slot] = {}
+        self._mp = multiprocessing.get_context("spawn")
+
+    def __repr__(self) -> str:
+        return f"Worker({self.id or 'unregistered'}, slots={len(self._slots)}/{self.concurrency})"
+
+    # -- executors ----------------------------------------------------------------------
+
+    def _spawn(self) -> _Executor:
+        from riverbed.jobs.executor import executor_main
+
+        parent, child = self._mp.Pipe()
+        proc = self._mp.Process(
+            target=executor_main,
+            args=(child, str(self.jobs_dir), str(self.home), self.spark_master),
+            name="riverbed-executor",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        return _Executor(proc, parent)
+
+    def _kill(self, ex: _Executor) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.killpg(ex.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, OSError):
+            ex.proc.kill()
+        ex.proc.join(timeout=5)
+        ex.conn.close()
+
+    def _start(self, claim: Claim) -> None:
+        ex = self._idle.pop() if self._idle else self._spawn()
+        req = {
+            "id": claim.id,
+            "attempt": claim.attempt,
+            "job": claim.job,
+            "kwargs": claim.kwargs,
+            "work_ids": claim.work_ids,
+            "master": claim.master,
+            "code_version": claim.code_version,
+            "log": str(log_path(self.home, claim.id, claim.attempt)),
+        }
+        try:
+            ex.conn.send(req)
+        except (BrokenPipeError, OSError):
+            self._kill(ex)
+            ex = self._spawn()
+            ex.conn.send(req)
+        self._slots[claim.id] = _Slot(claim, ex, self.clock())
+
+    # -- results ------------------------------------------------------------------------
+
+    def _finish(self, slot: _Slot, answer: dict[str, Any] | None) -> None:
+        claim = slot.claim
+        self._slots.pop(claim.id, None)
+        staged = staging_dir(self.home, claim.id, claim.attempt)
+        try:
+            if answer is not None and answer.get("ok") and slot.stopping is None:
+                self.queue.succeed(claim.id, claim.attempt, output=bool(answer.get("output")))
+                self.stats.done += 1
+                self.stats.ids.append(claim.id)
+                if answer.get("output") and publish(self.home, claim.job, claim.id, claim.attempt):
+                    self.queue.mark_materialized(claim.id)
+                return
+            if slot.stopping == "lost":
+                raise FencedError(f"chunk {claim.id} attempt {claim.attempt} was reclaimed")
+            cancelled = slot.stopping == "cancel"
+            if slot.stopping == "timeout":
+                error = f"timed out after {claim.timeout:.0f}s"
+            elif cancelled:
+                error = "cancelled by request"
+            elif answer is None:
+                error = "the executor process died while running the chunk"
+            else:
+                error = str(answer.get("error") or "failed")
+            state = self.queue.fail(claim.id, claim.attempt, error, cancelled=cancelled)
+            self.stats.failed += 1
+            log.warning(
+                "chunk %s (%s) attempt %s: %s → %s",
+                claim.id,
+                claim.job,
+                claim.attempt,
+                error.strip().splitlines()[-1],
+                state,
+            )
+        except FencedError as exc:
+            self.stats.fenced += 1
+            log.warning("%s; nothing recorded or published", exc)
+        shutil.rmtree(staged, ignore_errors=True)
+
+    def _beat(self) -> None:
+        held = [(cid, s.claim.attempt) for cid, s in self._slots.items() if s.stopping is None]
+        statuses = self.queue.heartbeat(self.id, held)
+        now = self.clock()
+        for cid, slot in list(self._slots.items()):
+            if slot.stopping is not None:
+                continue
+            status = statuses.get(cid, "ok")
+            timeout = slot.claim.timeout
+            if status == "ok" and timeout is not None and now - slot.started > timeout:
+                status = "timeout"
+            if status != "ok":
+                slot.stopping = status
+                self._kill(slot.executor)
+                self._finish(slot, None)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def _register(self, session: Session) -> None:
+        self.id = f"{self.host}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.registry.register(
+            session,
+            self.id,
+            {
+                "host": self.host,
+                "pid": os.getpid(),
+                "concurrency": self.concurrency,
+                "kinds": list(self.kinds),
+            },
+        )
+        log.info("worker %s registered (concurrency %s)", self.id, self.concurrency)
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> WorkerStats:
+        """Work until ``stop`` is set (or ``until()`` is true between chunks)."""
+        stop = stop or threading.Event()
+        waker = Waker(self.queue)
+        session = Session(self.cp, ttl=self.ttl)
+        try:
+            self._register(session)
+            next_beat = self.clock() + self.heartbeat
+            while not stop.is_set():
+                if not session.alive:
+                    log.warning("worker %s lost its session; stopping its chunks", self.id)
+                    for slot in list(self._slots.values()):
+                        slot.stopping = "lost"
+                        self._kill(slot.executor)
+                        self._finish(slot, None)
+                    session.close(revoke=False)
+                    session = Session(self.cp, ttl=self.ttl)
+                    self._register(session)
+                free = self.concurrency - len(self._slots)
+                if free > 0 and self.queue.has_work(self.kinds):
+                    for claim in self.queue.claim(self.id, self.host, free, self.kinds):
+                        self._start(claim)
+                if until is not None and not self._slots and until():
+                    break
+                wait_for = max(0.0, next_beat - self.clock())
+                retry = self.queue.next_retry() if free > 0 else None
+                if retry is not None:
+                    wait_for = min(wait_for, retry)
+                pipes = {s.executor.conn: s for s in self._slots.values()}
+                ready = wait([*pipes, waker.read_fd], timeout=wait_for)
+                waker.drain()
+                for conn in ready:
+                    slot = pipes.get(conn)  # type: ignore[call-overload]
+                    if slot is None:
+                        continue
+                    try:
+                        answer = slot.executor.conn.recv()
+                    except (EOFError, OSError):
+                        self._kill(slot.executor)
+                        self._finish(slot, None)
+                        continue
+                    self._idle.append(slot.executor)
+                    self._finish(slot, answer)
+                if self.clock() >= next_beat:
+                    self._beat()
+                    next_beat = self.clock() + self.heartbeat
+        finally:
+            for slot in list(self._slots.values()):
+                self._kill(slot.executor)
+                with contextlib.suppress(FencedError):
+                    self.queue.release(slot.claim.id, slot.claim.attempt)
+            self._slots.clear()
+            for ex in self._idle:
+                with contextlib.suppress(OSError):
+                    ex.conn.send(None)
+                ex.proc.join(timeout=5)
+                if ex.proc.is_alive():
+                    self._kill(ex)
+            self._idle.clear()
+            waker.close()
+            session.close()
+        return self.stats
+
+
+def run_here(
+    queue: JobQueue,
+    cp: ControlPlane,
+    jobs_dir: Path,
+    home: Path,
+    master: int,
+    on_chunk: Callable[[Claim, str], None] | None = None,
+    spark_master: str | None = None,
+) -> str:
+    """The development runner: run every chunk of run ``master`` in this process (no
+    executor, so a debugger and prints work), registered like a worker so a running
+    orchestrator does not reap it. Returns the run's final state."""
+    from riverbed.config import SparkConfig
+    from riverbed.jobs.executor import ChunkRunner
+
+    runner = ChunkRunner(
+        Path(jobs_dir), Path(home), SparkConfig(master=spark_master) if spark_master else None
+    )
+    host = socket.gethostname()
+    worker_id = f"dev-{host}-{os.getpid()}-{secrets.token_hex(3)}"
+    waker = Waker(queue)
+    try:
+        with Session(cp, ttl=10) as session:
+            Registry(cp, WORKERS).register(session, worker_id, {"host": host, "dev": True})
+            while True:
+                state = queue.get(master)["state"]
+                if state != "MASTER":
+                    return str(state)
+                claims = queue.claim(worker_id, host, 1, master=master)
+                if not claims:
+                    retry = queue.next_retry()
+                    wait([waker.read_fd], timeout=1.0 if retry is None else min(retry, 1.0))
+                    waker.drain()
+                    continue
+                claim = claims[0]
+                stop = threading.Event()
+                beat = threading.Thread(
+                    target=_beat_inline, args=(queue, worker_id, claim, stop), daemon=True
+                )
+                beat.start()
+                try:
+                    answer = runner.run(
+                        {
+                            "id": claim.id,
+                            "attempt": claim.attempt,
+                            "job": claim.job,
+                            "kwargs": claim.kwargs,
+                            "work_ids": claim.work_ids,
+                            "master": claim.master,
+                            "code_version": claim.code_version,
+                        }
+                    )
+                finally:
+                    stop.set()
+                    beat.join()
+                outcome = "DONE"
+                try:
+                    if answer["ok"]:
+                        queue.succeed(claim.id, claim.attempt, output=bool(answer["output"]))
+                        if answer["output"] and publish(home, claim.job, claim.id, claim.attempt):
+                            queue.mark_materialized(claim.id)
+                    else:
+                        outcome = queue.fail(claim.id, claim.attempt, answer["error"])
+                except FencedError as exc:
+                    outcome = f"FENCED ({exc})"
+                    shutil.rmtree(staging_dir(home, claim.id, claim.attempt), ignore_errors=True)
+                if on_chunk is not None:
+                    on_chunk(claim, outcome if answer["ok"] else f"{outcome}\n{answer['error']}")
+    finally:
+        waker.close()
+
+
+def _beat_inline(queue: JobQueue, worker_id: str, claim: Claim, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            queue.heartbeat(worker_id, [(claim.id, claim.attempt)])
+        except Exception:
+            log.debug("heartbeat failed", exc_info=True)
