@@ -375,9 +375,12 @@ class JobQueue:
                 )
             if self.db.dialect == "postgresql":
                 pick = pick.with_for_update(skip_locked=True)
+            # A materialized CTE: PostgreSQL may re-run an ``IN (SELECT … LIMIT n)``
+            # subquery per row and claim more than ``limit`` chunks.
+            picked = pick.cte("picked").prefix_with("MATERIALIZED")
             rows = conn.execute(
                 update(chunks)
-                .where(chunks.c.id.in_(pick.scalar_subquery()), chunks.c.state == "PENDING")
+                .where(chunks.c.id == picked.c.id, chunks.c.state == "PENDING")
                 .values(
                     state="RUNNING",
                     attempt=chunks.c.attempt + 1,

@@ -326,6 +326,10 @@ class Catalog:
         module: ModuleType = importlib.util.module_from_spec(spec)
         if str(self.directory) not in sys.path:
             sys.path.insert(0, str(self.directory))  # jobs may import their _helpers
+        # In sys.modules while it executes (decorators such as @dataclass look it up),
+        # not afterwards: cloudpickle then ships the job's functions to Spark's Python
+        # workers by value — those cannot import a module from the jobs directory.
+        sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except SpecError as exc:
@@ -335,6 +339,8 @@ class Catalog:
                 f"{_where(exc, path)}: job module '{name}' failed to import: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            sys.modules.pop(module_name, None)
         job = getattr(module, "job", None)
         if not isinstance(job, Job):
             raise SpecError(

@@ -1,0 +1,156 @@
+"""Job modules, work ids and cron: what loads, what is refused and how it says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from riverbed.jobs import Catalog, Job, SpecError, WorkIdsError, parse_work_ids
+from riverbed.jobs.cron import due_fire, latest_fire, next_fire, parse_cron
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+from riverbed.jobs import Dependency, Job
+CALLED = []
+def main(ctx, work_ids, **kwargs):
+    CALLED.append(work_ids)
+job = Job(main=main, chunk_size=10, dependencies=[Dependency("other", max_lag="2h")],
+          retries=2, timeout="5m", schedule="*/5 * * * *")
+"""
+
+
+def test_a_module_loads_without_running_main_and_takes_its_name(tmp_path: Path) -> None:
+    write(tmp_path, "daily", GOOD)
+    loaded = Catalog(tmp_path).get("daily")
+    assert loaded.name == "daily"
+    assert loaded.spec.dependencies[0].max_lag_seconds == 7200
+    assert loaded.spec.timeout_seconds == 300
+    assert loaded.code_version.startswith(("src:", "git:"))
+    assert loaded.spec.main.__globals__["CALLED"] == []  # imported, main never called
+
+
+def test_a_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "broken", "from riverbed.jobs import Job\n\ndef main(:\n    pass\n")
+    with pytest.raises(SpecError, match=rf"{path}:3: job module 'broken' failed to import"):
+        Catalog(tmp_path).get("broken")
+
+
+def test_an_error_at_import_names_the_line_that_raised(tmp_path: Path) -> None:
+    path = write(tmp_path, "raises", "import os\nx = 1\nraise RuntimeError('no db')\n")
+    with pytest.raises(SpecError, match=rf"{path}:3: .*RuntimeError: no db"):
+        Catalog(tmp_path).get("raises")
+
+
+def test_a_bad_spec_value_names_the_line_and_the_fix(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "bad",
+        "from riverbed.jobs import Job\n\njob = Job(main=print, chunk_size=0)\n",
+    )
+    with pytest.raises(SpecError, match=rf"{path}:3: .*chunk_size must be a whole number"):
+        Catalog(tmp_path).get("bad")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("x = 1\n", "defines no `job = Job"),
+        ("from riverbed.jobs import Job\njob = Job(main=print, name='other')\n", "differs from"),
+        (
+            "from riverbed.jobs import Job, Dependency\n"
+            "job = Job(main=print, dependencies=[Dependency('me')])\n",
+            "depends on itself",
+        ),
+        ("from riverbed.jobs import Job\njob = Job(main=print, kind='java')\n", "kind must be"),
+        (
+            "from riverbed.jobs import Job\njob = Job(main=print, schedule='every day')\n",
+            "five fields",
+        ),
+        (
+            "from riverbed.jobs import Job, Dependency\n"
+            "job = Job(main=print, dependencies=[Dependency('x', max_lag='soon')])\n",
+            "cannot read duration",
+        ),
+    ],
+)
+def test_malformed_specs_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
+    write(tmp_path, "me", text)
+    with pytest.raises(SpecError, match=message):
+        Catalog(tmp_path).get("me")
+
+
+def test_a_missing_job_lists_the_jobs_there_are(tmp_path: Path) -> None:
+    write(tmp_path, "daily", GOOD)
+    write(tmp_path, "_helpers", "X = 1\n")
+    with pytest.raises(SpecError, match=r"no job .weekly.*jobs in .*: daily\)"):
+        Catalog(tmp_path).get("weekly")
+
+
+def test_load_all_reports_broken_modules_and_keeps_the_rest(tmp_path: Path) -> None:
+    write(tmp_path, "daily", GOOD)
+    write(tmp_path, "broken", "raise ValueError('x')\n")
+    jobs, errors = Catalog(tmp_path).load_all()
+    assert [j.name for j in jobs] == ["daily"]
+    assert len(errors) == 1 and "broken" in str(errors[0])
+
+
+def test_kwargs_must_be_json() -> None:
+    from riverbed.jobs import Dependency
+
+    with pytest.raises(SpecError, match="JSON values"):
+        Dependency("x", kwargs={"when": object()})
+
+
+def test_work_ids_parse_ranges_and_refuse_nonsense() -> None:
+    assert parse_work_ids("1-3,7, 5") == [1, 2, 3, 5, 7]
+    assert parse_work_ids([3, 1, 3]) == [1, 3]
+    with pytest.raises(WorkIdsError, match="runs backwards"):
+        parse_work_ids("9-2")
+    with pytest.raises(WorkIdsError, match="'x' is not a whole number"):
+        parse_work_ids("1,x")
+    with pytest.raises(WorkIdsError, match="not a whole number"):
+        parse_work_ids([1.5])
+    with pytest.raises(Exception, match="whole number"):
+        Job(main=print, chunk_size=-1)
+
+
+def test_cron_refuses_bad_expressions() -> None:
+    with pytest.raises(ValueError, match="five fields"):
+        parse_cron("* * *")
+    with pytest.raises(ValueError, match="61"):
+        parse_cron("61 * * * *")
+
+
+MINUTE = 60.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "0 0 * * 1"]),
+    st.floats(1.7e9, 1.8e9),
+    st.one_of(st.none(), st.floats(0, 5e5)),
+    st.floats(0, 3600),
+)
+def test_due_fire_runs_at_most_once_the_latest_missed_fire_inside_grace(
+    expr: str, now: float, since_last: float | None, grace: float
+) -> None:
+    last = None if since_last is None else latest_fire(expr, now - since_last)
+    fire = due_fire(expr, last, now, grace)
+    latest = latest_fire(expr, now)
+    assert latest <= now < next_fire(expr, latest)
+    if fire is not None:
+        assert fire == latest  # the latest fire only: one run after an outage
+        assert now - fire <= grace
+        assert last is None or fire > last
+        assert due_fire(expr, fire, now, grace) is None  # recorded → never again
+    else:
+        assert (last is not None and latest <= last) or now - latest > grace
