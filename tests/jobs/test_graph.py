@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -274,5 +275,5 @@ def test_cycles_are_found_exactly(specs: dict[str, Job]) -> None:
     assert (cycle is None) == _acyclic_from(specs, "a")
     if cycle is not None:
         assert cycle[0] == cycle[-1]
-        for x, y in zip(cycle, cycle[1:], strict=False):
+        for x, y in itertools.pairwise(cycle):
             assert y in {d.job for d in specs[x].dependencies}
