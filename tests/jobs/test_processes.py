@@ -1,0 +1,291 @@
+"""Workers and orchestrators as real processes, killed with SIGKILL and SIGSTOP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from riverbed.control import connect
+from riverbed.jobs.queue import JobQueue
+from riverbed.jobs.schema import chunks, meta
+
+pytestmark = pytest.mark.slow
+
+EFFECT = """
+import json, os, pathlib, time
+from riverbed.jobs import Job
+
+def main(ctx, work_ids, sleep=0.0, fail_on=None):
+    marks = pathlib.Path(os.environ["MARKS"])
+    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").touch()
+    if fail_on is not None and fail_on in work_ids:
+        raise ValueError(f"poison work id {fail_on}")
+    time.sleep(sleep)
+    ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt})
+    (marks / f"end-{ctx.chunk_id}-{ctx.attempt}").touch()
+
+job = Job(main=main, chunk_size=2, retries=3, retry_backoff=0, bisect=True)
+"""
+
+SLOW = """
+import os, pathlib, time
+from riverbed.jobs import Job
+
+def main(ctx, work_ids):
+    marks = pathlib.Path(os.environ["MARKS"])
+    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").touch()
+    time.sleep(60)
+    (marks / f"end-{ctx.chunk_id}-{ctx.attempt}").touch()
+
+job = Job(main=main, timeout="2s")
+"""
+
+
+class Cluster:
+    """Orchestrators and workers of one jobs setup, as child processes."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.tmp = tmp
+        (tmp / "jobs").mkdir()
+        (tmp / "jobs" / "effect.py").write_text(EFFECT)
+        (tmp / "jobs" / "slow.py").write_text(SLOW)
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.home = tmp / "home"
+        self.db = f"sqlite:///{tmp / 'jobs.db'}"
+        self.control = f"sqlite:///{tmp / 'control.db'}"
+        self.env = {
+            **env,
+            "RIVERBED_HOME": str(self.home),
+            "RIVERBED_JOBS_DIR": str(tmp / "jobs"),
+            "RIVERBED_JOBS_DB": self.db,
+            "RIVERBED_CONTROL": self.control,
+            "MARKS": str(self.marks),
+        }
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.queue = JobQueue(self.db)
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        name = "-".join(args[:1]) + f"-{len(self.procs)}"
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "riverbed.cli.main", *args],
+            env=self.env,
+            cwd=self.tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        return self.start("worker", "--ttl", "2", *extra)
+
+    def orchestrator(self, name: str) -> subprocess.Popen[bytes]:
+        return self.start("orchestrator", "--ttl", "2", "--name", name)
+
+    def cli(self, *args: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "riverbed.cli.main", "jobs", *args, "--json"],
+            env=self.env,
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        parsed: dict[str, Any] = json.loads(out.stdout)
+        return parsed
+
+    def marks_of(self, kind: str) -> list[str]:
+        return sorted(p.name for p in self.marks.glob(f"{kind}-*"))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.queue.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, subprocess_env)
+    yield c
+    c.stop()
+
+
+def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_state(c: Cluster, run: int) -> str:
+    return str(c.queue.get(run)["state"])
+
+
+def published(c: Cluster, job: str = "effect") -> dict[int, dict[str, Any]]:
+    root = c.home / "jobs" / "output" / job
+    return {
+        int(d.name.split("=")[1]): json.loads((d / "effect.json").read_text())
+        for d in sorted(root.glob("chunk=*"))
+    }
+
+
+def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
+    cluster: Cluster,
+) -> None:
+    cluster.orchestrator("o1")
+    doomed = cluster.worker()
+    run = cluster.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=3")["run"]
+    until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
+    os.kill(doomed.pid, signal.SIGKILL)
+    cluster.worker()
+    until(lambda: run_state(cluster, run) != "MASTER", 60, "the run to end")
+    assert run_state(cluster, run) == "DONE"
+    (chunk,) = [r for r in cluster.queue.graph(run)]
+    assert chunk["attempt"] == 2 and chunk["output_attempt"] == 2
+    attempts = cluster.queue.get(chunk["id"])["attempts"]
+    assert attempts[0]["state"] == "FAILED" and "lost" in attempts[0]["error"]
+    assert published(cluster) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
+
+
+def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothing(
+    cluster: Cluster,
+) -> None:
+    cluster.orchestrator("o1")
+    paused = cluster.worker()
+    run = cluster.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=2")["run"]
+    until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
+    os.kill(paused.pid, signal.SIGSTOP)
+    cluster.worker()
+    until(lambda: run_state(cluster, run) == "DONE", 60, "the reclaimed chunk to finish")
+    (chunk,) = cluster.queue.graph(run)
+    # The paused worker's executor finished attempt 1 meanwhile; its answer waits in
+    # the pipe. Resume the worker: it must not record or publish attempt 1.
+    until(lambda: f"end-{chunk['id']}-1" in cluster.marks_of("end"), 30, "attempt 1 to end")
+    os.kill(paused.pid, signal.SIGCONT)
+    log = cluster.tmp / "worker-1.log"
+    time.sleep(3)
+    row = cluster.queue.get(chunk["id"])
+    assert row["state"] == "DONE" and row["attempt"] == 2 and row["output_attempt"] == 2
+    assert [a["state"] for a in row["attempts"]] == ["FAILED", "DONE"]
+    assert published(cluster) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
+    assert not (cluster.home / "jobs" / "staging" / f"{chunk['id']}-1").exists()
+    text = until(
+        lambda: "nothing recorded or published" in log.read_text() and log.read_text(),
+        10,
+        "the resumed worker to report its fenced attempt",
+    )
+    assert f"chunk {chunk['id']} attempt 1" in text
+
+
+def test_a_killed_orchestrator_is_replaced_and_the_new_one_grooms(cluster: Cluster) -> None:
+    first = cluster.orchestrator("o1")
+
+    def leader() -> tuple[int, str]:
+        with cluster.queue.db.read() as conn:
+            row = conn.execute(select(meta.c.term, meta.c.leader)).one()
+            return int(row[0]), str(row[1])
+
+    until(lambda: leader()[1] == "o1", 30, "o1 to lead")
+    cluster.orchestrator("o2")
+    term1 = leader()[0]
+    os.kill(first.pid, signal.SIGKILL)
+    until(lambda: leader()[1] == "o2", 30, "o2 to take over")
+    assert leader()[0] > term1
+    # The new leader does the duties: a worker killed now is reaped by o2.
+    doomed = cluster.worker()
+    run = cluster.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=3")["run"]
+    until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
+    os.kill(doomed.pid, signal.SIGKILL)
+    cluster.worker()
+    until(lambda: run_state(cluster, run) == "DONE", 60, "the run to finish")
+    (chunk,) = cluster.queue.graph(run)
+    assert chunk["attempt"] == 2  # reaped exactly once
+
+
+def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(cluster: Cluster) -> None:
+    cluster.orchestrator("o1")
+    for _ in range(3):
+        cluster.worker("--concurrency", "2")
+    run = cluster.cli("submit", "effect", "--work-ids", "1-40", "--kwarg", "fail_on=13")["run"]
+    until(lambda: run_state(cluster, run) != "MASTER", 90, "the run to end")
+    rows = cluster.queue.graph(run)
+    failed = [json.loads(r["work_ids"]) for r in rows if r["state"] == "FAILED"]
+    assert failed == [[13]]
+    done = [r for r in rows if r["state"] == "DONE"]
+    outputs = published(cluster)
+    assert sorted(outputs) == sorted(r["id"] for r in done)
+    ids = sorted(w for o in outputs.values() for w in o["ids"])
+    assert ids == [w for w in range(1, 41) if w != 13]  # each effect exactly once
+    starts = cluster.marks_of("start")
+    assert len(starts) == len(set(starts))
+
+
+def test_cancel_stops_the_running_code(cluster: Cluster) -> None:
+    cluster.worker()
+    run = cluster.cli("submit", "slow")["run"]
+    until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
+    cluster.cli("cancel", str(run))
+    until(lambda: run_state(cluster, run) == "CANCELED", 15, "the run to be cancelled")
+    (chunk,) = cluster.queue.graph(run)
+    assert chunk["state"] == "CANCELED"
+    time.sleep(1)
+    assert cluster.marks_of("end") == []
+
+
+def test_a_chunk_past_its_timeout_is_stopped(cluster: Cluster) -> None:
+    cluster.worker()
+    run = cluster.cli("submit", "slow")["run"]
+    until(lambda: run_state(cluster, run) == "FAILED", 30, "the timeout")
+    (chunk,) = cluster.queue.graph(run)
+    assert "timed out after 2s" in chunk["error"]
+    assert cluster.marks_of("end") == []
+
+
+def test_a_crash_mid_submit_leaves_no_rows(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    JobQueue(url).close()
+    procs = Path(__file__).with_name("procs.py")
+    result = subprocess.run(
+        [sys.executable, str(procs), "submit-and-die", url], env=subprocess_env, check=False
+    )
+    assert result.returncode == -signal.SIGKILL
+    queue = JobQueue(url)
+    with queue.db.read() as conn:
+        assert conn.execute(select(func.count()).select_from(chunks)).scalar() == 0
+    queue.close()
+
+
+def test_the_control_plane_sees_workers_come_and_go(cluster: Cluster) -> None:
+    w = cluster.worker()
+    cp = connect(cluster.control)
+    from riverbed.control import Registry
+    from riverbed.jobs.worker import WORKERS
+
+    reg = Registry(cp, WORKERS)
+    until(lambda: reg.members(), 30, "the worker to register")
+    w.terminate()
+    w.wait(timeout=10)
+    until(lambda: not reg.members(), 10, "the worker to deregister")
+    cp.close()
