@@ -33,12 +33,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, tuple_, update
+from sqlalchemy import Connection, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from riverbed.jobs.errors import FencedError, NotFoundError
 from riverbed.jobs.graph import ActiveChunk, Freshness, Plan
+from riverbed.jobs.moves import Moves
+from riverbed.jobs.reads import QueueReader
 from riverbed.jobs.schema import (
     Database,
     attempts,
@@ -56,7 +58,6 @@ log = logging.getLogger(__name__)
 
 ACTIVE = ("QUEUED", "PENDING", "RUNNING")
 ENDED = ("DONE", "FAILED", "CANCELED", "UPSTREAM_FAILED", "SPLIT")
-FAILURES = ("FAILED", "UPSTREAM_FAILED")
 
 
 @dataclass(frozen=True)
@@ -86,33 +87,16 @@ class Claim:
     code_version: str
 
 
-def _row(r: Any) -> dict[str, Any]:
-    return dict(r._mapping)
-
-
-class JobQueue:
+class JobQueue(QueueReader):
     """Operations on one jobs database (see the module doc for the rules)."""
 
     def __init__(self, db: Database | str, create: bool = True) -> None:
-        self.db = db if isinstance(db, Database) else Database(db)
+        super().__init__(db)
+        self.moves = Moves(self.db)
         if create:
             self.db.create()
 
-    def __repr__(self) -> str:
-        return f"JobQueue({self.db.url!r})"
-
-    def close(self) -> None:
-        self.db.dispose()
-
     # -- helpers ------------------------------------------------------------------------
-
-    def _now(self, conn: Connection) -> float:
-        return float(conn.execute(select(self.db.now)).scalar_one())
-
-    def now(self) -> float:
-        """The database's clock (epoch seconds)."""
-        with self.db.read() as conn:
-            return self._now(conn)
 
     def _upsert(self, table: Any, keys: list[str], col: str) -> Any:
         """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col (both dialects)."""
@@ -276,7 +260,7 @@ class JobQueue:
             if done:
                 self._recount(conn, master_id, [ids[c.index] for c in new], done, now)
         if not plan.chunks:
-            self._settle_master(conn, master_id, now)
+            self.moves.settle_master(conn, master_id, now)
         self.db.notify(conn)
         return master_id, plan
 
@@ -311,37 +295,9 @@ class JobQueue:
                 )
                 .values(state="PENDING", not_before=now)
             )
-        self._settle_master(conn, master_id, now)
+        self.moves.settle_master(conn, master_id, now)
 
     # -- workers --------------------------------------------------------------------------
-
-    def has_work(self, kinds: Sequence[str] = ("python", "spark")) -> bool:
-        """Whether a chunk is claimable now (a cheap read before taking the write lock)."""
-        with self.db.read() as conn:
-            now = self._now(conn)
-            return (
-                conn.execute(
-                    select(chunks.c.id)
-                    .where(
-                        chunks.c.state == "PENDING",
-                        chunks.c.not_before <= now,
-                        chunks.c.kind.in_(kinds),
-                    )
-                    .limit(1)
-                ).first()
-                is not None
-            )
-
-    def next_retry(self) -> float | None:
-        """Seconds until the earliest backed-off chunk becomes claimable, if any."""
-        with self.db.read() as conn:
-            now = self._now(conn)
-            at = conn.execute(
-                select(func.min(chunks.c.not_before)).where(
-                    chunks.c.state == "PENDING", chunks.c.not_before > now
-                )
-            ).scalar()
-            return None if at is None else max(0.0, float(at) - now)
 
     def claim(
         self,
@@ -479,7 +435,7 @@ class JobQueue:
                     f"chunk {chunk_id} attempt {attempt} is no longer running under this "
                     "claim (reclaimed, cancelled or already recorded); its result is discarded"
                 )
-            self._end_attempt(conn, chunk_id, attempt, "DONE", None, now)
+            self.moves.end_attempt(conn, chunk_id, attempt, "DONE", None, now)
             ids = json.loads(row.work_ids)
             if ids:
                 conn.execute(
@@ -517,7 +473,7 @@ class JobQueue:
                 ).all()
                 if promoted:
                     self.db.notify(conn)
-            self._settle(conn, chunk_id, failed=False, now=now)
+            self.moves.settle(conn, chunk_id, failed=False, now=now)
 
     def release(self, chunk_id: int, attempt: int) -> None:
         """A worker stopping on purpose gives a running chunk back: PENDING again, and
@@ -540,216 +496,14 @@ class JobQueue:
             ).rowcount
             if not done:
                 raise FencedError(f"chunk {chunk_id} attempt {attempt} is not ours to release")
-            self._end_attempt(conn, chunk_id, attempt, "RELEASED", "worker stopped", now)
+            self.moves.end_attempt(conn, chunk_id, attempt, "RELEASED", "worker stopped", now)
             self.db.notify(conn)
 
     def fail(self, chunk_id: int, attempt: int, error: str, *, cancelled: bool = False) -> str:
         """Record a failed (or cancelled) attempt; returns the chunk's new state:
         PENDING (retry after backoff), SPLIT (bisected), FAILED or CANCELED."""
         with self.db.write() as conn:
-            return self._fail(conn, chunk_id, attempt, error, cancelled, self._now(conn))
-
-    def _fail(
-        self,
-        conn: Connection,
-        chunk_id: int,
-        attempt: int,
-        error: str,
-        cancelled: bool,
-        now: float,
-    ) -> str:
-        q = select(chunks).where(
-            chunks.c.id == chunk_id, chunks.c.attempt == attempt, chunks.c.state == "RUNNING"
-        )
-        if self.db.dialect == "postgresql":
-            q = q.with_for_update()
-        row = conn.execute(q).first()
-        if row is None:
-            raise FencedError(
-                f"chunk {chunk_id} attempt {attempt} is no longer running under this claim; "
-                "its failure is not recorded"
-            )
-        cancelled = cancelled or bool(row.cancel_requested)
-        if cancelled:
-            self._end(conn, chunk_id, "CANCELED", error, now)
-            self._end_attempt(conn, chunk_id, attempt, "CANCELED", error, now)
-            self._settle(conn, chunk_id, failed=False, now=now)
-            self._cascade(conn, chunk_id, "CANCELED", now)
-            return "CANCELED"
-        self._end_attempt(conn, chunk_id, attempt, "FAILED", error, now)
-        if attempt < row.max_attempts:
-            delay = float(row.backoff) * (2 ** (attempt - 1))
-            conn.execute(
-                update(chunks)
-                .where(chunks.c.id == chunk_id)
-                .values(state="PENDING", not_before=now + delay, error=error, worker=None)
-            )
-            self.db.notify(conn)
-            return "PENDING"
-        if row.bisect and row.n_ids > 1:
-            self._split(conn, row, error, now)
-            return "SPLIT"
-        self._end(conn, chunk_id, "FAILED", error, now)
-        self._settle(conn, chunk_id, failed=True, now=now)
-        self._cascade(conn, chunk_id, "UPSTREAM_FAILED", now)
-        return "FAILED"
-
-    def _end(
-        self, conn: Connection, chunk_id: int, state: str, error: str | None, now: float
-    ) -> None:
-        conn.execute(
-            update(chunks)
-            .where(chunks.c.id == chunk_id)
-            .values(state=state, finished_at=now, error=error)
-        )
-
-    def _end_attempt(
-        self,
-        conn: Connection,
-        chunk_id: int,
-        attempt: int,
-        state: str,
-        error: str | None,
-        now: float,
-    ) -> None:
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.chunk == chunk_id, attempts.c.attempt == attempt)
-            .values(state=state, finished_at=now, error=error)
-        )
-
-    def _split(self, conn: Connection, row: Any, error: str, now: float) -> None:
-        """Bisect a failed chunk: two halves replace it for its dependents and masters."""
-        ids = json.loads(row.work_ids)
-        mid = len(ids) // 2
-        base = {
-            k: getattr(row, k)
-            for k in (
-                "master",
-                "job",
-                "kind",
-                "kwargs",
-                "max_attempts",
-                "backoff",
-                "timeout",
-                "bisect",
-                "code_version",
-            )
-        }
-        halves = [
-            int(
-                conn.execute(
-                    insert(chunks)
-                    .values(
-                        **base,
-                        state="PENDING",
-                        work_ids=json.dumps(part),
-                        n_ids=len(part),
-                        deps_left=0,
-                        active_left=0,
-                        failed=0,
-                        not_before=now,
-                        created_at=now,
-                        parent=row.id,
-                    )
-                    .returning(chunks.c.id)
-                ).scalar_one()
-            )
-            for part in (ids[:mid], ids[mid:])
-        ]
-        self._end(conn, row.id, "SPLIT", f"bisected into {halves[0]} and {halves[1]}: {error}", now)
-        downs = [
-            int(d)
-            for (d,) in conn.execute(
-                select(edges.c.downstream).where(edges.c.upstream == row.id)
-            ).all()
-        ]
-        if downs:
-            conn.execute(
-                insert(edges), [{"upstream": h, "downstream": d} for h in halves for d in downs]
-            )
-            conn.execute(
-                update(chunks)
-                .where(chunks.c.id.in_(downs), chunks.c.kind != "master")
-                .values(deps_left=chunks.c.deps_left + 1)
-            )
-        masters = [
-            int(m)
-            for (m,) in conn.execute(select(members.c.master).where(members.c.chunk == row.id))
-        ]
-        if masters:
-            conn.execute(
-                insert(members), [{"master": m, "chunk": h} for m in masters for h in halves]
-            )
-            conn.execute(
-                update(chunks)
-                .where(chunks.c.id.in_(masters))
-                .values(active_left=chunks.c.active_left + 2)
-            )
-        self._settle(conn, row.id, failed=False, now=now)
-        self.db.notify(conn)
-
-    def _cascade(self, conn: Connection, chunk_id: int, state: str, now: float) -> None:
-        """Everything waiting (transitively) on ``chunk_id`` ends as ``state``."""
-        why = (
-            f"upstream chunk {chunk_id} was cancelled"
-            if state == "CANCELED"
-            else f"upstream chunk {chunk_id} failed"
-        )
-        frontier = [chunk_id]
-        while frontier:
-            downs = conn.execute(
-                update(chunks)
-                .where(
-                    chunks.c.id.in_(
-                        select(edges.c.downstream)
-                        .where(edges.c.upstream.in_(frontier))
-                        .scalar_subquery()
-                    ),
-                    chunks.c.state.in_(("QUEUED", "PENDING")),
-                    chunks.c.kind != "master",
-                )
-                .values(state=state, finished_at=now, error=why)
-                .returning(chunks.c.id)
-            ).all()
-            frontier = [int(d) for (d,) in downs]
-            for d in frontier:
-                self._settle(conn, d, failed=state in FAILURES, now=now)
-
-    def _settle(self, conn: Connection, chunk_id: int, failed: bool, now: float) -> None:
-        """A member ended: count it in each of its masters and end those with none left."""
-        masters = conn.execute(
-            update(chunks)
-            .where(
-                chunks.c.id.in_(
-                    select(members.c.master).where(members.c.chunk == chunk_id).scalar_subquery()
-                )
-            )
-            .values(
-                active_left=chunks.c.active_left - 1,
-                failed=chunks.c.failed + (1 if failed else 0),
-            )
-            .returning(chunks.c.id, chunks.c.active_left)
-        ).all()
-        for master_id, left in masters:
-            if left <= 0:
-                self._settle_master(conn, int(master_id), now)
-
-    def _settle_master(self, conn: Connection, master_id: int, now: float) -> None:
-        row = conn.execute(
-            select(chunks.c.state, chunks.c.failed, chunks.c.cancel_requested).where(
-                chunks.c.id == master_id
-            )
-        ).one()
-        if row.state != "MASTER":
-            return
-        if row.cancel_requested:
-            state, error = "CANCELED", "cancelled by request"
-        elif row.failed:
-            state, error = "FAILED", f"{row.failed} chunk(s) failed"
-        else:
-            state, error = "DONE", None
-        self._end(conn, master_id, state, error, now)
+            return self.moves.fail(conn, chunk_id, attempt, error, cancelled, self._now(conn))
 
     def mark_materialized(self, chunk_id: int) -> None:
         with self.db.write() as conn:
@@ -798,7 +552,7 @@ class JobQueue:
                     if worker not in live
                     else f"worker {worker} sent no heartbeat for {silent:.0f}s"
                 )
-                self._fail(conn, int(cid), int(attempt), why, False, now)
+                self.moves.fail(conn, int(cid), int(attempt), why, False, now)
                 reaped.append(int(cid))
             return reaped
 
@@ -819,21 +573,6 @@ class JobQueue:
                 .returning(chunks.c.id)
             ).all()
             return [int(r[0]) for r in rows]
-
-    def unmaterialized(self, limit: int = 100) -> list[dict[str, Any]]:
-        with self.db.read() as conn:
-            return [
-                _row(r)
-                for r in conn.execute(
-                    select(chunks.c.id, chunks.c.job, chunks.c.output_attempt)
-                    .where(
-                        chunks.c.state == "DONE",
-                        chunks.c.output_attempt.is_not(None),
-                        chunks.c.materialized.is_(False),
-                    )
-                    .limit(limit)
-                ).all()
-            ]
 
     def sync_schedules(self, term: int, wanted: Sequence[dict[str, Any]]) -> None:
         """Store the schedules found in the job specs (the specs are the truth)."""
@@ -860,10 +599,6 @@ class JobQueue:
                             job=w["job"], **values, last_fire=None, updated_at=now
                         )
                     )
-
-    def schedules(self) -> list[dict[str, Any]]:
-        with self.db.read() as conn:
-            return [_row(r) for r in conn.execute(select(schedules).order_by(schedules.c.job))]
 
     def fire(
         self,
@@ -936,8 +671,8 @@ class JobQueue:
                     .values(state="CANCELED", finished_at=now, error="cancelled by request")
                 ).rowcount
                 if ended:
-                    self._settle(conn, cid, failed=False, now=now)
-                    self._cascade(conn, cid, "CANCELED", now)
+                    self.moves.settle(conn, cid, failed=False, now=now)
+                    self.moves.cascade(conn, cid, "CANCELED", now)
             if running:
                 conn.execute(
                     update(chunks)
@@ -947,137 +682,6 @@ class JobQueue:
             return {"waiting": len(waiting), "running": len(running)}
 
     # -- reads ----------------------------------------------------------------------------
-
-    def get(self, chunk_id: int) -> dict[str, Any]:
-        with self.db.read() as conn:
-            row = conn.execute(select(chunks).where(chunks.c.id == chunk_id)).first()
-            if row is None:
-                raise NotFoundError(f"no run or chunk {chunk_id}; see `riverbed jobs list`")
-            out = _row(row)
-            out["upstream"] = sorted(
-                int(u)
-                for (u,) in conn.execute(
-                    select(edges.c.upstream).where(edges.c.downstream == chunk_id)
-                )
-            )
-            out["attempts"] = [
-                _row(a)
-                for a in conn.execute(
-                    select(attempts)
-                    .where(attempts.c.chunk == chunk_id)
-                    .order_by(attempts.c.attempt)
-                )
-            ]
-            return out
-
-    def graph(self, master_id: int) -> list[dict[str, Any]]:
-        """The chunks of a run with their upstream ids, in id order."""
-        with self.db.read() as conn:
-            rows = conn.execute(
-                select(chunks)
-                .join(members, members.c.chunk == chunks.c.id)
-                .where(members.c.master == master_id)
-                .order_by(chunks.c.id)
-            ).all()
-            ids = [r.id for r in rows]
-            ups: dict[int, list[int]] = {int(i): [] for i in ids}
-            if ids:
-                for u, d in conn.execute(
-                    select(edges.c.upstream, edges.c.downstream).where(edges.c.downstream.in_(ids))
-                ):
-                    ups[int(d)].append(int(u))
-            out = []
-            for r in rows:
-                item = _row(r)
-                item["upstream"] = sorted(ups[int(r.id)])
-                out.append(item)
-            return out
-
-    def runs(self, state: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        """Master rows (runs), newest first; ``state`` filters."""
-        with self.db.read() as conn:
-            q = select(chunks).where(chunks.c.kind == "master")
-            if state:
-                q = q.where(chunks.c.state == state.upper())
-            return [_row(r) for r in conn.execute(q.order_by(chunks.c.id.desc()).limit(limit))]
-
-    def chunks_in(self, state: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
-        with self.db.read() as conn:
-            q = select(chunks).where(chunks.c.kind != "master")
-            if state:
-                q = q.where(chunks.c.state == state.upper())
-            return [_row(r) for r in conn.execute(q.order_by(chunks.c.id.desc()).limit(limit))]
-
-    def freshness(self, job: str) -> list[dict[str, Any]]:
-        """Per kwargs: work ids known, oldest and newest success (database clock)."""
-        with self.db.read() as conn:
-            now = self._now(conn)
-            rows = conn.execute(
-                select(
-                    freshness.c.kwargs,
-                    func.count(),
-                    func.min(freshness.c.succeeded_at),
-                    func.max(freshness.c.succeeded_at),
-                )
-                .where(freshness.c.job == job)
-                .group_by(freshness.c.kwargs)
-            ).all()
-            out = [
-                {
-                    "kwargs": kw,
-                    "work_ids": int(n),
-                    "oldest": float(lo),
-                    "newest": float(hi),
-                    "now": now,
-                }
-                for kw, n, lo, hi in rows
-            ]
-            seen = {o["kwargs"] for o in out}
-            for kw, at in conn.execute(
-                select(latest.c.kwargs, latest.c.succeeded_at).where(latest.c.job == job)
-            ):
-                if kw not in seen:
-                    out.append(
-                        {
-                            "kwargs": kw,
-                            "work_ids": 0,
-                            "oldest": float(at),
-                            "newest": float(at),
-                            "now": now,
-                        }
-                    )
-            return out
-
-    def fresh_ids(self, job: str, kwargs: str) -> dict[int, float]:
-        with self.db.read() as conn:
-            return {
-                int(w): float(t)
-                for w, t in conn.execute(
-                    select(freshness.c.work_id, freshness.c.succeeded_at).where(
-                        freshness.c.job == job, freshness.c.kwargs == kwargs
-                    )
-                )
-            }
-
-    def counts(self) -> dict[str, int]:
-        with self.db.read() as conn:
-            return {
-                s: int(n)
-                for s, n in conn.execute(
-                    select(chunks.c.state, func.count())
-                    .where(chunks.c.kind != "master")
-                    .group_by(chunks.c.state)
-                )
-            }
-
-    def active_run(self, job: str) -> int | None:
-        with self.db.read() as conn:
-            row = conn.execute(
-                select(chunks.c.id).where(
-                    chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
-                )
-            ).first()
-            return None if row is None else int(row[0])
 
 
 __all__ = ["ACTIVE", "ENDED", "Claim", "JobQueue", "Policy"]
