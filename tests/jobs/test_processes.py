@@ -51,6 +51,20 @@ job = Job(main=main, timeout="2s")
 """
 
 
+SPARKY = """
+import os
+from riverbed.jobs import Job
+
+def main(ctx, work_ids):
+    n = ctx.spark.range(0, 1000 * len(work_ids)).count()
+    ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt,
+                                           "app": ctx.spark.sparkContext.applicationId,
+                                           "pid": os.getpid(), "count": n})
+
+job = Job(main=main, chunk_size=1, kind="spark")
+"""
+
+
 class Cluster:
     """Orchestrators and workers of one jobs setup, as child processes."""
 
@@ -59,6 +73,7 @@ class Cluster:
         (tmp / "jobs").mkdir()
         (tmp / "jobs" / "effect.py").write_text(EFFECT)
         (tmp / "jobs" / "slow.py").write_text(SLOW)
+        (tmp / "jobs" / "sparky.py").write_text(SPARKY)
         self.marks = tmp / "marks"
         self.marks.mkdir()
         self.home = tmp / "home"
@@ -71,6 +86,7 @@ class Cluster:
             "RIVERBED_JOBS_DB": self.db,
             "RIVERBED_CONTROL": self.control,
             "MARKS": str(self.marks),
+            "RIVERBED_SPARK_MASTER": "local[1]",
         }
         self.procs: list[subprocess.Popen[bytes]] = []
         self.queue = JobQueue(self.db)
@@ -289,3 +305,16 @@ def test_the_control_plane_sees_workers_come_and_go(cluster: Cluster) -> None:
     w.wait(timeout=10)
     until(lambda: not reg.members(), 10, "the worker to deregister")
     cp.close()
+
+
+@pytest.mark.spark
+def test_spark_chunks_share_one_warm_session(cluster: Cluster) -> None:
+    cluster.worker("--kinds", "spark")
+    run = cluster.cli("submit", "sparky", "--work-ids", "1-3")["run"]
+    until(lambda: run_state(cluster, run) != "MASTER", 180, "the Spark run to end")
+    assert run_state(cluster, run) == "DONE"
+    outputs = list(published(cluster, "sparky").values())
+    assert sorted(o["ids"][0] for o in outputs) == [1, 2, 3]
+    assert {o["count"] for o in outputs} == {1000}
+    assert len({o["app"] for o in outputs}) == 1  # one SparkSession for every chunk
+    assert len({o["pid"] for o in outputs}) == 1

@@ -1,0 +1,136 @@
+"""``riverbed jobs …`` as a user runs it: plans, development runs, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SEED_JOBS = {
+    "A": 'Job(main=main, chunk_size=3, dependencies=[Dependency("B", max_lag="1h"), '
+    'Dependency("C", max_lag="1h")])',
+    "B": 'Job(main=main, chunk_size=2, dependencies=[Dependency("E", max_lag="1h")])',
+    "C": 'Job(main=main, chunk_size=6, dependencies=[Dependency("D", max_lag="1h")])',
+    "D": "Job(main=main, chunk_size=6)",
+    "E": "Job(main=main, chunk_size=6)",
+}
+
+MODULE = """from riverbed.jobs import Dependency, Job
+
+def main(ctx, work_ids, **kwargs):
+    ctx.output.write_json("ids.json", work_ids)
+    if kwargs.get("fail"):
+        raise RuntimeError("asked to fail")
+
+job = {spec}
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    for name, spec in SEED_JOBS.items():
+        (jobs / f"{name}.py").write_text(MODULE.format(spec=spec))
+    return {
+        **subprocess_env,
+        "RIVERBED_HOME": str(tmp_path / "home"),
+        "RIVERBED_JOBS_DIR": str(jobs),
+        "RIVERBED_JOBS_DB": f"sqlite:///{tmp_path / 'jobs.db'}",
+        "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'control.db'}",
+    }
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "riverbed.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def test_plan_prints_the_seeds_queue_table_after_c_ran(env: dict[str, str]) -> None:
+    assert run(env, "jobs", "run", "C", "--work-ids", "1-6").returncode == 0
+    out = run(env, "jobs", "plan", "A", "--work-ids", "1-6", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [
+        (r["id"], r["job"], r["status"], r["work_ids"], r["dependencies"])
+        for r in json.loads(out.stdout)["rows"]
+    ]
+    assert rows == [
+        (0, "A", "MASTER", [1, 2, 3, 4, 5, 6], [1, 2]),
+        (1, "A", "QUEUED", [1, 2, 3], [3, 4]),
+        (2, "A", "QUEUED", [4, 5, 6], [4, 5]),
+        (3, "B", "QUEUED", [1, 2], [6]),
+        (4, "B", "QUEUED", [3, 4], [6]),
+        (5, "B", "QUEUED", [5, 6], [6]),
+        (6, "E", "QUEUED", [1, 2, 3, 4, 5, 6], []),
+    ]
+    table = run(env, "jobs", "plan", "A", "--work-ids", "1-6")
+    assert "pruned C 1..6: fresh within max_lag" in table.stdout
+
+
+def test_run_executes_the_graph_here_and_show_lists_it(env: dict[str, str], tmp_path: Path) -> None:
+    out = run(env, "jobs", "run", "A", "--work-ids", "1-6", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["state"] == "DONE"
+    shown = json.loads(run(env, "jobs", "show", str(result["run"]), "--json").stdout)
+    assert sorted(g["job"] for g in shown["graph"]) == ["A", "A", "B", "B", "B", "C", "D", "E"]
+    assert {g["state"] for g in shown["graph"]} == {"DONE"}
+    outputs = sorted((tmp_path / "home" / "jobs" / "output" / "A").glob("chunk=*/ids.json"))
+    assert [json.loads(p.read_text()) for p in outputs] == [[1, 2, 3], [4, 5, 6]]
+    fresh = json.loads(run(env, "jobs", "freshness", "B", "--json").stdout)
+    assert fresh[0]["work_ids"] == 6
+    listed = json.loads(run(env, "jobs", "list", "--state", "done", "--json").stdout)
+    assert [r["id"] for r in listed] == [result["run"]]
+
+
+def test_a_failing_chunk_shows_its_traceback_and_the_run_fails(env: dict[str, str]) -> None:
+    out = run(env, "jobs", "run", "D", "--kwarg", "fail=true")
+    assert out.returncode == 1
+    assert "RuntimeError: asked to fail" in out.stdout
+    runs = json.loads(run(env, "jobs", "list", "--chunks", "--json").stdout)
+    chunk = json.loads(run(env, "jobs", "show", str(runs[0]["id"]), "--json").stdout)
+    assert chunk["state"] == "FAILED"
+    assert "RuntimeError: asked to fail" in chunk["attempts"][0]["error"]
+    rerun = json.loads(run(env, "jobs", "rerun", str(chunk["id"]), "--json").stdout)
+    again = json.loads(run(env, "jobs", "show", str(rerun["run"]), "--json").stdout)
+    assert json.loads(again["kwargs"]) == {"fail": True} and again["parent"] == chunk["id"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["jobs", "plan", "Z"], "no job 'Z'"),
+        (["jobs", "plan", "A", "--work-ids", "1-x"], "is not a whole number or a range"),
+        (["jobs", "plan", "A", "--kwarg", "oops"], "is not NAME=VALUE"),
+        (["jobs", "show", "424242"], "no run or chunk 424242"),
+        (["jobs", "plan", "A", "--db", "mysql://x"], "unsupported jobs database"),
+        (["worker", "--kinds", "java"], "--kinds takes python and/or spark"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_fix(
+    env: dict[str, str], args: list[str], message: str
+) -> None:
+    out = run(env, *args)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_broken_module_and_a_cycle_are_named(env: dict[str, str]) -> None:
+    jobs = Path(env["RIVERBED_JOBS_DIR"])
+    (jobs / "E.py").write_text("from riverbed.jobs import Job\n\nimport not_a_module\n")
+    out = run(env, "jobs", "plan", "A")
+    assert f"{jobs / 'E.py'}:3: job module 'E' failed to import: ModuleNotFoundError" in out.stderr
+    (jobs / "E.py").write_text(MODULE.format(spec='Job(main=main, dependencies=[Dependency("A")])'))
+    out = run(env, "jobs", "plan", "A")
+    assert "A → B → E → A" in out.stderr and "Traceback" not in out.stderr
