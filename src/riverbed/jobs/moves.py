@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from riverbed.jobs.errors import FencedError
-from riverbed.jobs.schema import Database, attempts, chunks, edges, members
+from riverbed.jobs.hot import hot
+from riverbed.jobs.schema import Database, chunks, edges, members
 
 FAILURES = ("FAILED", "UPSTREAM_FAILED")
 
@@ -29,6 +30,7 @@ class Moves:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.hot = hot(db.dialect)
 
     def fail(
         self,
@@ -93,10 +95,15 @@ class Moves:
         error: str | None,
         now: float,
     ) -> None:
-        conn.execute(
-            update(attempts)
-            .where(attempts.c.chunk == chunk_id, attempts.c.attempt == attempt)
-            .values(state=state, finished_at=now, error=error)
+        self.hot.end_attempt(
+            conn,
+            {
+                "b_id": chunk_id,
+                "b_attempt": attempt,
+                "b_state": state,
+                "b_error": error,
+                "b_now": now,
+            },
         )
 
     def split(self, conn: Connection, row: Any, error: str, now: float) -> None:
@@ -199,19 +206,7 @@ class Moves:
 
     def settle(self, conn: Connection, chunk_id: int, failed: bool, now: float) -> None:
         """A member ended: count it in each of its masters and end those with none left."""
-        masters = conn.execute(
-            update(chunks)
-            .where(
-                chunks.c.id.in_(
-                    select(members.c.master).where(members.c.chunk == chunk_id).scalar_subquery()
-                )
-            )
-            .values(
-                active_left=chunks.c.active_left - 1,
-                failed=chunks.c.failed + (1 if failed else 0),
-            )
-            .returning(chunks.c.id, chunks.c.active_left)
-        ).all()
+        masters = self.hot.settle(conn, {"b_id": chunk_id, "b_failed": 1 if failed else 0})
         for master_id, left in masters:
             if left <= 0:
                 self.settle_master(conn, int(master_id), now)

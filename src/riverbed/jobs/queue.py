@@ -34,16 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, tuple_, update
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from riverbed.jobs.errors import FencedError, NotFoundError
 from riverbed.jobs.graph import ActiveChunk, Freshness, Plan
+from riverbed.jobs.hot import upsert
 from riverbed.jobs.moves import Moves
 from riverbed.jobs.reads import QueueReader
 from riverbed.jobs.schema import (
     Database,
-    attempts,
     chunks,
     edges,
     fires,
@@ -99,12 +97,7 @@ class JobQueue(QueueReader):
     # -- helpers ------------------------------------------------------------------------
 
     def _upsert(self, table: Any, keys: list[str], col: str) -> Any:
-        """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col (both dialects)."""
-        dialect = pg_dialect if self.db.dialect == "postgresql" else sqlite_dialect
-        stmt = dialect.insert(table)
-        return stmt.on_conflict_do_update(
-            index_elements=keys, set_={col: getattr(stmt.excluded, col)}
-        )
+        return upsert(self.db.dialect, table, keys, col)
 
     def _check_term(self, conn: Connection, term: int) -> None:
         q = select(meta.c.term, meta.c.leader).where(meta.c.id == 1)
@@ -312,69 +305,37 @@ class JobQueue(QueueReader):
         if limit < 1:
             return []
         with self.db.write() as conn:
-            now = self._now(conn)
-            pick = (
-                select(chunks.c.id)
-                .where(
-                    chunks.c.state == "PENDING",
-                    chunks.c.not_before <= now,
-                    chunks.c.kind.in_(kinds),
-                )
-                .order_by(chunks.c.id)
-                .limit(limit)
-            )
-            if master is not None:
-                pick = pick.where(
-                    chunks.c.id.in_(
-                        select(members.c.chunk).where(members.c.master == master).scalar_subquery()
-                    )
-                )
-            if self.db.dialect == "postgresql":
-                pick = pick.with_for_update(skip_locked=True)
-            # A materialized CTE: PostgreSQL may re-run an ``IN (SELECT … LIMIT n)``
-            # subquery per row and claim more than ``limit`` chunks.
-            picked = pick.cte("picked").prefix_with("MATERIALIZED")
-            rows = conn.execute(
-                update(chunks)
-                .where(chunks.c.id == picked.c.id, chunks.c.state == "PENDING")
-                .values(
-                    state="RUNNING",
-                    attempt=chunks.c.attempt + 1,
-                    worker=worker,
-                    host=host,
-                    started_at=now,
-                    heartbeat_at=now,
-                    cancel_requested=False,
-                )
-                .returning(
-                    chunks.c.id,
-                    chunks.c.master,
-                    chunks.c.job,
-                    chunks.c.kind,
-                    chunks.c.kwargs,
-                    chunks.c.work_ids,
-                    chunks.c.attempt,
-                    chunks.c.timeout,
-                    chunks.c.code_version,
-                )
-            ).all()
-            if not rows:
-                return []
-            conn.execute(
-                insert(attempts),
-                [
-                    {
-                        "chunk": r.id,
-                        "attempt": r.attempt,
-                        "worker": worker,
-                        "host": host,
-                        "code_version": r.code_version,
-                        "started_at": now,
-                        "state": "RUNNING",
-                    }
-                    for r in rows
-                ],
-            )
+            return self._claim(conn, worker, host, limit, kinds, master)
+
+    def _claim(
+        self,
+        conn: Connection,
+        worker: str,
+        host: str,
+        limit: int,
+        kinds: Sequence[str],
+        master: int | None = None,
+    ) -> list[Claim]:
+        params: dict[str, Any] = {"b_limit": limit, "b_worker": worker, "b_host": host}
+        if master is not None:
+            params["b_master"] = master
+        rows = self.hot.claim(tuple(kinds), master is not None)(conn, params)
+        if not rows:
+            return []
+        self.hot.start_attempts.many(
+            conn,
+            [
+                {
+                    "b_chunk": r.id,
+                    "b_attempt": r.attempt,
+                    "b_worker": worker,
+                    "b_host": host,
+                    "b_code_version": r.code_version,
+                    "b_started_at": r.started_at,
+                }
+                for r in rows
+            ],
+        )
         return [
             Claim(
                 int(r.id),
@@ -414,66 +375,47 @@ class JobQueue(QueueReader):
         """Record DONE (and, with ``output``, that this attempt's staged output is the
         published one) — only for the current attempt."""
         with self.db.write() as conn:
-            now = self._now(conn)
-            row = conn.execute(
-                update(chunks)
-                .where(
-                    chunks.c.id == chunk_id,
-                    chunks.c.attempt == attempt,
-                    chunks.c.state == "RUNNING",
-                )
-                .values(
-                    state="DONE",
-                    finished_at=now,
-                    error=None,
-                    output_attempt=attempt if output else None,
-                )
-                .returning(chunks.c.job, chunks.c.kwargs, chunks.c.work_ids)
-            ).first()
-            if row is None:
-                raise FencedError(
-                    f"chunk {chunk_id} attempt {attempt} is no longer running under this "
-                    "claim (reclaimed, cancelled or already recorded); its result is discarded"
-                )
-            self.moves.end_attempt(conn, chunk_id, attempt, "DONE", None, now)
-            ids = json.loads(row.work_ids)
-            if ids:
-                conn.execute(
-                    self._upsert(freshness, ["job", "kwargs", "work_id"], "succeeded_at"),
-                    [
-                        {"job": row.job, "kwargs": row.kwargs, "work_id": w, "succeeded_at": now}
-                        for w in ids
-                    ],
-                )
-            conn.execute(
-                self._upsert(latest, ["job", "kwargs"], "succeeded_at"),
-                [{"job": row.job, "kwargs": row.kwargs, "succeeded_at": now}],
+            self._succeed(conn, chunk_id, attempt, output)
+
+    def succeed_and_claim(
+        self,
+        chunk_id: int,
+        attempt: int,
+        output: bool,
+        worker: str,
+        host: str,
+        limit: int,
+        kinds: Sequence[str] = ("python", "spark"),
+    ) -> list[Claim]:
+        """:meth:`succeed`, then :meth:`claim` up to ``limit`` more, in one transaction
+        (a busy worker's steady state: one transaction per chunk, not two). Raises
+        :class:`FencedError` — and claims nothing — if the attempt is no longer ours."""
+        with self.db.write() as conn:
+            self._succeed(conn, chunk_id, attempt, output)
+            return self._claim(conn, worker, host, limit, kinds) if limit > 0 else []
+
+    def _succeed(self, conn: Connection, chunk_id: int, attempt: int, output: bool) -> None:
+        sql = self.hot
+        rows = sql.succeed(
+            conn, {"b_id": chunk_id, "b_attempt": attempt, "b_output": attempt if output else None}
+        )
+        if not rows:
+            raise FencedError(
+                f"chunk {chunk_id} attempt {attempt} is no longer running under this "
+                "claim (reclaimed, cancelled or already recorded); its result is discarded"
             )
-            downs = [
-                int(d)
-                for (d,) in conn.execute(
-                    select(edges.c.downstream).where(edges.c.upstream == chunk_id)
-                ).all()
-            ]
-            if downs:
-                conn.execute(
-                    update(chunks)
-                    .where(chunks.c.id.in_(downs))
-                    .values(deps_left=chunks.c.deps_left - 1)
-                )
-                promoted = conn.execute(
-                    update(chunks)
-                    .where(
-                        chunks.c.id.in_(downs),
-                        chunks.c.deps_left == 0,
-                        chunks.c.state == "QUEUED",
-                    )
-                    .values(state="PENDING", not_before=now)
-                    .returning(chunks.c.id)
-                ).all()
-                if promoted:
-                    self.db.notify(conn)
-            self.moves.settle(conn, chunk_id, failed=False, now=now)
+        row = rows[0]
+        now = float(row.finished_at)
+        self.moves.end_attempt(conn, chunk_id, attempt, "DONE", None, now)
+        key = {"b_job": row.job, "b_kwargs": row.kwargs, "b_now": now}
+        ids = json.loads(row.work_ids)
+        if ids:
+            sql.fresh.many(conn, [{**key, "b_work_id": w} for w in ids])
+        sql.latest(conn, key)
+        sql.deps_done(conn, {"b_id": chunk_id})
+        if sql.promote(conn, {"b_id": chunk_id, "b_now": now}):
+            self.db.notify(conn)
+        self.moves.settle(conn, chunk_id, failed=False, now=now)
 
     def release(self, chunk_id: int, attempt: int) -> None:
         """A worker stopping on purpose gives a running chunk back: PENDING again, and

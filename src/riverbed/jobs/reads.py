@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from riverbed.jobs.errors import NotFoundError
+from riverbed.jobs.hot import hot
 from riverbed.jobs.schema import (
     Database,
     attempts,
@@ -32,6 +33,7 @@ class QueueReader:
 
     def __init__(self, db: Database | str) -> None:
         self.db = db if isinstance(db, Database) else Database(db)
+        self.hot = hot(self.db.dialect)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.db.url!r})"
@@ -40,7 +42,7 @@ class QueueReader:
         self.db.dispose()
 
     def _now(self, conn: Connection) -> float:
-        return float(conn.execute(select(self.db.now)).scalar_one())
+        return float(self.hot.now(conn)[0].now)
 
     def now(self) -> float:
         """The database's clock (epoch seconds)."""
@@ -50,30 +52,21 @@ class QueueReader:
     def has_work(self, kinds: Sequence[str] = ("python", "spark")) -> bool:
         """Whether a chunk is claimable now (a cheap read before taking the write lock)."""
         with self.db.read() as conn:
-            now = self._now(conn)
-            return (
-                conn.execute(
-                    select(chunks.c.id)
-                    .where(
-                        chunks.c.state == "PENDING",
-                        chunks.c.not_before <= now,
-                        chunks.c.kind.in_(kinds),
-                    )
-                    .limit(1)
-                ).first()
-                is not None
-            )
+            return bool(self.hot.has_work(tuple(kinds))(conn))
 
     def next_retry(self) -> float | None:
         """Seconds until the earliest backed-off chunk becomes claimable, if any."""
         with self.db.read() as conn:
-            now = self._now(conn)
-            at = conn.execute(
-                select(func.min(chunks.c.not_before)).where(
-                    chunks.c.state == "PENDING", chunks.c.not_before > now
-                )
-            ).scalar()
-            return None if at is None else max(0.0, float(at) - now)
+            at, now = self.hot.next_retry(conn)[0]
+            return None if at is None else max(0.0, float(at) - float(now))
+
+    def state(self, chunk_id: int) -> str:
+        """One run's or chunk's state (the cheap poll; :meth:`get` reads everything)."""
+        with self.db.read() as conn:
+            rows = self.hot.state(conn, {"b_id": chunk_id})
+        if not rows:
+            raise NotFoundError(f"no run or chunk {chunk_id}; see `riverbed jobs list`")
+        return str(rows[0].state)
 
     def unmaterialized(self, limit: int = 100) -> list[dict[str, Any]]:
         with self.db.read() as conn:

@@ -39,7 +39,6 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
 from riverbed.jobs.errors import QueueError
 
@@ -197,7 +196,7 @@ class Database:
             self.reader = self._sqlite_engine(path, immediate=False)
         elif parts.scheme in ("postgresql", "postgres", "postgresql+psycopg"):
             try:
-                import psycopg  # noqa: F401
+                import psycopg
             except ImportError:
                 raise QueueError(
                     "a PostgreSQL jobs database needs psycopg: pip install 'riverbed[postgres]'"
@@ -213,10 +212,18 @@ class Database:
                 "postgresql://user@host:port/db (RIVERBED_JOBS_DB)"
             )
         self.now = db_now(self.dialect)
+        # The hot path (riverbed.jobs.hot) runs on the DBAPI cursor: its errors too.
+        self.errors: tuple[type[BaseException], ...] = (SQLAlchemyError, sqlite3.Error)
+        if self.dialect == "postgresql":
+            import psycopg
+
+            self.errors = (SQLAlchemyError, psycopg.Error)
 
     @staticmethod
     def _sqlite_engine(path: Path, immediate: bool) -> Engine:
-        engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+        # Pooled connections: opening one (and its PRAGMAs) per transaction cost more
+        # than the transaction. Processes do not share a pool (workers are spawned).
+        engine = create_engine(f"sqlite:///{path}", pool_size=4, max_overflow=8)
 
         @event.listens_for(engine, "connect")
         def _connect(dbapi: sqlite3.Connection, _record: Any) -> None:
@@ -240,7 +247,7 @@ class Database:
         try:
             with self._flock(), self.engine.begin() as conn:
                 yield conn
-        except SQLAlchemyError as exc:
+        except self.errors as exc:
             raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
 
     @contextlib.contextmanager
@@ -248,7 +255,7 @@ class Database:
         try:
             with self.reader.begin() as conn:
                 yield conn
-        except SQLAlchemyError as exc:
+        except self.errors as exc:
             raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
 
     @contextlib.contextmanager
@@ -283,12 +290,15 @@ class Database:
     def notify(self, conn: Connection) -> None:
         """Wake waiting workers when the transaction commits (PostgreSQL)."""
         if self.dialect == "postgresql":
-            conn.execute(text("SELECT pg_notify('rb_jobs', '')"))
+            conn.execute(_NOTIFY)
 
     def dispose(self) -> None:
         self.engine.dispose()
         if self.reader is not self.engine:
             self.reader.dispose()
+
+
+_NOTIFY = text("SELECT pg_notify('rb_jobs', '')")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -212,18 +212,26 @@ class Worker:
 
     # -- results ------------------------------------------------------------------------
 
-    def _finish(self, slot: _Slot, answer: dict[str, Any] | None) -> None:
+    def _finish(
+        self, slot: _Slot, answer: dict[str, Any] | None, claim_more: bool = False
+    ) -> list[Claim]:
+        """Record how a slot's chunk ended; after a success, with ``claim_more``, claim
+        chunks for the free slots in the same transaction (returned, to be started)."""
         claim = slot.claim
         self._slots.pop(claim.id, None)
         staged = staging_dir(self.home, claim.id, claim.attempt)
         try:
             if answer is not None and answer.get("ok") and slot.stopping is None:
-                self.queue.succeed(claim.id, claim.attempt, output=bool(answer.get("output")))
+                output = bool(answer.get("output"))
+                more = self.concurrency - len(self._slots) if claim_more else 0
+                claims = self.queue.succeed_and_claim(
+                    claim.id, claim.attempt, output, self.id, self.host, more, self.kinds
+                )
                 self.stats.done += 1
                 self.stats.ids.append(claim.id)
-                if answer.get("output") and publish(self.home, claim.job, claim.id, claim.attempt):
+                if output and publish(self.home, claim.job, claim.id, claim.attempt):
                     self.queue.mark_materialized(claim.id)
-                return
+                return claims
             if slot.stopping == "lost":
                 raise FencedError(f"chunk {claim.id} attempt {claim.attempt} was reclaimed")
             cancelled = slot.stopping == "cancel"
@@ -249,6 +257,7 @@ class Worker:
             self.stats.fenced += 1
             log.warning("%s; nothing recorded or published", exc)
         shutil.rmtree(staged, ignore_errors=True)
+        return []
 
     def _beat(self) -> None:
         held = [(cid, s.claim.attempt) for cid, s in self._slots.items() if s.stopping is None]
@@ -294,6 +303,7 @@ class Worker:
         try:
             self._register(session)
             next_beat = self.clock() + self.heartbeat
+            hot = True
             while not stop.is_set():
                 if not session.alive:
                     log.warning("worker %s lost its session; stopping its chunks", self.id)
@@ -305,15 +315,21 @@ class Worker:
                     session = Session(self.cp, ttl=self.ttl)
                     self._register(session)
                 free = self.concurrency - len(self._slots)
-                if free > 0 and self.queue.has_work(self.kinds):
+                claimed = 0
+                # After a claim that found work, claim again straight away; otherwise
+                # look first (a read) so idle workers do not queue for the write lock.
+                if free > 0 and (hot or self.queue.has_work(self.kinds)):
                     for claim in self.queue.claim(self.id, self.host, free, self.kinds):
                         self._start(claim)
+                        claimed += 1
+                    hot = claimed > 0
                 if until is not None and not self._slots and until():
                     break
                 wait_for = max(0.0, next_beat - self.clock())
-                retry = self.queue.next_retry() if free > 0 else None
-                if retry is not None:
-                    wait_for = min(wait_for, retry)
+                if free > claimed:  # a slot stays free: when does backed-off work wake?
+                    retry = self.queue.next_retry()
+                    if retry is not None:
+                        wait_for = min(wait_for, retry)
                 pipes = {s.executor.conn: s for s in self._slots.values()}
                 ready = wait([*pipes, waker.read_fd], timeout=wait_for)
                 waker.drain()
@@ -328,7 +344,9 @@ class Worker:
                         self._finish(slot, None)
                         continue
                     self._idle.append(slot.executor)
-                    self._finish(slot, answer)
+                    for claim in self._finish(slot, answer, claim_more=not stop.is_set()):
+                        self._start(claim)
+                        hot = True
                 if self.clock() >= next_beat:
                     self._beat()
                     next_beat = self.clock() + self.heartbeat
@@ -375,7 +393,7 @@ def run_here(
         with Session(cp, ttl=10) as session:
             Registry(cp, WORKERS).register(session, worker_id, {"host": host, "dev": True})
             while True:
-                state = queue.get(master)["state"]
+                state = queue.state(master)
                 if state != "MASTER":
                     return str(state)
                 claims = queue.claim(worker_id, host, 1, master=master)
