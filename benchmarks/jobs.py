@@ -113,10 +113,21 @@ def run_procs(target: Callable[..., None], args: tuple[Any, ...], n: int) -> flo
 # -- riverbed workers -----------------------------------------------------------------
 
 
-def worker_proc(url: str, control: str, jobs: str, home: str, master: int, ready: Any) -> None:
+def worker_proc(
+    url: str,
+    control: str,
+    jobs: str,
+    home: str,
+    master: int,
+    concurrency: int,
+    prefetch: int,
+    ready: Any,
+) -> None:
     queue = JobQueue(url, create=False)
     cp = connect(control)
-    worker = Worker(queue, cp, Path(jobs), Path(home), ttl=5)
+    worker = Worker(
+        queue, cp, Path(jobs), Path(home), ttl=5, concurrency=concurrency, prefetch=prefetch
+    )
     ready.wait()
     worker.run(until=lambda: queue.state(master) != "MASTER")
     cp.close()
@@ -124,7 +135,15 @@ def worker_proc(url: str, control: str, jobs: str, home: str, master: int, ready
 
 
 def riverbed_run(
-    queue: JobQueue, url: str, root: Path, jobs: Path, job: str, ids: str, workers: int
+    queue: JobQueue,
+    url: str,
+    root: Path,
+    jobs: Path,
+    job: str,
+    ids: str,
+    workers: int,
+    concurrency: int,
+    prefetch: int,
 ) -> tuple[float, int]:
     catalog = Catalog(jobs)
     master, plan = submit(catalog, queue, job, ids)
@@ -133,7 +152,17 @@ def riverbed_run(
     control = f"sqlite:///{root / 'control.db'}"
     procs = [
         ctx.Process(
-            target=worker_proc, args=(url, control, str(jobs), str(root / "home"), master, ready)
+            target=worker_proc,
+            args=(
+                url,
+                control,
+                str(jobs),
+                str(root / "home"),
+                master,
+                concurrency,
+                prefetch,
+                ready,
+            ),
         )
         for _ in range(workers)
     ]
@@ -150,12 +179,16 @@ def riverbed_run(
     return elapsed, len(plan.chunks)
 
 
-def throughput(queue: JobQueue, url: str, root: Path, jobs: Path, n: int) -> list[dict[str, Any]]:
+def throughput(
+    queue: JobQueue, url: str, root: Path, jobs: Path, n: int, concurrency: int, prefetch: int
+) -> list[dict[str, Any]]:
     rows = []
     for workers in (1, 2, 4):
         bare_setup(queue, n)
         bare = n / run_procs(bare_loop, (url,), workers)
-        elapsed, count = riverbed_run(queue, url, root, jobs, "noop", f"1-{n}", workers)
+        elapsed, count = riverbed_run(
+            queue, url, root, jobs, "noop", f"1-{n}", workers, concurrency, prefetch
+        )
         ours = count / elapsed
         rows.append({"workers": workers, "bare": bare, "riverbed": ours, "ratio": ours / bare})
         print(
@@ -175,7 +208,8 @@ def chain_latency(queue: JobQueue, url: str, root: Path, jobs: Path, chains: int
         ready.set()
         control = f"sqlite:///{root / 'control.db'}"
         p = ctx.Process(
-            target=worker_proc, args=(url, control, str(jobs), str(root / "home"), master, ready)
+            target=worker_proc,
+            args=(url, control, str(jobs), str(root / "home"), master, 1, 1, ready),
         )
         p.start()
         p.join()
@@ -212,7 +246,7 @@ def bench(name: str, url: str, root: Path, args: argparse.Namespace) -> dict[str
     print(f"\n== {name}")
     queue = JobQueue(url)
     jobs = write_jobs(root, 10)
-    rows = throughput(queue, url, root, jobs, args.chunks)
+    rows = throughput(queue, url, root, jobs, args.chunks, args.concurrency, args.prefetch)
     gaps = chain_latency(queue, url, root, jobs, args.chains)
     p50 = statistics.median(gaps)
     p99 = statistics.quantiles(gaps, n=100)[98] if len(gaps) >= 2 else gaps[0]
@@ -241,17 +275,22 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--ids", type=int, default=100_000)
+    parser.add_argument("--concurrency", type=int, default=1, help="executors per worker")
+    parser.add_argument("--prefetch", type=int, default=1, help="chunks held ahead per worker")
+    parser.add_argument("--only", choices=("sqlite", "postgresql"))
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "sqlite"
-        root.mkdir()
-        results["sqlite"] = bench("SQLite", f"sqlite:///{root / 'jobs.db'}", root, args)
-        with PostgresServer() as server, server.database() as dsn:
-            root = Path(tmp) / "pg"
+        if args.only != "postgresql":
+            root = Path(tmp) / "sqlite"
             root.mkdir()
-            results["postgresql"] = bench("PostgreSQL", dsn, root, args)
+            results["sqlite"] = bench("SQLite", f"sqlite:///{root / 'jobs.db'}", root, args)
+        if args.only != "sqlite":
+            with PostgresServer() as server, server.database() as dsn:
+                root = Path(tmp) / "pg"
+                root.mkdir()
+                results["postgresql"] = bench("PostgreSQL", dsn, root, args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -68,7 +68,7 @@ job = Job(main=main, chunk_size=1, kind="spark")
 class Cluster:
     """Orchestrators and workers of one jobs setup, as child processes."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], db: str | None = None) -> None:
         self.tmp = tmp
         (tmp / "jobs").mkdir()
         (tmp / "jobs" / "effect.py").write_text(EFFECT)
@@ -77,7 +77,7 @@ class Cluster:
         self.marks = tmp / "marks"
         self.marks.mkdir()
         self.home = tmp / "home"
-        self.db = f"sqlite:///{tmp / 'jobs.db'}"
+        self.db = db or f"sqlite:///{tmp / 'jobs.db'}"
         self.control = f"sqlite:///{tmp / 'control.db'}"
         self.env = {
             **env,
@@ -318,3 +318,36 @@ def test_spark_chunks_share_one_warm_session(cluster: Cluster) -> None:
     assert {o["count"] for o in outputs} == {1000}
     assert len({o["app"] for o in outputs}) == 1  # one SparkSession for every chunk
     assert len({o["pid"] for o in outputs}) == 1
+
+
+@pytest.mark.postgres
+def test_workers_ride_out_lost_database_connections(
+    tmp_path: Path, subprocess_env: dict[str, str], postgres_server: Any, postgres_db: str
+) -> None:
+    """PostgreSQL drops every connection of the jobs database, twice, mid-run: the
+    worker and the orchestrator keep going, and every chunk is recorded and published
+    once, by its first attempt."""
+    c = Cluster(tmp_path, subprocess_env, db=postgres_db)
+    try:
+        c.orchestrator("o1")
+        worker = c.worker()
+        run = c.cli("submit", "effect", "--work-ids", "1-8", "--kwarg", "sleep=0.5")["run"]
+        dbname = postgres_db.rsplit("/", 1)[1].split("?")[0]
+        for n in (1, 3):
+            until(lambda: len(c.marks_of("start")) >= n, 60, f"chunk {n} to start")  # noqa: B023
+            postgres_server.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
+            )
+        until(lambda: run_state(c, run) != "MASTER", 90, "the run to end")
+        assert run_state(c, run) == "DONE"
+        assert worker.poll() is None  # still working
+        log = next(tmp_path.glob("worker-*.log")).read_text()
+        assert "recording its end failed" in log or "jobs database error" in log  # it was hit
+        graph = c.queue.graph(run)
+        assert len(graph) == 4 and all(r["attempt"] == 1 for r in graph)
+        assert published(c) == {
+            r["id"]: {"ids": json.loads(r["work_ids"]), "attempt": 1} for r in graph
+        }
+    finally:
+        c.stop()

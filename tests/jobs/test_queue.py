@@ -167,6 +167,35 @@ def test_a_stale_attempt_can_neither_beat_nor_record(queue: JobQueue) -> None:
     assert row["state"] == "DONE" and row["attempt"] == 2
 
 
+def test_succeed_and_claim_records_promotes_and_claims_in_one_step(queue: JobQueue) -> None:
+    specs = {"A": job("A", None, Dependency("B")), "B": job("B", 2), "C": job("C", 1)}
+    master = submit(queue, specs, "A", [1, 2, 3, 4])
+    b1, b2 = queue.claim("w1", "h", limit=2)
+    assert queue.succeed_and_claim(b1, False, "w1", "h", limit=5) == []  # A waits for b2
+    assert sorted(queue.fresh_ids("B", "{}")) == [1, 2]
+    nxt = queue.succeed_and_claim(b2, False, "w1", "h", limit=5)
+    assert [c.job for c in nxt] == ["A"]  # promoted and claimed by the same transaction
+    assert nxt[0].attempt == 1 and state(queue, nxt[0].id) == "RUNNING"
+    assert [a["state"] for a in queue.get(nxt[0].id)["attempts"]] == ["RUNNING"]
+    assert queue.succeed_and_claim(nxt[0], False, "w1", "h", limit=5) == []
+    assert state(queue, master) == "DONE"
+
+
+def test_a_fenced_success_changes_nothing_and_claims_nothing(queue: JobQueue) -> None:
+    specs = {"X": job("X", 1)}
+    master = submit(queue, specs, "X", [1, 2], {"X": Policy(max_attempts=3, backoff=0)})
+    queue.fence(1, "orch")
+    old = queue.claim("zombie", "h")[0]
+    queue.reap(1, lambda: set(), stale_after=60)
+    before = queue.get(master)
+    with pytest.raises(FencedError):
+        queue.succeed_and_claim(old, True, "zombie", "h", limit=2)
+    assert queue.get(master)["active_left"] == before["active_left"]
+    assert state(queue, old.id) == "PENDING"  # re-queued, not DONE, not claimed by the zombie
+    assert [a["state"] for a in queue.get(old.id)["attempts"]] == ["FAILED"]  # reaped
+    assert queue.fresh_ids("X", "{}") == {}
+
+
 def test_reaping_counts_against_the_retry_limit_and_says_why(queue: JobQueue) -> None:
     submit(queue, {"X": job("X", None)}, "X", [1])
     queue.fence(1, "orch")

@@ -84,6 +84,12 @@ def add_parsers(sub: Any) -> None:
     w.add_argument("--concurrency", type=int, default=1, help="chunks at once (default 1)")
     w.add_argument("--kinds", default="python,spark", help="job kinds to take (python,spark)")
     w.add_argument("--ttl", type=int, default=10, help="registry lease TTL seconds")
+    w.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="chunks claimed ahead while chunks run under a second (default 1; 0: never)",
+    )
     w.set_defaults(func=_worker)
 
     o = sub.add_parser("orchestrator", help="campaign and, when elected, groom the queue")
@@ -473,6 +479,7 @@ def _worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         kinds=kinds,
         ttl=args.ttl,
+        prefetch=args.prefetch,
         spark_master=env.config.spark.master,
     )
     stop = threading.Event()

@@ -15,15 +15,18 @@ passed on as ``b_now``, so one transaction uses one clock reading throughout.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import namedtuple
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
     BindParameter,
     Connection,
+    and_,
     bindparam,
+    case,
     func,
     insert,
     literal,
@@ -51,11 +54,27 @@ def _compiler(dialect: str) -> Any:
     return sqlite_dialect.pysqlite.dialect(paramstyle="named")
 
 
+class Pending:
+    """A statement sent; its rows once the round trip is over (see :func:`pipeline`)."""
+
+    def __init__(self, raw: Raw, cur: Any = None, rows: list[Any] | None = None) -> None:
+        self._raw, self._cur, self._rows = raw, cur, rows
+
+    def rows(self) -> list[Any]:
+        if self._rows is None:
+            try:
+                self._rows = self._raw._fetch(self._cur)
+            finally:
+                self._cur.close()
+        return self._rows
+
+
 class Raw:
     """One statement, compiled once, run on the DBAPI cursor of an open transaction."""
 
     def __init__(self, stmt: Any, dialect: str) -> None:
         compiled = stmt.compile(dialect=_compiler(dialect))
+        self.dialect = dialect
         self.sql: str = compiled.string
         # Values fixed when the statement was built (``state='RUNNING'``, the kinds …).
         self.fixed = {k: v for k, v in compiled.params.items() if not k.startswith("b_")}
@@ -64,28 +83,51 @@ class Raw:
     def __repr__(self) -> str:
         return f"Raw({self.sql!r})"
 
-    def _rows(self, cur: Any) -> list[Any]:
+    def _fetch(self, cur: Any) -> list[Any]:
         if cur.description is None:
             return []
         if self._row is None:
             self._row = namedtuple("Row", [d[0] for d in cur.description])  # type: ignore[misc]
         return [self._row(*r) for r in cur.fetchall()]
 
-    def __call__(self, conn: Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
-        """Run it; the returned (or selected) rows, as named tuples."""
+    def send(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Pending:
+        """Execute; inside :func:`pipeline` on PostgreSQL the rows wait for the sync.
+        (SQLite answers at once: an unfinished statement would block the commit.)"""
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
             cur.execute(self.sql, {**self.fixed, **params} if params else self.fixed)
-            return self._rows(cur)
-        finally:
+        except BaseException:
             cur.close()
+            raise
+        if self.dialect == "postgresql":
+            return Pending(self, cur)
+        pending = Pending(self, cur)
+        pending.rows()
+        return pending
+
+    def __call__(self, conn: Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run it; the returned (or selected) rows, as named tuples."""
+        return self.send(conn, params).rows()
 
     def many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Execute once per row (no rows back). Inside :func:`pipeline` the cursor stays
+        open until the sync and is closed with it."""
         cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cur.executemany(self.sql, [{**self.fixed, **r} for r in rows])
-        finally:
+        cur.executemany(self.sql, [{**self.fixed, **r} for r in rows])
+        if self.dialect != "postgresql":
             cur.close()
+
+
+@contextlib.contextmanager
+def pipeline(conn: Connection) -> Iterator[None]:
+    """Statements sent inside go to PostgreSQL in one round trip (psycopg pipeline
+    mode: nothing waits for an answer until the block ends). A no-op on SQLite."""
+    driver = conn.connection.driver_connection
+    if hasattr(driver, "pipeline"):
+        with driver.pipeline():  # type: ignore[union-attr]
+            yield
+    else:
+        yield
 
 
 _b_id: BindParameter[Any] = bindparam("b_id")
@@ -131,7 +173,7 @@ class Hot:
                 error=None,
                 output_attempt=bindparam("b_output"),
             )
-            .returning(chunks.c.job, chunks.c.kwargs, chunks.c.work_ids, chunks.c.finished_at),
+            .returning(chunks.c.id),
             dialect,
         )
         self.end_attempt = Raw(
@@ -140,34 +182,45 @@ class Hot:
             .values(state=bindparam("b_state"), finished_at=_b_now, error=bindparam("b_error")),
             dialect,
         )
+        # The success path: sent together (one round trip on PostgreSQL), so each reads
+        # the clock itself instead of waiting for the first statement's answer.
+        self.attempt_done = Raw(
+            update(attempts)
+            .where(attempts.c.chunk == _b_id, attempts.c.attempt == _b_attempt)
+            .values(state="DONE", finished_at=now, error=None),
+            dialect,
+        )
         self.fresh = Raw(
             upsert(dialect, freshness, ["job", "kwargs", "work_id"], "succeeded_at").values(
                 job=bindparam("b_job"),
                 kwargs=bindparam("b_kwargs"),
                 work_id=bindparam("b_work_id"),
-                succeeded_at=_b_now,
+                succeeded_at=now,
             ),
             dialect,
         )
         self.latest = Raw(
             upsert(dialect, latest, ["job", "kwargs"], "succeeded_at").values(
-                job=bindparam("b_job"), kwargs=bindparam("b_kwargs"), succeeded_at=_b_now
+                job=bindparam("b_job"), kwargs=bindparam("b_kwargs"), succeeded_at=now
             ),
             dialect,
         )
-        downstream = select(edges.c.downstream).where(edges.c.upstream == _b_id).scalar_subquery()
-        # Only a success counts down a dependent's deps_left; those at zero start now.
+        # Only a success counts down a dependent's deps_left; one at zero starts now
+        # (SET expressions read the row's old values on both databases).
+        starts = and_(chunks.c.deps_left == 1, chunks.c.state == "QUEUED")
         self.deps_done = Raw(
             update(chunks)
-            .where(chunks.c.id.in_(downstream))
-            .values(deps_left=chunks.c.deps_left - 1),
-            dialect,
-        )
-        self.promote = Raw(
-            update(chunks)
-            .where(chunks.c.id.in_(downstream), chunks.c.deps_left == 0, chunks.c.state == "QUEUED")
-            .values(state="PENDING", not_before=_b_now)
-            .returning(chunks.c.id),
+            .where(
+                chunks.c.id.in_(
+                    select(edges.c.downstream).where(edges.c.upstream == _b_id).scalar_subquery()
+                )
+            )
+            .values(
+                deps_left=chunks.c.deps_left - 1,
+                state=case((starts, "PENDING"), else_=chunks.c.state),
+                not_before=case((starts, now), else_=chunks.c.not_before),
+            )
+            .returning(chunks.c.id, chunks.c.state, chunks.c.deps_left),
             dialect,
         )
         self.settle = Raw(
@@ -226,14 +279,16 @@ class Hot:
         # A materialized CTE: PostgreSQL may re-run an ``IN (SELECT … LIMIT n)``
         # subquery per row and claim more than ``limit`` chunks.
         picked = pick.cte("picked").prefix_with("MATERIALIZED")
-        return Raw(
+        worker: BindParameter[Any] = bindparam("b_worker")
+        host: BindParameter[Any] = bindparam("b_host")
+        claim = (
             update(chunks)
             .where(chunks.c.id == picked.c.id, chunks.c.state == "PENDING")
             .values(
                 state="RUNNING",
                 attempt=chunks.c.attempt + 1,
-                worker=bindparam("b_worker"),
-                host=bindparam("b_host"),
+                worker=worker,
+                host=host,
                 started_at=now,
                 heartbeat_at=now,
                 cancel_requested=False,
@@ -249,9 +304,35 @@ class Hot:
                 chunks.c.timeout,
                 chunks.c.code_version,
                 chunks.c.started_at,
-            ),
-            self.dialect,
+            )
         )
+        if self.dialect != "postgresql":
+            return Raw(claim, self.dialect)  # the attempts are inserted next (start_attempts)
+        # PostgreSQL: the attempts are inserted by the same statement (a data-modifying
+        # CTE), one statement and no extra round trip.
+        claimed = claim.cte("claimed")
+        started = (
+            insert(attempts)
+            .from_select(
+                ["chunk", "attempt", "worker", "host", "code_version", "started_at", "state"],
+                select(
+                    claimed.c.id,
+                    claimed.c.attempt,
+                    worker,
+                    host,
+                    claimed.c.code_version,
+                    claimed.c.started_at,
+                    literal("RUNNING"),
+                ),
+            )
+            .cte("started")
+        )
+        return Raw(select(claimed).add_cte(started), self.dialect)
+
+    @property
+    def claim_starts_attempts(self) -> bool:
+        """Whether :meth:`claim` inserts the attempt rows itself."""
+        return self.dialect == "postgresql"
 
 
 @functools.cache

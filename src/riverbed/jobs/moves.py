@@ -207,8 +207,15 @@ class Moves:
     def settle(self, conn: Connection, chunk_id: int, failed: bool, now: float) -> None:
         """A member ended: count it in each of its masters and end those with none left."""
         masters = self.hot.settle(conn, {"b_id": chunk_id, "b_failed": 1 if failed else 0})
+        self.settled(conn, masters, now)
+
+    def settled(self, conn: Connection, masters: list[Any], now: float | None = None) -> None:
+        """End the masters (``id, active_left`` rows of the settle statement) with no
+        member left."""
         for master_id, left in masters:
             if left <= 0:
+                if now is None:
+                    now = float(self.hot.now(conn)[0].now)
                 self.settle_master(conn, int(master_id), now)
 
     def settle_master(self, conn: Connection, master_id: int, now: float) -> None:

@@ -32,7 +32,7 @@ from sqlalchemy import Connection
 from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
 from riverbed.jobs import cron
 from riverbed.jobs.context import publish
-from riverbed.jobs.errors import FencedError, JobsError
+from riverbed.jobs.errors import FencedError, JobsError, QueueError
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs
@@ -98,6 +98,9 @@ class Orchestrator:
                     self._lead(term, session, stop)
                 except FencedError as exc:
                     log.warning("orchestrator %s stepped down: %s", self.name, exc)
+                except QueueError as exc:  # the database is away: step down, campaign again
+                    log.warning("orchestrator %s stepped down: %s", self.name, exc)
+                    stop.wait(1.0)
                 finally:
                     election.resign()
         return self.stats
@@ -113,7 +116,10 @@ class Orchestrator:
         )
         watcher.start()
         while not stop.is_set() and session.alive:
-            self.duties(term)
+            try:
+                self.duties(term)
+            except QueueError as exc:  # the database is away: the next tick tries again
+                log.warning("orchestrator duties failed: %s", exc)
             changed.wait(self.tick)
             changed.clear()
 

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, insert, select, tuple_, update
 
 from riverbed.jobs.errors import FencedError, NotFoundError
 from riverbed.jobs.graph import ActiveChunk, Freshness, Plan
-from riverbed.jobs.hot import upsert
+from riverbed.jobs.hot import Pending, pipeline, upsert
 from riverbed.jobs.moves import Moves
 from riverbed.jobs.reads import QueueReader
 from riverbed.jobs.schema import (
@@ -83,6 +83,7 @@ class Claim:
     attempt: int
     timeout: float | None
     code_version: str
+    kwargs_json: str = "{}"  # as stored: the freshness key
 
 
 class JobQueue(QueueReader):
@@ -124,11 +125,12 @@ class JobQueue(QueueReader):
                     freshness.c.job == job, freshness.c.kwargs == kw
                 )
             ).all()
-            if rows:
-                fresh.by_id[(job, kw)] = {int(w): float(t) for w, t in rows}
             last = conn.execute(
                 select(latest.c.succeeded_at).where(latest.c.job == job, latest.c.kwargs == kw)
             ).scalar()
+            if rows:
+                fresh.by_id[(job, kw)] = by_id = {int(w): float(t) for w, t in rows}
+                last = max(max(by_id.values()), float(last or 0.0))
             if last is not None:
                 fresh.latest[(job, kw)] = float(last)
             q = select(chunks.c.id, chunks.c.work_ids).where(
@@ -316,26 +318,43 @@ class JobQueue(QueueReader):
         kinds: Sequence[str],
         master: int | None = None,
     ) -> list[Claim]:
+        return self._claimed(conn, self._send_claim(conn, worker, host, limit, kinds, master))
+
+    def _send_claim(
+        self,
+        conn: Connection,
+        worker: str,
+        host: str,
+        limit: int,
+        kinds: Sequence[str],
+        master: int | None = None,
+    ) -> tuple[Pending, str, str]:
         params: dict[str, Any] = {"b_limit": limit, "b_worker": worker, "b_host": host}
         if master is not None:
             params["b_master"] = master
-        rows = self.hot.claim(tuple(kinds), master is not None)(conn, params)
+        return self.hot.claim(tuple(kinds), master is not None).send(conn, params), worker, host
+
+    def _claimed(self, conn: Connection, sent: tuple[Pending, str, str]) -> list[Claim]:
+        """The claim's rows, their attempts recorded."""
+        pending, worker, host = sent
+        rows = pending.rows()
         if not rows:
             return []
-        self.hot.start_attempts.many(
-            conn,
-            [
-                {
-                    "b_chunk": r.id,
-                    "b_attempt": r.attempt,
-                    "b_worker": worker,
-                    "b_host": host,
-                    "b_code_version": r.code_version,
-                    "b_started_at": r.started_at,
-                }
-                for r in rows
-            ],
-        )
+        if not self.hot.claim_starts_attempts:
+            self.hot.start_attempts.many(
+                conn,
+                [
+                    {
+                        "b_chunk": r.id,
+                        "b_attempt": r.attempt,
+                        "b_worker": worker,
+                        "b_host": host,
+                        "b_code_version": r.code_version,
+                        "b_started_at": r.started_at,
+                    }
+                    for r in rows
+                ],
+            )
         return [
             Claim(
                 int(r.id),
@@ -347,6 +366,7 @@ class JobQueue(QueueReader):
                 int(r.attempt),
                 r.timeout,
                 r.code_version,
+                r.kwargs,
             )
             for r in sorted(rows, key=lambda r: r.id)
         ]
@@ -375,47 +395,79 @@ class JobQueue(QueueReader):
         """Record DONE (and, with ``output``, that this attempt's staged output is the
         published one) — only for the current attempt."""
         with self.db.write() as conn:
-            self._succeed(conn, chunk_id, attempt, output)
+            row = conn.execute(
+                select(chunks.c.job, chunks.c.kwargs, chunks.c.work_ids).where(
+                    chunks.c.id == chunk_id
+                )
+            ).first()
+            if row is None:
+                raise NotFoundError(f"no chunk {chunk_id}")
+            self._succeed(
+                conn, chunk_id, attempt, output, row.job, row.kwargs, json.loads(row.work_ids)
+            )
 
     def succeed_and_claim(
         self,
-        chunk_id: int,
-        attempt: int,
+        claim: Claim,
         output: bool,
         worker: str,
         host: str,
         limit: int,
         kinds: Sequence[str] = ("python", "spark"),
     ) -> list[Claim]:
-        """:meth:`succeed`, then :meth:`claim` up to ``limit`` more, in one transaction
-        (a busy worker's steady state: one transaction per chunk, not two). Raises
-        :class:`FencedError` — and claims nothing — if the attempt is no longer ours."""
+        """:meth:`succeed` ``claim``, then :meth:`claim` up to ``limit`` more, in one
+        transaction (one round trip for all of it but the attempts and the commit, on
+        PostgreSQL). Raises :class:`FencedError` — and claims nothing — if the attempt
+        is no longer ours."""
         with self.db.write() as conn:
-            self._succeed(conn, chunk_id, attempt, output)
-            return self._claim(conn, worker, host, limit, kinds) if limit > 0 else []
+            return self._succeed(
+                conn,
+                claim.id,
+                claim.attempt,
+                output,
+                claim.job,
+                claim.kwargs_json,
+                claim.work_ids,
+                (worker, host, limit, kinds) if limit > 0 else None,
+            )
 
-    def _succeed(self, conn: Connection, chunk_id: int, attempt: int, output: bool) -> None:
+    def _succeed(
+        self,
+        conn: Connection,
+        chunk_id: int,
+        attempt: int,
+        output: bool,
+        job: str,
+        kwargs_json: str,
+        work_ids: Sequence[int],
+        then_claim: tuple[str, str, int, Sequence[str]] | None = None,
+    ) -> list[Claim]:
+        # Everything is sent before the fencing check is read: if the attempt is not
+        # ours, FencedError rolls the whole transaction back.
         sql = self.hot
-        rows = sql.succeed(
-            conn, {"b_id": chunk_id, "b_attempt": attempt, "b_output": attempt if output else None}
-        )
-        if not rows:
+        ids = {"b_id": chunk_id, "b_attempt": attempt}
+        key = {"b_job": job, "b_kwargs": kwargs_json}
+        with pipeline(conn):
+            done = sql.succeed.send(conn, {**ids, "b_output": attempt if output else None})
+            sql.attempt_done.send(conn, ids)
+            if work_ids:  # one row per work id; a chunk's ids are its own, no contention
+                sql.fresh.many(conn, [{**key, "b_work_id": w} for w in work_ids])
+            else:  # a run without work ids: the job's one "latest success" row
+                sql.latest.send(conn, key)
+            ready = sql.deps_done.send(conn, {"b_id": chunk_id})
+            claimed = self._send_claim(conn, *then_claim) if then_claim else None
+            # Last: the run's row is the one every chunk of the run updates; its row
+            # lock is held only from here to the commit.
+            settled = sql.settle.send(conn, {"b_id": chunk_id, "b_failed": 0})
+        if not done.rows():
             raise FencedError(
                 f"chunk {chunk_id} attempt {attempt} is no longer running under this "
                 "claim (reclaimed, cancelled or already recorded); its result is discarded"
             )
-        row = rows[0]
-        now = float(row.finished_at)
-        self.moves.end_attempt(conn, chunk_id, attempt, "DONE", None, now)
-        key = {"b_job": row.job, "b_kwargs": row.kwargs, "b_now": now}
-        ids = json.loads(row.work_ids)
-        if ids:
-            sql.fresh.many(conn, [{**key, "b_work_id": w} for w in ids])
-        sql.latest(conn, key)
-        sql.deps_done(conn, {"b_id": chunk_id})
-        if sql.promote(conn, {"b_id": chunk_id, "b_now": now}):
+        if any(r.state == "PENDING" and r.deps_left == 0 for r in ready.rows()):
             self.db.notify(conn)
-        self.moves.settle(conn, chunk_id, failed=False, now=now)
+        self.moves.settled(conn, settled.rows())
+        return self._claimed(conn, claimed) if claimed else []
 
     def release(self, chunk_id: int, attempt: int) -> None:
         """A worker stopping on purpose gives a running chunk back: PENDING again, and

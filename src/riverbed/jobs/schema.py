@@ -135,6 +135,9 @@ freshness = Table(
     Column("succeeded_at", Float, nullable=False),
 )
 
+# The last success of a (job, kwargs) run without work ids; with work ids, the last
+# success is the newest of rb_jobs_freshness (kept apart: one row every chunk updated
+# would serialize them).
 latest = Table(
     "rb_jobs_latest",
     metadata,
@@ -204,8 +207,17 @@ class Database:
             self.dialect = "postgresql"
             self.path = None
             sa_url = "postgresql+psycopg://" + url.split("://", 1)[1]
-            self.engine = create_engine(sa_url, pool_size=4, max_overflow=4, pool_pre_ping=True)
-            self.reader = self.engine
+            # Every use is a begin() block that commits or rolls back, so a connection
+            # goes back to the pool clean: no reset ROLLBACK, and no pre-ping SELECT
+            # (two round trips per transaction). A connection PostgreSQL dropped fails
+            # one transaction (QueueError), SQLAlchemy discards the pool, and the
+            # worker or orchestrator retries.
+            self.engine = create_engine(
+                sa_url, pool_size=4, max_overflow=4, pool_reset_on_return=None
+            )
+            # Reads (the CLI, the console, an idle worker's look) ping first: a read
+            # is safe to retry, so a dropped connection costs nobody an error.
+            self.reader = create_engine(sa_url, pool_size=2, max_overflow=4, pool_pre_ping=True)
         else:
             raise QueueError(
                 f"unsupported jobs database {url!r}; use sqlite:///path/jobs.db or "

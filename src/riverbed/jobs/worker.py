@@ -8,6 +8,13 @@ A worker's life:
 2. Loop: claim up to its free slots (the claim's attempt is the fencing token), hand
    each chunk to an idle executor, wait for an answer, a wake-up from the database
    (PostgreSQL ``LISTEN``; SQLite ``PRAGMA data_version``) or the next heartbeat.
+   A success is recorded in the same transaction that claims the next chunk.
+   While chunks are short (the last one ran under ``prefetch_below`` seconds), the
+   worker also holds up to ``prefetch`` claimed chunks: when an executor answers, the
+   held chunk starts at once and the answer is recorded while it runs, so the
+   database round trip and the executor round trip overlap. A held chunk is
+   heartbeated like a running one, can be cancelled, and is released when the worker
+   stops; long chunks are never held behind each other.
 3. Heartbeat every ``heartbeat`` seconds: a chunk answered ``lost`` (reclaimed) or
    ``cancel`` is stopped by killing its executor; a chunk past its timeout too.
 4. An answer is recorded only for the current attempt (``succeed`` / ``fail`` raise
@@ -30,6 +37,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -38,7 +46,7 @@ from typing import Any
 
 from riverbed.control import ControlPlane, Registry, Session
 from riverbed.jobs.context import publish, staging_dir
-from riverbed.jobs.errors import FencedError
+from riverbed.jobs.errors import FencedError, QueueError
 from riverbed.jobs.queue import Claim, JobQueue
 
 log = logging.getLogger(__name__)
@@ -72,30 +80,39 @@ class Waker:
                 pass
 
     def _run(self) -> None:
-        db = self._queue.db
-        try:
-            if db.dialect == "sqlite" and db.path is not None:
-                conn = sqlite3.connect(db.path)
-                try:
-                    last = conn.execute("PRAGMA data_version").fetchone()[0]
-                    while not self._stop.wait(self._poll):
-                        now = conn.execute("PRAGMA data_version").fetchone()[0]
-                        if now != last:
-                            last = now
-                            self._signal()
-                finally:
-                    conn.close()
-            else:
-                import psycopg
+        backoff = 0.25
+        while not self._stop.is_set():
+            try:
+                self._listen()
+            except Exception as exc:  # the database is away: listen again when it is back
+                log.warning("jobs waker: %s; listening again in %.2fs", exc, backoff)
+                self._signal()  # meanwhile the worker looks for itself
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
 
-                dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
-                with psycopg.connect(dsn, autocommit=True) as pg:
-                    pg.execute("LISTEN rb_jobs")
-                    while not self._stop.is_set():
-                        for _ in pg.notifies(timeout=0.5, stop_after=1):
-                            self._signal()
-        except Exception:
-            log.exception("jobs waker stopped; workers fall back to their heartbeat tick")
+    def _listen(self) -> None:
+        db = self._queue.db
+        if db.dialect == "sqlite" and db.path is not None:
+            conn = sqlite3.connect(db.path)
+            try:
+                last = conn.execute("PRAGMA data_version").fetchone()[0]
+                while not self._stop.wait(self._poll):
+                    now = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if now != last:
+                        last = now
+                        self._signal()
+            finally:
+                conn.close()
+            return
+        import psycopg
+
+        dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            pg.execute("LISTEN rb_jobs")
+            self._signal()  # anything sent while nobody listened
+            while not self._stop.is_set():
+                for _ in pg.notifies(timeout=0.5, stop_after=1):
+                    self._signal()
 
     def close(self) -> None:
         self._stop.set()
@@ -116,6 +133,7 @@ class _Slot:
     executor: _Executor
     started: float
     stopping: str | None = None  # why it is being stopped (cancel, lost, timeout)
+    retries: int = 0  # times recording its end failed on a database error
 
 
 @dataclass
@@ -140,11 +158,15 @@ class Worker:
         kinds: tuple[str, ...] = ("python", "spark"),
         ttl: int = 10,
         heartbeat: float = 1.0,
+        prefetch: int = 1,
+        prefetch_below: float = 1.0,
         spark_master: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be ≥ 1, not {concurrency}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be ≥ 0, not {prefetch}")
         self.queue = queue
         self.cp = cp
         self.jobs_dir = Path(jobs_dir).resolve()
@@ -153,6 +175,8 @@ class Worker:
         self.kinds = kinds
         self.ttl = ttl
         self.heartbeat = heartbeat
+        self.prefetch = prefetch
+        self.prefetch_below = prefetch_below
         self.spark_master = spark_master
         self.clock = clock
         self.host = socket.gethostname()
@@ -161,6 +185,11 @@ class Worker:
         self.stats = WorkerStats()
         self._idle: list[_Executor] = []
         self._slots: dict[int, _Slot] = {}
+        self._held: deque[Claim] = deque()  # claimed ahead, not started yet
+        # Ended chunks whose recording failed on a database error, retried each loop
+        # (still heartbeated, so they are not reaped while the database is away).
+        self._unrecorded: list[tuple[_Slot, dict[str, Any] | None]] = []
+        self._short = False  # the last chunk finished under prefetch_below seconds
         self._mp = multiprocessing.get_context("spawn")
 
     def __repr__(self) -> str:
@@ -189,6 +218,18 @@ class Worker:
             ex.proc.kill()
         ex.proc.join(timeout=5)
         ex.conn.close()
+
+    def _want(self) -> int:
+        """How many more chunks to claim: free slots, plus one held ahead while short."""
+        ahead = self.prefetch if self._short else 0
+        return max(0, self.concurrency - len(self._slots) + ahead - len(self._held))
+
+    def _take(self, claim: Claim) -> None:
+        """Start a claimed chunk on a free slot, or hold it until one frees."""
+        if len(self._slots) < self.concurrency:
+            self._start(claim)
+        else:
+            self._held.append(claim)
 
     def _start(self, claim: Claim) -> None:
         ex = self._idle.pop() if self._idle else self._spawn()
@@ -219,13 +260,24 @@ class Worker:
         chunks for the free slots in the same transaction (returned, to be started)."""
         claim = slot.claim
         self._slots.pop(claim.id, None)
+        try:
+            return self._record(slot, answer, claim_more)
+        except QueueError as exc:
+            slot.retries += 1
+            self._unrecorded.append((slot, answer))
+            log.warning("chunk %s: recording its end failed (%s); retrying", claim.id, exc)
+            return []
+
+    def _record(self, slot: _Slot, answer: dict[str, Any] | None, claim_more: bool) -> list[Claim]:
+        claim = slot.claim
         staged = staging_dir(self.home, claim.id, claim.attempt)
         try:
             if answer is not None and answer.get("ok") and slot.stopping is None:
                 output = bool(answer.get("output"))
-                more = self.concurrency - len(self._slots) if claim_more else 0
+                self._short = self.clock() - slot.started < self.prefetch_below
+                more = self._want() if claim_more else 0
                 claims = self.queue.succeed_and_claim(
-                    claim.id, claim.attempt, output, self.id, self.host, more, self.kinds
+                    claim, output, self.id, self.host, more, self.kinds
                 )
                 self.stats.done += 1
                 self.stats.ids.append(claim.id)
@@ -254,14 +306,48 @@ class Worker:
                 state,
             )
         except FencedError as exc:
+            if slot.retries and self._recorded_before(slot, answer):
+                return []
             self.stats.fenced += 1
             log.warning("%s; nothing recorded or published", exc)
         shutil.rmtree(staged, ignore_errors=True)
         return []
 
+    def _recorded_before(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
+        """After a database error, the first attempt to record a success may have
+        committed after all: then publish its output instead of discarding it."""
+        claim = slot.claim
+        row = self.queue.get(claim.id)
+        if not (answer and answer.get("ok") and row["state"] == "DONE"):
+            return False
+        if row["attempt"] != claim.attempt:
+            return False
+        self.stats.done += 1
+        self.stats.ids.append(claim.id)
+        if row["output_attempt"] == claim.attempt and publish(
+            self.home, claim.job, claim.id, claim.attempt
+        ):
+            self.queue.mark_materialized(claim.id)
+        return True
+
+    def _retry_unrecorded(self) -> None:
+        pending, self._unrecorded = self._unrecorded, []
+        for slot, answer in pending:
+            self._finish(slot, answer)
+
     def _beat(self) -> None:
         held = [(cid, s.claim.attempt) for cid, s in self._slots.items() if s.stopping is None]
+        held += [(c.id, c.attempt) for c in self._held]
+        held += [(s.claim.id, s.claim.attempt) for s, _ in self._unrecorded]
         statuses = self.queue.heartbeat(self.id, held)
+        for claim in list(self._held):
+            status = statuses.get(claim.id, "ok")
+            if status == "ok":
+                continue
+            self._held.remove(claim)
+            if status == "cancel":
+                with contextlib.suppress(FencedError):
+                    self.queue.fail(claim.id, claim.attempt, "cancelled by request", cancelled=True)
         now = self.clock()
         for cid, slot in list(self._slots.items()):
             if slot.stopping is not None:
@@ -304,58 +390,82 @@ class Worker:
             self._register(session)
             next_beat = self.clock() + self.heartbeat
             hot = True
+            backoff = 0.0
             while not stop.is_set():
-                if not session.alive:
-                    log.warning("worker %s lost its session; stopping its chunks", self.id)
-                    for slot in list(self._slots.values()):
-                        slot.stopping = "lost"
-                        self._kill(slot.executor)
-                        self._finish(slot, None)
-                    session.close(revoke=False)
-                    session = Session(self.cp, ttl=self.ttl)
-                    self._register(session)
-                free = self.concurrency - len(self._slots)
-                claimed = 0
-                # After a claim that found work, claim again straight away; otherwise
-                # look first (a read) so idle workers do not queue for the write lock.
-                if free > 0 and (hot or self.queue.has_work(self.kinds)):
-                    for claim in self.queue.claim(self.id, self.host, free, self.kinds):
-                        self._start(claim)
-                        claimed += 1
-                    hot = claimed > 0
-                if until is not None and not self._slots and until():
-                    break
-                wait_for = max(0.0, next_beat - self.clock())
-                if free > claimed:  # a slot stays free: when does backed-off work wake?
-                    retry = self.queue.next_retry()
-                    if retry is not None:
-                        wait_for = min(wait_for, retry)
-                pipes = {s.executor.conn: s for s in self._slots.values()}
-                ready = wait([*pipes, waker.read_fd], timeout=wait_for)
-                waker.drain()
-                for conn in ready:
-                    slot = pipes.get(conn)  # type: ignore[call-overload]
-                    if slot is None:
-                        continue
-                    try:
-                        answer = slot.executor.conn.recv()
-                    except (EOFError, OSError):
-                        self._kill(slot.executor)
-                        self._finish(slot, None)
-                        continue
-                    self._idle.append(slot.executor)
-                    for claim in self._finish(slot, answer, claim_more=not stop.is_set()):
-                        self._start(claim)
-                        hot = True
-                if self.clock() >= next_beat:
-                    self._beat()
-                    next_beat = self.clock() + self.heartbeat
+                try:
+                    if not session.alive:
+                        log.warning("worker %s lost its session; stopping its chunks", self.id)
+                        for slot in list(self._slots.values()):
+                            slot.stopping = "lost"
+                            self._kill(slot.executor)
+                            self._finish(slot, None)
+                        self._held.clear()  # ours no longer: the orchestrator reaps them
+                        session.close(revoke=False)
+                        session = Session(self.cp, ttl=self.ttl)
+                        self._register(session)
+                    if self._unrecorded:
+                        self._retry_unrecorded()
+                    while self._held and len(self._slots) < self.concurrency:
+                        self._start(self._held.popleft())
+                    want = self._want()
+                    claimed = 0
+                    # After a claim that found work, claim again straight away; otherwise
+                    # look first (a read) so idle workers do not queue for the write lock.
+                    if want > 0 and (hot or self.queue.has_work(self.kinds)):
+                        for claim in self.queue.claim(self.id, self.host, want, self.kinds):
+                            self._take(claim)
+                            claimed += 1
+                        hot = claimed > 0
+                    if until is not None and not self._slots and not self._held and until():
+                        break
+                    wait_for = max(0.0, next_beat - self.clock())
+                    if len(self._slots) < self.concurrency:  # idle: when does backed-off work wake?
+                        retry = self.queue.next_retry()
+                        if retry is not None:
+                            wait_for = min(wait_for, retry)
+                    pipes = {s.executor.conn: s for s in self._slots.values()}
+                    ready = wait([*pipes, waker.read_fd], timeout=wait_for)
+                    waker.drain()
+                    for conn in ready:
+                        slot = pipes.get(conn)  # type: ignore[call-overload]
+                        if slot is None:
+                            continue
+                        try:
+                            answer = slot.executor.conn.recv()
+                        except (EOFError, OSError):
+                            self._kill(slot.executor)
+                            self._finish(slot, None)
+                            continue
+                        self._idle.append(slot.executor)
+                        self._slots.pop(slot.claim.id, None)
+                        if self._held:  # start the held chunk first, record while it runs
+                            self._start(self._held.popleft())
+                        for claim in self._finish(slot, answer, claim_more=not stop.is_set()):
+                            self._take(claim)
+                            hot = True
+                    if self.clock() >= next_beat:
+                        self._beat()
+                        next_beat = self.clock() + self.heartbeat
+                    backoff = 0.0
+                except QueueError as exc:
+                    # The database is away (restarting, unreachable): keep the
+                    # executors and results, and try again.
+                    backoff = min(max(backoff * 2, 0.25), 5.0)
+                    log.warning("jobs database error (%s); retrying in %.2fs", exc, backoff)
+                    stop.wait(backoff)
         finally:
             for slot in list(self._slots.values()):
                 self._kill(slot.executor)
-                with contextlib.suppress(FencedError):
+                with contextlib.suppress(FencedError, QueueError):
                     self.queue.release(slot.claim.id, slot.claim.attempt)
             self._slots.clear()
+            while self._held:
+                claim = self._held.popleft()
+                with contextlib.suppress(FencedError, QueueError):
+                    self.queue.release(claim.id, claim.attempt)
+            if self._unrecorded:  # one last try; what still fails is reaped and rerun
+                with contextlib.suppress(QueueError):
+                    self._retry_unrecorded()
             for ex in self._idle:
                 with contextlib.suppress(OSError):
                     ex.conn.send(None)
@@ -426,7 +536,7 @@ def run_here(
                 outcome = "DONE"
                 try:
                     if answer["ok"]:
-                        queue.succeed(claim.id, claim.attempt, output=bool(answer["output"]))
+                        queue.succeed_and_claim(claim, bool(answer["output"]), worker_id, host, 0)
                         if answer["output"] and publish(home, claim.job, claim.id, claim.attempt):
                             queue.mark_materialized(claim.id)
                     else:
