@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--ids", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=1, help="executors per worker")
-    parser.add_argument("--prefetch", type=int, default=1, help="chunks held ahead per worker")
+    parser.add_argument("--prefetch", type=int, default=0, help="chunks held ahead per worker")
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()

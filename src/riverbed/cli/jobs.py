@@ -87,8 +87,8 @@ def add_parsers(sub: Any) -> None:
     w.add_argument(
         "--prefetch",
         type=int,
-        default=1,
-        help="chunks claimed ahead while chunks run under a second (default 1; 0: never)",
+        default=0,
+        help="chunks claimed ahead while chunks run under a second (default 0: never)",
     )
     w.set_defaults(func=_worker)
 

@@ -39,9 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
         "which",
         nargs="?",
         default="stream",
-        choices=["stream", "control"],
-        help="stream (default): the streaming main job; control: the control-plane tour",
+        choices=["stream", "control", "jobs"],
+        help="stream (default): the streaming main job; control: the control-plane tour; "
+        "jobs: a pipeline of recurring jobs through a worker and an orchestrator crash",
     )
+    demo.add_argument("--days", type=int, default=14, help="jobs demo: days of usage")
     demo.add_argument("--events", type=int, default=200_000, help="events to generate")
     demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
     demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
@@ -56,6 +58,10 @@ def _demo(args: argparse.Namespace) -> int:
         from riverbed.demo import run_demo
 
         return run_demo(load_config(), workers=args.workers, ttl=args.ttl)
+    if args.which == "jobs":
+        from riverbed.jobs.demo import run_demo_jobs
+
+        return run_demo_jobs(load_config(), days=args.days)
     from riverbed.stream.demo import run_demo_stream
 
     return run_demo_stream(load_config(), events=args.events)

@@ -107,7 +107,27 @@ class Context:
     master: int | None
     output: Output
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("riverbed.job"))
+    home: Path | None = None
     _spark: Any = None
+
+    def published(self, job: str, name: str) -> Path | None:
+        """The newest published file ``name`` of job ``job`` — how a job reads what
+        its dependencies wrote (``ctx.output`` names per work id make this exact, e.g.
+        ``day=20261103.parquet``). None if no published chunk has it."""
+        return self.published_files(job, name).get(name)
+
+    def published_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
+        """Every published file of job ``job`` whose name matches ``pattern``, by name;
+        when a rerun published a name again, the newest chunk's file."""
+        if self.home is None:
+            raise RuntimeError("this context has no riverbed home to read outputs from")
+        root = self.home / "jobs" / "output" / job
+        found: dict[str, Path] = {}
+        dirs = [d for d in root.glob("chunk=*") if d.name[6:].isdigit()]
+        for d in sorted(dirs, key=lambda d: int(d.name[6:]), reverse=True):
+            for f in d.glob(pattern):
+                found.setdefault(f.name, f)
+        return found
 
     @property
     def token(self) -> tuple[int, int]:

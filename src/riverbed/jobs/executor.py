@@ -85,6 +85,7 @@ class ChunkRunner:
                 kwargs=dict(req["kwargs"]),
                 master=req.get("master"),
                 output=Output(staging_dir(self.home, chunk_id, attempt)),
+                home=self.home,
             )
             if loaded.spec.kind == "spark":
                 ctx._spark = self.spark()

@@ -20,6 +20,7 @@ from riverbed.jobs.schema import (
     freshness,
     latest,
     members,
+    meta,
     schedules,
 )
 
@@ -59,6 +60,12 @@ class QueueReader:
         with self.db.read() as conn:
             at, now = self.hot.next_retry(conn)[0]
             return None if at is None else max(0.0, float(at) - float(now))
+
+    def leader(self) -> tuple[int, str]:
+        """The acting orchestrator's (term, name); (0, "") before the first one."""
+        with self.db.read() as conn:
+            row = conn.execute(select(meta.c.term, meta.c.leader).where(meta.c.id == 1)).first()
+        return (0, "") if row is None else (int(row.term), str(row.leader))
 
     def state(self, chunk_id: int) -> str:
         """One run's or chunk's state (the cheap poll; :meth:`get` reads everything)."""

@@ -9,12 +9,12 @@ A worker's life:
    each chunk to an idle executor, wait for an answer, a wake-up from the database
    (PostgreSQL ``LISTEN``; SQLite ``PRAGMA data_version``) or the next heartbeat.
    A success is recorded in the same transaction that claims the next chunk.
-   While chunks are short (the last one ran under ``prefetch_below`` seconds), the
-   worker also holds up to ``prefetch`` claimed chunks: when an executor answers, the
-   held chunk starts at once and the answer is recorded while it runs, so the
-   database round trip and the executor round trip overlap. A held chunk is
-   heartbeated like a running one, can be cancelled, and is released when the worker
-   stops; long chunks are never held behind each other.
+   Opt-in (``prefetch``, for floods of tiny chunks): while chunks are short (the last
+   one ran under ``prefetch_below`` seconds) the worker also holds up to ``prefetch``
+   claimed chunks; when an executor answers, a held chunk starts at once and the
+   answer is recorded while it runs. A held chunk is RUNNING in the database,
+   heartbeated, cancellable, and released when the worker stops. Off by default: a
+   held chunk waits even when another worker is free.
 3. Heartbeat every ``heartbeat`` seconds: a chunk answered ``lost`` (reclaimed) or
    ``cancel`` is stopped by killing its executor; a chunk past its timeout too.
 4. An answer is recorded only for the current attempt (``succeed`` / ``fail`` raise
@@ -158,7 +158,7 @@ class Worker:
         kinds: tuple[str, ...] = ("python", "spark"),
         ttl: int = 10,
         heartbeat: float = 1.0,
-        prefetch: int = 1,
+        prefetch: int = 0,
         prefetch_below: float = 1.0,
         spark_master: str | None = None,
         clock: Callable[[], float] = time.monotonic,
