@@ -8,11 +8,14 @@ import pytest
 
 import riverbed
 import riverbed.control
+import riverbed.jobs
 import riverbed.log
 import riverbed.state
 
 
-@pytest.mark.parametrize("module", [riverbed, riverbed.control, riverbed.log, riverbed.state])
+@pytest.mark.parametrize(
+    "module", [riverbed, riverbed.control, riverbed.jobs, riverbed.log, riverbed.state]
+)
 def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
     assert sorted(module.__all__) == module.__all__
     for name in module.__all__:
@@ -27,7 +30,7 @@ def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
     assert classes <= set(module.__all__), f"unexported classes: {classes - set(module.__all__)}"
 
 
-@pytest.mark.parametrize("module", [riverbed.control, riverbed.log, riverbed.state])
+@pytest.mark.parametrize("module", [riverbed.control, riverbed.jobs, riverbed.log, riverbed.state])
 def test_every_error_derives_from_the_root(module: types.ModuleType) -> None:
     for name in module.__all__:
         obj = getattr(module, name)
