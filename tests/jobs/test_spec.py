@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from riverbed.jobs import Catalog, Job, SpecError, WorkIdsError, parse_work_ids
+from riverbed.jobs import Catalog, Job, Schedule, SpecError, WorkIdsError, parse_work_ids
 from riverbed.jobs.cron import due_fire, latest_fire, next_fire, parse_cron
 
 
@@ -154,3 +154,16 @@ def test_due_fire_runs_at_most_once_the_latest_missed_fire_inside_grace(
         assert due_fire(expr, fire, now, grace) is None  # recorded → never again
     else:
         assert (last is not None and latest <= last) or now - latest > grace
+
+
+def test_a_schedule_may_be_a_dict_and_a_bad_one_is_named() -> None:
+    job = Job(main=_noop_main, name="r", schedule={"cron": "0 6 * * *", "work_ids": "1-3"})
+    assert isinstance(job.schedule, Schedule) and job.schedule.work_ids == (1, 2, 3)
+    with pytest.raises(SpecError, match="not when"):
+        Job(main=_noop_main, name="r", schedule={"cron": "0 6 * * *", "when": "daily"})
+    with pytest.raises(SpecError, match="schedule must be"):
+        Job(main=_noop_main, name="r", schedule=6)  # type: ignore[arg-type]
+
+
+def _noop_main(ctx: object, work_ids: list[int]) -> None:
+    pass

@@ -163,10 +163,13 @@ def _kwargs(items: list[str]) -> dict[str, Any]:
     return kwargs
 
 
-def _ts(value: float | None) -> str:
+def _ts(value: float | None, short: bool = False) -> str:
+    """UTC; ``short`` (for tables) drops the year."""
     if value is None:
         return ""
-    return datetime.fromtimestamp(value, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(value, tz=UTC).strftime(
+        "%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S"
+    )
 
 
 def _ids(ids: list[int] | tuple[int, ...]) -> str:
@@ -317,7 +320,7 @@ def _list(env: _Env, args: argparse.Namespace) -> int:
         return 0
     table = Table(title="chunks" if args.chunks else "runs")
     for col in ("id", "job", "state", "work ids", "attempt", "created", "finished", "error"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "error")
     for r in rows:
         table.add_row(
             str(r["id"]),
@@ -325,8 +328,8 @@ def _list(env: _Env, args: argparse.Namespace) -> int:
             r["state"],
             _ids(json.loads(r["work_ids"])),
             str(r["attempt"]) if r["kind"] != "master" else "",
-            _ts(r["created_at"]),
-            _ts(r["finished_at"]),
+            _ts(r["created_at"], short=True),
+            _ts(r["finished_at"], short=True),
             (r["error"] or "").strip().splitlines()[-1][:60] if r["error"] else "",
         )
     out.print(table)
@@ -412,8 +415,8 @@ def _freshness(env: _Env, args: argparse.Namespace) -> int:
         table.add_row(
             r["kwargs"],
             str(r["work_ids"]),
-            _ts(r["oldest"]),
-            _ts(r["newest"]),
+            _ts(r["oldest"], short=True),
+            _ts(r["newest"], short=True),
             f"{r['now'] - r['oldest']:.1f}s",
         )
     out.print(table)
@@ -422,6 +425,7 @@ def _freshness(env: _Env, args: argparse.Namespace) -> int:
 
 def _schedule_list(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.cron import next_fire
+    from riverbed.jobs.spec import Schedule
 
     stored = {r["job"]: r for r in env.queue.schedules()}
     jobs, errors = env.catalog.load_all()
@@ -429,7 +433,7 @@ def _schedule_list(env: _Env, args: argparse.Namespace) -> int:
     rows = []
     for loaded in jobs:
         sched = loaded.spec.schedule
-        if sched is None or isinstance(sched, str):
+        if not isinstance(sched, Schedule):
             continue
         last = stored.get(loaded.name, {}).get("last_fire")
         rows.append(

@@ -142,7 +142,7 @@ class Job:
     retry_backoff: Duration = "5s"
     timeout: Duration | None = None
     select_work: Callable[..., Iterable[int]] | None = None
-    schedule: Schedule | str | None = None
+    schedule: Schedule | Mapping[str, Any] | str | None = None
     kind: Kind = "python"
     bisect: bool = False
     description: str = ""
@@ -170,8 +170,22 @@ class Job:
             if not isinstance(dep, Dependency):
                 raise SpecError(f"{where}: dependencies must be Dependency(...), got {dep!r}")
         object.__setattr__(self, "dependencies", deps)
-        if isinstance(self.schedule, str):
-            object.__setattr__(self, "schedule", Schedule(self.schedule))
+        sched = self.schedule
+        if isinstance(sched, str):
+            sched = Schedule(sched)
+        elif isinstance(sched, Mapping):
+            unknown = set(sched) - {"cron", "kwargs", "work_ids", "grace"}
+            if unknown or "cron" not in sched:
+                raise SpecError(
+                    f"{where}: schedule takes cron (required), kwargs, work_ids and grace"
+                    + (f", not {', '.join(sorted(unknown))}" if unknown else "")
+                )
+            sched = Schedule(**sched)
+        elif sched is not None and not isinstance(sched, Schedule):
+            raise SpecError(
+                f"{where}: schedule must be a cron string, Schedule(...) or a dict, not {sched!r}"
+            )
+        object.__setattr__(self, "schedule", sched)
 
     @property
     def timeout_seconds(self) -> float | None:
