@@ -55,7 +55,7 @@ def examples_dir() -> Path:
     if not (root / "usage_daily.py").exists():
         raise FileNotFoundError(
             f"the example jobs are not at {root}; run the demo from a riverbed checkout "
-            "(make demo-jobs, or pip install -e . in the checkout)"
+            "(pip install -e . there, as make bootstrap does)"
         )
     return root
 
