@@ -7,16 +7,16 @@ from datetime import timedelta
 
 __all__ = ["duration_ms", "duration_seconds"]
 
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNITS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def duration_ms(value: str | int | timedelta) -> int:
-    """``"90s"``, ``"1h"``, ``"1h30m"``, ``timedelta`` or milliseconds."""
+    """``"90s"``, ``"1h"``, ``"1h30m"``, ``"30min"``, ``timedelta`` or milliseconds."""
     if isinstance(value, timedelta):
         return int(value.total_seconds() * 1000)
     if isinstance(value, int):
         return value
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", value.strip())
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)", value.strip())
     if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", value):
         raise ValueError(f"cannot read duration {value!r}; write e.g. '10m', '1h', '1h30m'")
     return int(sum(float(n) * _UNITS[u] for n, u in parts))

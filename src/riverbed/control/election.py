@@ -59,6 +59,16 @@ class Election:
     def term(self) -> int | None:
         return self._key.create_revision if self._key else None
 
+    def fence(self) -> Compare:
+        """A transaction guard that holds only while our candidacy (and so our term) lives.
+
+        Put it in every write made as the leader: once our lease is gone — we were paused,
+        partitioned, or resigned — the write fails instead of overwriting a newer leader's.
+        """
+        if self._key is None:
+            raise SessionLostError(f"not a candidate in election '{self.name}'; campaign first")
+        return Compare.create(self._key.key) == self._key.create_revision
+
     def is_leader(self) -> bool:
         """Whether we are the leader right now (asks the control plane)."""
         if self._key is None or self.session is None or not self.session.alive:

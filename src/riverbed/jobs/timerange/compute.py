@@ -1,0 +1,323 @@
+"""One chunk of a time-range job on Spark: read, compute across the edge, carry state on.
+
+A chunk ``[s, e)`` reads its input from ``lo = max(origin, s - lookback)`` — the history its
+time windows need — plus the rows **carried** from the chunk before: the last ``N - 1`` rows
+per key older than ``lo`` (row windows) and per-key running aggregates (cumulative values).
+Every window is then computed over that union exactly as a one-pass query would over the
+whole range, and only the rows of ``[s, e)`` are kept. The new carry is returned with the
+rows; the driver saves it with the chunk's progress marker.
+
+The same function with ``s = origin`` and one chunk spanning the whole range *is* the
+one-pass computation (:func:`one_pass`), the oracle of the tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from riverbed.jobs.timerange.errors import MissingInputError, SpecError
+from riverbed.jobs.timerange.plan import to_datetime
+from riverbed.jobs.timerange.spec import (
+    FunctionInput,
+    ParquetInput,
+    TimeRangeJob,
+    Tumbling,
+    label,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["ChunkFrames", "compute_chunk", "input_folders", "one_pass", "read_input"]
+
+T = "_rb_t"  # the time column in microseconds (RANGE frames need a number)
+
+
+@dataclass
+class ChunkFrames:
+    rows: DataFrame | None  # one row per input row of the chunk, with its metrics
+    windows: dict[str, DataFrame]  # tumbling aggregates per window size label
+    cumulative: DataFrame | None  # per-key running aggregates after the chunk (carry)
+    tail: DataFrame | None  # the last rows per key row windows need (carry)
+
+
+def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
+    """The partition folders covering ``[lo, hi)`` (existing or not)."""
+    assert inp.partition is not None
+    step = timedelta(hours=1) if inp.partition == "hour" else timedelta(days=1)
+    start = to_datetime(lo)
+    start = (
+        start.replace(minute=0, second=0, microsecond=0)
+        if inp.partition == "hour"
+        else start.replace(hour=0, minute=0, second=0, microsecond=0)
+    )
+    end = to_datetime(hi)
+    out = []
+    at = start
+    while at < end:
+        value = at.strftime("%Y-%m-%dT%H") if inp.partition == "hour" else at.strftime("%Y-%m-%d")
+        out.append(Path(inp.path) / f"{inp.partition}={value}")
+        at += step
+    return out
+
+
+def read_input(spark: SparkSession, job: TimeRangeJob, lo: int, hi: int) -> DataFrame:
+    """The input rows with time in ``[lo, hi)``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    inp = job.input
+    if isinstance(inp, ParquetInput):
+        base = Path(inp.path).resolve()
+        if not base.is_dir():
+            raise MissingInputError(
+                f"input {base} does not exist; write the dataset there or fix ParquetInput's path"
+            )
+        if inp.partition is None:
+            df = spark.read.parquet(str(base))
+        else:
+            folders = input_folders(ParquetInput(str(base), inp.partition), lo, hi)
+            present = [p for p in folders if p.is_dir()]
+            missing = [p for p in folders if not p.is_dir()]
+            if missing and not inp.allow_missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise MissingInputError(
+                    f"input partition {missing[0]}{more} does not exist; write it, or set "
+                    "ParquetInput(..., allow_missing=True) if no data there is expected"
+                )
+            if present:
+                df = spark.read.option("basePath", str(base)).parquet(*map(str, present))
+            else:
+                df = spark.read.parquet(str(base)).where(F.lit(False))
+            if inp.partition in df.columns:
+                df = df.drop(inp.partition)
+    else:
+        assert isinstance(inp, FunctionInput)
+        df = inp.fn(spark, to_datetime(lo), to_datetime(hi))
+    missing_cols = [c for c in (*job.keys, job.time) if c not in df.columns]
+    if missing_cols:
+        raise SpecError(
+            f"time-range job '{job.name}': the input has no column {missing_cols[0]!r} "
+            f"(it has {', '.join(df.columns)}); fix key= / time= in the spec"
+        )
+    ttype = df.schema[job.time].dataType
+    if not isinstance(ttype, TimestampType | TimestampNTZType):
+        raise SpecError(
+            f"time-range job '{job.name}': time column {job.time!r} is {ttype.simpleString()}, "
+            "not a timestamp; cast it in the input function"
+        )
+    lo_dt, hi_dt = to_datetime(lo), to_datetime(hi)
+    return df.where((F.col(job.time) >= F.lit(lo_dt)) & (F.col(job.time) < F.lit(hi_dt)))
+
+
+def _agg(name: str, col: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return {
+        "mean": F.avg,
+        "sum": F.sum,
+        "count": F.count,
+        "min": F.min,
+        "max": F.max,
+        "stddev": F.stddev_samp,
+    }[name](col)
+
+
+def _tiebreak(job: TimeRangeJob, columns: list[str]) -> list[str]:
+    return sorted(c for c in columns if c not in job.keys and c != job.time)
+
+
+def compute_chunk(
+    spark: SparkSession,
+    job: TimeRangeJob,
+    origin: int,
+    start: int,
+    end: int,
+    cumulative: DataFrame | None = None,
+    tail: DataFrame | None = None,
+) -> ChunkFrames:
+    """The frames of chunk ``[start, end)`` (lazy; nothing runs until they are read)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    lo = max(origin, start - job.lookback_us)
+    base = read_input(spark, job, lo, end)
+    columns = base.columns
+    if tail is not None:
+        base = base.unionByName(tail.select(*columns))
+    base = base.withColumn(T, F.unix_micros(F.col(job.time)))
+    keys = list(job.keys)
+    order = [F.col(T).asc(), *(F.col(c).asc_nulls_first() for c in _tiebreak(job, columns))]
+    in_chunk = F.col(T) >= F.lit(start)
+
+    rows: DataFrame | None = None
+    if job.metrics:
+        out = base
+        for r in job.rolling:
+            w = Window.partitionBy(*keys).orderBy(T).rangeBetween(-(r.window_us - 1), 0)
+            n = F.count(r.column).over(w)
+            for agg, name in r.names():
+                value = _agg(agg, F.col(r.column)).over(w)
+                if r.min_periods == 0 and agg == "sum":
+                    value = F.coalesce(value, F.lit(0).cast(value_type(out, r.column)))
+                out = out.withColumn(name, F.when(n >= r.min_periods, value))
+        for rw in job.rows:
+            w = Window.partitionBy(*keys).orderBy(*order).rowsBetween(-(rw.n - 1), 0)
+            n = F.count(rw.column).over(w)
+            periods = rw.n if rw.min_periods is None else rw.min_periods
+            for agg, name in rw.names():
+                value = _agg(agg, F.col(rw.column)).over(w)
+                if periods == 0 and agg == "sum":
+                    value = F.coalesce(value, F.lit(0).cast(value_type(out, rw.column)))
+                out = out.withColumn(name, F.when(n >= periods, value))
+        if job.cumulative:
+            out = _cumulative_rows(job, out, start, cumulative)
+        for c in job.custom:
+            out = c.fn(out)
+            if T not in out.columns:
+                raise SpecError(
+                    f"time-range job '{job.name}': a Custom function dropped columns it was "
+                    "given; it must only add columns"
+                )
+        rows = out.where(in_chunk).drop(T)
+
+    windows: dict[str, DataFrame] = {}
+    by_size: dict[int, list[Tumbling]] = {}
+    for t in job.tumbling:
+        by_size.setdefault(t.size_us, []).append(t)
+    chunk_rows = base.where(in_chunk)
+    for size, specs in sorted(by_size.items()):
+        width = f"{size // 1_000_000} seconds" if size % 1_000_000 == 0 else f"{size} microseconds"
+        aggs = [_agg(a, F.col(t.column)).alias(n) for t in specs for a, n in t.names()]
+        windows[label(size)] = (
+            chunk_rows.groupBy(*keys, F.window(job.time, width).alias("_w"))
+            .agg(*aggs)
+            .select(
+                *keys,
+                F.col("_w.start").alias("window_start"),
+                F.col("_w.end").alias("window_end"),
+                *[n for t in specs for _, n in t.names()],
+            )
+        )
+
+    carry_cum = _carry_cumulative(job, chunk_rows, cumulative) if job.cumulative else None
+    carry_tail = None
+    if job.tail_rows:
+        next_lo = max(origin, end - job.lookback_us)
+        desc = [F.col(T).desc(), *(F.col(c).desc_nulls_last() for c in _tiebreak(job, columns))]
+        rank = F.row_number().over(Window.partitionBy(*keys).orderBy(*desc))
+        carry_tail = (
+            base.where(F.col(T) < F.lit(next_lo))
+            .withColumn("_rb_rank", rank)
+            .where(F.col("_rb_rank") <= job.tail_rows)
+            .select(*columns)
+        )
+    return ChunkFrames(rows, windows, carry_cum, carry_tail)
+
+
+def value_type(df: DataFrame, column: str) -> str:
+    dtype = df.schema[column].dataType.simpleString()
+    return "double" if dtype in ("float", "double") or dtype.startswith("decimal") else "bigint"
+
+
+def _parts(column: str) -> list[str]:
+    return [f"{column}__sum", f"{column}__count", f"{column}__min", f"{column}__max"]
+
+
+def _cumulative_rows(
+    job: TimeRangeJob, out: DataFrame, start: int, carry: DataFrame | None
+) -> DataFrame:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keys = list(job.keys)
+    w = Window.partitionBy(*keys).orderBy(T).rangeBetween(Window.unboundedPreceding, 0)
+    in_chunk = F.col(T) >= F.lit(start)
+    columns = sorted({c.column for c in job.cumulative})
+    for col in columns:
+        v = F.when(in_chunk, F.col(col))
+        s, n, lo, hi = _parts(col)
+        out = (
+            out.withColumn("_r" + s, F.sum(v).over(w))
+            .withColumn("_r" + n, F.count(v).over(w))
+            .withColumn("_r" + lo, F.min(v).over(w))
+            .withColumn("_r" + hi, F.max(v).over(w))
+        )
+    if carry is not None:
+        out = out.join(F.broadcast(carry), on=keys, how="left")
+    else:
+        for col in columns:
+            for part in _parts(col):
+                out = out.withColumn(part, F.lit(None).cast(_part_type(out, col, part)))
+    for col in columns:
+        s, n, lo, hi = _parts(col)
+        total = F.coalesce(F.col(n), F.lit(0)) + F.coalesce(F.col("_r" + n), F.lit(0))
+        summed = F.when(
+            total > 0,
+            F.when(F.col(s).isNull(), F.col("_r" + s)).otherwise(
+                F.col(s) + F.coalesce(F.col("_r" + s), F.lit(0))
+            ),
+        )
+        values = {
+            "sum": summed,
+            "count": total,
+            "mean": F.when(total > 0, summed / total),
+            "min": F.least(F.col(lo), F.col("_r" + lo)),
+            "max": F.greatest(F.col(hi), F.col("_r" + hi)),
+        }
+        for c in job.cumulative:
+            if c.column == col:
+                for agg, name in c.names():
+                    out = out.withColumn(name, values[agg])
+    drop = [p for col in columns for p in _parts(col)]
+    return out.drop(*drop, *["_r" + p for p in drop])
+
+
+def _part_type(df: DataFrame, column: str, part: str) -> str:
+    if part.endswith("__count"):
+        return "bigint"
+    if part.endswith("__sum"):
+        return value_type(df, column)
+    return df.schema[column].dataType.simpleString()
+
+
+def _carry_cumulative(
+    job: TimeRangeJob, chunk_rows: DataFrame, carry: DataFrame | None
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    keys = list(job.keys)
+    columns = sorted({c.column for c in job.cumulative})
+    aggs = []
+    for col in columns:
+        s, n, lo, hi = _parts(col)
+        aggs += [
+            F.sum(col).alias("_r" + s),
+            F.count(col).alias("_r" + n),
+            F.min(col).alias("_r" + lo),
+            F.max(col).alias("_r" + hi),
+        ]
+    chunk = chunk_rows.groupBy(*keys).agg(*aggs)
+    if carry is None:
+        return chunk.select(*keys, *[F.col("_r" + p).alias(p) for c in columns for p in _parts(c)])
+    joined = carry.join(chunk, on=keys, how="full_outer")
+    out = []
+    for col in columns:
+        s, n, lo, hi = _parts(col)
+        out += [
+            F.when(F.col(s).isNull(), F.col("_r" + s))
+            .otherwise(F.col(s) + F.coalesce(F.col("_r" + s), F.lit(0)))
+            .alias(s),
+            (F.coalesce(F.col(n), F.lit(0)) + F.coalesce(F.col("_r" + n), F.lit(0))).alias(n),
+            F.least(F.col(lo), F.col("_r" + lo)).alias(lo),
+            F.greatest(F.col(hi), F.col("_r" + hi)).alias(hi),
+        ]
+    return joined.select(*keys, *out)
+
+
+def one_pass(spark: SparkSession, job: TimeRangeJob, start: int, end: int) -> ChunkFrames:
+    """The whole range as one chunk: what every chunking must reproduce."""
+    return compute_chunk(spark, job, start, start, end)

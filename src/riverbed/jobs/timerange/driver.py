@@ -1,0 +1,282 @@
+"""The driver of a time-range job: one active per job, chunks in order, fenced publication.
+
+``Driver.run(start, end)``:
+
+1. campaign in the job's election (``timerange/<name>``): a second driver waits here as a
+   hot standby and takes over when the first one's lease ends;
+2. finish moving the files of the last published chunk (a driver may have died between
+   its compare-and-swap and its renames), forget files no record names;
+3. record the request in the progress marker (:func:`~riverbed.jobs.timerange.plan.plan_request`);
+4. for each chunk :func:`~riverbed.jobs.timerange.plan.next_chunk` names: compute it on
+   Spark, stage its files and its carried state under a fresh token, then in **one
+   transaction guarded by the election term and the marker's revision** advance the marker
+   and write the chunk's record; only then move the staged files into place.
+
+A driver that lost its term cannot advance the marker (the transaction fails) and so never
+publishes: its staged files are named by no record and are forgotten by the next driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from riverbed.control.base import Compare, ControlPlane, Put
+from riverbed.control.election import Election
+from riverbed.control.session import Session
+from riverbed.jobs.timerange.compute import compute_chunk
+from riverbed.jobs.timerange.errors import FencedError
+from riverbed.jobs.timerange.output import Output
+from riverbed.jobs.timerange.plan import (
+    Progress,
+    Shape,
+    chunk_label,
+    format_time,
+    next_chunk,
+    parse_time,
+    plan_request,
+)
+from riverbed.jobs.timerange.plan import advance as advance_progress
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeJob
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChunkRecord", "Driver", "Event", "Keys", "shape_of"]
+
+
+def shape_of(job: TimeRangeJob) -> Shape:
+    return Shape(
+        chunk=job.chunk_us,
+        lookback=job.lookback_us,
+        unbounded=bool(job.cumulative or job.rows),
+        tumbling=job.tumbling_us,
+    )
+
+
+@dataclass(frozen=True)
+class Keys:
+    name: str
+
+    @property
+    def prefix(self) -> str:
+        return f"riverbed/timerange/{self.name}/"
+
+    @property
+    def progress(self) -> str:
+        return self.prefix + "progress"
+
+    @property
+    def error(self) -> str:
+        return self.prefix + "error"
+
+    @property
+    def chunks(self) -> str:
+        return self.prefix + "chunks/"
+
+    def chunk(self, start: int) -> str:
+        return self.chunks + chunk_label(start)
+
+    @property
+    def election(self) -> str:
+        return f"timerange/{self.name}"
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    start: int
+    end: int
+    token: str
+    rows: int
+    windows: int
+    seconds: float
+    finished: float
+    version: str
+    carry: bool
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str | bytes) -> ChunkRecord:
+        return ChunkRecord(**json.loads(text))
+
+
+@dataclass
+class Event:
+    """What the driver reports as it goes (the CLI prints these)."""
+
+    kind: str  # standby | leader | planned | chunk | done | nothing
+    progress: Progress | None = None
+    record: ChunkRecord | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Driver:
+    def __init__(
+        self,
+        spec: LoadedSpec,
+        cp: ControlPlane,
+        spark: Callable[[], SparkSession],
+        *,
+        ttl: int = 10,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.job = spec.job
+        self.cp = cp
+        self._spark_factory = spark
+        self._spark: SparkSession | None = None
+        self.ttl = ttl
+        self.keys = Keys(self.job.name)
+        self.output = Output(self.job.output)
+        self.on_event = on_event or (lambda event: None)
+        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = self._spark_factory()
+        return self._spark
+
+    # -- the run ------------------------------------------------------------------
+    def run(self, start: Any, end: Any, rerun: bool = False) -> Progress:
+        """Compute ``[start, end)`` (resuming what is done); returns the final progress."""
+        lo, hi = parse_time(start), parse_time(end)
+        shape = shape_of(self.job)
+        kv = self.cp.get(self.keys.progress)
+        # Validate before waiting to lead: a bad request fails at once, not after a failover.
+        plan_request(Progress.from_json(kv.value) if kv else None, shape, lo, hi, rerun)
+        session = Session(self.cp, self.ttl)
+        election = Election(self.cp, self.keys.election, session)
+        try:
+            current = election.leader()
+            if current is not None:
+                self.on_event(Event("standby", detail={"leader": current.value.decode()}))
+            value = json.dumps({"driver": self.identity, "since": time.time()})
+            term = election.campaign(value)
+            self.on_event(Event("leader", detail={"term": term, "driver": self.identity}))
+            return self._lead(election, session, shape, lo, hi, rerun)
+        finally:
+            try:
+                election.resign()
+            finally:
+                session.close()
+
+    def _lead(
+        self,
+        election: Election,
+        session: Session,
+        shape: Shape,
+        lo: int,
+        hi: int,
+        rerun: bool,
+    ) -> Progress:
+        kv = self.cp.get(self.keys.progress)
+        progress = Progress.from_json(kv.value) if kv else None
+        revision = kv.mod_revision if kv else 0
+        if progress is not None and progress.pending_token and progress.pending_start is not None:
+            moved = self.output.publish(progress.pending_token, progress.pending_start)
+            if moved:
+                log.info("moved %d file(s) of the last published chunk into place", moved)
+        self.output.forget(self._tokens(), progress.pending_token if progress else None)
+        planned = plan_request(progress, shape, lo, hi, rerun)
+        if planned != progress:
+            revision = self._commit(election, revision, planned, [])
+        progress = planned
+        self.on_event(Event("planned", progress=progress))
+        if next_chunk(progress) is None:
+            self.on_event(Event("nothing", progress=progress))
+        while (start := next_chunk(progress)) is not None:
+            session.ensure_alive()
+            record = self._compute(progress, start)
+            advanced = advance_progress(progress, start, record.token)
+            revision = self._commit(
+                election, revision, advanced, [Put.of(self.keys.chunk(start), record.to_json())]
+            )
+            self.output.publish(record.token, start)
+            progress = advanced
+            self.on_event(Event("chunk", progress=progress, record=record))
+        self.on_event(Event("done", progress=progress))
+        return progress
+
+    def _commit(self, election: Election, revision: int, progress: Progress, ops: list[Put]) -> int:
+        result = self.cp.txn(
+            [election.fence(), Compare.mod(self.keys.progress) == revision],
+            [Put.of(self.keys.progress, progress.to_json()), *ops],
+        )
+        if not result.succeeded:
+            raise FencedError(
+                f"driver {self.identity} lost the lead of time-range job '{self.job.name}' "
+                "(its lease ended or another driver advanced the marker); it stops without "
+                "publishing"
+            )
+        return result.revision
+
+    def _tokens(self) -> set[str]:
+        return {
+            ChunkRecord.from_json(kv.value).token for kv in self.cp.get_prefix(self.keys.chunks)
+        }
+
+    def _carry_of(self, progress: Progress, start: int) -> str | None:
+        if start == progress.origin:
+            return None
+        kv = self.cp.get(self.keys.chunk(start - progress.chunk))
+        if kv is None:
+            raise FencedError(f"no record of the chunk before {format_time(start)}")
+        record = ChunkRecord.from_json(kv.value)
+        return record.token if record.carry else None
+
+    def _compute(self, progress: Progress, start: int) -> ChunkRecord:
+        spark = self.spark
+        began = time.monotonic()
+        end = start + progress.chunk
+        carry_token = self._carry_of(progress, start)
+        cumulative = tail = None
+        if carry_token is not None:
+            folder = self.output.carry(carry_token)
+            if (folder / "cumulative.parquet").exists():
+                cumulative = spark.read.parquet(str(folder / "cumulative.parquet"))
+            if (folder / "tail.parquet").exists():
+                tail = spark.read.parquet(str(folder / "tail.parquet"))
+        frames = compute_chunk(spark, self.job, progress.origin, start, end, cumulative, tail)
+        token = f"{chunk_label(start)}-{uuid.uuid4().hex[:12]}"
+        staged = self.output.staging(token)
+        rows = windows = 0
+        if frames.rows is not None:
+            table = frames.rows.toArrow()
+            rows = table.num_rows
+            self.output.write(staged / "rows.parquet", table)
+        for size, df in frames.windows.items():
+            table = df.toArrow()
+            windows += table.num_rows
+            self.output.write(staged / f"windows_{size}.parquet", table)
+        carry = False
+        if frames.cumulative is not None:
+            self.output.write(
+                self.output.carry(token) / "cumulative.parquet", frames.cumulative.toArrow()
+            )
+            carry = True
+        if frames.tail is not None:
+            self.output.write(self.output.carry(token) / "tail.parquet", frames.tail.toArrow())
+            carry = True
+        return ChunkRecord(
+            start=start,
+            end=end,
+            token=token,
+            rows=rows,
+            windows=windows,
+            seconds=round(time.monotonic() - began, 3),
+            finished=time.time(),
+            version=self.spec.version,
+            carry=carry,
+        )

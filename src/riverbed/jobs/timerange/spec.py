@@ -1,0 +1,400 @@
+"""Time-range job specs: a Python file holding ``job = TimeRangeJob(...)``.
+
+::
+
+    # jobs/sensor_metrics.py
+    from riverbed.jobs.timerange import Cumulative, ParquetInput, Rolling, Rows, TimeRangeJob
+
+    job = TimeRangeJob(
+        input=ParquetInput("data/readings", partition="hour"),
+        key="sensor_id",
+        time="ts",
+        metrics=[
+            Rolling("30min", "value", ["mean", "max"]),
+            Rows(10, "value", ["mean"]),
+            Cumulative("value", ["sum", "count"]),
+        ],
+        output="out/sensor_metrics",
+        chunk="1h",
+    )
+
+Every output row is one input row with its metrics, defined over the rows of the same
+key (rows whose time is before the run's origin never count):
+
+* ``Rolling(W)``: rows with time in ``(t - W, t]`` — pandas' ``rolling(W, on=time)``;
+  rows at the same instant see each other (SQL's RANGE frame). ``min_periods`` (default 1)
+  non-null values are needed, else null.
+* ``Rows(N)``: the row and the N-1 before it, in the order (time, then every other input
+  column) — pandas' ``rolling(N)`` on that order; ``min_periods`` defaults to N.
+* ``Cumulative``: every row up to and including time ``t`` since the origin
+  (pandas' ``expanding()``).
+* ``Custom(fn, lookback=W)``: your own ``fn(DataFrame) -> DataFrame`` that adds columns
+  and needs at most ``W`` of history before a row.
+* ``Tumbling(T)``: one output row per key and window ``[k·T, (k+1)·T)``, in a second
+  dataset (``windows/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from riverbed.durations import duration_ms
+from riverbed.jobs.spec import _git_sha, _where
+from riverbed.jobs.timerange.errors import SpecError
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "AGGREGATES",
+    "Cumulative",
+    "Custom",
+    "FunctionInput",
+    "LoadedSpec",
+    "ParquetInput",
+    "Rolling",
+    "Rows",
+    "TimeRangeJob",
+    "Tumbling",
+    "load_spec",
+]
+
+Duration = str | int | timedelta
+AGGREGATES = ("mean", "sum", "count", "min", "max", "stddev")
+CUMULATIVE_AGGREGATES = ("mean", "sum", "count", "min", "max")
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _us(value: Duration, what: str) -> int:
+    try:
+        ms = duration_ms(value)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"{what}: {exc}") from None
+    if ms <= 0:
+        raise SpecError(f"{what}: must be longer than 0, not {value!r}")
+    return ms * 1000
+
+
+def label(us: int) -> str:
+    """A duration as a short column-name label: 1800000000 → '30m'."""
+    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000)):
+        if us % size == 0:
+            return f"{us // size}{unit}"
+    if us % 1_000_000 == 0:
+        return f"{us // 1_000_000}s"
+    return f"{us // 1000}ms"
+
+
+def _aggs(aggs: str | Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
+    out = (aggs,) if isinstance(aggs, str) else tuple(aggs)
+    bad = [a for a in out if a not in allowed]
+    if not out or bad:
+        raise SpecError(
+            f"{what}: unknown aggregate {', '.join(map(repr, bad)) or '(none given)'}; "
+            f"choose from {', '.join(allowed)}"
+        )
+    return out
+
+
+def _column(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _COLUMN.match(name):
+        raise SpecError(f"{what}: {name!r} is not a column name")
+    return name
+
+
+@dataclass(frozen=True)
+class Rolling:
+    """Aggregates of ``column`` over the last ``window`` of time, per key."""
+
+    window: Duration
+    column: str
+    aggs: str | Sequence[str] = ("mean",)
+    min_periods: int = 1
+
+    def __post_init__(self) -> None:
+        what = f"Rolling({self.window!r}, {self.column!r})"
+        object.__setattr__(self, "aggs", _aggs(self.aggs, AGGREGATES, what))
+        _column(self.column, what)
+        _us(self.window, what)
+        if not isinstance(self.min_periods, int) or self.min_periods < 0:
+            raise SpecError(f"{what}: min_periods must be a whole number ≥ 0")
+
+    @property
+    def window_us(self) -> int:
+        return _us(self.window, "Rolling")
+
+    def names(self) -> list[tuple[str, str]]:
+        """(aggregate, output column) pairs."""
+        return [(a, f"{self.column}_{a}_{label(self.window_us)}") for a in self.aggs]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Aggregates of ``column`` over the row and the ``n - 1`` rows before it, per key."""
+
+    n: int
+    column: str
+    aggs: str | Sequence[str] = ("mean",)
+    min_periods: int | None = None  # pandas: the window's size
+
+    def __post_init__(self) -> None:
+        what = f"Rows({self.n!r}, {self.column!r})"
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise SpecError(f"{what}: n must be a whole number ≥ 1")
+        object.__setattr__(self, "aggs", _aggs(self.aggs, AGGREGATES, what))
+        _column(self.column, what)
+        mp = self.n if self.min_periods is None else self.min_periods
+        if not isinstance(mp, int) or mp < 0 or mp > self.n:
+            raise SpecError(f"{what}: min_periods must be a whole number between 0 and n")
+        object.__setattr__(self, "min_periods", mp)
+
+    def names(self) -> list[tuple[str, str]]:
+        return [(a, f"{self.column}_{a}_{self.n}rows") for a in self.aggs]
+
+
+@dataclass(frozen=True)
+class Cumulative:
+    """Running aggregates of ``column`` per key, since the run's origin."""
+
+    column: str
+    aggs: str | Sequence[str] = ("sum",)
+
+    def __post_init__(self) -> None:
+        what = f"Cumulative({self.column!r})"
+        object.__setattr__(self, "aggs", _aggs(self.aggs, CUMULATIVE_AGGREGATES, what))
+        _column(self.column, what)
+
+    def names(self) -> list[tuple[str, str]]:
+        return [(a, f"{self.column}_cum_{a}") for a in self.aggs]
+
+
+@dataclass(frozen=True)
+class Custom:
+    """Your own Spark function ``fn(df) -> df`` adding columns to the rows of a chunk.
+
+    ``fn`` sees the chunk's rows and ``lookback`` of history before them (the rows it
+    may need); riverbed keeps only the chunk's rows of what it returns. The function must
+    not look further back than ``lookback`` — that is what makes chunks equal one pass.
+    """
+
+    fn: Callable[[DataFrame], DataFrame]
+    lookback: Duration
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise SpecError("Custom(fn, lookback=...): fn must be a function df -> df")
+        _us(self.lookback, "Custom lookback")
+
+    @property
+    def lookback_us(self) -> int:
+        return _us(self.lookback, "Custom lookback")
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Aggregates of ``column`` per key and fixed window ``[k·size, (k+1)·size)``."""
+
+    size: Duration
+    column: str
+    aggs: str | Sequence[str] = ("mean",)
+
+    def __post_init__(self) -> None:
+        what = f"Tumbling({self.size!r}, {self.column!r})"
+        object.__setattr__(self, "aggs", _aggs(self.aggs, AGGREGATES, what))
+        _column(self.column, what)
+        _us(self.size, what)
+
+    @property
+    def size_us(self) -> int:
+        return _us(self.size, "Tumbling")
+
+    def names(self) -> list[tuple[str, str]]:
+        return [(a, f"{self.column}_{a}_{label(self.size_us)}") for a in self.aggs]
+
+
+Metric = Rolling | Rows | Cumulative | Custom
+
+
+@dataclass(frozen=True)
+class ParquetInput:
+    """A Parquet dataset, optionally partitioned by time into ``hour=`` or ``date=`` folders.
+
+    With ``partition="hour"`` the folders are ``hour=2026-01-01T05`` and with ``"date"``
+    ``date=2026-01-01`` (UTC). riverbed reads only the folders a chunk needs; a folder
+    that is missing is a :class:`MissingInputError` unless ``allow_missing=True``.
+    """
+
+    path: str
+    partition: Literal["hour", "date"] | None = None
+    allow_missing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.partition not in (None, "hour", "date"):
+            raise SpecError(
+                f"ParquetInput: partition must be 'hour', 'date' or None, not {self.partition!r}"
+            )
+
+
+@dataclass(frozen=True)
+class FunctionInput:
+    """Any ``fn(spark, start, end) -> DataFrame`` returning the rows of ``[start, end)``."""
+
+    fn: Callable[[SparkSession, datetime, datetime], DataFrame]
+
+
+Input = ParquetInput | FunctionInput
+
+
+@dataclass(frozen=True)
+class TimeRangeJob:
+    """The spec of a time-range job."""
+
+    input: Input | Callable[..., Any]
+    key: str | Sequence[str]
+    time: str
+    metrics: Sequence[Metric] = ()
+    tumbling: Sequence[Tumbling] = ()
+    output: str = ""
+    chunk: Duration = "1h"
+    name: str = ""
+    description: str = ""
+    keys: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        where = f"time-range job '{self.name}'" if self.name else "time-range job"
+        inp = self.input
+        if not isinstance(inp, ParquetInput | FunctionInput):
+            if not callable(inp):
+                raise SpecError(
+                    f"{where}: input must be ParquetInput(...), FunctionInput(fn) or a "
+                    "function (spark, start, end) -> DataFrame"
+                )
+            object.__setattr__(self, "input", FunctionInput(inp))
+        keys = (self.key,) if isinstance(self.key, str) else tuple(self.key)
+        if not keys:
+            raise SpecError(f"{where}: key must name at least one column")
+        for k in keys:
+            _column(k, f"{where}: key")
+        object.__setattr__(self, "keys", keys)
+        _column(self.time, f"{where}: time")
+        metrics = tuple(self.metrics)
+        for m in metrics:
+            if not isinstance(m, Rolling | Rows | Cumulative | Custom):
+                raise SpecError(
+                    f"{where}: metrics take Rolling, Rows, Cumulative or Custom, not {m!r}"
+                )
+        object.__setattr__(self, "metrics", metrics)
+        tumbling = tuple(self.tumbling)
+        for t in tumbling:
+            if not isinstance(t, Tumbling):
+                raise SpecError(f"{where}: tumbling takes Tumbling(...), not {t!r}")
+        object.__setattr__(self, "tumbling", tumbling)
+        if not metrics and not tumbling:
+            raise SpecError(f"{where}: give at least one metric or tumbling aggregate")
+        names = [n for m in metrics if not isinstance(m, Custom) for _, n in m.names()]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SpecError(f"{where}: metrics produce the same column twice: {dupes}")
+        _us(self.chunk, f"{where}: chunk")
+
+    @property
+    def chunk_us(self) -> int:
+        return _us(self.chunk, "chunk")
+
+    @property
+    def rolling(self) -> tuple[Rolling, ...]:
+        return tuple(m for m in self.metrics if isinstance(m, Rolling))
+
+    @property
+    def rows(self) -> tuple[Rows, ...]:
+        return tuple(m for m in self.metrics if isinstance(m, Rows))
+
+    @property
+    def cumulative(self) -> tuple[Cumulative, ...]:
+        return tuple(m for m in self.metrics if isinstance(m, Cumulative))
+
+    @property
+    def custom(self) -> tuple[Custom, ...]:
+        return tuple(m for m in self.metrics if isinstance(m, Custom))
+
+    @property
+    def lookback_us(self) -> int:
+        """History of time a chunk must re-read before its start (0: none)."""
+        spans = [r.window_us for r in self.rolling] + [c.lookback_us for c in self.custom]
+        return max(spans, default=0)
+
+    @property
+    def tail_rows(self) -> int:
+        """Rows per key a chunk carries to the next for row windows (0: none)."""
+        return max((r.n - 1 for r in self.rows), default=0)
+
+    @property
+    def tumbling_us(self) -> int:
+        """The longest tumbling window (0: none)."""
+        return max((t.size_us for t in self.tumbling), default=0)
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    job: TimeRangeJob
+    path: Path
+    version: str
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Import the spec file at ``path`` (its ``main`` code never runs here)."""
+    path = Path(path).resolve()
+    if path.suffix != ".py":
+        raise SpecError(f"{path}: a time-range spec is a Python file (.py)")
+    if not path.is_file():
+        raise SpecError(f"no spec file {path}; give the path to a .py file with `job = ...`")
+    name = path.stem
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$", name):
+        raise SpecError(f"{path}: the file's stem must be a Python name (it is the job's name)")
+    source = path.read_bytes()
+    module_name = f"riverbed_timerange_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"{path} cannot be imported as a Python module")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SpecError as exc:
+        raise SpecError(f"{_where(exc, path)}: {exc}") from None
+    except (Exception, SystemExit) as exc:
+        raise SpecError(
+            f"{_where(exc, path)}: spec '{name}' failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        sys.modules.pop(module_name, None)
+    job = getattr(module, "job", None)
+    if not isinstance(job, TimeRangeJob):
+        raise SpecError(f"{path} defines no `job = TimeRangeJob(...)`; add one")
+    if job.name and job.name != name:
+        raise SpecError(
+            f"{path}: TimeRangeJob(name={job.name!r}) differs from the file's name '{name}'; "
+            "drop name= or rename the file"
+        )
+    # Relative paths are the caller's, like every path on a command line.
+    job = replace(job, name=name, output=str(Path(job.output or f"output/{name}").resolve()))
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    git = _git_sha(path.parent)
+    return LoadedSpec(job, path, f"git:{git} src:{digest}" if git else f"src:{digest}")
