@@ -13,7 +13,7 @@ one-pass computation (:func:`one_pass`), the oracle of the tests and the benchma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ from riverbed.jobs.timerange.spec import (
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.window import WindowSpec
 
 __all__ = ["ChunkFrames", "compute_chunk", "input_folders", "one_pass", "read_input"]
 
@@ -42,6 +43,13 @@ class ChunkFrames:
     windows: dict[str, DataFrame]  # tumbling aggregates per window size label
     cumulative: DataFrame | None  # per-key running aggregates after the chunk (carry)
     tail: DataFrame | None  # the last rows per key row windows need (carry)
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Drop what was cached for this chunk's several outputs."""
+        for df in self.cached:
+            df.unpersist()
+        self.cached.clear()
 
 
 def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
@@ -66,37 +74,60 @@ def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
 
 def read_input(spark: SparkSession, job: TimeRangeJob, lo: int, hi: int) -> DataFrame:
     """The input rows with time in ``[lo, hi)``."""
+    inp = job.input
+    if isinstance(inp, ParquetInput):
+        return _where_in(job, _read_parquet(spark, job, inp, lo, hi), lo, hi)
+    assert isinstance(inp, FunctionInput)
+    return _where_in(job, inp.fn(spark, to_datetime(lo), to_datetime(hi)), lo, hi)
+
+
+def _read_parquet(
+    spark: SparkSession, job: TimeRangeJob, inp: ParquetInput, lo: int, hi: int
+) -> DataFrame:
+    from pyspark.errors import AnalysisException
+
+    try:
+        return _read_parquet_folders(spark, inp, lo, hi)
+    except AnalysisException as exc:
+        if "TIMESTAMP(NANOS" in str(exc):
+            raise SpecError(
+                f"time-range job '{job.name}': {inp.path} stores timestamps in nanoseconds, "
+                "which Spark cannot read; write them in microseconds (pandas: "
+                "to_parquet(..., coerce_timestamps='us'), pyarrow: coerce_timestamps='us')"
+            ) from None
+        raise
+
+
+def _read_parquet_folders(spark: SparkSession, inp: ParquetInput, lo: int, hi: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    base = Path(inp.path).resolve()
+    if not base.is_dir():
+        raise MissingInputError(
+            f"input {base} does not exist; write the dataset there or fix ParquetInput's path"
+        )
+    if inp.partition is None:
+        return spark.read.parquet(str(base))
+    folders = input_folders(ParquetInput(str(base), inp.partition), lo, hi)
+    present = [p for p in folders if p.is_dir()]
+    missing = [p for p in folders if not p.is_dir()]
+    if missing and not inp.allow_missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise MissingInputError(
+            f"input partition {missing[0]}{more} does not exist; write it, or set "
+            "ParquetInput(..., allow_missing=True) if no data there is expected"
+        )
+    if present:
+        df = spark.read.option("basePath", str(base)).parquet(*map(str, present))
+    else:
+        df = spark.read.parquet(str(base)).where(F.lit(False))
+    return df.drop(inp.partition) if inp.partition in df.columns else df
+
+
+def _where_in(job: TimeRangeJob, df: DataFrame, lo: int, hi: int) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampNTZType, TimestampType
 
-    inp = job.input
-    if isinstance(inp, ParquetInput):
-        base = Path(inp.path).resolve()
-        if not base.is_dir():
-            raise MissingInputError(
-                f"input {base} does not exist; write the dataset there or fix ParquetInput's path"
-            )
-        if inp.partition is None:
-            df = spark.read.parquet(str(base))
-        else:
-            folders = input_folders(ParquetInput(str(base), inp.partition), lo, hi)
-            present = [p for p in folders if p.is_dir()]
-            missing = [p for p in folders if not p.is_dir()]
-            if missing and not inp.allow_missing:
-                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-                raise MissingInputError(
-                    f"input partition {missing[0]}{more} does not exist; write it, or set "
-                    "ParquetInput(..., allow_missing=True) if no data there is expected"
-                )
-            if present:
-                df = spark.read.option("basePath", str(base)).parquet(*map(str, present))
-            else:
-                df = spark.read.parquet(str(base)).where(F.lit(False))
-            if inp.partition in df.columns:
-                df = df.drop(inp.partition)
-    else:
-        assert isinstance(inp, FunctionInput)
-        df = inp.fn(spark, to_datetime(lo), to_datetime(hi))
     missing_cols = [c for c in (*job.keys, job.time) if c not in df.columns]
     if missing_cols:
         raise SpecError(
@@ -126,6 +157,20 @@ def _agg(name: str, col: Column) -> Column:
     }[name](col)
 
 
+def _windowed(df: DataFrame, agg: str, column: str, w: WindowSpec, min_periods: int) -> Column:
+    """``agg`` of ``column`` over ``w`` with pandas' ``min_periods``: a count needs that many
+    rows in the window, every other aggregate that many non-null values (else null); a
+    sum over no values is 0 when ``min_periods`` is 0."""
+    from pyspark.sql import functions as F
+
+    value = _agg(agg, F.col(column)).over(w)
+    if agg == "count":
+        return F.when(F.count(F.lit(1)).over(w) >= min_periods, value)
+    if agg == "sum" and min_periods == 0:
+        value = F.coalesce(value, F.lit(0).cast(value_type(df, column)))
+    return F.when(F.count(column).over(w) >= min_periods, value)
+
+
 def _tiebreak(job: TimeRangeJob, columns: list[str]) -> list[str]:
     return sorted(c for c in columns if c not in job.keys and c != job.time)
 
@@ -149,6 +194,9 @@ def compute_chunk(
     if tail is not None:
         base = base.unionByName(tail.select(*columns))
     base = base.withColumn(T, F.unix_micros(F.col(job.time)))
+    outputs = bool(job.metrics) + len({t.size_us for t in job.tumbling})
+    outputs += bool(job.cumulative) + bool(job.tail_rows)
+    cached = [base.persist()] if outputs > 1 else []
     keys = list(job.keys)
     order = [F.col(T).asc(), *(F.col(c).asc_nulls_first() for c in _tiebreak(job, columns))]
     in_chunk = F.col(T) >= F.lit(start)
@@ -158,21 +206,13 @@ def compute_chunk(
         out = base
         for r in job.rolling:
             w = Window.partitionBy(*keys).orderBy(T).rangeBetween(-(r.window_us - 1), 0)
-            n = F.count(r.column).over(w)
             for agg, name in r.names():
-                value = _agg(agg, F.col(r.column)).over(w)
-                if r.min_periods == 0 and agg == "sum":
-                    value = F.coalesce(value, F.lit(0).cast(value_type(out, r.column)))
-                out = out.withColumn(name, F.when(n >= r.min_periods, value))
+                out = out.withColumn(name, _windowed(out, agg, r.column, w, r.min_periods))
         for rw in job.rows:
             w = Window.partitionBy(*keys).orderBy(*order).rowsBetween(-(rw.n - 1), 0)
-            n = F.count(rw.column).over(w)
             periods = rw.n if rw.min_periods is None else rw.min_periods
             for agg, name in rw.names():
-                value = _agg(agg, F.col(rw.column)).over(w)
-                if periods == 0 and agg == "sum":
-                    value = F.coalesce(value, F.lit(0).cast(value_type(out, rw.column)))
-                out = out.withColumn(name, F.when(n >= periods, value))
+                out = out.withColumn(name, _windowed(out, agg, rw.column, w, periods))
         if job.cumulative:
             out = _cumulative_rows(job, out, start, cumulative)
         for c in job.custom:
@@ -215,7 +255,7 @@ def compute_chunk(
             .where(F.col("_rb_rank") <= job.tail_rows)
             .select(*columns)
         )
-    return ChunkFrames(rows, windows, carry_cum, carry_tail)
+    return ChunkFrames(rows, windows, carry_cum, carry_tail, cached)
 
 
 def value_type(df: DataFrame, column: str) -> str:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from riverbed.control.base import Compare, ControlPlane, Put
 from riverbed.control.election import Election
 from riverbed.control.session import Session
-from riverbed.jobs.timerange.compute import compute_chunk
+from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
 from riverbed.jobs.timerange.errors import FencedError
 from riverbed.jobs.timerange.output import Output
 from riverbed.jobs.timerange.plan import (
@@ -249,6 +249,15 @@ class Driver:
             if (folder / "tail.parquet").exists():
                 tail = spark.read.parquet(str(folder / "tail.parquet"))
         frames = compute_chunk(spark, self.job, progress.origin, start, end, cumulative, tail)
+        try:
+            return self._stage(frames, progress, start, began)
+        finally:
+            frames.release()
+
+    def _stage(
+        self, frames: ChunkFrames, progress: Progress, start: int, began: float
+    ) -> ChunkRecord:
+        end = start + progress.chunk
         token = f"{chunk_label(start)}-{uuid.uuid4().hex[:12]}"
         staged = self.output.staging(token)
         rows = windows = 0
