@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from riverbed.control.base import Compare, ControlPlane, Put
+from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.session import Session
 from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
-from riverbed.jobs.timerange.errors import FencedError
+from riverbed.jobs.timerange.errors import FencedError, RangeError
 from riverbed.jobs.timerange.output import Output
 from riverbed.jobs.timerange.plan import (
     Progress,
@@ -44,14 +44,14 @@ from riverbed.jobs.timerange.plan import (
     plan_request,
 )
 from riverbed.jobs.timerange.plan import advance as advance_progress
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeJob
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeJob, label
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChunkRecord", "Driver", "Event", "Keys", "shape_of"]
+__all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
 
 
 def shape_of(job: TimeRangeJob) -> Shape:
@@ -165,7 +165,15 @@ class Driver:
             value = json.dumps({"driver": self.identity, "since": time.time()})
             term = election.campaign(value)
             self.on_event(Event("leader", detail={"term": term, "driver": self.identity}))
-            return self._lead(election, session, shape, lo, hi, rerun)
+            try:
+                done = self._lead(election, session, shape, lo, hi, rerun)
+            except FencedError:
+                raise
+            except Exception as exc:
+                self._record_error(election, exc)
+                raise
+            self.cp.txn([election.fence()], [Delete.of(self.keys.error)])
+            return done
         finally:
             try:
                 election.resign()
@@ -184,6 +192,13 @@ class Driver:
         kv = self.cp.get(self.keys.progress)
         progress = Progress.from_json(kv.value) if kv else None
         revision = kv.mod_revision if kv else 0
+        if progress is None and self.output.datasets():
+            raise RangeError(
+                f"{self.output.root} already holds chunks, but the control plane "
+                f"({self.cp.url}) has no progress for time-range job '{self.job.name}': point "
+                "RIVERBED_CONTROL at the control plane that computed them, or start over with "
+                f"riverbed timerange reset {self.spec.path} --output"
+            )
         if progress is not None and progress.pending_token and progress.pending_start is not None:
             moved = self.output.publish(progress.pending_token, progress.pending_start)
             if moved:
@@ -197,7 +212,11 @@ class Driver:
         if next_chunk(progress) is None:
             self.on_event(Event("nothing", progress=progress))
         while (start := next_chunk(progress)) is not None:
-            session.ensure_alive()
+            if not session.alive:
+                raise FencedError(
+                    f"driver {self.identity} lost the lead of time-range job '{self.job.name}' "
+                    "(its lease ended); it stops without publishing"
+                )
             record = self._compute(progress, start)
             advanced = advance_progress(progress, start, record.token)
             revision = self._commit(
@@ -208,6 +227,19 @@ class Driver:
             self.on_event(Event("chunk", progress=progress, record=record))
         self.on_event(Event("done", progress=progress))
         return progress
+
+    def _record_error(self, election: Election, exc: BaseException) -> None:
+        text = json.dumps(
+            {
+                "at": time.time(),
+                "driver": self.identity,
+                "error": f"{type(exc).__name__}: {exc}"[:2000],
+            }
+        )
+        try:
+            self.cp.txn([election.fence()], [Put.of(self.keys.error, text)])
+        except Exception:  # the control plane may be what failed; the error still propagates
+            log.warning("could not record the error of time-range job '%s'", self.job.name)
 
     def _commit(self, election: Election, revision: int, progress: Progress, ops: list[Put]) -> int:
         result = self.cp.txn(
@@ -289,3 +321,54 @@ class Driver:
             version=self.spec.version,
             carry=carry,
         )
+
+
+def status(cp: ControlPlane, spec: LoadedSpec) -> dict[str, Any]:
+    """What ``riverbed timerange status`` shows: progress, rows, throughput, ETA, errors."""
+    keys = Keys(spec.job.name)
+    kv = cp.get(keys.progress)
+    progress = Progress.from_json(kv.value) if kv else None
+    records = [ChunkRecord.from_json(r.value) for r in cp.get_prefix(keys.chunks)]
+    leader = Election(cp, keys.election).leader()
+    error = cp.get(keys.error)
+    seconds = sum(r.seconds for r in records)
+    rows = sum(r.rows for r in records)
+    info: dict[str, Any] = {
+        "job": spec.job.name,
+        "spec": str(spec.path),
+        "output": spec.job.output,
+        "origin": format_time(progress.origin) if progress else None,
+        "chunk": label(progress.chunk if progress else spec.job.chunk_us),
+        "done_to": format_time(progress.done_to) if progress else None,
+        "target": format_time(progress.target) if progress else None,
+        "chunks_done": progress.done if progress else 0,
+        "chunks_total": progress.total if progress else 0,
+        "rerun": (
+            [format_time(progress.redo_from), format_time(progress.redo_to)]
+            if progress and progress.redo_from is not None and progress.redo_to is not None
+            else None
+        ),
+        "rows": rows,
+        "rows_per_second": round(rows / seconds, 1) if seconds else None,
+        "seconds_per_chunk": round(seconds / len(records), 3) if records else None,
+        "eta_seconds": None,
+        "driver": json.loads(leader.value)["driver"] if leader else None,
+        "last_chunk_at": max((r.finished for r in records), default=None),
+        "last_error": json.loads(error.value) if error else None,
+    }
+    if progress and records:
+        left = progress.total - progress.done
+        info["eta_seconds"] = round(left * seconds / len(records), 1)
+    return info
+
+
+def reset(cp: ControlPlane, spec: LoadedSpec) -> int:
+    """Forget a job's progress and records (its output folder is the caller's to remove)."""
+    keys = Keys(spec.job.name)
+    leader = Election(cp, keys.election).leader()
+    if leader is not None:
+        raise FencedError(
+            f"time-range job '{spec.job.name}' has a running driver "
+            f"({json.loads(leader.value)['driver']}); stop it before resetting"
+        )
+    return cp.delete(keys.prefix, prefix=True)

@@ -1,0 +1,215 @@
+"""Time-range drivers as real processes: SIGKILL at random points, a standby that takes
+over, and a SIGSTOPped driver that wakes up after losing its term."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from riverbed.control import connect
+from riverbed.jobs.timerange import load_spec
+from riverbed.jobs.timerange.compute import one_pass
+from riverbed.jobs.timerange.oracle import pandas_rows
+from riverbed.jobs.timerange.plan import parse_time
+from tests.jobs.test_timerange_spark import assert_same, write_input
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+START = pd.Timestamp("2026-01-01", tz="UTC")
+HOURS = 6
+SPEC = """
+from riverbed.jobs.timerange import (Cumulative, ParquetInput, Rolling, Rows, TimeRangeJob,
+                                     Tumbling)
+
+job = TimeRangeJob(
+    input=ParquetInput({input!r}, partition="hour"),
+    key="sensor", time="ts",
+    metrics=[Rolling("45min", "value", ["mean", "max", "count"]), Rows(3, "value", ["sum"]),
+             Cumulative("value", ["sum", "count"])],
+    tumbling=[Tumbling("30min", "value", ["mean"])],
+    output={output!r}, chunk="30m",
+)
+"""
+
+
+@pytest.fixture
+def setup(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    n = 3000
+    frame = pd.DataFrame(
+        {
+            "sensor": rng.integers(0, 8, n),
+            "ts": START + pd.to_timedelta(rng.integers(0, HOURS * 3600, n), unit="s"),
+            "value": rng.integers(0, 200, n) / 4,
+        }
+    )
+    for hour in range(HOURS):
+        lo = START + pd.Timedelta(hours=hour)
+        part = frame[(frame.ts >= lo) & (frame.ts < lo + pd.Timedelta(hours=1))]
+        write_input(tmp_path / "in" / f"hour={lo:%Y-%m-%dT%H}", part)
+    spec = tmp_path / "sensors.py"
+    spec.write_text(SPEC.format(input=str(tmp_path / "in"), output=str(tmp_path / "out")))
+    env = {
+        **subprocess_env,
+        "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'control.db'}",
+        "RIVERBED_SPARK_MASTER": "local[2]",
+    }
+    expected = {  # rows per 30-minute chunk label
+        f"chunk={t:%Y%m%dT%H%M%SZ}": int(
+            ((frame.ts >= t) & (frame.ts < t + pd.Timedelta(minutes=30))).sum()
+        )
+        for t in pd.date_range(START, periods=HOURS * 2, freq="30min")
+    }
+    return {"tmp": tmp_path, "spec": spec, "env": env, "frame": frame, "expected": expected}
+
+
+def driver(s: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "riverbed.cli.main",
+            "timerange",
+            "run",
+            str(s["spec"]),
+            "--from",
+            "2026-01-01",
+            "--to",
+            f"2026-01-01T{HOURS:02d}:00",
+            "--ttl",
+            "2",
+            *extra,
+        ],
+        env=s["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def records(s: dict[str, Any]) -> list[Any]:
+    return connect(s["env"]["RIVERBED_CONTROL"]).get_prefix(b"riverbed/timerange/sensors/chunks/")
+
+
+class Watcher(threading.Thread):
+    """Reads the published output over and over while drivers die: every chunk file it can
+    see must be whole (all of that chunk's rows, once)."""
+
+    def __init__(self, s: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.s, self.stop, self.reads, self.bad = s, threading.Event(), 0, []
+
+    def run(self) -> None:
+        rows = self.s["tmp"] / "out" / "rows"
+        while not self.stop.is_set():
+            for path in sorted(rows.glob("chunk=*/part.parquet")):
+                try:
+                    n = pq.read_metadata(path).num_rows
+                except FileNotFoundError:
+                    continue  # replaced between the listing and the read
+                if n != self.s["expected"][path.parent.name]:
+                    self.bad.append((path.parent.name, n))
+                self.reads += 1
+            time.sleep(0.02)
+
+
+def check_output(s: dict[str, Any], spark: Any) -> None:
+    spec = load_spec(s["spec"])
+    got = pd.concat(
+        pq.read_table(p).to_pandas()
+        for p in sorted((s["tmp"] / "out" / "rows").glob("*/part.parquet"))
+    )
+    assert_same(got, pandas_rows(spec.job, s["frame"]), exact=False)
+    whole = one_pass(spark, spec.job, parse_time("2026-01-01"), parse_time("2026-01-01T06:00"))
+    assert whole.rows is not None
+    assert_same(got, whole.rows.toPandas(), exact=True)
+    published = [kv.version for kv in records(s)]
+    assert published == [1] * (HOURS * 2), "a chunk was published more than once"
+    assert not list((s["tmp"] / "out" / "_riverbed" / "staging").glob("*"))
+
+
+def test_sigkill_at_random_points_then_resume_equals_one_pass(
+    setup: dict[str, Any], spark: Any
+) -> None:
+    rng = random.Random(7)
+    watcher = Watcher(setup)
+    watcher.start()
+    kills = 0
+    while kills < 10:
+        proc = driver(setup)
+        time.sleep(rng.uniform(1.0, 9.0))
+        if proc.poll() is not None:
+            break  # it finished before this kill
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    final = driver(setup)
+    _, err = final.communicate(timeout=240)
+    watcher.stop.set()
+    watcher.join()
+    assert final.returncode == 0, err
+    assert kills >= 5, "the run finished too early to be killed often"
+    assert watcher.reads > 0 and watcher.bad == [], watcher.bad
+    check_output(setup, spark)
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
+    setup: dict[str, Any], spark: Any
+) -> None:
+    first = driver(setup)
+    wait_for(lambda: len(records(setup)) >= 2, 120, "the first driver's chunks")
+    second = driver(setup)
+    time.sleep(2)  # the second is a standby while the first lives
+    assert second.poll() is None
+    first.send_signal(signal.SIGSTOP)  # paused: its lease runs out, the standby takes over
+    try:
+        _, err2 = second.communicate(timeout=240)
+        assert second.returncode == 0, err2
+        assert "standby" in err2
+        files = {p: p.stat().st_mtime_ns for p in (setup["tmp"] / "out").glob("*/*/part.parquet")}
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err1 = first.communicate(timeout=120)
+    assert first.returncode == 1
+    assert "lost the lead" in err1, err1
+    after = {p: p.stat().st_mtime_ns for p in (setup["tmp"] / "out").glob("*/*/part.parquet")}
+    assert after == files, "the woken driver published something"
+    check_output(setup, spark)
+    info = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "riverbed.cli.main",
+                "timerange",
+                "status",
+                str(setup["spec"]),
+                "--json",
+            ],
+            env=setup["env"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert (info["chunks_done"], info["chunks_total"], info["rows"]) == (12, 12, 3000)
