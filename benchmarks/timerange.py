@@ -1,0 +1,158 @@
+"""Time-range jobs: chunked vs one pass, and the cost of a resume, in one run.
+
+    .venv/bin/python benchmarks/timerange.py [--sensors 1000] [--hours 24] [--every 8.6]
+
+Data: ``--hours`` of readings from ``--sensors`` sensors, one every ``--every`` seconds
+each (defaults: 24 h x 1,000 sensors ≈ 10M rows), as an hour-partitioned Parquet dataset.
+Job: a 30-minute rolling mean per sensor.
+
+1. **Baseline — one pass**: the same window over the whole range as one Spark query
+   (``Window.partitionBy(sensor).orderBy(ts).rangeBetween(-30min, 0)``), written with
+   ``df.write.parquet`` — what a user writes without riverbed.
+2. **Chunked**: ``riverbed timerange``'s driver, hourly chunks, each with its 30-minute
+   lookback, staged, published with its progress marker (SQLite control plane).
+   Target: ≤ 1.3x the one-pass time.
+3. **Resume**: a fresh run stopped right after its 50 % chunk is published (as a kill
+   there would), then resumed; the resume's time over a full chunked run's.
+   Target: ≤ 0.55.
+
+All three use one SparkSession (``local[*]``), warmed up by a small query first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from riverbed.config import SparkConfig
+from riverbed.control import connect
+from riverbed.jobs.timerange import Driver, Event, load_spec, parse_time
+from riverbed.spark import session
+
+SPEC = """
+from riverbed.jobs.timerange import ParquetInput, Rolling, TimeRangeJob
+
+job = TimeRangeJob(
+    input=ParquetInput({input!r}, partition="hour"),
+    key="sensor", time="ts",
+    metrics=[Rolling("30min", "value", ["mean"])],
+    output={output!r}, chunk="1h",
+)
+"""
+START = "2026-01-01"
+
+
+def generate(folder: Path, sensors: int, hours: int, every: float) -> int:
+    rng = np.random.default_rng(1)
+    per_hour = int(3600 / every)
+    t0 = parse_time(START)
+    total = 0
+    for hour in range(hours):
+        base = t0 + hour * 3_600_000_000
+        offsets = (np.arange(per_hour) * every * 1e6).astype(np.int64)
+        ts = (
+            base + np.tile(offsets, sensors) + rng.integers(0, int(every * 1e6), per_hour * sensors)
+        )
+        table = pa.table(
+            {
+                "sensor": np.repeat(np.arange(sensors, dtype=np.int32), per_hour),
+                "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+                "value": rng.normal(20, 5, per_hour * sensors),
+            }
+        )
+        out = folder / f"hour={START}T{hour:02d}"
+        out.mkdir(parents=True)
+        pq.write_table(table, out / "part.parquet")
+        total += table.num_rows
+    return total
+
+
+def one_pass(spark: Any, data: Path, out: Path) -> float:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    began = time.perf_counter()
+    df = spark.read.parquet(str(data)).drop("hour")
+    t = F.unix_micros("ts")
+    w = Window.partitionBy("sensor").orderBy(t).rangeBetween(-(30 * 60 * 1_000_000 - 1), 0)
+    df.withColumn("value_mean_30m", F.avg("value").over(w)).write.parquet(str(out))
+    return time.perf_counter() - began
+
+
+def chunked(spark: Any, spec_path: Path, cp_url: str, hours: int, stop_at: int = 0) -> float:
+    spec = load_spec(spec_path)
+    seen = 0
+
+    class Stop(Exception):
+        pass
+
+    def on_event(event: Event) -> None:
+        nonlocal seen
+        if event.kind == "chunk":
+            seen += 1
+            if stop_at and seen == stop_at:
+                raise Stop
+
+    driver = Driver(spec, connect(cp_url), lambda: spark, on_event=on_event)
+    began = time.perf_counter()
+    with contextlib.suppress(Stop):
+        driver.run(START, parse_time(START) + hours * 3_600_000_000)
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sensors", type=int, default=1000)
+    parser.add_argument("--hours", type=int, default=24)
+    parser.add_argument("--every", type=float, default=8.6, help="seconds between readings")
+    parser.add_argument("--master", default="local[*]")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="rb-bench-timerange-"))
+    try:
+        rows = generate(root / "in", args.sensors, args.hours, args.every)
+        print(f"{rows:,} rows: {args.hours} h x {args.sensors:,} sensors, one every {args.every} s")
+        spark = session(SparkConfig(master=args.master, app_name="riverbed-bench-timerange"))
+        spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+
+        base = one_pass(spark, root / "in", root / "onepass")
+        print(
+            f"one pass (Spark window, df.write.parquet): {base:7.1f} s  "
+            f"{rows / base:,.0f} rows/s   [baseline]"
+        )
+
+        def fresh(name: str) -> tuple[Path, str]:
+            spec = root / f"{name}.py"
+            spec.write_text(SPEC.format(input=str(root / "in"), output=str(root / name)))
+            return spec, f"sqlite:///{root / name}.db"
+
+        spec, url = fresh("chunked")
+        full = chunked(spark, spec, url, args.hours)
+        print(
+            f"chunked (hourly, riverbed driver):         {full:7.1f} s  "
+            f"{rows / full:,.0f} rows/s   ratio {full / base:.2f}x one pass (target ≤ 1.3)"
+        )
+
+        spec, url = fresh("resumed")
+        half = chunked(spark, spec, url, args.hours, stop_at=args.hours // 2)
+        resume = chunked(spark, spec, url, args.hours)
+        print(
+            f"stopped at 50 % after {half:.1f} s; resume: {resume:7.1f} s  "
+            f"ratio {resume / full:.2f} of a full chunked run (target ≤ 0.55)"
+        )
+        spark.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
