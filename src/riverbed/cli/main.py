@@ -41,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         "which",
         nargs="?",
         default="stream",
-        choices=["stream", "control", "jobs"],
+        choices=["stream", "control", "jobs", "timerange"],
         help="stream (default): the streaming main job; control: the control-plane tour; "
-        "jobs: a pipeline of recurring jobs through a worker and an orchestrator crash",
+        "jobs: a pipeline of recurring jobs through a worker and an orchestrator crash; "
+        "timerange: a chunked time-range job through a driver SIGKILL, vs one pass",
     )
     demo.add_argument("--days", type=int, default=14, help="jobs demo: days of usage")
     demo.add_argument("--events", type=int, default=200_000, help="events to generate")
@@ -64,6 +65,10 @@ def _demo(args: argparse.Namespace) -> int:
         from riverbed.jobs.demo import run_demo_jobs
 
         return run_demo_jobs(load_config(), days=args.days)
+    if args.which == "timerange":
+        from riverbed.jobs.timerange.demo import run_demo_timerange
+
+        return run_demo_timerange(load_config())
     from riverbed.stream.demo import run_demo_stream
 
     return run_demo_stream(load_config(), events=args.events)
