@@ -30,3 +30,55 @@ def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
     assert "lost (worker-" in text  # the killed worker's attempt, then a second one
     published = sorted((tmp_path / "home" / "demo-jobs" / "jobs" / "output").glob("*/chunk=*"))
     assert len(published) == 4  # 2 daily chunks, 1 features, 1 report: one dir each
+
+
+def test_the_timerange_demo_resumes_after_a_sigkill_and_equals_one_pass(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = {
+        **subprocess_env,
+        "RIVERBED_HOME": str(tmp_path / "home"),
+        "COLUMNS": "140",
+        "RIVERBED_SPARK_MASTER": "local[2]",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "riverbed.cli.main", "demo", "timerange"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "SIGKILLed the driver after" in text
+    assert "12 of 12, each once: yes" in text and "IDENTICAL" in text
+    files = sorted((tmp_path / "home" / "demo-timerange" / "out" / "rows").glob("*/part.parquet"))
+    assert len(files) == 12
+
+
+def test_timerange_cli_errors_are_one_line(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    spec = tmp_path / "s.py"
+    spec.write_text(
+        "from riverbed.jobs.timerange import ParquetInput, Rolling, TimeRangeJob\n"
+        f"job = TimeRangeJob(input=ParquetInput({str(tmp_path / 'in')!r}), key='k', time='t',\n"
+        "                    metrics=[Rolling('1h', 'v')])\n"
+    )
+    env = {**subprocess_env, "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'c.db'}"}
+    cases = [
+        (["--from", "2026-01-02", "--to", "2026-01-01"], "is not before --to"),
+        (["--from", "2026-01-01", "--to", "2026-01-02", "--chunk", "7m"], "does not divide a day"),
+        (["--from", "2026-01-01T00:10", "--to", "2026-01-02"], "not on a 1h edge"),
+        (["--from", "2026-01-01", "--to", "2026-01-02"], "does not exist"),
+    ]
+    for extra, message in cases:
+        out = subprocess.run(
+            [sys.executable, "-m", "riverbed.cli.main", "timerange", "run", str(spec), *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 1, out.stderr
+        lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and message in lines[0], out.stderr
+        assert "Traceback" not in out.stderr
