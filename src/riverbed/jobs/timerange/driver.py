@@ -219,14 +219,20 @@ class Driver:
                     f"driver {self.identity} lost the lead of time-range job '{self.job.name}' "
                     "(its lease ended); it stops without publishing"
                 )
-            for record in self._compute(progress, start):
+            batch = self._compute(progress, start)
+            for i, record in enumerate(batch):
                 advanced = advance_progress(progress, record.start, record.token)
-                revision = self._commit(
-                    election,
-                    revision,
-                    advanced,
-                    [Put.of(self.keys.chunk(record.start), record.to_json())],
-                )
+                try:
+                    revision = self._commit(
+                        election,
+                        revision,
+                        advanced,
+                        [Put.of(self.keys.chunk(record.start), record.to_json())],
+                    )
+                except FencedError:
+                    for unpublished in batch[i:]:  # named by no record: nobody will use them
+                        self.output.discard(unpublished.token)
+                    raise
                 self.output.publish(record.token, record.start)
                 progress = advanced
                 self.on_event(Event("chunk", progress=progress, record=record))

@@ -87,6 +87,11 @@ class Output:
         shutil.rmtree(staged, ignore_errors=True)
         return moved
 
+    def discard(self, token: str) -> None:
+        """Delete the staged files and carried state of a token that was never published."""
+        shutil.rmtree(self.staging(token), ignore_errors=True)
+        shutil.rmtree(self.carry(token), ignore_errors=True)
+
     def forget(self, keep: set[str], pending: str | None) -> int:
         """Delete staged and carried files of tokens no chunk record names; returns count."""
         removed = 0
