@@ -43,6 +43,8 @@ __all__ = [
     "LoadedJob",
     "Schedule",
     "canonical_kwargs",
+    "code_version",
+    "import_file",
     "parse_work_ids",
 ]
 
@@ -268,6 +270,41 @@ def _git_sha(directory: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
+def import_file(path: Path, module_name: str, what: str) -> ModuleType:
+    """Import the Python file ``path`` as ``module_name``; its directory goes on sys.path.
+
+    A failure is a :class:`SpecError` naming the file and the line; ``what`` names the
+    module in it (``job module 'daily'``).
+    """
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"{path} cannot be imported as a Python module")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    # In sys.modules while it executes (decorators such as @dataclass look it up),
+    # not afterwards: cloudpickle then ships the module's functions to Spark's Python
+    # workers by value — those cannot import a module from the spec's directory.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SpecError as exc:
+        raise SpecError(f"{_where(exc, path)}: {exc}") from None
+    except (Exception, SystemExit) as exc:
+        raise SpecError(
+            f"{_where(exc, path)}: {what} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        sys.modules.pop(module_name, None)
+    return module
+
+
+def code_version(source: bytes, git: str | None) -> str:
+    """What a run records as the code's version: the git SHA and the source's hash."""
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    return f"git:{git} src:{digest}" if git else f"src:{digest}"
+
+
 class Catalog:
     """The jobs of one directory, imported on first use and kept."""
 
@@ -332,29 +369,8 @@ class Catalog:
         return out
 
     def _import(self, name: str, path: Path) -> LoadedJob:
-        source = path.read_bytes()
-        module_name = f"riverbed_jobs_{name}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise SpecError(f"{path} cannot be imported as a Python module")
-        module: ModuleType = importlib.util.module_from_spec(spec)
-        if str(self.directory) not in sys.path:
-            sys.path.insert(0, str(self.directory))  # jobs may import their _helpers
-        # In sys.modules while it executes (decorators such as @dataclass look it up),
-        # not afterwards: cloudpickle then ships the job's functions to Spark's Python
-        # workers by value — those cannot import a module from the jobs directory.
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except SpecError as exc:
-            raise SpecError(f"{_where(exc, path)}: {exc}") from None
-        except (Exception, SystemExit) as exc:
-            raise SpecError(
-                f"{_where(exc, path)}: job module '{name}' failed to import: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        finally:
-            sys.modules.pop(module_name, None)
+        # Jobs may import their _helpers from the jobs directory.
+        module = import_file(path, f"riverbed_jobs_{name}", f"job module '{name}'")
         job = getattr(module, "job", None)
         if not isinstance(job, Job):
             raise SpecError(
@@ -371,10 +387,7 @@ class Catalog:
         for dep in job.dependencies:
             if dep.job == name:
                 raise SpecError(f"{path}: job '{name}' depends on itself; remove that dependency")
-        digest = hashlib.sha256(source).hexdigest()[:12]
-        git = self._git_sha()
-        version = f"git:{git} src:{digest}" if git else f"src:{digest}"
-        return LoadedJob(job, path, version)
+        return LoadedJob(job, path, code_version(path.read_bytes(), self._git_sha()))
 
 
 def _with_name(job: Job, name: str) -> Job:

@@ -36,19 +36,15 @@ key (rows whose time is before the run's origin never count):
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.durations import duration_ms
-from riverbed.jobs.spec import _git_sha, _where
+from riverbed.jobs.spec import _NAME, _git_sha, code_version, import_file
 from riverbed.jobs.timerange.errors import SpecError
 
 if TYPE_CHECKING:
@@ -364,27 +360,9 @@ def load_spec(path: str | Path) -> LoadedSpec:
     if not path.is_file():
         raise SpecError(f"no spec file {path}; give the path to a .py file with `job = ...`")
     name = path.stem
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$", name):
+    if not _NAME.match(name):
         raise SpecError(f"{path}: the file's stem must be a Python name (it is the job's name)")
-    source = path.read_bytes()
-    module_name = f"riverbed_timerange_{name}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise SpecError(f"{path} cannot be imported as a Python module")
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SpecError as exc:
-        raise SpecError(f"{_where(exc, path)}: {exc}") from None
-    except (Exception, SystemExit) as exc:
-        raise SpecError(
-            f"{_where(exc, path)}: spec '{name}' failed to import: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        sys.modules.pop(module_name, None)
+    module = import_file(path, f"riverbed_timerange_{name}", f"spec '{name}'")
     job = getattr(module, "job", None)
     if not isinstance(job, TimeRangeJob):
         raise SpecError(f"{path} defines no `job = TimeRangeJob(...)`; add one")
@@ -395,6 +373,4 @@ def load_spec(path: str | Path) -> LoadedSpec:
         )
     # Relative paths are the caller's, like every path on a command line.
     job = replace(job, name=name, output=str(Path(job.output or f"output/{name}").resolve()))
-    digest = hashlib.sha256(source).hexdigest()[:12]
-    git = _git_sha(path.parent)
-    return LoadedSpec(job, path, f"git:{git} src:{digest}" if git else f"src:{digest}")
+    return LoadedSpec(job, path, code_version(path.read_bytes(), _git_sha(path.parent)))
