@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from riverbed.files import fsync_dir
+
 __all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
 
 
@@ -41,16 +43,8 @@ def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
         shutil.rmtree(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     os.rename(src, dst)
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Output:

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from riverbed.files import fsync_dir
 from riverbed.state.errors import CorruptStateError, StateError
 
 MANIFEST = "MANIFEST.riverbed.json"
@@ -60,14 +61,6 @@ class DurableStorage(ABC):
         seconds (younger ones may belong to a writer still at work); returns how many."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class FileStorage(DurableStorage):
     """Durable storage in a directory. ``fsync`` on every write: it is the source of truth."""
 
@@ -88,7 +81,7 @@ class FileStorage(DurableStorage):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def read(self, name: str) -> bytes:
         try:
@@ -136,14 +129,14 @@ class FileStorage(DurableStorage):
         manifest.write_text(json.dumps({"files": files}), encoding="utf-8")
         with open(manifest, "rb") as fh:
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if (final / MANIFEST).exists():
             shutil.rmtree(tmp)
             return
         if final.exists():
             shutil.rmtree(final)  # an incomplete leftover
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def download_dir(self, name: str, local: Path) -> None:
         src = self._path(name)

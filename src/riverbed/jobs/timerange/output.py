@@ -22,20 +22,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from riverbed.files import fsync_dir
 from riverbed.jobs.timerange.plan import chunk_label
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["Output"]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Output:
@@ -63,7 +56,7 @@ class Output:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def publish(self, token: str, start: int) -> int:
         """Move chunk ``start``'s staged files into place; returns how many were moved.
@@ -82,7 +75,7 @@ class Output:
                 os.replace(path, target)
             except FileNotFoundError:
                 continue
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
             moved += 1
         shutil.rmtree(staged, ignore_errors=True)
         return moved
