@@ -1,4 +1,5 @@
-"""``riverbed demo jobs`` as a new user runs it: real processes, two SIGKILLs."""
+"""``riverbed demo jobs`` and ``demo timerange`` as a new user runs them: real processes,
+SIGKILLs; and the time-range CLI's one-line errors."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
-    tmp_path: Path, subprocess_env: dict[str, str]
-) -> None:
-    env = {**subprocess_env, "RIVERBED_HOME": str(tmp_path / "home"), "COLUMNS": "140"}
+def demo(home: Path, env: dict[str, str], *args: str) -> str:
+    """Run ``riverbed demo ARGS`` with its home in ``home``; returns what it printed."""
+    env = {**env, "RIVERBED_HOME": str(home), "COLUMNS": "140"}
     out = subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", "demo", "jobs", "--days", "4"],
+        [sys.executable, "-m", "riverbed.cli.main", "demo", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -24,6 +24,13 @@ def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
     )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
+    return text
+
+
+def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    text = demo(tmp_path / "home", subprocess_env, "jobs", "--days", "4")
     assert "SIGKILL worker-" in text and "SIGKILL orchestrator-" in text
     assert "each day's usage published exactly once: yes" in text
     assert "orchestrator failover: yes" in text
@@ -35,21 +42,8 @@ def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
 def test_the_timerange_demo_resumes_after_a_sigkill_and_equals_one_pass(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    env = {
-        **subprocess_env,
-        "RIVERBED_HOME": str(tmp_path / "home"),
-        "COLUMNS": "140",
-        "RIVERBED_SPARK_MASTER": "local[2]",
-    }
-    out = subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", "demo", "timerange"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text
+    env = {**subprocess_env, "RIVERBED_SPARK_MASTER": "local[2]"}
+    text = demo(tmp_path / "home", env, "timerange")
     assert "SIGKILLed the driver after" in text
     assert "12 of 12, each once: yes" in text and "IDENTICAL" in text
     files = sorted((tmp_path / "home" / "demo-timerange" / "out" / "rows").glob("*/part.parquet"))

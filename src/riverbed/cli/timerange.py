@@ -65,9 +65,8 @@ def _spec(args: argparse.Namespace) -> Any:
     if getattr(args, "chunk", None):
         from riverbed.jobs.timerange.errors import SpecError
 
-        job = replace(spec.job, chunk=args.chunk)
-        try:
-            job.chunk_us  # noqa: B018 - validates
+        try:  # the spec validates its chunk when it is built
+            job = replace(spec.job, chunk=args.chunk)
         except SpecError as exc:
             raise SpecError(f"--chunk {args.chunk}: {exc}") from None
         spec = replace(spec, job=job)

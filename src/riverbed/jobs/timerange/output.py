@@ -93,12 +93,10 @@ class Output:
             if not folder.is_dir():
                 continue
             for entry in folder.iterdir():
-                name = entry.name
-                if name == pending or (kind == "carry" and name in keep):
+                if entry.name == pending or (kind == "carry" and entry.name in keep):
                     continue
-                if kind == "staging" or name not in keep:
-                    shutil.rmtree(entry, ignore_errors=True)
-                    removed += 1
+                shutil.rmtree(entry, ignore_errors=True)
+                removed += 1
         return removed
 
     def datasets(self) -> list[str]:
