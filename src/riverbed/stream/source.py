@@ -3,7 +3,10 @@
 Options: ``topic`` (required), ``log`` (URL, default ``RIVERBED_LOG`` /
 ``RIVERBED_HOME/log``), ``schema`` (DDL of the value fields, e.g.
 ``"user_id long, flag string"``; default: inferred from the first records),
-``startingOffsets`` (``earliest`` | ``latest``), ``maxRecordsPerBatch``.
+``startingOffsets`` (``earliest`` | ``latest``), ``maxRecordsPerBatch``. Batch reads
+also take ``ranges`` (JSON ``[[partition, start, end], ...]``: read just those offsets)
+and ``fromMs`` / ``toMs`` (keep records whose timestamp is in ``[fromMs, toMs)``; the
+others are dropped before their values are decoded).
 
 Columns: the value fields, then ``key`` (string), ``timestamp`` (event time),
 ``partition``, ``offset``, and ``_error`` — null for good records; for a record whose
@@ -20,7 +23,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -155,6 +158,7 @@ CHUNK = 50_000  # records per Arrow batch
 def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> Iterator[Any]:
     """Yield Arrow record batches of ``schema`` for one slice (runs on executors)."""
     log = _open(options)
+    lo, hi = options.get("fromms"), options.get("toms")
     try:
         topic = options["topic"]
         serde = log.serde(log.topic(topic).serde)
@@ -162,10 +166,42 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
             columns = log.storage.read_columns(
                 topic, part.partition, start, min(start + CHUNK, part.end)
             )
+            if lo is not None or hi is not None:
+                columns = _in_time(columns, lo, hi)
             if len(columns):
                 yield to_arrow(columns, part.partition, schema, serde)
     finally:
         log.close()
+
+
+@dataclass(frozen=True)
+class _Picked(Columns):
+    """Some records of a run of offsets (``Columns`` holds contiguous ones)."""
+
+    picked: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.picked
+
+
+def _in_time(columns: Columns, lo: str | None, hi: str | None) -> Columns:
+    ts = columns.timestamps_ms
+    keep = np.ones(len(ts), dtype=bool)
+    if lo is not None:
+        keep &= ts >= int(lo)
+    if hi is not None:
+        keep &= ts < int(hi)
+    if keep.all():
+        return columns
+    index = pa.array(np.flatnonzero(keep))
+    return _Picked(
+        columns.start,
+        ts[keep],
+        columns.keys.take(index),
+        columns.values.take(index),
+        picked=columns.offsets[keep],
+    )
 
 
 _FAST_TYPES = (LongType, IntegerType, DoubleType, StringType, BooleanType, TimestampType)
@@ -342,6 +378,15 @@ class BatchReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> Sequence[LogSlice]:
+        if self.options.get("ranges"):
+            ranges = self.options["ranges"]
+            try:
+                given = [LogSlice(int(p), int(s), int(e)) for p, s, e in json.loads(ranges)]
+            except (ValueError, TypeError) as exc:
+                raise ValueError(
+                    f"ranges must be JSON [[partition, start, end], ...], not {ranges!r}"
+                ) from exc
+            return [s for s in given if s.end > s.start] or [LogSlice(0, 0, 0)]
         log = _open(self.options)
         topic = self.options["topic"]
         slices = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from riverbed.jobs.timerange.driver import ChunkRecord, Driver, Event
 from riverbed.jobs.timerange.errors import (
+    BadInputError,
     FencedError,
     MissingInputError,
     RangeError,
@@ -26,11 +27,13 @@ from riverbed.jobs.timerange.spec import (
     Rolling,
     Rows,
     TimeRangeJob,
+    TopicInput,
     Tumbling,
     load_spec,
 )
 
 __all__ = [
+    "BadInputError",
     "ChunkRecord",
     "Cumulative",
     "Custom",
@@ -49,6 +52,7 @@ __all__ = [
     "SpecError",
     "TimeRangeError",
     "TimeRangeJob",
+    "TopicInput",
     "Tumbling",
     "format_time",
     "load_spec",

@@ -24,6 +24,7 @@ from riverbed.jobs.timerange.spec import (
     FunctionInput,
     ParquetInput,
     TimeRangeJob,
+    TopicInput,
     Tumbling,
     label,
 )
@@ -77,6 +78,10 @@ def read_input(spark: SparkSession, job: TimeRangeJob, lo: int, hi: int) -> Data
     inp = job.input
     if isinstance(inp, ParquetInput):
         return _where_in(job, _read_parquet(spark, job, inp, lo, hi), lo, hi)
+    if isinstance(inp, TopicInput):
+        from riverbed.jobs.timerange.topic import read_topic
+
+        return _where_in(job, read_topic(spark, job.name, job.time, inp, lo, hi), lo, hi)
     assert isinstance(inp, FunctionInput)
     return _where_in(job, inp.fn(spark, to_datetime(lo), to_datetime(hi)), lo, hi)
 

@@ -32,7 +32,12 @@ from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.session import Session
 from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
-from riverbed.jobs.timerange.errors import FencedError, RangeError
+from riverbed.jobs.timerange.errors import (
+    BadInputError,
+    FencedError,
+    RangeError,
+    raised_by_us,
+)
 from riverbed.jobs.timerange.output import Output
 from riverbed.jobs.timerange.plan import (
     Progress,
@@ -313,6 +318,11 @@ class Driver:
         frames = compute_chunk(spark, self.job, progress.origin, start, end, cumulative, tail)
         try:
             return self._stage(frames, progress, start, count, began)
+        except Exception as exc:
+            message = raised_by_us(exc)
+            if message is None:
+                raise
+            raise BadInputError(message) from None
         finally:
             frames.release()
 

@@ -7,14 +7,22 @@
     ├── FencedError             a driver lost its term: it may not advance or publish
     └── TimeRangeError
         ├── RangeError          from ≥ to, a chunk that does not divide, an edge off the grid
-        └── MissingInputError   an input partition the range needs does not exist
+        ├── MissingInputError   an input partition the range needs does not exist
+        └── BadInputError       an input row the job cannot use (a record off its schema)
 """
 
 from __future__ import annotations
 
 from riverbed.jobs.errors import FencedError, JobsError, SpecError
 
-__all__ = ["FencedError", "MissingInputError", "RangeError", "SpecError", "TimeRangeError"]
+__all__ = [
+    "BadInputError",
+    "FencedError",
+    "MissingInputError",
+    "RangeError",
+    "SpecError",
+    "TimeRangeError",
+]
 
 
 class TimeRangeError(JobsError):
@@ -27,3 +35,18 @@ class RangeError(TimeRangeError):
 
 class MissingInputError(TimeRangeError):
     """An input partition inside the range does not exist."""
+
+
+class BadInputError(TimeRangeError):
+    """An input row the job cannot use; nothing of its chunk is published."""
+
+
+def raised_by_us(exc: BaseException) -> str | None:
+    """The message of a ``raise_error`` riverbed put in a query (Spark wraps it in
+    ``[USER_RAISED_EXCEPTION] … SQLSTATE: P0001``), else ``None``."""
+    text = str(exc)
+    tag = "[USER_RAISED_EXCEPTION] "
+    if tag not in text or "time-range job '" not in text:
+        return None
+    message = text.split(tag, 1)[1]
+    return message.split(" SQLSTATE:", 1)[0].strip()

@@ -62,6 +62,7 @@ __all__ = [
     "Rolling",
     "Rows",
     "TimeRangeJob",
+    "TopicInput",
     "Tumbling",
     "load_spec",
 ]
@@ -243,13 +244,41 @@ class ParquetInput:
 
 
 @dataclass(frozen=True)
+class TopicInput:
+    """A riverbed topic, read by event time.
+
+    Columns: the value fields (``schema``, a Spark DDL string such as
+    ``"sensor_id string, value double"``; default: inferred from the first records),
+    ``key`` (the record key) and ``timestamp`` (the record's event time). With
+    ``time="timestamp"`` a chunk reads only the records whose event time can fall in
+    it (see :mod:`riverbed.jobs.timerange.topic`); with a time column from the value,
+    every chunk scans the whole topic. ``log`` is the log's URL (default
+    ``RIVERBED_LOG``). A record that does not fit the schema stops the run with an
+    error naming its partition and offset.
+    """
+
+    topic: str
+    log: str | None = None
+    schema: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise SpecError(f"TopicInput: topic must be a topic name, not {self.topic!r}")
+        if self.schema is not None and (not isinstance(self.schema, str) or not self.schema):
+            raise SpecError(
+                "TopicInput: schema must be a Spark DDL string "
+                "like 'sensor_id string, value double'"
+            )
+
+
+@dataclass(frozen=True)
 class FunctionInput:
     """Any ``fn(spark, start, end) -> DataFrame`` returning the rows of ``[start, end)``."""
 
     fn: Callable[[SparkSession, datetime, datetime], DataFrame]
 
 
-Input = ParquetInput | FunctionInput
+Input = ParquetInput | TopicInput | FunctionInput
 
 
 @dataclass(frozen=True)
@@ -270,11 +299,11 @@ class TimeRangeJob:
     def __post_init__(self) -> None:
         where = f"time-range job '{self.name}'" if self.name else "time-range job"
         inp = self.input
-        if not isinstance(inp, ParquetInput | FunctionInput):
+        if not isinstance(inp, ParquetInput | TopicInput | FunctionInput):
             if not callable(inp):
                 raise SpecError(
-                    f"{where}: input must be ParquetInput(...), FunctionInput(fn) or a "
-                    "function (spark, start, end) -> DataFrame"
+                    f"{where}: input must be ParquetInput(...), TopicInput(...), FunctionInput(fn) "
+                    "or a function (spark, start, end) -> DataFrame"
                 )
             object.__setattr__(self, "input", FunctionInput(inp))
         keys = (self.key,) if isinstance(self.key, str) else tuple(self.key)
