@@ -64,6 +64,18 @@ def main(ctx, work_ids):
 job = Job(main=main, chunk_size=1, kind="spark")
 """
 
+TIMERANGE = """
+from riverbed.jobs.timerange import Cumulative, ParquetInput, Rolling, TimeRangeJob
+
+metrics = TimeRangeJob(
+    input=ParquetInput("input", partition="hour"),
+    key="sensor", time="ts",
+    metrics=[Rolling("45min", "value", ["mean", "count"]), Cumulative("value", ["sum"])],
+    output="trout", chunk="1h",
+)
+job = metrics.as_job(start="2026-01-01", retries=1, retry_backoff=0)
+"""
+
 
 class Cluster:
     """Orchestrators and workers of one jobs setup, as child processes."""
@@ -74,6 +86,7 @@ class Cluster:
         (tmp / "jobs" / "effect.py").write_text(EFFECT)
         (tmp / "jobs" / "slow.py").write_text(SLOW)
         (tmp / "jobs" / "sparky.py").write_text(SPARKY)
+        (tmp / "jobs" / "readings.py").write_text(TIMERANGE)
         self.marks = tmp / "marks"
         self.marks.mkdir()
         self.home = tmp / "home"
@@ -351,3 +364,66 @@ def test_workers_ride_out_lost_database_connections(
         }
     finally:
         c.stop()
+
+
+@pytest.mark.spark
+def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TimeRangeJob.as_job``: each run drives the job up to its ``end``, resuming what
+    earlier runs published; a run whose input is not there yet fails (and is retried)
+    without publishing anything."""
+    import numpy as np
+    import pandas as pd
+
+    from riverbed.jobs.timerange import Output, load_spec
+    from riverbed.jobs.timerange.oracle import pandas_rows
+    from tests.jobs.test_timerange_spark import assert_same, write_input
+
+    start = pd.Timestamp("2026-01-01", tz="UTC")
+    rng = np.random.default_rng(4)
+    frame = pd.DataFrame(
+        {
+            "sensor": rng.integers(0, 4, 400),
+            "ts": start + pd.to_timedelta(rng.integers(0, 4 * 3600, 400), unit="s"),
+            "value": rng.integers(0, 100, 400) / 4,
+        }
+    )
+    for hour in range(4):
+        lo = start + pd.Timedelta(hours=hour)
+        part = frame[(frame.ts >= lo) & (frame.ts < lo + pd.Timedelta(hours=1))]
+        write_input(cluster.tmp / "input" / f"hour={lo:%Y-%m-%dT%H}", part)
+    cluster.orchestrator("o1")
+    cluster.worker("--kinds", "spark,python")
+    cp = connect(cluster.control)
+
+    def chunk_versions() -> dict[str, int]:
+        prefix = b"riverbed/timerange/readings/chunks/"
+        return {kv.key.decode().rsplit("/", 1)[1]: kv.version for kv in cp.get_prefix(prefix)}
+
+    first = cluster.cli("submit", "readings", "--kwarg", "end=2026-01-01T02:00")["run"]
+    until(lambda: run_state(cluster, first) != "MASTER", 240, "the first run to end")
+    assert run_state(cluster, first) == "DONE"
+    assert len(chunk_versions()) == 2
+
+    second = cluster.cli("submit", "readings", "--kwarg", "end=2026-01-01T04:00")["run"]
+    until(lambda: run_state(cluster, second) != "MASTER", 240, "the second run to end")
+    assert run_state(cluster, second) == "DONE"
+    versions = chunk_versions()
+    assert len(versions) == 4 and set(versions.values()) == {1}  # each chunk published once
+
+    # hour 4 has no input yet: the run fails on its last attempt, naming the partition
+    third = cluster.cli("submit", "readings", "--kwarg", "end=2026-01-01T05:00")["run"]
+    until(lambda: run_state(cluster, third) != "MASTER", 240, "the third run to end")
+    assert run_state(cluster, third) == "FAILED"
+    (chunk,) = cluster.queue.graph(third)
+    assert chunk["attempt"] == 2
+    assert "hour=2026-01-01T04 does not exist" in cluster.queue.get(chunk["id"])["error"]
+    assert len(chunk_versions()) == 4
+    cp.close()
+
+    monkeypatch.chdir(cluster.tmp)  # relative paths in a spec are the caller's, like the workers'
+    spec = load_spec(cluster.tmp / "jobs" / "readings.py")  # the CLI reads the same file
+    assert spec.job.output == str(cluster.tmp / "trout")
+    got = Output(str(cluster.tmp / "trout")).read("rows").to_pandas()
+    assert_same(got, pandas_rows(spec.job, frame), exact=False)

@@ -102,6 +102,8 @@ class Context:
     output: Output
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("riverbed.job"))
     home: Path | None = None
+    spec_path: Path | None = None  # the job's module
+    code_version: str | None = None  # what runs: git SHA and the module's hash
     _spark: Any = None
 
     def published(self, job: str, name: str) -> Path | None:

@@ -15,6 +15,7 @@ job group.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import traceback
@@ -86,6 +87,8 @@ class ChunkRunner:
                 master=req.get("master"),
                 output=Output(staging_dir(self.home, chunk_id, attempt)),
                 home=self.home,
+                spec_path=loaded.path,
+                code_version=loaded.code_version,
             )
             if loaded.spec.kind == "spark":
                 ctx._spark = self.spark()
@@ -106,6 +109,11 @@ def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str 
     """Entry point of an executor child (spawned by the worker)."""
     with contextlib.suppress(OSError):
         os.setpgrp()  # cancel kills the whole group, the job's own children included
+    # ctx.log (and riverbed's own INFO lines) go to fd 2: the attempt's log file.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("riverbed").addHandler(handler)
+    logging.getLogger("riverbed").setLevel(logging.INFO)
     spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
     runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config)
     while True:

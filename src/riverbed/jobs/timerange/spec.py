@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.durations import duration_ms
-from riverbed.jobs.spec import _NAME, _git_sha, code_version, import_file
+from riverbed.jobs.spec import _NAME, Job, _git_sha, code_version, import_file
 from riverbed.jobs.timerange.errors import SpecError
 
 if TYPE_CHECKING:
@@ -337,6 +337,13 @@ class TimeRangeJob:
     def chunk_us(self) -> int:
         return _us(self.chunk, "chunk")
 
+    def as_job(self, **options: Any) -> Job:
+        """This job as a job of the orchestrator (cron, dependencies, retries, workers):
+        see :func:`riverbed.jobs.timerange.job.as_job` for the options."""
+        from riverbed.jobs.timerange.job import as_job
+
+        return as_job(self, **options)
+
     @property
     def rolling(self) -> tuple[Rolling, ...]:
         return tuple(m for m in self.metrics if isinstance(m, Rolling))
@@ -393,8 +400,16 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(f"{path}: the file's stem must be a Python name (it is the job's name)")
     module = import_file(path, f"riverbed_timerange_{name}", f"spec '{name}'")
     job = getattr(module, "job", None)
+    if isinstance(job, Job):  # TimeRangeJob(...).as_job(...): a job of the orchestrator
+        from riverbed.jobs.timerange.job import TimeRangeMain
+
+        if isinstance(job.main, TimeRangeMain):
+            job = job.main.job
     if not isinstance(job, TimeRangeJob):
-        raise SpecError(f"{path} defines no `job = TimeRangeJob(...)`; add one")
+        raise SpecError(
+            f"{path} defines no `job = TimeRangeJob(...)` (or `TimeRangeJob(...).as_job(...)`); "
+            "add one"
+        )
     if job.name and job.name != name:
         raise SpecError(
             f"{path}: TimeRangeJob(name={job.name!r}) differs from the file's name '{name}'; "

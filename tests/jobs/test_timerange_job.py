@@ -1,0 +1,56 @@
+"""``TimeRangeJob.as_job``: a time-range job as a job of the orchestrator (no Spark here;
+tests/jobs/test_processes.py runs one under a real orchestrator and worker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.jobs import Job
+from riverbed.jobs.spec import Catalog
+from riverbed.jobs.timerange import ParquetInput, Rolling, SpecError, TimeRangeJob, load_spec
+from riverbed.jobs.timerange.job import TimeRangeMain
+from riverbed.jobs.timerange.plan import parse_time
+
+HOUR = 3_600_000_000
+JOB = TimeRangeJob(
+    input=ParquetInput("in"), key="k", time="t", metrics=[Rolling("1h", "v")], chunk="1h"
+)
+
+
+@given(st.integers(0, 10_000 * HOUR), st.integers(0, 5 * HOUR))
+def test_a_run_goes_up_to_the_last_chunk_edge_before_now_minus_delay(now: int, delay: int) -> None:
+    origin = parse_time("2026-01-01")
+    main = TimeRangeMain(JOB, origin, delay)
+    end = main.end_at(origin + now)
+    assert (end - origin) % HOUR == 0
+    assert end <= origin + now - delay < end + HOUR
+
+
+def test_as_job_is_a_spark_job_with_the_orchestrators_options() -> None:
+    job = JOB.as_job(start="2026-01-01", schedule="5 * * * *", retries=2, delay="10min")
+    assert isinstance(job, Job) and job.kind == "spark" and job.retries == 2
+    assert job.schedule is not None and job.schedule.cron == "5 * * * *"
+    assert isinstance(job.main, TimeRangeMain) and job.main.delay_us == 600_000_000
+    with pytest.raises(SpecError, match="as_job\\(start=...\\): cannot read time"):
+        JOB.as_job(start="yesterday-ish")
+    with pytest.raises(SpecError, match="as_job\\(delay=...\\)"):
+        JOB.as_job(start="2026-01-01", delay="soon")
+
+
+def test_the_same_file_is_a_job_and_a_time_range_spec(tmp_path: Path) -> None:
+    (tmp_path / "metrics.py").write_text(
+        "from riverbed.jobs.timerange import ParquetInput, Rolling, TimeRangeJob\n"
+        "job = TimeRangeJob(input=ParquetInput('in'), key='k', time='t',\n"
+        "                   metrics=[Rolling('1h', 'v')]).as_job(start='2026-01-01')\n"
+    )
+    loaded = Catalog(tmp_path).get("metrics")
+    assert isinstance(loaded.spec.main, TimeRangeMain)
+    spec = load_spec(tmp_path / "metrics.py")  # riverbed timerange status/run/reset
+    assert spec.name == "metrics" and spec.job.rolling[0].column == "v"
+    (tmp_path / "other.py").write_text("job = 3\n")
+    with pytest.raises(SpecError, match="as_job"):
+        load_spec(tmp_path / "other.py")
