@@ -35,9 +35,9 @@ def test_as_job_is_a_spark_job_with_the_orchestrators_options() -> None:
     assert isinstance(job, Job) and job.kind == "spark" and job.retries == 2
     assert job.schedule is not None and job.schedule.cron == "5 * * * *"
     assert isinstance(job.main, TimeRangeMain) and job.main.delay_us == 600_000_000
-    with pytest.raises(SpecError, match="as_job\\(start=...\\): cannot read time"):
+    with pytest.raises(SpecError, match=r"as_job\(start=...\): cannot read time"):
         JOB.as_job(start="yesterday-ish")
-    with pytest.raises(SpecError, match="as_job\\(delay=...\\)"):
+    with pytest.raises(SpecError, match=r"as_job\(delay=...\)"):
         JOB.as_job(start="2026-01-01", delay="soon")
 
 

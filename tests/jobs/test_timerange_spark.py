@@ -24,10 +24,12 @@ from hypothesis import strategies as st
 from riverbed.control import connect
 from riverbed.jobs.timerange import (
     Cumulative,
+    Custom,
     Driver,
     LoadedSpec,
     MissingInputError,
     ParquetInput,
+    Progress,
     RangeError,
     Rolling,
     Rows,
@@ -39,6 +41,7 @@ from riverbed.jobs.timerange import (
 )
 from riverbed.jobs.timerange.compute import one_pass
 from riverbed.jobs.timerange.oracle import pandas_rows
+from riverbed.jobs.timerange.spec import label
 
 T0 = parse_time("2026-01-01")
 START = pd.Timestamp("2026-01-01", tz="UTC")
@@ -151,6 +154,68 @@ def test_any_chunking_equals_one_pass_and_pandas(
         assert whole is not None
         assert_same(got, whole.toPandas(), exact=True)
         assert_same(got, pandas_rows(spec.job, frame), exact=False)
+
+
+def max_over_10min(df: Any) -> Any:
+    """A Custom metric: the max of the last 10 minutes, written in Spark by hand."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("sensor").orderBy(F.unix_micros("ts")).rangeBetween(-599_999_999, 0)
+    return df.withColumn("value_custom_max", F.max("value").over(w))
+
+
+@given(
+    events,
+    st.sampled_from(["10m", "15m", "30m", "1h"]),
+    st.sampled_from(["5min", "25min", "70min"]),
+    st.integers(1, 7),
+)
+@settings(
+    max_examples=5,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_chunks_computed_several_per_query_equal_one_pass(
+    spark: Any, rows: list[tuple[int, int, float | None]], chunk: str, window: str, batch: int
+) -> None:
+    """Jobs without carried state compute several chunks per Spark query (``batch``, any
+    size, cut short at the range's end): rolling, custom and tumbling outputs still equal
+    one pass exactly."""
+    frame = pd.DataFrame(
+        [(s, START + pd.Timedelta(seconds=sec), v) for s, sec, v in rows],
+        columns=["sensor", "ts", "value"],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        write_input(Path(tmp) / "in", frame)
+        job = TimeRangeJob(
+            input=ParquetInput(str(Path(tmp) / "in")),
+            key="sensor",
+            time="ts",
+            metrics=[
+                Rolling(window, "value", ["mean", "sum", "count", "max"], min_periods=2),
+                Custom(max_over_10min, lookback="10min"),
+            ],
+            tumbling=[Tumbling(chunk, "value", ["sum", "count"])],
+            chunk=chunk,
+        )
+        spec = spec_for(job, Path(tmp) / "out")
+        driver = Driver(spec, connect("memory://"), lambda: spark, ttl=5, batch=batch)
+        chunks = (2 * 3_600_000_000) // spec.job.chunk_us
+        progress = Progress(T0, spec.job.chunk_us, T0, T0 + 2 * 3_600_000_000)
+        assert driver.batch_size(progress, T0) == min(batch, chunks)
+        driver.run("2026-01-01T00:00Z", "2026-01-01T02:00Z")
+        whole = one_pass(spark, spec.job, T0, T0 + 2 * 3_600_000_000)
+        assert whole.rows is not None
+        assert_same(driver.output.read("rows").to_pandas(), whole.rows.toPandas(), exact=True)
+        size = label(spec.job.chunk_us)
+        got = driver.output.read(f"windows_{size}").to_pandas()
+        want = whole.windows[size].toPandas()
+        key = ["sensor", "window_start"]
+        got, want = (f.sort_values(key).reset_index(drop=True) for f in (got, want))
+        pd.testing.assert_frame_equal(got, want[got.columns], check_dtype=False)
+        assert len(list((Path(tmp) / "out" / "rows").iterdir())) == chunks  # one per chunk
 
 
 def test_tumbling_windows_equal_one_pass(spark: Any, tmp_path: Path) -> None:
