@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from riverbed.control import connect
 from riverbed.jobs.queue import JobQueue
-from riverbed.jobs.schema import chunks, meta
+from riverbed.jobs.schema import chunks, fires, meta
 
 pytestmark = pytest.mark.slow
 
@@ -251,6 +251,53 @@ def test_a_killed_orchestrator_is_replaced_and_the_new_one_grooms(cluster: Clust
     until(lambda: run_state(cluster, run) == "DONE", 60, "the run to finish")
     (chunk,) = cluster.queue.graph(run)
     assert chunk["attempt"] == 2  # reaped exactly once
+
+
+TICKER = """
+import os, pathlib
+from riverbed.jobs import Job
+
+def main(ctx, work_ids):
+    (pathlib.Path(os.environ["MARKS"]) / f"tick-{ctx.chunk_id}").touch()
+
+job = Job(main=main, schedule={"cron": "* * * * *", "grace": "10m"})
+"""
+
+
+def test_cron_fires_once_per_fire_time_across_an_orchestrator_failover(cluster: Cluster) -> None:
+    """o1 fires the current minute as it starts, records it, and is SIGKILLed; o2 takes
+    over, does not fire that minute again, and fires the next one."""
+    (cluster.tmp / "jobs" / "ticker.py").write_text(TICKER)
+
+    def fired() -> list[tuple[float, int]]:
+        with cluster.queue.db.read() as conn:
+            rows = conn.execute(
+                select(chunks.c.fire_time, chunks.c.id).where(
+                    chunks.c.kind == "master", chunks.c.job == "ticker"
+                )
+            ).all()
+        return sorted((float(t), int(i)) for t, i in rows)
+
+    first = cluster.orchestrator("o1")
+    until(fired, 30, "o1 to fire the current minute")
+    standby = cluster.orchestrator("o2")
+    time.sleep(1)
+    os.kill(first.pid, signal.SIGKILL)
+    cluster.worker()
+    until(lambda: len(fired()) >= 2, 90, "o2 to fire the next minute")
+    time.sleep(2)  # o2 keeps ticking: a second fire of either minute would show now
+    runs = fired()
+    assert len(runs) == 2
+    (t1, run1), (t2, run2) = runs
+    assert t2 - t1 == 60  # consecutive minutes, each fired once
+    with cluster.queue.db.read() as conn:
+        recorded = conn.execute(select(func.count()).select_from(fires)).scalar_one()
+    assert recorded == 2
+    until(lambda: all(run_state(cluster, r) == "DONE" for r in (run1, run2)), 60, "both runs")
+    assert len(cluster.marks_of("tick")) == 2
+    assert standby.poll() is None
+    with cluster.queue.db.read() as conn:
+        assert conn.execute(select(meta.c.leader)).scalar_one() == "o2"  # o2 fired the second
 
 
 def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(cluster: Cluster) -> None:
