@@ -253,6 +253,41 @@ def test_a_killed_orchestrator_is_replaced_and_the_new_one_grooms(cluster: Clust
     assert chunk["attempt"] == 2  # reaped exactly once
 
 
+@pytest.mark.etcd
+def test_orchestrators_and_workers_on_etcd_fail_over(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The same failover with the control plane on a real etcd: elections, worker leases
+    and the registry all live there."""
+    from riverbed.testing import EtcdServer
+
+    with EtcdServer() as etcd:
+        c = Cluster(tmp_path, subprocess_env)
+        c.control = c.env["RIVERBED_CONTROL"] = etcd.url
+        try:
+            first = c.orchestrator("o1")
+
+            def leader() -> str:
+                with c.queue.db.read() as conn:
+                    return str(conn.execute(select(meta.c.leader)).scalar_one_or_none())
+
+            until(lambda: leader() == "o1", 30, "o1 to lead")
+            c.orchestrator("o2")
+            os.kill(first.pid, signal.SIGKILL)
+            until(lambda: leader() == "o2", 30, "o2 to take over")
+            doomed = c.worker()
+            run = c.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=3")["run"]
+            until(lambda: c.marks_of("start"), 30, "the chunk to start")
+            os.kill(doomed.pid, signal.SIGKILL)  # its etcd lease ends; o2 reaps its chunk
+            c.worker()
+            until(lambda: run_state(c, run) == "DONE", 60, "the run to finish")
+            (chunk,) = c.queue.graph(run)
+            assert chunk["attempt"] == 2
+            assert published(c) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
+        finally:
+            c.stop()
+
+
 TICKER = """
 import os, pathlib
 from riverbed.jobs import Job
