@@ -73,12 +73,16 @@ class Raw:
     """One statement, compiled once, run on the DBAPI cursor of an open transaction."""
 
     def __init__(self, stmt: Any, dialect: str) -> None:
-        compiled = stmt.compile(dialect=_compiler(dialect))
         self.dialect = dialect
-        self.sql: str = compiled.string
+        self._row: Any = None
+        if isinstance(stmt, str):  # SQL written for this dialect (its own paramstyle)
+            self.sql: str = stmt
+            self.fixed: dict[str, Any] = {}
+            return
+        compiled = stmt.compile(dialect=_compiler(dialect))
+        self.sql = compiled.string
         # Values fixed when the statement was built (``state='RUNNING'``, the kinds …).
         self.fixed = {k: v for k, v in compiled.params.items() if not k.startswith("b_")}
-        self._row: Any = None
 
     def __repr__(self) -> str:
         return f"Raw({self.sql!r})"
@@ -211,7 +215,7 @@ class Hot:
         self.deps_done = Raw(
             update(chunks)
             .where(
-                chunks.c.id.in_(
+                self._id_in(
                     select(edges.c.downstream).where(edges.c.upstream == _b_id).scalar_subquery()
                 )
             )
@@ -226,7 +230,7 @@ class Hot:
         self.settle = Raw(
             update(chunks)
             .where(
-                chunks.c.id.in_(
+                self._id_in(
                     select(members.c.master).where(members.c.chunk == _b_id).scalar_subquery()
                 )
             )
@@ -238,8 +242,22 @@ class Hot:
             dialect,
         )
 
+        if dialect == "postgresql":
+            self.success: Raw | None = Raw(_pg_success(), dialect)
+        else:
+            self.success = None
+
     def __repr__(self) -> str:
         return f"Hot({self.dialect!r})"
+
+    def _id_in(self, ids: Any) -> Any:
+        """``chunks.id IN (ids)`` that stays an index lookup. PostgreSQL plans ``IN
+        (subquery)`` as a join, and with the row estimates of a freshly filled queue
+        that is a hash join over a sequential scan of every chunk — per completed chunk;
+        ``= ANY(ARRAY(subquery))`` runs the subquery once and probes the primary key."""
+        if self.dialect == "postgresql":
+            return chunks.c.id == func.any(func.array(ids))
+        return chunks.c.id.in_(ids)
 
     def _kinds(self, kinds: Sequence[str]) -> Any:
         return chunks.c.kind.in_([literal(k) for k in kinds])
@@ -333,6 +351,64 @@ class Hot:
     def claim_starts_attempts(self) -> bool:
         """Whether :meth:`claim` inserts the attempt rows itself."""
         return self.dialect == "postgresql"
+
+
+def _pg_success() -> str:
+    """The whole success path as one PostgreSQL statement (data-modifying CTEs).
+
+    The same effects as ``succeed``, ``attempt_done``, ``fresh``/``latest``,
+    ``deps_done`` and ``settle`` — one statement to send instead of six (in pipeline
+    mode each costs the client ~0.15 ms). Its two UPDATEs of rb_jobs_chunks touch
+    different rows (the chunk; its dependents and runs), as one statement requires.
+    ``done`` = 0 means the attempt is not ours: the caller rolls everything back.
+    One reading of the database clock (epoch seconds, as :func:`db_now`) for all of it.
+    """
+    return """
+WITH clock AS (
+    SELECT extract(epoch from clock_timestamp())::double precision AS now
+), done AS (
+    UPDATE rb_jobs_chunks SET state = 'DONE', finished_at = (SELECT now FROM clock),
+        error = NULL, output_attempt = %(b_output)s
+    WHERE id = %(b_id)s AND attempt = %(b_attempt)s AND state = 'RUNNING'
+    RETURNING id
+), attempt_done AS (
+    UPDATE rb_jobs_attempts SET state = 'DONE', finished_at = (SELECT now FROM clock),
+        error = NULL
+    WHERE chunk = %(b_id)s AND attempt = %(b_attempt)s
+), fresh AS (
+    INSERT INTO rb_jobs_freshness (job, kwargs, work_id, succeeded_at)
+    SELECT %(b_job)s, %(b_kwargs)s, w, (SELECT now FROM clock)
+    FROM unnest(%(b_work_ids)s::bigint[]) AS w
+    ON CONFLICT (job, kwargs, work_id) DO UPDATE SET succeeded_at = excluded.succeeded_at
+), latest AS (
+    INSERT INTO rb_jobs_latest (job, kwargs, succeeded_at)
+    SELECT %(b_job)s, %(b_kwargs)s, (SELECT now FROM clock)
+    WHERE cardinality(%(b_work_ids)s::bigint[]) = 0
+    ON CONFLICT (job, kwargs) DO UPDATE SET succeeded_at = excluded.succeeded_at
+), linked AS (
+    SELECT ARRAY(SELECT downstream FROM rb_jobs_edges WHERE upstream = %(b_id)s) AS down,
+           ARRAY(SELECT master FROM rb_jobs_members WHERE chunk = %(b_id)s) AS runs
+), counted AS (
+    -- One UPDATE for the dependents and the runs: a run's row is also a dependent of
+    -- its root chunks, and one statement may change a row only once.
+    UPDATE rb_jobs_chunks SET
+        deps_left = deps_left - (id = ANY((SELECT down FROM linked)::bigint[]))::int,
+        state = CASE WHEN id = ANY((SELECT down FROM linked)::bigint[]) AND deps_left = 1
+                          AND state = 'QUEUED' THEN 'PENDING' ELSE state END,
+        not_before = CASE WHEN id = ANY((SELECT down FROM linked)::bigint[]) AND deps_left = 1
+                               AND state = 'QUEUED' THEN (SELECT now FROM clock)
+                          ELSE not_before END,
+        active_left = active_left - (id = ANY((SELECT runs FROM linked)::bigint[]))::int
+    WHERE id = ANY((SELECT down || runs FROM linked)::bigint[])
+    RETURNING id, state, deps_left, active_left,
+        id = ANY((SELECT runs FROM linked)::bigint[]) AS run
+)
+SELECT (SELECT count(*) FROM done) AS done,
+       (SELECT count(*) FROM counted WHERE NOT run AND state = 'PENDING' AND deps_left = 0)
+           AS started,
+       (SELECT coalesce(array_agg(id), '{}') FROM counted WHERE run) AS settled_ids,
+       (SELECT coalesce(array_agg(active_left), '{}') FROM counted WHERE run) AS settled_left
+"""
 
 
 @functools.cache

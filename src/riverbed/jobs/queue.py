@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,10 @@ class Claim:
     timeout: float | None
     code_version: str
     kwargs_json: str = "{}"  # as stored: the freshness key
+
+
+_Settled = namedtuple("_Settled", ["id", "active_left"])
+ANALYZE_AFTER = 1000  # new chunks in one submission that refresh PostgreSQL's statistics
 
 
 class JobQueue(QueueReader):
@@ -160,7 +165,7 @@ class JobQueue(QueueReader):
         graph in one transaction; returns the master id and the plan written."""
         if conn is None:
             with self.db.write() as own:
-                return self.submit(
+                written = self.submit(
                     nodes,
                     plan_for,
                     policies,
@@ -169,6 +174,13 @@ class JobQueue(QueueReader):
                     fire_time=fire_time,
                     parent=parent,
                 )
+            if self.db.dialect == "postgresql" and len(written[1].new_chunks) >= ANALYZE_AFTER:
+                # A big submission changes the queue's shape at once; until autovacuum
+                # notices (a minute or more), plans assume the old row counts — the
+                # claim would sort every pending chunk instead of reading the index.
+                with self.db.write() as own:
+                    own.exec_driver_sql("ANALYZE rb_jobs_chunks, rb_jobs_edges, rb_jobs_members")
+            return written
         if self.db.dialect == "postgresql":
             # Submissions resolve against each other's chunks: one at a time.
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7201)")
@@ -447,6 +459,31 @@ class JobQueue(QueueReader):
         sql = self.hot
         ids = {"b_id": chunk_id, "b_attempt": attempt}
         key = {"b_job": job, "b_kwargs": kwargs_json}
+        if sql.success is not None:  # PostgreSQL: one statement, then the claim
+            with pipeline(conn):
+                success = sql.success.send(
+                    conn,
+                    {
+                        **ids,
+                        **key,
+                        "b_output": attempt if output else None,
+                        "b_work_ids": list(work_ids),
+                    },
+                )
+                claimed = self._send_claim(conn, *then_claim) if then_claim else None
+            (row,) = success.rows()
+            if not row.done:
+                raise FencedError(
+                    f"chunk {chunk_id} attempt {attempt} is no longer running under this "
+                    "claim (reclaimed, cancelled or already recorded); its result is discarded"
+                )
+            if row.started:
+                self.db.notify(conn)
+            self.moves.settled(
+                conn,
+                [_Settled(i, n) for i, n in zip(row.settled_ids, row.settled_left, strict=True)],
+            )
+            return self._claimed(conn, claimed) if claimed else []
         with pipeline(conn):
             done = sql.succeed.send(conn, {**ids, "b_output": attempt if output else None})
             sql.attempt_done.send(conn, ids)

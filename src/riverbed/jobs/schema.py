@@ -92,7 +92,12 @@ chunks = Table(
     Column("schedule", Text),
     Column("fire_time", Float),
 )
-Index("rb_jobs_claim", chunks.c.state, chunks.c.not_before, chunks.c.id)
+# Claims pick the lowest PENDING ids: a partial index of just the pending chunks, in id
+# order, answers ``ORDER BY id LIMIT n`` by reading n entries, however many chunks are
+# done (an index on (state, not_before, id) made every claim read and sort every pending
+# chunk; the primary key, every done one before them).
+_PENDING = chunks.c.state == "PENDING"
+Index("rb_jobs_pending", chunks.c.id, postgresql_where=_PENDING, sqlite_where=_PENDING)
 Index("rb_jobs_by_master", chunks.c.master)
 Index("rb_jobs_by_job", chunks.c.job, chunks.c.kwargs, chunks.c.state)
 
@@ -286,6 +291,12 @@ class Database:
         """Create the tables if missing; refuse a database of another schema version."""
         with self.write() as conn:
             metadata.create_all(conn)
+            # Indexes added since a database was created (create_all makes a table's
+            # indexes only with the table); the claim index they replace goes.
+            for table in metadata.tables.values():
+                for index in table.indexes:
+                    index.create(conn, checkfirst=True)
+            conn.execute(text("DROP INDEX IF EXISTS rb_jobs_claim"))
             row = conn.execute(select(meta.c.schema_version).where(meta.c.id == 1)).first()
             if row is None:
                 conn.execute(
