@@ -335,10 +335,15 @@ def test_cron_fires_once_per_fire_time_across_an_orchestrator_failover(cluster: 
         assert conn.execute(select(meta.c.leader)).scalar_one() == "o2"  # o2 fired the second
 
 
-def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(cluster: Cluster) -> None:
+@pytest.mark.parametrize("prefetch", ["0", "8"])
+def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(
+    cluster: Cluster, prefetch: str
+) -> None:
+    """With ``--prefetch 8`` the workers hold chunks ahead and record short successes
+    in batches; every effect is still recorded and published exactly once."""
     cluster.orchestrator("o1")
     for _ in range(3):
-        cluster.worker("--concurrency", "2")
+        cluster.worker("--concurrency", "2", "--prefetch", prefetch)
     run = cluster.cli("submit", "effect", "--work-ids", "1-40", "--kwarg", "fail_on=13")["run"]
     until(lambda: run_state(cluster, run) != "MASTER", 90, "the run to end")
     rows = cluster.queue.graph(run)
@@ -351,6 +356,29 @@ def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(cluster: Clu
     assert ids == [w for w in range(1, 41) if w != 13]  # each effect exactly once
     starts = cluster.marks_of("start")
     assert len(starts) == len(set(starts))
+
+
+def test_a_batching_worker_killed_with_unrecorded_successes_loses_no_effect(
+    cluster: Cluster,
+) -> None:
+    """A worker that holds successes for its next batch is SIGKILLed: those chunks are
+    reaped and rerun (their first attempt never recorded, never published), and every
+    work id's effect is published exactly once."""
+    cluster.orchestrator("o1")
+    doomed = cluster.worker("--prefetch", "8")
+    run = cluster.cli("submit", "effect", "--work-ids", "1-200", "--kwarg", "sleep=0.01")["run"]
+    until(lambda: len(cluster.marks_of("end")) >= 30, 60, "thirty chunks to end")
+    os.kill(doomed.pid, signal.SIGKILL)
+    cluster.worker("--prefetch", "8")
+    until(lambda: run_state(cluster, run) != "MASTER", 120, "the run to end")
+    assert run_state(cluster, run) == "DONE"
+    rows = cluster.queue.graph(run)
+    outputs = published(cluster)
+    assert sorted(outputs) == sorted(r["id"] for r in rows)
+    assert sorted(w for o in outputs.values() for w in o["ids"]) == list(range(1, 201))
+    for r in rows:  # the published output is the recorded attempt's
+        assert outputs[r["id"]]["attempt"] == r["output_attempt"] == r["attempt"]
+    assert any(r["attempt"] == 2 for r in rows)  # some were rerun after the kill
 
 
 def test_cancel_stops_the_running_code(cluster: Cluster) -> None:

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,32 @@ def test_a_fenced_success_changes_nothing_and_claims_nothing(queue: JobQueue) ->
     assert state(queue, old.id) == "PENDING"  # re-queued, not DONE, not claimed by the zombie
     assert [a["state"] for a in queue.get(old.id)["attempts"]] == ["FAILED"]  # reaped
     assert queue.fresh_ids("X", "{}") == {}
+
+
+def test_a_batch_of_successes_records_the_ours_and_skips_a_fenced_one(queue: JobQueue) -> None:
+    """``succeed_many_and_claim`` (a worker's batch of short chunks): every success
+    whose attempt is still ours is recorded — freshness, dependents, the run — and a
+    reclaimed one in the middle changes nothing, not even the run's count."""
+    specs = {"A": job("A", None, Dependency("B")), "B": job("B", 1)}
+    master = submit(queue, specs, "A", [1, 2, 3, 4], {"B": Policy(max_attempts=3, backoff=0)})
+    queue.fence(1, "orch")
+    b1, b2 = queue.claim("w1", "h", limit=2)
+    queue.reap(1, lambda: set(), stale_after=60)  # b1 and b2 reclaimed: attempt 1 is stale
+    b1, b2, b3, b4 = sorted(queue.claim("w2", "h", limit=4), key=lambda c: c.id)
+    stale = [c for c in (b1, b2) if c.attempt == 2]
+    assert len(stale) == 2
+    zombie = replace(b2, attempt=1)
+    fenced, more = queue.succeed_many_and_claim(
+        [(b1, True), (zombie, False), (b3, False)], "w2", "h", limit=5
+    )
+    assert fenced == [b2.id] and more == []  # A still waits for b2 and b4
+    assert sorted(queue.fresh_ids("B", "{}")) == [1, 3]
+    assert queue.get(b1.id)["output_attempt"] == 2 and state(queue, b2.id) == "RUNNING"
+    assert queue.get(master)["active_left"] == 3  # b1, b3 counted; not the zombie
+    fenced, more = queue.succeed_many_and_claim([(b2, False), (b4, False)], "w2", "h", limit=5)
+    assert fenced == [] and [c.job for c in more] == ["A"]  # promoted and claimed at once
+    assert queue.succeed_many_and_claim([(more[0], False)], "w2", "h", limit=1) == ([], [])
+    assert state(queue, master) == "DONE"
 
 
 def test_reaping_counts_against_the_retry_limit_and_says_why(queue: JobQueue) -> None:

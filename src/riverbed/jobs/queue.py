@@ -443,6 +443,24 @@ class JobQueue(QueueReader):
                 (worker, host, limit, kinds) if limit > 0 else None,
             )
 
+    def succeed_many_and_claim(
+        self,
+        ended: Sequence[tuple[Claim, bool]],
+        worker: str,
+        host: str,
+        limit: int,
+        kinds: Sequence[str] = ("python", "spark"),
+    ) -> tuple[list[int], list[Claim]]:
+        """Record the successes ``ended`` ((claim, output) pairs) and claim up to
+        ``limit`` more, in one transaction. Returns the ids whose attempt was no longer
+        ours (nothing of theirs is recorded; the others are) and the new claims. A
+        worker with many short chunks pays one transaction per batch, not per chunk."""
+        with self.db.write() as conn:
+            then = (worker, host, limit, kinds) if limit > 0 else None
+            oks, claimed = self._record_successes(conn, ended, then)
+            fenced = [c.id for (c, _), ok in zip(ended, oks, strict=True) if not ok]
+            return fenced, (self._claimed(conn, claimed) if claimed else [])
+
     def _succeed(
         self,
         conn: Connection,
@@ -454,57 +472,73 @@ class JobQueue(QueueReader):
         work_ids: Sequence[int],
         then_claim: tuple[str, str, int, Sequence[str]] | None = None,
     ) -> list[Claim]:
-        # Everything is sent before the fencing check is read: if the attempt is not
-        # ours, FencedError rolls the whole transaction back.
-        sql = self.hot
-        ids = {"b_id": chunk_id, "b_attempt": attempt}
-        key = {"b_job": job, "b_kwargs": kwargs_json}
-        if sql.success is not None:  # PostgreSQL: one statement, then the claim
-            with pipeline(conn):
-                success = sql.success.send(
-                    conn,
-                    {
-                        **ids,
-                        **key,
-                        "b_output": attempt if output else None,
-                        "b_work_ids": list(work_ids),
-                    },
-                )
-                claimed = self._send_claim(conn, *then_claim) if then_claim else None
-            (row,) = success.rows()
-            if not row.done:
-                raise FencedError(
-                    f"chunk {chunk_id} attempt {attempt} is no longer running under this "
-                    "claim (reclaimed, cancelled or already recorded); its result is discarded"
-                )
-            if row.started:
-                self.db.notify(conn)
-            self.moves.settled(
-                conn,
-                [_Settled(i, n) for i, n in zip(row.settled_ids, row.settled_left, strict=True)],
-            )
-            return self._claimed(conn, claimed) if claimed else []
-        with pipeline(conn):
-            done = sql.succeed.send(conn, {**ids, "b_output": attempt if output else None})
-            sql.attempt_done.send(conn, ids)
-            if work_ids:  # one row per work id; a chunk's ids are its own, no contention
-                sql.fresh.many(conn, [{**key, "b_work_id": w} for w in work_ids])
-            else:  # a run without work ids: the job's one "latest success" row
-                sql.latest.send(conn, key)
-            ready = sql.deps_done.send(conn, {"b_id": chunk_id})
-            claimed = self._send_claim(conn, *then_claim) if then_claim else None
-            # Last: the run's row is the one every chunk of the run updates; its row
-            # lock is held only from here to the commit.
-            settled = sql.settle.send(conn, {"b_id": chunk_id, "b_failed": 0})
-        if not done.rows():
+        claim = Claim(chunk_id, None, job, "", {}, list(work_ids), attempt, None, "", kwargs_json)
+        (ok,), claimed = self._record_successes(conn, [(claim, output)], then_claim)
+        if not ok:  # nothing was changed; the transaction is rolled back all the same
             raise FencedError(
                 f"chunk {chunk_id} attempt {attempt} is no longer running under this "
                 "claim (reclaimed, cancelled or already recorded); its result is discarded"
             )
-        if any(r.state == "PENDING" and r.deps_left == 0 for r in ready.rows()):
-            self.db.notify(conn)
-        self.moves.settled(conn, settled.rows())
         return self._claimed(conn, claimed) if claimed else []
+
+    def _record_successes(
+        self,
+        conn: Connection,
+        ended: Sequence[tuple[Claim, bool]],
+        then_claim: tuple[str, str, int, Sequence[str]] | None = None,
+    ) -> tuple[list[bool], tuple[Pending, str, str] | None]:
+        """Record each success whose attempt is still ours (True), skip the others
+        (False, nothing of theirs changed). With ``then_claim``, the claim is sent in
+        the same round trip; its rows come back for :meth:`_claimed`."""
+        sql = self.hot
+        oks: list[bool] = []
+        started = False
+        settled: list[Any] = []
+        if sql.success is not None:  # PostgreSQL: one statement per chunk, pipelined
+            with pipeline(conn):
+                sent = [
+                    sql.success.send(
+                        conn,
+                        {
+                            "b_id": c.id,
+                            "b_attempt": c.attempt,
+                            "b_job": c.job,
+                            "b_kwargs": c.kwargs_json,
+                            "b_output": c.attempt if output else None,
+                            "b_work_ids": list(c.work_ids),
+                        },
+                    )
+                    for c, output in ended
+                ]
+                claimed = self._send_claim(conn, *then_claim) if then_claim else None
+            for pending in sent:
+                (row,) = pending.rows()
+                oks.append(bool(row.done))
+                started |= bool(row.started)
+                settled += [
+                    _Settled(i, n) for i, n in zip(row.settled_ids, row.settled_left, strict=True)
+                ]
+        else:  # SQLite answers each statement at once: check the fence first
+            for c, output in ended:
+                ids = {"b_id": c.id, "b_attempt": c.attempt}
+                key = {"b_job": c.job, "b_kwargs": c.kwargs_json}
+                if not sql.succeed(conn, {**ids, "b_output": c.attempt if output else None}):
+                    oks.append(False)
+                    continue
+                oks.append(True)
+                sql.attempt_done(conn, ids)
+                if c.work_ids:  # one row per work id; a chunk's ids are its own
+                    sql.fresh.many(conn, [{**key, "b_work_id": w} for w in c.work_ids])
+                else:  # a run without work ids: the job's one "latest success" row
+                    sql.latest(conn, key)
+                ready = sql.deps_done(conn, {"b_id": c.id})
+                started |= any(r.state == "PENDING" and r.deps_left == 0 for r in ready)
+                settled += sql.settle(conn, {"b_id": c.id, "b_failed": 0})
+            claimed = self._send_claim(conn, *then_claim) if then_claim else None
+        if started:
+            self.db.notify(conn)
+        self.moves.settled(conn, settled)
+        return oks, claimed
 
     def release(self, chunk_id: int, attempt: int) -> None:
         """A worker stopping on purpose gives a running chunk back: PENDING again, and

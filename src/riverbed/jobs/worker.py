@@ -13,8 +13,13 @@ A worker's life:
    one ran under ``prefetch_below`` seconds) the worker also holds up to ``prefetch``
    claimed chunks; when an executor answers, a held chunk starts at once and the
    answer is recorded while it runs. A held chunk is RUNNING in the database,
-   heartbeated, cancellable, and released when the worker stops. Off by default: a
-   held chunk waits even when another worker is free.
+   heartbeated, cancellable, and released when the worker stops. With ``prefetch`` ≥ 2
+   the successes of short chunks are also recorded in batches: one transaction records
+   every short chunk that ended since the last one and claims the next ``prefetch`` —
+   while chunks still run, so the executor never waits for the database. Until then
+   an ended chunk is heartbeated like a running one; if the worker dies first, its
+   chunks are reaped and rerun (their staged output was never published). Off by
+   default: a held chunk waits even when another worker is free.
 3. Heartbeat every ``heartbeat`` seconds: a chunk answered ``lost`` (reclaimed) or
    ``cancel`` is stopped by killing its executor; a chunk past its timeout too.
 4. An answer is recorded only for the current attempt (``succeed`` / ``fail`` raise
@@ -144,6 +149,9 @@ class WorkerStats:
     ids: list[int] = field(default_factory=list)
 
 
+DEFER_AT_MOST = 0.05  # seconds a deferred success waits for its batch
+
+
 class Worker:
     """Runs chunks of the queue until stopped (see the module doc)."""
 
@@ -190,6 +198,9 @@ class Worker:
         # (still heartbeated, so they are not reaped while the database is away).
         self._unrecorded: list[tuple[_Slot, dict[str, Any] | None]] = []
         self._short = False  # the last chunk finished under prefetch_below seconds
+        # Short chunks that succeeded, recorded together at the next flush (prefetch ≥ 2).
+        self._deferred: list[tuple[_Slot, dict[str, Any]]] = []
+        self._deferred_since = 0.0
         self._mp = multiprocessing.get_context("spawn")
 
     def __repr__(self) -> str:
@@ -313,6 +324,51 @@ class Worker:
         shutil.rmtree(staged, ignore_errors=True)
         return []
 
+    def _defers(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
+        """Whether this ended chunk's success waits for a batch (see the module doc)."""
+        return (
+            self.prefetch >= 2
+            and answer is not None
+            and bool(answer.get("ok"))
+            and slot.stopping is None
+            and self.clock() - slot.started < self.prefetch_below
+        )
+
+    def _flush(self, claim_more: bool) -> list[Claim]:
+        """Record the deferred successes in one transaction and claim the next chunks."""
+        batch, self._deferred = self._deferred, []
+        if not batch:
+            return []
+        self._short = True
+        more = self._want() if claim_more else 0
+        ended = [(slot.claim, bool(answer.get("output"))) for slot, answer in batch]
+        try:
+            fenced, claims = self.queue.succeed_many_and_claim(
+                ended, self.id, self.host, more, self.kinds
+            )
+        except QueueError as exc:  # retried one by one, as any unrecorded end
+            for slot, answer in batch:
+                slot.retries += 1
+                self._unrecorded.append((slot, answer))
+            log.warning("recording %d chunks failed (%s); retrying", len(batch), exc)
+            return []
+        for slot, answer in batch:
+            claim = slot.claim
+            if claim.id in fenced:
+                self.stats.fenced += 1
+                log.warning(
+                    "chunk %s attempt %s is no longer ours; nothing recorded or published",
+                    claim.id,
+                    claim.attempt,
+                )
+                shutil.rmtree(staging_dir(self.home, claim.id, claim.attempt), ignore_errors=True)
+                continue
+            self.stats.done += 1
+            self.stats.ids.append(claim.id)
+            if answer.get("output") and publish(self.home, claim.job, claim.id, claim.attempt):
+                self.queue.mark_materialized(claim.id)
+        return claims
+
     def _recorded_before(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
         """After a database error, the first attempt to record a success may have
         committed after all: then publish its output instead of discarding it."""
@@ -339,6 +395,7 @@ class Worker:
         held = [(cid, s.claim.attempt) for cid, s in self._slots.items() if s.stopping is None]
         held += [(c.id, c.attempt) for c in self._held]
         held += [(s.claim.id, s.claim.attempt) for s, _ in self._unrecorded]
+        held += [(s.claim.id, s.claim.attempt) for s, _ in self._deferred]
         statuses = self.queue.heartbeat(self.id, held)
         for claim in list(self._held):
             status = statuses.get(claim.id, "ok")
@@ -400,6 +457,7 @@ class Worker:
                             self._kill(slot.executor)
                             self._finish(slot, None)
                         self._held.clear()  # ours no longer: the orchestrator reaps them
+                        self._deferred.clear()  # likewise: reaped and rerun
                         session.close(revoke=False)
                         session = Session(self.cp, ttl=self.ttl)
                         self._register(session)
@@ -408,6 +466,8 @@ class Worker:
                     while self._held and len(self._slots) < self.concurrency:
                         self._start(self._held.popleft())
                     want = self._want()
+                    if self.prefetch >= 2 and self._held:
+                        want = 0  # work in hand: topped up in batches, when successes flush
                     claimed = 0
                     # After a claim that found work, claim again straight away; otherwise
                     # look first (a read) so idle workers do not queue for the write lock.
@@ -416,13 +476,23 @@ class Worker:
                             self._take(claim)
                             claimed += 1
                         hot = claimed > 0
-                    if until is not None and not self._slots and not self._held and until():
+                    if (
+                        until is not None
+                        and not self._slots
+                        and not self._held
+                        and not self._deferred
+                        and until()
+                    ):
                         break
                     wait_for = max(0.0, next_beat - self.clock())
                     if len(self._slots) < self.concurrency:  # idle: when does backed-off work wake?
                         retry = self.queue.next_retry()
                         if retry is not None:
                             wait_for = min(wait_for, retry)
+                    if self._deferred:  # recorded within DEFER_AT_MOST, whatever runs next
+                        wait_for = min(
+                            wait_for, max(0.0, self._deferred_since + DEFER_AT_MOST - self.clock())
+                        )
                     pipes = {s.executor.conn: s for s in self._slots.values()}
                     ready = wait([*pipes, waker.read_fd], timeout=wait_for)
                     waker.drain()
@@ -440,7 +510,22 @@ class Worker:
                         self._slots.pop(slot.claim.id, None)
                         if self._held:  # start the held chunk first, record while it runs
                             self._start(self._held.popleft())
-                        for claim in self._finish(slot, answer, claim_more=not stop.is_set()):
+                        if self._defers(slot, answer):
+                            if not self._deferred:
+                                self._deferred_since = self.clock()
+                            self._deferred.append((slot, answer))
+                            if self._held and len(self._deferred) < self.prefetch:
+                                continue  # work in hand: record with the next ones
+                            claims = self._flush(claim_more=not stop.is_set())
+                        else:
+                            claims = self._finish(slot, answer, claim_more=not stop.is_set())
+                        for claim in claims:
+                            self._take(claim)
+                            hot = True
+                    if self._deferred and (
+                        not self._held or self.clock() >= self._deferred_since + DEFER_AT_MOST
+                    ):
+                        for claim in self._flush(claim_more=not stop.is_set()):
                             self._take(claim)
                             hot = True
                     if self.clock() >= next_beat:
@@ -454,6 +539,9 @@ class Worker:
                     log.warning("jobs database error (%s); retrying in %.2fs", exc, backoff)
                     stop.wait(backoff)
         finally:
+            if self._deferred:  # what still fails is reaped and rerun
+                with contextlib.suppress(QueueError):
+                    self._flush(claim_more=False)
             for slot in list(self._slots.values()):
                 self._kill(slot.executor)
                 with contextlib.suppress(FencedError, QueueError):
