@@ -1,11 +1,11 @@
 """The jobs queue: throughput, dependency latency, and big submissions, in one run.
 
-    .venv/bin/python benchmarks/jobs.py [--chunks 2000] [--chains 10] [--ids 100000]
+    .venv/bin/python benchmarks/jobs.py [--chunks 5000] [--chains 10] [--ids 100000]
 
 1. **Throughput**: no-op chunks claimed → run (in a worker's executor process) →
    recorded DONE, per second, with 1, 2 and 4 worker processes, on SQLite and on
    PostgreSQL — workers as started by default (``--prefetch 0``: each success recorded
-   on its own, with the next claim) and with ``--prefetch 8`` (short chunks held ahead,
+   on its own, with the next claim) and with ``--prefetch 16`` (short chunks held ahead,
    successes recorded in batches). **Baseline**: a bare claim loop on the same
    database with the same number of processes — ``UPDATE … WHERE id = (SELECT …
    FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING`` then ``UPDATE … SET state = 'done'``
@@ -276,14 +276,14 @@ def bench(name: str, url: str, root: Path, args: argparse.Namespace) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--chunks", type=int, default=2000)
+    parser.add_argument("--chunks", type=int, default=5000)
     parser.add_argument("--chains", type=int, default=10)
     parser.add_argument("--ids", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=1, help="executors per worker")
     parser.add_argument(
         "--prefetch",
         type=int,
-        default=8,
+        default=16,
         help="chunks held ahead per worker, measured beside prefetch 0 (≥ 2: batched records)",
     )
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
