@@ -47,8 +47,10 @@ def test_torn_tail_is_reported_and_truncated_keeping_every_whole_batch(
     with caplog.at_level(logging.WARNING, logger="riverbed.log.file"):
         meta = reopened.producer("t").send({"i": 15})
     assert meta.offset == 15
-    assert "torn or corrupt batch" in caplog.text
+    assert "unfinished batch" in caplog.text
     assert segment.stat().st_size > whole  # truncated back, then appended
+    aside = segment.with_name(f"{segment.stem}.torn-{whole}")  # kept, not dropped
+    assert aside.read_bytes() == b"\x00\x00\x01\x00garbage-half-written"
     assert [r.value["i"] for r in reopened.iter_records("t", 0)] == list(range(16))
 
 
@@ -61,8 +63,12 @@ def test_corruption_inside_a_closed_segment_is_an_error_not_silence(tmp_path: Pa
     data = bytearray(first.read_bytes())
     data[40] ^= 0xFF
     first.write_bytes(bytes(data))
-    with pytest.raises(CorruptLogError, match="closed segment"):
+    with pytest.raises(
+        CorruptLogError, match=f"bad batch at byte 0 of {first}; offsets 0..0 cannot be read"
+    ) as caught:
         list(log.iter_records("t", 0))
+    assert caught.value.damage.start == 0  # the first batch is the damaged one
+    assert "riverbed topic skip t 0 0 1" in str(caught.value)
 
 
 def test_retention_by_size_drops_whole_old_segments(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from riverbed.cli._common import Subcommands, shared_options
 from riverbed.config import load_config
 from riverbed.control import connect
 from riverbed.log import Log, LogError, Record
+from riverbed.log.base import Damage, PartitionReport
 from riverbed.log.group import describe_group
 from riverbed.log.group.consumer import list_groups
 
@@ -71,9 +72,34 @@ def add_parsers(sub: Any) -> None:
     c.set_defaults(func=_topic_create)
     c = cmds.add_parser("list", help="list topics")
     c.set_defaults(func=_topic_list)
-    c = cmds.add_parser("describe", help="configuration and offsets per partition")
+    c = cmds.add_parser(
+        "describe", help="configuration, offsets per partition, damage and skipped ranges"
+    )
     c.add_argument("name")
+    c.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not read every batch to check it (faster on big topics)",
+    )
     c.set_defaults(func=_topic_describe)
+    c = cmds.add_parser("verify", help="check every batch and index of a topic (or all)")
+    c.add_argument("name", nargs="?", help="the topic (default: every topic)")
+    c.add_argument(
+        "--rebuild-indexes",
+        action="store_true",
+        help="rewrite every index from its segment (fixes a corrupt index; the log is untouched)",
+    )
+    c.set_defaults(func=_topic_verify)
+    c = cmds.add_parser(
+        "skip",
+        help="let readers read past a damaged range of offsets (recorded in the topic)",
+    )
+    c.add_argument("name")
+    c.add_argument("partition", type=int)
+    c.add_argument("start", type=int, help="first damaged offset")
+    c.add_argument("end", type=int, help="first offset after the damage")
+    c.add_argument("--reason", required=True, help="why, for whoever reads describe later")
+    c.set_defaults(func=_topic_skip)
     c = cmds.add_parser("add-partitions", help="grow a topic to N partitions")
     c.add_argument("name")
     c.add_argument("--partitions", type=int, required=True)
@@ -153,7 +179,10 @@ def _topic_list(args: argparse.Namespace) -> int:
 def _topic_describe(args: argparse.Namespace) -> int:
     log = _log(args)
     config = log.topic(args.name)
+    reports = None if args.no_verify else log.storage.verify(args.name)
     offsets = log.offsets(args.name)
+    damaged = [d for r in reports or () for d in r.damage]
+    problems = [q for r in reports or () for q in r.index_problems]
     if args.json:
         print(
             json.dumps(
@@ -162,10 +191,15 @@ def _topic_describe(args: argparse.Namespace) -> int:
                     "offsets": [
                         {"partition": o.partition, "start": o.start, "end": o.end} for o in offsets
                     ],
+                    "verified": reports is not None,
+                    "damage": [
+                        _damage_json(r.partition, d) for r in reports or () for d in r.damage
+                    ],
+                    "index_problems": problems,
                 }
             )
         )
-        return 0
+        return 1 if damaged or problems else 0
     out.print(
         f"[bold]{config.name}[/bold]  partitioner={config.partitioner} "
         f"serde={config.serde} fsync={config.fsync}"
@@ -176,6 +210,104 @@ def _topic_describe(args: argparse.Namespace) -> int:
     for o in offsets:
         table.add_row(str(o.partition), str(o.start), str(o.end), str(o.end - o.start))
     out.print(table)
+    for skip in config.skipped:
+        out.print(
+            f"skipped: partition {skip.partition} offsets {skip.start}..{skip.end - 1} "
+            f"({skip.reason})"
+        )
+    if reports is None:
+        out.print("not verified (--no-verify)")
+    elif damaged or problems:
+        _print_damage(args.name, reports)
+        return 1
+    else:
+        out.print("every batch verified")
+    return 0
+
+
+def _damage_json(partition: int, damage: Damage) -> dict[str, Any]:
+    return {
+        "partition": partition,
+        "file": damage.path,
+        "byte": damage.position,
+        "start": damage.start,
+        "end": damage.span_end,
+        "readable_after": damage.resume is not None and damage.end is not None,
+    }
+
+
+def _print_damage(topic: str, reports: list[PartitionReport]) -> None:
+    for r in reports:
+        for d in r.damage:
+            out.print(f"[red]damaged:[/red] partition {r.partition}: {d.describe()}")
+            out.print(
+                f"  to read past it: riverbed topic skip {topic} {r.partition} "
+                f"{d.start} {d.span_end} --reason '...'",
+                soft_wrap=True,
+            )
+        for q in r.index_problems:
+            out.print(f"[red]bad index:[/red] {q}", soft_wrap=True)
+            out.print(f"  fix: riverbed topic verify {topic} --rebuild-indexes")
+
+
+def _topic_verify(args: argparse.Namespace) -> int:
+    log = _log(args)
+    names = [args.name] if args.name else log.topics()
+    bad = 0
+    results = {}
+    for name in names:
+        reports = log.storage.verify(name, rebuild_indexes=args.rebuild_indexes)
+        results[name] = reports
+        bad += sum(1 for r in reports if not r.ok)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    name: [
+                        {
+                            "partition": r.partition,
+                            "start": r.start,
+                            "end": r.end,
+                            "batches": r.batches,
+                            "bytes": r.bytes,
+                            "damage": [_damage_json(r.partition, d) for d in r.damage],
+                            "skipped": [_damage_json(r.partition, d) for d in r.skipped],
+                            "index_problems": list(r.index_problems),
+                            "torn_tail_bytes": r.torn_tail,
+                        }
+                        for r in reports
+                    ]
+                    for name, reports in results.items()
+                }
+            )
+        )
+        return 1 if bad else 0
+    for name, reports in results.items():
+        batches = sum(r.batches for r in reports)
+        size = sum(r.bytes for r in reports)
+        state = "[green]ok[/green]" if all(r.ok for r in reports) else "[red]DAMAGED[/red]"
+        out.print(f"{name}: {state}  {batches:,} batches, {size:,} bytes checked")
+        for r in reports:
+            for d in r.skipped:
+                out.print(f"  partition {r.partition}: skipped as recorded: {d.describe()}")
+            if r.torn_tail:
+                out.print(
+                    f"  partition {r.partition}: {r.torn_tail} bytes of an unfinished append "
+                    "at the end (set aside by the next append)"
+                )
+        _print_damage(name, reports)
+    return 1 if bad else 0
+
+
+def _topic_skip(args: argparse.Namespace) -> int:
+    config = _log(args).storage.skip(args.name, args.partition, args.start, args.end, args.reason)
+    if args.json:
+        print(json.dumps(config.to_dict()))
+    else:
+        out.print(
+            f"partition {args.partition} of {args.name}: readers now read past offsets "
+            f"{args.start}..{args.end - 1} where they are damaged"
+        )
     return 0
 
 

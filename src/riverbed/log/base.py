@@ -10,6 +10,53 @@ from typing import Any, Literal
 
 from riverbed.log.records import Columns, RawRecord
 
+
+@dataclass(frozen=True)
+class Damage:
+    """A stretch of a partition that cannot be read: where, and which offsets."""
+
+    path: str
+    position: int  # byte of the first bad batch in ``path``
+    start: int  # first offset that cannot be read
+    end: int | None  # first readable offset after it (None: not known — a damaged tail)
+    resume: int | None  # byte where readable batches start again in ``path``
+    upper: int | None = None  # a damaged tail: no offset at or past this was written
+
+    def describe(self) -> str:
+        if self.end is not None:
+            span = f"offsets {self.start}..{self.end - 1} cannot be read"
+        else:
+            span = (
+                f"offsets from {self.start} (fewer than {self.upper}) cannot be read, and "
+                "nothing readable follows"
+            )
+        return f"bad batch at byte {self.position} of {self.path}; {span}"
+
+    @property
+    def span_end(self) -> int:
+        """The end of the offsets a skip must cover."""
+        end = self.end if self.end is not None else self.upper
+        assert end is not None
+        return end
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    partition: int
+    start: int
+    end: int
+    batches: int = 0
+    bytes: int = 0
+    damage: tuple[Damage, ...] = ()  # not covered by a skip
+    skipped: tuple[Damage, ...] = ()  # covered by a recorded skip
+    index_problems: tuple[str, ...] = ()
+    torn_tail: int = 0  # bytes of an unfinished append at the end (truncated on next append)
+
+    @property
+    def ok(self) -> bool:
+        return not self.damage and not self.index_problems
+
+
 Fsync = Literal["batch", "interval", "never"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 
@@ -23,6 +70,21 @@ def check_topic_name(name: str) -> None:
 
 
 @dataclass(frozen=True)
+class SkippedRange:
+    """Offsets [start, end) of one partition that an operator chose to read past after
+    they were found corrupt (``riverbed topic skip``). Readers consult it only where a
+    damaged batch stops them, so a skip never hides a readable record."""
+
+    partition: int
+    start: int
+    end: int
+    reason: str = ""
+
+    def covers(self, partition: int, start: int, end: int) -> bool:
+        return partition == self.partition and self.start <= start and end <= self.end
+
+
+@dataclass(frozen=True)
 class TopicConfig:
     name: str
     partitions: int
@@ -33,6 +95,15 @@ class TopicConfig:
     retention_ms: int | None = None
     fsync: Fsync = "batch"
     fsync_interval_ms: int = 1000
+    skipped: tuple[SkippedRange, ...] = ()
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> TopicConfig:
+        skipped = tuple(SkippedRange(**s) for s in data.get("skipped", ()))
+        return TopicConfig(**{**data, "skipped": skipped})
+
+    def skips(self, partition: int) -> tuple[SkippedRange, ...]:
+        return tuple(s for s in self.skipped if s.partition == partition)
 
     def __post_init__(self) -> None:
         check_topic_name(self.name)
@@ -44,7 +115,10 @@ class TopicConfig:
             raise ValueError("segment_bytes must be at least 1024")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.skipped:
+            del data["skipped"]  # topic.json stays as it was for healthy topics
+        return data
 
 
 class LogStorage(ABC):
@@ -92,6 +166,16 @@ class LogStorage(ABC):
     @abstractmethod
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(first retained offset, next offset to be written)."""
+
+    def verify(self, topic: str, rebuild_indexes: bool = False) -> list[PartitionReport]:
+        """Check every stored batch of ``topic``. Storages that cannot be damaged on
+        disk report each partition's offsets."""
+        config = self.topic_config(topic)
+        return [PartitionReport(p, *self.offsets(topic, p)) for p in range(config.partitions)]
+
+    def skip(self, topic: str, partition: int, start: int, end: int, reason: str) -> TopicConfig:
+        """Record that readers may read past damaged offsets [start, end) of a partition."""
+        raise ValueError(f"{self.url} topics cannot be damaged on disk; there is nothing to skip")
 
     @abstractmethod
     def enforce_retention(self, topic: str) -> int:

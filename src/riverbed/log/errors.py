@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from riverbed.errors import RiverbedError
 
 
@@ -23,7 +25,10 @@ class TopicExistsError(LogError):
 
 
 class CorruptLogError(LogError):
-    """A segment failed its checksum or framing in the middle of a partition."""
+    """Stored bytes failed their checksum or framing where whole data was expected;
+    ``damage`` (a :class:`riverbed.log.base.Damage`, when known) says which offsets."""
+
+    damage: Any = None
 
 
 class SerdeError(LogError):

@@ -11,14 +11,22 @@ Appends (many processes may append to one partition):
 
 1. take the partition's ``flock`` (and a thread lock: flock is per open file);
 2. catch up with appends other processes made since ours (stat + scan new frames);
-   the first time, *recover*: a torn or corrupt tail left by a crashed writer is
-   reported and truncated back to the last whole batch;
+   the first time, *recover*: a torn tail left by a crashed writer (a bad batch with
+   nothing readable after it) is moved to ``<base>.torn-<byte>`` beside the segment and
+   cut off, with a warning;
 3. roll to a new segment if this one is full (and apply retention), write the frame
    with one ``write`` on an ``O_APPEND`` descriptor, add an index entry every
    ``INDEX_EVERY`` bytes, ``fsync`` per the topic's policy; release the lock.
 
-Readers take no lock. They stop at the first frame that is short or fails its CRC —
-a batch still being written does not exist yet.
+Readers take no lock. A bad frame (short, or failing its CRC) with nothing readable
+after it, at the end of the newest segment, is an append still being written (or a
+crashed writer's torn tail): it does not exist yet. Any other bad frame is *damage*:
+readable batches follow it (found by resynchronising on the next frame whose header,
+offsets and CRC check out), or it is in a closed segment, or the segment's index
+shows the partition had gone past it. Damage raises :class:`CorruptLogError` naming
+the file, the byte and the offsets — unless an operator recorded a skip for exactly
+those offsets (``riverbed topic skip``), which readers then step over. A skip never
+hides a readable record: it is consulted only where a damaged batch stops a reader.
 """
 
 from __future__ import annotations
@@ -38,7 +46,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from riverbed.log.base import LogStorage, TopicConfig, check_topic_name
+import numpy as np
+
+from riverbed.log.base import (
+    Damage,
+    LogStorage,
+    PartitionReport,
+    SkippedRange,
+    TopicConfig,
+    check_topic_name,
+)
 from riverbed.log.errors import (
     CorruptLogError,
     OffsetOutOfRangeError,
@@ -46,6 +63,8 @@ from riverbed.log.errors import (
     TopicNotFoundError,
 )
 from riverbed.log.records import (
+    PREFIX_SIZE,
+    BatchHeader,
     ColumnBatch,
     Columns,
     RawRecord,
@@ -96,15 +115,131 @@ def _mapped(path: Path) -> Iterator[memoryview]:
                 view.release()
 
 
-def _scan(buf: memoryview, pos: int, next_offset: int) -> tuple[int, int]:
-    """Walk whole frames from ``pos``; returns (position after the last whole frame,
-    next offset)."""
+_HEADER = PREFIX_SIZE + 12  # length, crc, base offset, count
+_MIN_RECORD_BYTES = 4  # no stored record takes fewer bytes (bounds a damaged tail's offsets)
+
+
+def _next_valid(buf: memoryview, pos: int, at: int) -> tuple[int, BatchHeader] | None:
+    """The first whole batch after byte ``pos`` whose offsets start at ``at`` or later:
+    resynchronising after a damaged batch. Candidates (plausible length, base offset
+    and count at every byte) are found with numpy; only they are CRC-checked."""
+    size = len(buf)
+    q0, step = pos + 1, 1 << 20
+    while q0 + _HEADER <= size:
+        n = min(step, size - _HEADER - q0 + 1)
+        qs = np.arange(q0, q0 + n, dtype=np.int64)
+        lengths = np.ndarray((n,), ">u4", buffer=buf, offset=q0, strides=(1,)).astype(np.int64)
+        bases = np.ndarray((n,), ">u8", buffer=buf, offset=q0 + 8, strides=(1,)).astype(np.uint64)
+        counts = np.ndarray((n,), ">u4", buffer=buf, offset=q0 + 16, strides=(1,)).astype(np.int64)
+        plausible = (
+            (lengths >= _HEADER - 4)
+            & (qs + 4 + lengths <= size)
+            & (bases >= np.uint64(at))
+            & (bases < np.uint64(at + 2**40))
+            & (counts > 0)
+        )
+        for c in np.flatnonzero(plausible).tolist():
+            header = read_header(buf, q0 + c)
+            if header is not None:
+                return q0 + c, header
+        q0 += n
+    return None
+
+
+@dataclass(frozen=True)
+class _Torn:
+    """An unfinished append at the end of the newest segment."""
+
+    position: int
+    size: int
+
+
+def _frames(
+    path: Path,
+    buf: memoryview,
+    pos: int,
+    at: int,
+    *,
+    next_base: int | None,
+    index: Sequence[tuple[int, int]],
+) -> Iterator[tuple[int, BatchHeader] | Damage | _Torn]:
+    """Walk a segment from byte ``pos`` (where offset ``at`` starts): every whole batch as
+    (position, header), every damaged stretch as a :class:`Damage` (then on, after it,
+    where the segment has more), and an unfinished tail as :class:`_Torn`.
+    ``next_base`` is the next segment's first offset (None: this is the newest)."""
     while True:
         header = read_header(buf, pos)
-        if header is None:
-            return pos, next_offset
-        pos += header.size
-        next_offset = header.next_offset
+        if header is not None and header.base_offset == at:
+            yield pos, header
+            pos, at = pos + header.size, header.next_offset
+            continue
+        if header is None and pos >= len(buf):
+            if next_base is not None and at != next_base:
+                if at > next_base:
+                    raise CorruptLogError(
+                        f"{path} ends at offset {at} but the next segment starts at "
+                        f"{next_base}: segments overlap"
+                    )
+                yield Damage(str(path), pos, at, next_base, None)  # batches missing
+            return
+        damage: Damage | None
+        if header is not None:  # whole, but not the offsets that follow
+            if header.base_offset < at:
+                raise CorruptLogError(
+                    f"{path}: the batch at byte {pos} holds offsets from "
+                    f"{header.base_offset}, but {at} was expected there: batches overlap"
+                )
+            damage = Damage(str(path), pos, at, header.base_offset, pos)
+        else:
+            damage = _damage(path, buf, pos, at, next_base=next_base, index=index)
+            if damage is None:
+                yield _Torn(pos, len(buf) - pos)
+                return
+        yield damage
+        if damage.resume is None or damage.end is None:
+            return
+        pos, at = damage.resume, damage.end
+
+
+def _damage(
+    path: Path,
+    buf: memoryview,
+    pos: int,
+    at: int,
+    *,
+    next_base: int | None,
+    index: Sequence[tuple[int, int]],
+) -> Damage | None:
+    """What the bad frame at ``pos`` is: damage (with the offsets it hides), or None for
+    a torn tail — nothing readable after it in the newest segment and no index entry
+    showing the partition had gone past it."""
+    found = _next_valid(buf, pos, at)
+    if found is not None:
+        q, header = found
+        return Damage(str(path), pos, at, header.base_offset, q)
+    if next_base is not None:
+        return Damage(str(path), pos, at, next_base, len(buf))
+    if any(p > pos and o > at for o, p in index):
+        # an index entry is written just before its batch: the batch at pos was whole
+        upper = at + (len(buf) - pos) // _MIN_RECORD_BYTES + 1
+        return Damage(str(path), pos, at, None, None, upper=upper)
+    return None
+
+
+def _refuse(topic: str, partition: int, damage: Damage) -> CorruptLogError:
+    after = (
+        f"Readable batches follow at byte {damage.resume}, so nothing after them is lost. "
+        if damage.resume is not None and damage.end is not None
+        else ""
+    )
+    error = CorruptLogError(
+        f"{topic}/{partition} is damaged: {damage.describe()}. {after}"
+        f"Find every damaged range: `riverbed topic verify {topic}`; to read past this "
+        f"one: `riverbed topic skip {topic} {partition} {damage.start} {damage.span_end}` "
+        "(docs/log.md, 'When a topic is damaged')."
+    )
+    error.damage = damage
+    return error
 
 
 @dataclass
@@ -113,6 +248,8 @@ class _Writer:
 
     directory: Path
     lockfile: int
+    topic: str
+    partition: int
     mutex: threading.Lock = field(default_factory=threading.Lock)
     base: int = 0  # active segment
     fd: int = -1
@@ -136,6 +273,7 @@ class FileLogStorage(LogStorage):
         self._writers: dict[tuple[str, int], _Writer] = {}
         self._configs: dict[str, TopicConfig] = {}
         self._lock = threading.Lock()
+        self._reported: set[tuple[str, int]] = set()
 
     # -- topics -------------------------------------------------------------------------
     def _topic_dir(self, name: str) -> Path:
@@ -166,7 +304,7 @@ class FileLogStorage(LogStorage):
             raise TopicNotFoundError(name) from None
         except ValueError as exc:
             raise CorruptLogError(f"{path} is not valid JSON ({exc})") from exc
-        config = TopicConfig(**data)
+        config = TopicConfig.from_dict(data)
         self._configs[name] = config
         return config
 
@@ -188,14 +326,113 @@ class FileLogStorage(LogStorage):
                 )
             for p in range(config.partitions, partitions):
                 (directory / str(p)).mkdir(exist_ok=True)
-            new = replace(config, partitions=partitions)
-            tmp = directory / f".topic.json.{uuid.uuid4().hex}"
-            tmp.write_text(json.dumps(new.to_dict(), indent=2))
-            os.replace(tmp, directory / "topic.json")
-            self._configs[name] = new
-            return new
+            return self._write_config(replace(config, partitions=partitions))
         finally:
             os.close(fd)
+
+    def _write_config(self, config: TopicConfig) -> TopicConfig:
+        directory = self._topic_dir(config.name)
+        tmp = directory / f".topic.json.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps(config.to_dict(), indent=2))
+        os.replace(tmp, directory / "topic.json")
+        self._configs[config.name] = config
+        return config
+
+    def skip(self, topic: str, partition: int, start: int, end: int, reason: str) -> TopicConfig:
+        if not 0 <= start < end:
+            raise ValueError(f"a skipped range needs 0 <= start < end, got {start}..{end}")
+        fd = os.open(self._topic_dir(topic) / "topic.json", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            config = self.topic_config(topic)
+            if not 0 <= partition < config.partitions:
+                raise ValueError(
+                    f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
+                )
+            added = SkippedRange(partition, start, end, reason)
+            return self._write_config(replace(config, skipped=(*config.skipped, added)))
+        finally:
+            os.close(fd)
+
+    # -- damage -------------------------------------------------------------------------
+    def _skip_for(self, topic: str, partition: int, damage: Damage) -> SkippedRange | None:
+        config = self.topic_config(topic)  # fresh: another process may have recorded it
+        for skip in config.skipped:
+            if skip.covers(partition, damage.start, damage.span_end):
+                return skip
+        return None
+
+    def _noted(self, topic: str, partition: int, damage: Damage) -> None:
+        key = (damage.path, damage.position)
+        if key not in self._reported:
+            self._reported.add(key)
+            log.error("%s", _refuse(topic, partition, damage))
+
+    def _start_at(
+        self,
+        topic: str,
+        path: Path,
+        buf: memoryview,
+        base: int,
+        entry: tuple[int, int],
+        strict: bool,
+    ) -> tuple[int, int]:
+        """Where to walk from for an index entry (offset, byte), checked: the entry when
+        a batch of that offset starts there (or it is the end of the whole batches: an
+        entry written just before an append that never came). A wrong entry raises
+        (``strict``) or falls back to the segment's start with a warning."""
+        o, p = entry
+        header = read_header(buf, p) if p < len(buf) else None
+        if header is not None and header.base_offset == o:
+            return p, o
+        pos, at = 0, base
+        while pos < p:
+            h = read_header(buf, pos)
+            if h is None or h.base_offset != at:
+                return 0, base  # damage before the entry: walked (and reported) from 0
+            pos, at = pos + h.size, h.next_offset
+        if pos == p and at == o:
+            return p, o  # the entry is right; what is at p is damaged or unwritten
+        index = _seg_path(path.parent, base, ".index")
+        message = (
+            f"{index}: its entry for offset {o} points at byte {p}, where no batch of that "
+            "offset starts — the index is corrupt (the log itself may be whole). Rebuild "
+            f"the indexes: `riverbed topic verify {topic} --rebuild-indexes`"
+        )
+        if strict:
+            raise CorruptLogError(message)
+        log.warning("%s; reading the segment from its start meanwhile", message)
+        return 0, base
+
+    def _walk_tail(
+        self,
+        topic: str,
+        partition: int,
+        path: Path,
+        buf: memoryview,
+        pos: int,
+        at: int,
+        index: Sequence[tuple[int, int]],
+    ) -> tuple[int, int, bool]:
+        """Walk the newest segment to its end: (byte after the last whole batch, next
+        offset, whether a torn tail follows). Damage with readable batches after it is
+        logged and stepped over (readers raise on it); a damaged tail is appended past
+        from the end of a recorded skip, else :class:`CorruptLogError`."""
+        for item in _frames(path, buf, pos, at, next_base=None, index=index):
+            if isinstance(item, _Torn):
+                return item.position, at, True
+            if isinstance(item, Damage):
+                if item.end is not None and item.resume is not None:
+                    self._noted(topic, partition, item)
+                    pos, at = item.resume, item.end
+                    continue
+                skip = self._skip_for(topic, partition, item)
+                if skip is None:
+                    raise _refuse(topic, partition, item)
+                return len(buf), max(skip.end, at), False
+            p, header = item
+            pos, at = p + header.size, header.next_offset
+        return pos, at, False
 
     def _config(self, topic: str) -> TopicConfig:
         config = self._configs.get(topic)
@@ -220,7 +457,7 @@ class FileLogStorage(LogStorage):
                 directory = self._partition_dir(topic, partition)
                 directory.mkdir(exist_ok=True)
                 lockfile = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-                writer = _Writer(directory, lockfile)
+                writer = _Writer(directory, lockfile, topic, partition)
                 self._writers[key] = writer
             return writer
 
@@ -244,23 +481,30 @@ class FileLogStorage(LogStorage):
         size = os.stat(path).st_size
         if w.fd >= 0 and last == w.base and size == w.size:
             return
-        if w.fd < 0 or last != w.base:
-            index = _read_index(w.directory, last)
-            pos, offset = (index[-1][1], index[-1][0]) if index else (0, last)
-            if pos > size:  # index ahead of a truncated file
-                pos, offset = 0, last
-        else:
-            pos, offset = w.size, w.next_offset
+        index = _read_index(w.directory, last)
         with _mapped(path) as buf:
-            end, next_offset = _scan(buf, pos, offset)
-        if end < size:
-            # We hold the lock, so no writer is mid-append: these bytes are torn.
+            if w.fd >= 0 and last == w.base:
+                pos, offset = w.size, w.next_offset
+            elif index:
+                pos, offset = self._start_at(w.topic, path, buf, last, index[-1], strict=False)
+            else:
+                pos, offset = 0, last
+            end, next_offset, torn = self._walk_tail(
+                w.topic, w.partition, path, buf, pos, offset, index
+            )
+            kept = bytes(buf[end:]) if torn else b""
+        if torn:
+            # We hold the lock, so no writer is mid-append: these bytes are a crashed
+            # append's. Kept beside the segment, never silently dropped.
+            aside = path.with_name(f"{path.stem}.torn-{end}")
+            aside.write_bytes(kept)
             log.warning(
-                "%s: %d bytes after offset %d are a torn or corrupt batch (a writer "
-                "crashed mid-append?); truncating them — every whole batch before is kept",
+                "%s: %d bytes after offset %d are an unfinished batch (a writer crashed "
+                "mid-append?); moved to %s — every whole batch before is kept",
                 path,
                 size - end,
                 next_offset,
+                aside,
             )
             os.truncate(path, end)
             self._trim_index(w.directory, last, end)
@@ -365,35 +609,40 @@ class FileLogStorage(LogStorage):
                 f"(first retained: {segments[0]})"
             )
         i = bisect.bisect_right(segments, offset) - 1
-        for n, base in enumerate(segments[i:]):
-            last = i + n == len(segments) - 1
+        for k in range(i, len(segments)):
+            base = segments[k]
+            next_base = segments[k + 1] if k + 1 < len(segments) else None
             path = _seg_path(directory, base)
             index = _read_index(directory, base)
             j = bisect.bisect_right(index, (offset, 2**64)) - 1
-            pos, at = (index[j][1], index[j][0]) if j >= 0 else (0, base)
             try:
                 mapped = _mapped(path)
                 buf = mapped.__enter__()
             except FileNotFoundError:  # removed by retention meanwhile
                 continue
             try:
-                while True:
-                    header = read_header(buf, pos)
-                    if header is None:
-                        if not last and pos < len(buf):
-                            raise CorruptLogError(
-                                f"{path}: invalid batch at byte {pos} in a closed segment"
-                            )
+                pos, at = (
+                    self._start_at(topic, path, buf, base, index[j], strict=True)
+                    if j >= 0
+                    else (0, base)
+                )
+                for item in _frames(path, buf, pos, at, next_base=next_base, index=index):
+                    if isinstance(item, _Torn):
                         break
+                    if isinstance(item, Damage):
+                        if item.end is not None and item.end <= offset:
+                            continue  # before what was asked for
+                        if self._skip_for(topic, partition, item) is None:
+                            raise _refuse(topic, partition, item)
+                        continue
+                    p, header = item
                     if header.next_offset > offset:
-                        yield header.base_offset, decode_batch(buf, pos, header)
-                    pos += header.size
-                    at = header.next_offset
+                        yield header.base_offset, decode_batch(buf, p, header)
             finally:
                 mapped.__exit__(None, None, None)
-            if last:
+            if next_base is None:
                 return
-            offset = max(offset, at)
+            offset = max(offset, next_base)
 
     def read(
         self, topic: str, partition: int, offset: int, max_records: int
@@ -409,15 +658,18 @@ class FileLogStorage(LogStorage):
 
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
         chunks: list[ColumnBatch] = []
+        bases: list[int] = []  # a skipped damaged range leaves a gap
         for base, batch in self._batches(topic, partition, start):
             if base >= end:
                 break
-            chunk = batch.slice(max(0, start - base), end - base)
+            skip = max(0, start - base)
+            chunk = batch.slice(skip, end - base)
             if len(chunk):
                 chunks.append(chunk)
+                bases.append(base + skip)
             if base + len(batch) >= end:
                 break
-        return Columns.concat(start, chunks)
+        return Columns.concat(start, chunks, bases)
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)
@@ -425,13 +677,96 @@ class FileLogStorage(LogStorage):
         if not segments:
             return 0, 0
         last = segments[-1]
+        path = _seg_path(directory, last)
         index = _read_index(directory, last)
-        pos, offset = (index[-1][1], index[-1][0]) if index else (0, last)
-        with _mapped(_seg_path(directory, last)) as buf:
-            if pos > len(buf):
-                pos, offset = 0, last
-            _, end = _scan(buf, pos, offset)
+        with _mapped(path) as buf:
+            pos, at = (
+                self._start_at(topic, path, buf, last, index[-1], strict=False)
+                if index
+                else (0, last)
+            )
+            _, end, _ = self._walk_tail(topic, partition, path, buf, pos, at, index)
         return segments[0], end
+
+    def verify(self, topic: str, rebuild_indexes: bool = False) -> list[PartitionReport]:
+        config = self.topic_config(topic)
+        reports = []
+        for p in range(config.partitions):
+            if rebuild_indexes:
+                w = self._writer(topic, p)
+                with self._locked(w):
+                    reports.append(self._verify_partition(topic, p, rebuild=True))
+            else:
+                reports.append(self._verify_partition(topic, p, rebuild=False))
+        return reports
+
+    def _verify_partition(self, topic: str, partition: int, rebuild: bool) -> PartitionReport:
+        directory = self._partition_dir(topic, partition)
+        segments = _segments(directory)
+        batches = nbytes = torn = 0
+        damage: list[Damage] = []
+        skipped: list[Damage] = []
+        problems: list[str] = []
+        at = segments[0] if segments else 0
+        for k, base in enumerate(segments):
+            next_base = segments[k + 1] if k + 1 < len(segments) else None
+            path = _seg_path(directory, base)
+            index = _read_index(directory, base)
+            starts: dict[int, int] = {}  # byte -> first offset of each whole batch
+            pos, at = 0, base
+            with _mapped(path) as buf:
+                nbytes += len(buf)
+                for item in _frames(path, buf, 0, base, next_base=next_base, index=index):
+                    if isinstance(item, _Torn):
+                        torn += item.size
+                    elif isinstance(item, Damage):
+                        skip = self._skip_for(topic, partition, item)
+                        (damage if skip is None else skipped).append(item)
+                        starts[item.position] = item.start  # an entry may point there
+                        if item.end is not None and item.resume is not None:
+                            pos, at = item.resume, item.end
+                        elif skip is not None:
+                            at = max(at, skip.end)
+                    else:
+                        q, header = item
+                        starts[q] = header.base_offset
+                        batches += 1
+                        pos, at = q + header.size, header.next_offset
+            index_path = _seg_path(directory, base, ".index")
+            previous = -1
+            for o, q in index:
+                if o < previous:
+                    problems.append(f"{index_path}: entries out of order at offset {o}")
+                elif starts.get(q) != o and not (next_base is None and q >= pos and o == at):
+                    problems.append(
+                        f"{index_path}: entry for offset {o} points at byte {q}, where no "
+                        "batch of that offset starts"
+                    )
+                previous = o
+            if rebuild and (problems or not index_path.exists()):
+                entries, last_start = [], -INDEX_EVERY
+                for q, o in sorted(starts.items()):  # as appends write them
+                    if q - last_start >= INDEX_EVERY:
+                        entries.append(_ENTRY.pack(o, q))
+                        last_start = q
+                tmp = index_path.with_name(f".{index_path.name}.{uuid.uuid4().hex}")
+                tmp.write_bytes(b"".join(entries))
+                os.replace(tmp, index_path)
+                log.warning("%s: rebuilt (%d entries)", index_path, len(entries))
+        first = segments[0] if segments else 0
+        if rebuild:
+            problems = []  # rebuilt
+        return PartitionReport(
+            partition,
+            first,
+            at,
+            batches,
+            nbytes,
+            tuple(damage),
+            tuple(skipped),
+            tuple(problems),
+            torn,
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -226,29 +226,47 @@ def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Colu
 
 @dataclass(frozen=True)
 class Columns:
-    """Records [start, start + len) of a partition column by column, for vectorized
-    readers (the Spark source, the stream engine). Offsets are contiguous."""
+    """Records of a partition from offset ``start`` on, column by column, for vectorized
+    readers (the Spark source, the stream engine). Offsets are contiguous unless
+    ``picked`` lists them (a filtered read, or a read across a skipped damaged range)."""
 
     start: int
     timestamps_ms: np.ndarray  # int64 ms
     keys: pa.BinaryArray  # null where a record has no key
     values: pa.BinaryArray
+    picked: np.ndarray | None = None  # int64 offsets of the records, when not contiguous
 
     def __len__(self) -> int:
         return len(self.timestamps_ms)
 
     @property
     def offsets(self) -> np.ndarray:
+        if self.picked is not None:
+            return self.picked
         return np.arange(self.start, self.start + len(self), dtype=np.int64)
 
     @staticmethod
-    def concat(start: int, batches: Sequence[ColumnBatch]) -> Columns:
+    def concat(
+        start: int, batches: Sequence[ColumnBatch], bases: Sequence[int] | None = None
+    ) -> Columns:
+        """``batches`` in order; ``bases`` (the first offset of each) only when there may
+        be gaps between them."""
         if not batches:
             empty = pa.array([], pa.binary())
             return Columns(start, np.zeros(0, np.int64), empty, empty)
+        picked = None
+        if bases is not None:
+            runs = [(b, len(c)) for b, c in zip(bases, batches, strict=True)]
+            expected = start
+            for b, n in runs:
+                if b != expected:
+                    picked = np.concatenate([np.arange(b, b + k, dtype=np.int64) for b, k in runs])
+                    break
+                expected = b + n
         return Columns(
             start,
             np.concatenate([b.timestamps_ms for b in batches]),
             pa.concat_arrays([b.keys for b in batches]),
             pa.concat_arrays([b.values for b in batches]),
+            picked,
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -174,17 +174,6 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
         log.close()
 
 
-@dataclass(frozen=True)
-class _Picked(Columns):
-    """Some records of a run of offsets (``Columns`` holds contiguous ones)."""
-
-    picked: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    @property
-    def offsets(self) -> np.ndarray:
-        return self.picked
-
-
 def _in_time(columns: Columns, lo: str | None, hi: str | None) -> Columns:
     ts = columns.timestamps_ms
     keep = np.ones(len(ts), dtype=bool)
@@ -195,7 +184,7 @@ def _in_time(columns: Columns, lo: str | None, hi: str | None) -> Columns:
     if keep.all():
         return columns
     index = pa.array(np.flatnonzero(keep))
-    return _Picked(
+    return Columns(
         columns.start,
         ts[keep],
         columns.keys.take(index),
