@@ -147,7 +147,7 @@ def test_sigkill_at_random_points_then_resume_equals_one_pass(
     watcher = Watcher(setup)
     watcher.start()
     kills = 0
-    while kills < 10:
+    while kills < 6:
         proc = driver(setup)
         time.sleep(rng.uniform(1.0, 9.0))
         if proc.poll() is not None:
@@ -160,7 +160,7 @@ def test_sigkill_at_random_points_then_resume_equals_one_pass(
     watcher.stop.set()
     watcher.join()
     assert final.returncode == 0, err
-    assert kills >= 5, "the run finished too early to be killed often"
+    assert kills >= 4, "the run finished too early to be killed often"
     assert watcher.reads > 0 and watcher.bad == [], watcher.bad
     check_output(setup, spark)
 
