@@ -10,13 +10,16 @@ snapshot counts only once its manifest object exists.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
 import time
 import uuid
+import zlib
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from riverbed.files import fsync_dir
@@ -54,6 +57,16 @@ class DurableStorage(ABC):
     @abstractmethod
     def download_dir(self, name: str, local: Path) -> None:
         """Copy a complete uploaded directory to ``local`` (which must not exist)."""
+
+    @abstractmethod
+    def verify_dir(self, name: str) -> builtins.list[str]:
+        """What is wrong with an uploaded directory (missing manifest, a file of the wrong
+        size or checksum), without downloading it; empty when it is whole."""
+
+    @abstractmethod
+    def quarantine(self, name: str) -> str:
+        """Move an object or directory aside where listings do not see it; returns the
+        new name. Nothing is deleted."""
 
     @abstractmethod
     def sweep(self, prefix: str, older_than: float) -> int:
@@ -119,14 +132,15 @@ class FileStorage(DurableStorage):
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
         shutil.copytree(local, tmp)
-        files = {}
+        files, crcs = {}, {}
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
                 with open(f, "rb") as fh:
+                    crcs[str(f.relative_to(tmp))] = _crc(fh)
                     os.fsync(fh.fileno())
                 files[str(f.relative_to(tmp))] = f.stat().st_size
         manifest = tmp / MANIFEST
-        manifest.write_text(json.dumps({"files": files}), encoding="utf-8")
+        manifest.write_text(json.dumps({"files": files, "crc32": crcs}), encoding="utf-8")
         with open(manifest, "rb") as fh:
             os.fsync(fh.fileno())
         fsync_dir(tmp)
@@ -138,17 +152,53 @@ class FileStorage(DurableStorage):
         os.replace(tmp, final)
         fsync_dir(final.parent)
 
-    def download_dir(self, name: str, local: Path) -> None:
+    def _manifest(self, name: str) -> dict[str, Any]:
         src = self._path(name)
         try:
-            manifest = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
+            manifest: dict[str, Any] = json.loads((src / MANIFEST).read_text(encoding="utf-8"))
+            if not isinstance(manifest.get("files"), dict):
+                raise ValueError("no file list")
         except (OSError, ValueError) as exc:
             raise CorruptStateError(f"snapshot {src} has no valid manifest ({exc})") from exc
+        return manifest
+
+    @staticmethod
+    def _check(root: Path, rel: str, manifest: dict[str, Any]) -> str | None:
+        path = root / rel
+        size = path.stat().st_size if path.exists() else -1
+        if size != manifest["files"][rel]:
+            return f"{rel} is {size} bytes, expected {manifest['files'][rel]}"
+        expected = manifest.get("crc32", {}).get(rel)  # older snapshots: sizes only
+        if expected is not None:
+            with open(path, "rb") as fh:
+                if _crc(fh) != expected:
+                    return f"{rel} fails its checksum"
+        return None
+
+    def download_dir(self, name: str, local: Path) -> None:
+        src = self._path(name)
+        manifest = self._manifest(name)
         shutil.copytree(src, local, ignore=shutil.ignore_patterns(MANIFEST))
-        for rel, size in manifest["files"].items():
-            got = (local / rel).stat().st_size if (local / rel).exists() else -1
-            if got != size:
-                raise CorruptStateError(f"snapshot {src}: {rel} is {got} bytes, expected {size}")
+        for rel in manifest["files"]:
+            problem = self._check(local, rel, manifest)
+            if problem is not None:
+                raise CorruptStateError(f"snapshot {src}: {problem}")
+
+    def verify_dir(self, name: str) -> builtins.list[str]:
+        try:
+            manifest = self._manifest(name)
+        except CorruptStateError as exc:
+            return [str(exc)]
+        src = self._path(name)
+        problems = (self._check(src, rel, manifest) for rel in manifest["files"])
+        return [f"snapshot {src}: {p}" for p in problems if p is not None]
+
+    def quarantine(self, name: str) -> str:
+        path = self._path(name)
+        aside = path.with_name(f".{path.name}.corrupt-{int(time.time())}")
+        os.replace(path, aside)
+        fsync_dir(path.parent)
+        return str(aside.relative_to(self.root))
 
     def sweep(self, prefix: str, older_than: float) -> int:
         root = self._path(prefix)
@@ -164,6 +214,13 @@ class FileStorage(DurableStorage):
                     entry.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def _crc(fh: Any) -> int:
+    crc = 0
+    while chunk := fh.read(1 << 20):
+        crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def open_storage(url: str | Path) -> FileStorage:

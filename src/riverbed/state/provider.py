@@ -66,6 +66,14 @@ class StateConfig:
 
 
 @dataclass(frozen=True)
+class StateDamage:
+    kind: str  # "changelog" | "snapshot"
+    name: str
+    problem: str
+    moved_to: str | None = None
+
+
+@dataclass(frozen=True)
 class PartitionIndex:
     changelogs: list[int]
     snapshots: dict[int, int]  # version -> tag of the changelog it was taken at
@@ -168,6 +176,28 @@ class StateProvider:
         index = self.index(namespace, partition)
         return [v for v in index.versions if v >= index.purged_through]
 
+    def verify(
+        self, namespace: str, partition: int, quarantine: bool = False
+    ) -> list[StateDamage]:
+        """Check every changelog (its checksum) and every snapshot (each file's size and
+        checksum) of a partition. ``quarantine`` moves damaged snapshots aside, so loads
+        rebuild from an older snapshot and the changelogs; changelogs are never moved."""
+        base = self._base(namespace, partition)
+        found: list[StateDamage] = []
+        for n in self.durable.list(f"{base}/changelog"):
+            name = f"{base}/changelog/{n}"
+            try:
+                Changelog.decode(self.durable.read(name), name)
+            except CorruptStateError as exc:
+                found.append(StateDamage("changelog", name, str(exc)))
+        for n in self.durable.list(f"{base}/snapshot"):
+            name = f"{base}/snapshot/{n}"
+            problems = self.durable.verify_dir(name)
+            if problems:
+                aside = self.durable.quarantine(name) if quarantine else None
+                found.append(StateDamage("snapshot", name, "; ".join(problems), aside))
+        return found
+
     # -- load ----------------------------------------------------------------------------
     def load(self, namespace: str, partition: int, version: int | None = None) -> StateStore:
         """The partition's state as of ``version`` (newest committed version <= it; default:
@@ -214,12 +244,29 @@ class StateProvider:
 
     def _changelog(self, namespace: str, partition: int, version: int) -> Changelog:
         name = self._changelog_name(namespace, partition, version)
-        return Changelog.decode(self.durable.read(name), name)
+        try:
+            return Changelog.decode(self.durable.read(name), name)
+        except CorruptStateError as exc:
+            raise self._damaged(exc, namespace, partition, version) from None
+
+    def _damaged(
+        self, exc: CorruptStateError, namespace: str, partition: int, version: int
+    ) -> CorruptStateError:
+        return CorruptStateError(
+            f"{self.durable.url}/{exc} — version {version} of {namespace}/{partition} and "
+            "every version built on it cannot be rebuilt from this history. See what else "
+            f"is damaged: `riverbed state verify {namespace}`; then restore the file from "
+            "a backup, or rebuild the state by replaying its input (docs/stream.md, "
+            "'Failure model')"
+        )
 
     def _header(self, namespace: str, partition: int, version: int) -> Header:
         name = self._changelog_name(namespace, partition, version)
         head, tail = self.durable.read_ends(name, HEAD_SIZE, TAIL_SIZE)
-        return peek(head, tail, name)
+        try:
+            return peek(head, tail, name)
+        except CorruptStateError as exc:
+            raise self._damaged(exc, namespace, partition, version) from None
 
     def _plan(
         self,
@@ -279,7 +326,14 @@ class StateProvider:
                 tmp = self.local_dir / ".restore" / uuid.uuid4().hex
                 name = self._snapshot_name(namespace, partition, start, index.snapshots[start])
                 try:
-                    self.durable.download_dir(name, tmp)
+                    try:
+                        self.durable.download_dir(name, tmp)
+                    except CorruptStateError as exc:
+                        raise CorruptStateError(
+                            f"{exc} — set it aside with `riverbed state verify {namespace} "
+                            "--quarantine` and the next load rebuilds from an older snapshot "
+                            "and the changelogs (docs/stream.md, 'Failure model')"
+                        ) from None
                     self.engine.restore(tmp, path)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)

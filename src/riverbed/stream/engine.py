@@ -44,6 +44,7 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.state import StateConfig, StateProvider
+from riverbed.state.errors import CorruptStateError
 from riverbed.state.keys import split_window_key, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
 
@@ -204,6 +205,26 @@ def event_millis(column: pd.Series) -> np.ndarray:
 
 
 # -- step 1: batch metadata ------------------------------------------------------------------
+def read_record(path: Path) -> dict[str, Any]:
+    """A batch record, or :class:`CorruptStateError` naming it and the recovery."""
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        batch = path.stem.lstrip("0") or "0"
+        commits = path.parent.parent.parent / "spark" / "commits" / batch
+        raise CorruptStateError(
+            f"the record of batch {batch} (its watermark and counts) is damaged: {path} "
+            f"({exc}). If Spark has not committed that batch (no {commits}), delete the "
+            "file and the batch re-runs and writes it again; otherwise restore it from a "
+            "backup or start the aggregation on a new checkpoint (docs/stream.md, "
+            "'Failure model')"
+        ) from None
+    return record
+
+
+
 class BatchLog:
     """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
 
@@ -216,7 +237,7 @@ class BatchLog:
 
     def get(self, batch_id: int) -> dict[str, Any] | None:
         path = self._path(batch_id)
-        return json.loads(path.read_text()) if path.exists() else None
+        return read_record(path) if path.exists() else None
 
     def previous(self, batch_id: int) -> dict[str, Any] | None:
         """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
@@ -224,7 +245,7 @@ class BatchLog:
         if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
             return record
         earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
-        return json.loads(earlier[-1].read_text()) if earlier else None
+        return read_record(earlier[-1]) if earlier else None
 
     def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsync (for records

@@ -18,7 +18,6 @@ Locations: checkpoint ``<checkpoints>/<name>``, state ``<checkpoints>/state`` (n
 
 from __future__ import annotations
 
-import json
 import re
 import runpy
 import time
@@ -161,11 +160,11 @@ def status(job: Job) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
     import riverbed.log
     from riverbed.stream.direct import source_offsets
-    from riverbed.stream.engine import BatchLog, input_rate, summed_totals
+    from riverbed.stream.engine import BatchLog, input_rate, read_record, summed_totals
 
     batches = BatchLog(str(job.checkpoint))
     records = sorted(batches.dir.glob("*.json"))
-    done = [json.loads(p.read_text()) for p in records]
+    done = [read_record(p) for p in records]
     offsets_dir = job.checkpoint / "spark" / "commits"
     committed: dict[str, int] = {}
     last_commit = (
