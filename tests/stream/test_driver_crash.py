@@ -30,10 +30,10 @@ aggregation = Aggregation(
     metrics={"users": Distinct("user_id"), "events": Count()}, state_partitions=3,
 )
 """
-KILLS = 10
+KILLS = 7
 
 
-def test_driver_killed_ten_times_still_gives_the_oracle(
+def test_driver_killed_seven_times_still_gives_the_oracle(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     home = tmp_path / "home"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 
@@ -94,11 +97,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # SIGTERM unwinds like Ctrl-C, so sessions revoke their leases on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    noisy = getattr(args, "spark_noise", None)
+    quiet: contextlib.AbstractContextManager[Path | None]
+    if noisy:
+        from riverbed.cli._quiet import noise_to_log
+        from riverbed.config import load_config
+
+        quiet = noise_to_log(load_config().home, noisy, args.verbose)
+    else:
+        quiet = contextlib.nullcontext(None)
+    with quiet as logfile:
+        return _call(args, logfile)
+
+
+def _call(args: argparse.Namespace, logfile: Path | None) -> int:
+    where = f" (Spark's and Java's output: {logfile})" if logfile else ""
     try:
         code: int = args.func(args)
         return code
     except RiverbedError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {exc}{where}")
         return 1
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -107,6 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        if logfile is None:
+            raise
+        # a failure inside Spark: one line here, the whole trace in the log file
+        from riverbed.stream.job import root_cause
+
+        with open(logfile, "a", encoding="utf-8") as f:
+            traceback.print_exception(exc, file=f)
+        err.print(f"[red]error:[/red] {root_cause(exc)} (full trace: {logfile})")
+        return 1
 
 
 if __name__ == "__main__":

@@ -32,7 +32,19 @@ def add_parsers(sub: Any) -> None:
     c.add_argument(
         "--topic", help="also append each batch's results to this riverbed topic (in the log)"
     )
-    c.set_defaults(func=_run)
+    c.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="if another driver runs this aggregation, fail instead of standing by",
+    )
+    c.add_argument(
+        "--ttl",
+        type=int,
+        default=10,
+        help="driver lease TTL in seconds: how soon a standby takes over (default 10)",
+    )
+    c.add_argument("--control", help="control plane URL (default: RIVERBED_CONTROL, else sqlite)")
+    c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec")
     c.add_argument("--json", action="store_true")
@@ -67,11 +79,25 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.spark import session
     from riverbed.stream.engine import input_rate
     from riverbed.stream.job import run
+    from riverbed.stream.leader import DriverLease
 
     job = _job(args.spec)
     config = load_config()
-    spark_config = replace(config.spark, master=args.master) if args.master else config.spark
-    spark = session(spark_config)
+    lease = DriverLease(
+        args.control or config.control_url, job.aggregation.name, job.checkpoint, args.ttl
+    )
+    try:
+        if args.no_standby:
+            lease.acquire(standby=False)  # fails now, before Spark starts, if one is active
+        # Spark starts before the wait: a standby takes over with its session warm
+        spark_config = replace(config.spark, master=args.master) if args.master else config.spark
+        spark = session(spark_config)
+        if lease.term is None:
+            lease.acquire(on_standby=lambda message: err.print(message))
+        err.print(f"active driver for {job.aggregation.name} (term {lease.term})")
+    except BaseException:
+        lease.close()
+        raise
 
     def progress(batch_id: int, record: dict[str, Any]) -> None:
         per_second = input_rate(record)
@@ -82,15 +108,19 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
-    run(
-        spark,
-        job,
-        once=args.once,
-        max_records=args.max_records_per_batch,
-        sql=args.sql,
-        topic=args.topic,
-        on_progress=progress,
-    )
+    try:
+        run(
+            spark,
+            job,
+            once=args.once,
+            max_records=args.max_records_per_batch,
+            sql=args.sql,
+            topic=args.topic,
+            on_progress=progress,
+            lease=lease,
+        )
+    finally:
+        lease.close()
     spark.stop()
     return 0
 

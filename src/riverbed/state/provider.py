@@ -176,9 +176,7 @@ class StateProvider:
         index = self.index(namespace, partition)
         return [v for v in index.versions if v >= index.purged_through]
 
-    def verify(
-        self, namespace: str, partition: int, quarantine: bool = False
-    ) -> list[StateDamage]:
+    def verify(self, namespace: str, partition: int, quarantine: bool = False) -> list[StateDamage]:
         """Check every changelog (its checksum) and every snapshot (each file's size and
         checksum) of a partition. ``quarantine`` moves damaged snapshots aside, so loads
         rebuild from an older snapshot and the changelogs; changelogs are never moved."""

@@ -243,7 +243,7 @@ def run_batch(
 def foreach_batch(cfg: DirectConfig) -> Any:
     """The ``foreachBatch`` function of the log-native path."""
     spec = cfg.engine.spec
-    batches = BatchLog(cfg.engine.checkpoint)
+    batches = BatchLog(cfg.engine.checkpoint, cfg.engine.fence)
 
     def run(df: Any, batch_id: int) -> None:
         began = time.perf_counter()
@@ -269,6 +269,7 @@ def foreach_batch(cfg: DirectConfig) -> Any:
             batches.put(batch_id, record)
             _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
             record = batches.get(batch_id) or record
+        cfg.engine.fence()  # a replaced driver publishes nothing
         write_output(cfg.engine.output, spec, batch_id, rows)
         publish(cfg.engine, batch_id, rows)
         record["ms"] = {  # where the batch's time went, for `riverbed stream status`

@@ -47,6 +47,7 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.state.errors import CorruptStateError
 from riverbed.state.keys import split_window_key, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.fencing import check_term
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,11 @@ class EngineConfig:
     results_topic: str | None = None  # also append results to this topic (in log_url)
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
     fault: str | None = field(default_factory=lambda: os.environ.get("RIVERBED_FAULT") or None)
+    term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
+
+    def fence(self) -> None:
+        """Raise DriverFencedError if a newer driver took over (before every write)."""
+        check_term(self.checkpoint, self.term, self.spec.name)
 
 
 def output_schema(spec: Aggregation) -> str:
@@ -224,13 +230,13 @@ def read_record(path: Path) -> dict[str, Any]:
     return record
 
 
-
 class BatchLog:
     """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
 
-    def __init__(self, checkpoint: str) -> None:
+    def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
         self.dir = Path(checkpoint) / "riverbed" / "batches"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.fence = fence or (lambda: None)
 
     def _path(self, batch_id: int) -> Path:
         return self.dir / f"{batch_id:012d}.json"
@@ -250,6 +256,7 @@ class BatchLog:
     def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsync (for records
         a re-run would rebuild the same way)."""
+        self.fence()
         path = self._path(batch_id)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
         tmp.write_text(json.dumps(record))
@@ -312,6 +319,8 @@ def finish_batch(
     for c in COUNTS:
         totals[c] = int(totals.get(c, 0)) + int(record.get(c, 0))
     totals["batches"] = int(totals.get("batches", 0)) + 1
+    if config.term is not None:
+        record = record | {"term": config.term}  # which driver ran it (fencing.py)
     batches.put(batch_id, record | {"done": True, "totals": totals})
     if (batch_id + 1) % config.state.snapshot_every == 0:
         maintain(config, batches, batch_id)
@@ -324,6 +333,7 @@ def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
     partition, so it never competes with the state tasks; a failure is logged and
     retried at the next round, never fails the query."""
     spec = config.spec
+    config.fence()  # a replaced driver purges nothing
     try:
         provider = StateProvider(config.state)
         for partition in range(spec.state_partitions):
@@ -465,6 +475,7 @@ def merge_partition(
         expire_to = closed_to - spec.keep_closed_ms
         if expire_to >= 0:
             store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
+        config.fence()  # a replaced driver's task must not commit a version
         store.commit(batch_id + 1)
     except BaseException:
         store.abort()

@@ -31,6 +31,7 @@ from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.leader import DriverLease
 
 
 class StreamFailedError(RiverbedError):
@@ -106,9 +107,13 @@ def run(
     sql: str | None = None,
     topic: str | None = None,
     on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+    lease: DriverLease | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
-    finished batch's id and its record (input, late, malformed, watermark)."""
+    finished batch's id and its record (input, late, malformed, watermark). With an
+    acquired ``lease`` every write is fenced by its term and the query stops the moment
+    the lease is lost (see :mod:`riverbed.stream.leader`)."""
+    from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.runner import start
 
     options = {"log": job.log_url, **job.source}
@@ -127,6 +132,7 @@ def run(
         sql=sql,
         topic=topic,
         trigger=trigger,
+        term=lease.term if lease is not None else None,
     )
     from riverbed.stream.engine import BatchLog
 
@@ -145,6 +151,13 @@ def run(
     try:
         while query.isActive:
             query.awaitTermination(0.5)
+            if lease is not None and not lease.still_leading():
+                query.stop()
+                raise DriverFencedError(
+                    f"this driver lost the lead of '{job.aggregation.name}' (its lease expired: "
+                    "was it paused or cut off from the control plane?); it stopped, and the "
+                    "active driver carries on from the checkpoint"
+                )
             report()
         report()
         if query.exception() is not None:

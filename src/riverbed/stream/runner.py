@@ -50,7 +50,7 @@ def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
 def foreach_batch(config: EngineConfig) -> Any:
     """The ``foreachBatch`` function for ``config``."""
     spec = config.spec
-    batches = BatchLog(config.checkpoint)
+    batches = BatchLog(config.checkpoint, config.fence)
 
     def run(df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -100,7 +100,9 @@ def foreach_batch(config: EngineConfig) -> Any:
             )
             # the rows a batch emits are few (the windows it changed or closed): collect
             # them as Arrow and write them the way the log-native path does
-            written = write_output(config.output, spec, batch_id, out.toArrow())
+            rows = out.toArrow()
+            config.fence()  # a replaced driver publishes nothing
+            written = write_output(config.output, spec, batch_id, rows)
             if config.sql_url or config.results_topic:
                 publish(config, batch_id, written.to_pandas())
             record = batches.get(batch_id) or record
@@ -151,6 +153,7 @@ def _side_outputs_from_frames(
         return
     if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
         return
+    config.fence()
     import riverbed.log
 
     log_ = riverbed.log.open(config.log_url)
@@ -200,6 +203,7 @@ def start(
     sql: str | None = None,
     topic: str | None = None,
     trigger: dict[str, Any] | None = None,
+    term: int | None = None,
 ) -> Any:
     """Start the streaming aggregation; returns Spark's ``StreamingQuery``.
 
@@ -210,7 +214,8 @@ def start(
     aggregation's columns (and optionally ``_error``), aggregated through Spark.
 
     Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)
-    and ``topic`` (a riverbed topic in ``log_url``) add sinks.
+    and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
+    election term, see :mod:`riverbed.stream.fencing`) fences every write.
     """
     checkpoint, output = Path(checkpoint), Path(output)
     _check_partitions(checkpoint, spec)
@@ -221,7 +226,7 @@ def start(
         options = {str(k): str(v) for k, v in source.items()}
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
-    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic)
+    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
     if options is not None:
         from riverbed.stream.direct import plan
 

@@ -1,0 +1,67 @@
+"""One active driver per aggregation: its term, recorded in the checkpoint, fences
+every write.
+
+The driver that wins the election ``streams/<name>`` in the control plane records
+its term (the election's fencing token, which only grows) in
+``<checkpoint>/riverbed/driver.json`` before it starts the query. Every write of a
+batch — the batch record, the result directory, the SQL and topic sinks, the side
+topics, the purge of old history, and each state task's commit — first checks that
+the recorded term is still its own; a driver that was paused (SIGSTOP, a long GC, a
+partition) and resumed after a standby took over finds a newer term and raises
+:class:`DriverFencedError` instead of writing. Pure functions of the checkpoint, so
+state tasks on executors check the same way the driver does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from riverbed.errors import RiverbedError
+
+DRIVER_FILE = Path("riverbed") / "driver.json"
+
+
+class DriverFencedError(RiverbedError):
+    """A newer driver took over this aggregation: this one must not write."""
+
+
+def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
+    """Record the new active driver (atomically: readers see the old record or this)."""
+    path = Path(checkpoint) / DRIVER_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    tmp.write_text(json.dumps({"term": term, "driver": driver, "since": since}))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
+    path = Path(checkpoint) / DRIVER_FILE
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return record
+
+
+def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
+    """Raise :class:`DriverFencedError` unless ``term`` is the recorded one (``None``:
+    a query started without an election, as in tests and notebooks: not fenced)."""
+    if term is None:
+        return
+    current = recorded_driver(checkpoint)
+    if current is None or int(current["term"]) != term:
+        who = (
+            f"{current['driver']} (term {current['term']}) since {current['since']}"
+            if current
+            else "nobody"
+        )
+        raise DriverFencedError(
+            f"this driver of '{name}' (term {term}) was replaced by {who}; it stops "
+            "without writing anything"
+        )

@@ -1,0 +1,89 @@
+"""The election that makes one driver active per aggregation, and the standby's wait.
+
+``riverbed stream run`` campaigns for ``streams/<name>`` in the control plane (SQLite
+under ``RIVERBED_HOME`` by default, etcd in clusters) before any work. The winner
+records its term in the checkpoint (:mod:`riverbed.stream.fencing`) and starts the
+query; a second driver finds a leader, says so, and waits in line with its
+SparkSession already started — a **hot standby** — until the active driver's lease
+expires (it died, or was cut off), then records its own, higher term and resumes
+from the checkpoint exactly where the committed batches end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from riverbed.control import Election, Session, connect
+from riverbed.errors import RiverbedError
+from riverbed.stream.fencing import record_term
+
+
+class AlreadyRunningError(RiverbedError):
+    """Another driver is active for this aggregation (and standing by was refused)."""
+
+
+def _who(value: bytes) -> str:
+    try:
+        record = json.loads(value)
+        return f"{record['driver']} since {record['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "unknown driver"
+
+
+class DriverLease:
+    """Leadership of one aggregation for this process."""
+
+    def __init__(self, control_url: str, name: str, checkpoint: str | Path, ttl: int = 10) -> None:
+        self.control_url = control_url
+        self.name = name
+        self.checkpoint = Path(checkpoint)
+        self.ttl = ttl
+        self.term: int | None = None
+        self.driver = f"{socket.gethostname()}:{os.getpid()}"
+        self.cp = connect(control_url)
+        self.session: Session | None = None
+        self.election: Election | None = None
+
+    def active(self) -> str | None:
+        """The active driver ("host:pid since …"), if any."""
+        leader = Election(self.cp, f"streams/{self.name}").leader()
+        return _who(leader.value) if leader is not None else None
+
+    def acquire(self, standby: bool = True, on_standby: Callable[[str], None] | None = None) -> int:
+        """Become the active driver; returns the term. With another driver active:
+        wait as its standby (``on_standby`` is told who leads), or, with
+        ``standby=False``, raise :class:`AlreadyRunningError`."""
+        current = self.active()
+        if current is not None:
+            if not standby:
+                raise AlreadyRunningError(
+                    f"aggregation '{self.name}' is already running: active driver {current}. "
+                    "Stop it first, or run without --no-standby to wait as its hot standby"
+                )
+            if on_standby is not None:
+                on_standby(f"standby for {self.name}; active driver {current}")
+        self.session = Session(self.cp, ttl=self.ttl)
+        self.election = Election(self.cp, f"streams/{self.name}", self.session)
+        since = datetime.now(UTC).isoformat(timespec="seconds")
+        value = json.dumps({"driver": self.driver, "since": since})
+        self.term = self.election.campaign(value)
+        record_term(self.checkpoint, self.term, self.driver, since)
+        return self.term
+
+    def still_leading(self) -> bool:
+        """Asks the control plane: is our candidacy (and so our term) still the leader?"""
+        return self.election is not None and self.election.is_leader()
+
+    def close(self) -> None:
+        if self.election is not None:
+            with contextlib.suppress(RiverbedError):  # the lease's expiry resigns for us
+                self.election.resign()
+        if self.session is not None:
+            self.session.close()
+        self.cp.close()
