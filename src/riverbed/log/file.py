@@ -116,6 +116,8 @@ def _mapped(path: Path) -> Iterator[memoryview]:
 
 
 _HEADER = PREFIX_SIZE + 12  # length, crc, base offset, count
+_FIELDS_LENGTH = struct.Struct(">I")
+_FIELDS_BASE = struct.Struct(">Q")
 _MIN_RECORD_BYTES = 4  # no stored record takes fewer bytes (bounds a damaged tail's offsets)
 
 
@@ -382,6 +384,12 @@ class FileLogStorage(LogStorage):
         entry written just before an append that never came). A wrong entry raises
         (``strict``) or falls back to the segment's start with a warning."""
         o, p = entry
+        if strict and p + _HEADER <= len(buf):
+            # readers: a structural check only — the walk checks the batch's CRC when it
+            # reads it, and damage before the entry does not concern a read after it
+            length = _FIELDS_LENGTH.unpack_from(buf, p)[0]
+            if _FIELDS_BASE.unpack_from(buf, p + 8)[0] == o and length >= _HEADER - 4:
+                return p, o
         header = read_header(buf, p) if p < len(buf) else None
         if header is not None and header.base_offset == o:
             return p, o
