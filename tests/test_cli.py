@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import run_cli
+
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    return run_cli(*args, env=env, timeout=60)
 
 
 @pytest.fixture

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run_cli
 
 SEED_JOBS = {
     "A": 'Job(main=main, chunk_size=3, dependencies=[Dependency("B", max_lag="1h"), '
@@ -45,14 +46,7 @@ def env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]:
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    return run_cli(*args, env=env)
 
 
 def test_plan_prints_the_seeds_queue_table_after_c_ran(env: dict[str, str]) -> None:

@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 import riverbed.log
 from riverbed.log import CorruptLogError
 from riverbed.log.records import read_header
+from tests.cli import run_cli
 
 
 def frames(segment: Path) -> list[tuple[int, int, int, int]]:
@@ -227,13 +227,7 @@ def test_topic_verify_and_skip_from_the_cli(tmp_path: Path) -> None:
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "riverbed.cli.main", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        return run_cli(*args, env=env)
 
     verify = cli("topic", "verify", "t")
     assert verify.returncode == 1, verify.stderr

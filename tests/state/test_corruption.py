@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from riverbed.state import CorruptStateError, StateConfig, StateProvider
+from tests.cli import run_cli
 
 
 def make(tmp_path: Path, engine: str = "rocksdb") -> StateProvider:
@@ -122,21 +122,7 @@ def test_state_verify_from_the_cli(tmp_path: Path) -> None:
     env = {**os.environ, "RIVERBED_HOME": str(tmp_path / "home")}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "riverbed.cli.main",
-                "state",
-                *args,
-                "--checkpoints",
-                str(checkpoints),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        return run_cli("state", *args, "--checkpoints", str(checkpoints), env=env)
 
     assert cli("verify").returncode == 0
     flip(checkpoints / "state" / "ns" / "0" / "changelog" / f"{2:020d}.rbcl")

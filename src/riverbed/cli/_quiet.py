@@ -36,20 +36,13 @@ def noise_to_log(home: Path, command: str, verbose: bool) -> Iterator[Path | Non
     terminal: TextIO = os.fdopen(saved, "w", buffering=1, encoding="utf-8", errors="replace")
     old = sys.stderr
     sys.stderr = terminal
-    # riverbed's own log lines stay on the terminal (and in the file via the root logger)
+    # riverbed's own warnings also stay on the terminal
     visible = logging.StreamHandler(terminal)
     visible.setLevel(logging.WARNING)
     visible.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     ours = logging.getLogger("riverbed")
     ours.addHandler(visible)
-    root = logging.getLogger()
-    silenced = [
-        h
-        for h in root.handlers
-        if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is old
-    ]
-    for h in silenced:  # the root handler writes to fd 2: the file now
-        h.setStream(open(path, "a", encoding="utf-8", buffering=1))  # noqa: SIM115
+    # the root logger's handler still writes to the old sys.stderr, i.e. fd 2: the file
     try:
         yield path
     finally:
