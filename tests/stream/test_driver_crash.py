@@ -53,7 +53,7 @@ def test_driver_killed_seven_times_still_gives_the_oracle(
         "--max-records-per-batch",
         "600",
         "--ttl",
-        "2",  # a restarted driver waits out the killed one's lease (leader.py) before work
+        "3",  # a restarted driver waits out the killed one's lease (leader.py) before work
     ]
     batches = home / "checkpoints" / "crashy" / "riverbed" / "batches"
     rng = random.Random(5)
