@@ -165,3 +165,20 @@ def test_task_failing_after_its_state_commit_is_retried_without_double_counting(
     n_batches = len(list(batches.dir.glob("*.json")))
     assert n_batches >= 3
     assert len(list(faults.iterdir())) == n_batches  # one injected failure per batch
+
+
+def test_a_first_offset_entry_left_unfinished_by_a_killed_driver_does_not_block_the_restart(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """A driver SIGKILLed while Spark wrote its first offset-log entry leaves the
+    entry's temporary file; Spark alone then refuses the checkpoint forever ("should be
+    empty on batch 0"). The restart removes it and runs from the start."""
+    events = make_events(500, hours=2)
+    write_events(log_url, events, partitions=3)
+    offsets = tmp_path / "ckpt" / "spark" / "offsets"
+    offsets.mkdir(parents=True)
+    unfinished = offsets / ".0.5d3c2a6e-0f41-4c1b-9f0e-2b8d3e1c7a90.tmp"
+    unfinished.write_text('v1\n{"batchWatermarkMs":0')
+    got = run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
+    check(got, events)
+    assert not unfinished.exists() and (offsets / "0").exists()

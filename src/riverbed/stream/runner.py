@@ -31,6 +31,28 @@ log = logging.getLogger(__name__)
 SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
 
 
+def _clear_unfinished_start(root: Path) -> None:
+    """Remove what a driver killed while writing Spark's *first* offset-log entry left.
+
+    Spark writes each entry to a hidden temporary file (``offsets/.0.<uuid>.tmp``) and
+    renames it. Killed before the rename, the entry was never committed, but the next
+    start of the query (at batch 0 again) refuses the checkpoint: "the checkpoint
+    location …/offsets should be empty on batch 0". With no committed entry, the hidden
+    files in ``offsets/`` and ``commits/`` are exactly those unfinished writes; once an
+    entry is committed, nothing here is touched.
+    """
+    offsets = root / "offsets"
+    if not offsets.is_dir() or any(p.name.isdigit() for p in offsets.iterdir()):
+        return
+    for directory in (offsets, root / "commits"):
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if path.name.startswith(".") and path.is_file():
+                log.warning("removing %s: an unfinished first batch of a killed driver", path)
+                path.unlink()
+
+
 def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
     """The state partition count is fixed on first start; refuse a change."""
     path = checkpoint / "riverbed" / "spec.json"
@@ -233,6 +255,7 @@ def start(
         frame, batch_fn = plan(spark, config, options)
     else:
         frame, batch_fn = source, foreach_batch(config)
+    _clear_unfinished_start(checkpoint / "spark")
     writer = (
         frame.writeStream.foreachBatch(batch_fn)
         .option("checkpointLocation", str(checkpoint / "spark"))
