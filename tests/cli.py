@@ -17,3 +17,13 @@ def run_cli(
         env=env,
         check=False,
     )
+
+
+# what Spark and the JVM print when nobody hides it
+NOISE = ("log4j", "WARN ", "NativeCodeLoader", "incubator modules", "at org.apache", "Traceback")
+
+
+def assert_quiet(stderr: str) -> None:
+    """No Spark/Java start-up noise and no stack trace reached the terminal."""
+    found = [n for n in NOISE if n in stderr]
+    assert not found, f"{found} in the terminal output:\n{stderr[-3000:]}"

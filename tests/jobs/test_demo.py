@@ -1,5 +1,6 @@
-"""``riverbed demo jobs`` and ``demo timerange`` as a new user runs them: real processes,
-SIGKILLs; and the time-range CLI's one-line errors."""
+"""``riverbed demo`` (the stream main job), ``demo jobs`` and ``demo timerange`` as a new
+user runs them: real processes, SIGKILLs, no Spark noise on the terminal; and the
+time-range CLI's one-line errors."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import assert_quiet
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +27,21 @@ def demo(home: Path, env: dict[str, str], *args: str) -> str:
     )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
+    assert_quiet(out.stderr)  # Spark's noise and the drivers' goes to RIVERBED_HOME/logs
     return text
+
+
+def test_the_stream_demo_survives_a_sigkill_and_equals_pandas(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    env = {**subprocess_env, "RIVERBED_SPARK_MASTER": "local[2]"}
+    env.pop("RIVERBED_CONTROL", None)
+    text = demo(tmp_path / "home", env, "stream", "--events", "4000")
+    assert "SIGKILL the driver after" in text and "resumes from the checkpoint" in text
+    assert "exact distinct users: IDENTICAL to the independent answer" in text
+    assert "HLL distinct users: WITHIN the error bound" in text
+    assert "batch 0: 400 records" in text  # the driver's own lines still reach the terminal
+    assert list((tmp_path / "home" / "logs").glob("demo-stream-*.log"))
 
 
 def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(

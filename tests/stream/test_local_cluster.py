@@ -16,15 +16,18 @@ from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
+PATHS = ("dataframe", "shuffled", "colocated")
+
 DRIVER = """
 import sys
+PATHS = ("dataframe", "shuffled", "colocated")
 from pathlib import Path
 from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.state import StateConfig
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
 
-root, log_url, path = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+root, log_url = Path(sys.argv[1]), sys.argv[2]
 # No locality wait: with the default 3 s, every short state task waits for the executor
 # that holds its shuffle input, so all of them can land on one executor.
 spark = session(SparkConfig(master="local-cluster[2,1,1024]", app_name="riverbed-lc",
@@ -41,19 +44,22 @@ while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 3:  # driv
 register(spark)
 options = {"topic": "events", "log": log_url, "maxRecordsPerBatch": "800",
            "schema": "user_id long, flag string, amount double, ts timestamp"}
-# "dataframe": events through Spark; "shuffled": the log-native path with 4 state
-# partitions over a 3-partition topic; "colocated": 3 state partitions, one per log partition
-source = (spark.readStream.format("riverbed").options(**options).load()
-          if path == "dataframe" else options)
-spec = Aggregation(name="lc", key="flag", time="ts", window=Tumbling("1h"), watermark="9h",
-                   metrics={"users": Distinct("user_id"), "events": Count()},
-                   state_partitions=3 if path == "colocated" else 4)
-# A relative local_dir resolves in each executor's own work directory.
-state = StateConfig(local_dir=Path("executor-state"), durable=root / "durable", snapshot_every=3)
-query = start(spark, spec, source, checkpoint=root / "ckpt", output=root / "out", state=state,
-              trigger={"availableNow": True})
-query.awaitTermination()
-assert query.exception() is None, query.exception()
+# One cluster, three queries (a cluster start costs ~25 s): "dataframe": events through
+# Spark; "shuffled": the log-native path with 4 state partitions over a 3-partition topic;
+# "colocated": 3 state partitions, one per log partition
+for path in PATHS:
+    source = (spark.readStream.format("riverbed").options(**options).load()
+              if path == "dataframe" else options)
+    spec = Aggregation(name=f"lc_{path}", key="flag", time="ts", window=Tumbling("1h"),
+                       watermark="9h", metrics={"users": Distinct("user_id"), "events": Count()},
+                       state_partitions=3 if path == "colocated" else 4)
+    # A relative local_dir resolves in each executor's own work directory.
+    state = StateConfig(local_dir=Path("executor-state"), durable=root / path / "durable",
+                        snapshot_every=3)
+    query = start(spark, spec, source, checkpoint=root / path / "ckpt",
+                  output=root / path / "out", state=state, trigger={"availableNow": True})
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
 import os, pyspark
 # local-cluster executors work under $SPARK_HOME/work/<application id>/<executor>/
 print(os.path.join(os.path.dirname(pyspark.__file__), "work", spark.sparkContext.applicationId))
@@ -61,36 +67,22 @@ spark.stop()
 """
 
 
-@pytest.mark.parametrize("path", ["dataframe", "shuffled", "colocated"])
 def test_state_moves_between_executors_and_results_stay_exact(
-    tmp_path: Path, subprocess_env: dict[str, str], path: str
+    tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     events = make_events(4000, hours=6, seed=9)
     log_url = f"file://{tmp_path / 'log'}"
     write_events(log_url, events)
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(tmp_path), log_url, path],
+        [sys.executable, "-c", DRIVER, str(tmp_path), log_url],
         env=subprocess_env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     app_dir = Path(done.stdout.strip().splitlines()[-1])
-    try:
-        # each executor kept its own local databases: partitions it had not held
-        # before were rebuilt from the durable checkpoint
-        executors = {
-            p.relative_to(app_dir).parts[0] for p in app_dir.rglob("executor-state/lc/*/CURRENT")
-        }
-        assert len(executors) >= 2, "state work did not spread over both executors"
-    finally:
-        shutil.rmtree(app_dir, ignore_errors=True)
-    if path != "dataframe":
-        plans = {r["co_located"] for r in map(_record, (tmp_path / "ckpt").rglob("batches/*.json"))}
-        assert plans == {path == "colocated"}
-    got = read_results(tmp_path / "out")
     want = (
         events.assign(window_start=events["ts"].dt.floor("1h"))
         .groupby(["window_start", "flag"])
@@ -98,10 +90,26 @@ def test_state_moves_between_executors_and_results_stay_exact(
         .reset_index()
         .rename(columns={"flag": "key"})
     )
-    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
-    assert len(merged) == len(want) == len(got)
-    assert (merged["users"] == merged["users_oracle"]).all()
-    assert (merged["events"] == merged["events_oracle"]).all()
+    try:
+        for path in PATHS:
+            # each executor kept its own local databases: partitions it had not held
+            # before were rebuilt from the durable checkpoint
+            executors = {
+                p.relative_to(app_dir).parts[0]
+                for p in app_dir.rglob(f"executor-state/lc_{path}/*/CURRENT")
+            }
+            assert len(executors) >= 2, f"{path}: state work did not spread over both executors"
+            if path != "dataframe":
+                records = (tmp_path / path / "ckpt").rglob("batches/*.json")
+                plans = {r["co_located"] for r in map(_record, records)}
+                assert plans == {path == "colocated"}, path
+            got = read_results(tmp_path / path / "out")
+            merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
+            assert len(merged) == len(want) == len(got), path
+            assert (merged["users"] == merged["users_oracle"]).all(), path
+            assert (merged["events"] == merged["events_oracle"]).all(), path
+    finally:
+        shutil.rmtree(app_dir, ignore_errors=True)
 
 
 def _record(path: Path) -> dict[str, object]:

@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--events", type=int, default=200_000, help="events to generate")
     demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
     demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_demo, spark_noise="demo")
     return parser
 
 
@@ -98,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so sessions revoke their leases on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     noisy = getattr(args, "spark_noise", None)
+    if noisy == "demo":  # the control tour starts no Spark; the others do (or children do)
+        noisy = None if args.which == "control" else f"demo-{args.which}"
     quiet: contextlib.AbstractContextManager[Path | None]
     if noisy:
         from riverbed.cli._quiet import noise_to_log

@@ -41,7 +41,7 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--ttl", type=int, default=10, help="driver lease TTL seconds (failover)")
     c.add_argument("--master", help="Spark master (default from riverbed.toml / local[*])")
-    c.set_defaults(run=_run)
+    c.set_defaults(run=_run, spark_noise="timerange-run")
     c = cmds.add_parser("status", help="chunks done, rows, throughput, ETA, last error")
     c.add_argument("spec")
     c.set_defaults(run=_status)

@@ -120,13 +120,17 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         "--once",
         "--max-records-per-batch",
         str(max(1, events // 10)),
+        "--ttl",  # the restarted driver waits out the killed one's lease: keep it short
+        "4",
     ]
     batches_dir = home / "checkpoints" / "flags_hourly" / "riverbed" / "batches"
     console.print(
         "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 Spark "
         "tasks a batch, each reading one log partition straight into its state partition"
     )
-    driver = subprocess.Popen(command, env=env, start_new_session=True)
+    # the driver's own lines go to this terminal (sys.stderr), not to where this
+    # process sends Spark's noise (fd 2: a log file, see riverbed.cli._quiet)
+    driver = subprocess.Popen(command, env=env, start_new_session=True, stderr=sys.stderr)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and driver.poll() is None:
         done = [p for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")]
@@ -146,7 +150,7 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
     else:
         console.print("[yellow]the query finished before it could be killed[/yellow]")
     console.print("[bold]3.[/bold] restarting it: it resumes from the checkpoint")
-    if subprocess.run(command, env=env, check=False).returncode != 0:
+    if subprocess.run(command, env=env, check=False, stderr=sys.stderr).returncode != 0:
         console.print("[red]the restarted query failed[/red]")
         return 1
     return _verdict(home, data)
