@@ -154,19 +154,37 @@ def test_damage_in_a_closed_segment_and_a_missing_tail_of_one(tmp_path: Path) ->
     log.close()
 
 
-def test_a_damaged_last_batch_is_an_unfinished_append_cut_off_and_kept_aside(
+def test_an_append_cut_short_is_cut_off_and_kept_aside(tmp_path: Path) -> None:
+    # a writer killed mid-append leaves a prefix of its frame: fewer bytes than it claims
+    segment = tmp_path / "t" / "0" / f"{0:020d}.log"
+    build(tmp_path, [200] * 4)
+    pos, size, base, _ = frames(segment)[-1]
+    os.truncate(segment, pos + size // 2)
+    assert [o for o, _ in read_all(tmp_path)] == list(range(base))
+    log = riverbed.log.open(tmp_path)
+    assert log.storage.offsets("t", 0) == (0, base)
+    assert log.producer("t").send({"i": -1, "pad": ""}).offset == base  # cut off, kept aside
+    assert list(segment.parent.glob("*.torn-*"))
+    log.close()
+
+
+def test_a_damaged_last_batch_that_is_all_there_is_damage_not_an_unfinished_append(
     tmp_path: Path,
 ) -> None:
-    # the index entry of a batch is written just before it, so nothing distinguishes
-    # a damaged last batch from an append cut short by a crash (docs/log.md)
+    # all the bytes the frame claims are there, but its CRC fails: no crash does that
     segment = tmp_path / "t" / "0" / f"{0:020d}.log"
     build(tmp_path, [200] * 4)
     pos, _, base, _ = frames(segment)[-1]
     flip(segment, [pos + 25])
-    assert [o for o, _ in read_all(tmp_path)] == list(range(base))
     log = riverbed.log.open(tmp_path)
-    assert log.producer("t").send({"i": -1, "pad": ""}).offset == base  # cut off, kept aside
-    assert list(segment.parent.glob("*.torn-*"))
+    with pytest.raises(CorruptLogError, match="nothing readable follows") as caught:
+        log.storage.offsets("t", 0)
+    assert caught.value.damage.start == base and caught.value.damage.position == pos
+    with pytest.raises(CorruptLogError, match=f"bad batch at byte {pos}"):
+        read_all(tmp_path)
+    with pytest.raises(CorruptLogError):  # appends stop: the next offset is not known
+        log.producer("t").send({"i": -1, "pad": ""})
+    assert not list(segment.parent.glob("*.torn-*"))  # nothing moved, nothing lost
     log.close()
 
 

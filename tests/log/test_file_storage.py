@@ -111,7 +111,8 @@ def test_every_fsync_policy_stores_the_same(tmp_path: Path, fsync: str) -> None:
 def run_producers(
     path: Path, env: dict[str, str], names: list[str], seconds: float, batch: int
 ) -> list[list[tuple[int, int, int, int]]]:
-    """Run producer processes for ``seconds`` then SIGKILL them; their acked batches."""
+    """Run producer processes until each appends, then ``seconds`` more, then SIGKILL
+    them; their acked batches."""
     procs = [
         subprocess.Popen(
             [sys.executable, str(PROCS), str(path), name, str(batch)],
@@ -136,6 +137,10 @@ def run_producers(
     readers = [threading.Thread(target=read, args=(i,)) for i in range(len(names))]
     for t in readers:
         t.start()
+    # the kill comes ``seconds`` after every producer is appending (start-up varies)
+    deadline = time.monotonic() + 60
+    while not all(acked) and time.monotonic() < deadline:
+        time.sleep(0.01)
     time.sleep(seconds)
     for p in procs:
         p.kill()
@@ -180,7 +185,7 @@ def test_producer_processes_killed_mid_batch_lose_nothing_acknowledged(
     all_acked: list[list[tuple[int, int, int, int]]] = []
     for round_no in range(5):
         names = [f"r{round_no}w{i}" for i in range(3)]
-        acked = run_producers(tmp_path, subprocess_env, names, rng.uniform(0.3, 0.8), 50)
+        acked = run_producers(tmp_path, subprocess_env, names, rng.uniform(0.15, 0.5), 50)
         assert all(acked), "a producer acknowledged nothing"
         all_acked.extend(acked)
         check_log(tmp_path, names, acked)

@@ -71,6 +71,7 @@ from riverbed.log.records import (
     decode_batch,
     encode_batch,
     read_header,
+    whole_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -213,16 +214,18 @@ def _damage(
     index: Sequence[tuple[int, int]],
 ) -> Damage | None:
     """What the bad frame at ``pos`` is: damage (with the offsets it hides), or None for
-    a torn tail — nothing readable after it in the newest segment and no index entry
-    showing the partition had gone past it."""
+    a torn tail — an unfinished append: nothing readable after it in the newest segment,
+    no index entry showing the partition had gone past it, and fewer bytes than the
+    frame claims (a frame that is all there but fails its CRC was damaged)."""
     found = _next_valid(buf, pos, at)
     if found is not None:
         q, header = found
         return Damage(str(path), pos, at, header.base_offset, q)
     if next_base is not None:
         return Damage(str(path), pos, at, next_base, len(buf))
-    if any(p > pos and o > at for o, p in index):
-        # an index entry is written just before its batch: the batch at pos was whole
+    if any(p > pos and o > at for o, p in index) or whole_frame(buf, pos):
+        # an index entry is written just before its batch, and an unfinished append is
+        # shorter than it claims: either way the batch at pos was whole
         upper = at + (len(buf) - pos) // _MIN_RECORD_BYTES + 1
         return Damage(str(path), pos, at, None, None, upper=upper)
     return None

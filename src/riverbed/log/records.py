@@ -153,6 +153,18 @@ def read_header(buf: bytes | memoryview, pos: int) -> BatchHeader | None:
     return BatchHeader(base, count, end - pos)
 
 
+def whole_frame(buf: bytes | memoryview, pos: int) -> bool:
+    """Whether all the bytes the frame at ``pos`` claims are there (its CRC unchecked).
+
+    An unfinished append leaves a *prefix* of a correct frame, whose length field
+    claims more bytes than follow it; a frame that claims no more than follows was
+    written whole, so a CRC mismatch there is damage, not an unfinished write."""
+    if len(buf) - pos < PREFIX_SIZE + _HEAD.size:
+        return False
+    length, _ = _PREFIX.unpack_from(buf, pos)
+    return length >= 4 + _HEAD.size and pos + 4 + length <= len(buf)
+
+
 @dataclass(frozen=True)
 class ColumnBatch:
     """One stored batch, column by column."""
