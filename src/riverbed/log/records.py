@@ -161,7 +161,7 @@ def whole_frame(buf: bytes | memoryview, pos: int) -> bool:
     written whole, so a CRC mismatch there is damage, not an unfinished write."""
     if len(buf) - pos < PREFIX_SIZE + _HEAD.size:
         return False
-    length, _ = _PREFIX.unpack_from(buf, pos)
+    length: int = _PREFIX.unpack_from(buf, pos)[0]
     return length >= 4 + _HEAD.size and pos + 4 + length <= len(buf)
 
 
