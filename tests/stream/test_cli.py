@@ -80,6 +80,17 @@ def test_run_query_results_and_live_state(
     assert main(["query", "flags", "--batch", "1"]) == 1
     assert "add --from-state" in capsys.readouterr().err
 
+    # damaged state: one line that names the file and the recovery, no trace
+    changelogs = sorted((home / "checkpoints" / "state" / "flags").glob("*/changelog/*.rbcl"))
+    damaged = changelogs[-1]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    damaged.write_bytes(bytes(data))
+    assert main(["query", str(spec), "--from-state"]) == 1
+    err = capsys.readouterr().err
+    assert damaged.name in err and "riverbed state verify" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 4
+
 
 def test_a_damaged_topic_stops_stream_run_with_one_line_and_a_skip_gets_it_moving(
     tmp_path: Path, subprocess_env: dict[str, str]
