@@ -69,6 +69,11 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--retention-bytes", help="keep at most this size per partition, e.g. 10G")
     c.add_argument("--segment-bytes", default="64M", help="segment size (default 64M)")
     c.add_argument("--fsync", default="batch", choices=["batch", "interval", "never"])
+    c.add_argument(
+        "--schema",
+        help='make the topic typed: its fields, e.g. "user_id long, flag string, ts timestamp" '
+        "(producers check every value against it)",
+    )
     c.set_defaults(func=_topic_create)
     c = cmds.add_parser("list", help="list topics")
     c.set_defaults(func=_topic_list)
@@ -157,11 +162,13 @@ def _topic_create(args: argparse.Namespace) -> int:
         retention_bytes=_size(args.retention_bytes) if args.retention_bytes else None,
         retention_ms=_duration_ms(args.retention) if args.retention else None,
         fsync=args.fsync,
+        schema=args.schema,
     )
     if args.json:
         print(json.dumps(config.to_dict()))
     else:
-        out.print(f"created topic {config.name} with {config.partitions} partitions")
+        typed = f", typed: {config.schema}" if config.schema else ""
+        out.print(f"created topic {config.name} with {config.partitions} partitions{typed}")
     return 0
 
 
@@ -204,6 +211,8 @@ def _topic_describe(args: argparse.Namespace) -> int:
         f"[bold]{config.name}[/bold]  partitioner={config.partitioner} "
         f"serde={config.serde} fsync={config.fsync}"
     )
+    if config.schema:
+        out.print(f"schema: {config.schema}")
     table = Table()
     for col in ("partition", "first offset", "next offset", "records"):
         table.add_column(col, justify="right")

@@ -96,6 +96,7 @@ class TopicConfig:
     fsync: Fsync = "batch"
     fsync_interval_ms: int = 1000
     skipped: tuple[SkippedRange, ...] = ()
+    schema: str | None = None  # a typed topic's fields, e.g. "user_id long, ts timestamp"
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TopicConfig:
@@ -113,11 +114,23 @@ class TopicConfig:
             raise ValueError(f"fsync must be batch, interval or never, not {self.fsync!r}")
         if self.segment_bytes < 1024:
             raise ValueError("segment_bytes must be at least 1024")
+        if self.schema is not None:
+            from riverbed.log.schema import parse_schema, schema_ddl
+
+            if self.serde not in ("json", "msgpack"):
+                raise ValueError(
+                    f"a typed topic holds records of named fields; serde {self.serde!r} "
+                    "holds raw bytes: use --serde json (the default) or msgpack"
+                )
+            # canonical spelling, so topic.json and `describe` read the same everywhere
+            object.__setattr__(self, "schema", schema_ddl(parse_schema(self.schema)))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.skipped:
             del data["skipped"]  # topic.json stays as it was for healthy topics
+        if self.schema is None:
+            del data["schema"]  # and for untyped ones
         return data
 
 

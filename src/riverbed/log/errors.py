@@ -41,3 +41,12 @@ class OffsetOutOfRangeError(LogError):
 
 class GroupError(LogError):
     """A consumer-group operation failed (stale generation, lost claim, bad config)."""
+
+
+class RecordRejectedError(LogError, ValueError):
+    """A value that does not fit its typed topic's schema: ``index`` (in the call's
+    values) and ``field`` say which, so a pipeline can route it to a dead-letter topic."""
+
+    def __init__(self, message: str, *, index: int, field: str | None) -> None:
+        super().__init__(message)
+        self.index, self.field = index, field

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from riverbed.log.base import Fsync, LogStorage, TopicConfig
-from riverbed.log.errors import LogError, SerdeError
+from riverbed.log.errors import LogError, RecordRejectedError, SerdeError
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
 from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
 from riverbed.log.serdes import BUILTIN_SERDES, Serde
@@ -93,7 +93,11 @@ class Log:
         retention_ms: int | None = None,
         fsync: Fsync = "batch",
         fsync_interval_ms: int = 1000,
+        schema: str | None = None,
     ) -> TopicConfig:
+        """Create a topic. ``schema`` (``"user_id long, flag string, ts timestamp"``)
+        makes it typed: producers check every value against it (see
+        :mod:`riverbed.log.schema`)."""
         self.partitioner(partitioner)  # fail before creating anything
         self.serde(serde)
         config = TopicConfig(
@@ -106,6 +110,7 @@ class Log:
             retention_ms,
             fsync,
             fsync_interval_ms,
+            schema=schema,
         )
         self.storage.create_topic(config)
         return config
@@ -193,6 +198,31 @@ class Producer:
         self._partitioner = log.partitioner(config.partitioner)
         self._partitions = config.partitions
         self._pending: list[tuple[int, RawRecord]] = []
+        self._schema_ddl = config.schema
+        self._schema = None
+        if config.schema is not None:
+            from riverbed.log.schema import parse_schema
+
+            self._schema = parse_schema(config.schema)
+
+    def check(self, values: Sequence[Any]) -> None:
+        """Raise :class:`RecordRejectedError` unless every value fits the topic's schema
+        (untyped topics take anything their serde can write)."""
+        if self._schema is None:
+            return
+        from riverbed.log.schema import ValueMismatch, to_batch
+
+        try:
+            to_batch(values, self._schema)
+        except ValueMismatch as exc:
+            where = f"record {exc.index}: " if len(values) > 1 else ""
+            field = f"field '{exc.field}' " if exc.field is not None else "the record "
+            raise RecordRejectedError(
+                f"topic '{self.topic}' ({self._schema_ddl}) refused {where}{field}{exc.reason}; "
+                "nothing of this call was written",
+                index=exc.index,
+                field=exc.field,
+            ) from None
 
     def record(
         self,
@@ -201,9 +231,14 @@ class Producer:
         timestamp: datetime | int | None = None,
         headers: Mapping[str, bytes] | None = None,
         partition: int | None = None,
+        *,
+        checked: bool = False,
     ) -> tuple[int, RawRecord]:
         """The stored form of a record and the partition it goes to, without writing it
-        (for writers that append per partition themselves)."""
+        (for writers that append per partition themselves). A typed topic's value is
+        checked against its schema unless ``checked`` says :meth:`check` already did."""
+        if not checked:
+            self.check([value])
         kb = _key_bytes(key)
         if partition is None:
             partition = self._partitioner.partition(kb, self._partitions)
@@ -252,11 +287,13 @@ class Producer:
         """Append many values (dicts, or rows of a ``pyarrow.Table``) as batches."""
         if hasattr(values, "to_pylist"):
             values = values.to_pylist()
+        values = values if isinstance(values, Sequence) else list(values)
+        self.check(values)  # all or nothing: one bad value and nothing is written
         items = []
         for value in values:
             key = value.get(key_field) if key_field and isinstance(value, dict) else None
             ts = value.get(timestamp_field) if timestamp_field and isinstance(value, dict) else None
-            items.append(self.record(value, key, ts, None, None))
+            items.append(self.record(value, key, ts, None, None, checked=True))
         return self._append(items)
 
     def _append(self, items: Sequence[tuple[int, RawRecord]]) -> list[RecordMetadata]:
