@@ -32,3 +32,32 @@ def test_session_settings(spark: Any) -> None:
     assert conf.get("spark.sql.session.timeZone") == "UTC"
     assert conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.sparkContext.master == "local[2,2]"
+
+
+def test_accumulator_server_errors_go_to_fd2_not_the_terminal(
+    spark: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dropped JVM connection makes PySpark's accumulator thread print a traceback;
+    the CLI's terminal is sys.stderr, the noise log is fd 2 (sys.__stderr__)."""
+    import io
+    import socket
+    import time
+
+    from pyspark.accumulators import _start_update_server
+
+    fd2 = io.StringIO()
+    monkeypatch.setattr(sys, "__stderr__", fd2)
+    # a server of the same class as the session's (which is busy with its JVM's
+    # connection: it serves one at a time)
+    server = _start_update_server("t0ken", False)
+    try:
+        address: Any = server.server_address
+        with socket.create_connection(address):
+            pass  # hang up without the token: the handler fails
+        deadline = time.monotonic() + 10
+        while "accumulator server" not in fd2.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+    assert "Traceback" in fd2.getvalue()
+    assert "Traceback" not in capsys.readouterr().err

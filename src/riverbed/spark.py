@@ -60,6 +60,30 @@ def _check_java() -> None:
         )
 
 
+def _accumulator_errors_to_fd2() -> None:
+    """PySpark's accumulator server thread prints a traceback through ``sys.stderr``
+    when the JVM's connection drops (a driver stopping after losing its lead, a JVM
+    killed under it). That is Spark noise: send it where the JVM's own output goes
+    (fd 2 — the log file when the CLI hides the noise), not to the terminal."""
+    import traceback
+
+    from pyspark import accumulators
+
+    def handle_error(self: object, request: object, client_address: object) -> None:
+        out = sys.__stderr__
+        if out is not None:
+            out.write(
+                f"accumulator server: connection from {client_address} failed\n"
+                + traceback.format_exc()
+            )
+            out.flush()
+
+    for name in ("AccumulatorTCPServer", "AccumulatorUnixServer"):
+        server = getattr(accumulators, name, None)
+        if server is not None:
+            server.handle_error = handle_error
+
+
 def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSession:
     """Get or create the SparkSession for ``config``."""
     config = config or SparkConfig()
@@ -68,6 +92,7 @@ def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSe
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    _accumulator_errors_to_fd2()
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
     conf = {**BASE_CONF, **(TEST_CONF if test else {}), **config.conf}
     for key, value in conf.items():
