@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from riverbed.spark import TEST_CONF
 from riverbed.testing import EtcdCluster, EtcdServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,4 +59,7 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # the fast settings of the tests' own session (no UI, 2 shuffle partitions, a C1
+    # driver JVM) for every riverbed process a test starts
+    env["RIVERBED_SPARK_CONF"] = json.dumps(TEST_CONF)
     return env

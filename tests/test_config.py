@@ -26,6 +26,15 @@ def test_toml_then_environment_override(tmp_path: Path) -> None:
     env = {"RIVERBED_CONTROL": "memory://", "RIVERBED_SPARK_MASTER": "local[2]"}
     config = load_config(env=env, cwd=tmp_path)
     assert (config.control_url, config.spark.master) == ("memory://", "local[2]")
+    env = {"RIVERBED_SPARK_CONF": '{"spark.sql.shuffle.partitions": 2, "spark.ui.enabled": "no"}'}
+    conf = load_config(env=env, cwd=tmp_path).spark.conf
+    assert dict(conf) == {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "no"}
+
+
+@pytest.mark.parametrize("text", ["spark.ui.enabled=false", '["a"]', "{"])
+def test_bad_spark_conf_variable_names_the_fix(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match="RIVERBED_SPARK_CONF must be a JSON object"):
+        load_config(env={"RIVERBED_SPARK_CONF": text}, cwd=tmp_path)
 
 
 def test_config_is_frozen(tmp_path: Path) -> None:

@@ -15,10 +15,16 @@ variables. Library code never reads the environment itself; it receives a
     [spark]
     master = "local[*]"
     conf = { "spark.sql.shuffle.partitions" = "8" }
+
+Environment: ``RIVERBED_HOME``, ``RIVERBED_CONTROL``, ``RIVERBED_LOG``,
+``RIVERBED_CHECKPOINTS``, ``RIVERBED_JOBS_DB``, ``RIVERBED_JOBS_DIR``,
+``RIVERBED_SPARK_MASTER``, and ``RIVERBED_SPARK_CONF`` (a JSON object of Spark
+settings laid over ``[spark] conf``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -90,6 +96,20 @@ def _expect_str(source: str, key: str, value: Any) -> str:
     return value
 
 
+def _conf_from_env(text: str) -> dict[str, str]:
+    """``RIVERBED_SPARK_CONF``: a JSON object of Spark settings, over riverbed.toml's."""
+    try:
+        conf = json.loads(text)
+    except json.JSONDecodeError as exc:
+        conf = exc
+    if not isinstance(conf, dict):
+        raise ConfigError(
+            "RIVERBED_SPARK_CONF must be a JSON object of Spark settings, e.g. "
+            '\'{"spark.sql.shuffle.partitions": "8"}\'; unset it or fix it'
+        )
+    return {str(k): str(v) for k, v in conf.items()}
+
+
 def load_config(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
@@ -147,6 +167,8 @@ def load_config(
         checkpoints = env["RIVERBED_CHECKPOINTS"]
     if env.get("RIVERBED_SPARK_MASTER"):
         master = env["RIVERBED_SPARK_MASTER"]
+    if env.get("RIVERBED_SPARK_CONF"):
+        conf.update(_conf_from_env(env["RIVERBED_SPARK_CONF"]))
     if not home.is_absolute():
         home = cwd / home
     return Config(
