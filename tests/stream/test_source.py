@@ -117,3 +117,36 @@ def test_bad_options_are_named(spark: Any, log_url: str) -> None:
         )
         query.awaitTermination(60)
         raise RuntimeError(str(query.exception()))
+
+
+def test_a_typed_topic_reads_like_the_same_records_in_json(spark: Any, tmp_path: Path) -> None:
+    """Typed columns go to Spark without parsing; the rows equal the JSON topic's, the
+    schema comes from the topic, and a source schema asking other types is cast."""
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("typed", 2, schema="user_id long, flag string, ts timestamp")
+    log.create_topic("plain", 2)
+    values = [
+        {"user_id": i % 7, "flag": f"f{i % 3}", "ts": f"2026-11-23T00:{i % 60:02d}:00Z"}
+        for i in range(300)
+    ]
+    values[5] = {"user_id": 5}  # absent fields: null
+    for topic in ("typed", "plain"):
+        log.producer(topic).send_batch(values, key_field="flag")
+    log.close()
+    register(spark)
+
+    def rows(topic: str, schema: str | None = None) -> list[tuple[Any, ...]]:
+        reader = spark.read.format("riverbed").option("topic", topic).option("log", url)
+        if schema:
+            reader = reader.option("schema", schema)
+        df = reader.load()
+        cols = ["user_id", "flag", "ts", "key", "partition", "offset", "_error"]
+        return sorted((tuple(r) for r in df.select(*cols).collect()), key=lambda r: r[4:6])
+
+    ddl = "user_id long, flag string, ts timestamp"
+    typed = rows("typed")
+    assert typed == rows("plain", ddl)
+    assert len(typed) == 300 and all(r[-1] is None for r in typed)
+    as_double = rows("typed", "user_id double, flag string, ts timestamp, missing int")
+    assert [r[0] for r in as_double] == [float(r[0]) if r[0] is not None else None for r in typed]

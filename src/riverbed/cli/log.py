@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from datetime import date, datetime
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +19,7 @@ from riverbed.config import load_config
 from riverbed.control import connect
 from riverbed.log import Log, LogError, Record
 from riverbed.log.base import Damage, PartitionReport
+from riverbed.log.errors import RecordRejectedError
 from riverbed.log.group import describe_group
 from riverbed.log.group.consumer import list_groups
 
@@ -333,10 +335,26 @@ def _produce(args: argparse.Namespace) -> int:
     log = _log(args)
     producer = log.producer(args.topic)
     batch: list[Any] = []
+    lines: list[int] = []  # the stdin line of each batched value
     count = 0
     tty = sys.stdin.isatty() is False and sys.stderr.isatty()
     progress = Progress(console=err, transient=True) if tty else None
     task = progress.add_task(f"producing to {args.topic}", total=None) if progress else None
+
+    def send() -> int:
+        """Send the batch; a value a typed topic refuses stops the run after the values
+        before it are written, as a line that is not JSON does."""
+        try:
+            return len(producer.send_batch(batch, key_field=args.key_field))
+        except RecordRejectedError as exc:
+            sent = len(producer.send_batch(batch[: exc.index], key_field=args.key_field))
+            what = f"field '{exc.field}'" if exc.field is not None else "the record"
+            raise LogError(
+                f"stdin line {lines[exc.index]}: topic '{args.topic}' refused {what} "
+                f"{exc.reason}; "
+                f"the {count + sent} records before it were produced"
+            ) from None
+
     if progress:
         progress.start()
     try:
@@ -345,20 +363,21 @@ def _produce(args: argparse.Namespace) -> int:
                 continue
             try:
                 batch.append(json.loads(line))
+                lines.append(n)
             except ValueError as exc:
                 if batch:
-                    count += len(producer.send_batch(batch, key_field=args.key_field))
+                    count += send()
                 raise LogError(
                     f"stdin line {n} is not JSON ({exc}): {line[:80]!r}; the {count} records "
                     "before it were produced"
                 ) from None
             if len(batch) >= args.batch:
-                count += len(producer.send_batch(batch, key_field=args.key_field))
-                batch = []
+                count += send()
+                batch, lines = [], []
                 if progress and task is not None:
                     progress.update(task, completed=count)
         if batch:
-            count += len(producer.send_batch(batch, key_field=args.key_field))
+            count += send()
     finally:
         if progress:
             progress.stop()
@@ -367,6 +386,15 @@ def _produce(args: argparse.Namespace) -> int:
     else:
         err.print(f"produced {count} records to {args.topic}")
     return 0
+
+
+def _json_default(value: object) -> object:
+    """A typed topic's timestamps and dates as ISO text, its binary fields as text."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _record_json(record: Record) -> str:
@@ -380,7 +408,8 @@ def _record_json(record: Record) -> str:
             "value": record.value
             if not isinstance(record.value, bytes)
             else record.value.decode("utf-8", "backslashreplace"),
-        }
+        },
+        default=_json_default,
     )
 
 

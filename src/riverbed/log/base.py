@@ -134,6 +134,26 @@ class TopicConfig:
         return data
 
 
+def typed_values(topic: str, config: TopicConfig, records: Sequence[RawRecord]) -> Any:
+    """A typed topic's values as one Arrow record batch of its schema (``None`` for an
+    untyped topic). Producers check values first; this is the storage's own check, for
+    writers that bypass them. Raises :class:`RecordRejectedError`."""
+    if config.schema is None:
+        return None
+    from riverbed.log.errors import RecordRejectedError
+    from riverbed.log.schema import ValueMismatch, schema_of, to_batch
+
+    try:
+        return to_batch([r.value for r in records], schema_of(config.schema))
+    except ValueMismatch as exc:
+        raise RecordRejectedError(
+            f"topic '{topic}' ({config.schema}) refused {exc}; nothing of this batch was written",
+            index=exc.index,
+            field=exc.field,
+            reason=exc.reason,
+        ) from None
+
+
 class LogStorage(ABC):
     url: str
 
@@ -165,14 +185,16 @@ class LogStorage(ABC):
         (what the Spark source and the stream engine read). Storages may do better than
         this default."""
         from riverbed.log.records import ColumnBatch
+        from riverbed.log.schema import schema_of
 
+        schema = schema_of(self.topic_config(topic).schema)
         chunks = []
         offset = start
         while offset < end:
             records = self.read(topic, partition, offset, min(end - offset, 10_000))
             if not records:
                 break
-            chunks.append(ColumnBatch.from_rows([r for _, r in records]))
+            chunks.append(ColumnBatch.from_rows([r for _, r in records], schema))
             offset = records[-1][0] + 1
         return Columns.concat(start, chunks)
 

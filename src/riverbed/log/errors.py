@@ -47,6 +47,6 @@ class RecordRejectedError(LogError, ValueError):
     """A value that does not fit its typed topic's schema: ``index`` (in the call's
     values) and ``field`` say which, so a pipeline can route it to a dead-letter topic."""
 
-    def __init__(self, message: str, *, index: int, field: str | None) -> None:
+    def __init__(self, message: str, *, index: int, field: str | None, reason: str = "") -> None:
         super().__init__(message)
-        self.index, self.field = index, field
+        self.index, self.field, self.reason = index, field, reason

@@ -55,6 +55,7 @@ from riverbed.log.base import (
     SkippedRange,
     TopicConfig,
     check_topic_name,
+    typed_values,
 )
 from riverbed.log.errors import (
     CorruptLogError,
@@ -69,7 +70,7 @@ from riverbed.log.records import (
     Columns,
     RawRecord,
     decode_batch,
-    encode_batch,
+    encode_body,
     read_header,
     whole_frame,
 )
@@ -544,11 +545,12 @@ class FileLogStorage(LogStorage):
         if not records:
             raise ValueError("cannot append an empty batch")
         config = self._config(topic)
+        encoded = encode_body(records, typed_values(topic, config, records))
         w = self._writer(topic, partition)
         with self._locked(w):
             self._sync_state(w)
             base = w.next_offset
-            frame = encode_batch(base, records)
+            frame = encoded.frame(base)
             if w.size and w.size + len(frame) > config.segment_bytes:
                 self._open_segment(w, base, base)
                 self._retain(w.directory, config)

@@ -167,10 +167,13 @@ class Log:
 
 
 def _decode(topic: str, partition: int, offset: int, raw: RawRecord, serde: Serde) -> Record:
-    try:
-        value = serde.deserialize(raw.value)
-    except SerdeError as exc:
-        raise SerdeError(f"{topic}/{partition}@{offset}: {exc}") from exc
+    if isinstance(raw.value, bytes):
+        try:
+            value = serde.deserialize(raw.value)
+        except SerdeError as exc:
+            raise SerdeError(f"{topic}/{partition}@{offset}: {exc}") from exc
+    else:  # a typed topic's record: its fields, typed already
+        value = raw.value
     return Record(
         topic=topic,
         partition=partition,
@@ -222,6 +225,7 @@ class Producer:
                 "nothing of this call was written",
                 index=exc.index,
                 field=exc.field,
+                reason=exc.reason,
             ) from None
 
     def record(
@@ -242,7 +246,9 @@ class Producer:
         kb = _key_bytes(key)
         if partition is None:
             partition = self._partitioner.partition(kb, self._partitions)
-        raw = RawRecord(_ts_ms(timestamp), kb, self._serde.serialize(value), dict(headers or {}))
+        # a typed topic's value is stored as columns by the storage; others as serde bytes
+        stored = value if self._schema is not None else self._serde.serialize(value)
+        raw = RawRecord(_ts_ms(timestamp), kb, stored, dict(headers or {}))
         return partition, raw
 
     def refresh(self) -> None:

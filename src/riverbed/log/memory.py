@@ -6,9 +6,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from riverbed.log.base import LogStorage, TopicConfig
+from riverbed.log.base import LogStorage, TopicConfig, typed_values
 from riverbed.log.errors import OffsetOutOfRangeError, TopicExistsError, TopicNotFoundError
 from riverbed.log.records import RawRecord
+from riverbed.log.schema import from_batch
 
 
 class MemoryLogStorage(LogStorage):
@@ -54,6 +55,9 @@ class MemoryLogStorage(LogStorage):
 
     def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
         self._check(topic, partition)
+        typed = typed_values(topic, self.topic_config(topic), records)
+        if typed is not None:  # keep copies of the values, as the schema types them
+            records = [replace(r, value=v) for r, v in zip(records, from_batch(typed), strict=True)]
         with self._lock:
             data = self._data.setdefault((topic, partition), [])
             base = self._start.get((topic, partition), 0) + len(data)

@@ -15,6 +15,12 @@ copies instead of a Python object per record::
      (little-endian bitmap, or b"" when every key is set), key bytes,
      value offsets (int32 LE, count + 1), value bytes, headers (list of maps, or nil)]
 
+A typed topic's batches (format 3) hold the values as typed columns instead — an
+Arrow IPC stream of one record batch with the topic's schema — in place of the value
+offsets and bytes::
+
+    [3, timestamps, key offsets, key validity, key bytes, Arrow IPC, headers]
+
 Format 1, still read, was ``[[ts, key, value, headers], ...]``: its elements are rows
 (arrays), never the integer 2.
 """
@@ -48,11 +54,12 @@ def now_ms() -> int:
 
 @dataclass(frozen=True)
 class RawRecord:
-    """A record as stored: bytes key and value, event time in ms."""
+    """A record as stored: bytes key, event time in ms, and the value — its serde's
+    bytes, or for a typed topic the mapping of its fields."""
 
     timestamp_ms: int
     key: bytes | None
-    value: bytes
+    value: Any
     headers: Mapping[str, bytes] = field(default_factory=dict)
 
 
@@ -85,6 +92,7 @@ class RecordMetadata:
 
 
 FORMAT_COLUMNS = 2
+FORMAT_TYPED = 3
 _MAX_BYTES = 2**31 - 1  # int32 offsets
 
 
@@ -102,30 +110,69 @@ def _offsets(lengths: list[int]) -> bytes:
     return _le(offsets)
 
 
-def encode_batch(base_offset: int, records: Sequence[RawRecord]) -> bytes:
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch encoded but for its base offset (known only under the partition's lock):
+    :meth:`frame` adds it. Encoding the values outside the lock keeps appends short."""
+
+    count: int
+    body: bytes
+
+    def frame(self, base_offset: int) -> bytes:
+        payload = _HEAD.pack(base_offset, self.count) + self.body
+        return _PREFIX.pack(len(payload) + 4, zlib.crc32(payload)) + payload
+
+
+def encode_body(records: Sequence[RawRecord], typed: pa.RecordBatch | None = None) -> EncodedBatch:
+    """Encode ``records``; ``typed`` holds a typed topic's values as columns (format 3),
+    else the values are serde bytes (format 2)."""
     # array + accumulate, not numpy: most appends are small, where numpy's per-call
     # overhead would dominate
-    n = len(records)
     keys = [r.key for r in records]
-    values = [r.value for r in records]
     missing = [k is None for k in keys]
     validity = b""
     if any(missing):
         validity = np.packbits(~np.array(missing), bitorder="little").tobytes()
-    payload: bytes = _HEAD.pack(base_offset, n) + msgpack.packb(
+    stored: list[Any]
+    if typed is None:
+        values = [r.value for r in records]
+        stored = [FORMAT_COLUMNS, _offsets([len(v) for v in values]), b"".join(values)]
+    else:
+        if typed.num_rows != len(records):
+            raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
+        stored = [FORMAT_TYPED, _ipc(typed)]
+    body: bytes = msgpack.packb(
         [
-            FORMAT_COLUMNS,
+            stored[0],
             _le(array("q", [r.timestamp_ms for r in records])),
             _offsets([len(k) if k is not None else 0 for k in keys]),
             validity,
             b"".join(k for k in keys if k is not None),
-            _offsets([len(v) for v in values]),
-            b"".join(values),
+            *stored[1:],
             [dict(r.headers) for r in records] if any(r.headers for r in records) else None,
         ],
         use_bin_type=True,
     )
-    return _PREFIX.pack(len(payload) + 4, zlib.crc32(payload)) + payload
+    return EncodedBatch(len(records), body)
+
+
+def encode_batch(
+    base_offset: int, records: Sequence[RawRecord], typed: pa.RecordBatch | None = None
+) -> bytes:
+    """The frame of one batch (see :func:`encode_body`)."""
+    return encode_body(records, typed).frame(base_offset)
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue())
+
+
+def _from_ipc(data: bytes) -> pa.StructArray:
+    batch = pa.ipc.open_stream(data).read_next_batch()
+    return pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
 
 
 @dataclass(frozen=True)
@@ -167,11 +214,12 @@ def whole_frame(buf: bytes | memoryview, pos: int) -> bool:
 
 @dataclass(frozen=True)
 class ColumnBatch:
-    """One stored batch, column by column."""
+    """One stored batch, column by column. ``values`` is a binary array of serde bytes,
+    or for a typed topic a struct array of the schema's fields."""
 
     timestamps_ms: np.ndarray  # int64
     keys: pa.BinaryArray
-    values: pa.BinaryArray
+    values: pa.Array
     headers: list[dict[str, bytes]] | None
 
     def __len__(self) -> int:
@@ -186,13 +234,21 @@ class ColumnBatch:
         )
 
     @staticmethod
-    def from_rows(rows: Sequence[RawRecord]) -> ColumnBatch:
+    def from_rows(rows: Sequence[RawRecord], schema: pa.Schema | None = None) -> ColumnBatch:
         """The inverse of :meth:`rows` (for row-shaped sources: format 1 batches,
-        storages without a columnar read)."""
+        storages without a columnar read); ``schema`` for a typed topic's rows."""
+        values: pa.Array
+        if schema is None:
+            values = pa.array([r.value for r in rows], pa.binary())
+        else:
+            from riverbed.log.schema import to_batch
+
+            batch = to_batch([r.value for r in rows], schema)
+            values = pa.StructArray.from_arrays(batch.columns, fields=list(schema))
         return ColumnBatch(
             np.array([r.timestamp_ms for r in rows], dtype=np.int64),
             pa.array([r.key for r in rows], pa.binary()),
-            pa.array([r.value for r in rows], pa.binary()),
+            values,
             [dict(r.headers) for r in rows] if any(r.headers for r in rows) else None,
         )
 
@@ -230,9 +286,20 @@ def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Colu
                 _binary(n, value_offsets, value_data),
                 headers,
             )
+        if payload and payload[0] == FORMAT_TYPED:
+            _, ts, key_offsets, key_valid, key_data, ipc, headers = payload
+            values = _from_ipc(ipc)
+            if len(values) != n:
+                raise ValueError(f"{len(values)} typed values for {n} records")
+            return ColumnBatch(
+                np.frombuffer(ts, dtype="<i8"),
+                _binary(n, key_offsets, key_data, key_valid),
+                values,
+                headers,
+            )
         # format 1: rows
         return ColumnBatch.from_rows([RawRecord(r[0], r[1], r[2], r[3] or {}) for r in payload])
-    except (ValueError, TypeError, IndexError, pa.ArrowInvalid) as exc:
+    except (ValueError, TypeError, IndexError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise CorruptLogError(f"batch at offset {header.base_offset} cannot be decoded") from exc
 
 
@@ -245,7 +312,7 @@ class Columns:
     start: int
     timestamps_ms: np.ndarray  # int64 ms
     keys: pa.BinaryArray  # null where a record has no key
-    values: pa.BinaryArray
+    values: pa.Array  # binary (serde bytes), or struct (a typed topic's fields)
     picked: np.ndarray | None = None  # int64 offsets of the records, when not contiguous
 
     def __len__(self) -> int:

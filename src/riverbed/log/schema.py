@@ -17,11 +17,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime
+from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["SchemaError", "ValueMismatch", "from_batch", "parse_schema", "schema_ddl", "to_batch"]
+__all__ = [
+    "SchemaError",
+    "ValueMismatch",
+    "from_batch",
+    "parse_schema",
+    "schema_ddl",
+    "schema_of",
+    "to_batch",
+]
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -83,6 +92,16 @@ def parse_schema(ddl: str) -> pa.Schema:
             raise SchemaError(f"field '{name}' appears twice in the schema")
         fields.append(pa.field(name, TYPES[type_name]))
     return pa.schema(fields)
+
+
+@lru_cache(maxsize=256)
+def _parsed(ddl: str) -> pa.Schema:
+    return parse_schema(ddl)
+
+
+def schema_of(ddl: str | None) -> pa.Schema | None:
+    """A topic's stored schema text, parsed once per process (``None``: untyped)."""
+    return None if ddl is None else _parsed(ddl)
 
 
 def schema_ddl(schema: pa.Schema) -> str:

@@ -110,8 +110,8 @@ def _ddl_names(ddl: str) -> list[str]:
 
 
 def value_schema(options: dict[str, str]) -> StructType | str:
-    """The value fields: the ``schema`` option (a DDL string, parsed by Spark), else
-    inferred from up to 100 records."""
+    """The value fields: the ``schema`` option (a DDL string, parsed by Spark), else a
+    typed topic's own schema, else inferred from up to 100 records."""
     if options.get("schema"):
         clash = [n for n in _ddl_names(options["schema"]) if n in META_NAMES]
         if clash:
@@ -119,6 +119,17 @@ def value_schema(options: dict[str, str]) -> StructType | str:
         return options["schema"]
     log = _open(options)
     topic = options["topic"]
+    typed: str | None = log.topic(topic).schema
+    if typed is not None:
+        log.close()
+        clash = [n for n in _ddl_names(typed) if n in META_NAMES]
+        if clash:
+            raise ValueError(
+                f"topic '{topic}' has field(s) {clash}, which clash with the source's own "
+                f"columns ({', '.join(sorted(META_NAMES))}); give the source a schema "
+                "option without them"
+            )
+        return typed
     fields: dict[str, DataType] = {}
     for p in range(log.topic(topic).partitions):
         for record in log.read(topic, p, log.storage.offsets(topic, p)[0], 100):
@@ -203,7 +214,12 @@ def to_arrow(columns: Columns, partition: int, schema: StructType, serde: Any) -
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     value_fields = [f for f in schema.fields if f.name not in META_NAMES]
     values = None
-    if serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields):
+    if pa.types.is_struct(columns.values.type):  # a typed topic: its columns, as stored
+        values = _typed_values(columns.values, value_fields, arrow_schema)
+        if values is None:
+            struct_rows = columns.values.to_pylist()
+            values = _values_one_by_one(struct_rows, value_fields, arrow_schema, serde)
+    elif serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields):
         values = _json_values(columns.values, value_fields, arrow_schema)
     if values is None:
         values = _values_one_by_one(columns.values.to_pylist(), value_fields, arrow_schema, serde)
@@ -271,9 +287,33 @@ def newline_joined(values: pa.BinaryArray) -> bytes:
     return np.insert(data, offsets[1:-1] - offsets[0], ord("\n")).tobytes()
 
 
+def _typed_values(
+    values: pa.StructArray, value_fields: list[StructField], schema: pa.Schema
+) -> dict[str, pa.Array] | None:
+    """A typed topic's columns as the source's schema wants them: no parsing, a cast
+    where the types differ (``None`` when a cast fails: the caller then goes record by
+    record and reports each problem in ``_error``); a field the topic lacks is null."""
+    stored = dict(zip(values.type.names, values.flatten(), strict=True))
+    out: dict[str, pa.Array] = {}
+    for f in value_fields:
+        want = schema.field(f.name).type
+        column = stored.get(f.name)
+        if column is None:
+            out[f.name] = pa.nulls(len(values), want)
+            continue
+        if column.type != want:
+            try:
+                column = column.cast(want)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                return None
+        out[f.name] = column
+    return out
+
+
 def _values_one_by_one(
-    values: list[bytes], value_fields: list[StructField], schema: pa.Schema, serde: Any
+    values: list[Any], value_fields: list[StructField], schema: pa.Schema, serde: Any
 ) -> dict[str, pa.Array]:
+    """Values (serde bytes, or a typed topic's field dicts) one record at a time."""
     from riverbed.log import SerdeError
 
     out: dict[str, list[Any]] = {f.name: [] for f in value_fields}
@@ -282,7 +322,7 @@ def _values_one_by_one(
         error = None
         fields: dict[str, Any] = {}
         try:
-            decoded = serde.deserialize(raw)
+            decoded = raw if isinstance(raw, dict) else serde.deserialize(raw)
             if isinstance(decoded, dict):
                 fields = decoded
             elif len(value_fields) == 1:
