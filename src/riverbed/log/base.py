@@ -134,12 +134,18 @@ class TopicConfig:
         return data
 
 
-def typed_values(topic: str, config: TopicConfig, records: Sequence[RawRecord]) -> Any:
+def typed_values(
+    topic: str, config: TopicConfig, records: Sequence[RawRecord], typed: Any = None
+) -> Any:
     """A typed topic's values as one Arrow record batch of its schema (``None`` for an
     untyped topic). Producers check values first; this is the storage's own check, for
     writers that bypass them. Raises :class:`RecordRejectedError`."""
     if config.schema is None:
         return None
+    if typed is not None:
+        if typed.num_rows != len(records):
+            raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
+        return typed
     from riverbed.log.errors import RecordRejectedError
     from riverbed.log.schema import ValueMismatch, schema_of, to_batch
 
@@ -171,8 +177,13 @@ class LogStorage(ABC):
         """Grow a topic to ``partitions``; shrinking is refused."""
 
     @abstractmethod
-    def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
-        """Append a batch atomically; returns the offset of its first record."""
+    def append(
+        self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
+    ) -> int:
+        """Append a batch atomically; returns the offset of its first record. For a
+        typed topic, ``typed`` may carry the values already checked as one Arrow record
+        batch (a producer's :meth:`~riverbed.log.Producer.check`); else the storage
+        checks them (:func:`typed_values`)."""
 
     @abstractmethod
     def read(

@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -541,11 +542,13 @@ class FileLogStorage(LogStorage):
         w.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         w.base, w.size, w.next_offset, w.since_index = base, 0, next_offset, 0
 
-    def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
+    def append(
+        self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
+    ) -> int:
         if not records:
             raise ValueError("cannot append an empty batch")
         config = self._config(topic)
-        encoded = encode_body(records, typed_values(topic, config, records))
+        encoded = encode_body(records, typed_values(topic, config, records, typed))
         w = self._writer(topic, partition)
         with self._locked(w):
             self._sync_state(w)

@@ -208,15 +208,16 @@ class Producer:
 
             self._schema = parse_schema(config.schema)
 
-    def check(self, values: Sequence[Any]) -> None:
+    def check(self, values: Sequence[Any]) -> Any:
         """Raise :class:`RecordRejectedError` unless every value fits the topic's schema
-        (untyped topics take anything their serde can write)."""
+        (untyped topics take anything their serde can write). Returns a typed topic's
+        values as an Arrow record batch (``None`` for an untyped topic)."""
         if self._schema is None:
-            return
+            return None
         from riverbed.log.schema import ValueMismatch, to_batch
 
         try:
-            to_batch(values, self._schema)
+            return to_batch(values, self._schema)
         except ValueMismatch as exc:
             where = f"record {exc.index}: " if len(values) > 1 else ""
             field = f"field '{exc.field}' " if exc.field is not None else "the record "
@@ -264,8 +265,9 @@ class Producer:
         headers: Mapping[str, bytes] | None = None,
         partition: int | None = None,
     ) -> RecordMetadata:
-        p, raw = self.record(value, key, timestamp, headers, partition)
-        offset = self.log.storage.append(self.topic, p, [raw])
+        typed = self.check([value])
+        p, raw = self.record(value, key, timestamp, headers, partition, checked=True)
+        offset = self.log.storage.append(self.topic, p, [raw], typed)
         return RecordMetadata(self.topic, p, offset)
 
     def buffer(
@@ -294,21 +296,28 @@ class Producer:
         if hasattr(values, "to_pylist"):
             values = values.to_pylist()
         values = values if isinstance(values, Sequence) else list(values)
-        self.check(values)  # all or nothing: one bad value and nothing is written
+        typed = self.check(values)  # all or nothing: one bad value and nothing is written
         items = []
         for value in values:
             key = value.get(key_field) if key_field and isinstance(value, dict) else None
             ts = value.get(timestamp_field) if timestamp_field and isinstance(value, dict) else None
             items.append(self.record(value, key, ts, None, None, checked=True))
-        return self._append(items)
+        return self._append(items, typed)
 
-    def _append(self, items: Sequence[tuple[int, RawRecord]]) -> list[RecordMetadata]:
+    def _append(
+        self, items: Sequence[tuple[int, RawRecord]], typed: Any = None
+    ) -> list[RecordMetadata]:
+        """Append ``items`` per partition; ``typed``: their checked values, if known."""
         by_partition: dict[int, list[int]] = {}
         for i, (p, _) in enumerate(items):
             by_partition.setdefault(p, []).append(i)
         out: list[RecordMetadata | None] = [None] * len(items)
         for p, indexes in by_partition.items():
-            base = self.log.storage.append(self.topic, p, [items[i][1] for i in indexes])
+            part = None
+            if typed is not None:
+                part = typed if len(by_partition) == 1 else typed.take(indexes)
+            records = [items[i][1] for i in indexes]
+            base = self.log.storage.append(self.topic, p, records, part)
             for n, i in enumerate(indexes):
                 out[i] = RecordMetadata(self.topic, p, base + n)
         return [m for m in out if m is not None]

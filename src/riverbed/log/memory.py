@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from riverbed.log.base import LogStorage, TopicConfig, typed_values
 from riverbed.log.errors import OffsetOutOfRangeError, TopicExistsError, TopicNotFoundError
@@ -53,9 +54,11 @@ class MemoryLogStorage(LogStorage):
                 f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
             )
 
-    def append(self, topic: str, partition: int, records: Sequence[RawRecord]) -> int:
+    def append(
+        self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
+    ) -> int:
         self._check(topic, partition)
-        typed = typed_values(topic, self.topic_config(topic), records)
+        typed = typed_values(topic, self.topic_config(topic), records, typed)
         if typed is not None:  # keep copies of the values, as the schema types them
             records = [replace(r, value=v) for r, v in zip(records, from_batch(typed), strict=True)]
         with self._lock:

@@ -127,7 +127,10 @@ def _timestamp(value: Any) -> Any:
 
 def _column(values: list[Any], field: pa.Field) -> pa.Array:
     if field.type == TIMESTAMP:
-        values = [_timestamp(v) for v in values]
+        try:  # datetimes, aware or naive (= UTC): Arrow converts them itself, fast
+            return pa.array(values, type=field.type, from_pandas=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            values = [_timestamp(v) for v in values]  # ISO text
     elif field.type == pa.date32():
         values = [date.fromisoformat(v) if isinstance(v, str) else v for v in values]
     elif pa.types.is_floating(field.type):
