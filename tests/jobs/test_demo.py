@@ -41,6 +41,10 @@ def test_the_stream_demo_survives_a_sigkill_and_equals_pandas(
     assert "exact distinct users: IDENTICAL to the independent answer" in text
     assert "HLL distinct users: WITHIN the error bound" in text
     assert "batch 0: 400 records" in text  # the driver's own lines still reach the terminal
+    # a typed topic: the producer refuses malformed values, naming field and reason
+    assert "field 'user_id' is 'x', which is not a long" in text
+    assert "3 malformed records refused → clicks.rejected" in text
+    assert "malformed 3 = 4,003 of 4,003 produced" in text
     assert list((tmp_path / "home" / "logs").glob("demo-stream-*.log"))
 
 

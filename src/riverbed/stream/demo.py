@@ -1,7 +1,9 @@
 """``riverbed demo``: hourly unique users per feature flag, exactly-once through a crash.
 
 1. generate a synthetic clickstream into a riverbed topic: skewed flags, repeat
-   users, events arriving out of order, a few very late events, a few malformed ones;
+   users, events arriving out of order, a few very late events, into a typed topic
+   (Arrow columns); a few malformed ones are refused by the producer, naming the
+   field, and go to a dead-letter topic;
 2. run the streaming aggregation as a separate driver process (``riverbed stream
    run``) and SIGKILL it — Spark driver JVM included — part-way through;
 3. restart it: it resumes from its checkpoint;
@@ -30,7 +32,7 @@ from rich.table import Table
 
 import riverbed.log
 from riverbed.config import Config
-from riverbed.log.records import RawRecord
+from riverbed.log.errors import RecordRejectedError
 
 console = Console(highlight=False)
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -65,6 +67,9 @@ def generate(n: int, flags: int, users: int, seed: int = 7) -> pd.DataFrame:
     return events.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
 
 
+TOPIC_SCHEMA = "user_id long, flag string, ts timestamp"
+
+
 def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int:
     home = config.home.resolve() / "demo"
     shutil.rmtree(home, ignore_errors=True)
@@ -79,7 +84,8 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
 
     data = generate(events, flags=50, users=events // 4, seed=seed)
     log = riverbed.log.open(home / "log")
-    log.create_topic("clicks", 4)
+    # a typed topic: values stored as Arrow columns, checked by the producer
+    log.create_topic("clicks", 4, schema=TOPIC_SCHEMA)
     producer = log.producer("clicks")
     with Progress(console=console, transient=False) as progress:
         task = progress.add_task("producing clicks", total=len(data))
@@ -87,27 +93,31 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
             chunk = data.iloc[start : start + 5_000]
             producer.send_batch(
                 [
-                    {"user_id": int(u), "flag": f, "ts": t.isoformat()}
+                    {"user_id": int(u), "flag": f, "ts": t}
                     for u, f, t in chunk.itertuples(index=False)
                 ],
                 key_field="flag",
             )
             progress.update(task, advance=len(chunk))
-    bad = [
-        RawRecord(0, b"flag-01", b'{"user_id": 1, "flag": "flag-01", "ts": '),
-        RawRecord(0, b"flag-02", b"not json at all"),
-        RawRecord(
-            0,
-            b"flag-03",
-            json.dumps({"user_id": "x", "flag": "flag-03", "ts": T0.isoformat()}).encode(),
-        ),
+    bad: list[dict[str, object]] = [
+        {"user_id": 1, "flag": "flag-01", "ts": "yesterday"},
+        {"user_id": "x", "flag": "flag-03", "ts": T0.isoformat()},
+        {"user_id": 2, "flga": "flag-02"},
     ]
-    for n, record in enumerate(bad):
-        log.storage.append("clicks", n % 4, [record])
+    log.create_topic("clicks.rejected", 1)  # untyped: it keeps whatever was refused
+    rejected = log.producer("clicks.rejected")
+    for value in bad:  # refused at the door, each with its reason: to a dead-letter topic
+        try:
+            producer.send(value, key=str(value.get("flag")))
+        except RecordRejectedError as exc:
+            what = f"field '{exc.field}'" if exc.field else "the record"
+            console.print(f"  [yellow]refused[/yellow] {what} {exc.reason} → clicks.rejected")
+            rejected.send(value, headers={"error": str(exc).encode()})
     log.close()
     console.print(
         f"{len(data):,} events ({data['flag'].nunique()} flags, "
-        f"{data['user_id'].nunique():,} users, 24 h), {len(bad)} malformed records\n"
+        f"{data['user_id'].nunique():,} users, 24 h) into typed topic clicks "
+        f"({TOPIC_SCHEMA})\n{len(bad)} malformed records refused → clicks.rejected\n"
     )
 
     command = [
@@ -166,9 +176,12 @@ def _verdict(home: Path, data: pd.DataFrame) -> int:
         if "flags_hourly.late" in log.topics()
         else pd.DataFrame(columns=["user_id", "flag", "ts"])
     )
-    dead = (
-        list(log.iter_records("flags_hourly.dlq", 0)) if "flags_hourly.dlq" in log.topics() else []
-    )
+    dead = [
+        record
+        for topic in ("flags_hourly.dlq", "clicks.rejected")
+        if topic in log.topics()
+        for record in log.iter_records(topic, 0)
+    ]
     late = late.drop_duplicates(["user_id", "flag", "ts"])  # side outputs are at-least-once
     late_keys = set(
         zip(late["user_id"], late["flag"], pd.to_datetime(late["ts"], utc=True), strict=True)
