@@ -145,6 +145,23 @@ def riverbed_path(
     )
 
 
+def trigger_breakdown(root: Path, mode: str, seconds: float) -> dict[str, float]:
+    """Per trigger, in ms: the whole trigger (wall / batches), and inside riverbed's
+    batch function where it went (its batch records' ``ms``); the rest is Spark's
+    (planning, offset and commit logs, job submission)."""
+    import json
+
+    directory = root / f"ckpt-bench_{mode}_colocated" / "riverbed" / "batches"
+    records = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+    done = [r for r in records if r.get("done") and r.get("ms")]
+    n = len(done)
+    out = {"batches": float(n), "trigger": seconds * 1000 / max(n, 1)}
+    for phase in ("offsets", "state_job", "outputs"):
+        out[phase] = sum(r["ms"].get(phase, 0) for r in done) / max(n, 1)
+    out["spark"] = out["trigger"] - out["offsets"] - out["state_job"] - out["outputs"]
+    return out
+
+
 def spark_streaming_path(spark: Any, df: Any, root: Path, kind: str) -> float:
     from pyspark.sql import functions as F
 
@@ -426,6 +443,21 @@ def main() -> None:
                 print(f"  {name}: {seconds:.1f} s", flush=True)
         for group, name, _ in paths:
             rows.append((group, name, statistics.median(times[name])))
+        # Fixed vs per-event cost per trigger: the same paths on the small dataset
+        # (20,000 events in as many triggers: almost all fixed cost), then the last
+        # timed round's batch records for where a trigger's time goes.
+        breakdown: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+        for mode in ("exact", "hll"):
+            probe = root / f"probe-{mode}"
+            small_s = riverbed_path(
+                spark, f"file://{warm / 'log'}", probe, mode, 20_000 // args.batches
+            )
+            breakdown[mode] = (
+                trigger_breakdown(probe, mode, small_s),
+                trigger_breakdown(
+                    root / f"r{args.repeat - 1}", mode, times[f"riverbed {mode}"][-1]
+                ),
+            )
         spark.stop()
     print(f"\n{n:,} events, {args.batches} micro-batches, local[2], 4 partitions")
     print(f"{'path':56} {'seconds':>8} {'events/s':>12}")
@@ -450,6 +482,28 @@ def main() -> None:
     }
     for label, (ours, theirs) in ratios.items():
         print(f"{label:52} {ours / theirs:5.2f}x (target 1.5x)")
+    print(
+        "\nper trigger, riverbed co-located (ms; 'spark' = outside riverbed's batch "
+        "function, query start included)"
+    )
+    print(f"{'':26} {'trigger':>8} {'spark':>7} {'offsets':>8} {'state job':>10} {'outputs':>8}")
+    for mode, (small, big) in breakdown.items():
+        for label, b in (
+            (f"{mode}, {20_000 // args.batches:,}/trigger", small),
+            (f"{mode}, {per_batch:,}/trigger", big),
+        ):
+            print(
+                f"{label:26} {b['trigger']:8.0f} {b['spark']:7.0f} {b['offsets']:8.0f} "
+                f"{b['state_job']:10.0f} {b['outputs']:8.0f}"
+            )
+        per_event_us = (
+            (big["trigger"] - small["trigger"]) * 1000 / (per_batch - 20_000 // args.batches)
+        )
+        print(
+            f"{mode}: fixed ≈ {small['trigger']:.0f} ms per trigger, per event ≈ "
+            f"{per_event_us:.2f} µs; fixed share at {per_batch:,}/trigger: "
+            f"{small['trigger'] / big['trigger']:.0%}"
+        )
     batch = rate["Spark batch count(distinct), parquet"]
     print(
         f"{'riverbed exact / Spark batch count(distinct), Parquet':52} "
