@@ -131,18 +131,27 @@ def riverbed_path(
     else:
         source = {"topic": "clicks", "log": url, "maxRecordsPerBatch": str(per_batch)}
         source |= {"schema": SCHEMA, "co_locate": "true" if how == "colocated" else "false"}
-    return timed(
-        lambda: await_query(
-            start(
-                spark,
-                spec,
-                source,
-                checkpoint=root / f"ckpt-{name}",
-                output=root / f"out-{name}",
-                trigger={"availableNow": True},
-            )
+    queries: list[Any] = []
+
+    def run() -> None:
+        query = start(
+            spark,
+            spec,
+            source,
+            checkpoint=root / f"ckpt-{name}",
+            output=root / f"out-{name}",
+            trigger={"availableNow": True},
         )
-    )
+        queries.append(query)
+        await_query(query)
+
+    seconds = timed(run)
+    PROGRESS[str(root / name)] = [p["durationMs"] for p in queries[0].recentProgress]
+    return seconds
+
+
+PROGRESS: dict[str, list[dict[str, int]]] = {}  # Spark's durationMs per trigger, per run
+SPARK_PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
 
 
 def trigger_breakdown(root: Path, mode: str, seconds: float) -> dict[str, float]:
@@ -159,6 +168,11 @@ def trigger_breakdown(root: Path, mode: str, seconds: float) -> dict[str, float]
     for phase in ("offsets", "state_job", "outputs"):
         out[phase] = sum(r["ms"].get(phase, 0) for r in done) / max(n, 1)
     out["spark"] = out["trigger"] - out["offsets"] - out["state_job"] - out["outputs"]
+    progress = [
+        d for d in PROGRESS.get(str(root / f"bench_{mode}_colocated"), []) if "addBatch" in d
+    ]
+    for phase in (*SPARK_PHASES, "triggerExecution"):
+        out[phase] = sum(d.get(phase, 0) for d in progress) / max(len(progress), 1)
     return out
 
 
@@ -496,6 +510,12 @@ def main() -> None:
                 f"{label:26} {b['trigger']:8.0f} {b['spark']:7.0f} {b['offsets']:8.0f} "
                 f"{b['state_job']:10.0f} {b['outputs']:8.0f}"
             )
+        print(
+            f"  Spark's durationMs per trigger ({per_batch:,}/trigger): "
+            + ", ".join(
+                f"{phase} {big[phase]:.0f}" for phase in (*SPARK_PHASES, "triggerExecution")
+            )
+        )
         per_event_us = (
             (big["trigger"] - small["trigger"]) * 1000 / (per_batch - 20_000 // args.batches)
         )
