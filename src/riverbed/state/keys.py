@@ -36,6 +36,12 @@ def split_window_key(data: bytes) -> tuple[datetime, bytes]:
     return datetime.fromtimestamp(millis / 1000, tz=UTC), data[_TS.size :]
 
 
+def split_window_key_ms(data: bytes) -> tuple[int, bytes]:
+    """:func:`split_window_key` with the window start in epoch milliseconds."""
+    (millis,) = _TS.unpack_from(data)
+    return int(millis), data[_TS.size :]
+
+
 def window_prefix(window_start: datetime | int) -> bytes:
     return _TS.pack(to_millis(window_start))
 

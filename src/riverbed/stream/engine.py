@@ -28,6 +28,7 @@ are the same (see :mod:`riverbed.state` for why re-commits are safe).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ import pyarrow as pa
 
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.errors import CorruptStateError
-from riverbed.state.keys import split_window_key, window_key, window_prefix
+from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 
@@ -367,28 +368,36 @@ def partials_of(
     if ts is None:
         ts = event_millis(pdf[spec.time])
     keys = pdf[spec.key].astype(str).to_numpy()
-    parts = []
+    columns = {c: pdf[c].to_numpy() for c in spec.columns()[2:]}
+    window_starts, rows = [], []  # one entry per (event, open window it falls in)
     for starts in spec.window.starts(ts):
-        open_ = starts + size > watermark_ms  # a closed window takes no more events
-        if not open_.any():
-            continue
-        frame = pd.DataFrame({"window_start": starts[open_], "key": keys[open_]})
-        for column in spec.columns()[2:]:
-            frame[column] = pdf[column].to_numpy()[open_]
-        parts.append(frame)
-    if not parts:
+        open_ = np.flatnonzero(starts + size > watermark_ms)  # closed windows take no more
+        if len(open_):
+            window_starts.append(starts[open_])
+            rows.append(open_)
+    if not rows:
         return []
-    exploded = pd.concat(parts, ignore_index=True)
+    starts_all, rows_all = np.concatenate(window_starts), np.concatenate(rows)
+    # group by (window, key) with numpy: sort once, cut where either changes (a pandas
+    # groupby costs ~0.2 ms a group, which dominates small batches)
+    codes, names = pd.factorize(keys)
+    key_codes = codes[rows_all]
+    order = np.lexsort((key_codes, starts_all))
+    starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]
+    cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
+    bounds = [0, *cuts.tolist(), len(rows_all)]
+    metrics = [
+        (name, metric, columns[metric.column] if hasattr(metric, "column") else None)
+        for name, metric in spec.metrics.items()
+    ]
     out: list[Partial] = []
-    for (window_start, key), group in exploded.groupby(["window_start", "key"], sort=False):
+    for a, b in itertools.pairwise(bounds):
+        picked = rows_all[a:b]
         partials = {
-            name: metric.partial(
-                group[metric.column].to_numpy() if hasattr(metric, "column") else None,
-                len(group),
-            )
-            for name, metric in spec.metrics.items()
+            name: metric.partial(column[picked] if column is not None else None, b - a)
+            for name, metric, column in metrics
         }
-        out.append((int(window_start), str(key), partials))
+        out.append((int(starts_all[a]), str(names[key_codes[a]]), partials))
     return out
 
 
@@ -505,20 +514,24 @@ def merger(
 
 
 def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
-    records = []
+    """The emitted windows as output rows (built column by column)."""
+    names = output_arrow_schema(spec).names
+    if not emitted:  # object columns, as Spark's pandas conversion expects of no rows
+        frame = pd.DataFrame([], columns=names)
+        for column in ("window_start", "window_end"):
+            frame[column] = pd.to_datetime(frame[column], utc=True)
+        return frame
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    starts: list[int] = []
     for k, value in sorted(emitted.items()):
-        start, key = split_window_key(k)
-        row: dict[str, Any] = {
-            "window_start": start,
-            "window_end": start + pd.Timedelta(milliseconds=spec.window.size_ms),
-            "key": key.decode(),
-        }
+        start, key = split_window_key_ms(k)
+        starts.append(start)
+        columns["key"].append(key.decode())
         for name, metric in spec.metrics.items():
             for suffix, result in metric.result(value[name]).items():
-                row[name + suffix] = result
-        row["batch_id"] = batch_id
-        records.append(row)
-    frame = pd.DataFrame(records, columns=output_arrow_schema(spec).names)
-    for column in ("window_start", "window_end"):
-        frame[column] = pd.to_datetime(frame[column], utc=True)
-    return frame
+                columns[name + suffix].append(result)
+    start_ms = np.array(starts, dtype=np.int64)
+    columns["window_start"] = pd.to_datetime(start_ms, unit="ms", utc=True)
+    columns["window_end"] = pd.to_datetime(start_ms + spec.window.size_ms, unit="ms", utc=True)
+    columns["batch_id"] = [batch_id] * len(starts)
+    return pd.DataFrame(columns, columns=names)
