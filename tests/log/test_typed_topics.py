@@ -125,12 +125,16 @@ def test_a_typed_topic_stores_columns_and_reads_back_typed_values(log: Log) -> N
     sent = {"user_id": 7, "flag": "a", "ts": "2026-11-23T01:02:03Z", "w": 2}
     log.producer("clicks").send_batch([sent, {"user_id": 8}])
     sent["user_id"] = 99  # the caller's dict is not the stored record
-    columns = log.storage.read_columns("clicks", 0, 0, 2)
+    buffered = {"user_id": 9}
+    with log.producer("clicks") as producer:
+        producer.buffer(buffered)
+        buffered["user_id"] = 10  # changed before the flush: the buffered value stays
+    columns = log.storage.read_columns("clicks", 0, 0, 3)
     assert columns.values.type == pa.struct(
         [("user_id", pa.int64()), ("flag", pa.string()), ("ts", TIMESTAMP), ("w", pa.float64())]
     )
-    assert columns.values.field("user_id").to_pylist() == [7, 8]
-    first, second = (r.value for r in log.read("clicks", 0, 0, 10))
+    assert columns.values.field("user_id").to_pylist() == [7, 8, 9]
+    first, second, _ = (r.value for r in log.read("clicks", 0, 0, 10))
     assert first == {
         "user_id": 7,
         "flag": "a",

@@ -247,8 +247,9 @@ class Producer:
         kb = _key_bytes(key)
         if partition is None:
             partition = self._partitioner.partition(kb, self._partitions)
-        # a typed topic's value is stored as columns by the storage; others as serde bytes
-        stored = value if self._schema is not None else self._serde.serialize(value)
+        # a typed topic's value is stored as columns by the storage (a copy: a buffered
+        # value may be changed by the caller before the flush); others as serde bytes
+        stored = dict(value) if self._schema is not None else self._serde.serialize(value)
         raw = RawRecord(_ts_ms(timestamp), kb, stored, dict(headers or {}))
         return partition, raw
 
