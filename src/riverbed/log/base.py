@@ -134,30 +134,41 @@ class TopicConfig:
         return data
 
 
-def typed_values(
-    topic: str, config: TopicConfig, records: Sequence[RawRecord], typed: Any = None
-) -> Any:
-    """A typed topic's values as one Arrow record batch of its schema (``None`` for an
-    untyped topic). Producers check values first; this is the storage's own check, for
-    writers that bypass them. Raises :class:`RecordRejectedError`."""
-    if config.schema is None:
+def check_values(topic: str, ddl: str | None, values: Sequence[Any], scope: str) -> Any:
+    """``values`` (mappings) as one Arrow record batch of the typed topic's schema
+    ``ddl`` (``None`` for an untyped topic); one that does not fit raises
+    :class:`RecordRejectedError` naming it, its field and why, and that nothing of the
+    ``scope`` ("call", "batch") was written."""
+    if ddl is None:
         return None
-    if typed is not None:
-        if typed.num_rows != len(records):
-            raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
-        return typed
     from riverbed.log.errors import RecordRejectedError
     from riverbed.log.schema import ValueMismatch, schema_of, to_batch
 
     try:
-        return to_batch([r.value for r in records], schema_of(config.schema))
+        return to_batch(values, schema_of(ddl))
     except ValueMismatch as exc:
+        where = f"record {exc.index}: " if len(values) > 1 else ""
+        field = f"field '{exc.field}' " if exc.field is not None else "the record "
         raise RecordRejectedError(
-            f"topic '{topic}' ({config.schema}) refused {exc}; nothing of this batch was written",
+            f"topic '{topic}' ({ddl}) refused {where}{field}{exc.reason}; "
+            f"nothing of this {scope} was written",
             index=exc.index,
             field=exc.field,
             reason=exc.reason,
         ) from None
+
+
+def typed_values(
+    topic: str, config: TopicConfig, records: Sequence[RawRecord], typed: Any = None
+) -> Any:
+    """A typed topic's values as one Arrow record batch of its schema (``None`` for an
+    untyped topic): ``typed`` when a producer checked them already, else checked here,
+    for writers that bypass producers (:func:`check_values`)."""
+    if config.schema is None:
+        return None
+    if typed is not None:
+        return typed
+    return check_values(topic, config.schema, [r.value for r in records], "batch")
 
 
 class LogStorage(ABC):

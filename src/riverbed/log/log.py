@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from riverbed.log.base import Fsync, LogStorage, TopicConfig
-from riverbed.log.errors import LogError, RecordRejectedError, SerdeError
+from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
+from riverbed.log.errors import LogError, SerdeError
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
 from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
 from riverbed.log.serdes import BUILTIN_SERDES, Serde
@@ -201,33 +201,13 @@ class Producer:
         self._partitioner = log.partitioner(config.partitioner)
         self._partitions = config.partitions
         self._pending: list[tuple[int, RawRecord]] = []
-        self._schema_ddl = config.schema
-        self._schema = None
-        if config.schema is not None:
-            from riverbed.log.schema import parse_schema
-
-            self._schema = parse_schema(config.schema)
+        self._schema = config.schema  # a typed topic's fields, else None
 
     def check(self, values: Sequence[Any]) -> Any:
         """Raise :class:`RecordRejectedError` unless every value fits the topic's schema
         (untyped topics take anything their serde can write). Returns a typed topic's
         values as an Arrow record batch (``None`` for an untyped topic)."""
-        if self._schema is None:
-            return None
-        from riverbed.log.schema import ValueMismatch, to_batch
-
-        try:
-            return to_batch(values, self._schema)
-        except ValueMismatch as exc:
-            where = f"record {exc.index}: " if len(values) > 1 else ""
-            field = f"field '{exc.field}' " if exc.field is not None else "the record "
-            raise RecordRejectedError(
-                f"topic '{self.topic}' ({self._schema_ddl}) refused {where}{field}{exc.reason}; "
-                "nothing of this call was written",
-                index=exc.index,
-                field=exc.field,
-                reason=exc.reason,
-            ) from None
+        return check_values(self.topic, self._schema, values, "call")
 
     def record(
         self,

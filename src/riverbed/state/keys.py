@@ -32,8 +32,8 @@ def window_key(window_start: datetime | int, key: bytes) -> bytes:
 
 
 def split_window_key(data: bytes) -> tuple[datetime, bytes]:
-    (millis,) = _TS.unpack_from(data)
-    return datetime.fromtimestamp(millis / 1000, tz=UTC), data[_TS.size :]
+    millis, key = split_window_key_ms(data)
+    return datetime.fromtimestamp(millis / 1000, tz=UTC), key
 
 
 def split_window_key_ms(data: bytes) -> tuple[int, bytes]:

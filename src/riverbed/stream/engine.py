@@ -515,12 +515,9 @@ def merger(
 
 def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
     """The emitted windows as output rows (built column by column)."""
+    if not emitted:  # typed empty columns (empty lists would all be float64)
+        return empty_rows(spec)
     names = output_arrow_schema(spec).names
-    if not emitted:  # object columns, as Spark's pandas conversion expects of no rows
-        frame = pd.DataFrame([], columns=names)
-        for column in ("window_start", "window_end"):
-            frame[column] = pd.to_datetime(frame[column], utc=True)
-        return frame
     columns: dict[str, list[Any]] = {name: [] for name in names}
     starts: list[int] = []
     for k, value in sorted(emitted.items()):

@@ -216,12 +216,9 @@ def to_arrow(columns: Columns, partition: int, schema: StructType, serde: Any) -
     values = None
     if pa.types.is_struct(columns.values.type):  # a typed topic: its columns, as stored
         values = _typed_values(columns.values, value_fields, arrow_schema)
-        if values is None:
-            struct_rows = columns.values.to_pylist()
-            values = _values_one_by_one(struct_rows, value_fields, arrow_schema, serde)
     elif serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields):
         values = _json_values(columns.values, value_fields, arrow_schema)
-    if values is None:
+    if values is None:  # record by record (a typed topic's values come as dicts)
         values = _values_one_by_one(columns.values.to_pylist(), value_fields, arrow_schema, serde)
     n = len(columns)
     arrays = dict(values)
