@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import riverbed.log
 from riverbed.control import ControlPlane, connect
 from riverbed.log import GroupError, Log, Record
 from riverbed.log.group import describe_group
@@ -22,10 +23,16 @@ def cp(tmp_path: Path) -> Iterator[ControlPlane]:
     plane.close()
 
 
-@pytest.fixture
-def flog(file_log: Log) -> Log:
-    """The file-backed log from tests/log/conftest.py."""
-    return file_log
+@pytest.fixture(params=["file", "flight"])
+def flog(request: pytest.FixtureRequest, file_log: Log) -> Iterator[Log]:
+    """A file-backed log, opened directly or through a log server (tests/log/conftest.py)."""
+    if request.param == "file":
+        yield file_log
+        return
+    server = request.getfixturevalue("log_server")
+    remote = riverbed.log.open(server.url)
+    yield remote
+    remote.close()
 
 
 def until(

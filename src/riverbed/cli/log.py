@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
 from datetime import date, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,8 +33,8 @@ err = Console(stderr=True, highlight=False)
 LOG_OPTS = (
     "--log",
     {
-        "help": "log location: file:///path or memory:// (default: RIVERBED_LOG, "
-        "else RIVERBED_HOME/log)"
+        "help": "log location: file:///path, memory:// or flight://host:port (default: "
+        "RIVERBED_LOG, else RIVERBED_HOME/log)"
     },
 )
 CONTROL_OPTS = (
@@ -143,6 +147,69 @@ def add_parsers(sub: Any) -> None:
     c = gcmds.add_parser("describe", help="members, assignment, offsets and lag")
     c.add_argument("name")
     c.set_defaults(func=_group_describe)
+
+    serve = sub.add_parser("log", help="serve this machine's log to other machines")
+    serve_cmds = serve.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
+    c = serve_cmds.add_parser(
+        "serve",
+        help="serve a log directory over Arrow Flight (clients open flight://HOST:PORT)",
+    )
+    c.add_argument(
+        "--log",
+        help="the log to serve: file:///path (default: RIVERBED_LOG, else RIVERBED_HOME/log)",
+    )
+    c.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    c.add_argument("--port", type=int, default=8815, help="port (default 8815; 0: any free)")
+    c.add_argument(
+        "--token",
+        help="clients must send this token (default: RIVERBED_LOG_TOKEN); required to bind "
+        "anything but loopback",
+    )
+    c.add_argument("--tls-cert", help="PEM certificate: serve TLS (flight+tls://)")
+    c.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    c.add_argument(
+        "--max-batch-bytes", default="64M", help="refuse produced batches over this (default 64M)"
+    )
+    c.set_defaults(func=_log_serve)
+
+
+def _log_serve(args: argparse.Namespace) -> int:
+    from riverbed.log.server import serve
+
+    url = args.log or load_config().log_url
+    if url.startswith(("flight://", "flight+tls://")):
+        raise LogError(f"{url} is a log server already; serve a file:///path log")
+    log = riverbed.log.open(url)
+    token = args.token or os.environ.get("RIVERBED_LOG_TOKEN")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise LogError("TLS needs both --tls-cert and --tls-key")
+    tls = None
+    if args.tls_cert:
+        tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
+    try:
+        server = serve(
+            log.storage,
+            args.host,
+            args.port,
+            token=token,
+            tls=tls,
+            max_batch_bytes=_size(args.max_batch_bytes),
+        )
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        raise LogError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    guard = "token required" if token else "loopback only, no token"
+    out.print(f"serving {log.url} at {server.url} ({guard}{', TLS' if tls else ''})")
+    sys.stdout.flush()
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+    log.close()
+    return 0
 
 
 def _log(args: argparse.Namespace) -> Log:

@@ -49,7 +49,8 @@ __all__ = [
 
 
 def open(url: str | Path) -> Log:
-    """``file:///path`` (or a plain path) or ``memory://``."""
+    """``file:///path`` (or a plain path), ``memory://``, or ``flight://host:port`` — a
+    log server (``riverbed log serve``) on this or another machine."""
     if isinstance(url, Path):
         from riverbed.log.file import FileLogStorage
 
@@ -66,4 +67,11 @@ def open(url: str | Path) -> Log:
         from riverbed.log.file import FileLogStorage
 
         return Log(FileLogStorage(Path(path).resolve()))
-    raise LogError(f"unknown log URL {url!r}; use file:///path or memory://")
+    if parts.scheme in ("flight", "flight+tls"):
+        from riverbed.log.flight import FlightLogStorage
+
+        return Log(FlightLogStorage(str(url)))
+    raise LogError(
+        f"unknown log URL {url!r}; use file:///path, memory:// or flight://host:port "
+        "(a `riverbed log serve`)"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -173,6 +173,7 @@ def typed_values(
 
 class LogStorage(ABC):
     url: str
+    waits = False  # whether wait() blocks until an append (else callers poll)
 
     @abstractmethod
     def create_topic(self, config: TopicConfig) -> None: ...
@@ -223,6 +224,12 @@ class LogStorage(ABC):
     @abstractmethod
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(first retained offset, next offset to be written)."""
+
+    def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
+        """Block until one of ``positions`` ((topic, partition) → offset) holds a record
+        at or past its offset, or ``timeout`` seconds pass; whether one does. Storages
+        that cannot be told of appends (``waits`` is false) only look once."""
+        return any(self.offsets(t, p)[1] > o for (t, p), o in positions.items())
 
     def verify(self, topic: str, rebuild_indexes: bool = False) -> list[PartitionReport]:
         """Check every stored batch of ``topic``. Storages that cannot be damaged on

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +20,9 @@ class MemoryLogStorage(LogStorage):
         self._data: dict[tuple[str, int], list[RawRecord]] = {}
         self._start: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        self._appended = threading.Condition(self._lock)
+
+    waits = True
 
     def create_topic(self, config: TopicConfig) -> None:
         with self._lock:
@@ -65,6 +68,7 @@ class MemoryLogStorage(LogStorage):
             data = self._data.setdefault((topic, partition), [])
             base = self._start.get((topic, partition), 0) + len(data)
             data.extend(records)
+            self._appended.notify_all()
             return base
 
     def read(
@@ -87,6 +91,16 @@ class MemoryLogStorage(LogStorage):
         with self._lock:
             start = self._start.get((topic, partition), 0)
             return start, start + len(self._data.get((topic, partition), []))
+
+    def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
+        def ready() -> bool:
+            return any(
+                self._start.get(tp, 0) + len(self._data.get(tp, [])) > o
+                for tp, o in positions.items()
+            )
+
+        with self._appended:
+            return self._appended.wait_for(ready, timeout)
 
     def enforce_retention(self, topic: str) -> int:
         return 0

@@ -57,6 +57,7 @@ from riverbed.log.log import Log
 from riverbed.log.records import Record
 
 log = logging.getLogger(__name__)
+_STORAGE_WAIT_S = 0.25  # longest wait on a storage that wakes consumers on appends
 
 
 def _tp_name(tp: TopicPartition) -> str:
@@ -337,8 +338,8 @@ class Consumer:
             out = self._fetch(max_records)
             if out or time.monotonic() >= deadline:
                 return out
-            with self._cond:
-                self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            pause = _STORAGE_WAIT_S if self.log.storage.waits else 0.05
+            self._idle(min(pause, max(0.0, deadline - time.monotonic())))
             for tp in self._revoked():
                 self._release(tp)
 
@@ -369,6 +370,19 @@ class Consumer:
                 owned.position = records[-1].offset + 1
                 out.extend(records)
         return out
+
+    def _idle(self, wait: float) -> None:
+        """Nothing to read: wait for an append to an owned partition where the storage
+        can say (a log server, memory), else ``wait`` seconds or a rebalance."""
+        storage = self.log.storage
+        with self._cond:
+            owned = [(tp, o) for tp, o in self._owned.items() if tp in self._assigned]
+            if not storage.waits or not owned or any(o.busy for _, o in owned):
+                # a partition being processed frees itself through this condition
+                self._cond.wait(wait)
+                return
+        # an append wakes this; a rebalance is seen when it ends
+        storage.wait({tp: o.position for tp, o in owned}, wait)
 
     def _check(self) -> None:
         if self._stop.is_set():
@@ -441,8 +455,8 @@ class Consumer:
                     started = True
                 futures = [f for f in futures if not f.done()]
                 if not started:
-                    with self._cond:
-                        self._cond.wait(idle_wait)
+                    waits = self.log.storage.waits
+                    self._idle(max(idle_wait, _STORAGE_WAIT_S) if waits else idle_wait)
             for f in futures:
                 f.result()
         if errors:

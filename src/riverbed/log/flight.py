@@ -1,0 +1,270 @@
+"""``flight://host:port``: the log of a ``riverbed log serve`` on another machine, behind
+the same :class:`~riverbed.log.LogStorage` interface as ``file://`` and ``memory://`` —
+so producers, readers, consumer groups (coordinated by the control plane as ever) and the
+Spark source work unchanged.
+
+URL options: ``flight+tls://`` for TLS (``?ca=/path/ca.pem`` to trust a private CA);
+``?token=…`` (or ``RIVERBED_LOG_TOKEN``); ``?reconnect=30`` seconds to keep retrying a
+server that is down (default 30).
+
+Failures: reads and metadata calls are retried until the server is back (they change
+nothing). An append is retried only when the server could not be reached at all; when
+the connection breaks after the batch was sent, the append raises
+:class:`~riverbed.log.wire.ProduceOutcomeUnknownError` — it is never retried into a
+duplicate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from riverbed.log.base import LogStorage, PartitionReport, TopicConfig, typed_values
+from riverbed.log.errors import LogError
+from riverbed.log.records import Columns, RawRecord
+from riverbed.log.wire import (
+    DEFAULT_PORT,
+    PROTOCOL,
+    PROTOCOL_HEADER,
+    ProduceOutcomeUnknownError,
+    ServerUnavailableError,
+    batch_columns,
+    batch_rows,
+    decode,
+    encode,
+    records_batch,
+    remote_error,
+    report_of,
+)
+
+T = TypeVar("T")
+_CONFIG_TTL_S = 1.0  # how long a topic's configuration is trusted before asking again
+
+
+def _not_reached(exc: BaseException) -> bool:
+    """The call never reached the server (nothing it carried can have been applied)."""
+    text = str(exc).lower()
+    return isinstance(exc, flight.FlightUnavailableError) and (
+        "failed to connect" in text or "connection refused" in text
+    )
+
+
+class FlightLogStorage(LogStorage):
+    waits = True
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("flight", "flight+tls"):
+            raise LogError(f"not a log server URL: {url!r}; e.g. flight://host:8815")
+        if not parts.hostname:
+            raise LogError(f"log server URL {url!r} has no host; e.g. flight://host:8815")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self._tls = parts.scheme == "flight+tls"
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        self._location = (
+            f"{'grpc+tls' if self._tls else 'grpc+tcp'}://{host}:{parts.port or DEFAULT_PORT}"
+        )
+        # the URL others see: without the token
+        self.url = f"{parts.scheme}://{host}:{parts.port or DEFAULT_PORT}"
+        token = query.get("token") or os.environ.get("RIVERBED_LOG_TOKEN")
+        self._ca = Path(query["ca"]).read_bytes() if "ca" in query else None
+        try:
+            self._reconnect_s = float(query.get("reconnect", 30))
+        except ValueError:
+            raise LogError(f"?reconnect= in {url!r} must be seconds, e.g. 30") from None
+        headers = [(PROTOCOL_HEADER.encode(), str(PROTOCOL).encode())]
+        if token:
+            headers.append((b"authorization", f"Bearer {token}".encode()))
+        self._headers = headers
+        self._lock = threading.Lock()
+        self._client: flight.FlightClient | None = None
+        self._configs: dict[str, tuple[float, TopicConfig]] = {}
+
+    # -- the connection -----------------------------------------------------------------
+    def _connected(self) -> flight.FlightClient:
+        with self._lock:
+            if self._client is None:
+                kwargs: dict[str, Any] = {}
+                if self._ca is not None:
+                    kwargs["tls_root_certs"] = self._ca
+                self._client = flight.connect(self._location, **kwargs)
+            return self._client
+
+    def _drop(self, client: flight.FlightClient) -> None:
+        """Forget a connection that failed, so the next call dials afresh (gRPC's own
+        reconnect backs off for up to two minutes)."""
+        with self._lock:
+            if self._client is client:
+                self._client = None
+        with contextlib.suppress(Exception):  # closing a broken connection may fail too
+            client.close()
+
+    def _options(self, timeout: float | None = None) -> flight.FlightCallOptions:
+        return flight.FlightCallOptions(headers=self._headers, timeout=timeout)
+
+    def _call(self, fn: Callable[[flight.FlightClient], T], *, idempotent: bool = True) -> T:
+        deadline = time.monotonic() + self._reconnect_s
+        delay = 0.05
+        while True:
+            client = self._connected()
+            try:
+                return fn(client)
+            except flight.FlightUnauthenticatedError as exc:
+                raise LogError(_first_line(exc)) from None
+            except (flight.FlightServerError, flight.FlightInternalError) as exc:
+                raise remote_error(exc.extra_info, _first_line(exc)) from None
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as exc:
+                self._drop(client)
+                if not idempotent and not _not_reached(exc):
+                    raise ProduceOutcomeUnknownError(
+                        f"the connection to the log server {self.url} broke after a batch "
+                        "was sent; it may or may not have been appended (it is not retried, "
+                        "so it is never written twice); check the partition's end offset "
+                        f"({_first_line(exc)})"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise ServerUnavailableError(
+                        f"the log server {self.url} cannot be reached "
+                        f"(tried for {self._reconnect_s:g} s): {_first_line(exc)}; is "
+                        "`riverbed log serve` running there?"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _act(self, kind: str, request: dict[str, Any] | None = None, timeout: float = 60) -> Any:
+        body = encode(request or {})
+
+        def run(client: flight.FlightClient) -> Any:
+            results = list(client.do_action(flight.Action(kind, body), self._options(timeout)))
+            return decode(results[0].body.to_pybytes(), "a reply")["result"]
+
+        return self._call(run)
+
+    def hello(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._act("hello")
+        return result
+
+    # -- topics -------------------------------------------------------------------------
+    def create_topic(self, config: TopicConfig) -> None:
+        self._act("create_topic", {"config": config.to_dict()})
+
+    def topic_config(self, name: str) -> TopicConfig:
+        cached = self._configs.get(name)
+        if cached is not None and time.monotonic() - cached[0] < _CONFIG_TTL_S:
+            return cached[1]
+        return self._remember(self._act("topic_config", {"topic": name}))
+
+    def _remember(self, data: dict[str, Any]) -> TopicConfig:
+        config = TopicConfig.from_dict(data)
+        self._configs[config.name] = (time.monotonic(), config)
+        return config
+
+    def list_topics(self) -> list[str]:
+        topics: list[str] = self._act("list_topics")
+        return topics
+
+    def set_partitions(self, name: str, partitions: int) -> TopicConfig:
+        request = {"topic": name, "partitions": partitions}
+        return self._remember(self._act("set_partitions", request))
+
+    def skip(self, topic: str, partition: int, start: int, end: int, reason: str) -> TopicConfig:
+        request = {"topic": topic, "partition": partition, "start": start, "end": end}
+        return self._remember(self._act("skip", {**request, "reason": reason}))
+
+    def verify(self, topic: str, rebuild_indexes: bool = False) -> list[PartitionReport]:
+        reports = self._act("verify", {"topic": topic, "rebuild_indexes": rebuild_indexes}, 3600)
+        return [report_of(r) for r in reports]
+
+    def enforce_retention(self, topic: str) -> int:
+        removed: int = self._act("enforce_retention", {"topic": topic})
+        return removed
+
+    # -- records ------------------------------------------------------------------------
+    def append(
+        self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
+    ) -> int:
+        config = self.topic_config(topic)
+        typed = typed_values(topic, config, records, typed)  # checked here, not after a trip
+        batch = records_batch(records, typed)
+        descriptor = flight.FlightDescriptor.for_command(
+            encode({"op": "append", "topic": topic, "partition": partition})
+        )
+
+        def run(client: flight.FlightClient) -> int:
+            writer, acks = client.do_put(descriptor, batch.schema, self._options(60))
+            try:
+                writer.write_batch(batch)
+                writer.done_writing()
+                ack = acks.read()
+            finally:
+                writer.close()  # raises the server's refusal, if any
+            if ack is None:
+                raise ProduceOutcomeUnknownError(
+                    f"the log server {self.url} closed the append without acknowledging it"
+                )
+            base: int = decode(ack.to_pybytes(), "an acknowledgement")["base"]
+            return base
+
+        return self._call(run, idempotent=False)
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_records: int, wait: float = 0
+    ) -> list[tuple[int, RawRecord]]:
+        ticket = {
+            "op": "read",
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "max_records": max_records,
+            "wait_ms": int(wait * 1000),
+        }
+        table = self._get(ticket, 60 + wait)
+        return [row for b in table.to_batches() for row in batch_rows(b)]
+
+    def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
+        ticket = {"op": "columns", "topic": topic, "partition": partition, "start": start}
+        table = self._get({**ticket, "end": end}, 600)
+        return batch_columns(start, table.to_batches())
+
+    def _get(self, ticket: dict[str, Any], timeout: float) -> pa.Table:
+        data = flight.Ticket(encode(ticket))
+
+        def run(client: flight.FlightClient) -> pa.Table:
+            return client.do_get(data, self._options(timeout)).read_all()
+
+        return self._call(run)
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        start, end = self._act("offsets", {"topic": topic, "partitions": [partition]})[0]
+        return int(start), int(end)
+
+    def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
+        """Block until one of ``positions`` (partition → offset) has a record at or past
+        it, or ``timeout`` seconds pass; the server wakes the call on an append."""
+        request = {
+            "positions": [[t, p, o] for (t, p), o in positions.items()],
+            "timeout_ms": int(timeout * 1000),
+        }
+        return bool(self._act("wait", request, timeout + 30))
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    for marker in (". Detail:", ". gRPC client debug context:"):
+        text = text.split(marker)[0]
+    return text.strip()
