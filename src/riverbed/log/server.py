@@ -42,6 +42,7 @@ from riverbed.log.wire import (
     DEFAULT_MAX_BATCH_BYTES,
     PROTOCOL,
     PROTOCOL_HEADER,
+    BatchTooLargeError,
     ProtocolError,
     batch_records,
     columns_batch,
@@ -128,10 +129,6 @@ class _Gate(flight.ServerMiddlewareFactory):  # type: ignore[misc]
 
 def _refuse(exc: BaseException) -> flight.FlightServerError:
     return flight.FlightServerError(str(exc), extra_info=error_info(exc))
-
-
-class BatchTooLargeError(LogError):
-    """A produced batch over the server's ``max_batch_bytes``."""
 
 
 @dataclass

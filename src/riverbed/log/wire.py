@@ -55,6 +55,10 @@ class ProduceOutcomeUnknownError(LogError):
     retried silently (that could write it twice); read the partition's end to check."""
 
 
+class BatchTooLargeError(LogError):
+    """A produced batch over the log server's ``max_batch_bytes``."""
+
+
 class ServerUnavailableError(LogError):
     """The log server could not be reached within the client's reconnect timeout."""
 
@@ -264,6 +268,7 @@ _KINDS: dict[str, type[Exception]] = {
         OffsetOutOfRangeError,
         GroupError,
         ProtocolError,
+        BatchTooLargeError,
         ValueError,
     )
 }

@@ -1,0 +1,271 @@
+"""The log server: refusals that name the problem (and the server goes on), security,
+consumers woken by appends, the CLI, TLS."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import riverbed.log
+from riverbed.control import connect
+from riverbed.log import Log, LogError, TopicNotFoundError
+from riverbed.log.errors import RecordRejectedError
+from riverbed.log.file import FileLogStorage
+from riverbed.log.records import RawRecord
+from riverbed.log.server import LogServer, serve
+from riverbed.log.wire import (
+    BatchTooLargeError,
+    ProtocolError,
+    ServerUnavailableError,
+    encode,
+)
+from riverbed.log.wire import records_batch as wire_batch
+
+RIVERBED = str(Path(sys.executable).with_name("riverbed"))
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[LogServer]:
+    server = serve(FileLogStorage(tmp_path / "log"), token="s3cret", max_batch_bytes=20_000)
+    yield server
+    server.shutdown()
+
+
+def test_each_bad_request_gets_one_clear_error_and_the_server_goes_on(
+    guarded: LogServer,
+) -> None:
+    good = riverbed.log.open(f"{guarded.url}?token=s3cret")
+    good.create_topic("clicks", 2, schema="user_id long, flag string")
+    good.create_topic("raw", 1)
+
+    def still_serving() -> None:
+        before = good.offsets("raw")[0].end
+        good.producer("raw").send({"ok": True})
+        assert good.offsets("raw")[0].end == before + 1
+
+    wrong = riverbed.log.open(f"{guarded.url}?token=guess&reconnect=1")
+    with pytest.raises(LogError, match="wrong or missing token"):
+        wrong.topics()
+    still_serving()
+
+    with pytest.raises(TopicNotFoundError, match="riverbed topic create nope"):
+        good.producer("nope")
+    with pytest.raises(TopicNotFoundError):
+        good.read("nope", 0)
+    still_serving()
+
+    with pytest.raises(RecordRejectedError) as rejected:
+        good.producer("clicks").send_batch([{"user_id": 1, "flag": "a"}, {"user_id": "x"}])
+    assert (rejected.value.index, rejected.value.field) == (1, "user_id")
+    # a batch whose columns are not the topic's schema (a client with a stale view)
+    records = [RawRecord(0, None, b'{"user_id": 1}', {})]
+    with pytest.raises(ProtocolError, match=r"typed .*user_id long.*out of date"):
+        good.storage.append("clicks", 0, records, pa.record_batch({"other": [1]}))
+    still_serving()
+
+    big = [{"pad": "x" * 1000} for _ in range(100)]
+    with pytest.raises(BatchTooLargeError, match="over this server's limit of 20,000 bytes"):
+        good.producer("raw").send_batch(big)
+    still_serving()
+
+    with pytest.raises(ValueError, match=r"partitions 0..1, not 7"):
+        good.producer("clicks").send({"user_id": 1}, partition=7)
+
+    # a client of another protocol version
+    client = flight.connect(f"grpc+tcp://127.0.0.1:{guarded.port}")
+    options = flight.FlightCallOptions(
+        headers=[(b"authorization", b"Bearer s3cret"), (b"riverbed-log-protocol", b"99")]
+    )
+    with pytest.raises(flight.FlightServerError, match="speaks riverbed log protocol 1"):
+        list(client.do_action(flight.Action("list_topics", encode({})), options))
+    # garbage where a request belongs
+    options = flight.FlightCallOptions(
+        headers=[(b"authorization", b"Bearer s3cret"), (b"riverbed-log-protocol", b"1")]
+    )
+    with pytest.raises(flight.FlightServerError, match="not JSON"):
+        list(client.do_action(flight.Action("list_topics", b"\xff"), options))
+    with pytest.raises(flight.FlightServerError, match="unknown action"):
+        list(client.do_action(flight.Action("drop_everything", encode({})), options))
+    client.close()
+    still_serving()
+    assert good.offsets("raw")[0].end == 5 and sum(o.end for o in good.offsets("clicks")) == 0
+    good.close()
+
+
+def test_binding_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
+    storage = FileLogStorage(tmp_path / "log")
+    with pytest.raises(LogError, match=r"without a token.*--token"):
+        serve(storage, "0.0.0.0")
+    server = serve(storage, "0.0.0.0", token="t")  # with one, it serves
+    try:
+        log = riverbed.log.open(f"flight://127.0.0.1:{server.port}?token=t")
+        assert log.topics() == []
+        log.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_taken_port_and_a_missing_server_are_named(log_server: LogServer) -> None:
+    with pytest.raises(LogError, match=r"Address already in use.*another --port"):
+        serve(log_server.storage, port=log_server.port)
+    with socket_port() as free:
+        lost = riverbed.log.open(f"flight://127.0.0.1:{free}?reconnect=0.5")
+        with pytest.raises(ServerUnavailableError, match=r"cannot be reached.*riverbed log serve"):
+            lost.topics()
+
+
+class socket_port:
+    """A loopback port nothing listens on."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        port: int = self._sock.getsockname()[1]
+        return port
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
+
+
+def test_waiting_readers_are_woken_by_an_append(log_server: LogServer, tmp_path: Path) -> None:
+    log = riverbed.log.open(log_server.url)
+    log.create_topic("t", 2)
+    woke: list[bool] = []
+    waiter = threading.Thread(
+        target=lambda: woke.append(log.storage.wait({("t", 0): 0, ("t", 1): 0}, 20))
+    )
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()  # nothing to read: it waits
+    log.producer("t").send({"a": 1}, partition=1)
+    waiter.join(10)
+    assert woke == [True]
+    # a consumer's poll returns on the append, long before its timeout
+    cp = connect(f"sqlite:///{tmp_path / 'control.db'}")
+    with log.consumer(cp, "g", "t", start_from="earliest") as consumer:
+        assert [r.value for r in consumer.poll(timeout=5)] == [{"a": 1}]
+        threading.Timer(0.5, lambda: log.producer("t").send({"a": 2}, partition=0)).start()
+        started = time.monotonic()
+        got = consumer.poll(timeout=15)
+        assert [r.value for r in got] == [{"a": 2}]
+        assert time.monotonic() - started < 10, "poll slept through the append"
+    cp.close()
+    log.close()
+
+
+def test_riverbed_log_serve_from_the_command_line(tmp_path: Path) -> None:
+    env = {**os.environ, "RIVERBED_HOME": str(tmp_path / "home"), "RIVERBED_LOG_TOKEN": "tok"}
+    server = subprocess.Popen(
+        [RIVERBED, "log", "serve", "--log", f"file://{tmp_path / 'log'}", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert "token required" in line, line
+        url = line.split(" at ")[1].split()[0]
+        run = {"env": env, "capture_output": True, "text": True, "timeout": 60}
+        created = subprocess.run(
+            [RIVERBED, "topic", "create", "clicks", "--partitions", "2", "--log", url], **run
+        )
+        assert created.returncode == 0, created.stderr
+        produced = subprocess.run(
+            [RIVERBED, "produce", "clicks", "--log", url], input='{"a": 1}\n{"a": 2}\n', **run
+        )
+        assert produced.returncode == 0, produced.stderr
+        # the records are in the served directory, where a local reader sees them
+        local = riverbed.log.open(tmp_path / "log")
+        assert sorted(r.value["a"] for p in range(2) for r in local.iter_records("clicks", p)) == [
+            1,
+            2,
+        ]
+        local.close()
+        refused = subprocess.run(
+            [RIVERBED, "topic", "list", "--log", url],
+            **{**run, "env": {**env, "RIVERBED_LOG_TOKEN": "nope"}},
+        )
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("error: ") and "wrong or missing token" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+
+
+def test_tls_with_a_private_ca(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = serve(FileLogStorage(tmp_path / "log"), tls=(cert.read_bytes(), key.read_bytes()))
+    try:
+        assert server.url.startswith("flight+tls://")
+        log: Log = riverbed.log.open(f"{server.url}?ca={cert}")
+        log.create_topic("t", 1)
+        log.producer("t").send({"secret": 1})
+        assert [r.value for r in log.read("t", 0)] == [{"secret": 1}]
+        log.close()
+        # a plain-text client does not get through
+        plain = riverbed.log.open(f"flight://127.0.0.1:{server.port}?reconnect=0.5")
+        with pytest.raises(LogError):
+            plain.topics()
+    finally:
+        server.shutdown()
+
+
+def test_a_raw_batch_of_the_wrong_shape_is_refused(log_server: LogServer) -> None:
+    log = riverbed.log.open(log_server.url)
+    log.create_topic("t", 1)
+    client = flight.connect(f"grpc+tcp://127.0.0.1:{log_server.port}")
+    options = flight.FlightCallOptions(headers=[(b"riverbed-log-protocol", b"1")])
+    descriptor = flight.FlightDescriptor.for_command(
+        encode({"op": "append", "topic": "t", "partition": 0})
+    )
+    batch = pa.record_batch({"whatever": [1, 2]})
+    writer, _ = client.do_put(descriptor, batch.schema, options)
+    with pytest.raises(flight.FlightServerError, match=r"untyped.*out of date"):
+        writer.write_batch(batch)
+        writer.done_writing()
+        writer.close()
+    records = [RawRecord(1, None, b"1", {})]
+    writer, acks = client.do_put(descriptor, wire_batch(records, None).schema, options)
+    writer.write_batch(wire_batch(records, None))
+    writer.done_writing()
+    assert acks.read() is not None
+    writer.close()
+    assert log.offsets("t")[0].end == 1
+    client.close()
+    log.close()
