@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,44 @@ from tests.control.conftest import backend_url
 
 pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("procs.py")
+RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 N, PARTITIONS, KEYS = 3000, 6, 30
 
 
-@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
-def control_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return backend_url(request.param, tmp_path, request)
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("etcd+server", marks=pytest.mark.etcd),
+    ]
+)
+def route(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(control plane URL, where members reach the log): the log directory, or — for
+    "etcd+server" — only a log server's URL (members never see the directory)."""
+    control = backend_url(request.param.split("+")[0], tmp_path, request)
+    if not request.param.endswith("+server"):
+        yield control, str(tmp_path / "log")
+        return
+    with log_server_process(tmp_path / "log") as url:
+        yield control, url
+
+
+@contextlib.contextmanager
+def log_server_process(path: Path, port: int = 0) -> Iterator[str]:
+    """``riverbed log serve`` of ``path`` in its own process; yields its URL."""
+    server = subprocess.Popen(
+        [RIVERBED, "log", "serve", "--log", f"file://{path}", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert " at flight://" in line, f"the log server did not start: {line!r}"
+        yield line.split(" at ")[1].split()[0]
+    finally:
+        server.kill()
+        server.wait()
 
 
 def processed(outs: list[Path]) -> list[tuple[int, int, str, int, int]]:
@@ -39,8 +74,9 @@ def processed(outs: list[Path]) -> list[tuple[int, int, str, int, int]]:
 
 
 def test_killed_consumer_is_replaced_and_every_record_processed(
-    tmp_path: Path, control_url: str, subprocess_env: dict[str, str]
+    tmp_path: Path, route: tuple[str, str], subprocess_env: dict[str, str]
 ) -> None:
+    control_url, where = route
     log = riverbed.log.open(tmp_path / "log")
     log.create_topic("events", PARTITIONS)
     seq: dict[str, int] = {}
@@ -52,7 +88,8 @@ def test_killed_consumer_is_replaced_and_every_record_processed(
     log.producer("events").send_batch(values, key_field="k")
 
     # watch committed offsets: they must never go backwards
-    group_prefix = "riverbed/loggroup/workers/offset/"
+    group = f"workers{uuid.uuid4().hex[:8]}"  # the etcd server is shared by the run
+    group_prefix = f"riverbed/loggroup/{group}/offset/"
     cp = connect(control_url)
     commits: dict[str, list[int]] = {}
     stop = threading.Event()
@@ -75,10 +112,11 @@ def test_killed_consumer_is_replaced_and_every_record_processed(
                 sys.executable,
                 str(PROCS),
                 "consume",
-                str(tmp_path / "log"),
+                where,
                 control_url,
                 f"c{i}",
                 str(outs[i]),
+                group,
             ],
             env=subprocess_env,
         )
