@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -17,10 +16,10 @@ import pytest
 import riverbed.log
 from riverbed.control import EventType, connect
 from tests.control.conftest import backend_url
+from tests.logserver import log_server_process
 
 pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("procs.py")
-RIVERBED = str(Path(sys.executable).with_name("riverbed"))
 N, PARTITIONS, KEYS = 3000, 6, 30
 
 
@@ -40,24 +39,6 @@ def route(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str,
         return
     with log_server_process(tmp_path / "log") as url:
         yield control, url
-
-
-@contextlib.contextmanager
-def log_server_process(path: Path, port: int = 0) -> Iterator[str]:
-    """``riverbed log serve`` of ``path`` in its own process; yields its URL."""
-    server = subprocess.Popen(
-        [RIVERBED, "log", "serve", "--log", f"file://{path}", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        assert " at flight://" in line, f"the log server did not start: {line!r}"
-        yield line.split(" at ")[1].split()[0]
-    finally:
-        server.kill()
-        server.wait()
 
 
 def processed(outs: list[Path]) -> list[tuple[int, int, str, int, int]]:

@@ -3,7 +3,6 @@ processes carry on by themselves; no acknowledged record is lost, none is writte
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -13,17 +12,10 @@ from pathlib import Path
 import pytest
 
 import riverbed.log
-from tests.log.test_group_crash import log_server_process
+from tests.logserver import free_port, log_server_process
 
 pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("procs.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_server_killed_under_load_loses_and_duplicates_nothing(

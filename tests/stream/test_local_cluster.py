@@ -1,6 +1,8 @@
 """Several executor processes (Spark's local-cluster master): each executor keeps its own
 local state databases, so a state partition scheduled on another executor than last
-time is rebuilt there from the durable checkpoint. Results must still equal the oracle."""
+time is rebuilt there from the durable checkpoint. The driver and the executors reach
+the topic only through a log server (``flight://``), as a cluster on other machines
+would. Results must still equal the oracle."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.stream.runner import read_results
+from tests.logserver import log_server_process
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -71,16 +74,16 @@ def test_state_moves_between_executors_and_results_stay_exact(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     events = make_events(4000, hours=6, seed=9)
-    log_url = f"file://{tmp_path / 'log'}"
-    write_events(log_url, events)
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(tmp_path), log_url],
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    write_events(f"file://{tmp_path / 'log'}", events)
+    with log_server_process(tmp_path / "log") as log_url:
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(tmp_path), log_url],
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     app_dir = Path(done.stdout.strip().splitlines()[-1])
     want = (
