@@ -16,15 +16,27 @@ same run: produce with ``send_batch(1000)``, read back as dicts (``Log.read``), 
 read as Arrow columns of the fields (what the Spark source hands Spark: a typed
 topic's stored columns; a JSON topic's values parsed by ``pyarrow.json``, the fastest
 JSON path riverbed has).
+
+Then remote vs local, same run: a ``riverbed log serve`` in its own process over
+loopback (``flight://``) against the same file paths opened directly — batch produce
+(``send_batch(1000)``, fsync never) and columnar fetch (``read_columns``), with one and
+with four client processes (each on its own partition); and how soon a consumer sees a
+record after its producer's acknowledgement (p50/p99 over single-record sends), through
+the server (woken by the append) vs a consumer of the local files (which polls).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import riverbed.log
 from riverbed.control import connect
@@ -167,6 +179,115 @@ def typed_vs_json(root: Path, n: int) -> list[tuple[str, float, float]]:
     return [(name, out["typed"][name], out["json"][name]) for name in out["typed"]]
 
 
+def _client(kind: str, url: str, partition: int, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """One client process: produce ``n`` records to its own topic, or fetch them."""
+    log = riverbed.log.open(url)
+    start = time.perf_counter()
+    if kind == "produce":
+        producer = log.producer(f"t{partition}")
+        values = payloads(n)
+        for i in range(0, n, 1000):
+            producer.send_batch(values[i : i + 1000])
+    else:
+        count = 0
+        for offset in range(0, n, 50_000):
+            stop = min(offset + 50_000, n)
+            count += len(log.storage.read_columns(f"t{partition}", 0, offset, stop))
+        assert count == n, (count, n)
+    out.put(time.perf_counter() - start)
+    log.close()
+
+
+def _clients(kind: str, url: str, clients: int, n: int) -> float:
+    """Records/s of ``clients`` processes together (each ``n // clients`` records)."""
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    each = n // clients
+    procs = [ctx.Process(target=_client, args=(kind, url, p, each, out)) for p in range(clients)]
+    for proc in procs:
+        proc.start()
+    elapsed = max(out.get(timeout=600) for _ in procs)
+    for proc in procs:
+        proc.join()
+        assert proc.exitcode == 0
+    return each * clients / elapsed
+
+
+def _visible_after_ack(url: str, sends: int) -> list[float]:
+    """Seconds from a send's acknowledgement to a group consumer returning the record."""
+    log = riverbed.log.open(url)
+    log.create_topic("lat", 1)
+    acked: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    cp = connect("memory://")
+    with log.consumer(cp, "lat", "lat") as consumer:
+        consumer.poll(timeout=0.5)  # joined, owns the partition
+
+        def consume() -> None:
+            while len(seen) < sends:
+                for record in consumer.poll(timeout=1.0):
+                    seen[record.value["i"]] = time.perf_counter()
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        producer = log.producer("lat")
+        for i in range(sends):
+            producer.send({"i": i})
+            acked[i] = time.perf_counter()
+            time.sleep(0.01)
+        reader.join(60)
+    log.close()
+    return sorted(max(0.0, seen[i] - acked[i]) for i in range(sends))
+
+
+def remote_vs_local(root: Path, n: int, sends: int) -> tuple[list[tuple[str, float, float]], Any]:
+    """(path, remote records/s, local records/s), and the visibility latencies."""
+    local_url = f"file://{root / 'served'}"
+    served = riverbed.log.open(local_url)
+    for i in range(4):  # a topic per client: clients do not share a partition's lock
+        served.create_topic(f"t{i}", 1, serde="bytes", fsync="never")
+    served.close()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("riverbed")),
+            "log",
+            "serve",
+            "--port",
+            "0",
+            "--log",
+            local_url,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        remote_url = server.stdout.readline().split(" at ")[1].split()[0]
+        # warm the server up (its first fetch costs ~0.5-1 s of one-off start-up)
+        _clients("produce", remote_url, 1, 2000)
+        _clients("fetch", remote_url, 1, 2000)
+        rows = []
+        for clients in (1, 4):
+            remote = _clients("produce", remote_url, clients, n)
+            local = _clients("produce", local_url, clients, n)
+            rows.append((f"produce send_batch(1000), {clients} client(s)", remote, local))
+            rows.append(
+                (
+                    f"fetch read_columns, {clients} client(s)",
+                    _clients("fetch", remote_url, clients, n),
+                    _clients("fetch", local_url, clients, n),
+                )
+            )
+        latency = {
+            "remote (woken by the append)": _visible_after_ack(remote_url, sends),
+            "local files (consumer polls)": _visible_after_ack(f"file://{root / 'lat'}", sends),
+        }
+    finally:
+        server.terminate()
+        server.wait()
+    return rows, latency
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -174,6 +295,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--per-record", type=int, default=30_000)
     parser.add_argument("--events", type=int, default=200_000, help="for typed vs JSON")
+    parser.add_argument("--remote", type=int, default=400_000, help="for remote vs local")
+    parser.add_argument("--sends", type=int, default=300, help="for visibility latency")
     args = parser.parse_args()
     values = payloads(args.records)
     mb = RECORD / 1e6
@@ -203,6 +326,7 @@ def main() -> None:
         log_never.close()
         log_batch.close()
         typed = typed_vs_json(root, args.events)
+        remote_rows, latency = remote_vs_local(root, args.remote, args.sends)
     print(f"{'path':40} {'records/s':>12} {'MB/s':>8} {'vs baseline':>12}")
     for name, rate, base in rows:
         print(f"{name:40} {rate:12,.0f} {rate * mb:8.1f} {rate / base:11.3f}x")
@@ -210,6 +334,14 @@ def main() -> None:
     print(f"{'path':40} {'typed rec/s':>12} {'JSON rec/s':>12} {'typed/JSON':>11}")
     for name, t_rate, j_rate in typed:
         print(f"{name:40} {t_rate:12,.0f} {j_rate:12,.0f} {t_rate / j_rate:10.2f}x")
+    print(f"\n{args.remote:,} records of {RECORD} bytes, log server over loopback vs local files")
+    print(f"{'path':40} {'remote rec/s':>12} {'local rec/s':>12} {'remote/local':>13}")
+    for name, r_rate, l_rate in remote_rows:
+        print(f"{name:40} {r_rate:12,.0f} {l_rate:12,.0f} {r_rate / l_rate:12.2f}x")
+    print(f"\nrecord visible to a consumer after its acknowledgement ({args.sends} sends)")
+    for name, waits in latency.items():
+        p50, p99 = waits[len(waits) // 2], waits[int(len(waits) * 0.99)]
+        print(f"{name:40} p50 {p50 * 1000:7.2f} ms   p99 {p99 * 1000:7.2f} ms")
 
 
 if __name__ == "__main__":
