@@ -8,13 +8,13 @@ import pytest
 import riverbed.log
 from riverbed.log import Log
 from riverbed.log.file import FileLogStorage
-from riverbed.log.server import LogServer, serve
+from riverbed.log.server import LogServer
 
 
 @pytest.fixture
 def log_server(tmp_path: Path) -> Iterator[LogServer]:
     """``riverbed log serve`` of a file log, in this process, on a free loopback port."""
-    server = serve(FileLogStorage(tmp_path / "served"))
+    server = LogServer(FileLogStorage(tmp_path / "served"))
     yield server
     server.shutdown()
     server.storage.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,8 +20,9 @@ from riverbed.control import connect
 from riverbed.log import Log, LogError, TopicNotFoundError
 from riverbed.log.errors import RecordRejectedError
 from riverbed.log.file import FileLogStorage
+from riverbed.log.flight import FlightLogStorage
 from riverbed.log.records import RawRecord
-from riverbed.log.server import LogServer, serve
+from riverbed.log.server import LogServer
 from riverbed.log.wire import (
     BatchTooLargeError,
     ProtocolError,
@@ -30,13 +30,12 @@ from riverbed.log.wire import (
     encode,
 )
 from riverbed.log.wire import records_batch as wire_batch
-
-RIVERBED = str(Path(sys.executable).with_name("riverbed"))
+from tests.logserver import RIVERBED, free_port
 
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[LogServer]:
-    server = serve(FileLogStorage(tmp_path / "log"), token="s3cret", max_batch_bytes=20_000)
+    server = LogServer(FileLogStorage(tmp_path / "log"), token="s3cret", max_batch_bytes=20_000)
     yield server
     server.shutdown()
 
@@ -105,8 +104,8 @@ def test_each_bad_request_gets_one_clear_error_and_the_server_goes_on(
 def test_binding_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
     storage = FileLogStorage(tmp_path / "log")
     with pytest.raises(LogError, match=r"without a token.*--token"):
-        serve(storage, "0.0.0.0")
-    server = serve(storage, "0.0.0.0", token="t")  # with one, it serves
+        LogServer(storage, "0.0.0.0")
+    server = LogServer(storage, "0.0.0.0", token="t")  # with one, it serves
     try:
         log = riverbed.log.open(f"flight://127.0.0.1:{server.port}?token=t")
         assert log.topics() == []
@@ -117,26 +116,10 @@ def test_binding_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
 
 def test_a_taken_port_and_a_missing_server_are_named(log_server: LogServer) -> None:
     with pytest.raises(LogError, match=r"Address already in use.*another --port"):
-        serve(log_server.storage, port=log_server.port)
-    with socket_port() as free:
-        lost = riverbed.log.open(f"flight://127.0.0.1:{free}?reconnect=0.5")
-        with pytest.raises(ServerUnavailableError, match=r"cannot be reached.*riverbed log serve"):
-            lost.topics()
-
-
-class socket_port:
-    """A loopback port nothing listens on."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        port: int = self._sock.getsockname()[1]
-        return port
-
-    def __exit__(self, *exc: object) -> None:
-        self._sock.close()
+        LogServer(log_server.storage, port=log_server.port)
+    lost = riverbed.log.open(f"flight://127.0.0.1:{free_port()}?reconnect=0.5")
+    with pytest.raises(ServerUnavailableError, match=r"cannot be reached.*riverbed log serve"):
+        lost.topics()
 
 
 def test_waiting_readers_are_woken_by_an_append(log_server: LogServer, tmp_path: Path) -> None:
@@ -152,6 +135,18 @@ def test_waiting_readers_are_woken_by_an_append(log_server: LogServer, tmp_path:
     log.producer("t").send({"a": 1}, partition=1)
     waiter.join(10)
     assert woke == [True]
+    # a read at the end of a partition may wait for the next append (a long poll)
+    remote = log.storage
+    assert isinstance(remote, FlightLogStorage)
+    read: list[tuple[int, RawRecord]] = []
+    log.create_topic("u", 1)
+    reader = threading.Thread(target=lambda: read.extend(remote.read("u", 0, 0, 10, wait=20)))
+    reader.start()
+    time.sleep(0.3)
+    assert reader.is_alive()
+    log.producer("u").send({"a": 0})
+    reader.join(10)
+    assert [offset for offset, _ in read] == [0]
     # a consumer's poll returns on the append, long before its timeout
     cp = connect(f"sqlite:///{tmp_path / 'control.db'}")
     with log.consumer(cp, "g", "t", start_from="earliest") as consumer:
@@ -230,7 +225,7 @@ def test_tls_with_a_private_ca(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    server = serve(FileLogStorage(tmp_path / "log"), tls=(cert.read_bytes(), key.read_bytes()))
+    server = LogServer(FileLogStorage(tmp_path / "log"), tls=(cert.read_bytes(), key.read_bytes()))
     try:
         assert server.url.startswith("flight+tls://")
         log: Log = riverbed.log.open(f"{server.url}?ca={cert}")

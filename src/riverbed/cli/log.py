@@ -12,6 +12,7 @@ import time
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import Progress
@@ -174,10 +175,11 @@ def add_parsers(sub: Any) -> None:
 
 
 def _log_serve(args: argparse.Namespace) -> int:
-    from riverbed.log.server import serve
+    from riverbed.log.server import LogServer
+    from riverbed.log.wire import SCHEMES
 
     url = args.log or load_config().log_url
-    if url.startswith(("flight://", "flight+tls://")):
+    if urlsplit(url).scheme in SCHEMES:
         raise LogError(f"{url} is a log server already; serve a file:///path log")
     log = riverbed.log.open(url)
     token = args.token or os.environ.get("RIVERBED_LOG_TOKEN")
@@ -186,17 +188,14 @@ def _log_serve(args: argparse.Namespace) -> int:
     tls = None
     if args.tls_cert:
         tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
-    try:
-        server = serve(
-            log.storage,
-            args.host,
-            args.port,
-            token=token,
-            tls=tls,
-            max_batch_bytes=_size(args.max_batch_bytes),
-        )
-    except OSError as exc:  # the port is taken, the address is not this machine's
-        raise LogError(f"cannot serve on {args.host}:{args.port}: {exc}") from None
+    server = LogServer(  # names a taken port or a foreign address itself
+        log.storage,
+        args.host,
+        args.port,
+        token=token,
+        tls=tls,
+        max_batch_bytes=_size(args.max_batch_bytes),
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     guard = "token required" if token else "loopback only, no token"

@@ -67,7 +67,9 @@ def open(url: str | Path) -> Log:
         from riverbed.log.file import FileLogStorage
 
         return Log(FileLogStorage(Path(path).resolve()))
-    if parts.scheme in ("flight", "flight+tls"):
+    from riverbed.log.wire import SCHEMES
+
+    if parts.scheme in SCHEMES:
         from riverbed.log.flight import FlightLogStorage
 
         return Log(FlightLogStorage(str(url)))

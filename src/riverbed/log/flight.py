@@ -35,6 +35,7 @@ from riverbed.log.wire import (
     DEFAULT_PORT,
     PROTOCOL,
     PROTOCOL_HEADER,
+    SCHEMES,
     ProduceOutcomeUnknownError,
     ServerUnavailableError,
     batch_columns,
@@ -44,6 +45,7 @@ from riverbed.log.wire import (
     records_batch,
     remote_error,
     report_of,
+    url_host,
 )
 
 T = TypeVar("T")
@@ -63,16 +65,14 @@ class FlightLogStorage(LogStorage):
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
-        if parts.scheme not in ("flight", "flight+tls"):
+        if parts.scheme not in SCHEMES:
             raise LogError(f"not a log server URL: {url!r}; e.g. flight://host:8815")
         if not parts.hostname:
             raise LogError(f"log server URL {url!r} has no host; e.g. flight://host:8815")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        self._tls = parts.scheme == "flight+tls"
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-        self._location = (
-            f"{'grpc+tls' if self._tls else 'grpc+tcp'}://{host}:{parts.port or DEFAULT_PORT}"
-        )
+        grpc = "grpc+tls" if parts.scheme == "flight+tls" else "grpc+tcp"
+        host = url_host(parts.hostname)
+        self._location = f"{grpc}://{host}:{parts.port or DEFAULT_PORT}"
         # the URL others see: without the token
         self.url = f"{parts.scheme}://{host}:{parts.port or DEFAULT_PORT}"
         token = query.get("token") or os.environ.get("RIVERBED_LOG_TOKEN")

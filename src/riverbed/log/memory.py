@@ -14,6 +14,8 @@ from riverbed.log.schema import from_batch
 
 
 class MemoryLogStorage(LogStorage):
+    waits = True
+
     def __init__(self) -> None:
         self.url = "memory://"
         self._topics: dict[str, TopicConfig] = {}
@@ -21,8 +23,6 @@ class MemoryLogStorage(LogStorage):
         self._start: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
         self._appended = threading.Condition(self._lock)
-
-    waits = True
 
     def create_topic(self, config: TopicConfig) -> None:
         with self._lock:
@@ -65,9 +65,8 @@ class MemoryLogStorage(LogStorage):
         if typed is not None:  # keep copies of the values, as the schema types them
             records = [replace(r, value=v) for r, v in zip(records, from_batch(typed), strict=True)]
         with self._lock:
-            data = self._data.setdefault((topic, partition), [])
-            base = self._start.get((topic, partition), 0) + len(data)
-            data.extend(records)
+            base = self._end((topic, partition))
+            self._data.setdefault((topic, partition), []).extend(records)
             self._appended.notify_all()
             return base
 
@@ -89,18 +88,17 @@ class MemoryLogStorage(LogStorage):
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         self._check(topic, partition)
         with self._lock:
-            start = self._start.get((topic, partition), 0)
-            return start, start + len(self._data.get((topic, partition), []))
+            return self._start.get((topic, partition), 0), self._end((topic, partition))
+
+    def _end(self, tp: tuple[str, int]) -> int:
+        """The next offset of partition ``tp`` (the caller holds the lock)."""
+        return self._start.get(tp, 0) + len(self._data.get(tp, []))
 
     def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
-        def ready() -> bool:
-            return any(
-                self._start.get(tp, 0) + len(self._data.get(tp, [])) > o
-                for tp, o in positions.items()
-            )
-
         with self._appended:
-            return self._appended.wait_for(ready, timeout)
+            return self._appended.wait_for(
+                lambda: any(self._end(tp) > o for tp, o in positions.items()), timeout
+            )
 
     def enforce_retention(self, topic: str) -> int:
         return 0

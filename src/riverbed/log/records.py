@@ -171,10 +171,10 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
 
 
 def _from_ipc(data: bytes) -> pa.StructArray:
-    return _struct(pa.ipc.open_stream(data).read_next_batch())
+    return as_struct(pa.ipc.open_stream(data).read_next_batch())
 
 
-def _struct(batch: pa.RecordBatch) -> pa.StructArray:
+def as_struct(batch: pa.RecordBatch) -> pa.StructArray:
     """A typed topic's values (a record batch of its schema) as one struct column."""
     return pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
 
@@ -247,7 +247,7 @@ class ColumnBatch:
         else:
             from riverbed.log.schema import to_batch
 
-            values = _struct(to_batch([r.value for r in rows], schema))
+            values = as_struct(to_batch([r.value for r in rows], schema))
         return ColumnBatch(
             np.array([r.timestamp_ms for r in rows], dtype=np.int64),
             pa.array([r.key for r in rows], pa.binary()),

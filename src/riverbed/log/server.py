@@ -22,6 +22,7 @@ Bearer …`` on every call); TLS when given a certificate and key.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import ipaddress
@@ -46,12 +47,12 @@ from riverbed.log.wire import (
     ProtocolError,
     batch_records,
     columns_batch,
-    config_dict,
     decode,
     encode,
     error_info,
     read_batch,
     report_dict,
+    url_host,
     value_type,
 )
 
@@ -103,6 +104,22 @@ def _check_free(host: str, port: int) -> None:
             ) from None
 
 
+def _refuse(exc: BaseException) -> flight.FlightServerError:
+    """``exc`` as the Flight error a client turns back into the same exception."""
+    return flight.FlightServerError(str(exc), extra_info=error_info(exc))
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """A request's bad input, as one error the client can name (the server goes on)."""
+    try:
+        yield
+    except flight.FlightError:
+        raise
+    except (LogError, ValueError, KeyError, TypeError) as exc:
+        raise _refuse(exc) from None
+
+
 class _Gate(flight.ServerMiddlewareFactory):  # type: ignore[misc]
     """Every call: the client speaks this protocol, and carries the token if one is set."""
 
@@ -119,16 +136,13 @@ class _Gate(flight.ServerMiddlewareFactory):  # type: ignore[misc]
                 )
         spoken = (headers.get(PROTOCOL_HEADER) or ["none"])[0]
         if spoken != str(PROTOCOL):
-            exc = ProtocolError(
-                f"this log server speaks riverbed log protocol {PROTOCOL}, the client "
-                f"{spoken}; use the same riverbed version on both sides"
+            raise _refuse(
+                ProtocolError(
+                    f"this log server speaks riverbed log protocol {PROTOCOL}, the client "
+                    f"{spoken}; use the same riverbed version on both sides"
+                )
             )
-            raise flight.FlightServerError(str(exc), extra_info=error_info(exc))
         return None
-
-
-def _refuse(exc: BaseException) -> flight.FlightServerError:
-    return flight.FlightServerError(str(exc), extra_info=error_info(exc))
 
 
 @dataclass
@@ -140,6 +154,9 @@ class _Ends:
 
 
 class LogServer(flight.FlightServerBase):  # type: ignore[misc]
+    """Serves ``storage`` from background threads as soon as it is made;
+    ``shutdown()`` stops it."""
+
     def __init__(
         self,
         storage: LogStorage,
@@ -153,10 +170,9 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
         check_bind(host, token)
         _check_free(host, port)
         scheme = "grpc+tls" if tls else "grpc+tcp"
-        bind = f"[{host}]" if ":" in host else host
         try:
             super().__init__(
-                f"{scheme}://{bind}:{port}",
+                f"{scheme}://{url_host(host)}:{port}",
                 middleware={"gate": _Gate(token)},
                 tls_certificates=[tls] if tls else None,
             )
@@ -172,12 +188,11 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
     @property
     def url(self) -> str:
         scheme = "flight+tls" if self.tls else "flight"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{host}:{self.port}"
+        return f"{scheme}://{url_host(self.host)}:{self.port}"
 
     # -- appends ------------------------------------------------------------------------
     def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        try:
+        with _refusals():
             request = decode(descriptor.command, "a put's descriptor")
             if request.get("op") != "append":
                 raise ProtocolError(f"unknown put {request.get('op')!r}")
@@ -191,10 +206,6 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
                 base = self.storage.append(topic, partition, records, typed)
                 self._appended(topic, partition, base + len(records))
                 writer.write(pa.py_buffer(encode({"base": base, "count": len(records)})))
-        except flight.FlightError:
-            raise
-        except (LogError, ValueError, KeyError, TypeError) as exc:
-            raise _refuse(exc) from None
 
     def _check_put(self, config: TopicConfig, expected: pa.DataType, batch: pa.RecordBatch) -> None:
         if batch.nbytes > self.max_batch_bytes:
@@ -220,7 +231,7 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
 
     # -- reads --------------------------------------------------------------------------
     def do_get(self, context: Any, ticket: Any) -> flight.RecordBatchStream:
-        try:
+        with _refusals():
             request = decode(ticket.ticket, "a ticket")
             op = request.get("op")
             topic, partition = str(request["topic"]), int(request["partition"])
@@ -237,51 +248,44 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
                 batch = columns_batch(self.storage.read_columns(topic, partition, start, end))
             else:
                 raise ProtocolError(f"unknown ticket {op!r}")
-        except flight.FlightError:
-            raise
-        except (LogError, ValueError, KeyError, TypeError) as exc:
-            raise _refuse(exc) from None
-        if batch.num_rows == 0:
-            return flight.RecordBatchStream(pa.Table.from_batches([], batch.schema))
         pieces = [
             batch.slice(i, _ROWS_PER_MESSAGE) for i in range(0, batch.num_rows, _ROWS_PER_MESSAGE)
         ]
         return flight.RecordBatchStream(pa.Table.from_batches(pieces, batch.schema))
 
     # -- waiting ------------------------------------------------------------------------
-    def _end(self, topic: str, partition: int, fresh: bool) -> int:
-        key = (topic, partition)
-        known = self._ends.get(key)
+    def _refresh(self, positions: dict[tuple[str, int], int], force: bool) -> None:
+        """Re-read from the storage the ends this server has not seen lately (appends by
+        other processes), outside the lock appends notify through."""
         now = time.monotonic()
-        if known is None or fresh or now - known.seen >= _POLL_S:
-            end = self.storage.offsets(topic, partition)[1]
-            known = _Ends(max(end, known.end if known else 0), now)
-            self._ends[key] = known
-        return known.end
+        for tp in positions:
+            known = self._ends.get(tp)
+            if force or known is None or now - known.seen >= _POLL_S:
+                end = self.storage.offsets(*tp)[1]
+                with self._cond:
+                    known = self._ends.get(tp)
+                    self._ends[tp] = _Ends(max(end, known.end if known else 0), now)
 
     def wait(self, positions: dict[tuple[str, int], int], timeout: float) -> list[tuple[str, int]]:
         """The partitions of ``positions`` that hold a record at or past their position,
         waiting up to ``timeout`` seconds for one to (woken by this server's appends;
         appends by other processes are seen within ``_POLL_S``)."""
         deadline = time.monotonic() + timeout
-        fresh = True
-        with self._cond:
-            while True:
-                ready = [tp for tp, o in positions.items() if self._end(*tp, fresh=fresh) > o]
+        force = True
+        while True:
+            self._refresh(positions, force)
+            with self._cond:
+                ready = [tp for tp, o in positions.items() if self._ends[tp].end > o]
                 left = deadline - time.monotonic()
                 if ready or left <= 0:
                     return ready
-                fresh = not self._cond.wait(min(left, _POLL_S))
+                force = not self._cond.wait(min(left, _POLL_S))
 
     # -- everything else ----------------------------------------------------------------
     def do_action(self, context: Any, action: Any) -> Iterator[flight.Result]:
-        try:
+        with _refusals():
             request = decode(action.body.to_pybytes(), f"action {action.type!r}")
             result = self._act(action.type, request)
-        except flight.FlightError:
-            raise
-        except (LogError, ValueError, KeyError, TypeError) as exc:
-            raise _refuse(exc) from None
         return iter([flight.Result(pa.py_buffer(encode({"result": result})))])
 
     def _act(self, kind: str, r: dict[str, Any]) -> Any:
@@ -291,13 +295,13 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
         if kind == "create_topic":
             config = TopicConfig.from_dict(r["config"])
             s.create_topic(config)
-            return config_dict(config)
+            return config.to_dict()
         if kind == "topic_config":
-            return config_dict(s.topic_config(str(r["topic"])))
+            return s.topic_config(str(r["topic"])).to_dict()
         if kind == "list_topics":
             return s.list_topics()
         if kind == "set_partitions":
-            return config_dict(s.set_partitions(str(r["topic"]), int(r["partitions"])))
+            return s.set_partitions(str(r["topic"]), int(r["partitions"])).to_dict()
         if kind == "offsets":
             topic = str(r["topic"])
             return [list(s.offsets(topic, int(p))) for p in r["partitions"]]
@@ -308,7 +312,7 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             config = s.skip(
                 str(r["topic"]), int(r["partition"]), int(r["start"]), int(r["end"]), r["reason"]
             )
-            return config_dict(config)
+            return config.to_dict()
         if kind == "enforce_retention":
             return s.enforce_retention(str(r["topic"]))
         if kind == "wait":
@@ -322,16 +326,3 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             ("hello", "protocol version and storage"),
             ("wait", "block until one of several partitions has a record past a position"),
         ]
-
-
-def serve(
-    storage: LogStorage,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    token: str | None = None,
-    tls: tuple[bytes, bytes] | None = None,
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-) -> LogServer:
-    """Start serving ``storage`` in background threads; ``server.shutdown()`` stops."""
-    return LogServer(storage, host, port, token=token, tls=tls, max_batch_bytes=max_batch_bytes)

@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from riverbed.log.base import Damage, PartitionReport, TopicConfig
+from riverbed.log.base import Damage, PartitionReport, TopicConfig, check_values
 from riverbed.log.errors import (
     CorruptLogError,
     GroupError,
@@ -37,12 +37,18 @@ from riverbed.log.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from riverbed.log.records import Columns, RawRecord
+from riverbed.log.records import Columns, RawRecord, as_struct
 
 PROTOCOL = 1  # bumped when a request or a batch's shape changes
 PROTOCOL_HEADER = "riverbed-log-protocol"
 DEFAULT_PORT = 8815
 DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+SCHEMES = ("flight", "flight+tls")  # the log URLs of a log server
+
+
+def url_host(host: str) -> str:
+    """``host`` as it stands in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 class ProtocolError(LogError):
@@ -93,6 +99,14 @@ def _headers(rows: Sequence[Any]) -> pa.Array:
     )
 
 
+def _headers_of(batch: pa.RecordBatch) -> list[dict[str, bytes]]:
+    """The inverse of :func:`_headers`, over a wire batch."""
+    return [
+        msgpack.unpackb(h, raw=False) if h is not None else {}
+        for h in batch.column("headers").to_pylist()
+    ]
+
+
 def records_batch(
     records: Sequence[RawRecord], typed: pa.RecordBatch | None, offsets: Sequence[int] | None = None
 ) -> pa.RecordBatch:
@@ -101,7 +115,7 @@ def records_batch(
     if typed is not None:
         if typed.num_rows != len(records):
             raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
-        values = pa.StructArray.from_arrays(typed.columns, fields=list(typed.schema))
+        values = as_struct(typed)
     else:
         values = pa.array([r.value for r in records], pa.binary())
     columns = [
@@ -122,10 +136,7 @@ def batch_records(batch: pa.RecordBatch) -> tuple[list[RawRecord], pa.RecordBatc
     check_batch(batch, with_offsets=False)
     ts = batch.column("timestamp_ms").to_pylist()
     keys = batch.column("key").to_pylist()
-    headers = [
-        msgpack.unpackb(h, raw=False) if h is not None else {}
-        for h in batch.column("headers").to_pylist()
-    ]
+    headers = _headers_of(batch)
     value_col = batch.column("value")
     typed: pa.RecordBatch | None = None
     if pa.types.is_struct(value_col.type):
@@ -140,13 +151,7 @@ def batch_records(batch: pa.RecordBatch) -> tuple[list[RawRecord], pa.RecordBatc
 def read_batch(rows: Sequence[tuple[int, RawRecord]], config: TopicConfig) -> pa.RecordBatch:
     """What a fetch of whole records (``Log.read``) sends: offsets, and headers too."""
     records = [r for _, r in rows]
-    typed = None
-    if config.schema is not None:
-        from riverbed.log.schema import schema_of, to_batch
-
-        schema = schema_of(config.schema)
-        assert schema is not None
-        typed = to_batch([r.value for r in records], schema)
+    typed = check_values(config.name, config.schema, [r.value for r in records], "read")
     return records_batch(records, typed, [o for o, _ in rows])
 
 
@@ -154,10 +159,7 @@ def batch_rows(batch: pa.RecordBatch) -> list[tuple[int, RawRecord]]:
     """The inverse of :func:`read_batch`."""
     check_batch(batch, with_offsets=True)
     offsets = batch.column("offset").to_pylist()
-    headers = [
-        msgpack.unpackb(h, raw=False) if h is not None else {}
-        for h in batch.column("headers").to_pylist()
-    ]
+    headers = _headers_of(batch)
     return [
         (o, RawRecord(t, k, v, h))
         for o, t, k, v, h in zip(
@@ -236,10 +238,6 @@ def decode(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise ProtocolError(f"{what} must be a JSON object")
     return request
-
-
-def config_dict(config: TopicConfig) -> dict[str, Any]:
-    return config.to_dict()
 
 
 def report_dict(report: PartitionReport) -> dict[str, Any]:
