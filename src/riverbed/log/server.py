@@ -169,6 +169,9 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
     ) -> None:
         check_bind(host, token)
         _check_free(host, port)
+        # pyarrow imports pandas on its first pa.array (~0.5-1 s): pay that before serving,
+        # not inside the first client's fetch or append
+        pa.array([0], pa.int64())
         scheme = "grpc+tls" if tls else "grpc+tcp"
         try:
             super().__init__(
