@@ -41,6 +41,11 @@ def test_server_killed_under_load_loses_and_duplicates_nothing(
         with lock:
             return len(acked)
 
+    def fewest() -> int:
+        """Acknowledgements of the producer that has had the fewest."""
+        with lock:
+            return min(sum(1 for a in acked if a[0] == w) for w in ("w0", "w1"))
+
     servers = log_server_process(path, port)
     url = servers.__enter__()
     tailed: dict[int, list[tuple[str, int]]] = {p: [] for p in range(3)}
@@ -77,9 +82,9 @@ def test_server_killed_under_load_loses_and_duplicates_nothing(
         t.start()
     try:
         deadline = time.monotonic() + 60
-        while acks() < 40 and time.monotonic() < deadline:
+        while fewest() < 20 and time.monotonic() < deadline:  # both, on a busy machine too
             time.sleep(0.05)
-        assert acks() >= 40, "the producers never got going"
+        assert fewest() >= 20, "the producers never got going"
         servers.__exit__(None, None, None)  # SIGKILL, mid-stream
         before = acks()
         with lock:
