@@ -144,3 +144,16 @@ def test_bad_values_name_the_problem(log: Log) -> None:
         log.create_topic("../escape", 1)
     with pytest.raises(ValueError, match=r"partitions 0\.\.0"):
         log.producer("j").send(1, partition=3)
+
+
+def test_size_grows_with_what_a_partition_holds(log: Log) -> None:
+    """What the console shows as a partition's bytes: it grows by at least the payload."""
+    log.create_topic("sized", 2)
+    empty = log.storage.size("sized", 0)
+    assert empty is not None and empty >= 0
+    log.producer("sized").send_batch([{"n": "x" * 100, "k": "k"}] * 50, key_field="k")
+    written = [log.storage.size("sized", p) for p in (0, 1)]
+    grown = max(w or 0 for w in written)
+    assert grown >= empty + 50 * 100, written
+    with pytest.raises(TopicNotFoundError):
+        log.storage.size("nope", 0)

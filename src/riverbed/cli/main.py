@@ -20,6 +20,7 @@ from riverbed.cli import log as log_cli
 from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
 from riverbed.cli import timerange as timerange_cli
+from riverbed.cli import ui as ui_cli
 from riverbed.errors import RiverbedError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream_cli.add_parsers(sub)
     jobs_cli.add_parsers(sub)
     timerange_cli.add_parsers(sub)
+    ui_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument(
         "which",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -70,7 +71,7 @@ def _job(spec: str) -> Any:
     from riverbed.stream.job import job_for, load_spec
 
     aggregation, source = load_spec(spec)
-    return job_for(load_config(), aggregation, source)
+    return job_for(load_config(), aggregation, source, spec=Path(spec))
 
 
 def _run(args: argparse.Namespace) -> int:

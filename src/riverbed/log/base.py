@@ -225,6 +225,10 @@ class LogStorage(ABC):
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(first retained offset, next offset to be written)."""
 
+    def size(self, topic: str, partition: int) -> int | None:
+        """Bytes a partition takes where it is stored (None: this storage cannot tell)."""
+        return None
+
     def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
         """Block until one of ``positions`` ((topic, partition) → offset) holds a record
         at or past its offset, or ``timeout`` seconds pass; whether one does. Storages

@@ -704,6 +704,20 @@ class FileLogStorage(LogStorage):
             _, end, _ = self._walk_tail(topic, partition, path, buf, pos, at, index)
         return segments[0], end
 
+    def size(self, topic: str, partition: int) -> int:
+        """Bytes of the partition's segment and index files."""
+        directory = self._partition_dir(topic, partition)  # names an unknown topic
+        if not directory.exists():
+            return 0
+        total = 0
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    total += entry.stat().st_size if entry.is_file() else 0
+                except FileNotFoundError:
+                    continue  # a segment retention removed while we looked
+        return total
+
     def verify(self, topic: str, rebuild_indexes: bool = False) -> list[PartitionReport]:
         config = self.topic_config(topic)
         reports = []

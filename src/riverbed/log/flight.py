@@ -247,6 +247,10 @@ class FlightLogStorage(LogStorage):
         start, end = self._act("offsets", {"topic": topic, "partitions": [partition]})[0]
         return int(start), int(end)
 
+    def size(self, topic: str, partition: int) -> int | None:
+        size = self._act("size", {"topic": topic, "partition": partition})
+        return None if size is None else int(size)
+
     def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
         """Block until one of ``positions`` (partition → offset) has a record at or past
         it, or ``timeout`` seconds pass; the server wakes the call on an append."""

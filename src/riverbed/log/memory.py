@@ -90,6 +90,15 @@ class MemoryLogStorage(LogStorage):
         with self._lock:
             return self._start.get((topic, partition), 0), self._end((topic, partition))
 
+    def size(self, topic: str, partition: int) -> int:
+        """Bytes of the stored keys and serialized values (typed values: not counted)."""
+        self._check(topic, partition)
+        with self._lock:
+            return sum(
+                len(r.key or b"") + (len(r.value) if isinstance(r.value, bytes) else 0)
+                for r in self._data.get((topic, partition), [])
+            )
+
     def _end(self, tp: tuple[str, int]) -> int:
         """The next offset of partition ``tp`` (the caller holds the lock)."""
         return self._start.get(tp, 0) + len(self._data.get(tp, []))

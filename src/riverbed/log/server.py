@@ -23,11 +23,8 @@ Bearer …`` on every call); TLS when given a certificate and key.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hmac
-import ipaddress
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -55,21 +52,13 @@ from riverbed.log.wire import (
     url_host,
     value_type,
 )
+from riverbed.net import is_loopback, port_problem
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 30_000
 _ROWS_PER_MESSAGE = 65_536
 _POLL_S = 0.05  # how often a waiting call re-reads offsets (appends by other processes)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -86,22 +75,9 @@ def check_bind(host: str, token: str | None) -> None:
 def _check_free(host: str, port: int) -> None:
     """Name a taken port or a foreign address before gRPC does (it only says "Server did
     not start properly", on stderr)."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as exc:
-            hint = (
-                "is another server using the port? pick another --port (0: any free one)"
-                if exc.errno == errno.EADDRINUSE
-                else f"is {host} an address of this machine? (0.0.0.0: every address)"
-            )
-            raise LogError(
-                f"cannot serve the log on {host}:{port}: {exc.strerror or exc}; {hint}"
-            ) from None
+    problem = port_problem(host, port)
+    if problem:
+        raise LogError(f"cannot serve the log on {host}:{port}: {problem}")
 
 
 def _refuse(exc: BaseException) -> flight.FlightServerError:
@@ -308,6 +284,8 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
         if kind == "offsets":
             topic = str(r["topic"])
             return [list(s.offsets(topic, int(p))) for p in r["partitions"]]
+        if kind == "size":
+            return s.size(str(r["topic"]), int(r["partition"]))
         if kind == "verify":
             reports = s.verify(str(r["topic"]), bool(r.get("rebuild_indexes", False)))
             return [report_dict(x) for x in reports]
@@ -328,4 +306,5 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
         return [
             ("hello", "protocol version and storage"),
             ("wait", "block until one of several partitions has a record past a position"),
+            ("size", "bytes one partition takes in the server's storage"),
         ]

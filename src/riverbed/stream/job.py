@@ -18,6 +18,7 @@ Locations: checkpoint ``<checkpoints>/<name>``, state ``<checkpoints>/state`` (n
 
 from __future__ import annotations
 
+import json
 import re
 import runpy
 import time
@@ -60,6 +61,45 @@ class Job:
     output: Path
     state: StateConfig
     log_url: str
+    spec: Path | None = None  # the spec file it came from (the console decodes live state)
+
+
+MANIFEST = "riverbed/job.json"
+
+
+def manifest(job: Job) -> dict[str, Any]:
+    """What a checkpoint says about its aggregation, so the console and ``status`` can
+    read it without the spec file: name, source topic, log, watermark, locations."""
+    return {
+        "name": job.aggregation.name,
+        "spec": str(job.spec) if job.spec else None,
+        "topic": job.source["topic"],
+        "log": job.log_url,
+        "watermark_ms": job.aggregation.watermark_ms,
+        "checkpoint": str(job.checkpoint),
+        "output": str(job.output),
+        "state_dir": str(job.state.local_dir),
+        "state_durable": str(job.state.durable),
+    }
+
+
+def write_manifest(job: Job) -> None:
+    path = job.checkpoint / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest(job), indent=1))
+    tmp.replace(path)
+
+
+def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
+    """The manifest a run wrote into ``checkpoint`` (None before the first run, or for
+    a checkpoint written before manifests)."""
+    path = checkpoint / MANIFEST
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
 
 
 def _path(url: str) -> Path:
@@ -86,9 +126,12 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, str]]:
     return aggregation, {str(k): str(v) for k, v in source.items()}
 
 
-def job_for(config: Config, aggregation: Aggregation, source: dict[str, str]) -> Job:
+def job_for(
+    config: Config, aggregation: Aggregation, source: dict[str, str], spec: Path | None = None
+) -> Job:
     checkpoints = _path(config.checkpoints_url)
     return Job(
+        spec=spec.resolve() if spec else None,
         aggregation=aggregation,
         source=source,
         checkpoint=checkpoints / aggregation.name,
@@ -116,6 +159,7 @@ def run(
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.runner import start
 
+    write_manifest(job)
     options = {"log": job.log_url, **job.source}
     if max_records:
         options = {k: v for k, v in options.items() if k.lower() != "maxrecordsperbatch"}
@@ -171,14 +215,21 @@ def run(
 
 def status(job: Job) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
+    return status_of(manifest(job))
+
+
+def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
+    """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
+    ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
     from riverbed.stream.direct import source_offsets
-    from riverbed.stream.engine import BatchLog, input_rate, read_record, summed_totals
+    from riverbed.stream.engine import input_rate, read_record, summed_totals
 
-    batches = BatchLog(str(job.checkpoint))
-    records = sorted(batches.dir.glob("*.json"))
+    checkpoint = Path(info["checkpoint"])
+    batch_dir = checkpoint / "riverbed" / "batches"
+    records = sorted(batch_dir.glob("*.json"))
     done = [read_record(p) for p in records]
-    offsets_dir = job.checkpoint / "spark" / "commits"
+    offsets_dir = checkpoint / "spark" / "commits"
     committed: dict[str, int] = {}
     last_commit = (
         sorted((p for p in offsets_dir.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
@@ -186,18 +237,23 @@ def status(job: Job) -> dict[str, Any]:
         else []
     )
     if last_commit:
-        offsets_file = job.checkpoint / "spark" / "offsets" / last_commit[-1].name
+        offsets_file = checkpoint / "spark" / "offsets" / last_commit[-1].name
         if offsets_file.exists():
             committed = source_offsets(offsets_file) or {}
-    log = riverbed.log.open(job.log_url)
-    topic = job.source["topic"]
+    own = log is None
+    log = riverbed.log.open(info["log"]) if own else log
     lag = {}
-    for part in log.offsets(topic):
-        lag[str(part.partition)] = part.end - int(committed.get(str(part.partition), part.start))
-    log.close()
+    try:
+        for part in log.offsets(info["topic"]):
+            lag[str(part.partition)] = part.end - int(
+                committed.get(str(part.partition), part.start)
+            )
+    finally:
+        if own:
+            log.close()
     # the watermark the next batch will use: from everything seen so far
     watermark = (
-        max(done[-1]["watermark_ms"], done[-1]["max_event_ms"] - job.aggregation.watermark_ms)
+        max(done[-1]["watermark_ms"], done[-1]["max_event_ms"] - int(info["watermark_ms"]))
         if done
         else 0
     )
@@ -207,8 +263,9 @@ def status(job: Job) -> dict[str, Any]:
     # (a checkpoint from before totals still has every record: sum them)
     newest: dict[str, Any] = next((d for d in reversed(done) if d.get("done")), {})
     totals = newest["totals"] if "totals" in newest else summed_totals(done)
+    local = Path(info["state_dir"]) / info["name"]
     return {
-        "aggregation": job.aggregation.name,
+        "aggregation": info["name"],
         "batches": totals["batches"],
         "input_records": totals["input"],
         "late": totals["late"],
@@ -218,11 +275,8 @@ def status(job: Job) -> dict[str, Any]:
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
         "last_batch_ms": last.get("ms") if last else None,
         "input_rate": None if rate is None else round(rate),  # records/s, newest batch
-        "state_bytes": sum(
-            f.stat().st_size
-            for f in (job.state.local_dir / job.aggregation.name).rglob("*")
-            if f.is_file()
-        )
-        if (job.state.local_dir / job.aggregation.name).exists()
+        "watermark_ms": watermark,
+        "state_bytes": sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+        if local.exists()
         else 0,
     }
