@@ -73,6 +73,15 @@ def test_run_query_results_and_live_state(
     assert status["input_rate"] > 0
     assert main(["stream", "status", str(spec)]) == 0
     assert "last batch: offsets" in capsys.readouterr().out
+    assert main(["stream", "status", "flags", "--json"]) == 0  # by name, as the console shows
+    by_name = json.loads(capsys.readouterr().out)
+    assert by_name["batches"] == 3 and by_name["driver"] == {
+        "active": None,
+        "standbys": 0,
+        "since": None,
+    }
+    # the console's view of the same run: a ledger of offsets read, live values, metrics
+    _console_shows_the_run(home, live)
 
     # mistakes are named, with the fix
     assert main(["query", "flags", "--from-state"]) == 1
@@ -90,6 +99,37 @@ def test_run_query_results_and_live_state(
     err = capsys.readouterr().err
     assert damaged.name in err and "riverbed state verify" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 4
+
+
+def _console_shows_the_run(home: Path, live: list[dict[str, object]]) -> None:
+    from starlette.testclient import TestClient
+
+    from riverbed.config import Config
+    from riverbed.ui.app import create_app
+    from riverbed.ui.console import Console
+    from riverbed.ui.queries import Sources
+
+    sources = Sources(Config(home=home))
+    with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+        s = client.get("/api/streams/flags").json()
+        assert [b["batch"] for b in s["ledger"]] == [2, 1, 0]
+        assert [b["state_version"] for b in s["ledger"]] == [3, 2, 1]
+        read = sum(end - start for b in s["ledger"] for start, end in b["offsets"].values())
+        assert read == 900 and all(b["input"] == 300 for b in s["ledger"])
+        assert s["watermark_gap_s"] > 0 and s["term"] is not None
+        values = client.get("/api/streams/flags/live").json()
+        assert values["metrics"] == ["users", "events"] and values["error_bands"] == {}
+        got = [(r["key"], r["users"]) for r in values["rows"]]
+        assert got == [(r["key"], r["users"]) for r in live]
+        as_of_0 = client.get("/api/streams/flags/live?batch=0").json()["rows"]
+        assert sum(r["events"] for r in as_of_0) == 300
+        metrics = client.get("/metrics").text
+        assert 'riverbed_stream_input_records{stream="flags"} 900' in metrics
+        assert 'riverbed_stream_driver_active{stream="flags"} 0' in metrics
+        assert 'riverbed_stream_batch_duration_seconds{phase="state_job",stream="flags"}' in metrics
+        page = client.get("/streams/flags").text
+        assert "stopped" in page and 'data-live="/api/streams/flags/live"' in page
+    sources.close()
 
 
 def test_a_damaged_topic_stops_stream_run_with_one_line_and_a_skip_gets_it_moving(

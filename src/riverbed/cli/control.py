@@ -101,6 +101,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--ttl", type=int, default=10, help="session lease TTL (default 10)")
     c.set_defaults(run=_elect)
 
+    c = cmds.add_parser("status", help="leaders and terms, locks, members and their leases")
+    c.set_defaults(run=_status)
+
     c = cmds.add_parser("members", help="list (or --watch) live members of a registry group")
     c.add_argument("--group", default="workers")
     c.add_argument("--register", metavar="ID", help="join as ID and stay until killed")
@@ -276,6 +279,26 @@ def _elect(cp: ControlPlane, args: argparse.Namespace) -> int:
             return _hold(session)
         finally:
             election.resign()
+
+
+def _status(cp: ControlPlane, args: argparse.Namespace) -> int:
+    from riverbed.ui.queries import control_of
+
+    info = control_of(cp, args.url or load_config().control_url)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    for e in info["elections"]:
+        out.print(f"leader of {e['name']}: {e['leader']['value']} (term {e['term']}, "
+                  f"{len(e['candidates'])} waiting)")  # fmt: skip
+    for lock in info["locks"]:
+        out.print(f"lock {lock['name']}: held by {lock['holder']['key']} "
+                  f"({len(lock['waiting'])} waiting)")  # fmt: skip
+    for r in info["registries"]:
+        out.print(f"group {r['group']}: {len(r['members'])} member(s)")
+    if not (info["elections"] or info["locks"] or info["registries"]):
+        out.print("nothing held: no leaders, locks or members")
+    return 0
 
 
 def _members(cp: ControlPlane, args: argparse.Namespace) -> int:

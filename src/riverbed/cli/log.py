@@ -25,7 +25,6 @@ from riverbed.control import connect
 from riverbed.log import Log, LogError, Record
 from riverbed.log.base import Damage, PartitionReport
 from riverbed.log.errors import RecordRejectedError
-from riverbed.log.group import describe_group
 from riverbed.log.group.consumer import list_groups
 
 out = Console(highlight=False, soft_wrap=True)
@@ -521,47 +520,33 @@ def _group_list(args: argparse.Namespace) -> int:
 
 
 def _group_describe(args: argparse.Namespace) -> int:
+    from riverbed.ui.queries import group_of
+
     cp = connect(_control_url(args))
-    desc = describe_group(_log(args), cp, args.name)
-    cp.close()
+    log = _log(args)
+    try:
+        desc = group_of(log, cp, args.name)  # what the console's group page shows
+    finally:
+        cp.close()
+        log.close()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "group": desc.group,
-                    "generation": desc.generation,
-                    "members": desc.members,
-                    "leader": desc.leader,
-                    "partitions": [
-                        {
-                            "topic": p.topic,
-                            "partition": p.partition,
-                            "owner": p.owner,
-                            "committed": p.committed,
-                            "end": p.end,
-                            "lag": p.lag,
-                        }
-                        for p in desc.partitions
-                    ],
-                }
-            )
-        )
+        print(json.dumps(desc))
         return 0
     out.print(
-        f"group [bold]{desc.group}[/bold]  generation {desc.generation}  "
-        f"leader {desc.leader or '-'}  members: {', '.join(desc.members) or '-'}"
+        f"group [bold]{desc['group']}[/bold]  generation {desc['generation']}  "
+        f"leader {desc['leader'] or '-'}  members: {', '.join(desc['members']) or '-'}"
     )
     table = Table()
     for col in ("topic", "partition", "owner", "committed", "end", "lag"):
         table.add_column(col)
-    for p in desc.partitions:
+    for p in desc["partitions"]:
         table.add_row(
-            p.topic,
-            str(p.partition),
-            p.owner or "-",
-            "-" if p.committed is None else str(p.committed),
-            str(p.end),
-            str(p.lag),
+            p["topic"],
+            str(p["partition"]),
+            p["owner"] or "-",
+            "-" if p["committed"] is None else str(p["committed"]),
+            str(p["end"]),
+            str(p["lag"]),
         )
     out.print(table)
     return 0

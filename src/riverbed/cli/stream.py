@@ -47,7 +47,7 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--control", help="control plane URL (default: RIVERBED_CONTROL, else sqlite)")
     c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
-    c.add_argument("spec")
+    c.add_argument("spec", help="the aggregation's name, or its spec file")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_status)
 
@@ -128,8 +128,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from riverbed.stream.job import status
+    from riverbed.ui.queries import QueryError, Sources, stream
 
-    info = status(_job(args.spec))
+    config = load_config()
+    name = _job(args.spec).aggregation.name if args.spec.endswith(".py") else args.spec
+    sources = Sources(config)
+    try:  # what the console's stream page shows, once the aggregation has run
+        info = stream(sources, name, ledger=10)
+    except QueryError:
+        if not args.spec.endswith(".py"):
+            raise
+        info = status(_job(args.spec))  # not run yet: zeros, and the topic's lag
+    finally:
+        sources.close()
     if args.json:
         print(json.dumps(info))
         return 0
@@ -143,9 +154,15 @@ def _status(args: argparse.Namespace) -> int:
         "watermark",
         "state_bytes",
     ):
-        out.print(f"{key:>14}: {info[key]}")
-    out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info["lag"].items()))
-    if info["last_batch_ms"]:
+        out.print(f"{key:>14}: {info.get(key, '-')}")
+    out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info.get("lag", {}).items()))
+    driver = info.get("driver")
+    if driver:
+        active = driver["active"] or "none (stopped)"
+        out.print(f"{'driver':>14}: {active}, {driver['standbys']} standby")
+    if info.get("error"):
+        out.print(f"[red]{info['error']}[/red]")
+    if info.get("last_batch_ms"):
         parts = ", ".join(f"{k} {v} ms" for k, v in info["last_batch_ms"].items())
         out.print(f"{'last batch':>14}: {parts}")
     return 0

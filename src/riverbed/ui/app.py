@@ -49,7 +49,17 @@ PAGES = [
     ("/control", "Control"),
     ("/jobs", "Jobs"),
 ]
-JOB_STATES = ("MASTER", "QUEUED", "RUNNING", "DONE", "FAILED", "CANCELLED")
+JOB_STATES = (
+    "MASTER",
+    "PENDING",
+    "QUEUED",
+    "RUNNING",
+    "DONE",
+    "FAILED",
+    "UPSTREAM_FAILED",
+    "CANCELED",
+    "SPLIT",
+)
 
 
 # -- template helpers ---------------------------------------------------------------------
@@ -481,7 +491,7 @@ class ConsoleApp:
                           "`riverbed ui --allow-actions` to cancel or rerun from the page"},
                 status_code=403,
             )  # fmt: skip
-        form = await request.form()
+        form = await _form(request)
         offered = str(form.get("csrf", ""))
         if not hmac.compare_digest(offered, self.csrf):
             return JSONResponse(
@@ -598,3 +608,11 @@ def create_app(
     app.add_middleware(BaseHTTPMiddleware, dispatch=ui.guard)
     app.state.ui = ui
     return app
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form (what the pages' action buttons post); no multipart needed."""
+    from urllib.parse import parse_qsl
+
+    body = (await request.body()).decode("utf-8", "replace")
+    return dict(parse_qsl(body, keep_blank_values=True))

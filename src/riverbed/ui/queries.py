@@ -310,9 +310,14 @@ def group_names(src: Sources) -> list[str]:
 
 
 def group(src: Sources, name: str) -> dict[str, Any]:
+    return group_of(src.log, src.control, name)
+
+
+def group_of(log: Any, cp: Any, name: str) -> dict[str, Any]:
+    """Members, leader, generation, and per partition owner, committed, end and lag."""
     from riverbed.log.group import describe_group
 
-    desc = describe_group(src.log, src.control, name)
+    desc = describe_group(log, cp, name)
     parts = [
         {
             "topic": p.topic,
@@ -399,18 +404,40 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     now_ms = time.time() * 1000
     wm = out.get("watermark_ms") or 0
     out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None
-    batch_dir = src.checkpoints / name / "riverbed" / "batches"
-    paths = sorted(batch_dir.glob("*.json"))
+    checkpoint = src.checkpoints / name
+    paths = sorted((checkpoint / "riverbed" / "batches").glob("*.json"))
     newest = read_record(paths[-1]) if paths else None
-    out["last_batch"] = _batch_row(int(paths[-1].stem), newest) if newest else None
+    out["last_batch"] = _batch_row(checkpoint, int(paths[-1].stem), newest) if newest else None
     if ledger:
-        out["ledger"] = [_batch_row(int(p.stem), read_record(p)) for p in reversed(paths[-ledger:])]
+        out["ledger"] = [
+            _batch_row(checkpoint, int(p.stem), read_record(p)) for p in reversed(paths[-ledger:])
+        ]
     return out
 
 
-def _batch_row(batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
+def _ends(checkpoint: Path, batch_id: int) -> dict[str, int] | None:
+    """The source's end offsets per partition after ``batch_id`` (Spark's offset log)."""
+    from riverbed.stream.direct import source_offsets
+
+    path = checkpoint / "spark" / "offsets" / str(batch_id)
+    try:
+        return source_offsets(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
+    """One ledger line: what the batch read (offsets per log partition, from the
+    previous batch's ends to its own), the state version it committed, its time."""
     ms = record.get("ms") or {}
     total_ms = sum(ms.values())
+    ends = _ends(checkpoint, batch_id)
+    before = _ends(checkpoint, batch_id - 1) if batch_id > 0 else {}
+    offsets = (
+        {p: [int((before or {}).get(p, 0)), int(end)] for p, end in sorted(ends.items())}
+        if ends is not None
+        else None
+    )
     return {
         "batch": batch_id,
         "done": bool(record.get("done")),
@@ -418,7 +445,7 @@ def _batch_row(batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
         "late": record.get("late", 0),
         "malformed": record.get("malformed", 0),
         "watermark_ms": record.get("watermark_ms"),
-        "offsets": record.get("offsets") or record.get("ranges"),
+        "offsets": offsets,
         "state_version": batch_id + 1,
         "outputs": record.get("outputs"),
         "term": record.get("term"),
@@ -568,9 +595,12 @@ def _preview(value: bytes) -> str:
 
 
 def control(src: Sources) -> dict[str, Any]:
+    return control_of(src.control, src.config.control_url)
+
+
+def control_of(cp: Any, url: str) -> dict[str, Any]:
     """Elections (leader, term, candidates), locks (holder, waiting), registries
     (members) and the leases behind them, from the control plane's keys."""
-    cp = src.control
     elections: dict[str, list[Any]] = {}
     locks: dict[str, list[Any]] = {}
     registries: dict[str, list[Any]] = {}
@@ -619,7 +649,7 @@ def control(src: Sources) -> dict[str, Any]:
         for name, kvs in sorted(registries.items())
     ]
     return {
-        "url": src.config.control_url,
+        "url": url,
         "elections": out_elections,
         "locks": out_locks,
         "registries": out_registries,
