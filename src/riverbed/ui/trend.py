@@ -55,7 +55,8 @@ def drain_seconds(points: Sequence[Point]) -> float | None:
     if now <= 0:
         return 0.0
     s = slope(points)
-    if s is None or s >= 0:
+    # a flat series can come out a hair below zero in floating point: that is not draining
+    if s is None or s >= -1e-9 * max(1.0, abs(now)):
         return None
     return now / -s
 
