@@ -477,25 +477,26 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     from riverbed.state import StateConfig
 
     state = StateConfig(local_dir=src.config.state_dir, durable=Path(info["state_durable"]))
-    try:
-        frame = read_live(aggregation, state, batch)
-    except ValueError as exc:
-        raise QueryError(str(exc)) from None
     bands: dict[str, float] = {}
     for metric_name, metric in aggregation.metrics.items():
         if isinstance(metric, Distinct) and metric.mode != "exact":
             bands[metric_name] = 1.04 / (2 ** (metric.lg_k / 2))  # HLL's standard error
-    rows = [
-        {k: _jsonable(v) for k, v in row.items() if k not in ("window_end",)}
-        for row in frame.to_dict("records")
-    ]
-    return {
+    answer = {
         "name": name,
         "batch": batch,
         "metrics": list(aggregation.metrics),
         "error_bands": bands,
-        "rows": rows,
+        "rows": [],
     }
+    try:
+        frame = read_live(aggregation, state, batch)
+    except ValueError as exc:  # no batch has committed state yet: nothing to plot, no error
+        return {**answer, "note": str(exc)}
+    answer["rows"] = [
+        {k: _jsonable(v) for k, v in row.items() if k not in ("window_end",)}
+        for row in frame.to_dict("records")
+    ]
+    return answer
 
 
 # -- state ------------------------------------------------------------------------------

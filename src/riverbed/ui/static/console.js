@@ -63,7 +63,7 @@
       chart.textContent = "";
       note.textContent = last.rows.length + " rows in state, " + windows.length + " windows; top " + keys.length +
         " keys by " + metric + (band ? " (HLL: ±" + (100 * band).toFixed(1) + "% at 1σ)" : " (exact)");
-      if (xs.length === 0) { chart.textContent = "no windows in state yet"; return; }
+      if (xs.length === 0) { chart.textContent = last.note || "no windows in state yet"; return; }
       new uPlot({ width: Math.min(1000, chart.clientWidth || 1000), height: 300, series: series }, data, chart);
     }
     function load() {
