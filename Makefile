@@ -20,7 +20,7 @@ demo: $(STAMP)
 	@$(BIN)/riverbed demo
 
 system-test:
-	@bash scripts/check_system.sh java etcd postgres
+	@bash scripts/check_system.sh java etcd postgres chromium
 
 test: $(STAMP) system-test
 	$(BIN)/ruff check src tests benchmarks
