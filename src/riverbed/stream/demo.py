@@ -241,5 +241,9 @@ def _verdict(home: Path, data: pd.DataFrame) -> int:
     console.print(
         "Query it:  RIVERBED_HOME=" + str(home) + " riverbed query flags_hourly --key " + top
     )
+    console.print(
+        "Look at it: RIVERBED_HOME=" + str(home) + " riverbed ui   "
+        "→ http://127.0.0.1:8077/streams/flags_hourly"
+    )
     log.close()
     return 0 if exact_ok and hll_ok else 1
