@@ -13,6 +13,7 @@ import hmac
 import itertools
 import json
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -182,6 +183,8 @@ class ConsoleApp:
         self.jobs_dir = jobs_dir
         self.csrf = secrets.token_urlsafe(24)
         self.t = templates()
+        self._live: dict[tuple[str, int | None, str | None], Any] = {}
+        self._live_lock = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -378,8 +381,20 @@ class ConsoleApp:
         return JSONResponse(_plain(q.stream(self.src, request.path_params["name"], ledger=100)))
 
     def api_live(self, request: Request) -> Response:
+        """Live values, restored from durable state: cached per (aggregation, batch asked,
+        newest batch), so open pages polling it cost one restore per committed batch."""
         name = request.path_params["name"]
-        return JSONResponse(_plain(q.live(self.src, name, self._int(request, "batch"))))
+        batch = self._int(request, "batch")
+        key = (name, batch, q.newest_batch(self.src, name))
+        with self._live_lock:
+            answer = self._live.get(key)
+        if answer is None:
+            answer = _plain(q.live(self.src, name, batch))
+            with self._live_lock:
+                if len(self._live) > 64:
+                    self._live.clear()
+                self._live[key] = answer
+        return JSONResponse(answer)
 
     # -- state -----------------------------------------------------------------------------
 

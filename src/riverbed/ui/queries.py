@@ -455,6 +455,18 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
     }
 
 
+def newest_batch(src: Sources, name: str) -> str | None:
+    """The newest batch record's id and modification time (a cheap listing that changes
+    when a batch starts or commits)."""
+    paths = sorted((src.checkpoints / name / "riverbed" / "batches").glob("*.json"))
+    if not paths:
+        return None
+    try:
+        return f"{paths[-1].stem}:{paths[-1].stat().st_mtime_ns}"
+    except FileNotFoundError:  # pruned while we looked
+        return None
+
+
 def streams(src: Sources) -> list[dict[str, Any]]:
     return [stream(src, name) for name in stream_names(src)]
 
@@ -481,7 +493,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     for metric_name, metric in aggregation.metrics.items():
         if isinstance(metric, Distinct) and metric.mode != "exact":
             bands[metric_name] = 1.04 / (2 ** (metric.lg_k / 2))  # HLL's standard error
-    answer = {
+    answer: dict[str, Any] = {
         "name": name,
         "batch": batch,
         "metrics": list(aggregation.metrics),
