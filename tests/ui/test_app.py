@@ -172,6 +172,11 @@ def test_jobs_grid_filters_run_graph_chunk_traceback_and_log(
     run = client.get(f"/api/jobs/runs/{home.done_run}").json()
     assert [c["state"] for c in run["chunks"]] == ["DONE", "DONE"]
     assert [c["work_ids"] for c in run["chunks"]] == [[1, 2, 3], [4, 5, 6]]
+    (fresh,) = run["freshness"]
+    assert [w["id"] for w in fresh["work_ids"]] == [1, 2, 3, 4, 5, 6]
+    assert all(w["age_s"] is not None and w["age_s"] >= 0 for w in fresh["work_ids"])
+    never = client.get(f"/api/jobs/runs/{home.failed_run}").json()["freshness"][0]
+    assert [w["age_s"] for w in never["work_ids"]] == [None, None]
     bad = client.get(f"/api/jobs/runs/{home.failed_run}").json()["chunks"][0]
     chunk = client.get(f"/api/jobs/chunks/{bad['id']}").json()
     error = chunk["attempts"][-1]["error"]
@@ -248,6 +253,17 @@ def test_actions_are_refused_read_only_and_without_csrf(console: Console, home: 
         )
         assert done.status_code == 303 and done.headers["location"] == "/jobs"
         assert c.get(f"/api/jobs/runs/{home.queued_run}").json()["run"]["state"] == "CANCELED"
+        before = {r["id"] for r in c.get("/api/jobs").json()["runs"]}
+        again = c.post(
+            f"/actions/jobs/{home.failed_run}/rerun",
+            data={"csrf": token.group(1)},
+            headers={"Accept": "application/json"},
+        )
+        assert again.status_code == 200 and again.json()["message"].startswith("rerun of")
+        new = {r["id"] for r in c.get("/api/jobs").json()["runs"]} - before
+        assert len(new) == 1
+        rerun = c.get(f"/api/jobs/runs/{new.pop()}").json()
+        assert rerun["run"]["job"] == "hourly" and rerun["chunks"][0]["work_ids"] == [1, 2]
 
 
 def test_no_template_or_own_asset_reaches_another_origin() -> None:

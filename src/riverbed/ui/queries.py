@@ -738,7 +738,26 @@ def run(src: Sources, run_id: int) -> dict[str, Any]:
     if master["kind"] != "master":
         raise QueryError(f"{run_id} is a chunk of run {master['master']}, not a run")
     chunks = [_job_row(c) for c in reader.graph(run_id)]
-    return {"run": _job_row(master), "chunks": chunks}
+    now = reader.now()
+    freshness = []
+    for job, kwargs in sorted(
+        {(c["job"], json.dumps(c["kwargs"], sort_keys=True)) for c in chunks}
+    ):
+        ids = sorted({w for c in chunks if c["job"] == job for w in c["work_ids"]})
+        fresh = reader.fresh_ids(job, kwargs)
+        freshness.append(
+            {
+                "job": job,
+                "kwargs": json.loads(kwargs),
+                "work_ids": [
+                    {"id": w, "age_s": None if w not in fresh else round(now - fresh[w], 1)}
+                    for w in ids[:1000]
+                ],
+                "shown": min(len(ids), 1000),
+                "of": len(ids),
+            }
+        )
+    return {"run": _job_row(master), "chunks": chunks, "freshness": freshness}
 
 
 def chunk(src: Sources, chunk_id: int) -> dict[str, Any]:
