@@ -228,9 +228,13 @@ def test_a_killed_consumer_shows_up_as_a_rebalance_without_a_reload(
         # the page polls itself: the lease (2 s) expires, the group rebalances
         page.until("one member", lambda: page.page.locator(".member").count() == 1, 30)
         page.until("new generation", lambda: int(page.text(".generation")) > before, 30)
-        owners = page.page.locator("table td:nth-child(3)").all_inner_texts()
         survivor = page.page.locator(".member").first.inner_text()
-        assert owners and set(owners) == {survivor}
+
+        def owned() -> bool:  # the survivor claims the dead member's partitions (from —)
+            owners = page.page.locator("table td:nth-child(3)").all_inner_texts()
+            return len(owners) == 3 and set(owners) == {survivor}
+
+        page.until("survivor owns every partition", owned, 30)
         page.shot("group-after-rebalance")
         assert page.problems == []
         page.close()
