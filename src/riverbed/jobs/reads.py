@@ -116,15 +116,23 @@ class QueueReader:
             ]
             return out
 
-    def graph(self, master_id: int) -> list[dict[str, Any]]:
-        """The chunks of a run with their upstream ids, in id order."""
+    def graph(
+        self, master_id: int, offset: int = 0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The chunks of a run with their upstream ids, in id order (``offset`` and
+        ``limit`` page through a big run)."""
         with self.db.read() as conn:
-            rows = conn.execute(
+            query = (
                 select(chunks)
                 .join(members, members.c.chunk == chunks.c.id)
                 .where(members.c.master == master_id)
                 .order_by(chunks.c.id)
-            ).all()
+            )
+            if offset:
+                query = query.offset(offset)
+            if limit is not None:
+                query = query.limit(limit)
+            rows = conn.execute(query).all()
             ids = [r.id for r in rows]
             ups: dict[int, list[int]] = {int(i): [] for i in ids}
             if ids:
@@ -202,6 +210,19 @@ class QueueReader:
                     select(freshness.c.work_id, freshness.c.succeeded_at).where(
                         freshness.c.job == job, freshness.c.kwargs == kwargs
                     )
+                )
+            }
+
+    def run_counts(self, master_id: int) -> dict[str, int]:
+        """A run's chunks by state."""
+        with self.db.read() as conn:
+            return {
+                s: int(n)
+                for s, n in conn.execute(
+                    select(chunks.c.state, func.count())
+                    .join(members, members.c.chunk == chunks.c.id)
+                    .where(members.c.master == master_id)
+                    .group_by(chunks.c.state)
                 )
             }
 

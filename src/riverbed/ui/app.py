@@ -399,17 +399,19 @@ class ConsoleApp:
     # -- state -----------------------------------------------------------------------------
 
     def state(self, request: Request) -> Response:
+        s = self.console.latest()
         return self.page(
-            request, "state.html", "State", "riverbed state ls --json", namespaces=q.state(self.src)
-        )
+            request, "state.html", "State", "riverbed state ls --json",
+            namespaces=s["state"], at=s["state_at"],
+        )  # fmt: skip
 
     def api_state(self, request: Request) -> Response:
-        return JSONResponse(_plain(q.state(self.src)))
+        return JSONResponse(_plain(self.console.latest()["state"]))
 
     def state_keys(self, request: Request) -> Response:
         ns = request.path_params["namespace"]
         keys = self._keys(request, ns)
-        info = next((n for n in q.state(self.src) if n["namespace"] == ns), None)
+        info = next((n for n in self.console.latest()["state"] if n["namespace"] == ns), None)
         return self.page(
             request, "state_keys.html", f"State {ns}", f"riverbed state dump {ns} --json",
             ns=info, keys=keys, params=dict(request.query_params),
@@ -464,13 +466,18 @@ class ConsoleApp:
 
     def run(self, request: Request) -> Response:
         run_id = int(request.path_params["id"])
-        info = q.run(self.src, run_id)
+        info = self._run(request, run_id)
         return self.page(
             request, "run.html", f"Run {run_id}", f"riverbed jobs show {run_id} --json", r=info
         )
 
+    def _run(self, request: Request, run_id: int) -> dict[str, Any]:
+        offset = self._int(request, "offset", 0) or 0
+        limit = min(1000, self._int(request, "limit", 200) or 200)
+        return q.run(self.src, run_id, offset, limit)
+
     def api_run(self, request: Request) -> Response:
-        return JSONResponse(_plain(q.run(self.src, int(request.path_params["id"]))))
+        return JSONResponse(_plain(self._run(request, int(request.path_params["id"]))))
 
     def chunk(self, request: Request) -> Response:
         chunk_id = int(request.path_params["id"])

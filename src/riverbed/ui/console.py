@@ -18,6 +18,7 @@ from riverbed.ui import queries as q
 from riverbed.ui.trend import Trend, describe_drain, drain_seconds, rate
 
 TREND_SECONDS = 300.0  # rates and drain estimates look this far back
+STATE_EVERY = 5  # state indexes (a listing per partition of durable storage): every 5th sample
 
 
 class Console:
@@ -36,6 +37,7 @@ class Console:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._taken = 0
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -63,6 +65,13 @@ class Console:
         streams = attempt("streams", lambda: q.streams(src), [])
         jobs = attempt("jobs", lambda: q.jobs(src, limit=20), {"runs": [], "counts": {}})
         disk = attempt("disk", lambda: q.disk(src), {})
+        previous = self._sample
+        if previous is None or self._taken % STATE_EVERY == 0:
+            state = attempt("state", lambda: q.state(src), [])
+            state_at = at
+        else:
+            state, state_at = previous["state"], previous["state_at"]
+        self._taken += 1
         with self._lock:
             for t in topics:
                 trend = self._trend(f"topic/{t['name']}")
@@ -92,6 +101,8 @@ class Console:
                 "streams": streams,
                 "jobs": jobs,
                 "disk": disk,
+                "state": state,
+                "state_at": state_at,
                 "errors": errors,
                 "took_s": round(self.clock() - at, 3),
             }
@@ -168,4 +179,5 @@ class Console:
                 "chunks": counts,
             },
             "errors": s["errors"],
+            "sample_took_s": s["took_s"],
         }

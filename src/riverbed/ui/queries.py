@@ -726,8 +726,9 @@ def _schedule(row: dict[str, Any], now: float) -> dict[str, Any]:
     return out
 
 
-def run(src: Sources, run_id: int) -> dict[str, Any]:
-    """A run: its row, its chunks with upstream ids, and freshness per job."""
+def run(src: Sources, run_id: int, offset: int = 0, limit: int = 200) -> dict[str, Any]:
+    """A run: its row, its chunks by state, a page of its chunks (``offset``, ``limit``)
+    with upstream ids, and freshness per work id of the jobs on that page."""
     reader = src.jobs
     if reader is None:
         raise QueryError(f"no jobs database at {src.config.jobs_db_url} yet")
@@ -737,7 +738,8 @@ def run(src: Sources, run_id: int) -> dict[str, Any]:
         raise QueryError(str(exc)) from None
     if master["kind"] != "master":
         raise QueryError(f"{run_id} is a chunk of run {master['master']}, not a run")
-    chunks = [_job_row(c) for c in reader.graph(run_id)]
+    chunks = [_job_row(c) for c in reader.graph(run_id, max(0, offset), max(1, limit))]
+    counts = reader.run_counts(run_id)
     now = reader.now()
     freshness = []
     for job, kwargs in sorted(
@@ -757,7 +759,14 @@ def run(src: Sources, run_id: int) -> dict[str, Any]:
                 "of": len(ids),
             }
         )
-    return {"run": _job_row(master), "chunks": chunks, "freshness": freshness}
+    return {
+        "run": _job_row(master),
+        "counts": counts,
+        "total": sum(counts.values()),
+        "offset": max(0, offset),
+        "chunks": chunks,
+        "freshness": freshness,
+    }
 
 
 def chunk(src: Sources, chunk_id: int) -> dict[str, Any]:
