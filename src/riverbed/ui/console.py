@@ -126,7 +126,9 @@ class Console:
         while not self._stop.is_set():
             started = time.monotonic()
             self.sample()
-            self._stop.wait(max(0.2, self.interval - (time.monotonic() - started)))
+            took = time.monotonic() - started
+            # never more than a third of a core: a big home samples less often, pages stay fast
+            self._stop.wait(max(0.2, self.interval - took, 2 * took))
 
     def stop(self) -> None:
         self._stop.set()
