@@ -208,10 +208,8 @@ def main() -> None:
     for path, p50, p95, size in rows:
         print(f"{path:<32} {p50 * 1000:8.1f} {p95 * 1000:8.1f} {size:9,d} {p50 / base_p50:12.1f}x")
     print(
-        print(
-            f"(the console's background sample of everything took {took:.2f} s; "
-            "it runs at most a third of the time)"
-        )
+        f"(the console's background sample of everything took {took:.2f} s; "
+        "it runs at most a third of the time)"
     )
     worst = max(rows[1:], key=lambda r: r[2])
     verdict = "met" if worst[2] <= 0.2 else "MISSED"
