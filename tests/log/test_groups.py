@@ -166,3 +166,33 @@ def test_bad_group_configuration_is_named(flog: Log, cp: ControlPlane) -> None:
 
 def test_consumer_is_importable_from_the_group_package() -> None:
     assert Consumer.__module__ == "riverbed.log.group.consumer"
+
+
+def test_reset_offsets_of_a_stopped_group_replays_or_skips(flog: Log, cp: ControlPlane) -> None:
+    from riverbed.log.group.consumer import reset_offsets
+
+    fill(flog, "ev", 120, partitions=3)
+    consumer = flog.consumer(cp, "g", "ev", member_id="a", session_ttl=2)
+    got: list[Record] = []
+    until(lambda: len(got) >= 120, step=lambda: got.extend(consumer.poll(0.1)))
+    consumer.poll(0)
+    consumer.commit()
+    with pytest.raises(GroupError, match="1 live member"):
+        reset_offsets(flog, cp, "g", "earliest")  # a running group would overwrite it
+    consumer.close()
+    assert describe_group(flog, cp, "g").partitions[0].lag == 0
+    assert reset_offsets(flog, cp, "g", "earliest") == {"ev/0": 0, "ev/1": 0, "ev/2": 0}
+    assert sum(p.lag for p in describe_group(flog, cp, "g").partitions) == 120
+    with flog.consumer(cp, "g", "ev", member_id="b", session_ttl=2) as again:
+        replayed: list[Record] = []
+        until(lambda: len(replayed) >= 120, step=lambda: replayed.extend(again.poll(0.1)))
+        assert sorted(r.value["i"] for r in replayed) == list(range(120))  # every one again
+    ends = {f"ev/{p.partition}": p.end for p in describe_group(flog, cp, "g").partitions}
+    assert reset_offsets(flog, cp, "g", "latest", topic="ev") == ends
+    assert reset_offsets(flog, cp, "g", "1", topic="ev")["ev/0"] == 1
+    with pytest.raises(GroupError, match="earliest, latest, or an offset"):
+        reset_offsets(flog, cp, "g", "yesterday")
+    with pytest.raises(GroupError, match="outside ev/0's retained range"):
+        reset_offsets(flog, cp, "g", "100000")
+    with pytest.raises(GroupError, match="no partitions of topic 'other'"):
+        reset_offsets(flog, cp, "g", "earliest", topic="other")

@@ -49,7 +49,7 @@ def test_every_page_renders_names_its_cli_command_and_has_csp(client: TestClient
 def test_overview_says_what_is_wrong(client: TestClient, home: Home) -> None:
     o = client.get("/api/overview").json()
     lags = {g["group"]: g["lag"] for g in client.get("/api/groups").json()}
-    assert lags["readers"] == home.records - home.committed
+    assert lags["readers"] == home.records - home.committed  # (until the reset action test)
     # watchers never committed: its lag counts from offset 0
     assert (o["worst_lag"]["name"], o["worst_lag"]["lag"]) == ("watchers", home.records)
     assert {x["name"]: x["lag"] for x in o["lags"]} == lags
@@ -264,6 +264,20 @@ def test_actions_are_refused_read_only_and_without_csrf(console: Console, home: 
         assert len(new) == 1
         rerun = c.get(f"/api/jobs/runs/{new.pop()}").json()
         assert rerun["run"]["job"] == "hourly" and rerun["chunks"][0]["work_ids"] == [1, 2]
+        # a stopped group's offsets move; a running group's are refused, with the reason
+        csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/groups/readers").text)
+        assert csrf and 'action="/actions/groups/readers/reset"' in c.get("/groups/readers").text
+        moved = c.post(
+            "/actions/groups/readers/reset",
+            data={"csrf": csrf.group(1), "to": "latest"},
+            headers={"Accept": "application/json"},
+        )
+        assert moved.status_code == 200 and "readers reset" in moved.json()["message"]
+        assert c.get("/api/groups/readers").json()["lag"] == 0
+        running = c.post(
+            "/actions/groups/watchers/reset", data={"csrf": csrf.group(1), "to": "earliest"}
+        )
+        assert running.status_code == 400 and "1 live member(s)" in running.json()["error"]
 
 
 def test_no_template_or_own_asset_reaches_another_origin() -> None:

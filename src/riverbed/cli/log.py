@@ -147,6 +147,13 @@ def add_parsers(sub: Any) -> None:
     c = gcmds.add_parser("describe", help="members, assignment, offsets and lag")
     c.add_argument("name")
     c.set_defaults(func=_group_describe)
+    c = gcmds.add_parser(
+        "reset-offsets", help="move a stopped group's committed offsets (earliest, latest, N)"
+    )
+    c.add_argument("name")
+    c.add_argument("--to", required=True, help="earliest, latest, or an offset")
+    c.add_argument("--topic", help="only this topic's partitions")
+    c.set_defaults(func=_group_reset)
 
     serve = sub.add_parser("log", help="serve this machine's log to other machines")
     serve_cmds = serve.add_subparsers(dest="log_command", metavar="COMMAND", required=True)
@@ -516,6 +523,23 @@ def _group_list(args: argparse.Namespace) -> int:
     for name in list_groups(cp):
         print(json.dumps({"group": name}) if args.json else name)
     cp.close()
+    return 0
+
+
+def _group_reset(args: argparse.Namespace) -> int:
+    from riverbed.log.group.consumer import reset_offsets
+
+    cp = connect(_control_url(args))
+    log = _log(args)
+    try:
+        new = reset_offsets(log, cp, args.name, args.to, args.topic)
+    finally:
+        cp.close()
+        log.close()
+    if args.json:
+        print(json.dumps(new))
+    else:
+        out.print(f"group {args.name}: " + ", ".join(f"{tp} → {o}" for tp, o in new.items()))
     return 0
 
 

@@ -64,7 +64,9 @@ def _ui(args: argparse.Namespace) -> int:
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else host  # noqa: S104
-    link = f"http://{shown}:{args.port}/" + (f"?token={token}" if token else "")
+    # a token from the environment is not echoed into logs; one typed on the line is
+    shown_token = args.token or ("$RIVERBED_UI_TOKEN" if token else None)
+    link = f"http://{shown}:{args.port}/" + (f"?token={shown_token}" if shown_token else "")
     mode = "actions allowed" if args.allow_actions else "read-only"
     guard = "token required" if token else "loopback only"
     out.print(f"riverbed ui at {link} ({mode}, {guard}) — home {config.home.resolve()}")

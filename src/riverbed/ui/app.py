@@ -520,17 +520,27 @@ class ConsoleApp:
                 {"error": "missing or stale CSRF token: reload the page and try again"},
                 status_code=403,
             )
-        what = request.path_params["what"]
-        target = int(request.path_params["id"])
         from starlette.concurrency import run_in_threadpool
 
-        message = await run_in_threadpool(self._act, what, target)
+        if "name" in request.path_params:  # a consumer group's offsets
+            message = await run_in_threadpool(
+                self._reset, request.path_params["name"], form.get("to", ""), form.get("topic")
+            )
+        else:
+            what = request.path_params["what"]
+            message = await run_in_threadpool(self._act, what, int(request.path_params["id"]))
         back = str(form.get("back", "")) or "/jobs"
         if not back.startswith("/") or back.startswith("//"):
             back = "/jobs"
         if request.headers.get("Accept", "").startswith("application/json"):
             return JSONResponse({"ok": True, "message": message})
         return RedirectResponse(back, status_code=303)
+
+    def _reset(self, group: str, to: str, topic: str | None) -> str:
+        from riverbed.log.group.consumer import reset_offsets
+
+        new = reset_offsets(self.src.log, self.src.control, group, to, topic or None)
+        return f"group {group} reset: " + ", ".join(f"{tp} → {o}" for tp, o in new.items())
 
     def _act(self, what: str, target: int) -> str:
         from riverbed.jobs.queue import JobQueue
@@ -586,6 +596,7 @@ class ConsoleApp:
             Route("/api/jobs/chunks/{id:int}/log/{attempt:int}", self.api_chunk_log),
             Route("/metrics", self.metrics),
             Route("/actions/jobs/{id:int}/{what}", self.action, methods=["POST"]),
+            Route("/actions/groups/{name}/reset", self.action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ]
         return r

@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.control import (
     Compare,
@@ -53,8 +53,10 @@ from riverbed.control import (
 )
 from riverbed.log.errors import GroupError, OffsetOutOfRangeError
 from riverbed.log.group.assignors import ASSIGNORS, Assignor, TopicPartition
-from riverbed.log.log import Log
 from riverbed.log.records import Record
+
+if TYPE_CHECKING:  # log.py creates consumers: only the type is needed here
+    from riverbed.log.log import Log
 
 log = logging.getLogger(__name__)
 _STORAGE_WAIT_S = 0.25  # longest wait on a storage that wakes consumers on appends
@@ -549,6 +551,58 @@ def describe_group(log_: Log, cp: ControlPlane, group: str) -> GroupDescription:
     return GroupDescription(
         group, generation, members, leader_kv.text if leader_kv else None, partitions
     )
+
+
+def reset_offsets(
+    log_: Log, cp: ControlPlane, group: str, to: str, topic: str | None = None
+) -> dict[str, int]:
+    """Move a group's committed offsets to ``to`` ("earliest", "latest", or an offset)
+    on every partition it has consumed (of ``topic`` only, if given). Refused while the
+    group has members: in one transaction that also checks no partition is claimed, so
+    a member that joins meanwhile fails the reset rather than racing it. Returns the
+    new offset per "topic/partition"."""
+    keys = _Keys(group)
+    members = [m.id for m in Registry(cp, keys.registry).members()]
+    if members:
+        raise GroupError(
+            f"group '{group}' has {len(members)} live member(s) ({', '.join(members[:3])}): "
+            "stop its consumers, then reset (offsets of a running group would be "
+            "overwritten by its next commit)"
+        )
+    if to not in ("earliest", "latest") and not to.lstrip("-").isdigit():
+        raise GroupError(f"--to {to!r}: earliest, latest, or an offset")
+    _, owners = _read_assignment(cp, keys.assignment)
+    tps = {_tp_parse(name) for name in owners}
+    for kv in cp.get_prefix(keys.prefix + "offset/"):
+        _, _, rest = kv.key.decode().partition(keys.prefix + "offset/")
+        t, _, p = rest.rpartition("/")
+        tps.add((t, int(p)))
+    if topic is not None:
+        tps = {tp for tp in tps if tp[0] == topic}
+    if not tps:
+        raise GroupError(
+            f"group '{group}' has no partitions{f' of topic {topic!r}' if topic else ''} to "
+            "reset (it never consumed them); see `riverbed group describe`"
+        )
+    new: dict[str, int] = {}
+    ops = []
+    for tp in sorted(tps):
+        start, end = log_.storage.offsets(*tp)
+        offset = start if to == "earliest" else end if to == "latest" else int(to)
+        if not start <= offset <= end:
+            raise GroupError(
+                f"offset {offset} is outside {tp[0]}/{tp[1]}'s retained range {start}..{end}"
+            )
+        new[f"{tp[0]}/{tp[1]}"] = offset
+        value = json.dumps({"offset": offset, "member": "reset", "generation": -1})
+        ops.append(Put.of(keys.offset(tp), value))
+    unclaimed = [Compare.version(keys.claim(tp)) == 0 for tp in sorted(tps)]
+    if not cp.txn(unclaimed, ops).succeeded:
+        raise GroupError(
+            f"a member of group '{group}' claimed a partition while resetting: nothing was "
+            "changed; stop its consumers and try again"
+        )
+    return new
 
 
 def list_groups(cp: ControlPlane) -> list[str]:
