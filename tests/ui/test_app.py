@@ -344,3 +344,28 @@ def test_cli_json_commands_print_what_the_pages_show(client: TestClient, home: H
     assert [lock["name"] for lock in control["locks"]] == ["nightly-compaction"]
     group = json.loads(run_cli("group", "describe", "readers", "--json", env=home.env).stdout)
     assert group == client.get("/api/groups/readers").json()
+
+
+def test_jobs_page_shows_live_workers_and_their_slots(client: TestClient, home: Home) -> None:
+    import subprocess
+    import sys
+    import time
+
+    worker = subprocess.Popen(  # takes no python chunks: the queued run stays queued
+        [sys.executable, "-m", "riverbed.cli.main", "worker", "--concurrency", "3",
+         "--kinds", "spark", "--ttl", "5"],
+        env=home.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        live: list[dict[str, object]] = []
+        while not live and time.monotonic() < deadline:
+            live = [w for w in client.get("/api/jobs").json()["workers"] if w["live"]]
+            time.sleep(0.2)
+        assert [(w["slots"], w["chunks"], w["kinds"]) for w in live] == [(3, [], ["spark"])]
+        assert f"{live[0]['worker']} · 0/3" in client.get("/jobs").text
+    finally:
+        worker.terminate()
+        worker.wait(30)

@@ -691,12 +691,25 @@ def jobs(src: Sources, state: str | None = None, limit: int = 100) -> dict[str, 
     if reader is None:
         return {"db": src.config.jobs_db_url, "exists": False, "runs": [], "counts": {}}
     term, leader = reader.leader()
-    running = reader.chunks_in("RUNNING", 500)
+    from riverbed.control import Registry
+    from riverbed.jobs.worker import WORKERS
+
     workers: dict[str, dict[str, Any]] = {}
-    for chunk in running:
+    for m in Registry(src.control, WORKERS).members():  # live workers and their slots
+        workers[m.id] = {
+            "worker": m.id,
+            "host": m.metadata.get("host"),
+            "slots": m.metadata.get("concurrency", 1),
+            "kinds": m.metadata.get("kinds"),
+            "live": True,
+            "chunks": [],
+        }
+    for chunk in reader.chunks_in("RUNNING", 500):
+        name = chunk["worker"] or "?"
         w = workers.setdefault(
-            chunk["worker"] or "?", {"worker": chunk["worker"], "host": chunk["host"], "chunks": []}
-        )
+            name,
+            {"worker": name, "host": chunk["host"], "slots": None, "live": False, "chunks": []},
+        )  # a worker that holds a chunk but is gone: the orchestrator will reap it
         w["chunks"].append(chunk["id"])
         w["heartbeat_at"] = max(w.get("heartbeat_at") or 0, chunk["heartbeat_at"] or 0)
     now = reader.now()
