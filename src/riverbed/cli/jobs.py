@@ -173,21 +173,9 @@ def _ts(value: float | None, short: bool = False) -> str:
 
 
 def _ids(ids: list[int] | tuple[int, ...]) -> str:
-    """``[1..6]``-style for runs of consecutive ids."""
-    ids = list(ids)
-    if not ids:
-        return "—"
-    parts: list[str] = []
-    start = prev = ids[0]
-    for w in [*ids[1:], None]:
-        if w is not None and w == prev + 1:
-            prev = w
-            continue
-        parts.append(str(start) if start == prev else f"{start}..{prev}")
-        if w is not None:
-            start = prev = w
-    text = ",".join(parts)
-    return text if len(text) < 60 else f"{text[:57]}… ({len(ids)} ids)"
+    from riverbed.jobs.spec import format_work_ids  # here: `riverbed` starts without jobs
+
+    return format_work_ids(ids)
 
 
 def _print_json(value: Any) -> None:

@@ -211,6 +211,25 @@ class LoadedJob:
         return self.spec.name
 
 
+def format_work_ids(ids: Iterable[int] | None) -> str:
+    """``1..6,9``-style for runs of consecutive ids (what tables and pages print); cut
+    at 60 characters with the count."""
+    ids = list(ids or [])
+    if not ids:
+        return "—"
+    parts: list[str] = []
+    start = prev = ids[0]
+    for w in [*ids[1:], None]:
+        if w is not None and w == prev + 1:
+            prev = w
+            continue
+        parts.append(str(start) if start == prev else f"{start}..{prev}")
+        if w is not None:
+            start = prev = w
+    text = ",".join(parts)
+    return text if len(text) < 60 else f"{text[:57]}… ({len(ids)} ids)"
+
+
 def parse_work_ids(value: str | Iterable[int]) -> list[int]:
     """``"1-100,205"`` or an iterable of whole numbers → sorted, unique ids."""
     if isinstance(value, str):

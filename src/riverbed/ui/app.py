@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from riverbed.errors import RiverbedError
+from riverbed.jobs.spec import format_work_ids
 from riverbed.ui import queries as q
 from riverbed.ui.console import Console
 from riverbed.ui.metrics import CONTENT_TYPE, exposition, families
@@ -128,23 +129,6 @@ def _rates(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _ids(ids: Any) -> str:
-    ids = list(ids or [])
-    if not ids:
-        return "—"
-    parts: list[str] = []
-    start = prev = ids[0]
-    for w in [*ids[1:], None]:
-        if w is not None and w == prev + 1:
-            prev = w
-            continue
-        parts.append(str(start) if start == prev else f"{start}..{prev}")
-        if w is not None:
-            start = prev = w
-    text = ",".join(parts)
-    return text if len(text) < 60 else f"{text[:57]}… ({len(ids)} ids)"
-
-
 def templates() -> Jinja2Templates:
     t = Jinja2Templates(directory=str(HERE / "templates"))
     t.env.filters.update(
@@ -155,7 +139,7 @@ def templates() -> Jinja2Templates:
         duration=_duration,
         spark=_spark,
         rates=_rates,
-        ids=_ids,
+        ids=format_work_ids,
         tojson_attr=lambda v: json.dumps(v, default=str),
     )
     t.env.globals.update(PAGES=PAGES, JOB_STATES=JOB_STATES)
