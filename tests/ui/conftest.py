@@ -38,6 +38,7 @@ class Home:
     committed: int = 0
     failed_run: int = 0
     done_run: int = 0
+    kwargs_run: int = 0
     queued_run: int = 0
     holds: list[Any] = field(default_factory=list)
 
@@ -105,6 +106,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     ok = run_cli("jobs", "run", "daily", "--work-ids", "1-6", env=env)
     assert ok.returncode == 0, ok.stderr
     h.done_run = _run_id(ok)
+    with_kwargs = run_cli(
+        "jobs", "run", "daily", "--work-ids", "10-12", "--kwarg", "region=eu", env=env
+    )
+    assert with_kwargs.returncode == 0, with_kwargs.stderr
+    h.kwargs_run = _run_id(with_kwargs)
     # the failing run goes through a real worker: its attempt logs to a file the page tails
     bad = run_cli("jobs", "submit", "hourly", "--work-ids", "1-2", "--kwarg", "fail=true", env=env)
     assert bad.returncode == 0, bad.stderr

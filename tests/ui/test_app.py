@@ -175,6 +175,10 @@ def test_jobs_grid_filters_run_graph_chunk_traceback_and_log(
     (fresh,) = run["freshness"]
     assert [w["id"] for w in fresh["work_ids"]] == [1, 2, 3, 4, 5, 6]
     assert all(w["age_s"] is not None and w["age_s"] >= 0 for w in fresh["work_ids"])
+    (regional,) = client.get(f"/api/jobs/runs/{home.kwargs_run}").json()["freshness"]
+    assert regional["kwargs"] == {"region": "eu"}  # looked up by the kwargs' stored JSON
+    assert [w["id"] for w in regional["work_ids"]] == [10, 11, 12]
+    assert all(w["age_s"] is not None for w in regional["work_ids"])
     never = client.get(f"/api/jobs/runs/{home.failed_run}").json()["freshness"][0]
     assert [w["age_s"] for w in never["work_ids"]] == [None, None]
     bad = client.get(f"/api/jobs/runs/{home.failed_run}").json()["chunks"][0]

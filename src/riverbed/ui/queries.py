@@ -739,26 +739,35 @@ def _schedule(row: dict[str, Any], now: float) -> dict[str, Any]:
     return out
 
 
-def run(src: Sources, run_id: int, offset: int = 0, limit: int = 200) -> dict[str, Any]:
-    """A run: its row, its chunks by state, a page of its chunks (``offset``, ``limit``)
-    with upstream ids, and freshness per work id of the jobs on that page."""
+def _row_of(src: Sources, chunk_id: int) -> tuple[Any, dict[str, Any]]:
+    """The jobs reader and one run's or chunk's row, or the QueryError that says why not."""
     reader = src.jobs
     if reader is None:
         raise QueryError(f"no jobs database at {src.config.jobs_db_url} yet")
     try:
-        master = reader.get(run_id)
+        return reader, reader.get(chunk_id)
     except RiverbedError as exc:
         raise QueryError(str(exc)) from None
+
+
+def run(src: Sources, run_id: int, offset: int = 0, limit: int = 200) -> dict[str, Any]:
+    """A run: its row, its chunks by state, a page of its chunks (``offset``, ``limit``)
+    with upstream ids, and freshness per work id of the jobs on that page."""
+    reader, master = _row_of(src, run_id)
     if master["kind"] != "master":
         raise QueryError(f"{run_id} is a chunk of run {master['master']}, not a run")
     chunks = [_job_row(c) for c in reader.graph(run_id, max(0, offset), max(1, limit))]
     counts = reader.run_counts(run_id)
     now = reader.now()
     freshness = []
-    for job, kwargs in sorted(
-        {(c["job"], json.dumps(c["kwargs"], sort_keys=True)) for c in chunks}
-    ):
-        ids = sorted({w for c in chunks if c["job"] == job for w in c["work_ids"]})
+    from riverbed.jobs.spec import canonical_kwargs
+
+    by_job: dict[tuple[str, str], set[int]] = {}
+    for c in chunks:  # freshness is kept per job and kwargs, as their canonical JSON
+        key = (c["job"], canonical_kwargs(c["kwargs"]))
+        by_job.setdefault(key, set()).update(c["work_ids"])
+    for (job, kwargs), id_set in sorted(by_job.items()):
+        ids = sorted(id_set)
         fresh = reader.fresh_ids(job, kwargs)
         freshness.append(
             {
@@ -786,13 +795,7 @@ def chunk(src: Sources, chunk_id: int) -> dict[str, Any]:
     """A chunk with its attempts (errors and tracebacks) and where each attempt logs."""
     from riverbed.jobs.worker import log_path
 
-    reader = src.jobs
-    if reader is None:
-        raise QueryError(f"no jobs database at {src.config.jobs_db_url} yet")
-    try:
-        row = reader.get(chunk_id)
-    except RiverbedError as exc:
-        raise QueryError(str(exc)) from None
+    _, row = _row_of(src, chunk_id)
     out = _job_row(row)
     for a in out["attempts"]:
         path = log_path(src.config.home, chunk_id, a["attempt"])
