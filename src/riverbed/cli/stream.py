@@ -130,15 +130,14 @@ def _status(args: argparse.Namespace) -> int:
     from riverbed.stream.job import status
     from riverbed.ui.queries import QueryError, Sources, stream
 
-    config = load_config()
-    name = _job(args.spec).aggregation.name if args.spec.endswith(".py") else args.spec
-    sources = Sources(config)
+    job = _job(args.spec) if args.spec.endswith(".py") else None
+    sources = Sources(load_config())
     try:  # what the console's stream page shows, once the aggregation has run
-        info = stream(sources, name, ledger=10)
+        info = stream(sources, job.aggregation.name if job else args.spec, ledger=10)
     except QueryError:
-        if not args.spec.endswith(".py"):
+        if job is None:
             raise
-        info = status(_job(args.spec))  # not run yet: zeros, and the topic's lag
+        info = status(job)  # not run yet: zeros, and the topic's lag
     finally:
         sources.close()
     if args.json:
