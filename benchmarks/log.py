@@ -182,6 +182,7 @@ def typed_vs_json(root: Path, n: int) -> list[tuple[str, float, float]]:
 def _client(kind: str, url: str, partition: int, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """One client process: produce ``n`` records to its own topic, or fetch them."""
     log = riverbed.log.open(url)
+    log.storage.offsets(f"t{partition}", 0)  # connected (a server) / files found (local)
     start = time.perf_counter()
     if kind == "produce":
         producer = log.producer(f"t{partition}")
@@ -297,7 +298,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000, help="for typed vs JSON")
     parser.add_argument("--remote", type=int, default=400_000, help="for remote vs local")
     parser.add_argument("--sends", type=int, default=300, help="for visibility latency")
+    parser.add_argument(
+        "--only", choices=["remote"], help="run only this section (the log server's)"
+    )
     args = parser.parse_args()
+    if args.only == "remote":
+        with tempfile.TemporaryDirectory() as tmp:
+            print_remote(args, *remote_vs_local(Path(tmp), args.remote, args.sends))
+        return
     values = payloads(args.records)
     mb = RECORD / 1e6
     with tempfile.TemporaryDirectory() as tmp:
@@ -334,6 +342,10 @@ def main() -> None:
     print(f"{'path':40} {'typed rec/s':>12} {'JSON rec/s':>12} {'typed/JSON':>11}")
     for name, t_rate, j_rate in typed:
         print(f"{name:40} {t_rate:12,.0f} {j_rate:12,.0f} {t_rate / j_rate:10.2f}x")
+    print_remote(args, remote_rows, latency)
+
+
+def print_remote(args: argparse.Namespace, remote_rows: list[Any], latency: dict[str, Any]) -> None:
     print(f"\n{args.remote:,} records of {RECORD} bytes, log server over loopback vs local files")
     print(f"{'path':40} {'remote rec/s':>12} {'local rec/s':>12} {'remote/local':>13}")
     for name, r_rate, l_rate in remote_rows:

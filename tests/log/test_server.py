@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -18,12 +19,14 @@ import pytest
 import riverbed.log
 from riverbed.control import connect
 from riverbed.log import Log, LogError, TopicNotFoundError
+from riverbed.log import flight as flight_storage
 from riverbed.log.errors import RecordRejectedError
 from riverbed.log.file import FileLogStorage
 from riverbed.log.flight import FlightLogStorage
 from riverbed.log.records import RawRecord
 from riverbed.log.server import LogServer
 from riverbed.log.wire import (
+    PROTOCOL,
     BatchTooLargeError,
     ProtocolError,
     ServerUnavailableError,
@@ -85,11 +88,14 @@ def test_each_bad_request_gets_one_clear_error_and_the_server_goes_on(
     options = flight.FlightCallOptions(
         headers=[(b"authorization", b"Bearer s3cret"), (b"riverbed-log-protocol", b"99")]
     )
-    with pytest.raises(flight.FlightServerError, match="speaks riverbed log protocol 1"):
+    with pytest.raises(flight.FlightServerError, match=f"speaks riverbed log protocol {PROTOCOL}"):
         list(client.do_action(flight.Action("list_topics", encode({})), options))
     # garbage where a request belongs
     options = flight.FlightCallOptions(
-        headers=[(b"authorization", b"Bearer s3cret"), (b"riverbed-log-protocol", b"1")]
+        headers=[
+            (b"authorization", b"Bearer s3cret"),
+            (b"riverbed-log-protocol", str(PROTOCOL).encode()),
+        ]
     )
     with pytest.raises(flight.FlightServerError, match="not JSON"):
         list(client.do_action(flight.Action("list_topics", b"\xff"), options))
@@ -245,7 +251,7 @@ def test_a_raw_batch_of_the_wrong_shape_is_refused(log_server: LogServer) -> Non
     log = riverbed.log.open(log_server.url)
     log.create_topic("t", 1)
     client = flight.connect(f"grpc+tcp://127.0.0.1:{log_server.port}")
-    options = flight.FlightCallOptions(headers=[(b"riverbed-log-protocol", b"1")])
+    options = flight.FlightCallOptions(headers=[(b"riverbed-log-protocol", str(PROTOCOL).encode())])
     descriptor = flight.FlightDescriptor.for_command(
         encode({"op": "append", "topic": "t", "partition": 0})
     )
@@ -264,3 +270,58 @@ def test_a_raw_batch_of_the_wrong_shape_is_refused(log_server: LogServer) -> Non
     assert log.offsets("t")[0].end == 1
     client.close()
     log.close()
+
+
+@pytest.mark.parametrize("served", ["file", "memory"])
+def test_a_fetch_is_bounded_by_bytes_and_ships_the_stored_batches(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch answers with whole stored batches up to ``max_bytes`` (at least one, so a
+    reader always moves on); reads of any size are fetches in turn, equal to the local
+    read — also from a storage that keeps no encoded batches (memory)."""
+    storage = (
+        FileLogStorage(tmp_path / "served")
+        if served == "file"
+        else riverbed.log.open("memory://").storage
+    )
+    server = LogServer(storage)
+    try:
+        local = Log(storage)
+        local.create_topic("t", 1, serde="bytes")
+        producer = local.producer("t")
+        for i in range(20):  # 20 batches of 50 records of ~100 bytes
+            producer.send_batch([b"%04d" % (i * 50 + j) + b"x" * 96 for j in range(50)])
+        remote = FlightLogStorage(server.url)
+        one = remote.fetch("t", 0, 0, 1000, max_bytes=1)
+        some = remote.fetch("t", 0, 120, 1000, max_bytes=12_000)
+        assert sum(len(b.body) for b in some) <= 12_000
+        if served == "file":  # the batches as produced
+            assert [(b.base_offset, b.count) for b in one] == [(0, 50)]
+            assert [b.base_offset for b in some] == [100, 150]  # ~5.2 kB a batch
+        else:  # encoded as read, as many records as fit
+            assert [(b.base_offset, b.count) for b in one] == [(0, 1)]
+            assert some[0].base_offset == 120 and 100 <= sum(b.count for b in some) < 120
+        assert remote.fetch("t", 0, 1000, 2000) == []  # at the end: nothing, no error
+        tiny = FlightLogStorage(server.url)
+        monkeypatch.setattr(flight_storage, "DEFAULT_FETCH_BYTES", 6_000)
+        fetches: list[int] = []
+        stream = tiny._stream
+
+        def counted(*args: Any) -> Any:
+            fetches.append(args[2])  # where it starts
+            return stream(*args)
+
+        monkeypatch.setattr(tiny, "_stream", counted)
+        columns = tiny.read_columns("t", 0, 25, 975)
+        assert len(fetches) >= 19 and fetches == sorted(fetches)  # ~one batch a fetch
+        expected = storage.read_columns("t", 0, 25, 975)
+        assert columns.values.to_pylist() == expected.values.to_pylist()
+        assert columns.offsets.tolist() == list(range(25, 975))
+        rows = tiny.read("t", 0, 990, 100)
+        assert [o for o, _ in rows] == list(range(990, 1000))
+        assert rows[0][1].value == b"0990" + b"x" * 96
+        remote.close()
+        tiny.close()
+    finally:
+        server.shutdown()
+        storage.close()

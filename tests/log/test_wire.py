@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,18 +18,17 @@ from riverbed.log.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from riverbed.log.records import Columns, RawRecord
-from riverbed.log.schema import from_batch, schema_of, to_batch
+from riverbed.log.records import RawRecord, StoredBatch, decode_body, encode_body, encode_columns
+from riverbed.log.schema import schema_of, to_batch
 from riverbed.log.wire import (
     BatchTooLargeError,
     ProtocolError,
     batch_columns,
-    batch_records,
-    batch_rows,
-    columns_batch,
+    batch_stored,
     error_info,
     records_batch,
     remote_error,
+    stored_batch,
 )
 
 SCHEMA = schema_of("user_id long, flag string")
@@ -51,64 +50,64 @@ typed_values = st.lists(
 )
 
 
-@given(records)
+@given(records, st.integers(0, 30), st.integers(0, 30))
 @settings(deadline=None)  # the first example pays pyarrow's warm-up
-def test_produced_records_cross_the_wire_unchanged(rows: list[RawRecord]) -> None:
-    got, typed = batch_records(records_batch(rows, None))
-    assert typed is None
-    assert got == rows
+def test_produced_columns_are_stored_as_the_same_bytes_as_rows(
+    rows: list[RawRecord], cut: int, length: int
+) -> None:
+    """The server appends the wire's columns straight from their buffers: the stored
+    body is byte for byte what the row encoder writes — whole batches and slices of
+    them (Arrow offsets that do not start at 0)."""
+    batch = batch_columns(records_batch(rows, None))
+    if rows:
+        assert encode_columns(batch).body == encode_body(rows).body
+    part = batch.slice(cut, cut + length)
+    expected = rows[cut : cut + length]
+    if expected:
+        body = encode_columns(part).body
+        assert body == encode_body(expected).body
+        assert decode_body(body, len(expected), 0).rows() == expected
 
 
-@given(typed_values, st.integers(0, 2**40))
+@given(typed_values, st.integers(0, 2**40), st.integers(0, 5))
 @settings(deadline=None)
-def test_typed_values_travel_as_their_columns(values: list[dict[str, Any]], ts: int) -> None:
+def test_typed_values_travel_and_are_stored_as_their_columns(
+    values: list[dict[str, Any]], ts: int, cut: int
+) -> None:
     assert SCHEMA is not None
     rows = [RawRecord(ts + i, None, v, {}) for i, v in enumerate(values)]
-    got, typed = batch_records(records_batch(rows, to_batch(values, SCHEMA)))
-    assert typed is not None and typed.schema == SCHEMA
-    assert from_batch(typed) == values
-    assert [r.timestamp_ms for r in got] == [r.timestamp_ms for r in rows]
+    batch = batch_columns(records_batch(rows, to_batch(values, SCHEMA))).slice(cut, len(rows))
+    if not len(batch):
+        return
+    stored = decode_body(encode_columns(batch).body, len(batch), 0)
+    assert stored.values.type == pa.struct(list(SCHEMA))
+    assert stored.values.to_pylist() == values[cut:]
+    assert stored.timestamps_ms.tolist() == [r.timestamp_ms for r in rows[cut:]]
 
 
-@given(records, st.integers(0, 10**9))
-@settings(deadline=None)
-def test_fetched_rows_keep_their_offsets(rows: list[RawRecord], first: int) -> None:
-    numbered = [(first + 3 * i, r) for i, r in enumerate(rows)]  # gaps, as after a skip
-    batch = records_batch(rows, None, [o for o, _ in numbered])
-    assert batch_rows(batch) == numbered
+def test_a_produced_batch_without_values_is_refused() -> None:
+    batch = records_batch([RawRecord(1, None, b"v")], None)
+    holed = pa.RecordBatch.from_arrays(
+        [*batch.columns[:2], pa.array([None], pa.binary()), batch.column(3)],
+        schema=batch.schema,
+    )
+    with pytest.raises(ProtocolError, match="without a value"):
+        batch_columns(holed)
 
 
 @given(
-    st.integers(0, 10**6),
-    st.lists(st.integers(1, 20), max_size=5),
-    st.booleans(),
+    st.lists(st.tuples(st.integers(0, 10**12), st.integers(1, 10**4), st.binary(max_size=40))),
     st.integers(1, 4),
 )
 @settings(max_examples=60, deadline=None)
-def test_columns_cross_the_wire_in_any_split(
-    start: int, runs: list[int], gap: bool, pieces: int
+def test_stored_batches_cross_the_wire_in_any_split(
+    batches: list[tuple[int, int, bytes]], pieces: int
 ) -> None:
-    offsets = []
-    at = start
-    for n in runs:
-        offsets.extend(range(at, at + n))
-        at += n + (7 if gap else 0)
-    n = len(offsets)
-    columns = Columns(
-        start,
-        np.arange(n, dtype=np.int64) * 1000,
-        pa.array([b"k%d" % i if i % 3 else None for i in range(n)], pa.binary()),
-        pa.array([b"v%d" % i for i in range(n)], pa.binary()),
-        np.array(offsets, np.int64) if gap and len(runs) > 1 else None,
-    )
-    batch = columns_batch(columns)
-    cut = [batch.slice(i, max(1, n // pieces)) for i in range(0, n, max(1, n // pieces))]
-    got = batch_columns(start, cut)
-    assert got.offsets.tolist() == offsets
-    assert got.timestamps_ms.tolist() == columns.timestamps_ms.tolist()
-    assert got.keys.to_pylist() == columns.keys.to_pylist()
-    assert got.values.to_pylist() == columns.values.to_pylist()
-    assert (got.picked is None) == (not gap or len(runs) <= 1 or n == 0)
+    stored = [StoredBatch(b, n, body) for b, n, body in batches]
+    table = pa.Table.from_batches([stored_batch(stored)])
+    step = max(1, len(stored) // pieces)
+    got = [s for b in table.to_batches(max_chunksize=step) for s in batch_stored(b)]
+    assert [(s.base_offset, s.count, bytes(s.body)) for s in got] == batches
 
 
 def test_errors_come_back_as_the_same_exception() -> None:

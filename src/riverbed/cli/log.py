@@ -181,7 +181,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _log_serve(args: argparse.Namespace) -> int:
-    from riverbed.log.server import LogServer
+    from riverbed.log.server import LogServer, keep_freed_memory
     from riverbed.log.wire import SCHEMES
 
     url = args.log or load_config().log_url
@@ -202,6 +202,7 @@ def _log_serve(args: argparse.Namespace) -> int:
         tls=tls,
         max_batch_bytes=_size(args.max_batch_bytes),
     )
+    keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     guard = "token required" if token else "loopback only, no token"

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from riverbed.log.records import Columns, RawRecord
+import pyarrow as pa
+
+from riverbed.log.records import (
+    ColumnBatch,
+    Columns,
+    RawRecord,
+    StoredBatch,
+    encode_columns,
+)
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,28 @@ def typed_values(
     return check_values(topic, config.schema, [r.value for r in records], "batch")
 
 
+def value_type(config: TopicConfig) -> pa.DataType:
+    """The Arrow type of a topic's values as columns: serde bytes (``binary``), or a typed
+    topic's struct of its schema."""
+    if config.schema is None:
+        return pa.binary()
+    from riverbed.log.schema import schema_of
+
+    schema = schema_of(config.schema)
+    assert schema is not None
+    return pa.struct(list(schema))
+
+
+def check_column_values(config: TopicConfig, values: pa.Array) -> None:
+    """Refuse values given as a column whose type is not the topic's, naming both."""
+    if values.type != value_type(config):
+        what = f"typed ({config.schema})" if config.schema else "untyped (serde bytes)"
+        raise ValueError(
+            f"topic '{config.name}' is {what}, but these values are {values.type}; the "
+            "writer's view of the topic is out of date: open the log again"
+        )
+
+
 class LogStorage(ABC):
     url: str
     waits = False  # whether wait() blocks until an append (else callers poll)
@@ -197,17 +227,58 @@ class LogStorage(ABC):
         batch (a producer's :meth:`~riverbed.log.Producer.check`); else the storage
         checks them (:func:`typed_values`)."""
 
+    def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
+        """:meth:`append` of a batch given as columns (what a log server receives), without
+        a Python object per record where the storage can; returns its base offset."""
+        config = self.topic_config(topic)
+        check_column_values(config, batch.values)
+        typed = None
+        if config.schema is not None:
+            typed = pa.RecordBatch.from_struct_array(batch.values)
+        records = batch.rows()
+        if typed is not None:
+            records = [RawRecord(r.timestamp_ms, r.key, None, r.headers) for r in records]
+        return self.append(topic, partition, records, typed)
+
     @abstractmethod
     def read(
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[tuple[int, RawRecord]]:
         """Up to ``max_records`` whole records from ``offset`` on (fewer at the end)."""
 
+    def read_stored(
+        self, topic: str, partition: int, start: int, end: int, max_bytes: int
+    ) -> Iterator[StoredBatch]:
+        """The batches holding records [start, end) as stored, in order, up to
+        ``max_bytes`` of them (always at least one, so a reader moves on): what a log
+        server streams for a fetch. Storages that keep no encoded batches encode what they
+        read."""
+        from riverbed.log.schema import schema_of
+
+        schema = schema_of(self.topic_config(topic).schema)
+        rows = self.read(topic, partition, start, min(end - start, 10_000))
+        size = 0
+        i = 0
+        while i < len(rows) and (not size or size < max_bytes):
+            j = i + 1  # a contiguous run, cut until it fits what is left of max_bytes
+            while j < len(rows) and rows[j][0] == rows[j - 1][0] + 1:
+                j += 1
+            while True:
+                run = [r for _, r in rows[i:j]]
+                body = encode_columns(ColumnBatch.from_rows(run, schema)).body
+                if size + len(body) <= max_bytes or j - i == 1:
+                    break
+                j = i + (j - i) // 2
+            if size and size + len(body) > max_bytes:
+                return
+            yield StoredBatch(rows[i][0], len(run), body)
+            size += len(body)
+            i = j
+
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
         """Records [start, end) column by column, without a Python object per record
         (what the Spark source and the stream engine read). Storages may do better than
         this default."""
-        from riverbed.log.records import ColumnBatch
         from riverbed.log.schema import schema_of
 
         schema = schema_of(self.topic_config(topic).schema)

@@ -55,6 +55,7 @@ from riverbed.log.base import (
     PartitionReport,
     SkippedRange,
     TopicConfig,
+    check_column_values,
     check_topic_name,
     typed_values,
 )
@@ -65,14 +66,20 @@ from riverbed.log.errors import (
     TopicNotFoundError,
 )
 from riverbed.log.records import (
+    BATCH_HEAD_SIZE,
     PREFIX_SIZE,
     BatchHeader,
     ColumnBatch,
     Columns,
+    EncodedBatch,
     RawRecord,
+    StoredBatch,
+    columns_from,
     decode_batch,
     encode_body,
+    encode_columns,
     read_header,
+    rows_from,
     whole_frame,
 )
 
@@ -549,6 +556,16 @@ class FileLogStorage(LogStorage):
             raise ValueError("cannot append an empty batch")
         config = self._config(topic)
         encoded = encode_body(records, typed_values(topic, config, records, typed))
+        return self._write(topic, partition, config, encoded)
+
+    def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
+        if not len(batch):
+            raise ValueError("cannot append an empty batch")
+        config = self._config(topic)
+        check_column_values(config, batch.values)
+        return self._write(topic, partition, config, encode_columns(batch))
+
+    def _write(self, topic: str, partition: int, config: TopicConfig, encoded: EncodedBatch) -> int:
         w = self._writer(topic, partition)
         with self._locked(w):
             self._sync_state(w)
@@ -564,7 +581,7 @@ class FileLogStorage(LogStorage):
             os.write(w.fd, frame)
             w.size += len(frame)
             w.since_index += len(frame)
-            w.next_offset = base + len(records)
+            w.next_offset = base + encoded.count
             now = time.monotonic()
             if config.fsync == "batch" or (
                 config.fsync == "interval"
@@ -611,6 +628,15 @@ class FileLogStorage(LogStorage):
         self, topic: str, partition: int, offset: int
     ) -> Iterator[tuple[int, ColumnBatch]]:
         """Whole batches holding ``offset`` and after, as (base offset, columns)."""
+        for buf, pos, header in self._whole(topic, partition, offset):
+            yield header.base_offset, decode_batch(buf, pos, header)
+
+    def _whole(
+        self, topic: str, partition: int, offset: int
+    ) -> Iterator[tuple[memoryview, int, BatchHeader]]:
+        """Whole batches holding ``offset`` and after, each as (its segment's bytes, its
+        position there, its header), CRC checked; the bytes are only valid until the
+        next one is asked for (the segment is unmapped after it)."""
         directory = self._partition_dir(topic, partition)
         segments = _segments(directory)
         if not segments:
@@ -653,7 +679,7 @@ class FileLogStorage(LogStorage):
                         continue
                     p, header = item
                     if header.next_offset > offset:
-                        yield header.base_offset, decode_batch(buf, p, header)
+                        yield buf, p, header
             finally:
                 mapped.__exit__(None, None, None)
             if next_base is None:
@@ -663,29 +689,26 @@ class FileLogStorage(LogStorage):
     def read(
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[tuple[int, RawRecord]]:
-        out: list[tuple[int, RawRecord]] = []
-        for base, batch in self._batches(topic, partition, offset):
-            skip = max(0, offset - base)
-            chunk = batch.slice(skip, skip + max_records - len(out)).rows()
-            out.extend(enumerate(chunk, base + skip))
-            if len(out) >= max_records:
-                break
-        return out
+        return rows_from(self._batches(topic, partition, offset), offset, max_records)
 
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
-        chunks: list[ColumnBatch] = []
-        bases: list[int] = []  # a skipped damaged range leaves a gap
-        for base, batch in self._batches(topic, partition, start):
-            if base >= end:
-                break
-            skip = max(0, start - base)
-            chunk = batch.slice(skip, end - base)
-            if len(chunk):
-                chunks.append(chunk)
-                bases.append(base + skip)
-            if base + len(batch) >= end:
-                break
-        return Columns.concat(start, chunks, bases)
+        return columns_from(self._batches(topic, partition, start), start, end)
+
+    def read_stored(
+        self, topic: str, partition: int, start: int, end: int, max_bytes: int
+    ) -> Iterator[StoredBatch]:
+        size = 0
+        for buf, pos, header in self._whole(topic, partition, start):
+            if header.base_offset >= end or (size and size + header.size > max_bytes):
+                return
+            yield StoredBatch(
+                header.base_offset,
+                header.count,
+                bytes(buf[pos + BATCH_HEAD_SIZE : pos + header.size]),  # copied: unmapped next
+            )
+            size += header.size
+            if header.next_offset >= end:
+                return
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)

@@ -20,26 +20,32 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from riverbed.log.base import LogStorage, PartitionReport, TopicConfig, typed_values
 from riverbed.log.errors import LogError
-from riverbed.log.records import Columns, RawRecord
+from riverbed.log.records import (
+    ColumnBatch,
+    Columns,
+    RawRecord,
+    StoredBatch,
+    columns_from,
+    rows_from,
+)
 from riverbed.log.wire import (
+    DEFAULT_FETCH_BYTES,
     DEFAULT_PORT,
     PROTOCOL,
     PROTOCOL_HEADER,
     SCHEMES,
     ProduceOutcomeUnknownError,
     ServerUnavailableError,
-    batch_columns,
-    batch_rows,
+    batch_stored,
     decode,
     encode,
     records_batch,
@@ -50,6 +56,10 @@ from riverbed.log.wire import (
 
 T = TypeVar("T")
 _CONFIG_TTL_S = 1.0  # how long a topic's configuration is trusted before asking again
+
+
+class _Broken(Exception):
+    """A fetch's stream broke after it began (it is fetched again from where it got)."""
 
 
 def _not_reached(exc: BaseException) -> bool:
@@ -219,29 +229,82 @@ class FlightLogStorage(LogStorage):
     def read(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float = 0
     ) -> list[tuple[int, RawRecord]]:
-        ticket = {
-            "op": "read",
-            "topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "max_records": max_records,
-            "wait_ms": int(wait * 1000),
-        }
-        table = self._get(ticket, 60 + wait)
-        return [row for b in table.to_batches() for row in batch_rows(b)]
+        """Up to ``max_records`` records from ``offset`` — what one fetch brings (fewer
+        when they are over its byte bound); at the end, the server waits up to ``wait``
+        seconds for an append."""
+        fetched = self.fetch(topic, partition, offset, offset + max_records, wait=wait)
+        return rows_from(((s.base_offset, s.decode()) for s in fetched), offset, max_records)
 
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
-        ticket = {"op": "columns", "topic": topic, "partition": partition, "start": start}
-        table = self._get({**ticket, "end": end}, 600)
-        return batch_columns(start, table.to_batches())
+        return columns_from(self._fetched(topic, partition, start, end), start, end)
 
-    def _get(self, ticket: dict[str, Any], timeout: float) -> pa.Table:
+    def _fetched(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> Iterator[tuple[int, ColumnBatch]]:
+        """The batches holding [start, end), decoded here as they stream in, fetch after
+        fetch (each bounded by bytes); a fetch cut by a broken connection goes on from
+        where it got to."""
+        at = start
+        while at < end:
+            before = at
+            with contextlib.suppress(_Broken):
+                for stored in self._stream(topic, partition, at, end, DEFAULT_FETCH_BYTES, 0):
+                    yield stored.base_offset, stored.decode()
+                    at = stored.next_offset
+                if at == before:
+                    return  # the end of the partition
+
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        *,
+        max_bytes: int = DEFAULT_FETCH_BYTES,
+        wait: float = 0,
+    ) -> list[StoredBatch]:
+        """One fetch: the stored batches holding [start, end), up to ``max_bytes`` of them
+        (at least one), as the server keeps them; at the end, the server waits up to
+        ``wait`` seconds for an append."""
+        while True:
+            with contextlib.suppress(_Broken):
+                return list(self._stream(topic, partition, start, end, max_bytes, wait))
+
+    def _stream(
+        self, topic: str, partition: int, start: int, end: int, max_bytes: int, wait: float
+    ) -> Iterator[StoredBatch]:
+        ticket = {
+            "op": "fetch",
+            "topic": topic,
+            "partition": partition,
+            "start": start,
+            "end": end,
+            "max_bytes": max_bytes,
+            "wait_ms": int(wait * 1000),
+        }
         data = flight.Ticket(encode(ticket))
+        options = self._options(600 + wait)
 
-        def run(client: flight.FlightClient) -> pa.Table:
-            return client.do_get(data, self._options(timeout)).read_all()
+        def begin(client: flight.FlightClient) -> tuple[flight.FlightClient, Any, Any]:
+            reader = client.do_get(data, options)
+            try:
+                return client, reader, reader.read_chunk()  # the server's refusal comes here
+            except StopIteration:
+                return client, reader, None
 
-        return self._call(run)
+        client, reader, chunk = self._call(begin)
+        while chunk is not None:
+            yield from batch_stored(chunk.data)
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError):
+                self._drop(client)
+                raise _Broken from None
+            except (flight.FlightServerError, flight.FlightInternalError) as exc:
+                raise remote_error(exc.extra_info, _first_line(exc)) from None
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         start, end = self._act("offsets", {"topic": topic, "partitions": [partition]})[0]

@@ -31,7 +31,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -46,6 +46,7 @@ from riverbed.log.errors import CorruptLogError
 _PREFIX = struct.Struct(">II")  # length, crc
 _HEAD = struct.Struct(">QI")  # base_offset, count
 PREFIX_SIZE = _PREFIX.size
+BATCH_HEAD_SIZE = PREFIX_SIZE + _HEAD.size  # what precedes a batch's payload
 
 
 def now_ms() -> int:
@@ -277,10 +278,15 @@ def _binary(n: int, offsets: bytes, data: bytes, validity: bytes = b"") -> pa.Bi
 
 
 def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> ColumnBatch:
-    start = pos + PREFIX_SIZE + _HEAD.size
+    start = pos + BATCH_HEAD_SIZE
+    # a copy: a view would keep a mapped segment open (in a traceback, say)
+    return decode_body(bytes(buf[start : pos + header.size]), header.count, header.base_offset)
+
+
+def decode_body(body: bytes | memoryview, n: int, base_offset: int) -> ColumnBatch:
+    """The columns of a batch's payload (what follows its header) of ``n`` records."""
     try:
-        payload = msgpack.unpackb(bytes(buf[start : pos + header.size]), raw=False)
-        n = header.count
+        payload = msgpack.unpackb(body, raw=False)
         if payload and payload[0] == FORMAT_COLUMNS:
             _, ts, key_offsets, key_valid, key_data, value_offsets, value_data, headers = payload
             return ColumnBatch(
@@ -302,8 +308,107 @@ def decode_batch(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Colu
             )
         # format 1: rows
         return ColumnBatch.from_rows([RawRecord(r[0], r[1], r[2], r[3] or {}) for r in payload])
-    except (ValueError, TypeError, IndexError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise CorruptLogError(f"batch at offset {header.base_offset} cannot be decoded") from exc
+    except (
+        ValueError,
+        TypeError,
+        IndexError,
+        msgpack.UnpackException,
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+    ) as exc:
+        raise CorruptLogError(f"batch at offset {base_offset} cannot be decoded") from exc
+
+
+def _binary_parts(array: pa.Array) -> tuple[bytes, bytes, bytes]:
+    """A binary array's (offsets from 0, validity or b"" without nulls, data), as format
+    2 stores them — read from its Arrow buffers, not a Python object per element."""
+    n = len(array)
+    validity, offsets_buf, data = array.buffers()[:3]
+    offsets = np.frombuffer(offsets_buf, dtype="<i4", count=n + 1, offset=array.offset * 4)
+    first, last = int(offsets[0]), int(offsets[-1])
+    bits = b""
+    if array.null_count:
+        flags = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+        bits = np.packbits(flags[array.offset : array.offset + n], bitorder="little").tobytes()
+    body = data.slice(first, last - first).to_pybytes() if data is not None else b""
+    return (offsets - first).astype("<i4").tobytes(), bits, body
+
+
+def encode_columns(batch: ColumnBatch) -> EncodedBatch:
+    """Encode a batch given as columns (what a log server receives) straight from their
+    buffers: the same bytes :func:`encode_body` writes for the same records."""
+    if batch.values.null_count:
+        raise ValueError("a record's value cannot be null")
+    key_offsets, key_valid, key_data = _binary_parts(batch.keys)
+    stored: list[Any]
+    if pa.types.is_struct(batch.values.type):
+        stored = [FORMAT_TYPED, _ipc(pa.RecordBatch.from_struct_array(batch.values))]
+    else:
+        value_offsets, _, value_data = _binary_parts(batch.values)
+        stored = [FORMAT_COLUMNS, value_offsets, value_data]
+    headers = batch.headers if batch.headers and any(batch.headers) else None
+    body: bytes = msgpack.packb(
+        [
+            stored[0],
+            np.ascontiguousarray(batch.timestamps_ms, dtype="<i8").tobytes(),
+            key_offsets,
+            key_valid,
+            key_data,
+            *stored[1:],
+            [dict(h) for h in headers] if headers else None,
+        ],
+        use_bin_type=True,
+    )
+    return EncodedBatch(len(batch), body)
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """One batch as stored (its CRC checked): what a log server ships for a fetch; the
+    client decodes it (:meth:`decode`) as a local reader would."""
+
+    base_offset: int
+    count: int
+    body: bytes | memoryview  # the payload past the batch's header
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+    def decode(self) -> ColumnBatch:
+        return decode_body(self.body, self.count, self.base_offset)
+
+
+def rows_from(
+    batches: Iterable[tuple[int, ColumnBatch]], offset: int, max_records: int
+) -> list[tuple[int, RawRecord]]:
+    """Up to ``max_records`` records from ``offset`` on, out of (base, columns) batches."""
+    out: list[tuple[int, RawRecord]] = []
+    for base, batch in batches:
+        skip = max(0, offset - base)
+        chunk = batch.slice(skip, skip + max_records - len(out)).rows()
+        out.extend(enumerate(chunk, base + skip))
+        if len(out) >= max_records:
+            break
+    return out
+
+
+def columns_from(batches: Iterable[tuple[int, ColumnBatch]], start: int, end: int) -> Columns:
+    """Records [start, end) out of (base, columns) batches (a gap between batches is a
+    skipped damaged range)."""
+    chunks: list[ColumnBatch] = []
+    bases: list[int] = []
+    for base, batch in batches:
+        if base >= end:
+            break
+        skip = max(0, start - base)
+        chunk = batch.slice(skip, end - base)
+        if len(chunk):
+            chunks.append(chunk)
+            bases.append(base + skip)
+        if base + len(batch) >= end:
+            break
+    return Columns.concat(start, chunks, bases)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,23 @@
 ``flight://`` client, as plain data — no sockets here (the pure core of the log server;
 :mod:`riverbed.log.server` and :mod:`riverbed.log.flight` are the thin I/O around it).
 
-Records travel as Arrow record batches, one row per record::
+A produce sends records as Arrow record batches, one row per record::
 
-    offset int64 (fetches only) | timestamp_ms int64 | key binary | value | headers binary
+    timestamp_ms int64 | key binary | value | headers binary
 
 ``value`` is the serde's bytes (``binary``) or, for a typed topic, a struct of the
-topic's schema — the columns the file storage keeps, as they are. ``headers`` is a
-msgpack map per record, null when a record has none.
+topic's schema. ``headers`` is a msgpack map per record, null when a record has none.
+The server writes the columns' buffers into its batch format without a Python object
+per record.
+
+A fetch answers with the batches *as stored* (CRC checked by the server), one row
+each::
+
+    base_offset int64 | count int64 | body binary
+
+and the client decodes them as a local reader would (:mod:`riverbed.log.records`:
+format 2 = Arrow-shaped buffers, format 3 = a typed topic's Arrow IPC) — the way Kafka
+brokers ship record batches: the server copies bytes, the readers decode.
 
 Requests (Flight actions, tickets and put descriptors) are JSON objects. Errors carry
 their kind in the Flight error's ``extra_info`` so the client raises the same exception
@@ -26,7 +36,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from riverbed.log.base import Damage, PartitionReport, TopicConfig, check_values
+from riverbed.log.base import Damage, PartitionReport
 from riverbed.log.errors import (
     CorruptLogError,
     GroupError,
@@ -37,12 +47,13 @@ from riverbed.log.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from riverbed.log.records import Columns, RawRecord, as_struct
+from riverbed.log.records import ColumnBatch, RawRecord, StoredBatch, as_struct
 
-PROTOCOL = 1  # bumped when a request or a batch's shape changes
+PROTOCOL = 2  # bumped when a request or a batch's shape changes
 PROTOCOL_HEADER = "riverbed-log-protocol"
 DEFAULT_PORT = 8815
 DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+DEFAULT_FETCH_BYTES = 16 * 1024 * 1024  # a fetch's bound unless the client asks otherwise
 SCHEMES = ("flight", "flight+tls")  # the log URLs of a log server
 
 
@@ -69,28 +80,16 @@ class ServerUnavailableError(LogError):
     """The log server could not be reached within the client's reconnect timeout."""
 
 
-def wire_schema(value_type: pa.DataType, with_offsets: bool) -> pa.Schema:
-    fields = [pa.field("offset", pa.int64())] if with_offsets else []
+def wire_schema(value_type: pa.DataType) -> pa.Schema:
+    """A produced batch's columns, for values of ``value_type``."""
     return pa.schema(
         [
-            *fields,
             pa.field("timestamp_ms", pa.int64()),
             pa.field("key", pa.binary()),
             pa.field("value", value_type),
             pa.field("headers", pa.binary()),
         ]
     )
-
-
-def value_type(config: TopicConfig) -> pa.DataType:
-    """How a topic's values travel: serde bytes, or a typed topic's struct."""
-    if config.schema is None:
-        return pa.binary()
-    from riverbed.log.schema import schema_of
-
-    schema = schema_of(config.schema)
-    assert schema is not None
-    return pa.struct(list(schema))
 
 
 def _headers(rows: Sequence[Any]) -> pa.Array:
@@ -107,9 +106,7 @@ def _headers_of(batch: pa.RecordBatch) -> list[dict[str, bytes]]:
     ]
 
 
-def records_batch(
-    records: Sequence[RawRecord], typed: pa.RecordBatch | None, offsets: Sequence[int] | None = None
-) -> pa.RecordBatch:
+def records_batch(records: Sequence[RawRecord], typed: pa.RecordBatch | None) -> pa.RecordBatch:
     """Records as one wire batch; ``typed`` holds a typed topic's checked values."""
     values: pa.Array
     if typed is not None:
@@ -124,94 +121,76 @@ def records_batch(
         values,
         _headers([r.headers for r in records]),
     ]
-    schema = wire_schema(values.type, offsets is not None)
-    if offsets is not None:
-        columns.insert(0, pa.array(offsets, pa.int64()))
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays(columns, schema=wire_schema(values.type))
 
 
-def batch_records(batch: pa.RecordBatch) -> tuple[list[RawRecord], pa.RecordBatch | None]:
-    """The inverse of :func:`records_batch`: records, and a typed topic's values as one
-    record batch of its schema (whose records then carry ``None`` as their value)."""
-    check_batch(batch, with_offsets=False)
-    ts = batch.column("timestamp_ms").to_pylist()
-    keys = batch.column("key").to_pylist()
-    headers = _headers_of(batch)
-    value_col = batch.column("value")
-    typed: pa.RecordBatch | None = None
-    if pa.types.is_struct(value_col.type):
-        typed = pa.RecordBatch.from_struct_array(value_col)
-        values: list[Any] = [None] * batch.num_rows
-    else:
-        values = value_col.to_pylist()
-    records = [RawRecord(t, k, v, h) for t, k, v, h in zip(ts, keys, values, headers, strict=True)]
-    return records, typed
+def batch_columns(batch: pa.RecordBatch) -> ColumnBatch:
+    """The inverse of :func:`records_batch`, as columns (what the server appends: no
+    Python object per record)."""
+    check_batch(batch)
+    for name in ("timestamp_ms", "value"):
+        if batch.column(name).null_count:
+            raise ProtocolError(f"a produced batch has records without a {name}")
+    keys = batch.column("key")
+    assert isinstance(keys, pa.BinaryArray)
+    no_headers = batch.column("headers").null_count == batch.num_rows
+    return ColumnBatch(
+        _int64s(batch.column("timestamp_ms")),
+        keys,
+        batch.column("value"),
+        None if no_headers else _headers_of(batch),
+    )
 
 
-def read_batch(rows: Sequence[tuple[int, RawRecord]], config: TopicConfig) -> pa.RecordBatch:
-    """What a fetch of whole records (``Log.read``) sends: offsets, and headers too."""
-    records = [r for _, r in rows]
-    typed = check_values(config.name, config.schema, [r.value for r in records], "read")
-    return records_batch(records, typed, [o for o, _ in rows])
-
-
-def batch_rows(batch: pa.RecordBatch) -> list[tuple[int, RawRecord]]:
-    """The inverse of :func:`read_batch`."""
-    check_batch(batch, with_offsets=True)
-    offsets = batch.column("offset").to_pylist()
-    headers = _headers_of(batch)
-    return [
-        (o, RawRecord(t, k, v, h))
-        for o, t, k, v, h in zip(
-            offsets,
-            batch.column("timestamp_ms").to_pylist(),
-            batch.column("key").to_pylist(),
-            batch.column("value").to_pylist(),
-            headers,
-            strict=True,
-        )
+STORED_SCHEMA = pa.schema(
+    [
+        pa.field("base_offset", pa.int64()),
+        pa.field("count", pa.int64()),
+        pa.field("body", pa.binary()),
     ]
+)
 
 
-def columns_batch(columns: Columns) -> pa.RecordBatch:
-    """What a columnar fetch (``read_columns``) sends; no headers (columnar readers
-    never read them)."""
-    n = len(columns)
-    schema = wire_schema(columns.values.type, with_offsets=True)
+def stored_batch(batches: Sequence[StoredBatch]) -> pa.RecordBatch:
+    """What a fetch sends: the stored batches as they are (one row each)."""
+    ends = np.zeros(len(batches) + 1, np.int32)
+    np.cumsum([len(b.body) for b in batches], out=ends[1:])
+    bodies = pa.Array.from_buffers(
+        pa.binary(),
+        len(batches),
+        [None, pa.py_buffer(ends), pa.py_buffer(b"".join(b.body for b in batches))],
+    )
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(columns.offsets, pa.int64()),
-            pa.array(columns.timestamps_ms, pa.int64()),
-            columns.keys,
-            columns.values,
-            pa.nulls(n, pa.binary()),
+            pa.array([b.base_offset for b in batches], pa.int64()),
+            pa.array([b.count for b in batches], pa.int64()),
+            bodies,
         ],
-        schema=schema,
+        schema=STORED_SCHEMA,
     )
 
 
-def batch_columns(start: int, batches: Sequence[pa.RecordBatch]) -> Columns:
-    """The inverse of :func:`columns_batch`, over a fetch's batches."""
-    for b in batches:
-        check_batch(b, with_offsets=True)
-    batches = [b for b in batches if b.num_rows]
-    if not batches:
-        empty = pa.array([], pa.binary())
-        return Columns(start, np.zeros(0, np.int64), empty, empty)
-    offsets = np.concatenate([_int64s(b.column("offset")) for b in batches])
-    contiguous = bool(offsets[0] == start) and bool(
-        np.array_equal(offsets, np.arange(start, start + len(offsets), dtype=np.int64))
-    )
-    keys = pa.concat_arrays([b.column("key") for b in batches])
-    values = pa.concat_arrays([b.column("value") for b in batches])
-    assert isinstance(keys, pa.BinaryArray)
-    return Columns(
-        start,
-        np.concatenate([_int64s(b.column("timestamp_ms")) for b in batches]),
-        keys,
-        values,
-        None if contiguous else offsets.astype(np.int64),
-    )
+def batch_stored(batch: pa.RecordBatch) -> list[StoredBatch]:
+    """The inverse of :func:`stored_batch`; the bodies are views of the batch's buffer."""
+    if batch.schema != STORED_SCHEMA:
+        raise ProtocolError(
+            f"a fetch must have the columns {STORED_SCHEMA.names}, not {batch.schema.names}; "
+            "is the client the same riverbed version as the server?"
+        )
+    n = batch.num_rows
+    bodies = batch.column("body")
+    ends = np.frombuffer(bodies.buffers()[1], "<i4", n + 1, bodies.offset * 4).tolist()
+    data = memoryview(bodies.buffers()[2]) if n else memoryview(b"")
+    return [
+        StoredBatch(base, count, data[ends[i] : ends[i + 1]])
+        for i, (base, count) in enumerate(
+            zip(
+                _int64s(batch.column("base_offset")).tolist(),
+                _int64s(batch.column("count")).tolist(),
+                strict=True,
+            )
+        )
+    ]
 
 
 def _int64s(column: pa.Array) -> np.ndarray:
@@ -220,10 +199,9 @@ def _int64s(column: pa.Array) -> np.ndarray:
     return np.frombuffer(column.buffers()[1], np.int64, len(column), column.offset * 8)
 
 
-def check_batch(batch: pa.RecordBatch, with_offsets: bool) -> None:
-    """Refuse a batch whose columns are not the wire's, naming what is wrong."""
-    expected = ["offset"] if with_offsets else []
-    expected += ["timestamp_ms", "key", "value", "headers"]
+def check_batch(batch: pa.RecordBatch) -> None:
+    """Refuse a produced batch whose columns are not the wire's, naming what is wrong."""
+    expected = ["timestamp_ms", "key", "value", "headers"]
     if batch.schema.names != expected:
         raise ProtocolError(
             f"a record batch must have the columns {expected}, not {batch.schema.names}; "
