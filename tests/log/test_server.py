@@ -20,10 +20,10 @@ import riverbed.log
 from riverbed.control import connect
 from riverbed.log import Log, LogError, TopicNotFoundError
 from riverbed.log import flight as flight_storage
-from riverbed.log.errors import RecordRejectedError
+from riverbed.log.errors import CorruptLogError, RecordRejectedError
 from riverbed.log.file import FileLogStorage
 from riverbed.log.flight import FlightLogStorage
-from riverbed.log.records import RawRecord
+from riverbed.log.records import RawRecord, read_header
 from riverbed.log.server import LogServer
 from riverbed.log.wire import (
     PROTOCOL,
@@ -322,6 +322,43 @@ def test_a_fetch_is_bounded_by_bytes_and_ships_the_stored_batches(
         assert rows[0][1].value == b"0990" + b"x" * 96
         remote.close()
         tiny.close()
+    finally:
+        server.shutdown()
+        storage.close()
+
+
+def test_damage_met_mid_stream_is_the_same_error_and_a_skip_reads_past_it(
+    tmp_path: Path,
+) -> None:
+    """A fetch is streamed in chunks; a damaged batch past the first chunk still reaches
+    the client as CorruptLogError naming the damage, and after ``skip`` the server reads
+    past exactly it."""
+    storage = FileLogStorage(tmp_path / "served")
+    local = Log(storage)
+    local.create_topic("t", 1, serde="bytes")
+    producer = local.producer("t")
+    for i in range(40):  # 40 batches of ~50 kB: a fetch of all of them takes 2+ chunks
+        producer.send_batch([b"%05d" % (i * 10 + j) + b"v" * 5000 for j in range(10)])
+    segment = tmp_path / "served" / "t" / "0" / f"{0:020d}.log"
+    data = bytearray(segment.read_bytes())
+    pos, base = 0, 0
+    for _ in range(30):  # to the 31st batch
+        header = read_header(bytes(data), pos)
+        assert header is not None
+        pos, base = pos + header.size, header.next_offset
+    data[pos + 100] ^= 0x5A
+    segment.write_bytes(bytes(data))
+    server = LogServer(storage)
+    try:
+        remote = riverbed.log.open(server.url)
+        with pytest.raises(CorruptLogError) as caught:
+            remote.storage.read_columns("t", 0, 0, 400)
+        assert (caught.value.damage.start, caught.value.damage.end) == (base, base + 10)
+        remote.storage.skip("t", 0, base, base + 10, "flipped (test)")
+        columns = remote.storage.read_columns("t", 0, 0, 400)
+        assert columns.offsets.tolist() == [o for o in range(400) if not base <= o < base + 10]
+        assert columns.values[-1].as_py() == b"00399" + b"v" * 5000
+        remote.close()
     finally:
         server.shutdown()
         storage.close()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
+from riverbed.checksum import crc32
 from riverbed.log.errors import CorruptLogError
 
 _PREFIX = struct.Struct(">II")  # length, crc
@@ -121,7 +121,7 @@ class EncodedBatch:
 
     def frame(self, base_offset: int) -> bytes:
         payload = _HEAD.pack(base_offset, self.count) + self.body
-        return _PREFIX.pack(len(payload) + 4, zlib.crc32(payload)) + payload
+        return _PREFIX.pack(len(payload) + 4, crc32(payload)) + payload
 
 
 def encode_body(records: Sequence[RawRecord], typed: pa.RecordBatch | None = None) -> EncodedBatch:
@@ -199,7 +199,7 @@ def read_header(buf: bytes | memoryview, pos: int) -> BatchHeader | None:
     end = pos + 4 + length
     if length < 4 + _HEAD.size or end > len(buf):
         return None
-    if zlib.crc32(buf[pos + PREFIX_SIZE : end]) != crc:
+    if crc32(buf[pos + PREFIX_SIZE : end]) != crc:
         return None
     base, count = _HEAD.unpack_from(buf, pos + PREFIX_SIZE)
     return BatchHeader(base, count, end - pos)

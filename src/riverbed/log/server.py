@@ -116,28 +116,29 @@ def _refusals() -> Iterator[None]:
         raise _refuse(exc) from None
 
 
-def _chunk(stored: Iterator[StoredBatch]) -> pa.RecordBatch | None:
-    """The next ~``_CHUNK_BYTES`` of a fetch's batches as one record batch (None: done)."""
+def _chunk(stored: Iterator[StoredBatch]) -> tuple[pa.RecordBatch | None, bool]:
+    """The next ~``_CHUNK_BYTES`` of a fetch's batches as one record batch (None: none
+    left), and whether that was the last of them."""
     batches: list[StoredBatch] = []
     size = 0
+    last = True
     for batch in stored:
         batches.append(batch)
         size += len(batch.body)
         if size >= _CHUNK_BYTES:
+            last = False
             break
-    return stored_batch(batches) if batches else None
+    return (stored_batch(batches) if batches else None), last
 
 
-def _chunks(
-    first: pa.RecordBatch | None, stored: Iterator[StoredBatch]
-) -> Iterator[pa.RecordBatch]:
+def _chunks(first: pa.RecordBatch, stored: Iterator[StoredBatch]) -> Iterator[pa.RecordBatch]:
     """A fetch streamed in chunks: the client decodes one while the next is read and
     sent."""
-    chunk = first
+    chunk: pa.RecordBatch | None = first
     with _refusals():  # damage met mid-stream reaches the client as the same error
         while chunk is not None:
             yield chunk
-            chunk = _chunk(stored)
+            chunk, _ = _chunk(stored)
 
 
 class _Gate(flight.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -252,7 +253,7 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             self._cond.notify_all()
 
     # -- reads --------------------------------------------------------------------------
-    def do_get(self, context: Any, ticket: Any) -> flight.GeneratorStream:
+    def do_get(self, context: Any, ticket: Any) -> flight.FlightDataStream:
         with _refusals():
             request = decode(ticket.ticket, "a ticket")
             if request.get("op") != "fetch":
@@ -265,7 +266,11 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             if wait_ms > 0:
                 self.wait({(topic, partition): start}, wait_ms / 1000)
             stored = self.storage.read_stored(topic, partition, start, end, max(1, max_bytes))
-            first = _chunk(stored)  # a bad offset is refused here, before the stream starts
+            first, last = _chunk(stored)  # a bad offset is refused here, before streaming
+        if first is None or last:  # all of it (most tailing reads): sent at once
+            return flight.RecordBatchStream(
+                pa.Table.from_batches([] if first is None else [first], STORED_SCHEMA)
+            )
         return flight.GeneratorStream(STORED_SCHEMA, _chunks(first, stored))
 
     # -- waiting ------------------------------------------------------------------------

@@ -13,12 +13,12 @@ instead of decoding every operation.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
 import msgpack
 
+from riverbed.checksum import crc32
 from riverbed.state.base import Op
 from riverbed.state.errors import CorruptStateError
 
@@ -58,7 +58,7 @@ class Changelog:
             + _HEADER.pack(self.version, self.base, self.base_tag)
             + msgpack.packb([list(op) for op in self.ops])
         )
-        return body + zlib.crc32(body).to_bytes(4, "big")
+        return body + crc32(body).to_bytes(4, "big")
 
     @property
     def tag(self) -> int:
@@ -72,7 +72,7 @@ class Changelog:
     def decode(cls, raw: bytes, where: str = "changelog") -> Changelog:
         header = peek(raw[:HEAD_SIZE], raw[-TAIL_SIZE:], where)
         body = raw[:-TAIL_SIZE]
-        if zlib.crc32(body) != header.tag:
+        if crc32(body) != header.tag:
             raise CorruptStateError(f"{where} failed its checksum (torn or altered file)")
         try:
             doc = msgpack.unpackb(body[HEAD_SIZE:])

@@ -16,12 +16,12 @@ import os
 import shutil
 import time
 import uuid
-import zlib
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from riverbed.checksum import crc32
 from riverbed.files import fsync_dir
 from riverbed.state.errors import CorruptStateError, StateError
 
@@ -219,7 +219,7 @@ class FileStorage(DurableStorage):
 def _crc(fh: Any) -> int:
     crc = 0
     while chunk := fh.read(1 << 20):
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
     return crc
 
 
