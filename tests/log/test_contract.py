@@ -157,3 +157,31 @@ def test_size_grows_with_what_a_partition_holds(log: Log) -> None:
     assert grown >= empty + 50 * 100, written
     with pytest.raises(TopicNotFoundError):
         log.storage.size("nope", 0)
+
+
+def test_offsets_for_time_find_the_first_record_at_or_after_it(log: Log) -> None:
+    """Kafka's offsetsForTimes, exact also for records stamped out of order, across
+    batches and segments; past every timestamp it is the end (read from there = tail)."""
+    import random
+
+    rng = random.Random(7)
+    log.create_topic("t", 2, segment_bytes=2048)
+    producer = log.producer("t")
+    stamps: list[int] = []
+    for b in range(30):
+        batch = [1_000_000 + b * 100 + rng.randint(-250, 250) for _ in range(7)]
+        stamps += batch
+        producer.send_batch([{"i": i, "ts": t} for i, t in enumerate(batch)], timestamp_field="ts")
+    by_partition = {
+        p: [int(r.timestamp.timestamp() * 1000) for r in log.iter_records("t", p)] for p in range(2)
+    }
+    assert sorted(by_partition[0] + by_partition[1]) == sorted(stamps)
+    assert all(ts != sorted(ts) for ts in by_partition.values())  # out of order in each
+    for when in (0, 1_000_000, 1_001_234, 1_002_000, 1_002_900, 1_004_000):
+        expected = [
+            next((o for o, t in enumerate(ts) if t >= when), len(ts))
+            for ts in by_partition.values()
+        ]
+        assert log.offsets_for_time("t", when) == expected, when
+    moment = datetime.fromtimestamp(1_001.5, tz=UTC)
+    assert log.offsets_for_time("t", moment) == log.offsets_for_time("t", 1_001_500)

@@ -190,8 +190,16 @@ def test_reset_offsets_of_a_stopped_group_replays_or_skips(flog: Log, cp: Contro
     ends = {f"ev/{p.partition}": p.end for p in describe_group(flog, cp, "g").partitions}
     assert reset_offsets(flog, cp, "g", "latest", topic="ev") == ends
     assert reset_offsets(flog, cp, "g", "1", topic="ev")["ev/0"] == 1
-    with pytest.raises(GroupError, match="earliest, latest, or an offset"):
+    with pytest.raises(GroupError, match="earliest, latest, an offset, or a time"):
         reset_offsets(flog, cp, "g", "yesterday")
+    # by time: each partition's first record at or after it (past the newest: the end)
+    stamps = {p: [r.timestamp for r in flog.iter_records("ev", p)] for p in range(3)}
+    middle = stamps[0][20]
+    moved = reset_offsets(flog, cp, "g", middle.isoformat(), topic="ev")
+    for p in range(3):
+        assert moved[f"ev/{p}"] == next(i for i, t in enumerate(stamps[p]) if t >= middle)
+    future = reset_offsets(flog, cp, "g", "2999-01-01T00:00:00", topic="ev")
+    assert future == ends
     with pytest.raises(GroupError, match="outside ev/0's retained range"):
         reset_offsets(flog, cp, "g", "100000")
     with pytest.raises(GroupError, match="no partitions of topic 'other'"):

@@ -148,10 +148,16 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("name")
     c.set_defaults(func=_group_describe)
     c = gcmds.add_parser(
-        "reset-offsets", help="move a stopped group's committed offsets (earliest, latest, N)"
+        "reset-offsets",
+        help="move a stopped group's committed offsets (earliest, latest, N, a time)",
     )
     c.add_argument("name")
-    c.add_argument("--to", required=True, help="earliest, latest, or an offset")
+    c.add_argument(
+        "--to",
+        required=True,
+        help="earliest, latest, an offset, or an ISO time (UTC unless given): each "
+        "partition's first record at or after it",
+    )
     c.add_argument("--topic", help="only this topic's partitions")
     c.set_defaults(func=_group_reset)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from riverbed.log.records import (
@@ -291,6 +292,23 @@ class LogStorage(ABC):
             chunks.append(ColumnBatch.from_rows([r for _, r in records], schema))
             offset = records[-1][0] + 1
         return Columns.concat(start, chunks)
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset whose record's timestamp is at or after ``timestamp_ms``, or
+        the partition's end when none is (Kafka's offsetsForTimes). Exact also when
+        producers stamped records out of order: it looks at every timestamp before the
+        one it finds (storages read only their timestamps)."""
+        start, end = self.offsets(topic, partition)
+        at = start
+        while at < end:
+            columns = self.read_columns(topic, partition, at, min(end, at + 100_000))
+            if not len(columns):
+                break
+            hits = np.flatnonzero(columns.timestamps_ms >= timestamp_ms)
+            if len(hits):
+                return int(columns.offsets[hits[0]])
+            at = int(columns.offsets[-1]) + 1
+        return end
 
     @abstractmethod
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:

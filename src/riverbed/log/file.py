@@ -80,6 +80,7 @@ from riverbed.log.records import (
     encode_columns,
     read_header,
     rows_from,
+    timestamps_of,
     whole_frame,
 )
 
@@ -709,6 +710,22 @@ class FileLogStorage(LogStorage):
             size += header.size
             if header.next_offset >= end:
                 return
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        start, end = self.offsets(topic, partition)
+        for buf, pos, header in self._whole(topic, partition, start):
+            body = buf[pos + BATCH_HEAD_SIZE : pos + header.size]
+            try:
+                hits = np.flatnonzero(
+                    timestamps_of(body, header.count, header.base_offset) >= timestamp_ms
+                )
+            finally:
+                body.release()  # a view of the mapped segment: let it be unmapped
+            if len(hits):
+                return header.base_offset + int(hits[0])
+            if header.next_offset >= end:
+                break
+        return end
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)

@@ -310,6 +310,10 @@ class FlightLogStorage(LogStorage):
         start, end = self._act("offsets", {"topic": topic, "partitions": [partition]})[0]
         return int(start), int(end)
 
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        request = {"topic": topic, "partition": partition, "timestamp_ms": timestamp_ms}
+        return int(self._act("offset_for_time", request, 3600))  # read where the files are
+
     def size(self, topic: str, partition: int) -> int | None:
         size = self._act("size", {"topic": topic, "partition": partition})
         return None if size is None else int(size)

@@ -131,6 +131,15 @@ class Log:
             PartitionOffsets(p, *self.storage.offsets(topic, p)) for p in range(config.partitions)
         ]
 
+    def offsets_for_time(self, topic: str, when: datetime | int) -> list[int]:
+        """Per partition, the first offset whose record's timestamp is at or after
+        ``when`` (a datetime, or ms since the epoch), or its end when none is — where to
+        start reading to replay from a time. Exact also for records stamped out of
+        order (it reads every timestamp before the one it finds)."""
+        config = self.topic(topic)
+        at = when if isinstance(when, int) else _ts_ms(when)
+        return [self.storage.offset_for_time(topic, p, at) for p in range(config.partitions)]
+
     # -- producing and reading ----------------------------------------------------------
     def producer(self, topic: str) -> Producer:
         return Producer(self, topic)

@@ -319,6 +319,23 @@ def decode_body(body: bytes | memoryview, n: int, base_offset: int) -> ColumnBat
         raise CorruptLogError(f"batch at offset {base_offset} cannot be decoded") from exc
 
 
+def timestamps_of(body: bytes | memoryview, n: int, base_offset: int) -> np.ndarray:
+    """Only the timestamps (int64 ms) of a batch's payload: the two first items of a
+    format 2/3 payload, without unpacking its keys and values."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(body) + 1)
+        unpacker.feed(body)
+        unpacker.read_array_header()
+        if unpacker.unpack() in (FORMAT_COLUMNS, FORMAT_TYPED):
+            ts = np.frombuffer(unpacker.unpack(), dtype="<i8")
+            if len(ts) != n:
+                raise ValueError(f"{len(ts)} timestamps for {n} records")
+            return ts
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptLogError(f"batch at offset {base_offset} cannot be decoded") from exc
+    return decode_body(body, n, base_offset).timestamps_ms  # format 1: rows
+
+
 def _binary_parts(array: pa.Array) -> tuple[bytes, bytes, bytes]:
     """A binary array's (offsets from 0, validity or b"" without nulls, data), as format
     2 stores them — read from its Arrow buffers, not a Python object per element."""

@@ -13,7 +13,8 @@ same directory, the server sees their appends within ~50 ms). What it offers, in
   the stored batches holding [start, end), as they are on disk (CRC checked), up to
   ``max_bytes`` (at least one batch); the client decodes them. A fetch at the end may
   wait (``wait_ms``) for the next append instead of the client polling.
-- actions: ``hello`` (protocol version), topics (create, config, list, grow), offsets,
+- actions: ``hello`` (protocol version), topics (create, config, list, grow), offsets
+  (and the first offset at or after a time),
   verify, skip, retention, and ``wait`` — block until one of several partitions has a
   record past a position (consumers wake on an append, they do not poll).
 
@@ -325,6 +326,9 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
         if kind == "offsets":
             topic = str(r["topic"])
             return [list(s.offsets(topic, int(p))) for p in r["partitions"]]
+        if kind == "offset_for_time":
+            topic, partition = str(r["topic"]), int(r["partition"])
+            return s.offset_for_time(topic, partition, int(r["timestamp_ms"]))
         if kind == "size":
             return s.size(str(r["topic"]), int(r["partition"]))
         if kind == "verify":

@@ -211,24 +211,6 @@ def _matches(value: Any, where: tuple[str, str, str]) -> bool:
     return (text == wanted) == (op == "=")
 
 
-def _seek_time(src: Sources, name: str, partition: int, at_ms: int, lo: int, hi: int) -> int:
-    """The first offset in [lo, hi) whose timestamp is at or after ``at_ms``, by binary
-    search (timestamps grow with offsets when the log stamps them at append; records
-    a producer stamped out of order are found only approximately)."""
-    storage = src.log.storage
-    while lo < hi:
-        mid = (lo + hi) // 2
-        got = storage.read(name, partition, mid, 1)
-        if not got:
-            return hi
-        offset, raw = got[0]
-        if raw.timestamp_ms < at_ms:
-            lo = offset + 1
-        else:
-            hi = offset
-    return lo
-
-
 def browse(
     src: Sources,
     name: str,
@@ -256,7 +238,7 @@ def browse(
         raise QueryError("seek by offset or by time, not both")
     start = first if offset is None else max(first, min(offset, end))
     if at_ms is not None:
-        start = _seek_time(src, name, partition, at_ms, first, end)
+        start = src.log.storage.offset_for_time(name, partition, at_ms)
     condition = parse_where(where) if where else None
     wanted_key = key.encode() if key is not None else None
     log = src.log

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.control import (
@@ -553,11 +554,25 @@ def describe_group(log_: Log, cp: ControlPlane, group: str) -> GroupDescription:
     )
 
 
+def _time_ms(text: str) -> int:
+    """An ISO 8601 time (UTC unless it says otherwise) as ms since the epoch."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise GroupError(
+            f"--to {text!r}: earliest, latest, an offset, or a time such as 2026-11-23T10:00:00Z"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
 def reset_offsets(
     log_: Log, cp: ControlPlane, group: str, to: str, topic: str | None = None
 ) -> dict[str, int]:
-    """Move a group's committed offsets to ``to`` ("earliest", "latest", or an offset)
-    on every partition it has consumed (of ``topic`` only, if given). Refused while the
+    """Move a group's committed offsets to ``to`` ("earliest", "latest", an offset, or
+    an ISO time — each partition's first record at or after it) on every partition it
+    has consumed (of ``topic`` only, if given). Refused while the
     group has members: in one transaction that also checks no partition is claimed, so
     a member that joins meanwhile fails the reset rather than racing it. Returns the
     new offset per "topic/partition"."""
@@ -569,8 +584,9 @@ def reset_offsets(
             "stop its consumers, then reset (offsets of a running group would be "
             "overwritten by its next commit)"
         )
+    at_ms = None
     if to not in ("earliest", "latest") and not to.lstrip("-").isdigit():
-        raise GroupError(f"--to {to!r}: earliest, latest, or an offset")
+        at_ms = _time_ms(to)
     _, owners = _read_assignment(cp, keys.assignment)
     tps = {_tp_parse(name) for name in owners}
     for kv in cp.get_prefix(keys.prefix + "offset/"):
@@ -588,7 +604,10 @@ def reset_offsets(
     ops = []
     for tp in sorted(tps):
         start, end = log_.storage.offsets(*tp)
-        offset = start if to == "earliest" else end if to == "latest" else int(to)
+        if at_ms is not None:  # the first record at or after that time
+            offset = log_.storage.offset_for_time(tp[0], tp[1], at_ms)
+        else:
+            offset = start if to == "earliest" else end if to == "latest" else int(to)
         if not start <= offset <= end:
             raise GroupError(
                 f"offset {offset} is outside {tp[0]}/{tp[1]}'s retained range {start}..{end}"
