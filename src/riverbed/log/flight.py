@@ -294,17 +294,22 @@ class FlightLogStorage(LogStorage):
                 return client, reader, None
 
         client, reader, chunk = self._call(begin)
-        while chunk is not None:
-            yield from batch_stored(chunk.data)
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return
-            except (flight.FlightUnavailableError, flight.FlightTimedOutError):
-                self._drop(client)
-                raise _Broken from None
-            except (flight.FlightServerError, flight.FlightInternalError) as exc:
-                raise remote_error(exc.extra_info, _first_line(exc)) from None
+        try:
+            while chunk is not None:
+                yield from batch_stored(chunk.data)
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    chunk = None
+                except (flight.FlightUnavailableError, flight.FlightTimedOutError):
+                    self._drop(client)
+                    raise _Broken from None
+                except (flight.FlightServerError, flight.FlightInternalError) as exc:
+                    raise remote_error(exc.extra_info, _first_line(exc)) from None
+        finally:
+            if chunk is not None:  # left early: the server stops streaming the rest
+                with contextlib.suppress(Exception):
+                    reader.cancel()
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         start, end = self._act("offsets", {"topic": topic, "partitions": [partition]})[0]

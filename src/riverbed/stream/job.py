@@ -228,7 +228,13 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     checkpoint = Path(info["checkpoint"])
     batch_dir = checkpoint / "riverbed" / "batches"
     records = sorted(batch_dir.glob("*.json"))
-    done = [read_record(p) for p in records]
+    # newest first, and only as far back as needed: the newest record (watermark), the
+    # newest with timings and the newest finished one (its running totals)
+    newest_first: list[dict[str, Any]] = []
+    for path in reversed(records):
+        newest_first.append(read_record(path))
+        if any(d.get("ms") for d in newest_first) and any(d.get("done") for d in newest_first):
+            break
     offsets_dir = checkpoint / "spark" / "commits"
     committed: dict[str, int] = {}
     last_commit = (
@@ -252,17 +258,18 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         if own:
             log.close()
     # the watermark the next batch will use: from everything seen so far
+    head = newest_first[0] if newest_first else None
     watermark = (
-        max(done[-1]["watermark_ms"], done[-1]["max_event_ms"] - int(info["watermark_ms"]))
-        if done
-        else 0
+        max(head["watermark_ms"], head["max_event_ms"] - int(info["watermark_ms"])) if head else 0
     )
-    last = next((d for d in reversed(done) if d.get("ms")), None)
+    last = next((d for d in newest_first if d.get("ms")), None)
     rate = input_rate(last) if last else None
     # running totals of the newest finished batch: older records may have been pruned
     # (a checkpoint from before totals still has every record: sum them)
-    newest: dict[str, Any] = next((d for d in reversed(done) if d.get("done")), {})
-    totals = newest["totals"] if "totals" in newest else summed_totals(done)
+    newest: dict[str, Any] = next((d for d in newest_first if d.get("done")), {})
+    totals = (
+        newest["totals"] if "totals" in newest else summed_totals(read_record(p) for p in records)
+    )
     local = Path(info["state_dir"]) / info["name"]
     return {
         "aggregation": info["name"],
