@@ -7,8 +7,10 @@ from typing import Any
 import datasketches as ds
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from riverbed.state.sketches import HLL, AdaptiveDistinct, ExactIds
+from riverbed.state.sketches import HLL, AdaptiveDistinct, ExactIds, bit_length, hll_registers
 
 
 @pytest.mark.parametrize("n", [1_000, 10_000, 100_000, 1_000_000])
@@ -38,6 +40,42 @@ def test_hll_merge_equals_one_sketch_of_the_union() -> None:
     assert registers(merged) == registers(single)
     assert registers(HLL().update(b).merge(HLL().update(a))) == registers(merged)
     assert abs(merged.count().value - 100_000) / 100_000 < 3 * HLL.relative_standard_error(12)
+
+
+@given(
+    st.sampled_from([4, 8, 12, 14]),
+    st.integers(3_000, 30_000),
+    st.sampled_from([(0, 500_000), (-(2**63), 2**63 - 1), (0, 2**40)]),
+    st.integers(0, 2**32),
+)
+@settings(max_examples=25, deadline=None)
+def test_numpy_hll_registers_are_datasketches_own(
+    lg_k: int, n: int, bounds: tuple[int, int], seed: int
+) -> None:
+    """The vectorized update (MurmurHash3 and the coupon rule in numpy) sets exactly the
+    registers DataSketches sets with one update() per id — so sketches stay Spark's."""
+    ids = np.random.default_rng(seed).integers(bounds[0], bounds[1], n, endpoint=True)
+    reference = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
+    for item in ids.tolist():
+        reference.update(item)
+    image = reference.serialize_updatable()
+    assert image[7] & 3 == 2  # in HLL mode: one byte a register after a 40-byte preamble
+    expected = np.frombuffer(image, np.uint8, 1 << lg_k, 40)
+    assert np.array_equal(hll_registers(ids, lg_k), expected)
+    vector = HLL(lg_k).update(ids)
+    per_item = HLL(lg_k).update(ids.tolist())
+    union = ds.hll_union(lg_k)
+    union.update(vector._s)
+    merged = np.frombuffer(union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact(), np.uint8)
+    union = ds.hll_union(lg_k)
+    union.update(per_item._s)
+    ref = np.frombuffer(union.get_result(ds.tgt_hll_type.HLL_8).serialize_compact(), np.uint8)
+    assert np.array_equal(merged[40:], ref[40:])
+
+
+def test_bit_length_is_exact_at_every_power_of_two() -> None:
+    edges = [0, 1, 3] + [2**k + d for k in range(1, 64) for d in (-1, 0, 1)] + [2**64 - 1]
+    assert bit_length(np.array(edges, np.uint64)).tolist() == [v.bit_length() for v in edges]
 
 
 def test_hll_strings_and_compact_size() -> None:

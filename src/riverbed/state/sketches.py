@@ -13,14 +13,19 @@ value is exact and its error bounds.
 * :class:`AdaptiveDistinct` — exact while it holds at most ``threshold`` ids, then
   converts itself to HLL.
 
-DataSketches' Python ``update`` takes one item per call (no array form), so HLL
-updates iterate ``ndarray.tolist()`` with a bound method (~9M ids/s measured);
-bitmaps are built from the array directly.
+DataSketches' Python ``update`` takes one item per call (no array form, ~8M ids/s
+measured). Large arrays of integer ids are hashed here instead, with numpy: the same
+MurmurHash3 (x64, 128 bits, seed 9001) and coupon → register rule as DataSketches, the
+registers' maxima written as a DataSketches HLL_8 image and unioned in — the same
+registers as one ``update`` per id (a Hypothesis property), so Spark reads the result as
+ever. Smaller arrays, and str/bytes ids, take ``update`` per item (DataSketches keeps
+small sets as exact coupon lists). Bitmaps are built from the array directly.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -60,6 +65,86 @@ def _as_list(ids: Ids) -> list[Any]:
     return list(ids)
 
 
+_SEED = np.uint64(9001)  # DataSketches' default hash seed
+_C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
+_F1, _F2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_OUT_OF_ORDER = 16  # DataSketches' preamble flag: registers not built in update order
+_HLL_MODE, _HLL_8 = 2, 2
+
+
+def _fmix(k: np.ndarray) -> np.ndarray:
+    k ^= k >> np.uint64(33)
+    k *= _F1
+    k ^= k >> np.uint64(33)
+    k *= _F2
+    k ^= k >> np.uint64(33)
+    return k
+
+
+def murmur3_int64(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MurmurHash3_x64_128 of each int64 (its 8 little-endian bytes), seed 9001: what
+    DataSketches hashes an integer item with."""
+    k1 = np.ascontiguousarray(ids, dtype="<i8").view(np.uint64).copy()
+    with np.errstate(over="ignore"):
+        k1 *= _C1
+        k1 = (k1 << np.uint64(31)) | (k1 >> np.uint64(33))
+        k1 *= _C2
+        h1 = k1 ^ _SEED
+        h1 ^= np.uint64(8)
+        h2 = np.full_like(h1, _SEED ^ np.uint64(8))
+        h1 += h2
+        h2 += h1
+        h1 = _fmix(h1)
+        h2 = _fmix(h2)
+        h1 += h2
+        h2 += h1
+    return h1, h2
+
+
+def bit_length(x: np.ndarray) -> np.ndarray:
+    """Bits needed for each uint64 (0 for 0), exactly: a float64's exponent, one less
+    where rounding to 53 bits carried the value up to the next power of two."""
+    e = np.frexp(x.astype(np.float64))[1].astype(np.uint64)
+    carried = (e > 0) & ((x >> np.maximum(e, np.uint64(1)) - np.uint64(1)) == 0)
+    out: np.ndarray = (e - carried).astype(np.int64)
+    return out
+
+
+def hll_registers(ids: np.ndarray, lg_k: int) -> np.ndarray:
+    """The HLL_8 registers (2^lg_k bytes) of integer ``ids``, as DataSketches sets them:
+    slot = the hash's low lg_k bits, value = leading zeros of its second half + 1."""
+    h1, h2 = murmur3_int64(ids)
+    slots = (h1 & np.uint64((1 << lg_k) - 1)).astype(np.int64)
+    values = (np.minimum(64 - bit_length(h2), 62) + 1).astype(np.uint8)
+    registers = np.zeros(1 << lg_k, np.uint8)
+    np.maximum.at(registers, slots, values)
+    return registers
+
+
+def _hll8_image(lg_k: int, registers: np.ndarray) -> bytes:
+    """A DataSketches HLL_8 sketch image in HLL mode holding ``registers``."""
+    inverse = np.ldexp(1.0, -registers.astype(np.int64))
+    high = registers >= 32
+    header = bytes([10, 1, 7, lg_k, 0, _OUT_OF_ORDER, 0, _HLL_MODE | (_HLL_8 << 2)])
+    fields = struct.pack(
+        "<dddii",
+        0.0,  # HIP accumulator: unused out of order
+        float(inverse[~high].sum()),
+        float(inverse[high].sum()),
+        int((registers == 0).sum()),  # at the current minimum, 0 in HLL_8
+        0,
+    )
+    return header + fields + registers.tobytes()
+
+
+_VECTOR_MIN = 2048  # below this many ids, per-item updates (exact coupon lists)
+
+
+def _int64_safe(ids: np.ndarray) -> bool:
+    """Integer ids that are int64 values (what DataSketches hashes as 8 bytes)."""
+    return ids.dtype.kind == "i" or (ids.dtype.kind == "u" and ids.dtype.itemsize < 8)
+
+
 class HLL:
     """HyperLogLog (Apache DataSketches), Spark-compatible."""
 
@@ -78,6 +163,9 @@ class HLL:
         return cls(sketch.lg_config_k, sketch)
 
     def update(self, ids: Ids) -> HLL:
+        if isinstance(ids, np.ndarray) and len(ids) >= _VECTOR_MIN and _int64_safe(ids):
+            image = _hll8_image(self.lg_k, hll_registers(ids.astype(np.int64), self.lg_k))
+            return self.merge(HLL(self.lg_k, ds.hll_sketch.deserialize(image)))
         update = self._s.update
         for item in _as_list(ids):
             update(item)
