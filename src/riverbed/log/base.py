@@ -192,14 +192,23 @@ def value_type(config: TopicConfig) -> pa.DataType:
     return pa.struct(list(schema))
 
 
+def values_mismatch(config: TopicConfig, got: pa.DataType | None) -> str | None:
+    """Why values of Arrow type ``got`` (None: no values column) cannot be appended to
+    the topic, naming both types; None when they can."""
+    if got == value_type(config):
+        return None
+    what = f"typed ({config.schema})" if config.schema else "untyped (serde bytes)"
+    return (
+        f"topic '{config.name}' is {what}, but these values are {got}; the writer's view "
+        "of the topic is out of date: open the log again"
+    )
+
+
 def check_column_values(config: TopicConfig, values: pa.Array) -> None:
     """Refuse values given as a column whose type is not the topic's, naming both."""
-    if values.type != value_type(config):
-        what = f"typed ({config.schema})" if config.schema else "untyped (serde bytes)"
-        raise ValueError(
-            f"topic '{config.name}' is {what}, but these values are {values.type}; the "
-            "writer's view of the topic is out of date: open the log again"
-        )
+    problem = values_mismatch(config, values.type)
+    if problem:
+        raise ValueError(problem)
 
 
 class LogStorage(ABC):
@@ -233,13 +242,19 @@ class LogStorage(ABC):
         a Python object per record where the storage can; returns its base offset."""
         config = self.topic_config(topic)
         check_column_values(config, batch.values)
-        typed = None
-        if config.schema is not None:
-            typed = pa.RecordBatch.from_struct_array(batch.values)
-        records = batch.rows()
-        if typed is not None:
-            records = [RawRecord(r.timestamp_ms, r.key, None, r.headers) for r in records]
-        return self.append(topic, partition, records, typed)
+        if config.schema is None:
+            return self.append(topic, partition, batch.rows())
+        # a typed topic's values go as the checked columns: records without them
+        headers = batch.headers or [{}] * len(batch)
+        records = [
+            RawRecord(ts, key, None, h or {})
+            for ts, key, h in zip(
+                batch.timestamps_ms.tolist(), batch.keys.to_pylist(), headers, strict=True
+            )
+        ]
+        return self.append(
+            topic, partition, records, pa.RecordBatch.from_struct_array(batch.values)
+        )
 
     @abstractmethod
     def read(

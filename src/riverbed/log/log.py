@@ -137,7 +137,7 @@ class Log:
         start reading to replay from a time. Exact also for records stamped out of
         order (it reads every timestamp before the one it finds)."""
         config = self.topic(topic)
-        at = when if isinstance(when, int) else _ts_ms(when)
+        at = _ts_ms(when)
         return [self.storage.offset_for_time(topic, p, at) for p in range(config.partitions)]
 
     # -- producing and reading ----------------------------------------------------------

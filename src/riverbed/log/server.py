@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from riverbed.log.base import LogStorage, TopicConfig, value_type
+from riverbed.log.base import LogStorage, TopicConfig, values_mismatch
 from riverbed.log.errors import LogError
 from riverbed.log.records import StoredBatch
 from riverbed.log.wire import (
@@ -223,15 +223,14 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
                 raise ProtocolError(f"unknown put {request.get('op')!r}")
             topic, partition = str(request["topic"]), int(request["partition"])
             config = self.storage.topic_config(topic)
-            expected = value_type(config)
             for chunk in reader:
                 batch = chunk.data
-                self._check_put(config, expected, batch)
+                self._check_put(config, batch)
                 base = self.storage.append_columns(topic, partition, batch_columns(batch))
                 self._appended(topic, partition, base + batch.num_rows)
                 writer.write(pa.py_buffer(encode({"base": base, "count": batch.num_rows})))
 
-    def _check_put(self, config: TopicConfig, expected: pa.DataType, batch: pa.RecordBatch) -> None:
+    def _check_put(self, config: TopicConfig, batch: pa.RecordBatch) -> None:
         if batch.nbytes > self.max_batch_bytes:
             raise BatchTooLargeError(
                 f"a batch of {batch.nbytes:,} bytes for topic '{config.name}' is over this "
@@ -239,12 +238,9 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
                 "(or start the server with a larger --max-batch-bytes)"
             )
         got = batch.schema.field("value").type if "value" in batch.schema.names else None
-        if got != expected:
-            what = f"typed ({config.schema})" if config.schema else "untyped (serde bytes)"
-            raise ProtocolError(
-                f"topic '{config.name}' is {what}, but this batch's values are {got}; the "
-                "client's view of the topic is out of date: open the log again"
-            )
+        problem = values_mismatch(config, got)
+        if problem:
+            raise ProtocolError(problem)
 
     def _appended(self, topic: str, partition: int, end: int) -> None:
         with self._cond:
