@@ -12,12 +12,11 @@ import riverbed.log
 from riverbed.state import StateConfig
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.direct import logged_slices, plan
-from riverbed.stream.engine import BatchLog, EngineConfig
+from riverbed.stream.direct import prepare, run_planned
+from riverbed.stream.engine import BatchLog, EngineConfig, next_record
 from riverbed.stream.job import root_cause
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.runner import read_results, start
-from riverbed.stream.source import SLICES_DDL
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, SCHEMA, oracle, run_to_end
@@ -52,27 +51,26 @@ def test_topic_keyed_by_another_field_is_shuffled(spark: Any, log_url: str, tmp_
     check(got, events)
 
 
-def test_slices_from_the_offset_log_cover_the_topic_once(
-    spark: Any, log_url: str, tmp_path: Path
-) -> None:
-    """Batches after the first take their slices from Spark's offset log: contiguous,
-    each batch's input equals its slices, together exactly the topic."""
+def test_the_recorded_plans_cover_the_topic_once(spark: Any, log_url: str, tmp_path: Path) -> None:
+    """Every batch records its slices before it runs: contiguous from batch to batch,
+    each batch's input equals its slices, together exactly the topic; no Spark
+    streaming checkpoint is written."""
     events = make_events(2000, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
     run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
     batches = BatchLog(str(tmp_path / "ckpt"))
-    ids = sorted(int(p.stem) for p in batches.dir.glob("*.json"))
-    assert len(ids) >= 3 and logged_slices(str(tmp_path / "ckpt"), 0) is None
-    previous: dict[int, int] = {}
-    for b in ids[1:]:
-        slices = logged_slices(str(tmp_path / "ckpt"), b)
-        assert slices is not None
-        assert batches.get(b)["input"] == sum(s.end - s.start for s in slices)
-        if previous:
-            assert all(s.start == previous[s.partition] for s in slices)
-        previous = {s.partition: s.end for s in slices}
+    ids = batches.ids()
+    assert len(ids) >= 3 and ids == list(range(len(ids)))
+    previous = {p: 0 for p in range(3)}
+    for b in ids:
+        record = batches.get(b)
+        slices = {int(p): se for p, se in record["slices"].items()}
+        assert record["done"] and record["input"] == sum(e - s for s, e in slices.values())
+        assert {p: s for p, (s, _) in slices.items()} == previous
+        previous = {p: e for p, (_, e) in slices.items()}
     assert sum(batches.get(b)["input"] for b in ids) == 2000
     assert previous == {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
+    assert not (tmp_path / "ckpt" / "spark").exists()
 
 
 def test_co_locate_true_on_a_wrongly_keyed_topic_fails_with_the_fix(
@@ -105,14 +103,13 @@ def test_bad_source_options_are_named(spark: Any, log_url: str, tmp_path: Path) 
         str(tmp_path / "o"),
     )
     with pytest.raises(ValueError, match="topic 'nope' does not exist"):
-        plan(spark, config, {"topic": "nope", "log": log_url})
+        prepare(config, {"topic": "nope", "log": log_url})
     with pytest.raises(ValueError, match=r"reads column\(s\) \['flag', 'ts'\]"):
-        plan(spark, config, {"topic": "events", "log": log_url, "schema": "user_id long"})
+        prepare(config, {"topic": "events", "log": log_url, "schema": "user_id long"})
     with pytest.raises(ValueError, match="co_locate must be"):
-        plan(spark, config, {"topic": "events", "log": log_url, "co_locate": "maybe"})
+        prepare(config, {"topic": "events", "log": log_url, "co_locate": "maybe"})
     with pytest.raises(ValueError, match="co_locate=true needs"):
-        plan(
-            spark,
+        prepare(
             EngineConfig(spec(2), config.state, config.checkpoint, config.output),
             {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": "true"},
         )
@@ -131,15 +128,28 @@ def test_rerunning_a_batch_never_double_counts(
         str(tmp_path / "out"),
     )
     options = {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": co_locate}
-    _, run = plan(spark, config, options)
+    cfg = prepare(config, options)
+    batches = BatchLog(config.checkpoint)
     ends = riverbed.log.open(log_url).offsets("events")
-    half = [(p.partition, 0, p.end // 2) for p in ends]
-    rest = [(p.partition, p.end // 2, p.end) for p in ends]
-    run(spark.createDataFrame(half, SLICES_DDL), 0)
-    run(spark.createDataFrame(rest, SLICES_DDL), 1)
+    half = {str(p.partition): [0, p.end // 2] for p in ends}
+    rest = {str(p.partition): [p.end // 2, p.end] for p in ends}
+
+    def run(slices: dict[str, list[int]], batch_id: int) -> None:
+        """What the loop does: the plan recorded first, then the batch."""
+        record = batches.get(batch_id)
+        if record is None:
+            record = next_record(batches, batch_id, config.spec) | {
+                "slices": slices,
+                "co_located": cfg.co_located,
+            }
+            batches.put(batch_id, record)
+        run_planned(spark, cfg, batches, batch_id, record | {"done": False})
+
+    run(half, 0)
+    run(rest, 1)
     once = read_results(tmp_path / "out")
-    run(spark.createDataFrame(rest, SLICES_DDL), 1)  # the same batch again
-    run(spark.createDataFrame(rest, SLICES_DDL), 1)
+    run(rest, 1)  # the same batch again
+    run(rest, 1)
     twice = read_results(tmp_path / "out")
     pd.testing.assert_frame_equal(once, twice)
     check(once, events)
@@ -172,13 +182,14 @@ def test_a_first_offset_entry_left_unfinished_by_a_killed_driver_does_not_block_
 ) -> None:
     """A driver SIGKILLed while Spark wrote its first offset-log entry leaves the
     entry's temporary file; Spark alone then refuses the checkpoint forever ("should be
-    empty on batch 0"). The restart removes it and runs from the start."""
+    empty on batch 0"). The restart removes it and runs from the start. (The DataFrame
+    path: the log-native path's loop keeps no Spark checkpoint.)"""
     events = make_events(500, hours=2)
     write_events(log_url, events, partitions=3)
     offsets = tmp_path / "ckpt" / "spark" / "offsets"
     offsets.mkdir(parents=True)
     unfinished = offsets / ".0.5d3c2a6e-0f41-4c1b-9f0e-2b8d3e1c7a90.tmp"
     unfinished.write_text('v1\n{"batchWatermarkMs":0')
-    got = run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
+    got = run_to_end(spark, spec(3), log_url, tmp_path, "spark")
     check(got, events)
     assert not unfinished.exists() and (offsets / "0").exists()

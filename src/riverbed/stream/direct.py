@@ -48,7 +48,7 @@ from riverbed.stream.engine import (
     state_partition_of,
     write_output,
 )
-from riverbed.stream.runner import SIDE_LIMIT, _side_outputs_from_frames, next_record, publish
+from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.source import LogSlice, read_slice
 
 if TYPE_CHECKING:
@@ -240,46 +240,39 @@ def run_batch(
     return pd.concat(full, ignore_index=True), side
 
 
-def foreach_batch(cfg: DirectConfig) -> Any:
-    """The ``foreachBatch`` function of the log-native path."""
-    spec = cfg.engine.spec
-    batches = BatchLog(cfg.engine.checkpoint, cfg.engine.fence)
-
-    def run(df: Any, batch_id: int) -> None:
-        began = time.perf_counter()
-        slices = logged_slices(cfg.engine.checkpoint, batch_id)
-        if slices is None:  # batch 0, or an offset log we cannot read: ask Spark
-            slices = [LogSlice(int(r[0]), int(r[1]), int(r[2])) for r in df.collect()]
-        planned = time.perf_counter()
-        record = batches.get(batch_id)
-        if record is None:  # first run of this batch: fix its watermark and its plan
-            record = next_record(batches, batch_id, spec)
-        if "co_located" not in record:
-            record["co_located"] = cfg.co_located and len(slices) == spec.state_partitions
-            # not fsynced: a re-run after a crash derives the same watermark again
-            batches.put(batch_id, record, durable=False)
-        rows, side = run_batch(df.sparkSession, cfg, batch_id, record, slices)
-        merged = time.perf_counter()
-        if side.max_event_ms is not None:
-            record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
-        record.update(late=side.late, malformed=side.malformed)
-        late = pd.concat(side.late_rows) if side.late_rows else None
-        dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
-        if late is not None or dlq is not None:
-            batches.put(batch_id, record)
-            _side_outputs_from_frames(cfg.engine, batch_id, batches, dlq, late)
-            record = batches.get(batch_id) or record
-        cfg.engine.fence()  # a replaced driver publishes nothing
-        write_output(cfg.engine.output, spec, batch_id, rows)
-        publish(cfg.engine, batch_id, rows)
-        record["ms"] = {  # where the batch's time went, for `riverbed stream status`
-            "offsets": round((planned - began) * 1000),
-            "state_job": round((merged - planned) * 1000),
-            "outputs": round((time.perf_counter() - merged) * 1000),
-        }
-        finish_batch(cfg.engine, batches, batch_id, record | {"input": side.input})
-
-    return run
+def run_planned(
+    spark: Any, cfg: DirectConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
+) -> dict[str, Any]:
+    """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
+    written durably before this call): merge into state version ``batch_id``, write the
+    side topics, the result table and the sinks, and record the batch as done. A re-run
+    of the same record commits the same state version and replaces the same output.
+    Returns the finished record."""
+    began = time.perf_counter()
+    slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record["slices"].items()]
+    slices.sort(key=lambda s: s.partition)
+    rows, side = run_batch(spark, cfg, batch_id, record, slices)
+    merged = time.perf_counter()
+    if side.max_event_ms is not None:
+        record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
+    record.update(late=side.late, malformed=side.malformed)
+    late = pd.concat(side.late_rows) if side.late_rows else None
+    dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
+    if late is not None or dlq is not None:
+        batches.put(batch_id, record)
+        side_outputs(cfg.engine, batch_id, batches, dlq, late)
+        record = batches.get(batch_id) or record
+    cfg.engine.fence()  # a replaced driver publishes nothing
+    write_output(cfg.engine.output, cfg.engine.spec, batch_id, rows)
+    publish(cfg.engine, batch_id, rows)
+    record["ms"] = {  # where the batch's time went, for `riverbed stream status`
+        "offsets": int(record.get("ms", {}).get("offsets", 0)),  # planning (the loop's)
+        "state_job": round((merged - began) * 1000),
+        "outputs": round((time.perf_counter() - merged) * 1000),
+    }
+    record |= {"input": side.input}
+    finish_batch(cfg.engine, batches, batch_id, record)
+    return record
 
 
 def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
@@ -345,18 +338,18 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
     return fits
 
 
-SPARK_OPTIONS = ("topic", "log", "maxrecordsperbatch", "startingoffsets")
-
-
-def plan(spark: Any, config: EngineConfig, options: dict[str, str]) -> tuple[Any, Any]:
-    """The streaming DataFrame of slices and the ``foreachBatch`` function for a topic."""
+def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
+    """Check a topic source's options against the topic and the aggregation, and decide
+    co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
     from pyspark.sql.types import StructType
 
     import riverbed.log
-    from riverbed.stream.source import META_FIELDS, register, value_schema
+    from riverbed.stream.plan import source_limits
+    from riverbed.stream.source import META_FIELDS, value_schema
 
     if "topic" not in options:
         raise ValueError('a riverbed source needs {"topic": NAME, ...}')
+    source_limits({k.lower(): v for k, v in options.items()})  # named errors, early
     topic_log = riverbed.log.open(options["log"])
     try:
         if options["topic"] not in topic_log.topics():
@@ -380,10 +373,4 @@ def plan(spark: Any, config: EngineConfig, options: dict[str, str]) -> tuple[Any
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )
-    cfg = DirectConfig(config, options, schema, co_located)
-    register(spark)
-    reader = spark.readStream.format("riverbed").option("slices", "true")
-    for key, value in options.items():
-        if key.lower() in SPARK_OPTIONS:
-            reader = reader.option(key, value)
-    return reader.load(), foreach_batch(cfg)
+    return DirectConfig(config, options, schema, co_located)

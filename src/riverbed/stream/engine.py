@@ -220,13 +220,18 @@ def read_record(path: Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as exc:
         batch = path.stem.lstrip("0") or "0"
-        commits = path.parent.parent.parent / "spark" / "commits" / batch
+        checkpoint = path.parent.parent.parent
+        commits = checkpoint / "spark" / "commits" / batch
+        when = (
+            f"If Spark has not committed that batch (no {commits}), delete the file"
+            if (checkpoint / "spark" / "commits").is_dir()
+            else "If it is the newest batch record, delete the file"
+        )
         raise CorruptStateError(
-            f"the record of batch {batch} (its watermark and counts) is damaged: {path} "
-            f"({exc}). If Spark has not committed that batch (no {commits}), delete the "
-            "file and the batch re-runs and writes it again; otherwise restore it from a "
-            "backup or start the aggregation on a new checkpoint (docs/stream.md, "
-            "'Failure model')"
+            f"the record of batch {batch} (its plan, watermark and counts) is damaged: "
+            f"{path} ({exc}). {when} and the batch runs again and writes it anew; "
+            "otherwise restore it from a backup or start the aggregation on a new "
+            "checkpoint (docs/stream.md, 'Failure model')"
         ) from None
     return record
 
@@ -283,6 +288,16 @@ class BatchLog:
             self._path(batch_id).unlink(missing_ok=True)
             gone += 1
         return gone
+
+
+def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str, Any]:
+    """A new batch's record: its watermark, derived from earlier batches only."""
+    prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
+    return {
+        "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
+        "previous_watermark_ms": prev["watermark_ms"],
+        "max_event_ms": prev["max_event_ms"],
+    }
 
 
 COUNTS = ("input", "late", "malformed")

@@ -218,11 +218,30 @@ def status(job: Job) -> dict[str, Any]:
     return status_of(manifest(job))
 
 
+def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict[int, int]:
+    """Where the newest finished batch ended, per log partition: its recorded plan, or
+    for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
+    from riverbed.stream.direct import source_offsets
+    from riverbed.stream.plan import ends_of
+
+    done = next((d for d in newest_first if d.get("done")), None)
+    if done is not None and "slices" in done:
+        return ends_of(done["slices"])
+    commits = checkpoint / "spark" / "commits"
+    numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
+    if not numbered:
+        return {}
+    try:
+        offsets = source_offsets(checkpoint / "spark" / "offsets" / str(numbered[-1]))
+    except (OSError, ValueError):
+        return {}
+    return {int(p): int(e) for p, e in (offsets or {}).items()}
+
+
 def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
-    from riverbed.stream.direct import source_offsets
     from riverbed.stream.engine import input_rate, read_record, summed_totals
 
     checkpoint = Path(info["checkpoint"])
@@ -235,25 +254,13 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         newest_first.append(read_record(path))
         if any(d.get("ms") for d in newest_first) and any(d.get("done") for d in newest_first):
             break
-    offsets_dir = checkpoint / "spark" / "commits"
-    committed: dict[str, int] = {}
-    last_commit = (
-        sorted((p for p in offsets_dir.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
-        if offsets_dir.exists()
-        else []
-    )
-    if last_commit:
-        offsets_file = checkpoint / "spark" / "offsets" / last_commit[-1].name
-        if offsets_file.exists():
-            committed = source_offsets(offsets_file) or {}
+    committed = committed_ends(checkpoint, newest_first)
     own = log is None
     log = riverbed.log.open(info["log"]) if own else log
     lag = {}
     try:
         for part in log.offsets(info["topic"]):
-            lag[str(part.partition)] = part.end - int(
-                committed.get(str(part.partition), part.start)
-            )
+            lag[str(part.partition)] = part.end - committed.get(part.partition, part.start)
     finally:
         if own:
             log.close()

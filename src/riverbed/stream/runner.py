@@ -20,15 +20,14 @@ from riverbed.stream.engine import (
     EngineConfig,
     finish_batch,
     merger,
+    next_record,
     output_schema,
     preaggregate,
     write_output,
 )
-from riverbed.stream.sinks import plain
+from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 
 log = logging.getLogger(__name__)
-
-SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
 
 
 def _clear_unfinished_start(root: Path) -> None:
@@ -135,16 +134,6 @@ def foreach_batch(config: EngineConfig) -> Any:
     return run
 
 
-def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str, Any]:
-    """A new batch's record: its watermark, derived from earlier batches only."""
-    prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
-    return {
-        "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
-        "previous_watermark_ms": prev["watermark_ms"],
-        "max_event_ms": prev["max_event_ms"],
-    }
-
-
 def _utc(frame: pd.DataFrame) -> pd.DataFrame:
     """Spark writes UTC instants to Parquet; they read back naive. Make them UTC again."""
     for column in ("window_start", "window_end"):
@@ -160,57 +149,7 @@ def _side_outputs(
     if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
         return
     dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toPandas() if has_error else None
-    _side_outputs_from_frames(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())
-
-
-def _side_outputs_from_frames(
-    config: EngineConfig,
-    batch_id: int,
-    batches: BatchLog,
-    dlq: pd.DataFrame | None,
-    late: pd.DataFrame | None,
-) -> None:
-    """Write up to SIDE_LIMIT records each to <name>.dlq and <name>.late, once per batch."""
-    if all(frame is None or frame.empty for frame in (dlq, late)):
-        return
-    if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
-        return
-    config.fence()
-    import riverbed.log
-
-    log_ = riverbed.log.open(config.log_url)
-    try:
-        for suffix, frame in ((".dlq", dlq), (".late", late)):
-            if frame is None or frame.empty:
-                continue
-            topic = config.spec.name + suffix
-            if topic not in log_.topics():
-                log_.create_topic(topic, 1)
-            log_.producer(topic).send_batch(
-                [
-                    {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-                    for row in frame.head(SIDE_LIMIT).to_dict("records")
-                ]
-            )
-    finally:
-        log_.close()
-    batches.update(batch_id, side_outputs_written=True)
-
-
-def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
-    """The batch's rows to the optional sinks: the SQL table and the results topic."""
-    from riverbed.stream.sinks import SqlSink, TopicSink
-
-    if config.sql_url:
-        SqlSink(config.sql_url).upsert(config.spec.name, rows)
-    if config.results_topic:
-        if config.log_url is None:
-            raise ValueError("a results topic needs a log: pass log_url")
-        sink = TopicSink(config.log_url, config.results_topic, config.spec.state_partitions)
-        try:
-            sink.write(batch_id, rows)
-        finally:
-            sink.close()
+    side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())
 
 
 def start(
@@ -227,13 +166,15 @@ def start(
     trigger: dict[str, Any] | None = None,
     term: int | None = None,
 ) -> Any:
-    """Start the streaming aggregation; returns Spark's ``StreamingQuery``.
+    """Start the streaming aggregation; returns its query.
 
     ``source`` is either the options of a riverbed topic (a dict: ``topic``, and
     optionally ``log``, ``schema``, ``maxRecordsPerBatch``, ``startingOffsets``,
     ``co_locate``) -- the log-native path (:mod:`riverbed.stream.direct`), where the
-    state tasks read the topic themselves -- or any streaming DataFrame with the
-    aggregation's columns (and optionally ``_error``), aggregated through Spark.
+    state tasks read the topic themselves and riverbed runs the trigger loop (a
+    :class:`riverbed.stream.query.DirectQuery`) -- or any streaming DataFrame with the
+    aggregation's columns (and optionally ``_error``), aggregated through Spark (a
+    Spark ``StreamingQuery``). Both take Spark's ``trigger`` keywords.
 
     Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)
     and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
@@ -249,15 +190,15 @@ def start(
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
     config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
-    if options is not None:
-        from riverbed.stream.direct import plan
+    if options is not None:  # riverbed's own trigger loop (stream/query.py)
+        from riverbed.stream.direct import prepare
+        from riverbed.stream.plan import parse_trigger
+        from riverbed.stream.query import start_direct
 
-        frame, batch_fn = plan(spark, config, options)
-    else:
-        frame, batch_fn = source, foreach_batch(config)
+        return start_direct(spark, prepare(config, options), parse_trigger(trigger))
     _clear_unfinished_start(checkpoint / "spark")
     writer = (
-        frame.writeStream.foreachBatch(batch_fn)
+        source.writeStream.foreachBatch(foreach_batch(config))
         .option("checkpointLocation", str(checkpoint / "spark"))
         .queryName(spec.name)
     )

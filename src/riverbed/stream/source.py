@@ -54,6 +54,7 @@ from pyspark.sql.types import (
 )
 
 from riverbed.log.records import Columns
+from riverbed.stream.plan import batch_ends, begin_offsets, capped, source_limits
 
 META_FIELDS = [
     StructField("key", StringType()),
@@ -150,17 +151,6 @@ class LogSlice(InputPartition):
     partition: int
     start: int
     end: int
-
-
-# ``option("slices", "true")``: instead of records, each micro-batch is one row per log
-# partition, (partition, start, end) -- the offsets Spark checkpointed for the batch. The
-# stream engine's log-native path reads the records itself, inside its state tasks.
-SLICES_DDL = "partition int, start long, end long"
-
-
-@dataclass(frozen=True)
-class AllSlices(InputPartition):
-    slices: tuple[LogSlice, ...]
 
 
 CHUNK = 50_000  # records per Arrow batch
@@ -384,8 +374,6 @@ class RiverbedDataSource(DataSource):
         self.options: dict[str, str] = {k.lower(): v for k, v in options.items()}
 
     def schema(self) -> StructType | str:
-        if self.options.get("slices") == "true":
-            return SLICES_DDL
         values = value_schema(self.options)
         if isinstance(values, str):
             return f"{values}, {META_DDL}"  # Spark's JVM parses DDL; workers cannot
@@ -431,14 +419,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.schema = schema
         self._target: dict[str, int] | None = None
-        max_records = options.get("maxrecordsperbatch")
-        if max_records is not None and (not max_records.isdigit() or int(max_records) < 1):
-            raise ValueError(f"maxRecordsPerBatch must be a positive integer, not {max_records!r}")
-        self.max_records = int(max_records) if max_records else None
-        start = options.get("startingoffsets", "earliest")
-        if start not in ("earliest", "latest"):
-            raise ValueError(f"startingOffsets must be earliest or latest, not {start!r}")
-        self.starting = start
+        self.max_records, self.starting = source_limits(options)
 
     def _ends(self) -> dict[str, tuple[int, int]]:
         log = _open(self.options)
@@ -448,9 +429,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def initialOffset(self) -> dict[str, int]:
-        ends = self._ends()
-        index = 0 if self.starting == "earliest" else 1
-        return {p: se[index] for p, se in ends.items()}
+        return begin_offsets(self._ends(), None, self.starting)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
@@ -460,11 +439,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         ends = self._ends()
-        latest = {p: se[1] for p, se in ends.items()}
-        if self._target is not None:
-            latest = {p: min(e, self._target.get(p, ends[p][0])) for p, e in latest.items()}
-        # new partitions start at their first retained offset
-        begin = {p: max(int(start.get(p, ends[p][0])), ends[p][0]) for p in latest}
+        begin = begin_offsets(ends, start, self.starting)
         # The limit classes Spark passes may come from pyspark.zip, not our import: test by
         # shape, not isinstance.
         max_rows = getattr(limit, "max_rows", None)
@@ -472,34 +447,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Trigger.AvailableNow: Spark passes ReadAllAvailable, but like Kafka's
             # maxOffsetsPerTrigger the bound still splits the backlog into batches.
             max_rows = self.max_records
-        if max_rows is None:
-            return {p: max(begin[p], latest[p]) for p in latest}
-        # Share the budget in proportion to each partition's backlog: partitions fed at
-        # different rates then advance through event time together, so a busy partition
-        # does not fall behind the watermark and turn into "late" data.
-        backlog = {p: max(0, latest[p] - begin[p]) for p in latest}
-        total = sum(backlog.values())
-        if total <= int(max_rows):
-            return {p: begin[p] + backlog[p] for p in latest}
-        out = {p: begin[p] + backlog[p] * int(max_rows) // total for p in latest}
-        left = int(max_rows) - sum(out[p] - begin[p] for p in latest)
-        for p in sorted(latest, key=lambda q: backlog[q], reverse=True):  # rounding remainder
-            if left <= 0:
-                break
-            if out[p] < latest[p]:
-                out[p] += 1
-                left -= 1
-        return out
+        return batch_ends(begin, capped(ends, self._target), max_rows and int(max_rows))
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         slices = [LogSlice(int(p), int(start.get(p, 0)), int(e)) for p, e in end.items()]
-        if self.options.get("slices") == "true":  # every partition, also the idle ones
-            return [AllSlices(tuple(sorted(slices, key=lambda s: s.partition)))]
         return [s for s in slices if s.end > s.start]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if isinstance(partition, AllSlices):
-            return iter([(s.partition, s.start, s.end) for s in partition.slices])
         assert isinstance(partition, LogSlice)
         return read_slice(self.options, self.schema, partition)
 

@@ -398,7 +398,8 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
 
 
 def _ends(checkpoint: Path, batch_id: int) -> dict[str, int] | None:
-    """The source's end offsets per partition after ``batch_id`` (Spark's offset log)."""
+    """The source's end offsets per partition after ``batch_id`` in Spark's offset log
+    (checkpoints of the Spark-driven loop, before batches recorded their slices)."""
     from riverbed.stream.direct import source_offsets
 
     path = checkpoint / "spark" / "offsets" / str(batch_id)
@@ -413,13 +414,17 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
     previous batch's ends to its own), the state version it committed, its time."""
     ms = record.get("ms") or {}
     total_ms = sum(ms.values())
-    ends = _ends(checkpoint, batch_id)
-    before = _ends(checkpoint, batch_id - 1) if batch_id > 0 else {}
-    offsets = (
-        {p: [int((before or {}).get(p, 0)), int(end)] for p, end in sorted(ends.items())}
-        if ends is not None
-        else None
-    )
+    offsets: dict[str, list[int]] | None
+    if "slices" in record:  # the plan the batch recorded before it ran
+        offsets = {p: [int(s), int(e)] for p, (s, e) in record["slices"].items()}
+    else:  # a batch of the Spark-driven loop: Spark's offset log
+        ends = _ends(checkpoint, batch_id)
+        before = _ends(checkpoint, batch_id - 1) if batch_id > 0 else {}
+        offsets = (
+            {p: [int((before or {}).get(p, 0)), int(end)] for p, end in sorted(ends.items())}
+            if ends is not None
+            else None
+        )
     return {
         "batch": batch_id,
         "done": bool(record.get("done")),

@@ -1,0 +1,259 @@
+"""The log-native path's trigger loop: riverbed plans and commits its own micro-batches.
+
+A log-native aggregation needs nothing of Spark's streaming engine but a trigger and a
+durable record of what each batch read: the events never pass through Spark (the state
+tasks read the topic themselves, :mod:`riverbed.stream.direct`). Running that through a
+Structured Streaming query cost, per trigger, Spark's write-ahead offset log and commit
+log (~80-110 ms here) and, once, ~1.3 s to start the Python streaming source's own
+process on the driver. So the loop is riverbed's, on a thread of the driver:
+
+1. **plan** batch *b*: the end offsets of the newest finished batch are where *b*
+   starts; where it ends comes from the topic's offsets and ``maxRecordsPerBatch``
+   (:mod:`riverbed.stream.plan`); *b*'s record — its slices, watermark and
+   co-location — is written and fsynced *before* anything of *b* is (the write-ahead);
+2. **run** it (:func:`riverbed.stream.direct.run_planned`): state version *b*, side
+   topics, result table, sinks, then the record marked done (the commit).
+
+After a crash the newest record is either done (plan *b + 1*) or not (run *b* again from
+its recorded slices and watermark: the same state version, the same output replaced).
+Records of the Spark-driven loop (no ``slices``) are read through Spark's offset log
+once, so a checkpoint written before carries on.
+
+:class:`DirectQuery` has the part of Spark's ``StreamingQuery`` that riverbed and its
+users call: ``isActive``, ``awaitTermination``, ``stop``, ``exception``,
+``processAllAvailable``, ``recentProgress`` / ``lastProgress``, ``name``, ``id``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from riverbed.state.errors import CorruptStateError
+from riverbed.stream.direct import DirectConfig, logged_slices, run_planned, source_offsets
+from riverbed.stream.engine import BatchLog, next_record
+from riverbed.stream.plan import (
+    Trigger,
+    batch_ends,
+    begin_offsets,
+    capped,
+    ends_of,
+    has_input,
+    slices_json,
+    source_limits,
+)
+
+log = logging.getLogger(__name__)
+
+PROGRESS_KEPT = 100  # like spark.sql.streaming.numRecentProgressUpdates
+
+
+class DirectQuery:
+    """One log-native aggregation running on a driver thread (see the module doc)."""
+
+    def __init__(self, spark: Any, cfg: DirectConfig, trigger: Trigger) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.trigger = trigger
+        self.name = cfg.engine.spec.name
+        self.id = str(uuid.uuid4())
+        self.max_records, self.starting = source_limits(
+            {k.lower(): v for k, v in cfg.options.items()}
+        )
+        self.batches = BatchLog(cfg.engine.checkpoint, cfg.engine.fence)
+        self._group = f"riverbed-{self.name}-{self.id}"
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._idle = threading.Event()  # set while no input is waiting
+        self._exception: BaseException | None = None
+        self._progress: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._run, name=f"riverbed {self.name}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    # -- StreamingQuery ---------------------------------------------------------------
+
+    @property
+    def isActive(self) -> bool:
+        return not self._done.is_set()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        """Wait for the loop to end (``timeout`` seconds at most: then ``True`` if it
+        ended); raise what stopped it, as Spark's does."""
+        ended = self._done.wait(timeout)
+        if ended and self._exception is not None:
+            raise self._exception
+        return ended if timeout is not None else None
+
+    def processAllAvailable(self) -> None:
+        """Block until every record in the topic now has been processed (or the loop
+        ended: then raise what stopped it)."""
+        self._idle.clear()
+        while not self._idle.wait(0.05):
+            if self._done.is_set():
+                break
+        if self._exception is not None:
+            raise self._exception
+
+    def stop(self) -> None:
+        """Stop: the running batch's Spark job is cancelled (it runs again, from its
+        record, at the next start) and the loop ends."""
+        self._stop.set()
+        if self._thread.is_alive():
+            try:
+                self.spark.sparkContext.cancelJobGroup(self._group)
+            except Exception as exc:  # a stopped SparkContext has no jobs to cancel
+                log.debug("cancelling %s: %s", self._group, exc)
+            self._thread.join()
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        return list(self._progress)
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self._progress[-1] if self._progress else None
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import riverbed.log
+
+        try:
+            sc = self.spark.sparkContext
+            sc.setJobGroup(self._group, f"riverbed {self.name}", interruptOnCancel=True)
+            topic_log = riverbed.log.open(self.cfg.options["log"])
+            try:
+                self._loop(topic_log)
+            finally:
+                topic_log.close()
+        except BaseException as exc:
+            if not self._stop.is_set():  # a cancelled job is how stop() ends a batch
+                self._exception = exc
+                log.error("aggregation %s stopped: %s", self.name, exc)
+        finally:
+            self._idle.set()
+            self._done.set()
+
+    def _retained(self, topic_log: Any) -> dict[int, tuple[int, int]]:
+        topic = self.cfg.options["topic"]
+        partitions = topic_log.topic(topic).partitions
+        return {p: topic_log.storage.offsets(topic, p) for p in range(partitions)}
+
+    def _loop(self, topic_log: Any) -> None:
+        target = None
+        if self.trigger.available_now:  # what the topic holds now, and no more
+            target = {p: end for p, (_, end) in self._retained(topic_log).items()}
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            planned = self._next(topic_log, target)
+            if planned is None:  # nothing to read
+                self._idle.set()
+                if self.trigger.available_now:
+                    return
+                self._stop.wait(self.trigger.interval_s)
+                continue
+            batch_id, record = planned
+            plan_ms = round((time.perf_counter() - began) * 1000)
+            record["ms"] = {"offsets": plan_ms}
+            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
+            self._report(batch_id, done, began, plan_ms)
+            if not self.trigger.available_now:
+                rest = self.trigger.interval_s - (time.perf_counter() - began)
+                if rest > 0:
+                    self._stop.wait(rest)
+
+    def _next(
+        self, topic_log: Any, target: dict[int, int] | None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The batch to run: the newest one again if it did not finish, else a new one
+        planned and recorded durably; ``None`` when there is no input."""
+        spec = self.cfg.engine.spec
+        ids = self.batches.ids()
+        newest = self.batches.get(ids[-1]) if ids else None
+        previous_ends: dict[int, int] | None = None
+        if newest is not None and not newest.get("done"):
+            if "slices" in newest:
+                return ids[-1], newest  # re-run exactly what was planned
+            legacy = logged_slices(self.cfg.engine.checkpoint, ids[-1])
+            if legacy is not None:
+                newest["slices"] = {str(s.partition): [s.start, s.end] for s in legacy}
+                newest.setdefault("co_located", self._co_located(newest["slices"]))
+                self.batches.put(ids[-1], newest)
+                return ids[-1], newest
+            # a first batch the Spark-driven loop never planned: plan it below, with
+            # the watermark it recorded
+            batch_id, base = ids[-1], newest
+            before = self.batches.previous(batch_id)
+            if before is not None:
+                previous_ends = self._ends(batch_id - 1, before)
+        else:
+            batch_id = ids[-1] + 1 if ids else 0
+            base = next_record(self.batches, batch_id, spec)
+            if newest is not None:
+                previous_ends = self._ends(ids[-1], newest)
+        retained = self._retained(topic_log)
+        begin = begin_offsets(retained, previous_ends, self.starting)
+        slices = slices_json(begin, batch_ends(begin, capped(retained, target), self.max_records))
+        if not has_input(slices):
+            return None
+        record = base | {"slices": slices, "co_located": self._co_located(slices)}
+        self.batches.put(batch_id, record)  # durable: the plan comes before any write
+        return batch_id, record
+
+    def _co_located(self, slices: dict[str, list[int]]) -> bool:
+        return self.cfg.co_located and len(slices) == self.cfg.engine.spec.state_partitions
+
+    def _ends(self, batch_id: int, record: dict[str, Any]) -> dict[int, int]:
+        """Where a finished batch ended in every partition: its plan, or for a batch of
+        the Spark-driven loop, Spark's offset log."""
+        if "slices" in record:
+            return ends_of(record["slices"])
+        path = Path(self.cfg.engine.checkpoint) / "spark" / "offsets" / str(batch_id)
+        try:
+            offsets = source_offsets(path)
+        except (OSError, ValueError):
+            offsets = None
+        if offsets is None:
+            raise CorruptStateError(
+                f"batch {batch_id} of '{self.name}' does not record which offsets it read, "
+                f"and Spark's offset log ({path}) cannot tell either: restore the "
+                "checkpoint from a backup or start on a new one (docs/stream.md, "
+                "'Failure model')"
+            )
+        return {int(p): int(e) for p, e in offsets.items()}
+
+    def _report(self, batch_id: int, record: dict[str, Any], began: float, plan_ms: int) -> None:
+        ms = record.get("ms", {})
+        total = round((time.perf_counter() - began) * 1000)
+        self._progress.append(
+            {
+                "id": self.id,
+                "name": self.name,
+                "batchId": batch_id,
+                "numInputRows": int(record.get("input", 0)),
+                # Spark's names where the phase matches: planning is latestOffset; the
+                # plan's fsync is the write-ahead; the batch itself (commit included)
+                "durationMs": {
+                    "latestOffset": plan_ms,
+                    "addBatch": int(ms.get("state_job", 0)) + int(ms.get("outputs", 0)),
+                    "triggerExecution": total,
+                },
+            }
+        )
+        del self._progress[:-PROGRESS_KEPT]
+
+
+def start_direct(spark: Any, cfg: DirectConfig, trigger: Trigger) -> DirectQuery:
+    """Start the loop; returns at once, like ``writeStream.start()``."""
+    return DirectQuery(spark, cfg, trigger)
+
+
+__all__ = ["DirectQuery", "start_direct"]

@@ -1,0 +1,156 @@
+"""The pure core of the log-native trigger loop: which offsets a batch reads, and when."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.stream.plan import (
+    Trigger,
+    TriggerError,
+    batch_ends,
+    begin_offsets,
+    capped,
+    ends_of,
+    has_input,
+    parse_trigger,
+    slices_json,
+    source_limits,
+)
+
+offsets = st.integers(0, 10_000)
+
+
+@st.composite
+def partitions(draw: st.DrawFn) -> tuple[dict[int, int], dict[int, int]]:
+    """(begin, latest) per partition, latest >= begin mostly, sometimes behind."""
+    n = draw(st.integers(1, 8))
+    begin = {p: draw(offsets) for p in range(n)}
+    latest = {p: max(0, begin[p] + draw(st.integers(-5, 5_000))) for p in range(n)}
+    return begin, latest
+
+
+@given(partitions(), st.one_of(st.none(), st.integers(1, 20_000)))
+def test_a_batch_takes_min_of_budget_and_backlog_never_backwards_never_past_the_end(
+    data: tuple[dict[int, int], dict[int, int]], max_rows: int | None
+) -> None:
+    begin, latest = data
+    ends = batch_ends(begin, latest, max_rows)
+    backlog = sum(max(0, latest[p] - begin[p]) for p in latest)
+    taken = sum(ends[p] - begin[p] for p in latest)
+    assert all(begin[p] <= ends[p] <= max(begin[p], latest[p]) for p in latest)
+    assert taken == (backlog if max_rows is None else min(max_rows, backlog))
+
+
+@given(partitions(), st.integers(1, 5_000))
+def test_the_budget_is_shared_in_proportion_to_the_backlog(
+    data: tuple[dict[int, int], dict[int, int]], max_rows: int
+) -> None:
+    begin, latest = data
+    ends = batch_ends(begin, latest, max_rows)
+    backlog = {p: max(0, latest[p] - begin[p]) for p in latest}
+    total = sum(backlog.values())
+    if total > max_rows:  # each partition within one record of its share
+        for p in latest:
+            share = backlog[p] * max_rows / total
+            assert share - 1 < ends[p] - begin[p] < share + 1 + len(latest)
+
+
+@given(
+    st.dictionaries(st.integers(0, 6), st.integers(0, 3_000), min_size=1),
+    st.integers(1, 2_000),
+    st.integers(0, 500),
+)
+def test_batches_planned_one_after_another_read_every_offset_once(
+    ends_now: dict[int, int], max_rows: int, first: int
+) -> None:
+    """The loop's life: plan, record, plan from the recorded ends, ... until the
+    available-now target; the plans tile each partition exactly."""
+    retained = {p: (min(first, e), e) for p, e in ends_now.items()}
+    target = {p: e for p, (_, e) in retained.items()}
+    previous: dict[int, int] | None = None
+    read = {p: 0 for p in retained}
+    plans = 0
+    while True:
+        begin = begin_offsets(retained, previous, "earliest")
+        slices = slices_json(begin, batch_ends(begin, capped(retained, target), max_rows))
+        if not has_input(slices):
+            break
+        plans += 1
+        assert plans <= 10_000
+        for p, (s, e) in slices.items():
+            assert s == (previous or {}).get(int(p), retained[int(p)][0])
+            read[int(p)] += e - s
+        assert sum(e - s for s, e in slices.values()) <= max_rows
+        previous = ends_of(slices)
+    assert read == {p: e - f for p, (f, e) in retained.items()}
+
+
+@given(
+    st.dictionaries(st.integers(0, 6), st.tuples(offsets, st.integers(0, 1_000)), min_size=1),
+    st.dictionaries(st.integers(0, 6), offsets),
+)
+def test_a_batch_starts_where_the_last_ended_never_before_what_retention_kept(
+    spans: dict[int, tuple[int, int]], previous: dict[int, int]
+) -> None:
+    retained = {p: (f, f + n) for p, (f, n) in spans.items()}
+    begin = begin_offsets(retained, previous, "earliest")
+    for p, (f, _) in retained.items():
+        assert begin[p] == (max(previous[p], f) if p in previous else f)
+    assert begin_offsets(retained, None, "earliest") == {p: f for p, (f, _) in retained.items()}
+    assert begin_offsets(retained, None, "latest") == {p: e for p, (_, e) in retained.items()}
+
+
+def test_an_available_now_target_holds_back_what_came_later_and_new_partitions() -> None:
+    retained = {0: (0, 120), 1: (5, 80), 2: (3, 40)}  # partition 2 created after the start
+    assert capped(retained, {0: 100, 1: 90}) == {0: 100, 1: 80, 2: 3}
+    assert capped(retained, None) == {0: 120, 1: 80, 2: 40}
+
+
+@pytest.mark.parametrize(
+    ("given_", "want"),
+    [
+        (None, Trigger()),
+        ({}, Trigger()),
+        ({"availableNow": True}, Trigger(available_now=True)),
+        ({"once": True}, Trigger(available_now=True)),
+        ({"processingTime": "1 second"}, Trigger(interval_s=1.0)),
+        ({"processingTime": "250 milliseconds"}, Trigger(interval_s=0.25)),
+        ({"processingTime": "2 minutes"}, Trigger(interval_s=120.0)),
+        ({"processingTime": "0 seconds"}, Trigger(interval_s=0.0)),
+        ({"processingTime": 5}, Trigger(interval_s=5.0)),
+    ],
+)
+def test_spark_trigger_keywords_are_understood(given_: dict[str, object], want: Trigger) -> None:
+    assert parse_trigger(given_) == want
+
+
+@pytest.mark.parametrize(
+    ("given_", "names"),
+    [
+        ({"continuous": "1 second"}, "availableNow=True"),
+        ({"availableNow": True, "once": True}, "availableNow=True"),
+        ({"availableNow": False}, "must be True"),
+        ({"processingTime": "soon"}, "'1 second'"),
+        ({"processingTime": "3 fortnights"}, "'1 second'"),
+        ({"processingTime": -1}, "must not be negative"),
+    ],
+)
+def test_a_bad_trigger_is_named_with_the_accepted_forms(
+    given_: dict[str, object], names: str
+) -> None:
+    with pytest.raises(TriggerError, match=names):
+        parse_trigger(given_)
+
+
+def test_source_limits_are_checked() -> None:
+    assert source_limits({}) == (None, "earliest")
+    assert source_limits({"maxrecordsperbatch": "700", "startingoffsets": "latest"}) == (
+        700,
+        "latest",
+    )
+    with pytest.raises(ValueError, match="maxRecordsPerBatch must be a positive integer"):
+        source_limits({"maxrecordsperbatch": "0"})
+    with pytest.raises(ValueError, match="startingOffsets must be earliest or latest"):
+        source_limits({"startingoffsets": "middle"})

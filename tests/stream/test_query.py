@@ -1,0 +1,181 @@
+"""riverbed's own trigger loop for the log-native path (stream/query.py), on a real
+Spark session: continuous triggers, stop, the write-ahead plan re-run after a crash, and
+checkpoints written by the Spark-driven loop before it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import riverbed.log
+from riverbed.stream.engine import BatchLog
+from riverbed.stream.plan import TriggerError
+from riverbed.stream.runner import read_results, start
+from tests.stream.conftest import make_events, write_events
+from tests.stream.test_direct import check, spec
+from tests.stream.test_engine import SCHEMA
+
+pytestmark = pytest.mark.spark
+
+
+def options(url: str, max_records: int = 400) -> dict[str, Any]:
+    return {"topic": "events", "log": url, "schema": SCHEMA, "maxRecordsPerBatch": max_records}
+
+
+def run(spark: Any, url: str, root: Path, **kwargs: Any) -> Any:
+    return start(
+        spark,
+        spec(3),
+        options(url),
+        checkpoint=root / "ckpt",
+        output=root / "out",
+        log_url=url,
+        trigger=kwargs.pop("trigger", {"availableNow": True}),
+        **kwargs,
+    )
+
+
+def test_a_continuous_query_picks_up_new_records_until_stopped(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    events = make_events(1200, hours=3)
+    first, second = events.iloc[:700], events.iloc[700:]
+    write_events(log_url, first, partitions=3, key_field="flag")
+    query = run(spark, log_url, tmp_path, trigger={"processingTime": "100 milliseconds"})
+    try:
+        query.processAllAvailable()
+        check(read_results(tmp_path / "out"), first)
+        assert query.isActive and query.exception() is None
+        write_events(log_url, second, partitions=3, key_field="flag")
+        query.processAllAvailable()
+        check(read_results(tmp_path / "out"), events)
+        assert query.awaitTermination(0.1) is False  # still running
+    finally:
+        query.stop()
+    assert not query.isActive and query.exception() is None
+    progress = query.recentProgress
+    assert sum(p["numInputRows"] for p in progress) == 1200
+    assert [p["batchId"] for p in progress] == list(range(len(progress)))
+    assert query.lastProgress == progress[-1]
+
+
+def test_a_recorded_plan_is_run_as_recorded(spark: Any, log_url: str, tmp_path: Path) -> None:
+    """A driver killed after writing batch 0's plan, before finishing it: the restart
+    runs exactly the recorded slices as batch 0 (the state version it may already have
+    committed), not a new plan over what the topic holds now."""
+    events = make_events(900, hours=2)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    ends = {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
+    plan = {str(p): [0, e // 3] for p, e in ends.items()}
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches.put(
+        0,
+        {
+            "watermark_ms": 0,
+            "previous_watermark_ms": 0,
+            "max_event_ms": 0,
+            "slices": plan,
+            "co_located": True,
+        },
+    )
+    query = run(spark, log_url, tmp_path)
+    query.awaitTermination(300)
+    assert batches.get(0)["input"] == sum(e // 3 for e in ends.values())
+    assert batches.get(1)["slices"] == {
+        str(p): [e // 3, min(e, e // 3 + s)]
+        for (p, e), s in zip(ends.items(), _shares(ends, plan), strict=True)
+    }
+    check(read_results(tmp_path / "out"), events)
+
+
+def _shares(ends: dict[int, int], plan: dict[str, list[int]]) -> list[int]:
+    """Batch 1's records per partition: 400 shared in proportion to what is left."""
+    left = {p: e - plan[str(p)][1] for p, e in ends.items()}
+    total = sum(left.values())
+    shares = {p: n * 400 // total for p, n in left.items()}
+    rest = 400 - sum(shares.values())
+    for p in sorted(left, key=lambda q: left[q], reverse=True)[:rest]:
+        shares[p] += 1
+    return [shares[p] for p in ends]
+
+
+def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """Batch records without slices (written when Spark's offset log held the plans):
+    the loop reads where they ended from Spark's offset log and carries on, counting
+    nothing twice."""
+    events = make_events(1000, hours=3)
+    first, second = events.iloc[:600], events.iloc[600:]
+    write_events(log_url, first, partitions=3, key_field="flag")
+    run(spark, log_url, tmp_path).awaitTermination(300)
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    spark_dir = tmp_path / "ckpt" / "spark"
+    for directory in ("offsets", "commits"):
+        (spark_dir / directory).mkdir(parents=True)
+    for b in batches.ids():  # rewrite as the Spark-driven loop left them
+        record = batches.get(b)
+        ends = {p: e for p, (_, e) in record.pop("slices").items()}
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+        (spark_dir / "offsets" / str(b)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps(ends)}")
+        (spark_dir / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        batches.put(b, record)
+    old = batches.ids()
+    write_events(log_url, second, partitions=3, key_field="flag")
+    query = run(spark, log_url, tmp_path)
+    query.awaitTermination(300)
+    new = [b for b in batches.ids() if b not in old]
+    assert new and sum(batches.get(b)["input"] for b in new) == 400
+    check(read_results(tmp_path / "out"), events)
+
+
+def test_a_spark_driven_checkpoint_whose_offset_log_is_gone_is_named(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    write_events(log_url, make_events(300, hours=1), partitions=3, key_field="flag")
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches.put(0, {"watermark_ms": 0, "previous_watermark_ms": 0, "max_event_ms": 0, "done": True})
+    query = run(spark, log_url, tmp_path)
+    with pytest.raises(Exception, match="does not record which offsets it read") as failure:
+        query.awaitTermination(300)
+    assert "start on a new one" in str(failure.value)
+    assert batches.ids() == [0]  # nothing planned over a past it cannot place
+
+
+def test_stop_ends_the_loop_mid_run_and_the_restart_finishes_exactly(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """Stopped once its first plan is recorded (its Spark job cancelled if running):
+    no error, and the next start finishes with every record counted once."""
+    events = make_events(1500, hours=3)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    query = run(spark, log_url, tmp_path)
+    planned = BatchLog(str(tmp_path / "ckpt"))
+    deadline = time.monotonic() + 60
+    while not planned.ids() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    query.stop()
+    assert not query.isActive and query.exception() is None
+    assert query.awaitTermination(0) is True
+    stopped_at = planned.ids()
+    assert stopped_at and stopped_at[-1] < 3  # 1500 records take 4 batches of 400
+    run(spark, log_url, tmp_path).awaitTermination(300)
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    assert all(batches.get(b)["done"] for b in batches.ids())
+    assert sum(batches.get(b)["input"] for b in batches.ids()) == 1500
+    check(read_results(tmp_path / "out"), events)
+
+
+def test_a_bad_trigger_is_refused_before_anything_runs(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    write_events(log_url, make_events(10, hours=1), partitions=3, key_field="flag")
+    with pytest.raises(TriggerError, match="processingTime 'often' is not an interval"):
+        run(spark, log_url, tmp_path, trigger={"processingTime": "often"})
+    assert not (tmp_path / "out").exists()
+    assert pd.Series(BatchLog(str(tmp_path / "ckpt")).ids()).empty
