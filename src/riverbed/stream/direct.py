@@ -1,9 +1,9 @@
 """The log-native path: the state tasks read riverbed topics themselves.
 
-When the source is a riverbed topic, Spark does not need to move the events at all.
-The streaming query reads only *offsets* (``format("riverbed")`` with ``slices``: one
-row per log partition and micro-batch, checkpointed by Spark like any source), and
-each micro-batch runs one Spark job over those slices:
+When the source is a riverbed topic, Spark does not need to move the events at all,
+and riverbed runs the trigger loop itself (:mod:`riverbed.stream.query`): each batch's
+plan — its *slices*, one (partition, start, end) per log partition — is recorded before
+it runs, and each batch runs one Spark job over those slices:
 
 * **co-located** — the topic is keyed by the aggregation key with the key-hash
   partitioner and has as many partitions as the aggregation has state partitions, so
@@ -18,8 +18,8 @@ each micro-batch runs one Spark job over those slices:
 Either way the tasks also classify events as malformed (``_error``) or late (every
 window already closed) and count them; the driver writes them to the side topics once
 per batch, writes the batch's output, and records the batch. Re-runs of a batch get the
-same slices from Spark's offset log and the same watermark from the batch record, so
-they commit the same state version and replace the same output.
+same slices and the same watermark from the batch record, so they commit the same
+state version and replace the same output.
 """
 
 from __future__ import annotations
@@ -276,12 +276,13 @@ def run_planned(
 
 
 def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
-    """This batch's slices from Spark's write-ahead offset log, without a Spark job.
+    """A batch's slices from Spark's write-ahead offset log, for checkpoints written
+    when a Spark streaming query drove this path (its batch records hold no slices).
 
-    Spark writes ``offsets/<b>`` (the end offsets of batch *b*) before running *b*, and
+    Spark wrote ``offsets/<b>`` (the end offsets of batch *b*) before running *b*, and
     batch *b* starts where *b - 1* ended, so the two files give exactly the slices the
-    batch's DataFrame would yield. ``None`` when they cannot tell (batch 0, files gone,
-    an unexpected format): the caller then reads the slices through Spark.
+    batch read. ``None`` when they cannot tell (batch 0, files gone, an unexpected
+    format).
     """
     if batch_id == 0:
         return None
