@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from riverbed.stream.plan import (
     Trigger,
     TriggerError,
+    balanced_groups,
     batch_ends,
     begin_offsets,
     capped,
@@ -154,3 +155,19 @@ def test_source_limits_are_checked() -> None:
         source_limits({"maxrecordsperbatch": "0"})
     with pytest.raises(ValueError, match="startingOffsets must be earliest or latest"):
         source_limits({"startingoffsets": "middle"})
+
+
+@given(st.lists(st.integers(0, 1_000_000), max_size=40), st.integers(1, 16))
+def test_partitions_are_spread_over_the_cores_each_once_and_balanced(
+    sizes: list[int], bins: int
+) -> None:
+    items = list(enumerate(sizes))
+    groups = balanced_groups(items, lambda item: item[1], bins)
+    assert sorted(i for g in groups for i in g) == sorted(items)  # each exactly once
+    assert all(groups) and len(groups) == min(bins, len(items))
+    loads = [sum(size for _, size in g) for g in groups]
+    if loads:  # the longest-processing-time bound: within 4/3 of the best split
+        best_at_least = max(max(sizes), -(-sum(sizes) // len(groups)))
+        assert max(loads) <= best_at_least * 4 / 3 + 1
+    for g in groups:  # biggest first inside a group
+        assert [s for _, s in g] == sorted((s for _, s in g), reverse=True)

@@ -49,6 +49,7 @@ from riverbed.stream.engine import (
     write_output,
 )
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
+from riverbed.stream.plan import balanced_groups
 from riverbed.stream.source import LogSlice, read_slice
 
 if TYPE_CHECKING:
@@ -208,12 +209,17 @@ def run_batch(
         task = colocated_task(cfg, batch_id, watermark, previous)
         by_partition = {s.partition: s for s in slices}
         work = [by_partition.get(p, LogSlice(p, 0, 0)) for p in range(n)]
-        # biggest first: Spark launches tasks in this order, so the longest task does not
-        # start last on a core that is already busy (longest-processing-time first)
-        work.sort(key=lambda s: s.end - s.start, reverse=True)
-        for rows, part_side in sc.parallelize(work, n).map(task).collect():
-            frames.append(rows)
-            side.add(part_side)
+        # One task per core, not per partition: a PySpark task costs ~50-100 ms to
+        # launch here whatever it does, so 4 partitions on 2 cores in 4 tasks paid that
+        # twice a core. The partitions are spread by size, biggest first
+        # (longest-processing-time), and each task merges its partitions in turn.
+        groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
+        for group_rows in (
+            sc.parallelize(groups, len(groups)).map(lambda g: [task(s) for s in g]).collect()
+        ):
+            for rows, part_side in group_rows:
+                frames.append(rows)
+                side.add(part_side)
     else:
         work = pieces([s for s in slices if s.end > s.start], sc.defaultParallelism)
         stage1 = sc.parallelize(work or [LogSlice(0, 0, 0)], max(1, len(work)))

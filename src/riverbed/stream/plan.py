@@ -8,13 +8,14 @@ Nothing here touches a log, a file or Spark: offsets go in, offsets come out.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from riverbed.errors import RiverbedError
 
 K = TypeVar("K")
+T = TypeVar("T")
 
 
 class TriggerError(RiverbedError, ValueError):
@@ -141,6 +142,20 @@ def capped(retained: Mapping[K, tuple[int, int]], target: Mapping[K, int] | None
     return {p: min(end, target.get(p, first)) for p, (first, end) in retained.items()}
 
 
+def balanced_groups(items: Sequence[T], size: Callable[[T], int], bins: int) -> list[list[T]]:
+    """``items`` in at most ``bins`` groups of about equal total ``size``: the longest-
+    processing-time rule (biggest first, each into the lightest group so far), which is
+    within 4/3 of the best split. Groups keep biggest-first order; none is empty."""
+    bins = max(1, min(bins, len(items)))
+    groups: list[list[T]] = [[] for _ in range(bins)]
+    loads = [0] * bins
+    for item in sorted(items, key=size, reverse=True):
+        lightest = min(range(bins), key=lambda i: (loads[i], len(groups[i])))
+        groups[lightest].append(item)
+        loads[lightest] += size(item)
+    return [g for g in groups if g]
+
+
 def slices_json(begin: Mapping[int, int], ends: Mapping[int, int]) -> dict[str, list[int]]:
     """A batch's plan as its record stores it: ``{"<partition>": [start, end]}``."""
     return {str(p): [int(begin[p]), int(ends[p])] for p in sorted(ends)}
@@ -158,6 +173,7 @@ def has_input(slices: Mapping[str, list[int]]) -> bool:
 __all__ = [
     "Trigger",
     "TriggerError",
+    "balanced_groups",
     "batch_ends",
     "begin_offsets",
     "capped",
