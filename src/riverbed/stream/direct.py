@@ -7,9 +7,10 @@ it runs, and each batch runs one Spark job over those slices:
 
 * **co-located** — the topic is keyed by the aggregation key with the key-hash
   partitioner and has as many partitions as the aggregation has state partitions, so
-  log partition *p* holds exactly the keys of state partition *p*. One task per
-  partition reads its slice (Arrow, vectorized), pre-aggregates, merges into state
-  partition *p* and commits. No shuffle, no event crosses into the JVM.
+  log partition *p* holds exactly the keys of state partition *p*. For each partition
+  a task (one per core, taking its share of the partitions) reads its slice (Arrow,
+  vectorized), pre-aggregates, merges into state partition *p* and commits. No
+  shuffle, no event crosses into the JVM.
 * **shuffled** — otherwise tasks read pieces of the slices and pre-aggregate, and only
   the per-(window, key) partials are shuffled to the state partitions (an RDD
   ``partitionBy`` on the state partition: AQE never coalesces it, and the partition
@@ -131,7 +132,8 @@ def _events(
 def colocated_task(
     cfg: DirectConfig, batch_id: int, watermark_ms: int, previous_watermark_ms: int
 ) -> Any:
-    """One task per state partition: read log partition p, merge into state partition p."""
+    """The work of one state partition p: read log partition p, merge into state
+    partition p (a task runs it for each partition of its group)."""
     spec = cfg.engine.spec
     n = spec.state_partitions
 
