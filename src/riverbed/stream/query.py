@@ -161,6 +161,8 @@ class DirectQuery:
                 self._stop.wait(self.trigger.interval_s)
                 continue
             batch_id, record = planned
+            if self._stop.is_set():  # stopped while planning: the plan waits for the next start
+                return
             plan_ms = round((time.perf_counter() - began) * 1000)
             record["ms"] = {"offsets": plan_ms}
             done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
