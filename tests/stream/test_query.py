@@ -14,8 +14,10 @@ import pytest
 
 import riverbed.log
 from riverbed.stream.engine import BatchLog
-from riverbed.stream.plan import TriggerError
+from riverbed.stream.job import committed_ends
+from riverbed.stream.plan import TriggerError, ends_of
 from riverbed.stream.runner import read_results, start
+from riverbed.ui.queries import _batch_row
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_direct import check, spec
 from tests.stream.test_engine import SCHEMA
@@ -118,14 +120,20 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
     spark_dir = tmp_path / "ckpt" / "spark"
     for directory in ("offsets", "commits"):
         (spark_dir / directory).mkdir(parents=True)
+    plans = {}
     for b in batches.ids():  # rewrite as the Spark-driven loop left them
         record = batches.get(b)
-        ends = {p: e for p, (_, e) in record.pop("slices").items()}
+        plans[b] = record.pop("slices")
+        ends = {p: e for p, (_, e) in plans[b].items()}
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
         (spark_dir / "offsets" / str(b)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps(ends)}")
         (spark_dir / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
         batches.put(b, record)
     old = batches.ids()
+    # the console's ledger and `stream status` place these batches through Spark's log
+    ckpt = tmp_path / "ckpt"
+    assert {b: _batch_row(ckpt, b, batches.get(b))["offsets"] for b in old} == plans
+    assert committed_ends(ckpt, [batches.get(old[-1])]) == ends_of(plans[old[-1]])
     write_events(log_url, second, partitions=3, key_field="flag")
     query = run(spark, log_url, tmp_path)
     query.awaitTermination(300)

@@ -50,7 +50,7 @@ from riverbed.stream.engine import (
     write_output,
 )
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
-from riverbed.stream.plan import balanced_groups
+from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.source import LogSlice, read_slice
 
 if TYPE_CHECKING:
@@ -283,25 +283,28 @@ def run_planned(
     return record
 
 
-def logged_slices(checkpoint: str, batch_id: int) -> list[LogSlice] | None:
-    """A batch's slices from Spark's write-ahead offset log, for checkpoints written
-    when a Spark streaming query drove this path (its batch records hold no slices).
-
-    Spark wrote ``offsets/<b>`` (the end offsets of batch *b*) before running *b*, and
-    batch *b* starts where *b - 1* ended, so the two files give exactly the slices the
-    batch read. ``None`` when they cannot tell (batch 0, files gone, an unexpected
-    format).
-    """
-    if batch_id == 0:
-        return None
-    directory = Path(checkpoint) / "spark" / "offsets"
+def spark_ends(checkpoint: str | Path, batch_id: int) -> dict[int, int] | None:
+    """Where batch ``batch_id`` ended in every log partition according to Spark's
+    write-ahead offset log (``spark/offsets/<b>``): for checkpoints written when a
+    Spark streaming query drove this path (their batch records hold no slices).
+    ``None`` when it cannot tell (file gone, an unexpected format)."""
     try:
-        end, start = (source_offsets(directory / str(b)) for b in (batch_id, batch_id - 1))
+        offsets = source_offsets(Path(checkpoint) / "spark" / "offsets" / str(batch_id))
     except (OSError, ValueError):
         return None
+    return None if offsets is None else {int(p): int(e) for p, e in offsets.items()}
+
+
+def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] | None:
+    """A batch's slices, as a batch record stores them, from Spark's offset log: batch
+    *b* started where *b - 1* ended. ``None`` when the log cannot tell (batch 0, files
+    gone, an unexpected format)."""
+    if batch_id == 0:
+        return None
+    end, start = spark_ends(checkpoint, batch_id), spark_ends(checkpoint, batch_id - 1)
     if end is None or start is None:
         return None
-    return [LogSlice(int(p), int(start.get(p, 0)), int(e)) for p, e in sorted(end.items())]
+    return slices_json({p: start.get(p, 0) for p in end}, end)
 
 
 def source_offsets(path: Path) -> dict[str, int] | None:

@@ -221,7 +221,7 @@ def status(job: Job) -> dict[str, Any]:
 def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict[int, int]:
     """Where the newest finished batch ended, per log partition: its recorded plan, or
     for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
-    from riverbed.stream.direct import source_offsets
+    from riverbed.stream.direct import spark_ends
     from riverbed.stream.plan import ends_of
 
     done = next((d for d in newest_first if d.get("done")), None)
@@ -229,13 +229,7 @@ def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict
         return ends_of(done["slices"])
     commits = checkpoint / "spark" / "commits"
     numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
-    if not numbered:
-        return {}
-    try:
-        offsets = source_offsets(checkpoint / "spark" / "offsets" / str(numbered[-1]))
-    except (OSError, ValueError):
-        return {}
-    return {int(p): int(e) for p, e in (offsets or {}).items()}
+    return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
 
 
 def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:

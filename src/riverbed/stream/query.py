@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.state.errors import CorruptStateError
-from riverbed.stream.direct import DirectConfig, logged_slices, run_planned, source_offsets
+from riverbed.stream.direct import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.engine import BatchLog, next_record
 from riverbed.stream.plan import (
     Trigger,
@@ -143,9 +143,8 @@ class DirectQuery:
             self._done.set()
 
     def _retained(self, topic_log: Any) -> dict[int, tuple[int, int]]:
-        topic = self.cfg.options["topic"]
-        partitions = topic_log.topic(topic).partitions
-        return {p: topic_log.storage.offsets(topic, p) for p in range(partitions)}
+        """(first retained, end) offset of every partition of the topic."""
+        return {o.partition: (o.start, o.end) for o in topic_log.offsets(self.cfg.options["topic"])}
 
     def _loop(self, topic_log: Any) -> None:
         target = None
@@ -184,9 +183,9 @@ class DirectQuery:
         if newest is not None and not newest.get("done"):
             if "slices" in newest:
                 return ids[-1], newest  # re-run exactly what was planned
-            legacy = logged_slices(self.cfg.engine.checkpoint, ids[-1])
+            legacy = spark_slices(self.cfg.engine.checkpoint, ids[-1])
             if legacy is not None:
-                newest["slices"] = {str(s.partition): [s.start, s.end] for s in legacy}
+                newest["slices"] = legacy
                 newest.setdefault("co_located", self._co_located(newest["slices"]))
                 self.batches.put(ids[-1], newest)
                 return ids[-1], newest
@@ -218,19 +217,16 @@ class DirectQuery:
         the Spark-driven loop, Spark's offset log."""
         if "slices" in record:
             return ends_of(record["slices"])
-        path = Path(self.cfg.engine.checkpoint) / "spark" / "offsets" / str(batch_id)
-        try:
-            offsets = source_offsets(path)
-        except (OSError, ValueError):
-            offsets = None
-        if offsets is None:
+        ends = spark_ends(self.cfg.engine.checkpoint, batch_id)
+        if ends is None:
+            path = Path(self.cfg.engine.checkpoint) / "spark" / "offsets" / str(batch_id)
             raise CorruptStateError(
                 f"batch {batch_id} of '{self.name}' does not record which offsets it read, "
                 f"and Spark's offset log ({path}) cannot tell either: restore the "
                 "checkpoint from a backup or start on a new one (docs/stream.md, "
                 "'Failure model')"
             )
-        return {int(p): int(e) for p, e in offsets.items()}
+        return ends
 
     def _report(self, batch_id: int, record: dict[str, Any], began: float, plan_ms: int) -> None:
         ms = record.get("ms", {})

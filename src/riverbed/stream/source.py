@@ -423,10 +423,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ends(self) -> dict[str, tuple[int, int]]:
         log = _open(self.options)
-        topic = self.options["topic"]
-        out = {str(p): log.storage.offsets(topic, p) for p in range(log.topic(topic).partitions)}
-        log.close()
-        return out
+        try:
+            return {str(o.partition): (o.start, o.end) for o in log.offsets(self.options["topic"])}
+        finally:
+            log.close()
 
     def initialOffset(self) -> dict[str, int]:
         return begin_offsets(self._ends(), None, self.starting)

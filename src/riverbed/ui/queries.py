@@ -397,18 +397,6 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     return out
 
 
-def _ends(checkpoint: Path, batch_id: int) -> dict[str, int] | None:
-    """The source's end offsets per partition after ``batch_id`` in Spark's offset log
-    (checkpoints of the Spark-driven loop, before batches recorded their slices)."""
-    from riverbed.stream.direct import source_offsets
-
-    path = checkpoint / "spark" / "offsets" / str(batch_id)
-    try:
-        return source_offsets(path)
-    except (OSError, ValueError):
-        return None
-
-
 def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
     """One ledger line: what the batch read (offsets per log partition, from the
     previous batch's ends to its own), the state version it committed, its time."""
@@ -418,13 +406,12 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
     if "slices" in record:  # the plan the batch recorded before it ran
         offsets = {p: [int(s), int(e)] for p, (s, e) in record["slices"].items()}
     else:  # a batch of the Spark-driven loop: Spark's offset log
-        ends = _ends(checkpoint, batch_id)
-        before = _ends(checkpoint, batch_id - 1) if batch_id > 0 else {}
-        offsets = (
-            {p: [int((before or {}).get(p, 0)), int(end)] for p, end in sorted(ends.items())}
-            if ends is not None
-            else None
-        )
+        from riverbed.stream.direct import spark_ends
+        from riverbed.stream.plan import slices_json
+
+        ends = spark_ends(checkpoint, batch_id)
+        before = (spark_ends(checkpoint, batch_id - 1) if batch_id > 0 else None) or {}
+        offsets = None if ends is None else slices_json({p: before.get(p, 0) for p in ends}, ends)
     return {
         "batch": batch_id,
         "done": bool(record.get("done")),
