@@ -71,6 +71,8 @@ class DirectConfig:
     options: dict[str, str]  # source options: topic, log, ...
     schema: Any  # StructType: value fields + the source's metadata columns
     co_located: bool
+    max_records: int | None = None  # maxRecordsPerBatch (None: no bound)
+    starting: str = "earliest"  # startingOffsets: where a first batch starts
 
 
 @dataclass
@@ -249,12 +251,18 @@ def run_batch(
 
 
 def run_planned(
-    spark: Any, cfg: DirectConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
+    spark: Any,
+    cfg: DirectConfig,
+    batches: BatchLog,
+    batch_id: int,
+    record: dict[str, Any],
+    plan_ms: int = 0,
 ) -> dict[str, Any]:
     """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
     written durably before this call): merge into state version ``batch_id``, write the
     side topics, the result table and the sinks, and record the batch as done. A re-run
     of the same record commits the same state version and replaces the same output.
+    ``plan_ms`` is what planning it took (recorded with the batch's other phases).
     Returns the finished record."""
     began = time.perf_counter()
     slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record["slices"].items()]
@@ -274,7 +282,7 @@ def run_planned(
     write_output(cfg.engine.output, cfg.engine.spec, batch_id, rows)
     publish(cfg.engine, batch_id, rows)
     record["ms"] = {  # where the batch's time went, for `riverbed stream status`
-        "offsets": int(record.get("ms", {}).get("offsets", 0)),  # planning (the loop's)
+        "offsets": plan_ms,
         "state_job": round((merged - began) * 1000),
         "outputs": round((time.perf_counter() - merged) * 1000),
     }
@@ -361,7 +369,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
 
     if "topic" not in options:
         raise ValueError('a riverbed source needs {"topic": NAME, ...}')
-    source_limits({k.lower(): v for k, v in options.items()})  # named errors, early
+    max_records, starting = source_limits({k.lower(): v for k, v in options.items()})
     topic_log = riverbed.log.open(options["log"])
     try:
         if options["topic"] not in topic_log.topics():
@@ -385,4 +393,4 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )
-    return DirectConfig(config, options, schema, co_located)
+    return DirectConfig(config, options, schema, co_located, max_records, starting)

@@ -44,7 +44,6 @@ from riverbed.stream.plan import (
     ends_of,
     has_input,
     slices_json,
-    source_limits,
 )
 
 log = logging.getLogger(__name__)
@@ -61,9 +60,6 @@ class DirectQuery:
         self.trigger = trigger
         self.name = cfg.engine.spec.name
         self.id = str(uuid.uuid4())
-        self.max_records, self.starting = source_limits(
-            {k.lower(): v for k, v in cfg.options.items()}
-        )
         self.batches = BatchLog(cfg.engine.checkpoint, cfg.engine.fence)
         self._group = f"riverbed-{self.name}-{self.id}"
         self._stop = threading.Event()
@@ -163,8 +159,7 @@ class DirectQuery:
             if self._stop.is_set():  # stopped while planning: the plan waits for the next start
                 return
             plan_ms = round((time.perf_counter() - began) * 1000)
-            record["ms"] = {"offsets": plan_ms}
-            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
+            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record, plan_ms)
             self._report(batch_id, done, began, plan_ms)
             if not self.trigger.available_now:
                 rest = self.trigger.interval_s - (time.perf_counter() - began)
@@ -201,8 +196,10 @@ class DirectQuery:
             if newest is not None:
                 previous_ends = self._ends(ids[-1], newest)
         retained = self._retained(topic_log)
-        begin = begin_offsets(retained, previous_ends, self.starting)
-        slices = slices_json(begin, batch_ends(begin, capped(retained, target), self.max_records))
+        begin = begin_offsets(retained, previous_ends, self.cfg.starting)
+        slices = slices_json(
+            begin, batch_ends(begin, capped(retained, target), self.cfg.max_records)
+        )
         if not has_input(slices):
             return None
         record = base | {"slices": slices, "co_located": self._co_located(slices)}
