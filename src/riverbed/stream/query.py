@@ -52,7 +52,8 @@ PROGRESS_KEPT = 100  # like spark.sql.streaming.numRecentProgressUpdates
 
 
 class DirectQuery:
-    """One log-native aggregation running on a driver thread (see the module doc)."""
+    """One log-native aggregation running on a driver thread (see the module doc);
+    constructing it starts the loop and returns at once, like ``writeStream.start()``."""
 
     def __init__(self, spark: Any, cfg: DirectConfig, trigger: Trigger) -> None:
         self.spark = spark
@@ -246,9 +247,4 @@ class DirectQuery:
         del self._progress[:-PROGRESS_KEPT]
 
 
-def start_direct(spark: Any, cfg: DirectConfig, trigger: Trigger) -> DirectQuery:
-    """Start the loop; returns at once, like ``writeStream.start()``."""
-    return DirectQuery(spark, cfg, trigger)
-
-
-__all__ = ["DirectQuery", "start_direct"]
+__all__ = ["DirectQuery"]

@@ -193,9 +193,9 @@ def start(
     if options is not None:  # riverbed's own trigger loop (stream/query.py)
         from riverbed.stream.direct import prepare
         from riverbed.stream.plan import parse_trigger
-        from riverbed.stream.query import start_direct
+        from riverbed.stream.query import DirectQuery
 
-        return start_direct(spark, prepare(config, options), parse_trigger(trigger))
+        return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
     _clear_unfinished_start(checkpoint / "spark")
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
