@@ -7,8 +7,9 @@ riverbed topic (4 partitions keyed by flag) and as Parquet files in time order. 
 streaming path runs ``--batches`` micro-batches (AvailableNow) to the same result.
 
 * riverbed exact / HLL / adaptive: the log-native path (state tasks read the topic;
-  co-located, no shuffle), and exact also shuffled (``co_locate=false``) and through
-  the ``format("riverbed")`` DataFrame source;
+  co-located, no shuffle), exact and HLL also without work stealing (``steal=false``:
+  what it gains on skewed flags), and exact also shuffled (``co_locate=false``) and
+  through the ``format("riverbed")`` DataFrame source;
 * Spark's streaming paths, state in the RocksDB provider: ``size(collect_set)`` and
   ``hll_sketch_agg`` (from the riverbed source and from Parquet files),
   ``applyInPandasWithState`` and ``transformWithStateInPandas`` (Roaring bitmap per
@@ -130,7 +131,9 @@ def riverbed_path(
         source: Any = riverbed_source(spark, url, per_batch)
     else:
         source = {"topic": "clicks", "log": url, "maxRecordsPerBatch": str(per_batch)}
-        source |= {"schema": SCHEMA, "co_locate": "true" if how == "colocated" else "false"}
+        source |= {"schema": SCHEMA, "co_locate": "false" if how == "shuffled" else "true"}
+        if how == "no-steal":
+            source["steal"] = "false"
     queries: list[Any] = []
 
     def run() -> None:
@@ -169,6 +172,8 @@ def trigger_breakdown(root: Path, mode: str, seconds: float) -> dict[str, float]
     out = {"batches": float(n), "trigger": seconds * 1000 / max(n, 1)}
     for phase in ("offsets", "state_job", "outputs"):
         out[phase] = sum(r["ms"].get(phase, 0) for r in done) / max(n, 1)
+    # the share of the input read by a task for another task's state partition
+    out["helped"] = sum(r.get("helped", 0) for r in done) / max(sum(r["input"] for r in done), 1)
     out["other"] = out["trigger"] - out["offsets"] - out["state_job"] - out["outputs"]
     progress = [
         d for d in PROGRESS.get(str(root / f"bench_{mode}_colocated"), []) if "addBatch" in d
@@ -426,11 +431,13 @@ def main() -> None:
                 )
             )
         variants = [("exact", "colocated"), ("hll", "colocated"), ("adaptive", "colocated")]
+        variants += [("exact", "no-steal"), ("hll", "no-steal")]  # what work stealing gains
         if not args.quick:
             variants += [("exact", "shuffled"), ("exact", "dataframe")]
         titles = {
             "colocated": "",
             "shuffled": ", shuffled (co_locate=false)",
+            "no-steal": ", no work stealing (steal=false)",
             "dataframe": ", via the riverbed DataFrame source",
         }
         for mode, how in variants:
@@ -522,13 +529,18 @@ def main() -> None:
         print(
             f"{mode}: fixed ≈ {small['trigger']:.0f} ms per trigger, per event ≈ "
             f"{per_event_us:.2f} µs; fixed share at {per_batch:,}/trigger: "
-            f"{small['trigger'] / big['trigger']:.0%}"
+            f"{small['trigger'] / big['trigger']:.0%}; read by a helping task: "
+            f"{big['helped']:.0%} of the input"
         )
     batch = rate["Spark batch count(distinct), parquet"]
     print(
         f"{'riverbed exact / Spark batch count(distinct), Parquet':52} "
         f"{rate['riverbed exact'] / batch:5.2f}x (target 1.0x)"
     )
+    for mode, label in (("exact", "exact"), ("hll", "HLL")):
+        without = rate[f"riverbed {mode}, no work stealing (steal=false)"]
+        stealing = rate[f"riverbed {mode}"] / without
+        print(f"{f'riverbed {label}: with / without work stealing':52} {stealing:5.2f}x")
 
 
 if __name__ == "__main__":

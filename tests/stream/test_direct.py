@@ -108,6 +108,8 @@ def test_bad_source_options_are_named(spark: Any, log_url: str, tmp_path: Path) 
         prepare(config, {"topic": "events", "log": log_url, "schema": "user_id long"})
     with pytest.raises(ValueError, match="co_locate must be"):
         prepare(config, {"topic": "events", "log": log_url, "co_locate": "maybe"})
+    with pytest.raises(ValueError, match="steal must be true or false, not 'sometimes'"):
+        prepare(config, {"topic": "events", "log": log_url, "steal": "sometimes"})
     with pytest.raises(ValueError, match="co_locate=true needs"):
         prepare(
             EngineConfig(spec(2), config.state, config.checkpoint, config.output),

@@ -51,7 +51,8 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
-from riverbed.stream.source import LogSlice, read_slice
+from riverbed.stream.source import LogSlice, open_log, read_slice
+from riverbed.stream.steal import PIECE, Board, split, steal_order
 
 if TYPE_CHECKING:
     from riverbed.log import Log
@@ -73,6 +74,8 @@ class DirectConfig:
     co_located: bool
     max_records: int | None = None  # maxRecordsPerBatch (None: no bound)
     starting: str = "earliest"  # startingOffsets: where a first batch starts
+    steal: bool = True  # co-located tasks done early help the others (steal.py)
+    piece_records: int = PIECE  # co-located tasks claim and help with pieces this big
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Side:
     late: int = 0
     malformed: int = 0
     max_event_ms: int | None = None
+    helped: int = 0  # records read for another task's state partition (steal.py)
     late_rows: list[pd.DataFrame] = field(default_factory=list)
     dlq_rows: list[pd.DataFrame] = field(default_factory=list)
 
@@ -95,19 +99,20 @@ class Side:
         self.input += other.input
         self.late += other.late
         self.malformed += other.malformed
+        self.helped += other.helped
         self.saw(other.max_event_ms)
         self.late_rows += other.late_rows
         self.dlq_rows += other.dlq_rows
 
 
 def _events(
-    cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side
+    cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side, topic_log: Any = None
 ) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
     """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
-    the rest is counted in ``side``."""
+    the rest is counted in ``side``. ``topic_log``: an open log to read through."""
     spec = cfg.engine.spec
     hop, size = spec.window.hop_ms, spec.window.size_ms
-    for batch in read_slice(cfg.options, cfg.schema, piece):
+    for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
         if errors.null_count < batch.num_rows:  # malformed records in this batch
@@ -132,17 +137,24 @@ def _events(
 
 
 def colocated_task(
-    cfg: DirectConfig, batch_id: int, watermark_ms: int, previous_watermark_ms: int
+    cfg: DirectConfig,
+    batch_id: int,
+    watermark_ms: int,
+    previous_watermark_ms: int,
+    groups: list[list[LogSlice]],
+    board: Board | None,
 ) -> Any:
-    """The work of one state partition p: read log partition p, merge into state
-    partition p (a task runs it for each partition of its group)."""
+    """The work of task ``index``: for each state partition p of ``groups[index]``,
+    read log partition p's slice, merge into state partition p; then help the other
+    tasks with the pieces of their slices nobody has claimed yet (:mod:`riverbed.
+    stream.steal`; no board: no helping, one task or one partition)."""
     spec = cfg.engine.spec
     n = spec.state_partitions
 
-    def run(piece: LogSlice) -> tuple[pd.DataFrame, Side]:
+    def compute(topic_log: Any, piece: LogSlice) -> tuple[list[Partial], Side]:
         side = Side()
         partials: list[Partial] = []
-        for pdf, ts in _events(cfg, piece, watermark_ms, side):
+        for pdf, ts in _events(cfg, piece, watermark_ms, side, topic_log):
             owners = state_partition_of(pdf[spec.key], n)
             stray = owners != piece.partition
             if stray.any():
@@ -155,10 +167,41 @@ def colocated_task(
                     'co_locate="false" to shuffle partials instead.'
                 )
             partials += partials_of(spec, pdf, watermark_ms, ts)
+        return partials, side
+
+    def own(topic_log: Any, owned: LogSlice) -> tuple[pd.DataFrame, Side]:
+        pieces = split(owned, cfg.piece_records)
+        results: list[tuple[list[Partial], Side] | None] = [
+            compute(topic_log, piece) if board is None or board.claim(piece) else None
+            for piece in pieces
+        ]
+        side = Side()
+        partials: list[Partial] = []
+        for piece, result in zip(pieces, results, strict=True):
+            if result is None:  # a helper claimed it: take what it computed
+                assert board is not None
+                result = board.take(piece) or compute(topic_log, piece)
+            partials += result[0]
+            side.add(result[1])
         rows = merge_partition(
-            cfg.engine, piece.partition, batch_id, watermark_ms, previous_watermark_ms, partials
+            cfg.engine, owned.partition, batch_id, watermark_ms, previous_watermark_ms, partials
         )
         return rows, side
+
+    def run(index: int) -> list[tuple[pd.DataFrame, Side]]:
+        topic_log = open_log(cfg.options)
+        try:
+            out = [own(topic_log, owned) for owned in groups[index]]
+            if board is not None:
+                helped = Side()
+                for piece in steal_order(groups, index, cfg.piece_records):
+                    if board.claim(piece):
+                        board.put(piece, compute(topic_log, piece))
+                        helped.helped += piece.end - piece.start
+                out.append((empty_rows(spec), helped))
+            return out
+        finally:
+            topic_log.close()
 
     return run
 
@@ -210,17 +253,23 @@ def run_batch(
     side = Side()
     frames = []
     if record["co_located"]:
-        task = colocated_task(cfg, batch_id, watermark, previous)
         by_partition = {s.partition: s for s in slices}
         work = [by_partition.get(p, LogSlice(p, 0, 0)) for p in range(n)]
         # One task per core, not per partition: a PySpark task costs ~50-100 ms to
         # launch here whatever it does, so 4 partitions on 2 cores in 4 tasks paid that
         # twice a core. The partitions are spread by size, biggest first
-        # (longest-processing-time), and each task merges its partitions in turn.
+        # (longest-processing-time), each task merges its partitions in turn, and a
+        # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
-        for group_rows in (
-            sc.parallelize(groups, len(groups)).map(lambda g: [task(s) for s in g]).collect()
-        ):
+        helping = cfg.steal and len(groups) > 1
+        board = Board.create(cfg.engine.checkpoint, batch_id) if helping else None
+        task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
+        try:
+            results = sc.parallelize(range(len(groups)), len(groups)).map(task).collect()
+        finally:
+            if board is not None:
+                board.remove()
+        for group_rows in results:
             for rows, part_side in group_rows:
                 frames.append(rows)
                 side.add(part_side)
@@ -271,7 +320,7 @@ def run_planned(
     merged = time.perf_counter()
     if side.max_event_ms is not None:
         record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
-    record.update(late=side.late, malformed=side.malformed)
+    record.update(late=side.late, malformed=side.malformed, helped=side.helped)
     late = pd.concat(side.late_rows) if side.late_rows else None
     dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
     if late is not None or dlq is not None:
@@ -370,6 +419,9 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     if "topic" not in options:
         raise ValueError('a riverbed source needs {"topic": NAME, ...}')
     max_records, starting = source_limits({k.lower(): v for k, v in options.items()})
+    steal = str(options.get("steal", "true")).lower()
+    if steal not in ("true", "false"):
+        raise ValueError(f"steal must be true or false, not {steal!r}")
     topic_log = riverbed.log.open(options["log"])
     try:
         if options["topic"] not in topic_log.topics():
@@ -393,4 +445,4 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )
-    return DirectConfig(config, options, schema, co_located, max_records, starting)
+    return DirectConfig(config, options, schema, co_located, max_records, starting, steal == "true")

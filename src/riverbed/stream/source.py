@@ -74,7 +74,7 @@ def _log_url(options: dict[str, str]) -> str:
     return load_config().log_url
 
 
-def _open(options: dict[str, str]) -> Any:
+def open_log(options: dict[str, str]) -> Any:
     import riverbed.log
 
     return riverbed.log.open(_log_url(options))
@@ -118,7 +118,7 @@ def value_schema(options: dict[str, str]) -> StructType | str:
         if clash:
             raise ValueError(f"value field(s) {clash} clash with the source's own columns")
         return options["schema"]
-    log = _open(options)
+    log = open_log(options)
     topic = options["topic"]
     typed: str | None = log.topic(topic).schema
     if typed is not None:
@@ -156,9 +156,15 @@ class LogSlice(InputPartition):
 CHUNK = 50_000  # records per Arrow batch
 
 
-def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> Iterator[Any]:
-    """Yield Arrow record batches of ``schema`` for one slice (runs on executors)."""
-    log = _open(options)
+def read_slice(
+    options: dict[str, str], schema: StructType, part: LogSlice, log: Any = None
+) -> Iterator[Any]:
+    """Yield Arrow record batches of ``schema`` for one slice (runs on executors).
+    ``log``: an open log to read through (a task reading many slices opens it once);
+    by default the options' log is opened and closed here."""
+    own = log is None
+    if own:
+        log = open_log(options)
     lo, hi = options.get("fromms"), options.get("toms")
     try:
         topic = options["topic"]
@@ -172,7 +178,8 @@ def read_slice(options: dict[str, str], schema: StructType, part: LogSlice) -> I
             if len(columns):
                 yield to_arrow(columns, part.partition, schema, serde)
     finally:
-        log.close()
+        if own:
+            log.close()
 
 
 def _in_time(columns: Columns, lo: str | None, hi: str | None) -> Columns:
@@ -401,7 +408,7 @@ class BatchReader(DataSourceReader):
                     f"ranges must be JSON [[partition, start, end], ...], not {ranges!r}"
                 ) from exc
             return [s for s in given if s.end > s.start] or [LogSlice(0, 0, 0)]
-        log = _open(self.options)
+        log = open_log(self.options)
         topic = self.options["topic"]
         slices = [
             LogSlice(p, *log.storage.offsets(topic, p)) for p in range(log.topic(topic).partitions)
@@ -422,7 +429,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records, self.starting = source_limits(options)
 
     def _ends(self) -> dict[str, tuple[int, int]]:
-        log = _open(self.options)
+        log = open_log(self.options)
         try:
             return {str(o.partition): (o.start, o.end) for o in log.offsets(self.options["topic"])}
         finally:

@@ -1,0 +1,225 @@
+"""Work stealing between co-located tasks: the pure plan (pieces, who tries what in
+which order), the claim board, and the task protocol run by hand in the orders Spark
+may run it in — a helper first, an owner whose helper was lost — then through Spark."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import riverbed.log
+from riverbed.state import StateConfig
+from riverbed.stream.direct import DirectConfig, colocated_task, prepare, run_planned
+from riverbed.stream.engine import BatchLog, EngineConfig, next_record
+from riverbed.stream.plan import balanced_groups
+from riverbed.stream.runner import read_results
+from riverbed.stream.source import LogSlice
+from riverbed.stream.steal import HANDOFF, Board, split, steal_order
+from tests.stream.conftest import make_events, write_events
+from tests.stream.test_direct import check, spec
+from tests.stream.test_engine import SCHEMA
+
+slices = st.builds(
+    lambda p, start, n: LogSlice(p, start, start + n),
+    st.integers(0, 20),
+    st.integers(0, 10_000),
+    st.integers(0, 5_000),
+)
+
+
+@given(slices, st.integers(1, 700))
+def test_pieces_tile_their_slice_in_order(piece: LogSlice, size: int) -> None:
+    pieces = split(piece, size)
+    assert [p.partition for p in pieces] == [piece.partition] * len(pieces)
+    covered = [offset for p in pieces for offset in range(p.start, p.end)]
+    assert covered == list(range(piece.start, piece.end))
+    assert all(0 < p.end - p.start <= size for p in pieces)
+    assert all(p.end - p.start == size for p in pieces[:-1])
+
+
+def test_a_piece_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        split(LogSlice(0, 0, 10), 0)
+
+
+@given(
+    st.lists(st.integers(0, 3_000), min_size=1, max_size=9),
+    st.integers(1, 4),
+    st.integers(50, 900),
+    st.data(),
+)
+def test_a_helper_tries_every_other_piece_once_from_the_far_end(
+    sizes: list[int], tasks: int, size: int, data: st.DataObject
+) -> None:
+    work = [LogSlice(p, 100 * p, 100 * p + n) for p, n in enumerate(sizes)]
+    groups = balanced_groups(work, lambda s: s.end - s.start, tasks)
+    me = data.draw(st.integers(0, len(groups) - 1))
+    order = steal_order(groups, me, size)
+    others = [s for i, g in enumerate(groups) if i != me for s in g]
+    # exactly the other tasks' pieces, each once, none of its own
+    assert Counter(order) == Counter(p for s in others for p in split(s, size))
+    mine = {s.partition for s in groups[me]}
+    assert not any(p.partition in mine for p in order)
+    # within a partition back to front; an owner's partitions last-processed first
+    for i, group in enumerate(groups):
+        if i == me:
+            continue
+        seen = [p for p in order if p.partition in {s.partition for s in group}]
+        parts = list(dict.fromkeys(p.partition for p in seen))
+        assert parts == [s.partition for s in reversed(group) if s.end > s.start]
+        for part in parts:
+            starts = [p.start for p in seen if p.partition == part]
+            assert starts == sorted(starts, reverse=True)
+    # the most loaded task is helped first
+    loads = [sum(s.end - s.start for s in g) for g in groups]
+    first = {p.partition for p in order[:1]}
+    if first:
+        owner = next(i for i, g in enumerate(groups) if first & {s.partition for s in g})
+        assert loads[owner] == max(loads[i] for i in range(len(groups)) if i != me)
+
+
+def test_only_one_of_many_claimers_wins_a_piece(tmp_path: Path) -> None:
+    board = Board.create(tmp_path / "ckpt", 7)
+    piece = LogSlice(2, 100, 200)
+    wins: list[bool] = []
+    go = threading.Barrier(16)
+
+    def claim() -> None:
+        go.wait()
+        wins.append(board.claim(piece))
+
+    threads = [threading.Thread(target=claim) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wins) == [False] * 15 + [True]
+    assert board.claim(LogSlice(2, 200, 300))  # another piece is its own claim
+
+
+def test_a_handed_over_result_is_taken_whole_and_a_missing_one_times_out(
+    tmp_path: Path,
+) -> None:
+    board = Board.create(tmp_path / "ckpt", 3)
+    board.wait_s = 0.2
+    piece = LogSlice(0, 0, 50)
+    result = ([(0, "f1", {"events": 3})], {"input": 3})
+    board.put(piece, result)
+    assert board.take(piece) == result
+    assert board.take(LogSlice(0, 50, 100)) is None  # claimed by nobody who answers
+    assert not list(board.root.glob("*.tmp"))
+
+
+def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None:
+    first = Board.create(tmp_path / "ckpt", 1)
+    first.claim(LogSlice(0, 0, 10))
+    second = Board.create(tmp_path / "ckpt", 1)
+    assert second.root != first.root and second.claim(LogSlice(0, 0, 10))
+    Board.create(tmp_path / "ckpt", 2, stale_s=-1)  # everything older than now is stale
+    parent = tmp_path / "ckpt" / "riverbed" / HANDOFF
+    assert len(list(parent.iterdir())) == 1
+    second.remove()
+    assert not second.root.exists()
+
+
+@pytest.fixture
+def setup(spark: Any, log_url: str, tmp_path: Path) -> tuple[DirectConfig, pd.DataFrame]:
+    events = make_events(3000, hours=3)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    config = EngineConfig(
+        spec(3),
+        StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "out"),
+    )
+    cfg = prepare(config, {"topic": "events", "log": log_url, "schema": SCHEMA})
+    assert cfg.co_located
+    return dataclasses.replace(cfg, piece_records=100), events
+
+
+def batch_groups(log_url: str) -> list[list[LogSlice]]:
+    ends = riverbed.log.open(log_url).offsets("events")
+    work = [LogSlice(p.partition, 0, p.end) for p in ends]
+    return balanced_groups(work, lambda s: s.end - s.start, 2)
+
+
+def rows_and_input(results: list[list[tuple[pd.DataFrame, Any]]]) -> tuple[pd.DataFrame, int]:
+    pairs = [pair for result in results for pair in result]
+    rows = pd.concat([r for r, _ in pairs if len(r)], ignore_index=True)
+    return rows, sum(side.input for _, side in pairs)
+
+
+@pytest.mark.spark
+def test_a_helper_that_runs_first_reads_the_owners_pieces_and_the_owner_merges_them(
+    setup: tuple[DirectConfig, pd.DataFrame], log_url: str
+) -> None:
+    """One core: task 1 runs before task 0 starts, so it claims all of task 0's pieces
+    and hands them over; task 0 merges them (in piece order) and counts their input
+    once. The emitted rows equal the oracle's."""
+    cfg, events = setup
+    groups = batch_groups(log_url)
+    board = Board.create(cfg.engine.checkpoint, 0)
+    task = colocated_task(cfg, 0, 0, 0, groups, board)
+    helper = task(1)
+    owner = task(0)
+    helped = helper[-1][1]
+    assert helped.helped == sum(s.end - s.start for s in groups[0]) > 0
+    assert sum(side.helped for _, side in owner) == 0  # nothing left to help with
+    rows, counted = rows_and_input([helper, owner])
+    assert counted == len(events)  # stolen pieces counted by their owner, once
+    check(rows, events)
+
+
+@pytest.mark.spark
+def test_an_owner_computes_a_piece_itself_when_its_helper_is_lost(
+    setup: tuple[DirectConfig, pd.DataFrame], log_url: str
+) -> None:
+    """A helper claimed a piece and died before handing it over: the owner waits
+    ``wait_s``, computes the piece itself, and the result is still exact."""
+    cfg, events = setup
+    groups = batch_groups(log_url)
+    board = Board.create(cfg.engine.checkpoint, 0)
+    board.wait_s = 0.3
+    lost = split(groups[0][-1], cfg.piece_records)[-1]
+    assert board.claim(lost)  # the lost helper's claim, with no result ever
+    task = colocated_task(cfg, 0, 0, 0, groups, board)
+    rows, counted = rows_and_input([task(0), task(1)])
+    assert counted == len(events)
+    check(rows, events)
+
+
+@pytest.mark.spark
+def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
+    spark: Any, setup: tuple[DirectConfig, pd.DataFrame], log_url: str, tmp_path: Path
+) -> None:
+    """Two batches through Spark with 100-record pieces (both tasks claim and may help
+    each other as they run): exact results, every record counted once, each batch's
+    board removed."""
+    cfg, events = setup
+    batches = BatchLog(cfg.engine.checkpoint)
+    ends = riverbed.log.open(log_url).offsets("events")
+    plans = [
+        {str(p.partition): [0, p.end // 2] for p in ends},
+        {str(p.partition): [p.end // 2, p.end] for p in ends},
+    ]
+    inputs = []
+    for batch_id, slices in enumerate(plans):
+        record = next_record(batches, batch_id, cfg.engine.spec) | {
+            "slices": slices,
+            "co_located": True,
+        }
+        batches.put(batch_id, record)
+        done = run_planned(spark, cfg, batches, batch_id, record | {"done": False})
+        inputs.append(done["input"])
+        assert 0 <= done["helped"] <= done["input"]
+    assert sum(inputs) == len(events)
+    check(read_results(tmp_path / "out"), events)
+    assert not list((Path(cfg.engine.checkpoint) / "riverbed" / HANDOFF).iterdir())
