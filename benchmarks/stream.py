@@ -132,7 +132,7 @@ def riverbed_path(
     else:
         source = {"topic": "clicks", "log": url, "maxRecordsPerBatch": str(per_batch)}
         source |= {"schema": SCHEMA, "co_locate": "false" if how == "shuffled" else "true"}
-        if how == "no-steal":
+        if how == "nosteal":
             source["steal"] = "false"
     queries: list[Any] = []
 
@@ -431,13 +431,13 @@ def main() -> None:
                 )
             )
         variants = [("exact", "colocated"), ("hll", "colocated"), ("adaptive", "colocated")]
-        variants += [("exact", "no-steal"), ("hll", "no-steal")]  # what work stealing gains
+        variants += [("exact", "nosteal"), ("hll", "nosteal")]  # what work stealing gains
         if not args.quick:
             variants += [("exact", "shuffled"), ("exact", "dataframe")]
         titles = {
             "colocated": "",
             "shuffled": ", shuffled (co_locate=false)",
-            "no-steal": ", no work stealing (steal=false)",
+            "nosteal": ", no work stealing (steal=false)",
             "dataframe": ", via the riverbed DataFrame source",
         }
         for mode, how in variants:
