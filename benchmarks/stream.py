@@ -1,6 +1,7 @@
 """Hourly distinct users per flag, streaming: riverbed vs Spark's own paths, same run.
 
     .venv/bin/python benchmarks/stream.py [--events 2000000] [--batches 10] [--quick]
+    .venv/bin/python benchmarks/stream.py --only riverbed --repeat 4   # stealing A/B
 
 One dataset (``--events`` over 24 h, 50 skewed flags, ~500k users), stored twice: in a
 riverbed topic (4 partitions keyed by flag) and as Parquet files in time order. Every
@@ -20,7 +21,8 @@ streaming path runs ``--batches`` micro-batches (AvailableNow) to the same resul
 Every streaming path is warmed up once on a small dataset, then timed ``--repeat``
 times in rounds over all paths; the median is reported. Prints seconds and events/s
 per path, and riverbed's ratios against Spark's fastest exact and fastest HLL
-streaming path of this run (the target is 1.5x).
+streaming path of this run (the target is 1.5x). ``--only riverbed`` runs just
+riverbed exact and HLL with and without work stealing, in interleaved rounds.
 """
 
 from __future__ import annotations
@@ -310,6 +312,11 @@ def main() -> None:
     parser.add_argument(
         "--flags", choices=["zipf", "uniform"], default="zipf", help="how flags are spread"
     )
+    parser.add_argument(
+        "--only",
+        choices=["riverbed"],
+        help="only riverbed's co-located paths, with and without work stealing (A/B rounds)",
+    )
     args = parser.parse_args()
     n, per_batch = args.events, args.events // args.batches
     typed = args.topic == "typed"
@@ -353,43 +360,45 @@ def main() -> None:
             rows.append((group, name, seconds))
             print(f"  {name}: {seconds:.1f} s", flush=True)
 
-        for kind in ("parquet", "riverbed source"):
+        spark_paths = args.only is None
+        for kind in ("parquet", "riverbed source") if spark_paths else ():
             for distinct in ("exact", "approx"):
                 spark_batch_path(batch_df(kind, warm_up=True), distinct)
-        add(
-            "limit",
-            "pandas groupby().nunique() (in memory)",
-            timed(
-                lambda: (
-                    events.assign(w=events["ts"].dt.floor("1h"))
-                    .groupby(["w", "flag"])["user_id"]
-                    .nunique()
-                )
-            ),
-        )
-        add(
-            "limit",
-            "Spark batch count(distinct), parquet",
-            spark_batch_path(batch_df("parquet"), "exact"),
-        )
-        if not args.quick:
-            add("limit", "DuckDB count(DISTINCT) over Parquet", duckdb_path(parquet))
-            for source in ("parquet", "riverbed source"):
-                if source != "parquet":
+        if spark_paths:
+            add(
+                "limit",
+                "pandas groupby().nunique() (in memory)",
+                timed(
+                    lambda: (
+                        events.assign(w=events["ts"].dt.floor("1h"))
+                        .groupby(["w", "flag"])["user_id"]
+                        .nunique()
+                    )
+                ),
+            )
+            add(
+                "limit",
+                "Spark batch count(distinct), parquet",
+                spark_batch_path(batch_df("parquet"), "exact"),
+            )
+            if not args.quick:
+                add("limit", "DuckDB count(DISTINCT) over Parquet", duckdb_path(parquet))
+                for source in ("parquet", "riverbed source"):
+                    if source != "parquet":
+                        add(
+                            "limit",
+                            f"Spark batch count(distinct), {source}",
+                            spark_batch_path(batch_df(source), "exact"),
+                        )
                     add(
                         "limit",
-                        f"Spark batch count(distinct), {source}",
-                        spark_batch_path(batch_df(source), "exact"),
+                        f"Spark batch approx_count_distinct, {source}",
+                        spark_batch_path(batch_df(source), "approx"),
                     )
-                add(
-                    "limit",
-                    f"Spark batch approx_count_distinct, {source}",
-                    spark_batch_path(batch_df(source), "approx"),
-                )
         # Streaming paths: (group, name, run(url, parquet dir, checkpoint root, per batch)).
         paths: list[tuple[str, str, Callable[[str, Path, Path, int], float]]] = []
         sources = ["Parquet"] if args.quick else ["Parquet", "riverbed source"]
-        for label in sources:
+        for label in sources if spark_paths else ():
 
             def source(u: str, pq: Path, per: int, label: str = label) -> Any:
                 return (
@@ -411,7 +420,7 @@ def main() -> None:
                         ),
                     )
                 )
-        if not args.quick:
+        if spark_paths and not args.quick:
             paths.append(
                 (
                     "exact",
@@ -430,9 +439,10 @@ def main() -> None:
                     ),
                 )
             )
-        variants = [("exact", "colocated"), ("hll", "colocated"), ("adaptive", "colocated")]
+        variants = [("exact", "colocated"), ("hll", "colocated")]
+        variants += [("adaptive", "colocated")] if spark_paths else []
         variants += [("exact", "nosteal"), ("hll", "nosteal")]  # what work stealing gains
-        if not args.quick:
+        if spark_paths and not args.quick:
             variants += [("exact", "shuffled"), ("exact", "dataframe")]
         titles = {
             "colocated": "",
@@ -487,24 +497,8 @@ def main() -> None:
     for _, name, seconds in rows:
         print(f"{name:56} {seconds:8.1f} {n / seconds:12,.0f}")
     rate = {name: n / seconds for _, name, seconds in rows}
-    exact_name, exact_base = max(
-        ((nm, rate[nm]) for g, nm, _ in rows if g == "exact"), key=lambda x: x[1]
-    )
-    hll_name, hll_base = max(
-        ((nm, rate[nm]) for g, nm, _ in rows if g == "hll"), key=lambda x: x[1]
-    )
-    print(f"\nfastest Spark exact streaming path: {exact_name}")
-    print(f"fastest Spark HLL streaming path:   {hll_name}")
-    ratios = {
-        "riverbed exact / fastest Spark exact streaming": (rate["riverbed exact"], exact_base),
-        "riverbed HLL / fastest Spark HLL streaming": (rate["riverbed hll"], hll_base),
-        "riverbed adaptive / fastest Spark exact streaming": (
-            rate["riverbed adaptive"],
-            exact_base,
-        ),
-    }
-    for label, (ours, theirs) in ratios.items():
-        print(f"{label:52} {ours / theirs:5.2f}x (target 1.5x)")
+    if spark_paths:
+        against_spark(rows, rate)
     print(
         "\nper trigger, riverbed co-located (ms; 'offsets' = planning the batch, 'other' = "
         "outside the batches: the query's start and the loop)"
@@ -532,15 +526,38 @@ def main() -> None:
             f"{small['trigger'] / big['trigger']:.0%}; read by a helping task: "
             f"{big['helped']:.0%} of the input"
         )
-    batch = rate["Spark batch count(distinct), parquet"]
-    print(
-        f"{'riverbed exact / Spark batch count(distinct), Parquet':52} "
-        f"{rate['riverbed exact'] / batch:5.2f}x (target 1.0x)"
-    )
+    if spark_paths:
+        batch = rate["Spark batch count(distinct), parquet"]
+        print(
+            f"{'riverbed exact / Spark batch count(distinct), Parquet':52} "
+            f"{rate['riverbed exact'] / batch:5.2f}x (target 1.0x)"
+        )
     for mode, label in (("exact", "exact"), ("hll", "HLL")):
         without = rate[f"riverbed {mode}, no work stealing (steal=false)"]
         stealing = rate[f"riverbed {mode}"] / without
         print(f"{f'riverbed {label}: with / without work stealing':52} {stealing:5.2f}x")
+
+
+def against_spark(rows: list[tuple[str, str, float]], rate: dict[str, float]) -> None:
+    """riverbed's ratios against Spark's fastest exact and HLL streaming paths."""
+    exact_name, exact_base = max(
+        ((nm, rate[nm]) for g, nm, _ in rows if g == "exact"), key=lambda x: x[1]
+    )
+    hll_name, hll_base = max(
+        ((nm, rate[nm]) for g, nm, _ in rows if g == "hll"), key=lambda x: x[1]
+    )
+    print(f"\nfastest Spark exact streaming path: {exact_name}")
+    print(f"fastest Spark HLL streaming path:   {hll_name}")
+    ratios = {
+        "riverbed exact / fastest Spark exact streaming": (rate["riverbed exact"], exact_base),
+        "riverbed HLL / fastest Spark HLL streaming": (rate["riverbed hll"], hll_base),
+        "riverbed adaptive / fastest Spark exact streaming": (
+            rate["riverbed adaptive"],
+            exact_base,
+        ),
+    }
+    for label, (ours, theirs) in ratios.items():
+        print(f"{label:52} {ours / theirs:5.2f}x (target 1.5x)")
 
 
 if __name__ == "__main__":

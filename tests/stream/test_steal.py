@@ -89,20 +89,24 @@ def test_a_helper_tries_every_other_piece_once_from_the_far_end(
 def test_only_one_of_many_claimers_wins_a_piece(tmp_path: Path) -> None:
     board = Board.create(tmp_path / "ckpt", 7)
     piece = LogSlice(2, 100, 200)
-    wins: list[bool] = []
+    wins: dict[int, bool] = {}
     go = threading.Barrier(16)
 
-    def claim() -> None:
+    def claim(task: int) -> None:
         go.wait()
-        wins.append(board.claim(piece))
+        wins[task] = board.claim(piece, task)
 
-    threads = [threading.Thread(target=claim) for _ in range(16)]
+    threads = [threading.Thread(target=claim, args=(task,)) for task in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(wins) == [False] * 15 + [True]
-    assert board.claim(LogSlice(2, 200, 300))  # another piece is its own claim
+    winners = [task for task, won in wins.items() if won]
+    assert len(winners) == 1 and len(wins) == 16
+    # a retried attempt of the winner finds the claim its own; nobody else does
+    assert board.claim(piece, winners[0])
+    assert not any(board.claim(piece, task) for task in range(16) if task != winners[0])
+    assert board.claim(LogSlice(2, 200, 300), 3)  # another piece is its own claim
 
 
 def test_a_handed_over_result_is_taken_whole_and_a_missing_one_times_out(
@@ -120,9 +124,9 @@ def test_a_handed_over_result_is_taken_whole_and_a_missing_one_times_out(
 
 def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None:
     first = Board.create(tmp_path / "ckpt", 1)
-    first.claim(LogSlice(0, 0, 10))
+    first.claim(LogSlice(0, 0, 10), 0)
     second = Board.create(tmp_path / "ckpt", 1)
-    assert second.root != first.root and second.claim(LogSlice(0, 0, 10))
+    assert second.root != first.root and second.claim(LogSlice(0, 0, 10), 1)
     Board.create(tmp_path / "ckpt", 2, stale_s=-1)  # everything older than now is stale
     parent = tmp_path / "ckpt" / "riverbed" / HANDOFF
     assert len(list(parent.iterdir())) == 1
@@ -189,7 +193,7 @@ def test_an_owner_computes_a_piece_itself_when_its_helper_is_lost(
     board = Board.create(cfg.engine.checkpoint, 0)
     board.wait_s = 0.3
     lost = split(groups[0][-1], cfg.piece_records)[-1]
-    assert board.claim(lost)  # the lost helper's claim, with no result ever
+    assert board.claim(lost, 1)  # the lost helper's claim, with no result ever
     task = colocated_task(cfg, 0, 0, 0, groups, board)
     rows, counted = rows_and_input([task(0), task(1)])
     assert counted == len(events)
@@ -223,3 +227,26 @@ def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
     assert sum(inputs) == len(events)
     check(read_results(tmp_path / "out"), events)
     assert not list((Path(cfg.engine.checkpoint) / "riverbed" / HANDOFF).iterdir())
+
+
+@pytest.mark.spark
+def test_a_retried_owner_takes_its_earlier_attempts_claims_back_without_waiting(
+    setup: tuple[DirectConfig, pd.DataFrame], log_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Task 0's first attempt claimed all its pieces and died; Spark runs it again on
+    the same board. The retry computes its pieces at once (a wait for a hand-over that
+    never comes would log "no result ... computing it here")."""
+    cfg, events = setup
+    groups = batch_groups(log_url)
+    board = Board.create(cfg.engine.checkpoint, 0)
+    board.wait_s = 0.01
+    for owned in groups[0]:
+        for piece in split(owned, cfg.piece_records):
+            assert board.claim(piece, 0)
+    task = colocated_task(cfg, 0, 0, 0, groups, board)
+    with caplog.at_level("WARNING", logger="riverbed.stream.steal"):
+        retried = task(0)
+    assert not [r for r in caplog.records if "no result" in r.getMessage()]
+    rows, counted = rows_and_input([retried, task(1)])
+    assert counted == len(events)
+    check(rows, events)

@@ -169,10 +169,10 @@ def colocated_task(
             partials += partials_of(spec, pdf, watermark_ms, ts)
         return partials, side
 
-    def own(topic_log: Any, owned: LogSlice) -> tuple[pd.DataFrame, Side]:
+    def own(index: int, topic_log: Any, owned: LogSlice) -> tuple[pd.DataFrame, Side]:
         pieces = split(owned, cfg.piece_records)
         results: list[tuple[list[Partial], Side] | None] = [
-            compute(topic_log, piece) if board is None or board.claim(piece) else None
+            compute(topic_log, piece) if board is None or board.claim(piece, index) else None
             for piece in pieces
         ]
         side = Side()
@@ -191,11 +191,11 @@ def colocated_task(
     def run(index: int) -> list[tuple[pd.DataFrame, Side]]:
         topic_log = open_log(cfg.options)
         try:
-            out = [own(topic_log, owned) for owned in groups[index]]
+            out = [own(index, topic_log, owned) for owned in groups[index]]
             if board is not None:
                 helped = Side()
                 for piece in steal_order(groups, index, cfg.piece_records):
-                    if board.claim(piece):
+                    if board.claim(piece, index):
                         board.put(piece, compute(topic_log, piece))
                         helped.helped += piece.end - piece.start
                 out.append((empty_rows(spec), helped))

@@ -10,8 +10,9 @@ work, and it *can* be cut. So every slice is cut into pieces of ``PIECE`` record
 a task that has finished its own partitions helps the others:
 
 1. A piece is processed by whoever **claims** it first (an exclusive create of its
-   claim file on the :class:`Board`, a directory of this batch run that every task
-   reaches: under the checkpoint, like the fencing file the tasks already read).
+   claim file, holding the task's index, on the :class:`Board`: a directory of this
+   batch run that every task reaches, under the checkpoint like the fencing file the
+   tasks already read). A retried task finds its earlier attempt's claims its own.
 2. The owner walks its partitions in order and each one's pieces **front to back**,
    claiming and processing them; a helper walks the other tasks' partitions in the
    **opposite** order, pieces back to front (:func:`steal_order`), so the two meet in
@@ -112,12 +113,22 @@ class Board:
     def _name(self, piece: LogSlice, suffix: str) -> Path:
         return self.root / f"{piece.partition}-{piece.start}.{suffix}"
 
-    def claim(self, piece: LogSlice) -> bool:
-        """True for the one caller that claims ``piece`` first."""
+    def claim(self, piece: LogSlice, task: int) -> bool:
+        """True for the one task that claims ``piece`` first — and for a later attempt
+        of that same task (Spark retried it: its earlier attempt's claims are its own,
+        and no result of them was handed over)."""
+        path = self._name(piece, "claim")
         try:
-            os.close(os.open(self._name(piece, "claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            return False
+            try:
+                return path.read_text() == str(task)
+            except FileNotFoundError:  # the board was removed: the job is over
+                return False
+        try:
+            os.write(fd, str(task).encode())
+        finally:
+            os.close(fd)
         return True
 
     def put(self, piece: LogSlice, result: Any) -> None:
