@@ -22,7 +22,7 @@ from riverbed.stream.engine import BatchLog, EngineConfig, next_record
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.runner import read_results
 from riverbed.stream.source import LogSlice
-from riverbed.stream.steal import HANDOFF, Board, split, steal_order
+from riverbed.stream.steal import HANDOFF, Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_direct import check, spec
 from tests.stream.test_engine import SCHEMA
@@ -84,6 +84,31 @@ def test_a_helper_tries_every_other_piece_once_from_the_far_end(
     if first:
         owner = next(i for i, g in enumerate(groups) if first & {s.partition for s in g})
         assert loads[owner] == max(loads[i] for i in range(len(groups)) if i != me)
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 10_000))
+def test_evenly_spread_work_is_not_lopsided(per_task: int, tasks: int, size: int) -> None:
+    work = [LogSlice(p, 0, size) for p in range(per_task * tasks)]
+    assert not lopsided(balanced_groups(work, lambda s: s.end - s.start, tasks))
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=8), st.integers(1, 4))
+def test_lopsidedness_depends_on_the_shares_alone(sizes: list[int], tasks: int) -> None:
+    def groups(scale: int) -> list[list[LogSlice]]:
+        work = [LogSlice(p, 0, n * scale) for p, n in enumerate(sizes)]
+        return balanced_groups(work, lambda s: s.end - s.start, tasks)
+
+    assert lopsided(groups(1)) == lopsided(groups(7)) == lopsided(groups(1)[::-1])
+    if len(groups(1)) == 1:
+        assert not lopsided(groups(1))  # nobody to help
+
+
+def test_a_zipf_skewed_batch_is_lopsided_on_two_cores() -> None:
+    """The benchmark's shares of 2M events (zipf flags keyed over 4 partitions): one
+    core gets the hot partition (43 %), the other the rest (57 %)."""
+    shares = [0.147, 0.263, 0.158, 0.432]
+    work = [LogSlice(p, 0, int(2_000_000 * f)) for p, f in enumerate(shares)]
+    assert lopsided(balanced_groups(work, lambda s: s.end - s.start, 2))
 
 
 def test_only_one_of_many_claimers_wins_a_piece(tmp_path: Path) -> None:
@@ -208,6 +233,7 @@ def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
     each other as they run): exact results, every record counted once, each batch's
     board removed."""
     cfg, events = setup
+    assert lopsided(batch_groups(log_url))  # so the batches get a board
     batches = BatchLog(cfg.engine.checkpoint)
     ends = riverbed.log.open(log_url).offsets("events")
     plans = [

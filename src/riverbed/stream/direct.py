@@ -52,7 +52,7 @@ from riverbed.stream.engine import (
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.source import LogSlice, open_log, read_slice
-from riverbed.stream.steal import PIECE, Board, split, steal_order
+from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
 if TYPE_CHECKING:
     from riverbed.log import Log
@@ -261,7 +261,7 @@ def run_batch(
         # (longest-processing-time), each task merges its partitions in turn, and a
         # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
-        helping = cfg.steal and len(groups) > 1
+        helping = cfg.steal and lopsided(groups)
         board = Board.create(cfg.engine.checkpoint, batch_id) if helping else None
         task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
         try:
