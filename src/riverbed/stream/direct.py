@@ -147,7 +147,7 @@ def colocated_task(
     """The work of task ``index``: for each state partition p of ``groups[index]``,
     read log partition p's slice, merge into state partition p; then help the other
     tasks with the pieces of their slices nobody has claimed yet (:mod:`riverbed.
-    stream.steal`; no board: no helping, one task or one partition)."""
+    stream.steal`; no board: no helping — one task, an even plan, or ``steal=false``)."""
     spec = cfg.engine.spec
     n = spec.state_partitions
 

@@ -55,7 +55,7 @@ from riverbed.stream.source import CHUNK, LogSlice
 
 log = logging.getLogger(__name__)
 
-PIECE = CHUNK  # records per piece: one columnar read (~50 ms of work at 1 µs a record)
+PIECE = CHUNK  # records per piece: one columnar read (~10-20 ms of a task's work here)
 HANDOFF = "handoff"  # under <checkpoint>/riverbed/
 
 
