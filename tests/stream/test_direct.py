@@ -36,6 +36,16 @@ def spec(partitions: int = 3) -> Aggregation:
     )
 
 
+def engine_config(tmp_path: Path, partitions: int = 3) -> EngineConfig:
+    """State, checkpoint and output under ``tmp_path``."""
+    return EngineConfig(
+        spec(partitions),
+        StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "out"),
+    )
+
+
 def check(got: pd.DataFrame, events: pd.DataFrame) -> None:
     want = oracle(events, Tumbling("1h"))
     merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_oracle"))
@@ -123,12 +133,7 @@ def test_rerunning_a_batch_never_double_counts(
 ) -> None:
     events = make_events(1000, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
-    config = EngineConfig(
-        spec(3),
-        StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
-        str(tmp_path / "ckpt"),
-        str(tmp_path / "out"),
-    )
+    config = engine_config(tmp_path)
     options = {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": co_locate}
     cfg = prepare(config, options)
     batches = BatchLog(config.checkpoint)

@@ -16,15 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import riverbed.log
-from riverbed.state import StateConfig
 from riverbed.stream.direct import DirectConfig, colocated_task, prepare, run_planned
-from riverbed.stream.engine import BatchLog, EngineConfig, next_record
+from riverbed.stream.engine import BatchLog, next_record
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.runner import read_results
 from riverbed.stream.source import LogSlice
 from riverbed.stream.steal import HANDOFF, Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
-from tests.stream.test_direct import check, spec
+from tests.stream.test_direct import check, engine_config
 from tests.stream.test_engine import SCHEMA
 
 slices = st.builds(
@@ -163,13 +162,7 @@ def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None
 def setup(spark: Any, log_url: str, tmp_path: Path) -> tuple[DirectConfig, pd.DataFrame]:
     events = make_events(3000, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
-    config = EngineConfig(
-        spec(3),
-        StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable"),
-        str(tmp_path / "ckpt"),
-        str(tmp_path / "out"),
-    )
-    cfg = prepare(config, {"topic": "events", "log": log_url, "schema": SCHEMA})
+    cfg = prepare(engine_config(tmp_path), {"topic": "events", "log": log_url, "schema": SCHEMA})
     assert cfg.co_located
     return dataclasses.replace(cfg, piece_records=100), events
 

@@ -25,6 +25,7 @@ state version and replace the same output.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ from riverbed.stream.engine import (
     state_partition_of,
     write_output,
 )
+from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.source import LogSlice, open_log, read_slice
@@ -169,10 +171,15 @@ def colocated_task(
             partials += partials_of(spec, pdf, watermark_ms, ts)
         return partials, side
 
+    def claim(piece: LogSlice, index: int) -> bool:
+        assert board is not None
+        cfg.engine.fence()  # a replaced driver's tasks write nothing, not even a claim
+        return board.claim(piece, index)
+
     def own(index: int, topic_log: Any, owned: LogSlice) -> tuple[pd.DataFrame, Side]:
         pieces = split(owned, cfg.piece_records)
         results: list[tuple[list[Partial], Side] | None] = [
-            compute(topic_log, piece) if board is None or board.claim(piece, index) else None
+            compute(topic_log, piece) if board is None or claim(piece, index) else None
             for piece in pieces
         ]
         side = Side()
@@ -195,8 +202,10 @@ def colocated_task(
             if board is not None:
                 helped = Side()
                 for piece in steal_order(groups, index, cfg.piece_records):
-                    if board.claim(piece, index):
-                        board.put(piece, compute(topic_log, piece))
+                    if claim(piece, index):
+                        result = compute(topic_log, piece)
+                        cfg.engine.fence()
+                        board.put(piece, result)
                         helped.helped += piece.end - piece.start
                 out.append((empty_rows(spec), helped))
             return out
@@ -261,14 +270,19 @@ def run_batch(
         # (longest-processing-time), each task merges its partitions in turn, and a
         # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
-        helping = cfg.steal and lopsided(groups)
-        board = Board.create(cfg.engine.checkpoint, batch_id) if helping else None
+        board = None
+        if cfg.steal and lopsided(groups):
+            cfg.engine.fence()  # the board is written under the checkpoint
+            board = Board.create(cfg.engine.checkpoint, batch_id)
         task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
         try:
             results = sc.parallelize(range(len(groups)), len(groups)).map(task).collect()
         finally:
             if board is not None:
-                board.remove()
+                # a replaced driver deletes nothing either: the sweep removes its board
+                with contextlib.suppress(DriverFencedError):
+                    cfg.engine.fence()
+                    board.remove()
         for group_rows in results:
             for rows, part_side in group_rows:
                 frames.append(rows)
