@@ -146,7 +146,7 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         done = [p for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")]
         if len(done) >= 3:
             # the driver prints finished batches every 0.5 s: let it print these first
-            time.sleep(1.0)
+            time.sleep(0.6)
             break
         time.sleep(0.2)
     if driver.poll() is None:
