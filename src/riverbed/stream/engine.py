@@ -261,15 +261,20 @@ class BatchLog:
 
     def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsync (for records
-        a re-run would rebuild the same way)."""
-        self.fence()
+        a re-run would rebuild the same way). The fence is checked after the slow part
+        (writing and syncing the new version) and right before the rename that
+        publishes it, so a driver paused and replaced meanwhile publishes nothing."""
         path = self._path(batch_id)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps(record))
-        if durable:
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(record))
+            if durable:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            self.fence()
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def update(self, batch_id: int, **fields: Any) -> None:
         record = self.get(batch_id) or {}
