@@ -71,11 +71,16 @@ def split(piece: LogSlice, size: int = PIECE) -> list[LogSlice]:
     ]
 
 
+def loads(groups: Sequence[Sequence[LogSlice]]) -> list[int]:
+    """Records each task reads for its own partitions."""
+    return [sum(s.end - s.start for s in group) for group in groups]
+
+
 def steal_order(groups: Sequence[Sequence[LogSlice]], me: int, size: int = PIECE) -> list[LogSlice]:
     """The pieces task ``me`` tries to claim once its own partitions are done: the other
     tasks' work, most loaded task first, each task's partitions last-processed first and
     their pieces back to front (its owner walks them front to back)."""
-    load = [sum(s.end - s.start for s in group) for group in groups]
+    load = loads(groups)
     others = sorted((i for i in range(len(groups)) if i != me), key=lambda i: -load[i])
     return [
         piece
@@ -89,10 +94,10 @@ def lopsided(groups: Sequence[Sequence[LogSlice]], tolerance: float = 1.05) -> b
     """Whether the tasks' loads are uneven enough for helping to pay: the most loaded
     task has more than ``tolerance`` times the mean. Spread evenly (uniform keys), the
     tasks finish together and claims and hand-overs would only cost (~5 % measured)."""
-    loads = [sum(s.end - s.start for s in group) for group in groups]
-    if len(loads) < 2 or sum(loads) == 0:
+    load = loads(groups)
+    if len(load) < 2 or sum(load) == 0:
         return False
-    return max(loads) > tolerance * sum(loads) / len(loads)
+    return max(load) > tolerance * sum(load) / len(load)
 
 
 class Board:
