@@ -288,8 +288,19 @@ class Database:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def create(self) -> None:
-        """Create the tables if missing; refuse a database of another schema version."""
+        """Create the tables if missing, add what newer versions added; refuse a
+        database of another schema version.
+
+        Processes started together (a supervisor starting orchestrators and workers at
+        once) all run this. On PostgreSQL concurrent ``CREATE TABLE``/``CREATE INDEX``
+        race inside the catalog, so the whole step holds a transaction-level advisory
+        lock: one process creates or upgrades, the others wait, then find everything
+        there (each check runs after the lock, on a fresh snapshot). On SQLite the
+        write transaction (``BEGIN IMMEDIATE`` under the flock) serializes already.
+        """
         with self.write() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(_SCHEMA_LOCK)
             metadata.create_all(conn)
             # Indexes added since a database was created (create_all makes a table's
             # indexes only with the table); the claim index they replace goes.
@@ -322,6 +333,9 @@ class Database:
 
 
 _NOTIFY = text("SELECT pg_notify('rb_jobs', '')")
+# One advisory lock key for schema changes of this database (any constant works; this
+# one spells "rbschema" in ASCII so it is recognisable in pg_locks).
+_SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(8242277138831863137)")
 
 
 def _first_line(exc: BaseException) -> str:
