@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,166 +17,9 @@ from sqlalchemy import func, select
 from riverbed.control import connect
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.schema import chunks, fires, meta
+from tests.jobs.cluster import Cluster, published, run_state, until
 
 pytestmark = pytest.mark.slow
-
-EFFECT = """
-import json, os, pathlib, time
-from riverbed.jobs import Job
-
-def main(ctx, work_ids, sleep=0.0, fail_on=None):
-    marks = pathlib.Path(os.environ["MARKS"])
-    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").touch()
-    if fail_on is not None and fail_on in work_ids:
-        raise ValueError(f"poison work id {fail_on}")
-    time.sleep(sleep)
-    ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt})
-    (marks / f"end-{ctx.chunk_id}-{ctx.attempt}").touch()
-
-job = Job(main=main, chunk_size=2, retries=3, retry_backoff=0, bisect=True)
-"""
-
-SLOW = """
-import os, pathlib, time
-from riverbed.jobs import Job
-
-def main(ctx, work_ids):
-    marks = pathlib.Path(os.environ["MARKS"])
-    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").touch()
-    time.sleep(60)
-    (marks / f"end-{ctx.chunk_id}-{ctx.attempt}").touch()
-
-job = Job(main=main, timeout="2s")
-"""
-
-
-SPARKY = """
-import os
-from riverbed.jobs import Job
-
-def main(ctx, work_ids):
-    n = ctx.spark.range(0, 1000 * len(work_ids)).count()
-    ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt,
-                                           "app": ctx.spark.sparkContext.applicationId,
-                                           "pid": os.getpid(), "count": n})
-
-job = Job(main=main, chunk_size=1, kind="spark")
-"""
-
-TIMERANGE = """
-from riverbed.jobs.timerange import Cumulative, ParquetInput, Rolling, TimeRangeJob
-
-metrics = TimeRangeJob(
-    input=ParquetInput("input", partition="hour"),
-    key="sensor", time="ts",
-    metrics=[Rolling("45min", "value", ["mean", "count"]), Cumulative("value", ["sum"])],
-    output="trout", chunk="1h",
-)
-job = metrics.as_job(start="2026-01-01", retries=1, retry_backoff=0)
-"""
-
-
-class Cluster:
-    """Orchestrators and workers of one jobs setup, as child processes."""
-
-    def __init__(self, tmp: Path, env: dict[str, str], db: str | None = None) -> None:
-        self.tmp = tmp
-        (tmp / "jobs").mkdir()
-        (tmp / "jobs" / "effect.py").write_text(EFFECT)
-        (tmp / "jobs" / "slow.py").write_text(SLOW)
-        (tmp / "jobs" / "sparky.py").write_text(SPARKY)
-        (tmp / "jobs" / "readings.py").write_text(TIMERANGE)
-        self.marks = tmp / "marks"
-        self.marks.mkdir()
-        self.home = tmp / "home"
-        self.db = db or f"sqlite:///{tmp / 'jobs.db'}"
-        self.control = f"sqlite:///{tmp / 'control.db'}"
-        self.env = {
-            **env,
-            "RIVERBED_HOME": str(self.home),
-            "RIVERBED_JOBS_DIR": str(tmp / "jobs"),
-            "RIVERBED_JOBS_DB": self.db,
-            "RIVERBED_CONTROL": self.control,
-            "MARKS": str(self.marks),
-            "RIVERBED_SPARK_MASTER": "local[1]",
-        }
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.queue = JobQueue(self.db)
-
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        name = "-".join(args[:1]) + f"-{len(self.procs)}"
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "riverbed.cli.main", *args],
-            env=self.env,
-            cwd=self.tmp,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
-        return self.start("worker", "--ttl", "2", *extra)
-
-    def orchestrator(self, name: str) -> subprocess.Popen[bytes]:
-        return self.start("orchestrator", "--ttl", "2", "--name", name)
-
-    def cli(self, *args: str) -> dict[str, Any]:
-        out = subprocess.run(
-            [sys.executable, "-m", "riverbed.cli.main", "jobs", *args, "--json"],
-            env=self.env,
-            cwd=self.tmp,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        parsed: dict[str, Any] = json.loads(out.stdout)
-        return parsed
-
-    def marks_of(self, kind: str) -> list[str]:
-        return sorted(p.name for p in self.marks.glob(f"{kind}-*"))
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.queue.close()
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, subprocess_env)
-    yield c
-    c.stop()
-
-
-def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def run_state(c: Cluster, run: int) -> str:
-    return str(c.queue.get(run)["state"])
-
-
-def published(c: Cluster, job: str = "effect") -> dict[int, dict[str, Any]]:
-    root = c.home / "jobs" / "output" / job
-    return {
-        int(d.name.split("=")[1]): json.loads((d / "effect.json").read_text())
-        for d in sorted(root.glob("chunk=*"))
-    }
 
 
 def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
@@ -431,6 +273,7 @@ def test_the_control_plane_sees_workers_come_and_go(cluster: Cluster) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # not about the database
 def test_spark_chunks_share_one_warm_session(cluster: Cluster) -> None:
     cluster.worker("--kinds", "spark")
     run = cluster.cli("submit", "sparky", "--work-ids", "1-3")["run"]
@@ -477,6 +320,7 @@ def test_workers_ride_out_lost_database_connections(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # not about the database
 def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

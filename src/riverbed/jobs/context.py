@@ -1,50 +1,23 @@
 """What a job's ``main(ctx, work_ids, **kwargs)`` gets: its claim and fenced output.
 
 **Fenced output.** ``ctx.output`` stages a chunk's files in a directory private to
-this attempt (``<home>/jobs/staging/<chunk>-<attempt>/``). Publishing is the
-transaction that records DONE: it names the attempt whose staging is the output, and
-it is refused to any attempt that no longer holds the claim. Only after that commit is
-the staged directory moved to ``<home>/jobs/output/<job>/chunk=<id>/`` — by the worker
-right away, or by the orchestrator after a crash in between (the database says which
-attempt to move; a zombie's staging is never named, so it is never published).
+this attempt. When the chunk succeeds, the worker publishes them as
+``<home>/jobs/output/<job>/chunk=<id>/`` and only then records DONE, so whoever sees
+DONE finds the output; an older attempt (a zombie) can never replace a newer one's
+output (:mod:`riverbed.jobs.publication` owns the layout and the protocol).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from riverbed.files import fsync_dir
+from riverbed.jobs.publication import job_output_dir, publish, published_dir, staging_dir
 
 __all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
-
-
-def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
-    return home / "jobs" / "staging" / f"{chunk_id}-{attempt}"
-
-
-def published_dir(home: Path, job: str, chunk_id: int) -> Path:
-    return home / "jobs" / "output" / job / f"chunk={chunk_id}"
-
-
-def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
-    """Move the recorded attempt's staging into place (idempotent). False if there is
-    nothing to move (already published, or staged nothing)."""
-    src = staging_dir(home, chunk_id, attempt)
-    dst = published_dir(home, job, chunk_id)
-    if not src.exists():
-        return False
-    if dst.exists():  # moved before a crash, or a half-copied leftover: the DB decides
-        shutil.rmtree(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    os.rename(src, dst)
-    fsync_dir(dst.parent)
-    return True
 
 
 class Output:
@@ -117,7 +90,7 @@ class Context:
         when a rerun published a name again, the newest chunk's file."""
         if self.home is None:
             raise RuntimeError("this context has no riverbed home to read outputs from")
-        root = self.home / "jobs" / "output" / job
+        root = job_output_dir(self.home, job)
         found: dict[str, Path] = {}
         dirs = [d for d in root.glob("chunk=*") if d.name[6:].isdigit()]
         for d in sorted(dirs, key=lambda d: int(d.name[6:]), reverse=True):

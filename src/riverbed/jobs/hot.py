@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     BindParameter,
     Connection,
+    Integer,
     and_,
     bindparam,
     case,
@@ -176,6 +177,8 @@ class Hot:
                 finished_at=now,
                 error=None,
                 output_attempt=bindparam("b_output"),
+                # its output was published before this (riverbed.jobs.publication)
+                materialized=bindparam("b_output", type_=Integer).is_not(None),
             )
             .returning(chunks.c.id),
             dialect,
@@ -369,7 +372,8 @@ WITH clock AS (
     SELECT extract(epoch from clock_timestamp())::double precision AS now
 ), done AS (
     UPDATE rb_jobs_chunks SET state = 'DONE', finished_at = (SELECT now FROM clock),
-        error = NULL, output_attempt = %(b_output)s
+        error = NULL, output_attempt = %(b_output)s,
+        materialized = (%(b_output)s::integer IS NOT NULL)
     WHERE id = %(b_id)s AND attempt = %(b_attempt)s AND state = 'RUNNING'
     RETURNING id
 ), attempt_done AS (

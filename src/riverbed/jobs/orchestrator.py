@@ -8,8 +8,9 @@
 3. Duties, each tick and whenever the worker registry changes: reap the chunks of
    workers whose lease expired (retry with backoff, or FAILED at the limit), ask
    workers to stop chunks past their timeout, fire cron schedules (once per fire time,
-   in the submitting transaction), and publish outputs a worker recorded but did not
-   move (it died in between).
+   in the submitting transaction), and publish the outputs of chunks an older
+   riverbed recorded DONE before moving them into place (workers now publish first,
+   see :mod:`riverbed.jobs.publication`).
 
 Readiness of dependents is *not* a duty: the transaction that records a success
 promotes them, so a dependency level costs one claim, not an orchestrator tick.
@@ -31,8 +32,8 @@ from sqlalchemy import Connection
 
 from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
 from riverbed.jobs import cron
-from riverbed.jobs.context import publish
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
+from riverbed.jobs.publication import publish
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs

@@ -22,9 +22,10 @@ A worker's life:
    default: a held chunk waits even when another worker is free.
 3. Heartbeat every ``heartbeat`` seconds: a chunk answered ``lost`` (reclaimed) or
    ``cancel`` is stopped by killing its executor; a chunk past its timeout too.
-4. An answer is recorded only for the current attempt (``succeed`` / ``fail`` raise
-   :class:`FencedError` otherwise, and the attempt's staging is deleted). After DONE,
-   the staged output is moved into place.
+4. A success's staged output is **published first, then DONE is recorded** — only for
+   the current attempt (``succeed`` / ``fail`` raise :class:`FencedError` otherwise;
+   a fenced attempt retracts what it published and its staging is deleted). Whoever
+   sees DONE finds the output in place (:mod:`riverbed.jobs.publication`).
 5. If the session is lost, running executors are killed (their chunks will be reaped)
    and the worker registers again under a new id.
 """
@@ -35,6 +36,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -50,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.control import ControlPlane, Registry, Session
-from riverbed.jobs.context import publish, staging_dir
 from riverbed.jobs.errors import FencedError, QueueError
+from riverbed.jobs.publication import publish, retract, staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,34 @@ class WorkerStats:
 DEFER_AT_MOST = 0.05  # seconds a deferred success waits for its batch
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A failpoint for tests: ``RIVERBED_JOBS_FAULT=publish_done:<delay s>:<kill p>``
+    waits ``delay`` seconds between publishing a success's output and recording DONE,
+    and SIGKILLs the worker there with probability ``kill`` — the window in which a
+    dependent could read, or a crash could leave, a half-finished success."""
+
+    delay: float = 0.0
+    kill: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> Fault:
+        spec = os.environ.get("RIVERBED_JOBS_FAULT", "")
+        if not spec:
+            return cls()
+        point, delay, kill = spec.split(":")
+        if point != "publish_done":
+            raise ValueError(f"RIVERBED_JOBS_FAULT: unknown failpoint {point!r}")
+        return cls(float(delay), float(kill))
+
+    def between_publish_and_done(self) -> None:
+        if self.kill and random.random() < self.kill:  # noqa: S311 - a test's dice
+            log.warning("RIVERBED_JOBS_FAULT: killing this worker between publish and DONE")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.delay:
+            time.sleep(self.delay)
+
+
 class Worker:
     """Runs chunks of the queue until stopped (see the module doc)."""
 
@@ -170,6 +200,7 @@ class Worker:
         prefetch_below: float = 1.0,
         spark_master: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fault: Fault | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be ≥ 1, not {concurrency}")
@@ -202,6 +233,7 @@ class Worker:
         self._deferred: list[tuple[_Slot, dict[str, Any]]] = []
         self._deferred_since = 0.0
         self._mp = multiprocessing.get_context("spawn")
+        self._fault = fault if fault is not None else Fault.from_env()
 
     def __repr__(self) -> str:
         return f"Worker({self.id or 'unregistered'}, slots={len(self._slots)}/{self.concurrency})"
@@ -287,13 +319,12 @@ class Worker:
                 output = bool(answer.get("output"))
                 self._short = self.clock() - slot.started < self.prefetch_below
                 more = self._want() if claim_more else 0
+                self._publish(claim, output)
                 claims = self.queue.succeed_and_claim(
                     claim, output, self.id, self.host, more, self.kinds
                 )
                 self.stats.done += 1
                 self.stats.ids.append(claim.id)
-                if output and publish(self.home, claim.job, claim.id, claim.attempt):
-                    self.queue.mark_materialized(claim.id)
                 return claims
             if slot.stopping == "lost":
                 raise FencedError(f"chunk {claim.id} attempt {claim.attempt} was reclaimed")
@@ -307,6 +338,7 @@ class Worker:
             else:
                 error = str(answer.get("error") or "failed")
             state = self.queue.fail(claim.id, claim.attempt, error, cancelled=cancelled)
+            retract(self.home, claim.job, claim.id, claim.attempt)
             self.stats.failed += 1
             log.warning(
                 "chunk %s (%s) attempt %s: %s → %s",
@@ -320,9 +352,19 @@ class Worker:
             if slot.retries and self._recorded_before(slot, answer):
                 return []
             self.stats.fenced += 1
+            retract(self.home, claim.job, claim.id, claim.attempt)
             log.warning("%s; nothing recorded or published", exc)
         shutil.rmtree(staged, ignore_errors=True)
         return []
+
+    def _publish(self, claim: Claim, output: bool) -> None:
+        """Step one of a success, before DONE: publish the staged output (or, with none,
+        retract what an older attempt of the chunk may have published)."""
+        if output:
+            publish(self.home, claim.job, claim.id, claim.attempt)
+        else:
+            retract(self.home, claim.job, claim.id, claim.attempt - 1)
+        self._fault.between_publish_and_done()
 
     def _defers(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
         """Whether this ended chunk's success waits for a batch (see the module doc)."""
@@ -342,6 +384,8 @@ class Worker:
         self._short = True
         more = self._want() if claim_more else 0
         ended = [(slot.claim, bool(answer.get("output"))) for slot, answer in batch]
+        for claim, output in ended:
+            self._publish(claim, output)
         try:
             fenced, claims = self.queue.succeed_many_and_claim(
                 ended, self.id, self.host, more, self.kinds
@@ -352,7 +396,7 @@ class Worker:
                 self._unrecorded.append((slot, answer))
             log.warning("recording %d chunks failed (%s); retrying", len(batch), exc)
             return []
-        for slot, answer in batch:
+        for slot, _answer in batch:
             claim = slot.claim
             if claim.id in fenced:
                 self.stats.fenced += 1
@@ -361,17 +405,17 @@ class Worker:
                     claim.id,
                     claim.attempt,
                 )
+                retract(self.home, claim.job, claim.id, claim.attempt)
                 shutil.rmtree(staging_dir(self.home, claim.id, claim.attempt), ignore_errors=True)
                 continue
             self.stats.done += 1
             self.stats.ids.append(claim.id)
-            if answer.get("output") and publish(self.home, claim.job, claim.id, claim.attempt):
-                self.queue.mark_materialized(claim.id)
         return claims
 
     def _recorded_before(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
         """After a database error, the first attempt to record a success may have
-        committed after all: then publish its output instead of discarding it."""
+        committed after all (its output was published before): then it counts as done
+        instead of being discarded."""
         claim = slot.claim
         row = self.queue.get(claim.id)
         if not (answer and answer.get("ok") and row["state"] == "DONE"):
@@ -380,10 +424,6 @@ class Worker:
             return False
         self.stats.done += 1
         self.stats.ids.append(claim.id)
-        if row["output_attempt"] == claim.attempt and publish(
-            self.home, claim.job, claim.id, claim.attempt
-        ):
-            self.queue.mark_materialized(claim.id)
         return True
 
     def _retry_unrecorded(self) -> None:
@@ -624,13 +664,14 @@ def run_here(
                 outcome = "DONE"
                 try:
                     if answer["ok"]:
+                        if answer["output"]:  # published first: DONE means it is in place
+                            publish(home, claim.job, claim.id, claim.attempt)
                         queue.succeed_and_claim(claim, bool(answer["output"]), worker_id, host, 0)
-                        if answer["output"] and publish(home, claim.job, claim.id, claim.attempt):
-                            queue.mark_materialized(claim.id)
                     else:
                         outcome = queue.fail(claim.id, claim.attempt, answer["error"])
                 except FencedError as exc:
                     outcome = f"FENCED ({exc})"
+                    retract(home, claim.job, claim.id, claim.attempt)
                     shutil.rmtree(staging_dir(home, claim.id, claim.attempt), ignore_errors=True)
                 if on_chunk is not None:
                     on_chunk(claim, outcome if answer["ok"] else f"{outcome}\n{answer['error']}")

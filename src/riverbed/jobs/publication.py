@@ -1,0 +1,185 @@
+"""Where a chunk's output lives, and how an attempt's output becomes *the* output.
+
+The one owner of the output layout under ``<home>/jobs``::
+
+    staging/<chunk>-<attempt>/              an attempt writes here while it runs (private)
+    output/<job>/.attempts/chunk=<chunk>-<attempt>/   published attempts (immutable)
+    output/<job>/chunk=<chunk>              → .attempts/chunk=<chunk>-<attempt> (symlink)
+
+**The ordering guarantee.** A worker publishes an attempt's output *before* it records
+the chunk DONE, so anyone who sees DONE (a dependent chunk, the CLI, the console) finds
+the output in place. Publication cannot be fenced by the database (it is a file-system
+step), so it is fenced by the attempt number instead, which only grows per chunk:
+
+1. ``rename`` the staging directory to the attempt's own name under ``.attempts/`` —
+   no other attempt ever writes there, so two writers never collide;
+2. under the job's publication lock (``flock``), point ``chunk=<id>`` at it with one
+   atomic ``rename`` of a new symlink, **unless a newer attempt is already there**;
+3. ``fsync`` what was renamed, then the worker records DONE (fenced by its claim).
+
+A zombie (an older attempt, reclaimed while it was stopped) may still publish before the
+current attempt does; the current attempt then replaces it, and a zombie arriving after
+the current attempt is refused at step 2. A fenced or failed attempt retracts what it
+published (:func:`retract`). Publishing is idempotent: any number of callers may
+publish the same attempt at once (the worker after a database error, an orchestrator
+finishing a crashed worker's leftovers); each returns whether that attempt is published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from riverbed.files import fsync_dir
+
+__all__ = [
+    "attempt_dir",
+    "publish",
+    "published_attempt",
+    "published_dir",
+    "retract",
+    "staging_dir",
+]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
+
+
+def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
+    """Where attempt ``attempt`` of chunk ``chunk_id`` writes its output while it runs."""
+    return home / "jobs" / "staging" / f"{chunk_id}-{attempt}"
+
+
+def job_output_dir(home: Path, job: str) -> Path:
+    """The published outputs of ``job``: one ``chunk=<id>`` entry per chunk."""
+    return home / "jobs" / "output" / job
+
+
+def published_dir(home: Path, job: str, chunk_id: int) -> Path:
+    """The published output of a chunk (a symlink to the attempt that published it)."""
+    return job_output_dir(home, job) / f"chunk={chunk_id}"
+
+
+def attempt_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
+    """Attempt ``attempt``'s output once moved out of staging (never rewritten)."""
+    return job_output_dir(home, job) / ATTEMPTS / f"chunk={chunk_id}-{attempt}"
+
+
+def published_attempt(home: Path, job: str, chunk_id: int) -> int | None:
+    """The attempt whose output ``chunk=<id>`` shows now, or None (nothing published).
+    A directory left by riverbed before attempts were named counts as attempt 0."""
+    link = published_dir(home, job, chunk_id)
+    try:
+        target = os.readlink(link)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # a real directory: published by an older riverbed
+            return 0
+        raise
+    return int(Path(target).name.rsplit("-", 1)[1])
+
+
+def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
+    """Make attempt ``attempt``'s staged output the chunk's published output (see the
+    module doc). True if that attempt's output is the published one when this returns;
+    False if it staged nothing or a newer attempt published first (then its own copy is
+    removed)."""
+    staged = staging_dir(home, chunk_id, attempt)
+    mine = attempt_dir(home, job, chunk_id, attempt)
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    for path, _dirs, files in os.walk(staged):  # the bytes first, then the names
+        for name in files:
+            _fsync_file(Path(path) / name)
+    try:
+        os.rename(staged, mine)  # step 1
+        fsync_dir(mine.parent)
+        fsync_dir(staged.parent)
+    except FileNotFoundError:
+        pass  # another caller moved it already, or nothing was staged
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if not mine.is_dir():
+        return published_attempt(home, job, chunk_id) == attempt
+    link = published_dir(home, job, chunk_id)
+    with _locked(home, job):  # step 2
+        current = published_attempt(home, job, chunk_id)
+        if current == attempt:
+            return True
+        if current is not None and current > attempt:
+            log.warning(
+                "chunk %s attempt %s: attempt %s published first; this output is discarded",
+                chunk_id,
+                attempt,
+                current,
+            )
+            shutil.rmtree(mine, ignore_errors=True)
+            return False
+        old = _target(link)
+        if current == 0:  # an older riverbed's real directory: make way (not atomic)
+            shutil.rmtree(link)
+        tmp = link.with_name(f".{link.name}-{attempt}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(Path(ATTEMPTS) / mine.name, tmp)
+        os.replace(tmp, link)
+        fsync_dir(link.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)  # an older attempt's output, now unseen
+    return True
+
+
+def retract(home: Path, job: str, chunk_id: int, attempt: int) -> None:
+    """Unpublish the chunk's output if it is of attempt ``attempt`` or older — for an
+    attempt that was fenced or failed (a newer attempt's output stays)."""
+    link = published_dir(home, job, chunk_id)
+    if published_attempt(home, job, chunk_id) is None:
+        return  # the common case, decided without the lock: nothing to retract
+    with _locked(home, job):
+        current = published_attempt(home, job, chunk_id)
+        if current is None or current > attempt or current == 0:
+            return
+        old = _target(link)
+        link.unlink()
+        fsync_dir(link.parent)
+    log.info("chunk %s: retracted the output of attempt %s", chunk_id, current)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(attempt_dir(home, job, chunk_id, attempt), ignore_errors=True)
+
+
+def _target(link: Path) -> Path | None:
+    try:
+        return link.parent / os.readlink(link)
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _locked(home: Path, job: str) -> Iterator[None]:
+    """The job's publication lock: one publisher of this job's chunks at a time on this
+    file system (a readlink, a symlink and a rename: held for well under a millisecond)."""
+    path = job_output_dir(home, job) / ATTEMPTS / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

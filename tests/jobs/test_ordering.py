@@ -1,0 +1,80 @@
+"""What a dependent may assume when it starts: its upstream chunks' output is in place.
+
+Workers here publish and record DONE with a failpoint between the two steps
+(``RIVERBED_JOBS_FAULT``): a 0.3 s delay, and a SIGKILL of the worker with probability
+0.3, at that point of every success. Whatever the order of those two steps, a dependent
+chunk claimed in that window, or after a crash in it, must find its inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.jobs.cluster import Cluster, published, run_state
+
+pytestmark = pytest.mark.slow
+
+UP = """
+from riverbed.jobs import Job
+
+def main(ctx, work_ids):
+    for w in work_ids:
+        ctx.output.write_json(f"id={w}.json", {"w": w, "chunk": ctx.chunk_id,
+                                               "attempt": ctx.attempt})
+
+job = Job(main=main, chunk_size=1, retries=9, retry_backoff=0)
+"""
+
+DOWN = """
+import json, os, pathlib
+from riverbed.jobs import Dependency, Job
+
+def main(ctx, work_ids):
+    marks = pathlib.Path(os.environ["MARKS"])
+    for w in work_ids:
+        path = ctx.published("up", f"id={w}.json")
+        seen = json.loads(path.read_text()) if path is not None else None
+        (marks / f"read-{ctx.chunk_id}-{ctx.attempt}-{w}").write_text(json.dumps(seen))
+    ctx.output.write_json("done.json", {"ids": work_ids})
+
+job = Job(main=main, chunk_size=2, retries=9, retry_backoff=0,
+          dependencies=[Dependency("up")])
+"""
+
+IDS = 24
+
+
+def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) -> None:
+    (cluster.tmp / "jobs" / "up.py").write_text(UP)
+    (cluster.tmp / "jobs" / "down.py").write_text(DOWN)
+    cluster.env["RIVERBED_JOBS_FAULT"] = "publish_done:0.3:0.3"
+    cluster.orchestrator("o1")
+    workers = [cluster.worker() for _ in range(3)]
+    run = cluster.cli("submit", "down", "--work-ids", f"1-{IDS}")["run"]
+    kills = 0
+    deadline = time.monotonic() + 150
+    while run_state(cluster, run) == "MASTER":  # a supervisor: restart what the fault killed
+        assert time.monotonic() < deadline, "the run did not end in 150 s"
+        for i, w in enumerate(workers):
+            if w.poll() is not None:
+                kills += 1
+                workers[i] = cluster.worker()
+        time.sleep(0.1)
+    assert run_state(cluster, run) == "DONE"
+    assert kills >= 1  # the failpoint killed workers in the window (P(none) ~ 1e-5)
+
+    up = {row["id"]: row for row in cluster.queue.graph(run) if row["job"] == "up"}
+    final = {}  # work id -> the up output that is published (and recorded) now
+    for chunk_id, out in published(cluster, "up", "id=*.json").items():
+        assert out["attempt"] == up[chunk_id]["output_attempt"] == up[chunk_id]["attempt"]
+        final[out["w"]] = out
+    assert sorted(final) == list(range(1, IDS + 1))
+    reads = sorted(cluster.marks.glob("read-*"))
+    assert {int(p.name.rsplit("-", 1)[1]) for p in reads} == set(range(1, IDS + 1))
+    for path in reads:  # every read, by every attempt of every dependent
+        seen = json.loads(path.read_text())
+        w = int(path.name.rsplit("-", 1)[1])
+        assert seen == final[w], f"{path.name} read {seen}, published is {final[w]}"
