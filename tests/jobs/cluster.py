@@ -19,7 +19,7 @@ from riverbed.jobs import Job
 
 def main(ctx, work_ids, sleep=0.0, fail_on=None):
     marks = pathlib.Path(os.environ["MARKS"])
-    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").touch()
+    (marks / f"start-{ctx.chunk_id}-{ctx.attempt}").write_text(str(os.getpid()))
     if fail_on is not None and fail_on in work_ids:
         raise ValueError(f"poison work id {fail_on}")
     time.sleep(sleep)

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from riverbed.control import connect
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.schema import chunks, fires, meta
+from riverbed.jobs.worker import log_path
 from tests.jobs.cluster import Cluster, published, run_state, until
 
 pytestmark = pytest.mark.slow
@@ -381,3 +382,28 @@ def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     assert spec.job.output == str(cluster.tmp / "trout")
     got = Output(str(cluster.tmp / "trout")).read("rows").to_pandas()
     assert_same(got, pandas_rows(spec.job, frame), exact=False)
+
+
+def test_an_executor_whose_worker_was_killed_stops_quietly(cluster: Cluster) -> None:
+    """SIGKILL a worker mid-chunk: its executor (own process group, so not killed with
+    it) stops its chunk at once and exits with one log line — no traceback anywhere."""
+    cluster.orchestrator("o1")
+    doomed = cluster.worker()
+    run = cluster.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=60")["run"]
+    (mark,) = until(lambda: list(cluster.marks.glob("start-*")), 30, "the chunk to start")
+    executor = int(until(mark.read_text, 5, "the executor's pid"))
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    until(lambda: not Path(f"/proc/{executor}").exists(), 10, "the orphaned executor to exit")
+    cluster.worker()
+    until(
+        lambda: run_state(cluster, run) != "MASTER" or len(cluster.marks_of("start")) > 1,
+        60,
+        "the chunk to be reaped and started again",
+    )
+    assert cluster.marks_of("end") == []  # the orphan did not finish its chunk
+    chunk, attempt = (int(part) for part in mark.name.split("-")[1:])
+    said = log_path(cluster.home, chunk, attempt).read_text()  # the attempt's own log
+    assert said.count(f"its worker (pid {doomed.pid}) is gone; stopping its chunk") == 1
+    for log in [*cluster.tmp.glob("*.log"), *(cluster.home / "jobs" / "logs").glob("*.log")]:
+        assert "Traceback" not in log.read_text(), log.name

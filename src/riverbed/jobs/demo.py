@@ -40,6 +40,7 @@ from rich.table import Table
 
 import riverbed
 from riverbed.config import Config
+from riverbed.jobs.publication import job_output_dir, staging_root
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import plan, submit
 from riverbed.jobs.spec import Catalog
@@ -283,7 +284,7 @@ class _Watch:
 
 
 def _published(home: Path, job: str) -> dict[int, Path]:
-    root = home / "jobs" / "output" / job
+    root = job_output_dir(home, job)
     return {int(d.name[6:]): d for d in root.glob("chunk=*")}
 
 
@@ -357,7 +358,7 @@ def closing_table(
     console.print()
     console.print(table)
     once = all(day_files[d] == 1 for d in oracle)
-    staged = sorted(p.name for p in (home / "jobs" / "staging").glob("*"))
+    staged = sorted(p.name for p in staging_root(home).glob("*"))
     verdict = "[green]yes[/green]" if once else "[red]no[/red]"
     console.print(
         f"each day's usage published exactly once: {verdict}"

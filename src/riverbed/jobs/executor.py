@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from riverbed.config import SparkConfig
 from riverbed.jobs.context import Context, Output, staging_dir
 from riverbed.jobs.spec import Catalog
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -105,6 +110,29 @@ class ChunkRunner:
             return {"ok": False, "error": traceback.format_exc()}
 
 
+def _stop_with_the_worker() -> None:
+    """When the worker that spawned this executor dies (SIGKILL, OOM), stop at once:
+    the chunk's claim dies with the worker's lease and another attempt reruns it, so
+    finishing it here is wasted and could only be fenced. One log line, no traceback;
+    the job's own children (a Spark JVM) go with the process group."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        log.warning(
+            "executor %s: its worker (pid %s) is gone; stopping its chunk and exiting",
+            os.getpid(),
+            parent.pid,
+        )
+        for handler in logging.getLogger("riverbed").handlers:
+            handler.flush()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="riverbed-executor-watch", daemon=True).start()
+
+
 def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str | None) -> None:
     """Entry point of an executor child (spawned by the worker)."""
     with contextlib.suppress(OSError):
@@ -114,17 +142,22 @@ def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str 
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("riverbed").addHandler(handler)
     logging.getLogger("riverbed").setLevel(logging.INFO)
+    _stop_with_the_worker()
     spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
     runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config)
     while True:
         try:
             req = conn.recv()
         except (EOFError, OSError):
-            return
+            return  # the worker closed the pipe, or died: nothing to answer
         if req is None:
             return
         with _redirected(Path(req["log"])):
             answer = runner.run(req)
             if not answer["ok"]:
                 print(answer["error"], file=sys.stderr)  # noqa: T201 - into the attempt's log
-        conn.send(answer)
+        try:
+            conn.send(answer)
+        except OSError:  # BrokenPipeError, ConnectionResetError: the worker is gone
+            log.warning("executor %s: its worker is gone; the answer is dropped", os.getpid())
+            return

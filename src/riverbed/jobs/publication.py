@@ -45,6 +45,7 @@ __all__ = [
     "published_dir",
     "retract",
     "staging_dir",
+    "staging_root",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,14 @@ log = logging.getLogger(__name__)
 ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
 
 
+def staging_root(home: Path) -> Path:
+    """Where running attempts stage their output, one directory each."""
+    return home / "jobs" / "staging"
+
+
 def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
     """Where attempt ``attempt`` of chunk ``chunk_id`` writes its output while it runs."""
-    return home / "jobs" / "staging" / f"{chunk_id}-{attempt}"
+    return staging_root(home) / f"{chunk_id}-{attempt}"
 
 
 def job_output_dir(home: Path, job: str) -> Path:
