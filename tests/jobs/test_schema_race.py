@@ -40,12 +40,13 @@ def _create_in_rounds(dsns: list[str], barrier: Any, answers: Any) -> None:
 
 def _previous_schema(dsn: str) -> None:
     """The schema as an older riverbed left it: the claim index the pending-chunks
-    index replaced, and none of the indexes added since."""
+    index replaced, and none of the indexes and columns added since."""
     db = Database(dsn)
     with db.write() as conn:
         metadata.create_all(conn)
         conn.execute(text("DROP INDEX rb_jobs_pending"))
         conn.execute(text("DROP INDEX rb_jobs_edges_down"))
+        conn.execute(text("ALTER TABLE rb_jobs_schedules DROP COLUMN catchup"))
         conn.execute(text("CREATE INDEX rb_jobs_claim ON rb_jobs_chunks (state, not_before, id)"))
         conn.execute(
             meta.insert().values(id=1, schema_version=SCHEMA_VERSION, term=0, leader="", since=0)
@@ -88,6 +89,8 @@ def test_processes_started_together_all_create_or_upgrade_the_schema(
             assert set(metadata.tables) <= names
             indexes = {i["name"] for i in inspect(conn).get_indexes("rb_jobs_chunks")}
             assert "rb_jobs_pending" in indexes and "rb_jobs_claim" not in indexes
+            columns = {c["name"] for c in inspect(conn).get_columns("rb_jobs_schedules")}
+            assert "catchup" in columns
             assert conn.execute(select(func.count()).select_from(meta)).scalar_one() == 1
             assert conn.execute(select(meta.c.schema_version)).scalar_one() == SCHEMA_VERSION
         db.dispose()

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from riverbed.jobs import Catalog, Job, Schedule, SpecError, WorkIdsError, parse_work_ids
-from riverbed.jobs.cron import due_fire, latest_fire, next_fire, parse_cron
+from riverbed.jobs.cron import (
+    due_fire,
+    due_fires,
+    latest_fire,
+    missed_fires,
+    next_fire,
+    parse_cron,
+)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -154,6 +161,55 @@ def test_due_fire_runs_at_most_once_the_latest_missed_fire_inside_grace(
         assert due_fire(expr, fire, now, grace) is None  # recorded → never again
     else:
         assert (last is not None and latest <= last) or now - latest > grace
+
+
+def _every_fire(expr: str, after: float, upto: float) -> list[float]:
+    """Brute force: every fire time in (after, upto]."""
+    out, fire = [], next_fire(expr, after)
+    while fire <= upto:
+        out.append(fire)
+        fire = next_fire(expr, fire)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "0 0 * * 1"]),
+    st.floats(1.7e9, 1.8e9),
+    st.one_of(st.none(), st.floats(0, 5e4)),
+    st.floats(0, 7200),
+    st.sampled_from(["all", "latest"]),
+)
+def test_due_fires_catch_up_every_fire_inside_grace_once_or_only_the_latest(
+    expr: str, now: float, since_last: float | None, grace: float, catchup: str
+) -> None:
+    last = None if since_last is None else latest_fire(expr, now - since_last)
+    fires = due_fires(expr, last, now, grace, catchup)
+    inside = [] if last is None else [f for f in _every_fire(expr, last, now) if now - f <= grace]
+    newest = due_fire(expr, last, now, grace)
+    if last is None or catchup == "latest":
+        assert fires == ([] if newest is None else [newest])
+    else:
+        assert fires == inside  # every missed fire inside the grace, oldest first, once
+    assert fires == sorted(set(fires))
+    if fires:  # recorded one by one → nothing is due again
+        assert due_fires(expr, fires[-1], now, grace, catchup) == []
+    missed, newest_missed = missed_fires(expr, last, now, grace)
+    if last is not None:  # every fire after last is run now, missed, or superseded
+        every = _every_fire(expr, last, now)
+        assert missed == sum(1 for f in every if now - f > grace)
+        assert newest_missed == max((f for f in every if now - f > grace), default=None)
+        if catchup == "all":
+            assert missed + len(fires) == len(every)
+
+
+def test_a_failover_longer_than_the_period_still_runs_each_fire_once() -> None:
+    """o1 fired 08:44 and died; o2 first ticks at 08:46:10: 08:45 and 08:46 both run."""
+    t = 1_800_000_000.0 - 1_800_000_000.0 % 3600 + 8 * 3600 + 44 * 60
+    assert due_fires("* * * * *", t, t + 130, 600) == [t + 60, t + 120]
+    assert due_fires("* * * * *", t, t + 130, 600, "latest") == [t + 120]
+    with pytest.raises(ValueError, match="catchup must be one of all, latest"):
+        due_fires("* * * * *", t, t + 130, 600, "some")
 
 
 def test_a_schedule_may_be_a_dict_and_a_bad_one_is_named() -> None:

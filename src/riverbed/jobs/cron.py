@@ -1,11 +1,22 @@
 """Cron: which fire times are due, decided purely from times (UTC, seconds).
 
 The orchestrator stores, per schedule, the last fire time it submitted. At each tick,
-:func:`due_fire` answers with at most **one** fire: the latest fire time at or before
-now that is after the stored one, if it is still within the grace window — so after
-an outage a schedule runs once, not once per missed tick, and a fire older than the
-grace is skipped. Fires are recorded under a unique (schedule, fire time) key in the
-same transaction as the submission, so a failover can never fire one twice.
+:func:`due_fires` answers with the fire times to submit now, oldest first — fire times
+after the stored one, at or before now, and no older than the schedule's ``grace``.
+What happens to fires that fell due while no orchestrator ticked (an outage, or a
+leadership move slower than the schedule's period) is the schedule's **catch-up
+policy**, as in Airflow's ``catchup``:
+
+* ``"all"`` (default): every missed fire inside the grace window runs, once each,
+  oldest first — a failover never drops a fire;
+* ``"latest"``: only the newest missed fire runs (for jobs where a newer run
+  supersedes older ones).
+
+Fires older than the grace are never run: :func:`missed_fires` counts them, and the
+orchestrator records and logs them as missed. Each fire is recorded under a unique
+(schedule, fire time) key in the same transaction as its submission, so no fire runs
+twice across any number of failovers. A schedule never fired before starts with the
+latest fire only (it does not backfill its past).
 """
 
 from __future__ import annotations
@@ -14,7 +25,18 @@ from datetime import UTC, datetime
 
 from cronsim import CronSim, CronSimError
 
-__all__ = ["due_fire", "latest_fire", "next_fire", "parse_cron"]
+__all__ = [
+    "CATCHUP",
+    "due_fire",
+    "due_fires",
+    "latest_fire",
+    "missed_fires",
+    "next_fire",
+    "parse_cron",
+]
+
+CATCHUP = ("all", "latest")  # the catch-up policies (see the module doc)
+MAX_CATCHUP = 1000  # fires submitted by one catch-up at most (a tiny period, a long grace)
 
 
 def parse_cron(expr: str) -> CronSim:
@@ -59,3 +81,38 @@ def due_fire(expr: str, last: float | None, now: float, grace: float) -> float |
     if now - fire > grace:
         return None
     return fire
+
+
+def due_fires(
+    expr: str, last: float | None, now: float, grace: float, catchup: str = "all"
+) -> list[float]:
+    """The fire times to submit now, oldest first (see the module doc)."""
+    if catchup not in CATCHUP:
+        raise ValueError(f"catchup must be one of {', '.join(CATCHUP)}, not {catchup!r}")
+    newest = due_fire(expr, last, now, grace)
+    if newest is None or last is None or catchup == "latest":
+        return [] if newest is None else [newest]
+    fires: list[float] = []
+    fire = next_fire(expr, max(last, now - grace - 1.0))
+    while fire <= newest and len(fires) < MAX_CATCHUP:
+        if now - fire <= grace:
+            fires.append(fire)
+        fire = next_fire(expr, fire)
+    if not fires or fires[-1] != newest:
+        fires.append(newest)  # past the cap: the newest still runs
+    return fires
+
+
+def missed_fires(
+    expr: str, last: float | None, now: float, grace: float, cap: int = 10_000
+) -> tuple[int, float | None]:
+    """Fires after ``last`` that are older than ``grace`` at ``now`` — those that can no
+    longer run: how many (counted up to ``cap``) and the newest of them."""
+    if last is None:
+        return 0, None
+    count, newest = 0, None
+    fire = next_fire(expr, last)
+    while now - fire > grace and count < cap:
+        count, newest = count + 1, fire
+        fire = next_fire(expr, fire)
+    return count, newest

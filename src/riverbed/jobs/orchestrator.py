@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,7 @@ class Orchestrator:
                         if sched.work_ids is None
                         else json.dumps(list(sched.work_ids)),
                         "grace": sched.grace_seconds,
+                        "catchup": sched.catchup,
                     }
                 )
         self.queue.sync_schedules(term, wanted)
@@ -187,29 +189,48 @@ class Orchestrator:
         return master
 
     def _fire(self, term: int) -> None:
+        """Submit each schedule's due fires, oldest first, each once (its own
+        transaction, keyed by fire time); record the ones too old to run."""
         rows = self.queue.schedules()
         if not rows:
             return
         now = self.queue.now()
         for row in rows:
-            fire_time = cron.due_fire(row["cron"], row["last_fire"], now, row["grace"])
-            if fire_time is None:
-                continue
-            job = row["job"]
-            try:
-                spec = self.catalog.get(job).spec
-                master = self.queue.fire(
-                    term,
-                    job,
-                    fire_time,
-                    spec.allow_multiple_jobs,
-                    functools.partial(self._submit_fire, row, fire_time),
+            job, expr, last, grace = row["job"], row["cron"], row["last_fire"], row["grace"]
+            missed, newest_missed = cron.missed_fires(expr, last, now, grace)
+            if newest_missed is not None:
+                note = (
+                    f"missed: {missed} fire(s) from {_utc(cron.next_fire(expr, last))} to "
+                    f"{_utc(newest_missed)} fell due while no orchestrator ran and are "
+                    f"older than the grace ({grace:.0f}s)"
                 )
-            except FencedError:
-                raise
-            except JobsError as exc:
-                log.error("schedule of job '%s' could not fire: %s", job, exc)
-                continue
-            if master is not None:
-                self.stats.fired += 1
-                log.info("cron fired %s at %s → run %s", job, fire_time, master)
+                if self.queue.missed(term, job, newest_missed, note):
+                    log.warning("schedule of job '%s': %s", job, note)
+            for fire_time in cron.due_fires(expr, last, now, grace, row["catchup"]):
+                try:
+                    spec = self.catalog.get(job).spec
+                    if (
+                        row["catchup"] == "all"
+                        and not spec.allow_multiple_jobs
+                        and self.queue.active_run(job) is not None
+                    ):
+                        break  # one run at a time: this fire waits (inside its grace)
+                    master = self.queue.fire(
+                        term,
+                        job,
+                        fire_time,
+                        spec.allow_multiple_jobs,
+                        functools.partial(self._submit_fire, row, fire_time),
+                    )
+                except FencedError:
+                    raise
+                except JobsError as exc:
+                    log.error("schedule of job '%s' could not fire: %s", job, exc)
+                    break
+                if master is not None:
+                    self.stats.fired += 1
+                    log.info("cron fired %s at %s → run %s", job, _utc(fire_time), master)
+
+
+def _utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")

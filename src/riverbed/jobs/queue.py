@@ -649,7 +649,7 @@ class JobQueue(QueueReader):
             for gone in set(have) - names:
                 conn.execute(schedules.delete().where(schedules.c.job == gone))
             for w in wanted:
-                values = {k: w[k] for k in ("cron", "kwargs", "work_ids", "grace")}
+                values = {k: w[k] for k in ("cron", "kwargs", "work_ids", "grace", "catchup")}
                 if w["job"] in have:
                     old = have[w["job"]]
                     if any(getattr(old, k) != v for k, v in values.items()):
@@ -684,11 +684,7 @@ class JobQueue(QueueReader):
                 return None
             master: int | None = None
             note = None
-            running = conn.execute(
-                select(chunks.c.id).where(
-                    chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
-                )
-            ).first()
+            running = self._active_run(conn, job)
             if running is not None and not allow_multiple:
                 note = f"skipped: run {running[0]} still active (allow_multiple_jobs=False)"
             else:
@@ -700,6 +696,38 @@ class JobQueue(QueueReader):
                 update(schedules).where(schedules.c.job == job).values(last_fire=fire_time)
             )
             return master
+
+    def active_run(self, job: str) -> int | None:
+        """A run of ``job`` that has not ended, if any."""
+        with self.db.read() as conn:
+            row = self._active_run(conn, job)
+            return None if row is None else int(row[0])
+
+    @staticmethod
+    def _active_run(conn: Connection, job: str) -> Any:
+        return conn.execute(
+            select(chunks.c.id).where(
+                chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
+            )
+        ).first()
+
+    def missed(self, term: int, job: str, fire_time: float, note: str) -> bool:
+        """Record that fires up to ``fire_time`` can no longer run (older than the
+        schedule's grace): one row under the newest of them, and ``last_fire`` moves
+        past them. False if another leader recorded it first."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            if conn.execute(
+                select(fires.c.job).where(fires.c.job == job, fires.c.fire_time == fire_time)
+            ).first():
+                return False
+            conn.execute(insert(fires).values(job=job, fire_time=fire_time, master=None, note=note))
+            conn.execute(
+                update(schedules)
+                .where(schedules.c.job == job, schedules.c.last_fire < fire_time)
+                .values(last_fire=fire_time)
+            )
+            return True
 
     # -- user actions ---------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     literal_column,
     select,
     text,
@@ -159,6 +160,7 @@ schedules = Table(
     Column("kwargs", Text, nullable=False),
     Column("work_ids", Text),
     Column("grace", Float, nullable=False),
+    Column("catchup", Text, nullable=False, server_default="all"),  # added after version 1
     Column("last_fire", Float),
     Column("updated_at", Float, nullable=False),
 )
@@ -308,6 +310,15 @@ class Database:
                 for index in table.indexes:
                     index.create(conn, checkfirst=True)
             conn.execute(text("DROP INDEX IF EXISTS rb_jobs_claim"))
+            # Columns added since (create_all adds none to an existing table).
+            have = {c["name"] for c in inspect(conn).get_columns("rb_jobs_schedules")}
+            if "catchup" not in have:
+                conn.execute(
+                    text(
+                        "ALTER TABLE rb_jobs_schedules "
+                        "ADD COLUMN catchup TEXT NOT NULL DEFAULT 'all'"
+                    )
+                )
             row = conn.execute(select(meta.c.schema_version).where(meta.c.id == 1)).first()
             if row is None:
                 conn.execute(

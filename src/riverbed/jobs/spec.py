@@ -107,21 +107,29 @@ class Dependency:
 @dataclass(frozen=True)
 class Schedule:
     """When cron submits the job: a five-field cron expression (UTC), the kwargs and
-    work ids of each fire, and how late a missed fire may still run (once)."""
+    work ids of each fire, how late a missed fire may still run (``grace``), and which
+    missed fires run after an outage (``catchup``: ``"all"`` — each once, oldest
+    first — or ``"latest"`` only; see :mod:`riverbed.jobs.cron`)."""
 
     cron: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     work_ids: Sequence[int] | None = None
     grace: Duration = "10m"
+    catchup: str = "all"
 
     def __post_init__(self) -> None:
-        from riverbed.jobs.cron import parse_cron
+        from riverbed.jobs.cron import CATCHUP, parse_cron
 
         try:
             parse_cron(self.cron)
             duration_seconds(self.grace)
         except ValueError as exc:
             raise SpecError(f"schedule {self.cron!r}: {exc}") from None
+        if self.catchup not in CATCHUP:
+            raise SpecError(
+                f"schedule {self.cron!r}: catchup must be 'all' (every missed fire inside "
+                f"the grace runs once) or 'latest' (only the newest), not {self.catchup!r}"
+            )
         object.__setattr__(self, "kwargs", _frozen(self.kwargs))
         if self.work_ids is not None:
             object.__setattr__(self, "work_ids", tuple(parse_work_ids(self.work_ids)))
@@ -176,10 +184,10 @@ class Job:
         if isinstance(sched, str):
             sched = Schedule(sched)
         elif isinstance(sched, Mapping):
-            unknown = set(sched) - {"cron", "kwargs", "work_ids", "grace"}
+            unknown = set(sched) - {"cron", "kwargs", "work_ids", "grace", "catchup"}
             if unknown or "cron" not in sched:
                 raise SpecError(
-                    f"{where}: schedule takes cron (required), kwargs, work_ids and grace"
+                    f"{where}: schedule takes cron (required), kwargs, work_ids, grace and catchup"
                     + (f", not {', '.join(sorted(unknown))}" if unknown else "")
                 )
             sched = Schedule(**sched)
