@@ -41,6 +41,12 @@ def test_the_stream_demo_survives_a_sigkill_and_equals_pandas(
     assert "exact distinct users: IDENTICAL to the independent answer" in text
     assert "HLL distinct users: WITHIN the error bound" in text
     assert "batch 0: 400 records" in text  # the driver's own lines still reach the terminal
+    # every batch that committed has its line, those the killed driver never printed too
+    lines = text.splitlines()
+    for batch in range(10):
+        assert any(line.startswith(f"batch {batch}: 400 records") for line in lines), batch
+    # the jump in terms is explained, not left to the reader
+    assert "took over from term" in text and "it only grows, and skips the" in text
     # a typed topic: the producer refuses malformed values, naming field and reason
     assert "field 'user_id' is 'x', which is not a long" in text
     assert "3 malformed records refused → clicks.rejected" in text

@@ -78,8 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.spark import session
-    from riverbed.stream.engine import input_rate
-    from riverbed.stream.job import run
+    from riverbed.stream.job import batch_line, resume_line, run
     from riverbed.stream.leader import DriverLease
 
     job = _job(args.spec)
@@ -95,20 +94,18 @@ def _run(args: argparse.Namespace) -> int:
         spark = session(spark_config)
         if lease.term is None:
             lease.acquire(on_standby=lambda message: err.print(message))
-        err.print(f"active driver for {job.aggregation.name} (term {lease.term})")
+        err.print(lease.describe())
     except BaseException:
         lease.close()
         raise
 
     def progress(batch_id: int, record: dict[str, Any]) -> None:
-        per_second = input_rate(record)
-        rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
-        err.print(
-            f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
-            f"{record.get('malformed', 0)} malformed{rate}"
-        )
+        err.print(batch_line(batch_id, record))
 
     err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
+    resuming = resume_line(job)
+    if resuming is not None:
+        err.print(resuming)
     try:
         run(
             spark,

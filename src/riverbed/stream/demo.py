@@ -14,13 +14,13 @@
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +33,8 @@ from rich.table import Table
 import riverbed.log
 from riverbed.config import Config
 from riverbed.log.errors import RecordRejectedError
+from riverbed.stream.engine import BatchLog
+from riverbed.stream.job import batch_line
 
 console = Console(highlight=False)
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -133,39 +135,65 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         "--ttl",  # the restarted driver waits out the killed one's lease: keep it short
         "4",
     ]
-    batches_dir = home / "checkpoints" / "flags_hourly" / "riverbed" / "batches"
+    checkpoint = home / "checkpoints" / "flags_hourly"
     console.print(
         "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 Spark "
         "tasks a batch, each reading one log partition straight into its state partition"
     )
-    # the driver's own lines go to this terminal (sys.stderr), not to where this
-    # process sends Spark's noise (fd 2: a log file, see riverbed.cli._quiet)
-    driver = subprocess.Popen(command, env=env, start_new_session=True, stderr=sys.stderr)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and driver.poll() is None:
-        done = [p for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")]
-        if len(done) >= 3:
-            # the driver prints finished batches every 0.5 s: let it print these first
-            time.sleep(0.6)
-            break
-        time.sleep(0.2)
+    # The driver's own lines come through a pipe (its Spark noise goes to a log file,
+    # see riverbed.cli._quiet): relayed here, so the demo knows which batches it printed.
+    driver = subprocess.Popen(
+        command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    printed: set[int] = set()
+    three = threading.Event()
+    relay = threading.Thread(target=_relay, args=(driver, printed, three), daemon=True)
+    relay.start()
+    three.wait(timeout=600)  # the driver reported three finished batches
     if driver.poll() is None:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and its Spark JVM, no goodbye
         driver.wait()
-        finished = sum(
-            1 for p in batches_dir.glob("*.json") if json.loads(p.read_text()).get("done")
-        )
+        relay.join(timeout=10)
+        batches = BatchLog(str(checkpoint))
+        done = [b for b in batches.ids() if (batches.get(b) or {}).get("done")]
         console.print(
-            f"[bold red]2. SIGKILL[/bold red] the driver after {finished} batches "
+            f"[bold red]2. SIGKILL[/bold red] the driver after {len(done)} committed batches "
             "(mid-stream, no clean shutdown)"
         )
+        for batch_id in done:  # committed, but the driver died before reporting them
+            if batch_id not in printed:
+                record = batches.get(batch_id) or {}
+                console.print(
+                    f"{batch_line(batch_id, record)}  [dim](committed before the kill; the "
+                    "driver died before printing it)[/dim]"
+                )
+        for batch_id in batches.ids():
+            if batch_id not in done:
+                console.print(
+                    f"batch {batch_id}: in flight at the kill — planned, not committed; the "
+                    "restarted driver runs it again exactly as planned"
+                )
     else:
+        relay.join(timeout=10)
         console.print("[yellow]the query finished before it could be killed[/yellow]")
     console.print("[bold]3.[/bold] restarting it: it resumes from the checkpoint")
     if subprocess.run(command, env=env, check=False, stderr=sys.stderr).returncode != 0:
         console.print("[red]the restarted query failed[/red]")
         return 1
     return _verdict(home, data)
+
+
+def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Event) -> None:
+    """Print the driver's lines as they come; note each batch it reports."""
+    assert driver.stderr is not None
+    for line in driver.stderr:
+        found = re.match(r"batch (\d+):", line)
+        if found:
+            printed.add(int(found[1]))
+            if len(printed) >= 3:
+                three.set()
+        console.print(line.rstrip("\n"), markup=False, highlight=False)
+    three.set()  # the driver ended
 
 
 def _verdict(home: Path, data: pd.DataFrame) -> int:

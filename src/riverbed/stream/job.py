@@ -141,6 +141,39 @@ def job_for(
     )
 
 
+def batch_line(batch_id: int, record: dict[str, Any]) -> str:
+    """How ``stream run`` (and the demo) report a finished batch, from its record."""
+    from riverbed.stream.engine import input_rate
+
+    per_second = input_rate(record)
+    rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
+    return (
+        f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
+        f"{record.get('malformed', 0)} malformed{rate}"
+    )
+
+
+def resume_line(job: Job) -> str | None:
+    """What a (re)started driver resumes from, or None on a fresh checkpoint."""
+    from riverbed.stream.engine import BatchLog
+
+    batches = BatchLog(str(job.checkpoint))
+    ids = batches.ids()
+    if not ids:
+        return None
+    newest = ids[-1]
+    record = batches.get(newest) or {}
+    if record.get("done"):
+        return (
+            f"resuming from the checkpoint: batches up to {newest} are committed; "
+            f"next is {newest + 1}"
+        )
+    return (
+        f"resuming from the checkpoint: batches up to {newest - 1} are committed; batch "
+        f"{newest} was planned and not finished, it runs again exactly as planned"
+    )
+
+
 def run(
     spark: Any,
     job: Job,
@@ -181,7 +214,10 @@ def run(
     from riverbed.stream.engine import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
-    reported = {int(p.stem) for p in batches.dir.glob("*.json")}  # earlier runs' batches
+    # earlier runs' finished batches; an unfinished newest one is re-run and reported
+    reported = set(batches.ids())
+    if reported and not (batches.get(max(reported)) or {}).get("done"):
+        reported.discard(max(reported))
 
     def report() -> None:
         for batch_id in batches.ids():

@@ -18,10 +18,11 @@ import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from riverbed.control import Election, Session, connect
 from riverbed.errors import RiverbedError
-from riverbed.stream.fencing import record_term
+from riverbed.stream.fencing import record_term, recorded_driver
 
 
 class AlreadyRunningError(RiverbedError):
@@ -45,6 +46,7 @@ class DriverLease:
         self.checkpoint = Path(checkpoint)
         self.ttl = ttl
         self.term: int | None = None
+        self.previous: dict[str, Any] | None = None  # the driver this one took over from
         self.driver = f"{socket.gethostname()}:{os.getpid()}"
         self.cp = connect(control_url)
         self.session: Session | None = None
@@ -73,8 +75,21 @@ class DriverLease:
         since = datetime.now(UTC).isoformat(timespec="seconds")
         value = json.dumps({"driver": self.driver, "since": since})
         self.term = self.election.campaign(value)
+        self.previous = recorded_driver(self.checkpoint)
         record_term(self.checkpoint, self.term, self.driver, since)
         return self.term
+
+    def describe(self) -> str:
+        """One line on this driver's term: whom it took over from, and why terms skip."""
+        line = f"active driver for {self.name} (term {self.term})"
+        if self.previous is None:
+            return line
+        return (
+            f"{line}; took over from term {self.previous['term']} (driver "
+            f"{self.previous['driver']}, active since {self.previous['since']}), whose "
+            "lease ended. A term is the control plane's revision when the election was "
+            "won: it only grows, and skips the numbers other writes took meanwhile"
+        )
 
     def still_leading(self) -> bool:
         """Asks the control plane: is our candidacy (and so our term) still the leader?"""
