@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -94,13 +95,19 @@ class Cluster:
             "RIVERBED_SPARK_MASTER": "local[1]",
         }
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.queue = JobQueue(self.db)
+        self.command = [sys.executable, "-m", "riverbed.cli.main"]
+
+    @functools.cached_property
+    def queue(self) -> JobQueue:
+        """The test's own view of the jobs database (made on first use, so processes
+        can be the first to meet a fresh database)."""
+        return JobQueue(self.db)
 
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         name = "-".join(args[:1]) + f"-{len(self.procs)}"
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "riverbed.cli.main", *args],
+            [*self.command, *args],
             env=self.env,
             cwd=self.tmp,
             stdout=log,
@@ -140,7 +147,8 @@ class Cluster:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        self.queue.close()
+        if "queue" in self.__dict__:
+            self.queue.close()
 
 
 def until(check: Callable[[], Any], timeout: float, what: str) -> Any:

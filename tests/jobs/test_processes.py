@@ -143,6 +143,7 @@ job = Job(main=main, schedule={"cron": "* * * * *", "grace": "10m"})
 """
 
 
+@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # waits for a minute
 def test_cron_fires_once_per_fire_time_across_an_orchestrator_failover(cluster: Cluster) -> None:
     """o1 fires the current minute as it starts, records it, and is SIGKILLed; o2 takes
     over, does not fire that minute again, and fires the next one."""
