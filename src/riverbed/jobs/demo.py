@@ -371,7 +371,10 @@ def closing_table(
             + (f"; unpublished zombie staging left: {', '.join(staged)}" if staged else "")
         )
     terms = ", ".join(f"{t} ({n})" for t, n in watch.terms)
-    console.print(f"orchestrator terms: {terms}")
+    console.print(
+        f"orchestrator terms: {terms}  (a term is the control plane's revision when the "
+        "election was won: it only grows, and skips what other writes took meanwhile)"
+    )
     failover = watch.killed_orchestrator is not None and len(watch.terms) >= 2
     console.print(
         "orchestrator failover: "
