@@ -6,7 +6,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +15,7 @@ from riverbed.log.records import (
     ColumnBatch,
     Columns,
     RawRecord,
+    Record,
     StoredBatch,
     encode_columns,
 )
@@ -355,3 +356,33 @@ class LogStorage(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: most storages hold nothing
         """Release files and locks."""
+
+
+class Sender(Protocol):
+    """What a consumer needs of a producer (the dead-letter topic's)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    def send(
+        self,
+        value: Any,
+        *,
+        key: bytes | str | int | None = None,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> Any: ...
+
+
+class TopicLog(Protocol):
+    """What consumer groups need of a log (:class:`riverbed.log.Log` is one): so the
+    group package depends on this interface, and the log on the group package."""
+
+    storage: LogStorage
+
+    def topic(self, name: str) -> TopicConfig: ...
+
+    def read(
+        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000
+    ) -> list[Record]: ...
+
+    def producer(self, topic: str) -> Sender: ...

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
 from riverbed.log.errors import LogError, SerdeError
+from riverbed.log.group.consumer import Consumer
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
 from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
 from riverbed.log.serdes import BUILTIN_SERDES, Serde
 
 if TYPE_CHECKING:
     from riverbed.control import ControlPlane
-    from riverbed.log.group.consumer import Consumer
 
 
 def _key_bytes(key: bytes | str | int | None) -> bytes | None:
@@ -167,8 +167,6 @@ class Log:
         self, cp: ControlPlane, group: str, topics: Sequence[str] | str, **options: Any
     ) -> Consumer:
         """Join consumer ``group`` for ``topics``; see :class:`riverbed.log.group.Consumer`."""
-        from riverbed.log.group.consumer import Consumer
-
         return Consumer(self, cp, group, [topics] if isinstance(topics, str) else topics, **options)
 
     def close(self) -> None:

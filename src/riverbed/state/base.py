@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 # ("put", key, value) | ("del", key, b"") | ("range", start, end): delete start <= key < end
 OpKind = Literal["put", "del", "range"]
@@ -72,3 +72,18 @@ class Engine(ABC):
     @abstractmethod
     def open_readonly(self, checkpoint: Path) -> LocalDB:
         """Open a checkpoint directory for reading, without copying or locking it."""
+
+
+class Committer(Protocol):
+    """How a store hands its staged batch to whoever keeps it durable (the provider):
+    ``(namespace, partition, db, (base version, base tag), new version, ops)``."""
+
+    def __call__(
+        self,
+        namespace: str,
+        partition: int,
+        db: LocalDB,
+        base: tuple[int, int],
+        new: int,
+        ops: Sequence[Op],
+    ) -> None: ...

@@ -212,7 +212,7 @@ class StateProvider:
         except BaseException:
             db.close()
             raise
-        return StateStore(self, namespace, partition, db)
+        return StateStore(self._commit, namespace, partition, db)
 
     def _resolve(
         self, namespace: str, partition: int, index: PartitionIndex, version: int | None

@@ -19,13 +19,9 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
-from riverbed.state.base import LocalDB, Op
+from riverbed.state.base import Committer, LocalDB, Op
 from riverbed.state.errors import StoreClosedError
-
-if TYPE_CHECKING:
-    from riverbed.state.provider import StateProvider
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -38,10 +34,8 @@ def prefix_end(prefix: bytes) -> bytes | None:
 class StateStore:
     """Read and stage writes on one partition at :attr:`version`; then commit or abort."""
 
-    def __init__(
-        self, provider: StateProvider, namespace: str, partition: int, db: LocalDB
-    ) -> None:
-        self.provider = provider
+    def __init__(self, commit: Committer, namespace: str, partition: int, db: LocalDB) -> None:
+        self._commit = commit  # the provider's: durable changelog, then the local db
         self.namespace = namespace
         self.partition = partition
         self.version, self._tag = db.marker
@@ -141,7 +135,7 @@ class StateStore:
                 "versions only grow (load an older version to redo a batch)"
             )
         try:
-            self.provider._commit(
+            self._commit(
                 self.namespace, self.partition, db, (self.version, self._tag), new, self._ops
             )
         finally:

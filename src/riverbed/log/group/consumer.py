@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from riverbed.control import (
     Compare,
@@ -52,12 +52,10 @@ from riverbed.control import (
     Registry,
     Session,
 )
+from riverbed.log.base import TopicLog
 from riverbed.log.errors import GroupError, OffsetOutOfRangeError
 from riverbed.log.group.assignors import ASSIGNORS, Assignor, TopicPartition
 from riverbed.log.records import Record
-
-if TYPE_CHECKING:  # log.py creates consumers: only the type is needed here
-    from riverbed.log.log import Log
 
 log = logging.getLogger(__name__)
 _STORAGE_WAIT_S = 0.25  # longest wait on a storage that wakes consumers on appends
@@ -132,7 +130,7 @@ class Consumer:
 
     def __init__(
         self,
-        log: Log,
+        log: TopicLog,
         cp: ControlPlane,
         group: str,
         topics: Sequence[str],
@@ -528,7 +526,7 @@ class Consumer:
         self.close()
 
 
-def describe_group(log_: Log, cp: ControlPlane, group: str) -> GroupDescription:
+def describe_group(log_: TopicLog, cp: ControlPlane, group: str) -> GroupDescription:
     """Members, leader, generation, owners, committed offsets and lag per partition."""
     keys = _Keys(group)
     members = [m.id for m in Registry(cp, keys.registry).members()]
@@ -568,7 +566,7 @@ def _time_ms(text: str) -> int:
 
 
 def reset_offsets(
-    log_: Log, cp: ControlPlane, group: str, to: str, topic: str | None = None
+    log_: TopicLog, cp: ControlPlane, group: str, to: str, topic: str | None = None
 ) -> dict[str, int]:
     """Move a group's committed offsets to ``to`` ("earliest", "latest", an offset, or
     an ISO time — each partition's first record at or after it) on every partition it

@@ -1,0 +1,1 @@
+"""riverbed ui: the web console over the read model (riverbed.ui.queries)."""
