@@ -42,6 +42,7 @@ import riverbed.log
 from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
+from riverbed.stream.layout import Checkpoint
 
 SCHEMA = "user_id long, flag string, ts timestamp"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -167,7 +168,7 @@ def trigger_breakdown(root: Path, mode: str, seconds: float) -> dict[str, float]
     the query's start (checks, co-location) and the loop between batches."""
     import json
 
-    directory = root / f"ckpt-bench_{mode}_colocated" / "riverbed" / "batches"
+    directory = Checkpoint(root / f"ckpt-bench_{mode}_colocated").batches
     records = [json.loads(p.read_text()) for p in directory.glob("*.json")]
     done = [r for r in records if r.get("done") and r.get("ms")]
     n = len(done)

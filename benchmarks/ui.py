@@ -28,6 +28,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from riverbed.stream.layout import Checkpoint
+
 SPEC = """
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling
 
@@ -99,12 +101,12 @@ def build(root: Path, args: argparse.Namespace, env: dict[str, str]) -> None:
     spec.write_text(SPEC)
     cli("stream", "run", str(spec), "--once", "--max-records-per-batch", "400", env=env)
     checkpoints = home / "checkpoints"
-    manifest = json.loads((checkpoints / "agg" / "riverbed" / "job.json").read_text())
+    manifest = json.loads(Checkpoint(checkpoints / "agg").manifest.read_text())
     for i in range(1, args.streams):
         name = f"agg-{i:02d}"
         shutil.copytree(checkpoints / "agg", checkpoints / name)
         shutil.copytree(checkpoints / "state" / "agg", checkpoints / "state" / name)
-        (checkpoints / name / "riverbed" / "job.json").write_text(
+        Checkpoint(checkpoints / name).manifest.write_text(
             json.dumps({**manifest, "name": name, "checkpoint": str(checkpoints / name)})
         )
     print(f"streams: 1 run on Spark, copied to {args.streams} "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.runner import read_results
 from riverbed.stream.windows import Hopping
 from tests.stream.conftest import make_events, write_events
@@ -55,7 +56,7 @@ def test_driver_killed_seven_times_still_gives_the_oracle(
         "--ttl",
         "3",  # a restarted driver waits out the killed one's lease (leader.py) before work
     ]
-    batches = home / "checkpoints" / "crashy" / "riverbed" / "batches"
+    batches = Checkpoint(home / "checkpoints" / "crashy").batches
     rng = random.Random(5)
     kills = 0
     for _ in range(KILLS):

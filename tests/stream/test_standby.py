@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.runner import read_results
 from tests.stream.conftest import make_events, write_events
 
@@ -92,12 +93,12 @@ def checkpoint(s: dict[str, Any]) -> Path:
 
 
 def term(s: dict[str, Any]) -> int | None:
-    path = checkpoint(s) / "riverbed" / "driver.json"
+    path = Checkpoint(checkpoint(s)).driver
     return int(json.loads(path.read_text())["term"]) if path.exists() else None
 
 
 def records(s: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    batches = checkpoint(s) / "riverbed" / "batches"
+    batches = Checkpoint(checkpoint(s)).batches
     return {int(p.stem): json.loads(p.read_text()) for p in batches.glob("*.json")}
 
 
@@ -136,7 +137,7 @@ def standby_line(process: subprocess.Popen[str]) -> str:
 
 
 def active_pid(s: dict[str, Any]) -> int:
-    record = json.loads((checkpoint(s) / "riverbed" / "driver.json").read_text())
+    record = json.loads((Checkpoint(checkpoint(s)).driver).read_text())
     return int(record["driver"].rpartition(":")[2])
 
 

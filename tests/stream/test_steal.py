@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 import riverbed.log
 from riverbed.stream.direct import DirectConfig, colocated_task, prepare, run_planned
 from riverbed.stream.engine import BatchLog, next_record
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.runner import read_results
 from riverbed.stream.source import LogSlice
-from riverbed.stream.steal import HANDOFF, Board, lopsided, split, steal_order
+from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_direct import check, engine_config
 from tests.stream.test_engine import SCHEMA
@@ -152,7 +153,7 @@ def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None
     second = Board.create(tmp_path / "ckpt", 1)
     assert second.root != first.root and second.claim(LogSlice(0, 0, 10), 1)
     Board.create(tmp_path / "ckpt", 2, stale_s=-1)  # everything older than now is stale
-    parent = tmp_path / "ckpt" / "riverbed" / HANDOFF
+    parent = Checkpoint(tmp_path / "ckpt").handoff
     assert len(list(parent.iterdir())) == 1
     second.remove()
     assert not second.root.exists()
@@ -245,7 +246,7 @@ def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
         assert 0 <= done["helped"] <= done["input"]
     assert sum(inputs) == len(events)
     check(read_results(tmp_path / "out"), events)
-    assert not list((Path(cfg.engine.checkpoint) / "riverbed" / HANDOFF).iterdir())
+    assert not list(Checkpoint.of(cfg.engine.checkpoint).handoff.iterdir())
 
 
 @pytest.mark.spark

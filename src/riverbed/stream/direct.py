@@ -51,6 +51,7 @@ from riverbed.stream.engine import (
     write_output,
 )
 from riverbed.stream.fencing import DriverFencedError
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.source import LogSlice, open_log, read_slice
@@ -360,7 +361,7 @@ def spark_ends(checkpoint: str | Path, batch_id: int) -> dict[int, int] | None:
     Spark streaming query drove this path (their batch records hold no slices).
     ``None`` when it cannot tell (file gone, an unexpected format)."""
     try:
-        offsets = source_offsets(Path(checkpoint) / "spark" / "offsets" / str(batch_id))
+        offsets = source_offsets(Checkpoint.of(checkpoint).spark_offsets / str(batch_id))
     except (OSError, ValueError):
         return None
     return None if offsets is None else {int(p): int(e) for p, e in offsets.items()}

@@ -49,6 +49,7 @@ from riverbed.state.errors import CorruptStateError
 from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
+from riverbed.stream.layout import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +221,11 @@ def read_record(path: Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as exc:
         batch = path.stem.lstrip("0") or "0"
-        checkpoint = path.parent.parent.parent
-        commits = checkpoint / "spark" / "commits" / batch
+        checkpoint = Checkpoint.of_batch_record(path)
+        commits = checkpoint.spark_commits / batch
         when = (
             f"If Spark has not committed that batch (no {commits}), delete the file"
-            if (checkpoint / "spark" / "commits").is_dir()
+            if checkpoint.spark_commits.is_dir()
             else "If it is the newest batch record, delete the file"
         )
         raise CorruptStateError(
@@ -240,12 +241,13 @@ class BatchLog:
     """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
 
     def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
-        self.dir = Path(checkpoint) / "riverbed" / "batches"
+        self.layout = Checkpoint.of(checkpoint)
+        self.dir = self.layout.batches
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fence = fence or (lambda: None)
 
     def _path(self, batch_id: int) -> Path:
-        return self.dir / f"{batch_id:012d}.json"
+        return self.layout.batch(batch_id)
 
     def get(self, batch_id: int) -> dict[str, Any] | None:
         path = self._path(batch_id)

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.errors import RiverbedError
-
-DRIVER_FILE = Path("riverbed") / "driver.json"
+from riverbed.stream.layout import Checkpoint
 
 
 class DriverFencedError(RiverbedError):
@@ -31,7 +30,7 @@ class DriverFencedError(RiverbedError):
 
 def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
     """Record the new active driver (atomically: readers see the old record or this)."""
-    path = Path(checkpoint) / DRIVER_FILE
+    path = Checkpoint.of(checkpoint).driver
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     tmp.write_text(json.dumps({"term": term, "driver": driver, "since": since}))
@@ -41,7 +40,7 @@ def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> N
 
 
 def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
-    path = Path(checkpoint) / DRIVER_FILE
+    path = Checkpoint.of(checkpoint).driver
     try:
         record: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:

@@ -32,6 +32,7 @@ from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.layout import Checkpoint, state_root
 from riverbed.stream.leader import DriverLease
 
 
@@ -64,9 +65,6 @@ class Job:
     spec: Path | None = None  # the spec file it came from (the console decodes live state)
 
 
-MANIFEST = "riverbed/job.json"
-
-
 def manifest(job: Job) -> dict[str, Any]:
     """What a checkpoint says about its aggregation, so the console and ``status`` can
     read it without the spec file: name, source topic, log, watermark, locations."""
@@ -84,7 +82,7 @@ def manifest(job: Job) -> dict[str, Any]:
 
 
 def write_manifest(job: Job) -> None:
-    path = job.checkpoint / MANIFEST
+    path = Checkpoint(job.checkpoint).manifest
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(manifest(job), indent=1))
@@ -94,7 +92,7 @@ def write_manifest(job: Job) -> None:
 def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
     """The manifest a run wrote into ``checkpoint`` (None before the first run, or for
     a checkpoint written before manifests)."""
-    path = checkpoint / MANIFEST
+    path = Checkpoint(checkpoint).manifest
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -136,7 +134,7 @@ def job_for(
         source=source,
         checkpoint=checkpoints / aggregation.name,
         output=config.home.resolve() / "output" / aggregation.name,
-        state=StateConfig(local_dir=config.state_dir.resolve(), durable=checkpoints / "state"),
+        state=StateConfig(local_dir=config.state_dir.resolve(), durable=state_root(checkpoints)),
         log_url=source.get("log") or config.log_url,
     )
 
@@ -263,7 +261,7 @@ def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict
     done = next((d for d in newest_first if d.get("done")), None)
     if done is not None and "slices" in done:
         return ends_of(done["slices"])
-    commits = checkpoint / "spark" / "commits"
+    commits = Checkpoint(checkpoint).spark_commits
     numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
     return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
 
@@ -275,7 +273,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     from riverbed.stream.engine import input_rate, read_record, summed_totals
 
     checkpoint = Path(info["checkpoint"])
-    batch_dir = checkpoint / "riverbed" / "batches"
+    batch_dir = Checkpoint(checkpoint).batches
     records = sorted(batch_dir.glob("*.json"))
     # newest first, and only as far back as needed: the newest record (watermark), the
     # newest with timings and the newest finished one (its running totals)

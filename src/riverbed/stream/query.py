@@ -30,12 +30,12 @@ import logging
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from riverbed.state.errors import CorruptStateError
 from riverbed.stream.direct import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.engine import BatchLog, next_record
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.plan import (
     Trigger,
     batch_ends,
@@ -217,7 +217,7 @@ class DirectQuery:
             return ends_of(record["slices"])
         ends = spark_ends(self.cfg.engine.checkpoint, batch_id)
         if ends is None:
-            path = Path(self.cfg.engine.checkpoint) / "spark" / "offsets" / str(batch_id)
+            path = Checkpoint.of(self.cfg.engine.checkpoint).spark_offsets / str(batch_id)
             raise CorruptStateError(
                 f"batch {batch_id} of '{self.name}' does not record which offsets it read, "
                 f"and Spark's offset log ({path}) cannot tell either: restore the "

@@ -25,6 +25,7 @@ from riverbed.stream.engine import (
     preaggregate,
     write_output,
 )
+from riverbed.stream.layout import Checkpoint, state_root
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def _clear_unfinished_start(root: Path) -> None:
 
 def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
     """The state partition count is fixed on first start; refuse a change."""
-    path = checkpoint / "riverbed" / "spec.json"
+    path = Checkpoint(checkpoint).spec
     if path.exists():
         recorded = json.loads(path.read_text())
         if recorded["state_partitions"] != spec.state_partitions:
@@ -183,7 +184,9 @@ def start(
     checkpoint, output = Path(checkpoint), Path(output)
     _check_partitions(checkpoint, spec)
     if state is None:
-        state = StateConfig(local_dir=checkpoint / "local-state", durable=checkpoint / "state")
+        state = StateConfig(
+            local_dir=Checkpoint(checkpoint).local_state, durable=state_root(checkpoint)
+        )
     options = None
     if isinstance(source, Mapping):  # a topic: side outputs default to its log
         options = {str(k): str(v) for k, v in source.items()}
@@ -196,10 +199,10 @@ def start(
         from riverbed.stream.query import DirectQuery
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
-    _clear_unfinished_start(checkpoint / "spark")
+    _clear_unfinished_start(Checkpoint(checkpoint).spark)
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
-        .option("checkpointLocation", str(checkpoint / "spark"))
+        .option("checkpointLocation", str(Checkpoint(checkpoint).spark))
         .queryName(spec.name)
     )
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()

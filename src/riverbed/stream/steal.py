@@ -51,12 +51,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from riverbed.stream.layout import Checkpoint
 from riverbed.stream.source import CHUNK, LogSlice
 
 log = logging.getLogger(__name__)
 
 PIECE = CHUNK  # records per piece: one columnar read (~10-20 ms of a task's work here)
-HANDOFF = "handoff"  # under <checkpoint>/riverbed/
 
 
 def split(piece: LogSlice, size: int = PIECE) -> list[LogSlice]:
@@ -113,7 +113,7 @@ class Board:
     def create(cls, checkpoint: str | Path, batch_id: int, stale_s: float = 3600.0) -> Board:
         """A fresh board for one run of batch ``batch_id`` (a re-run gets a new one; a
         board left by a driver that crashed is removed once it is ``stale_s`` old)."""
-        parent = Path(checkpoint) / "riverbed" / HANDOFF
+        parent = Checkpoint.of(checkpoint).handoff
         parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for old in parent.iterdir():
@@ -185,4 +185,4 @@ class Board:
             return pickle.loads(data)  # noqa: S301 -- written by this job's own tasks
 
 
-__all__ = ["HANDOFF", "PIECE", "Board", "lopsided", "split", "steal_order"]
+__all__ = ["PIECE", "Board", "lopsided", "split", "steal_order"]

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from riverbed.config import Config
 from riverbed.errors import RiverbedError
+from riverbed.stream.layout import Checkpoint, aggregations, state_root
 
 __all__ = ["QueryError", "Sources"]
 
@@ -96,7 +97,9 @@ class Sources:
                 from riverbed.state import StateConfig, StateProvider
 
                 self._state = StateProvider(
-                    StateConfig(local_dir=self.config.state_dir, durable=self.checkpoints / "state")
+                    StateConfig(
+                        local_dir=self.config.state_dir, durable=state_root(self.checkpoints)
+                    )
                 )
             return self._state
 
@@ -330,17 +333,14 @@ def groups(src: Sources) -> list[dict[str, Any]]:
 
 def stream_names(src: Sources) -> list[str]:
     """Aggregations with a checkpoint (a batch ledger) under the checkpoints root."""
-    root = src.checkpoints
-    if not root.exists():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "riverbed" / "batches").is_dir())
+    return aggregations(src.checkpoints)
 
 
 def _manifest(src: Sources, name: str) -> dict[str, Any]:
     from riverbed.stream.job import read_manifest
 
     checkpoint = src.checkpoints / name
-    if not (checkpoint / "riverbed" / "batches").is_dir():
+    if not Checkpoint(checkpoint).batches.is_dir():
         known = ", ".join(stream_names(src)) or "none"
         raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")
     return read_manifest(checkpoint) or {"name": name, "checkpoint": str(checkpoint)}
@@ -387,7 +387,7 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     wm = out.get("watermark_ms") or 0
     out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None
     checkpoint = src.checkpoints / name
-    paths = sorted((checkpoint / "riverbed" / "batches").glob("*.json"))
+    paths = sorted(Checkpoint(checkpoint).batches.glob("*.json"))
     newest = read_record(paths[-1]) if paths else None
     out["last_batch"] = _batch_row(checkpoint, int(paths[-1].stem), newest) if newest else None
     if ledger:
@@ -432,7 +432,7 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
 def newest_batch(src: Sources, name: str) -> str | None:
     """The newest batch record's id and modification time (a cheap listing that changes
     when a batch starts or commits)."""
-    paths = sorted((src.checkpoints / name / "riverbed" / "batches").glob("*.json"))
+    paths = sorted(Checkpoint(src.checkpoints / name).batches.glob("*.json"))
     if not paths:
         return None
     try:
@@ -491,7 +491,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
 def state(src: Sources) -> list[dict[str, Any]]:
     """Namespaces, their partitions, versions, snapshot and changelog bytes."""
     provider = src.state
-    root = src.checkpoints / "state"
+    root = state_root(src.checkpoints)
     out = []
     for ns in provider.namespaces():
         parts = []
@@ -808,7 +808,7 @@ def disk(src: Sources) -> dict[str, int | None]:
     log_path = _local(src.config.log_url)
     return {
         "log": du(log_path) if log_path is not None else None,
-        "state_durable": du(src.checkpoints / "state"),
+        "state_durable": du(state_root(src.checkpoints)),
         "state_local": du(src.config.state_dir),
         "job_logs": du(src.config.home / "jobs" / "logs"),
     }
