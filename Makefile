@@ -1,6 +1,7 @@
 # The two commands of the README. Both bootstrap what they need, idempotently.
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
-#   make test   lint, format check, mypy --strict, and the whole pytest suite (all markers)
+#   make test   lint, format check, mypy --strict, the import-layer contracts, and the
+#               whole pytest suite (all markers)
 
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -26,6 +27,7 @@ test: $(STAMP) system-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest
 
 clean:
