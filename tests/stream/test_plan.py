@@ -8,18 +8,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from riverbed.spark.offsets import TriggerError, batch_ends, begin_offsets, capped, source_limits
 from riverbed.stream.plan import (
     Trigger,
-    TriggerError,
     balanced_groups,
-    batch_ends,
-    begin_offsets,
-    capped,
     ends_of,
     has_input,
     parse_trigger,
     slices_json,
-    source_limits,
 )
 
 offsets = st.integers(0, 10_000)

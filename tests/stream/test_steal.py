@@ -16,12 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import riverbed.log
+from riverbed.spark.source import LogSlice
 from riverbed.stream.direct import DirectConfig, colocated_task, prepare, run_planned
 from riverbed.stream.engine import BatchLog, next_record
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.runner import read_results
-from riverbed.stream.source import LogSlice
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_direct import check, engine_config

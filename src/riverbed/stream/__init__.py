@@ -6,7 +6,7 @@ See docs/stream.md. The pieces::
 
 ``read_live`` answers from the state store as of a batch instead of the result table.
 
-Names load on first use (PEP 562): Spark imports ``riverbed.stream.source`` in a fresh
+Names load on first use (PEP 562): Spark imports ``riverbed.spark.source`` in a fresh
 Python process for every streaming query it starts, and that should not pay for pandas
 and the engine.
 """
@@ -17,10 +17,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
     from riverbed.stream.runner import read_live, read_results, start
-    from riverbed.stream.source import RiverbedDataSource, register
     from riverbed.stream.windows import Hopping, Sliding, Tumbling
 
 _WHERE = {
@@ -34,8 +34,8 @@ _WHERE = {
     "read_live": "runner",
     "read_results": "runner",
     "start": "runner",
-    "RiverbedDataSource": "source",
-    "register": "source",
+    "RiverbedDataSource": "riverbed.spark.source",
+    "register": "riverbed.spark.source",
     "Hopping": "windows",
     "Sliding": "windows",
     "Tumbling": "windows",
@@ -63,7 +63,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'riverbed.stream' has no attribute {name!r}")
-    value = getattr(import_module(f"riverbed.stream.{_WHERE[name]}"), name)
+    where = _WHERE[name]
+    module = where if "." in where else f"riverbed.stream.{where}"
+    value = getattr(import_module(module), name)
     globals()[name] = value
     return value
 

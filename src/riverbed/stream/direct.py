@@ -38,6 +38,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
+from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.stream.engine import (
     BatchLog,
     EngineConfig,
@@ -54,7 +55,6 @@ from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
-from riverbed.stream.source import LogSlice, open_log, read_slice
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
 if TYPE_CHECKING:
@@ -428,8 +428,8 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     from pyspark.sql.types import StructType
 
     import riverbed.log
-    from riverbed.stream.plan import source_limits
-    from riverbed.stream.source import META_FIELDS, value_schema
+    from riverbed.spark.offsets import source_limits
+    from riverbed.spark.source import META_FIELDS, value_schema
 
     if "topic" not in options:
         raise ValueError('a riverbed source needs {"topic": NAME, ...}')

@@ -51,8 +51,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from riverbed.spark.source import CHUNK, LogSlice
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.source import CHUNK, LogSlice
 
 log = logging.getLogger(__name__)
 

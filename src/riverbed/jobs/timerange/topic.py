@@ -162,7 +162,7 @@ def read_topic(
     record timestamp; with another time column, every record: the caller filters)."""
     from pyspark.sql import functions as F
 
-    from riverbed.stream.source import META_DDL, register, value_schema
+    from riverbed.spark.source import META_DDL, register, value_schema
 
     url = _log_url(inp)
     index = _index(url, inp.topic)

@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 )
 
 from riverbed.log.records import Columns
-from riverbed.stream.plan import batch_ends, begin_offsets, capped, source_limits
+from riverbed.spark.offsets import batch_ends, begin_offsets, capped, source_limits
 
 META_FIELDS = [
     StructField("key", StringType()),
