@@ -16,6 +16,7 @@ from riverbed.jobs.timerange.errors import (
     SpecError,
     TimeRangeError,
 )
+from riverbed.jobs.timerange.job import TimeRangeJob
 from riverbed.jobs.timerange.output import Output
 from riverbed.jobs.timerange.plan import Progress, format_time, parse_time
 from riverbed.jobs.timerange.spec import (
@@ -26,7 +27,7 @@ from riverbed.jobs.timerange.spec import (
     ParquetInput,
     Rolling,
     Rows,
-    TimeRangeJob,
+    TimeRangeSpec,
     TopicInput,
     Tumbling,
     load_spec,
@@ -52,6 +53,7 @@ __all__ = [
     "SpecError",
     "TimeRangeError",
     "TimeRangeJob",
+    "TimeRangeSpec",
     "TopicInput",
     "Tumbling",
     "format_time",

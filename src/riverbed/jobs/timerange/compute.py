@@ -23,7 +23,7 @@ from riverbed.jobs.timerange.plan import to_datetime
 from riverbed.jobs.timerange.spec import (
     FunctionInput,
     ParquetInput,
-    TimeRangeJob,
+    TimeRangeSpec,
     TopicInput,
     Tumbling,
     label,
@@ -73,7 +73,7 @@ def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
     return out
 
 
-def read_input(spark: SparkSession, job: TimeRangeJob, lo: int, hi: int) -> DataFrame:
+def read_input(spark: SparkSession, job: TimeRangeSpec, lo: int, hi: int) -> DataFrame:
     """The input rows with time in ``[lo, hi)``."""
     inp = job.input
     if isinstance(inp, ParquetInput):
@@ -87,7 +87,7 @@ def read_input(spark: SparkSession, job: TimeRangeJob, lo: int, hi: int) -> Data
 
 
 def _read_parquet(
-    spark: SparkSession, job: TimeRangeJob, inp: ParquetInput, lo: int, hi: int
+    spark: SparkSession, job: TimeRangeSpec, inp: ParquetInput, lo: int, hi: int
 ) -> DataFrame:
     from pyspark.errors import AnalysisException
 
@@ -129,7 +129,7 @@ def _read_parquet_folders(spark: SparkSession, inp: ParquetInput, lo: int, hi: i
     return df.drop(inp.partition) if inp.partition in df.columns else df
 
 
-def _where_in(job: TimeRangeJob, df: DataFrame, lo: int, hi: int) -> DataFrame:
+def _where_in(job: TimeRangeSpec, df: DataFrame, lo: int, hi: int) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampNTZType, TimestampType
 
@@ -176,13 +176,13 @@ def _windowed(df: DataFrame, agg: str, column: str, w: WindowSpec, min_periods: 
     return F.when(F.count(column).over(w) >= min_periods, value)
 
 
-def _tiebreak(job: TimeRangeJob, columns: list[str]) -> list[str]:
+def _tiebreak(job: TimeRangeSpec, columns: list[str]) -> list[str]:
     return sorted(c for c in columns if c not in job.keys and c != job.time)
 
 
 def compute_chunk(
     spark: SparkSession,
-    job: TimeRangeJob,
+    job: TimeRangeSpec,
     origin: int,
     start: int,
     end: int,
@@ -273,7 +273,7 @@ def _parts(column: str) -> list[str]:
 
 
 def _cumulative_rows(
-    job: TimeRangeJob, out: DataFrame, start: int, carry: DataFrame | None
+    job: TimeRangeSpec, out: DataFrame, start: int, carry: DataFrame | None
 ) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -330,7 +330,7 @@ def _part_type(df: DataFrame, column: str, part: str) -> str:
 
 
 def _carry_cumulative(
-    job: TimeRangeJob, chunk_rows: DataFrame, carry: DataFrame | None
+    job: TimeRangeSpec, chunk_rows: DataFrame, carry: DataFrame | None
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -363,6 +363,6 @@ def _carry_cumulative(
     return joined.select(*keys, *out)
 
 
-def one_pass(spark: SparkSession, job: TimeRangeJob, start: int, end: int) -> ChunkFrames:
+def one_pass(spark: SparkSession, job: TimeRangeSpec, start: int, end: int) -> ChunkFrames:
     """The whole range as one chunk: what every chunking must reproduce."""
     return compute_chunk(spark, job, start, start, end)

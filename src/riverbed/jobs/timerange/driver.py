@@ -50,7 +50,7 @@ from riverbed.jobs.timerange.plan import (
     plan_request,
 )
 from riverbed.jobs.timerange.plan import advance as advance_progress
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeJob, label
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, label
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
 
 
-def shape_of(job: TimeRangeJob) -> Shape:
+def shape_of(job: TimeRangeSpec) -> Shape:
     return Shape(
         chunk=job.chunk_us,
         lookback=job.lookback_us,

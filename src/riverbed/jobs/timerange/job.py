@@ -35,25 +35,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from riverbed.config import load_config
+from riverbed.control import connect
 from riverbed.durations import duration_ms
 from riverbed.jobs.spec import Dependency, Job, Schedule
+from riverbed.jobs.timerange.driver import Driver, Event
 from riverbed.jobs.timerange.errors import SpecError
 from riverbed.jobs.timerange.plan import format_time, parse_time
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from riverbed.jobs.context import Context
-    from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeJob
 
-__all__ = ["TimeRangeMain", "as_job"]
+__all__ = ["TimeRangeJob", "TimeRangeMain", "as_job"]
 
 
 @dataclass(frozen=True)
 class TimeRangeMain:
     """``main(ctx, work_ids, **kwargs)`` of a time-range job run by a worker."""
 
-    job: TimeRangeJob
+    job: TimeRangeSpec
     start: int  # the origin (µs)
     delay_us: int = 0
     ttl: int = 10
@@ -64,9 +67,12 @@ class TimeRangeMain:
         at = now_us - self.delay_us
         return self.start + (at - self.start) // chunk * chunk
 
-    def loaded(self, name: str, path: Path, version: str) -> LoadedSpec:
-        from riverbed.jobs.timerange.spec import LoadedSpec
+    @property
+    def timerange_spec(self) -> TimeRangeSpec:
+        """The spec this main runs (how ``load_spec`` finds it inside a job)."""
+        return self.job
 
+    def loaded(self, name: str, path: Path, version: str) -> LoadedSpec:
         output = str(Path(self.job.output or f"output/{name}").resolve())
         return LoadedSpec(replace(self.job, name=name, output=output), path, version)
 
@@ -78,10 +84,6 @@ class TimeRangeMain:
         end: str | None = None,
         rerun: bool = False,
     ) -> None:
-        from riverbed.config import load_config
-        from riverbed.control import connect
-        from riverbed.jobs.timerange.driver import Driver, Event
-
         if work_ids:
             raise SpecError(
                 f"time-range job '{ctx.job}' takes no work ids; give the range as kwargs "
@@ -134,7 +136,7 @@ class TimeRangeMain:
 
 
 def as_job(
-    job: TimeRangeJob,
+    job: TimeRangeSpec,
     *,
     start: str | Any,
     delay: str | int = 0,
@@ -166,3 +168,14 @@ def as_job(
         timeout=timeout,
         description=description or job.description,
     )
+
+
+class TimeRangeJob(TimeRangeSpec):
+    """The spec of a time-range job, as users write it (see :class:`TimeRangeSpec` for
+    its fields), and :meth:`as_job` to run it under the orchestrator. It lives here,
+    above the driver, because ``as_job`` builds a job whose main runs the driver."""
+
+    def as_job(self, **options: Any) -> Job:
+        """This job as a job of the orchestrator (cron, dependencies, retries, workers):
+        see :func:`as_job` for the options."""
+        return as_job(self, **options)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from riverbed.jobs.timerange.spec import Custom, TimeRangeJob
+from riverbed.jobs.timerange.spec import Custom, TimeRangeSpec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,7 +21,7 @@ __all__ = ["pandas_rows"]
 _PANDAS = {"stddev": "std"}  # every other aggregate has its own name in pandas
 
 
-def pandas_rows(job: TimeRangeJob, frame: pd.DataFrame) -> pd.DataFrame:
+def pandas_rows(job: TimeRangeSpec, frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` (the input rows of the whole range) with the job's metric columns."""
     import pandas as pd
 
@@ -35,7 +35,7 @@ def pandas_rows(job: TimeRangeJob, frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def _one_key(job: TimeRangeJob, g: pd.DataFrame) -> pd.DataFrame:
+def _one_key(job: TimeRangeSpec, g: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     t = g[job.time]

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, date, datetime
 
 from riverbed.jobs.timerange.errors import RangeError
+from riverbed.jobs.timerange.spec import label
 
 __all__ = [
     "DAY_US",
@@ -89,8 +90,6 @@ def chunk_label(us: int) -> str:
 
 
 def _human(us: int) -> str:
-    from riverbed.jobs.timerange.spec import label
-
     return label(us)
 
 

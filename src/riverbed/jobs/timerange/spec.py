@@ -61,7 +61,7 @@ __all__ = [
     "ParquetInput",
     "Rolling",
     "Rows",
-    "TimeRangeJob",
+    "TimeRangeSpec",
     "TopicInput",
     "Tumbling",
     "load_spec",
@@ -282,8 +282,9 @@ Input = ParquetInput | TopicInput | FunctionInput
 
 
 @dataclass(frozen=True)
-class TimeRangeJob:
-    """The spec of a time-range job."""
+class TimeRangeSpec:
+    """The spec of a time-range job: what every module of the package reads. Users
+    write :class:`riverbed.jobs.timerange.TimeRangeJob`, this spec plus ``as_job``."""
 
     input: Input | Callable[..., Any]
     key: str | Sequence[str]
@@ -337,13 +338,6 @@ class TimeRangeJob:
     def chunk_us(self) -> int:
         return _us(self.chunk, "chunk")
 
-    def as_job(self, **options: Any) -> Job:
-        """This job as a job of the orchestrator (cron, dependencies, retries, workers):
-        see :func:`riverbed.jobs.timerange.job.as_job` for the options."""
-        from riverbed.jobs.timerange.job import as_job
-
-        return as_job(self, **options)
-
     @property
     def rolling(self) -> tuple[Rolling, ...]:
         return tuple(m for m in self.metrics if isinstance(m, Rolling))
@@ -379,7 +373,7 @@ class TimeRangeJob:
 
 @dataclass(frozen=True)
 class LoadedSpec:
-    job: TimeRangeJob
+    job: TimeRangeSpec
     path: Path
     version: str
 
@@ -401,11 +395,10 @@ def load_spec(path: str | Path) -> LoadedSpec:
     module = import_file(path, f"riverbed_timerange_{name}", f"spec '{name}'")
     job = getattr(module, "job", None)
     if isinstance(job, Job):  # TimeRangeJob(...).as_job(...): a job of the orchestrator
-        from riverbed.jobs.timerange.job import TimeRangeMain
-
-        if isinstance(job.main, TimeRangeMain):
-            job = job.main.job
-    if not isinstance(job, TimeRangeJob):
+        inner = getattr(job.main, "timerange_spec", None)  # its TimeRangeMain's spec
+        if isinstance(inner, TimeRangeSpec):
+            job = inner
+    if not isinstance(job, TimeRangeSpec):
         raise SpecError(
             f"{path} defines no `job = TimeRangeJob(...)` (or `TimeRangeJob(...).as_job(...)`); "
             "add one"
