@@ -105,9 +105,9 @@ def _console_shows_the_run(home: Path, live: list[dict[str, object]]) -> None:
     from starlette.testclient import TestClient
 
     from riverbed.config import Config
+    from riverbed.inspect import Sources
     from riverbed.ui.app import create_app
     from riverbed.ui.console import Console
-    from riverbed.ui.queries import Sources
 
     sources = Sources(Config(home=home))
     with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:

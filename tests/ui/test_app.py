@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from riverbed.inspect import Sources
 from riverbed.ui.app import CSP, PAGES, create_app
 from riverbed.ui.console import Console
-from riverbed.ui.queries import Sources
 from tests.cli import run_cli
 from tests.ui.conftest import Home
 

@@ -282,7 +282,7 @@ def _elect(cp: ControlPlane, args: argparse.Namespace) -> int:
 
 
 def _status(cp: ControlPlane, args: argparse.Namespace) -> int:
-    from riverbed.ui.queries import control_of
+    from riverbed.inspect import control_of
 
     info = control_of(cp, args.url or load_config().control_url)
     if args.json:

@@ -551,7 +551,7 @@ def _group_reset(args: argparse.Namespace) -> int:
 
 
 def _group_describe(args: argparse.Namespace) -> int:
-    from riverbed.ui.queries import group_of
+    from riverbed.inspect import group_of
 
     cp = connect(_control_url(args))
     log = _log(args)

@@ -124,8 +124,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from riverbed.inspect import QueryError, Sources, stream
     from riverbed.stream.job import status
-    from riverbed.ui.queries import QueryError, Sources, stream
 
     job = _job(args.spec) if args.spec.endswith(".py") else None
     sources = Sources(load_config())

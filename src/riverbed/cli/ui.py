@@ -41,10 +41,10 @@ def add_parsers(sub: Any) -> None:
 def _ui(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from riverbed.inspect import Sources
     from riverbed.net import is_loopback, port_problem
     from riverbed.ui.app import create_app
     from riverbed.ui.console import Console as UiConsole
-    from riverbed.ui.queries import Sources
 
     token = args.token or os.environ.get("RIVERBED_UI_TOKEN") or None
     if not is_loopback(args.host) and not token:
@@ -76,8 +76,8 @@ def _ui(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from riverbed.inspect import Sources
     from riverbed.ui.console import Console as UiConsole
-    from riverbed.ui.queries import Sources
 
     sources = Sources(load_config())
     try:

@@ -1,1 +1,1 @@
-"""riverbed ui: the web console over the read model (riverbed.ui.queries)."""
+"""riverbed ui: the web console over the read model (riverbed.inspect)."""

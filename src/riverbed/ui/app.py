@@ -33,9 +33,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+import riverbed.inspect as q
 from riverbed.errors import RiverbedError
 from riverbed.jobs.spec import format_work_ids
-from riverbed.ui import queries as q
 from riverbed.ui.console import Console
 from riverbed.ui.metrics import CONTENT_TYPE, exposition, families
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from riverbed.ui import queries as q
+import riverbed.inspect as q
 from riverbed.ui.trend import Trend, describe_drain, drain_seconds, rate
 
 TREND_SECONDS = 300.0  # rates and drain estimates look this far back

@@ -1,0 +1,124 @@
+"""Where the read model reads from: the configured log, control plane, state and jobs
+database, opened lazily and shared; and the error every question raises."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from riverbed.config import Config
+from riverbed.errors import RiverbedError
+from riverbed.stream.layout import state_root
+
+
+class QueryError(RiverbedError):
+    """A query named something that does not exist, or asked in a way it cannot answer."""
+
+
+def local_path(url: str) -> Path | None:
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        return Path(parts.path if parts.scheme else url)
+    if parts.scheme == "sqlite":
+        return Path(parts.path[1:] if parts.path.startswith("//") else parts.path)
+    return None
+
+
+def du(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    try:
+        for f in path.rglob("*"):
+            try:
+                if f.is_file():
+                    total += f.stat().st_size
+            except OSError:
+                continue  # a file removed while we walked (segment retention, purge)
+    except OSError:
+        return total
+    return total
+
+
+class Sources:
+    """Where the console reads, opened once (lazily) from a :class:`Config`."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._log: Any = None
+        self._cp: Any = None
+        self._state: Any = None
+        self._jobs: Any = None
+
+    @property
+    def log(self) -> Any:
+        with self._lock:
+            if self._log is None:
+                import riverbed.log
+
+                self._log = riverbed.log.open(self.config.log_url)
+            return self._log
+
+    @property
+    def control(self) -> Any:
+        with self._lock:
+            if self._cp is None:
+                from riverbed.control import connect
+
+                self._cp = connect(self.config.control_url)
+            return self._cp
+
+    @property
+    def checkpoints(self) -> Path:
+        path = local_path(self.config.checkpoints_url)
+        if path is None:
+            raise QueryError(f"checkpoints at {self.config.checkpoints_url}: only local paths")
+        return path
+
+    @property
+    def state(self) -> Any:
+        with self._lock:
+            if self._state is None:
+                from riverbed.state import StateConfig, StateProvider
+
+                self._state = StateProvider(
+                    StateConfig(
+                        local_dir=self.config.state_dir, durable=state_root(self.checkpoints)
+                    )
+                )
+            return self._state
+
+    @property
+    def jobs(self) -> Any:
+        """The jobs database's reader, or None when there is none yet (a SQLite file
+        that does not exist is not created by looking at it)."""
+        with self._lock:
+            if self._jobs is None:
+                url = self.config.jobs_db_url
+                path = local_path(url) if url.startswith("sqlite") else None
+                if path is not None and not path.exists():
+                    return None
+                from riverbed.jobs.reads import QueueReader
+
+                self._jobs = QueueReader(url)
+            return self._jobs
+
+    def close(self) -> None:
+        for thing in (self._log, self._cp, self._jobs):
+            if thing is not None:
+                thing.close()
+        self._log = self._cp = self._jobs = self._state = None
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value

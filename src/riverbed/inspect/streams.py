@@ -1,0 +1,166 @@
+"""Stream aggregations: drivers, batches, the ledger, lag, live results from state."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from riverbed.errors import RiverbedError
+from riverbed.inspect.sources import QueryError, Sources, jsonable
+from riverbed.stream.layout import Checkpoint, aggregations
+
+
+def stream_names(src: Sources) -> list[str]:
+    """Aggregations with a checkpoint (a batch ledger) under the checkpoints root."""
+    return aggregations(src.checkpoints)
+
+
+def _manifest(src: Sources, name: str) -> dict[str, Any]:
+    from riverbed.stream.job import read_manifest
+
+    checkpoint = src.checkpoints / name
+    if not Checkpoint(checkpoint).batches.is_dir():
+        known = ", ".join(stream_names(src)) or "none"
+        raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")
+    return read_manifest(checkpoint) or {"name": name, "checkpoint": str(checkpoint)}
+
+
+def _driver(src: Sources, name: str) -> dict[str, Any]:
+    """The active driver of an aggregation and how many stand by (the election
+    ``streams/<name>``: its lowest candidacy leads, the others wait)."""
+    prefix = f"riverbed/election/streams/{name}/".encode()
+    candidates = sorted(src.control.get_prefix(prefix), key=lambda kv: kv.create_revision)
+    if not candidates:
+        return {"active": None, "standbys": 0, "since": None}
+    try:
+        who = json.loads(candidates[0].value)
+    except ValueError:
+        who = {}
+    return {
+        "active": who.get("driver", "unknown driver"),
+        "since": who.get("since"),
+        "standbys": len(candidates) - 1,
+    }
+
+
+def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
+    """Status of one aggregation; with ``ledger`` its newest batches, newest first."""
+    from riverbed.stream.engine import read_record
+    from riverbed.stream.fencing import recorded_driver
+    from riverbed.stream.job import status_of
+
+    info = _manifest(src, name)
+    out: dict[str, Any] = {"name": name, "spec": info.get("spec"), "topic": info.get("topic")}
+    if "topic" in info:
+        log = src.log if info["log"] == src.config.log_url else None
+        try:
+            out.update(status_of(info, log))
+        except RiverbedError as exc:
+            out["error"] = str(exc)
+    else:
+        out["error"] = "checkpoint written before manifests: run it once with this version"
+    out["driver"] = _driver(src, name)
+    recorded = recorded_driver(src.checkpoints / name)
+    out["term"] = recorded.get("term") if recorded else None
+    now_ms = time.time() * 1000
+    wm = out.get("watermark_ms") or 0
+    out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None
+    checkpoint = src.checkpoints / name
+    paths = sorted(Checkpoint(checkpoint).batches.glob("*.json"))
+    newest = read_record(paths[-1]) if paths else None
+    out["last_batch"] = _batch_row(checkpoint, int(paths[-1].stem), newest) if newest else None
+    if ledger:
+        out["ledger"] = [
+            _batch_row(checkpoint, int(p.stem), read_record(p)) for p in reversed(paths[-ledger:])
+        ]
+    return out
+
+
+def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
+    """One ledger line: what the batch read (offsets per log partition, from the
+    previous batch's ends to its own), the state version it committed, its time."""
+    ms = record.get("ms") or {}
+    total_ms = sum(ms.values())
+    offsets: dict[str, list[int]] | None
+    if "slices" in record:  # the plan the batch recorded before it ran
+        offsets = {p: [int(s), int(e)] for p, (s, e) in record["slices"].items()}
+    else:  # a batch of the Spark-driven loop: Spark's offset log
+        from riverbed.stream.direct import spark_ends
+        from riverbed.stream.plan import slices_json
+
+        ends = spark_ends(checkpoint, batch_id)
+        before = (spark_ends(checkpoint, batch_id - 1) if batch_id > 0 else None) or {}
+        offsets = None if ends is None else slices_json({p: before.get(p, 0) for p in ends}, ends)
+    return {
+        "batch": batch_id,
+        "done": bool(record.get("done")),
+        "input": record.get("input", 0),
+        "late": record.get("late", 0),
+        "malformed": record.get("malformed", 0),
+        "watermark_ms": record.get("watermark_ms"),
+        "offsets": offsets,
+        "state_version": batch_id + 1,
+        "outputs": record.get("outputs"),
+        "term": record.get("term"),
+        "ms": ms,
+        "duration_s": total_ms / 1000 if total_ms else None,
+        "process_rate": round(record.get("input", 0) * 1000 / total_ms) if total_ms else None,
+    }
+
+
+def newest_batch(src: Sources, name: str) -> str | None:
+    """The newest batch record's id and modification time (a cheap listing that changes
+    when a batch starts or commits)."""
+    paths = sorted(Checkpoint(src.checkpoints / name).batches.glob("*.json"))
+    if not paths:
+        return None
+    try:
+        return f"{paths[-1].stem}:{paths[-1].stat().st_mtime_ns}"
+    except FileNotFoundError:  # pruned while we looked
+        return None
+
+
+def streams(src: Sources) -> list[dict[str, Any]]:
+    return [stream(src, name) for name in stream_names(src)]
+
+
+def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
+    """An aggregation's values per window straight from its state (as of ``batch``,
+    default the newest), with the relative error band of approximate metrics."""
+    from riverbed.stream.job import load_spec
+    from riverbed.stream.metrics import Distinct
+    from riverbed.stream.runner import read_live
+
+    info = _manifest(src, name)
+    spec = info.get("spec")
+    if not spec or not Path(spec).exists():
+        raise QueryError(
+            f"live results of '{name}' decode state with its spec file, which is not where "
+            f"its run recorded it ({spec or 'no spec recorded'}); run it again from its spec"
+        )
+    aggregation, _ = load_spec(spec)
+    from riverbed.state import StateConfig
+
+    state = StateConfig(local_dir=src.config.state_dir, durable=Path(info["state_durable"]))
+    bands: dict[str, float] = {}
+    for metric_name, metric in aggregation.metrics.items():
+        if isinstance(metric, Distinct) and metric.mode != "exact":
+            bands[metric_name] = 1.04 / (2 ** (metric.lg_k / 2))  # HLL's standard error
+    answer: dict[str, Any] = {
+        "name": name,
+        "batch": batch,
+        "metrics": list(aggregation.metrics),
+        "error_bands": bands,
+        "rows": [],
+    }
+    try:
+        frame = read_live(aggregation, state, batch)
+    except ValueError as exc:  # no batch has committed state yet: nothing to plot, no error
+        return {**answer, "note": str(exc)}
+    answer["rows"] = [
+        {k: jsonable(v) for k, v in row.items() if k not in ("window_end",)}
+        for row in frame.to_dict("records")
+    ]
+    return answer
