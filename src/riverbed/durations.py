@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+from riverbed.errors import DurationError
+
 __all__ = ["duration_ms", "duration_seconds"]
 
 _UNITS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -18,7 +20,7 @@ def duration_ms(value: str | int | timedelta) -> int:
         return value
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)", value.strip())
     if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", value):
-        raise ValueError(f"cannot read duration {value!r}; write e.g. '10m', '1h', '1h30m'")
+        raise DurationError(f"cannot read duration {value!r}; write e.g. '10m', '1h', '1h30m'")
     return int(sum(float(n) * _UNITS[u] for n, u in parts))
 
 
@@ -26,11 +28,11 @@ def duration_seconds(value: str | float | timedelta) -> float:
     """Like :func:`duration_ms`, in seconds; a bare number is already seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"duration {value!r} is negative")
+            raise DurationError(f"duration {value!r} is negative")
         return float(value)
     if isinstance(value, str | timedelta):
         ms = duration_ms(value)
         if ms < 0:
-            raise ValueError(f"duration {value!r} is negative")
+            raise DurationError(f"duration {value!r} is negative")
         return ms / 1000
-    raise ValueError(f"cannot read duration {value!r}; write e.g. '10m', '1h', 30 (seconds)")
+    raise DurationError(f"cannot read duration {value!r}; write e.g. '10m', '1h', 30 (seconds)")

@@ -8,6 +8,15 @@ Messages name the thing, the cause and the fix.
 
     RiverbedError
     ├── ConfigError                 bad riverbed.toml / RIVERBED_* value
+    ├── InvalidValueError           a value a caller gave is malformed or out of range;
+    │   │                           also a ValueError. Each package has its own:
+    │   ├── DurationError           "1h30m" and friends
+    │   ├── LogValueError, StateValueError, ControlValueError, StreamValueError,
+    │   │   JobsValueError, SourceOptionError (riverbed.spark), UsageError (the CLI)
+    ├── LogError                    (riverbed.log.errors)
+    ├── StateError                  (riverbed.state.errors)
+    ├── StreamError                 (riverbed.stream.errors)
+    ├── JobsError                   (riverbed.jobs.errors)
     └── ControlError                (riverbed.control.errors)
         ├── InvalidURLError         unknown scheme or malformed control URL
         ├── UnavailableError        server unreachable / no endpoint answered
@@ -27,3 +36,14 @@ class RiverbedError(Exception):
 
 class ConfigError(RiverbedError):
     """A configuration value is missing or malformed."""
+
+
+class InvalidValueError(RiverbedError, ValueError):
+    """A value a caller gave riverbed is malformed or out of range — the caller's
+    mistake, named with the fix, not a failure. Also a :class:`ValueError`, so code
+    that validated with ``except ValueError`` keeps working; each package derives its
+    own from this and from the package's root error."""
+
+
+class DurationError(InvalidValueError):
+    """A duration ("10m", "1h30m", seconds) that cannot be read."""

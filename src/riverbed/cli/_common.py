@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from riverbed.errors import InvalidValueError
+
 
 class Subcommands:
     """Adds subcommands that all accept the group's shared options, so they work before
@@ -32,3 +34,7 @@ def shared_options(
         parser.add_argument(flag, **kwargs)
         common.add_argument(flag, **{**kwargs, "default": argparse.SUPPRESS})
     return common
+
+
+class UsageError(InvalidValueError):
+    """A command-line argument that cannot be used; the message says what to type."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from riverbed.cli._common import Subcommands, shared_options
+from riverbed.cli._common import Subcommands, UsageError, shared_options
 from riverbed.config import load_config
 from riverbed.control import (
     ControlPlane,
@@ -129,7 +129,7 @@ def _lease_id(text: str) -> int:
     try:
         return int(text, 16)
     except ValueError:
-        raise ValueError(f"lease id {text!r} is not hex (as printed by `lease grant`)") from None
+        raise UsageError(f"lease id {text!r} is not hex (as printed by `lease grant`)") from None
 
 
 def _kv_json(kv: KeyValue) -> dict[str, Any]:
@@ -255,7 +255,7 @@ def _lock(cp: ControlPlane, args: argparse.Namespace) -> int:
                 try:
                     return subprocess.run(cmd, env=env, check=False).returncode
                 except OSError as exc:
-                    raise ValueError(f"cannot run {cmd[0]!r} under the lock: {exc}") from exc
+                    raise UsageError(f"cannot run {cmd[0]!r} under the lock: {exc}") from exc
             return _hold(session)
         finally:
             lock.release()
@@ -269,7 +269,7 @@ def _elect(cp: ControlPlane, args: argparse.Namespace) -> int:
                 _emit(args, _kv_json(leader), leader.value.decode("utf-8", "replace"))
         return 0
     if args.value is None:
-        raise ValueError("elect needs a VALUE to campaign with (or --listen to observe)")
+        raise UsageError("elect needs a VALUE to campaign with (or --listen to observe)")
     with Session(cp, ttl=args.ttl) as session:
         election = Election(cp, args.name, session)
         term = election.campaign(args.value)
@@ -307,7 +307,7 @@ def _members(cp: ControlPlane, args: argparse.Namespace) -> int:
         try:
             meta = json.loads(args.meta)
         except ValueError:
-            raise ValueError(
+            raise UsageError(
                 f'--meta {args.meta!r} is not JSON, e.g. --meta \'{{"host": "a"}}\''
             ) from None
         with Session(cp, ttl=args.ttl) as session:

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.cli._common import Subcommands, shared_options
+from riverbed.cli._common import Subcommands, UsageError, shared_options
 from riverbed.config import Config, load_config
 
 out = Console(highlight=False, soft_wrap=True)
@@ -155,7 +155,7 @@ def _kwargs(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
-            raise ValueError(f"--kwarg {item!r} is not NAME=VALUE (e.g. --kwarg day=2026-11-21)")
+            raise UsageError(f"--kwarg {item!r} is not NAME=VALUE (e.g. --kwarg day=2026-11-21)")
         try:
             kwargs[key] = json.loads(value)
         except ValueError:
@@ -462,7 +462,7 @@ def _worker(args: argparse.Namespace) -> int:
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     bad = set(kinds) - {"python", "spark"}
     if bad:
-        raise ValueError(f"--kinds takes python and/or spark, not {', '.join(sorted(bad))}")
+        raise UsageError(f"--kinds takes python and/or spark, not {', '.join(sorted(bad))}")
     worker = Worker(
         env.queue,
         cp,

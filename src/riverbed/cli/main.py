@@ -21,7 +21,7 @@ from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
 from riverbed.cli import timerange as timerange_cli
 from riverbed.cli import ui as ui_cli
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -119,6 +119,9 @@ def _call(args: argparse.Namespace, logfile: Path | None) -> int:
     try:
         code: int = args.func(args)
         return code
+    except InvalidValueError as exc:  # the caller's input: exit 2, as for argparse
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
     except RiverbedError as exc:
         err.print(f"[red]error:[/red] {exc}{where}")
         return 1

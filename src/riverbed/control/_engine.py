@@ -35,7 +35,7 @@ from riverbed.control.base import (
     TxnResult,
     prefix_end,
 )
-from riverbed.control.errors import LeaseNotFoundError
+from riverbed.control.errors import ControlValueError, LeaseNotFoundError
 
 
 class Storage(ABC):
@@ -135,7 +135,7 @@ def _check_duplicates(ops: Sequence[Op]) -> None:
     for op in ops:
         if isinstance(op, Put):
             if op.key in seen:
-                raise ValueError(f"key {op.key!r} is written twice in one transaction")
+                raise ControlValueError(f"key {op.key!r} is written twice in one transaction")
             seen.add(op.key)
 
 
@@ -225,7 +225,7 @@ def _drop_leases(storage: Storage, leases: Sequence[int]) -> list[Event]:
 
 def grant(storage: Storage, ttl: int, now: float) -> int:
     if ttl < 1:
-        raise ValueError(f"lease TTL must be at least 1 second, got {ttl}")
+        raise ControlValueError(f"lease TTL must be at least 1 second, got {ttl}")
     while True:
         lease = secrets.randbits(62) | 1
         if storage.lease_deadline(lease) is None:

@@ -22,7 +22,7 @@ from riverbed.control.base import (
     Put,
 )
 from riverbed.control.base import to_bytes as _b
-from riverbed.control.errors import SessionLostError
+from riverbed.control.errors import ControlValueError, SessionLostError
 from riverbed.control.lock import enqueue, take_turn
 from riverbed.control.session import Session
 
@@ -134,5 +134,7 @@ class Election:
 
     def _need_session(self) -> Session:
         if self.session is None:
-            raise ValueError("campaigning needs a Session: Election(cp, name, session=Session(cp))")
+            raise ControlValueError(
+                "campaigning needs a Session: Election(cp, name, session=Session(cp))"
+            )
         return self.session

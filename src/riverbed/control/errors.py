@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 
 class ControlError(RiverbedError):
@@ -43,3 +43,7 @@ class LockTimeoutError(ControlError):
 
 class SessionLostError(ControlError):
     """The session's lease expired or was revoked while something depended on it."""
+
+
+class ControlValueError(ControlError, InvalidValueError):
+    """A malformed value given to the control plane (a name, a TTL, a transaction)."""

@@ -52,6 +52,7 @@ from riverbed.control.base import (
 from riverbed.control.errors import (
     CompactedError,
     ControlError,
+    ControlValueError,
     LeaseNotFoundError,
     UnavailableError,
 )
@@ -115,7 +116,7 @@ class EtcdControlPlane(ControlPlane):
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 10.0) -> None:
         if not endpoints:
-            raise ValueError("at least one etcd endpoint is needed")
+            raise ControlValueError("at least one etcd endpoint is needed")
         self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
         self.url = "etcd://" + ",".join(e.split("://", 1)[1] for e in self.endpoints)
         self.timeout = timeout
@@ -255,7 +256,7 @@ class EtcdControlPlane(ControlPlane):
     # -- leases ----------------------------------------------------------------------
     def grant(self, ttl: int) -> LeaseGrant:
         if ttl < 1:
-            raise ValueError(f"lease TTL must be at least 1 second, got {ttl}")
+            raise ControlValueError(f"lease TTL must be at least 1 second, got {ttl}")
         data = self._call("/v3/lease/grant", {"TTL": str(ttl)}, write=True)
         return LeaseGrant(int(data["ID"]), int(data["TTL"]))
 

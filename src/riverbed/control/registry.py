@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from riverbed.control.base import Compare, ControlPlane, EventType, Get, KeyValue, Put
-from riverbed.control.errors import ControlError
+from riverbed.control.errors import ControlError, ControlValueError
 from riverbed.control.session import Session
 
 
@@ -37,7 +37,7 @@ class Registry:
 
     def __init__(self, cp: ControlPlane, group: str) -> None:
         if not group or "/" in group:
-            raise ValueError(f"group name {group!r} must be non-empty and contain no '/'")
+            raise ControlValueError(f"group name {group!r} must be non-empty and contain no '/'")
         self.cp = cp
         self.group = group
         self.prefix = f"riverbed/registry/{group}/".encode()
@@ -55,7 +55,7 @@ class Registry:
     ) -> Member:
         """Join (or update our own entry). Refused if a live session holds the id."""
         if not member_id or "/" in member_id:
-            raise ValueError(f"member id {member_id!r} must be non-empty and contain no '/'")
+            raise ControlValueError(f"member id {member_id!r} must be non-empty and contain no '/'")
         key = self.prefix + member_id.encode()
         value = json.dumps(dict(metadata or {}), sort_keys=True).encode()
         result = self.cp.txn(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from riverbed.jobs.errors import JobsError, JobsValueError, SpecError
 from riverbed.jobs.publication import job_output_dir, publish, published_dir, staging_dir
 
 __all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
@@ -33,7 +34,7 @@ class Output:
         """A path inside this attempt's staging directory (parents created)."""
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-            raise ValueError(f"output name {name!r} must be a relative path inside the output")
+            raise JobsValueError(f"output name {name!r} must be a relative path inside the output")
         target = self.dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
@@ -89,7 +90,7 @@ class Context:
         """Every published file of job ``job`` whose name matches ``pattern``, by name;
         when a rerun published a name again, the newest chunk's file."""
         if self.home is None:
-            raise RuntimeError("this context has no riverbed home to read outputs from")
+            raise JobsError("this context has no riverbed home to read outputs from")
         root = job_output_dir(self.home, job)
         found: dict[str, Path] = {}
         dirs = [d for d in root.glob("chunk=*") if d.name[6:].isdigit()]
@@ -108,7 +109,7 @@ class Context:
     def spark(self) -> Any:
         """The worker's warm SparkSession (jobs of ``kind="spark"``)."""
         if self._spark is None:
-            raise RuntimeError(
+            raise SpecError(
                 f"job '{self.job}' asked for ctx.spark but is not kind='spark'; set "
                 "Job(kind='spark', ...) so a worker runs it with a SparkSession"
             )

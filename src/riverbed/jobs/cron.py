@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 
 from cronsim import CronSim, CronSimError
 
+from riverbed.jobs.errors import JobsValueError
+
 __all__ = [
     "CATCHUP",
     "due_fire",
@@ -42,14 +44,14 @@ MAX_CATCHUP = 1000  # fires submitted by one catch-up at most (a tiny period, a 
 def parse_cron(expr: str) -> CronSim:
     """Validate a five-field cron expression (UTC); ValueError names the problem."""
     if not isinstance(expr, str) or len(expr.split()) != 5:
-        raise ValueError(
+        raise JobsValueError(
             f"cron expression {expr!r} must have five fields: minute hour day month weekday "
             "(e.g. '*/5 * * * *')"
         )
     try:
         return CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
     except CronSimError as exc:
-        raise ValueError(f"cron expression {expr!r}: {exc}") from None
+        raise JobsValueError(f"cron expression {expr!r}: {exc}") from None
 
 
 def _at(ts: float) -> datetime:
@@ -88,7 +90,7 @@ def due_fires(
 ) -> list[float]:
     """The fire times to submit now, oldest first (see the module doc)."""
     if catchup not in CATCHUP:
-        raise ValueError(f"catchup must be one of {', '.join(CATCHUP)}, not {catchup!r}")
+        raise JobsValueError(f"catchup must be one of {', '.join(CATCHUP)}, not {catchup!r}")
     newest = due_fire(expr, last, now, grace)
     if newest is None or last is None or catchup == "latest":
         return [] if newest is None else [newest]

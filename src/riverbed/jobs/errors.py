@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 
 class JobsError(RiverbedError):
@@ -50,3 +50,8 @@ class FencedError(JobsError):
 
 class QueueError(JobsError):
     """The jobs database cannot be used (unreachable, or a schema of another version)."""
+
+
+class JobsValueError(JobsError, InvalidValueError):
+    """A malformed or out-of-range value given to the jobs layer (a worker setting, a
+    catch-up policy, an output name)."""

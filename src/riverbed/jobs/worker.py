@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.control import ControlPlane, Registry, Session
-from riverbed.jobs.errors import FencedError, QueueError
+from riverbed.jobs.errors import FencedError, JobsValueError, QueueError
 from riverbed.jobs.publication import publish, retract, staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
 
@@ -171,7 +171,7 @@ class Fault:
             return cls()
         point, delay, kill = spec.split(":")
         if point != "publish_done":
-            raise ValueError(f"RIVERBED_JOBS_FAULT: unknown failpoint {point!r}")
+            raise JobsValueError(f"RIVERBED_JOBS_FAULT: unknown failpoint {point!r}")
         return cls(float(delay), float(kill))
 
     def between_publish_and_done(self) -> None:
@@ -203,9 +203,9 @@ class Worker:
         fault: Fault | None = None,
     ) -> None:
         if concurrency < 1:
-            raise ValueError(f"concurrency must be ≥ 1, not {concurrency}")
+            raise JobsValueError(f"concurrency must be ≥ 1, not {concurrency}")
         if prefetch < 0:
-            raise ValueError(f"prefetch must be ≥ 0, not {prefetch}")
+            raise JobsValueError(f"prefetch must be ≥ 0, not {prefetch}")
         self.queue = queue
         self.cp = cp
         self.jobs_dir = Path(jobs_dir).resolve()

@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
+from riverbed.log.errors import LogValueError
 from riverbed.log.records import (
     ColumnBatch,
     Columns,
@@ -73,7 +74,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 
 def check_topic_name(name: str) -> None:
     if not _NAME.match(name):
-        raise ValueError(
+        raise LogValueError(
             f"topic name {name!r} must be letters, digits, '_', '.', '-' and start with a "
             "letter or digit"
         )
@@ -119,16 +120,16 @@ class TopicConfig:
     def __post_init__(self) -> None:
         check_topic_name(self.name)
         if self.partitions < 1:
-            raise ValueError(f"a topic needs at least 1 partition, got {self.partitions}")
+            raise LogValueError(f"a topic needs at least 1 partition, got {self.partitions}")
         if self.fsync not in ("batch", "interval", "never"):
-            raise ValueError(f"fsync must be batch, interval or never, not {self.fsync!r}")
+            raise LogValueError(f"fsync must be batch, interval or never, not {self.fsync!r}")
         if self.segment_bytes < 1024:
-            raise ValueError("segment_bytes must be at least 1024")
+            raise LogValueError("segment_bytes must be at least 1024")
         if self.schema is not None:
             from riverbed.log.schema import parse_schema, schema_ddl
 
             if self.serde not in ("json", "msgpack"):
-                raise ValueError(
+                raise LogValueError(
                     f"a typed topic holds records of named fields; serde {self.serde!r} "
                     "holds raw bytes: use --serde json (the default) or msgpack"
                 )
@@ -209,7 +210,7 @@ def check_column_values(config: TopicConfig, values: pa.Array) -> None:
     """Refuse values given as a column whose type is not the topic's, naming both."""
     problem = values_mismatch(config, values.type)
     if problem:
-        raise ValueError(problem)
+        raise LogValueError(problem)
 
 
 class LogStorage(ABC):
@@ -348,7 +349,9 @@ class LogStorage(ABC):
 
     def skip(self, topic: str, partition: int, start: int, end: int, reason: str) -> TopicConfig:
         """Record that readers may read past damaged offsets [start, end) of a partition."""
-        raise ValueError(f"{self.url} topics cannot be damaged on disk; there is nothing to skip")
+        raise LogValueError(
+            f"{self.url} topics cannot be damaged on disk; there is nothing to skip"
+        )
 
     @abstractmethod
     def enforce_retention(self, topic: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 
 class LogError(RiverbedError):
@@ -50,3 +50,7 @@ class RecordRejectedError(LogError, ValueError):
     def __init__(self, message: str, *, index: int, field: str | None, reason: str = "") -> None:
         super().__init__(message)
         self.index, self.field, self.reason = index, field, reason
+
+
+class LogValueError(LogError, InvalidValueError):
+    """A malformed or out-of-range value given to the log (a topic setting, a batch)."""

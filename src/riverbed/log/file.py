@@ -61,6 +61,7 @@ from riverbed.log.base import (
 )
 from riverbed.log.errors import (
     CorruptLogError,
+    LogValueError,
     OffsetOutOfRangeError,
     TopicExistsError,
     TopicNotFoundError,
@@ -335,7 +336,7 @@ class FileLogStorage(LogStorage):
             fcntl.flock(fd, fcntl.LOCK_EX)
             config = self.topic_config(name)
             if partitions < config.partitions:
-                raise ValueError(
+                raise LogValueError(
                     f"topic '{name}' has {config.partitions} partitions; partitions can be "
                     "added, never removed"
                 )
@@ -355,13 +356,13 @@ class FileLogStorage(LogStorage):
 
     def skip(self, topic: str, partition: int, start: int, end: int, reason: str) -> TopicConfig:
         if not 0 <= start < end:
-            raise ValueError(f"a skipped range needs 0 <= start < end, got {start}..{end}")
+            raise LogValueError(f"a skipped range needs 0 <= start < end, got {start}..{end}")
         fd = os.open(self._topic_dir(topic) / "topic.json", os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             config = self.topic_config(topic)
             if not 0 <= partition < config.partitions:
-                raise ValueError(
+                raise LogValueError(
                     f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
                 )
             added = SkippedRange(partition, start, end, reason)
@@ -464,7 +465,7 @@ class FileLogStorage(LogStorage):
         if not 0 <= partition < config.partitions:
             config = self.topic_config(topic)  # partitions may have been added meanwhile
             if not 0 <= partition < config.partitions:
-                raise ValueError(
+                raise LogValueError(
                     f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
                 )
         return self._topic_dir(topic) / str(partition)
@@ -554,14 +555,14 @@ class FileLogStorage(LogStorage):
         self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
     ) -> int:
         if not records:
-            raise ValueError("cannot append an empty batch")
+            raise LogValueError("cannot append an empty batch")
         config = self._config(topic)
         encoded = encode_body(records, typed_values(topic, config, records, typed))
         return self._write(topic, partition, config, encoded)
 
     def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
         if not len(batch):
-            raise ValueError("cannot append an empty batch")
+            raise LogValueError("cannot append an empty batch")
         config = self._config(topic)
         check_column_values(config, batch.values)
         return self._write(topic, partition, config, encode_columns(batch))

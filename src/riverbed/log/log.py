@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
-from riverbed.log.errors import LogError, SerdeError
+from riverbed.log.errors import LogError, LogValueError, SerdeError
 from riverbed.log.group.consumer import Consumer
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
 from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
@@ -30,7 +30,7 @@ def _ts_ms(ts: datetime | int | None) -> int:
         return now_ms()
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
-            raise ValueError(f"naive timestamp {ts!r}: use a timezone-aware (UTC) datetime")
+            raise LogValueError(f"naive timestamp {ts!r}: use a timezone-aware (UTC) datetime")
         return int(ts.timestamp() * 1000)
     return int(ts)
 

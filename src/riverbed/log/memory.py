@@ -8,7 +8,12 @@ from dataclasses import replace
 from typing import Any
 
 from riverbed.log.base import LogStorage, TopicConfig, typed_values
-from riverbed.log.errors import OffsetOutOfRangeError, TopicExistsError, TopicNotFoundError
+from riverbed.log.errors import (
+    LogValueError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 from riverbed.log.records import RawRecord
 from riverbed.log.schema import from_batch
 
@@ -43,7 +48,7 @@ class MemoryLogStorage(LogStorage):
         with self._lock:
             config = self.topic_config(name)
             if partitions < config.partitions:
-                raise ValueError(
+                raise LogValueError(
                     f"topic '{name}' has {config.partitions} partitions; partitions can be "
                     "added, never removed"
                 )
@@ -53,7 +58,7 @@ class MemoryLogStorage(LogStorage):
     def _check(self, topic: str, partition: int) -> None:
         config = self.topic_config(topic)
         if not 0 <= partition < config.partitions:
-            raise ValueError(
+            raise LogValueError(
                 f"topic '{topic}' has partitions 0..{config.partitions - 1}, not {partition}"
             )
 

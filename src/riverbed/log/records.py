@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from riverbed.checksum import crc32
-from riverbed.log.errors import CorruptLogError
+from riverbed.log.errors import CorruptLogError, LogValueError
 
 _PREFIX = struct.Struct(">II")  # length, crc
 _HEAD = struct.Struct(">QI")  # base_offset, count
@@ -107,7 +107,7 @@ def _offsets(lengths: list[int]) -> bytes:
     offsets = array("i", [0])
     offsets.extend(accumulate(lengths))
     if offsets[-1] > _MAX_BYTES:
-        raise ValueError("a batch's keys or values exceed 2 GiB; append smaller batches")
+        raise LogValueError("a batch's keys or values exceed 2 GiB; append smaller batches")
     return _le(offsets)
 
 
@@ -140,7 +140,7 @@ def encode_body(records: Sequence[RawRecord], typed: pa.RecordBatch | None = Non
         stored = [FORMAT_COLUMNS, _offsets([len(v) for v in values]), b"".join(values)]
     else:
         if typed.num_rows != len(records):
-            raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
+            raise LogValueError(f"{typed.num_rows} typed values for {len(records)} records")
         stored = [FORMAT_TYPED, _ipc(typed)]
     body: bytes = msgpack.packb(
         [
@@ -299,7 +299,7 @@ def decode_body(body: bytes | memoryview, n: int, base_offset: int) -> ColumnBat
             _, ts, key_offsets, key_valid, key_data, ipc, headers = payload
             values = _from_ipc(ipc)
             if len(values) != n:
-                raise ValueError(f"{len(values)} typed values for {n} records")
+                raise LogValueError(f"{len(values)} typed values for {n} records")
             return ColumnBatch(
                 np.frombuffer(ts, dtype="<i8"),
                 _binary(n, key_offsets, key_data, key_valid),
@@ -329,7 +329,7 @@ def timestamps_of(body: bytes | memoryview, n: int, base_offset: int) -> np.ndar
         if unpacker.unpack() in (FORMAT_COLUMNS, FORMAT_TYPED):
             ts = np.frombuffer(unpacker.unpack(), dtype="<i8")
             if len(ts) != n:
-                raise ValueError(f"{len(ts)} timestamps for {n} records")
+                raise LogValueError(f"{len(ts)} timestamps for {n} records")
             return ts
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptLogError(f"batch at offset {base_offset} cannot be decoded") from exc
@@ -355,7 +355,7 @@ def encode_columns(batch: ColumnBatch) -> EncodedBatch:
     """Encode a batch given as columns (what a log server receives) straight from their
     buffers: the same bytes :func:`encode_body` writes for the same records."""
     if batch.values.null_count:
-        raise ValueError("a record's value cannot be null")
+        raise LogValueError("a record's value cannot be null")
     key_offsets, key_valid, key_data = _binary_parts(batch.keys)
     stored: list[Any]
     if pa.types.is_struct(batch.values.type):

@@ -22,6 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from riverbed.log.errors import LogValueError
+
 __all__ = [
     "SchemaError",
     "ValueMismatch",
@@ -57,11 +59,11 @@ _NAMES = {t: name for name, t in reversed(list(TYPES.items()))}
 _FIELD = re.compile(r"^\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*:?\s+([A-Za-z]+)\s*$")
 
 
-class SchemaError(ValueError):
+class SchemaError(LogValueError):
     """A schema that cannot be parsed or used."""
 
 
-class ValueMismatch(ValueError):
+class ValueMismatch(LogValueError):
     """A record that does not fit the topic's schema: which one, which field, and why."""
 
     def __init__(self, index: int, field: str | None, reason: str) -> None:

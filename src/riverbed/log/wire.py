@@ -41,6 +41,7 @@ from riverbed.log.errors import (
     CorruptLogError,
     GroupError,
     LogError,
+    LogValueError,
     OffsetOutOfRangeError,
     RecordRejectedError,
     SerdeError,
@@ -48,6 +49,7 @@ from riverbed.log.errors import (
     TopicNotFoundError,
 )
 from riverbed.log.records import ColumnBatch, RawRecord, StoredBatch, as_struct
+from riverbed.log.schema import SchemaError
 
 PROTOCOL = 2  # bumped when a request or a batch's shape changes
 PROTOCOL_HEADER = "riverbed-log-protocol"
@@ -111,7 +113,7 @@ def records_batch(records: Sequence[RawRecord], typed: pa.RecordBatch | None) ->
     values: pa.Array
     if typed is not None:
         if typed.num_rows != len(records):
-            raise ValueError(f"{typed.num_rows} typed values for {len(records)} records")
+            raise LogValueError(f"{typed.num_rows} typed values for {len(records)} records")
         values = as_struct(typed)
     else:
         values = pa.array([r.value for r in records], pa.binary())
@@ -251,6 +253,8 @@ _KINDS: dict[str, type[Exception]] = {
         GroupError,
         ProtocolError,
         BatchTooLargeError,
+        LogValueError,
+        SchemaError,
         ValueError,
     )
 }

@@ -22,12 +22,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from riverbed.config import SparkConfig
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["TEST_CONF", "SparkUnavailableError", "session"]
+__all__ = ["TEST_CONF", "SourceOptionError", "SparkUnavailableError", "session"]
 
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -47,6 +47,10 @@ BASE_CONF: dict[str, str] = {
 
 class SparkUnavailableError(RiverbedError):
     """Spark cannot start (usually: no Java)."""
+
+
+class SourceOptionError(InvalidValueError):
+    """A riverbed source option (topic, schema, …) that cannot be used."""
 
 
 def _check_java() -> None:

@@ -54,6 +54,7 @@ from pyspark.sql.types import (
 )
 
 from riverbed.log.records import Columns
+from riverbed.spark import SourceOptionError
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped, source_limits
 
 META_FIELDS = [
@@ -116,7 +117,7 @@ def value_schema(options: dict[str, str]) -> StructType | str:
     if options.get("schema"):
         clash = [n for n in _ddl_names(options["schema"]) if n in META_NAMES]
         if clash:
-            raise ValueError(f"value field(s) {clash} clash with the source's own columns")
+            raise SourceOptionError(f"value field(s) {clash} clash with the source's own columns")
         return options["schema"]
     log = open_log(options)
     topic = options["topic"]
@@ -125,7 +126,7 @@ def value_schema(options: dict[str, str]) -> StructType | str:
         log.close()
         clash = [n for n in _ddl_names(typed) if n in META_NAMES]
         if clash:
-            raise ValueError(
+            raise SourceOptionError(
                 f"topic '{topic}' has field(s) {clash}, which clash with the source's own "
                 f"columns ({', '.join(sorted(META_NAMES))}); give the source a schema "
                 "option without them"
@@ -376,7 +377,7 @@ class RiverbedDataSource(DataSource):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         if not options.get("topic"):
-            raise ValueError('the riverbed source needs .option("topic", NAME)')
+            raise SourceOptionError('the riverbed source needs .option("topic", NAME)')
         # Spark passes options through a case-insensitive map: keys may arrive lowercased.
         self.options: dict[str, str] = {k.lower(): v for k, v in options.items()}
 
@@ -404,7 +405,7 @@ class BatchReader(DataSourceReader):
             try:
                 given = [LogSlice(int(p), int(s), int(e)) for p, s, e in json.loads(ranges)]
             except (ValueError, TypeError) as exc:
-                raise ValueError(
+                raise SourceOptionError(
                     f"ranges must be JSON [[partition, start, end], ...], not {ranges!r}"
                 ) from exc
             return [s for s in given if s.end > s.start] or [LogSlice(0, 0, 0)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import InvalidValueError, RiverbedError
 
 
 class StateError(RiverbedError):
@@ -23,3 +23,7 @@ class CorruptStateError(StateError):
 
 class StoreClosedError(StateError):
     """The store was already committed or aborted."""
+
+
+class StateValueError(StateError, InvalidValueError):
+    """A malformed or out-of-range value given to the state store or a sketch."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from datetime import UTC, datetime
 
+from riverbed.state.errors import StateValueError
 from riverbed.state.store import StateStore
 
 _TS = struct.Struct(">Q")
@@ -20,10 +21,10 @@ def to_millis(ts: datetime | int) -> int:
     """Milliseconds since the epoch; datetimes must be timezone-aware."""
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
-            raise ValueError(f"naive datetime {ts!r}: pass a timezone-aware (UTC) datetime")
+            raise StateValueError(f"naive datetime {ts!r}: pass a timezone-aware (UTC) datetime")
         return int(ts.timestamp() * 1000)
     if ts < 0:
-        raise ValueError(f"timestamp must be >= 0 ms, got {ts}")
+        raise StateValueError(f"timestamp must be >= 0 ms, got {ts}")
     return ts
 
 

@@ -43,6 +43,7 @@ from riverbed.state.errors import (
     CorruptStateError,
     PartitionBusyError,
     StateError,
+    StateValueError,
     VersionNotFoundError,
 )
 from riverbed.state.store import StateStore
@@ -102,7 +103,7 @@ def _engine(name: str) -> Engine:
 
 def _check_name(namespace: str) -> None:
     if not _NAME.match(namespace):
-        raise ValueError(
+        raise StateValueError(
             f"namespace {namespace!r} must be 1-128 letters, digits, '_', '.', '-' "
             "and start with a letter or digit"
         )
@@ -117,14 +118,14 @@ class StateProvider:
         self.durable: DurableStorage = open_storage(config.durable)
         self.local_dir = Path(config.local_dir)
         if config.snapshot_every < 1 or config.retain_versions < 1:
-            raise ValueError("snapshot_every and retain_versions must be at least 1")
+            raise StateValueError("snapshot_every and retain_versions must be at least 1")
 
     # -- names ---------------------------------------------------------------------------
     @staticmethod
     def _base(namespace: str, partition: int) -> str:
         _check_name(namespace)
         if partition < 0:
-            raise ValueError(f"partition must be >= 0, got {partition}")
+            raise StateValueError(f"partition must be >= 0, got {partition}")
         return f"{namespace}/{partition}"
 
     def _changelog_name(self, namespace: str, partition: int, version: int) -> str:
@@ -218,7 +219,7 @@ class StateProvider:
         self, namespace: str, partition: int, index: PartitionIndex, version: int | None
     ) -> int:
         if version is not None and version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+            raise StateValueError(f"version must be >= 0, got {version}")
         candidates = [v for v in index.versions if version is None or v <= version]
         target = max(candidates, default=0)
         if index.purged_through and target < index.purged_through:

@@ -35,7 +35,7 @@ import msgpack
 import numpy as np
 import pyroaring
 
-from riverbed.state.errors import CorruptStateError
+from riverbed.state.errors import CorruptStateError, StateValueError
 
 _EXACT_INT, _EXACT_STR, _HLL = 0, 1, 2
 Ids = Union[np.ndarray, Iterable[int], Iterable[str], Iterable[bytes]]  # noqa: UP007
@@ -150,7 +150,7 @@ class HLL:
 
     def __init__(self, lg_k: int = 12, sketch: Any = None) -> None:
         if not 4 <= lg_k <= 21:
-            raise ValueError(f"lg_k must be between 4 and 21, got {lg_k}")
+            raise StateValueError(f"lg_k must be between 4 and 21, got {lg_k}")
         self.lg_k = lg_k
         self._s = sketch if sketch is not None else ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_4)
 
@@ -207,7 +207,7 @@ class ExactIds:
     def update(self, ids: Ids) -> ExactIds:
         if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and self._items is None:
             if ids.size and ids.min() < 0:
-                raise ValueError("integer ids must be >= 0 for the exact bitmap")
+                raise StateValueError("integer ids must be >= 0 for the exact bitmap")
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
             self._bitmap.update(ids.astype(np.uint64, copy=False))
@@ -219,7 +219,7 @@ class ExactIds:
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
             if not all(isinstance(v, int) and v >= 0 for v in values):
-                raise ValueError("cannot mix non-integer ids into an integer id set")
+                raise StateValueError("cannot mix non-integer ids into an integer id set")
             self._bitmap.update(values)
             return self
         if self._items is None:
@@ -230,11 +230,11 @@ class ExactIds:
     def merge(self, other: ExactIds) -> ExactIds:
         if other._bitmap is not None:
             if self._items is not None:
-                raise ValueError("cannot merge integer ids into a set of string ids")
+                raise StateValueError("cannot merge integer ids into a set of string ids")
             self._bitmap = (self._bitmap or pyroaring.BitMap64()) | other._bitmap
         if other._items is not None:
             if self._bitmap is not None:
-                raise ValueError("cannot merge string ids into an integer id bitmap")
+                raise StateValueError("cannot merge string ids into an integer id bitmap")
             self._items = (self._items or set()) | other._items
         return self
 

@@ -21,7 +21,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 from riverbed.state.base import Committer, LocalDB, Op
-from riverbed.state.errors import StoreClosedError
+from riverbed.state.errors import StateValueError, StoreClosedError
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -130,7 +130,7 @@ class StateStore:
         db = self._live()
         new = self.version + 1 if version is None else version
         if new <= self.version:
-            raise ValueError(
+            raise StateValueError(
                 f"cannot commit version {new} on top of version {self.version}; "
                 "versions only grow (load an older version to redo a batch)"
             )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from riverbed.durations import duration_ms
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.metrics import Metric
 from riverbed.stream.windows import Window
 
@@ -40,16 +41,16 @@ class Aggregation:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
-            raise ValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
+            raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
         if not self.metrics:
-            raise ValueError("an aggregation needs at least one metric")
+            raise StreamValueError("an aggregation needs at least one metric")
         for metric_name in self.metrics:
             if not _NAME.match(metric_name):
-                raise ValueError(f"metric name {metric_name!r}: letters, digits, '_'")
+                raise StreamValueError(f"metric name {metric_name!r}: letters, digits, '_'")
         if self.output not in ("update", "final"):
-            raise ValueError(f"output must be update or final, not {self.output!r}")
+            raise StreamValueError(f"output must be update or final, not {self.output!r}")
         if self.state_partitions < 1:
-            raise ValueError("state_partitions must be at least 1")
+            raise StreamValueError("state_partitions must be at least 1")
         duration_ms(self.watermark)
         duration_ms(self.keep_closed)
         object.__setattr__(self, "metrics", dict(self.metrics))  # a private copy

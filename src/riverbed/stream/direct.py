@@ -51,6 +51,7 @@ from riverbed.stream.engine import (
     state_partition_of,
     write_output,
 )
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
@@ -402,7 +403,7 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
     on every record by the tasks)."""
     choice = options.get("co_locate", "auto").lower()
     if choice not in ("auto", "true", "false"):
-        raise ValueError(f"co_locate must be auto, true or false, not {choice!r}")
+        raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
     topic = topic_log.topic(options["topic"])
@@ -415,7 +416,7 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
                 if spec.key not in value or record.key != str(value[spec.key]).encode():
                     return False
     if choice == "true" and not fits:
-        raise ValueError(
+        raise StreamValueError(
             f"co_locate=true needs topic {options['topic']!r} to use the key-hash partitioner "
             f"with {spec.state_partitions} partitions (the aggregation's state_partitions)"
         )
@@ -432,15 +433,15 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     from riverbed.spark.source import META_FIELDS, value_schema
 
     if "topic" not in options:
-        raise ValueError('a riverbed source needs {"topic": NAME, ...}')
+        raise StreamValueError('a riverbed source needs {"topic": NAME, ...}')
     max_records, starting = source_limits({k.lower(): v for k, v in options.items()})
     steal = str(options.get("steal", "true")).lower()
     if steal not in ("true", "false"):
-        raise ValueError(f"steal must be true or false, not {steal!r}")
+        raise StreamValueError(f"steal must be true or false, not {steal!r}")
     topic_log = riverbed.log.open(options["log"])
     try:
         if options["topic"] not in topic_log.topics():
-            raise ValueError(
+            raise StreamValueError(
                 f"topic {options['topic']!r} does not exist in {options['log']}; create it "
                 f"with `riverbed topic create {options['topic']} --partitions "
                 f"{config.spec.state_partitions}`"
@@ -452,11 +453,11 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     # a DDL string is parsed here, on the driver: executors cannot parse DDL
     parsed = StructType.fromDDL(values) if isinstance(values, str) else values
     if not isinstance(parsed, StructType):
-        raise ValueError(f"schema {options.get('schema')!r} must be a list of fields")
+        raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
     schema = StructType(list(parsed.fields) + META_FIELDS)
     missing = [c for c in config.spec.columns() if c not in schema.fieldNames()]
     if missing:
-        raise ValueError(
+        raise StreamValueError(
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )

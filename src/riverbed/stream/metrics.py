@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from riverbed.state.sketches import HLL, AdaptiveDistinct, ExactIds
+from riverbed.stream.errors import StreamValueError
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class Distinct:
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "hll", "adaptive"):
-            raise ValueError(f"Distinct mode must be exact, hll or adaptive, not {self.mode!r}")
+            raise StreamValueError(
+                f"Distinct mode must be exact, hll or adaptive, not {self.mode!r}"
+            )
 
     def _empty(self) -> ExactIds | HLL | AdaptiveDistinct:
         if self.mode == "exact":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from riverbed.stream.engine import BatchLog, EngineConfig
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.sinks import plain
 
 SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
@@ -55,7 +56,7 @@ def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
         SqlSink(config.sql_url).upsert(config.spec.name, rows)
     if config.results_topic:
         if config.log_url is None:
-            raise ValueError("a results topic needs a log: pass log_url")
+            raise StreamValueError("a results topic needs a log: pass log_url")
         sink = TopicSink(config.log_url, config.results_topic, config.spec.state_partitions)
         try:
             sink.write(batch_id, rows)

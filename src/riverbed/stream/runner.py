@@ -25,6 +25,7 @@ from riverbed.stream.engine import (
     preaggregate,
     write_output,
 )
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
 from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
 
@@ -59,7 +60,7 @@ def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
     if path.exists():
         recorded = json.loads(path.read_text())
         if recorded["state_partitions"] != spec.state_partitions:
-            raise ValueError(
+            raise StreamValueError(
                 f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
                 f"state partitions; it cannot change to {spec.state_partitions} (state is "
                 "placed by key hash). Use the recorded count or a new checkpoint."
@@ -241,7 +242,7 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 
     provider = StateProvider(state)
     if not provider.partitions(spec.name):
-        raise ValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
+        raise StreamValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
     version = None if batch_id is None else batch_id + 1
     frames = []
     for batch in read_state(provider, spec.name, version):

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import pandas as pd
 
 from riverbed.errors import ConfigError
+from riverbed.stream.errors import StreamValueError
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -84,7 +85,7 @@ class SqlSink:
         columns = list(frame.columns)
         for required in ("window_start", "key", "batch_id"):
             if required not in columns:
-                raise ValueError(f"result rows need a {required!r} column")
+                raise StreamValueError(f"result rows need a {required!r} column")
         names = [_ident(c) for c in columns]
         target = _ident(table)
         mark = "%s" if self.postgres else "?"

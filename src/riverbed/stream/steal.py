@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.spark.source import CHUNK, LogSlice
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def split(piece: LogSlice, size: int = PIECE) -> list[LogSlice]:
     none for an empty slice. Depends on the slice alone, so every task and every re-run
     cuts a batch the same way."""
     if size < 1:
-        raise ValueError(f"piece size must be positive, not {size}")
+        raise StreamValueError(f"piece size must be positive, not {size}")
     return [
         LogSlice(piece.partition, start, min(start + size, piece.end))
         for start in range(piece.start, piece.end, size)

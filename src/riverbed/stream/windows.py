@@ -16,6 +16,7 @@ from datetime import timedelta
 import numpy as np
 
 from riverbed.durations import duration_ms
+from riverbed.stream.errors import StreamValueError
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Hopping:
 
     def __post_init__(self) -> None:
         if self.size_ms % self.hop_ms:
-            raise ValueError(
+            raise StreamValueError(
                 f"hopping window size {self.size} must be a multiple of hop {self.hop}"
             )
 
@@ -65,7 +66,9 @@ class Sliding:
 
     def __post_init__(self) -> None:
         if self.size_ms % self.step_ms:
-            raise ValueError(f"sliding size {self.size} must be a multiple of step {self.step}")
+            raise StreamValueError(
+                f"sliding size {self.size} must be a multiple of step {self.step}"
+            )
 
     @property
     def size_ms(self) -> int:
@@ -88,6 +91,6 @@ Window = Tumbling | Hopping | Sliding
 
 def _hop_starts(ts_ms: np.ndarray, size: int, hop: int) -> list[np.ndarray]:
     if size <= 0 or hop <= 0:
-        raise ValueError("window size and hop must be positive")
+        raise StreamValueError("window size and hop must be positive")
     last = (ts_ms // hop) * hop  # the latest window start at or before ts
     return [last - i * hop for i in range(size // hop)]

@@ -53,7 +53,7 @@ from riverbed.control import (
     Session,
 )
 from riverbed.log.base import TopicLog
-from riverbed.log.errors import GroupError, OffsetOutOfRangeError
+from riverbed.log.errors import GroupError, LogValueError, OffsetOutOfRangeError
 from riverbed.log.group.assignors import ASSIGNORS, Assignor, TopicPartition
 from riverbed.log.records import Record
 
@@ -82,7 +82,7 @@ def _read_assignment(cp: ControlPlane, key: str) -> tuple[int, dict[str, str]]:
 class _Keys:
     def __init__(self, group: str) -> None:
         if not group or "/" in group or ":" in group:
-            raise ValueError(f"group name {group!r} must be non-empty without '/' or ':'")
+            raise LogValueError(f"group name {group!r} must be non-empty without '/' or ':'")
         self.group = group
         self.prefix = f"riverbed/loggroup/{group}/"
         self.assignment = self.prefix + "assignment"
@@ -150,7 +150,7 @@ class Consumer:
             log.topic(topic)  # TopicNotFoundError names the fix
         if isinstance(assignor, str):
             if assignor not in ASSIGNORS:
-                raise ValueError(
+                raise LogValueError(
                     f"unknown assignor {assignor!r}; use one of {', '.join(sorted(ASSIGNORS))} "
                     "or pass a function"
                 )
