@@ -36,14 +36,12 @@ import contextlib
 import fcntl
 import json
 import logging
-import mmap
 import os
-import struct
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +66,6 @@ from riverbed.log.errors import (
 )
 from riverbed.log.records import (
     BATCH_HEAD_SIZE,
-    PREFIX_SIZE,
     BatchHeader,
     ColumnBatch,
     Columns,
@@ -82,203 +79,24 @@ from riverbed.log.records import (
     read_header,
     rows_from,
     timestamps_of,
-    whole_frame,
+)
+from riverbed.log.segments import (
+    FIELDS_BASE,
+    FIELDS_LENGTH,
+    FRAME_HEADER,
+    INDEX_ENTRY,
+    INDEX_EVERY,
+    Torn,
+    Writer,
+    list_segments,
+    map_segment,
+    read_index,
+    refuse,
+    scan_frames,
+    seg_path,
 )
 
 log = logging.getLogger(__name__)
-
-INDEX_EVERY = 4096
-_ENTRY = struct.Struct(">QQ")
-
-
-def _segments(directory: Path) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
-
-
-def _seg_path(directory: Path, base: int, suffix: str = ".log") -> Path:
-    return directory / f"{base:020d}{suffix}"
-
-
-def _read_index(directory: Path, base: int) -> list[tuple[int, int]]:
-    try:
-        raw = _seg_path(directory, base, ".index").read_bytes()
-    except FileNotFoundError:
-        return []
-    usable = len(raw) - len(raw) % _ENTRY.size
-    return [_ENTRY.unpack_from(raw, i) for i in range(0, usable, _ENTRY.size)]
-
-
-@contextlib.contextmanager
-def _mapped(path: Path) -> Iterator[memoryview]:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            yield memoryview(b"")
-            return
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                yield view
-            finally:
-                view.release()
-
-
-_HEADER = PREFIX_SIZE + 12  # length, crc, base offset, count
-_FIELDS_LENGTH = struct.Struct(">I")
-_FIELDS_BASE = struct.Struct(">Q")
-_MIN_RECORD_BYTES = 4  # no stored record takes fewer bytes (bounds a damaged tail's offsets)
-
-
-def _next_valid(buf: memoryview, pos: int, at: int) -> tuple[int, BatchHeader] | None:
-    """The first whole batch after byte ``pos`` whose offsets start at ``at`` or later:
-    resynchronising after a damaged batch. Candidates (plausible length, base offset
-    and count at every byte) are found with numpy; only they are CRC-checked."""
-    size = len(buf)
-    q0, step = pos + 1, 1 << 20
-    while q0 + _HEADER <= size:
-        n = min(step, size - _HEADER - q0 + 1)
-        qs = np.arange(q0, q0 + n, dtype=np.int64)
-        lengths = np.ndarray((n,), ">u4", buffer=buf, offset=q0, strides=(1,)).astype(np.int64)
-        bases = np.ndarray((n,), ">u8", buffer=buf, offset=q0 + 8, strides=(1,)).astype(np.uint64)
-        counts = np.ndarray((n,), ">u4", buffer=buf, offset=q0 + 16, strides=(1,)).astype(np.int64)
-        plausible = (
-            (lengths >= _HEADER - 4)
-            & (qs + 4 + lengths <= size)
-            & (bases >= np.uint64(at))
-            & (bases < np.uint64(at + 2**40))
-            & (counts > 0)
-        )
-        for c in np.flatnonzero(plausible).tolist():
-            header = read_header(buf, q0 + c)
-            if header is not None:
-                return q0 + c, header
-        q0 += n
-    return None
-
-
-@dataclass(frozen=True)
-class _Torn:
-    """An unfinished append at the end of the newest segment."""
-
-    position: int
-    size: int
-
-
-def _frames(
-    path: Path,
-    buf: memoryview,
-    pos: int,
-    at: int,
-    *,
-    next_base: int | None,
-    index: Sequence[tuple[int, int]],
-) -> Iterator[tuple[int, BatchHeader] | Damage | _Torn]:
-    """Walk a segment from byte ``pos`` (where offset ``at`` starts): every whole batch as
-    (position, header), every damaged stretch as a :class:`Damage` (then on, after it,
-    where the segment has more), and an unfinished tail as :class:`_Torn`.
-    ``next_base`` is the next segment's first offset (None: this is the newest)."""
-    while True:
-        header = read_header(buf, pos)
-        if header is not None and header.base_offset == at:
-            yield pos, header
-            pos, at = pos + header.size, header.next_offset
-            continue
-        if header is None and pos >= len(buf):
-            if next_base is not None and at != next_base:
-                if at > next_base:
-                    raise CorruptLogError(
-                        f"{path} ends at offset {at} but the next segment starts at "
-                        f"{next_base}: segments overlap"
-                    )
-                yield Damage(str(path), pos, at, next_base, None)  # batches missing
-            return
-        damage: Damage | None
-        if header is not None:  # whole, but not the offsets that follow
-            if header.base_offset < at:
-                raise CorruptLogError(
-                    f"{path}: the batch at byte {pos} holds offsets from "
-                    f"{header.base_offset}, but {at} was expected there: batches overlap"
-                )
-            damage = Damage(str(path), pos, at, header.base_offset, pos)
-        else:
-            damage = _damage(path, buf, pos, at, next_base=next_base, index=index)
-            if damage is None:
-                yield _Torn(pos, len(buf) - pos)
-                return
-        yield damage
-        if damage.resume is None or damage.end is None:
-            return
-        pos, at = damage.resume, damage.end
-
-
-def _damage(
-    path: Path,
-    buf: memoryview,
-    pos: int,
-    at: int,
-    *,
-    next_base: int | None,
-    index: Sequence[tuple[int, int]],
-) -> Damage | None:
-    """What the bad frame at ``pos`` is: damage (with the offsets it hides), or None for
-    a torn tail — an unfinished append: nothing readable after it in the newest segment,
-    no index entry showing the partition had gone past it, and fewer bytes than the
-    frame claims (a frame that is all there but fails its CRC was damaged)."""
-    found = _next_valid(buf, pos, at)
-    if found is not None:
-        q, header = found
-        return Damage(str(path), pos, at, header.base_offset, q)
-    if next_base is not None:
-        return Damage(str(path), pos, at, next_base, len(buf))
-    if any(p > pos and o > at for o, p in index) or whole_frame(buf, pos):
-        # an index entry is written just before its batch, and an unfinished append is
-        # shorter than it claims: either way the batch at pos was whole
-        upper = at + (len(buf) - pos) // _MIN_RECORD_BYTES + 1
-        return Damage(str(path), pos, at, None, None, upper=upper)
-    return None
-
-
-def _refuse(topic: str, partition: int, damage: Damage) -> CorruptLogError:
-    after = (
-        f"Readable batches follow at byte {damage.resume}, so nothing after them is lost. "
-        if damage.resume is not None and damage.end is not None
-        else ""
-    )
-    error = CorruptLogError(
-        f"{topic}/{partition} is damaged: {damage.describe()}. {after}"
-        f"Find every damaged range: `riverbed topic verify {topic}`; to read past this "
-        f"one: `riverbed topic skip {topic} {partition} {damage.start} {damage.span_end}` "
-        "(docs/log.md, 'When a topic is damaged')."
-    )
-    error.damage = damage
-    return error
-
-
-@dataclass
-class _Writer:
-    """One process's appending state for one partition."""
-
-    directory: Path
-    lockfile: int
-    topic: str
-    partition: int
-    mutex: threading.Lock = field(default_factory=threading.Lock)
-    base: int = 0  # active segment
-    fd: int = -1
-    size: int = 0
-    next_offset: int = 0
-    since_index: int = 0
-    last_fsync: float = 0.0
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        os.close(self.lockfile)
 
 
 class FileLogStorage(LogStorage):
@@ -286,7 +104,7 @@ class FileLogStorage(LogStorage):
         self.root = root
         self.url = f"file://{root}"
         root.mkdir(parents=True, exist_ok=True)
-        self._writers: dict[tuple[str, int], _Writer] = {}
+        self._writers: dict[tuple[str, int], Writer] = {}
         self._configs: dict[str, TopicConfig] = {}
         self._lock = threading.Lock()
         self._reported: set[tuple[str, int]] = set()
@@ -382,7 +200,7 @@ class FileLogStorage(LogStorage):
         key = (damage.path, damage.position)
         if key not in self._reported:
             self._reported.add(key)
-            log.error("%s", _refuse(topic, partition, damage))
+            log.error("%s", refuse(topic, partition, damage))
 
     def _start_at(
         self,
@@ -398,11 +216,11 @@ class FileLogStorage(LogStorage):
         entry written just before an append that never came). A wrong entry raises
         (``strict``) or falls back to the segment's start with a warning."""
         o, p = entry
-        if strict and p + _HEADER <= len(buf):
+        if strict and p + FRAME_HEADER <= len(buf):
             # readers: a structural check only — the walk checks the batch's CRC when it
             # reads it, and damage before the entry does not concern a read after it
-            length = _FIELDS_LENGTH.unpack_from(buf, p)[0]
-            if _FIELDS_BASE.unpack_from(buf, p + 8)[0] == o and length >= _HEADER - 4:
+            length = FIELDS_LENGTH.unpack_from(buf, p)[0]
+            if FIELDS_BASE.unpack_from(buf, p + 8)[0] == o and length >= FRAME_HEADER - 4:
                 return p, o
         header = read_header(buf, p) if p < len(buf) else None
         if header is not None and header.base_offset == o:
@@ -415,7 +233,7 @@ class FileLogStorage(LogStorage):
             pos, at = pos + h.size, h.next_offset
         if pos == p and at == o:
             return p, o  # the entry is right; what is at p is damaged or unwritten
-        index = _seg_path(path.parent, base, ".index")
+        index = seg_path(path.parent, base, ".index")
         message = (
             f"{index}: its entry for offset {o} points at byte {p}, where no batch of that "
             "offset starts — the index is corrupt (the log itself may be whole). Rebuild "
@@ -440,8 +258,8 @@ class FileLogStorage(LogStorage):
         offset, whether a torn tail follows). Damage with readable batches after it is
         logged and stepped over (readers raise on it); a damaged tail is appended past
         from the end of a recorded skip, else :class:`CorruptLogError`."""
-        for item in _frames(path, buf, pos, at, next_base=None, index=index):
-            if isinstance(item, _Torn):
+        for item in scan_frames(path, buf, pos, at, next_base=None, index=index):
+            if isinstance(item, Torn):
                 return item.position, at, True
             if isinstance(item, Damage):
                 if item.end is not None and item.resume is not None:
@@ -450,7 +268,7 @@ class FileLogStorage(LogStorage):
                     continue
                 skip = self._skip_for(topic, partition, item)
                 if skip is None:
-                    raise _refuse(topic, partition, item)
+                    raise refuse(topic, partition, item)
                 return len(buf), max(skip.end, at), False
             p, header = item
             pos, at = p + header.size, header.next_offset
@@ -471,7 +289,7 @@ class FileLogStorage(LogStorage):
         return self._topic_dir(topic) / str(partition)
 
     # -- appends ------------------------------------------------------------------------
-    def _writer(self, topic: str, partition: int) -> _Writer:
+    def _writer(self, topic: str, partition: int) -> Writer:
         key = (topic, partition)
         with self._lock:
             writer = self._writers.get(key)
@@ -479,12 +297,12 @@ class FileLogStorage(LogStorage):
                 directory = self._partition_dir(topic, partition)
                 directory.mkdir(exist_ok=True)
                 lockfile = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-                writer = _Writer(directory, lockfile, topic, partition)
+                writer = Writer(directory, lockfile, topic, partition)
                 self._writers[key] = writer
             return writer
 
     @contextlib.contextmanager
-    def _locked(self, writer: _Writer) -> Iterator[None]:
+    def _locked(self, writer: Writer) -> Iterator[None]:
         with writer.mutex:
             fcntl.flock(writer.lockfile, fcntl.LOCK_EX)
             try:
@@ -492,19 +310,19 @@ class FileLogStorage(LogStorage):
             finally:
                 fcntl.flock(writer.lockfile, fcntl.LOCK_UN)
 
-    def _sync_state(self, w: _Writer) -> None:
+    def _sync_state(self, w: Writer) -> None:
         """Under the lock: catch up with other processes' appends (and recover once)."""
-        segments = _segments(w.directory)
+        segments = list_segments(w.directory)
         if not segments:
             self._open_segment(w, 0, 0)
             return
         last = segments[-1]
-        path = _seg_path(w.directory, last)
+        path = seg_path(w.directory, last)
         size = os.stat(path).st_size
         if w.fd >= 0 and last == w.base and size == w.size:
             return
-        index = _read_index(w.directory, last)
-        with _mapped(path) as buf:
+        index = read_index(w.directory, last)
+        with map_segment(path) as buf:
             if w.fd >= 0 and last == w.base:
                 pos, offset = w.size, w.next_offset
             elif index:
@@ -538,16 +356,16 @@ class FileLogStorage(LogStorage):
 
     @staticmethod
     def _trim_index(directory: Path, base: int, size: int) -> None:
-        entries = [e for e in _read_index(directory, base) if e[1] < size]
-        path = _seg_path(directory, base, ".index")
+        entries = [e for e in read_index(directory, base) if e[1] < size]
+        path = seg_path(directory, base, ".index")
         if path.exists():
-            path.write_bytes(b"".join(_ENTRY.pack(*e) for e in entries))
+            path.write_bytes(b"".join(INDEX_ENTRY.pack(*e) for e in entries))
 
-    def _open_segment(self, w: _Writer, base: int, next_offset: int) -> None:
+    def _open_segment(self, w: Writer, base: int, next_offset: int) -> None:
         if w.fd >= 0:
             os.fsync(w.fd)
             os.close(w.fd)
-        path = _seg_path(w.directory, base)
+        path = seg_path(w.directory, base)
         w.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         w.base, w.size, w.next_offset, w.since_index = base, 0, next_offset, 0
 
@@ -577,8 +395,8 @@ class FileLogStorage(LogStorage):
                 self._open_segment(w, base, base)
                 self._retain(w.directory, config)
             if w.since_index >= INDEX_EVERY or w.size == 0:
-                with open(_seg_path(w.directory, w.base, ".index"), "ab") as index:
-                    index.write(_ENTRY.pack(base, w.size))
+                with open(seg_path(w.directory, w.base, ".index"), "ab") as index:
+                    index.write(INDEX_ENTRY.pack(base, w.size))
                 w.since_index = 0
             os.write(w.fd, frame)
             w.size += len(frame)
@@ -595,14 +413,14 @@ class FileLogStorage(LogStorage):
 
     # -- retention ----------------------------------------------------------------------
     def _retain(self, directory: Path, config: TopicConfig) -> int:
-        segments = _segments(directory)
+        segments = list_segments(directory)
         removable = segments[:-1]  # never the active segment
         removed = 0
         now = time.time()
-        sizes = {b: _seg_path(directory, b).stat().st_size for b in segments}
+        sizes = {b: seg_path(directory, b).stat().st_size for b in segments}
         total = sum(sizes.values())
         for base in removable:
-            path = _seg_path(directory, base)
+            path = seg_path(directory, base)
             too_big = config.retention_bytes is not None and total > config.retention_bytes
             too_old = (
                 config.retention_ms is not None
@@ -611,7 +429,7 @@ class FileLogStorage(LogStorage):
             if not (too_big or too_old):
                 break
             path.unlink()
-            _seg_path(directory, base, ".index").unlink(missing_ok=True)
+            seg_path(directory, base, ".index").unlink(missing_ok=True)
             total -= sizes[base]
             removed += 1
         return removed
@@ -640,7 +458,7 @@ class FileLogStorage(LogStorage):
         position there, its header), CRC checked; the bytes are only valid until the
         next one is asked for (the segment is unmapped after it)."""
         directory = self._partition_dir(topic, partition)
-        segments = _segments(directory)
+        segments = list_segments(directory)
         if not segments:
             if offset == 0:
                 return
@@ -656,11 +474,11 @@ class FileLogStorage(LogStorage):
         for k in range(i, len(segments)):
             base = segments[k]
             next_base = segments[k + 1] if k + 1 < len(segments) else None
-            path = _seg_path(directory, base)
-            index = _read_index(directory, base)
+            path = seg_path(directory, base)
+            index = read_index(directory, base)
             j = bisect.bisect_right(index, (offset, 2**64)) - 1
             try:
-                mapped = _mapped(path)
+                mapped = map_segment(path)
                 buf = mapped.__enter__()
             except FileNotFoundError:  # removed by retention meanwhile
                 continue
@@ -670,14 +488,14 @@ class FileLogStorage(LogStorage):
                     if j >= 0
                     else (0, base)
                 )
-                for item in _frames(path, buf, pos, at, next_base=next_base, index=index):
-                    if isinstance(item, _Torn):
+                for item in scan_frames(path, buf, pos, at, next_base=next_base, index=index):
+                    if isinstance(item, Torn):
                         break
                     if isinstance(item, Damage):
                         if item.end is not None and item.end <= offset:
                             continue  # before what was asked for
                         if self._skip_for(topic, partition, item) is None:
-                            raise _refuse(topic, partition, item)
+                            raise refuse(topic, partition, item)
                         continue
                     p, header = item
                     if header.next_offset > offset:
@@ -730,13 +548,13 @@ class FileLogStorage(LogStorage):
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)
-        segments = _segments(directory)
+        segments = list_segments(directory)
         if not segments:
             return 0, 0
         last = segments[-1]
-        path = _seg_path(directory, last)
-        index = _read_index(directory, last)
-        with _mapped(path) as buf:
+        path = seg_path(directory, last)
+        index = read_index(directory, last)
+        with map_segment(path) as buf:
             pos, at = (
                 self._start_at(topic, path, buf, last, index[-1], strict=False)
                 if index
@@ -773,7 +591,7 @@ class FileLogStorage(LogStorage):
 
     def _verify_partition(self, topic: str, partition: int, rebuild: bool) -> PartitionReport:
         directory = self._partition_dir(topic, partition)
-        segments = _segments(directory)
+        segments = list_segments(directory)
         batches = nbytes = torn = 0
         damage: list[Damage] = []
         skipped: list[Damage] = []
@@ -781,14 +599,14 @@ class FileLogStorage(LogStorage):
         at = segments[0] if segments else 0
         for k, base in enumerate(segments):
             next_base = segments[k + 1] if k + 1 < len(segments) else None
-            path = _seg_path(directory, base)
-            index = _read_index(directory, base)
+            path = seg_path(directory, base)
+            index = read_index(directory, base)
             starts: dict[int, int] = {}  # byte -> first offset of each whole batch
             pos, at = 0, base
-            with _mapped(path) as buf:
+            with map_segment(path) as buf:
                 nbytes += len(buf)
-                for item in _frames(path, buf, 0, base, next_base=next_base, index=index):
-                    if isinstance(item, _Torn):
+                for item in scan_frames(path, buf, 0, base, next_base=next_base, index=index):
+                    if isinstance(item, Torn):
                         torn += item.size
                     elif isinstance(item, Damage):
                         skip = self._skip_for(topic, partition, item)
@@ -803,7 +621,7 @@ class FileLogStorage(LogStorage):
                         starts[q] = header.base_offset
                         batches += 1
                         pos, at = q + header.size, header.next_offset
-            index_path = _seg_path(directory, base, ".index")
+            index_path = seg_path(directory, base, ".index")
             previous = -1
             for o, q in index:
                 if o < previous:
@@ -818,7 +636,7 @@ class FileLogStorage(LogStorage):
                 entries, last_start = [], -INDEX_EVERY
                 for q, o in sorted(starts.items()):  # as appends write them
                     if q - last_start >= INDEX_EVERY:
-                        entries.append(_ENTRY.pack(o, q))
+                        entries.append(INDEX_ENTRY.pack(o, q))
                         last_start = q
                 tmp = index_path.with_name(f".{index_path.name}.{uuid.uuid4().hex}")
                 tmp.write_bytes(b"".join(entries))
