@@ -1,0 +1,176 @@
+"""The orchestrator's duties, each fenced by its term: take the lead, reap the chunks of
+lost workers, stop overdue ones, keep the schedules and fire them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from riverbed.jobs.queuebase import QueueBase
+from riverbed.jobs.schema import (
+    chunks,
+    fires,
+    meta,
+    schedules,
+)
+
+
+class Grooming(QueueBase):
+    """The elected orchestrator's transactions."""
+
+    # -- the orchestrator's duties (term-fenced) ------------------------------------------
+
+    def fence(self, term: int, leader: str) -> None:
+        """Make ``term`` the acting orchestrator's term; a newer one refuses it."""
+        with self.db.write() as conn:
+            now = self._now(conn)
+            done = conn.execute(
+                update(meta)
+                .where(meta.c.id == 1, meta.c.term <= term)
+                .values(term=term, leader=leader, since=now)
+            ).rowcount
+            if not done:
+                self._check_term(conn, term)  # raises with the newer term named
+
+    def reap(
+        self, term: int, live_workers: Callable[[], set[str]], stale_after: float
+    ) -> list[int]:
+        """Chunks RUNNING on a worker that is gone (its lease expired) or silent for
+        ``stale_after`` seconds go back to retry (or fail at the retry limit)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            running = conn.execute(
+                select(chunks.c.id, chunks.c.attempt, chunks.c.worker, chunks.c.heartbeat_at).where(
+                    chunks.c.state == "RUNNING"
+                )
+            ).all()
+            if not running:
+                return []
+            # Read membership only after the RUNNING rows: a worker registers before it
+            # claims, so a claim seen above belongs to a worker that is listed below
+            # unless that worker is gone.
+            live = live_workers()
+            reaped = []
+            for cid, attempt, worker, beat in running:
+                silent = now - float(beat or 0.0)
+                if worker in live and silent <= stale_after:
+                    continue
+                why = (
+                    f"worker {worker} lost (its lease expired)"
+                    if worker not in live
+                    else f"worker {worker} sent no heartbeat for {silent:.0f}s"
+                )
+                self.moves.fail(conn, int(cid), int(attempt), why, False, now)
+                reaped.append(int(cid))
+            return reaped
+
+    def overdue(self, term: int, grace: float = 10.0) -> list[int]:
+        """Ask workers to stop chunks past their timeout (+ ``grace``)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            rows = conn.execute(
+                update(chunks)
+                .where(
+                    chunks.c.state == "RUNNING",
+                    chunks.c.timeout.is_not(None),
+                    chunks.c.cancel_requested.is_(False),
+                    chunks.c.started_at + chunks.c.timeout + grace < now,
+                )
+                .values(cancel_requested=True, error="timed out")
+                .returning(chunks.c.id)
+            ).all()
+            return [int(r[0]) for r in rows]
+
+    def sync_schedules(self, term: int, wanted: Sequence[dict[str, Any]]) -> None:
+        """Store the schedules found in the job specs (the specs are the truth)."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            now = self._now(conn)
+            have = {r.job: r for r in conn.execute(select(schedules)).all()}
+            names = {w["job"] for w in wanted}
+            for gone in set(have) - names:
+                conn.execute(schedules.delete().where(schedules.c.job == gone))
+            for w in wanted:
+                values = {k: w[k] for k in ("cron", "kwargs", "work_ids", "grace", "catchup")}
+                if w["job"] in have:
+                    old = have[w["job"]]
+                    if any(getattr(old, k) != v for k, v in values.items()):
+                        conn.execute(
+                            update(schedules)
+                            .where(schedules.c.job == w["job"])
+                            .values(**values, updated_at=now)
+                        )
+                else:
+                    conn.execute(
+                        insert(schedules).values(
+                            job=w["job"], **values, last_fire=None, updated_at=now
+                        )
+                    )
+
+    def fire(
+        self,
+        term: int,
+        job: str,
+        fire_time: float,
+        allow_multiple: bool,
+        submit: Callable[[Connection], int],
+    ) -> int | None:
+        """Record the fire (once per (job, fire time), in the same transaction as its
+        submission); skip it while a previous run is active unless ``allow_multiple``.
+        Returns the new master id, or None when skipped or already fired."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            if conn.execute(
+                select(fires.c.job).where(fires.c.job == job, fires.c.fire_time == fire_time)
+            ).first():
+                return None
+            master: int | None = None
+            note = None
+            running = self._active_run(conn, job)
+            if running is not None and not allow_multiple:
+                note = f"skipped: run {running[0]} still active (allow_multiple_jobs=False)"
+            else:
+                master = submit(conn)
+            conn.execute(
+                insert(fires).values(job=job, fire_time=fire_time, master=master, note=note)
+            )
+            conn.execute(
+                update(schedules).where(schedules.c.job == job).values(last_fire=fire_time)
+            )
+            return master
+
+    def active_run(self, job: str) -> int | None:
+        """A run of ``job`` that has not ended, if any."""
+        with self.db.read() as conn:
+            row = self._active_run(conn, job)
+            return None if row is None else int(row[0])
+
+    @staticmethod
+    def _active_run(conn: Connection, job: str) -> Any:
+        return conn.execute(
+            select(chunks.c.id).where(
+                chunks.c.job == job, chunks.c.kind == "master", chunks.c.state == "MASTER"
+            )
+        ).first()
+
+    def missed(self, term: int, job: str, fire_time: float, note: str) -> bool:
+        """Record that fires up to ``fire_time`` can no longer run (older than the
+        schedule's grace): one row under the newest of them, and ``last_fire`` moves
+        past them. False if another leader recorded it first."""
+        with self.db.write() as conn:
+            self._check_term(conn, term)
+            if conn.execute(
+                select(fires.c.job).where(fires.c.job == job, fires.c.fire_time == fire_time)
+            ).first():
+                return False
+            conn.execute(insert(fires).values(job=job, fire_time=fire_time, master=None, note=note))
+            conn.execute(
+                update(schedules)
+                .where(schedules.c.job == job, schedules.c.last_fire < fire_time)
+                .values(last_fire=fire_time)
+            )
+            return True
