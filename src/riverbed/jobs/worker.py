@@ -1,5 +1,9 @@
 """Workers: claim chunks, run them in warm executor processes, record what happened.
 
+(Over 600 lines: one worker's loop, its executors and its recording of results share
+the slots and the session, so they stay in one class until the worker's decisions move
+into a pure state machine with a thin I/O shell — issue 29.)
+
 A worker's life:
 
 1. Open a control-plane :class:`Session` and register ``<host>-<pid>-<random>`` in the

@@ -1,5 +1,8 @@
 """``file:///path``: topics as directories of append-only segment files.
 
+(Over 600 lines: the append and read protocol of one storage, kept with its layout and
+its recovery below; reading one directory of segment files is ``segments.py``.)
+
 Layout::
 
     <root>/<topic>/topic.json                          the topic's configuration

@@ -1,5 +1,8 @@
 """The console's web app: pages (Jinja2 + htmx), their JSON, ``/metrics``, actions.
 
+(Over 600 lines: one route table — each page, its ``/api`` twin and its action handlers
+beside each other, all thin over :mod:`riverbed.inspect`; split per page when it grows.)
+
 Every page has a JSON twin under ``/api`` (the same query-layer call) and names the
 CLI command that prints it. Pages poll themselves with htmx (``every 2s``): the server
 answers an htmx request with the page's live part only. Nothing is loaded from another

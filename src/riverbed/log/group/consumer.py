@@ -1,5 +1,8 @@
 """Consumer groups: membership, assignment, claims and fenced offsets on the control plane.
 
+(Over 600 lines: one member's protocol — join, lead, assign, claim, fetch, commit — is
+one state shared by its threads; the pure parts already live in ``assignors.py``.)
+
 Keys (``G`` = the group)::
 
     riverbed/registry/log.G/<member>          membership, on the member's session lease
