@@ -36,7 +36,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from riverbed.files import fsync_dir
+from riverbed.files import fsync_dir, fsync_file
 
 __all__ = [
     "attempt_dir",
@@ -103,7 +103,7 @@ def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
     mine.parent.mkdir(parents=True, exist_ok=True)
     for path, _dirs, files in os.walk(staged):  # the bytes first, then the names
         for name in files:
-            _fsync_file(Path(path) / name)
+            fsync_file(Path(path) / name)
     try:
         os.rename(staged, mine)  # step 1
         fsync_dir(mine.parent)
@@ -181,11 +181,3 @@ def _locked(home: Path, job: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
