@@ -101,9 +101,12 @@ def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
     staged = staging_dir(home, chunk_id, attempt)
     mine = attempt_dir(home, job, chunk_id, attempt)
     mine.parent.mkdir(parents=True, exist_ok=True)
-    for path, _dirs, files in os.walk(staged):  # the bytes first, then the names
+    # The bytes first, then the names. A file gone meanwhile was moved by a concurrent
+    # caller of this attempt, who synced every file before its rename.
+    for path, _dirs, files in os.walk(staged):
         for name in files:
-            fsync_file(Path(path) / name)
+            with contextlib.suppress(FileNotFoundError):
+                fsync_file(Path(path) / name)
     try:
         os.rename(staged, mine)  # step 1
         fsync_dir(mine.parent)
