@@ -8,14 +8,32 @@ import pytest
 
 import riverbed
 import riverbed.control
+import riverbed.inspect
 import riverbed.jobs
+import riverbed.jobs.timerange
 import riverbed.log
+import riverbed.log.group
+import riverbed.spark
 import riverbed.state
+import riverbed.stream
+import riverbed.ui
+
+PACKAGES = [
+    riverbed,
+    riverbed.control,
+    riverbed.inspect,
+    riverbed.jobs,
+    riverbed.jobs.timerange,
+    riverbed.log,
+    riverbed.log.group,
+    riverbed.spark,
+    riverbed.state,
+    riverbed.stream,
+    riverbed.ui,
+]
 
 
-@pytest.mark.parametrize(
-    "module", [riverbed, riverbed.control, riverbed.jobs, riverbed.log, riverbed.state]
-)
+@pytest.mark.parametrize("module", PACKAGES, ids=lambda m: m.__name__)
 def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
     assert sorted(module.__all__) == module.__all__
     for name in module.__all__:
@@ -25,12 +43,12 @@ def test_all_names_exist_and_are_public(module: types.ModuleType) -> None:
         n
         for n in public
         if isinstance(getattr(module, n), type)
-        and getattr(module, n).__module__.startswith("riverbed")
+        and getattr(module, n).__module__.startswith(module.__name__)  # its own classes
     }
     assert classes <= set(module.__all__), f"unexported classes: {classes - set(module.__all__)}"
 
 
-@pytest.mark.parametrize("module", [riverbed.control, riverbed.jobs, riverbed.log, riverbed.state])
+@pytest.mark.parametrize("module", PACKAGES, ids=lambda m: m.__name__)
 def test_every_error_derives_from_the_root(module: types.ModuleType) -> None:
     for name in module.__all__:
         obj = getattr(module, name)
