@@ -12,7 +12,6 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from riverbed.jobs.errors import FencedError
-from riverbed.jobs.hot import upsert
 from riverbed.jobs.moves import Moves
 from riverbed.jobs.reads import QueueReader
 from riverbed.jobs.schema import (
@@ -66,9 +65,6 @@ class QueueBase(QueueReader):
             self.db.create()
 
     # -- helpers ------------------------------------------------------------------------
-
-    def _upsert(self, table: Any, keys: list[str], col: str) -> Any:
-        return upsert(self.db.dialect, table, keys, col)
 
     def _check_term(self, conn: Connection, term: int) -> None:
         q = select(meta.c.term, meta.c.leader).where(meta.c.id == 1)

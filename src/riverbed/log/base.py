@@ -114,9 +114,6 @@ class TopicConfig:
         skipped = tuple(SkippedRange(**s) for s in data.get("skipped", ()))
         return TopicConfig(**{**data, "skipped": skipped})
 
-    def skips(self, partition: int) -> tuple[SkippedRange, ...]:
-        return tuple(s for s in self.skipped if s.partition == partition)
-
     def __post_init__(self) -> None:
         check_topic_name(self.name)
         if self.partitions < 1:

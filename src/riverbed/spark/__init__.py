@@ -27,7 +27,7 @@ from riverbed.errors import InvalidValueError, RiverbedError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SourceOptionError", "SparkUnavailableError", "TEST_CONF", "session"]
+__all__ = ["TEST_CONF", "SourceOptionError", "SparkUnavailableError", "session"]
 
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",

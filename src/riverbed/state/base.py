@@ -69,10 +69,6 @@ class Engine(ABC):
     def reset(self, path: Path) -> None:
         """Make the database at ``path`` empty (version 0)."""
 
-    @abstractmethod
-    def open_readonly(self, checkpoint: Path) -> LocalDB:
-        """Open a checkpoint directory for reading, without copying or locking it."""
-
 
 class Committer(Protocol):
     """How a store hands its staged batch to whoever keeps it durable (the provider):

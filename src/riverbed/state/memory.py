@@ -119,12 +119,6 @@ class MemoryEngine(Engine):
         with self._mutex:
             self._dbs[path] = data
 
-    def open_readonly(self, checkpoint: Path) -> LocalDB:
-        try:
-            return MemoryLocalDB(_Data.load((checkpoint / _FILE).read_bytes()), None)
-        except (OSError, ValueError) as exc:
-            raise StateError(f"cannot read state checkpoint {checkpoint}: {exc}") from exc
-
     def reset(self, path: Path) -> None:
         with self._mutex:
             self._dbs[path] = _Data()

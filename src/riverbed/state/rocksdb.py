@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import Checkpoint, Options, Rdict, WriteBatch
 
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.errors import PartitionBusyError, StateError
@@ -28,9 +28,8 @@ def _options() -> Options:
 
 
 class RocksLocalDB(LocalDB):
-    def __init__(self, db: Rdict, readonly: bool = False) -> None:
+    def __init__(self, db: Rdict) -> None:
         self._db = db
-        self._readonly = readonly
         self._meta = db.get_column_family(_META_CF)
         self._closed = False
 
@@ -62,8 +61,6 @@ class RocksLocalDB(LocalDB):
             it.next()
 
     def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
-        if self._readonly:
-            raise StateError("this state database was opened read-only")
         batch = WriteBatch(raw_mode=True)
         for kind, a, b in ops:
             if kind == "put":
@@ -117,10 +114,3 @@ class RocksEngine(Engine):
 
     def reset(self, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
-
-    def open_readonly(self, checkpoint: Path) -> LocalDB:
-        try:
-            db = Rdict(str(checkpoint), _options(), access_type=AccessType.read_only())
-        except Exception as exc:
-            raise StateError(f"cannot read state checkpoint {checkpoint}: {exc}") from exc
-        return RocksLocalDB(db, readonly=True)
