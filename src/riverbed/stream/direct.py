@@ -45,16 +45,14 @@ from riverbed.stream.engine import (
     Partial,
     empty_rows,
     event_millis,
-    finish_batch,
     merge_partition,
     partials_of,
     state_partition_of,
-    write_output,
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
+from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
@@ -343,16 +341,12 @@ def run_planned(
         batches.put(batch_id, record)
         side_outputs(cfg.engine, batch_id, batches, dlq, late)
         record = batches.get(batch_id) or record
-    cfg.engine.fence()  # a replaced driver publishes nothing
-    write_output(cfg.engine.output, cfg.engine.spec, batch_id, rows)
-    publish(cfg.engine, batch_id, rows)
     record["ms"] = {  # where the batch's time went, for `riverbed stream status`
         "offsets": plan_ms,
         "state_job": round((merged - began) * 1000),
-        "outputs": round((time.perf_counter() - merged) * 1000),
     }
     record |= {"input": side.input}
-    finish_batch(cfg.engine, batches, batch_id, record)
+    finish(cfg.engine, batches, batch_id, record, rows, outputs_from=merged)
     return record
 
 

@@ -1,13 +1,17 @@
-"""What a finished batch writes besides its result table: the side topics (late and
-malformed records) and the optional sinks (a SQL table, a results topic). Shared by
-the log-native path (:mod:`riverbed.stream.direct`) and the DataFrame path
-(:mod:`riverbed.stream.runner`)."""
+"""How a batch ends, for both paths — the log-native one (:mod:`riverbed.stream.direct`)
+and the DataFrame one (:mod:`riverbed.stream.runner`): the side topics (late and
+malformed records), then :func:`finish` — the result table, the optional sinks (a SQL
+table, a results topic) and the batch record marked done."""
 
 from __future__ import annotations
 
-import pandas as pd
+import time
+from typing import Any
 
-from riverbed.stream.engine import BatchLog, EngineConfig
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.stream.engine import BatchLog, EngineConfig, finish_batch, write_output
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.sinks import plain
 
@@ -64,4 +68,33 @@ def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
             sink.close()
 
 
-__all__ = ["SIDE_LIMIT", "publish", "side_outputs"]
+def finish(
+    config: EngineConfig,
+    batches: BatchLog,
+    batch_id: int,
+    record: dict[str, Any],
+    rows: pd.DataFrame | pa.Table,
+    *,
+    outputs_from: float | None = None,
+) -> None:
+    """The end of every batch, whichever path ran it — the one place it is written:
+
+    1. check the driver's fence: a replaced driver publishes nothing;
+    2. replace the result table's directory of the batch (atomic; a re-run replaces it);
+    3. upsert into the SQL table and append to the results topic, if asked (both
+       idempotent per batch id);
+    4. mark the batch record done, with running totals — the commit — and every
+       ``snapshot_every`` batches run the maintenance (:func:`finish_batch`).
+
+    With ``outputs_from`` (a ``time.perf_counter()`` reading), the time since then is
+    recorded as the batch's ``ms.outputs``."""
+    config.fence()
+    written = write_output(config.output, config.spec, batch_id, rows)
+    if config.sql_url or config.results_topic:
+        publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
+    if outputs_from is not None:
+        record.setdefault("ms", {})["outputs"] = round((time.perf_counter() - outputs_from) * 1000)
+    finish_batch(config, batches, batch_id, record)
+
+
+__all__ = ["SIDE_LIMIT", "finish", "publish", "side_outputs"]

@@ -18,16 +18,14 @@ from riverbed.stream.engine import (
     PARTIAL_SCHEMA,
     BatchLog,
     EngineConfig,
-    finish_batch,
     merger,
     next_record,
     output_schema,
     preaggregate,
-    write_output,
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
-from riverbed.stream.outputs import SIDE_LIMIT, publish, side_outputs
+from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +122,8 @@ def foreach_batch(config: EngineConfig) -> Any:
             # the rows a batch emits are few (the windows it changed or closed): collect
             # them as Arrow and write them the way the log-native path does
             rows = out.toArrow()
-            config.fence()  # a replaced driver publishes nothing
-            written = write_output(config.output, spec, batch_id, rows)
-            if config.sql_url or config.results_topic:
-                publish(config, batch_id, written.to_pandas())
             record = batches.get(batch_id) or record
-            finish_batch(config, batches, batch_id, record | {"input": int(stats["n"])})
+            finish(config, batches, batch_id, record | {"input": int(stats["n"])}, rows)
         finally:
             df.unpersist()
 
