@@ -78,3 +78,36 @@ def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) 
         seen = json.loads(path.read_text())
         w = int(path.name.rsplit("-", 1)[1])
         assert seen == final[w], f"{path.name} read {seen}, published is {final[w]}"
+
+
+ONCE = """
+from riverbed.jobs import Job
+
+def main(ctx, work_ids):
+    ctx.output.write_json("out.json", {"ids": work_ids, "attempt": ctx.attempt})
+
+job = Job(main=main)  # no retries: a lost attempt ends the chunk FAILED
+"""
+
+
+def test_output_of_an_attempt_lost_after_publishing_is_retracted_when_the_reap_fails_it(
+    cluster: Cluster,
+) -> None:
+    """The worker dies right after publishing, before DONE (failpoint, probability 1);
+    the orchestrator reaps the chunk and, with no retry left, fails it: the published
+    output of the lost attempt is taken back, so no reader sees it beside a FAILED chunk."""
+    (cluster.tmp / "jobs" / "once.py").write_text(ONCE)
+    cluster.env["RIVERBED_JOBS_FAULT"] = "publish_done:0:1"
+    cluster.orchestrator("o1")
+    doomed = cluster.worker()
+    run = cluster.cli("submit", "once", "--work-ids", "1")["run"]
+    assert doomed.wait(timeout=60) == -9  # killed by the failpoint, after publishing
+    deadline = time.monotonic() + 60
+    while run_state(cluster, run) == "MASTER":
+        assert time.monotonic() < deadline, "the run did not end"
+        time.sleep(0.1)
+    (chunk,) = cluster.queue.graph(run)
+    assert chunk["state"] == "FAILED" and "lost" in (chunk["error"] or "")
+    assert published(cluster, "once", "out.json") == {}
+    attempts = cluster.home / "jobs" / "output" / "once" / ".attempts"
+    assert not list(attempts.glob("chunk=*"))

@@ -154,7 +154,8 @@ def test_a_stale_attempt_can_neither_beat_nor_record(queue: JobQueue) -> None:
     submit(queue, {"X": job("X", None)}, "X", [1], {"X": Policy(max_attempts=3, backoff=0)})
     queue.fence(1, "orch")
     old = queue.claim("zombie", "h")[0]
-    assert queue.reap(1, lambda: set(), stale_after=60) == [old.id]  # its lease expired
+    reaped = queue.reap(1, lambda: set(), stale_after=60)  # its lease expired
+    assert [(r.id, r.attempt) for r in reaped] == [(old.id, old.attempt)]
     new = queue.claim("w2", "h")[0]
     assert (new.id, new.attempt) == (old.id, old.attempt + 1)
     assert queue.heartbeat("zombie", [(old.id, old.attempt)]) == {old.id: "lost"}

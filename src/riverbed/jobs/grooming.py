@@ -4,7 +4,7 @@ lost workers, stop overdue ones, keep the schedules and fire them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, insert, select, update
 
@@ -15,6 +15,14 @@ from riverbed.jobs.schema import (
     meta,
     schedules,
 )
+
+
+class Reaped(NamedTuple):
+    """A chunk the orchestrator took back from a lost worker, and the lost attempt."""
+
+    id: int
+    job: str
+    attempt: int
 
 
 class Grooming(QueueBase):
@@ -36,16 +44,21 @@ class Grooming(QueueBase):
 
     def reap(
         self, term: int, live_workers: Callable[[], set[str]], stale_after: float
-    ) -> list[int]:
+    ) -> list[Reaped]:
         """Chunks RUNNING on a worker that is gone (its lease expired) or silent for
-        ``stale_after`` seconds go back to retry (or fail at the retry limit)."""
+        ``stale_after`` seconds go back to retry (or fail at the retry limit). Returns
+        each reaped chunk with its job and the attempt that was lost."""
         with self.db.write() as conn:
             self._check_term(conn, term)
             now = self._now(conn)
             running = conn.execute(
-                select(chunks.c.id, chunks.c.attempt, chunks.c.worker, chunks.c.heartbeat_at).where(
-                    chunks.c.state == "RUNNING"
-                )
+                select(
+                    chunks.c.id,
+                    chunks.c.job,
+                    chunks.c.attempt,
+                    chunks.c.worker,
+                    chunks.c.heartbeat_at,
+                ).where(chunks.c.state == "RUNNING")
             ).all()
             if not running:
                 return []
@@ -54,7 +67,7 @@ class Grooming(QueueBase):
             # unless that worker is gone.
             live = live_workers()
             reaped = []
-            for cid, attempt, worker, beat in running:
+            for cid, job, attempt, worker, beat in running:
                 silent = now - float(beat or 0.0)
                 if worker in live and silent <= stale_after:
                     continue
@@ -64,7 +77,7 @@ class Grooming(QueueBase):
                     else f"worker {worker} sent no heartbeat for {silent:.0f}s"
                 )
                 self.moves.fail(conn, int(cid), int(attempt), why, False, now)
-                reaped.append(int(cid))
+                reaped.append(Reaped(int(cid), str(job), int(attempt)))
             return reaped
 
     def overdue(self, term: int, grace: float = 10.0) -> list[int]:

@@ -34,7 +34,7 @@ from sqlalchemy import Connection
 from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
-from riverbed.jobs.publication import publish
+from riverbed.jobs.publication import publish, retract
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs
@@ -143,7 +143,9 @@ class Orchestrator:
         """One round of everything the orchestrator does (each fenced by ``term``)."""
         reaped = self.queue.reap(term, self.live_workers, self.stale_after)
         if reaped:
-            log.warning("reaped chunks %s of lost workers", reaped)
+            log.warning("reaped chunks %s of lost workers", [r.id for r in reaped])
+        for r in reaped:  # a lost attempt may have published before it died: unseen now
+            retract(self.home, r.job, r.id, r.attempt)
         self.stats.reaped += len(reaped)
         self.queue.overdue(term)
         self._fire(term)
