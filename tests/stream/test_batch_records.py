@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.state import CorruptStateError
-from riverbed.stream.engine import BatchLog
+from riverbed.stream.records import BatchLog
 
 
 def test_a_damaged_batch_record_names_the_file_and_the_recovery(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ import riverbed.log
 from riverbed.log.records import RawRecord
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.engine import BatchLog, EngineConfig
+from riverbed.stream.engine import EngineConfig
 from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+from riverbed.stream.records import BatchLog
 from riverbed.stream.runner import foreach_batch, read_results, start
 from riverbed.stream.windows import Hopping, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
@@ -305,10 +306,10 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
 
     import duckdb
 
-    import riverbed.stream.engine as engine
+    import riverbed.stream.results as results
     from riverbed.state import StateConfig
 
-    monkeypatch.setattr(engine, "COMPACT_AFTER", 3)  # foreachBatch runs in this process
+    monkeypatch.setattr(results, "COMPACT_AFTER", 3)  # foreachBatch runs in this process
 
     first, more = make_events(2400, hours=4, seed=3), make_events(600, hours=4, seed=4)
     write_events(log_url, first)
@@ -434,7 +435,7 @@ def test_the_result_table_reads_the_same_in_duckdb_polars_and_spark(
 
 def test_running_totals_continue_from_records_written_before_totals(tmp_path: Path) -> None:
     from riverbed.state import StateConfig
-    from riverbed.stream.engine import finish_batch
+    from riverbed.stream.records import finish_batch
 
     batches = BatchLog(str(tmp_path / "ckpt"))
     batches.put(0, {"done": True, "input": 10, "late": 1})  # an older riverbed's records

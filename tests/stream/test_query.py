@@ -15,9 +15,9 @@ import pytest
 import riverbed.log
 from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
-from riverbed.stream.engine import BatchLog
 from riverbed.stream.job import committed_ends
 from riverbed.stream.plan import ends_of
+from riverbed.stream.records import BatchLog
 from riverbed.stream.runner import read_results, start
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_direct import check, spec

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import riverbed.stream.engine as engine
+import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.metrics import Count
 from riverbed.stream.runner import read_results
@@ -38,18 +38,18 @@ def table_without_batch_ids(out: Path) -> pd.DataFrame:
 def test_compaction_keeps_the_table_and_survives_a_crash_before_its_deletes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "COMPACT_AFTER", 3)
+    monkeypatch.setattr(results, "COMPACT_AFTER", 3)
     out = tmp_path / "out"
-    engine.write_output(str(out), SPEC, 0, batch(0, ["a", "b", "c"]))
-    engine.write_output(str(out), SPEC, 1, batch(1, ["a", "d"]))
-    engine.write_output(str(out), SPEC, 2, batch(2, ["b"], hour=1))
-    assert engine.compact_output(str(out), SPEC, 2) == 0  # 2 older directories: not yet
-    engine.write_output(str(out), SPEC, 3, batch(3, ["b", "e"]))
+    results.write_output(str(out), SPEC, 0, batch(0, ["a", "b", "c"]))
+    results.write_output(str(out), SPEC, 1, batch(1, ["a", "d"]))
+    results.write_output(str(out), SPEC, 2, batch(2, ["b"], hour=1))
+    assert results.compact_output(str(out), SPEC, 2) == 0  # 2 older directories: not yet
+    results.write_output(str(out), SPEC, 3, batch(3, ["b", "e"]))
     before = table_without_batch_ids(out)
     backup = tmp_path / "backup"
     shutil.copytree(out, backup)
 
-    assert engine.compact_output(str(out), SPEC, 3) == 3
+    assert results.compact_output(str(out), SPEC, 3) == 3
     assert sorted(p.name for p in out.iterdir()) == ["batch_id=3"]
     after = read_results(out)
     pd.testing.assert_frame_equal(after.drop(columns="batch_id"), before)
@@ -64,8 +64,8 @@ def test_compaction_keeps_the_table_and_survives_a_crash_before_its_deletes(
             shutil.copytree(p, out / p.name)
     pd.testing.assert_frame_equal(table_without_batch_ids(out), before)
     # ... and the next compaction folds them all again
-    engine.write_output(str(out), SPEC, 4, batch(4, ["a"]))
-    assert engine.compact_output(str(out), SPEC, 4) == 4
+    results.write_output(str(out), SPEC, 4, batch(4, ["a"]))
+    assert results.compact_output(str(out), SPEC, 4) == 4
     want = before.set_index(["window_start", "key"])
     want.loc[(T, "a"), "n"] = 40
     pd.testing.assert_frame_equal(
@@ -76,10 +76,10 @@ def test_compaction_keeps_the_table_and_survives_a_crash_before_its_deletes(
 def test_a_rerun_of_the_compaction_batch_keeps_the_compacted_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "COMPACT_AFTER", 1)
+    monkeypatch.setattr(results, "COMPACT_AFTER", 1)
     out = tmp_path / "out"
-    engine.write_output(str(out), SPEC, 0, batch(0, ["a", "b"]))
-    engine.write_output(str(out), SPEC, 1, batch(1, ["a"]))
-    assert engine.compact_output(str(out), SPEC, 1) == 1
-    engine.write_output(str(out), SPEC, 1, batch(1, ["a"]))  # replaced by a re-run
+    results.write_output(str(out), SPEC, 0, batch(0, ["a", "b"]))
+    results.write_output(str(out), SPEC, 1, batch(1, ["a"]))
+    assert results.compact_output(str(out), SPEC, 1) == 1
+    results.write_output(str(out), SPEC, 1, batch(1, ["a"]))  # replaced by a re-run
     assert sorted(read_results(out)["key"]) == ["a", "b"]

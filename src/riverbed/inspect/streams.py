@@ -47,9 +47,9 @@ def _driver(src: Sources, name: str) -> dict[str, Any]:
 
 def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     """Status of one aggregation; with ``ledger`` its newest batches, newest first."""
-    from riverbed.stream.engine import read_record
     from riverbed.stream.fencing import recorded_driver
     from riverbed.stream.job import status_of
+    from riverbed.stream.records import read_record
 
     info = _manifest(src, name)
     out: dict[str, Any] = {"name": name, "spec": info.get("spec"), "topic": info.get("topic")}

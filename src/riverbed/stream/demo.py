@@ -33,8 +33,8 @@ from rich.table import Table
 import riverbed.log
 from riverbed.config import Config
 from riverbed.log.errors import RecordRejectedError
-from riverbed.stream.engine import BatchLog
 from riverbed.stream.job import batch_line
+from riverbed.stream.records import BatchLog
 
 console = Console(highlight=False)
 T0 = datetime(2026, 11, 20, tzinfo=UTC)

@@ -40,10 +40,8 @@ import pyarrow.compute as pc
 from riverbed.errors import RiverbedError
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.stream.engine import (
-    BatchLog,
     EngineConfig,
     Partial,
-    empty_rows,
     event_millis,
     merge_partition,
     partials_of,
@@ -54,6 +52,8 @@ from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
+from riverbed.stream.records import BatchLog
+from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
 if TYPE_CHECKING:

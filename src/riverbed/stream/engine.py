@@ -1,25 +1,27 @@
 """The aggregation engine: one micro-batch = one ``batch_id`` = one state version.
 
-For each micro-batch (``foreachBatch``):
+This module holds the engine's core — the config every task gets
+(:class:`EngineConfig`), the pre-aggregation of a batch's events into partials per
+(window, key), and the merge of partials into a state partition; the batch records are
+:mod:`riverbed.stream.records`, the result table :mod:`riverbed.stream.results`, and how
+a batch ends :mod:`riverbed.stream.outputs`. For each micro-batch:
 
-1. **batch metadata** — the watermark this batch uses is derived from earlier batches
-   only and recorded under ``<checkpoint>/riverbed/batches/<batch_id>.json`` before
-   any work; a re-run of the batch reads it back, so it sees the same watermark;
+1. **batch record** — the watermark this batch uses is derived from earlier batches
+   only and recorded before any work (:mod:`~riverbed.stream.records`); a re-run of
+   the batch reads it back, so it sees the same watermark;
 2. **side outputs** — malformed records (``_error``) go to ``<name>.dlq`` and events
    whose every window is already closed go to ``<name>.late`` (both counted);
-3. **pre-aggregate** each Spark partition vectorized (pandas) per (window, key) into
-   partials, tagged with their state partition (``crc32(key) % state_partitions``),
-   carried as data — never Spark's physical partition index;
-4. **merge** — ``groupBy(state_partition).applyInPandas``: one call per state
-   partition (plus a heartbeat row so partitions without data still expire and emit):
-   load the state as of the previous batch (version ``batch_id``), merge, emit, expire
-   closed windows, commit version ``batch_id + 1``;
+3. **pre-aggregate** events vectorized per (window, key) into partials, tagged with
+   their state partition (``crc32(key) % state_partitions``), carried as data — never
+   Spark's physical partition index;
+4. **merge** — one call per state partition (plus a heartbeat so partitions without
+   data still expire and emit): load the state as of the previous batch (version
+   ``batch_id``), merge, emit, expire closed windows, commit version ``batch_id + 1``;
 5. **output** — the emitted rows overwrite ``<output>/batch_id=<id>/``: a re-run
    replaces its own output, never duplicates it;
 6. **finish** — the batch record gets ``done`` and running totals; every
-   ``snapshot_every`` batches the driver purges state history and batch records older
-   than ``retain_versions`` batches (:func:`finish_batch`), so a query that runs for
-   months keeps a bounded checkpoint.
+   ``snapshot_every`` batches the driver purges old state history and batch records,
+   so a query that runs for months keeps a bounded checkpoint.
 
 A task retry, a speculative copy or a driver restart re-runs steps 3-5 for the same
 ``batch_id`` against the same previous version, so the state version and the output
@@ -29,10 +31,8 @@ are the same (see :mod:`riverbed.state` for why re-commits are safe).
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
-import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,14 +42,12 @@ from typing import Any
 import msgpack
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from riverbed.state import StateConfig, StateProvider
-from riverbed.state.errors import CorruptStateError
 from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.results import empty_rows, output_arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -76,126 +74,6 @@ class EngineConfig:
         check_term(self.checkpoint, self.term, self.spec.name)
 
 
-def output_schema(spec: Aggregation) -> str:
-    cols = ["window_start timestamp", "window_end timestamp", "key string"]
-    for name, metric in spec.metrics.items():
-        kind = type(metric).__name__
-        if kind == "Count":
-            cols.append(f"{name} long")
-        elif kind == "Distinct":
-            cols += [f"{name} long", f"{name}_is_exact boolean", f"{name}_error double"]
-        else:
-            cols.append(f"{name} double")
-    cols += ["batch_id long"]
-    return ", ".join(cols)
-
-
-def output_arrow_schema(spec: Aggregation) -> pa.Schema:
-    types = {
-        "timestamp": pa.timestamp("us", tz="UTC"),
-        "string": pa.string(),
-        "long": pa.int64(),
-        "double": pa.float64(),
-        "boolean": pa.bool_(),
-    }
-    return pa.schema(
-        [(name, types[kind]) for name, kind in (c.split() for c in output_schema(spec).split(", "))]
-    )
-
-
-def empty_rows(spec: Aggregation) -> pd.DataFrame:
-    """A batch that emitted nothing, with the output's columns and types."""
-    return output_arrow_schema(spec).empty_table().to_pandas()
-
-
-def write_output(
-    output: str, spec: Aggregation, batch_id: int, rows: pd.DataFrame | pa.Table
-) -> pa.Table:
-    """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory);
-    returns what was written. Both paths write through here, so the table has one
-    Parquet schema (timestamps as UTC microseconds) whichever path wrote a batch."""
-    import shutil
-
-    import pyarrow.parquet as pq
-
-    schema = output_arrow_schema(spec)
-    if isinstance(rows, pa.Table):
-        table = rows.select(schema.names).cast(schema)
-    else:
-        table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
-    root = Path(output)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
-    tmp.mkdir()
-    pq.write_table(table, tmp / "part-00000.parquet")
-    target = root / f"batch_id={batch_id}"
-    if target.exists():  # a re-run replaces its own output (never what compaction put there)
-        for carried in target.glob("compacted-*.parquet"):
-            carried.rename(tmp / carried.name)
-        shutil.rmtree(target)
-    tmp.rename(target)
-    return table
-
-
-COMPACT_AFTER = 100  # batch directories of the result table before they are folded
-
-
-def _batch_dirs(root: Path) -> list[int]:
-    return sorted(
-        int(p.name.split("=", 1)[1])
-        for p in root.glob("batch_id=*")
-        if p.is_dir() and p.name.split("=", 1)[1].isdigit()
-    )
-
-
-def compact_output(output: str, spec: Aggregation, upto: int) -> int:
-    """Fold the result table's batch directories before ``upto`` into ``batch_id=upto``
-    once there are ``COMPACT_AFTER`` of them; returns how many were folded.
-
-    ``upto`` must be a batch Spark has committed (it is never re-run). The latest row
-    per (window_start, key) among the older batches -- except the keys ``upto`` wrote
-    itself, which are newer -- is written as ``compacted-*.parquet`` into
-    ``batch_id=upto`` with ``batch_id = upto`` (so every reader, including Spark's
-    directory-based one, agrees), then the older directories are deleted. A crash in
-    between leaves older rows that lose to the compacted ones: readers that keep the
-    highest ``batch_id`` per (window_start, key) see the same table at every step.
-    """
-    import shutil
-
-    import pyarrow.parquet as pq
-
-    root = Path(output)
-    older = [b for b in _batch_dirs(root) if b < upto]
-    target = root / f"batch_id={upto}"
-    if len(older) < COMPACT_AFTER or not target.is_dir():
-        return 0
-    schema = output_arrow_schema(spec)
-
-    def read(directory: Path) -> list[pa.Table]:
-        # Spark-written batches of older versions: INT96, naive UTC -- cast reads them
-        return [
-            pq.read_table(f).select(schema.names).cast(schema)
-            for f in sorted(directory.glob("*.parquet"))
-        ]
-
-    old = pa.concat_tables([t for b in older for t in read(root / f"batch_id={b}")])
-    own = pa.concat_tables(read(target) or [schema.empty_table()])
-    frame = old.to_pandas().sort_values("batch_id", kind="stable")
-    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
-    mine = pd.MultiIndex.from_frame(own.select(["window_start", "key"]).to_pandas())
-    frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
-    frame["batch_id"] = upto
-    name = f"compacted-{uuid.uuid4().hex}.parquet"
-    pq.write_table(
-        pa.Table.from_pandas(frame, schema=schema, preserve_index=False), target / f".{name}.tmp"
-    )
-    (target / f".{name}.tmp").rename(target / name)
-    for b in older:
-        shutil.rmtree(root / f"batch_id={b}", ignore_errors=True)
-    log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
-    return len(older)
-
-
 def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
     uniques = keys.unique()
     mapping = {k: zlib.crc32(str(k).encode()) % n for k in uniques}
@@ -210,168 +88,6 @@ def event_millis(column: pd.Series) -> np.ndarray:
         column = pd.to_datetime(column, utc=True)  # strings, objects: parse (slow path)
     ms: np.ndarray = column.dt.as_unit("ms").astype("int64").to_numpy()
     return ms
-
-
-# -- step 1: batch metadata ------------------------------------------------------------------
-def read_record(path: Path) -> dict[str, Any]:
-    """A batch record, or :class:`CorruptStateError` naming it and the recovery."""
-    try:
-        record = json.loads(path.read_text())
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        batch = path.stem.lstrip("0") or "0"
-        checkpoint = Checkpoint.of_batch_record(path)
-        commits = checkpoint.spark_commits / batch
-        when = (
-            f"If Spark has not committed that batch (no {commits}), delete the file"
-            if checkpoint.spark_commits.is_dir()
-            else "If it is the newest batch record, delete the file"
-        )
-        raise CorruptStateError(
-            f"the record of batch {batch} (its plan, watermark and counts) is damaged: "
-            f"{path} ({exc}). {when} and the batch runs again and writes it anew; "
-            "otherwise restore it from a backup or start the aggregation on a new "
-            "checkpoint (docs/stream.md, 'Failure model')"
-        ) from None
-    return record
-
-
-class BatchLog:
-    """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
-
-    def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
-        self.layout = Checkpoint.of(checkpoint)
-        self.dir = self.layout.batches
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.fence = fence or (lambda: None)
-
-    def _path(self, batch_id: int) -> Path:
-        return self.layout.batch(batch_id)
-
-    def get(self, batch_id: int) -> dict[str, Any] | None:
-        path = self._path(batch_id)
-        return read_record(path) if path.exists() else None
-
-    def previous(self, batch_id: int) -> dict[str, Any] | None:
-        """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
-        listing only when that one is missing)."""
-        if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
-            return record
-        earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
-        return read_record(earlier[-1]) if earlier else None
-
-    def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
-        """Replace the record atomically; ``durable=False`` skips the fsync (for records
-        a re-run would rebuild the same way). The fence is checked after the slow part
-        (writing and syncing the new version) and right before the rename that
-        publishes it, so a driver paused and replaced meanwhile publishes nothing."""
-        path = self._path(batch_id)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        try:
-            tmp.write_text(json.dumps(record))
-            if durable:
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-            self.fence()
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def update(self, batch_id: int, **fields: Any) -> None:
-        record = self.get(batch_id) or {}
-        record.update(fields)
-        self.put(batch_id, record)
-
-    def ids(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.dir.glob("*.json"))
-
-    def prune(self, keep_from: int) -> int:
-        """Delete the records of batches before ``keep_from``; returns how many."""
-        gone = 0
-        for batch_id in self.ids():
-            if batch_id >= keep_from:
-                break
-            self._path(batch_id).unlink(missing_ok=True)
-            gone += 1
-        return gone
-
-
-def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str, Any]:
-    """A new batch's record: its watermark, derived from earlier batches only."""
-    prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
-    return {
-        "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
-        "previous_watermark_ms": prev["watermark_ms"],
-        "max_event_ms": prev["max_event_ms"],
-    }
-
-
-COUNTS = ("input", "late", "malformed")
-
-
-def input_rate(record: dict[str, Any]) -> float | None:
-    """Records per second while a finished batch ran (log-native batches say where
-    their time went in ``ms``; others do not)."""
-    ms = sum((record.get("ms") or {}).values())
-    return int(record.get("input", 0)) * 1000 / ms if ms else None
-
-
-def summed_totals(records: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Totals over finished batch records, for checkpoints from before running totals
-    (where no record was pruned yet)."""
-    done = [r for r in records if r.get("done")]
-    totals = {c: sum(int(r.get(c, 0)) for r in done) for c in COUNTS}
-    totals["batches"] = len(done)
-    return totals
-
-
-def finish_batch(
-    config: EngineConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
-) -> None:
-    """Record the batch as done (durably, before Spark commits it: the next batch's
-    watermark comes from it), with running totals; then, every ``snapshot_every``
-    batches, run :func:`maintain`."""
-    prev = batches.previous(batch_id)
-    if prev is not None and "totals" in prev:
-        totals = dict(prev["totals"])
-    else:  # the first batch, or records from before totals existed: count them once
-        totals = summed_totals(
-            r for b in batches.ids() if b < batch_id and (r := batches.get(b)) is not None
-        )
-    for c in COUNTS:
-        totals[c] = int(totals.get(c, 0)) + int(record.get(c, 0))
-    totals["batches"] = int(totals.get("batches", 0)) + 1
-    if config.term is not None:
-        record = record | {"term": config.term}  # which driver ran it (fencing.py)
-    batches.put(batch_id, record | {"done": True, "totals": totals})
-    if (batch_id + 1) % config.state.snapshot_every == 0:
-        maintain(config, batches, batch_id)
-
-
-def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
-    """Purge state snapshots and changelogs, and batch records, that no version among
-    the newest ``retain_versions`` needs, and compact the result table
-    (:func:`compact_output`). Runs on the driver without opening any state
-    partition, so it never competes with the state tasks; a failure is logged and
-    retried at the next round, never fails the query."""
-    spec = config.spec
-    config.fence()  # a replaced driver purges nothing
-    try:
-        provider = StateProvider(config.state)
-        for partition in range(spec.state_partitions):
-            provider.purge(spec.name, partition)
-        batches.prune(batch_id + 1 - config.state.retain_versions)
-        if batch_id > 0:  # the batch before this one is committed: fold the table into it
-            compact_output(config.output, spec, batch_id - 1)
-    except Exception as exc:  # maintenance must not stop the query
-        log.warning(
-            "maintenance of %s after batch %d failed (retried in %d batches): %s",
-            spec.name,
-            batch_id,
-            config.state.snapshot_every,
-            exc,
-        )
 
 
 # -- step 3: pre-aggregation -------------------------------------------------------------------

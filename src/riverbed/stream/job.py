@@ -141,7 +141,7 @@ def job_for(
 
 def batch_line(batch_id: int, record: dict[str, Any]) -> str:
     """How ``stream run`` (and the demo) report a finished batch, from its record."""
-    from riverbed.stream.engine import input_rate
+    from riverbed.stream.records import input_rate
 
     per_second = input_rate(record)
     rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
@@ -153,7 +153,7 @@ def batch_line(batch_id: int, record: dict[str, Any]) -> str:
 
 def resume_line(job: Job) -> str | None:
     """What a (re)started driver resumes from, or None on a fresh checkpoint."""
-    from riverbed.stream.engine import BatchLog
+    from riverbed.stream.records import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
     ids = batches.ids()
@@ -209,7 +209,7 @@ def run(
         trigger=trigger,
         term=lease.term if lease is not None else None,
     )
-    from riverbed.stream.engine import BatchLog
+    from riverbed.stream.records import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
     # earlier runs' finished batches; an unfinished newest one is re-run and reported
@@ -270,7 +270,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
-    from riverbed.stream.engine import input_rate, read_record, summed_totals
+    from riverbed.stream.records import input_rate, read_record, summed_totals
 
     checkpoint = Path(info["checkpoint"])
     batch_dir = Checkpoint(checkpoint).batches

@@ -11,8 +11,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from riverbed.stream.engine import BatchLog, EngineConfig, finish_batch, write_output
+from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.records import BatchLog, finish_batch
+from riverbed.stream.results import write_output
 from riverbed.stream.sinks import plain
 
 SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics

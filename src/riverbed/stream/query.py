@@ -35,9 +35,9 @@ from typing import Any
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state.errors import CorruptStateError
 from riverbed.stream.direct import DirectConfig, run_planned, spark_ends, spark_slices
-from riverbed.stream.engine import BatchLog, next_record
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
+from riverbed.stream.records import BatchLog, next_record
 
 log = logging.getLogger(__name__)
 

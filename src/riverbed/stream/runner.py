@@ -14,18 +14,12 @@ import pandas as pd
 from riverbed.config import load_config
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.engine import (
-    PARTIAL_SCHEMA,
-    BatchLog,
-    EngineConfig,
-    merger,
-    next_record,
-    output_schema,
-    preaggregate,
-)
+from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
 from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
+from riverbed.stream.records import BatchLog, next_record
+from riverbed.stream.results import output_schema
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +226,8 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 
     from riverbed.state import StateProvider
     from riverbed.state.query import read_state
-    from riverbed.stream.engine import _rows, empty_rows
+    from riverbed.stream.engine import _rows
+    from riverbed.stream.results import empty_rows
 
     provider = StateProvider(state)
     if not provider.partitions(spec.name):
