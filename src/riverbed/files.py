@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file"]
+__all__ = ["flocked", "fsync_dir", "fsync_file"]
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block:
+    one holder at a time across the processes of this machine."""
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def fsync_file(path: Path) -> None:

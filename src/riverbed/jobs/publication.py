@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from riverbed.files import fsync_dir, fsync_file
+from riverbed.files import flocked, fsync_dir, fsync_file
 
 __all__ = [
     "attempt_dir",
@@ -178,9 +177,5 @@ def _locked(home: Path, job: str) -> Iterator[None]:
     file system (a readlink, a symlink and a rename: held for well under a millisecond)."""
     path = job_output_dir(home, job) / ATTEMPTS / ".lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with flocked(path):
+        yield

@@ -13,7 +13,6 @@ claims use ``FOR UPDATE SKIP LOCKED``; ``NOTIFY rb_jobs`` wakes workers.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from riverbed.files import flocked
 from riverbed.jobs.errors import QueueError
 
 SCHEMA_VERSION = 1
@@ -282,12 +282,8 @@ class Database:
         if self.lock_path is None:
             yield
             return
-        with open(self.lock_path, "a+b") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with flocked(self.lock_path):
+            yield
 
     def create(self) -> None:
         """Create the tables if missing, add what newer versions added; refuse a
