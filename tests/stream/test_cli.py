@@ -138,7 +138,7 @@ def test_a_damaged_topic_stops_stream_run_with_one_line_and_a_skip_gets_it_movin
     """The operator's path of docs/log.md through the Spark source: a batch damaged in
     the middle of a partition stops `stream run` with one line naming it and the skip
     command; after the skip, the run finishes and only the damaged batch is missing."""
-    from riverbed.stream.runner import read_results
+    from riverbed.stream.dataframe import read_results
     from tests.cli import assert_quiet, run_cli
     from tests.log.test_corruption import flip, frames
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.runner import read_results
 from riverbed.stream.windows import Hopping
 from tests.stream.conftest import make_events, write_events
 

@@ -14,10 +14,10 @@ import riverbed.log
 from riverbed.log.records import RawRecord
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.dataframe import foreach_batch, read_results, start
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
 from riverbed.stream.records import BatchLog
-from riverbed.stream.runner import foreach_batch, read_results, start
 from riverbed.stream.windows import Hopping, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
 

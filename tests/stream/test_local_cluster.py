@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from riverbed.stream.runner import read_results
+from riverbed.stream.dataframe import read_results
 from tests.logserver import log_server_process
 from tests.stream.conftest import make_events, write_events
 

@@ -10,8 +10,8 @@ import pytest
 
 import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.metrics import Count
-from riverbed.stream.runner import read_results
 from riverbed.stream.windows import Tumbling
 
 SPEC = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})

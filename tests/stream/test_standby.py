@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.runner import read_results
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

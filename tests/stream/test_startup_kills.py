@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from riverbed.stream.runner import read_results
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import oracle
@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from riverbed.spark import session
 from riverbed.stream import register
-from riverbed.stream.runner import start
+from riverbed.stream.dataframe import start
 from riverbed.config import SparkConfig
 
 sys.path.insert(0, str(Path(sys.argv[1]).parent))

@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.spark.source import LogSlice
-from riverbed.stream.direct import DirectConfig, colocated_task, prepare, run_planned
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.lognative import DirectConfig, colocated_task, prepare, run_planned
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.records import BatchLog, next_record
-from riverbed.stream.runner import read_results
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
-from tests.stream.test_direct import check, engine_config
 from tests.stream.test_engine import SCHEMA
+from tests.stream.test_lognative import check, engine_config
 
 slices = st.builds(
     lambda p, start, n: LogSlice(p, start, start + n),

@@ -136,7 +136,7 @@ def _call(args: argparse.Namespace, logfile: Path | None) -> int:
         if logfile is None:
             raise
         # a failure inside Spark: one line here, the whole trace in the log file
-        from riverbed.stream.job import root_cause
+        from riverbed.stream.specjob import root_cause
 
         with open(logfile, "a", encoding="utf-8") as f:
             traceback.print_exception(exc, file=f)

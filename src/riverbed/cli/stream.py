@@ -68,7 +68,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _job(spec: str) -> Any:
-    from riverbed.stream.job import job_for, load_spec
+    from riverbed.stream.specjob import job_for, load_spec
 
     aggregation, source = load_spec(spec)
     return job_for(load_config(), aggregation, source, spec=Path(spec))
@@ -78,8 +78,8 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.spark import session
-    from riverbed.stream.job import batch_line, resume_line, run
     from riverbed.stream.leader import DriverLease
+    from riverbed.stream.specjob import batch_line, resume_line, run
 
     job = _job(args.spec)
     config = load_config()
@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
-    from riverbed.stream.job import status
+    from riverbed.stream.specjob import status
 
     job = _job(args.spec) if args.spec.endswith(".py") else None
     sources = Sources(load_config())
@@ -167,13 +167,13 @@ def _status(args: argparse.Namespace) -> int:
 def _query(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from riverbed.stream.runner import read_results
+    from riverbed.stream.dataframe import read_results
 
     name = args.name
     if args.batch is not None and not args.from_state:
         raise ConfigError("--batch reads state as of a batch: add --from-state")
     if args.from_state:
-        from riverbed.stream.runner import read_live
+        from riverbed.stream.dataframe import read_live
 
         if not name.endswith(".py"):
             raise ConfigError(

@@ -18,7 +18,7 @@ def stream_names(src: Sources) -> list[str]:
 
 
 def _manifest(src: Sources, name: str) -> dict[str, Any]:
-    from riverbed.stream.job import read_manifest
+    from riverbed.stream.specjob import read_manifest
 
     checkpoint = src.checkpoints / name
     if not Checkpoint(checkpoint).batches.is_dir():
@@ -48,8 +48,8 @@ def _driver(src: Sources, name: str) -> dict[str, Any]:
 def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     """Status of one aggregation; with ``ledger`` its newest batches, newest first."""
     from riverbed.stream.fencing import recorded_driver
-    from riverbed.stream.job import status_of
     from riverbed.stream.records import read_record
+    from riverbed.stream.specjob import status_of
 
     info = _manifest(src, name)
     out: dict[str, Any] = {"name": name, "spec": info.get("spec"), "topic": info.get("topic")}
@@ -87,7 +87,7 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
     if "slices" in record:  # the plan the batch recorded before it ran
         offsets = {p: [int(s), int(e)] for p, (s, e) in record["slices"].items()}
     else:  # a batch of the Spark-driven loop: Spark's offset log
-        from riverbed.stream.direct import spark_ends
+        from riverbed.stream.lognative import spark_ends
         from riverbed.stream.plan import slices_json
 
         ends = spark_ends(checkpoint, batch_id)
@@ -129,9 +129,9 @@ def streams(src: Sources) -> list[dict[str, Any]]:
 def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     """An aggregation's values per window straight from its state (as of ``batch``,
     default the newest), with the relative error band of approximate metrics."""
-    from riverbed.stream.job import load_spec
+    from riverbed.stream.dataframe import read_live
     from riverbed.stream.metrics import Distinct
-    from riverbed.stream.runner import read_live
+    from riverbed.stream.specjob import load_spec
 
     info = _manifest(src, name)
     spec = info.get("spec")

@@ -1,6 +1,6 @@
 """Which offsets a micro-batch of a riverbed topic reads — the pure admission control
 shared by the Spark source's ``latestOffset`` (:mod:`riverbed.spark.source`) and the
-stream's own trigger loop (:mod:`riverbed.stream.query`).
+stream's own trigger loop (:mod:`riverbed.stream.loop`).
 
 Nothing here touches a log, a file or Spark: offsets go in, offsets come out.
 """

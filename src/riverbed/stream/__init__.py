@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
+    from riverbed.stream.dataframe import read_live, read_results, start
     from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
-    from riverbed.stream.runner import read_live, read_results, start
     from riverbed.stream.windows import Hopping, Sliding, Tumbling
 
 _WHERE = {
@@ -31,9 +31,9 @@ _WHERE = {
     "Mean": "metrics",
     "Min": "metrics",
     "Sum": "metrics",
-    "read_live": "runner",
-    "read_results": "runner",
-    "start": "runner",
+    "read_live": "dataframe",
+    "read_results": "dataframe",
+    "start": "dataframe",
     "RiverbedDataSource": "riverbed.spark.source",
     "register": "riverbed.spark.source",
     "Hopping": "windows",

@@ -33,8 +33,8 @@ from rich.table import Table
 import riverbed.log
 from riverbed.config import Config
 from riverbed.log.errors import RecordRejectedError
-from riverbed.stream.job import batch_line
 from riverbed.stream.records import BatchLog
+from riverbed.stream.specjob import batch_line
 
 console = Console(highlight=False)
 T0 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -197,7 +197,7 @@ def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Ev
 
 
 def _verdict(home: Path, data: pd.DataFrame) -> int:
-    from riverbed.stream.runner import read_results
+    from riverbed.stream.dataframe import read_results
 
     results = read_results(home / "output" / "flags_hourly")
     log = riverbed.log.open(home / "log")

@@ -1,5 +1,5 @@
 """Errors of stream aggregations (more live beside their owners: ``DriverFencedError``
-in fencing.py, ``AlreadyRunningError`` in leader.py, ``StreamFailedError`` in job.py)."""
+in fencing.py, ``AlreadyRunningError`` in leader.py, ``StreamFailedError`` in specjob.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """When the next micro-batch runs and how its work is spread: the pure core of the
-log-native trigger loop (:mod:`riverbed.stream.query`). Which offsets a batch reads is
+log-native trigger loop (:mod:`riverbed.stream.loop`). Which offsets a batch reads is
 decided by :mod:`riverbed.spark.offsets`, shared with the Spark source.
 
 Nothing here touches a log, a file or Spark: offsets go in, offsets come out.

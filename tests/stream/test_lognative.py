@@ -12,12 +12,12 @@ import riverbed.log
 from riverbed.state import StateConfig
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.direct import prepare, run_planned
+from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.job import root_cause
+from riverbed.stream.lognative import prepare, run_planned
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.records import BatchLog, next_record
-from riverbed.stream.runner import read_results, start
+from riverbed.stream.specjob import root_cause
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, SCHEMA, oracle, run_to_end

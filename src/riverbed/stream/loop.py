@@ -2,7 +2,7 @@
 
 A log-native aggregation needs nothing of Spark's streaming engine but a trigger and a
 durable record of what each batch read: the events never pass through Spark (the state
-tasks read the topic themselves, :mod:`riverbed.stream.direct`). Running that through a
+tasks read the topic themselves, :mod:`riverbed.stream.lognative`). Running that through a
 Structured Streaming query cost, per trigger, Spark's write-ahead offset log and commit
 log (~80-110 ms here) and, once, ~1.3 s to start the Python streaming source's own
 process on the driver. So the loop is riverbed's, on a thread of the driver:
@@ -11,7 +11,7 @@ process on the driver. So the loop is riverbed's, on a thread of the driver:
    starts; where it ends comes from the topic's offsets and ``maxRecordsPerBatch``
    (:mod:`riverbed.stream.plan`); *b*'s record — its slices, watermark and
    co-location — is written and fsynced *before* anything of *b* is (the write-ahead);
-2. **run** it (:func:`riverbed.stream.direct.run_planned`): state version *b*, side
+2. **run** it (:func:`riverbed.stream.lognative.run_planned`): state version *b*, side
    topics, result table, sinks, then the record marked done (the commit).
 
 After a crash the newest record is either done (plan *b + 1*) or not (run *b* again from
@@ -34,8 +34,8 @@ from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state.errors import CorruptStateError
-from riverbed.stream.direct import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
 from riverbed.stream.records import BatchLog, next_record
 

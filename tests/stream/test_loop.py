@@ -1,4 +1,4 @@
-"""riverbed's own trigger loop for the log-native path (stream/query.py), on a real
+"""riverbed's own trigger loop for the log-native path (stream/loop.py), on a real
 Spark session: continuous triggers, stop, the write-ahead plan re-run after a crash, and
 checkpoints written by the Spark-driven loop before it."""
 
@@ -15,13 +15,13 @@ import pytest
 import riverbed.log
 from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
-from riverbed.stream.job import committed_ends
+from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.plan import ends_of
 from riverbed.stream.records import BatchLog
-from riverbed.stream.runner import read_results, start
+from riverbed.stream.specjob import committed_ends
 from tests.stream.conftest import make_events, write_events
-from tests.stream.test_direct import check, spec
 from tests.stream.test_engine import SCHEMA
+from tests.stream.test_lognative import check, spec
 
 pytestmark = pytest.mark.spark
 

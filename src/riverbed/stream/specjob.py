@@ -187,8 +187,8 @@ def run(
     finished batch's id and its record (input, late, malformed, watermark). With an
     acquired ``lease`` every write is fenced by its term and the query stops the moment
     the lease is lost (see :mod:`riverbed.stream.leader`)."""
+    from riverbed.stream.dataframe import start
     from riverbed.stream.fencing import DriverFencedError
-    from riverbed.stream.runner import start
 
     write_manifest(job)
     options = {"log": job.log_url, **job.source}
@@ -255,7 +255,7 @@ def status(job: Job) -> dict[str, Any]:
 def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict[int, int]:
     """Where the newest finished batch ended, per log partition: its recorded plan, or
     for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
-    from riverbed.stream.direct import spark_ends
+    from riverbed.stream.lognative import spark_ends
     from riverbed.stream.plan import ends_of
 
     done = next((d for d in newest_first if d.get("done")), None)

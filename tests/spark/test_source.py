@@ -9,7 +9,7 @@ import pytest
 
 import riverbed.log
 from riverbed.log.records import RawRecord
-from riverbed.stream import register
+from riverbed.spark.source import register
 
 pytestmark = pytest.mark.spark
 SCHEMA = "user_id long, flag string"

@@ -14,10 +14,10 @@ import pandas as pd
 from riverbed.config import load_config
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
-from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.records import BatchLog, next_record
 from riverbed.stream.results import output_schema
 
@@ -160,9 +160,9 @@ def start(
 
     ``source`` is either the options of a riverbed topic (a dict: ``topic``, and
     optionally ``log``, ``schema``, ``maxRecordsPerBatch``, ``startingOffsets``,
-    ``co_locate``) -- the log-native path (:mod:`riverbed.stream.direct`), where the
+    ``co_locate``) -- the log-native path (:mod:`riverbed.stream.lognative`), where the
     state tasks read the topic themselves and riverbed runs the trigger loop (a
-    :class:`riverbed.stream.query.DirectQuery`) -- or any streaming DataFrame with the
+    :class:`riverbed.stream.loop.DirectQuery`) -- or any streaming DataFrame with the
     aggregation's columns (and optionally ``_error``), aggregated through Spark (a
     Spark ``StreamingQuery``). Both take Spark's ``trigger`` keywords.
 
@@ -182,10 +182,10 @@ def start(
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
     config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
-    if options is not None:  # riverbed's own trigger loop (stream/query.py)
-        from riverbed.stream.direct import prepare
+    if options is not None:  # riverbed's own trigger loop (stream/loop.py)
+        from riverbed.stream.lognative import prepare
+        from riverbed.stream.loop import DirectQuery
         from riverbed.stream.plan import parse_trigger
-        from riverbed.stream.query import DirectQuery
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
     _clear_unfinished_start(Checkpoint(checkpoint).spark)

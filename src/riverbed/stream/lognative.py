@@ -1,7 +1,7 @@
 """The log-native path: the state tasks read riverbed topics themselves.
 
 When the source is a riverbed topic, Spark does not need to move the events at all,
-and riverbed runs the trigger loop itself (:mod:`riverbed.stream.query`): each batch's
+and riverbed runs the trigger loop itself (:mod:`riverbed.stream.loop`): each batch's
 plan — its *slices*, one (partition, start, end) per log partition — is recorded before
 it runs, and each batch runs one Spark job over those slices:
 
@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
 from riverbed.spark.source import LogSlice, open_log, read_slice
+from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.engine import (
     EngineConfig,
     Partial,
@@ -50,7 +51,6 @@ from riverbed.stream.engine import (
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.outputs import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.records import BatchLog
 from riverbed.stream.results import empty_rows

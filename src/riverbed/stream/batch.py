@@ -1,5 +1,5 @@
-"""How a batch ends, for both paths — the log-native one (:mod:`riverbed.stream.direct`)
-and the DataFrame one (:mod:`riverbed.stream.runner`): the side topics (late and
+"""How a batch ends, for both paths — the log-native one (:mod:`riverbed.stream.lognative`)
+and the DataFrame one (:mod:`riverbed.stream.dataframe`): the side topics (late and
 malformed records), then :func:`finish` — the result table, the optional sinks (a SQL
 table, a results topic) and the batch record marked done."""
 
