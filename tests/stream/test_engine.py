@@ -17,7 +17,7 @@ from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import foreach_batch, read_results, start
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
-from riverbed.stream.records import BatchLog
+from riverbed.stream.records import BatchLog, BatchRecord
 from riverbed.stream.windows import Hopping, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
 
@@ -75,7 +75,7 @@ def run_to_end(
     assert query.exception() is None, query.exception()
     if path != "spark":  # the plan the batches took is the one the test asked for
         batches = BatchLog(str(root / "ckpt"))
-        plans = {batches.get(int(p.stem))["co_located"] for p in batches.dir.glob("*.json")}
+        plans = {batches.get(int(p.stem)).co_located for p in batches.dir.glob("*.json")}
         assert plans == {path == "colocated"}, plans
     return read_results(root / "out")
 
@@ -182,7 +182,7 @@ def test_rerunning_a_batch_never_double_counts(spark: Any, log_url: str, tmp_pat
     twice = read_results(tmp_path / "out")
     pd.testing.assert_frame_equal(once, twice)
     assert once["events"].sum() == 1000
-    assert BatchLog(str(tmp_path / "ckpt")).get(1)["done"] is True
+    assert BatchLog(str(tmp_path / "ckpt")).get(1).done is True
 
 
 @pytest.mark.parametrize("path", ["spark", "shuffled"])
@@ -217,8 +217,8 @@ def test_late_and_malformed_records_are_counted_and_kept(
     query.awaitTermination(300)
     assert query.exception() is None
     batches = [BatchLog(str(tmp_path / "ckpt")).get(b) for b in range(3)]
-    assert sum(b.get("malformed", 0) for b in batches if b) == 1
-    assert sum(b.get("late", 0) for b in batches if b) == 5
+    assert sum(b.counted("malformed") for b in batches if b) == 1
+    assert sum(b.counted("late") for b in batches if b) == 5
     log = riverbed.log.open(log_url)
     dlq, late_records = log.read("flags.dlq", 0), log.read("flags.late", 0)
     assert len(dlq) == 1 and len(late_records) == 5
@@ -254,7 +254,7 @@ def test_final_mode_emits_each_window_once_when_closed(
     # a window is emitted by the first batch whose (recorded) watermark passed its end
     batches = BatchLog(str(tmp_path / "ckpt"))
     last = max(int(p.stem) for p in batches.dir.glob("*.json"))
-    watermark = pd.Timestamp(batches.get(last)["watermark_ms"], unit="ms", tz="UTC")
+    watermark = pd.Timestamp(batches.get(last).watermark_ms, unit="ms", tz="UTC")
     closed = want[want["window_start"] + pd.Timedelta(hours=1) <= watermark]
     assert 0 < len(closed) < len(want)
     got = rows.assign(window_start=pd.to_datetime(rows["window_start"], utc=True))
@@ -348,7 +348,7 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert ids[-1] >= 12, "too few batches to see purges"
     # pruned every 2 batches down to the newest 3: never more than 4 records
     assert len(ids) <= 4 and ids == list(range(ids[-1] - len(ids) + 1, ids[-1] + 1))
-    totals = batches.get(ids[-1])["totals"]
+    totals = batches.get(ids[-1]).totals
     assert totals["batches"] == ids[-1] + 1
     assert totals["input"] == len(first)
     for partition in range(3):
@@ -372,7 +372,7 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert len(merged) == len(want) == len(got)
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
-    assert batches.get(batches.ids()[-1])["totals"]["input"] == len(first) + len(more)
+    assert batches.get(batches.ids()[-1]).totals["input"] == len(first) + len(more)
     # an outside reader of the compacted table: the same rows
     latest = duckdb.sql(
         f"SELECT window_start, key, events, users FROM read_parquet('{out}/*/*.parquet') "
@@ -435,17 +435,17 @@ def test_the_result_table_reads_the_same_in_duckdb_polars_and_spark(
 
 def test_running_totals_continue_from_records_written_before_totals(tmp_path: Path) -> None:
     from riverbed.state import StateConfig
-    from riverbed.stream.records import finish_batch
+    from riverbed.stream.batch import finish_batch
 
     batches = BatchLog(str(tmp_path / "ckpt"))
-    batches.put(0, {"done": True, "input": 10, "late": 1})  # an older riverbed's records
-    batches.put(1, {"done": True, "input": 5, "malformed": 2})
-    batches.put(2, {"watermark_ms": 0})  # started, never finished
+    batches.put(0, BatchRecord(done=True, input=10, late=1))  # an older riverbed's records
+    batches.put(1, BatchRecord(done=True, input=5, malformed=2))
+    batches.put(2, BatchRecord())  # started, never finished
     spec = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
     config = EngineConfig(
         spec, StateConfig(local_dir=tmp_path / "l", durable=tmp_path / "d"), "", ""
     )
-    finish_batch(config, batches, 3, {"input": 7, "late": 3})
-    assert batches.get(3)["totals"] == {"input": 22, "late": 4, "malformed": 2, "batches": 3}
-    finish_batch(config, batches, 4, {"input": 1})
-    assert batches.get(4)["totals"] == {"input": 23, "late": 4, "malformed": 2, "batches": 4}
+    finish_batch(config, batches, 3, BatchRecord(input=7, late=3))
+    assert batches.get(3).totals == {"input": 22, "late": 4, "malformed": 2, "batches": 3}
+    finish_batch(config, batches, 4, BatchRecord(input=1))
+    assert batches.get(4).totals == {"input": 23, "late": 4, "malformed": 2, "batches": 4}

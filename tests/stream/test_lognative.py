@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,11 @@ def test_the_recorded_plans_cover_the_topic_once(spark: Any, log_url: str, tmp_p
     previous = {p: 0 for p in range(3)}
     for b in ids:
         record = batches.get(b)
-        slices = {int(p): se for p, se in record["slices"].items()}
-        assert record["done"] and record["input"] == sum(e - s for s, e in slices.values())
+        slices = {int(p): se for p, se in record.slices.items()}
+        assert record.done and record.input == sum(e - s for s, e in slices.values())
         assert {p: s for p, (s, _) in slices.items()} == previous
         previous = {p: e for p, (_, e) in slices.items()}
-    assert sum(batches.get(b)["input"] for b in ids) == 2000
+    assert sum(batches.get(b).input for b in ids) == 2000
     assert previous == {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
     assert not (tmp_path / "ckpt" / "spark").exists()
 
@@ -146,12 +147,13 @@ def test_rerunning_a_batch_never_double_counts(
         """What the loop does: the plan recorded first, then the batch."""
         record = batches.get(batch_id)
         if record is None:
-            record = next_record(batches, batch_id, config.spec) | {
-                "slices": slices,
-                "co_located": cfg.co_located,
-            }
+            record = replace(
+                next_record(batches, batch_id, config.spec.watermark_ms),
+                slices=slices,
+                co_located=cfg.co_located,
+            )
             batches.put(batch_id, record)
-        run_planned(spark, cfg, batches, batch_id, record | {"done": False})
+        run_planned(spark, cfg, batches, batch_id, replace(record, done=False))
 
     run(half, 0)
     run(rest, 1)
@@ -161,7 +163,7 @@ def test_rerunning_a_batch_never_double_counts(
     twice = read_results(tmp_path / "out")
     pd.testing.assert_frame_equal(once, twice)
     check(once, events)
-    assert BatchLog(str(tmp_path / "ckpt")).get(1)["co_located"] is (co_locate == "auto")
+    assert BatchLog(str(tmp_path / "ckpt")).get(1).co_located is (co_locate == "auto")
 
 
 @pytest.mark.parametrize("path", PATHS)

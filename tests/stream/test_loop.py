@@ -17,7 +17,7 @@ from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.plan import ends_of
-from riverbed.stream.records import BatchLog
+from riverbed.stream.records import BatchLog, BatchRecord
 from riverbed.stream.specjob import committed_ends
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
@@ -76,20 +76,11 @@ def test_a_recorded_plan_is_run_as_recorded(spark: Any, log_url: str, tmp_path: 
     ends = {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
     plan = {str(p): [0, e // 3] for p, e in ends.items()}
     batches = BatchLog(str(tmp_path / "ckpt"))
-    batches.put(
-        0,
-        {
-            "watermark_ms": 0,
-            "previous_watermark_ms": 0,
-            "max_event_ms": 0,
-            "slices": plan,
-            "co_located": True,
-        },
-    )
+    batches.put(0, BatchRecord(slices=plan, co_located=True))
     query = run(spark, log_url, tmp_path)
     query.awaitTermination(300)
-    assert batches.get(0)["input"] == sum(e // 3 for e in ends.values())
-    assert batches.get(1)["slices"] == {
+    assert batches.get(0).input == sum(e // 3 for e in ends.values())
+    assert batches.get(1).slices == {
         str(p): [e // 3, min(e, e // 3 + s)]
         for (p, e), s in zip(ends.items(), _shares(ends, plan), strict=True)
     }
@@ -124,7 +115,7 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
     plans = {}
     for b in batches.ids():  # rewrite as the Spark-driven loop left them
         record = batches.get(b)
-        plans[b] = record.pop("slices")
+        plans[b], record.slices = record.slices, None
         ends = {p: e for p, (_, e) in plans[b].items()}
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
         (spark_dir / "offsets" / str(b)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps(ends)}")
@@ -139,7 +130,7 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
     query = run(spark, log_url, tmp_path)
     query.awaitTermination(300)
     new = [b for b in batches.ids() if b not in old]
-    assert new and sum(batches.get(b)["input"] for b in new) == 400
+    assert new and sum(batches.get(b).input for b in new) == 400
     check(read_results(tmp_path / "out"), events)
 
 
@@ -148,7 +139,7 @@ def test_a_spark_driven_checkpoint_whose_offset_log_is_gone_is_named(
 ) -> None:
     write_events(log_url, make_events(300, hours=1), partitions=3, key_field="flag")
     batches = BatchLog(str(tmp_path / "ckpt"))
-    batches.put(0, {"watermark_ms": 0, "previous_watermark_ms": 0, "max_event_ms": 0, "done": True})
+    batches.put(0, BatchRecord(done=True))
     query = run(spark, log_url, tmp_path)
     with pytest.raises(Exception, match="does not record which offsets it read") as failure:
         query.awaitTermination(300)
@@ -175,8 +166,8 @@ def test_stop_ends_the_loop_mid_run_and_the_restart_finishes_exactly(
     assert stopped_at and stopped_at[-1] < 3  # 1500 records take 4 batches of 400
     run(spark, log_url, tmp_path).awaitTermination(300)
     batches = BatchLog(str(tmp_path / "ckpt"))
-    assert all(batches.get(b)["done"] for b in batches.ids())
-    assert sum(batches.get(b)["input"] for b in batches.ids()) == 1500
+    assert all(batches.get(b).done for b in batches.ids())
+    assert sum(batches.get(b).input for b in batches.ids()) == 1500
     check(read_results(tmp_path / "out"), events)
 
 

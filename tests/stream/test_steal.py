@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -236,14 +237,15 @@ def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
     ]
     inputs = []
     for batch_id, slices in enumerate(plans):
-        record = next_record(batches, batch_id, cfg.engine.spec) | {
-            "slices": slices,
-            "co_located": True,
-        }
+        record = replace(
+            next_record(batches, batch_id, cfg.engine.spec.watermark_ms),
+            slices=slices,
+            co_located=True,
+        )
         batches.put(batch_id, record)
-        done = run_planned(spark, cfg, batches, batch_id, record | {"done": False})
-        inputs.append(done["input"])
-        assert 0 <= done["helped"] <= done["input"]
+        done = run_planned(spark, cfg, batches, batch_id, replace(record, done=False))
+        inputs.append(done.input)
+        assert 0 <= done.helped <= done.input
     assert sum(inputs) == len(events)
     check(read_results(tmp_path / "out"), events)
     assert not list(Checkpoint.of(cfg.engine.checkpoint).handoff.iterdir())

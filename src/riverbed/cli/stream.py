@@ -79,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from riverbed.spark import session
     from riverbed.stream.leader import DriverLease
+    from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
 
     job = _job(args.spec)
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         lease.close()
         raise
 
-    def progress(batch_id: int, record: dict[str, Any]) -> None:
+    def progress(batch_id: int, record: BatchRecord) -> None:
         err.print(batch_line(batch_id, record))
 
     err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")

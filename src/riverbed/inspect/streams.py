@@ -10,6 +10,7 @@ from typing import Any
 from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
 from riverbed.stream.layout import Checkpoint, aggregations
+from riverbed.stream.records import BatchRecord, read_record
 
 
 def stream_names(src: Sources) -> list[str]:
@@ -48,7 +49,6 @@ def _driver(src: Sources, name: str) -> dict[str, Any]:
 def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     """Status of one aggregation; with ``ledger`` its newest batches, newest first."""
     from riverbed.stream.fencing import recorded_driver
-    from riverbed.stream.records import read_record
     from riverbed.stream.specjob import status_of
 
     info = _manifest(src, name)
@@ -78,14 +78,14 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     return out
 
 
-def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[str, Any]:
+def _batch_row(checkpoint: Path, batch_id: int, record: BatchRecord) -> dict[str, Any]:
     """One ledger line: what the batch read (offsets per log partition, from the
     previous batch's ends to its own), the state version it committed, its time."""
-    ms = record.get("ms") or {}
+    ms = record.ms
     total_ms = sum(ms.values())
     offsets: dict[str, list[int]] | None
-    if "slices" in record:  # the plan the batch recorded before it ran
-        offsets = {p: [int(s), int(e)] for p, (s, e) in record["slices"].items()}
+    if record.slices is not None:  # the plan the batch recorded before it ran
+        offsets = {p: [int(s), int(e)] for p, (s, e) in record.slices.items()}
     else:  # a batch of the Spark-driven loop: Spark's offset log
         from riverbed.stream.lognative import spark_ends
         from riverbed.stream.plan import slices_json
@@ -95,18 +95,17 @@ def _batch_row(checkpoint: Path, batch_id: int, record: dict[str, Any]) -> dict[
         offsets = None if ends is None else slices_json({p: before.get(p, 0) for p in ends}, ends)
     return {
         "batch": batch_id,
-        "done": bool(record.get("done")),
-        "input": record.get("input", 0),
-        "late": record.get("late", 0),
-        "malformed": record.get("malformed", 0),
-        "watermark_ms": record.get("watermark_ms"),
+        "done": record.done,
+        "input": record.counted("input"),
+        "late": record.counted("late"),
+        "malformed": record.counted("malformed"),
+        "watermark_ms": record.watermark_ms,
         "offsets": offsets,
         "state_version": batch_id + 1,
-        "outputs": record.get("outputs"),
-        "term": record.get("term"),
+        "term": record.term,
         "ms": ms,
         "duration_s": total_ms / 1000 if total_ms else None,
-        "process_rate": round(record.get("input", 0) * 1000 / total_ms) if total_ms else None,
+        "process_rate": round(record.counted("input") * 1000 / total_ms) if total_ms else None,
     }
 
 

@@ -1,21 +1,26 @@
 """How a batch ends, for both paths — the log-native one (:mod:`riverbed.stream.lognative`)
 and the DataFrame one (:mod:`riverbed.stream.dataframe`): the side topics (late and
 malformed records), then :func:`finish` — the result table, the optional sinks (a SQL
-table, a results topic) and the batch record marked done."""
+table, a results topic) and the batch record marked done (:func:`finish_batch`), with
+the periodic :func:`maintain`."""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from dataclasses import replace
 
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.state import StateProvider
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.records import BatchLog, finish_batch
-from riverbed.stream.results import write_output
+from riverbed.stream.records import COUNTS, BatchLog, BatchRecord, summed_totals
+from riverbed.stream.results import compact_output, write_output
 from riverbed.stream.sinks import plain
+
+log = logging.getLogger(__name__)
 
 SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
 
@@ -30,7 +35,7 @@ def side_outputs(
     """Write up to SIDE_LIMIT records each to <name>.dlq and <name>.late, once per batch."""
     if all(frame is None or frame.empty for frame in (dlq, late)):
         return
-    if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
+    if config.log_url is None or _side_written(batches, batch_id):
         return
     config.fence()
     import riverbed.log
@@ -54,6 +59,11 @@ def side_outputs(
     batches.update(batch_id, side_outputs_written=True)
 
 
+def _side_written(batches: BatchLog, batch_id: int) -> bool:
+    record = batches.get(batch_id)
+    return record is not None and record.side_outputs_written
+
+
 def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
     """The batch's rows to the optional sinks: the SQL table and the results topic."""
     from riverbed.stream.sinks import SqlSink, TopicSink
@@ -74,7 +84,7 @@ def finish(
     config: EngineConfig,
     batches: BatchLog,
     batch_id: int,
-    record: dict[str, Any],
+    record: BatchRecord,
     rows: pd.DataFrame | pa.Table,
     *,
     outputs_from: float | None = None,
@@ -95,8 +105,55 @@ def finish(
     if config.sql_url or config.results_topic:
         publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
     if outputs_from is not None:
-        record.setdefault("ms", {})["outputs"] = round((time.perf_counter() - outputs_from) * 1000)
+        record.ms["outputs"] = round((time.perf_counter() - outputs_from) * 1000)
     finish_batch(config, batches, batch_id, record)
 
 
-__all__ = ["SIDE_LIMIT", "finish", "publish", "side_outputs"]
+def finish_batch(
+    config: EngineConfig, batches: BatchLog, batch_id: int, record: BatchRecord
+) -> None:
+    """Record the batch as done (durably, before Spark commits it: the next batch's
+    watermark comes from it), with running totals; then, every ``snapshot_every``
+    batches, run :func:`maintain`."""
+    prev = batches.previous(batch_id)
+    if prev is not None and prev.totals is not None:
+        totals = dict(prev.totals)
+    else:  # the first batch, or records from before totals existed: count them once
+        totals = summed_totals(
+            r for b in batches.ids() if b < batch_id and (r := batches.get(b)) is not None
+        )
+    for c in COUNTS:
+        totals[c] = int(totals.get(c, 0)) + record.counted(c)
+    totals["batches"] = int(totals.get("batches", 0)) + 1
+    term = config.term if config.term is not None else record.term  # which driver ran it
+    batches.put(batch_id, replace(record, term=term, done=True, totals=totals))
+    if (batch_id + 1) % config.state.snapshot_every == 0:
+        maintain(config, batches, batch_id)
+
+
+def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
+    """Purge state snapshots and changelogs, and batch records, that no version among
+    the newest ``retain_versions`` needs, and compact the result table
+    (:func:`compact_output`). Runs on the driver without opening any state
+    partition, so it never competes with the state tasks; a failure is logged and
+    retried at the next round, never fails the query."""
+    spec = config.spec
+    config.fence()  # a replaced driver purges nothing
+    try:
+        provider = StateProvider(config.state)
+        for partition in range(spec.state_partitions):
+            provider.purge(spec.name, partition)
+        batches.prune(batch_id + 1 - config.state.retain_versions)
+        if batch_id > 0:  # the batch before this one is committed: fold the table into it
+            compact_output(config.output, spec, batch_id - 1)
+    except Exception as exc:  # maintenance must not stop the query
+        log.warning(
+            "maintenance of %s after batch %d failed (retried in %d batches): %s",
+            spec.name,
+            batch_id,
+            config.state.snapshot_every,
+            exc,
+        )
+
+
+__all__ = ["SIDE_LIMIT", "finish", "finish_batch", "maintain", "publish", "side_outputs"]

@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pandas as pd
 from riverbed.config import load_config
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs
+from riverbed.stream.batch import SIDE_LIMIT, _side_written, finish, side_outputs
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
@@ -72,8 +73,8 @@ def foreach_batch(config: EngineConfig) -> Any:
 
         record = batches.get(batch_id)
         if record is None:  # first run of this batch: fix its watermark from earlier ones
-            record = next_record(batches, batch_id, spec)
-        watermark = int(record["watermark_ms"])
+            record = next_record(batches, batch_id, spec.watermark_ms)
+        watermark = record.watermark_ms
         has_error = "_error" in df.columns
         # Read the source once: every step below (stats, side outputs, partials) uses it.
         df = df.cache()
@@ -85,18 +86,18 @@ def foreach_batch(config: EngineConfig) -> Any:
             ).first()
             max_ts = stats["max_ts"]
             if max_ts is not None:
-                record["max_event_ms"] = max(
-                    int(record["max_event_ms"]), int(pd.Timestamp(max_ts).timestamp() * 1000)
+                record.max_event_ms = max(
+                    record.max_event_ms, int(pd.Timestamp(max_ts).timestamp() * 1000)
                 )
             hop = spec.window.hop_ms
             last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
             # late events go to the side topic whole, so they can be reprocessed
             late = whole.filter(last_start + spec.window.size_ms <= F.lit(watermark))
             # counted once: a re-run keeps the recorded counts and skips these Spark jobs
-            if "late" not in record:
-                record["late"] = late.count()
-            if has_error and "malformed" not in record:
-                record["malformed"] = df.filter(F.col("_error").isNotNull()).count()
+            if record.late is None:
+                record.late = late.count()
+            if has_error and record.malformed is None:
+                record.malformed = df.filter(F.col("_error").isNotNull()).count()
             batches.put(batch_id, record)
             _side_outputs(config, df, late, batch_id, batches, has_error)
 
@@ -109,7 +110,7 @@ def foreach_batch(config: EngineConfig) -> Any:
                 partials.unionByName(heartbeat)
                 .groupBy("state_partition")
                 .applyInPandas(
-                    merger(config, batch_id, watermark, int(record["previous_watermark_ms"])),
+                    merger(config, batch_id, watermark, record.previous_watermark_ms),
                     output_schema(spec),
                 )
             )
@@ -117,7 +118,7 @@ def foreach_batch(config: EngineConfig) -> Any:
             # them as Arrow and write them the way the log-native path does
             rows = out.toArrow()
             record = batches.get(batch_id) or record
-            finish(config, batches, batch_id, record | {"input": int(stats["n"])}, rows)
+            finish(config, batches, batch_id, replace(record, input=int(stats["n"])), rows)
         finally:
             df.unpersist()
 
@@ -136,7 +137,7 @@ def _side_outputs(
     config: EngineConfig, df: Any, late: Any, batch_id: int, batches: BatchLog, has_error: bool
 ) -> None:
     """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
-    if config.log_url is None or (batches.get(batch_id) or {}).get("side_outputs_written"):
+    if config.log_url is None or _side_written(batches, batch_id):
         return
     dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toPandas() if has_error else None
     side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())

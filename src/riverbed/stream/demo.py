@@ -155,17 +155,17 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         driver.wait()
         relay.join(timeout=10)
         batches = BatchLog(str(checkpoint))
-        done = [b for b in batches.ids() if (batches.get(b) or {}).get("done")]
+        records = {b: r for b in batches.ids() if (r := batches.get(b)) is not None}
+        done = [b for b, r in records.items() if r.done]
         console.print(
             f"[bold red]2. SIGKILL[/bold red] the driver after {len(done)} committed batches "
             "(mid-stream, no clean shutdown)"
         )
         for batch_id in done:  # committed, but the driver died before reporting them
             if batch_id not in printed:
-                record = batches.get(batch_id) or {}
                 console.print(
-                    f"{batch_line(batch_id, record)}  [dim](committed before the kill; the "
-                    "driver died before printing it)[/dim]"
+                    f"{batch_line(batch_id, records[batch_id])}  [dim](committed before the "
+                    "kill; the driver died before printing it)[/dim]"
                 )
         for batch_id in batches.ids():
             if batch_id not in done:

@@ -52,7 +52,7 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.plan import balanced_groups, slices_json
-from riverbed.stream.records import BatchLog
+from riverbed.stream.records import BatchLog, BatchRecord
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
@@ -250,18 +250,18 @@ def run_batch(
     spark: Any,
     cfg: DirectConfig,
     batch_id: int,
-    record: dict[str, Any],
+    record: BatchRecord,
     slices: list[LogSlice],
 ) -> tuple[pd.DataFrame, Side]:
     """Run one micro-batch's Spark job; returns the emitted rows and the side counts."""
     spec = cfg.engine.spec
     n = spec.state_partitions
-    watermark, previous = int(record["watermark_ms"]), int(record["previous_watermark_ms"])
+    watermark, previous = record.watermark_ms, record.previous_watermark_ms
     sc = spark.sparkContext
     sc.setJobDescription(f"riverbed {spec.name} batch {batch_id}")
     side = Side()
     frames = []
-    if record["co_located"]:
+    if record.co_located:
         by_partition = {s.partition: s for s in slices}
         work = [by_partition.get(p, LogSlice(p, 0, 0)) for p in range(n)]
         # One task per core, not per partition: a PySpark task costs ~50-100 ms to
@@ -318,9 +318,9 @@ def run_planned(
     cfg: DirectConfig,
     batches: BatchLog,
     batch_id: int,
-    record: dict[str, Any],
+    record: BatchRecord,
     plan_ms: int = 0,
-) -> dict[str, Any]:
+) -> BatchRecord:
     """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
     written durably before this call): merge into state version ``batch_id``, write the
     side topics, the result table and the sinks, and record the batch as done. A re-run
@@ -328,24 +328,26 @@ def run_planned(
     ``plan_ms`` is what planning it took (recorded with the batch's other phases).
     Returns the finished record."""
     began = time.perf_counter()
-    slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record["slices"].items()]
+    if record.slices is None:
+        raise StreamValueError(f"batch {batch_id} has no recorded plan to run")
+    slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record.slices.items()]
     slices.sort(key=lambda s: s.partition)
     rows, side = run_batch(spark, cfg, batch_id, record, slices)
     merged = time.perf_counter()
     if side.max_event_ms is not None:
-        record["max_event_ms"] = max(int(record["max_event_ms"]), side.max_event_ms)
-    record.update(late=side.late, malformed=side.malformed, helped=side.helped)
+        record.max_event_ms = max(record.max_event_ms, side.max_event_ms)
+    record.late, record.malformed, record.helped = side.late, side.malformed, side.helped
     late = pd.concat(side.late_rows) if side.late_rows else None
     dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
     if late is not None or dlq is not None:
         batches.put(batch_id, record)
         side_outputs(cfg.engine, batch_id, batches, dlq, late)
         record = batches.get(batch_id) or record
-    record["ms"] = {  # where the batch's time went, for `riverbed stream status`
+    record.ms = {  # where the batch's time went, for `riverbed stream status`
         "offsets": plan_ms,
         "state_job": round((merged - began) * 1000),
     }
-    record |= {"input": side.input}
+    record.input = side.input
     finish(cfg.engine, batches, batch_id, record, rows, outputs_from=merged)
     return record
 

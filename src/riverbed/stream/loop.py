@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
@@ -37,7 +38,7 @@ from riverbed.state.errors import CorruptStateError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
-from riverbed.stream.records import BatchLog, next_record
+from riverbed.stream.records import BatchLog, BatchRecord, next_record
 
 log = logging.getLogger(__name__)
 
@@ -162,20 +163,21 @@ class DirectQuery:
 
     def _next(
         self, topic_log: Any, target: dict[int, int] | None
-    ) -> tuple[int, dict[str, Any]] | None:
+    ) -> tuple[int, BatchRecord] | None:
         """The batch to run: the newest one again if it did not finish, else a new one
         planned and recorded durably; ``None`` when there is no input."""
         spec = self.cfg.engine.spec
         ids = self.batches.ids()
         newest = self.batches.get(ids[-1]) if ids else None
         previous_ends: dict[int, int] | None = None
-        if newest is not None and not newest.get("done"):
-            if "slices" in newest:
+        if newest is not None and not newest.done:
+            if newest.slices is not None:
                 return ids[-1], newest  # re-run exactly what was planned
             legacy = spark_slices(self.cfg.engine.checkpoint, ids[-1])
             if legacy is not None:
-                newest["slices"] = legacy
-                newest.setdefault("co_located", self._co_located(newest["slices"]))
+                newest.slices = legacy
+                if newest.co_located is None:
+                    newest.co_located = self._co_located(legacy)
                 self.batches.put(ids[-1], newest)
                 return ids[-1], newest
             # a first batch the Spark-driven loop never planned: plan it below, with
@@ -186,7 +188,7 @@ class DirectQuery:
                 previous_ends = self._ends(batch_id - 1, before)
         else:
             batch_id = ids[-1] + 1 if ids else 0
-            base = next_record(self.batches, batch_id, spec)
+            base = next_record(self.batches, batch_id, spec.watermark_ms)
             if newest is not None:
                 previous_ends = self._ends(ids[-1], newest)
         retained = self._retained(topic_log)
@@ -196,18 +198,18 @@ class DirectQuery:
         )
         if not has_input(slices):
             return None
-        record = base | {"slices": slices, "co_located": self._co_located(slices)}
+        record = replace(base, slices=slices, co_located=self._co_located(slices))
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
         return batch_id, record
 
     def _co_located(self, slices: dict[str, list[int]]) -> bool:
         return self.cfg.co_located and len(slices) == self.cfg.engine.spec.state_partitions
 
-    def _ends(self, batch_id: int, record: dict[str, Any]) -> dict[int, int]:
+    def _ends(self, batch_id: int, record: BatchRecord) -> dict[int, int]:
         """Where a finished batch ended in every partition: its plan, or for a batch of
         the Spark-driven loop, Spark's offset log."""
-        if "slices" in record:
-            return ends_of(record["slices"])
+        if record.slices is not None:
+            return ends_of(record.slices)
         ends = spark_ends(self.cfg.engine.checkpoint, batch_id)
         if ends is None:
             path = Checkpoint.of(self.cfg.engine.checkpoint).spark_offsets / str(batch_id)
@@ -219,15 +221,15 @@ class DirectQuery:
             )
         return ends
 
-    def _report(self, batch_id: int, record: dict[str, Any], began: float, plan_ms: int) -> None:
-        ms = record.get("ms", {})
+    def _report(self, batch_id: int, record: BatchRecord, began: float, plan_ms: int) -> None:
+        ms = record.ms
         total = round((time.perf_counter() - began) * 1000)
         self._progress.append(
             {
                 "id": self.id,
                 "name": self.name,
                 "batchId": batch_id,
-                "numInputRows": int(record.get("input", 0)),
+                "numInputRows": record.counted("input"),
                 # Spark's names where the phase matches: planning is latestOffset; the
                 # plan's fsync is the write-ahead; the batch itself (commit included)
                 "durationMs": {

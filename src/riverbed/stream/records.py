@@ -1,40 +1,99 @@
 """Batch records: one JSON file per batch, where
-:class:`~riverbed.stream.layout.Checkpoint` says.
+:class:`~riverbed.stream.layout.Checkpoint` says, of the one shape
+:class:`BatchRecord`, read and written only by :class:`BatchLog`.
 
 A batch's record is written before any of its work — its watermark (from earlier batches
 only) and, on the log-native path, its plan — and fsynced, so a re-run reads the same
 plan back; it is marked ``done`` with running totals as the batch's commit
-(:func:`finish_batch`), and every ``snapshot_every`` batches the driver purges state
-history and records older than ``retain_versions`` batches (:func:`maintain`).
+(:func:`riverbed.stream.batch.finish_batch`), and every ``snapshot_every`` batches the
+driver prunes records older than ``retain_versions`` batches
+(:func:`riverbed.stream.batch.maintain`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from riverbed.state import StateProvider
 from riverbed.state.errors import CorruptStateError
-from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.engine import EngineConfig
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.results import compact_output
-
-log = logging.getLogger(__name__)
 
 
-def read_record(path: Path) -> dict[str, Any]:
+@dataclass
+class BatchRecord:
+    """What one batch is, as its record file holds it (the only shape of that file;
+    :class:`BatchLog` is the only reader and writer).
+
+    Written before the batch runs — its watermark (from earlier batches only) and, on
+    the log-native path, its plan (``slices``, ``co_located``) — then its counts as they
+    are known, then ``done`` with running ``totals`` as the batch's commit. A count that
+    is ``None`` is not known yet (a re-run counts it; one that is known is kept)."""
+
+    watermark_ms: int = 0
+    previous_watermark_ms: int = 0
+    max_event_ms: int = 0
+    # the plan (log-native path): {"<log partition>": [start, end]}; None for batches
+    # the Spark-driven loop ran (their offsets are in Spark's offset log)
+    slices: dict[str, list[int]] | None = None
+    co_located: bool | None = None
+    input: int | None = None
+    late: int | None = None
+    malformed: int | None = None
+    helped: int | None = None  # records read for another task's partition (steal.py)
+    side_outputs_written: bool = False
+    ms: dict[str, int] = field(default_factory=dict)  # where the batch's time went
+    term: int | None = None  # the term of the driver that committed it (fencing.py)
+    done: bool = False
+    totals: dict[str, int] | None = None  # running totals up to this batch, once done
+    # keys a newer riverbed wrote, kept as they are so a rewrite never drops them
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record file's object: fields with no value (None, an unset flag, no
+        timings) are left out."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None or (f.name in _FLAGS and not value) or (f.name == "ms" and not value):
+                continue
+            out[f.name] = value
+        return out | self.extra
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BatchRecord:
+        """A record from its file's object (any riverbed version's: missing fields take
+        their defaults, unknown ones are kept in ``extra``)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        record.extra = {k: v for k, v in data.items() if k not in known}
+        for name in ("watermark_ms", "previous_watermark_ms", "max_event_ms"):
+            setattr(record, name, int(getattr(record, name)))
+        return record
+
+    def counted(self, name: str) -> int:
+        """One of :data:`COUNTS` (0 while not known)."""
+        return int(getattr(self, name) or 0)
+
+
+COUNTS = ("input", "late", "malformed")
+_FLAGS = ("done", "side_outputs_written")  # written only when true
+
+
+def read_record(path: Path) -> BatchRecord:
     """A batch record, or :class:`CorruptStateError` naming it and the recovery."""
     try:
-        record = json.loads(path.read_text())
-        if not isinstance(record, dict):
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
+        return BatchRecord.from_json(data)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
         batch = path.stem.lstrip("0") or "0"
         checkpoint = Checkpoint.of_batch_record(path)
         commits = checkpoint.spark_commits / batch
@@ -49,7 +108,6 @@ def read_record(path: Path) -> dict[str, Any]:
             "otherwise restore it from a backup or start the aggregation on a new "
             "checkpoint (docs/stream.md, 'Failure model')"
         ) from None
-    return record
 
 
 class BatchLog:
@@ -64,11 +122,11 @@ class BatchLog:
     def _path(self, batch_id: int) -> Path:
         return self.layout.batch(batch_id)
 
-    def get(self, batch_id: int) -> dict[str, Any] | None:
+    def get(self, batch_id: int) -> BatchRecord | None:
         path = self._path(batch_id)
         return read_record(path) if path.exists() else None
 
-    def previous(self, batch_id: int) -> dict[str, Any] | None:
+    def previous(self, batch_id: int) -> BatchRecord | None:
         """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
         listing only when that one is missing)."""
         if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
@@ -76,7 +134,7 @@ class BatchLog:
         earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
         return read_record(earlier[-1]) if earlier else None
 
-    def put(self, batch_id: int, record: dict[str, Any], *, durable: bool = True) -> None:
+    def put(self, batch_id: int, record: BatchRecord, *, durable: bool = True) -> None:
         """Replace the record atomically; ``durable=False`` skips the fsync (for records
         a re-run would rebuild the same way). The fence is checked after the slow part
         (writing and syncing the new version) and right before the rename that
@@ -84,7 +142,7 @@ class BatchLog:
         path = self._path(batch_id)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
         try:
-            tmp.write_text(json.dumps(record))
+            tmp.write_text(json.dumps(record.to_json()))
             if durable:
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
@@ -93,10 +151,8 @@ class BatchLog:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def update(self, batch_id: int, **fields: Any) -> None:
-        record = self.get(batch_id) or {}
-        record.update(fields)
-        self.put(batch_id, record)
+    def update(self, batch_id: int, **changes: Any) -> None:
+        self.put(batch_id, replace(self.get(batch_id) or BatchRecord(), **changes))
 
     def ids(self) -> list[int]:
         return sorted(int(p.stem) for p in self.dir.glob("*.json"))
@@ -112,78 +168,28 @@ class BatchLog:
         return gone
 
 
-def next_record(batches: BatchLog, batch_id: int, spec: Aggregation) -> dict[str, Any]:
-    """A new batch's record: its watermark, derived from earlier batches only."""
-    prev = batches.previous(batch_id) or {"watermark_ms": 0, "max_event_ms": 0}
-    return {
-        "watermark_ms": max(prev["watermark_ms"], prev["max_event_ms"] - spec.watermark_ms),
-        "previous_watermark_ms": prev["watermark_ms"],
-        "max_event_ms": prev["max_event_ms"],
-    }
+def next_record(batches: BatchLog, batch_id: int, delay_ms: int) -> BatchRecord:
+    """A new batch's record: its watermark, derived from earlier batches only (the
+    newest event seen before it, less the aggregation's watermark delay)."""
+    prev = batches.previous(batch_id) or BatchRecord()
+    return BatchRecord(
+        watermark_ms=max(prev.watermark_ms, prev.max_event_ms - delay_ms),
+        previous_watermark_ms=prev.watermark_ms,
+        max_event_ms=prev.max_event_ms,
+    )
 
 
-COUNTS = ("input", "late", "malformed")
-
-
-def input_rate(record: dict[str, Any]) -> float | None:
+def input_rate(record: BatchRecord) -> float | None:
     """Records per second while a finished batch ran (log-native batches say where
     their time went in ``ms``; others do not)."""
-    ms = sum((record.get("ms") or {}).values())
-    return int(record.get("input", 0)) * 1000 / ms if ms else None
+    ms = sum(record.ms.values())
+    return record.counted("input") * 1000 / ms if ms else None
 
 
-def summed_totals(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+def summed_totals(records: Iterable[BatchRecord]) -> dict[str, int]:
     """Totals over finished batch records, for checkpoints from before running totals
     (where no record was pruned yet)."""
-    done = [r for r in records if r.get("done")]
-    totals = {c: sum(int(r.get(c, 0)) for r in done) for c in COUNTS}
+    done = [r for r in records if r.done]
+    totals = {c: sum(r.counted(c) for r in done) for c in COUNTS}
     totals["batches"] = len(done)
     return totals
-
-
-def finish_batch(
-    config: EngineConfig, batches: BatchLog, batch_id: int, record: dict[str, Any]
-) -> None:
-    """Record the batch as done (durably, before Spark commits it: the next batch's
-    watermark comes from it), with running totals; then, every ``snapshot_every``
-    batches, run :func:`maintain`."""
-    prev = batches.previous(batch_id)
-    if prev is not None and "totals" in prev:
-        totals = dict(prev["totals"])
-    else:  # the first batch, or records from before totals existed: count them once
-        totals = summed_totals(
-            r for b in batches.ids() if b < batch_id and (r := batches.get(b)) is not None
-        )
-    for c in COUNTS:
-        totals[c] = int(totals.get(c, 0)) + int(record.get(c, 0))
-    totals["batches"] = int(totals.get("batches", 0)) + 1
-    if config.term is not None:
-        record = record | {"term": config.term}  # which driver ran it (fencing.py)
-    batches.put(batch_id, record | {"done": True, "totals": totals})
-    if (batch_id + 1) % config.state.snapshot_every == 0:
-        maintain(config, batches, batch_id)
-
-
-def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
-    """Purge state snapshots and changelogs, and batch records, that no version among
-    the newest ``retain_versions`` needs, and compact the result table
-    (:func:`compact_output`). Runs on the driver without opening any state
-    partition, so it never competes with the state tasks; a failure is logged and
-    retried at the next round, never fails the query."""
-    spec = config.spec
-    config.fence()  # a replaced driver purges nothing
-    try:
-        provider = StateProvider(config.state)
-        for partition in range(spec.state_partitions):
-            provider.purge(spec.name, partition)
-        batches.prune(batch_id + 1 - config.state.retain_versions)
-        if batch_id > 0:  # the batch before this one is committed: fold the table into it
-            compact_output(config.output, spec, batch_id - 1)
-    except Exception as exc:  # maintenance must not stop the query
-        log.warning(
-            "maintenance of %s after batch %d failed (retried in %d batches): %s",
-            spec.name,
-            batch_id,
-            config.state.snapshot_every,
-            exc,
-        )

@@ -34,6 +34,7 @@ from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.layout import Checkpoint, state_root
 from riverbed.stream.leader import DriverLease
+from riverbed.stream.records import BatchLog, BatchRecord, input_rate, read_record, summed_totals
 
 
 class StreamFailedError(RiverbedError):
@@ -139,29 +140,27 @@ def job_for(
     )
 
 
-def batch_line(batch_id: int, record: dict[str, Any]) -> str:
+def batch_line(batch_id: int, record: BatchRecord) -> str:
     """How ``stream run`` (and the demo) report a finished batch, from its record."""
-    from riverbed.stream.records import input_rate
 
     per_second = input_rate(record)
     rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
     return (
-        f"batch {batch_id}: {record.get('input', 0)} records, {record.get('late', 0)} late, "
-        f"{record.get('malformed', 0)} malformed{rate}"
+        f"batch {batch_id}: {record.counted('input')} records, {record.counted('late')} late, "
+        f"{record.counted('malformed')} malformed{rate}"
     )
 
 
 def resume_line(job: Job) -> str | None:
     """What a (re)started driver resumes from, or None on a fresh checkpoint."""
-    from riverbed.stream.records import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
     ids = batches.ids()
     if not ids:
         return None
     newest = ids[-1]
-    record = batches.get(newest) or {}
-    if record.get("done"):
+    record = batches.get(newest)
+    if record is not None and record.done:
         return (
             f"resuming from the checkpoint: batches up to {newest} are committed; "
             f"next is {newest + 1}"
@@ -180,7 +179,7 @@ def run(
     max_records: int | None = None,
     sql: str | None = None,
     topic: str | None = None,
-    on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+    on_progress: Callable[[int, BatchRecord], None] | None = None,
     lease: DriverLease | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
@@ -209,12 +208,11 @@ def run(
         trigger=trigger,
         term=lease.term if lease is not None else None,
     )
-    from riverbed.stream.records import BatchLog
 
     batches = BatchLog(str(job.checkpoint))
     # earlier runs' finished batches; an unfinished newest one is re-run and reported
     reported = set(batches.ids())
-    if reported and not (batches.get(max(reported)) or {}).get("done"):
+    if reported and not _done(batches.get(max(reported))):
         reported.discard(max(reported))
 
     def report() -> None:
@@ -222,7 +220,7 @@ def run(
             if batch_id in reported or on_progress is None:
                 continue  # read only the records not reported yet
             record = batches.get(batch_id)
-            if record and record.get("done"):
+            if record is not None and record.done:
                 reported.add(batch_id)
                 on_progress(batch_id, record)
 
@@ -252,15 +250,19 @@ def status(job: Job) -> dict[str, Any]:
     return status_of(manifest(job))
 
 
-def committed_ends(checkpoint: Path, newest_first: list[dict[str, Any]]) -> dict[int, int]:
+def _done(record: BatchRecord | None) -> bool:
+    return record is not None and record.done
+
+
+def committed_ends(checkpoint: Path, newest_first: list[BatchRecord]) -> dict[int, int]:
     """Where the newest finished batch ended, per log partition: its recorded plan, or
     for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
     from riverbed.stream.lognative import spark_ends
     from riverbed.stream.plan import ends_of
 
-    done = next((d for d in newest_first if d.get("done")), None)
-    if done is not None and "slices" in done:
-        return ends_of(done["slices"])
+    done = next((d for d in newest_first if d.done), None)
+    if done is not None and done.slices is not None:
+        return ends_of(done.slices)
     commits = Checkpoint(checkpoint).spark_commits
     numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
     return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
@@ -270,17 +272,16 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
-    from riverbed.stream.records import input_rate, read_record, summed_totals
 
     checkpoint = Path(info["checkpoint"])
     batch_dir = Checkpoint(checkpoint).batches
     records = sorted(batch_dir.glob("*.json"))
     # newest first, and only as far back as needed: the newest record (watermark), the
     # newest with timings and the newest finished one (its running totals)
-    newest_first: list[dict[str, Any]] = []
+    newest_first: list[BatchRecord] = []
     for path in reversed(records):
         newest_first.append(read_record(path))
-        if any(d.get("ms") for d in newest_first) and any(d.get("done") for d in newest_first):
+        if any(d.ms for d in newest_first) and any(d.done for d in newest_first):
             break
     committed = committed_ends(checkpoint, newest_first)
     own = log is None
@@ -294,16 +295,16 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
             log.close()
     # the watermark the next batch will use: from everything seen so far
     head = newest_first[0] if newest_first else None
-    watermark = (
-        max(head["watermark_ms"], head["max_event_ms"] - int(info["watermark_ms"])) if head else 0
-    )
-    last = next((d for d in newest_first if d.get("ms")), None)
+    watermark = max(head.watermark_ms, head.max_event_ms - int(info["watermark_ms"])) if head else 0
+    last = next((d for d in newest_first if d.ms), None)
     rate = input_rate(last) if last else None
     # running totals of the newest finished batch: older records may have been pruned
     # (a checkpoint from before totals still has every record: sum them)
-    newest: dict[str, Any] = next((d for d in newest_first if d.get("done")), {})
+    newest = next((d for d in newest_first if d.done), None)
     totals = (
-        newest["totals"] if "totals" in newest else summed_totals(read_record(p) for p in records)
+        newest.totals
+        if newest is not None and newest.totals is not None
+        else summed_totals(read_record(p) for p in records)
     )
     local = Path(info["state_dir"]) / info["name"]
     return {
@@ -315,7 +316,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
-        "last_batch_ms": last.get("ms") if last else None,
+        "last_batch_ms": last.ms if last else None,
         "input_rate": None if rate is None else round(rate),  # records/s, newest batch
         "watermark_ms": watermark,
         "state_bytes": sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
