@@ -1,8 +1,8 @@
 """Workers: claim chunks, run them in warm executor processes, record what happened.
 
-(Over 600 lines: one worker's loop, its executors and its recording of results share
-the slots and the session, so they stay in one class until the worker's decisions move
-into a pure state machine with a thin I/O shell — issue 29.)
+(Over 600 lines: the I/O shell of one worker — its executors, its pipes, its session
+and its database calls share the slots, so they stay in one class; every decision it
+takes is a pure function of :mod:`riverbed.jobs.decisions`, tested there.)
 
 A worker's life:
 
@@ -56,6 +56,17 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.control import ControlPlane, Registry, Session
+from riverbed.jobs.decisions import (
+    Fail,
+    Fenced,
+    Succeed,
+    claims_wanted,
+    defers,
+    ending,
+    flush_due,
+    stop_reason,
+    wait_time,
+)
 from riverbed.jobs.errors import FencedError, JobsValueError, QueueError
 from riverbed.jobs.publication import publish, retract, staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
@@ -153,9 +164,6 @@ class WorkerStats:
     failed: int = 0
     fenced: int = 0
     ids: list[int] = field(default_factory=list)
-
-
-DEFER_AT_MOST = 0.05  # seconds a deferred success waits for its batch
 
 
 @dataclass(frozen=True)
@@ -268,8 +276,9 @@ class Worker:
 
     def _want(self) -> int:
         """How many more chunks to claim: free slots, plus one held ahead while short."""
-        ahead = self.prefetch if self._short else 0
-        return max(0, self.concurrency - len(self._slots) + ahead - len(self._held))
+        return claims_wanted(
+            self.concurrency, len(self._slots), len(self._held), self.prefetch, self._short
+        )
 
     def _take(self, claim: Claim) -> None:
         """Start a claimed chunk on a free slot, or hold it until one frees."""
@@ -318,30 +327,23 @@ class Worker:
     def _record(self, slot: _Slot, answer: dict[str, Any] | None, claim_more: bool) -> list[Claim]:
         claim = slot.claim
         staged = staging_dir(self.home, claim.id, claim.attempt)
+        end = ending(answer, slot.stopping, claim.timeout)
         try:
-            if answer is not None and answer.get("ok") and slot.stopping is None:
-                output = bool(answer.get("output"))
+            if isinstance(end, Succeed):
                 self._short = self.clock() - slot.started < self.prefetch_below
                 more = self._want() if claim_more else 0
-                self._publish(claim, output)
+                self._publish(claim, end.output)
                 claims = self.queue.succeed_and_claim(
-                    claim, output, self.id, self.host, more, self.kinds
+                    claim, end.output, self.id, self.host, more, self.kinds
                 )
                 self.stats.done += 1
                 self.stats.ids.append(claim.id)
                 return claims
-            if slot.stopping == "lost":
-                raise FencedError(f"chunk {claim.id} attempt {claim.attempt} was reclaimed")
-            cancelled = slot.stopping == "cancel"
-            if slot.stopping == "timeout":
-                error = f"timed out after {claim.timeout:.0f}s"
-            elif cancelled:
-                error = "cancelled by request"
-            elif answer is None:
-                error = "the executor process died while running the chunk"
-            else:
-                error = str(answer.get("error") or "failed")
-            state = self.queue.fail(claim.id, claim.attempt, error, cancelled=cancelled)
+            if isinstance(end, Fenced):
+                raise FencedError(f"chunk {claim.id} attempt {claim.attempt} was {end.reason}")
+            assert isinstance(end, Fail)
+            error = end.error
+            state = self.queue.fail(claim.id, claim.attempt, error, cancelled=end.cancelled)
             retract(self.home, claim.job, claim.id, claim.attempt)
             self.stats.failed += 1
             log.warning(
@@ -372,13 +374,8 @@ class Worker:
 
     def _defers(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
         """Whether this ended chunk's success waits for a batch (see the module doc)."""
-        return (
-            self.prefetch >= 2
-            and answer is not None
-            and bool(answer.get("ok"))
-            and slot.stopping is None
-            and self.clock() - slot.started < self.prefetch_below
-        )
+        ran_for = self.clock() - slot.started
+        return defers(self.prefetch, answer, slot.stopping, ran_for, self.prefetch_below)
 
     def _flush(self, claim_more: bool) -> list[Claim]:
         """Record the deferred successes in one transaction and claim the next chunks."""
@@ -453,12 +450,9 @@ class Worker:
         for cid, slot in list(self._slots.items()):
             if slot.stopping is not None:
                 continue
-            status = statuses.get(cid, "ok")
-            timeout = slot.claim.timeout
-            if status == "ok" and timeout is not None and now - slot.started > timeout:
-                status = "timeout"
-            if status != "ok":
-                slot.stopping = status
+            reason = stop_reason(statuses.get(cid, "ok"), slot.started, now, slot.claim.timeout)
+            if reason is not None:
+                slot.stopping = reason
                 self._kill(slot.executor)
                 self._finish(slot, None)
 
@@ -528,15 +522,14 @@ class Worker:
                         and until()
                     ):
                         break
-                    wait_for = max(0.0, next_beat - self.clock())
-                    if len(self._slots) < self.concurrency:  # idle: when does backed-off work wake?
-                        retry = self.queue.next_retry()
-                        if retry is not None:
-                            wait_for = min(wait_for, retry)
-                    if self._deferred:  # recorded within DEFER_AT_MOST, whatever runs next
-                        wait_for = min(
-                            wait_for, max(0.0, self._deferred_since + DEFER_AT_MOST - self.clock())
-                        )
+                    free = self.concurrency - len(self._slots)
+                    wait_for = wait_time(
+                        self.clock(),
+                        next_beat,
+                        free,
+                        self.queue.next_retry() if free > 0 else None,
+                        self._deferred_since if self._deferred else None,
+                    )
                     pipes = {s.executor.conn: s for s in self._slots.values()}
                     ready = wait([*pipes, waker.read_fd], timeout=wait_for)
                     waker.drain()
@@ -566,8 +559,8 @@ class Worker:
                         for claim in claims:
                             self._take(claim)
                             hot = True
-                    if self._deferred and (
-                        not self._held or self.clock() >= self._deferred_since + DEFER_AT_MOST
+                    if flush_due(
+                        len(self._deferred), len(self._held), self._deferred_since, self.clock()
                     ):
                         for claim in self._flush(claim_more=not stop.is_set()):
                             self._take(claim)
