@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from riverbed.jobs.timerange.errors import MissingInputError, SpecError
+from riverbed.jobs.timerange.spec import TopicInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-    from riverbed.jobs.timerange.spec import TopicInput
 
 __all__ = ["SPAN", "PartitionIndex", "TimeIndex", "read_topic", "runs_meeting"]
 
