@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check the system programs riverbed's tests need; install them with apt where we may.
-#   usage: check_system.sh [java] [etcd] [postgres] [chromium]
+#   usage: check_system.sh [java] [etcd] [postgres] [chromium] [s3]
 set -uo pipefail
 
 can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
@@ -17,8 +17,8 @@ ensure() {  # ensure NAME CHECK-COMMAND PACKAGE HINT
     local name="$1" check="$2" package="$3" hint="$4"
     if eval "$check" >/dev/null 2>&1; then return 0; fi
     if can_apt; then
-        echo "==> $name missing: installing Debian package $package"
-        if apt_install "$package" && eval "$check" >/dev/null 2>&1; then return 0; fi
+        echo "==> $name missing: installing Debian packages: $package"
+        if apt_install $package && eval "$check" >/dev/null 2>&1; then return 0; fi
     fi
     echo "error: $name is required but not available. $hint" >&2
     return 1
@@ -43,6 +43,9 @@ for need in "$@"; do
             "Install PostgreSQL 13+ (Debian: apt-get install postgresql); tests start their own throwaway server." || status=1 ;;
         chromium) ensure "Chromium" "test -x /usr/bin/chromium" chromium \
             "Install Debian's chromium (apt-get install chromium): the console's browser tests drive it with Playwright." || status=1 ;;
+        s3) ensure "Ceph RGW (the tests' S3 server)" "command -v radosgw && command -v ceph-osd && command -v ceph-mon && command -v monmaptool && command -v uuidgen" \
+            "--no-install-recommends ceph-mon ceph-osd radosgw ceph-common uuid-runtime" \
+            "Install Debian's Ceph RGW (apt-get install --no-install-recommends ceph-mon ceph-osd radosgw ceph-common uuid-runtime): the tests keep objects in a one-host Ceph cluster on loopback." || status=1 ;;
         *) echo "check_system.sh: unknown requirement '$need'" >&2; status=2 ;;
     esac
 done

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.spark import TEST_CONF
-from riverbed.testing import EtcdCluster, EtcdServer, PostgresServer
+from riverbed.testing import CephS3Server, EtcdCluster, EtcdServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +41,32 @@ def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
     """DSN of a fresh database (from the template) for one test."""
     with postgres_server.database() as dsn:
         yield dsn
+
+
+S3_BUCKET = "riverbed-tests"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[CephS3Server]:
+    """One Ceph RGW for the whole run (tests isolate by key prefix in one bucket)."""
+    with CephS3Server() as server:
+        server.create_bucket(S3_BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3_url(
+    s3_server: CephS3Server, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A fresh ``s3://`` location for one test, with the AWS settings that reach the
+    tests' server in the environment (so riverbed, and any process the test starts,
+    find it as they would in production)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    slug = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"s3://{S3_BUCKET}/{slug}-{os.urandom(3).hex()}"
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import riverbed.log
 import riverbed.log.group
 import riverbed.spark
 import riverbed.state
+import riverbed.storage
 import riverbed.stream
 import riverbed.ui
 
@@ -28,6 +29,7 @@ PACKAGES = [
     riverbed.log.group,
     riverbed.spark,
     riverbed.state,
+    riverbed.storage,
     riverbed.stream,
     riverbed.ui,
 ]

@@ -12,11 +12,16 @@ Messages name the thing, the cause and the fix.
     │   │                           also a ValueError. Each package has its own:
     │   ├── DurationError           "1h30m" and friends
     │   ├── LogValueError, StateValueError, ControlValueError, StreamValueError,
-    │   │   JobsValueError, SourceOptionError (riverbed.spark), UsageError (the CLI)
+    │   │   JobsValueError, StorageValueError, SourceOptionError (riverbed.spark),
+    │   │   UsageError (the CLI)
     ├── LogError                    (riverbed.log.errors)
     ├── StateError                  (riverbed.state.errors)
     ├── StreamError                 (riverbed.stream.errors)
     ├── JobsError                   (riverbed.jobs.errors)
+    ├── StorageError                (riverbed.storage.errors)
+    │   ├── ObjectNotFoundError     an object that must exist does not
+    │   ├── StorageAccessError      no such bucket, bad credentials, no permission
+    │   └── StorageUnavailableError the store did not answer for as long as told to wait
     └── ControlError                (riverbed.control.errors)
         ├── InvalidURLError         unknown scheme or malformed control URL
         ├── UnavailableError        server unreachable / no endpoint answered

@@ -1,0 +1,68 @@
+"""Object storage: one interface, three backends, one contract.
+
+``open_store(url)`` opens ``file:///dir`` (or a plain path), ``memory://name`` or
+``s3://bucket/prefix`` as an :class:`ObjectStore`. See docs/storage.md::
+
+    from riverbed.storage import open_store, Pointer
+
+    store = open_store("s3://my-bucket/riverbed")
+    store.put("a/b", b"...")
+    won = store.put_if_absent("terms/00000007", b"driver-2")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from riverbed.storage.base import ObjectInfo, ObjectStore
+from riverbed.storage.errors import (
+    ObjectNotFoundError,
+    StorageAccessError,
+    StorageError,
+    StorageUnavailableError,
+    StorageValueError,
+)
+from riverbed.storage.pointer import Pointer, Version
+
+SCHEMES = ("file", "memory", "s3")
+
+
+def open_store(url: str | Path) -> ObjectStore:
+    """The object store at ``url`` (``file://``, ``memory://``, ``s3://``, or a path)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        from riverbed.storage.file import FileStore
+
+        return FileStore(text)
+    if scheme == "file":
+        from riverbed.storage.file import FileStore
+
+        return FileStore(rest)
+    if scheme == "memory":
+        from riverbed.storage.memory import MemoryStore
+
+        return MemoryStore(rest or "default")
+    if scheme == "s3":
+        from riverbed.storage.s3 import S3ObjectStore
+
+        return S3ObjectStore(text)
+    raise StorageValueError(
+        f"unknown storage scheme {scheme!r} in {text.split('@')[-1]!r}: use "
+        "s3://bucket/prefix, file:///path or memory://name"
+    )
+
+
+__all__ = [
+    "SCHEMES",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "Pointer",
+    "StorageAccessError",
+    "StorageError",
+    "StorageUnavailableError",
+    "StorageValueError",
+    "Version",
+    "open_store",
+]

@@ -1,0 +1,118 @@
+"""The object store interface every backend implements, and what it promises.
+
+An :class:`ObjectStore` holds immutable-by-convention objects under ``/``-separated
+keys below one location (``file:///dir``, ``memory://name``, ``s3://bucket/prefix``).
+The contract (``tests/storage/test_contract.py`` runs it on every backend):
+
+* ``put`` replaces an object whole: a reader sees the old bytes or the new, never a mix;
+  a ``put`` that returned is durable.
+* ``put_if_absent`` is the one conditional write: it creates the object only if no
+  object has the key, and of any number of concurrent callers exactly one wins (S3's
+  ``If-None-Match: *``, a hard link on a filesystem). Everything riverbed decides by
+  "who wrote first" — which term's batch record is current, which pointer version —
+  rests on it. (``If-Match`` on ETags is not used: servers disagree on it.)
+* ``get`` of a missing key raises :class:`ObjectNotFoundError`; ``delete`` of one is
+  not an error.
+* ``list`` returns every object under a prefix, sorted by key, including those just
+  written (S3 has been strongly consistent since 2020; RGW and the filesystem are).
+* ``put_file``/``get_file`` move large objects in parts, in parallel.
+* Keys form a tree, as paths do: no key is also the "directory" of other keys (``a``
+  and ``a/b`` cannot both exist). The file and memory backends refuse such a write with
+  :class:`StorageValueError`; S3 would allow it, so riverbed's layouts never ask for it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from riverbed.storage.errors import StorageValueError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str  # relative to the store's location
+    size: int
+
+
+def check_key(key: str) -> str:
+    """A key as every backend accepts it: relative, ``/``-separated, no empty, ``.``
+    or ``..`` segment."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StorageValueError(
+            f"object key {key!r} is not a relative path of non-empty segments "
+            "(no leading '/', no '.' or '..')"
+        )
+    return key
+
+
+class ObjectStore(abc.ABC):
+    """Objects under one location (see the module doc for the contract)."""
+
+    url: str  # where this store is, without credentials
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` with ``data`` unless it exists; whether this call created it."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object (fewer at its end)."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.delete(key)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a local file as one object (in parts where the backend has them)."""
+        self.put(key, Path(path).read_bytes())
+
+    def get_file(self, key: str, path: Path) -> None:
+        """Download an object into a local file (written whole, then renamed)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.part")
+        tmp.write_bytes(self.get(key))
+        tmp.replace(path)
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def close(self) -> None:  # noqa: B027 - optional for backends
+        """Release connections and threads (optional)."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url})"
+
+
+__all__ = ["ObjectInfo", "ObjectStore", "check_key"]

@@ -1,0 +1,112 @@
+"""Objects as files under a local directory: ``file:///path``.
+
+A ``put`` writes a hidden temporary file, fsyncs it, renames it over the object and
+fsyncs the directory; ``put_if_absent`` links the fsynced temporary file to the key
+(``link`` fails if the name exists — atomic on every local filesystem, and on NFS v3+).
+Hidden names (``.``-prefixed segments) are never listed: they are temporaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+from riverbed.files import fsync_dir
+from riverbed.storage.base import ObjectInfo, ObjectStore, check_key
+from riverbed.storage.errors import ObjectNotFoundError, StorageValueError
+
+
+class FileStore(ObjectStore):
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _staged(self, path: Path, data: bytes) -> Path:
+        key = path.relative_to(self.root).as_posix()
+        if path.is_dir():
+            raise StorageValueError(f"object key {key!r} is already the directory of other keys")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StorageValueError(
+                f"object key {key!r} is below a key that is an object itself"
+            ) from None
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._staged(path, data)
+        try:
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._staged(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFoundError(f"no object {key!r} in {self.url}") from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(max(0, end - start))
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFoundError(f"no object {key!r} in {self.url}") from None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, stat.st_size) if path.is_file() else None
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        # walk only the directory the prefix names (its last segment may be partial)
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                        out.append(ObjectInfo(key, full.stat().st_size))
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+__all__ = ["FileStore"]

@@ -1,0 +1,210 @@
+"""The object store contract (riverbed.storage.base), run on every backend: file,
+memory and s3 (the tests' Ceph RGW)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from riverbed.storage import (
+    ObjectNotFoundError,
+    ObjectStore,
+    Pointer,
+    StorageValueError,
+    open_store,
+)
+
+BACKENDS = ["file", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "file":
+        url = (tmp_path / "objects").as_uri()
+    elif request.param == "memory":
+        url = f"memory://{request.node.name}-{os.urandom(4).hex()}"
+    else:
+        url = request.getfixturevalue("s3_url")
+    with open_store(url) as s:
+        yield s
+
+
+def test_put_get_replace_and_delete(store: ObjectStore) -> None:
+    store.put("a/b/c.json", b"one")
+    assert store.get("a/b/c.json") == b"one"
+    store.put("a/b/c.json", b"two, longer")
+    assert store.get("a/b/c.json") == b"two, longer"
+    info = store.head("a/b/c.json")
+    assert info is not None and info.size == len(b"two, longer")
+    store.delete("a/b/c.json")
+    assert store.head("a/b/c.json") is None
+    store.delete("a/b/c.json")  # deleting what is gone is not an error
+    with pytest.raises(ObjectNotFoundError, match=r"a/b/c\.json"):
+        store.get("a/b/c.json")
+
+
+def test_empty_objects_and_binary_bytes(store: ObjectStore) -> None:
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    data = bytes(range(256)) * 3
+    store.put("bin", data)
+    assert store.get("bin") == data
+
+
+def test_create_only_write_has_one_winner(store: ObjectStore) -> None:
+    assert store.put_if_absent("term/00000001", b"first")
+    assert not store.put_if_absent("term/00000001", b"second")
+    assert store.get("term/00000001") == b"first"
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        if store.put_if_absent("race/key", f"writer {i}".encode()):
+            wins.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert store.get("race/key") == f"writer {wins[0]}".encode()
+
+
+def test_list_by_prefix_is_sorted_and_complete(store: ObjectStore) -> None:
+    keys = [f"batches/{i:06d}.json" for i in range(30)] + ["batches2/x", "other/y", "bat"]
+    for key in reversed(keys):
+        store.put(key, key.encode())
+    assert [o.key for o in store.list("batches/")] == sorted(keys[:30])
+    assert [o.key for o in store.list("batches")] == sorted([*keys[:30], "batches2/x"])
+    assert [o.key for o in store.list("batches/00001")] == [
+        f"batches/{i:06d}.json" for i in range(10, 20)
+    ]
+    assert [o.key for o in store.list()] == sorted(keys)
+    assert all(o.size == len(o.key) for o in store.list())
+    store.delete_many(keys[:10])
+    assert [o.key for o in store.list("batches/")] == sorted(keys[10:30])
+    assert store.list("nothing/") == []
+
+
+def test_range_reads(store: ObjectStore) -> None:
+    data = os.urandom(100_000)
+    store.put("blob", data)
+    assert store.get_range("blob", 0, 10) == data[:10]
+    assert store.get_range("blob", 99_990, 100_000) == data[99_990:]
+    assert store.get_range("blob", 99_990, 200_000) == data[99_990:]  # short at the end
+    assert store.get_range("blob", 5, 5) == b""
+    with pytest.raises(ObjectNotFoundError):
+        store.get_range("missing", 0, 1)
+
+
+def test_large_files_go_up_and_come_back_whole(store: ObjectStore, tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(40 * 1024 * 1024 + 12345))  # over the part size: multipart
+    store.put_file("snap/big.sst", src)
+    info = store.head("snap/big.sst")
+    assert info is not None and info.size == src.stat().st_size
+    back = tmp_path / "deep" / "back.bin"
+    back.parent.mkdir()
+    store.get_file("snap/big.sst", back)
+    assert back.read_bytes() == src.read_bytes()
+    assert not [p for p in back.parent.iterdir() if p.name != "back.bin"]  # no temporaries
+    with pytest.raises(ObjectNotFoundError):
+        store.get_file("snap/missing.sst", tmp_path / "x")
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/./b", "../up", "a/.."])
+def test_bad_keys_are_refused_before_any_request(store: ObjectStore, key: str) -> None:
+    with pytest.raises(StorageValueError, match="not a relative path"):
+        store.put(key, b"x")
+
+
+def test_pointer_moves_once_per_version_and_a_stale_writer_loses(store: ObjectStore) -> None:
+    pointer = Pointer(store, "checkpoint/current")
+    assert pointer.current() is None
+    assert pointer.advance(None, b"v0")
+    assert not pointer.advance(None, b"late v0")  # somebody moved it first
+    now = pointer.current()
+    assert now is not None and (now.number, now.value) == (0, b"v0")
+    assert pointer.advance(0, b"v1")
+    assert not pointer.advance(0, b"a zombie that read version 0")
+    wins: list[bytes] = []
+    barrier = threading.Barrier(6)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        if pointer.advance(1, f"writer {i}".encode()):
+            wins.append(f"writer {i}".encode())
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    now = pointer.current()
+    assert now is not None and (now.number, now.value) == (2, wins[0])
+    for i in range(3, 8):
+        assert pointer.advance(i - 1, b"v%d" % i)
+    assert pointer.prune(keep=2) == 6
+    now = pointer.current()
+    assert now is not None and now.number == 7
+    assert [o.key for o in store.list("checkpoint/current/")] == [
+        "checkpoint/current/00000000000000000006",
+        "checkpoint/current/00000000000000000007",
+    ]
+
+
+@pytest.mark.parametrize("local", ["file", "memory"])
+def test_a_key_that_would_be_file_and_directory_is_refused(local: str, tmp_path: Path) -> None:
+    url = (tmp_path / "o").as_uri() if local == "file" else f"memory://tree-{os.urandom(4).hex()}"
+    store = open_store(url)
+    store.put("a/b", b"x")
+    with pytest.raises(StorageValueError, match="directory of other keys"):
+        store.put("a", b"y")
+    with pytest.raises(StorageValueError, match="below a key that is an object"):
+        store.put("a/b/c", b"z")
+    assert store.get("a/b") == b"x" and [o.key for o in store.list()] == ["a/b"]
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "create", "delete"]),
+        st.sampled_from(["c", "a/b", "a/c", "b/a", "ab", "a/b2/x"]),  # a tree (base.py)
+        st.binary(max_size=16),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(operations)
+def test_the_store_behaves_like_a_dict(
+    store: ObjectStore, ops: list[tuple[str, str, bytes]]
+) -> None:
+    """Any sequence of writes leaves the store equal to a dict that took the same
+    writes (create-only writes only where the key was absent)."""
+    for info in store.list("model/"):
+        store.delete(info.key)
+    model: dict[str, bytes] = {}
+    for op, key, data in ops:
+        full = f"model/{key}"
+        if op == "put":
+            store.put(full, data)
+            model[full] = data
+        elif op == "create":
+            assert store.put_if_absent(full, data) == (full not in model)
+            model.setdefault(full, data)
+        else:
+            store.delete(full)
+            model.pop(full, None)
+    assert {o.key: store.get(o.key) for o in store.list("model/")} == model
