@@ -21,7 +21,7 @@ demo: $(STAMP)
 	@$(BIN)/riverbed demo
 
 system-test:
-	@bash scripts/check_system.sh java etcd postgres chromium
+	@bash scripts/check_system.sh java etcd postgres chromium s3
 
 test: $(STAMP) system-test
 	$(BIN)/ruff check src tests benchmarks

@@ -214,6 +214,21 @@ class Boto3(Client):
         return "no: the second create overwrote"
 
 
+def measure(
+    client: Client, tag: str, small: bytes, src: Path, dst: Path, seconds: float
+) -> tuple[Any, ...]:
+    """One client's row: 4 KiB PUT and GET rates and CPU, large PUT and GET, create-only."""
+    big = src.stat().st_size
+    put_rate, put_cpu = rate(lambda i: client.put(f"{tag}/s{i % 64}", small), seconds)
+    get_rate, get_cpu = rate(lambda i: client.get(f"{tag}/s{i % 64}"), seconds)
+    up = mbps(lambda: client.put_file(f"{tag}/big", src), big)
+    down = mbps(lambda: client.get_file(f"{tag}/big", dst), big)
+    if dst.read_bytes() != src.read_bytes():
+        raise SystemExit(f"{client.name}: the large object read back differs")
+    create = client.create_only(f"{tag}/fence-{time.time_ns()}", b"x")
+    return (client.name, put_rate, put_cpu, get_rate, get_cpu, up, down, create)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -241,14 +256,7 @@ def main() -> None:
             except Exception as exc:  # a client this server cannot serve: say so
                 failed.append((client.name, f"{type(exc).__name__}: {str(exc)[:160]}"))
                 continue
-            put_rate, put_cpu = rate(lambda i: client.put(f"{tag}/s{i % 64}", small), args.seconds)
-            get_rate, get_cpu = rate(lambda i: client.get(f"{tag}/s{i % 64}"), args.seconds)
-            up = mbps(lambda: client.put_file(f"{tag}/big", src), big)
-            down = mbps(lambda: client.get_file(f"{tag}/big", dst), big)
-            if dst.read_bytes() != src.read_bytes():
-                raise SystemExit(f"{client.name}: the large object read back differs")
-            create = client.create_only(f"{tag}/fence-{time.time_ns()}", b"x")
-            rows.append((client.name, put_rate, put_cpu, get_rate, get_cpu, up, down, create))
+            rows.append(measure(client, tag, small, src, dst, args.seconds))
             print(f"measured {client.name}", flush=True)
     print(f"\nCeph RGW 16.2 on 127.0.0.1, one thread, 4 KiB objects for {args.seconds:.0f} s each,")
     print(f"one {args.big_mib} MiB object; CPU is this process's (user + system) per request\n")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,23 @@ def engine(request: pytest.FixtureRequest) -> str:
     return name
 
 
+@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def durable(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the durable tier is: a directory, this process's memory, or a bucket."""
+    if request.param == "file":
+        return str(tmp_path / "durable")
+    if request.param == "memory":
+        return f"memory://state-{os.urandom(4).hex()}"
+    url: str = request.getfixturevalue("s3_url")
+    return url
+
+
 @pytest.fixture
-def provider(engine: str, tmp_path: Path) -> StateProvider:
+def provider(engine: str, durable: str, tmp_path: Path) -> StateProvider:
     return StateProvider(
         StateConfig(
             local_dir=tmp_path / "local",
-            durable=tmp_path / "durable",
+            durable=durable,
             engine=engine,
             snapshot_every=3,
             retain_versions=4,

@@ -4,8 +4,8 @@
 place that outlives machines: atomic whole-object writes, reads, listings, deletes,
 and directory upload/download where the upload becomes visible all at once. The
 file implementation maps them to a directory tree (a local disk, NFS, a mounted
-bucket); an object store (S3) fits the same shape: objects are written whole, and a
-snapshot counts only once its manifest object exists.
+bucket); :mod:`riverbed.state.objects` implements them on an object store (S3), where
+objects are written whole and a snapshot counts only once its manifest object exists.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from riverbed.checksum import crc32
 from riverbed.files import fsync_dir
@@ -136,7 +135,7 @@ class FileStorage(DurableStorage):
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
                 with open(f, "rb") as fh:
-                    crcs[str(f.relative_to(tmp))] = _crc(fh)
+                    crcs[str(f.relative_to(tmp))] = file_crc(fh)
                     os.fsync(fh.fileno())
                 files[str(f.relative_to(tmp))] = f.stat().st_size
         manifest = tmp / MANIFEST
@@ -171,7 +170,7 @@ class FileStorage(DurableStorage):
         expected = manifest.get("crc32", {}).get(rel)  # older snapshots: sizes only
         if expected is not None:
             with open(path, "rb") as fh:
-                if _crc(fh) != expected:
+                if file_crc(fh) != expected:
                     return f"{rel} fails its checksum"
         return None
 
@@ -216,24 +215,9 @@ class FileStorage(DurableStorage):
         return removed
 
 
-def _crc(fh: Any) -> int:
+def file_crc(fh: Any) -> int:
+    """CRC-32 of an open file, read in 1 MiB pieces."""
     crc = 0
     while chunk := fh.read(1 << 20):
         crc = crc32(chunk, crc)
     return crc
-
-
-def open_storage(url: str | Path) -> FileStorage:
-    """``file:///abs/path``, or a plain path."""
-    if isinstance(url, Path):
-        return FileStorage(url.resolve())
-    parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        path = parts.path if parts.scheme else url
-        if not path:
-            raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
-        return FileStorage(Path(path).resolve())
-    raise StateError(
-        f"unsupported durable location {url!r}; use a path or file:///path "
-        "(object stores are not supported yet)"
-    )

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.changelog import HEAD_SIZE, TAIL_SIZE, Changelog, Header, peek
-from riverbed.state.durable import DurableStorage, open_storage
+from riverbed.state.durable import DurableStorage
 from riverbed.state.errors import (
     CorruptStateError,
     PartitionBusyError,
@@ -46,6 +46,7 @@ from riverbed.state.errors import (
     StateValueError,
     VersionNotFoundError,
 )
+from riverbed.state.location import open_storage
 from riverbed.state.store import StateStore
 
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ The contract (``tests/storage/test_contract.py`` runs it on every backend):
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from riverbed.storage.errors import StorageValueError
 class ObjectInfo:
     key: str  # relative to the store's location
     size: int
+    modified: float = 0.0  # seconds since the epoch, as the store records it
 
 
 def check_key(key: str) -> str:
@@ -78,6 +80,12 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
+
+    def entries(self, prefix: str = "") -> builtins.list[str]:
+        """The names directly below ``prefix`` (a "directory": ``""`` or ending in
+        ``/``): objects and the first segment of deeper keys, sorted, each once."""
+        names = {info.key[len(prefix) :].split("/", 1)[0] for info in self.list(prefix)}
+        return sorted(names)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         for key in keys:

@@ -8,6 +8,7 @@ Hidden names (``.``-prefixed segments) are never listed: they are temporaries.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import uuid
@@ -85,7 +86,7 @@ class FileStore(ObjectStore):
             stat = path.stat()
         except FileNotFoundError:
             return None
-        return ObjectInfo(key, stat.st_size) if path.is_file() else None
+        return ObjectInfo(key, stat.st_size, stat.st_mtime) if path.is_file() else None
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         # walk only the directory the prefix names (its last segment may be partial)
@@ -100,8 +101,16 @@ class FileStore(ObjectStore):
                 key = full.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
-                        out.append(ObjectInfo(key, full.stat().st_size))
+                        stat = full.stat()
+                        out.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
         return sorted(out, key=lambda o: o.key)
+
+    def entries(self, prefix: str = "") -> builtins.list[str]:
+        path = self.root / prefix if prefix else self.root
+        try:
+            return sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -4,11 +4,13 @@ same name shares the objects, until the process ends). For tests and examples.""
 from __future__ import annotations
 
 import threading
+import time
 
 from riverbed.storage.base import ObjectInfo, ObjectStore, check_key
 from riverbed.storage.errors import ObjectNotFoundError, StorageValueError
 
 _SPACES: dict[str, dict[str, bytes]] = {}
+_TIMES: dict[tuple[str, str], float] = {}
 _LOCK = threading.Lock()
 
 
@@ -34,6 +36,7 @@ class MemoryStore(ObjectStore):
         with _LOCK:
             self._check_tree(key)
             self._objects[key] = bytes(data)
+            _TIMES[self.url, key] = time.time()
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         with _LOCK:
@@ -41,6 +44,7 @@ class MemoryStore(ObjectStore):
                 return False
             self._check_tree(key)
             self._objects[key] = bytes(data)
+            _TIMES[self.url, key] = time.time()
             return True
 
     def get(self, key: str) -> bytes:
@@ -56,12 +60,14 @@ class MemoryStore(ObjectStore):
     def head(self, key: str) -> ObjectInfo | None:
         with _LOCK:
             data = self._objects.get(check_key(key))
-        return None if data is None else ObjectInfo(key, len(data))
+        return None if data is None else ObjectInfo(key, len(data), _TIMES.get((self.url, key), 0))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         with _LOCK:
             found = [
-                ObjectInfo(k, len(v)) for k, v in self._objects.items() if k.startswith(prefix)
+                ObjectInfo(k, len(v), _TIMES.get((self.url, k), 0.0))
+                for k, v in self._objects.items()
+                if k.startswith(prefix)
             ]
         return sorted(found, key=lambda o: o.key)
 

@@ -21,6 +21,7 @@ code and the request, and the keys are blanked out of anything that is shown.
 
 from __future__ import annotations
 
+import builtins
 import configparser
 import contextlib
 import ipaddress
@@ -352,7 +353,7 @@ class S3ObjectStore(ObjectStore):
             if classify(str(exc), type(exc).__name__) == MISSING:
                 return None
             raise
-        return ObjectInfo(key, int(meta["size"]))
+        return ObjectInfo(key, int(meta["size"]), meta["last_modified"].timestamp())
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         # object_store lists by whole path segments: list the prefix's directory and
@@ -364,10 +365,21 @@ class S3ObjectStore(ObjectStore):
             for batch in obstore.list(self._store, prefix=parent):
                 for meta in batch:
                     if meta["path"].startswith(prefix):
-                        found.append(ObjectInfo(meta["path"], int(meta["size"])))
+                        modified = meta["last_modified"].timestamp()
+                        found.append(ObjectInfo(meta["path"], int(meta["size"]), modified))
             return found
 
         return sorted(self._call("list", prefix, listing), key=lambda o: o.key)
+
+    def entries(self, prefix: str = "") -> builtins.list[str]:
+        # one delimited listing: the server answers with the "directories" themselves
+        where = prefix.rstrip("/") or None
+        listed = self._call(
+            "list", prefix, lambda: obstore.list_with_delimiter(self._store, prefix=where)
+        )
+        names = {p.rstrip("/").rsplit("/", 1)[-1] for p in listed["common_prefixes"]}
+        names |= {o["path"].rsplit("/", 1)[-1] for o in listed["objects"]}
+        return sorted(n for n in names if n and not n.startswith("."))
 
     def delete(self, key: str) -> None:
         check_key(key)
