@@ -61,3 +61,18 @@ def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -
 def test_missing_explicit_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(env={"RIVERBED_CONFIG": str(tmp_path / "nope.toml")}, cwd=tmp_path)
+
+
+def test_stream_checkpoints_in_a_bucket_are_refused_with_what_works(tmp_path: Path) -> None:
+    """Object storage holds state, not yet a stream's batch records: one clear error
+    (that never echoes credentials) instead of a path named 's3:'."""
+    from riverbed.stream.aggregation import Aggregation
+    from riverbed.stream.metrics import Count
+    from riverbed.stream.specjob import job_for
+    from riverbed.stream.windows import Tumbling
+
+    config = load_config(env={"RIVERBED_CHECKPOINTS": "s3://KEY:secret@bucket/p"}, cwd=tmp_path)
+    spec = Aggregation(name="a", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
+    with pytest.raises(ConfigError, match="stream checkpoints must be a local path") as caught:
+        job_for(config, spec, {"topic": "t"})
+    assert "secret" not in str(caught.value) and "docs/storage.md" in str(caught.value)

@@ -104,7 +104,11 @@ def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
 def _path(url: str) -> Path:
     parts = urlsplit(url)
     if parts.scheme not in ("", "file"):
-        raise ConfigError(f"checkpoints must be a local path or file:// URL for now, not {url}")
+        raise ConfigError(
+            f"stream checkpoints must be a local path or file:// URL for now, not "
+            f"{url.split('@')[-1]}: a stream's batch records and offsets do not go to object "
+            "storage yet (the state store alone can: docs/storage.md)"
+        )
     return Path(parts.path if parts.scheme else url)
 
 
