@@ -119,15 +119,20 @@ class ObjectStorage(DurableStorage):
         self.store.put_if_absent(f"{name}/{MANIFEST}", json.dumps(manifest).encode())
 
     def _manifest(self, name: str) -> dict[str, Any]:
+        problem = ""
         try:
-            manifest: dict[str, Any] = json.loads(self.store.get(f"{name}/{MANIFEST}"))
-            if not isinstance(manifest.get("files"), dict) or "objects" not in manifest:
-                raise ValueError("no file list")
+            manifest: Any = json.loads(self.store.get(f"{name}/{MANIFEST}"))
         except (ObjectNotFoundError, ValueError) as exc:
-            raise CorruptStateError(
-                f"snapshot {self.url}/{name} has no valid manifest ({exc})"
-            ) from None
-        return manifest
+            problem = str(exc)
+        else:
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+                problem = "no file list"
+            elif not isinstance(manifest.get("objects"), dict):
+                problem = "no object list"
+        if problem:
+            raise CorruptStateError(f"snapshot {self.url}/{name} has no valid manifest ({problem})")
+        result: dict[str, Any] = manifest
+        return result
 
     def _fetch(self, manifest: dict[str, Any], rel: str, target: Path) -> str | None:
         """Download one file of a snapshot and check it; what is wrong, or None."""
