@@ -1,6 +1,7 @@
 """Objects in an S3 bucket: ``s3://bucket/prefix``, through obstore (Rust's
-``object_store``), chosen by measurement (docs/storage.md: ~4x boto3's small-object
-rate at a tenth of its CPU per request, create-only writes supported).
+``object_store``), chosen by measurement (docs/storage.md: 1.4-1.7x boto3's
+small-object rates at a fifth to a seventh of its CPU per request, create-only writes
+supported).
 
 Where the server is and who riverbed is come from the standard AWS settings, in the
 order AWS's own tools read them: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
