@@ -230,3 +230,37 @@ def test_an_outage_of_the_store_stalls_a_write_which_then_lands(
     assert done.is_set() and not errors, errors
     assert store.get("during") == b"2" and store.get("before") == b"1"
     assert "retrying for up to" in caplog.text
+
+
+@pytest.mark.s3
+def test_the_state_commands_read_state_in_a_bucket(
+    s3_url: str, s3_server: CephS3Server, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """`riverbed state ls/describe/verify --checkpoints s3://…` as a user runs them:
+    the state a provider wrote to the bucket, no secret in any output."""
+    from riverbed.state import StateConfig, StateProvider
+    from riverbed.stream.layout import state_url
+    from tests.cli import run_cli
+
+    provider = StateProvider(
+        StateConfig(local_dir=tmp_path / "writer", durable=state_url(s3_url), snapshot_every=2)
+    )
+    for version in range(1, 6):
+        store = provider.load("clicks", 1, version - 1)
+        store.put(b"k%d" % version, b"v")
+        store.commit(version)
+    env = subprocess_env | s3_server.env() | {"RIVERBED_HOME": str(tmp_path / "home")}
+    listed = run_cli("state", "ls", "--checkpoints", s3_url, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert '"namespace": "clicks"' in listed.stdout and '"latest_version": 5' in listed.stdout
+    described = run_cli("state", "describe", "clicks", "--checkpoints", s3_url, env=env)
+    assert described.returncode == 0 and "clicks" in described.stdout, described.stderr
+    verified = run_cli("state", "verify", "--checkpoints", s3_url, env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    for result in (listed, described, verified):
+        for secret in (s3_server.secret_key, s3_server.access_key):
+            assert secret not in result.stdout + result.stderr
+    wrong = run_cli("state", "ls", "--checkpoints", "s3://no-such-bucket-cli/p", env=env)
+    assert wrong.returncode != 0
+    assert "the bucket 'no-such-bucket-cli' does not exist" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

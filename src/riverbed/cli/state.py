@@ -15,6 +15,7 @@ from riverbed.cli._common import Subcommands, shared_options
 from riverbed.config import load_config
 from riverbed.state import StateConfig, StateError, StateProvider
 from riverbed.state.query import read_state
+from riverbed.stream.layout import state_url
 
 out = Console(highlight=False, soft_wrap=True)
 
@@ -28,7 +29,10 @@ def add_parser(sub: Any) -> None:
     )
     common = shared_options(
         p,
-        ("--checkpoints", {"help": "durable location: a path or file:///path"}),
+        (
+            "--checkpoints",
+            {"help": "durable location: a path, file:///path or s3://bucket/prefix"},
+        ),
         ("--json", {"action": "store_true", "help": "JSON lines"}),
     )
     p.add_argument("--engine", default="rocksdb", choices=["rocksdb", "memory"])
@@ -63,14 +67,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     config = load_config()
     checkpoints = args.checkpoints or config.checkpoints_url
     provider = StateProvider(
-        StateConfig(local_dir=config.state_dir, durable=_state_url(checkpoints), engine=args.engine)
+        StateConfig(local_dir=config.state_dir, durable=state_url(checkpoints), engine=args.engine)
     )
     code: int = args.run(provider, args)
     return code
-
-
-def _state_url(checkpoints: str) -> str:
-    return checkpoints.rstrip("/") + "/state"
 
 
 def _need(provider: StateProvider, namespace: str) -> None:

@@ -26,9 +26,18 @@ from pathlib import Path
 __all__ = ["Checkpoint", "aggregations", "state_root"]
 
 
+STATE = "state"  # the durable state's place under a checkpoint location
+
+
 def state_root(checkpoints: Path) -> Path:
     """The durable state of every aggregation under ``checkpoints``."""
-    return checkpoints / "state"
+    return checkpoints / STATE
+
+
+def state_url(checkpoints: str) -> str:
+    """:func:`state_root` of a location given as a URL (``s3://bucket/prefix``,
+    ``file:///path``) or a path."""
+    return f"{checkpoints.rstrip('/')}/{STATE}"
 
 
 @dataclass(frozen=True)
