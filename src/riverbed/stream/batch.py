@@ -35,7 +35,7 @@ def side_outputs(
     """Write up to SIDE_LIMIT records each to <name>.dlq and <name>.late, once per batch."""
     if all(frame is None or frame.empty for frame in (dlq, late)):
         return
-    if config.log_url is None or _side_written(batches, batch_id):
+    if config.log_url is None or side_outputs_written(batches, batch_id):
         return
     config.fence()
     import riverbed.log
@@ -59,7 +59,9 @@ def side_outputs(
     batches.update(batch_id, side_outputs_written=True)
 
 
-def _side_written(batches: BatchLog, batch_id: int) -> bool:
+def side_outputs_written(batches: BatchLog, batch_id: int) -> bool:
+    """Whether this batch's late and malformed records went to their topics already
+    (a re-run of the batch writes them once)."""
     record = batches.get(batch_id)
     return record is not None and record.side_outputs_written
 
@@ -156,4 +158,12 @@ def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
         )
 
 
-__all__ = ["SIDE_LIMIT", "finish", "finish_batch", "maintain", "publish", "side_outputs"]
+__all__ = [
+    "SIDE_LIMIT",
+    "finish",
+    "finish_batch",
+    "maintain",
+    "publish",
+    "side_outputs",
+    "side_outputs_written",
+]

@@ -15,7 +15,7 @@ import pandas as pd
 from riverbed.config import load_config
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.batch import SIDE_LIMIT, _side_written, finish, side_outputs
+from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs, side_outputs_written
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import Checkpoint, state_root
@@ -137,7 +137,7 @@ def _side_outputs(
     config: EngineConfig, df: Any, late: Any, batch_id: int, batches: BatchLog, has_error: bool
 ) -> None:
     """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
-    if config.log_url is None or _side_written(batches, batch_id):
+    if config.log_url is None or side_outputs_written(batches, batch_id):
         return
     dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toPandas() if has_error else None
     side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())
