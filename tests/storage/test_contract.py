@@ -101,6 +101,8 @@ def test_range_reads(store: ObjectStore) -> None:
     assert store.get_range("blob", 99_990, 100_000) == data[99_990:]
     assert store.get_range("blob", 99_990, 200_000) == data[99_990:]  # short at the end
     assert store.get_range("blob", 5, 5) == b""
+    assert store.get_range("blob", 100_000, 100_010) == b""  # starts at the end
+    assert store.get_range("blob", 200_000, 300_000) == b""  # past it
     with pytest.raises(ObjectNotFoundError):
         store.get_range("missing", 0, 1)
 
@@ -118,6 +120,21 @@ def test_large_files_go_up_and_come_back_whole(store: ObjectStore, tmp_path: Pat
     assert not [p for p in back.parent.iterdir() if p.name != "back.bin"]  # no temporaries
     with pytest.raises(ObjectNotFoundError):
         store.get_file("snap/missing.sst", tmp_path / "x")
+
+
+def test_hidden_names_are_listed_but_not_entries(store: ObjectStore) -> None:
+    """A ``.``-prefixed name (a snapshot set aside) is an object like any other for
+    ``list`` on every backend, and left out of ``entries``."""
+    store.put("snap/.old.corrupt-1/MANIFEST", b"{}")
+    store.put("snap/00000001/MANIFEST", b"{}")
+    store.put("snap/.note", b"x")
+    assert [o.key for o in store.list("snap/")] == [
+        "snap/.note",
+        "snap/.old.corrupt-1/MANIFEST",
+        "snap/00000001/MANIFEST",
+    ]
+    assert store.entries("snap/") == ["00000001"]
+    assert store.entries() == ["snap"]
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/./b", "../up", "a/.."])

@@ -17,7 +17,15 @@ from riverbed.storage import (
     StorageValueError,
     open_store,
 )
-from riverbed.storage.retry import ACCESS, EXISTS, MISSING, TRANSIENT, backoff, classify
+from riverbed.storage.retry import (
+    ACCESS,
+    EXISTS,
+    MISSING,
+    PAST_END,
+    TRANSIENT,
+    backoff,
+    classify,
+)
 from riverbed.storage.s3 import S3ObjectStore, redact, settings_from_env
 from riverbed.testing import CephS3Server
 
@@ -131,6 +139,11 @@ def test_backoff_is_full_jitter_under_a_cap(attempt: int, u: float) -> None:
             ACCESS,
         ),
         ("Object already exists", "AlreadyExistsError", EXISTS),
+        (
+            "status code: 416 Range Not Satisfiable: <Code>InvalidRange</Code>",
+            "GenericError",
+            PAST_END,
+        ),
     ],
 )
 def test_failures_are_sorted_by_what_retrying_can_do(text: str, kind: str, expected: str) -> None:

@@ -95,7 +95,7 @@ class ObjectStorage(DurableStorage):
         files: dict[str, int] = {}
         crcs: dict[str, int] = {}
         objects: dict[str, str] = {}
-        todo: builtins.list[tuple[str, Path]] = []
+        todo: builtins.list[tuple[str, Path, int]] = []
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             rel = path.relative_to(local).as_posix()
             size = path.stat().st_size
@@ -107,13 +107,13 @@ class ObjectStorage(DurableStorage):
                 self.stats.reused_files += 1
                 self.stats.reused_bytes += size
             else:
-                todo.append((key, path))
+                todo.append((key, path, size))
                 present[key] = size  # two files of equal content: uploaded once
         with ThreadPoolExecutor(THREADS) as pool:
-            for _ in pool.map(lambda kp: self.store.put_file(kp[0], kp[1]), todo):
+            for _ in pool.map(lambda t: self.store.put_file(t[0], t[1]), todo):
                 pass
         self.stats.uploaded_files += len(todo)
-        self.stats.uploaded_bytes += sum(p.stat().st_size for _, p in todo)
+        self.stats.uploaded_bytes += sum(size for _, _, size in todo)
         manifest = {"files": files, "crc32": crcs, "objects": objects}
         # create-only: a complete snapshot of this name that exists already wins
         self.store.put_if_absent(f"{name}/{MANIFEST}", json.dumps(manifest).encode())
@@ -134,19 +134,23 @@ class ObjectStorage(DurableStorage):
         result: dict[str, Any] = manifest
         return result
 
+    @staticmethod
+    def _problem(manifest: dict[str, Any], rel: str, size: int, crc: int) -> str | None:
+        """What is wrong with a snapshot file of ``size`` and ``crc``, or None."""
+        if size != manifest["files"][rel]:
+            return f"{rel} is {size} bytes, expected {manifest['files'][rel]}"
+        if crc != manifest["crc32"][rel]:
+            return f"{rel} fails its checksum"
+        return None
+
     def _fetch(self, manifest: dict[str, Any], rel: str, target: Path) -> str | None:
         """Download one file of a snapshot and check it; what is wrong, or None."""
         try:
             self.store.get_file(manifest["objects"][rel], target)
         except ObjectNotFoundError:
             return f"{rel} is missing ({manifest['objects'][rel]})"
-        size = target.stat().st_size
-        if size != manifest["files"][rel]:
-            return f"{rel} is {size} bytes, expected {manifest['files'][rel]}"
         with open(target, "rb") as fh:
-            if file_crc(fh) != manifest["crc32"][rel]:
-                return f"{rel} fails its checksum"
-        return None
+            return self._problem(manifest, rel, target.stat().st_size, file_crc(fh))
 
     def download_dir(self, name: str, local: Path) -> None:
         manifest = self._manifest(name)
@@ -171,15 +175,11 @@ class ObjectStorage(DurableStorage):
             try:
                 data = self.store.get(manifest["objects"][rel])
             except ObjectNotFoundError:
-                found.append(f"snapshot {self.url}/{name}: {rel} is missing")
-                continue
-            if len(data) != manifest["files"][rel]:
-                found.append(
-                    f"snapshot {self.url}/{name}: {rel} is {len(data)} bytes, "
-                    f"expected {manifest['files'][rel]}"
-                )
-            elif crc32(data) != manifest["crc32"][rel]:
-                found.append(f"snapshot {self.url}/{name}: {rel} fails its checksum")
+                problem: str | None = f"{rel} is missing"
+            else:
+                problem = self._problem(manifest, rel, len(data), crc32(data))
+            if problem is not None:
+                found.append(f"snapshot {self.url}/{name}: {problem}")
         return found
 
     def quarantine(self, name: str) -> str:

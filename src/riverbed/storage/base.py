@@ -14,7 +14,9 @@ The contract (``tests/storage/test_contract.py`` runs it on every backend):
 * ``get`` of a missing key raises :class:`ObjectNotFoundError`; ``delete`` of one is
   not an error.
 * ``list`` returns every object under a prefix, sorted by key, including those just
-  written (S3 has been strongly consistent since 2020; RGW and the filesystem are).
+  written (S3 has been strongly consistent since 2020; RGW and the filesystem are);
+  ``entries`` names what is directly below a "directory", leaving out hidden
+  (``.``-prefixed) names.
 * ``put_file``/``get_file`` move large objects in parts, in parallel.
 * Keys form a tree, as paths do: no key is also the "directory" of other keys (``a``
   and ``a/b`` cannot both exist). The file and memory backends refuse such a write with
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +86,11 @@ class ObjectStore(abc.ABC):
 
     def entries(self, prefix: str = "") -> builtins.list[str]:
         """The names directly below ``prefix`` (a "directory": ``""`` or ending in
-        ``/``): objects and the first segment of deeper keys, sorted, each once."""
+        ``/``): objects and the first segment of deeper keys, sorted, each once —
+        except hidden ones (starting with ``.``, such as a set-aside snapshot), which
+        :meth:`list` still returns."""
         names = {info.key[len(prefix) :].split("/", 1)[0] for info in self.list(prefix)}
-        return sorted(names)
+        return sorted(n for n in names if not n.startswith("."))
 
     def delete_many(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -98,9 +103,12 @@ class ObjectStore(abc.ABC):
     def get_file(self, key: str, path: Path) -> None:
         """Download an object into a local file (written whole, then renamed)."""
         path = Path(path)
-        tmp = path.with_name(f".{path.name}.part")
-        tmp.write_bytes(self.get(key))
-        tmp.replace(path)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+        try:
+            tmp.write_bytes(self.get(key))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None

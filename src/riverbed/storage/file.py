@@ -3,7 +3,7 @@
 A ``put`` writes a hidden temporary file, fsyncs it, renames it over the object and
 fsyncs the directory; ``put_if_absent`` links the fsynced temporary file to the key
 (``link`` fails if the name exists — atomic on every local filesystem, and on NFS v3+).
-Hidden names (``.``-prefixed segments) are never listed: they are temporaries.
+A write in progress is a hidden ``.<name>.<uuid>.tmp`` file, never listed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ from pathlib import Path
 from riverbed.files import fsync_dir
 from riverbed.storage.base import ObjectInfo, ObjectStore, check_key
 from riverbed.storage.errors import ObjectNotFoundError, StorageValueError
+
+_TMP = ".tmp"
+
+
+def _temporary(name: str) -> bool:
+    """A write in progress (``.<name>.<uuid>.tmp``), never an object."""
+    return name.startswith(".") and name.endswith(_TMP)
 
 
 class FileStore(ObjectStore):
@@ -38,7 +45,7 @@ class FileStore(ObjectStore):
             raise StorageValueError(
                 f"object key {key!r} is below a key that is an object itself"
             ) from None
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP}")
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -92,10 +99,9 @@ class FileStore(ObjectStore):
         # walk only the directory the prefix names (its last segment may be partial)
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         out = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for dirpath, _dirnames, filenames in os.walk(base):
             for name in filenames:
-                if name.startswith("."):
+                if _temporary(name):
                     continue
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()

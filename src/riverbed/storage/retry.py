@@ -3,9 +3,10 @@
 :func:`classify` sorts a failure by what its text says (S3 error codes, HTTP status,
 transport errors) into *transient* (retry with backoff: 5xx, ``SlowDown``, throttling,
 timeouts, refused connections), *access* (stop with a message: no such bucket, bad
-credentials, no permission), *missing* (no such key) and *exists* (a create-only write
-lost). :func:`backoff` is full jitter over a capped exponential — the schedule AWS's
-own SDKs use — so many clients that failed together do not retry together.
+credentials, no permission), *missing* (no such key), *exists* (a create-only write
+lost) and *past-end* (a range read that starts after the object). :func:`backoff` is
+full jitter over a capped exponential — the schedule AWS's own SDKs use — so many
+clients that failed together do not retry together.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 
 TRANSIENT, ACCESS, MISSING, EXISTS, OTHER = "transient", "access", "missing", "exists", "other"
+PAST_END = "past-end"  # a range that starts at or after the object's end (416)
 
 _ACCESS_CODES = (
     "NoSuchBucket",
@@ -65,6 +67,8 @@ def classify(text: str, kind: str = "") -> str:
             return ACCESS
         if code == 404:
             return MISSING
+        if code == 416:
+            return PAST_END
     if kind in ("NotFoundError", "FileNotFoundError") or "NoSuchKey" in text:
         return MISSING
     if any(mark in text for mark in _TRANSIENT_MARKS):
@@ -78,4 +82,4 @@ def backoff(attempt: int, u: float, base: float = 0.1, cap: float = 5.0) -> floa
     return float(u * min(cap, base * 2.0 ** min(attempt, 32)))
 
 
-__all__ = ["ACCESS", "EXISTS", "MISSING", "OTHER", "TRANSIENT", "backoff", "classify"]
+__all__ = ["ACCESS", "EXISTS", "MISSING", "OTHER", "PAST_END", "TRANSIENT", "backoff", "classify"]

@@ -50,7 +50,15 @@ from riverbed.storage.errors import (
     StorageUnavailableError,
     StorageValueError,
 )
-from riverbed.storage.retry import ACCESS, EXISTS, MISSING, TRANSIENT, backoff, classify
+from riverbed.storage.retry import (
+    ACCESS,
+    EXISTS,
+    MISSING,
+    PAST_END,
+    TRANSIENT,
+    backoff,
+    classify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +257,7 @@ class S3ObjectStore(ObjectStore):
                 kind = classify(text, type(exc).__name__)
                 if kind == ACCESS:
                     raise StorageAccessError(self._access_message(text)) from None
-                if kind in (MISSING, EXISTS):
+                if kind in (MISSING, EXISTS, PAST_END):
                     raise
                 if kind != TRANSIENT:
                     raise StorageError(f"{what} {key!r} in {self.url}: {_short(text)}") from None
@@ -336,15 +344,23 @@ class S3ObjectStore(ObjectStore):
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         check_key(key)
-        info = self.head(key)
-        if info is None:
-            raise self._missing(key)
-        end = min(end, info.size)
         if end <= start:
+            if not self.exists(key):
+                raise self._missing(key)
             return b""
-        return self._call(
-            "read", key, lambda: bytes(obstore.get_range(self._store, key, start=start, end=end))
-        )
+        try:  # one request: the server cuts a range short at the object's end
+            return self._call(
+                "read",
+                key,
+                lambda: bytes(obstore.get_range(self._store, key, start=start, end=end)),
+            )
+        except Exception as exc:
+            kind = classify(str(exc), type(exc).__name__)
+            if kind == PAST_END:
+                return b""
+            if kind == MISSING:
+                raise self._missing(key) from None
+            raise
 
     def head(self, key: str) -> ObjectInfo | None:
         check_key(key)
