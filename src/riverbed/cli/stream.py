@@ -10,11 +10,27 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.config import load_config
+from riverbed.config import Config, load_config
 from riverbed.errors import ConfigError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
+
+
+CHECKPOINTS_HELP = (
+    "where checkpoints are: a path, file:///path or s3://bucket/prefix (default: "
+    "RIVERBED_CHECKPOINTS, else riverbed.toml, else RIVERBED_HOME/checkpoints); with a "
+    "bucket, results go to <checkpoints>/output/<name> too"
+)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    """The configuration, with ``--checkpoints`` over what it says."""
+    from dataclasses import replace
+
+    config = load_config()
+    given = getattr(args, "checkpoints", None)
+    return replace(config, checkpoints=given) if given else config
 
 
 def add_parsers(sub: Any) -> None:
@@ -45,14 +61,17 @@ def add_parsers(sub: Any) -> None:
         help="driver lease TTL in seconds: how soon a standby takes over (default 10)",
     )
     c.add_argument("--control", help="control plane URL (default: RIVERBED_CONTROL, else sqlite)")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     c.set_defaults(func=_status)
 
     query = sub.add_parser("query", help="read an aggregation's results")
     query.add_argument("name", help="aggregation name (or its spec file)")
+    query.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     query.add_argument("--key", action="append", help="only these keys")
     query.add_argument("--window", help="only windows starting at this time (ISO, UTC)")
     query.add_argument(
@@ -67,11 +86,11 @@ def add_parsers(sub: Any) -> None:
     query.set_defaults(func=_query)
 
 
-def _job(spec: str) -> Any:
+def _job(spec: str, config: Config) -> Any:
     from riverbed.stream.specjob import job_for, load_spec
 
     aggregation, source = load_spec(spec)
-    return job_for(load_config(), aggregation, source, spec=Path(spec))
+    return job_for(config, aggregation, source, spec=Path(spec))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -82,8 +101,8 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
 
-    job = _job(args.spec)
-    config = load_config()
+    config = _config(args)
+    job = _job(args.spec, config)
     lease = DriverLease(
         args.control or config.control_url, job.aggregation.name, job.checkpoint, args.ttl
     )
@@ -128,8 +147,9 @@ def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
     from riverbed.stream.specjob import status
 
-    job = _job(args.spec) if args.spec.endswith(".py") else None
-    sources = Sources(load_config())
+    config = _config(args)
+    job = _job(args.spec, config) if args.spec.endswith(".py") else None
+    sources = Sources(config)
     try:  # what the console's stream page shows, once the aggregation has run
         info = stream(sources, job.aggregation.name if job else args.spec, ledger=10)
     except QueryError:
@@ -169,7 +189,9 @@ def _query(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from riverbed.stream.dataframe import read_results
+    from riverbed.stream.specjob import results_location
 
+    config = _config(args)
     name = args.name
     if args.batch is not None and not args.from_state:
         raise ConfigError("--batch reads state as of a batch: add --from-state")
@@ -181,16 +203,16 @@ def _query(args: argparse.Namespace) -> int:
                 "--from-state decodes the state with the aggregation's metrics: pass its "
                 f"spec file (riverbed query {name}.py --from-state), not its name"
             )
-        job = _job(name)
+        job = _job(name, config)
         name = job.aggregation.name
         frame = read_live(job.aggregation, job.state, args.batch)
     else:
         if name.endswith(".py"):
-            name = _job(name).aggregation.name
-        root = load_config().home.resolve() / "output" / name
-        if not root.exists():
-            raise ConfigError(f"no results for aggregation '{name}' in {root}; run it first")
+            name = _job(name, config).aggregation.name
+        root = results_location(config, name)
         frame = read_results(root)
+        if frame.empty and "window_start" not in frame:
+            raise ConfigError(f"no results for aggregation '{name}' in {root}; run it first")
     if args.key:
         frame = frame[frame["key"].isin(args.key)]
     if args.window:

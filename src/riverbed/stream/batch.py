@@ -16,7 +16,7 @@ import pyarrow as pa
 from riverbed.state import StateProvider
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.records import COUNTS, BatchLog, BatchRecord, summed_totals
+from riverbed.stream.records import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.results import compact_output, write_output
 from riverbed.stream.sinks import plain
 
@@ -28,7 +28,7 @@ SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side t
 def side_outputs(
     config: EngineConfig,
     batch_id: int,
-    batches: BatchLog,
+    batches: Batches,
     dlq: pd.DataFrame | None,
     late: pd.DataFrame | None,
 ) -> None:
@@ -59,7 +59,7 @@ def side_outputs(
     batches.update(batch_id, side_outputs_written=True)
 
 
-def side_outputs_written(batches: BatchLog, batch_id: int) -> bool:
+def side_outputs_written(batches: Batches, batch_id: int) -> bool:
     """Whether this batch's late and malformed records went to their topics already
     (a re-run of the batch writes them once)."""
     record = batches.get(batch_id)
@@ -84,7 +84,7 @@ def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
 
 def finish(
     config: EngineConfig,
-    batches: BatchLog,
+    batches: Batches,
     batch_id: int,
     record: BatchRecord,
     rows: pd.DataFrame | pa.Table,
@@ -112,7 +112,7 @@ def finish(
 
 
 def finish_batch(
-    config: EngineConfig, batches: BatchLog, batch_id: int, record: BatchRecord
+    config: EngineConfig, batches: Batches, batch_id: int, record: BatchRecord
 ) -> None:
     """Record the batch as done (durably, before Spark commits it: the next batch's
     watermark comes from it), with running totals; then, every ``snapshot_every``
@@ -133,7 +133,7 @@ def finish_batch(
         maintain(config, batches, batch_id)
 
 
-def maintain(config: EngineConfig, batches: BatchLog, batch_id: int) -> None:
+def maintain(config: EngineConfig, batches: Batches, batch_id: int) -> None:
     """Purge state snapshots and changelogs, and batch records, that no version among
     the newest ``retain_versions`` needs, and compact the result table
     (:func:`compact_output`). Runs on the driver without opening any state

@@ -18,9 +18,16 @@ from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs, side_outputs_written
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.layout import Checkpoint, state_root
+from riverbed.stream.layout import (
+    SPEC,
+    Checkpoint,
+    checkpoint_store,
+    is_local,
+    local_path,
+    state_root,
+)
 from riverbed.stream.records import BatchLog, next_record
-from riverbed.stream.results import output_schema
+from riverbed.stream.results import output_schema, read_table
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +54,29 @@ def _clear_unfinished_start(root: Path) -> None:
                 path.unlink()
 
 
-def _check_partitions(checkpoint: Path, spec: Aggregation) -> None:
+def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
     """The state partition count is fixed on first start; refuse a change."""
-    path = Checkpoint(checkpoint).spec
+    fixed = {"name": spec.name, "state_partitions": spec.state_partitions}
+    if not is_local(checkpoint):
+        store = checkpoint_store(str(checkpoint))
+        if not store.put_if_absent(SPEC, json.dumps(fixed).encode()):
+            _same_partitions(json.loads(store.get(SPEC)), spec)
+        return
+    path = Checkpoint.of(checkpoint).spec
     if path.exists():
-        recorded = json.loads(path.read_text())
-        if recorded["state_partitions"] != spec.state_partitions:
-            raise StreamValueError(
-                f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
-                f"state partitions; it cannot change to {spec.state_partitions} (state is "
-                "placed by key hash). Use the recorded count or a new checkpoint."
-            )
+        _same_partitions(json.loads(path.read_text()), spec)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"name": spec.name, "state_partitions": spec.state_partitions}))
+    path.write_text(json.dumps(fixed))
+
+
+def _same_partitions(recorded: dict[str, Any], spec: Aggregation) -> None:
+    if recorded["state_partitions"] != spec.state_partitions:
+        raise StreamValueError(
+            f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
+            f"state partitions; it cannot change to {spec.state_partitions} (state is "
+            "placed by key hash). Use the recorded count or a new checkpoint."
+        )
 
 
 def foreach_batch(config: EngineConfig) -> Any:
@@ -171,12 +187,23 @@ def start(
     and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
     election term, see :mod:`riverbed.stream.fencing`) fences every write.
     """
-    checkpoint, output = Path(checkpoint), Path(output)
+    checkpoint, output = _location(checkpoint), _location(output)
+    if not isinstance(source, Mapping) and not is_local(checkpoint):
+        raise StreamValueError(
+            f"checkpoint {checkpoint} is in a bucket, which only the log-native path (a "
+            "riverbed topic as the source) can use: a DataFrame source runs through "
+            "Spark's own checkpoint, which needs a local or shared filesystem here. Use a "
+            "topic source, or a local checkpoint (docs/storage.md)"
+        )
     _check_partitions(checkpoint, spec)
     if state is None:
-        state = StateConfig(
-            local_dir=Checkpoint(checkpoint).local_state, durable=state_root(checkpoint)
-        )
+        if not is_local(checkpoint):
+            raise StreamValueError(
+                f"checkpoint {checkpoint} is in a bucket: pass state=StateConfig(local_dir=…, "
+                "durable=…) so the local state cache is a directory of this machine"
+            )
+        local = local_path(checkpoint)
+        state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
     options = None
     if isinstance(source, Mapping):  # a topic: side outputs default to its log
         options = {str(k): str(v) for k, v in source.items()}
@@ -189,24 +216,26 @@ def start(
         from riverbed.stream.plan import parse_trigger
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
-    _clear_unfinished_start(Checkpoint(checkpoint).spark)
+    _clear_unfinished_start(Checkpoint.of(checkpoint).spark)
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
-        .option("checkpointLocation", str(Checkpoint(checkpoint).spark))
+        .option("checkpointLocation", str(Checkpoint.of(checkpoint).spark))
         .queryName(spec.name)
     )
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
 
 
-def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
-    """The current result table: per (window, key), the row of the latest batch."""
-    import pyarrow.dataset as ds
+def _location(location: str | Path) -> str | Path:
+    """A location as given: a bucket's URL stays a string, anything else is a path."""
+    return local_path(location) if is_local(location) else str(location)
 
-    root = Path(output)
-    if not root.exists():
+
+def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
+    """The current result table: per (window, key), the row of the latest batch
+    (``output``: a directory, or a bucket's ``s3://bucket/prefix/output/<name>``)."""
+    table = read_table(_location(output))
+    if table is None:
         return pd.DataFrame()
-    # batch_id is a column of the files; the directory names only keep batches apart
-    table = ds.dataset(str(root), format="parquet").to_table()
     frame = table.to_pandas()
     if frame.empty:
         return frame
@@ -251,8 +280,12 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 
 def reset(checkpoint: str | Path, output: str | Path) -> None:
     """Forget a query: its checkpoint (offsets, state) and its output."""
-    for path in (Path(checkpoint), Path(output)):
-        shutil.rmtree(path, ignore_errors=True)
+    for location in (checkpoint, output):
+        if is_local(location):
+            shutil.rmtree(local_path(location), ignore_errors=True)
+        else:
+            store = checkpoint_store(str(location))
+            store.delete_many(i.key for i in store.list())
 
 
 __all__ = ["read_live", "read_results", "reset", "start"]

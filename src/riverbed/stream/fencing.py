@@ -3,7 +3,9 @@ every write.
 
 The driver that wins the election ``streams/<name>`` in the control plane records
 its term (the election's fencing token, which only grows) in
-``<checkpoint>/riverbed/driver.json`` before it starts the query. Every write of a
+``<checkpoint>/riverbed/driver.json`` before it starts the query — in a bucket, where
+nothing is replaced atomically, as a new object ``riverbed/terms/<term>.json``
+created once, the newest ruling (:mod:`riverbed.stream.layout`). Every write of a
 batch — the batch record, the result directory, the SQL and topic sinks, the side
 topics, the purge of old history, and each state task's commit — first checks that
 the recorded term is still its own; a driver that was paused (SIGSTOP, a long GC, a
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.errors import RiverbedError
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.layout import TERMS, Checkpoint, checkpoint_store, is_local, numbered, term_key
+
+TERMS_KEPT = 5  # term records kept in a bucket (older ones are pruned on takeover)
 
 
 class DriverFencedError(RiverbedError):
@@ -30,16 +34,35 @@ class DriverFencedError(RiverbedError):
 
 def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
     """Record the new active driver (atomically: readers see the old record or this)."""
+    record = json.dumps({"term": term, "driver": driver, "since": since}).encode()
+    if not is_local(checkpoint):
+        store = checkpoint_store(str(checkpoint))
+        store.put_if_absent(term_key(term), record)  # a term is recorded once
+        terms = numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
+        store.delete_many(term_key(t) for t in terms[:-TERMS_KEPT])
+        return
     path = Checkpoint.of(checkpoint).driver
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps({"term": term, "driver": driver, "since": since}))
+    tmp.write_bytes(record)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The newest driver's record (``term``, ``driver``, ``since``), or None."""
+    if not is_local(checkpoint):
+        from riverbed.storage import ObjectNotFoundError
+
+        store = checkpoint_store(str(checkpoint))
+        for term in reversed(numbered([i.key for i in store.list(TERMS)], TERMS, ".json")):
+            try:
+                newest: dict[str, Any] = json.loads(store.get(term_key(term)))
+            except ObjectNotFoundError:  # pruned between the listing and the read
+                continue
+            return newest
+        return None
     path = Checkpoint.of(checkpoint).driver
     try:
         record: dict[str, Any] = json.loads(path.read_text())

@@ -14,19 +14,122 @@
             spark/commits/<batch>          and checkpoints of the Spark-driven loop)
             local-state/                 the default local RocksDB directory (a cache)
 
-Code asks :class:`Checkpoint` for a path instead of joining names, so moving the
-durable tier (object storage) changes this module, not its readers.
+On object storage (``s3://bucket/prefix``, ``memory://name``) a checkpoint holds the same
+things as immutable objects, since a bucket has no atomic rename: what is current is
+decided by create-only writes (``If-None-Match: *``) alone::
+
+    <checkpoints>/<name>/riverbed/
+        batches/<batch:012d>.json        the batch's plan, created once; re-runs read it
+        batches/<batch:012d>.side        its late/malformed records are in their topics
+        commits/<batch:012d>.json        the done record: the batch's commit, created once
+        terms/<term:020d>.json           one record per elected driver; the newest rules
+        spec.json, job.json              as on disk
+    <checkpoints>/output/<name>/batch_id=<id>/part-00000.parquet   the result table
+
+Spark's own logs (``spark/``) and the handoff boards exist only on local checkpoints:
+the Spark-driven paths need a Hadoop filesystem, and a bucket's checkpoints run the
+log-native loop without work stealing.
+
+Code asks :class:`Checkpoint` for a path, or this module for a key, instead of joining
+names; :func:`is_local` says which a location is.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-__all__ = ["Checkpoint", "aggregations", "state_root"]
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
+
+__all__ = [
+    "Checkpoint",
+    "aggregations",
+    "batch_key",
+    "checkpoint_store",
+    "child",
+    "commit_key",
+    "is_local",
+    "local_path",
+    "output_url",
+    "side_key",
+    "state_root",
+    "state_url",
+    "term_key",
+]
 
 
 STATE = "state"  # the durable state's place under a checkpoint location
+OUTPUT = "output"  # results under a bucket's checkpoint location (output/<name>)
+BATCHES = "riverbed/batches/"
+COMMITS = "riverbed/commits/"
+TERMS = "riverbed/terms/"
+SPEC = "riverbed/spec.json"
+MANIFEST = "riverbed/job.json"
+
+
+def is_local(location: str | Path) -> bool:
+    """Whether a location is a local directory (a path or ``file://``), not a bucket."""
+    return isinstance(location, Path) or urlsplit(str(location)).scheme in ("", "file")
+
+
+def local_path(location: str | Path) -> Path:
+    """The directory of a local location (a path or ``file:///path``)."""
+    if isinstance(location, Path):
+        return location
+    parts = urlsplit(location)
+    return Path(parts.path if parts.scheme == "file" else location)
+
+
+def child(location: str | Path, name: str) -> str | Path:
+    """``location/name`` as the same kind: a path for a path, a URL for a URL."""
+    if isinstance(location, Path):
+        return location / name
+    return f"{str(location).rstrip('/')}/{name}"
+
+
+def output_url(checkpoints: str, name: str) -> str:
+    """An aggregation's default result table when its checkpoints are in a bucket."""
+    return f"{checkpoints.rstrip('/')}/{OUTPUT}/{name}"
+
+
+@functools.lru_cache(maxsize=64)
+def checkpoint_store(location: str) -> ObjectStore:
+    """The object store at a bucket location, one per process (clients are reused by
+    every batch and every task)."""
+    from riverbed.storage import open_store
+
+    return open_store(location)
+
+
+def batch_key(batch_id: int) -> str:
+    return f"{BATCHES}{batch_id:012d}.json"
+
+
+def side_key(batch_id: int) -> str:
+    return f"{BATCHES}{batch_id:012d}.side"
+
+
+def commit_key(batch_id: int) -> str:
+    return f"{COMMITS}{batch_id:012d}.json"
+
+
+def term_key(term: int) -> str:
+    return f"{TERMS}{term:020d}.json"
+
+
+def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:
+    """The numbers of keys ``<prefix><digits><suffix>``, sorted."""
+    out = []
+    for key in keys:
+        if key.startswith(prefix) and key.endswith(suffix):
+            middle = key[len(prefix) : len(key) - len(suffix)]
+            if middle.isdigit():
+                out.append(int(middle))
+    return sorted(out)
 
 
 def state_root(checkpoints: Path) -> Path:
@@ -48,7 +151,8 @@ class Checkpoint:
 
     @classmethod
     def of(cls, root: str | Path) -> Checkpoint:
-        return cls(Path(root))
+        """The checkpoint at a local location (a path or ``file://`` URL)."""
+        return cls(local_path(root))
 
     @property
     def _riverbed(self) -> Path:
@@ -56,7 +160,7 @@ class Checkpoint:
 
     @property
     def batches(self) -> Path:
-        return self._riverbed / "batches"
+        return self.root / BATCHES.rstrip("/")
 
     def batch(self, batch_id: int) -> Path:
         return self.batches / f"{batch_id:012d}.json"
@@ -67,11 +171,11 @@ class Checkpoint:
 
     @property
     def spec(self) -> Path:
-        return self._riverbed / "spec.json"
+        return self.root / SPEC
 
     @property
     def manifest(self) -> Path:
-        return self._riverbed / "job.json"
+        return self.root / MANIFEST
 
     @property
     def handoff(self) -> Path:
@@ -99,8 +203,12 @@ class Checkpoint:
         return cls(path.parent.parent.parent)
 
 
-def aggregations(checkpoints: Path) -> list[str]:
+def aggregations(checkpoints: str | Path) -> list[str]:
     """The names of the aggregations that have run under ``checkpoints``."""
+    if not is_local(checkpoints):
+        store = checkpoint_store(str(checkpoints))
+        return [n for n in store.entries() if n != OUTPUT and store.entries(f"{n}/{BATCHES}")]
+    checkpoints = local_path(checkpoints)
     if not checkpoints.is_dir():
         return []
     return sorted(p.name for p in checkpoints.iterdir() if Checkpoint(p).batches.is_dir())

@@ -23,6 +23,7 @@ from typing import Any
 from riverbed.control import Election, Session, connect
 from riverbed.errors import RiverbedError
 from riverbed.stream.fencing import record_term, recorded_driver
+from riverbed.stream.layout import is_local
 
 
 class AlreadyRunningError(RiverbedError):
@@ -37,13 +38,18 @@ def _who(value: bytes) -> str:
         return "unknown driver"
 
 
+class TermBehindError(RiverbedError):
+    """The control plane's term is older than the checkpoint's: it is not the one this
+    aggregation ran with, and its terms cannot fence the drivers of the old one."""
+
+
 class DriverLease:
     """Leadership of one aggregation for this process."""
 
     def __init__(self, control_url: str, name: str, checkpoint: str | Path, ttl: int = 10) -> None:
         self.control_url = control_url
         self.name = name
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint = checkpoint
         self.ttl = ttl
         self.term: int | None = None
         self.previous: dict[str, Any] | None = None  # the driver this one took over from
@@ -76,6 +82,21 @@ class DriverLease:
         value = json.dumps({"driver": self.driver, "since": since})
         self.term = self.election.campaign(value)
         self.previous = recorded_driver(self.checkpoint)
+        # in a bucket the newest term rules (terms are never overwritten there), so a
+        # control plane whose terms are behind would fence its own driver
+        behind = self.previous is not None and int(self.previous["term"]) > self.term
+        if behind and not is_local(self.checkpoint):
+            assert self.previous is not None
+            held = int(self.previous["term"])
+            self.close()
+            raise TermBehindError(
+                f"the control plane ({self.control_url.split('@')[-1]}) elected this driver "
+                f"of '{self.name}' with term {self.term}, but the checkpoint "
+                f"{self.checkpoint} was last written by term {held}: this is not the "
+                "control plane the aggregation ran with (a new SQLite file, a reset etcd?). "
+                "Run every driver of one checkpoint against the same control plane "
+                "(--control / RIVERBED_CONTROL); it must outlive the machines it elects"
+            )
         record_term(self.checkpoint, self.term, self.driver, since)
         return self.term
 

@@ -50,9 +50,9 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.layout import Checkpoint, is_local
 from riverbed.stream.plan import balanced_groups, slices_json
-from riverbed.stream.records import BatchLog, BatchRecord
+from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 
@@ -271,7 +271,9 @@ def run_batch(
         # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
         board = None
-        if cfg.steal and lopsided(groups):
+        # the board is a directory every task reaches; a bucket's checkpoint has none
+        # (polling objects for hand-overs would cost more than the skew it evens out)
+        if cfg.steal and lopsided(groups) and is_local(cfg.engine.checkpoint):
             cfg.engine.fence()  # the board is written under the checkpoint
             board = Board.create(cfg.engine.checkpoint, batch_id)
         task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
@@ -316,7 +318,7 @@ def run_batch(
 def run_planned(
     spark: Any,
     cfg: DirectConfig,
-    batches: BatchLog,
+    batches: Batches,
     batch_id: int,
     record: BatchRecord,
     plan_ms: int = 0,
@@ -356,7 +358,9 @@ def spark_ends(checkpoint: str | Path, batch_id: int) -> dict[int, int] | None:
     """Where batch ``batch_id`` ended in every log partition according to Spark's
     write-ahead offset log (``spark/offsets/<b>``): for checkpoints written when a
     Spark streaming query drove this path (their batch records hold no slices).
-    ``None`` when it cannot tell (file gone, an unexpected format)."""
+    ``None`` when it cannot tell (file gone, an unexpected format, a bucket)."""
+    if not is_local(checkpoint):
+        return None
     try:
         offsets = source_offsets(Checkpoint.of(checkpoint).spark_offsets / str(batch_id))
     except (OSError, ValueError):

@@ -38,7 +38,7 @@ from riverbed.state.errors import CorruptStateError
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
-from riverbed.stream.records import BatchLog, BatchRecord, next_record
+from riverbed.stream.records import BatchRecord, next_record, open_batches
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class DirectQuery:
         self.trigger = trigger
         self.name = cfg.engine.spec.name
         self.id = str(uuid.uuid4())
-        self.batches = BatchLog(cfg.engine.checkpoint, cfg.engine.fence)
+        self.batches = open_batches(cfg.engine.checkpoint, cfg.engine.fence)
         self._group = f"riverbed-{self.name}-{self.id}"
         self._stop = threading.Event()
         self._done = threading.Event()

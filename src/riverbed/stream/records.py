@@ -18,10 +18,23 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from riverbed.state.errors import CorruptStateError
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.layout import (
+    BATCHES,
+    COMMITS,
+    Checkpoint,
+    batch_key,
+    checkpoint_store,
+    commit_key,
+    is_local,
+    numbered,
+    side_key,
+)
+
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
 
 
 @dataclass
@@ -86,14 +99,22 @@ COUNTS = ("input", "late", "malformed")
 _FLAGS = ("done", "side_outputs_written")  # written only when true
 
 
+def parse_record(data: bytes | str) -> BatchRecord:
+    """A record from its file's bytes; ``ValueError`` when they are not one."""
+    try:
+        value = json.loads(data)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return BatchRecord.from_json(value)
+    except (TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 def read_record(path: Path) -> BatchRecord:
     """A batch record, or :class:`CorruptStateError` naming it and the recovery."""
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return BatchRecord.from_json(data)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        return parse_record(path.read_bytes())
+    except ValueError as exc:
         batch = path.stem.lstrip("0") or "0"
         checkpoint = Checkpoint.of_batch_record(path)
         commits = checkpoint.spark_commits / batch
@@ -111,7 +132,10 @@ def read_record(path: Path) -> BatchRecord:
 
 
 class BatchLog:
-    """Per-batch watermark, fixed before the batch runs and reused by re-runs."""
+    """The batch records of a local checkpoint: one file per batch, replaced atomically
+    (temporary, fsync, rename) as the batch goes from planned to done. The object-store
+    twin is :class:`ObjectBatchLog`; :func:`open_batches` picks by location, and both
+    pass one contract suite (``tests/stream/test_batch_records.py``)."""
 
     def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
         self.layout = Checkpoint.of(checkpoint)
@@ -168,7 +192,114 @@ class BatchLog:
         return gone
 
 
-def next_record(batches: BatchLog, batch_id: int, delay_ms: int) -> BatchRecord:
+class ObjectBatchLog:
+    """The batch records of a checkpoint in a bucket, where nothing can be renamed and a
+    plain PUT is last-writer-wins: every object that decides something is created once
+    (``If-None-Match: *``, :meth:`ObjectStore.put_if_absent`) and never replaced.
+
+    * the **plan** — the first record put for a batch (its slices and watermark) — is
+      ``batches/<b>.json``; a later put of the same batch must carry the same plan, and
+      one with another plan is refused (two drivers never run different plans of one
+      batch: the second reads the first's and runs it);
+    * ``side_outputs_written`` is the marker ``batches/<b>.side``;
+    * **done** is ``commits/<b>.json``, the commit. A driver that loses the race to
+      commit a batch finds the winner's record: the same batch from the same plan over
+      the same state, so the same result; the fence (the newest term) stops the loser
+      at its next write.
+
+    Counts and timings of an unfinished batch are not stored: a re-run counts again.
+    """
+
+    def __init__(self, store: ObjectStore, fence: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.fence = fence or (lambda: None)
+
+    def _read(self, key: str, batch_id: int) -> BatchRecord | None:
+        from riverbed.storage import ObjectNotFoundError
+
+        try:
+            data = self.store.get(key)
+        except ObjectNotFoundError:
+            return None
+        try:
+            return parse_record(data)
+        except ValueError as exc:
+            raise CorruptStateError(
+                f"the record of batch {batch_id} is damaged: {self.store.url}/{key} ({exc}). "
+                "If it is the newest batch, delete the object and the batch runs again; "
+                "otherwise start the aggregation on a new checkpoint (docs/stream.md, "
+                "'Failure model')"
+            ) from None
+
+    def get(self, batch_id: int) -> BatchRecord | None:
+        done = self._read(commit_key(batch_id), batch_id)
+        if done is not None:
+            return done
+        plan = self._read(batch_key(batch_id), batch_id)
+        if plan is not None and self.store.exists(side_key(batch_id)):
+            plan.side_outputs_written = True
+        return plan
+
+    def previous(self, batch_id: int) -> BatchRecord | None:
+        if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
+            return record
+        earlier = [b for b in self.ids() if b < batch_id]
+        return self.get(earlier[-1]) if earlier else None
+
+    def put(self, batch_id: int, record: BatchRecord, *, durable: bool = True) -> None:
+        """Record a batch (see the class doc): its plan once, its side marker once, its
+        commit once. Every object store write is durable when it returns."""
+        self.fence()
+        data = json.dumps(record.to_json()).encode()
+        if record.done:
+            if not self.store.put_if_absent(commit_key(batch_id), data):
+                self.fence()  # lost the race: to a newer driver (fenced) or a retry
+            return
+        if not self.store.put_if_absent(batch_key(batch_id), data):
+            recorded = self._read(batch_key(batch_id), batch_id)
+            if recorded is not None and _plan(recorded) != _plan(record):
+                self.fence()  # a newer driver's plan: this driver is the stale one
+                raise CorruptStateError(
+                    f"batch {batch_id} is recorded in {self.store.url} with another plan "
+                    f"({_plan(recorded)}) than this driver's ({_plan(record)}): is a "
+                    "second driver running this aggregation without an election? Run "
+                    "drivers with `riverbed stream run --control …` (docs/stream.md)"
+                )
+        if record.side_outputs_written:
+            self.store.put_if_absent(side_key(batch_id), b"")
+
+    def update(self, batch_id: int, **changes: Any) -> None:
+        self.put(batch_id, replace(self.get(batch_id) or BatchRecord(), **changes))
+
+    def ids(self) -> list[int]:
+        keys = [i.key for i in self.store.list(BATCHES)] + [i.key for i in self.store.list(COMMITS)]
+        return sorted(set(numbered(keys, BATCHES, ".json")) | set(numbered(keys, COMMITS, ".json")))
+
+    def prune(self, keep_from: int) -> int:
+        old = [b for b in self.ids() if b < keep_from]
+        self.store.delete_many(
+            key for b in old for key in (commit_key(b), side_key(b), batch_key(b))
+        )
+        return len(old)
+
+
+def _plan(record: BatchRecord) -> tuple[Any, ...]:
+    """What must be the same in every run of a batch."""
+    return (record.slices, record.watermark_ms, record.co_located)
+
+
+Batches = BatchLog | ObjectBatchLog
+
+
+def open_batches(checkpoint: str | Path, fence: Callable[[], None] | None = None) -> Batches:
+    """The batch records of the checkpoint at ``checkpoint``: files on a local one,
+    create-only objects in a bucket."""
+    if is_local(checkpoint):
+        return BatchLog(str(Checkpoint.of(checkpoint).root), fence)
+    return ObjectBatchLog(checkpoint_store(str(checkpoint)), fence)
+
+
+def next_record(batches: Batches, batch_id: int, delay_ms: int) -> BatchRecord:
     """A new batch's record: its watermark, derived from earlier batches only (the
     newest event seen before it, less the aggregation's watermark delay)."""
     prev = batches.previous(batch_id) or BatchRecord()

@@ -1,17 +1,31 @@
 """The result table: one Parquet directory per batch under ``<output>/batch_id=<id>/``
 (written atomically, replaced whole by a re-run), one schema whichever path wrote a
-batch, and the compaction that folds old batch directories together."""
+batch, and the compaction that folds old batch directories together.
+
+``output`` is a directory or a bucket (``s3://bucket/prefix/output/<name>``): there a
+batch is the object ``batch_id=<id>/part-00000.parquet``, one PUT, replaced whole by a
+re-run (every run of a batch writes the same rows), and compaction writes its object
+before it deletes what it folded — the same order, and the same readers' rule (the
+highest ``batch_id`` per window and key wins), as on disk."""
 
 from __future__ import annotations
 
+import io
 import logging
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
 
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.layout import checkpoint_store, is_local, local_path
+
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
+
+PART = "part-00000.parquet"
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +77,14 @@ def write_output(
         table = rows.select(schema.names).cast(schema)
     else:
         table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
-    root = Path(output)
+    if not is_local(output):
+        checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", _parquet(table))
+        return table
+    root = local_path(output)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
     tmp.mkdir()
-    pq.write_table(table, tmp / "part-00000.parquet")
+    pq.write_table(table, tmp / PART)
     target = root / f"batch_id={batch_id}"
     if target.exists():  # a re-run replaces its own output (never what compaction put there)
         for carried in target.glob("compacted-*.parquet"):
@@ -77,7 +94,48 @@ def write_output(
     return table
 
 
+def _parquet(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def _parquet_keys(store: ObjectStore) -> list[str]:
+    """The result table's files in a bucket (hidden names and others left out)."""
+    return [
+        i.key
+        for i in store.list("batch_id=")
+        if i.key.endswith(".parquet") and not i.key.rsplit("/", 1)[-1].startswith(".")
+    ]
+
+
+def read_table(output: str | Path) -> pa.Table | None:
+    """Every row file of the result table, as one table (None when there is none)."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    if is_local(output):
+        root = local_path(output)
+        if not root.exists():
+            return None
+        # batch_id is a column of the files; the directory names only keep batches apart
+        return ds.dataset(str(root), format="parquet").to_table()
+    store = checkpoint_store(str(output))
+    keys = _parquet_keys(store)
+    if not keys:
+        return None
+    tables = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
+    return pa.concat_tables(tables, promote_options="default")
+
+
 COMPACT_AFTER = 100  # batch directories of the result table before they are folded
+
+
+def _batch_ids(keys: list[str]) -> list[int]:
+    ids = {k.split("/", 1)[0].split("=", 1)[1] for k in keys}
+    return sorted(int(b) for b in ids if b.isdigit())
 
 
 def _batch_dirs(root: Path) -> list[int]:
@@ -104,7 +162,9 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
 
     import pyarrow.parquet as pq
 
-    root = Path(output)
+    if not is_local(output):
+        return _compact_in_bucket(checkpoint_store(output), spec, upto)
+    root = local_path(output)
     older = [b for b in _batch_dirs(root) if b < upto]
     target = root / f"batch_id={upto}"
     if len(older) < COMPACT_AFTER or not target.is_dir():
@@ -120,11 +180,7 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
 
     old = pa.concat_tables([t for b in older for t in read(root / f"batch_id={b}")])
     own = pa.concat_tables(read(target) or [schema.empty_table()])
-    frame = old.to_pandas().sort_values("batch_id", kind="stable")
-    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
-    mine = pd.MultiIndex.from_frame(own.select(["window_start", "key"]).to_pandas())
-    frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
-    frame["batch_id"] = upto
+    frame = _folded(old, own, upto)
     name = f"compacted-{uuid.uuid4().hex}.parquet"
     pq.write_table(
         pa.Table.from_pandas(frame, schema=schema, preserve_index=False), target / f".{name}.tmp"
@@ -132,5 +188,47 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
     (target / f".{name}.tmp").rename(target / name)
     for b in older:
         shutil.rmtree(root / f"batch_id={b}", ignore_errors=True)
+    log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
+    return len(older)
+
+
+def _folded(old: pa.Table, own: pa.Table, upto: int) -> pd.DataFrame:
+    """The latest row per (window_start, key) of ``old``, less the keys batch ``upto``
+    wrote itself (``own``: newer), relabelled as batch ``upto``."""
+    frame = old.to_pandas().sort_values("batch_id", kind="stable")
+    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
+    mine = pd.MultiIndex.from_frame(own.select(["window_start", "key"]).to_pandas())
+    frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
+    frame["batch_id"] = upto
+    return frame
+
+
+def _compact_in_bucket(store: ObjectStore, spec: Aggregation, upto: int) -> int:
+    """:func:`compact_output` in a bucket: the compacted object is written (one PUT)
+    before the folded ones are deleted."""
+    import pyarrow.parquet as pq
+
+    keys = _parquet_keys(store)
+    older = [b for b in _batch_ids(keys) if b < upto]
+    prefix = f"batch_id={upto}/"
+    mine = [k for k in keys if k.startswith(prefix)]
+    if len(older) < COMPACT_AFTER or not mine:
+        return 0
+    schema = output_arrow_schema(spec)
+
+    def read(batch_keys: list[str]) -> list[pa.Table]:
+        return [
+            pq.read_table(io.BytesIO(store.get(k))).select(schema.names).cast(schema)
+            for k in batch_keys
+        ]
+
+    folded = {f"batch_id={b}/" for b in older}
+    old_keys = [k for k in keys if k.split("/", 1)[0] + "/" in folded]
+    old = pa.concat_tables(read(old_keys))
+    own = pa.concat_tables(read(mine) or [schema.empty_table()])
+    frame = _folded(old, own, upto)
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    store.put(f"{prefix}compacted-{uuid.uuid4().hex}.parquet", _parquet(table))
+    store.delete_many(old_keys)
     log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
     return len(older)

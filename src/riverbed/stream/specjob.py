@@ -13,7 +13,9 @@ A spec file is Python that defines ``aggregation`` (an :class:`Aggregation`) and
 
 Locations: checkpoint ``<checkpoints>/<name>``, state ``<checkpoints>/state`` (namespace
 = the aggregation's name) with local databases in ``RIVERBED_HOME/state``, results in
-``RIVERBED_HOME/output/<name>``.
+``RIVERBED_HOME/output/<name>`` — or, when the checkpoints are in a bucket
+(``s3://bucket/prefix``), in ``s3://bucket/prefix/output/<name>``: then nothing a
+driver needs to resume is on its disk (:func:`results_location`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,19 @@ from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.layout import Checkpoint, state_root
+from riverbed.stream.layout import (
+    MANIFEST,
+    Checkpoint,
+    checkpoint_store,
+    child,
+    is_local,
+    local_path,
+    output_url,
+    state_root,
+    state_url,
+)
 from riverbed.stream.leader import DriverLease
-from riverbed.stream.records import BatchLog, BatchRecord, input_rate, read_record, summed_totals
+from riverbed.stream.records import BatchRecord, input_rate, open_batches, summed_totals
 
 
 class StreamFailedError(RiverbedError):
@@ -59,8 +71,8 @@ def root_cause(exc: BaseException) -> str:
 class Job:
     aggregation: Aggregation
     source: dict[str, str]
-    checkpoint: Path
-    output: Path
+    checkpoint: str | Path  # a directory, or a bucket's URL
+    output: str | Path
     state: StateConfig
     log_url: str
     spec: Path | None = None  # the spec file it came from (the console decodes live state)
@@ -83,33 +95,52 @@ def manifest(job: Job) -> dict[str, Any]:
 
 
 def write_manifest(job: Job) -> None:
-    path = Checkpoint(job.checkpoint).manifest
+    data = json.dumps(manifest(job), indent=1)
+    if not is_local(job.checkpoint):
+        checkpoint_store(str(job.checkpoint)).put(MANIFEST, data.encode())
+        return
+    path = Checkpoint.of(job.checkpoint).manifest
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(manifest(job), indent=1))
+    tmp.write_text(data)
     tmp.replace(path)
 
 
-def read_manifest(checkpoint: Path) -> dict[str, Any] | None:
+def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
     """The manifest a run wrote into ``checkpoint`` (None before the first run, or for
     a checkpoint written before manifests)."""
-    path = Checkpoint(checkpoint).manifest
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if is_local(checkpoint):
+            raw = Checkpoint.of(checkpoint).manifest.read_bytes()
+        else:
+            raw = checkpoint_store(str(checkpoint)).get(MANIFEST)
+        data: dict[str, Any] = json.loads(raw)
+    except (OSError, ValueError, RiverbedError):
         return None
     return data
 
 
-def _path(url: str) -> Path:
+def _checkpoints(url: str) -> str | Path:
+    """The checkpoints location: a local directory, or a bucket (``s3://…``)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("", "file"):
+    if parts.scheme in ("", "file"):
+        return local_path(url)
+    if parts.scheme != "s3":
         raise ConfigError(
-            f"stream checkpoints must be a local path or file:// URL for now, not "
-            f"{url.split('@')[-1]}: a stream's batch records and offsets do not go to object "
-            "storage yet (the state store alone can: docs/storage.md)"
+            f"checkpoints {url.split('@')[-1]!r}: use a path, file:///path or s3://bucket/prefix"
         )
-    return Path(parts.path if parts.scheme else url)
+    if not parts.netloc:
+        raise ConfigError(f"checkpoints {url!r} names no bucket: use s3://bucket/prefix")
+    return url.rstrip("/")
+
+
+def results_location(config: Config, name: str) -> str | Path:
+    """Where an aggregation's result table is: beside its checkpoints in a bucket
+    (``<checkpoints>/output/<name>``), else under ``RIVERBED_HOME/output/<name>``."""
+    checkpoints = _checkpoints(config.checkpoints_url)
+    if isinstance(checkpoints, str):
+        return output_url(checkpoints, name)
+    return config.home.resolve() / "output" / name
 
 
 def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, str]]:
@@ -132,14 +163,15 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, str]]:
 def job_for(
     config: Config, aggregation: Aggregation, source: dict[str, str], spec: Path | None = None
 ) -> Job:
-    checkpoints = _path(config.checkpoints_url)
+    checkpoints = _checkpoints(config.checkpoints_url)
+    durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
     return Job(
         spec=spec.resolve() if spec else None,
         aggregation=aggregation,
         source=source,
-        checkpoint=checkpoints / aggregation.name,
-        output=config.home.resolve() / "output" / aggregation.name,
-        state=StateConfig(local_dir=config.state_dir.resolve(), durable=state_root(checkpoints)),
+        checkpoint=child(checkpoints, aggregation.name),
+        output=results_location(config, aggregation.name),
+        state=StateConfig(local_dir=config.state_dir.resolve(), durable=durable),
         log_url=source.get("log") or config.log_url,
     )
 
@@ -158,7 +190,7 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
 def resume_line(job: Job) -> str | None:
     """What a (re)started driver resumes from, or None on a fresh checkpoint."""
 
-    batches = BatchLog(str(job.checkpoint))
+    batches = open_batches(job.checkpoint)
     ids = batches.ids()
     if not ids:
         return None
@@ -213,7 +245,7 @@ def run(
         term=lease.term if lease is not None else None,
     )
 
-    batches = BatchLog(str(job.checkpoint))
+    batches = open_batches(job.checkpoint)
     # earlier runs' finished batches; an unfinished newest one is re-run and reported
     reported = set(batches.ids())
     if reported and not _done(batches.get(max(reported))):
@@ -258,7 +290,7 @@ def _done(record: BatchRecord | None) -> bool:
     return record is not None and record.done
 
 
-def committed_ends(checkpoint: Path, newest_first: list[BatchRecord]) -> dict[int, int]:
+def committed_ends(checkpoint: str | Path, newest_first: list[BatchRecord]) -> dict[int, int]:
     """Where the newest finished batch ended, per log partition: its recorded plan, or
     for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
     from riverbed.stream.lognative import spark_ends
@@ -267,7 +299,9 @@ def committed_ends(checkpoint: Path, newest_first: list[BatchRecord]) -> dict[in
     done = next((d for d in newest_first if d.done), None)
     if done is not None and done.slices is not None:
         return ends_of(done.slices)
-    commits = Checkpoint(checkpoint).spark_commits
+    if not is_local(checkpoint):
+        return {}
+    commits = Checkpoint.of(checkpoint).spark_commits
     numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
     return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
 
@@ -277,14 +311,15 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
 
-    checkpoint = Path(info["checkpoint"])
-    batch_dir = Checkpoint(checkpoint).batches
-    records = sorted(batch_dir.glob("*.json"))
+    checkpoint = info["checkpoint"]
+    batches = open_batches(checkpoint if "://" in checkpoint else Path(checkpoint))
+    ids = batches.ids()
     # newest first, and only as far back as needed: the newest record (watermark), the
     # newest with timings and the newest finished one (its running totals)
     newest_first: list[BatchRecord] = []
-    for path in reversed(records):
-        newest_first.append(read_record(path))
+    for batch_id in reversed(ids):
+        if (record := batches.get(batch_id)) is not None:
+            newest_first.append(record)
         if any(d.ms for d in newest_first) and any(d.done for d in newest_first):
             break
     committed = committed_ends(checkpoint, newest_first)
@@ -308,7 +343,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     totals = (
         newest.totals
         if newest is not None and newest.totals is not None
-        else summed_totals(read_record(p) for p in records)
+        else summed_totals(r for b in ids if (r := batches.get(b)) is not None)
     )
     local = Path(info["state_dir"]) / info["name"]
     return {

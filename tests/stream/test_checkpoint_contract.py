@@ -1,0 +1,167 @@
+"""One contract for a checkpoint's batch records and driver terms, on every kind of
+location: a directory, memory, and a bucket on the tests' real S3 server.
+
+What the loop relies on, wherever the checkpoint is: a batch's plan reads back as
+written, a done record is the batch's commit, ids and previous find the newest
+records, pruning forgets old batches, and a driver whose term is not the newest is
+fenced before it writes. On object storage, where nothing is renamed, two more: a
+batch's plan and its commit are each created once — a second driver never replaces
+them — and a term is never overwritten by an older one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from riverbed.state import CorruptStateError
+from riverbed.stream.fencing import DriverFencedError, check_term, record_term, recorded_driver
+from riverbed.stream.layout import checkpoint_store, commit_key, is_local
+from riverbed.stream.records import BatchRecord, ObjectBatchLog, open_batches
+
+PLAN = {"0": [0, 10], "1": [0, 7]}
+
+
+@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return str(tmp_path / "ckpt")
+    if request.param == "memory":
+        return f"memory://ckpt-{os.urandom(4).hex()}"
+    url: str = request.getfixturevalue("s3_url")
+    return f"{url}/ckpt"
+
+
+def planned(watermark: int = 5, slices: dict[str, list[int]] | None = None) -> BatchRecord:
+    return BatchRecord(watermark_ms=watermark, slices=slices or PLAN, co_located=True)
+
+
+def test_a_plan_then_its_commit_read_back(location: str) -> None:
+    batches = open_batches(location)
+    assert batches.ids() == [] and batches.get(0) is None
+    batches.put(0, planned())
+    assert batches.ids() == [0]
+    got = batches.get(0)
+    assert got is not None and got.slices == PLAN and not got.done
+    batches.put(0, replace(planned(), input=3))  # the same plan again, with counts: fine
+    batches.update(0, side_outputs_written=True)
+    assert batches.get(0).side_outputs_written  # type: ignore[union-attr]
+    batches.put(0, _done(planned(), input=17))
+    got = batches.get(0)
+    assert got is not None and got.done and got.input == 17 and got.slices == PLAN
+
+
+def test_ids_previous_and_prune(location: str) -> None:
+    batches = open_batches(location)
+    for b in range(6):
+        batches.put(b, _done(planned(watermark=b), input=b))
+    batches.put(6, planned(watermark=6))
+    assert batches.ids() == list(range(7))
+    assert batches.previous(6).watermark_ms == 5  # type: ignore[union-attr]
+    assert batches.prune(4) == 4
+    assert batches.ids() == [4, 5, 6]
+    assert batches.previous(4) is None and batches.get(2) is None
+    assert batches.previous(100).watermark_ms == 6  # type: ignore[union-attr]
+
+
+def test_a_newer_term_fences_the_older_driver(location: str) -> None:
+    assert recorded_driver(location) is None
+    check_term(location, None, "agg")  # not elected (tests, notebooks): never fenced
+    record_term(location, 7, "host-a:1", "2026-11-25T00:00:00+00:00")
+    check_term(location, 7, "agg")
+    record_term(location, 9, "host-b:2", "2026-11-25T00:01:00+00:00")
+    assert recorded_driver(location) == {
+        "term": 9,
+        "driver": "host-b:2",
+        "since": "2026-11-25T00:01:00+00:00",
+    }
+    with pytest.raises(DriverFencedError, match=r"term 7\).*host-b:2 \(term 9\)"):
+        check_term(location, 7, "agg")
+    fenced = open_batches(location, lambda: check_term(location, 7, "agg"))
+    with pytest.raises(DriverFencedError):
+        fenced.put(0, planned())
+    assert open_batches(location).ids() == []  # the fenced driver wrote nothing
+
+
+# -- object storage: create-only, never replaced ----------------------------------------
+
+
+@pytest.fixture(params=["memory", pytest.param("s3", marks=pytest.mark.s3)])
+def bucket(request: pytest.FixtureRequest) -> str:
+    """An object store location (the file backend keeps records as replaced files)."""
+    location = _object_location(request)
+    assert not is_local(location)
+    return location
+
+
+def _object_location(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return f"memory://ckpt-{os.urandom(4).hex()}"
+    url: str = request.getfixturevalue("s3_url")
+    return f"{url}/ckpt"
+
+
+def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(bucket: str) -> None:
+    batches = open_batches(bucket)
+    assert isinstance(batches, ObjectBatchLog)
+    batches.put(3, planned())
+    with pytest.raises(CorruptStateError, match="batch 3 is recorded .* with another plan"):
+        batches.put(3, planned(slices={"0": [0, 99]}))
+    assert batches.get(3).slices == PLAN  # type: ignore[union-attr]
+
+
+def test_the_first_commit_of_a_batch_stays(bucket: str) -> None:
+    """Two drivers racing to commit one batch: one object is created and it is never
+    replaced — the loser carries on (it is fenced at its next write)."""
+    batches = open_batches(bucket)
+    batches.put(0, planned())
+    barrier = threading.Barrier(8)
+
+    def commit(i: int) -> None:
+        barrier.wait()
+        open_batches(bucket).put(0, _done(planned(), input=i, term=i))
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winner = batches.get(0)
+    assert winner is not None and winner.done and winner.input == winner.term
+    store = checkpoint_store(bucket)
+    assert [i.key for i in store.list("riverbed/commits/")] == [commit_key(0)]
+    batches.put(0, _done(planned(), input=99, term=99))  # later: still the first one
+    assert batches.get(0).input == winner.input  # type: ignore[union-attr]
+
+
+def test_an_older_term_recorded_late_does_not_rule(bucket: str) -> None:
+    """A paused driver resumed after its successor was elected records nothing that
+    wins: the newest term rules whatever order the records arrive in."""
+    record_term(bucket, 12, "new:1", "t1")
+    record_term(bucket, 10, "old:1", "t0")  # arrives late
+    assert recorded_driver(bucket)["term"] == 12  # type: ignore[index]
+    with pytest.raises(DriverFencedError):
+        check_term(bucket, 10, "agg")
+
+
+def test_term_records_are_pruned_to_the_newest_few(bucket: str) -> None:
+    for term in range(1, 12):
+        record_term(bucket, term, f"d{term}", "t")
+    keys = [i.key for i in checkpoint_store(bucket).list("riverbed/terms/")]
+    assert len(keys) == 5 and keys[-1].endswith(f"{11:020d}.json")
+
+
+def test_a_damaged_record_in_a_bucket_names_the_object(bucket: str) -> None:
+    batches = open_batches(bucket)
+    batches.put(1, planned())
+    checkpoint_store(bucket).put("riverbed/batches/000000000001.json", b"{not json")
+    with pytest.raises(CorruptStateError, match=r"batch 1 is damaged: .*000000000001\.json"):
+        batches.get(1)
+
+
+def _done(record: BatchRecord, **changes: int) -> BatchRecord:
+    return replace(record, done=True, totals={"batches": 1}, **changes)
