@@ -109,7 +109,7 @@ def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(bucket: str) ->
     batches = open_batches(bucket)
     assert isinstance(batches, ObjectBatchLog)
     batches.put(3, planned())
-    with pytest.raises(CorruptStateError, match="batch 3 is recorded .* with another plan"):
+    with pytest.raises(CorruptStateError, match=r"batch 3 is recorded .* with another plan"):
         batches.put(3, planned(slices={"0": [0, 99]}))
     assert batches.get(3).slices == PLAN  # type: ignore[union-attr]
 
