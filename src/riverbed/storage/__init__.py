@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from riverbed.storage.base import ObjectInfo, ObjectStore
@@ -25,6 +27,19 @@ from riverbed.storage.errors import (
 from riverbed.storage.pointer import Pointer, Version
 
 SCHEMES = ("file", "memory", "s3")
+
+
+def storage_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that say how to reach a bucket (``AWS_*``, riverbed's
+    ``RIVERBED_S3_*`` and ``RIVERBED_STORAGE_WAIT``), for processes that must reach it
+    the same way — Spark's Python workers, which may have started before these were
+    set. Holds secrets: never print or log it."""
+    env = os.environ if env is None else env
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(("AWS_", "RIVERBED_S3_")) or k == "RIVERBED_STORAGE_WAIT"
+    }
 
 
 def open_store(url: str | Path) -> ObjectStore:
@@ -65,4 +80,5 @@ __all__ = [
     "StorageValueError",
     "Version",
     "open_store",
+    "storage_environment",
 ]

@@ -1,0 +1,160 @@
+"""An aggregation whose checkpoints are in a bucket (the tests' real S3 server): lose
+every local directory between runs and lose nothing.
+
+The log-native path with checkpoint, state and result table in ``s3://…``; the local
+state directory is a cache, deleted between runs, and a driver on a fresh directory
+carries on exactly where the bucket says. Run as a user does, too: ``riverbed stream
+run --checkpoints s3://…`` and ``riverbed query --checkpoints s3://…``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from riverbed.cli.main import main
+from riverbed.state import StateConfig
+from riverbed.stream.dataframe import read_results, start
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.layout import checkpoint_store
+from riverbed.stream.records import open_batches
+from tests.stream.conftest import make_events, write_events
+from tests.stream.test_cli import SPEC
+from tests.stream.test_engine import SCHEMA
+from tests.stream.test_lognative import check, spec
+
+pytestmark = [pytest.mark.spark, pytest.mark.s3]
+
+
+def run_once(spark: Any, s3_url: str, log_url: str, local: Path) -> pd.DataFrame:
+    query = start(
+        spark,
+        spec(3),
+        {"topic": "events", "log": log_url, "schema": SCHEMA, "maxRecordsPerBatch": 600},
+        checkpoint=f"{s3_url}/flags",
+        output=f"{s3_url}/output/flags",
+        state=StateConfig(local_dir=local, durable=f"{s3_url}/state", snapshot_every=2),
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return read_results(f"{s3_url}/output/flags")
+
+
+def test_a_driver_on_an_empty_disk_carries_on_from_the_bucket(
+    spark: Any, s3_url: str, log_url: str, tmp_path: Path
+) -> None:
+    first = make_events(1800, hours=3, seed=1)
+    write_events(log_url, first, partitions=3, key_field="flag")
+    check(run_once(spark, s3_url, log_url, tmp_path / "machine-a"), first)
+
+    # the machine is gone: its local state with it; more events arrive meanwhile
+    shutil.rmtree(tmp_path / "machine-a")
+    more = make_events(1200, hours=3, seed=2)
+    write_events(log_url, more, partitions=3, key_field="flag")
+    got = run_once(spark, s3_url, log_url, tmp_path / "machine-b")
+    check(got, pd.concat([first, more], ignore_index=True))
+
+    batches = open_batches(f"{s3_url}/flags")
+    ids = batches.ids()
+    records = [batches.get(b) for b in ids]
+    assert all(r is not None and r.done for r in records)
+    assert sum(r.input or 0 for r in records if r) == 3000  # every event once, no batch twice
+    store = checkpoint_store(s3_url)
+    kinds = {_kind(i.key) for i in store.list()}
+    assert {"flags/riverbed/batches", "flags/riverbed/commits", "flags/riverbed/spec.json"} <= kinds
+    assert {"output/flags", "state/flags"} <= kinds
+    assert not any(p.is_dir() for p in tmp_path.glob("s3*")), "a bucket URL used as a path"
+
+
+def test_a_dataframe_source_with_a_bucket_checkpoint_is_refused_with_the_fix(
+    spark: Any, s3_url: str, tmp_path: Path
+) -> None:
+    frame = spark.readStream.format("rate").load()
+    with pytest.raises(StreamValueError, match="only the log-native path"):
+        start(spark, spec(3), frame, checkpoint=f"{s3_url}/x", output=str(tmp_path / "o"))
+
+
+def test_stream_run_and_query_with_checkpoints_in_a_bucket(
+    s3_url: str,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = tmp_path / "home"
+    log_url = f"file://{tmp_path / 'log'}"
+    env = {
+        **subprocess_env,
+        "RIVERBED_HOME": str(home),
+        "RIVERBED_LOG": log_url,
+        # the control plane outlives the driver's machine, as etcd would
+        "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'control.db'}",
+        "RIVERBED_SPARK_MASTER": "local[2]",
+    }
+    write_events(log_url, make_events(900, hours=2), partitions=3)
+    spec_file = tmp_path / "flags.py"
+    spec_file.write_text(SPEC)
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec_file)]
+    run = subprocess.run(
+        [*command, "--once", "--max-records-per-batch", "300", "--checkpoints", s3_url],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    said = "".join(run.stderr.split())  # rich may fold the long URL
+    assert f"resultsin{s3_url}/output/flags" in said
+    assert "batch 2: 300 records, 0 late, 0 malformed" in run.stderr
+    secret = env["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in run.stderr + run.stdout
+    shutil.rmtree(home / "state")  # the local cache: not needed to read results
+
+    monkeypatch.setenv("RIVERBED_HOME", str(home))
+    monkeypatch.setenv("RIVERBED_LOG", log_url)
+    assert main(["query", "flags", "--checkpoints", s3_url, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sum(r["events"] for r in rows) == 900
+    assert main(["stream", "status", str(spec_file), "--checkpoints", s3_url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["batches"], status["input_records"]) == (3, 900)
+    assert set(status["lag"].values()) == {0}
+
+    # a second run on a fresh home finds everything committed: nothing to do, nothing redone
+    again = subprocess.run(
+        [*command, "--once", "--checkpoints", s3_url],
+        env={**env, "RIVERBED_HOME": str(tmp_path / "fresh")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "batches up to 2 are committed; next is 3" in again.stderr
+    assert "batch 3:" not in again.stderr
+
+    # a control plane that is not the one the aggregation ran with is refused, by name
+    other = subprocess.run(
+        [*command, "--once", "--checkpoints", s3_url],
+        env={**env, "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'new-control.db'}"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert other.returncode != 0
+    assert "was last written by term" in other.stderr and "Traceback" not in other.stderr
+
+
+def _kind(key: str) -> str:
+    """A bucket key's kind: its first two or three segments."""
+    parts = key.split("/")
+    if parts[0] in ("output", "state"):
+        return "/".join(parts[:2])
+    return "/".join(parts[:3])
