@@ -54,6 +54,31 @@ def test_the_stream_demo_survives_a_sigkill_and_equals_pandas(
     assert list((tmp_path / "home" / "logs").glob("demo-stream-*.log"))
 
 
+@pytest.mark.s3
+def test_the_durable_demo_loses_the_machine_and_resumes_from_the_bucket(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``riverbed demo --durable s3`` as a new user runs it: no AWS settings, so it
+    starts its own S3 server; after the SIGKILL the driver's machine directory is
+    deleted, and a driver on a fresh one finishes from the bucket alone."""
+    env = {**subprocess_env, "RIVERBED_SPARK_MASTER": "local[2]"}
+    for name in [k for k in env if k.startswith("AWS_")] + ["RIVERBED_CONTROL"]:
+        env.pop(name, None)
+    home = tmp_path / "home"
+    text = " ".join(demo(home, env, "stream", "--events", "4000", "--durable", "s3").split())
+    assert "checkpoints, state and results in s3://riverbed-demo/" in text
+    assert "SIGKILL the driver after" in text
+    assert f"deleted the driver's machine directory {home / 'demo' / 'machine-a'}" in text
+    assert not (home / "demo" / "machine-a").exists()
+    for kind in ("riverbed/commits/", "riverbed/terms/", "output/flags_hourly/", "state/"):
+        assert kind in text, kind
+    assert "it resumes from the bucket" in text and "batches up to" in text
+    assert "exact distinct users: IDENTICAL to the independent answer" in text
+    assert "malformed 3 = 4,003 of 4,003 produced" in text
+    # nothing the restarted driver needed came from the first machine's disk
+    assert not list((home / "demo" / "machine-b").rglob("batches"))
+
+
 def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:

@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--events", type=int, default=200_000, help="events to generate")
     demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
     demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
+    demo.add_argument(
+        "--durable",
+        choices=["file", "s3"],
+        default="file",
+        help="stream demo: where checkpoints, state and results go — this disk (file), or "
+        "a bucket (s3: the tests' S3 server on loopback unless AWS_ENDPOINT_URL names "
+        "one), deleting the killed driver's whole machine directory before the restart",
+    )
     demo.set_defaults(func=_demo, spark_noise="demo")
     return parser
 
@@ -76,7 +84,7 @@ def _demo(args: argparse.Namespace) -> int:
         return run_demo_timerange(load_config())
     from riverbed.stream.demo import run_demo_stream
 
-    return run_demo_stream(load_config(), events=args.events)
+    return run_demo_stream(load_config(), events=args.events, durable=args.durable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,10 +10,18 @@
 4. compute the same answer independently with pandas over the same events and compare:
    exact distinct counts must be identical, HLL within its error bound; late and
    malformed events are accounted for in their topics.
+
+With ``--durable s3`` the checkpoints, state and results are in a bucket — the tests'
+S3 server (a Ceph RGW on loopback) unless ``AWS_ENDPOINT_URL`` names one — and after the
+SIGKILL the driver's whole machine directory (its local state, everything on its disk)
+is deleted: the restarted driver runs in a fresh directory and finds everything in the
+bucket. The log (the source, as Kafka would be) and the control plane (as etcd would
+be) live outside the machine, as they would in production.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -21,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,7 +42,8 @@ from rich.table import Table
 import riverbed.log
 from riverbed.config import Config
 from riverbed.log.errors import RecordRejectedError
-from riverbed.stream.records import BatchLog
+from riverbed.stream.layout import output_url
+from riverbed.stream.records import open_batches
 from riverbed.stream.specjob import batch_line
 
 console = Console(highlight=False)
@@ -72,17 +82,72 @@ def generate(n: int, flags: int, users: int, seed: int = 7) -> pd.DataFrame:
 TOPIC_SCHEMA = "user_id long, flag string, ts timestamp"
 
 
-def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int:
+DEMO_BUCKET = "riverbed-demo"
+
+
+def run_demo_stream(
+    config: Config, events: int = 200_000, seed: int = 7, durable: str = "file"
+) -> int:
+    """The demo (see the module doc); ``durable``: ``file`` (checkpoints on this disk)
+    or ``s3`` (in a bucket, and the driver's machine directory deleted after the kill)."""
     home = config.home.resolve() / "demo"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
+    if durable == "s3":
+        # the demo's own reads of the bucket (records, results) need its settings too
+        with _bucket(home) as (bucket_env, checkpoints), _environment(bucket_env):
+            return _run(home, events, seed, bucket_env, checkpoints)
+    return _run(home, events, seed)
+
+
+@contextlib.contextmanager
+def _bucket(home: Path) -> Iterator[tuple[dict[str, str], str]]:
+    """The bucket's settings and the checkpoints URL: the S3 server named by
+    ``AWS_ENDPOINT_URL`` (bucket ``riverbed-demo``, which must exist), else the tests'
+    own Ceph RGW started on loopback for the demo and stopped after it."""
+    run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        from riverbed.storage import storage_environment
+
+        console.print(f"S3 server: {os.environ['AWS_ENDPOINT_URL']} (AWS_ENDPOINT_URL)")
+        yield storage_environment(), f"s3://{DEMO_BUCKET}/{run}"
+        return
+    from riverbed.testing.s3 import CephS3Server
+
+    console.print("starting an S3 server on loopback (Ceph RGW, objects on disk; ~20 s)")
+    with CephS3Server(home / "s3-server") as server:
+        server.create_bucket(DEMO_BUCKET)
+        console.print(f"S3 server: {server.endpoint}, bucket {DEMO_BUCKET}\n")
+        yield server.env(), f"s3://{DEMO_BUCKET}/{run}"
+
+
+def _run(
+    home: Path,
+    events: int,
+    seed: int,
+    bucket_env: dict[str, str] | None = None,
+    checkpoints: str | None = None,
+) -> int:
     env = {**os.environ, "RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    for key in ("RIVERBED_LOG", "RIVERBED_CHECKPOINTS", "RIVERBED_CONFIG"):
+    for key in ("RIVERBED_LOG", "RIVERBED_CHECKPOINTS", "RIVERBED_CONFIG", "RIVERBED_CONTROL"):
         env.pop(key, None)
+    if checkpoints is not None:
+        # the driver's machine is its own directory; the source and the control plane
+        # are other machines' (Kafka's and etcd's, in production)
+        env |= (bucket_env or {}) | {
+            "RIVERBED_HOME": str(home / "machine-a"),
+            "RIVERBED_CHECKPOINTS": checkpoints,
+            "RIVERBED_LOG": f"file://{home / 'log'}",
+            "RIVERBED_CONTROL": f"sqlite:///{home / 'control-plane' / 'control.db'}",
+        }
+        (home / "control-plane").mkdir()
     spec_path = home / "flags_hourly.py"
     spec_path.write_text(SPEC)
     console.rule("[bold]riverbed demo: hourly unique users per feature flag")
-    console.print(f"working in {home}\n")
+    console.print(f"working in {home}")
+    if checkpoints is not None:
+        console.print(f"checkpoints, state and results in {checkpoints}")
+    console.print()
 
     data = generate(events, flags=50, users=events // 4, seed=seed)
     log = riverbed.log.open(home / "log")
@@ -135,7 +200,9 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         "--ttl",  # the restarted driver waits out the killed one's lease: keep it short
         "4",
     ]
-    checkpoint = home / "checkpoints" / "flags_hourly"
+    checkpoint: str | Path = (
+        f"{checkpoints}/flags_hourly" if checkpoints else home / "checkpoints" / "flags_hourly"
+    )
     console.print(
         "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 Spark "
         "tasks a batch, each reading one log partition straight into its state partition"
@@ -154,7 +221,7 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and its Spark JVM, no goodbye
         driver.wait()
         relay.join(timeout=10)
-        batches = BatchLog(str(checkpoint))
+        batches = open_batches(checkpoint)
         records = {b: r for b in batches.ids() if (r := batches.get(b)) is not None}
         done = [b for b, r in records.items() if r.done]
         console.print(
@@ -176,11 +243,61 @@ def run_demo_stream(config: Config, events: int = 200_000, seed: int = 7) -> int
     else:
         relay.join(timeout=10)
         console.print("[yellow]the query finished before it could be killed[/yellow]")
-    console.print("[bold]3.[/bold] restarting it: it resumes from the checkpoint")
+    if checkpoints is not None:
+        _lose_the_machine(home, checkpoints)
+        env["RIVERBED_HOME"] = str(home / "machine-b")
+        console.print(
+            "[bold]3.[/bold] starting a driver on a fresh machine directory "
+            f"({home / 'machine-b'}): it resumes from the bucket"
+        )
+    else:
+        console.print("[bold]3.[/bold] restarting it: it resumes from the checkpoint")
     if subprocess.run(command, env=env, check=False, stderr=sys.stderr).returncode != 0:
         console.print("[red]the restarted query failed[/red]")
         return 1
-    return _verdict(home, data)
+    if checkpoints is not None:
+        return _verdict(home, data, output_url(checkpoints, "flags_hourly"), checkpoints)
+    return _verdict(home, data, home / "output" / "flags_hourly")
+
+
+def _lose_the_machine(home: Path, checkpoints: str) -> None:
+    """Delete everything the killed driver had on its disk, and say what the bucket
+    holds instead."""
+    machine = home / "machine-a"
+    local = sum(f.stat().st_size for f in machine.rglob("*") if f.is_file())
+    shutil.rmtree(machine)
+    console.print(
+        f"[bold red]   deleted[/bold red] the driver's machine directory {machine} "
+        f"({local / 1e6:.1f} MB: its local state, Spark's scratch) — every local state "
+        "and checkpoint directory"
+    )
+    from riverbed.stream.layout import checkpoint_store
+
+    kinds: dict[str, list[int]] = {}
+    for info in checkpoint_store(checkpoints).list():
+        parts = info.key.split("/")
+        depth = 2 if parts[0] in ("output", "state") else 3
+        kind = "/".join(parts[:depth]) + ("/" if len(parts) > depth else "")
+        kinds.setdefault(kind, []).append(info.size)
+    console.print(f"   the bucket {checkpoints} holds:")
+    for kind, sizes in sorted(kinds.items()):
+        console.print(f"     {kind:<36} {len(sizes):>5} objects {sum(sizes) / 1e6:>8.2f} MB")
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for a while (the bucket's settings,
+    which the demo's own reads need)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Event) -> None:
@@ -196,10 +313,12 @@ def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Ev
     three.set()  # the driver ended
 
 
-def _verdict(home: Path, data: pd.DataFrame) -> int:
+def _verdict(
+    home: Path, data: pd.DataFrame, output: str | Path, checkpoints: str | None = None
+) -> int:
     from riverbed.stream.dataframe import read_results
 
-    results = read_results(home / "output" / "flags_hourly")
+    results = read_results(output)
     log = riverbed.log.open(home / "log")
     late = (
         pd.DataFrame([r.value for r in log.iter_records("flags_hourly.late", 0)])
@@ -268,12 +387,18 @@ def _verdict(home: Path, data: pd.DataFrame) -> int:
         f"error bound (max {rel.max():.2%}, bound {3 * 1.04 / 64:.2%})"
     )
     console.rule("[bold green]done" if exact_ok and hll_ok else "[bold red]mismatch")
-    console.print(
-        "Query it:  RIVERBED_HOME=" + str(home) + " riverbed query flags_hourly --key " + top
-    )
-    console.print(
-        "Look at it: RIVERBED_HOME=" + str(home) + " riverbed ui   "
-        "→ http://127.0.0.1:8077/streams/flags_hourly"
-    )
+    if checkpoints is None:
+        console.print(
+            "Query it:  RIVERBED_HOME=" + str(home) + " riverbed query flags_hourly --key " + top
+        )
+        console.print(
+            "Look at it: RIVERBED_HOME=" + str(home) + " riverbed ui   "
+            "→ http://127.0.0.1:8077/streams/flags_hourly"
+        )
+    else:
+        console.print(
+            f"Query it (with the bucket's AWS_* settings): riverbed query flags_hourly "
+            f"--checkpoints {checkpoints} --key {top}"
+        )
     log.close()
     return 0 if exact_ok and hll_ok else 1
