@@ -76,6 +76,11 @@ def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
     a query started without an election, as in tests and notebooks: not fenced)."""
     if term is None:
         return
+    if not is_local(checkpoint):  # one LIST, and a GET only to name a newer driver
+        store = checkpoint_store(str(checkpoint))
+        terms = numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
+        if terms and terms[-1] == term:
+            return
     current = recorded_driver(checkpoint)
     if current is None or int(current["term"]) != term:
         who = (

@@ -64,6 +64,7 @@ __all__ = [
 
 STATE = "state"  # the durable state's place under a checkpoint location
 OUTPUT = "output"  # results under a bucket's checkpoint location (output/<name>)
+RIVERBED = "riverbed/"  # everything of riverbed's own in a checkpoint
 BATCHES = "riverbed/batches/"
 COMMITS = "riverbed/commits/"
 TERMS = "riverbed/terms/"

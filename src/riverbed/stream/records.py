@@ -24,6 +24,7 @@ from riverbed.state.errors import CorruptStateError
 from riverbed.stream.layout import (
     BATCHES,
     COMMITS,
+    RIVERBED,
     Checkpoint,
     batch_key,
     checkpoint_store,
@@ -272,7 +273,7 @@ class ObjectBatchLog:
         self.put(batch_id, replace(self.get(batch_id) or BatchRecord(), **changes))
 
     def ids(self) -> list[int]:
-        keys = [i.key for i in self.store.list(BATCHES)] + [i.key for i in self.store.list(COMMITS)]
+        keys = [i.key for i in self.store.list(RIVERBED)]  # plans and commits: one LIST
         return sorted(set(numbered(keys, BATCHES, ".json")) | set(numbered(keys, COMMITS, ".json")))
 
     def prune(self, keep_from: int) -> int:

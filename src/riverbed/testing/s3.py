@@ -182,6 +182,9 @@ pid file = {d}/run/$name.pid
 rgw data = {d}/rgw/$cluster-$id
 rgw frontends = beast endpoint=127.0.0.1:{self.port} tcp_nodelay=1
 rgw thread pool size = 64
+rgw enable usage log = true
+rgw usage log tick interval = 1
+rgw usage log flush threshold = 1
 admin socket = {d}/run/$name.asok
 pid file = {d}/run/$name.pid
 """
@@ -256,6 +259,31 @@ pid file = {d}/run/$name.pid
             credentials.chmod(0o600)
         self.access_key, self.secret_key = credentials.read_text().split()
         return self
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """Requests the server has served so far, per category (``put_obj``,
+        ``get_obj``, ``list_bucket``, ``delete_obj``, …): ``ops`` and bytes
+        ``received``/``sent`` — from the gateway's own usage log, so requests of every
+        process count (Spark's Python workers included). The log is flushed every
+        second: wait a second after the requests to count."""
+        import json
+
+        out = subprocess.run(
+            ["radosgw-admin", "-c", str(self.conf), "usage", "show", "--uid=riverbed"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        totals: dict[str, dict[str, int]] = {}
+        for entry in json.loads(out).get("entries", []):
+            for bucket in entry.get("buckets", []):
+                for cat in bucket.get("categories", []):
+                    row = totals.setdefault(cat["category"], {"ops": 0, "received": 0, "sent": 0})
+                    row["ops"] += int(cat.get("ops", 0))
+                    row["received"] += int(cat.get("bytes_received", 0))
+                    row["sent"] += int(cat.get("bytes_sent", 0))
+        return totals
 
     def _answers(self) -> bool:
         try:
