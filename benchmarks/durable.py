@@ -10,17 +10,19 @@ with a 24 GiB sparse OSD) and measures, with the same code and data on both tier
    flag, 4 state partitions, ``--per-batch`` events a batch) over ``--events`` events,
    checkpoint + state + results on a local directory vs in the bucket; work stealing
    off on both (a bucket's checkpoint has none), so the tier is the only difference.
-   Goal: s3 ≥ 0.8× file. The server's own usage log counts the requests every process
+   Goal: s3 ≥ 0.8x file. The server's own usage log counts the requests every process
    made (driver and Spark's Python workers): PUTs, GETs and LISTs, and bytes written,
    per batch — and what they cost per million events at AWS's list price;
 2. **restore** — ``--restore-gb`` of state (4 partitions of random, incompressible
    values) snapshotted to the bucket, then loaded by a fresh provider on an empty disk,
    vs the same objects downloaded raw in parallel (obstore, 8 threads, no checks: the
-   floor). Goal: restore ≥ 0.8× raw;
+   floor). Goal: restore ≥ 0.8x raw;
 3. **fresh start** — for each ``--start-gb``: an aggregation whose state is about that
-   big runs to the end with checkpoints in the bucket; then its machine's disk is
-   wiped, more events arrive, and a driver on an empty directory is timed from start to
-   its first committed batch (Spark session up first: its start-up is not the tier's).
+   big (a count per key, every event a new key) runs to the end with checkpoints in the
+   bucket; then its machine's disk is wiped, 10,000 more events arrive, and a driver on
+   an empty directory is timed from start to its first committed batch (the Spark
+   session is up already: its start-up is not the tier's). Its state job is the
+   restore of every partition plus the merge of those events.
 
 Prints one table per part; record results with the command in docs/benchmarks.md.
 """
@@ -99,7 +101,13 @@ def fill(url: str, frame: pd.DataFrame) -> None:
 
 
 def run_stream(
-    spark: Any, spec: Aggregation, log_url: str, where: str, local: Path, per_batch: int
+    spark: Any,
+    spec: Aggregation,
+    log_url: str,
+    where: str,
+    local: Path,
+    per_batch: int,
+    state: StateConfig | None = None,
 ) -> float:
     """Seconds to run ``spec`` over the topic to its end, checkpoint/state/results at
     ``where`` (a directory or a bucket URL)."""
@@ -118,12 +126,24 @@ def run_stream(
         source,
         checkpoint=f"{where}/{spec.name}",
         output=f"{where}/output/{spec.name}",
-        state=StateConfig(local_dir=local, durable=f"{where}/state"),
+        state=state or StateConfig(local_dir=local, durable=f"{where}/state"),
         trigger={"availableNow": True},
     )
     query.awaitTermination()
     assert query.exception() is None, query.exception()
     return time.perf_counter() - began
+
+
+def server_cpu(server: CephS3Server) -> float:
+    """CPU seconds the S3 server's daemons (gateway, OSD, monitor) have used: on this
+    machine they share the 2 cores with Spark, which a real S3 would not."""
+    total = 0.0
+    for daemon in ("client.rgw.a", "osd.0", "mon.a"):
+        pid = server._pid(daemon)
+        if pid is not None:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def usage_delta(server: CephS3Server, before: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -153,13 +173,14 @@ def part_stream(spark: Any, server: CephS3Server, root: Path, args: Any) -> None
         for tier in ("file", "s3"):
             name = f"agg_{tier}_{r}"
             where = str(root / "tier") if tier == "file" else f"s3://{BUCKET}/tier"
-            before = server.usage()
+            before, cpu = server.usage(), server_cpu(server)
             s = run_stream(
                 spark, aggregation(name), log_url, where, root / f"local-{name}", args.per_batch
             )
             seconds[tier].append(s)
             if tier == "s3":
                 cost = usage_delta(server, before)
+                cost["server_cpu"] = server_cpu(server) - cpu
                 cost["batches"] = len(open_batches(f"{where}/{name}").ids())
             shutil.rmtree(root / f"local-{name}", ignore_errors=True)
     for tier in ("file", "s3"):
@@ -182,6 +203,10 @@ def part_stream(spark: Any, server: CephS3Server, root: Path, args: Any) -> None
         f"(${dollars / b * 86400:.2f} a day at one batch a second)"
     )
     print(f"  by category: {cost['ops']}")
+    print(
+        f"the S3 server's own CPU during the last s3 run: {cost['server_cpu']:.2f} s "
+        f"(of {seconds['s3'][-1]:.2f} s wall on 2 cores shared with Spark)"
+    )
 
 
 def part_restore(server: CephS3Server, root: Path, gb: float) -> None:
@@ -240,7 +265,7 @@ def part_restore(server: CephS3Server, root: Path, gb: float) -> None:
 
 def part_fresh_start(spark: Any, root: Path, gbs: list[float], per_batch: int) -> None:
     print("\n3. fresh start: empty disk to the first committed batch, checkpoints in the bucket")
-    print(f"{'state':>10} {'events':>12} {'first batch s':>14} {'of it, restore s':>17}")
+    print(f"{'snapshot':>10} {'keys':>12} {'first batch s':>14} {'its state job s':>16}")
     for gb in gbs:
         # a count per key, every event a new key, in one 30-day window that stays open:
         # every event adds one entry (~40 bytes in RocksDB) to the state
@@ -249,9 +274,13 @@ def part_fresh_start(spark: Any, root: Path, gbs: list[float], per_batch: int) -
         fill(log_url, events(n, seed=5, users=1000, keys="unique"))
         spec = aggregation(f"start_{str(gb).replace('.', '_')}", window="30d", distinct=False)
         where = f"s3://{BUCKET}/start"
-        run_stream(spark, spec, log_url, where, root / "start-a", max(per_batch, n // 4))
+        # snapshots every 2 batches, so a restore downloads a snapshot, as it would after
+        # a long run (not only changelogs, as after a short one)
+        build = StateConfig(local_dir=root / "start-a", durable=f"{where}/state", snapshot_every=2)
+        # batches of at most 1M keys: every key is a result row the driver collects
+        run_stream(spark, spec, log_url, where, root / "start-a", min(n // 4, 1_000_000), build)
         state = open_store(f"{where}/state/{spec.name}")
-        size = sum(i.size for i in state.list() if "/shared/" in i.key)
+        size = sum(i.size for i in state.list() if "/shared/" in i.key)  # the snapshot
         shutil.rmtree(root / "start-a")
         fill(log_url, events(10_000, seed=6, users=1000, start_ms=3_600_000, keys="unique"))
         batches = open_batches(f"{where}/{spec.name}")
@@ -270,8 +299,8 @@ def part_fresh_start(spark: Any, root: Path, gbs: list[float], per_batch: int) -
             time.sleep(0.05)
         first = time.perf_counter() - began
         query.awaitTermination()
-        restore = (record.ms or {}).get("state_job", 0) / 1000
-        print(f"{size / 1e9:>8.2f}GB {n:>12,} {first:>14.2f} {restore:>17.2f}")
+        job = (record.ms or {}).get("state_job", 0) / 1000  # restore + merge of 10k events
+        print(f"{size / 1e9:>8.2f}GB {n:>12,} {first:>14.2f} {job:>16.2f}")
         shutil.rmtree(root / "start-b", ignore_errors=True)
         shutil.rmtree(root / f"log-start-{gb:g}", ignore_errors=True)
 

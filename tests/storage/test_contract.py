@@ -107,6 +107,18 @@ def test_range_reads(store: ObjectStore) -> None:
         store.get_range("missing", 0, 1)
 
 
+def test_a_prefix_read_tells_the_size(store: ObjectStore) -> None:
+    data = os.urandom(50_000)
+    store.put("blob", data)
+    assert store.get_prefix("blob", 10) == (data[:10], 50_000)
+    assert store.get_prefix("blob", 80_000) == (data, 50_000)  # shorter than asked
+    assert store.get_prefix("blob", 0) == (b"", 50_000)
+    store.put("empty", b"")
+    assert store.get_prefix("empty", 10) == (b"", 0)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_prefix("missing", 10)
+
+
 def test_large_files_go_up_and_come_back_whole(store: ObjectStore, tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(40 * 1024 * 1024 + 12345))  # over the part size: multipart

@@ -104,7 +104,18 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
     spec_file.write_text(SPEC)
     command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec_file)]
     run = subprocess.run(
-        [*command, "--once", "--max-records-per-batch", "300", "--checkpoints", s3_url],
+        [
+            *command,
+            "--once",
+            "--max-records-per-batch",
+            "300",
+            "--checkpoints",
+            s3_url,
+            "--retain-versions",
+            "2",
+            "--snapshot-every",
+            "1",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -117,6 +128,12 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
     secret = env["AWS_SECRET_ACCESS_KEY"]
     assert secret not in run.stderr + run.stdout
     shutil.rmtree(home / "state")  # the local cache: not needed to read results
+    # retention: only what the newest 2 batches need is kept, in the bucket too
+    store = checkpoint_store(s3_url)
+    commits = [i.key for i in store.list("flags/riverbed/commits/")]
+    assert [k.rsplit("/", 1)[1] for k in commits] == [f"{b:012d}.json" for b in (1, 2)]
+    changelogs = {i.key.rsplit("/", 1)[1] for i in store.list("state/flags/0/changelog/")}
+    assert f"{1:020d}.rbcl" not in changelogs and f"{3:020d}.rbcl" in changelogs
 
     monkeypatch.setenv("RIVERBED_HOME", str(home))
     monkeypatch.setenv("RIVERBED_LOG", log_url)

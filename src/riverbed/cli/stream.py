@@ -24,6 +24,16 @@ CHECKPOINTS_HELP = (
 )
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
+
+
 def _config(args: argparse.Namespace) -> Config:
     """The configuration, with ``--checkpoints`` over what it says."""
     from dataclasses import replace
@@ -62,6 +72,19 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--control", help="control plane URL (default: RIVERBED_CONTROL, else sqlite)")
     c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.add_argument(
+        "--retain-versions",
+        type=_positive,
+        default=100,
+        help="retention: batches whose state and records stay loadable; older changelogs, "
+        "snapshots and batch records are deleted (default 100)",
+    )
+    c.add_argument(
+        "--snapshot-every",
+        type=_positive,
+        default=10,
+        help="batches between state snapshots, and between retention passes (default 10)",
+    )
     c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
@@ -103,6 +126,12 @@ def _run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     job = _job(args.spec, config)
+    job = replace(
+        job,
+        state=replace(
+            job.state, retain_versions=args.retain_versions, snapshot_every=args.snapshot_every
+        ),
+    )
     lease = DriverLease(
         args.control or config.control_url, job.aggregation.name, job.checkpoint, args.ttl
     )

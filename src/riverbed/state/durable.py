@@ -45,6 +45,11 @@ class DurableStorage(ABC):
     def list(self, prefix: str) -> list[str]:
         """Names of the entries directly under ``prefix`` (a "directory")."""
 
+    def complete_snapshots(self, prefix: str) -> builtins.list[str]:
+        """The names under ``prefix`` that are complete uploaded directories (they have
+        their manifest); backends with a cheaper way than a listing each override it."""
+        return [n for n in self.list(prefix) if MANIFEST in self.list(f"{prefix}/{n}")]
+
     @abstractmethod
     def delete(self, name: str) -> None:
         """Delete an object or a whole "directory"; missing is fine."""

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from riverbed.state.durable import DurableStorage, FileStorage
 from riverbed.state.errors import StateError
 from riverbed.state.objects import ObjectStorage
-from riverbed.storage import open_store
+from riverbed.storage import shared_store
 
 
 def open_storage(url: str | Path) -> DurableStorage:
@@ -29,7 +29,7 @@ def open_storage(url: str | Path) -> DurableStorage:
             raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
         return FileStorage(Path(path).resolve())
     if parts.scheme in ("s3", "memory"):
-        return ObjectStorage(open_store(url))
+        return ObjectStorage(shared_store(url))
     raise StateError(
         f"unsupported durable location {url.split('@')[-1]!r}; use a path, file:///path, "
         "s3://bucket/prefix or memory://name"

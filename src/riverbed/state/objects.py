@@ -34,6 +34,7 @@ from riverbed.state.errors import CorruptStateError, StateError
 from riverbed.storage import ObjectNotFoundError, ObjectStore
 
 SHARED = "shared"
+ENDS_GUESS = 256 << 10  # read_ends reads this much in its first request
 THREADS = 8  # parallel uploads and downloads of a snapshot's files
 
 
@@ -74,11 +75,25 @@ class ObjectStorage(DurableStorage):
             raise StateError(f"{self.url}/{name} does not exist") from None
 
     def read_ends(self, name: str, head: int, tail: int) -> tuple[bytes, bytes]:
-        info = self.store.head(name)
-        if info is None:
-            raise StateError(f"{self.url}/{name} does not exist")
-        first = self.store.get_range(name, 0, head)
-        return first, self.store.get_range(name, max(0, info.size - tail), info.size)
+        """One request for an object up to ``ENDS_GUESS`` bytes (a batch's changelog
+        usually is): its start, which tells its size; a second for the tail otherwise."""
+        try:
+            first, size = self.store.get_prefix(name, max(head, ENDS_GUESS))
+        except ObjectNotFoundError:
+            raise StateError(f"{self.url}/{name} does not exist") from None
+        if size <= len(first):
+            return first[:head], first[max(0, size - tail) :]
+        return first[:head], self.store.get_range(name, max(0, size - tail), size)
+
+    def complete_snapshots(self, prefix: str) -> builtins.list[str]:
+        """One LIST for every snapshot under ``prefix`` and which have their manifest."""
+        base = f"{prefix.strip('/')}/"
+        names = set()
+        for info in self.store.list(base):
+            parts = info.key[len(base) :].split("/")
+            if len(parts) == 2 and parts[1] == MANIFEST and not parts[0].startswith("."):
+                names.add(parts[0])
+        return sorted(names)
 
     def list(self, prefix: str) -> builtins.list[str]:
         return self.store.entries(f"{prefix.strip('/')}/" if prefix else "")

@@ -33,7 +33,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from riverbed.state.base import Engine, LocalDB, Op
@@ -118,6 +118,9 @@ class StateProvider:
         self.engine = _engine(config.engine)
         self.durable: DurableStorage = open_storage(config.durable)
         self.local_dir = Path(config.local_dir)
+        # the newest snapshot of each partition this provider loaded, so its commit knows
+        # whether one is due without listing them again (a request each, in a bucket)
+        self._last_snapshot: dict[tuple[str, int], int] = {}
         if config.snapshot_every < 1 or config.retain_versions < 1:
             raise StateValueError("snapshot_every and retain_versions must be at least 1")
 
@@ -146,7 +149,10 @@ class StateProvider:
         _check_name(namespace)
         return sorted(int(p) for p in self.durable.list(namespace) if p.isdigit())
 
-    def index(self, namespace: str, partition: int) -> PartitionIndex:
+    def index(self, namespace: str, partition: int, purged: bool = True) -> PartitionIndex:
+        """What the durable tier holds of a partition; ``purged=False`` leaves
+        ``purged_through`` unread (0) — a request saved where only the newest version
+        matters, as it always survives a purge."""
         base = self._base(namespace, partition)
         changelogs = sorted(
             int(n[: -len(_SUFFIX)])
@@ -154,24 +160,21 @@ class StateProvider:
             if n.endswith(_SUFFIX)
         )
         snapshots = self._snapshots(base)
-        purged = 0
+        return PartitionIndex(changelogs, snapshots, self._purged(base) if purged else 0)
+
+    def _purged(self, base: str) -> int:
         with contextlib.suppress(StateError):
-            purged = int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
-        return PartitionIndex(changelogs, snapshots, purged)
+            return int(json.loads(self.durable.read(f"{base}/meta.json"))["purged_through"])
+        return 0
 
     def _snapshots(self, base: str) -> dict[int, int]:
         """Complete snapshots of a partition: version -> tag."""
         snapshots: dict[int, int] = {}
-        for n in self.durable.list(f"{base}/snapshot"):
+        for n in self.durable.complete_snapshots(f"{base}/snapshot"):
             version, _, tag = n.partition("-")
-            if version.isdigit() and tag and self._snapshot_complete(f"{base}/snapshot/{n}"):
+            if version.isdigit() and tag:
                 snapshots[int(version)] = int(tag, 16)
         return snapshots
-
-    def _snapshot_complete(self, name: str) -> bool:
-        from riverbed.state.durable import MANIFEST
-
-        return MANIFEST in self.durable.list(name)
 
     def versions(self, namespace: str, partition: int) -> list[int]:
         """Every loadable version of a partition."""
@@ -208,7 +211,8 @@ class StateProvider:
         try:
             # Read the index only once we hold the partition: a commit by the previous
             # holder must be visible, or "latest" could be stale.
-            index = self.index(namespace, partition)
+            index = self.index(namespace, partition, purged=False)
+            self._last_snapshot[(namespace, partition)] = max(index.snapshots, default=0)
             target = self._resolve(namespace, partition, index, version)
             db = self._bring_to(namespace, partition, path, db, index, target)
         except BaseException:
@@ -223,6 +227,8 @@ class StateProvider:
             raise StateValueError(f"version must be >= 0, got {version}")
         candidates = [v for v in index.versions if version is None or v <= version]
         target = max(candidates, default=0)
+        if target < index.latest and not index.purged_through:  # an older one: purged?
+            index = replace(index, purged_through=self._purged(self._base(namespace, partition)))
         if index.purged_through and target < index.purged_through:
             raise VersionNotFoundError(
                 f"version {version} of {namespace}/{partition} was purged (oldest kept: "
@@ -383,8 +389,11 @@ class StateProvider:
         changelog = Changelog(new, base[0], base[1], list(ops))
         self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
         db.apply(ops, new, changelog.tag)
-        # only the snapshot listing: the changelog directory grows with history
-        last = max(self._snapshots(self._base(namespace, partition)), default=0)
+        # the partition is held since its load, so the snapshots it listed then are
+        # current (another holder's snapshot in between only makes one more, early)
+        last = self._last_snapshot.get((namespace, partition))
+        if last is None:  # only the snapshot listing: the changelog directory grows
+            last = max(self._snapshots(self._base(namespace, partition)), default=0)
         if new - last >= self.config.snapshot_every:
             self._snapshot(namespace, partition, db)
 
@@ -395,6 +404,7 @@ class StateProvider:
         try:
             db.checkpoint(tmp)
             self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version, tag))
+            self._last_snapshot[(namespace, partition)] = version
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

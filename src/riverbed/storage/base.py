@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from riverbed.storage.errors import StorageValueError
+from riverbed.storage.errors import ObjectNotFoundError, StorageValueError
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,14 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
+
+    def get_prefix(self, key: str, n: int) -> tuple[bytes, int]:
+        """The first ``n`` bytes of an object (all of it if shorter) and its size — one
+        request where the backend can (a ranged GET answers with the object's size)."""
+        info = self.head(key)
+        if info is None:
+            raise ObjectNotFoundError(f"no object {key!r} in {self.url}")
+        return self.get_range(key, 0, n), info.size
 
     def entries(self, prefix: str = "") -> builtins.list[str]:
         """The names directly below ``prefix`` (a "directory": ``""`` or ending in

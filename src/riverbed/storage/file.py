@@ -87,6 +87,13 @@ class FileStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError):
             raise ObjectNotFoundError(f"no object {key!r} in {self.url}") from None
 
+    def get_prefix(self, key: str, n: int) -> tuple[bytes, int]:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read(n), os.fstat(f.fileno()).st_size
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFoundError(f"no object {key!r} in {self.url}") from None
+
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
         try:

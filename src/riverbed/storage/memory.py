@@ -57,6 +57,10 @@ class MemoryStore(ObjectStore):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return self.get(key)[start:end]
 
+    def get_prefix(self, key: str, n: int) -> tuple[bytes, int]:
+        data = self.get(key)
+        return data[:n], len(data)
+
     def head(self, key: str) -> ObjectInfo | None:
         with _LOCK:
             data = self._objects.get(check_key(key))

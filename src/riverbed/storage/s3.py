@@ -362,6 +362,28 @@ class S3ObjectStore(ObjectStore):
                 raise self._missing(key) from None
             raise
 
+    def get_prefix(self, key: str, n: int) -> tuple[bytes, int]:
+        check_key(key)
+        if n <= 0:
+            info = self.head(key)
+            if info is None:
+                raise self._missing(key)
+            return b"", info.size
+
+        def ranged() -> tuple[bytes, int]:
+            result = obstore.get(self._store, key, options={"range": (0, n)})
+            return bytes(result.bytes()), int(result.meta["size"])
+
+        try:  # one request: the answer to a ranged GET carries the object's size
+            return self._call("read", key, ranged)
+        except Exception as exc:
+            kind = classify(str(exc), type(exc).__name__)
+            if kind == PAST_END:  # an empty object has no byte 0
+                return b"", 0
+            if kind == MISSING:
+                raise self._missing(key) from None
+            raise
+
     def head(self, key: str) -> ObjectInfo | None:
         check_key(key)
         try:

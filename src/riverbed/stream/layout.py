@@ -36,7 +36,6 @@ names; :func:`is_local` says which a location is.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,13 +96,12 @@ def output_url(checkpoints: str, name: str) -> str:
     return f"{checkpoints.rstrip('/')}/{OUTPUT}/{name}"
 
 
-@functools.lru_cache(maxsize=64)
 def checkpoint_store(location: str) -> ObjectStore:
     """The object store at a bucket location, one per process (clients are reused by
     every batch and every task)."""
-    from riverbed.storage import open_store
+    from riverbed.storage import shared_store
 
-    return open_store(location)
+    return shared_store(location)
 
 
 def batch_key(batch_id: int) -> str:
