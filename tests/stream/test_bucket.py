@@ -144,6 +144,14 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
     status = json.loads(capsys.readouterr().out)
     assert (status["batches"], status["input_records"]) == (3, 900)
     assert set(status["lag"].values()) == {0}
+    # by name, as the console's read model answers it: from the bucket alone
+    assert main(["stream", "status", "flags", "--checkpoints", s3_url, "--json"]) == 0
+    by_name = json.loads(capsys.readouterr().out)
+    assert (by_name["batches"], by_name["input_records"], by_name["term"]) == (3, 900, 2)
+    assert [row["batch"] for row in by_name["ledger"]] == [2, 1]  # retention kept two
+    assert by_name["ledger"][0]["done"] and by_name["ledger"][0]["offsets"]
+    assert main(["state", "ls", "--checkpoints", s3_url, "--json"]) == 0
+    assert "flags" in capsys.readouterr().out
 
     # a second run on a fresh home finds everything committed: nothing to do, nothing redone
     again = subprocess.run(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from riverbed.inspect.sources import Sources, du, local_path
-from riverbed.stream.layout import state_root
+from riverbed.stream.layout import STATE
 
 
 def disk(src: Sources) -> dict[str, int | None]:
@@ -11,7 +11,7 @@ def disk(src: Sources) -> dict[str, int | None]:
     log_path = local_path(src.config.log_url)
     return {
         "log": du(log_path) if log_path is not None else None,
-        "state_durable": du(state_root(src.checkpoints)),
+        "state_durable": du(src.place(STATE)),
         "state_local": du(src.config.state_dir),
         "job_logs": du(src.config.home / "jobs" / "logs"),
     }

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from riverbed.config import Config
 from riverbed.errors import RiverbedError
-from riverbed.stream.layout import state_root
+from riverbed.stream.layout import STATE, child
 
 
 class QueryError(RiverbedError):
@@ -26,8 +26,13 @@ def local_path(url: str) -> Path | None:
     return None
 
 
-def du(path: Path) -> int:
-    """Bytes of the files under ``path`` (0 when it does not exist)."""
+def du(path: str | Path) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist) — or of the objects
+    under a bucket location (``s3://…``)."""
+    if isinstance(path, str):
+        from riverbed.stream.layout import checkpoint_store
+
+        return sum(i.size for i in checkpoint_store(path).list())
     total = 0
     try:
         for f in path.rglob("*"):
@@ -71,11 +76,19 @@ class Sources:
             return self._cp
 
     @property
-    def checkpoints(self) -> Path:
-        path = local_path(self.config.checkpoints_url)
-        if path is None:
-            raise QueryError(f"checkpoints at {self.config.checkpoints_url}: only local paths")
-        return path
+    def checkpoints(self) -> str | Path:
+        """The checkpoints location: a directory, or a bucket's ``s3://`` URL."""
+        url = self.config.checkpoints_url
+        path = local_path(url)
+        if path is not None:
+            return path
+        if url.startswith("s3://"):
+            return url.rstrip("/")
+        raise QueryError(f"checkpoints at {url.split('@')[-1]}: a path, file:// or s3:// only")
+
+    def place(self, name: str) -> str | Path:
+        """Where something is under the checkpoints (``state``, an aggregation's name)."""
+        return child(self.checkpoints, name)
 
     @property
     def state(self) -> Any:
@@ -84,9 +97,7 @@ class Sources:
                 from riverbed.state import StateConfig, StateProvider
 
                 self._state = StateProvider(
-                    StateConfig(
-                        local_dir=self.config.state_dir, durable=state_root(self.checkpoints)
-                    )
+                    StateConfig(local_dir=self.config.state_dir, durable=self.place(STATE))
                 )
             return self._state
 

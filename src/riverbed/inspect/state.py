@@ -7,20 +7,20 @@ from collections.abc import Iterator
 from typing import Any
 
 from riverbed.inspect.sources import QueryError, Sources, du, jsonable
-from riverbed.stream.layout import state_root
+from riverbed.stream.layout import STATE, child
 
 
 def state(src: Sources) -> list[dict[str, Any]]:
     """Namespaces, their partitions, versions, snapshot and changelog bytes."""
     provider = src.state
-    root = state_root(src.checkpoints)
+    root = src.place(STATE)
     out = []
     for ns in provider.namespaces():
         parts = []
         for p in provider.partitions(ns):
             index = provider.index(ns, p)
             versions = [v for v in index.versions if v >= index.purged_through]
-            base = root / ns / str(p)
+            base = child(child(root, ns), str(p))
             parts.append(
                 {
                     "partition": p,
@@ -29,8 +29,9 @@ def state(src: Sources) -> list[dict[str, Any]]:
                     "versions": len(versions),
                     "snapshots": sorted(index.snapshots),
                     "purged_through": index.purged_through,
-                    "changelog_bytes": du(base / "changelog"),
-                    "snapshot_bytes": du(base / "snapshot"),
+                    "changelog_bytes": du(child(base, "changelog")),
+                    # in a bucket a snapshot's files are shared between snapshots
+                    "snapshot_bytes": du(child(base, "snapshot")) + du(child(base, "shared")),
                 }
             )
         out.append(

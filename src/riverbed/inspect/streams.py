@@ -9,8 +9,8 @@ from typing import Any
 
 from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
-from riverbed.stream.layout import Checkpoint, aggregations
-from riverbed.stream.records import BatchRecord, read_record
+from riverbed.stream.layout import Checkpoint, aggregations, is_local
+from riverbed.stream.records import BatchRecord, open_batches
 
 
 def stream_names(src: Sources) -> list[str]:
@@ -21,11 +21,16 @@ def stream_names(src: Sources) -> list[str]:
 def _manifest(src: Sources, name: str) -> dict[str, Any]:
     from riverbed.stream.specjob import read_manifest
 
-    checkpoint = src.checkpoints / name
-    if not Checkpoint(checkpoint).batches.is_dir():
+    checkpoint = src.place(name)
+    if not open_batches(checkpoint).ids() and not _has_records_dir(checkpoint):
         known = ", ".join(stream_names(src)) or "none"
         raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")
     return read_manifest(checkpoint) or {"name": name, "checkpoint": str(checkpoint)}
+
+
+def _has_records_dir(checkpoint: str | Path) -> bool:
+    """A local checkpoint whose batch records were all pruned still has their folder."""
+    return is_local(checkpoint) and Checkpoint.of(checkpoint).batches.is_dir()
 
 
 def _driver(src: Sources, name: str) -> dict[str, Any]:
@@ -62,23 +67,23 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     else:
         out["error"] = "checkpoint written before manifests: run it once with this version"
     out["driver"] = _driver(src, name)
-    recorded = recorded_driver(src.checkpoints / name)
+    checkpoint = src.place(name)
+    recorded = recorded_driver(checkpoint)
     out["term"] = recorded.get("term") if recorded else None
     now_ms = time.time() * 1000
     wm = out.get("watermark_ms") or 0
     out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None
-    checkpoint = src.checkpoints / name
-    paths = sorted(Checkpoint(checkpoint).batches.glob("*.json"))
-    newest = read_record(paths[-1]) if paths else None
-    out["last_batch"] = _batch_row(checkpoint, int(paths[-1].stem), newest) if newest else None
+    batches = open_batches(checkpoint)
+    ids = batches.ids()
+    newest = batches.get(ids[-1]) if ids else None
+    out["last_batch"] = _batch_row(checkpoint, ids[-1], newest) if newest else None
     if ledger:
-        out["ledger"] = [
-            _batch_row(checkpoint, int(p.stem), read_record(p)) for p in reversed(paths[-ledger:])
-        ]
+        rows = [(b, batches.get(b)) for b in reversed(ids[-ledger:])]
+        out["ledger"] = [_batch_row(checkpoint, b, r) for b, r in rows if r is not None]
     return out
 
 
-def _batch_row(checkpoint: Path, batch_id: int, record: BatchRecord) -> dict[str, Any]:
+def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> dict[str, Any]:
     """One ledger line: what the batch read (offsets per log partition, from the
     previous batch's ends to its own), the state version it committed, its time."""
     ms = record.ms
@@ -112,7 +117,13 @@ def _batch_row(checkpoint: Path, batch_id: int, record: BatchRecord) -> dict[str
 def newest_batch(src: Sources, name: str) -> str | None:
     """The newest batch record's id and modification time (a cheap listing that changes
     when a batch starts or commits)."""
-    paths = sorted(Checkpoint(src.checkpoints / name).batches.glob("*.json"))
+    checkpoint = src.place(name)
+    if not is_local(checkpoint):  # objects are created once: the newest id and its commit
+        batches = open_batches(checkpoint)
+        ids = batches.ids()
+        newest = batches.get(ids[-1]) if ids else None
+        return f"{ids[-1]}:{newest.done}" if newest is not None else None
+    paths = sorted(Checkpoint.of(checkpoint).batches.glob("*.json"))
     if not paths:
         return None
     try:
@@ -142,7 +153,10 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     aggregation, _ = load_spec(spec)
     from riverbed.state import StateConfig
 
-    state = StateConfig(local_dir=src.config.state_dir, durable=Path(info["state_durable"]))
+    durable = info["state_durable"]
+    state = StateConfig(
+        local_dir=src.config.state_dir, durable=durable if "://" in durable else Path(durable)
+    )
     bands: dict[str, float] = {}
     for metric_name, metric in aggregation.metrics.items():
         if isinstance(metric, Distinct) and metric.mode != "exact":
