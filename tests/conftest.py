@@ -52,6 +52,18 @@ def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
 
 
 S3_BUCKET = "riverbed-tests"
+LOCATIONS = ["file", "memory", pytest.param("s3", marks=pytest.mark.s3)]  # every backend
+
+
+def location_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:
+    """A fresh location of ``kind``: a directory, this process's memory, or a prefix in
+    the tests' bucket (which starts the S3 server and sets the AWS_* variables)."""
+    if kind == "file":
+        return str(tmp_path / name)
+    if kind == "memory":
+        return f"memory://{name}-{os.urandom(4).hex()}"
+    url: str = request.getfixturevalue("s3_url")
+    return f"{url}/{name}"
 
 
 @pytest.fixture(scope="session")

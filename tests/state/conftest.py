@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from riverbed.state import StateConfig, StateProvider
+from tests.conftest import LOCATIONS, location_of
 
 
 @pytest.fixture(params=["rocksdb", "memory"])
@@ -14,15 +14,10 @@ def engine(request: pytest.FixtureRequest) -> str:
     return name
 
 
-@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=LOCATIONS)
 def durable(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where the durable tier is: a directory, this process's memory, or a bucket."""
-    if request.param == "file":
-        return str(tmp_path / "durable")
-    if request.param == "memory":
-        return f"memory://state-{os.urandom(4).hex()}"
-    url: str = request.getfixturevalue("s3_url")
-    return url
+    return location_of(request.param, request, tmp_path, "durable")
 
 
 @pytest.fixture

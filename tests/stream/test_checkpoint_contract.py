@@ -11,7 +11,6 @@ them — and a term is never overwritten by an older one.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -22,18 +21,14 @@ from riverbed.state import CorruptStateError
 from riverbed.stream.fencing import DriverFencedError, check_term, record_term, recorded_driver
 from riverbed.stream.layout import checkpoint_store, commit_key, is_local
 from riverbed.stream.records import BatchRecord, ObjectBatchLog, open_batches
+from tests.conftest import LOCATIONS, location_of
 
 PLAN = {"0": [0, 10], "1": [0, 7]}
 
 
-@pytest.fixture(params=["file", "memory", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=LOCATIONS)
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "ckpt")
-    if request.param == "memory":
-        return f"memory://ckpt-{os.urandom(4).hex()}"
-    url: str = request.getfixturevalue("s3_url")
-    return f"{url}/ckpt"
+    return location_of(request.param, request, tmp_path, "ckpt")
 
 
 def planned(watermark: int = 5, slices: dict[str, list[int]] | None = None) -> BatchRecord:
@@ -90,19 +85,12 @@ def test_a_newer_term_fences_the_older_driver(location: str) -> None:
 # -- object storage: create-only, never replaced ----------------------------------------
 
 
-@pytest.fixture(params=["memory", pytest.param("s3", marks=pytest.mark.s3)])
-def bucket(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=LOCATIONS[1:])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An object store location (the file backend keeps records as replaced files)."""
-    location = _object_location(request)
+    location = location_of(request.param, request, tmp_path, "ckpt")
     assert not is_local(location)
     return location
-
-
-def _object_location(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return f"memory://ckpt-{os.urandom(4).hex()}"
-    url: str = request.getfixturevalue("s3_url")
-    return f"{url}/ckpt"
 
 
 def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(bucket: str) -> None:

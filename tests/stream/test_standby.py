@@ -200,8 +200,13 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         before = fingerprint(setup)
     finally:
         os.killpg(a.pid, signal.SIGCONT)
-    _, err = a.communicate(timeout=120)
-    assert a.returncode != 0, "the zombie carried on"
+    assert_fenced(a)
+    assert fingerprint(setup) == before, "the resumed zombie wrote something"
+
+
+def assert_fenced(zombie: subprocess.Popen[str]) -> None:
+    """A resumed driver that was replaced stops with the fence's one line."""
+    _, err = zombie.communicate(timeout=120)
+    assert zombie.returncode != 0, "the zombie carried on"
     assert "lost the lead of 'duo'" in err or "was replaced by" in err, err[-2000:]
     assert "Traceback" not in err
-    assert fingerprint(setup) == before, "the resumed zombie wrote something"
