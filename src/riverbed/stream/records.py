@@ -136,7 +136,7 @@ class BatchLog:
     """The batch records of a local checkpoint: one file per batch, replaced atomically
     (temporary, fsync, rename) as the batch goes from planned to done. The object-store
     twin is :class:`ObjectBatchLog`; :func:`open_batches` picks by location, and both
-    pass one contract suite (``tests/stream/test_batch_records.py``)."""
+    pass one contract suite (``tests/stream/test_checkpoint_contract.py``)."""
 
     def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
         self.layout = Checkpoint.of(checkpoint)
