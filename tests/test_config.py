@@ -63,16 +63,26 @@ def test_missing_explicit_config_file(tmp_path: Path) -> None:
         load_config(env={"RIVERBED_CONFIG": str(tmp_path / "nope.toml")}, cwd=tmp_path)
 
 
-def test_stream_checkpoints_in_a_bucket_are_refused_with_what_works(tmp_path: Path) -> None:
-    """Object storage holds state, not yet a stream's batch records: one clear error
-    (that never echoes credentials) instead of a path named 's3:'."""
+def test_stream_checkpoints_in_a_bucket_put_results_beside_them_and_refuse_secrets(
+    tmp_path: Path,
+) -> None:
+    """A bucket location puts checkpoints, state and results in the bucket; credentials
+    inside the location are refused without being echoed, and an unknown scheme names
+    what works."""
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.metrics import Count
     from riverbed.stream.specjob import job_for
     from riverbed.stream.windows import Tumbling
 
-    config = load_config(env={"RIVERBED_CHECKPOINTS": "s3://KEY:secret@bucket/p"}, cwd=tmp_path)
     spec = Aggregation(name="a", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
-    with pytest.raises(ConfigError, match="stream checkpoints must be a local path") as caught:
+    config = load_config(env={"RIVERBED_CHECKPOINTS": "s3://bucket/p/"}, cwd=tmp_path)
+    job = job_for(config, spec, {"topic": "t"})
+    assert (job.checkpoint, job.output) == ("s3://bucket/p/a", "s3://bucket/p/output/a")
+    assert job.state.durable == "s3://bucket/p/state"
+    config = load_config(env={"RIVERBED_CHECKPOINTS": "s3://KEY:secret@bucket/p"}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match="holds credentials") as caught:
         job_for(config, spec, {"topic": "t"})
-    assert "secret" not in str(caught.value) and "docs/storage.md" in str(caught.value)
+    assert "secret" not in str(caught.value) and "AWS_SECRET_ACCESS_KEY" in str(caught.value)
+    config = load_config(env={"RIVERBED_CHECKPOINTS": "gs://bucket/p"}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match="s3://bucket/prefix"):
+        job_for(config, spec, {"topic": "t"})

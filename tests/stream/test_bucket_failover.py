@@ -49,7 +49,8 @@ class Cluster:
     def driver(self, machine: str) -> subprocess.Popen[str]:
         command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(self.spec)]
         process = subprocess.Popen(
-            [*command, "--once", "--max-records-per-batch", "300", "--ttl", str(TTL)],
+            # 60 batches: the first driver is still running when a second one is up
+            [*command, "--once", "--max-records-per-batch", "150", "--ttl", str(TTL)],
             env={**self.env, "RIVERBED_HOME": str(self.root / machine)},
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -104,11 +105,13 @@ def _aws(env: Any) -> dict[str, str]:
 
 def test_a_paused_driver_resumed_after_a_takeover_makes_nothing_current(cluster: Cluster) -> None:
     a = cluster.driver("machine-a")
-    wait_for(lambda: len(cluster.committed()) >= 2, 180, "the first driver's batches")
-    b = cluster.driver("machine-b")
-    assert "standby for duo" in standby_line(b)
-    first = cluster.term()
+    wait_for(lambda: cluster.term() is not None, 180, "the first driver's term")
+    b = cluster.driver("machine-b")  # its Spark starts while the first one runs batches
+    line = standby_line(b)
     assert a.poll() is None, "the first driver finished before the standby was up"
+    assert "standby for duo" in line, line
+    wait_for(lambda: len(cluster.committed()) >= 2, 180, "the first driver's batches")
+    first = cluster.term()
     os.killpg(a.pid, signal.SIGSTOP)  # Python and JVM: a zombie holding an old term
     try:
         wait_for(lambda: cluster.term() != first, TTL + 60, "the standby's takeover")

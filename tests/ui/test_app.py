@@ -373,3 +373,24 @@ def test_jobs_page_shows_live_workers_and_their_slots(client: TestClient, home: 
     finally:
         worker.terminate()
         worker.wait(30)
+
+
+def test_a_checkpoint_from_before_manifests_says_so_on_its_page(
+    client: TestClient, home: Home
+) -> None:
+    """Batch records but no manifest (a checkpoint an older riverbed wrote): the page
+    and its JSON say what to do, not a server error."""
+    import shutil
+
+    from riverbed.stream.layout import local_path
+    from riverbed.stream.records import BatchLog, BatchRecord
+
+    root = local_path(home.config.checkpoints_url) / "oldie"
+    BatchLog(str(root)).put(0, BatchRecord(done=True, input=3))
+    try:
+        page = client.get("/streams/oldie")
+        assert page.status_code == 200, page.text[-2000:]
+        assert "written before manifests" in page.text
+        assert "written before manifests" in client.get("/api/streams/oldie").json()["error"]
+    finally:
+        shutil.rmtree(root)

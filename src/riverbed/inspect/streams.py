@@ -13,6 +13,20 @@ from riverbed.stream.layout import Checkpoint, aggregations, is_local
 from riverbed.stream.records import BatchRecord, open_batches
 
 
+NOTHING_KNOWN: dict[str, Any] = {
+    "batches": 0,
+    "input_records": 0,
+    "late": 0,
+    "malformed": 0,
+    "watermark": None,
+    "watermark_ms": 0,
+    "lag": {},
+    "last_batch_ms": None,
+    "input_rate": None,
+    "state_bytes": 0,
+}
+
+
 def stream_names(src: Sources) -> list[str]:
     """Aggregations with a checkpoint (a batch ledger) under the checkpoints root."""
     return aggregations(src.checkpoints)
@@ -22,10 +36,11 @@ def _manifest(src: Sources, name: str) -> dict[str, Any]:
     from riverbed.stream.specjob import read_manifest
 
     checkpoint = src.place(name)
-    if not open_batches(checkpoint).ids() and not _has_records_dir(checkpoint):
+    manifest = read_manifest(checkpoint)
+    if manifest is None and not _has_records_dir(checkpoint) and not open_batches(checkpoint).ids():
         known = ", ".join(stream_names(src)) or "none"
         raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")
-    return read_manifest(checkpoint) or {"name": name, "checkpoint": str(checkpoint)}
+    return manifest or {"name": name, "checkpoint": str(checkpoint)}
 
 
 def _has_records_dir(checkpoint: str | Path) -> bool:
@@ -64,7 +79,8 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
             out.update(status_of(info, log))
         except RiverbedError as exc:
             out["error"] = str(exc)
-    else:
+    else:  # the same shape as a status, with nothing known
+        out.update(NOTHING_KNOWN)
         out["error"] = "checkpoint written before manifests: run it once with this version"
     out["driver"] = _driver(src, name)
     checkpoint = src.place(name)

@@ -110,6 +110,11 @@ def _check_name(namespace: str) -> None:
         )
 
 
+# the newest snapshot version of each (durable location, namespace, partition) this
+# process has seen: commits list snapshots only when this says one may be due
+_SNAPSHOTS_SEEN: dict[tuple[str, str, int], int] = {}
+
+
 class StateProvider:
     """Loads versioned partition state; see the module docstring for the protocols."""
 
@@ -118,9 +123,6 @@ class StateProvider:
         self.engine = _engine(config.engine)
         self.durable: DurableStorage = open_storage(config.durable)
         self.local_dir = Path(config.local_dir)
-        # the newest snapshot of each partition this provider loaded, so its commit knows
-        # whether one is due without listing them again (a request each, in a bucket)
-        self._last_snapshot: dict[tuple[str, int], int] = {}
         if config.snapshot_every < 1 or config.retain_versions < 1:
             raise StateValueError("snapshot_every and retain_versions must be at least 1")
 
@@ -209,16 +211,34 @@ class StateProvider:
         self._base(namespace, partition)  # validate names before touching disk
         db = self._open(path)
         try:
+            exact = version is not None and 0 < version == db.version
+            if exact and self._local_is_durable(namespace, partition, db, version):  # type: ignore[arg-type]
+                return StateStore(self._commit, namespace, partition, db)
             # Read the index only once we hold the partition: a commit by the previous
             # holder must be visible, or "latest" could be stale.
             index = self.index(namespace, partition, purged=False)
-            self._last_snapshot[(namespace, partition)] = max(index.snapshots, default=0)
+            self._saw_snapshot(namespace, partition, max(index.snapshots, default=0))
             target = self._resolve(namespace, partition, index, version)
             db = self._bring_to(namespace, partition, path, db, index, target)
         except BaseException:
             db.close()
             raise
         return StateStore(self._commit, namespace, partition, db)
+
+    def _local_is_durable(self, namespace: str, partition: int, db: LocalDB, version: int) -> bool:
+        """The fast path of a load of exactly the version the local copy holds (a
+        stream's every batch): one read of that version's changelog header, no listing.
+        The local copy is it when the durable changelog has the tag the copy was built
+        from; anything else (no such changelog, another tag) takes the full path."""
+        try:
+            header = self._header(namespace, partition, version)
+        except StateError:  # missing (a snapshot only) or damaged: the full path decides
+            return False
+        return header.tag == db.marker[1]
+
+    def _saw_snapshot(self, namespace: str, partition: int, version: int) -> None:
+        key = (self.durable.url, namespace, partition)
+        _SNAPSHOTS_SEEN[key] = max(version, _SNAPSHOTS_SEEN.get(key, 0))
 
     def _resolve(
         self, namespace: str, partition: int, index: PartitionIndex, version: int | None
@@ -389,11 +409,13 @@ class StateProvider:
         changelog = Changelog(new, base[0], base[1], list(ops))
         self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
         db.apply(ops, new, changelog.tag)
-        # the partition is held since its load, so the snapshots it listed then are
-        # current (another holder's snapshot in between only makes one more, early)
-        last = self._last_snapshot.get((namespace, partition))
-        if last is None:  # only the snapshot listing: the changelog directory grows
+        # Is a snapshot due? The newest one this process saw says when one may be; only
+        # then are the snapshots listed (a request, in a bucket) — another process may
+        # have taken one meanwhile — and the listing decides.
+        last = _SNAPSHOTS_SEEN.get((self.durable.url, namespace, partition))
+        if last is None or new - last >= self.config.snapshot_every:
             last = max(self._snapshots(self._base(namespace, partition)), default=0)
+            self._saw_snapshot(namespace, partition, last)
         if new - last >= self.config.snapshot_every:
             self._snapshot(namespace, partition, db)
 
@@ -404,7 +426,7 @@ class StateProvider:
         try:
             db.checkpoint(tmp)
             self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version, tag))
-            self._last_snapshot[(namespace, partition)] = version
+            self._saw_snapshot(namespace, partition, version)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -206,8 +206,16 @@ def aggregations(checkpoints: str | Path) -> list[str]:
     """The names of the aggregations that have run under ``checkpoints``."""
     if not is_local(checkpoints):
         store = checkpoint_store(str(checkpoints))
-        return [n for n in store.entries() if n != OUTPUT and store.entries(f"{n}/{BATCHES}")]
+        return [
+            n
+            for n in store.entries()
+            if n != OUTPUT and (store.exists(f"{n}/{MANIFEST}") or store.entries(f"{n}/{BATCHES}"))
+        ]
     checkpoints = local_path(checkpoints)
     if not checkpoints.is_dir():
         return []
-    return sorted(p.name for p in checkpoints.iterdir() if Checkpoint(p).batches.is_dir())
+    return sorted(
+        p.name
+        for p in checkpoints.iterdir()
+        if Checkpoint(p).batches.is_dir() or Checkpoint(p).manifest.exists()
+    )

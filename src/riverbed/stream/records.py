@@ -140,8 +140,7 @@ class BatchLog:
 
     def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
         self.layout = Checkpoint.of(checkpoint)
-        self.dir = self.layout.batches
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = self.layout.batches  # made by the first put: reading makes nothing
         self.fence = fence or (lambda: None)
 
     def _path(self, batch_id: int) -> Path:
@@ -165,6 +164,7 @@ class BatchLog:
         (writing and syncing the new version) and right before the rename that
         publishes it, so a driver paused and replaced meanwhile publishes nothing."""
         path = self._path(batch_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
         try:
             tmp.write_text(json.dumps(record.to_json()))

@@ -129,6 +129,12 @@ def _checkpoints(url: str) -> str | Path:
         raise ConfigError(
             f"checkpoints {url.split('@')[-1]!r}: use a path, file:///path or s3://bucket/prefix"
         )
+    if "@" in parts.netloc:  # never echoed: it may hold a secret
+        raise ConfigError(
+            "the checkpoints location holds credentials (s3://KEY:SECRET@…), which riverbed "
+            "refuses: give the bucket as s3://bucket/prefix and the keys as "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile (docs/storage.md)"
+        )
     if not parts.netloc:
         raise ConfigError(f"checkpoints {url!r} names no bucket: use s3://bucket/prefix")
     return url.rstrip("/")
