@@ -12,7 +12,6 @@ from riverbed.inspect.sources import QueryError, Sources, jsonable
 from riverbed.stream.layout import Checkpoint, aggregations, is_local
 from riverbed.stream.records import BatchRecord, open_batches
 
-
 NOTHING_KNOWN: dict[str, Any] = {
     "batches": 0,
     "input_records": 0,
