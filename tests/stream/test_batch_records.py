@@ -83,6 +83,7 @@ def test_records_of_older_versions_read_with_defaults(tmp_path: Path) -> None:
     old = {"watermark_ms": 5, "max_event_ms": 9, "done": True, "input": 3, "outputs": 1}
     batches = BatchLog(str(tmp_path))
     path = batches.dir / f"{0:012d}.json"
+    path.parent.mkdir(parents=True)  # reading makes no directory: an old checkpoint has one
     path.write_text(json.dumps(old))
     record = batches.get(0)
     assert record is not None and record.done and record.counted("late") == 0
