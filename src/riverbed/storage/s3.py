@@ -348,19 +348,10 @@ class S3ObjectStore(ObjectStore):
             if not self.exists(key):
                 raise self._missing(key)
             return b""
-        try:  # one request: the server cuts a range short at the object's end
-            return self._call(
-                "read",
-                key,
-                lambda: bytes(obstore.get_range(self._store, key, start=start, end=end)),
-            )
-        except Exception as exc:
-            kind = classify(str(exc), type(exc).__name__)
-            if kind == PAST_END:
-                return b""
-            if kind == MISSING:
-                raise self._missing(key) from None
-            raise
+        # one request: the server cuts a range short at the object's end
+        return self._ranged(
+            key, lambda: bytes(obstore.get_range(self._store, key, start=start, end=end)), b""
+        )
 
     def get_prefix(self, key: str, n: int) -> tuple[bytes, int]:
         check_key(key)
@@ -374,12 +365,19 @@ class S3ObjectStore(ObjectStore):
             result = obstore.get(self._store, key, options={"range": (0, n)})
             return bytes(result.bytes()), int(result.meta["size"])
 
-        try:  # one request: the answer to a ranged GET carries the object's size
-            return self._call("read", key, ranged)
+        # one request: the answer to a ranged GET carries the object's size; an empty
+        # object has no byte 0 (past its end)
+        return self._ranged(key, ranged, (b"", 0))
+
+    def _ranged(self, key: str, read: Callable[[], T], past_end: T) -> T:
+        """A ranged read: ``past_end`` when the range starts after the object's end,
+        :class:`ObjectNotFoundError` when there is no object."""
+        try:
+            return self._call("read", key, read)
         except Exception as exc:
             kind = classify(str(exc), type(exc).__name__)
-            if kind == PAST_END:  # an empty object has no byte 0
-                return b"", 0
+            if kind == PAST_END:
+                return past_end
             if kind == MISSING:
                 raise self._missing(key) from None
             raise

@@ -20,10 +20,13 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from riverbed.errors import RiverbedError
 from riverbed.stream.layout import TERMS, Checkpoint, checkpoint_store, is_local, numbered, term_key
+
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
 
 TERMS_KEPT = 5  # term records kept in a bucket (older ones are pruned on takeover)
 
@@ -32,14 +35,18 @@ class DriverFencedError(RiverbedError):
     """A newer driver took over this aggregation: this one must not write."""
 
 
+def _terms(store: ObjectStore) -> list[int]:
+    """The terms recorded in a bucket's checkpoint, oldest first (one LIST)."""
+    return numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
+
+
 def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
     """Record the new active driver (atomically: readers see the old record or this)."""
     record = json.dumps({"term": term, "driver": driver, "since": since}).encode()
     if not is_local(checkpoint):
         store = checkpoint_store(str(checkpoint))
         store.put_if_absent(term_key(term), record)  # a term is recorded once
-        terms = numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
-        store.delete_many(term_key(t) for t in terms[:-TERMS_KEPT])
+        store.delete_many(term_key(t) for t in _terms(store)[:-TERMS_KEPT])
         return
     path = Checkpoint.of(checkpoint).driver
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +63,7 @@ def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
         from riverbed.storage import ObjectNotFoundError
 
         store = checkpoint_store(str(checkpoint))
-        for term in reversed(numbered([i.key for i in store.list(TERMS)], TERMS, ".json")):
+        for term in reversed(_terms(store)):
             try:
                 newest: dict[str, Any] = json.loads(store.get(term_key(term)))
             except ObjectNotFoundError:  # pruned between the listing and the read
@@ -77,8 +84,7 @@ def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
     if term is None:
         return
     if not is_local(checkpoint):  # one LIST, and a GET only to name a newer driver
-        store = checkpoint_store(str(checkpoint))
-        terms = numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
+        terms = _terms(checkpoint_store(str(checkpoint)))
         if terms and terms[-1] == term:
             return
     current = recorded_driver(checkpoint)
