@@ -9,8 +9,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from riverbed.config import Config
-from riverbed.errors import RiverbedError
-from riverbed.stream.layout import STATE, child
+from riverbed.errors import ConfigError, RiverbedError
+from riverbed.stream.layout import STATE, checkpoints_location, child
 
 
 class QueryError(RiverbedError):
@@ -78,13 +78,10 @@ class Sources:
     @property
     def checkpoints(self) -> str | Path:
         """The checkpoints location: a directory, or a bucket's ``s3://`` URL."""
-        url = self.config.checkpoints_url
-        path = local_path(url)
-        if path is not None:
-            return path
-        if url.startswith("s3://"):
-            return url.rstrip("/")
-        raise QueryError(f"checkpoints at {url.split('@')[-1]}: a path, file:// or s3:// only")
+        try:
+            return checkpoints_location(self.config.checkpoints_url)
+        except ConfigError as exc:
+            raise QueryError(str(exc)) from None
 
     def place(self, name: str) -> str | Path:
         """Where something is under the checkpoints (``state``, an aggregation's name)."""

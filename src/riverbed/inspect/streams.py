@@ -168,10 +168,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     aggregation, _ = load_spec(spec)
     from riverbed.state import StateConfig
 
-    durable = info["state_durable"]
-    state = StateConfig(
-        local_dir=src.config.state_dir, durable=durable if "://" in durable else Path(durable)
-    )
+    state = StateConfig(local_dir=src.config.state_dir, durable=info["state_durable"])
     bands: dict[str, float] = {}
     for metric_name, metric in aggregation.metrics.items():
         if isinstance(metric, Distinct) and metric.mode != "exact":

@@ -24,6 +24,7 @@ from riverbed.stream.layout import (
     checkpoint_store,
     is_local,
     local_path,
+    location,
     state_root,
 )
 from riverbed.stream.records import BatchLog, next_record
@@ -187,7 +188,7 @@ def start(
     and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
     election term, see :mod:`riverbed.stream.fencing`) fences every write.
     """
-    checkpoint, output = _location(checkpoint), _location(output)
+    checkpoint, output = location(checkpoint), location(output)
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         raise StreamValueError(
             f"checkpoint {checkpoint} is in a bucket, which only the log-native path (a "
@@ -225,15 +226,10 @@ def start(
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
 
 
-def _location(location: str | Path) -> str | Path:
-    """A location as given: a bucket's URL stays a string, anything else is a path."""
-    return local_path(location) if is_local(location) else str(location)
-
-
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
     """The current result table: per (window, key), the row of the latest batch
     (``output``: a directory, or a bucket's ``s3://bucket/prefix/output/<name>``)."""
-    table = read_table(_location(output))
+    table = read_table(location(output))
     if table is None:
         return pd.DataFrame()
     frame = table.to_pandas()
@@ -280,11 +276,11 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 
 def reset(checkpoint: str | Path, output: str | Path) -> None:
     """Forget a query: its checkpoint (offsets, state) and its output."""
-    for location in (checkpoint, output):
-        if is_local(location):
-            shutil.rmtree(local_path(location), ignore_errors=True)
+    for place in (checkpoint, output):
+        if is_local(place):
+            shutil.rmtree(local_path(place), ignore_errors=True)
         else:
-            store = checkpoint_store(str(location))
+            store = checkpoint_store(str(place))
             store.delete_many(i.key for i in store.list())
 
 

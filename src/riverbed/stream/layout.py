@@ -49,10 +49,12 @@ __all__ = [
     "aggregations",
     "batch_key",
     "checkpoint_store",
+    "checkpoints_location",
     "child",
     "commit_key",
     "is_local",
     "local_path",
+    "location",
     "output_url",
     "side_key",
     "state_root",
@@ -82,6 +84,36 @@ def local_path(location: str | Path) -> Path:
         return location
     parts = urlsplit(location)
     return Path(parts.path if parts.scheme == "file" else location)
+
+
+def location(value: str | Path) -> str | Path:
+    """A location in its one form: a path for a local one, the URL for a bucket."""
+    return local_path(value) if is_local(value) else str(value).rstrip("/")
+
+
+def checkpoints_location(url: str) -> str | Path:
+    """Where checkpoints go, from a setting (``--checkpoints``, RIVERBED_CHECKPOINTS,
+    riverbed.toml): a local directory, or a bucket (``s3://bucket/prefix``). Anything
+    else, a location without a bucket, and one with credentials in it (never echoed)
+    are :class:`ConfigError` naming what works."""
+    from riverbed.errors import ConfigError
+
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        return local_path(url)
+    if parts.scheme != "s3":
+        raise ConfigError(
+            f"checkpoints {url.split('@')[-1]!r}: use a path, file:///path or s3://bucket/prefix"
+        )
+    if "@" in parts.netloc:  # never echoed: it may hold a secret
+        raise ConfigError(
+            "the checkpoints location holds credentials (s3://KEY:SECRET@…), which riverbed "
+            "refuses: give the bucket as s3://bucket/prefix and the keys as "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile (docs/storage.md)"
+        )
+    if not parts.netloc:
+        raise ConfigError(f"checkpoints {url!r} names no bucket: use s3://bucket/prefix")
+    return location(url)
 
 
 def child(location: str | Path, name: str) -> str | Path:

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
@@ -38,9 +37,9 @@ from riverbed.stream.layout import (
     MANIFEST,
     Checkpoint,
     checkpoint_store,
+    checkpoints_location,
     child,
     is_local,
-    local_path,
     output_url,
     state_root,
     state_url,
@@ -120,30 +119,10 @@ def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
     return data
 
 
-def _checkpoints(url: str) -> str | Path:
-    """The checkpoints location: a local directory, or a bucket (``s3://…``)."""
-    parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        return local_path(url)
-    if parts.scheme != "s3":
-        raise ConfigError(
-            f"checkpoints {url.split('@')[-1]!r}: use a path, file:///path or s3://bucket/prefix"
-        )
-    if "@" in parts.netloc:  # never echoed: it may hold a secret
-        raise ConfigError(
-            "the checkpoints location holds credentials (s3://KEY:SECRET@…), which riverbed "
-            "refuses: give the bucket as s3://bucket/prefix and the keys as "
-            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile (docs/storage.md)"
-        )
-    if not parts.netloc:
-        raise ConfigError(f"checkpoints {url!r} names no bucket: use s3://bucket/prefix")
-    return url.rstrip("/")
-
-
 def results_location(config: Config, name: str) -> str | Path:
     """Where an aggregation's result table is: beside its checkpoints in a bucket
     (``<checkpoints>/output/<name>``), else under ``RIVERBED_HOME/output/<name>``."""
-    checkpoints = _checkpoints(config.checkpoints_url)
+    checkpoints = checkpoints_location(config.checkpoints_url)
     if isinstance(checkpoints, str):
         return output_url(checkpoints, name)
     return config.home.resolve() / "output" / name
@@ -169,7 +148,7 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, str]]:
 def job_for(
     config: Config, aggregation: Aggregation, source: dict[str, str], spec: Path | None = None
 ) -> Job:
-    checkpoints = _checkpoints(config.checkpoints_url)
+    checkpoints = checkpoints_location(config.checkpoints_url)
     durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
     return Job(
         spec=spec.resolve() if spec else None,
@@ -318,7 +297,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     import riverbed.log
 
     checkpoint = info["checkpoint"]
-    batches = open_batches(checkpoint if "://" in checkpoint else Path(checkpoint))
+    batches = open_batches(checkpoint)
     ids = batches.ids()
     # newest first, and only as far back as needed: the newest record (watermark), the
     # newest with timings and the newest finished one (its running totals)

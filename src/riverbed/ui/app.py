@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from jinja2 import Undefined
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -92,7 +91,7 @@ def _size(value: float | None) -> str:
 
 
 def _num(value: float | None, digits: int = 0) -> str:
-    if value is None or isinstance(value, Undefined):  # a field the page's data lacks
+    if value is None:
         return "—"
     return f"{value:,.{digits}f}"
 
