@@ -78,6 +78,22 @@ def test_create_only_write_has_one_winner(store: ObjectStore) -> None:
     assert store.get("race/key") == f"writer {wins[0]}".encode()
 
 
+def test_move_gives_the_bytes_to_the_target_once(store: ObjectStore) -> None:
+    store.put("staged/t1/rows.parquet", b"new rows")
+    store.put("rows/chunk=1/part.parquet", b"old rows")
+    store.move("staged/t1/rows.parquet", "rows/chunk=1/part.parquet")
+    assert store.get("rows/chunk=1/part.parquet") == b"new rows"
+    assert store.head("staged/t1/rows.parquet") is None
+    # a second mover of the same source learns it was moved
+    with pytest.raises(ObjectNotFoundError, match=r"staged/t1/rows\.parquet"):
+        store.move("staged/t1/rows.parquet", "rows/chunk=1/part.parquet")
+    assert store.get("rows/chunk=1/part.parquet") == b"new rows"
+    store.put("staged/t2/a", b"a")
+    store.move("staged/t2/a", "fresh/place/a")  # a target with no parents yet
+    assert store.get("fresh/place/a") == b"a"
+    assert store.list("staged/") == []
+
+
 def test_list_by_prefix_is_sorted_and_complete(store: ObjectStore) -> None:
     keys = [f"batches/{i:06d}.json" for i in range(30)] + ["batches2/x", "other/y", "bat"]
     for key in reversed(keys):

@@ -5,7 +5,24 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from riverbed.config import Config, load_config
 from riverbed.errors import InvalidValueError
+
+CHECKPOINTS_HELP = (
+    "where checkpoints are: a path, file:///path or s3://bucket/prefix (default: "
+    "RIVERBED_CHECKPOINTS, else riverbed.toml, else RIVERBED_HOME/checkpoints); with a "
+    "bucket, results go to <checkpoints>/output/<name> too"
+)
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    """The configuration, with ``--checkpoints`` (where a command has it) over what it
+    says."""
+    from dataclasses import replace
+
+    config = load_config()
+    given = getattr(args, "checkpoints", None)
+    return replace(config, checkpoints=given) if given else config
 
 
 class Subcommands:

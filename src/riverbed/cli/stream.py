@@ -10,18 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.config import Config, load_config
+from riverbed.cli._common import CHECKPOINTS_HELP, config_of
+from riverbed.config import Config
 from riverbed.errors import ConfigError
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
-
-
-CHECKPOINTS_HELP = (
-    "where checkpoints are: a path, file:///path or s3://bucket/prefix (default: "
-    "RIVERBED_CHECKPOINTS, else riverbed.toml, else RIVERBED_HOME/checkpoints); with a "
-    "bucket, results go to <checkpoints>/output/<name> too"
-)
 
 
 def _positive(text: str) -> int:
@@ -32,15 +26,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
     return value
-
-
-def _config(args: argparse.Namespace) -> Config:
-    """The configuration, with ``--checkpoints`` over what it says."""
-    from dataclasses import replace
-
-    config = load_config()
-    given = getattr(args, "checkpoints", None)
-    return replace(config, checkpoints=given) if given else config
 
 
 def add_parsers(sub: Any) -> None:
@@ -124,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
 
-    config = _config(args)
+    config = config_of(args)
     job = _job(args.spec, config)
     job = replace(
         job,
@@ -176,7 +161,7 @@ def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
     from riverbed.stream.specjob import status
 
-    config = _config(args)
+    config = config_of(args)
     job = _job(args.spec, config) if args.spec.endswith(".py") else None
     sources = Sources(config)
     try:  # what the console's stream page shows, once the aggregation has run
@@ -220,7 +205,7 @@ def _query(args: argparse.Namespace) -> int:
     from riverbed.stream.dataframe import read_results
     from riverbed.stream.specjob import results_location
 
-    config = _config(args)
+    config = config_of(args)
     name = args.name
     if args.batch is not None and not args.from_state:
         raise ConfigError("--batch reads state as of a batch: add --from-state")

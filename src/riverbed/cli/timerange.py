@@ -11,14 +11,17 @@ from typing import Any
 
 from rich.console import Console
 
-from riverbed.cli._common import Subcommands, shared_options
-from riverbed.config import load_config
+from riverbed.cli._common import CHECKPOINTS_HELP, Subcommands, config_of, shared_options
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 JSON_OPTS = ("--json", {"action": "store_true", "help": "machine-readable output"})
 CONTROL_OPTS = ("--control", {"help": "control plane URL; default RIVERBED_CONTROL"})
+CHECKPOINTS_OPTS = (
+    "--checkpoints",
+    {"help": CHECKPOINTS_HELP + " (a time-range job's output, unless its spec names one)"},
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -27,7 +30,7 @@ def add_parsers(sub: Any) -> None:
         help="long aggregations on Spark in resumable chunks: run, status, reset",
         description="A spec file holds `job = TimeRangeJob(...)`; see docs/timerange.md.",
     )
-    common = shared_options(p, JSON_OPTS, CONTROL_OPTS)
+    common = shared_options(p, JSON_OPTS, CONTROL_OPTS, CHECKPOINTS_OPTS)
     cmds = Subcommands(
         p.add_subparsers(dest="timerange_command", metavar="COMMAND", required=True), common
     )
@@ -55,13 +58,13 @@ def add_parsers(sub: Any) -> None:
 def _control(args: argparse.Namespace) -> Any:
     from riverbed.control import connect
 
-    return connect(getattr(args, "control", None) or load_config().control_url)
+    return connect(getattr(args, "control", None) or config_of(args).control_url)
 
 
 def _spec(args: argparse.Namespace) -> Any:
     from riverbed.jobs.timerange import load_spec
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, config_of(args).checkpoints)
     if getattr(args, "chunk", None):
         from riverbed.jobs.timerange.errors import SpecError
 
@@ -89,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.spark import session
 
     spec = _spec(args)
-    config = load_config()
+    config = config_of(args)
     spark_config = replace(config.spark, master=args.master) if args.master else config.spark
     began = time.monotonic()
     rows = 0
@@ -207,15 +210,13 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _reset(args: argparse.Namespace) -> int:
-    import shutil
-    from pathlib import Path
-
+    from riverbed.jobs.timerange import Output
     from riverbed.jobs.timerange.driver import reset
 
     spec = _spec(args)
     removed = reset(_control(args), spec)
-    if args.output and Path(spec.job.output).exists():
-        shutil.rmtree(spec.job.output)
+    if args.output:
+        Output(spec.job.output).remove()
     if args.json:
         print(
             json.dumps({"job": spec.name, "keys_removed": removed, "output_removed": args.output})

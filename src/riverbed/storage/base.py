@@ -104,6 +104,16 @@ class ObjectStore(abc.ABC):
         for key in keys:
             self.delete(key)
 
+    def move(self, src: str, dst: str) -> None:
+        """Give object ``src``'s bytes to ``dst`` (replacing it) and delete ``src``;
+        :class:`ObjectNotFoundError` when ``src`` is gone — moved by a concurrent mover,
+        which is how a caller learns someone else did it. Readers of ``dst`` see its old
+        bytes or the new ones, never a part. On a local directory it is one rename; on a
+        bucket a server-side copy, then a delete, so two concurrent movers may both copy
+        (the same bytes) before either deletes."""
+        self.put(dst, self.get(src))
+        self.delete(src)
+
     def put_file(self, key: str, path: Path) -> None:
         """Upload a local file as one object (in parts where the backend has them)."""
         self.put(key, Path(path).read_bytes())

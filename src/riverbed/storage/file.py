@@ -125,6 +125,22 @@ class FileStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    def move(self, src: str, dst: str) -> None:
+        source, target = self._path(src), self._path(dst)
+        if not source.is_file():
+            raise ObjectNotFoundError(f"no object {src!r} in {self.url}")
+        if target.is_dir():
+            raise StorageValueError(f"object key {dst!r} is already the directory of other keys")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(source, target)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"no object {src!r} in {self.url}") from None
+        fsync_dir(target.parent)
+        if target.parent != source.parent:
+            with contextlib.suppress(FileNotFoundError):  # emptied and removed meanwhile
+                fsync_dir(source.parent)
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):

@@ -75,6 +75,20 @@ class MemoryStore(ObjectStore):
             ]
         return sorted(found, key=lambda o: o.key)
 
+    def move(self, src: str, dst: str) -> None:
+        with _LOCK:
+            try:
+                data = self._objects.pop(check_key(src))
+            except KeyError:
+                raise ObjectNotFoundError(f"no object {src!r} in {self.url}") from None
+            try:
+                self._check_tree(check_key(dst))
+            except BaseException:
+                self._objects[src] = data
+                raise
+            self._objects[dst] = data
+            _TIMES[self.url, dst] = time.time()
+
     def delete(self, key: str) -> None:
         with _LOCK:
             self._objects.pop(check_key(key), None)

@@ -418,6 +418,17 @@ class S3ObjectStore(ObjectStore):
         names |= {o["path"].rsplit("/", 1)[-1] for o in listed["objects"]}
         return sorted(n for n in names if n and not n.startswith("."))
 
+    def move(self, src: str, dst: str) -> None:
+        check_key(src)
+        check_key(dst)
+        try:  # a server-side copy: the bytes never leave the store
+            self._call("copy", src, lambda: obstore.copy(self._store, src, dst))
+        except Exception as exc:
+            if classify(str(exc), type(exc).__name__) == MISSING:
+                raise self._missing(src) from None
+            raise
+        self.delete(src)
+
     def delete(self, key: str) -> None:
         check_key(key)
         try:

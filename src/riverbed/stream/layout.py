@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+
+from riverbed.locations import OUTPUT, child, is_local, local_path, location, output_url, parse
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -64,7 +65,6 @@ __all__ = [
 
 
 STATE = "state"  # the durable state's place under a checkpoint location
-OUTPUT = "output"  # results under a bucket's checkpoint location (output/<name>)
 RIVERBED = "riverbed/"  # everything of riverbed's own in a checkpoint
 BATCHES = "riverbed/batches/"
 COMMITS = "riverbed/commits/"
@@ -73,59 +73,10 @@ SPEC = "riverbed/spec.json"
 MANIFEST = "riverbed/job.json"
 
 
-def is_local(location: str | Path) -> bool:
-    """Whether a location is a local directory (a path or ``file://``), not a bucket."""
-    return isinstance(location, Path) or urlsplit(str(location)).scheme in ("", "file")
-
-
-def local_path(location: str | Path) -> Path:
-    """The directory of a local location (a path or ``file:///path``)."""
-    if isinstance(location, Path):
-        return location
-    parts = urlsplit(location)
-    return Path(parts.path if parts.scheme == "file" else location)
-
-
-def location(value: str | Path) -> str | Path:
-    """A location in its one form: a path for a local one, the URL for a bucket."""
-    return local_path(value) if is_local(value) else str(value).rstrip("/")
-
-
 def checkpoints_location(url: str) -> str | Path:
     """Where checkpoints go, from a setting (``--checkpoints``, RIVERBED_CHECKPOINTS,
-    riverbed.toml): a local directory, or a bucket (``s3://bucket/prefix``). Anything
-    else, a location without a bucket, and one with credentials in it (never echoed)
-    are :class:`ConfigError` naming what works."""
-    from riverbed.errors import ConfigError
-
-    parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        return local_path(url)
-    if parts.scheme != "s3":
-        raise ConfigError(
-            f"checkpoints {url.split('@')[-1]!r}: use a path, file:///path or s3://bucket/prefix"
-        )
-    if "@" in parts.netloc:  # never echoed: it may hold a secret
-        raise ConfigError(
-            "the checkpoints location holds credentials (s3://KEY:SECRET@…), which riverbed "
-            "refuses: give the bucket as s3://bucket/prefix and the keys as "
-            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile (docs/storage.md)"
-        )
-    if not parts.netloc:
-        raise ConfigError(f"checkpoints {url!r} names no bucket: use s3://bucket/prefix")
-    return location(url)
-
-
-def child(location: str | Path, name: str) -> str | Path:
-    """``location/name`` as the same kind: a path for a path, a URL for a URL."""
-    if isinstance(location, Path):
-        return location / name
-    return f"{str(location).rstrip('/')}/{name}"
-
-
-def output_url(checkpoints: str, name: str) -> str:
-    """An aggregation's default result table when its checkpoints are in a bucket."""
-    return f"{checkpoints.rstrip('/')}/{OUTPUT}/{name}"
+    riverbed.toml): :func:`riverbed.locations.parse`."""
+    return parse(url, "checkpoints")
 
 
 def checkpoint_store(location: str) -> ObjectStore:

@@ -202,7 +202,7 @@ class Driver:
         revision = kv.mod_revision if kv else 0
         if progress is None and self.output.datasets():
             raise RangeError(
-                f"{self.output.root} already holds chunks, but the control plane "
+                f"{self.output.location} already holds chunks, but the control plane "
                 f"({self.cp.url}) has no progress for time-range job '{self.job.name}': point "
                 "RIVERBED_CONTROL at the control plane that computed them, or start over with "
                 f"riverbed timerange reset {self.spec.path} --output"
@@ -311,11 +311,11 @@ class Driver:
         carry_token = self._carry_of(progress, start)
         cumulative = tail = None
         if carry_token is not None:
-            folder = self.output.carry(carry_token)
-            if (folder / "cumulative.parquet").exists():
-                cumulative = spark.read.parquet(str(folder / "cumulative.parquet"))
-            if (folder / "tail.parquet").exists():
-                tail = spark.read.parquet(str(folder / "tail.parquet"))
+            carried = {n: self.output.carried(carry_token, n) for n in ("cumulative", "tail")}
+            cumulative, tail = (
+                None if t is None else spark.createDataFrame(t)
+                for t in (carried["cumulative"], carried["tail"])
+            )
         frames = compute_chunk(spark, self.job, progress.origin, start, end, cumulative, tail)
         try:
             return self._stage(frames, progress, start, count, began)
@@ -364,14 +364,13 @@ class Driver:
             start = first + i * progress.chunk
             end = start + progress.chunk
             token = f"{chunk_label(start)}-{uuid.uuid4().hex[:12]}"
-            staged = self.output.staging(token)
             counts = {"rows": 0, "windows": 0}
             for name, (table, column) in tables.items():
                 part = _between(table, column, start, end) if count > 1 else table
                 counts["rows" if name == "rows" else "windows"] += part.num_rows
-                self.output.write(staged / f"{name}.parquet", part)
+                self.output.stage(token, name, part)
             for name, table in carry.items():  # only ever one chunk per batch here
-                self.output.write(self.output.carry(token) / f"{name}.parquet", table)
+                self.output.stage_carry(token, name, table)
             records.append(
                 ChunkRecord(
                     start=start,

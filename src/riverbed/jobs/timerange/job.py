@@ -42,7 +42,7 @@ from riverbed.jobs.spec import Dependency, Job, Schedule
 from riverbed.jobs.timerange.driver import Driver, Event
 from riverbed.jobs.timerange.errors import SpecError
 from riverbed.jobs.timerange.plan import format_time, parse_time
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, output_location
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -73,7 +73,7 @@ class TimeRangeMain:
         return self.job
 
     def loaded(self, name: str, path: Path, version: str) -> LoadedSpec:
-        output = str(Path(self.job.output or f"output/{name}").resolve())
+        output = output_location(self.job.output, name, load_config().checkpoints)
         return LoadedSpec(replace(self.job, name=name, output=output), path, version)
 
     def __call__(

@@ -1,115 +1,208 @@
-"""A time-range job's output folder: staged files, atomic publication, carried state.
+"""A time-range job's output: staged files, fenced publication, carried state.
 
-::
+The output is a location — a local directory or a bucket (``s3://bucket/prefix``) —
+laid out the same way on both::
 
     <output>/rows/chunk=20260101T050000Z/part.parquet        one file per chunk
     <output>/windows_1h/chunk=20260101T050000Z/part.parquet  tumbling aggregates
-    <output>/_riverbed/staging/<token>/                      a chunk's files before publication
-    <output>/_riverbed/carry/<token>/                        state carried after that chunk
+    <output>/_riverbed/staging/<token>/<dataset>.parquet     a chunk's files before publication
+    <output>/_riverbed/carry/<token>/<name>.parquet          state carried after that chunk
 
-A chunk's files are written under its token first; once the progress marker names that
-token (the compare-and-swap), each file is moved into place with ``os.replace`` — atomic,
-so a reader sees the old chunk or the new one, never both and never half. A staged file
-can be moved once: a driver that takes over finishes the moves of the last published
-chunk, and a paused driver that wakes up later finds nothing left to move. Readers see
-no duplicate rows at any moment (``read_parquet('<output>/rows/*/*.parquet')``).
+A chunk's files are written under its token first. Only once the progress marker names
+that token (the control plane's compare-and-swap, which only the elected driver can
+make) is each file *moved* into place (:meth:`ObjectStore.move`: one rename on a disk; a
+server-side copy and a delete on a bucket, where nothing can be renamed). A reader sees
+a chunk's old file or its new one, never a part and never both
+(``read_parquet('<output>/rows/*/*.parquet')``). A staged file is moved by whoever gets
+there first: a driver that takes over finishes the moves of the last published chunk,
+and a paused driver that wakes up later finds its staged files gone. A driver that lost
+its term never moves anything: its staged files are named by no record and the next
+driver forgets them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from riverbed.files import fsync_dir
 from riverbed.jobs.timerange.plan import chunk_label
+from riverbed.locations import is_local, local_path
+from riverbed.storage import ObjectNotFoundError, shared_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from riverbed.storage import ObjectStore
+
 __all__ = ["Output"]
+
+META = "_riverbed/"
+STAGING = f"{META}staging/"
+CARRY = f"{META}carry/"
+PART = "part.parquet"
 
 
 class Output:
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.meta = self.root / "_riverbed"
+        self.location = str(local_path(root)) if is_local(root) else str(root).rstrip("/")
+        self._store: ObjectStore | None = None
 
-    def staging(self, token: str) -> Path:
-        return self.meta / "staging" / token
+    def __repr__(self) -> str:
+        return f"Output({self.location!r})"
 
-    def carry(self, token: str) -> Path:
-        return self.meta / "carry" / token
+    @property
+    def local(self) -> bool:
+        return is_local(self.location)
 
-    def final(self, dataset: str, start: int) -> Path:
-        return self.root / dataset / f"chunk={chunk_label(start)}" / "part.parquet"
+    @property
+    def root(self) -> Path:
+        """The local directory of a local output (a bucket has none)."""
+        if not self.local:
+            raise ValueError(f"{self.location} is a bucket, not a local directory")
+        return Path(self.location)
+
+    @property
+    def store(self) -> ObjectStore:
+        """The objects of the output (made on first use: reading makes no directory)."""
+        if self._store is None:
+            self._store = shared_store(self.location)
+        return self._store
+
+    # -- the layout ----------------------------------------------------------------
+    @staticmethod
+    def staged_key(token: str, dataset: str) -> str:
+        return f"{STAGING}{token}/{dataset}.parquet"
 
     @staticmethod
-    def write(path: Path, table: pa.Table) -> None:
-        """Write ``table`` to ``path`` durably (a temporary file, fsync, rename)."""
+    def carry_key(token: str, name: str) -> str:
+        return f"{CARRY}{token}/{name}.parquet"
+
+    @staticmethod
+    def final_key(dataset: str, start: int) -> str:
+        return f"{dataset}/chunk={chunk_label(start)}/{PART}"
+
+    def final(self, dataset: str, start: int) -> str:
+        """Where chunk ``start`` of ``dataset`` is published (a path or a URL)."""
+        return f"{self.location}/{self.final_key(dataset, start)}"
+
+    def _exists(self) -> bool:
+        return not self.local or Path(self.location).is_dir()
+
+    # -- writing -------------------------------------------------------------------
+    def stage(self, token: str, dataset: str, table: pa.Table) -> None:
+        """Write a chunk's ``dataset`` under its token (not yet visible to readers)."""
+        self.store.put(self.staged_key(token, dataset), _parquet(table))
+
+    def stage_carry(self, token: str, name: str, table: pa.Table) -> None:
+        """Write the state chunk ``token`` carries to the next one."""
+        self.store.put(self.carry_key(token, name), _parquet(table))
+
+    def carried(self, token: str, name: str) -> pa.Table | None:
+        """The state chunk ``token`` carried, or None if it carried no ``name``."""
         import pyarrow.parquet as pq
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(table, tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if not self._exists():
+            return None
+        try:
+            data = self.store.get(self.carry_key(token, name))
+        except ObjectNotFoundError:
+            return None
+        return pq.read_table(io.BytesIO(data))
 
     def publish(self, token: str, start: int) -> int:
         """Move chunk ``start``'s staged files into place; returns how many were moved.
 
-        Idempotent and race-free: each staged file is renamed at most once, by whoever
-        gets there first; the others find it gone.
+        Idempotent and race-free: each staged file is moved at most once by whoever gets
+        there first; the others find it gone.
         """
-        staged = self.staging(token)
-        moved = 0
-        if not staged.is_dir():
+        if not self._exists():
             return 0
-        for path in sorted(staged.glob("*.parquet")):
-            target = self.final(path.stem, start)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.replace(path, target)
-            except FileNotFoundError:
+        moved = 0
+        for info in self.store.list(f"{STAGING}{token}/"):
+            name = info.key.rsplit("/", 1)[1]
+            if not name.endswith(".parquet"):
                 continue
-            fsync_dir(target.parent)
+            try:
+                self.store.move(info.key, self.final_key(name[: -len(".parquet")], start))
+            except ObjectNotFoundError:
+                continue
             moved += 1
-        shutil.rmtree(staged, ignore_errors=True)
+        self._tidy(f"{STAGING}{token}")
         return moved
 
     def discard(self, token: str) -> None:
         """Delete the staged files and carried state of a token that was never published."""
-        shutil.rmtree(self.staging(token), ignore_errors=True)
-        shutil.rmtree(self.carry(token), ignore_errors=True)
+        if self._exists():
+            for kind in (STAGING, CARRY):
+                self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
+                self._tidy(f"{kind}{token}")
 
     def forget(self, keep: set[str], pending: str | None) -> int:
-        """Delete staged and carried files of tokens no chunk record names; returns count."""
+        """Delete staged and carried files of tokens no chunk record names; returns how
+        many tokens were forgotten."""
+        if not self._exists():
+            return 0
         removed = 0
-        for kind in ("staging", "carry"):
-            folder = self.meta / kind
-            if not folder.is_dir():
-                continue
-            for entry in folder.iterdir():
-                if entry.name == pending or (kind == "carry" and entry.name in keep):
-                    continue
-                shutil.rmtree(entry, ignore_errors=True)
+        for kind in (STAGING, CARRY):
+            gone = [
+                t
+                for t in self.store.entries(kind)
+                if t != pending and not (kind == CARRY and t in keep)
+            ]
+            for token in gone:
+                self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
+                self._tidy(f"{kind}{token}")
                 removed += 1
         return removed
 
+    def _tidy(self, folder: str) -> None:
+        """Remove a token's emptied folder on a disk (a bucket has no folders)."""
+        if self.local:
+            with contextlib.suppress(OSError):
+                os.rmdir(Path(self.location) / folder)
+
+    def remove(self) -> None:
+        """Delete the whole output (``riverbed timerange reset --output``)."""
+        if not self._exists():
+            return
+        if self.local:
+            import shutil
+
+            shutil.rmtree(self.location)
+        else:
+            self.store.delete_many([i.key for i in self.store.list("")])
+
+    # -- reading -------------------------------------------------------------------
     def datasets(self) -> list[str]:
-        if not self.root.is_dir():
+        if not self._exists():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name != "_riverbed")
+        return [n for n in self.store.entries("") if n != META.rstrip("/")]
 
     def read(self, dataset: str = "rows") -> pa.Table:
         """Every published chunk of ``dataset`` as one table (tests, status, the demo)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        files = sorted((self.root / dataset).glob("chunk=*/part.parquet"))
-        if not files:
+        if not self._exists():
             return pa.table({})
-        return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+        keys = [
+            i.key
+            for i in self.store.list(f"{dataset}/chunk=")
+            if i.key.endswith(f"/{PART}") and i.key.count("/") == 2
+        ]
+        if not keys:
+            return pa.table({})
+        tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in keys]
+        return pa.concat_tables(tables, promote_options="default")
+
+
+def _parquet(table: pa.Table) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return bytes(sink.getvalue())

@@ -43,6 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from riverbed import locations
 from riverbed.durations import duration_ms
 from riverbed.jobs.spec import _NAME, Job, _git_sha, code_version, import_file
 from riverbed.jobs.timerange.errors import SpecError
@@ -382,8 +383,23 @@ class LoadedSpec:
         return self.job.name
 
 
-def load_spec(path: str | Path) -> LoadedSpec:
-    """Import the spec file at ``path`` (its ``main`` code never runs here)."""
+def output_location(output: str, name: str, checkpoints: str = "") -> str:
+    """Where job ``name``'s output goes — the one rule: its spec's ``output`` (a path,
+    relative to the working directory like every path a user gives, or a bucket), else
+    ``<checkpoints>/output/<name>`` when the checkpoints setting is a bucket, else
+    ``output/<name>``."""
+    if output:
+        where = locations.parse(output, "output")
+    elif checkpoints and not locations.is_local(checkpoints):
+        where = locations.parse(locations.output_url(checkpoints, name), "checkpoints")
+    else:
+        where = Path(f"output/{name}")
+    return str(where.resolve()) if isinstance(where, Path) else where
+
+
+def load_spec(path: str | Path, checkpoints: str = "") -> LoadedSpec:
+    """Import the spec file at ``path`` (its ``main`` code never runs here); its output
+    goes where :func:`output_location` says."""
     path = Path(path).resolve()
     if path.suffix != ".py":
         raise SpecError(f"{path}: a time-range spec is a Python file (.py)")
@@ -408,6 +424,5 @@ def load_spec(path: str | Path) -> LoadedSpec:
             f"{path}: TimeRangeJob(name={job.name!r}) differs from the file's name '{name}'; "
             "drop name= or rename the file"
         )
-    # Relative paths are the caller's, like every path on a command line.
-    job = replace(job, name=name, output=str(Path(job.output or f"output/{name}").resolve()))
+    job = replace(job, name=name, output=output_location(job.output, name, checkpoints))
     return LoadedSpec(job, path, code_version(path.read_bytes(), _git_sha(path.parent)))

@@ -1,0 +1,92 @@
+"""A time-range job whose output is in a bucket (the tests' Ceph RGW): a driver that
+knows nothing of the first one's run resumes from the bucket — carried state included —
+and the result equals one pass; then status and reset, as a user runs them.
+
+(SIGKILL at random points and the SIGSTOPped zombie run on a local output in
+test_timerange_processes.py; the bucket changes only where the files go, which
+test_timerange_output.py holds to one contract on disk, memory and the bucket.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from riverbed.control import connect
+from riverbed.jobs.timerange import Driver, load_spec
+from riverbed.jobs.timerange.compute import one_pass
+from riverbed.jobs.timerange.plan import parse_time
+from riverbed.storage import open_store
+from tests.jobs.test_timerange_processes import SPEC, setup
+from tests.jobs.test_timerange_spark import assert_same
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.s3]
+
+__all__ = ["setup"]  # the fixture, shared with the on-disk process tests
+
+CHUNKS = 6  # 30-minute chunks: the first three hours of the fixture's input
+
+
+def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass(
+    setup: dict[str, Any], s3_url: str, spark: Any
+) -> None:
+    s = setup
+    # no output= in the spec: it follows the checkpoints into the bucket
+    s["spec"].write_text(
+        SPEC.format(input=str(s["tmp"] / "in"), output="").replace("output='', ", "")
+    )
+    cp = connect(s["env"]["RIVERBED_CONTROL"])
+    end = "2026-01-01T03:00"
+    first = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
+    assert first.output.location == f"{s3_url}/output/sensors"
+    first.run("2026-01-01", "2026-01-01T01:00")  # two chunks, then this "machine" is gone
+    assert not list(s["tmp"].glob("**/chunk=*")), "the output was meant to be in the bucket"
+
+    # Another driver: a new spec load, a new client, nothing of the first's in memory.
+    second = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
+    progress = second.run("2026-01-01", end)
+    assert progress.done == CHUNKS
+
+    store = open_store(f"{s3_url}/output/sensors")
+    parts = [i.key for i in store.list("rows/")]
+    assert len(parts) == CHUNKS and all(k.endswith("/part.parquet") for k in parts)
+    assert store.list("_riverbed/staging/") == []
+    got = pd.concat(pq.read_table(io.BytesIO(store.get(k))).to_pandas() for k in parts)
+    whole = one_pass(spark, second.job, parse_time("2026-01-01"), parse_time(end))
+    assert whole.rows is not None
+    assert_same(got, whole.rows.toPandas(), exact=True)  # cumulative values carried over
+    published = [kv.version for kv in cp.get_prefix(b"riverbed/timerange/sensors/chunks/")]
+    assert published == [1] * CHUNKS, "a chunk was published more than once"
+
+    env = {**s["env"], **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "riverbed.cli.main", "timerange", *args],
+            env=env,
+            cwd=s["tmp"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert secret not in done.stdout + done.stderr
+        return done
+
+    info = json.loads(cli("status", str(s["spec"]), "--json", "--checkpoints", s3_url).stdout)
+    assert (info["chunks_done"], info["rows"], info["output"]) == (
+        CHUNKS,
+        len(got),
+        f"{s3_url}/output/sensors",
+    )
+    reset = cli("reset", str(s["spec"]), "--output", "--checkpoints", s3_url)
+    assert f"{s3_url}/output/sensors deleted" in reset.stdout
+    assert store.list("") == []
