@@ -78,6 +78,9 @@ class Cluster:
         (tmp / "jobs").mkdir()
         (tmp / "jobs" / "effect.py").write_text(EFFECT)
         (tmp / "jobs" / "slow.py").write_text(SLOW)
+        # the same code with a timeout no slow machine reaches before a cancel lands
+        # (a CLI call takes ~3 s where Python starts slowly; `slow` times out after 2 s)
+        (tmp / "jobs" / "patient.py").write_text(SLOW.replace('timeout="2s"', 'timeout="60s"'))
         (tmp / "jobs" / "sparky.py").write_text(SPARKY)
         (tmp / "jobs" / "readings.py").write_text(TIMERANGE)
         self.marks = tmp / "marks"

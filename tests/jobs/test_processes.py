@@ -305,7 +305,7 @@ def test_a_batching_worker_killed_with_unrecorded_successes_loses_no_effect(
 
 def test_cancel_stops_the_running_code(cluster: Cluster) -> None:
     cluster.worker()
-    run = cluster.cli("submit", "slow")["run"]
+    run = cluster.cli("submit", "patient")["run"]
     until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
     cluster.cli("cancel", str(run))
     until(lambda: run_state(cluster, run) == "CANCELED", 15, "the run to be cancelled")

@@ -58,13 +58,6 @@ class Output:
         return is_local(self.location)
 
     @property
-    def root(self) -> Path:
-        """The local directory of a local output (a bucket has none)."""
-        if not self.local:
-            raise ValueError(f"{self.location} is a bucket, not a local directory")
-        return Path(self.location)
-
-    @property
     def store(self) -> ObjectStore:
         """The objects of the output (made on first use: reading makes no directory)."""
         if self._store is None:
