@@ -53,7 +53,7 @@ def main(ctx, work_ids):
         ctx.output.write_json(f"id={{w}}.json", {{"w": w, "v": w * 10, "chunk": ctx.chunk_id,
                                                 "attempt": ctx.attempt}})
 
-job = Job(main=main, chunk_size=2, retries=2, retry_backoff=0, timeout="3s", bisect=True)
+job = Job(main=main, chunk_size=2, retries=2, retry_backoff=0, timeout="8s", bisect=True)
 """
 
 READER = """
