@@ -77,10 +77,6 @@ class Output:
     def final_key(dataset: str, start: int) -> str:
         return f"{dataset}/chunk={chunk_label(start)}/{PART}"
 
-    def final(self, dataset: str, start: int) -> str:
-        """Where chunk ``start`` of ``dataset`` is published (a path or a URL)."""
-        return f"{self.location}/{self.final_key(dataset, start)}"
-
     def _exists(self) -> bool:
         return not self.local or Path(self.location).is_dir()
 
@@ -130,8 +126,7 @@ class Output:
         """Delete the staged files and carried state of a token that was never published."""
         if self._exists():
             for kind in (STAGING, CARRY):
-                self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
-                self._tidy(f"{kind}{token}")
+                self._drop(kind, token)
 
     def forget(self, keep: set[str], pending: str | None) -> int:
         """Delete staged and carried files of tokens no chunk record names; returns how
@@ -146,10 +141,14 @@ class Output:
                 if t != pending and not (kind == CARRY and t in keep)
             ]
             for token in gone:
-                self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
-                self._tidy(f"{kind}{token}")
+                self._drop(kind, token)
                 removed += 1
         return removed
+
+    def _drop(self, kind: str, token: str) -> None:
+        """Delete everything a token has under ``kind`` (staging or carry)."""
+        self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
+        self._tidy(f"{kind}{token}")
 
     def _tidy(self, folder: str) -> None:
         """Remove a token's emptied folder on a disk (a bucket has no folders)."""
