@@ -142,3 +142,15 @@ def test_a_server_that_is_not_etcd_is_named(tmp_path: Path) -> None:
         server.wait()
     assert out.returncode == 1
     assert "not etcd's JSON gateway" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_starting_the_command_loads_no_data_library() -> None:
+    """Workers, orchestrators and CLI calls start often (tests start hundreds): the entry
+    point leaves numpy, pyarrow, pandas, pyspark and SQLAlchemy to the commands that use
+    them (~1 s a start on 2 cores)."""
+    heavy = ("numpy", "pyarrow", "pandas", "pyspark", "sqlalchemy")
+    code = f"import sys, riverbed.cli.main; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -11,21 +11,20 @@ import threading
 import time
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-import riverbed.log
 from riverbed.cli._common import Subcommands, shared_options
 from riverbed.config import load_config
-from riverbed.control import connect
-from riverbed.log import Log, LogError, Record
-from riverbed.log.base import Damage, PartitionReport
-from riverbed.log.errors import RecordRejectedError
-from riverbed.log.group.consumer import list_groups
+
+if TYPE_CHECKING:  # the log's modules load numpy and pyarrow: only commands that use them pay
+    from riverbed.control import ControlPlane
+    from riverbed.log import Log, Record
+    from riverbed.log.base import Damage, PartitionReport
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -187,6 +186,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def _log_serve(args: argparse.Namespace) -> int:
+    import riverbed.log
+    from riverbed.log import LogError
     from riverbed.log.server import LogServer, keep_freed_memory
     from riverbed.log.wire import SCHEMES
 
@@ -225,11 +226,15 @@ def _log_serve(args: argparse.Namespace) -> int:
 
 
 def _log(args: argparse.Namespace) -> Log:
+    import riverbed.log
+
     return riverbed.log.open(getattr(args, "log", None) or load_config().log_url)
 
 
-def _control_url(args: argparse.Namespace) -> str:
-    return getattr(args, "control", None) or load_config().control_url
+def _control(args: argparse.Namespace) -> ControlPlane:
+    from riverbed.control import connect
+
+    return connect(getattr(args, "control", None) or load_config().control_url)
 
 
 def _topic_create(args: argparse.Namespace) -> int:
@@ -411,6 +416,9 @@ def _topic_add(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
+    from riverbed.log import LogError
+    from riverbed.log.errors import RecordRejectedError
+
     log = _log(args)
     producer = log.producer(args.topic)
     batch: list[Any] = []
@@ -494,7 +502,7 @@ def _record_json(record: Record) -> str:
 
 def _consume(args: argparse.Namespace) -> int:
     log = _log(args)
-    cp = connect(_control_url(args))
+    cp = _control(args)
     seen = 0
     idle_since = None
     with log.consumer(
@@ -526,7 +534,9 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _group_list(args: argparse.Namespace) -> int:
-    cp = connect(_control_url(args))
+    from riverbed.log.group.consumer import list_groups
+
+    cp = _control(args)
     for name in list_groups(cp):
         print(json.dumps({"group": name}) if args.json else name)
     cp.close()
@@ -536,7 +546,7 @@ def _group_list(args: argparse.Namespace) -> int:
 def _group_reset(args: argparse.Namespace) -> int:
     from riverbed.log.group.consumer import reset_offsets
 
-    cp = connect(_control_url(args))
+    cp = _control(args)
     log = _log(args)
     try:
         new = reset_offsets(log, cp, args.name, args.to, args.topic)
@@ -553,7 +563,7 @@ def _group_reset(args: argparse.Namespace) -> int:
 def _group_describe(args: argparse.Namespace) -> int:
     from riverbed.inspect import group_of
 
-    cp = connect(_control_url(args))
+    cp = _control(args)
     log = _log(args)
     try:
         desc = group_of(log, cp, args.name)  # what the console's group page shows

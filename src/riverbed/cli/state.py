@@ -6,16 +6,16 @@ import argparse
 import base64
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from riverbed.cli._common import Subcommands, shared_options
 from riverbed.config import load_config
-from riverbed.state import StateConfig, StateError, StateProvider
-from riverbed.state.query import read_state
-from riverbed.stream.layout import state_url
+
+if TYPE_CHECKING:  # the state's modules load pyarrow: only `riverbed state` pays
+    from riverbed.state import StateProvider
 
 out = Console(highlight=False, soft_wrap=True)
 
@@ -64,6 +64,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from riverbed.state import StateConfig, StateProvider
+    from riverbed.stream.layout import state_url
+
     config = load_config()
     checkpoints = args.checkpoints or config.checkpoints_url
     provider = StateProvider(
@@ -74,6 +77,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _need(provider: StateProvider, namespace: str) -> None:
+    from riverbed.state import StateError
+
     if namespace not in provider.namespaces():
         known = ", ".join(provider.namespaces()) or "none"
         raise StateError(
@@ -164,6 +169,8 @@ def _text(data: bytes) -> str:
 
 
 def _dump(provider: StateProvider, args: argparse.Namespace) -> int:
+    from riverbed.state.query import read_state
+
     _need(provider, args.namespace)
     shown = 0
     for batch in read_state(provider, args.namespace, args.version, partitions=args.partition):
