@@ -2,8 +2,7 @@
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
 #               whole pytest suite (all markers) in two test processes: much of it waits
-#               on TTLs, servers and subprocesses, so two keep both cores busy; the tests
-#               that run Spark share one of them (tests/conftest.py says why)
+#               on TTLs, servers and subprocesses, so two keep both cores busy
 
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -37,7 +36,7 @@ test: $(STAMP) system-test compile
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2 --dist worksteal
 
 clean:
 	rm -rf $(VENV) .riverbed .pytest_cache .mypy_cache .ruff_cache

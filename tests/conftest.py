@@ -109,14 +109,3 @@ def subprocess_env() -> dict[str, str]:
     # driver JVM) for every riverbed process a test starts
     env["RIVERBED_SPARK_CONF"] = json.dumps(TEST_CONF)
     return env
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs two test processes (pytest-xdist, ``--dist loadgroup``). Every
-    test that runs Spark, here or in the processes it starts (the spark and slow marks),
-    goes to the same one: two Spark workloads at once on 2 cores miss PySpark's fixed
-    10 s for a Python worker to connect back to its JVM (seen in a fresh-clone run)."""
-    for item in items:
-        spark = "spark" in getattr(item, "fixturenames", ())
-        if spark or item.get_closest_marker("spark") or item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("spark"))
