@@ -1,8 +1,7 @@
 # The two commands of the README. Both bootstrap what they need, idempotently.
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
-#               whole pytest suite (all markers) in two test processes: much of it waits
-#               on TTLs, servers and subprocesses, so two keep both cores busy
+#               whole pytest suite (all markers)
 
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -36,7 +35,7 @@ test: $(STAMP) system-test compile
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -n 2 --dist worksteal
+	$(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) .riverbed .pytest_cache .mypy_cache .ruff_cache
