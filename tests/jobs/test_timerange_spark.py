@@ -111,7 +111,7 @@ events = st.lists(
 @example([], "1h", "10min", 1, False)  # nothing at all
 @example([(0, 0, None), (0, 900, None), (0, 900, 1.0), (1, 1800, 2.5)], "15m", "45min", 3, True)
 @settings(
-    max_examples=4,  # ~30 s each on 2 cores; the other tests here cover more shapes
+    max_examples=2,  # 30-60 s each on 2 cores, plus the 2 explicit; other tests cover more
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking on Spark takes ages
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -172,7 +172,7 @@ def max_over_10min(df: Any) -> Any:
     st.integers(1, 7),
 )
 @settings(
-    max_examples=5,
+    max_examples=3,  # 30-60 s each on 2 cores
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
