@@ -20,3 +20,14 @@ def cluster(
     c = Cluster(tmp_path, subprocess_env, db=db)
     yield c
     c.stop()
+
+
+def on(*databases: str) -> pytest.MarkDecorator:
+    """Run a ``cluster`` test on these jobs databases only (the default is both). The
+    queue's contract suite runs every database operation on both; a crash scenario is
+    about the worker's and the orchestrator's logic, so each runs on one, and the
+    scenarios alternate so that both databases see crashes."""
+    params = [
+        pytest.param(db, marks=pytest.mark.postgres) if db == "postgres" else db for db in databases
+    ]
+    return pytest.mark.parametrize("cluster", params, indirect=True)

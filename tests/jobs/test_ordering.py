@@ -44,7 +44,7 @@ job = Job(main=main, chunk_size=2, retries=9, retry_backoff=0,
           dependencies=[Dependency("up")])
 """
 
-IDS = 24
+IDS = 16
 
 
 def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) -> None:

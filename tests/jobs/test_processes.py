@@ -1,4 +1,8 @@
-"""Workers and orchestrators as real processes, killed with SIGKILL and SIGSTOP."""
+"""Workers and orchestrators as real processes, killed with SIGKILL and SIGSTOP.
+
+Each crash scenario runs on one jobs database (``@on``), alternating between SQLite and
+PostgreSQL: the queue's contract suite (``test_queue.py``) runs every database step on
+both, and what a scenario tests is how workers and orchestrators recover."""
 
 from __future__ import annotations
 
@@ -20,10 +24,12 @@ from riverbed.jobs.schema import chunks, fires, meta
 from riverbed.jobs.schema import schedules as schedules_t
 from riverbed.jobs.worker import log_path
 from tests.jobs.cluster import Cluster, published, run_state, until
+from tests.jobs.conftest import on
 
 pytestmark = pytest.mark.slow
 
 
+@on("postgres")
 def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
     cluster: Cluster,
 ) -> None:
@@ -42,6 +48,7 @@ def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
     assert published(cluster) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
 
 
+@on("sqlite")
 def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothing(
     cluster: Cluster,
 ) -> None:
@@ -72,6 +79,7 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
     assert f"chunk {chunk['id']} attempt 1" in text
 
 
+@on("postgres")
 def test_a_killed_orchestrator_is_replaced_and_the_new_one_grooms(cluster: Cluster) -> None:
     first = cluster.orchestrator("o1")
 
@@ -143,7 +151,7 @@ job = Job(main=main, schedule={"cron": "* * * * *", "grace": "10m"})
 """
 
 
-@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # waits for a minute
+@on("sqlite")  # waits for a minute
 def test_cron_fires_once_per_fire_time_across_an_orchestrator_failover(cluster: Cluster) -> None:
     """o1 fires the current minute as it starts, records it, and is SIGKILLed; o2 takes
     over, does not fire that minute again, and fires the next one."""
@@ -193,6 +201,7 @@ job = Job(main=main, schedule={SCHEDULE})
 """
 
 
+@on("postgres")
 def test_fires_missed_while_no_orchestrator_ran_are_caught_up_once_or_counted(
     cluster: Cluster,
 ) -> None:
@@ -257,7 +266,12 @@ def test_fires_missed_while_no_orchestrator_ran_are_caught_up_once_or_counted(
     assert len(list(cluster.marks.glob("tick_*"))) == len(runs)
 
 
-@pytest.mark.parametrize("prefetch", ["0", "8"])
+@pytest.mark.parametrize(
+    ("cluster", "prefetch"),
+    # prefetching workers hold claims ahead: on PostgreSQL's concurrent connections
+    [("sqlite", "0"), pytest.param("postgres", "8", marks=pytest.mark.postgres)],
+    indirect=["cluster"],
+)
 def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(
     cluster: Cluster, prefetch: str
 ) -> None:
@@ -280,6 +294,7 @@ def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(
     assert len(starts) == len(set(starts))
 
 
+@on("sqlite")
 def test_a_batching_worker_killed_with_unrecorded_successes_loses_no_effect(
     cluster: Cluster,
 ) -> None:
@@ -303,6 +318,7 @@ def test_a_batching_worker_killed_with_unrecorded_successes_loses_no_effect(
     assert any(r["attempt"] == 2 for r in rows)  # some were rerun after the kill
 
 
+@on("postgres")
 def test_cancel_stops_the_running_code(cluster: Cluster) -> None:
     cluster.worker()
     run = cluster.cli("submit", "patient")["run"]
@@ -315,6 +331,7 @@ def test_cancel_stops_the_running_code(cluster: Cluster) -> None:
     assert cluster.marks_of("end") == []
 
 
+@on("sqlite")
 def test_a_chunk_past_its_timeout_is_stopped(cluster: Cluster) -> None:
     cluster.worker()
     run = cluster.cli("submit", "slow")["run"]
@@ -338,6 +355,7 @@ def test_a_crash_mid_submit_leaves_no_rows(tmp_path: Path, subprocess_env: dict[
     queue.close()
 
 
+@on("sqlite")
 def test_the_control_plane_sees_workers_come_and_go(cluster: Cluster) -> None:
     w = cluster.worker()
     cp = connect(cluster.control)
@@ -353,8 +371,10 @@ def test_the_control_plane_sees_workers_come_and_go(cluster: Cluster) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # not about the database
-def test_spark_chunks_share_one_warm_session(cluster: Cluster) -> None:
+@on("sqlite")  # not about the database
+def test_spark_chunks_share_one_warm_session_and_cancel_ends_their_python_workers(
+    cluster: Cluster,
+) -> None:
     cluster.worker("--kinds", "spark")
     run = cluster.cli("submit", "sparky", "--work-ids", "1-3")["run"]
     until(lambda: run_state(cluster, run) != "MASTER", 180, "the Spark run to end")
@@ -364,6 +384,15 @@ def test_spark_chunks_share_one_warm_session(cluster: Cluster) -> None:
     assert {o["count"] for o in outputs} == {1000}
     assert len({o["app"] for o in outputs}) == 1  # one SparkSession for every chunk
     assert len({o["pid"] for o in outputs}) == 1
+    # Cancel a chunk stuck in a Python task. PySpark's daemon puts itself and the
+    # workers it forks in a process group of their own: killing the executor's group
+    # would leave the worker running; the executor's session takes it along.
+    stuck = cluster.cli("submit", "sparky", "--work-ids", "9", "--kwarg", "hang=1")["run"]
+    (mark,) = until(lambda: list(cluster.marks.glob("pyworker-*")), 120, "the Python task")
+    cluster.cli("cancel", str(stuck))
+    until(lambda: run_state(cluster, stuck) == "CANCELED", 30, "the run to be cancelled")
+    pid = int(mark.name.split("-")[1])
+    until(lambda: not _alive(pid), 15, f"the chunk's Python worker {pid} to be killed")
 
 
 @pytest.mark.postgres
@@ -400,7 +429,7 @@ def test_workers_ride_out_lost_database_connections(
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("cluster", ["sqlite"], indirect=True)  # not about the database
+@on("sqlite")  # not about the database
 def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -463,6 +492,7 @@ def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     assert_same(got, pandas_rows(spec.job, frame), exact=False)
 
 
+@on("postgres")
 def test_an_executor_whose_worker_was_killed_stops_quietly(cluster: Cluster) -> None:
     """SIGKILL a worker mid-chunk: its executor (own process group, so not killed with
     it) stops its chunk at once and exits with one log line — no traceback anywhere."""
@@ -486,3 +516,11 @@ def test_an_executor_whose_worker_was_killed_stops_quietly(cluster: Cluster) -> 
     assert said.count(f"its worker (pid {doomed.pid}) is gone; stopping its chunk") == 1
     for log in [*cluster.tmp.glob("*.log"), *(cluster.home / "jobs" / "logs").glob("*.log")]:
         assert "Traceback" not in log.read_text(), log.name
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

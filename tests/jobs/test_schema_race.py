@@ -21,7 +21,7 @@ from riverbed.jobs.schema import SCHEMA_VERSION, Database, meta, metadata
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 PROCESSES = 6
-ROUNDS = 20
+ROUNDS = 10  # a fresh database each; without the lock 25 of 120 starts failed (c952c1b)
 
 
 def _create_in_rounds(dsns: list[str], barrier: Any, answers: Any) -> None:
