@@ -48,7 +48,16 @@ SPARKY = """
 import os
 from riverbed.jobs import Job
 
-def main(ctx, work_ids):
+def stuck(rows, marks=os.environ["MARKS"]):
+    # a Python task: it runs in a worker forked by PySpark's daemon (its own group)
+    open(os.path.join(marks, f"pyworker-{os.getpid()}"), "w").close()
+    import time
+    time.sleep(600)
+    yield 1
+
+def main(ctx, work_ids, hang=None):
+    if hang:
+        ctx.spark.sparkContext.parallelize([0], 1).mapPartitions(stuck).collect()
     n = ctx.spark.range(0, 1000 * len(work_ids)).count()
     ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt,
                                            "app": ctx.spark.sparkContext.applicationId,

@@ -30,6 +30,7 @@ from typing import Any
 from riverbed.config import SparkConfig
 from riverbed.jobs.context import Context, Output, staging_dir
 from riverbed.jobs.spec import Catalog
+from riverbed.processes import kill_session
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def _stop_with_the_worker() -> None:
     """When the worker that spawned this executor dies (SIGKILL, OOM), stop at once:
     the chunk's claim dies with the worker's lease and another attempt reruns it, so
     finishing it here is wasted and could only be fenced. One log line, no traceback;
-    the job's own children (a Spark JVM) go with the process group."""
+    the job's own children (a Spark JVM, PySpark's daemon) go with the session."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
@@ -128,7 +129,9 @@ def _stop_with_the_worker() -> None:
         )
         for handler in logging.getLogger("riverbed").handlers:
             handler.flush()
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            kill_session(os.getsid(0), timeout=10)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="riverbed-executor-watch", daemon=True).start()
 
@@ -136,7 +139,9 @@ def _stop_with_the_worker() -> None:
 def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str | None) -> None:
     """Entry point of an executor child (spawned by the worker)."""
     with contextlib.suppress(OSError):
-        os.setpgrp()  # cancel kills the whole group, the job's own children included
+        # its own session: cancel and timeout kill the whole session, the job's own
+        # children included (a Spark JVM and PySpark's daemon, which leaves the group)
+        os.setsid()
     # ctx.log (and riverbed's own INFO lines) go to fd 2: the attempt's log file.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

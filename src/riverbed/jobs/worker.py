@@ -70,6 +70,7 @@ from riverbed.jobs.decisions import (
 from riverbed.jobs.errors import FencedError, JobsValueError, QueueError
 from riverbed.jobs.publication import publish, retract, staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
+from riverbed.processes import SessionStillAliveError, kill_session
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +268,14 @@ class Worker:
         return _Executor(proc, parent)
 
     def _kill(self, ex: _Executor) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-            os.killpg(ex.proc.pid, signal.SIGKILL)
+        """SIGKILL an executor and everything its chunk started (it leads a session)."""
         with contextlib.suppress(ProcessLookupError, OSError):
             ex.proc.kill()
+        if ex.proc.pid is not None:  # not reaped yet (joined below), so not reused
+            try:
+                kill_session(ex.proc.pid, timeout=10)
+            except SessionStillAliveError as exc:
+                log.warning("executor %s: %s", ex.proc.pid, exc)
         ex.proc.join(timeout=5)
         ex.conn.close()
 

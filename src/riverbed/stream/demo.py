@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +42,7 @@ from rich.table import Table
 import riverbed.log
 from riverbed.config import Config
 from riverbed.log.errors import RecordRejectedError
+from riverbed.processes import SessionStillAliveError, kill_session
 from riverbed.stream.errors import StreamError
 from riverbed.stream.layout import output_url
 from riverbed.stream.records import open_batches
@@ -263,31 +263,14 @@ def _run(
     return _verdict(home, data, home / "output" / "flags_hourly")
 
 
-def _wait_for_session_to_end(sid: int, timeout: float = 60.0) -> None:
-    """Wait until no live process of session ``sid`` is left, SIGKILLing stragglers: the
-    driver's Spark Python workers may leave its process group, and until the last of
-    them is gone it may still write to the machine directory the demo deletes next."""
-    deadline = time.monotonic() + timeout
-    while members := _session_members(sid):
-        if time.monotonic() > deadline:
-            raise StreamError(f"processes {members} of the killed driver did not exit")
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-def _session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes whose session is ``sid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            found.append(int(stat.parent.name))
-    return found
+def _wait_for_session_to_end(sid: int) -> None:
+    """Wait until no process of the killed driver's session is left: its Spark Python
+    workers leave its process group, and until the last of them is gone they may still
+    write to the machine directory the demo deletes next."""
+    try:
+        kill_session(sid)
+    except SessionStillAliveError as exc:
+        raise StreamError(f"the killed driver's {exc}") from None
 
 
 def _lose_the_machine(home: Path, checkpoints: str) -> None:

@@ -1,0 +1,52 @@
+"""Stopping a process and everything it started, for the code that SIGKILLs its children.
+
+A process group is not enough: PySpark's Python daemon (``pyspark.daemon``, started by a
+Spark JVM for Python UDFs and Arrow batches) calls ``setpgid(0, 0)``, so ``killpg`` of
+the driver's group spares it and its workers, which may go on writing for a while. A
+*session* keeps them: a child started with ``start_new_session=True`` (or that calls
+``os.setsid()``) leads a session that every descendant stays in unless it calls
+``setsid`` itself, which neither Spark nor PySpark does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+__all__ = ["SessionStillAliveError", "kill_session", "session_members"]
+
+
+class SessionStillAliveError(OSError):
+    """Processes of a SIGKILLed session were still alive at the deadline."""
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``, from ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp session ...; comm may hold spaces and ")"
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def kill_session(sid: int, timeout: float = 60.0) -> None:
+    """SIGKILL every process of session ``sid`` and wait until none is alive; the
+    caller itself is spared (a process may end the session it leads, then exit).
+    Raises :class:`SessionStillAliveError` if some are still alive after ``timeout``."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    while members := [pid for pid in session_members(sid) if pid != me]:
+        if time.monotonic() > deadline:
+            raise SessionStillAliveError(f"processes {members} of session {sid} did not exit")
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
