@@ -95,11 +95,12 @@ def test_the_timerange_demo_resumes_after_a_sigkill_and_equals_one_pass(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     env = {**subprocess_env, "RIVERBED_SPARK_MASTER": "local[2]"}
-    text = demo(tmp_path / "home", env, "timerange")
+    # 3 h (6 chunks; the default is 6 h): the driver is SIGKILLed after 3 chunks either way
+    text = demo(tmp_path / "home", env, "timerange", "--hours", "3")
     assert "SIGKILLed the driver after" in text
-    assert "12 of 12, each once: yes" in text and "IDENTICAL" in text
+    assert "6 of 6, each once: yes" in text and "IDENTICAL" in text
     files = sorted((tmp_path / "home" / "demo-timerange" / "out" / "rows").glob("*/part.parquet"))
-    assert len(files) == 12
+    assert len(files) == 6
 
 
 def test_timerange_cli_errors_are_one_line(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
@@ -116,15 +117,17 @@ def test_timerange_cli_errors_are_one_line(tmp_path: Path, subprocess_env: dict[
         (["--from", "2026-01-01T00:10", "--to", "2026-01-02"], "not on a 1h edge"),
         (["--from", "2026-01-01", "--to", "2026-01-02"], "does not exist"),
     ]
-    for extra, message in cases:
+    runs = [(["timerange", "run", str(spec), *extra], message, 1) for extra, message in cases]
+    runs.append((["demo", "timerange", "--hours", "1"], "needs 2 to 168 hours", 2))  # usage
+    for args, message, code in runs:
         out = subprocess.run(
-            [sys.executable, "-m", "riverbed.cli.main", "timerange", "run", str(spec), *extra],
+            [sys.executable, "-m", "riverbed.cli.main", *args],
             env=env,
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert out.returncode == 1, out.stderr
+        assert out.returncode == code, out.stderr
         lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and message in lines[0], out.stderr
         assert "Traceback" not in out.stderr

@@ -21,6 +21,7 @@ from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
 from riverbed.cli import timerange as timerange_cli
 from riverbed.cli import ui as ui_cli
+from riverbed.cli._common import UsageError
 from riverbed.errors import InvalidValueError, RiverbedError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "timerange: a chunked time-range job through a driver SIGKILL, vs one pass",
     )
     demo.add_argument("--days", type=int, default=14, help="jobs demo: days of usage")
+    demo.add_argument(
+        "--hours", type=int, default=6, help="timerange demo: hours of readings (2 to 168)"
+    )
     demo.add_argument("--events", type=int, default=200_000, help="events to generate")
     demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
     demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
@@ -81,7 +85,12 @@ def _demo(args: argparse.Namespace) -> int:
     if args.which == "timerange":
         from riverbed.jobs.timerange.demo import run_demo_timerange
 
-        return run_demo_timerange(load_config())
+        if not 2 <= args.hours <= 168:
+            raise UsageError(
+                f"--hours {args.hours}: the time-range demo needs 2 to 168 hours "
+                "(it SIGKILLs its driver after 3 of the 30-minute chunks)"
+            )
+        return run_demo_timerange(load_config(), hours=args.hours)
     from riverbed.stream.demo import run_demo_stream
 
     return run_demo_stream(load_config(), events=args.events, durable=args.durable)

@@ -1,6 +1,6 @@
 """``riverbed demo timerange``: a chunked run through a driver SIGKILL, checked against one pass.
 
-Six hours of readings from 50 sensors (hour-partitioned Parquet) and a spec with a
+Six hours (``--hours``) of readings from 50 sensors (hour-partitioned Parquet) and a spec with a
 45-minute rolling mean/max, the last 5 readings' mean, running totals and half-hourly
 means, in 30-minute chunks. A driver runs as a real process and is SIGKILLed after a few
 chunks; a second one resumes from the marker. Then the published output is compared with
@@ -83,7 +83,9 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
     spec_path.write_text(SPEC.format(input=str(home / "readings"), output=str(home / "out")))
     control = f"sqlite:///{home / 'control.db'}"
     env = {**os.environ, "RIVERBED_CONTROL": control, "PYTHONUNBUFFERED": "1"}
-    end = f"2026-01-01T{hours:02d}:00Z"
+    end = (pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(hours=hours)).strftime(
+        "%Y-%m-%dT%H:%MZ"
+    )
     cmd = [
         sys.executable,
         "-m",
