@@ -27,9 +27,9 @@ from riverbed.spark.cds import ENV, archive
 PROBE = """
 import json, time
 began = time.monotonic()
-from riverbed.spark import TEST_CONF, session
+from riverbed.spark import session
 from riverbed.config import SparkConfig
-spark = session(SparkConfig(master="local[2]", conf=TEST_CONF), test=True)
+spark = session(SparkConfig(master="local[2]"), test=True)
 t1 = time.monotonic()
 spark.range(10).count()
 t2 = time.monotonic()

@@ -16,23 +16,36 @@ import signal
 import time
 from pathlib import Path
 
-__all__ = ["SessionStillAliveError", "kill_session", "session_members"]
+__all__ = ["SessionStillAliveError", "is_alive", "kill_session", "session_members"]
 
 
 class SessionStillAliveError(OSError):
     """Processes of a SIGKILLed session were still alive at the deadline."""
 
 
+def _state_and_session(stat: Path) -> tuple[str, int] | None:
+    """A process's state letter and session id from its ``/proc/<pid>/stat``, or None
+    if it is gone."""
+    try:
+        # pid (comm) state ppid pgrp session ...; comm may hold spaces and ")"
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[3])
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    found = _state_and_session(Path(f"/proc/{pid}/stat"))
+    return found is not None and found[0] != "Z"
+
+
 def session_members(sid: int) -> list[int]:
     """Live (not zombie) processes of session ``sid``, from ``/proc``."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # pid (comm) state ppid pgrp session ...; comm may hold spaces and ")"
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if fields[0] != "Z" and int(fields[3]) == sid:
+        got = _state_and_session(stat)  # None: gone meanwhile
+        if got is not None and got[0] != "Z" and got[1] == sid:
             found.append(int(stat.parent.name))
     return found
 

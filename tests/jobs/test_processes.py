@@ -23,6 +23,7 @@ from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.schema import chunks, fires, meta
 from riverbed.jobs.schema import schedules as schedules_t
 from riverbed.jobs.worker import log_path
+from riverbed.processes import is_alive
 from tests.jobs.cluster import Cluster, published, run_state, until
 from tests.jobs.conftest import on
 
@@ -392,7 +393,7 @@ def test_spark_chunks_share_one_warm_session_and_cancel_ends_their_python_worker
     cluster.cli("cancel", str(stuck))
     until(lambda: run_state(cluster, stuck) == "CANCELED", 30, "the run to be cancelled")
     pid = int(mark.name.split("-")[1])
-    until(lambda: not _alive(pid), 15, f"the chunk's Python worker {pid} to be killed")
+    until(lambda: not is_alive(pid), 15, f"the chunk's Python worker {pid} to be killed")
 
 
 @pytest.mark.postgres
@@ -516,11 +517,3 @@ def test_an_executor_whose_worker_was_killed_stops_quietly(cluster: Cluster) -> 
     assert said.count(f"its worker (pid {doomed.pid}) is gone; stopping its chunk") == 1
     for log in [*cluster.tmp.glob("*.log"), *(cluster.home / "jobs" / "logs").glob("*.log")]:
         assert "Traceback" not in log.read_text(), log.name
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False

@@ -3,8 +3,8 @@
 A Spark driver JVM loads and verifies some 15,000 classes before its first job; on a
 slow machine that is most of a session's start. The JVM can map them from an archive
 instead (application class-data sharing, JDK 13+): ``make`` builds one once per
-virtualenv (``python -m riverbed.spark.cds``, ~1 min), by running a small but
-representative Spark workload with ``-XX:ArchiveClassesAtExit``, and
+virtualenv (``python -m riverbed.spark.cds``, 2-3 min on 2 slow cores), by running a
+small but representative Spark workload with ``-XX:ArchiveClassesAtExit``, and
 :func:`riverbed.spark.session` starts every driver with ``-XX:SharedArchiveFile``.
 Measured with ``benchmarks/spark_start.py``; see docs/benchmarks.md.
 
@@ -16,6 +16,7 @@ another archive, or ``off`` to use none.
 from __future__ import annotations
 
 import os
+import shutil
 import string
 import subprocess
 import sys
@@ -106,8 +107,6 @@ def build(path: Path, timeout: float = 900.0) -> float:
             time.sleep(0.2)
     finally:
         kill_session(proc.pid, timeout=30)
-        import shutil
-
         shutil.rmtree(scratch, ignore_errors=True)
     if not partial.is_file() or partial.stat().st_size == 0:
         raise RuntimeError(f"the JVM wrote no archive at {partial}")
@@ -125,7 +124,7 @@ def main() -> int:
         return 0
     print(  # noqa: T201
         f"==> building a class-data archive of Spark's JVM classes (faster Spark starts; "
-        f"once, a minute or two) → {path}",
+        f"once, 2-3 minutes) → {path}",
         flush=True,
     )
     try:
