@@ -16,10 +16,12 @@ import signal
 import time
 from pathlib import Path
 
+from riverbed.errors import RiverbedError
+
 __all__ = ["SessionStillAliveError", "is_alive", "kill_session", "session_members"]
 
 
-class SessionStillAliveError(OSError):
+class SessionStillAliveError(RiverbedError, OSError):
     """Processes of a SIGKILLed session were still alive at the deadline."""
 
 

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from riverbed.spark import SparkUnavailableError
+
 __all__ = ["archive", "build", "java_options"]
 
 ENV = "RIVERBED_SPARK_CDS"
@@ -99,17 +101,17 @@ def build(path: Path, timeout: float = 900.0) -> float:
     try:
         _, err = proc.communicate(timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"the Spark workload failed: {err.strip()[-2000:]}")
+            raise SparkUnavailableError(f"the Spark workload failed: {err.strip()[-2000:]}")
         deadline = time.monotonic() + 120
         while session_members(proc.pid):  # the JVM, writing the archive as it exits
             if time.monotonic() > deadline:
-                raise RuntimeError("the Spark JVM did not exit within 120 s of its driver")
+                raise SparkUnavailableError("the Spark JVM did not exit within 120 s of its driver")
             time.sleep(0.2)
     finally:
         kill_session(proc.pid, timeout=30)
         shutil.rmtree(scratch, ignore_errors=True)
     if not partial.is_file() or partial.stat().st_size == 0:
-        raise RuntimeError(f"the JVM wrote no archive at {partial}")
+        raise SparkUnavailableError(f"the JVM wrote no archive at {partial}")
     os.replace(partial, path)
     return time.monotonic() - began
 
@@ -129,7 +131,7 @@ def main() -> int:
     )
     try:
         seconds = build(path)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+    except (SparkUnavailableError, OSError, subprocess.TimeoutExpired) as exc:
         # not fatal: Spark starts without it, only slower
         print(f"    skipped, Spark will start without it: {exc}", file=sys.stderr)  # noqa: T201
         return 0
