@@ -24,7 +24,7 @@ compile:
 	@$(BIN)/python -m compileall -q src tests >/dev/null
 
 # A class-data archive of Spark's JVM classes (riverbed.spark.cds): every Spark driver
-# the demo and the tests start maps them instead of loading them (built once, ~1-2 min).
+# the demo and the tests start maps them instead of loading them (built once, 2-3 min here).
 spark-archive:
 	@$(BIN)/python -m riverbed.spark.cds
 
