@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bootstrap system-test compile spark-archive clean
+.PHONY: demo test bootstrap system-test compile jars spark-archive clean
 
 # (Re)install only when pyproject.toml changed since the last install.
 $(STAMP): pyproject.toml scripts/bootstrap.sh
@@ -28,6 +28,12 @@ compile:
 spark-archive:
 	@$(BIN)/python -m riverbed.spark.cds
 
+# The JVM jars Spark drivers add to PySpark's own (scripts/jars/pom.xml: Hadoop's S3A
+# connector for s3a://, with the AWS SDK bundle), from Maven Central into $(VENV)/jars
+# at PySpark's Hadoop version; once (~700 MB, 20 s here), then a no-op.
+jars: $(STAMP)
+	@bash scripts/fetch_jars.sh "$(VENV)"
+
 demo: $(STAMP) compile
 	@bash scripts/check_system.sh java
 	@$(MAKE) --no-print-directory spark-archive
@@ -36,7 +42,7 @@ demo: $(STAMP) compile
 system-test:
 	@bash scripts/check_system.sh java etcd postgres chromium s3
 
-test: $(STAMP) system-test compile spark-archive
+test: $(STAMP) system-test compile jars spark-archive
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src

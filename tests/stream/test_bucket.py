@@ -22,7 +22,6 @@ import pytest
 from riverbed.cli.main import main
 from riverbed.state import StateConfig
 from riverbed.stream.dataframe import read_results, start
-from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.records import open_batches
 from tests.stream.conftest import make_events, write_events
@@ -74,12 +73,52 @@ def test_a_driver_on_an_empty_disk_carries_on_from_the_bucket(
     assert not any(p.is_dir() for p in tmp_path.glob("s3*")), "a bucket URL used as a path"
 
 
-def test_a_dataframe_source_with_a_bucket_checkpoint_is_refused_with_the_fix(
-    spark: Any, s3_url: str, tmp_path: Path
+def test_a_dataframe_source_keeps_sparks_own_logs_in_the_bucket(
+    spark: Any, s3_url: str, log_url: str, tmp_path: Path
 ) -> None:
-    frame = spark.readStream.format("rate").load()
-    with pytest.raises(StreamValueError, match="only the log-native path"):
-        start(spark, spec(3), frame, checkpoint=f"{s3_url}/x", output=str(tmp_path / "o"))
+    """The DataFrame path: Spark writes its offset and commit logs to the bucket through
+    Hadoop's s3a://; a driver on an empty disk carries on from them, every event once.
+    What a driver killed during its first offset-log write left is cleared first."""
+    from tests.stream.test_engine import source
+
+    checkpoint = f"{s3_url}/flags"
+    store = checkpoint_store(checkpoint)
+    store.put("spark/offsets/.0.0c1f2e.tmp", b"v1\n{}")  # killed before S3A's rename
+
+    def run(local: Path) -> pd.DataFrame:
+        query = start(
+            spark,
+            spec(3),
+            source(spark, log_url, max_records=700),
+            checkpoint=checkpoint,
+            output=f"{s3_url}/output/flags",
+            state=StateConfig(local_dir=local, durable=f"{s3_url}/state", snapshot_every=2),
+            log_url=log_url,
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        return read_results(f"{s3_url}/output/flags")
+
+    first = make_events(1500, hours=3, seed=3)
+    write_events(log_url, first, partitions=3, key_field="flag")
+    check(run(tmp_path / "machine-a"), first)
+    spark_logs = {i.key for i in store.list("spark/")}
+    assert "spark/offsets/.0.0c1f2e.tmp" not in spark_logs
+    assert {"spark/offsets/0", "spark/commits/0", "spark/metadata"} <= spark_logs
+
+    shutil.rmtree(tmp_path / "machine-a")  # the machine is gone
+    more = make_events(900, hours=3, seed=4)
+    write_events(log_url, more, partitions=3, key_field="flag")
+    check(run(tmp_path / "machine-b"), pd.concat([first, more], ignore_index=True))
+    batches = open_batches(checkpoint)
+    records = [batches.get(b) for b in batches.ids()]
+    assert all(r is not None and r.done for r in records)
+    assert sum(r.input or 0 for r in records if r) == 2400  # every event once
+    # Spark's logs and riverbed's records agree on which batches ran
+    committed = {int(k.rsplit("/", 1)[1]) for k in (i.key for i in store.list("spark/commits/"))
+                 if k.rsplit("/", 1)[1].isdigit()}  # fmt: skip
+    assert committed == set(batches.ids())
 
 
 def test_stream_run_and_query_with_checkpoints_in_a_bucket(

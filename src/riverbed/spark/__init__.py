@@ -9,6 +9,8 @@ settings that matter are set once:
 * UTC session time zone (no naive datetimes anywhere);
 * the driver JVM maps Spark's classes from a class-data archive when ``make`` built one
   (:mod:`riverbed.spark.cds`: ~40 % off a session's start on 2 slow cores);
+* Spark's own ``s3a://`` connector is on the class path and set from the AWS settings
+  chain when ``make jars`` fetched it (:mod:`riverbed.spark.s3a`);
 * ``test=True`` adds the fast settings measured for ``local[2]`` test runs (no UI,
   2 shuffle partitions, no AQE, a C1-only serial-GC driver JVM).
 
@@ -90,6 +92,24 @@ def _accumulator_errors_to_fd2() -> None:
             server.handle_error = handle_error
 
 
+def _s3a_conf() -> dict[str, str]:
+    """The jar cache's S3A jars and S3A's settings, when ``make jars`` fetched them
+    (the jars must be at the same path where executors run)."""
+    from riverbed.spark import s3a
+
+    found = s3a.jars()
+    if not found:
+        return {}
+    # on the JVMs' class path (ahead of Spark's, where the class-data archive built with
+    # them expects them), not spark.jars: that would copy 700 MB to every executor
+    path = ":".join(str(p) for p in found)
+    return {
+        "spark.driver.extraClassPath": path,
+        "spark.executor.extraClassPath": path,
+        **s3a.conf(),
+    }
+
+
 def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSession:
     """Get or create the SparkSession for ``config``."""
     config = config or SparkConfig()
@@ -107,6 +127,7 @@ def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSe
     if options:  # before the caller's own, which may override them
         key = "spark.driver.extraJavaOptions"
         conf[key] = f"{options} {conf.get(key, '')}".strip()
+    conf = {**_s3a_conf(), **conf}  # the caller's own settings win
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()

@@ -60,10 +60,18 @@ def archive() -> Path | None:
         return None
     if chosen:
         return Path(chosen)
+    import hashlib
+
     import pyspark
 
-    # next to the PySpark it was built from: a new PySpark is a new virtualenv's or a new name
-    return Path(sys.prefix) / f"riverbed-spark-{pyspark.__version__}.jsa"
+    from riverbed.spark.s3a import jars
+
+    # next to the PySpark it was built from: a new PySpark is a new virtualenv's or a new
+    # name; so is another set of jars ahead of Spark's on the class path (an archive maps
+    # only where the class path it was built with is a prefix of the JVM's)
+    extra = ",".join(p.name for p in jars())
+    suffix = f"-{hashlib.sha256(extra.encode()).hexdigest()[:8]}" if extra else ""
+    return Path(sys.prefix) / f"riverbed-spark-{pyspark.__version__}{suffix}.jsa"
 
 
 def java_options() -> str:

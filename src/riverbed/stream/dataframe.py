@@ -8,11 +8,12 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from riverbed.config import load_config
+from riverbed.spark import s3a
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs, side_outputs_written
@@ -25,24 +26,33 @@ from riverbed.stream.layout import (
     is_local,
     local_path,
     location,
+    spark_location,
     state_root,
 )
-from riverbed.stream.records import BatchLog, next_record
+from riverbed.stream.records import Batches, next_record, open_batches
 from riverbed.stream.results import output_schema, read_table
+
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
 
-def _clear_unfinished_start(root: Path) -> None:
+def _clear_unfinished_start(checkpoint: str | Path) -> None:
     """Remove what a driver killed while writing Spark's *first* offset-log entry left.
 
     Spark writes each entry to a hidden temporary file (``offsets/.0.<uuid>.tmp``) and
-    renames it. Killed before the rename, the entry was never committed, but the next
-    start of the query (at batch 0 again) refuses the checkpoint: "the checkpoint
-    location …/offsets should be empty on batch 0". With no committed entry, the hidden
-    files in ``offsets/`` and ``commits/`` are exactly those unfinished writes; once an
-    entry is committed, nothing here is touched.
+    renames it (on a bucket S3A's rename is a copy, then a delete). Killed before the
+    rename, the entry was never committed, but the next start of the query (at batch 0
+    again) refuses the checkpoint: "the checkpoint location …/offsets should be empty on
+    batch 0". With no committed entry, the hidden files in ``offsets/`` and ``commits/``
+    are exactly those unfinished writes; once an entry is committed, nothing here is
+    touched.
     """
+    if not is_local(checkpoint):
+        _clear_unfinished_start_in_bucket(checkpoint_store(spark_location(checkpoint)))
+        return
+    root = Checkpoint.of(checkpoint).spark
     offsets = root / "offsets"
     if not offsets.is_dir() or any(p.name.isdigit() for p in offsets.iterdir()):
         return
@@ -53,6 +63,18 @@ def _clear_unfinished_start(root: Path) -> None:
             if path.name.startswith(".") and path.is_file():
                 log.warning("removing %s: an unfinished first batch of a killed driver", path)
                 path.unlink()
+
+
+def _clear_unfinished_start_in_bucket(spark: ObjectStore) -> None:
+    """:func:`_clear_unfinished_start` for Spark's logs in a bucket."""
+    offsets = [info.key for info in spark.list("offsets/")]
+    if any(key.rsplit("/", 1)[-1].isdigit() for key in offsets):
+        return
+    for key in [*offsets, *(info.key for info in spark.list("commits/"))]:
+        if key.rsplit("/", 1)[-1].startswith("."):
+            what = f"{spark.url}/{key}"
+            log.warning("removing %s: the unfinished first batch of a killed driver", what)
+            spark.delete(key)
 
 
 def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
@@ -83,7 +105,7 @@ def _same_partitions(recorded: dict[str, Any], spec: Aggregation) -> None:
 def foreach_batch(config: EngineConfig) -> Any:
     """The ``foreachBatch`` function for ``config``."""
     spec = config.spec
-    batches = BatchLog(config.checkpoint, config.fence)
+    batches = open_batches(config.checkpoint, config.fence)
 
     def run(df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -151,7 +173,7 @@ def _utc(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _side_outputs(
-    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: BatchLog, has_error: bool
+    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: Batches, has_error: bool
 ) -> None:
     """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
     if config.log_url is None or side_outputs_written(batches, batch_id):
@@ -190,12 +212,7 @@ def start(
     """
     checkpoint, output = location(checkpoint), location(output)
     if not isinstance(source, Mapping) and not is_local(checkpoint):
-        raise StreamValueError(
-            f"checkpoint {checkpoint} is in a bucket, which only the log-native path (a "
-            "riverbed topic as the source) can use: a DataFrame source runs through "
-            "Spark's own checkpoint, which needs a local or shared filesystem here. Use a "
-            "topic source, or a local checkpoint (docs/storage.md)"
-        )
+        s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
     _check_partitions(checkpoint, spec)
     if state is None:
         if not is_local(checkpoint):
@@ -217,10 +234,10 @@ def start(
         from riverbed.stream.plan import parse_trigger
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
-    _clear_unfinished_start(Checkpoint.of(checkpoint).spark)
+    _clear_unfinished_start(checkpoint)
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
-        .option("checkpointLocation", str(Checkpoint.of(checkpoint).spark))
+        .option("checkpointLocation", s3a.to_s3a(spark_location(checkpoint)))
         .queryName(spec.name)
     )
     return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()

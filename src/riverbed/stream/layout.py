@@ -26,8 +26,10 @@ decided by create-only writes (``If-None-Match: *``) alone::
         spec.json, job.json              as on disk
     <checkpoints>/output/<name>/batch_id=<id>/part-00000.parquet   the result table
 
-Spark's own logs (``spark/``) and the handoff boards exist only on local checkpoints:
-the Spark-driven paths need a Hadoop filesystem, and a bucket's checkpoints run the
+        spark/offsets/<batch>, spark/commits/<batch>   Spark's own logs (DataFrame path),
+                                         written by Spark through Hadoop's s3a://
+
+The handoff boards exist only on local checkpoints: a bucket's checkpoints run the
 log-native loop without work stealing.
 
 Code asks :class:`Checkpoint` for a path, or this module for a key, instead of joining
@@ -58,6 +60,7 @@ __all__ = [
     "location",
     "output_url",
     "side_key",
+    "spark_location",
     "state_root",
     "state_url",
     "term_key",
@@ -114,6 +117,17 @@ def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:
     return sorted(out)
 
 
+SPARK = "spark"  # Spark's own offset and commit logs under a checkpoint
+
+
+def spark_location(checkpoint: str | Path) -> str:
+    """Where Spark keeps its own logs for the checkpoint at ``checkpoint``: a directory,
+    or a bucket's ``s3://…/spark`` URL (Spark reaches it as ``s3a://``)."""
+    if is_local(checkpoint):
+        return str(Checkpoint.of(checkpoint).spark)
+    return f"{str(checkpoint).rstrip('/')}/{SPARK}"
+
+
 def state_root(checkpoints: Path) -> Path:
     """The durable state of every aggregation under ``checkpoints``."""
     return checkpoints / STATE
@@ -165,7 +179,7 @@ class Checkpoint:
 
     @property
     def spark(self) -> Path:
-        return self.root / "spark"
+        return self.root / SPARK
 
     @property
     def spark_offsets(self) -> Path:
