@@ -10,6 +10,7 @@ run --checkpoints s3://…`` and ``riverbed query --checkpoints s3://…``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,9 @@ def test_a_dataframe_source_keeps_sparks_own_logs_in_the_bucket(
     committed = {int(k.rsplit("/", 1)[1]) for k in (i.key for i in store.list("spark/commits/"))
                  if k.rsplit("/", 1)[1].isdigit()}  # fmt: skip
     assert committed == set(batches.ids())
+    # the keys reached S3A through the session's Hadoop settings, never Spark's own
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    assert not any(secret in value for _, value in spark.sparkContext.getConf().getAll())
 
 
 def test_stream_run_and_query_with_checkpoints_in_a_bucket(
