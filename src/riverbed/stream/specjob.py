@@ -106,17 +106,20 @@ def write_manifest(job: Job) -> None:
 
 
 def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
-    """The manifest a run wrote into ``checkpoint`` (None before the first run, or for
-    a checkpoint written before manifests)."""
+    """The manifest a run wrote into ``checkpoint`` (None before the first run, for a
+    checkpoint written before manifests, or a damaged one: it only describes the run).
+    A bucket that cannot be read is an error, not "no manifest"."""
+    from riverbed.storage import ObjectNotFoundError
+
     try:
         if is_local(checkpoint):
             raw = Checkpoint.of(checkpoint).manifest.read_bytes()
         else:
             raw = checkpoint_store(str(checkpoint)).get(MANIFEST)
-        data: dict[str, Any] = json.loads(raw)
-    except (OSError, ValueError, RiverbedError):
+        data = json.loads(raw)
+    except (OSError, ValueError, ObjectNotFoundError):
         return None
-    return data
+    return data if isinstance(data, dict) else None
 
 
 def results_location(config: Config, name: str) -> str | Path:
