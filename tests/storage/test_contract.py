@@ -165,6 +165,15 @@ def test_hidden_names_are_listed_but_not_entries(store: ObjectStore) -> None:
     assert store.entries() == ["snap"]
 
 
+def test_a_prefix_whose_objects_are_all_deleted_is_no_entry(store: ObjectStore) -> None:
+    store.put("runs/a/deep/x", b"1")
+    store.put("runs/b/y", b"2")
+    store.delete("runs/a/deep/x")
+    assert store.entries("runs/") == ["b"]
+    store.delete("runs/b/y")
+    assert store.entries("runs/") == [] and store.entries() == []
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/./b", "../up", "a/.."])
 def test_bad_keys_are_refused_before_any_request(store: ObjectStore, key: str) -> None:
     with pytest.raises(StorageValueError, match="not a relative path"):

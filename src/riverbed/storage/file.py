@@ -121,9 +121,11 @@ class FileStore(ObjectStore):
     def entries(self, prefix: str = "") -> builtins.list[str]:
         path = self.root / prefix if prefix else self.root
         try:
-            return sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+            children = [p for p in path.iterdir() if not p.name.startswith(".")]
         except (FileNotFoundError, NotADirectoryError):
             return []
+        # a directory whose objects were all deleted is no entry (as in a bucket)
+        return sorted(p.name for p in children if _holds_an_object(p))
 
     def move(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)
@@ -145,6 +147,16 @@ class FileStore(ObjectStore):
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def _holds_an_object(path: Path) -> bool:
+    """Whether ``path`` is an object, or a directory with an object somewhere below."""
+    if not path.is_dir():
+        return not _temporary(path.name)
+    for _dirpath, _dirnames, filenames in os.walk(path):
+        if any(not _temporary(name) for name in filenames):
+            return True
+    return False
 
 
 __all__ = ["FileStore"]
