@@ -38,7 +38,11 @@ from pathlib import Path
 from riverbed.files import flocked, fsync_dir, fsync_file
 
 __all__ = [
+    "ATTEMPTS",
+    "PUBLISHED",
     "attempt_dir",
+    "attempt_name",
+    "chunk_name",
     "publish",
     "published_attempt",
     "published_dir",
@@ -50,6 +54,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
+PUBLISHED = ".published"  # in a bucket: the create-only markers (objectpublication.py)
+
+
+def chunk_name(chunk_id: int) -> str:
+    """The published name of a chunk's output: ``chunk=<id>``."""
+    return f"chunk={chunk_id}"
+
+
+def attempt_name(chunk_id: int, attempt: int) -> str:
+    """The name of an attempt's output under ``.attempts/``: ``chunk=<id>-<attempt>``."""
+    return f"chunk={chunk_id}-{attempt}"
 
 
 def staging_root(home: Path) -> Path:
@@ -69,12 +84,12 @@ def job_output_dir(home: Path, job: str) -> Path:
 
 def published_dir(home: Path, job: str, chunk_id: int) -> Path:
     """The published output of a chunk (a symlink to the attempt that published it)."""
-    return job_output_dir(home, job) / f"chunk={chunk_id}"
+    return job_output_dir(home, job) / chunk_name(chunk_id)
 
 
 def attempt_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
     """Attempt ``attempt``'s output once moved out of staging (never rewritten)."""
-    return job_output_dir(home, job) / ATTEMPTS / f"chunk={chunk_id}-{attempt}"
+    return job_output_dir(home, job) / ATTEMPTS / attempt_name(chunk_id, attempt)
 
 
 def published_attempt(home: Path, job: str, chunk_id: int) -> int | None:
