@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,23 @@ def spark() -> Iterator[object]:
     s = session(SparkConfig(master="local[2,2]", app_name="riverbed-tests"), test=True)
     yield s
     s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_streaming_query_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A streaming query a test left running in the shared session would run on beside
+    every later test, taking CPU from them: stop it, and say which test left it."""
+    yield
+    if "spark" not in request.fixturenames:
+        return
+    left = request.getfixturevalue("spark").streams.active
+    for query in left:
+        query.stop()
+    if left:
+        warnings.warn(
+            f"{request.node.nodeid} left {len(left)} streaming queries running; stopped",
+            stacklevel=1,
+        )
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -20,8 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from riverbed.control import connect
-from riverbed.jobs.timerange import Driver, load_spec
+from riverbed.jobs.timerange import Driver, ParquetInput, load_spec
 from riverbed.jobs.timerange.compute import one_pass
+from riverbed.jobs.timerange.errors import MissingInputError, SpecError
 from riverbed.jobs.timerange.plan import parse_time
 from riverbed.storage import open_store
 from tests.jobs.test_timerange_processes import SPEC, setup
@@ -90,3 +92,32 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
     reset = cli("reset", str(s["spec"]), "--output", "--checkpoints", s3_url)
     assert f"{s3_url}/output/sensors deleted" in reset.stdout
     assert store.list("") == []
+
+
+def test_a_job_reads_its_hourly_input_from_the_bucket_through_s3a(
+    setup: dict[str, Any], s3_url: str, spark: Any
+) -> None:
+    """``ParquetInput("s3://…", partition="hour")``: riverbed lists the hour folders in
+    the bucket, Spark reads them through Hadoop's s3a://; the result equals one pass over
+    the same files on disk, and a missing hour is named with its bucket path."""
+    s = setup
+    local = s["tmp"] / "in"
+    store = open_store(f"{s3_url}/in")
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            store.put(path.relative_to(local).as_posix(), path.read_bytes())
+    s["spec"].write_text(SPEC.format(input=f"{s3_url}/in", output="").replace("output='', ", ""))
+    cp = connect(s["env"]["RIVERBED_CONTROL"])
+    driver = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
+    assert driver.run("2026-01-01", "2026-01-01T02:00").done == 4
+    on_disk = replace(driver.job, input=ParquetInput(str(local), partition="hour"))
+    whole = one_pass(spark, on_disk, parse_time("2026-01-01"), parse_time("2026-01-01T02:00"))
+    assert whole.rows is not None
+    assert_same(driver.output.read("rows").to_pandas(), whole.rows.toPandas(), exact=True)
+
+    store.delete_many([i.key for i in store.list("hour=2026-01-01T02/")])
+    later = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
+    with pytest.raises(MissingInputError, match=r"s3a://\S+/in/hour=2026-01-01T02 does not"):
+        later.run("2026-01-01T02:00", "2026-01-01T03:00")
+    with pytest.raises(SpecError, match=r"must be a directory .* or a bucket"):
+        ParquetInput("memory://x/in")

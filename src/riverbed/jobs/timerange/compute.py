@@ -55,6 +55,11 @@ class ChunkFrames:
 
 def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
     """The partition folders covering ``[lo, hi)`` (existing or not)."""
+    return [Path(inp.path) / name for name in folder_names(inp, lo, hi)]
+
+
+def folder_names(inp: ParquetInput, lo: int, hi: int) -> list[str]:
+    """The names of the partition folders covering ``[lo, hi)``: ``hour=…``/``date=…``."""
     assert inp.partition is not None
     step = timedelta(hours=1) if inp.partition == "hour" else timedelta(days=1)
     start = to_datetime(lo)
@@ -68,7 +73,7 @@ def input_folders(inp: ParquetInput, lo: int, hi: int) -> list[Path]:
     at = start
     while at < end:
         value = at.strftime("%Y-%m-%dT%H") if inp.partition == "hour" else at.strftime("%Y-%m-%d")
-        out.append(Path(inp.path) / f"{inp.partition}={value}")
+        out.append(f"{inp.partition}={value}")
         at += step
     return out
 
@@ -104,28 +109,62 @@ def _read_parquet(
 
 
 def _read_parquet_folders(spark: SparkSession, inp: ParquetInput, lo: int, hi: int) -> DataFrame:
-    from pyspark.sql import functions as F
+    from riverbed.locations import is_local, local_path
 
-    base = Path(inp.path).resolve()
+    if not is_local(inp.path):  # s3:// (ParquetInput takes no other scheme)
+        return _read_parquet_in_bucket(spark, inp, lo, hi)
+    base = local_path(inp.path).resolve()
     if not base.is_dir():
         raise MissingInputError(
             f"input {base} does not exist; write the dataset there or fix ParquetInput's path"
         )
     if inp.partition is None:
         return spark.read.parquet(str(base))
-    folders = input_folders(ParquetInput(str(base), inp.partition), lo, hi)
-    present = [p for p in folders if p.is_dir()]
-    missing = [p for p in folders if not p.is_dir()]
+    names = folder_names(inp, lo, hi)
+    present = {name for name in names if (base / name).is_dir()}
+    return _read_partitions(spark, inp, str(base), names, present)
+
+
+def _read_parquet_in_bucket(spark: SparkSession, inp: ParquetInput, lo: int, hi: int) -> DataFrame:
+    """A ParquetInput at ``s3://bucket/prefix``: riverbed's storage says which folders
+    exist (one listing), Spark reads them through Hadoop's ``s3a://``."""
+    from riverbed.spark import s3a
+    from riverbed.storage import shared_store
+
+    store = shared_store(inp.path)
+    folders = set(store.entries())
+    if not folders:
+        raise MissingInputError(
+            f"input {inp.path} holds no objects; write the dataset there or fix "
+            "ParquetInput's path (and check AWS_ENDPOINT_URL and the bucket's name)"
+        )
+    s3a.configure(spark)
+    base = s3a.to_s3a(inp.path.rstrip("/"))
+    if inp.partition is None:
+        return spark.read.parquet(base)
+    names = folder_names(inp, lo, hi)
+    return _read_partitions(spark, inp, base, names, folders & set(names))
+
+
+def _read_partitions(
+    spark: SparkSession, inp: ParquetInput, base: str, names: list[str], present: set[str]
+) -> DataFrame:
+    """The partition folders ``names`` under ``base`` of which ``present`` exist; a
+    missing one is an error unless the input allows it."""
+    from pyspark.sql import functions as F
+
+    missing = [name for name in names if name not in present]
     if missing and not inp.allow_missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise MissingInputError(
-            f"input partition {missing[0]}{more} does not exist; write it, or set "
+            f"input partition {base}/{missing[0]}{more} does not exist; write it, or set "
             "ParquetInput(..., allow_missing=True) if no data there is expected"
         )
     if present:
-        df = spark.read.option("basePath", str(base)).parquet(*map(str, present))
+        folders = [f"{base}/{name}" for name in names if name in present]
+        df = spark.read.option("basePath", base).parquet(*folders)
     else:
-        df = spark.read.parquet(str(base)).where(F.lit(False))
+        df = spark.read.parquet(base).where(F.lit(False))
     return df.drop(inp.partition) if inp.partition in df.columns else df
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from riverbed import locations
 from riverbed.durations import duration_ms
@@ -226,7 +227,8 @@ Metric = Rolling | Rows | Cumulative | Custom
 
 @dataclass(frozen=True)
 class ParquetInput:
-    """A Parquet dataset, optionally partitioned by time into ``hour=`` or ``date=`` folders.
+    """A Parquet dataset, optionally partitioned by time into ``hour=`` or ``date=`` folders,
+    in a directory or a bucket (``s3://bucket/prefix``, read through Spark's ``s3a://``).
 
     With ``partition="hour"`` the folders are ``hour=2026-01-01T05`` and with ``"date"``
     ``date=2026-01-01`` (UTC). riverbed reads only the folders a chunk needs; a folder
@@ -238,6 +240,12 @@ class ParquetInput:
     allow_missing: bool = False
 
     def __post_init__(self) -> None:
+        scheme = urlsplit(str(self.path)).scheme
+        if scheme not in ("", "file", "s3"):
+            raise SpecError(
+                f"ParquetInput: path {self.path!r} must be a directory (a path or "
+                "file:///path) or a bucket (s3://bucket/prefix)"
+            )
         if self.partition not in (None, "hour", "date"):
             raise SpecError(
                 f"ParquetInput: partition must be 'hour', 'date' or None, not {self.partition!r}"
