@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from riverbed.jobs.context import Context, Output
 from riverbed.jobs.publication import (
@@ -67,44 +65,8 @@ def test_an_older_attempt_never_replaces_a_newer_one() -> None:
         assert shown(home, 1) == 2
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["publish", "publish-empty", "retract"]), st.integers(1, 4)),
-        max_size=12,
-    )
-)
-def test_publication_follows_its_model(ops: list[tuple[str, int]]) -> None:
-    """Model: the published attempt only grows by publish, and a retract of attempt a
-    removes it when it is a or older."""
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        current: int | None = None
-        staged: set[int] = set()
-        for op, attempt in ops:
-            if op == "publish":
-                if attempt not in staged:  # each attempt stages once, as a worker does
-                    stage(home, 1, attempt)
-                    staged.add(attempt)
-                    expect = current is None or attempt >= current
-                else:
-                    expect = current == attempt
-                assert publish(home, JOB, 1, attempt) is expect
-                if expect:
-                    current = attempt
-            elif op == "publish-empty":  # staged nothing: reports, changes nothing
-                if attempt in staged:
-                    continue
-                assert publish(home, JOB, 1, attempt) is (current == attempt)
-            else:
-                retract(home, JOB, 1, attempt)
-                if current is not None and current <= attempt:
-                    current = None
-            assert published_attempt(home, JOB, 1) == current
-            assert shown(home, 1) == current
-            attempts = home / "jobs" / "output" / JOB / ".attempts"
-            kept = sorted(p.name for p in attempts.glob("chunk=*")) if attempts.exists() else []
-            assert kept == ([] if current is None else [f"chunk=1-{current}"])
+# The model of publication (publish, publish-empty, retract in any order) runs on this
+# implementation and the object-store one in test_publication_contract.py.
 
 
 ROUNDS = 1000
