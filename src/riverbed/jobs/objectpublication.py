@@ -31,7 +31,14 @@ import logging
 import shutil
 from pathlib import Path
 
-from riverbed.jobs.publication import ATTEMPTS, PUBLISHED, attempt_name, chunk_name, staging_dir
+from riverbed.jobs.publication import (
+    ATTEMPTS,
+    PUBLISHED,
+    attempt_name,
+    chunk_name,
+    parse_attempt_name,
+    staging_dir,
+)
 from riverbed.storage import ObjectNotFoundError, ObjectStore
 
 __all__ = ["ObjectPublication"]
@@ -116,8 +123,7 @@ class ObjectPublication:
                 self._discard(job, chunk_id, attempt, current)
             return False
         for older in published[:-1]:  # replaced outputs, now unseen
-            self.store.delete(self._marker(job, chunk_id, older))
-            self._delete_attempt(job, chunk_id, older)
+            self._drop(job, chunk_id, older)
         return True
 
     def retract(self, job: str, chunk_id: int, attempt: int) -> None:
@@ -126,8 +132,7 @@ class ObjectPublication:
         for older in self._published(job, chunk_id):
             if older > attempt:
                 break
-            self.store.delete(self._marker(job, chunk_id, older))
-            self._delete_attempt(job, chunk_id, older)
+            self._drop(job, chunk_id, older)
             log.info("chunk %s: retracted the output of attempt %s", chunk_id, older)
         shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
 
@@ -139,14 +144,14 @@ class ObjectPublication:
         current: dict[int, int | None] = {}
         doomed = []
         for info in self.store.list(prefix):
-            name = info.key[len(prefix) :].split("/", 1)[0]  # chunk=<id>-<attempt>
-            chunk, _, number = name.removeprefix("chunk=").rpartition("-")
-            if not (chunk.isdigit() and number.isdigit()):
+            parsed = parse_attempt_name(info.key[len(prefix) :].split("/", 1)[0])
+            if parsed is None:
                 continue
-            if int(chunk) not in current:
-                current[int(chunk)] = self.published_attempt(job, int(chunk))
-            published = current[int(chunk)]
-            if published is not None and int(number) < published:
+            chunk, number = parsed
+            if chunk not in current:
+                current[chunk] = self.published_attempt(job, chunk)
+            published = current[chunk]
+            if published is not None and number < published:
                 doomed.append(info.key)
         for chunk_id, published in current.items():
             doomed += [
@@ -164,10 +169,11 @@ class ObjectPublication:
             attempt,
             current,
         )
-        self.store.delete(self._marker(job, chunk_id, attempt))
-        self._delete_attempt(job, chunk_id, attempt)
+        self._drop(job, chunk_id, attempt)
         shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
 
-    def _delete_attempt(self, job: str, chunk_id: int, attempt: int) -> None:
+    def _drop(self, job: str, chunk_id: int, attempt: int) -> None:
+        """Delete an attempt's marker, then its objects."""
+        self.store.delete(self._marker(job, chunk_id, attempt))
         prefix = self._attempt_prefix(job, chunk_id, attempt)
         self.store.delete_many([info.key for info in self.store.list(prefix)])

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from riverbed.files import flocked, fsync_dir, fsync_file
+from riverbed.jobs.errors import JobsError
 
 __all__ = [
     "ATTEMPTS",
@@ -43,6 +44,7 @@ __all__ = [
     "attempt_dir",
     "attempt_name",
     "chunk_name",
+    "parse_attempt_name",
     "publish",
     "published_attempt",
     "published_dir",
@@ -65,6 +67,14 @@ def chunk_name(chunk_id: int) -> str:
 def attempt_name(chunk_id: int, attempt: int) -> str:
     """The name of an attempt's output under ``.attempts/``: ``chunk=<id>-<attempt>``."""
     return f"chunk={chunk_id}-{attempt}"
+
+
+def parse_attempt_name(name: str) -> tuple[int, int] | None:
+    """``(chunk id, attempt)`` of an :func:`attempt_name`, or None for another name."""
+    chunk, _, attempt = name.removeprefix("chunk=").rpartition("-")
+    if not (name.startswith("chunk=") and chunk.isdigit() and attempt.isdigit()):
+        return None
+    return int(chunk), int(attempt)
 
 
 def staging_root(home: Path) -> Path:
@@ -104,7 +114,10 @@ def published_attempt(home: Path, job: str, chunk_id: int) -> int | None:
         if exc.errno == errno.EINVAL:  # a real directory: published by an older riverbed
             return 0
         raise
-    return int(Path(target).name.rsplit("-", 1)[1])
+    parsed = parse_attempt_name(Path(target).name)
+    if parsed is None:
+        raise JobsError(f"{link} points at {target}, which is no attempt's output")
+    return parsed[1]
 
 
 def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
