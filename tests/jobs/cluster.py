@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.queue import JobQueue
 
 EFFECT = """
@@ -82,8 +83,11 @@ job = metrics.as_job(start="2026-01-01", retries=1, retry_backoff=0)
 class Cluster:
     """Orchestrators and workers of one jobs setup, as child processes."""
 
-    def __init__(self, tmp: Path, env: dict[str, str], db: str | None = None) -> None:
+    def __init__(
+        self, tmp: Path, env: dict[str, str], db: str | None = None, checkpoints: str | None = None
+    ) -> None:
         self.tmp = tmp
+        self.checkpoints = checkpoints  # a bucket: outputs are published there
         (tmp / "jobs").mkdir()
         (tmp / "jobs" / "effect.py").write_text(EFFECT)
         (tmp / "jobs" / "slow.py").write_text(SLOW)
@@ -106,6 +110,8 @@ class Cluster:
             "MARKS": str(self.marks),
             "RIVERBED_SPARK_MASTER": "local[1]",
         }
+        if checkpoints:
+            self.env["RIVERBED_CHECKPOINTS"] = checkpoints
         self.procs: list[subprocess.Popen[bytes]] = []
         self.command = [sys.executable, "-m", "riverbed.cli.main"]
 
@@ -115,12 +121,15 @@ class Cluster:
         can be the first to meet a fresh database)."""
         return JobQueue(self.db)
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, home: Path | None = None) -> subprocess.Popen[bytes]:
+        """A riverbed command as a child process; ``home``: its own RIVERBED_HOME (a
+        machine of its own, whose disk the test may throw away)."""
         name = "-".join(args[:1]) + f"-{len(self.procs)}"
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        env = self.env if home is None else {**self.env, "RIVERBED_HOME": str(home)}
         proc = subprocess.Popen(
             [*self.command, *args],
-            env=self.env,
+            env=env,
             cwd=self.tmp,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -128,8 +137,8 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
-        return self.start("worker", "--ttl", "2", *extra)
+    def worker(self, *extra: str, home: Path | None = None) -> subprocess.Popen[bytes]:
+        return self.start("worker", "--ttl", "2", *extra, home=home)
 
     def orchestrator(self, name: str) -> subprocess.Popen[bytes]:
         return self.start("orchestrator", "--ttl", "2", "--name", name)
@@ -178,10 +187,11 @@ def run_state(c: Cluster, run: int) -> str:
 
 
 def published(c: Cluster, job: str = "effect", name: str = "effect.json") -> dict[int, Any]:
-    """The published output of each chunk of ``job``: its one file matching ``name``."""
-    root = c.home / "jobs" / "output" / job
+    """The published output of each chunk of ``job``: its one file matching ``name``
+    (under the cluster's home, or in its bucket)."""
+    pub = open_publication(c.home, c.checkpoints)
     found = {}
-    for d in sorted(root.glob("chunk=*")):
-        (path,) = d.glob(name)
-        found[int(d.name.split("=")[1])] = json.loads(path.read_text())
+    for chunk in sorted(pub.chunks(job)):
+        (path,) = pub.published_files(job, chunk, name).values()
+        found[chunk] = json.loads(path.read_text())
     return found

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from riverbed.storage import storage_environment
 from tests.jobs.cluster import Cluster
 
 
@@ -15,19 +16,22 @@ def cluster(
     request: pytest.FixtureRequest, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> Iterator[Cluster]:
     """Orchestrators and workers as child processes, on a fresh jobs database of each
-    kind (PostgreSQL: a real server the session's fixture started)."""
+    kind (PostgreSQL: a real server the session's fixture started); ``s3``: on SQLite,
+    with the checkpoints — and so the published outputs — in the tests' bucket."""
     db = request.getfixturevalue("postgres_db") if request.param == "postgres" else None
-    c = Cluster(tmp_path, subprocess_env, db=db)
+    checkpoints = request.getfixturevalue("s3_url") if request.param == "s3" else None
+    env = {**subprocess_env, **storage_environment()}  # how s3_url's server is reached
+    c = Cluster(tmp_path, env, db=db, checkpoints=checkpoints)
     yield c
     c.stop()
 
 
 def on(*databases: str) -> pytest.MarkDecorator:
-    """Run a ``cluster`` test on these jobs databases only (the default is both). The
-    queue's contract suite runs every database operation on both; a crash scenario is
-    about the worker's and the orchestrator's logic, so each runs on one, and the
-    scenarios alternate so that both databases see crashes."""
-    params = [
-        pytest.param(db, marks=pytest.mark.postgres) if db == "postgres" else db for db in databases
-    ]
+    """Run a ``cluster`` test on these jobs databases only (the default is both; ``s3``
+    is SQLite with outputs in a bucket). The queue's contract suite runs every database
+    operation on both; a crash scenario is about the worker's and the orchestrator's
+    logic, so each runs on one, and the scenarios alternate so that both databases see
+    crashes."""
+    marks = {"postgres": pytest.mark.postgres, "s3": pytest.mark.s3}
+    params = [pytest.param(db, marks=marks[db]) if db in marks else db for db in databases]
     return pytest.mark.parametrize("cluster", params, indirect=True)

@@ -3,17 +3,22 @@
 Workers here publish and record DONE with a failpoint between the two steps
 (``RIVERBED_JOBS_FAULT``): a 0.3 s delay, and a SIGKILL of the worker with probability
 0.3, at that point of every success. Whatever the order of those two steps, a dependent
-chunk claimed in that window, or after a crash in it, must find its inputs.
+chunk claimed in that window, or after a crash in it, must find its inputs — on this
+machine's disk, and in a bucket when each killed worker's machine is lost with it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
+from riverbed.storage import open_store
 from tests.jobs.cluster import Cluster, published, run_state
+from tests.jobs.conftest import on
 
 pytestmark = pytest.mark.slow
 
@@ -47,21 +52,52 @@ job = Job(main=main, chunk_size=2, retries=9, retry_backoff=0,
 IDS = 16
 
 
+@on("sqlite", "postgres", "s3")
 def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) -> None:
+    in_bucket = cluster.checkpoints is not None
+    run, machines = _dependents_read_what_is_published(cluster, lose_machines=in_bucket)
+    if not in_bucket:
+        return
+    # In a bucket, each killed worker's machine was lost with it (its home deleted).
+    assert len(machines) > 3
+    assert not (cluster.home / "jobs" / "output").exists()  # nothing published on a disk
+    kept = open_store(f"{cluster.checkpoints}/jobs/output").entries("up/.attempts/")
+    graph = cluster.queue.graph(run)
+    recorded = {f"chunk={r['id']}-{r['output_attempt']}" for r in graph if r["job"] == "up"}
+    assert set(kept) >= recorded  # every recorded output is there; the rest is swept later
+
+
+def _dependents_read_what_is_published(
+    c: Cluster, lose_machines: bool = False
+) -> tuple[int, list[Path]]:
+    """The scenario; with ``lose_machines``, each worker has a home of its own (its
+    machine), deleted when the failpoint kills it. Returns the homes used."""
+    cluster = c
     (cluster.tmp / "jobs" / "up.py").write_text(UP)
     (cluster.tmp / "jobs" / "down.py").write_text(DOWN)
     cluster.env["RIVERBED_JOBS_FAULT"] = "publish_done:0.3:0.3"
     cluster.orchestrator("o1")
-    workers = [cluster.worker() for _ in range(3)]
+    homes: list[Path] = []
+
+    def machine() -> Path | None:
+        if not lose_machines:
+            return None
+        homes.append(cluster.tmp / f"machine-{len(homes)}")
+        return homes[-1]
+
+    workers = [(cluster.worker(home=home), home) for home in [machine() for _ in range(3)]]
     run = cluster.cli("submit", "down", "--work-ids", f"1-{IDS}")["run"]
     kills = 0
     deadline = time.monotonic() + 150
     while run_state(cluster, run) == "MASTER":  # a supervisor: restart what the fault killed
         assert time.monotonic() < deadline, "the run did not end in 150 s"
-        for i, w in enumerate(workers):
+        for i, (w, home) in enumerate(workers):
             if w.poll() is not None:
                 kills += 1
-                workers[i] = cluster.worker()
+                if home is not None:
+                    shutil.rmtree(home)  # the machine is lost with the worker
+                new = machine()
+                workers[i] = (cluster.worker(home=new), new)
         time.sleep(0.1)
     assert run_state(cluster, run) == "DONE"
     assert kills >= 1  # the failpoint killed workers in the window (P(none) ~ 1e-5)
@@ -78,6 +114,7 @@ def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) 
         seen = json.loads(path.read_text())
         w = int(path.name.rsplit("-", 1)[1])
         assert seen == final[w], f"{path.name} read {seen}, published is {final[w]}"
+    return run, homes
 
 
 ONCE = """

@@ -24,6 +24,7 @@ from riverbed.jobs.schema import chunks, fires, meta
 from riverbed.jobs.schema import schedules as schedules_t
 from riverbed.jobs.worker import log_path
 from riverbed.processes import is_alive
+from riverbed.storage import open_store
 from tests.jobs.cluster import Cluster, published, run_state, until
 from tests.jobs.conftest import on
 
@@ -49,7 +50,7 @@ def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
     assert published(cluster) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
 
 
-@on("sqlite")
+@on("sqlite", "s3")
 def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothing(
     cluster: Cluster,
 ) -> None:
@@ -78,6 +79,10 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
         "the resumed worker to report its fenced attempt",
     )
     assert f"chunk {chunk['id']} attempt 1" in text
+    if cluster.checkpoints is not None:  # in the bucket: attempt 2's objects and marker only
+        store = open_store(f"{cluster.checkpoints}/jobs/output")
+        assert store.entries("effect/.attempts/") == [f"chunk={chunk['id']}-2"]
+        assert store.entries(f"effect/.published/chunk={chunk['id']}/") == [f"{2:020d}"]
 
 
 @on("postgres")

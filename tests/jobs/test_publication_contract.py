@@ -4,7 +4,8 @@
 
 The model: the published attempt only grows by publish; an older attempt arriving late
 is refused and leaves nothing behind; a retract of attempt a removes the output when it
-is of a or older; a reader sees the whole output of the published attempt or none."""
+is of a or older; a reader sees the whole output of the published attempt or none.
+Both are opened the way workers open them, by ``open_publication`` from a location."""
 
 from __future__ import annotations
 
@@ -22,56 +23,54 @@ from hypothesis import strategies as st
 from riverbed.jobs import publication
 from riverbed.jobs.context import Output
 from riverbed.jobs.objectpublication import ObjectPublication
-from riverbed.jobs.publication import staging_dir
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.publication import Publication, staging_dir
 from riverbed.storage import ObjectStore, open_store
 
 JOB = "j"
 
 
 class Publisher(Protocol):
+    """A publication under test, and how the test looks behind it."""
+
+    pub: Publication
     home: Path
 
-    def publish(self, job: str, chunk_id: int, attempt: int) -> bool: ...
-    def retract(self, job: str, chunk_id: int, attempt: int) -> None: ...
-    def published_attempt(self, job: str, chunk_id: int) -> int | None: ...
     def shown(self, chunk_id: int) -> list[int]: ...
     def kept(self) -> list[str]: ...
 
 
 class Directory:
-    """riverbed.jobs.publication, as the worker calls it."""
-
     def __init__(self, home: Path) -> None:
         self.home = home
-
-    def publish(self, job: str, chunk_id: int, attempt: int) -> bool:
-        return publication.publish(self.home, job, chunk_id, attempt)
-
-    def retract(self, job: str, chunk_id: int, attempt: int) -> None:
-        publication.retract(self.home, job, chunk_id, attempt)
-
-    def published_attempt(self, job: str, chunk_id: int) -> int | None:
-        return publication.published_attempt(self.home, job, chunk_id)
+        self.pub = open_publication(home)
+        assert isinstance(self.pub, publication.DirectoryPublication)
 
     def shown(self, chunk_id: int) -> list[int]:
-        folder = publication.published_dir(self.home, JOB, chunk_id)
-        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        return [json.loads(p.read_text())["attempt"] for p in files]
+        files = self.pub.published_files(JOB, chunk_id, "*.json")
+        return [json.loads(files[n].read_text())["attempt"] for n in sorted(files)]
 
     def kept(self) -> list[str]:
         attempts = publication.job_output_dir(self.home, JOB) / publication.ATTEMPTS
         return sorted(p.name for p in attempts.glob("chunk=*")) if attempts.exists() else []
 
 
-class Objects(ObjectPublication):
+class Objects:
+    def __init__(self, store: ObjectStore, home: Path) -> None:
+        self.home = home
+        self.store = store
+        self.pub = ObjectPublication(store, home)
+
     def shown(self, chunk_id: int) -> list[int]:
-        urls = self.published_files(JOB, chunk_id)
+        files = self.pub.published_files(JOB, chunk_id, "*.json")
+        shown = [json.loads(files[n].read_text())["attempt"] for n in sorted(files)]
+        urls = self.pub.published_urls(JOB, chunk_id)  # the copies are of these objects
         keys = [u.removeprefix(self.store.url + "/") for u in urls]
-        return [json.loads(self.store.get(k))["attempt"] for k in keys]
+        assert [json.loads(self.store.get(k))["attempt"] for k in keys] == shown
+        return shown
 
     def kept(self) -> list[str]:
-        prefix = f"{JOB}/{publication.ATTEMPTS}/"
-        return self.store.entries(prefix)
+        return self.store.entries(f"{JOB}/{publication.ATTEMPTS}/")
 
 
 BACKENDS = ["directory", "file", "memory", pytest.param("s3", marks=pytest.mark.s3)]
@@ -108,24 +107,24 @@ def stage(p: Publisher, chunk: int, attempt: int, files: int = 2) -> None:
 def test_publish_then_readers_see_every_file_once(make: Any) -> None:
     p = make()
     stage(p, 7, 1, files=3)
-    assert p.publish(JOB, 7, 1) is True
+    assert p.pub.publish(JOB, 7, 1) is True
     assert not staging_dir(p.home, 7, 1).exists()
-    assert p.published_attempt(JOB, 7) == 1 and p.shown(7) == [1, 1, 1]
-    assert p.publish(JOB, 7, 1) is True  # again: nothing to do, still published
-    assert p.published_attempt(JOB, 8) is None and p.shown(8) == []
+    assert p.pub.published_attempt(JOB, 7) == 1 and p.shown(7) == [1, 1, 1]
+    assert p.pub.publish(JOB, 7, 1) is True  # again: nothing to do, still published
+    assert p.pub.published_attempt(JOB, 8) is None and p.shown(8) == []
 
 
 def test_an_older_attempt_never_replaces_a_newer_one(make: Any) -> None:
     p = make()
     stage(p, 1, 1)
     stage(p, 1, 2)
-    assert p.publish(JOB, 1, 2) is True
-    assert p.publish(JOB, 1, 1) is False  # the zombie arrives late: refused
+    assert p.pub.publish(JOB, 1, 2) is True
+    assert p.pub.publish(JOB, 1, 1) is False  # the zombie arrives late: refused
     assert p.shown(1) == [2, 2] and p.kept() == ["chunk=1-2"]
-    p.retract(JOB, 1, 1)  # a fenced zombie retracting leaves the newer output
+    p.pub.retract(JOB, 1, 1)  # a fenced zombie retracting leaves the newer output
     assert p.shown(1) == [2, 2]
-    p.retract(JOB, 1, 2)
-    assert p.published_attempt(JOB, 1) is None and p.shown(1) == [] and p.kept() == []
+    p.pub.retract(JOB, 1, 2)
+    assert p.pub.published_attempt(JOB, 1) is None and p.shown(1) == [] and p.kept() == []
 
 
 @settings(
@@ -149,33 +148,76 @@ def test_publication_follows_its_model(make: Any, ops: list[tuple[str, int]]) ->
                 expect = current is None or attempt >= current
             else:
                 expect = current == attempt
-            assert p.publish(JOB, 1, attempt) is expect
+            assert p.pub.publish(JOB, 1, attempt) is expect
             if expect:
                 current = attempt
         elif op == "publish-empty":  # staged nothing: reports, changes nothing
             if attempt in staged:
                 continue
-            assert p.publish(JOB, 1, attempt) is (current == attempt)
+            assert p.pub.publish(JOB, 1, attempt) is (current == attempt)
         else:
-            p.retract(JOB, 1, attempt)
+            p.pub.retract(JOB, 1, attempt)
             if current is not None and current <= attempt:
                 current = None
-        assert p.published_attempt(JOB, 1) == current
+        assert p.pub.published_attempt(JOB, 1) == current
         assert p.shown(1) == ([] if current is None else [current, current])
         assert p.kept() == ([] if current is None else [f"chunk=1-{current}"])
 
 
+def test_readers_find_chunks_and_files_by_pattern(make: Any) -> None:
+    p = make()
+    for chunk in (3, 12):
+        out = Output(staging_dir(p.home, chunk, 1))
+        out.write_json("a.json", {"attempt": 1})
+        out.write_text("day=1.csv", "x\n")
+        out.write_text("sub/deep.json", "{}")
+        assert p.pub.publish(JOB, chunk, 1) is True
+    assert sorted(p.pub.chunks(JOB)) == [3, 12] and p.pub.chunks("other") == []
+    files = p.pub.published_files(JOB, 12)
+    assert sorted(files) == ["a.json", "day=1.csv"]  # "*" stays in the top level, as glob
+    assert files["day=1.csv"].read_text() == "x\n"
+    assert list(p.pub.published_files(JOB, 12, "sub/*")) == ["sub/deep.json"]
+    assert p.pub.published_files(JOB, 12, "*.parquet") == {}
+    assert p.pub.published_files(JOB, 4) == {}
+    out = Output(staging_dir(p.home, 12, 2))  # a rerun replaces the chunk's files
+    out.write_json("b.json", {"attempt": 2})
+    assert p.pub.publish(JOB, 12, 2) is True
+    assert list(p.pub.published_files(JOB, 12)) == ["b.json"]
+    assert p.shown(12) == [2]
+
+
+def _leftover(p: Publisher, chunk: int, attempt: int) -> None:
+    """What a publisher killed after uploading (bucket) or moving (directory) leaves."""
+    if isinstance(p, Objects):
+        key = f"{JOB}/{publication.ATTEMPTS}/{publication.attempt_name(chunk, attempt)}/p.json"
+        p.store.put(key, b"{}")
+    else:
+        folder = publication.attempt_dir(p.home, JOB, chunk, attempt)
+        folder.mkdir(parents=True)
+        (folder / "p.json").write_text("{}")
+
+
+def test_a_sweep_removes_what_a_killed_zombie_left_and_spares_newer_attempts(make: Any) -> None:
+    p = make()
+    _leftover(p, 4, 1)  # attempt 1 died mid-publish
+    stage(p, 4, 2)
+    assert p.pub.publish(JOB, 4, 2) is True
+    _leftover(p, 4, 3)  # attempt 3 publishing right now
+    _leftover(p, 5, 1)  # a chunk nothing is published of yet
+    assert p.pub.sweep(JOB) == 1
+    assert p.kept() == ["chunk=4-2", "chunk=4-3", "chunk=5-1"]
+    assert p.shown(4) == [2, 2]
+    assert p.pub.sweep(JOB) == 0
+
+
 @pytest.mark.parametrize("kind", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
-def test_a_sweep_removes_what_a_killed_zombie_uploaded_and_spares_newer_uploads(
+def test_a_sweep_in_a_bucket_removes_markers_of_replaced_attempts(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     store = _store(kind, tmp_path, request)
     p = Objects(store, tmp_path)
-    prefix = f"{JOB}/{publication.ATTEMPTS}/"
-    store.put(f"{prefix}chunk=4-1/part-0.json", b"{}")  # attempt 1 died mid-upload
     stage(p, 4, 2)
-    assert p.publish(JOB, 4, 2) is True
-    store.put(f"{prefix}chunk=4-3/part-0.json", b"{}")  # attempt 3 uploading right now
-    assert p.sweep(JOB) == 1
-    assert store.entries(prefix) == ["chunk=4-2", "chunk=4-3"]
-    assert p.shown(4) == [2, 2]
+    assert p.pub.publish(JOB, 4, 2) is True
+    store.put(f"{JOB}/{publication.PUBLISHED}/chunk=4/{1:020d}", b'{"files": []}')
+    assert p.pub.sweep(JOB) == 1  # a zombie's marker, created before it saw attempt 2's
+    assert store.entries(f"{JOB}/{publication.PUBLISHED}/chunk=4/") == [f"{2:020d}"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -13,8 +14,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.cli._common import Subcommands, UsageError, shared_options
-from riverbed.config import Config, load_config
+from riverbed.cli._common import (
+    CHECKPOINTS_HELP,
+    Subcommands,
+    UsageError,
+    config_of,
+    shared_options,
+)
+from riverbed.config import Config
 
 out = Console(highlight=False, soft_wrap=True)
 
@@ -24,6 +31,10 @@ JOBS_OPTS = (
 )
 DIR_OPTS = ("--jobs-dir", {"help": "directory of job modules; default RIVERBED_JOBS_DIR or ./jobs"})
 JSON_OPTS = ("--json", {"action": "store_true", "help": "machine-readable output"})
+CHECKPOINTS_OPTS = (
+    "--checkpoints",
+    {"help": CHECKPOINTS_HELP + "; with a bucket, chunk outputs go to <checkpoints>/jobs/output"},
+)
 
 
 def _graph_args(c: argparse.ArgumentParser) -> None:
@@ -44,7 +55,7 @@ def add_parsers(sub: Any) -> None:
         help="recurring jobs: plan, run, submit, list, show, cancel, rerun, freshness",
         description="Jobs are modules in the jobs directory with a `job = Job(...)` spec.",
     )
-    common = shared_options(p, JOBS_OPTS, DIR_OPTS, JSON_OPTS)
+    common = shared_options(p, JOBS_OPTS, DIR_OPTS, JSON_OPTS, CHECKPOINTS_OPTS)
     cmds = Subcommands(
         p.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True), common
     )
@@ -80,7 +91,7 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(func=_dispatch)
 
     w = sub.add_parser("worker", help="run chunks from the jobs queue until stopped")
-    shared_options(w, JOBS_OPTS, DIR_OPTS)
+    shared_options(w, JOBS_OPTS, DIR_OPTS, CHECKPOINTS_OPTS)
     w.add_argument("--concurrency", type=int, default=1, help="chunks at once (default 1)")
     w.add_argument("--kinds", default="python,spark", help="job kinds to take (python,spark)")
     w.add_argument("--ttl", type=int, default=10, help="registry lease TTL seconds")
@@ -93,7 +104,7 @@ def add_parsers(sub: Any) -> None:
     w.set_defaults(func=_worker)
 
     o = sub.add_parser("orchestrator", help="campaign and, when elected, groom the queue")
-    shared_options(o, JOBS_OPTS, DIR_OPTS)
+    shared_options(o, JOBS_OPTS, DIR_OPTS, CHECKPOINTS_OPTS)
     o.add_argument("--ttl", type=int, default=10, help="election lease TTL seconds")
     o.add_argument("--name", help="this orchestrator's name (default host-pid)")
     o.set_defaults(func=_orchestrator)
@@ -116,12 +127,25 @@ class _Env:
         from riverbed.jobs import Catalog
         from riverbed.jobs.queue import JobQueue
 
-        self.config: Config = load_config()
+        self.config: Config = config_of(args)
+        if getattr(args, "checkpoints", None):  # the setting of this process's children too
+            os.environ["RIVERBED_CHECKPOINTS"] = args.checkpoints
         self.args = args
         self.jobs_dir = Path(getattr(args, "jobs_dir", None) or self.config.jobs_dir)
         self.catalog = Catalog(self.jobs_dir)
         self.db_url = getattr(args, "db", None) or self.config.jobs_db_url
         self._queue: JobQueue | None = None
+
+    @property
+    def checkpoints(self) -> str | None:
+        """The checkpoints location when it is a bucket (job outputs go there too)."""
+        from riverbed.locations import is_local, parse
+
+        given = self.config.checkpoints
+        if not given:
+            return None
+        where = parse(given)
+        return None if is_local(where) else str(where)
 
     @property
     def queue(self) -> Any:
@@ -291,6 +315,7 @@ def _run(env: _Env, args: argparse.Namespace) -> int:
             master,
             report,
             spark_master=env.config.spark.master,
+            checkpoints=env.checkpoints,
         )
     finally:
         cp.close()
@@ -473,6 +498,7 @@ def _worker(args: argparse.Namespace) -> int:
         ttl=args.ttl,
         prefetch=args.prefetch,
         spark_master=env.config.spark.master,
+        checkpoints=env.checkpoints,
     )
     stop = threading.Event()
     try:
@@ -494,7 +520,17 @@ def _orchestrator(args: argparse.Namespace) -> int:
 
     env = _Env(args)
     cp = env.control()
-    orch = Orchestrator(env.queue, cp, env.catalog, env.config.home, name=args.name, ttl=args.ttl)
+    from riverbed.jobs.outputs import open_publication
+
+    orch = Orchestrator(
+        env.queue,
+        cp,
+        env.catalog,
+        env.config.home,
+        name=args.name,
+        ttl=args.ttl,
+        publication=open_publication(env.config.home, env.checkpoints),
+    )
     try:
         out.print(f"orchestrator {orch.name} campaigning on {env.config.control_url}")
         orch.run()

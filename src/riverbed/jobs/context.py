@@ -1,10 +1,12 @@
 """What a job's ``main(ctx, work_ids, **kwargs)`` gets: its claim and fenced output.
 
 **Fenced output.** ``ctx.output`` stages a chunk's files in a directory private to
-this attempt. When the chunk succeeds, the worker publishes them as
-``<home>/jobs/output/<job>/chunk=<id>/`` and only then records DONE, so whoever sees
-DONE finds the output; an older attempt (a zombie) can never replace a newer one's
-output (:mod:`riverbed.jobs.publication` owns the layout and the protocol).
+this attempt. When the chunk succeeds, the worker publishes them — as
+``<home>/jobs/output/<job>/chunk=<id>/``, or under ``<checkpoints>/jobs/output`` when the
+checkpoints are in a bucket — and only then records DONE, so whoever sees DONE finds the
+output; an older attempt (a zombie) can never replace a newer one's output
+(:mod:`riverbed.jobs.publication` owns the layout and the protocol). ``ctx.published``
+reads them the same way wherever they are: as local files (copies, from a bucket).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.jobs.errors import JobsError, JobsValueError, SpecError
-from riverbed.jobs.publication import job_output_dir, publish, published_dir, staging_dir
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.publication import Publication, publish, published_dir, staging_dir
 
 __all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
 
@@ -78,26 +81,37 @@ class Context:
     home: Path | None = None
     spec_path: Path | None = None  # the job's module
     code_version: str | None = None  # what runs: git SHA and the module's hash
+    publication: Publication | None = None  # where outputs are (default: under home)
     _spark: Any = None
 
     def published(self, job: str, name: str) -> Path | None:
         """The newest published file ``name`` of job ``job`` — how a job reads what
         its dependencies wrote (``ctx.output`` names per work id make this exact, e.g.
         ``day=20261103.parquet``). None if no published chunk has it."""
-        return self.published_files(job, name).get(name)
+        pub = self._publication()
+        for chunk in sorted(pub.chunks(job), reverse=True):
+            found = pub.published_files(job, chunk, name).get(name)
+            if found is not None:
+                return found
+        return None
 
     def published_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
         """Every published file of job ``job`` whose name matches ``pattern``, by name;
-        when a rerun published a name again, the newest chunk's file."""
-        if self.home is None:
-            raise JobsError("this context has no riverbed home to read outputs from")
-        root = job_output_dir(self.home, job)
+        when a rerun published a name again, the newest chunk's file. Local paths: the
+        files themselves, or copies of a bucket's (cached; an output never changes)."""
+        pub = self._publication()
         found: dict[str, Path] = {}
-        dirs = [d for d in root.glob("chunk=*") if d.name[6:].isdigit()]
-        for d in sorted(dirs, key=lambda d: int(d.name[6:]), reverse=True):
-            for f in d.glob(pattern):
-                found.setdefault(f.name, f)
+        for chunk in sorted(pub.chunks(job), reverse=True):
+            for name, path in pub.published_files(job, chunk, pattern).items():
+                found.setdefault(name, path)
         return found
+
+    def _publication(self) -> Publication:
+        if self.publication is None:
+            if self.home is None:
+                raise JobsError("this context has no riverbed home to read outputs from")
+            self.publication = open_publication(self.home)
+        return self.publication
 
     @property
     def token(self) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from riverbed.config import SparkConfig
 from riverbed.jobs.context import Context, Output, staging_dir
+from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.spec import Catalog
 from riverbed.processes import kill_session
 
@@ -60,9 +61,16 @@ def _redirected(log_path: Path) -> Iterator[None]:
 class ChunkRunner:
     """Runs chunks in this process (an executor child, or the development runner)."""
 
-    def __init__(self, jobs_dir: Path, home: Path, spark_config: SparkConfig | None) -> None:
+    def __init__(
+        self,
+        jobs_dir: Path,
+        home: Path,
+        spark_config: SparkConfig | None,
+        checkpoints: str | None = None,
+    ) -> None:
         self.jobs_dir = jobs_dir
         self.home = home
+        self.publication = open_publication(home, checkpoints)
         self.spark_config = spark_config
         self.catalog = Catalog(jobs_dir)
         self._spark: Any = None
@@ -93,6 +101,7 @@ class ChunkRunner:
                 master=req.get("master"),
                 output=Output(staging_dir(self.home, chunk_id, attempt)),
                 home=self.home,
+                publication=self.publication,
                 spec_path=loaded.path,
                 code_version=loaded.code_version,
             )
@@ -136,7 +145,13 @@ def _stop_with_the_worker() -> None:
     threading.Thread(target=watch, name="riverbed-executor-watch", daemon=True).start()
 
 
-def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str | None) -> None:
+def executor_main(
+    conn: Connection,
+    jobs_dir: str,
+    home: str,
+    spark_master: str | None,
+    checkpoints: str | None = None,
+) -> None:
     """Entry point of an executor child (spawned by the worker)."""
     with contextlib.suppress(OSError):
         # its own session: cancel and timeout kill the whole session, the job's own
@@ -149,7 +164,7 @@ def executor_main(conn: Connection, jobs_dir: str, home: str, spark_master: str 
     logging.getLogger("riverbed").setLevel(logging.INFO)
     _stop_with_the_worker()
     spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
-    runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config)
+    runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config, checkpoints)
     while True:
         try:
             req = conn.recv()

@@ -20,8 +20,9 @@ its own and older attempts, never a newer one's. :meth:`sweep` deletes objects o
 attempts that are not current and older than the current one. Publishing is
 idempotent: any number of callers may publish the same attempt at once.
 
-Not wired into the worker yet (issue 30): it runs its contract beside the directory
-implementation's in ``tests/jobs/test_publication_contract.py``.
+Readers get local copies (:meth:`published_files`), cached under ``<home>/jobs/cache``
+by attempt: an attempt's files never change, so a copy never goes stale. The contract
+this shares with the directory implementation is ``tests/jobs/test_publication_contract.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from riverbed.jobs.publication import (
     ATTEMPTS,
     PUBLISHED,
     attempt_name,
+    cache_dir,
     chunk_name,
+    matching,
     parse_attempt_name,
     staging_dir,
 )
@@ -52,6 +55,13 @@ class ObjectPublication:
     def __init__(self, store: ObjectStore, home: Path) -> None:
         self.store = store
         self.home = home
+
+    def __repr__(self) -> str:
+        return f"ObjectPublication({self.store.url!r})"
+
+    @property
+    def location(self) -> str:
+        return self.store.url
 
     # -- names ------------------------------------------------------------------------
 
@@ -77,17 +87,54 @@ class ObjectPublication:
         published = self._published(job, chunk_id)
         return published[-1] if published else None
 
-    def published_files(self, job: str, chunk_id: int) -> list[str]:
-        """The URLs of the chunk's published files (sorted), [] when none is published."""
+    def chunks(self, job: str) -> list[int]:
+        """The chunks of ``job`` with a published output."""
+        names = (n.removeprefix("chunk=") for n in self.store.entries(f"{job}/{PUBLISHED}/"))
+        return [int(n) for n in names if n.isdigit()]
+
+    def _files(self, job: str, chunk_id: int) -> tuple[int, list[str]] | None:
+        """The published attempt and its files' names, or None."""
         attempt = self.published_attempt(job, chunk_id)
         if attempt is None:
-            return []
+            return None
         try:
             body = json.loads(self.store.get(self._marker(job, chunk_id, attempt)))
         except ObjectNotFoundError:  # retracted meanwhile
+            return None
+        return attempt, sorted(body["files"])
+
+    def published_urls(self, job: str, chunk_id: int) -> list[str]:
+        """The URLs of the chunk's published files (sorted), [] when none is published."""
+        found = self._files(job, chunk_id)
+        if found is None:
             return []
+        prefix = self._attempt_prefix(job, chunk_id, found[0])
+        return [f"{self.store.url}/{prefix}{name}" for name in found[1]]
+
+    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
+        """Local copies of the chunk's published files matching ``pattern``, downloaded
+        once per attempt into ``<home>/jobs/cache`` (copies of the chunk's older
+        attempts there are removed)."""
+        found = self._files(job, chunk_id)
+        if found is None:
+            return {}
+        attempt, names = found
+        local = cache_dir(self.home, job, chunk_id, attempt)
+        for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
+            if other != local:
+                shutil.rmtree(other, ignore_errors=True)
         prefix = self._attempt_prefix(job, chunk_id, attempt)
-        return [f"{self.store.url}/{prefix}{name}" for name in sorted(body["files"])]
+        copies = {}
+        for name in matching(names, pattern):
+            path = local / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.store.get_file(prefix + name, path)
+                except ObjectNotFoundError:  # replaced or retracted while we read
+                    return self.published_files(job, chunk_id, pattern)
+            copies[name] = path
+        return copies
 
     # -- writers ----------------------------------------------------------------------
 
@@ -138,27 +185,28 @@ class ObjectPublication:
 
     def sweep(self, job: str) -> int:
         """Delete the objects of attempts older than their chunk's published attempt
-        (replaced outputs, zombies' uploads); returns how many objects went. Attempts
-        newer than the published one may be uploading now and are left alone."""
+        (replaced outputs, zombies' uploads and markers); returns how many objects went.
+        Attempts newer than the published one may be uploading now and are left alone.
+        Two listings, whatever the number of chunks."""
+        markers: dict[int, list[int]] = {}
+        prefix = f"{job}/{PUBLISHED}/"
+        for info in self.store.list(prefix):
+            chunk, _, number = info.key[len(prefix) :].partition("/")
+            chunk = chunk.removeprefix("chunk=")
+            if chunk.isdigit() and number.isdigit():
+                markers.setdefault(int(chunk), []).append(int(number))
+        current = {chunk: max(numbers) for chunk, numbers in markers.items()}
+        doomed = [
+            self._marker(job, chunk, a)
+            for chunk, numbers in markers.items()
+            for a in numbers
+            if a < current[chunk]
+        ]
         prefix = f"{job}/{ATTEMPTS}/"
-        current: dict[int, int | None] = {}
-        doomed = []
         for info in self.store.list(prefix):
             parsed = parse_attempt_name(info.key[len(prefix) :].split("/", 1)[0])
-            if parsed is None:
-                continue
-            chunk, number = parsed
-            if chunk not in current:
-                current[chunk] = self.published_attempt(job, chunk)
-            published = current[chunk]
-            if published is not None and number < published:
+            if parsed is not None and parsed[1] < current.get(parsed[0], -1):
                 doomed.append(info.key)
-        for chunk_id, published in current.items():
-            doomed += [
-                self._marker(job, chunk_id, a)
-                for a in self._published(job, chunk_id)
-                if published is not None and a < published
-            ]
         self.store.delete_many(doomed)
         return len(doomed)
 

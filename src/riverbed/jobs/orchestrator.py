@@ -10,7 +10,9 @@
    workers to stop chunks past their timeout, fire cron schedules (once per fire time,
    in the submitting transaction), and publish the outputs of chunks an older
    riverbed recorded DONE before moving them into place (workers now publish first,
-   see :mod:`riverbed.jobs.publication`).
+   see :mod:`riverbed.jobs.publication`). Every ``sweep_every`` seconds, delete what
+   attempts older than their chunk's published one left behind (a zombie's upload, a
+   publisher killed between its steps).
 
 Readiness of dependents is *not* a duty: the transaction that records a success
 promotes them, so a dependency level costs one claim, not an orchestrator tick.
@@ -24,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,11 +37,13 @@ from sqlalchemy import Connection
 from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
-from riverbed.jobs.publication import publish, retract
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.publication import Publication
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs
 from riverbed.jobs.worker import WORKERS
+from riverbed.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class OrchestratorStats:
     reaped: int = 0
     fired: int = 0
     published: int = 0
+    swept: int = 0
 
 
 class Orchestrator:
@@ -67,6 +73,8 @@ class Orchestrator:
         ttl: int = 10,
         tick: float = 0.5,
         stale_after: float = 60.0,
+        publication: Publication | None = None,
+        sweep_every: float = 300.0,
     ) -> None:
         self.queue = queue
         self.cp = cp
@@ -76,6 +84,9 @@ class Orchestrator:
         self.ttl = ttl
         self.tick = tick
         self.stale_after = stale_after
+        self.publication = publication or open_publication(self.home)
+        self.sweep_every = sweep_every
+        self._swept_at: float | None = None
         self.registry = Registry(cp, WORKERS)
         self.stats = OrchestratorStats(terms=[])
 
@@ -120,7 +131,7 @@ class Orchestrator:
         while not stop.is_set() and session.alive:
             try:
                 self.duties(term)
-            except QueueError as exc:  # the database is away: the next tick tries again
+            except (QueueError, StorageError) as exc:  # away: the next tick tries again
                 log.warning("orchestrator duties failed: %s", exc)
             changed.wait(self.tick)
             changed.clear()
@@ -145,14 +156,28 @@ class Orchestrator:
         if reaped:
             log.warning("reaped chunks %s of lost workers", [r.id for r in reaped])
         for r in reaped:  # a lost attempt may have published before it died: unseen now
-            retract(self.home, r.job, r.id, r.attempt)
+            self.publication.retract(r.job, r.id, r.attempt)
         self.stats.reaped += len(reaped)
         self.queue.overdue(term)
         self._fire(term)
         for row in self.queue.unmaterialized():
-            if publish(self.home, row["job"], row["id"], row["output_attempt"]):
+            if self.publication.publish(row["job"], row["id"], row["output_attempt"]):
                 self.stats.published += 1
             self.queue.mark_materialized(row["id"])
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Every ``sweep_every`` seconds, sweep every job of the catalog (see the module
+        doc). Not fenced: it only deletes what no published output needs."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < self.sweep_every:
+            return
+        self._swept_at = now
+        for job in self.catalog.names():
+            gone = self.publication.sweep(job)
+            if gone:
+                log.info("swept %d leftovers of job %s", gone, job)
+            self.stats.swept += gone
 
     def _sync_schedules(self, term: int) -> None:
         jobs, errors = self.catalog.load_all()

@@ -3,6 +3,7 @@
 The one owner of the output layout under ``<home>/jobs``::
 
     staging/<chunk>-<attempt>/              an attempt writes here while it runs (private)
+    cache/<job>/chunk=<chunk>-<attempt>/    copies of outputs read from a bucket
     output/<job>/.attempts/chunk=<chunk>-<attempt>/   published attempts (immutable)
     output/<job>/chunk=<chunk>              → .attempts/chunk=<chunk>-<attempt> (symlink)
 
@@ -23,17 +24,25 @@ the current attempt is refused at step 2. A fenced or failed attempt retracts wh
 published (:func:`retract`). Publishing is idempotent: any number of callers may
 publish the same attempt at once (the worker after a database error, an orchestrator
 finishing a crashed worker's leftovers); each returns whether that attempt is published.
+
+**Where outputs live** is decided once, by :mod:`riverbed.jobs.outputs`: under
+``<home>/jobs`` (this module, :class:`DirectoryPublication`), or — when the
+``checkpoints`` setting names a bucket — under ``<checkpoints>/jobs/output``
+(:mod:`riverbed.jobs.objectpublication`, the same guarantees by create-only writes).
+Workers, orchestrators and ``ctx.published`` go through the :class:`Publication` it opens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import logging
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 from riverbed.files import flocked, fsync_dir, fsync_file
 from riverbed.jobs.errors import JobsError
@@ -41,9 +50,13 @@ from riverbed.jobs.errors import JobsError
 __all__ = [
     "ATTEMPTS",
     "PUBLISHED",
+    "DirectoryPublication",
+    "Publication",
     "attempt_dir",
     "attempt_name",
+    "cache_dir",
     "chunk_name",
+    "matching",
     "parse_attempt_name",
     "publish",
     "published_attempt",
@@ -57,6 +70,45 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
 PUBLISHED = ".published"  # in a bucket: the create-only markers (objectpublication.py)
+
+
+class Publication(Protocol):
+    """Where chunk outputs are published, and the steps that publish them (the module
+    doc). Attempts always stage under ``home`` on the worker's own disk."""
+
+    home: Path
+
+    @property
+    def location(self) -> str:
+        """Where the outputs are, for people: a directory or an ``s3://`` URL."""
+        ...
+
+    def publish(self, job: str, chunk_id: int, attempt: int) -> bool: ...
+    def retract(self, job: str, chunk_id: int, attempt: int) -> None: ...
+    def published_attempt(self, job: str, chunk_id: int) -> int | None: ...
+
+    def chunks(self, job: str) -> list[int]:
+        """The chunks of ``job`` with a published output, in no particular order."""
+        ...
+
+    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
+        """The chunk's published files whose names (relative to its output) match the
+        glob ``pattern``, as local paths to read: the files themselves on a directory,
+        copies cached under ``home`` from a bucket (an attempt's files never change)."""
+        ...
+
+    def sweep(self, job: str) -> int:
+        """Delete what attempts older than their chunk's published one left (a crash
+        between steps, a zombie's upload); returns how many went."""
+        ...
+
+
+def matching(names: list[str], pattern: str) -> list[str]:
+    """The relative names a glob ``pattern`` matches, as ``Path.glob`` would (``*``
+    stays within one directory level)."""
+    return [
+        n for n in names if n.count("/") == pattern.count("/") and fnmatch.fnmatchcase(n, pattern)
+    ]
 
 
 def chunk_name(chunk_id: int) -> str:
@@ -85,6 +137,11 @@ def staging_root(home: Path) -> Path:
 def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
     """Where attempt ``attempt`` of chunk ``chunk_id`` writes its output while it runs."""
     return staging_root(home) / f"{chunk_id}-{attempt}"
+
+
+def cache_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
+    """Where this machine keeps its copy of an attempt's output read from a bucket."""
+    return home / "jobs" / "cache" / job / attempt_name(chunk_id, attempt)
 
 
 def job_output_dir(home: Path, job: str) -> Path:
@@ -190,6 +247,59 @@ def retract(home: Path, job: str, chunk_id: int, attempt: int) -> None:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(attempt_dir(home, job, chunk_id, attempt), ignore_errors=True)
+
+
+class DirectoryPublication:
+    """Publication on this machine's disk (the functions of this module)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+
+    def __repr__(self) -> str:
+        return f"DirectoryPublication({str(self.home)!r})"
+
+    @property
+    def location(self) -> str:
+        return str(self.home / "jobs" / "output")
+
+    def publish(self, job: str, chunk_id: int, attempt: int) -> bool:
+        return publish(self.home, job, chunk_id, attempt)
+
+    def retract(self, job: str, chunk_id: int, attempt: int) -> None:
+        retract(self.home, job, chunk_id, attempt)
+
+    def published_attempt(self, job: str, chunk_id: int) -> int | None:
+        return published_attempt(self.home, job, chunk_id)
+
+    def chunks(self, job: str) -> list[int]:
+        root = job_output_dir(self.home, job)
+        names = (d.name.removeprefix("chunk=") for d in root.glob("chunk=*"))
+        return [int(n) for n in names if n.isdigit()]
+
+    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
+        folder = published_dir(self.home, job, chunk_id)
+        found = {}
+        for path in folder.glob(pattern):
+            if path.is_file():
+                found[path.relative_to(folder).as_posix()] = path
+        return found
+
+    def sweep(self, job: str) -> int:
+        root = job_output_dir(self.home, job) / ATTEMPTS
+        gone = 0
+        current: dict[int, int | None] = {}
+        for path in root.glob("chunk=*") if root.is_dir() else []:
+            parsed = parse_attempt_name(path.name)
+            if parsed is None:
+                continue
+            chunk, number = parsed
+            if chunk not in current:
+                current[chunk] = published_attempt(self.home, job, chunk)
+            published = current[chunk]
+            if published is not None and number < published:
+                shutil.rmtree(path, ignore_errors=True)
+                gone += 1
+        return gone
 
 
 def _target(link: Path) -> Path | None:

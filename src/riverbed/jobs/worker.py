@@ -68,9 +68,11 @@ from riverbed.jobs.decisions import (
     wait_time,
 )
 from riverbed.jobs.errors import FencedError, JobsValueError, QueueError
-from riverbed.jobs.publication import publish, retract, staging_dir
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.publication import staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
 from riverbed.processes import SessionStillAliveError, kill_session
+from riverbed.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +214,7 @@ class Worker:
         prefetch: int = 0,
         prefetch_below: float = 1.0,
         spark_master: str | None = None,
+        checkpoints: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         fault: Fault | None = None,
     ) -> None:
@@ -230,6 +233,8 @@ class Worker:
         self.prefetch = prefetch
         self.prefetch_below = prefetch_below
         self.spark_master = spark_master
+        self.checkpoints = checkpoints
+        self.publication = open_publication(self.home, checkpoints)
         self.clock = clock
         self.host = socket.gethostname()
         self.registry = Registry(cp, WORKERS)
@@ -259,7 +264,7 @@ class Worker:
         parent, child = self._mp.Pipe()
         proc = self._mp.Process(
             target=executor_main,
-            args=(child, str(self.jobs_dir), str(self.home), self.spark_master),
+            args=(child, str(self.jobs_dir), str(self.home), self.spark_master, self.checkpoints),
             name="riverbed-executor",
             daemon=True,
         )
@@ -323,7 +328,7 @@ class Worker:
         self._slots.pop(claim.id, None)
         try:
             return self._record(slot, answer, claim_more)
-        except QueueError as exc:
+        except (QueueError, StorageError) as exc:  # the database or the bucket: away
             slot.retries += 1
             self._unrecorded.append((slot, answer))
             log.warning("chunk %s: recording its end failed (%s); retrying", claim.id, exc)
@@ -349,7 +354,7 @@ class Worker:
             assert isinstance(end, Fail)
             error = end.error
             state = self.queue.fail(claim.id, claim.attempt, error, cancelled=end.cancelled)
-            retract(self.home, claim.job, claim.id, claim.attempt)
+            self.publication.retract(claim.job, claim.id, claim.attempt)
             self.stats.failed += 1
             log.warning(
                 "chunk %s (%s) attempt %s: %s → %s",
@@ -363,7 +368,7 @@ class Worker:
             if slot.retries and self._recorded_before(slot, answer):
                 return []
             self.stats.fenced += 1
-            retract(self.home, claim.job, claim.id, claim.attempt)
+            self.publication.retract(claim.job, claim.id, claim.attempt)
             log.warning("%s; nothing recorded or published", exc)
         shutil.rmtree(staged, ignore_errors=True)
         return []
@@ -372,9 +377,9 @@ class Worker:
         """Step one of a success, before DONE: publish the staged output (or, with none,
         retract what an older attempt of the chunk may have published)."""
         if output:
-            publish(self.home, claim.job, claim.id, claim.attempt)
+            self.publication.publish(claim.job, claim.id, claim.attempt)
         else:
-            retract(self.home, claim.job, claim.id, claim.attempt - 1)
+            self.publication.retract(claim.job, claim.id, claim.attempt - 1)
         self._fault.between_publish_and_done()
 
     def _defers(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
@@ -390,13 +395,13 @@ class Worker:
         self._short = True
         more = self._want() if claim_more else 0
         ended = [(slot.claim, bool(answer.get("output"))) for slot, answer in batch]
-        for claim, output in ended:
-            self._publish(claim, output)
         try:
+            for claim, output in ended:
+                self._publish(claim, output)
             fenced, claims = self.queue.succeed_many_and_claim(
                 ended, self.id, self.host, more, self.kinds
             )
-        except QueueError as exc:  # retried one by one, as any unrecorded end
+        except (QueueError, StorageError) as exc:  # retried one by one, as any unrecorded end
             for slot, answer in batch:
                 slot.retries += 1
                 self._unrecorded.append((slot, answer))
@@ -411,7 +416,7 @@ class Worker:
                     claim.id,
                     claim.attempt,
                 )
-                retract(self.home, claim.job, claim.id, claim.attempt)
+                self.publication.retract(claim.job, claim.id, claim.attempt)
                 shutil.rmtree(staging_dir(self.home, claim.id, claim.attempt), ignore_errors=True)
                 continue
             self.stats.done += 1
@@ -616,6 +621,7 @@ def run_here(
     master: int,
     on_chunk: Callable[[Claim, str], None] | None = None,
     spark_master: str | None = None,
+    checkpoints: str | None = None,
 ) -> str:
     """The development runner: run every chunk of run ``master`` in this process (no
     executor, so a debugger and prints work), registered like a worker so a running
@@ -624,8 +630,12 @@ def run_here(
     from riverbed.jobs.executor import ChunkRunner
 
     runner = ChunkRunner(
-        Path(jobs_dir), Path(home), SparkConfig(master=spark_master) if spark_master else None
+        Path(jobs_dir),
+        Path(home),
+        SparkConfig(master=spark_master) if spark_master else None,
+        checkpoints,
     )
+    pub = runner.publication
     host = socket.gethostname()
     worker_id = f"dev-{host}-{os.getpid()}-{secrets.token_hex(3)}"
     waker = Waker(queue)
@@ -667,13 +677,13 @@ def run_here(
                 try:
                     if answer["ok"]:
                         if answer["output"]:  # published first: DONE means it is in place
-                            publish(home, claim.job, claim.id, claim.attempt)
+                            pub.publish(claim.job, claim.id, claim.attempt)
                         queue.succeed_and_claim(claim, bool(answer["output"]), worker_id, host, 0)
                     else:
                         outcome = queue.fail(claim.id, claim.attempt, answer["error"])
                 except FencedError as exc:
                     outcome = f"FENCED ({exc})"
-                    retract(home, claim.job, claim.id, claim.attempt)
+                    pub.retract(claim.job, claim.id, claim.attempt)
                     shutil.rmtree(staging_dir(home, claim.id, claim.attempt), ignore_errors=True)
                 if on_chunk is not None:
                     on_chunk(claim, outcome if answer["ok"] else f"{outcome}\n{answer['error']}")
