@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from riverbed.storage import open_store, storage_environment
 from tests.cli import run_cli
 
 SEED_JOBS = {
@@ -80,10 +81,38 @@ def test_run_executes_the_graph_here_and_show_lists_it(env: dict[str, str], tmp_
     assert {g["state"] for g in shown["graph"]} == {"DONE"}
     outputs = sorted((tmp_path / "home" / "jobs" / "output" / "A").glob("chunk=*/ids.json"))
     assert [json.loads(p.read_text()) for p in outputs] == [[1, 2, 3], [4, 5, 6]]
+    (first,) = [g for g in shown["graph"] if g["job"] == "A" and g["work_ids"] == "[1, 2, 3]"]
+    chunk = json.loads(run(env, "jobs", "show", str(first["id"]), "--json").stdout)
+    assert chunk["output"]["attempt"] == 1
+    assert [json.loads(Path(f).read_text()) for f in chunk["output"]["files"]] == [[1, 2, 3]]
     fresh = json.loads(run(env, "jobs", "freshness", "B", "--json").stdout)
     assert fresh[0]["work_ids"] == 6
     listed = json.loads(run(env, "jobs", "list", "--state", "done", "--json").stdout)
     assert [r["id"] for r in listed] == [result["run"]]
+
+
+@pytest.mark.s3
+def test_with_checkpoints_in_a_bucket_outputs_go_there_and_show_names_them(
+    env: dict[str, str], tmp_path: Path, s3_url: str
+) -> None:
+    env = {**env, **storage_environment()}
+    out = run(env, "jobs", "run", "A", "--work-ids", "1-6", "--checkpoints", s3_url, "--json")
+    assert out.returncode == 0, out.stderr
+    graph = json.loads(
+        run(env, "jobs", "show", str(json.loads(out.stdout)["run"]), "--json").stdout
+    )
+    assert {g["state"] for g in graph["graph"]} == {"DONE"}  # A read B's and C's outputs
+    assert not (tmp_path / "home" / "jobs" / "output").exists()
+    (first,) = [g for g in graph["graph"] if g["job"] == "A" and g["work_ids"] == "[1, 2, 3]"]
+    shown = run(env, "jobs", "show", str(first["id"]), "--checkpoints", s3_url)
+    url = f"{s3_url}/jobs/output/A/.attempts/chunk={first['id']}-1/ids.json"
+    assert f"output of attempt 1:\n    {url}" in shown.stdout
+    store = open_store(f"{s3_url}/jobs/output")
+    assert json.loads(store.get(url.removeprefix(store.url + "/"))) == [1, 2, 3]
+    for secret in (env["AWS_SECRET_ACCESS_KEY"], env["AWS_ACCESS_KEY_ID"]):
+        assert secret not in shown.stdout + shown.stderr + out.stdout + out.stderr
+    without = run(env, "jobs", "show", str(first["id"]))  # the setting says where to look
+    assert "output: none published" in without.stdout
 
 
 def test_a_failing_chunk_shows_its_traceback_and_the_run_fails(env: dict[str, str]) -> None:

@@ -350,10 +350,18 @@ def _list(env: _Env, args: argparse.Namespace) -> int:
 
 
 def _show(env: _Env, args: argparse.Namespace) -> int:
+    from riverbed.jobs.outputs import open_publication
+
     row = env.queue.get(args.id)
     graph = env.queue.graph(args.id) if row["kind"] == "master" else []
+    output: dict[str, Any] | None = None
+    if row["kind"] != "master":  # what the chunk published, wherever it is
+        pub = open_publication(env.config.home, env.checkpoints)
+        attempt = pub.published_attempt(row["job"], row["id"])
+        if attempt is not None:
+            output = {"attempt": attempt, "files": pub.published_urls(row["job"], row["id"])}
     if args.json:
-        _print_json({**row, "graph": graph})
+        _print_json({**row, "graph": graph, "output": output})
         return 0
     kind = "run" if row["kind"] == "master" else "chunk"
     out.print(f"[bold]{kind} {row['id']}[/bold] {row['job']} — {row['state']}")
@@ -364,6 +372,12 @@ def _show(env: _Env, args: argparse.Namespace) -> int:
     )
     if row["kind"] != "master":
         out.print(f"  upstream {row['upstream'] or '—'}  run {row['master']}")
+        if output is None:
+            out.print("  output: none published")
+        else:
+            out.print(f"  output of attempt {output['attempt']}:")
+            for name in output["files"]:
+                out.print(f"    {name}")
     if graph:
         table = Table(title="chunks")
         for col in ("id", "job", "state", "work ids", "attempt", "dependencies", "error"):

@@ -97,6 +97,11 @@ class Publication(Protocol):
         copies cached under ``home`` from a bucket (an attempt's files never change)."""
         ...
 
+    def published_urls(self, job: str, chunk_id: int) -> list[str]:
+        """Where the chunk's published files are (paths, or ``s3://`` URLs), sorted,
+        without reading them; [] when nothing is published."""
+        ...
+
     def sweep(self, job: str) -> int:
         """Delete what attempts older than their chunk's published one left (a crash
         between steps, a zombie's upload); returns how many went."""
@@ -283,6 +288,10 @@ class DirectoryPublication:
             if path.is_file():
                 found[path.relative_to(folder).as_posix()] = path
         return found
+
+    def published_urls(self, job: str, chunk_id: int) -> list[str]:
+        folder = published_dir(self.home, job, chunk_id)
+        return sorted(str(p) for p in folder.rglob("*") if p.is_file())
 
     def sweep(self, job: str) -> int:
         root = job_output_dir(self.home, job) / ATTEMPTS
