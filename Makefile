@@ -29,8 +29,9 @@ spark-archive:
 	@$(BIN)/python -m riverbed.spark.cds
 
 # The JVM jars Spark drivers add to PySpark's own (scripts/jars/pom.xml: Hadoop's S3A
-# connector for s3a://, with the AWS SDK bundle), from Maven Central into $(VENV)/jars
-# at PySpark's Hadoop version; once (~700 MB, 20 s here), then a no-op.
+# connector for s3a://, with the AWS SDK bundle, at PySpark's Hadoop version; Spark's
+# Kafka connector), from Maven Central into $(VENV)/jars, and the tests' Kafka broker
+# (scripts/jars/kafka/pom.xml) into $(VENV)/kafka; once (~750 MB, ~35 s here), then a no-op.
 jars: $(STAMP)
 	@bash scripts/fetch_jars.sh "$(VENV)"
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fill the jar cache with the JVM jars riverbed's Spark drivers add to PySpark's own
-# (scripts/jars/pom.xml: Hadoop's S3A connector and the AWS SDK bundle), from Maven
-# Central, at the Hadoop version PySpark bundles. Idempotent: nothing to do when the
-# cache was filled from this pom and this PySpark.
+# (scripts/jars/pom.xml: Hadoop's S3A connector and the AWS SDK bundle, at the Hadoop
+# version PySpark bundles; Spark's Kafka connector), and .venv/kafka with a Kafka broker
+# for the tests (scripts/jars/kafka/pom.xml), from Maven Central. Idempotent: nothing to
+# do for a set fetched from the same pom and arguments.
 #   usage: fetch_jars.sh [venv]
 set -euo pipefail
 venv="${1:-.venv}"
@@ -17,32 +18,46 @@ if [ -z "$api" ]; then
 fi
 hadoop="$(basename "$api" .jar)"
 hadoop="${hadoop#hadoop-client-api-}"
-stamp="$cache/.fetched-$(cat "$here/jars/pom.xml" | sha256sum | cut -c1-12)-hadoop-$hadoop"
-if [ -f "$stamp" ]; then
-    exit 0
-fi
 
-if ! command -v mvn >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "==> Maven missing: installing Debian's maven"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
-    fi
+ensure_maven() {
     if ! command -v mvn >/dev/null 2>&1; then
-        echo "error: Maven (mvn) is needed to fetch Hadoop's S3A jars; install it (Debian: apt-get install maven) and retry." >&2
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "==> Maven missing: installing Debian's maven"
+            DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+        fi
+        if ! command -v mvn >/dev/null 2>&1; then
+            echo "error: Maven (mvn) is needed to fetch riverbed's JVM jars; install it (Debian: apt-get install maven) and retry." >&2
+            exit 1
+        fi
+    fi
+}
+
+# fetch POM DEST WHAT [maven args]: the runtime jars of POM into DEST, unless DEST was
+# filled from this POM (and these arguments) already
+fetch() {
+    local pom="$1" dest="$2" what="$3"
+    shift 3
+    local stamp="$dest/.fetched-$( (cat "$pom"; echo "$*") | sha256sum | cut -c1-12)"
+    if [ -f "$stamp" ]; then
+        return 0
+    fi
+    ensure_maven
+    echo "==> fetching $what into $dest (once)"
+    rm -rf "$dest.partial"
+    if ! mvn -q -B -f "$pom" "$@" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$(realpath -m "$dest.partial")" \
+        >"$venv/fetch-jars.log" 2>&1; then
+        echo "error: Maven could not fetch $what (see $venv/fetch-jars.log); check that Maven Central is reachable and retry." >&2
+        tail -5 "$venv/fetch-jars.log" >&2
         exit 1
     fi
-fi
+    rm -rf "$dest"
+    mv "$dest.partial" "$dest"
+    touch "$stamp"
+}
 
-echo "==> fetching hadoop-aws $hadoop and the AWS SDK bundle (Spark's s3a://) into $cache (~700 MB, once)"
-rm -rf "$cache.partial"
-if ! mvn -q -B -f "$here/jars/pom.xml" -Dhadoop.version="$hadoop" \
-    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$(realpath -m "$cache.partial")" \
-    >"$venv/fetch-jars.log" 2>&1; then
-    echo "error: Maven could not fetch the jars (see $venv/fetch-jars.log); check that Maven Central is reachable and retry." >&2
-    tail -5 "$venv/fetch-jars.log" >&2
-    exit 1
-fi
-rm -rf "$cache"
-mv "$cache.partial" "$cache"
-touch "$stamp"
+fetch "$here/jars/pom.xml" "$cache" \
+    "hadoop-aws $hadoop with the AWS SDK bundle (s3a://) and Spark's Kafka connector (~700 MB)" \
+    -Dhadoop.version="$hadoop"
+fetch "$here/jars/kafka/pom.xml" "$venv/kafka" "an Apache Kafka broker for the tests (~45 MB)"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from riverbed.spark import TEST_CONF
-from riverbed.testing import CephS3Server, EtcdCluster, EtcdServer, PostgresServer
+from riverbed.testing import CephS3Server, EtcdCluster, EtcdServer, KafkaServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +88,20 @@ def s3_url(
         monkeypatch.delenv(name, raising=False)
     slug = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return f"s3://{S3_BUCKET}/{slug}-{os.urandom(3).hex()}"
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[KafkaServer]:
+    """One Kafka broker for the whole run (tests isolate by topic name)."""
+    with KafkaServer() as server:
+        yield server
+
+
+@pytest.fixture
+def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> str:
+    """A fresh topic name for one test (created by the test, with its partitions)."""
+    slug = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"{slug}-{os.urandom(3).hex()}"
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,15 @@ loopback ports in a private temporary directory and always stops it (context
 managers; pytest fixtures in ``tests/conftest.py`` wrap them).
 """
 
+from riverbed.testing.kafka import KafkaServer
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import EtcdCluster, EtcdServer, PostgresServer, free_port
 
-__all__ = ["CephS3Server", "EtcdCluster", "EtcdServer", "PostgresServer", "free_port"]
+__all__ = [
+    "CephS3Server",
+    "EtcdCluster",
+    "EtcdServer",
+    "KafkaServer",
+    "PostgresServer",
+    "free_port",
+]
