@@ -20,7 +20,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port
@@ -165,7 +164,8 @@ class KafkaServer(_Server):
         (future,) = admin.create_topics([NewTopic(name, partitions, 1)]).values()
         future.result(timeout=30)
 
-    def stop(self) -> None:
+    def _halt(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 30 s), keeping its data."""
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGCONT)
@@ -177,15 +177,15 @@ class KafkaServer(_Server):
                 self.proc.wait()
         self.proc = None
 
-    def close(self) -> None:
-        """Stop, and delete the data directory if this server made it."""
-        self.stop()
+    def stop(self) -> None:
+        """Stop for good: the broker, and the data directory if this server made it."""
+        self._halt()
         if self._own:
             shutil.rmtree(self.data, ignore_errors=True)
 
     def restart(self) -> None:
         """Stop and start again on the same ports and data (topics and records kept)."""
-        self.stop()
+        self._halt()
         self.start()
 
     def kill(self) -> None:
@@ -203,11 +203,3 @@ class KafkaServer(_Server):
     def resume(self) -> None:
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGCONT)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
