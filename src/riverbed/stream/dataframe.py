@@ -15,6 +15,7 @@ import pandas as pd
 from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.state import StateConfig
+from riverbed.stream import kafka
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs, side_outputs_written
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
@@ -204,13 +205,19 @@ def start(
     state tasks read the topic themselves and riverbed runs the trigger loop (a
     :class:`riverbed.stream.loop.DirectQuery`) -- or any streaming DataFrame with the
     aggregation's columns (and optionally ``_error``), aggregated through Spark (a
-    Spark ``StreamingQuery``). Both take Spark's ``trigger`` keywords.
+    Spark ``StreamingQuery``), or ``{"kafka": {...}}``: a Kafka topic read by Spark's
+    own Kafka source on that DataFrame path (:mod:`riverbed.stream.kafka`). All take
+    Spark's ``trigger`` keywords.
 
     Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)
     and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
     election term, see :mod:`riverbed.stream.fencing`) fences every write.
     """
     checkpoint, output = location(checkpoint), location(output)
+    if kafka.is_kafka(source):  # Spark's own Kafka source, on the DataFrame path below
+        chosen = kafka.parse(source)
+        kafka.check(chosen)
+        source = kafka.frame(spark, chosen, required=[spec.key, spec.time])
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
     _check_partitions(checkpoint, spec)

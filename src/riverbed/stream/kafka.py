@@ -1,0 +1,241 @@
+"""Kafka topics as a stream source, through Spark's own Kafka connector.
+
+An aggregation reads a Kafka topic with ``source = {"kafka": {...}}``::
+
+    source = {"kafka": {
+        "bootstrap": "broker-1:9092,broker-2:9092",
+        "topic": "clicks",
+        "schema": "user_id long, flag string, ts timestamp",
+        "format": "json",                 # or "raw": key, value (strings), ts (Kafka's)
+        "startingOffsets": "earliest",    # or "latest", or Spark's JSON per partition
+        "options": {"kafka.security.protocol": "SASL_SSL", ...},  # passed to Spark as is
+    }}
+
+The records are read by ``spark.readStream.format("kafka")`` (``spark-sql-kafka-0-10``
+from the jar cache) and aggregated on the DataFrame path of
+:func:`riverbed.stream.dataframe.start`: Spark's offset log in the checkpoint records
+which Kafka offsets each batch id read, and riverbed's batch records (the state version,
+the result table, the sinks) are keyed by that batch id — so a batch replayed after a
+crash reads the same offsets and replaces its own output: state and results exactly
+once. A JSON value that is not an object of the schema's fields (or lacks the key or the
+time) is *malformed*: counted, and sent to the aggregation's ``.dlq`` topic.
+
+:func:`parse` is the pure part (every bad option is one :class:`KafkaSourceError` that
+names the fix); :func:`frame` builds the streaming DataFrame; :func:`check` asks the
+brokers, with a Kafka client, whether the topic is there before Spark starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from riverbed.errors import InvalidValueError
+
+__all__ = [
+    "FORMATS",
+    "KafkaSource",
+    "KafkaSourceError",
+    "check",
+    "frame",
+    "is_kafka",
+    "parse",
+    "with_max_records",
+]
+
+FORMATS = ("json", "raw")
+_KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options"}
+# options riverbed sets itself: a user's would silently change what a batch reads
+_OWNED = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers"}
+
+
+class KafkaSourceError(InvalidValueError):
+    """A Kafka source that cannot be read as given; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    bootstrap: str
+    topic: str
+    schema: str | None  # DDL of the JSON value's fields (json); None for raw
+    format: str = "json"
+    starting_offsets: str = "earliest"
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """How the source is named to people: ``kafka://<bootstrap>/<topic>``."""
+        return f"kafka://{self.bootstrap}/{self.topic}"
+
+    def spark_options(self) -> dict[str, str]:
+        """The options of ``readStream.format("kafka")``."""
+        return {
+            **self.options,
+            "kafka.bootstrap.servers": self.bootstrap,
+            "subscribe": self.topic,
+            "startingOffsets": self.starting_offsets,
+            "failOnDataLoss": self.options.get("failOnDataLoss", "true"),
+        }
+
+
+def is_kafka(source: Any) -> bool:
+    """Whether a spec's ``source`` names a Kafka topic."""
+    return isinstance(source, Mapping) and "kafka" in source
+
+
+def parse(source: Mapping[str, Any]) -> KafkaSource:
+    """The Kafka source of a spec's ``source = {"kafka": {...}}``."""
+    raw = source.get("kafka")
+    if not isinstance(raw, Mapping):
+        raise KafkaSourceError(
+            'source = {"kafka": {...}} takes a dict: {"bootstrap": "host:9092", '
+            '"topic": "name", "schema": "field type, ..."}'
+        )
+    unknown = sorted(set(map(str, raw)) - _KNOWN)
+    if unknown:
+        raise KafkaSourceError(
+            f"unknown Kafka source option(s) {', '.join(unknown)}: use "
+            f"{', '.join(sorted(_KNOWN))} (Spark's own options go in 'options')"
+        )
+    bootstrap = _text(raw, "bootstrap", "the brokers, e.g. 'broker-1:9092,broker-2:9092'")
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise KafkaSourceError(
+                f"Kafka bootstrap address {address.strip()!r} is not host:port; "
+                "give e.g. 'broker-1:9092,broker-2:9092'"
+            )
+    topic = _text(raw, "topic", "the Kafka topic to read")
+    fmt = str(raw.get("format", "json"))
+    if fmt not in FORMATS:
+        hint = " (Avro needs spark-avro, not in the jar cache yet)" if fmt == "avro" else ""
+        raise KafkaSourceError(f"Kafka format {fmt!r} is not one of {', '.join(FORMATS)}{hint}")
+    schema = raw.get("schema")
+    if fmt == "json" and not (isinstance(schema, str) and schema.strip()):
+        raise KafkaSourceError(
+            "a JSON Kafka source needs 'schema': the value's fields as DDL, e.g. "
+            "'user_id long, flag string, ts timestamp'"
+        )
+    if fmt == "raw" and schema is not None:
+        raise KafkaSourceError(
+            "a raw Kafka source has the columns key, value and ts (Kafka's timestamp); "
+            "drop 'schema', or use format 'json'"
+        )
+    options = raw.get("options", {})
+    if not isinstance(options, Mapping):
+        raise KafkaSourceError("Kafka 'options' must be a dict of Spark Kafka options")
+    owned = sorted(k for k in map(str, options) if k.lower() in _OWNED)
+    if owned:
+        raise KafkaSourceError(
+            f"Kafka option(s) {', '.join(owned)} are riverbed's to set: give the brokers as "
+            "'bootstrap' and the topic as 'topic'"
+        )
+    return KafkaSource(
+        bootstrap=bootstrap,
+        topic=topic,
+        schema=str(schema).strip() if fmt == "json" else None,
+        format=fmt,
+        starting_offsets=str(raw.get("startingOffsets", "earliest")),
+        options={str(k): str(v) for k, v in options.items()},
+    )
+
+
+def with_max_records(source: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """``source`` reading at most ``n`` records a batch (Spark's ``maxOffsetsPerTrigger``)."""
+    inner = dict(source["kafka"])
+    inner["options"] = {**inner.get("options", {}), "maxOffsetsPerTrigger": str(n)}
+    return {**source, "kafka": inner}
+
+
+def _text(raw: Mapping[str, Any], key: str, what: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise KafkaSourceError(f"a Kafka source needs '{key}': {what}")
+    return value.strip()
+
+
+def check(source: KafkaSource, timeout: float = 10.0) -> int:
+    """Ask the brokers for the topic before Spark starts; its partition count. An
+    unreachable bootstrap address or a missing topic is one :class:`KafkaSourceError`
+    (Spark would retry for minutes, then print a Java trace)."""
+    from confluent_kafka.admin import AdminClient
+
+    settings: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": source.bootstrap,
+        "log_level": 2,
+    }
+    for key, value in source.options.items():  # security settings reach the check too
+        if key.startswith("kafka."):
+            settings[key.removeprefix("kafka.")] = value
+    try:
+        meta = AdminClient(settings).list_topics(source.topic, timeout=timeout)
+    except Exception as exc:
+        raise KafkaSourceError(
+            f"no Kafka broker answered at {source.bootstrap} within {timeout:.0f} s "
+            f"({type(exc).__name__}); check 'bootstrap' and that the brokers are up"
+        ) from None
+    topic = meta.topics.get(source.topic)
+    if topic is None or topic.error is not None or not topic.partitions:
+        raise KafkaSourceError(
+            f"Kafka topic {source.topic!r} does not exist on {source.bootstrap}; create it "
+            "(kafka-topics.sh --create) or fix 'topic'"
+        )
+    return len(topic.partitions)
+
+
+CORRUPT = "_corrupt_record"  # where from_json puts a value it cannot parse
+
+
+def frame(spark: Any, source: KafkaSource, required: list[str] | None = None) -> Any:
+    """The streaming DataFrame of the topic's records: the schema's columns (json) or
+    key, value, ts (raw), an ``_error`` column (null, or why the record is malformed:
+    not JSON, not an object of the schema's fields, or null in a ``required`` column —
+    the aggregation's key and time), and Kafka's ``_partition`` and ``_offset``."""
+    from pyspark.sql import functions as F
+
+    records = spark.readStream.format("kafka").options(**source.spark_options()).load()
+    value = F.col("value").cast("string")
+    meta = [F.col("partition").alias("_partition"), F.col("offset").alias("_offset")]
+    if source.format == "raw":
+        columns = records.select(
+            F.col("key").cast("string").alias("key"),
+            value.alias("_value"),
+            F.col("timestamp").alias("ts"),
+            *meta,
+        ).withColumn("value", F.col("_value"))
+        fields = ["key", "value", "ts"]
+        broken = F.lit(False)
+    else:
+        assert source.schema is not None
+        schema = f"{source.schema}, {CORRUPT} string"
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        parsed = records.select(
+            value.alias("_value"), F.from_json(value, schema, options).alias("_parsed"), *meta
+        )
+        fields = [f.name for f in spark.createDataFrame([], source.schema).schema.fields]
+        columns = parsed.select(
+            "_value",
+            *(F.col(f"_parsed.{name}").alias(name) for name in fields),
+            F.col(f"_parsed.{CORRUPT}").isNotNull().alias("_broken"),
+            "_partition",
+            "_offset",
+        )
+        broken = F.col("_broken") | F.col("_broken").isNull()
+    missing = [name for name in (required or []) if name not in fields]
+    if missing:
+        raise KafkaSourceError(
+            f"the aggregation reads {', '.join(missing)}, which the Kafka source of "
+            f"{source.topic!r} does not have (its columns: {', '.join(fields)}); add them "
+            "to 'schema'"
+        )
+    for name in required or []:
+        broken = broken | F.col(name).isNull()
+    error = F.when(
+        broken,
+        F.concat(
+            F.lit(f"not a record of {source.format} with {', '.join(required or fields)}: "),
+            F.coalesce(F.col("_value"), F.lit("<null>")),
+        ),
+    )
+    return columns.select(*fields, error.alias("_error"), "_partition", "_offset")

@@ -1,0 +1,312 @@
+"""Kafka topics as a stream source (riverbed.stream.kafka): the options, the check before
+Spark starts, and an aggregation over a real broker's topic equal to pandas — across a
+restart that must neither lose nor double-count a record."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.dataframe import read_results, start
+from riverbed.stream.kafka import KafkaSource, KafkaSourceError, check, parse, with_max_records
+from riverbed.stream.layout import Checkpoint
+from riverbed.stream.metrics import Count, Distinct, Sum
+from riverbed.stream.records import open_batches
+from riverbed.stream.windows import Tumbling
+from riverbed.testing import KafkaServer, free_port
+from tests.stream.conftest import make_events
+
+SCHEMA = "user_id long, flag string, amount double, ts timestamp"
+GOOD = {"bootstrap": "127.0.0.1:9092", "topic": "clicks", "schema": SCHEMA}
+
+
+def test_a_well_formed_source_becomes_sparks_options() -> None:
+    source = parse({"kafka": {**GOOD, "options": {"kafka.security.protocol": "SSL"}}})
+    assert source.label == "kafka://127.0.0.1:9092/clicks"
+    options = source.spark_options()
+    assert options["kafka.bootstrap.servers"] == "127.0.0.1:9092"
+    assert options["subscribe"] == "clicks" and options["startingOffsets"] == "earliest"
+    assert options["kafka.security.protocol"] == "SSL" and options["failOnDataLoss"] == "true"
+    capped = parse(with_max_records({"kafka": GOOD}, 500))
+    assert capped.spark_options()["maxOffsetsPerTrigger"] == "500"
+    raw = parse({"kafka": {"bootstrap": "b:1", "topic": "t", "format": "raw"}})
+    assert raw.schema is None and raw.format == "raw"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"bootstrap": None}, "needs 'bootstrap'"),
+        ({"bootstrap": "broker-1"}, "is not host:port"),
+        ({"topic": ""}, "needs 'topic'"),
+        ({"schema": None}, "needs 'schema'"),
+        ({"format": "avro"}, "Avro needs spark-avro"),
+        ({"format": "raw"}, "drop 'schema'"),
+        ({"options": {"subscribe": "other"}}, "are riverbed's to set"),
+        ({"options": "x"}, "must be a dict"),
+        ({"group": "g"}, "unknown Kafka source option(s) group"),
+    ],
+)
+def test_bad_options_are_one_error_naming_the_fix(change: dict[str, Any], message: str) -> None:
+    options = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(KafkaSourceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse({"kafka": options})
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.text(max_size=12),
+    st.integers(),
+    st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
+)
+KEYS = st.sampled_from(
+    ["bootstrap", "topic", "schema", "format", "startingOffsets", "options", "x"]
+)
+
+
+@given(st.one_of(VALUES, st.dictionaries(KEYS, VALUES, max_size=7)))
+def test_any_source_parses_or_is_a_kafka_source_error(raw: Any) -> None:
+    """No input reaches Spark as anything but a checked source or one clear error."""
+    try:
+        source = parse({"kafka": raw})
+    except KafkaSourceError:
+        return
+    assert isinstance(source, KafkaSource) and source.topic and source.bootstrap
+    assert source.spark_options()["subscribe"] == source.topic
+
+
+@pytest.mark.kafka
+def test_the_check_names_a_missing_topic_and_an_unreachable_broker(
+    kafka_server: KafkaServer, kafka_topic: str
+) -> None:
+    with pytest.raises(KafkaSourceError, match=f"topic '{kafka_topic}' does not exist"):
+        check(parse({"kafka": {**GOOD, "bootstrap": kafka_server.bootstrap, "topic": kafka_topic}}))
+    kafka_server.create_topic(kafka_topic, partitions=2)
+    assert (
+        check(parse({"kafka": {**GOOD, "bootstrap": kafka_server.bootstrap, "topic": kafka_topic}}))
+        == 2
+    )
+    nobody = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KafkaSourceError, match=f"no Kafka broker answered at {nobody}"):
+        check(parse({"kafka": {**GOOD, "bootstrap": nobody}}), timeout=2)
+
+
+def _produce(bootstrap: str, topic: str, events: pd.DataFrame, malformed: int = 0) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for i, (u, f, a, t) in enumerate(
+        events[["user_id", "flag", "amount", "ts"]].itertuples(index=False)
+    ):
+        value = {"user_id": int(u), "flag": f, "amount": a, "ts": t.isoformat()}
+        producer.produce(topic, key=f, value=json.dumps(value), partition=i % 3)
+    for i in range(malformed):  # not JSON, and JSON without the time
+        bad = "{not json" if i % 2 else json.dumps({"user_id": 1, "flag": "f1"})
+        producer.produce(topic, value=bad, partition=i % 3)
+    assert producer.flush(30) == 0
+
+
+def _oracle(events: pd.DataFrame) -> pd.DataFrame:
+    return (
+        events.assign(window_start=events["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users=("user_id", "nunique"), events=("user_id", "size"), total=("amount", "sum"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+        .sort_values(["window_start", "key"], ignore_index=True)
+    )
+
+
+def _run(spark: Any, spec: Aggregation, bootstrap: str, topic: str, root: Path) -> None:
+    source = {
+        "kafka": {
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "schema": SCHEMA,
+            "options": {"maxOffsetsPerTrigger": "1500"},
+        }
+    }
+    query = start(
+        spark,
+        spec,
+        source,
+        checkpoint=root / "ckpt",
+        output=root / "out",
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
+) -> None:
+    spec = Aggregation(
+        name="clicks",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="100h",
+        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
+        state_partitions=2,
+    )
+    events = make_events(4000, hours=6, seed=3)
+    first, second = events.iloc[:2500], events.iloc[2500:]
+    kafka_server.create_topic(kafka_topic, partitions=3)
+    _produce(kafka_server.bootstrap, kafka_topic, first, malformed=6)
+    _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
+    batches = open_batches(tmp_path / "ckpt")
+    assert len(batches.ids()) >= 2  # maxOffsetsPerTrigger: several batches
+    # a new driver (a new query over the same checkpoint) after more records arrived
+    _produce(kafka_server.bootstrap, kafka_topic, second)
+    _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
+
+    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
+    want = _oracle(events)
+    assert list(got["key"]) == list(want["key"])
+    assert list(got["window_start"]) == list(want["window_start"])
+    assert list(got["events"]) == list(want["events"]), "double or missing counts"
+    assert list(got["users"]) == list(want["users"])
+    assert list(got["total"]) == list(want["total"])
+    records = [batches.get(b) for b in batches.ids()]
+    assert sum(r.malformed or 0 for r in records if r is not None) == 6
+    assert sum(r.input or 0 for r in records if r is not None) == len(events)
+
+
+CHAOS_SPEC = """
+from riverbed.stream import Aggregation, Count, Distinct, Sum, Tumbling
+
+source = {{"kafka": {{"bootstrap": "{bootstrap}", "topic": "{topic}",
+                      "schema": "user_id long, flag string, amount double, ts timestamp"}}}}
+aggregation = Aggregation(
+    name="kchaos", key="flag", time="ts", window=Tumbling("1h"), watermark="100h",
+    metrics={{"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")}},
+    state_partitions=2,
+)
+"""
+KILLS = 5
+
+
+def _read_back(bootstrap: str, topic: str) -> pd.DataFrame:
+    """The topic's well-formed events, read by a Kafka consumer from start to end."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle"})
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
+    }
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    rows, seen = [], 0
+    try:
+        while seen < sum(ends.values()):
+            message = consumer.poll(10)
+            assert message is not None, "the broker went quiet while reading back"
+            if message.error():
+                continue
+            seen += 1
+            try:
+                value = json.loads(message.value())
+            except ValueError:
+                continue  # malformed: not an event
+            if "ts" in value:
+                rows.append(value)
+    finally:
+        consumer.close()
+    events = pd.DataFrame(rows)
+    events["ts"] = pd.to_datetime(events["ts"], utc=True)
+    return events
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_back(
+    kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    kafka_server.create_topic(kafka_topic, partitions=3)
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    spec = tmp_path / "spec.py"
+    spec.write_text(CHAOS_SPEC.format(bootstrap=kafka_server.bootstrap, topic=kafka_topic))
+    events = make_events(9000, hours=8, seed=11)
+    done = threading.Event()
+
+    def produce() -> None:  # a live producer: 30 slices over ~30 s, a few malformed
+        try:
+            for i in range(30):
+                part = events.iloc[i * 300 : (i + 1) * 300]
+                _produce(
+                    kafka_server.bootstrap, kafka_topic, part, malformed=1 if i % 7 == 0 else 0
+                )
+                time.sleep(1.0)
+        finally:
+            done.set()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    command = [
+        sys.executable,
+        "-m",
+        "riverbed.cli.main",
+        "stream",
+        "run",
+        str(spec),
+        "--max-records-per-batch",
+        "800",
+        "--ttl",
+        "3",
+    ]
+    batches = Checkpoint(home / "checkpoints" / "kchaos").batches
+    rng = random.Random(7)
+    kills = 0
+    for k in range(KILLS):
+        driver = subprocess.Popen(
+            command,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 120
+        while not batches.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(rng.uniform(0.5, 4.0))
+        if k == 2:
+            kafka_server.restart()  # mid-stream: the driver rides it out (or is killed next)
+        assert driver.poll() is None, "the driver exited on its own"
+        os.killpg(driver.pid, signal.SIGKILL)
+        kills += 1
+        driver.wait()
+    producer.join(120)
+    assert done.is_set()
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False, timeout=600
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+
+    want = _oracle(_read_back(kafka_server.bootstrap, kafka_topic))
+    got = read_results(home / "output" / "kchaos").sort_values(
+        ["window_start", "key"], ignore_index=True
+    )
+    assert kills == KILLS
+    assert list(got["key"]) == list(want["key"])
+    assert list(got["events"]) == list(want["events"]), "double or missing counts"
+    assert list(got["users"]) == list(want["users"])
+    assert list(got["total"]) == list(want["total"])
