@@ -230,7 +230,7 @@ def _read_back(bootstrap: str, topic: str) -> pd.DataFrame:
     finally:
         consumer.close()
     events = pd.DataFrame(rows)
-    events["ts"] = pd.to_datetime(events["ts"], utc=True)
+    events["ts"] = pd.to_datetime(events["ts"], utc=True, format="ISO8601")
     return events
 
 

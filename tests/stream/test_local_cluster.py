@@ -17,7 +17,9 @@ from riverbed.stream.dataframe import read_results
 from tests.logserver import log_server_process
 from tests.stream.conftest import make_events, write_events
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# A local cluster (a master, two executor JVMs) and three queries: 240 s on an idle
+# 2-core machine, over 300 s (pytest-timeout's default) on a busy one.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PATHS = ("dataframe", "shuffled", "colocated")
 
