@@ -81,7 +81,7 @@ spark.stop()
 def test_state_moves_between_executors_and_results_stay_exact(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    events = make_events(4000, hours=6, seed=9)
+    events = make_events(3200, hours=6, seed=9)  # 4 batches of 800 per query
     write_events(f"file://{tmp_path / 'log'}", events)
     with log_server_process(tmp_path / "log") as log_url:
         done = subprocess.run(

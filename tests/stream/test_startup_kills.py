@@ -54,7 +54,7 @@ register(spark)
 df = (spark.readStream.format("riverbed").option("topic", "events")
       .option("log", f"file://{home / 'log'}")
       .option("schema", "user_id long, flag string, amount double, ts timestamp")
-      .option("maxRecordsPerBatch", 900).load())
+      .option("maxRecordsPerBatch", 3000).load())
 query = start(spark, aggregation, df, checkpoint=home / "ckpt", output=home / "out",
               log_url=f"file://{home / 'log'}", trigger={"availableNow": True})
 query.awaitTermination()
@@ -77,7 +77,7 @@ def test_a_driver_killed_ten_times_during_start_up_restarts_cleanly(
     spec.write_text(SPEC)
     if path == "stream run":
         command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec)]
-        command += ["--once", "--max-records-per-batch", "300", "--ttl", "2"]
+        command += ["--once", "--max-records-per-batch", "1500", "--ttl", "2"]
         output = home / "output" / "startup"
     else:
         driver = tmp_path / "driver.py"
