@@ -81,7 +81,9 @@ def test_the_leading_orchestrator_sweeps_leftovers_of_every_job(kind: str, tmp_p
     queue = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     cp = connect(f"sqlite:///{tmp_path / 'control.db'}")
     try:
-        orch = Orchestrator(queue, cp, Catalog(jobs), tmp_path, publication=pub, sweep_every=3600)
+        orch = Orchestrator(
+            queue, cp, Catalog(jobs), tmp_path, checkpoints=location, sweep_every=3600
+        )
         queue.fence(1, "test")
         orch.duties(1)
         assert kept() == ["chunk=1-2"] and orch.stats.swept == 1

@@ -138,14 +138,15 @@ class _Env:
 
     @property
     def checkpoints(self) -> str | None:
-        """The checkpoints location when it is a bucket (job outputs go there too)."""
-        from riverbed.locations import is_local, parse
+        """The checkpoints setting, checked here before any process starts (a bucket
+        puts job outputs there too: :func:`riverbed.jobs.outputs.open_publication`)."""
+        from riverbed.locations import parse
 
         given = self.config.checkpoints
         if not given:
             return None
-        where = parse(given)
-        return None if is_local(where) else str(where)
+        parse(given)  # a location that cannot work is a ConfigError naming the fix
+        return given
 
     @property
     def queue(self) -> Any:
@@ -534,8 +535,6 @@ def _orchestrator(args: argparse.Namespace) -> int:
 
     env = _Env(args)
     cp = env.control()
-    from riverbed.jobs.outputs import open_publication
-
     orch = Orchestrator(
         env.queue,
         cp,
@@ -543,7 +542,7 @@ def _orchestrator(args: argparse.Namespace) -> int:
         env.config.home,
         name=args.name,
         ttl=args.ttl,
-        publication=open_publication(env.config.home, env.checkpoints),
+        checkpoints=env.checkpoints,
     )
     try:
         out.print(f"orchestrator {orch.name} campaigning on {env.config.control_url}")

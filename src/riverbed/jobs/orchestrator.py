@@ -73,7 +73,7 @@ class Orchestrator:
         ttl: int = 10,
         tick: float = 0.5,
         stale_after: float = 60.0,
-        publication: Publication | None = None,
+        checkpoints: str | None = None,
         sweep_every: float = 300.0,
     ) -> None:
         self.queue = queue
@@ -84,7 +84,7 @@ class Orchestrator:
         self.ttl = ttl
         self.tick = tick
         self.stale_after = stale_after
-        self.publication = publication or open_publication(self.home)
+        self.publication: Publication = open_publication(self.home, checkpoints)
         self.sweep_every = sweep_every
         self._swept_at: float | None = None
         self.registry = Registry(cp, WORKERS)
