@@ -4,12 +4,9 @@ after a final run the results equal the oracle exactly."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +16,7 @@ from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.windows import Hopping
 from tests.stream.conftest import make_events, write_events
+from tests.stream.crashes import kill_while_batches_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -57,25 +55,9 @@ def test_driver_killed_seven_times_still_gives_the_oracle(
         "3",  # a restarted driver waits out the killed one's lease (leader.py) before work
     ]
     batches = Checkpoint(home / "checkpoints" / "crashy").batches
-    rng = random.Random(5)
-    kills = 0
-    for _ in range(KILLS):
-        driver = subprocess.Popen(
-            command,
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        # wait for the JVM to be up and at least one batch in flight, then a random moment
-        deadline = time.monotonic() + 120
-        while not batches.exists() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(rng.uniform(0.0, 3.0))
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            kills += 1
-        driver.wait()
+    kills = kill_while_batches_run(
+        command, env, batches, kills=KILLS, rng=random.Random(5), delay=(0.0, 3.0)
+    )
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert kills >= KILLS - 2, f"only {kills} kills landed while the query ran"

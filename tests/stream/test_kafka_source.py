@@ -5,9 +5,7 @@ restart that must neither lose nor double-count a record."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +27,7 @@ from riverbed.stream.records import open_batches
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaServer, free_port
 from tests.stream.conftest import make_events
+from tests.stream.crashes import kill_while_batches_run
 
 SCHEMA = "user_id long, flag string, amount double, ts timestamp"
 GOOD = {"bootstrap": "127.0.0.1:9092", "topic": "clicks", "schema": SCHEMA}
@@ -274,26 +273,21 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
         "3",
     ]
     batches = Checkpoint(home / "checkpoints" / "kchaos").batches
-    rng = random.Random(7)
-    kills = 0
-    for k in range(KILLS):
-        driver = subprocess.Popen(
-            command,
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 120
-        while not batches.exists() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(rng.uniform(0.5, 4.0))
+
+    def restart_broker(k: int) -> None:
         if k == 2:
             kafka_server.restart()  # mid-stream: the driver rides it out (or is killed next)
-        assert driver.poll() is None, "the driver exited on its own"
-        os.killpg(driver.pid, signal.SIGKILL)
-        kills += 1
-        driver.wait()
+
+    kills = kill_while_batches_run(
+        command,
+        env,
+        batches,
+        kills=KILLS,
+        rng=random.Random(7),
+        delay=(0.5, 4.0),
+        before_kill=restart_broker,
+        must_run=True,
+    )
     producer.join(120)
     assert done.is_set()
     finished = subprocess.run(
