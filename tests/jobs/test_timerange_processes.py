@@ -153,20 +153,32 @@ def test_sigkill_at_random_points_then_resume_equals_one_pass(
     watcher = Watcher(setup)
     watcher.start()
     kills = 0
-    while kills < 6:
+    while kills < 5:
         proc = driver(setup)
-        time.sleep(rng.uniform(1.0, 9.0))
+        # half the kills at a random moment of the start (Spark's JVM, the election), half
+        # after this driver recorded a chunk, at a random moment of the chunks after it
+        # (computing, staging, publishing): a start alone takes ~15 s on 2 slow cores
+        if kills % 2:
+            done = len(records(setup))
+
+            def progressed(done: int = done, proc: subprocess.Popen[str] = proc) -> bool:
+                return len(records(setup)) > done or proc.poll() is not None
+
+            wait_for(progressed, 180, "a chunk")
+        time.sleep(rng.uniform(0.5, 6.0))
         if proc.poll() is not None:
             break  # it finished before this kill
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
+    recorded_before_final = len(records(setup))
     final = driver(setup)
     _, err = final.communicate(timeout=240)
     watcher.stop.set()
     watcher.join()
     assert final.returncode == 0, err
     assert kills >= 4, "the run finished too early to be killed often"
+    assert recorded_before_final > 0, "no kill came after a driver had recorded a chunk"
     assert watcher.reads > 0 and watcher.bad == [], watcher.bad
     check_output(setup, spark)
 
