@@ -20,10 +20,21 @@ from hypothesis import strategies as st
 
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results, start
-from riverbed.stream.kafka import KafkaSource, KafkaSourceError, check, parse, with_max_records
+from riverbed.stream.kafka import (
+    KafkaSource,
+    KafkaSourceError,
+    check,
+    is_label,
+    lag,
+    parse,
+    parse_label,
+    with_max_records,
+)
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.lognative import source_offsets
 from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.records import open_batches
+from riverbed.stream.specjob import committed_ends
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaServer, free_port
 from tests.stream.conftest import make_events
@@ -58,6 +69,7 @@ def test_a_well_formed_source_becomes_sparks_options() -> None:
         ({"options": {"subscribe": "other"}}, "are riverbed's to set"),
         ({"options": "x"}, "must be a dict"),
         ({"group": "g"}, "unknown Kafka source option(s) group"),
+        ({"topic": "a/b"}, "Kafka topic name 'a/b' is not one Kafka allows"),
     ],
 )
 def test_bad_options_are_one_error_naming_the_fix(change: dict[str, Any], message: str) -> None:
@@ -86,6 +98,18 @@ def test_any_source_parses_or_is_a_kafka_source_error(raw: Any) -> None:
         return
     assert isinstance(source, KafkaSource) and source.topic and source.bootstrap
     assert source.spark_options()["subscribe"] == source.topic
+    assert is_label(source.label) and parse_label(source.label) == (source.bootstrap, source.topic)
+
+
+def test_a_label_that_is_not_kafkas_is_an_error_and_sparks_kafka_offsets_are_read(
+    tmp_path: Path,
+) -> None:
+    for bad in ("kafka://host:9092", "kafka:///topic", "s3://b/t"):
+        with pytest.raises(KafkaSourceError, match="not a Kafka source label"):
+            parse_label(bad)
+    offsets = tmp_path / "7"  # Spark's offset log file of a Kafka source's batch 7
+    offsets.write_text('v1\n{"batchWatermarkMs":0}\n{"clicks":{"1":40,"0":12}}\n')
+    assert source_offsets(offsets) == {"1": 40, "0": 12}
 
 
 @pytest.mark.kafka
@@ -102,6 +126,7 @@ def test_the_check_names_a_missing_topic_and_an_unreachable_broker(
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(KafkaSourceError, match=f"no Kafka broker answered at {nobody}"):
         check(parse({"kafka": {**GOOD, "bootstrap": nobody}}), timeout=2)
+    assert lag(f"kafka://{nobody}/clicks", {}, timeout=1) == {}  # unknown, not zero
 
 
 def _produce(bootstrap: str, topic: str, events: pd.DataFrame, malformed: int = 0) -> None:
@@ -172,8 +197,12 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
     batches = open_batches(tmp_path / "ckpt")
     assert len(batches.ids()) >= 2  # maxOffsetsPerTrigger: several batches
+    label = f"kafka://{kafka_server.bootstrap}/{kafka_topic}"
+    assert lag(label, committed_ends(tmp_path / "ckpt", [])) == {"0": 0, "1": 0, "2": 0}
     # a new driver (a new query over the same checkpoint) after more records arrived
     _produce(kafka_server.bootstrap, kafka_topic, second)
+    behind = lag(label, committed_ends(tmp_path / "ckpt", []))  # what status shows now
+    assert behind == {str(p): len(second.iloc[p::3]) for p in range(3)}
     _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
 
     got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)

@@ -27,6 +27,7 @@ brokers, with a Kafka client, whether the topic is there before Spark starts.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +41,16 @@ __all__ = [
     "check",
     "frame",
     "is_kafka",
+    "is_label",
+    "lag",
     "parse",
+    "parse_label",
     "with_max_records",
 ]
 
 FORMATS = ("json", "raw")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
+SCHEME = "kafka://"  # a Kafka source's label: kafka://<bootstrap>/<topic>
 _KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options"}
 # options riverbed sets itself: a user's would silently change what a batch reads
 _OWNED = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers"}
@@ -66,7 +72,7 @@ class KafkaSource:
     @property
     def label(self) -> str:
         """How the source is named to people: ``kafka://<bootstrap>/<topic>``."""
-        return f"kafka://{self.bootstrap}/{self.topic}"
+        return f"{SCHEME}{self.bootstrap}/{self.topic}"
 
     def spark_options(self) -> dict[str, str]:
         """The options of ``readStream.format("kafka")``."""
@@ -82,6 +88,51 @@ class KafkaSource:
 def is_kafka(source: Any) -> bool:
     """Whether a spec's ``source`` names a Kafka topic."""
     return isinstance(source, Mapping) and "kafka" in source
+
+
+def is_label(topic: str) -> bool:
+    """Whether a manifest's topic is a Kafka source's label (:attr:`KafkaSource.label`)."""
+    return topic.startswith(SCHEME)
+
+
+def parse_label(label: str) -> tuple[str, str]:
+    """The bootstrap addresses and the topic of a label ``kafka://<bootstrap>/<topic>``."""
+    bootstrap, _, topic = label.removeprefix(SCHEME).rpartition("/")
+    if not is_label(label) or not bootstrap or not topic:
+        raise KafkaSourceError(f"{label!r} is not a Kafka source label (kafka://host:port/topic)")
+    return bootstrap, topic
+
+
+def lag(label: str, committed: Mapping[int, int], timeout: float = 3.0) -> dict[str, int]:
+    """Records per partition of the labelled topic that no finished batch has read:
+    the partition's end offset minus where the newest finished batch ended (its earliest
+    offset before any batch finished). ``{}`` when no broker answers within
+    ``timeout`` — the lag is then unknown, not zero. Only the label's bootstrap
+    addresses are used: a cluster that needs credentials shows no lag."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    bootstrap, topic = parse_label(label)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "riverbed-status",  # never joins or commits: watermarks only
+            "enable.auto.commit": False,
+            "log_level": 2,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return {}
+        out = {}
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            out[str(p)] = max(0, high - committed.get(p, low))
+        return out
+    except KafkaException:
+        return {}
+    finally:
+        consumer.close()
 
 
 def parse(source: Mapping[str, Any]) -> KafkaSource:
@@ -107,6 +158,11 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
                 "give e.g. 'broker-1:9092,broker-2:9092'"
             )
     topic = _text(raw, "topic", "the Kafka topic to read")
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise KafkaSourceError(
+            f"Kafka topic name {topic!r} is not one Kafka allows: up to 249 of the "
+            "characters a-z A-Z 0-9 . _ -"
+        )
     fmt = str(raw.get("format", "json"))
     if fmt not in FORMATS:
         hint = " (Avro needs spark-avro, not in the jar cache yet)" if fmt == "avro" else ""

@@ -382,13 +382,18 @@ def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] 
 
 def source_offsets(path: Path) -> dict[str, int] | None:
     """The one source's offsets in an offset log file (``v1``, metadata, one line per
-    source), if it has that shape."""
+    source), if it has that shape: riverbed's ``{"<partition>": end}``, or Spark's Kafka
+    source's ``{"<topic>": {"<partition>": end}}`` (one topic)."""
     import json
 
     lines = path.read_text().splitlines()
     if len(lines) != 3 or lines[0] != "v1":
         return None
     offsets = json.loads(lines[2])
+    if isinstance(offsets, dict) and len(offsets) == 1:
+        (only,) = offsets.values()
+        if isinstance(only, dict):
+            offsets = only
     if not isinstance(offsets, dict) or not all(
         isinstance(v, int) and str(k).isdigit() for k, v in offsets.items()
     ):

@@ -308,11 +308,6 @@ def committed_ends(checkpoint: str | Path, newest_first: list[BatchRecord]) -> d
     return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
 
 
-def kafka_topic(info: dict[str, Any]) -> bool:
-    """Whether a manifest's aggregation reads a Kafka topic (``kafka://…``)."""
-    return str(info.get("topic", "")).startswith("kafka://")
-
-
 def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
@@ -330,16 +325,18 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         if any(d.ms for d in newest_first) and any(d.done for d in newest_first):
             break
     committed = committed_ends(checkpoint, newest_first)
-    own = log is None
-    log = riverbed.log.open(info["log"]) if own else log
-    lag = {}
-    try:
-        # a Kafka source's lag is Kafka's to tell (not shown yet, issue 32)
-        for part in [] if kafka_topic(info) else log.offsets(info["topic"]):
-            lag[str(part.partition)] = part.end - committed.get(part.partition, part.start)
-    finally:
-        if own:
-            log.close()
+    if kafka.is_label(info["topic"]):  # a Kafka source: the brokers know the ends
+        lag = kafka.lag(info["topic"], committed)
+    else:
+        lag = {}
+        own = log is None
+        log = riverbed.log.open(info["log"]) if own else log
+        try:
+            for part in log.offsets(info["topic"]):
+                lag[str(part.partition)] = part.end - committed.get(part.partition, part.start)
+        finally:
+            if own:
+                log.close()
     # the watermark the next batch will use: from everything seen so far
     head = newest_first[0] if newest_first else None
     watermark = max(head.watermark_ms, head.max_event_ms - int(info["watermark_ms"])) if head else 0
