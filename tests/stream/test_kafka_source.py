@@ -39,6 +39,7 @@ from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaServer, free_port
 from tests.stream.conftest import make_events
 from tests.stream.crashes import kill_while_batches_run
+from tests.stream.test_kafka_sink import read_topic
 
 SCHEMA = "user_id long, flag string, amount double, ts timestamp"
 GOOD = {"bootstrap": "127.0.0.1:9092", "topic": "clicks", "schema": SCHEMA}
@@ -170,6 +171,7 @@ def _run(spark: Any, spec: Aggregation, bootstrap: str, topic: str, root: Path) 
         source,
         checkpoint=root / "ckpt",
         output=root / "out",
+        topic=f"kafka://{bootstrap}/{topic}-results",  # one transaction per batch
         trigger={"availableNow": True},
     )
     query.awaitTermination(300)
@@ -212,9 +214,23 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     assert list(got["events"]) == list(want["events"]), "double or missing counts"
     assert list(got["users"]) == list(want["users"])
     assert list(got["total"]) == list(want["total"])
+    _assert_results_topic(kafka_server.bootstrap, f"{kafka_topic}-results", want)
     records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records if r is not None) == 6
     assert sum(r.input or 0 for r in records if r is not None) == len(events)
+
+
+def _assert_results_topic(bootstrap: str, topic: str, want: pd.DataFrame) -> None:
+    """The results topic, as a read_committed consumer sees it: no batch's row twice,
+    and the newest row of every window and key is the final result."""
+    sent = pd.DataFrame(read_topic(bootstrap, topic, "read_committed"))
+    assert not sent.duplicated(["batch_id", "window_start", "key"]).any(), "a batch twice"
+    sent["window_start"] = pd.to_datetime(sent["window_start"], utc=True, format="ISO8601")
+    newest = sent.sort_values("batch_id").drop_duplicates(["window_start", "key"], keep="last")
+    newest = newest.sort_values(["window_start", "key"], ignore_index=True)
+    assert list(newest["key"]) == list(want["key"])
+    assert list(newest["events"]) == list(want["events"])
+    assert list(newest["users"]) == list(want["users"])
 
 
 CHAOS_SPEC = """
@@ -300,6 +316,8 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
         "800",
         "--ttl",
         "3",
+        "--topic",  # and the results to a Kafka topic, one transaction per batch
+        f"kafka://{kafka_server.bootstrap}/{kafka_topic}-results",
     ]
     batches = Checkpoint(home / "checkpoints" / "kchaos").batches
 
@@ -333,3 +351,4 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
     assert list(got["events"]) == list(want["events"]), "double or missing counts"
     assert list(got["users"]) == list(want["users"])
     assert list(got["total"]) == list(want["total"])
+    _assert_results_topic(kafka_server.bootstrap, f"{kafka_topic}-results", want)

@@ -42,7 +42,9 @@ def add_parsers(sub: Any) -> None:
         "postgresql://user@host/db (table = the aggregation's name)",
     )
     c.add_argument(
-        "--topic", help="also append each batch's results to this riverbed topic (in the log)"
+        "--topic",
+        help="also append each batch's results to this topic: a riverbed topic (in the log), "
+        "or kafka://BOOTSTRAP/TOPIC (a Kafka transaction per batch)",
     )
     c.add_argument(
         "--no-standby",

@@ -18,7 +18,7 @@ from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.records import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.results import compact_output, write_output
-from riverbed.stream.sinks import plain
+from riverbed.stream.sinks import KafkaSink, plain
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,14 @@ def side_outputs_written(batches: Batches, batch_id: int) -> bool:
 
 def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
     """The batch's rows to the optional sinks: the SQL table and the results topic."""
+    from riverbed.stream import kafka
     from riverbed.stream.sinks import SqlSink, TopicSink
 
     if config.sql_url:
         SqlSink(config.sql_url).upsert(config.spec.name, rows)
-    if config.results_topic:
+    if config.results_topic and kafka.is_label(config.results_topic):
+        kafka_sink(config).write(batch_id, rows)
+    elif config.results_topic:
         if config.log_url is None:
             raise StreamValueError("a results topic needs a log: pass log_url")
         sink = TopicSink(config.log_url, config.results_topic, config.spec.state_partitions)
@@ -80,6 +83,20 @@ def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
             sink.write(batch_id, rows)
         finally:
             sink.close()
+
+
+_KAFKA_SINKS: dict[tuple[str, str], KafkaSink] = {}
+
+
+def kafka_sink(config: EngineConfig) -> KafkaSink:
+    """The driver's transactional producer for its Kafka results topic: one per process
+    (starting one fences the previous driver's, and costs a round trip)."""
+    key = (str(config.results_topic), config.spec.name)
+    sink = _KAFKA_SINKS.get(key)
+    if sink is None:
+        sink = KafkaSink(key[0], config.spec.name, config.spec.state_partitions)
+        _KAFKA_SINKS[key] = sink
+    return sink
 
 
 def finish(

@@ -9,10 +9,15 @@ validated names; values always travel as parameters.
 **Topic**: each batch's rows become records of a riverbed topic (key = the
 aggregation key, value = the row as JSON with its ``batch_id``, event time = the
 window's end), so downstream consumers and groups follow results as a stream.
+
+**Kafka topic** (``kafka://<bootstrap>/<topic>``): the same records, written by Kafka's
+transactional producer — see :class:`KafkaSink`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -180,6 +185,158 @@ class TopicSink:
 
     def close(self) -> None:
         self.log.close()
+
+
+class KafkaSinkError(StreamValueError):
+    """A Kafka results topic that cannot be written; the message names the fix."""
+
+
+MARKERS = ".riverbed-batches"  # beside a Kafka results topic: its last written batch id
+
+
+class KafkaSink:
+    """Exactly once per batch into a Kafka topic, for ``read_committed`` consumers.
+
+    Each batch is one Kafka transaction holding its rows (key = the aggregation key,
+    value = the row as JSON with its ``batch_id``, timestamp = the window's end) and a
+    marker — ``{"batch_id": b}`` — in the compacted topic ``<topic>.riverbed-batches``.
+    A batch replayed after a crash between the transaction's commit and the batch's own
+    commit finds its marker and writes nothing; a driver killed inside the transaction
+    leaves it open until the next driver's producer, with the same ``transactional.id``
+    (``riverbed.<aggregation>.<topic>``), starts: Kafka aborts it then, and fences the
+    old producer, so a paused driver that wakes up cannot commit. (Keys + batch ids for
+    readers to deduplicate would push the work to every consumer; Kafka's transactions
+    keep it in one place.)
+    """
+
+    def __init__(self, label: str, aggregation: str, partitions: int = 1) -> None:
+        from riverbed.stream import kafka
+
+        self.bootstrap, self.topic = kafka.parse_label(label)
+        self.label = label
+        self.markers = self.topic + MARKERS
+        self._ensure_topics(partitions)
+        from confluent_kafka import KafkaException, Producer
+
+        self.producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": f"riverbed.{aggregation}.{self.topic}",
+                "acks": "all",
+                "linger.ms": 5,
+                "log_level": 2,
+            }
+        )
+        try:  # aborts what a killed predecessor left open, and fences it
+            self.producer.init_transactions(30)
+        except KafkaException as exc:
+            raise KafkaSinkError(
+                f"Kafka results topic {label}: the transactional producer could not start "
+                f"({_reason(exc)}); check that the brokers are up and allow transactions"
+            ) from None
+
+    def _ensure_topics(self, partitions: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 2})
+        try:
+            have = admin.list_topics(timeout=10).topics
+        except Exception as exc:
+            raise KafkaSinkError(
+                f"no Kafka broker answered at {self.bootstrap} within 10 s "
+                f"({type(exc).__name__}); check the results topic's address"
+            ) from None
+        wanted = []
+        if self.topic not in have:
+            wanted.append(NewTopic(self.topic, partitions))
+        if self.markers not in have:
+            wanted.append(NewTopic(self.markers, 1, config={"cleanup.policy": "compact"}))
+        for name, future in admin.create_topics(wanted).items() if wanted else []:
+            try:
+                future.result(30)
+            except Exception as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):  # another driver made it
+                    raise KafkaSinkError(
+                        f"could not create Kafka topic {name!r} at {self.bootstrap} "
+                        f"({_reason(exc)}); create it yourself or allow riverbed to"
+                    ) from None
+
+    def last_batch(self) -> int:
+        """The batch id of the newest committed transaction (-1 before the first)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "riverbed-sink",  # never joins or commits
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "log_level": 2,
+            }
+        )
+        try:
+            part = TopicPartition(self.markers, 0)
+            low, high = consumer.get_watermark_offsets(part, timeout=10)  # high: the LSO
+            last, start = -1, high
+            while last < 0 and start > low:  # back from the end: aborted markers skipped
+                start = max(low, start - 64)
+                consumer.assign([TopicPartition(self.markers, 0, start)])
+                while consumer.position([part])[0].offset < high:
+                    message = consumer.poll(1.0)
+                    if message is None:
+                        break
+                    value = message.value()
+                    if message.error() is None and value is not None:
+                        last = max(last, int(json.loads(value)["batch_id"]))
+            return last
+        finally:
+            consumer.close()
+
+    def write(self, batch_id: int, rows: pd.DataFrame) -> int:
+        """The batch's rows in one transaction; returns how many were written now (0
+        when the batch's transaction committed before)."""
+        from confluent_kafka import KafkaException
+
+        if self.last_batch() >= batch_id:
+            return 0
+        try:
+            self.producer.begin_transaction()
+            for row in rows.to_dict("records"):
+                value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
+                self.producer.produce(
+                    self.topic,
+                    key=str(row["key"]),
+                    value=json.dumps(value),
+                    timestamp=int(pd.Timestamp(row["window_end"]).timestamp() * 1000),
+                )
+            self.producer.produce(
+                self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id})
+            )
+            self.producer.commit_transaction(60)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if error is not None and getattr(error, "fatal", lambda: False)():
+                raise KafkaSinkError(
+                    f"Kafka results topic {self.label}: this driver's producer was fenced "
+                    f"({_reason(exc)}) — a newer driver writes the results now"
+                ) from None
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(30)
+            raise KafkaSinkError(
+                f"Kafka results topic {self.label}: batch {batch_id} was not written "
+                f"({_reason(exc)}); the batch is retried when the driver restarts"
+            ) from None
+        return len(rows)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+
+
+def _reason(exc: BaseException) -> str:
+    """A Kafka client error's own words, without a stack or the client's config."""
+    error = exc.args[0] if exc.args else exc
+    text = getattr(error, "str", lambda: str(error))()
+    return str(text)[:200]
 
 
 def plain(value: Any) -> Any:

@@ -1,0 +1,165 @@
+"""Results to a Kafka topic (``riverbed.stream.sinks.KafkaSink``) against a real broker:
+drivers killed after a batch's transaction committed but before the batch did, and
+inside a transaction; a ``read_committed`` consumer sees every batch's rows once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from riverbed.stream.sinks import MARKERS, KafkaSink, KafkaSinkError
+from riverbed.testing import KafkaServer, free_port
+
+pytestmark = pytest.mark.kafka
+
+AGGREGATION = "flags"
+
+
+def rows(batch_id: int, n: int = 6, events: int | None = None) -> pd.DataFrame:
+    start = pd.Timestamp("2026-11-21", tz="UTC") + pd.Timedelta(hours=batch_id)
+    return pd.DataFrame(
+        {
+            "window_start": [start] * n,
+            "window_end": [start + pd.Timedelta(hours=1)] * n,
+            "key": [f"f{i}" for i in range(n)],
+            "events": [batch_id * 100 + i if events is None else events for i in range(n)],
+        }
+    )
+
+
+# A driver process: writes the batches given on its command line through the sink, then
+# for the last one either stops after the sink's transaction committed ("after-commit":
+# the batch's own commit would come next) or inside the transaction ("in-transaction"),
+# says so, and sleeps until it is SIGKILLed.
+DRIVER = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from tests.stream.test_kafka_sink import rows, AGGREGATION
+from riverbed.stream.sinks import KafkaSink
+
+label, mode, batches = sys.argv[1], sys.argv[2], [int(b) for b in sys.argv[3:]]
+sink = KafkaSink(label, AGGREGATION, partitions=3)
+for b in batches[:-1]:
+    print("wrote", b, sink.write(b, rows(b)), flush=True)
+last = batches[-1]
+if mode == "after-commit":
+    print("wrote", last, sink.write(last, rows(last)), flush=True)
+else:  # the rows are in the log, the transaction is open: what a kill mid-write leaves
+    p = sink.producer
+    p.begin_transaction()
+    for row in rows(last, events=-1).to_dict("records"):
+        p.produce(sink.topic, key=row["key"], value=json.dumps({{"batch_id": last, "events": -1}}))
+    p.flush(30)
+    print("open", last, flush=True)
+time.sleep(600)
+"""
+
+
+def _driver(label: str, mode: str, *batches: int) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a driver and wait for its last line; returns it and what it printed."""
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(root=root), label, mode, *map(str, batches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 90
+    while len(lines) < len(batches):
+        line = proc.stdout.readline()
+        assert line, f"the driver died: {proc.stderr.read() if proc.stderr else ''}"
+        lines.append(line.strip())
+        assert time.monotonic() < deadline, lines
+    return proc, lines
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any]]:
+    """Every value of ``topic`` a consumer at ``isolation`` sees, from the start."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{isolation}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = [TopicPartition(topic, p) for p in parts]
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        values: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
+            if all(positions[p] >= ends[p] for p in ends):
+                break
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None and message.value():
+                values.append(json.loads(message.value()))
+        return values
+    finally:
+        consumer.close()
+
+
+def test_killed_drivers_leave_each_batch_once_for_read_committed_readers(
+    kafka_server: KafkaServer, kafka_topic: str
+) -> None:
+    label = f"kafka://{kafka_server.bootstrap}/{kafka_topic}"
+    # killed after batch 2's transaction committed, before the batch itself would have
+    first, lines = _driver(label, "after-commit", 0, 1, 2)
+    assert lines == ["wrote 0 6", "wrote 1 6", "wrote 2 6"]
+    first.kill()
+    first.wait()
+    # its successor replays batch 2, then is killed with batch 3's transaction open
+    second, lines = _driver(label, "in-transaction", 2, 3)
+    assert lines == ["wrote 2 0", "open 3"]  # the replay found batch 2's marker
+    second.kill()
+    second.wait()
+    # the next driver's producer aborts the open transaction; batch 3 is written once
+    sink = KafkaSink(label, AGGREGATION, partitions=3)
+    assert sink.last_batch() == 2
+    assert sink.write(3, rows(3)) == 6
+    assert sink.write(3, rows(3)) == 0  # a replay in the same process, too
+    assert sink.write(4, rows(4)) == 6
+    sink.close()
+
+    seen = read_topic(kafka_server.bootstrap, kafka_topic, "read_committed")
+    per_batch = pd.Series([v["batch_id"] for v in seen]).value_counts().sort_index()
+    assert per_batch.to_dict() == {0: 6, 1: 6, 2: 6, 3: 6, 4: 6}, "a batch twice, or lost"
+    assert all(v["events"] >= 0 for v in seen), "rows of an aborted transaction were read"
+    assert sorted(v["events"] for v in seen if v["batch_id"] == 3) == list(range(300, 306))
+    # the killed transaction's rows are in the log: only the isolation level hides them
+    raw = read_topic(kafka_server.bootstrap, kafka_topic, "read_uncommitted")
+    assert sum(v["events"] == -1 for v in raw) == 6
+    markers = read_topic(kafka_server.bootstrap, kafka_topic + MARKERS, "read_committed")
+    assert [m["batch_id"] for m in markers] == [0, 1, 2, 3, 4]
+
+
+def test_a_replaced_driver_is_fenced_and_bad_addresses_are_one_error(
+    kafka_server: KafkaServer, kafka_topic: str
+) -> None:
+    label = f"kafka://{kafka_server.bootstrap}/{kafka_topic}"
+    old = KafkaSink(label, AGGREGATION)
+    assert old.write(0, rows(0)) == 6
+    new = KafkaSink(label, AGGREGATION)  # a new driver: same transactional id
+    with pytest.raises(KafkaSinkError, match="fenced"):
+        old.write(1, rows(1))
+    assert new.write(1, rows(1)) == 6
+    new.close()
+    seen = read_topic(kafka_server.bootstrap, kafka_topic, "read_committed")
+    assert sorted(v["batch_id"] for v in seen) == [0] * 6 + [1] * 6
+
+    nobody = f"kafka://127.0.0.1:{free_port()}/results"
+    with pytest.raises(KafkaSinkError, match=r"no Kafka broker answered at 127\.0\.0\.1:"):
+        KafkaSink(nobody, AGGREGATION)
