@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,6 +40,7 @@ from typing import Any
 
 import riverbed.log
 from riverbed.control import connect
+from riverbed.testing import log_server_process
 
 RECORD = 100
 
@@ -250,22 +249,7 @@ def remote_vs_local(root: Path, n: int, sends: int) -> tuple[list[tuple[str, flo
     for i in range(4):  # a topic per client: clients do not share a partition's lock
         served.create_topic(f"t{i}", 1, serde="bytes", fsync="never")
     served.close()
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("riverbed")),
-            "log",
-            "serve",
-            "--port",
-            "0",
-            "--log",
-            local_url,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        remote_url = server.stdout.readline().split(" at ")[1].split()[0]
+    with log_server_process(local_url) as remote_url:
         # warm the server up (its first fetch costs ~0.5-1 s of one-off start-up)
         _clients("produce", remote_url, 1, 2000)
         _clients("fetch", remote_url, 1, 2000)
@@ -285,9 +269,6 @@ def remote_vs_local(root: Path, n: int, sends: int) -> tuple[list[tuple[str, flo
             "remote (woken by the append)": _visible_after_ack(remote_url, sends),
             "local files (consumer polls)": _visible_after_ack(f"file://{root / 'lat'}", sends),
         }
-    finally:
-        server.terminate()
-        server.wait()
     return rows, latency
 
 

@@ -31,8 +31,6 @@ riverbed faster).
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,7 +39,7 @@ from pathlib import Path
 
 import riverbed.log
 from riverbed.control import connect
-from riverbed.testing import KafkaServer
+from riverbed.testing import KafkaServer, log_server_process
 
 RECORD = 100  # bytes, as benchmarks/log.py
 
@@ -55,10 +53,13 @@ def payloads(n: int) -> list[bytes]:
 
 
 def make_topics(url: str) -> None:
-    """Topics ``never`` and ``batch``: bytes, one partition, fsync never / each batch."""
+    """Topics ``never`` and ``batch``: bytes, one partition, fsync never / each batch;
+    and ``warm``, for a first call that pays the one-off costs (a server's first
+    request, imports) before anything is timed."""
     log = riverbed.log.open(url)
     for fsync in ("never", "batch"):
         log.create_topic(fsync, 1, serde="bytes", fsync=fsync)  # type: ignore[arg-type]
+    log.create_topic("warm", 1, serde="bytes", fsync="never")
     log.close()
 
 
@@ -234,24 +235,6 @@ def kafka_latency(server: KafkaServer, sends: int) -> list[float]:
         consumer.close()
 
 
-def serve(url: str) -> tuple[subprocess.Popen[str], str]:
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("riverbed")),
-            "log",
-            "serve",
-            "--port",
-            "0",
-            "--log",
-            url,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    return server, server.stdout.readline().split(" at ")[1].split()[0]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -270,50 +253,27 @@ def main() -> None:
         files, served = f"file://{root / 'log'}", f"file://{root / 'served'}"
         make_topics(files)
         make_topics(served)
-        server, flight = serve(served)
-        try:
+        with log_server_process(served) as flight:
             create_kafka_topic(kafka, "nofsync", {})
             create_kafka_topic(kafka, "fsync", {"flush.messages": "1"})
-            k_never = kafka_produce(kafka.bootstrap, values, "nofsync")
-            k_batch = kafka_produce(kafka.bootstrap, values, "fsync")
-            rows.append(
-                ("produce, no fsync: files", riverbed_produce(files, values, "never"), k_never)
-            )
-            rows.append(
-                (
-                    "produce, no fsync: log server",
-                    riverbed_produce(flight, values, "never"),
-                    k_never,
-                )
-            )
-            rows.append(
-                (
-                    "produce, fsync each batch: files",
-                    riverbed_produce(files, values, "batch"),
-                    k_batch,
-                )
-            )
-            rows.append(
-                (
-                    "produce, fsync each batch: log server",
-                    riverbed_produce(flight, values, "batch"),
-                    k_batch,
-                )
-            )
+            kafka_rate = {
+                "never": kafka_produce(kafka.bootstrap, values, "nofsync"),
+                "batch": kafka_produce(kafka.bootstrap, values, "fsync"),
+            }
+            where = {"files": files, "log server": flight}
+            for url in where.values():
+                riverbed_produce(url, values[:2000], "warm")
+                riverbed_columns(url, 2000, "warm")
+            for fsync, label in (("never", "no fsync"), ("batch", "fsync each batch")):
+                for side, url in where.items():
+                    mine = riverbed_produce(url, values, fsync)
+                    rows.append((f"produce, {label}: {side}", mine, kafka_rate[fsync]))
             k_consume = kafka_consume(kafka.bootstrap, n, "nofsync")
-            rows.append(
-                ("consume read_columns: files", riverbed_columns(files, n, "never"), k_consume)
-            )
-            rows.append(
-                (
-                    "consume read_columns: log server",
-                    riverbed_columns(flight, n, "never"),
-                    k_consume,
-                )
-            )
-            rows.append(
-                ("consume Log.read (records): files", riverbed_read(files, n, "never"), k_consume)
-            )
+            for side, url in where.items():
+                mine = riverbed_columns(url, n, "never")
+                rows.append((f"consume read_columns: {side}", mine, k_consume))
+            mine = riverbed_read(files, n, "never")
+            rows.append(("consume Log.read (records): files", mine, k_consume))
             lat: dict[str, list[float]] = {
                 "riverbed files (consumer polls)": riverbed_latency(
                     f"file://{root / 'lat'}", args.sends
@@ -321,9 +281,6 @@ def main() -> None:
                 "riverbed log server (woken)": riverbed_latency(flight, args.sends),
             }
             lat["Kafka (acks=all)"] = kafka_latency(kafka, args.sends)
-        finally:
-            server.terminate()
-            server.wait()
     print(f"{n:,} records of {RECORD} bytes, one partition; Kafka 4.4.0, one broker, acks=all")
     print(f"{'path':40} {'riverbed rec/s':>15} {'Kafka rec/s':>12} {'riverbed/Kafka':>15}")
     for name, mine, theirs in rows:

@@ -15,8 +15,8 @@ import pytest
 
 import riverbed.log
 from riverbed.control import EventType, connect
+from riverbed.testing import log_server_process
 from tests.control.conftest import backend_url
-from tests.logserver import log_server_process
 
 pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("procs.py")

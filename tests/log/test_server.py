@@ -33,7 +33,8 @@ from riverbed.log.wire import (
     encode,
 )
 from riverbed.log.wire import records_batch as wire_batch
-from tests.logserver import RIVERBED, free_port
+from riverbed.testing import free_port
+from riverbed.testing.logserver import RIVERBED
 
 
 @pytest.fixture

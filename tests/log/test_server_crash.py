@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import riverbed.log
-from tests.logserver import free_port, log_server_process
+from riverbed.testing import free_port, log_server_process
 
 pytestmark = pytest.mark.slow
 PROCS = Path(__file__).with_name("procs.py")

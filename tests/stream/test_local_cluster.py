@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.stream.dataframe import read_results
-from tests.logserver import log_server_process
+from riverbed.testing import log_server_process
 from tests.stream.conftest import make_events, write_events
 
 # A local cluster (a master, two executor JVMs) and three queries: 240 s on an idle

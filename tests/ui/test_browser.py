@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.logserver import free_port
+from riverbed.testing import free_port
 from tests.ui.conftest import Home
 
 pytestmark = pytest.mark.browser

@@ -6,6 +6,7 @@ managers; pytest fixtures in ``tests/conftest.py`` wrap them).
 """
 
 from riverbed.testing.kafka import KafkaServer
+from riverbed.testing.logserver import log_server_process
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import EtcdCluster, EtcdServer, PostgresServer, free_port
 
@@ -16,4 +17,5 @@ __all__ = [
     "KafkaServer",
     "PostgresServer",
     "free_port",
+    "log_server_process",
 ]
