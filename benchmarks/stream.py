@@ -23,6 +23,13 @@ times in rounds over all paths; the median is reported. Prints seconds and event
 per path, and riverbed's ratios against Spark's fastest exact and fastest HLL
 streaming path of this run (the target is 1.5x). ``--only riverbed`` runs just
 riverbed exact and HLL with and without work stealing, in interleaved rounds.
+
+``--only kafka``: the same events as JSON values in a Kafka topic (4 partitions keyed
+by flag, on the tests' one-node broker, ``riverbed.testing.KafkaServer``), aggregated
+by riverbed (``source = {"kafka": ...}``, exact and HLL) and by Spark Structured
+Streaming's own Kafka source → ``from_json`` → ``size(collect_set)`` /
+``hll_sketch_agg`` (RocksDB state), ``maxOffsetsPerTrigger`` = events / batches on
+both; warmed up, then timed in rounds (median), riverbed's ratios against each.
 """
 
 from __future__ import annotations
@@ -315,10 +322,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["riverbed"],
-        help="only riverbed's co-located paths, with and without work stealing (A/B rounds)",
+        choices=["riverbed", "kafka"],
+        help="riverbed: only riverbed's co-located paths, with and without work stealing "
+        "(A/B rounds); kafka: riverbed and Spark's own paths over a Kafka topic",
     )
     args = parser.parse_args()
+    if args.only == "kafka":
+        kafka_main(args)
+        return
     n, per_batch = args.events, args.events // args.batches
     typed = args.topic == "typed"
     print(f"{n:,} events, {args.batches} batches, {args.topic} topic, {args.flags} flags")
@@ -537,6 +548,134 @@ def main() -> None:
         without = rate[f"riverbed {mode}, no work stealing (steal=false)"]
         stealing = rate[f"riverbed {mode}"] / without
         print(f"{f'riverbed {label}: with / without work stealing':52} {stealing:5.2f}x")
+
+
+def fill_kafka(bootstrap: str, topic: str, events: pd.DataFrame, partitions: int = 4) -> None:
+    """``events`` as JSON values of a new topic, keyed by flag."""
+    import json
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions)]).values():
+        future.result(30)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 2**20}
+    )
+    ts = events["ts"].dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    for user, flag, at in zip(events["user_id"], events["flag"], ts, strict=True):
+        value = json.dumps({"user_id": int(user), "flag": flag, "ts": at})
+        while True:
+            try:
+                producer.produce(topic, key=flag, value=value)
+                break
+            except BufferError:  # the client's queue is full: let it drain
+                producer.poll(0.1)
+    assert producer.flush(120) == 0
+
+
+def spark_kafka_source(spark: Any, bootstrap: str, topic: str, per_batch: int) -> Any:
+    """Spark's own Kafka source, the JSON values parsed by ``from_json``."""
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", per_batch)
+        .load()
+    )
+    return raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("v")).select("v.*")
+
+
+def riverbed_kafka_path(
+    spark: Any, bootstrap: str, topic: str, root: Path, mode: str, per_batch: int
+) -> float:
+    spec = Aggregation(
+        name=f"kafka_{mode}",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10m",
+        metrics={"users": Distinct("user_id", mode=mode), "events": Count()},  # type: ignore[arg-type]
+        state_partitions=4,
+    )
+    source = {"kafka": {"bootstrap": bootstrap, "topic": topic, "schema": SCHEMA}}
+    source["kafka"]["options"] = {"maxOffsetsPerTrigger": str(per_batch)}  # type: ignore[index]
+    return timed(
+        lambda: await_query(
+            start(
+                spark,
+                spec,
+                source,
+                checkpoint=root / f"ckpt-kafka-{mode}",
+                output=root / f"out-kafka-{mode}",
+                trigger={"availableNow": True},
+            )
+        )
+    )
+
+
+def kafka_main(args: argparse.Namespace) -> None:
+    """``--only kafka`` (see the module's doc)."""
+    from riverbed.testing import KafkaServer
+
+    n, per_batch = args.events, args.events // args.batches
+    events = generate(n, flags_dist=args.flags)
+    small = generate(20_000, seed=2, flags_dist=args.flags)
+    print(f"{n:,} events, {args.batches} batches, a Kafka topic (JSON values), {args.flags} flags")
+    with tempfile.TemporaryDirectory() as tmp, KafkaServer(Path(tmp) / "kafka") as kafka:
+        root = Path(tmp)
+        fill_kafka(kafka.bootstrap, "clicks", events)
+        fill_kafka(kafka.bootstrap, "warm", small)
+        spark = session(
+            SparkConfig(
+                master="local[2]",
+                conf={
+                    "spark.sql.shuffle.partitions": "4",
+                    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+                },
+            )
+        )
+        register(spark)
+        b = kafka.bootstrap
+        paths: dict[str, Callable[[Path, str, int], float]] = {
+            "riverbed exact": lambda r, t, per: riverbed_kafka_path(spark, b, t, r, "exact", per),
+            "riverbed hll": lambda r, t, per: riverbed_kafka_path(spark, b, t, r, "hll", per),
+            "Spark streaming size(collect_set), Kafka source": lambda r, t, per: (
+                spark_streaming_path(spark, spark_kafka_source(spark, b, t, per), r, "collect_set")
+            ),
+            "Spark streaming hll_sketch_agg, Kafka source": lambda r, t, per: spark_streaming_path(
+                spark, spark_kafka_source(spark, b, t, per), r, "hll"
+            ),
+        }
+        print("warming up every path on 20,000 events", flush=True)
+        for name, run in paths.items():
+            run(root / f"warm-{len(name)}-{name[:8]}", "warm", 20_000 // args.batches)
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for round_ in range(args.repeat):
+            print(f"round {round_ + 1} of {args.repeat}", flush=True)
+            for name, run in paths.items():
+                seconds = run(root / f"r{round_}", "clicks", per_batch)
+                times[name].append(seconds)
+                print(f"  {name}: {seconds:.1f} s", flush=True)
+        spark.stop()
+    print(f"\n{n:,} events from Kafka, {args.batches} micro-batches, local[2], 4 partitions")
+    print(f"{'path':56} {'seconds':>8} {'events/s':>12}")
+    rate = {}
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        rate[name] = n / median
+        print(f"{name:56} {median:8.1f} {n / median:12,.0f}")
+    exact = rate["riverbed exact"] / rate["Spark streaming size(collect_set), Kafka source"]
+    hll = rate["riverbed hll"] / rate["Spark streaming hll_sketch_agg, Kafka source"]
+    for label, ratio in (
+        ("riverbed exact / Spark size(collect_set), both from Kafka", exact),
+        ("riverbed HLL / Spark hll_sketch_agg, both from Kafka", hll),
+    ):
+        print(f"{label:56} {ratio:5.2f}x (target 1.5x)")
 
 
 def against_spark(rows: list[tuple[str, str, float]], rate: dict[str, float]) -> None:
