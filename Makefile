@@ -1,8 +1,8 @@
 # The two commands of the README. Both bootstrap what they need, idempotently.
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
-#               whole pytest suite (all markers), in two pytest-xdist workers, one file
-#               at a time each (most tests wait on processes they start; see docs/testing.md)
+#               whole pytest suite (all markers), in two pytest-xdist workers: one runs
+#               the slow scenario tests in turn, the other the rest (tests/conftest.py)
 
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -49,7 +49,7 @@ test: $(STAMP) system-test compile jars spark-archive
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .riverbed .pytest_cache .mypy_cache .ruff_cache

@@ -141,3 +141,14 @@ def subprocess_env() -> dict[str, str]:
     # driver JVM) for every riverbed process a test starts
     env["RIVERBED_SPARK_CONF"] = json.dumps(TEST_CONF)
     return env
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``make test`` (two pytest-xdist workers, ``--dist loadgroup``) the ``slow``
+    scenario tests — drivers, workers and clusters in their own processes, killed and
+    restarted — are one group: one worker runs them one after another while the other
+    takes the rest. Two such scenarios at once on 2 cores starve each other (Spark gives
+    a new Python worker 10 s to connect back; takeovers and deadlines stretch)."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("scenarios"))

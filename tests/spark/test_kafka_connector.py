@@ -5,6 +5,7 @@ client wrote, Spark reads — in a batch query and in a streaming one."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -27,14 +28,21 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
 def _read_back(bootstrap: str, topic: str, n: int) -> dict[int, list[int]]:
     """Every record's ``i`` by partition, in offset order, read by a Kafka consumer
     assigned each partition from its start to its end (no group, no rebalance)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readback"})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-        for p in partitions
-    }
+    deadline = time.monotonic() + 60
+    while True:  # just after a restart a partition may not have its leader yet
+        try:
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions
+            }
+            break
+        except KafkaException as exc:
+            assert time.monotonic() < deadline, f"no leader for a partition in 60 s: {exc}"
+            time.sleep(0.5)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     found: dict[int, list[int]] = {p: [] for p in partitions if ends[p] > 0}
     try:

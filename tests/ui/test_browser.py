@@ -288,7 +288,7 @@ def test_a_running_aggregation_shows_batches_advancing_and_its_lag_draining(
     page = Page(browser, base)
     try:
         deadline = time.monotonic() + 180
-        while httpx.get(f"{base}/api/streams/watched").status_code != 200:
+        while httpx.get(f"{base}/api/streams/watched", timeout=30).status_code != 200:
             assert driver.poll() is None, driver.stderr and driver.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the aggregation never started"
             time.sleep(0.5)
