@@ -94,6 +94,22 @@ def write_parquet(root: Path, events: pd.DataFrame, files: int) -> Path:
     return directory
 
 
+def bench_session() -> Any:
+    """Every path's session: local[2], 4 shuffle partitions, Spark's RocksDB state
+    store for its own stateful paths, riverbed's source registered."""
+    spark = session(
+        SparkConfig(
+            master="local[2]",
+            conf={
+                "spark.sql.shuffle.partitions": "4",
+                "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+            },
+        )
+    )
+    register(spark)
+    return spark
+
+
 def timed(fn: Callable[[], Any]) -> float:
     start_t = time.perf_counter()
     fn()
@@ -122,8 +138,16 @@ def await_query(query: Any) -> None:
 
 
 def riverbed_path(
-    spark: Any, url: str, root: Path, mode: str, per_batch: int, how: str = "colocated"
+    spark: Any,
+    url: str,
+    root: Path,
+    mode: str,
+    per_batch: int,
+    how: str = "colocated",
+    source: Any = None,
 ) -> float:
+    """riverbed over the topic at ``url`` (``how``: co-located, shuffled, no stealing,
+    the DataFrame source), or over ``source`` when given (a Kafka source)."""
     name = f"bench_{mode}_{how}"
     spec = Aggregation(
         name=name,
@@ -137,8 +161,10 @@ def riverbed_path(
         },
         state_partitions=4,
     )
-    if how == "dataframe":
-        source: Any = riverbed_source(spark, url, per_batch)
+    if source is not None:
+        pass
+    elif how == "dataframe":
+        source = riverbed_source(spark, url, per_batch)
     else:
         source = {"topic": "clicks", "log": url, "maxRecordsPerBatch": str(per_batch)}
         source |= {"schema": SCHEMA, "co_locate": "false" if how == "shuffled" else "true"}
@@ -340,16 +366,7 @@ def main() -> None:
         url = f"file://{root / 'log'}"
         fill(url, events, typed)
         parquet = write_parquet(root, events, args.batches)
-        spark = session(
-            SparkConfig(
-                master="local[2]",
-                conf={
-                    "spark.sql.shuffle.partitions": "4",
-                    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-                },
-            )
-        )
-        register(spark)
+        spark = bench_session()
 
         warm = root / "warm"  # a small dataset of its own, for warming paths up
         warm.mkdir()
@@ -593,29 +610,11 @@ def spark_kafka_source(spark: Any, bootstrap: str, topic: str, per_batch: int) -
 def riverbed_kafka_path(
     spark: Any, bootstrap: str, topic: str, root: Path, mode: str, per_batch: int
 ) -> float:
-    spec = Aggregation(
-        name=f"kafka_{mode}",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="10m",
-        metrics={"users": Distinct("user_id", mode=mode), "events": Count()},  # type: ignore[arg-type]
-        state_partitions=4,
-    )
-    source = {"kafka": {"bootstrap": bootstrap, "topic": topic, "schema": SCHEMA}}
-    source["kafka"]["options"] = {"maxOffsetsPerTrigger": str(per_batch)}  # type: ignore[index]
-    return timed(
-        lambda: await_query(
-            start(
-                spark,
-                spec,
-                source,
-                checkpoint=root / f"ckpt-kafka-{mode}",
-                output=root / f"out-kafka-{mode}",
-                trigger={"availableNow": True},
-            )
-        )
-    )
+    options = {"maxOffsetsPerTrigger": str(per_batch)}
+    source = {
+        "kafka": {"bootstrap": bootstrap, "topic": topic, "schema": SCHEMA, "options": options}
+    }
+    return riverbed_path(spark, "", root, mode, per_batch, how="kafka", source=source)
 
 
 def kafka_main(args: argparse.Namespace) -> None:
@@ -630,16 +629,7 @@ def kafka_main(args: argparse.Namespace) -> None:
         root = Path(tmp)
         fill_kafka(kafka.bootstrap, "clicks", events)
         fill_kafka(kafka.bootstrap, "warm", small)
-        spark = session(
-            SparkConfig(
-                master="local[2]",
-                conf={
-                    "spark.sql.shuffle.partitions": "4",
-                    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-                },
-            )
-        )
-        register(spark)
+        spark = bench_session()
         b = kafka.bootstrap
         paths: dict[str, Callable[[Path, str, int], float]] = {
             "riverbed exact": lambda r, t, per: riverbed_kafka_path(spark, b, t, r, "exact", per),
