@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -63,7 +64,7 @@ time.sleep(600)
 
 def _driver(label: str, mode: str, *batches: int) -> tuple[subprocess.Popen[str], list[str]]:
     """Start a driver and wait for its last line; returns it and what it printed."""
-    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER.format(root=root), label, mode, *map(str, batches)],
         stdout=subprocess.PIPE,
