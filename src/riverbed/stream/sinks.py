@@ -163,9 +163,8 @@ class TopicSink:
         producer = self.log.producer(self.topic)
         by_partition: dict[int, list[RawRecord]] = {}
         for row in rows.to_dict("records"):
-            value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-            end = int(pd.Timestamp(row["window_end"]).timestamp() * 1000)
-            partition, raw = producer.record(value, key=str(row["key"]), timestamp=end)
+            key, value, end = result_record(batch_id, row)
+            partition, raw = producer.record(value, key=key, timestamp=end)
             by_partition.setdefault(partition, []).append(raw)
         written = 0
         for partition, records in sorted(by_partition.items()):
@@ -234,6 +233,8 @@ class KafkaSink:
                 f"Kafka results topic {label}: the transactional producer could not start "
                 f"({_reason(exc)}); check that the brokers are up and allow transactions"
             ) from None
+        # read once: from here on only this producer can commit (a newer one fences it)
+        self._last = self.last_batch()
 
     def _ensure_topics(self, partitions: int) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -297,22 +298,18 @@ class KafkaSink:
         when the batch's transaction committed before)."""
         from confluent_kafka import KafkaException
 
-        if self.last_batch() >= batch_id:
+        if self._last >= batch_id:
             return 0
         try:
             self.producer.begin_transaction()
             for row in rows.to_dict("records"):
-                value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-                self.producer.produce(
-                    self.topic,
-                    key=str(row["key"]),
-                    value=json.dumps(value),
-                    timestamp=int(pd.Timestamp(row["window_end"]).timestamp() * 1000),
-                )
+                key, value, end = result_record(batch_id, row)
+                self.producer.produce(self.topic, key=key, value=json.dumps(value), timestamp=end)
             self.producer.produce(
                 self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id})
             )
             self.producer.commit_transaction(60)
+            self._last = batch_id
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if error is not None and getattr(error, "fatal", lambda: False)():
@@ -337,6 +334,14 @@ def _reason(exc: BaseException) -> str:
     error = exc.args[0] if exc.args else exc
     text = getattr(error, "str", lambda: str(error))()
     return str(text)[:200]
+
+
+def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """A result row as a results-topic record (riverbed's or Kafka's): key = the
+    aggregation key, value = the row as JSON-friendly values with its ``batch_id``,
+    timestamp = the window's end (ms)."""
+    value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
+    return str(row["key"]), value, int(pd.Timestamp(row["window_end"]).timestamp() * 1000)
 
 
 def plain(value: Any) -> Any:
