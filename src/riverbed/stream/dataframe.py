@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -247,7 +248,57 @@ def start(
         .option("checkpointLocation", s3a.to_s3a(spark_location(checkpoint)))
         .queryName(spec.name)
     )
-    return writer.trigger(**(trigger or {"processingTime": "1 second"})).start()
+    return _start(writer.trigger(**(trigger or {"processingTime": "1 second"})), spec.name)
+
+
+# Spark gives the Python process behind a Python streaming source 10 s to start and
+# connect back (hard-coded in its PythonWorkerFactory); on a machine busy enough for a
+# Python start-up to take that long the query dies before its first batch. Nothing was
+# planned yet, so starting again from the checkpoint is safe.
+START_ATTEMPTS = 3
+_TRANSIENT_START = (
+    "Python worker failed to connect back",
+    "Timed out while waiting for the Python worker to connect back",
+)
+
+
+def transient_start_failure(failure: str) -> bool:
+    """Whether a query that died while initializing its sources with this failure may
+    simply be started again (a Python worker too slow to start, not a bad source)."""
+    return any(text in failure for text in _TRANSIENT_START)
+
+
+def _start(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
+    """Start the query and wait until its sources are initialized; a query that died of a
+    transient start-up failure is started again (up to :data:`START_ATTEMPTS` times)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = writer.start()
+        failure = _initialization_failure(query, init_timeout)
+        if failure is None or not transient_start_failure(failure) or attempt == START_ATTEMPTS:
+            return query
+        log.warning(
+            "aggregation %r failed while starting: its source's Python worker did not "
+            "connect back within Spark's 10 s (is the machine overloaded?); starting it "
+            "again from its checkpoint (attempt %d of %d)",
+            name,
+            attempt + 1,
+            START_ATTEMPTS,
+        )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _initialization_failure(query: Any, timeout: float) -> str | None:
+    """The text of the exception a query died of while initializing its sources, or None
+    once they are initialized (or after ``timeout`` s: the caller watches it from then)."""
+    deadline = time.monotonic() + timeout
+    while query.isActive and time.monotonic() < deadline:
+        if not str(query.status.get("message", "")).startswith("Initializing"):
+            return None
+        time.sleep(0.1)
+    if query.isActive:
+        return None
+    error = query.exception()
+    return None if error is None else str(error)
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
