@@ -101,7 +101,13 @@ class Page:
             ),
         )
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
-        self.page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url}"))
+        self.page.on("requestfailed", self._failed)
+
+    def _failed(self, request: Any) -> None:
+        # a page's own poll still in flight when the test navigates away is cancelled by
+        # the browser (net::ERR_ABORTED): not a failure of the console
+        if "ERR_ABORTED" not in str(request.failure):
+            self.problems.append(f"request failed: {request.url} ({request.failure})")
 
     def open(self, path: str) -> Any:
         answer = self.page.goto(self.base + path)
