@@ -48,9 +48,12 @@ __all__ = [
 ]
 
 
-def open(url: str | Path) -> Log:
-    """``file:///path`` (or a plain path), ``memory://``, or ``flight://host:port`` — a
-    log server (``riverbed log serve``) on this or another machine."""
+def open(url: str | Path, *, control: str | None = None) -> Log:
+    """``file:///path`` (or a plain path), ``memory://``, ``flight://host:port`` — a
+    log server (``riverbed log serve``) on this or another machine — or
+    ``s3://bucket/prefix``: diskless topics (:mod:`riverbed.log.diskless`), their
+    records in the bucket and their offsets in the control plane at ``control``
+    (default: riverbed's configured one, ``RIVERBED_CONTROL``)."""
     if isinstance(url, Path):
         from riverbed.log.file import FileLogStorage
 
@@ -67,6 +70,8 @@ def open(url: str | Path) -> Log:
         from riverbed.log.file import FileLogStorage
 
         return Log(FileLogStorage(Path(path).resolve()))
+    if parts.scheme == "s3":
+        return Log(_diskless(str(url), control))
     from riverbed.log.wire import SCHEMES
 
     if parts.scheme in SCHEMES:
@@ -74,6 +79,16 @@ def open(url: str | Path) -> Log:
 
         return Log(FlightLogStorage(str(url)))
     raise LogError(
-        f"unknown log URL {url!r}; use file:///path, memory:// or flight://host:port "
-        "(a `riverbed log serve`)"
+        f"unknown log URL {url!r}; use file:///path, memory://, s3://bucket/prefix "
+        "(diskless topics) or flight://host:port (a `riverbed log serve`)"
     )
+
+
+def _diskless(url: str, control: str | None) -> LogStorage:
+    from riverbed.config import load_config
+    from riverbed.control import connect
+    from riverbed.log.diskless import DisklessLogStorage
+    from riverbed.storage import open_store
+
+    plane = connect(control or load_config().control_url)
+    return DisklessLogStorage(open_store(url), plane, close_control=True)

@@ -1,0 +1,613 @@
+"""Diskless topics: records in an object store, their offsets in the control plane.
+
+A log at ``s3://bucket/prefix`` keeps nothing on the machines that produce and consume
+it (the shape of WarpStream, Bufstream and Kafka's KIP-1150 "diskless topics"):
+
+* **Writes are group-committed.** Appends of any topic and partition made in one
+  process within a flush interval (default 50 ms, or sooner when 4 MiB are waiting)
+  go into **one shared object** (``wal/<ms>-<writer>-<flush>``): each batch's encoded
+  body, one after another, with no offsets in them.
+* **One control-plane transaction per flush assigns the offsets.** It checks that no
+  other writer moved any of the flush's partitions since they were read (their
+  ``end`` keys' revisions), then moves each partition's end past its batches and puts
+  one **index entry** per batch — base offset → (object, byte range, count, time
+  range). A conflict re-reads the ends and tries again; the object stays as written.
+* **An append returns only after both**: acknowledged means in the bucket and in the
+  index. An append whose flush failed raises, and nothing of it is readable — unless
+  the commit's answer was lost on the way back: the flush's writer key (put in the
+  same transaction) tells, on the retry, that it did commit, and with which offsets.
+* **Reads** look the offsets up in the index (entries are grouped in pages of
+  2^16 offsets, so a lookup reads one page) and fetch byte ranges of the objects
+  through an in-memory cache.
+
+The key layout in the control plane and the bucket has one owner, :class:`Layout`.
+The pure decisions — where each batch goes in a flush's object and which offsets it
+gets (:func:`place`), which index entries a read needs (:func:`covering`) — are
+functions of their inputs alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from riverbed.control import Compare, ControlPlane, Put
+from riverbed.log.base import (
+    LogStorage,
+    TopicConfig,
+    check_column_values,
+    typed_values,
+)
+from riverbed.log.errors import (
+    CorruptLogError,
+    LogError,
+    LogValueError,
+    OffsetOutOfRangeError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from riverbed.log.records import (
+    ColumnBatch,
+    Columns,
+    EncodedBatch,
+    RawRecord,
+    StoredBatch,
+    columns_from,
+    encode_body,
+    encode_columns,
+    rows_from,
+)
+from riverbed.storage import ObjectNotFoundError, ObjectStore
+
+FLUSH_MS = 50  # the default flush interval: the latency/cost trade-off (docs/log.md)
+FLUSH_BYTES = 4 * 1024 * 1024  # a flush goes sooner once this much is waiting
+PAGE_BITS = 16  # index entries are grouped by base offset >> PAGE_BITS
+COMMIT_ATTEMPTS = 200  # conflicts with other writers before a flush gives up
+CACHE_BYTES = 64 * 1024 * 1024
+
+
+class DisklessCommitError(LogError):
+    """A flush could not commit its offsets (the control plane refused or was
+    unreachable); nothing of its appends is readable."""
+
+
+# -- the pure decisions -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One append waiting for a flush: its batch encoded but for its offsets."""
+
+    topic: str
+    partition: int
+    count: int
+    body: bytes
+    min_ts: int
+    max_ts: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An index entry: records [base, base + count) of a partition are the byte range
+    [start, stop) of ``obj``, stamped between ``min_ts`` and ``max_ts``."""
+
+    base: int
+    count: int
+    obj: str
+    start: int
+    stop: int
+    min_ts: int
+    max_ts: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.count
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            [self.obj, self.start, self.stop, self.count, self.min_ts, self.max_ts]
+        ).encode()
+
+    @staticmethod
+    def decode(base: int, value: bytes) -> Entry:
+        obj, start, stop, count, min_ts, max_ts = json.loads(value)
+        return Entry(base, count, obj, start, stop, min_ts, max_ts)
+
+
+def place(
+    pending: Sequence[Pending], ends: Mapping[tuple[str, int], int], obj: str
+) -> list[tuple[str, int, Entry]]:
+    """Where each pending batch goes: its byte range in the flush's object (in the
+    order given, back to back) and its base offset (each partition's batches in the
+    order given, from that partition's current end); as (topic, partition, entry)."""
+    next_offset = dict(ends)
+    placed = []
+    at = 0
+    for p in pending:
+        tp = (p.topic, p.partition)
+        base = next_offset[tp]
+        next_offset[tp] = base + p.count
+        stop = at + len(p.body)
+        placed.append(
+            (p.topic, p.partition, Entry(base, p.count, obj, at, stop, p.min_ts, p.max_ts))
+        )
+        at = stop
+    return placed
+
+
+def covering(entries: Sequence[Entry], start: int, end: int) -> list[Entry]:
+    """The entries (sorted by base, as an index page lists them) holding any of the
+    offsets [start, end), in order."""
+    if start >= end:
+        return []
+    return [e for e in entries if e.base < end and e.end > start]
+
+
+# -- where things are ---------------------------------------------------------------
+
+
+class Layout:
+    """The one owner of the diskless log's names: control-plane keys under a namespace
+    derived from the bucket location, and object keys in the bucket."""
+
+    def __init__(self, location: str) -> None:
+        digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+        self.ns = f"riverbed/log/{digest}/"
+
+    def topic(self, name: str) -> str:
+        return f"{self.ns}topics/{name}"
+
+    @property
+    def topics(self) -> str:
+        return f"{self.ns}topics/"
+
+    def end(self, topic: str, partition: int) -> str:
+        return f"{self.ns}end/{topic}/{partition}"
+
+    def page(self, topic: str, partition: int, page: int) -> str:
+        return f"{self.ns}index/{topic}/{partition}/{page:010d}/"
+
+    def entry(self, topic: str, partition: int, base: int) -> str:
+        return f"{self.page(topic, partition, base >> PAGE_BITS)}{base:020d}"
+
+    def writer(self, writer: str) -> str:
+        return f"{self.ns}writers/{writer}"
+
+    @staticmethod
+    def wal(writer: str, flush: int) -> str:
+        return f"wal/{int(time.time() * 1000):013d}-{writer}-{flush:08d}"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A partition's first retained offset, next offset, and bytes held."""
+
+    start: int = 0
+    end: int = 0
+    held: int = 0  # bytes
+
+    def encode(self) -> bytes:
+        return json.dumps([self.start, self.end, self.held]).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> Head:
+        start, end, size = json.loads(value)
+        return Head(start, end, size)
+
+
+# -- the storage --------------------------------------------------------------------
+
+
+class _Cache:
+    """Byte ranges of objects, least recently used dropped first (objects never change
+    once written, so nothing is ever stale)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._data: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, store: ObjectStore, obj: str, start: int, stop: int) -> bytes:
+        key = (obj, start, stop)
+        with self._lock:
+            data = self._data.get(key)
+            if data is not None:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return data
+            self.misses += 1
+        data = store.get_range(obj, start, stop)
+        with self._lock:
+            if key not in self._data:
+                self._data[key] = data
+                self._size += len(data)
+            while self._size > self.limit and self._data:
+                _, dropped = self._data.popitem(last=False)
+                self._size -= len(dropped)
+        return data
+
+
+class DisklessLogStorage(LogStorage):
+    """Topics in ``store`` (objects) and ``control`` (offsets, index): see the module
+    doc. Every process that opens the same store with the same control plane sees the
+    same topics and offsets."""
+
+    waits = True
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        control: ControlPlane,
+        *,
+        flush_ms: float = FLUSH_MS,
+        flush_bytes: int = FLUSH_BYTES,
+        cache_bytes: int = CACHE_BYTES,
+        close_control: bool = False,
+    ) -> None:
+        if not 1 <= flush_ms <= 10_000:
+            raise LogValueError(f"flush_ms must be between 1 and 10000, not {flush_ms}")
+        self.url = store.url
+        self.store = store
+        self.control = control
+        self.layout = Layout(store.url)
+        self.flush_ms = flush_ms
+        self.flush_bytes = flush_bytes
+        self._close_control = close_control
+        self._writer = uuid.uuid4().hex[:12]
+        self._flushes = itertools.count()
+        self._pending: list[tuple[Pending, Future[int]]] = []
+        self._pending_bytes = 0
+        self._cond = threading.Condition()
+        self._flusher: threading.Thread | None = None
+        self._closed = False
+        self._configs: dict[str, TopicConfig] = {}
+        self._cache = _Cache(cache_bytes)
+        self.stats = {"objects": 0, "bytes": 0, "flush_ms_total": 0.0, "conflicts": 0}
+
+    # -- topics ------------------------------------------------------------------------
+
+    def create_topic(self, config: TopicConfig) -> None:
+        key = self.layout.topic(config.name)
+        puts = [Put.of(key, json.dumps(config.to_dict()))]
+        puts += [
+            Put.of(self.layout.end(config.name, p), Head().encode())
+            for p in range(config.partitions)
+        ]
+        if not self.control.txn([Compare.version(key) == 0], puts).succeeded:
+            raise TopicExistsError(f"topic '{config.name}' already exists")
+        self._configs[config.name] = config
+
+    def topic_config(self, name: str) -> TopicConfig:
+        kv = self.control.get(self.layout.topic(name))
+        if kv is None:
+            raise TopicNotFoundError(name)
+        config = TopicConfig.from_dict(json.loads(kv.value))
+        self._configs[name] = config
+        return config
+
+    def _config(self, name: str, partition: int | None = None) -> TopicConfig:
+        """The topic's configuration, from this process's copy unless it is missing or
+        does not know ``partition`` (another process may have added partitions)."""
+        config = self._configs.get(name)
+        if config is None or (partition is not None and partition >= config.partitions):
+            config = self.topic_config(name)
+        if partition is not None and not 0 <= partition < config.partitions:
+            raise LogValueError(
+                f"topic '{name}' has partitions 0..{config.partitions - 1}, not {partition}"
+            )
+        return config
+
+    def list_topics(self) -> list[str]:
+        prefix = self.layout.topics
+        return sorted(kv.key.decode()[len(prefix) :] for kv in self.control.get_prefix(prefix))
+
+    def set_partitions(self, name: str, partitions: int) -> TopicConfig:
+        key = self.layout.topic(name)
+        while True:
+            kv = self.control.get(key)
+            if kv is None:
+                raise TopicNotFoundError(name)
+            config = TopicConfig.from_dict(json.loads(kv.value))
+            if partitions < config.partitions:
+                raise LogValueError(
+                    f"topic '{name}' has {config.partitions} partitions; partitions can be "
+                    "added, never removed"
+                )
+            grown = replace(config, partitions=partitions)
+            puts = [Put.of(key, json.dumps(grown.to_dict()))]
+            puts += [
+                Put.of(self.layout.end(name, p), Head().encode())
+                for p in range(config.partitions, partitions)
+            ]
+            if self.control.txn([Compare.mod(key) == kv.mod_revision], puts).succeeded:
+                self._configs[name] = grown
+                return grown
+
+    # -- writes ------------------------------------------------------------------------
+
+    def append(
+        self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
+    ) -> int:
+        if not records:
+            raise LogValueError("cannot append an empty batch")
+        config = self._config(topic, partition)
+        encoded = encode_body(records, typed_values(topic, config, records, typed))
+        stamps = [r.timestamp_ms for r in records]
+        return self._submit(topic, partition, encoded, min(stamps), max(stamps))
+
+    def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
+        if not len(batch):
+            raise LogValueError("cannot append an empty batch")
+        config = self._config(topic, partition)
+        check_column_values(config, batch.values)
+        stamps = batch.timestamps_ms
+        encoded = encode_columns(batch)
+        return self._submit(topic, partition, encoded, int(stamps.min()), int(stamps.max()))
+
+    def _submit(self, topic: str, partition: int, encoded: EncodedBatch, lo: int, hi: int) -> int:
+        pending = Pending(topic, partition, encoded.count, encoded.body, lo, hi)
+        done: Future[int] = Future()
+        with self._cond:
+            if self._closed:
+                raise LogError(f"the log at {self.url} is closed")
+            self._pending.append((pending, done))
+            self._pending_bytes += len(pending.body)
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_loop, name="riverbed-diskless-flush", daemon=True
+                )
+                self._flusher.start()
+            self._cond.notify_all()
+        return done.result()
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if not self._pending:
+                    return  # closed, nothing left
+                # the interval counts from the first waiting append
+                self._cond.wait_for(
+                    lambda: self._closed or self._pending_bytes >= self.flush_bytes,
+                    timeout=self.flush_ms / 1000,
+                )
+                batch, self._pending = self._pending, []
+                self._pending_bytes = 0
+            try:
+                bases = self._flush([p for p, _ in batch])
+            except Exception as exc:  # every waiting append learns why
+                for _, done in batch:
+                    done.set_exception(exc)
+            else:
+                for (_, done), base in zip(batch, bases, strict=True):
+                    done.set_result(base)
+
+    def _flush(self, pending: list[Pending]) -> list[int]:
+        """Write one object for ``pending``, then commit their offsets; their bases."""
+        began = time.monotonic()
+        flush = next(self._flushes)
+        obj = self.layout.wal(self._writer, flush)
+        self.store.put(obj, b"".join(p.body for p in pending))
+        writer_key = self.layout.writer(self._writer)
+        partitions = sorted({(p.topic, p.partition) for p in pending})
+        for _ in range(COMMIT_ATTEMPTS):
+            heads = {}
+            compares = []
+            for tp in partitions:
+                kv = self.control.get(self.layout.end(*tp))
+                if kv is None:
+                    raise TopicNotFoundError(tp[0])
+                heads[tp] = Head.decode(kv.value)
+                compares.append(Compare.mod(self.layout.end(*tp)) == kv.mod_revision)
+            placed = place(pending, {tp: h.end for tp, h in heads.items()}, obj)
+            grown = dict(heads)
+            for topic, partition, entry in placed:
+                h = grown[(topic, partition)]
+                grown[(topic, partition)] = Head(
+                    h.start, entry.end, h.held + entry.stop - entry.start
+                )
+            bases = [entry.base for _, _, entry in placed]
+            puts = [Put.of(self.layout.end(*tp), h.encode()) for tp, h in grown.items()]
+            puts += [Put.of(self.layout.entry(t, p, e.base), e.encode()) for t, p, e in placed]
+            puts.append(Put.of(writer_key, json.dumps([flush, bases])))
+            try:
+                result = self.control.txn(compares, puts)
+            except Exception as exc:
+                if self._committed(writer_key, flush) == bases:
+                    break  # the answer was lost, the commit was not
+                raise DisklessCommitError(
+                    f"could not commit a flush of {len(pending)} batches to the control "
+                    f"plane at {self.control.url}: {exc}; nothing of it was acknowledged"
+                ) from exc
+            if result.succeeded:
+                break
+            self.stats["conflicts"] += 1
+        else:
+            raise DisklessCommitError(
+                f"a flush lost {COMMIT_ATTEMPTS} races for its partitions' offsets; "
+                "nothing of it was acknowledged"
+            )
+        self.stats["objects"] += 1
+        self.stats["bytes"] += sum(len(p.body) for p in pending)
+        self.stats["flush_ms_total"] += (time.monotonic() - began) * 1000
+        return bases
+
+    def _committed(self, writer_key: str, flush: int) -> list[int] | None:
+        """The bases the writer key says flush ``flush`` committed, if it did."""
+        try:
+            kv = self.control.get(writer_key)
+        except Exception:
+            return None
+        if kv is None:
+            return None
+        recorded, bases = json.loads(kv.value)
+        return list(bases) if recorded == flush else None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _head(self, topic: str, partition: int) -> Head:
+        self._config(topic, partition)
+        kv = self.control.get(self.layout.end(topic, partition))
+        if kv is None:
+            raise TopicNotFoundError(topic)
+        return Head.decode(kv.value)
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        head = self._head(topic, partition)
+        return head.start, head.end
+
+    def size(self, topic: str, partition: int) -> int:
+        return self._head(topic, partition).held
+
+    def _page(self, topic: str, partition: int, page: int) -> list[Entry]:
+        prefix = self.layout.page(topic, partition, page)
+        entries = [
+            Entry.decode(int(kv.key.decode()[len(prefix) :]), kv.value)
+            for kv in self.control.get_prefix(prefix)
+        ]
+        return sorted(entries, key=lambda e: e.base)
+
+    def _entries(
+        self, topic: str, partition: int, start: int, end: int, floor: int = 0
+    ) -> Iterator[Entry]:
+        """Index entries holding offsets [start, end), in order, pages read as needed;
+        ``floor`` is the partition's first retained offset (no entry begins before it
+        that a read needs)."""
+        if start >= end:
+            return
+        page = start >> PAGE_BITS
+        entries = self._page(topic, partition, page)
+        earlier = page - 1
+        # the batch holding ``start`` may begin on an earlier page
+        while (not entries or entries[0].base > start) and earlier >= floor >> PAGE_BITS:
+            found = self._page(topic, partition, earlier)
+            if found:
+                entries = found[-1:] + entries
+            earlier = -1 if found else earlier - 1
+        at = start
+        while True:
+            for entry in covering(entries, at, end):
+                yield entry
+                at = entry.end
+            if at >= end:
+                return
+            if at >> PAGE_BITS <= page:  # the entry for ``at`` should have been there
+                raise CorruptLogError(
+                    f"the index of {topic}/{partition} has no entry for offset {at} "
+                    f"(in the control plane at {self.control.url}); was it edited by hand?"
+                )
+            page = at >> PAGE_BITS
+            entries = self._page(topic, partition, page)
+
+    def _batches(
+        self, topic: str, partition: int, start: int, end: int, floor: int
+    ) -> Iterator[StoredBatch]:
+        for entry in self._entries(topic, partition, start, end, floor):
+            try:
+                body = self._cache.get(self.store, entry.obj, entry.start, entry.stop)
+            except ObjectNotFoundError:
+                raise OffsetOutOfRangeError(
+                    f"offsets {entry.base}..{entry.end - 1} of {topic}/{partition} are gone "
+                    "from the bucket (removed by retention while being read); read from "
+                    "the partition's first retained offset"
+                ) from None
+            yield StoredBatch(entry.base, entry.count, body)
+
+    def _range(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
+        head = self._head(topic, partition)
+        if offset < head.start:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {topic}/{partition} was removed by retention "
+                f"(first retained: {head.start})"
+            )
+        return head.start, head.end
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_records: int
+    ) -> list[tuple[int, RawRecord]]:
+        first, end = self._range(topic, partition, offset)
+        end = min(end, offset + max_records)
+        if offset >= end:
+            return []
+        batches = self._batches(topic, partition, offset, end, first)
+        decoded = ((b.base_offset, b.decode()) for b in batches)
+        return rows_from(decoded, offset, max_records)
+
+    def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
+        first, last = self._range(topic, partition, start)
+        end = min(end, last)
+        if start >= end:
+            return Columns.concat(start, [])
+        batches = self._batches(topic, partition, start, end, first)
+        decoded = ((b.base_offset, b.decode()) for b in batches)
+        return columns_from(decoded, start, end)
+
+    def read_stored(
+        self, topic: str, partition: int, start: int, end: int, max_bytes: int
+    ) -> Iterator[StoredBatch]:
+        first, last = self._range(topic, partition, start)
+        size = 0
+        for batch in self._batches(topic, partition, start, min(end, last), first):
+            if size and size + len(batch.body) > max_bytes:
+                return
+            yield batch
+            size += len(batch.body)
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """Exact, reading only the batches whose time range reaches ``timestamp_ms``."""
+        start, end = self.offsets(topic, partition)
+        for entry in self._entries(topic, partition, start, end, start):
+            if entry.max_ts < timestamp_ms:
+                continue
+            columns = self.read_columns(topic, partition, max(entry.base, start), entry.end)
+            hits = np.flatnonzero(columns.timestamps_ms >= timestamp_ms)
+            if len(hits):
+                return int(columns.offsets[hits[0]])
+        return end
+
+    def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(self.offsets(t, p)[1] > o for (t, p), o in positions.items()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, 0.02))
+
+    def enforce_retention(self, topic: str) -> int:
+        return 0
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._flusher is not None:
+            self._flusher.join(30)
+        if self._close_control:
+            self.control.close()
+
+
+__all__ = [
+    "FLUSH_MS",
+    "DisklessCommitError",
+    "DisklessLogStorage",
+    "Entry",
+    "Layout",
+    "Pending",
+    "covering",
+    "place",
+]

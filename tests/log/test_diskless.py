@@ -1,0 +1,264 @@
+"""Diskless topics: group commit, offsets assigned by the control plane, acknowledged
+means in the bucket and in the index — across threads, processes and a SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import riverbed.log
+from riverbed.control import Put, UnavailableError
+from riverbed.control.memory import MemoryControlPlane
+from riverbed.log import Log
+from riverbed.log.diskless import PAGE_BITS, DisklessLogStorage, Entry, Pending, covering, place
+from riverbed.storage.memory import MemoryStore
+
+pending_st = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]), st.integers(0, 2), st.integers(1, 50), st.integers(0, 40)
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@given(
+    pending_st,
+    st.dictionaries(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 2)), st.integers(0, 10**9)
+    ),
+)
+def test_a_flush_places_batches_back_to_back_and_each_partitions_offsets_in_order(
+    batches: list[tuple[str, int, int, int]], known: dict[tuple[str, int], int]
+) -> None:
+    pending = [Pending(t, p, n, b"x" * size, 0, 0) for t, p, n, size in batches]
+    ends = {(t, p): known.get((t, p), 0) for t, p, _, _ in batches}
+    placed = place(pending, ends, "wal/o")
+    assert [(t, p) for t, p, _ in placed] == [(q.topic, q.partition) for q in pending]
+    # the object: every body once, in order, nothing between them
+    at = 0
+    for (_, _, entry), q in zip(placed, pending, strict=True):
+        assert (entry.start, entry.stop, entry.count, entry.obj) == (
+            at,
+            at + len(q.body),
+            q.count,
+            "wal/o",
+        )
+        at = entry.stop
+    # each partition: contiguous from its end, in the order appended
+    for tp, end in ends.items():
+        mine = [e for t, p, e in placed if (t, p) == tp]
+        for entry in mine:
+            assert entry.base == end
+            end = entry.end
+
+
+@given(
+    st.lists(st.integers(1, 100), min_size=1, max_size=40),
+    st.integers(0, 5000),
+    st.integers(0, 5000),
+)
+def test_covering_names_exactly_the_batches_holding_a_range(
+    counts: list[int], a: int, b: int
+) -> None:
+    entries, base = [], 0
+    for n in counts:
+        entries.append(Entry(base, n, "o", 0, 1, 0, 0))
+        base += n
+    start, end = min(a, b), max(a, b)
+    got = covering(entries, start, end)
+    want = {o for o in range(start, min(end, base))}
+    held = {o for e in got for o in range(e.base, e.end)}
+    assert want <= held  # every offset asked for is in a batch named
+    assert all(any(start <= o < end for o in range(e.base, e.end)) for e in got)  # no extra
+
+
+def diskless(store: str, plane: Any, flush_ms: float = 20) -> Log:
+    return Log(DisklessLogStorage(MemoryStore(store), plane, flush_ms=flush_ms))
+
+
+def test_appends_of_many_threads_and_two_writers_share_objects_and_get_unique_offsets() -> None:
+    """Two writers (as two processes would) on one bucket and control plane, eight
+    threads each: every offset once, each thread's records in its order, fewer objects
+    than appends (group commit), and the index agrees with both writers."""
+    name, plane = f"dl-{uuid.uuid4().hex}", MemoryControlPlane()
+    one, two = diskless(name, plane), diskless(name, plane)
+    one.create_topic("t", 3)
+
+    def produce(log: Log, who: str) -> None:
+        producer = log.producer("t")
+        for i in range(25):
+            producer.send({"who": who, "i": i}, key=f"k{i % 3}")
+
+    threads = [
+        threading.Thread(target=produce, args=(log, f"{n}-{k}"))
+        for n, log in ((1, one), (2, two))
+        for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    storage = [one.storage, two.storage]
+    objects = sum(s.stats["objects"] for s in storage)  # type: ignore[attr-defined]
+    assert objects < 400, "every append was its own object: no group commit"
+    assert [o.end for o in one.offsets("t")] == [o.end for o in two.offsets("t")]
+    seen: dict[str, list[int]] = {}
+    total = 0
+    for p in range(3):
+        records = two.read("t", p, 0, 10_000)
+        assert [r.offset for r in records] == list(range(len(records)))
+        total += len(records)
+        for r in records:
+            seen.setdefault(r.value["who"], []).append(r.value["i"])
+    assert total == 400
+    assert all(sorted(v) == list(range(25)) for v in seen.values()) and len(seen) == 16
+    # within one key (one partition) each thread's records keep their order
+    for p in range(3):
+        by_who: dict[str, list[int]] = {}
+        for r in one.read("t", p, 0, 10_000):
+            by_who.setdefault(r.value["who"], []).append(r.value["i"])
+        assert all(v == sorted(v) for v in by_who.values())
+    one.close()
+    two.close()
+
+
+def _writes_a_writer_key(ops: Any) -> bool:
+    """Whether a transaction is a flush's commit (it puts the writer's key)."""
+    return any(isinstance(op, Put) and b"/writers/" in op.key for op in ops)
+
+
+class LosesAnswers(MemoryControlPlane):
+    """A real in-memory control plane whose transactions commit, and then the first
+    ``lose`` answers never arrive (the connection drops after the server applied it)."""
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose = lose
+
+    def txn(self, compare: Any = (), success: Any = (), failure: Any = ()) -> Any:
+        result = super().txn(compare, success, failure)
+        if self.lose and result.succeeded and _writes_a_writer_key(success):
+            self.lose -= 1
+            raise UnavailableError("connection reset after the request was sent")
+        return result
+
+
+def test_a_commit_whose_answer_was_lost_is_acknowledged_once() -> None:
+    plane = LosesAnswers(lose=3)
+    log = diskless(f"dl-{uuid.uuid4().hex}", plane)
+    log.create_topic("t", 1)
+    metas = [log.producer("t").send(i) for i in range(6)]
+    assert [m.offset for m in metas] == list(range(6))
+    assert [r.value for r in log.read("t", 0, 0, 100)] == list(range(6))
+    assert plane.lose == 0
+    log.close()
+
+
+class Unreachable(MemoryControlPlane):
+    def txn(self, compare: Any = (), success: Any = (), failure: Any = ()) -> Any:
+        if _writes_a_writer_key(success):
+            raise UnavailableError("etcd://10.0.0.1:2379 is unreachable")
+        return super().txn(compare, success, failure)
+
+
+def test_an_append_whose_commit_failed_raises_and_leaves_nothing_readable() -> None:
+    log = diskless(f"dl-{uuid.uuid4().hex}", Unreachable())
+    log.create_topic("t", 1)
+    with pytest.raises(riverbed.log.LogError, match="nothing of it was acknowledged"):
+        log.producer("t").send("lost")
+    assert log.offsets("t")[0].end == 0 and log.read("t", 0, 0, 10) == []
+    log.close()
+
+
+def test_reads_cross_index_pages_and_find_a_batch_begun_on_an_earlier_page() -> None:
+    log = diskless(f"dl-{uuid.uuid4().hex}", MemoryControlPlane(), flush_ms=1)
+    log.create_topic("t", 1, serde="bytes")
+    page = 1 << PAGE_BITS
+    producer = log.producer("t")
+    producer.send_batch([b"a"] * (page - 10))
+    producer.send_batch([b"b"] * 40)  # straddles the first page's end
+    producer.send_batch([b"c"] * (page + 5))  # spans a whole page
+    producer.send_batch([b"d"] * 3)
+    total = page - 10 + 40 + page + 5 + 3
+    assert log.offsets("t")[0].end == total
+    # on page 1, inside the batch of b's, which began on page 0
+    got = log.read("t", 0, page + 3, 10)
+    assert [r.value for r in got] == [b"b"] * 10 and got[0].offset == page + 3
+    # on page 2, inside the batch of c's, which began on page 1 and covers it whole
+    got = log.read("t", 0, 2 * page + 3, 40)
+    assert [r.value for r in got] == [b"c"] * 32 + [b"d"] * 3 and got[0].offset == 2 * page + 3
+    columns = log.storage.read_columns("t", 0, page - 12, total)
+    assert len(columns) == total - (page - 12)
+    values = columns.values.to_pylist()
+    assert values[:2] == [b"a", b"a"] and values[2:42] == [b"b"] * 40 and values[-3:] == [b"d"] * 3
+    log.close()
+
+
+PRODUCER = """
+import sys
+import riverbed.log
+log = riverbed.log.open(sys.argv[1], control=sys.argv[2])
+producer = log.producer("t")
+i = 0
+while True:
+    meta = producer.send({"w": sys.argv[3], "i": i}, key=str(i))
+    print(meta.partition, meta.offset, i, flush=True)  # acknowledged
+    i += 1
+"""
+
+
+def test_producers_in_processes_sigkilled_lose_no_acknowledged_record_and_add_no_duplicate(
+    tmp_path: Path, s3_url: str, etcd_server: Any, subprocess_env: dict[str, str]
+) -> None:
+    """Two producer processes on the S3 server and etcd, each SIGKILLed mid-stream and
+    restarted twice: every record a producer was told was written is there, at the
+    offset it was told, and no offset holds two records."""
+    control = f"{etcd_server.url}"
+    log = riverbed.log.open(s3_url, control=control)
+    log.create_topic("t", 3)
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    acked: dict[tuple[int, int], tuple[str, int]] = {}
+    for round_ in range(3):
+        procs = {}
+        for w in ("a", "b"):
+            who = f"{w}{round_}"
+            procs[who] = subprocess.Popen(
+                [sys.executable, str(script), s3_url, control, who],
+                stdout=subprocess.PIPE, env=subprocess_env, text=True,
+            )  # fmt: skip
+        time.sleep(2.5 + round_)
+        for proc in procs.values():
+            os.kill(proc.pid, signal.SIGKILL)
+        for who, proc in procs.items():
+            out, _ = proc.communicate()
+            for line in out.splitlines():
+                parts = line.split()
+                if len(parts) == 3:  # a line cut by the kill was never acknowledged
+                    acked[(int(parts[0]), int(parts[1]))] = (who, int(parts[2]))
+    assert len(acked) > 30, f"the producers acknowledged only {len(acked)} records"
+    stored: dict[tuple[int, int], tuple[str, int]] = {}
+    for p in range(3):
+        records = log.read("t", p, 0, 100_000)
+        assert [r.offset for r in records] == list(range(len(records)))
+        for r in records:
+            stored[(p, r.offset)] = (r.value["w"], r.value["i"])
+    for where, what in acked.items():
+        assert stored.get(where) == what, (
+            f"acknowledged {what} at {where}, stored {stored.get(where)}"
+        )
+    # nothing twice: each (writer, i) once
+    assert len(set(stored.values())) == len(stored)
+    log.close()
