@@ -3,6 +3,7 @@ means in the bucket and in the index — across threads, processes and a SIGKILL
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -21,7 +22,16 @@ import riverbed.log
 from riverbed.control import Put, UnavailableError
 from riverbed.control.memory import MemoryControlPlane
 from riverbed.log import Log
-from riverbed.log.diskless import PAGE_BITS, DisklessLogStorage, Entry, Pending, covering, place
+from riverbed.log.diskless import (
+    PAGE_BITS,
+    REMEMBERED,
+    DisklessLogStorage,
+    Entry,
+    Pending,
+    covering,
+    place,
+    remembered,
+)
 from riverbed.storage.memory import MemoryStore
 
 pending_st = st.lists(
@@ -45,10 +55,11 @@ def test_a_flush_places_batches_back_to_back_and_each_partitions_offsets_in_orde
     pending = [Pending(t, p, n, b"x" * size, 0, 0) for t, p, n, size in batches]
     ends = {(t, p): known.get((t, p), 0) for t, p, _, _ in batches}
     placed = place(pending, ends, "wal/o")
-    assert [(t, p) for t, p, _ in placed] == [(q.topic, q.partition) for q in pending]
+    assert len(placed) == len(pending)
     # the object: every body once, in order, nothing between them
     at = 0
-    for (_, _, entry), q in zip(placed, pending, strict=True):
+    for (entry, base), q in zip(placed, pending, strict=True):
+        assert entry is not None and entry.base == base
         assert (entry.start, entry.stop, entry.count, entry.obj) == (
             at,
             at + len(q.body),
@@ -58,10 +69,49 @@ def test_a_flush_places_batches_back_to_back_and_each_partitions_offsets_in_orde
         at = entry.stop
     # each partition: contiguous from its end, in the order appended
     for tp, end in ends.items():
-        mine = [e for t, p, e in placed if (t, p) == tp]
-        for entry in mine:
-            assert entry.base == end
-            end = entry.end
+        for (entry, _), q in zip(placed, pending, strict=True):
+            if (q.topic, q.partition) == tp:
+                assert entry is not None and entry.base == end
+                end = entry.end
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1), st.sampled_from(["p", "q"]), st.integers(0, 6)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.dictionaries(st.integers(0, 6), st.integers(0, 1000), max_size=4),
+)
+def test_a_retried_batch_gets_the_offsets_of_its_first_append_and_no_new_ones(
+    batches: list[tuple[int, str, int]], committed: dict[int, int]
+) -> None:
+    """(partition, producer, sequence) batches of 2 records, some retried within the
+    flush, some committed by an earlier flush (producer "p" on partition 0)."""
+    pending = [Pending("t", p, 2, b"xy", 0, 0, who, seq) for p, who, seq in batches]
+    seen = {("t", 0, "p"): committed}
+    placed = place(pending, {("t", 0): 5000, ("t", 1): 0}, "wal/o", seen)
+    firsts: dict[tuple[int, str, int], int] = {}
+    ends = {0: 5000, 1: 0}
+    for (entry, base), q in zip(placed, pending, strict=True):
+        ident = (q.partition, q.producer or "", q.sequence)
+        if q.partition == 0 and q.producer == "p" and q.sequence in committed:
+            assert entry is None and base == committed[q.sequence]
+        elif ident in firsts:
+            assert entry is None and base == firsts[ident]
+        else:
+            assert entry is not None and base == entry.base == ends[q.partition]
+            ends[q.partition] += 2
+            firsts[ident] = base
+    # new offsets only for first appends: each partition still contiguous
+    assert sum(e is not None for e, _ in placed) == len(firsts)
+
+
+def test_a_producer_remembers_its_newest_sequences() -> None:
+    known = {q: q * 10 for q in range(60)}
+    got = remembered(known, {60 + q: 1000 + q for q in range(10)})
+    assert len(got) == REMEMBERED and max(got) == 69 and min(got) == 70 - REMEMBERED
+    assert got[69] == 1009 and got[10] == 100
 
 
 @given(
@@ -262,3 +312,66 @@ def test_producers_in_processes_sigkilled_lose_no_acknowledged_record_and_add_no
     # nothing twice: each (writer, i) once
     assert len(set(stored.values())) == len(stored)
     log.close()
+
+
+def _servers(n: int) -> tuple[list[Any], Any, Any]:
+    """``n`` log servers of one diskless log (each with its own storage, as separate
+    machines would have), sharing a bucket and a control plane."""
+    from riverbed.log.server import LogServer
+
+    name, plane = f"dl-{uuid.uuid4().hex}", MemoryControlPlane()
+    servers = [
+        LogServer(DisklessLogStorage(MemoryStore(name), plane, flush_ms=5)) for _ in range(n)
+    ]
+    return servers, name, plane
+
+
+def test_a_batch_retried_on_another_server_is_written_once() -> None:
+    from riverbed.log.flight import FlightLogStorage
+    from riverbed.log.records import RawRecord
+
+    servers, _, _ = _servers(2)
+    try:
+        first = FlightLogStorage(servers[0].url)
+        first.create_topic(riverbed.log.TopicConfig("t", 1))
+        batch = [RawRecord(1000 + i, None, f"v{i}".encode()) for i in range(3)]
+        assert first.append("t", 0, batch) == 0
+        assert first.append("t", 0, batch) == 3  # a new sequence: a new batch
+        # the same client's answer lost: it retries its last sequence on another server
+        other = FlightLogStorage(servers[1].url)
+        other._producer, other._sequences = first._producer, itertools.count(1)
+        assert other.append("t", 0, batch) == 3
+        assert other.offsets("t", 0) == (0, 6)
+        assert [v for _, v in ((o, r.value) for o, r in other.read("t", 0, 0, 10))] == [
+            b"v0", b"v1", b"v2"] * 2  # fmt: skip
+    finally:
+        for server in servers:
+            server.shutdown()
+
+
+def test_a_client_of_three_servers_carries_on_while_two_are_down() -> None:
+    servers, _, _ = _servers(3)
+    url = "flight://" + ",".join(s.url.removeprefix("flight://") for s in servers)
+    log = riverbed.log.open(url)
+    try:
+        assert log.storage.url == url
+        log.create_topic("t", 2)
+        producer = log.producer("t")
+        for i in range(10):
+            producer.send(i, key=str(i))
+        servers[0].shutdown()
+        for i in range(10, 20):
+            producer.send(i, key=str(i))
+        servers[1].shutdown()
+        for i in range(20, 30):
+            producer.send(i, key=str(i))
+        values = sorted(r.value for p in range(2) for r in log.read("t", p, 0, 100))
+        assert values == list(range(30))
+    finally:
+        log.close()
+        servers[2].shutdown()
+
+
+def test_a_server_list_with_a_bad_entry_is_named() -> None:
+    with pytest.raises(riverbed.log.LogError, match="bad port in 'b:x'"):
+        riverbed.log.open("flight://a:1,b:x")

@@ -213,6 +213,7 @@ def check_column_values(config: TopicConfig, values: pa.Array) -> None:
 class LogStorage(ABC):
     url: str
     waits = False  # whether wait() blocks until an append (else callers poll)
+    idempotent = False  # whether append_once() recognises a client's retried batch
 
     @abstractmethod
     def create_topic(self, config: TopicConfig) -> None: ...
@@ -253,6 +254,18 @@ class LogStorage(ABC):
         ]
         return self.append(
             topic, partition, records, pa.RecordBatch.from_struct_array(batch.values)
+        )
+
+    def append_once(
+        self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
+    ) -> int:
+        """:meth:`append_columns`, where a batch this ``producer`` appended before under
+        the same ``sequence`` is not written again: its first offset is returned again
+        (what lets a client retry an append whose answer it never got, on any server).
+        Only storages whose ``idempotent`` is true."""
+        raise LogValueError(
+            f"{self.url} cannot recognise a retried batch; only diskless topics "
+            "(s3://bucket/prefix) can"
         )
 
     @abstractmethod

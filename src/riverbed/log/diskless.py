@@ -95,6 +95,8 @@ class Pending:
     body: bytes
     min_ts: int
     max_ts: int
+    producer: str | None = None  # with ``sequence``: a client's retry is recognised
+    sequence: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,25 +127,52 @@ class Entry:
         return Entry(base, count, obj, start, stop, min_ts, max_ts)
 
 
+Seen = Mapping[tuple[str, int, str], Mapping[int, int]]  # (topic, partition, producer) → seq → base
+REMEMBERED = 64  # sequences remembered per producer and partition (a client's retries)
+
+
 def place(
-    pending: Sequence[Pending], ends: Mapping[tuple[str, int], int], obj: str
-) -> list[tuple[str, int, Entry]]:
-    """Where each pending batch goes: its byte range in the flush's object (in the
-    order given, back to back) and its base offset (each partition's batches in the
-    order given, from that partition's current end); as (topic, partition, entry)."""
+    pending: Sequence[Pending],
+    ends: Mapping[tuple[str, int], int],
+    obj: str,
+    seen: Seen | None = None,
+) -> list[tuple[Entry | None, int]]:
+    """Where each pending batch goes, as (entry, base offset), in the order given: its
+    byte range in the flush's object (back to back) and its base offset (each
+    partition's batches in order, from that partition's current end). A batch whose
+    (producer, sequence) ``seen`` already records for its partition — or that an earlier
+    batch of this flush carries — is a client's retry: no entry, and the base it got
+    the first time."""
+    seen = seen or {}
     next_offset = dict(ends)
-    placed = []
+    firsts: dict[tuple[str, int, str, int], int] = {}
+    placed: list[tuple[Entry | None, int]] = []
     at = 0
     for p in pending:
+        stop = at + len(p.body)
         tp = (p.topic, p.partition)
+        if p.producer is not None:
+            retry = seen.get((*tp, p.producer), {}).get(p.sequence)
+            if retry is None:
+                retry = firsts.get((*tp, p.producer, p.sequence))
+            if retry is not None:
+                placed.append((None, retry))
+                at = stop
+                continue
         base = next_offset[tp]
         next_offset[tp] = base + p.count
-        stop = at + len(p.body)
-        placed.append(
-            (p.topic, p.partition, Entry(base, p.count, obj, at, stop, p.min_ts, p.max_ts))
-        )
+        if p.producer is not None:
+            firsts[(*tp, p.producer, p.sequence)] = base
+        placed.append((Entry(base, p.count, obj, at, stop, p.min_ts, p.max_ts), base))
         at = stop
     return placed
+
+
+def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, int]:
+    """A producer's sequence → base record after a flush: the newest
+    :data:`REMEMBERED` sequences of both."""
+    merged = {**known, **new}
+    return {q: merged[q] for q in sorted(merged)[-REMEMBERED:]}
 
 
 def covering(entries: Sequence[Entry], start: int, end: int) -> list[Entry]:
@@ -180,6 +209,9 @@ class Layout:
 
     def entry(self, topic: str, partition: int, base: int) -> str:
         return f"{self.page(topic, partition, base >> PAGE_BITS)}{base:020d}"
+
+    def producer(self, topic: str, partition: int, producer: str) -> str:
+        return f"{self.ns}producers/{topic}/{partition}/{producer}"
 
     def writer(self, writer: str) -> str:
         return f"{self.ns}writers/{writer}"
@@ -246,6 +278,7 @@ class DisklessLogStorage(LogStorage):
     same topics and offsets."""
 
     waits = True
+    idempotent = True
 
     def __init__(
         self,
@@ -357,8 +390,31 @@ class DisklessLogStorage(LogStorage):
         encoded = encode_columns(batch)
         return self._submit(topic, partition, encoded, int(stamps.min()), int(stamps.max()))
 
-    def _submit(self, topic: str, partition: int, encoded: EncodedBatch, lo: int, hi: int) -> int:
-        pending = Pending(topic, partition, encoded.count, encoded.body, lo, hi)
+    def append_once(
+        self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
+    ) -> int:
+        if not len(batch):
+            raise LogValueError("cannot append an empty batch")
+        if not producer or len(producer) > 64 or "/" in producer:
+            raise LogValueError(f"a producer id is 1-64 characters without '/', not {producer!r}")
+        config = self._config(topic, partition)
+        check_column_values(config, batch.values)
+        stamps = batch.timestamps_ms
+        encoded = encode_columns(batch)
+        lo, hi = int(stamps.min()), int(stamps.max())
+        return self._submit(topic, partition, encoded, lo, hi, producer, sequence)
+
+    def _submit(
+        self,
+        topic: str,
+        partition: int,
+        encoded: EncodedBatch,
+        lo: int,
+        hi: int,
+        producer: str | None = None,
+        sequence: int = 0,
+    ) -> int:
+        pending = Pending(topic, partition, encoded.count, encoded.body, lo, hi, producer, sequence)
         done: Future[int] = Future()
         with self._cond:
             if self._closed:
@@ -403,25 +459,45 @@ class DisklessLogStorage(LogStorage):
         self.store.put(obj, b"".join(p.body for p in pending))
         writer_key = self.layout.writer(self._writer)
         partitions = sorted({(p.topic, p.partition) for p in pending})
+        producers = sorted({(p.topic, p.partition, p.producer) for p in pending if p.producer})
         for _ in range(COMMIT_ATTEMPTS):
-            heads = {}
+            heads: dict[tuple[str, int], Head] = {}
             compares = []
             for tp in partitions:
-                kv = self.control.get(self.layout.end(*tp))
+                key = self.layout.end(*tp)
+                kv = self.control.get(key)
                 if kv is None:
                     raise TopicNotFoundError(tp[0])
                 heads[tp] = Head.decode(kv.value)
-                compares.append(Compare.mod(self.layout.end(*tp)) == kv.mod_revision)
-            placed = place(pending, {tp: h.end for tp, h in heads.items()}, obj)
+                compares.append(Compare.mod(key) == kv.mod_revision)
+            seen: dict[tuple[str, int, str], dict[int, int]] = {}
+            for t, part, producer in producers:
+                key = self.layout.producer(t, part, producer)
+                kv = self.control.get(key)
+                record = {} if kv is None else json.loads(kv.value)
+                seen[(t, part, producer)] = {int(q): int(b) for q, b in record.items()}
+                compares.append(Compare.mod(key) == (0 if kv is None else kv.mod_revision))
+            placed = place(pending, {tp: h.end for tp, h in heads.items()}, obj, seen)
             grown = dict(heads)
-            for topic, partition, entry in placed:
-                h = grown[(topic, partition)]
-                grown[(topic, partition)] = Head(
+            puts = []
+            new: dict[tuple[str, int, str], dict[int, int]] = {}
+            for p, (entry, _) in zip(pending, placed, strict=True):
+                if entry is None:
+                    continue  # a retry of a batch committed before
+                h = grown[(p.topic, p.partition)]
+                grown[(p.topic, p.partition)] = Head(
                     h.start, entry.end, h.held + entry.stop - entry.start
                 )
-            bases = [entry.base for _, _, entry in placed]
-            puts = [Put.of(self.layout.end(*tp), h.encode()) for tp, h in grown.items()]
-            puts += [Put.of(self.layout.entry(t, p, e.base), e.encode()) for t, p, e in placed]
+                puts.append(
+                    Put.of(self.layout.entry(p.topic, p.partition, entry.base), entry.encode())
+                )
+                if p.producer is not None:
+                    new.setdefault((p.topic, p.partition, p.producer), {})[p.sequence] = entry.base
+            bases = [base for _, base in placed]
+            puts += [Put.of(self.layout.end(*tp), h.encode()) for tp, h in grown.items()]
+            for (t, part, producer), fresh in new.items():
+                record = remembered(seen[(t, part, producer)], fresh)
+                puts.append(Put.of(self.layout.producer(t, part, producer), json.dumps(record)))
             puts.append(Put.of(writer_key, json.dumps([flush, bases])))
             try:
                 result = self.control.txn(compares, puts)

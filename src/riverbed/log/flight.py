@@ -5,11 +5,17 @@ Spark source work unchanged.
 
 URL options: ``flight+tls://`` for TLS (``?ca=/path/ca.pem`` to trust a private CA);
 ``?token=…`` (or ``RIVERBED_LOG_TOKEN``); ``?reconnect=30`` seconds to keep retrying a
-server that is down (default 30).
+server that is down (default 30). Servers of diskless topics (``riverbed log serve
+--store s3://…``) are interchangeable: ``flight://host1:8815,host2:8815,host3:8815``
+names several, and a call that cannot reach one goes to the next.
 
-Failures: reads and metadata calls are retried until the server is back (they change
-nothing). An append is retried only when the server could not be reached at all; when
-the connection breaks after the batch was sent, the append raises
+Failures: reads and metadata calls are retried until a server is back (they change
+nothing). An append carries this client's producer id and a sequence number; servers of
+diskless topics recognise a retried one (:meth:`~riverbed.log.LogStorage.append_once`),
+so an append whose connection broke after the batch was sent is retried — on the next
+server of the list — and written once. Other servers cannot, so there an append is
+retried only when the server could not be reached at all; when the connection breaks
+after the batch was sent, the append raises
 :class:`~riverbed.log.wire.ProduceOutcomeUnknownError` — it is never retried into a
 duplicate.
 """
@@ -17,9 +23,11 @@ duplicate.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,14 +85,15 @@ class FlightLogStorage(LogStorage):
         parts = urlsplit(url)
         if parts.scheme not in SCHEMES:
             raise LogError(f"not a log server URL: {url!r}; e.g. flight://host:8815")
-        if not parts.hostname:
-            raise LogError(f"log server URL {url!r} has no host; e.g. flight://host:8815")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         grpc = "grpc+tls" if parts.scheme == "flight+tls" else "grpc+tcp"
-        host = url_host(parts.hostname)
-        self._location = f"{grpc}://{host}:{parts.port or DEFAULT_PORT}"
+        servers = [_server(item, url) for item in parts.netloc.split(",")]
+        # any server of a list serves the same diskless topics: calls go to one, and
+        # move on to the next when it cannot be reached
+        self._locations = [f"{grpc}://{server}" for server in servers]
+        self._current = 0
         # the URL others see: without the token
-        self.url = f"{parts.scheme}://{host}:{parts.port or DEFAULT_PORT}"
+        self.url = f"{parts.scheme}://{','.join(servers)}"
         token = query.get("token") or os.environ.get("RIVERBED_LOG_TOKEN")
         self._ca = Path(query["ca"]).read_bytes() if "ca" in query else None
         try:
@@ -98,6 +107,11 @@ class FlightLogStorage(LogStorage):
         self._lock = threading.Lock()
         self._client: flight.FlightClient | None = None
         self._configs: dict[str, tuple[float, TopicConfig]] = {}
+        # a retried append carries the same (producer, sequence): a server of diskless
+        # topics writes it once (LogStorage.append_once), whichever server gets it
+        self._producer = uuid.uuid4().hex[:16]
+        self._sequences = itertools.count()
+        self._idempotent: bool | None = None
 
     # -- the connection -----------------------------------------------------------------
     def _connected(self) -> flight.FlightClient:
@@ -106,15 +120,16 @@ class FlightLogStorage(LogStorage):
                 kwargs: dict[str, Any] = {}
                 if self._ca is not None:
                     kwargs["tls_root_certs"] = self._ca
-                self._client = flight.connect(self._location, **kwargs)
+                self._client = flight.connect(self._locations[self._current], **kwargs)
             return self._client
 
     def _drop(self, client: flight.FlightClient) -> None:
         """Forget a connection that failed, so the next call dials afresh (gRPC's own
-        reconnect backs off for up to two minutes)."""
+        reconnect backs off for up to two minutes) — the next server of a list."""
         with self._lock:
             if self._client is client:
                 self._client = None
+                self._current = (self._current + 1) % len(self._locations)
         with contextlib.suppress(Exception):  # closing a broken connection may fail too
             client.close()
 
@@ -124,7 +139,7 @@ class FlightLogStorage(LogStorage):
     def _call(self, fn: Callable[[flight.FlightClient], T], *, idempotent: bool = True) -> T:
         deadline = time.monotonic() + self._reconnect_s
         delay = 0.05
-        while True:
+        for attempt in itertools.count(1):
             client = self._connected()
             try:
                 return fn(client)
@@ -147,8 +162,10 @@ class FlightLogStorage(LogStorage):
                         f"(tried for {self._reconnect_s:g} s): {_first_line(exc)}; is "
                         "`riverbed log serve` running there?"
                     ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                if attempt % len(self._locations) == 0:  # every server tried: back off
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _act(self, kind: str, request: dict[str, Any] | None = None, timeout: float = 60) -> Any:
         body = encode(request or {})
@@ -205,9 +222,12 @@ class FlightLogStorage(LogStorage):
         config = self.topic_config(topic)
         typed = typed_values(topic, config, records, typed)  # checked here, not after a trip
         batch = records_batch(records, typed)
-        descriptor = flight.FlightDescriptor.for_command(
-            encode({"op": "append", "topic": topic, "partition": partition})
-        )
+        request: dict[str, Any] = {"op": "append", "topic": topic, "partition": partition}
+        if self._idempotent is None:
+            self._idempotent = bool(self.hello().get("idempotent"))
+        if self._idempotent:
+            request |= {"producer": self._producer, "sequence": next(self._sequences)}
+        descriptor = flight.FlightDescriptor.for_command(encode(request))
 
         def run(client: flight.FlightClient) -> int:
             writer, acks = client.do_put(descriptor, batch.schema, self._options(60))
@@ -224,7 +244,7 @@ class FlightLogStorage(LogStorage):
             base: int = decode(ack.to_pybytes(), "an acknowledgement")["base"]
             return base
 
-        return self._call(run, idempotent=False)
+        return self._call(run, idempotent=self._idempotent)
 
     def read(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float = 0
@@ -337,6 +357,18 @@ class FlightLogStorage(LogStorage):
             client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+def _server(item: str, url: str) -> str:
+    """``host:port`` of one server of a ``flight://`` URL (the default port if none)."""
+    parts = urlsplit(f"//{item}")
+    try:
+        port = parts.port or DEFAULT_PORT
+    except ValueError:
+        raise LogError(f"log server URL {url!r} has a bad port in {item!r}") from None
+    if not parts.hostname:
+        raise LogError(f"log server URL {url!r} has no host; e.g. flight://host:8815")
+    return f"{url_host(parts.hostname)}:{port}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -226,7 +226,15 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             for chunk in reader:
                 batch = chunk.data
                 self._check_put(config, batch)
-                base = self.storage.append_columns(topic, partition, batch_columns(batch))
+                columns = batch_columns(batch)
+                if request.get("producer") is not None and self.storage.idempotent:
+                    # a client's retry of this sequence, here or on another server,
+                    # gets the offsets of the first append instead of a second copy
+                    producer, sequence = str(request["producer"]), int(request["sequence"])
+                    base = self.storage.append_once(topic, partition, columns, producer, sequence)
+                    request["sequence"] = sequence + 1  # a stream's next batch
+                else:
+                    base = self.storage.append_columns(topic, partition, columns)
                 self._appended(topic, partition, base + batch.num_rows)
                 writer.write(pa.py_buffer(encode({"base": base, "count": batch.num_rows})))
 
@@ -308,7 +316,12 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
     def _act(self, kind: str, r: dict[str, Any]) -> Any:
         s = self.storage
         if kind == "hello":
-            return {"protocol": PROTOCOL, "storage": s.url, "max_batch_bytes": self.max_batch_bytes}
+            return {
+                "protocol": PROTOCOL,
+                "storage": s.url,
+                "max_batch_bytes": self.max_batch_bytes,
+                "idempotent": s.idempotent,
+            }
         if kind == "create_topic":
             config = TopicConfig.from_dict(r["config"])
             s.create_topic(config)
