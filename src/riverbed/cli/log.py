@@ -168,7 +168,18 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument(
         "--log",
-        help="the log to serve: file:///path (default: RIVERBED_LOG, else RIVERBED_HOME/log)",
+        "--store",
+        dest="log",
+        help="the log to serve: file:///path, or s3://bucket/prefix — diskless topics, "
+        "their offsets in the control plane (RIVERBED_CONTROL): any number of servers "
+        "can serve them at once (default: RIVERBED_LOG, else RIVERBED_HOME/log)",
+    )
+    c.add_argument(
+        "--flush-ms",
+        type=float,
+        default=None,
+        help="diskless topics: how long appends wait to share one object (default 50; "
+        "lower: faster acknowledgements, more PUTs)",
     )
     c.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     c.add_argument("--port", type=int, default=8815, help="port (default 8815; 0: any free)")
@@ -193,8 +204,10 @@ def _log_serve(args: argparse.Namespace) -> int:
 
     url = args.log or load_config().log_url
     if urlsplit(url).scheme in SCHEMES:
-        raise LogError(f"{url} is a log server already; serve a file:///path log")
-    log = riverbed.log.open(url)
+        raise LogError(
+            f"{url} is a log server already; serve a file:///path log or s3://bucket/prefix"
+        )
+    log = riverbed.log.open(url, flush_ms=args.flush_ms)
     token = args.token or os.environ.get("RIVERBED_LOG_TOKEN")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise LogError("TLS needs both --tls-cert and --tls-key")

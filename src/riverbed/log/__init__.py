@@ -48,12 +48,15 @@ __all__ = [
 ]
 
 
-def open(url: str | Path, *, control: str | None = None) -> Log:
+def open(url: str | Path, *, control: str | None = None, flush_ms: float | None = None) -> Log:
     """``file:///path`` (or a plain path), ``memory://``, ``flight://host:port`` — a
     log server (``riverbed log serve``) on this or another machine — or
     ``s3://bucket/prefix``: diskless topics (:mod:`riverbed.log.diskless`), their
     records in the bucket and their offsets in the control plane at ``control``
-    (default: riverbed's configured one, ``RIVERBED_CONTROL``)."""
+    (default: riverbed's configured one, ``RIVERBED_CONTROL``), appends sharing an object
+    per ``flush_ms`` (default 50)."""
+    if flush_ms is not None and not str(url).startswith("s3://"):
+        raise LogError(f"flush_ms is a setting of diskless topics (s3://), not of {url!r}")
     if isinstance(url, Path):
         from riverbed.log.file import FileLogStorage
 
@@ -71,7 +74,7 @@ def open(url: str | Path, *, control: str | None = None) -> Log:
 
         return Log(FileLogStorage(Path(path).resolve()))
     if parts.scheme == "s3":
-        return Log(_diskless(str(url), control))
+        return Log(_diskless(str(url), control, flush_ms))
     from riverbed.log.wire import SCHEMES
 
     if parts.scheme in SCHEMES:
@@ -84,11 +87,14 @@ def open(url: str | Path, *, control: str | None = None) -> Log:
     )
 
 
-def _diskless(url: str, control: str | None) -> LogStorage:
+def _diskless(url: str, control: str | None, flush_ms: float | None) -> LogStorage:
     from riverbed.config import load_config
     from riverbed.control import connect
-    from riverbed.log.diskless import DisklessLogStorage
+    from riverbed.log.diskless import FLUSH_MS, DisklessLogStorage
     from riverbed.storage import open_store
 
+    store = open_store(url)  # checks the bucket's URL before a control plane is dialled
     plane = connect(control or load_config().control_url)
-    return DisklessLogStorage(open_store(url), plane, close_control=True)
+    return DisklessLogStorage(
+        store, plane, flush_ms=FLUSH_MS if flush_ms is None else flush_ms, close_control=True
+    )
