@@ -189,6 +189,16 @@ def _writes_a_writer_key(ops: Any) -> bool:
     return any(isinstance(op, Put) and b"/writers/" in op.key for op in ops)
 
 
+def test_a_batch_over_many_partitions_is_one_object_and_one_commit() -> None:
+    log = diskless(f"dl-{uuid.uuid4().hex}", MemoryControlPlane(), flush_ms=20)
+    log.create_topic("t", 6, partitioner="round-robin")
+    metas = log.producer("t").send_batch([{"i": i} for i in range(600)])
+    assert sorted({m.partition for m in metas}) == list(range(6))
+    assert log.storage.stats["objects"] == 1  # type: ignore[attr-defined]
+    assert [o.end for o in log.offsets("t")] == [100] * 6
+    log.close()
+
+
 class LosesAnswers(MemoryControlPlane):
     """A real in-memory control plane whose transactions commit, and then the first
     ``lose`` answers never arrive (the connection drops after the server applied it)."""

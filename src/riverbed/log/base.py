@@ -256,6 +256,15 @@ class LogStorage(ABC):
             topic, partition, records, pa.RecordBatch.from_struct_array(batch.values)
         )
 
+    def append_parts(
+        self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
+    ) -> list[int]:
+        """:meth:`append` of a batch for each of several partitions — (partition,
+        records, typed) — returning each one's base offset; each batch is atomic, not
+        the whole call. Storages that commit many batches at once (diskless topics: one
+        object and one transaction per flush) take them together."""
+        return [self.append(topic, p, records, typed) for p, records, typed in parts]
+
     def append_once(
         self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
     ) -> int:

@@ -374,12 +374,22 @@ class DisklessLogStorage(LogStorage):
     def append(
         self, topic: str, partition: int, records: Sequence[RawRecord], typed: Any = None
     ) -> int:
-        if not records:
-            raise LogValueError("cannot append an empty batch")
-        config = self._config(topic, partition)
-        encoded = encode_body(records, typed_values(topic, config, records, typed))
-        stamps = [r.timestamp_ms for r in records]
-        return self._submit(topic, partition, encoded, min(stamps), max(stamps))
+        return self.append_parts(topic, [(partition, records, typed)])[0]
+
+    def append_parts(
+        self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
+    ) -> list[int]:
+        """Every part waits for the same flush: one object, one transaction."""
+        waiting = []
+        for partition, records, typed in parts:
+            if not records:
+                raise LogValueError("cannot append an empty batch")
+            config = self._config(topic, partition)
+            encoded = encode_body(records, typed_values(topic, config, records, typed))
+            stamps = [r.timestamp_ms for r in records]
+            waiting.append((topic, partition, encoded, min(stamps), max(stamps)))
+        futures = [self._enqueue(*w) for w in waiting]
+        return [f.result() for f in futures]
 
     def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
         if not len(batch):
@@ -414,6 +424,19 @@ class DisklessLogStorage(LogStorage):
         producer: str | None = None,
         sequence: int = 0,
     ) -> int:
+        """Queue a batch for the next flush and wait for its base offset."""
+        return self._enqueue(topic, partition, encoded, lo, hi, producer, sequence).result()
+
+    def _enqueue(
+        self,
+        topic: str,
+        partition: int,
+        encoded: EncodedBatch,
+        lo: int,
+        hi: int,
+        producer: str | None = None,
+        sequence: int = 0,
+    ) -> Future[int]:
         pending = Pending(topic, partition, encoded.count, encoded.body, lo, hi, producer, sequence)
         done: Future[int] = Future()
         with self._cond:
@@ -427,7 +450,7 @@ class DisklessLogStorage(LogStorage):
                 )
                 self._flusher.start()
             self._cond.notify_all()
-        return done.result()
+        return done
 
     def _flush_loop(self) -> None:
         while True:

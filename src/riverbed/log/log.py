@@ -300,12 +300,14 @@ class Producer:
         for i, (p, _) in enumerate(items):
             by_partition.setdefault(p, []).append(i)
         out: list[RecordMetadata | None] = [None] * len(items)
+        parts = []
         for p, indexes in by_partition.items():
             part = None
             if typed is not None:
                 part = typed if len(by_partition) == 1 else typed.take(indexes)
-            records = [items[i][1] for i in indexes]
-            base = self.log.storage.append(self.topic, p, records, part)
+            parts.append((p, [items[i][1] for i in indexes], part))
+        bases = self.log.storage.append_parts(self.topic, parts)
+        for (p, indexes), base in zip(by_partition.items(), bases, strict=True):
             for n, i in enumerate(indexes):
                 out[i] = RecordMetadata(self.topic, p, base + n)
         return [m for m in out if m is not None]
