@@ -385,3 +385,14 @@ def test_a_client_of_three_servers_carries_on_while_two_are_down() -> None:
 def test_a_server_list_with_a_bad_entry_is_named() -> None:
     with pytest.raises(riverbed.log.LogError, match="bad port in 'b:x'"):
         riverbed.log.open("flight://a:1,b:x")
+
+
+def test_a_missing_bucket_is_named_when_the_topic_is_created(s3_url: str, etcd_server: Any) -> None:
+    from riverbed.storage import StorageAccessError
+
+    bucket = s3_url.removeprefix("s3://").split("/")[0]
+    log = riverbed.log.open(s3_url.replace(bucket, "no-such-bucket", 1), control=etcd_server.url)
+    with pytest.raises(StorageAccessError, match="bucket 'no-such-bucket' does not exist"):
+        log.create_topic("t", 1)
+    assert log.topics() == []  # nothing half-made in the control plane
+    log.close()

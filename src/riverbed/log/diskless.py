@@ -313,6 +313,9 @@ class DisklessLogStorage(LogStorage):
     # -- topics ------------------------------------------------------------------------
 
     def create_topic(self, config: TopicConfig) -> None:
+        # a missing bucket or bad credentials: said now, not at the first append (a
+        # LIST of an empty prefix: a HEAD's 404 does not tell a missing bucket apart)
+        self.store.list(f"topics/{config.name}/")
         key = self.layout.topic(config.name)
         puts = [Put.of(key, json.dumps(config.to_dict()))]
         puts += [
