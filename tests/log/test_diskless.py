@@ -29,8 +29,10 @@ from riverbed.log.diskless import (
     Entry,
     Pending,
     covering,
+    expired,
     place,
     remembered,
+    unreferenced,
 )
 from riverbed.storage.memory import MemoryStore
 
@@ -395,4 +397,71 @@ def test_a_missing_bucket_is_named_when_the_topic_is_created(s3_url: str, etcd_s
     with pytest.raises(StorageAccessError, match="bucket 'no-such-bucket' does not exist"):
         log.create_topic("t", 1)
     assert log.topics() == []  # nothing half-made in the control plane
+    log.close()
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 50), st.integers(1, 500), st.integers(0, 10_000)),
+        min_size=0,
+        max_size=20,
+    ),
+    st.integers(0, 10_000),
+    st.one_of(st.none(), st.integers(0, 5_000)),
+    st.one_of(st.none(), st.integers(0, 5_000)),
+)
+def test_retention_drops_only_a_prefix_and_exactly_what_is_over_its_limits(
+    batches: list[tuple[int, int, int]], now: int, keep_ms: int | None, keep_bytes: int | None
+) -> None:
+    entries, base, at = [], 0, 0
+    for count, size, max_ts in batches:
+        entries.append(Entry(base, count, "o", at, at + size, 0, max_ts))
+        base, at = base + count, at + size
+    held = at
+    gone = expired(entries, held, now, keep_ms, keep_bytes)
+    assert gone == entries[: len(gone)]  # the oldest ones, in order
+    left = held - sum(e.stop - e.start for e in gone)
+    if len(gone) < len(entries):  # it stopped at the first batch within both limits
+        first = entries[len(gone)]
+        assert keep_ms is None or first.max_ts >= now - keep_ms
+        assert keep_bytes is None or left <= keep_bytes
+    for i, e in enumerate(gone):  # each dropped one was over a limit when dropped
+        before = held - sum(x.stop - x.start for x in gone[:i])
+        assert (keep_ms is not None and e.max_ts < now - keep_ms) or (
+            keep_bytes is not None and before > keep_bytes
+        )
+
+
+def test_only_old_objects_no_entry_names_are_collected() -> None:
+    objects = {"wal/a": 0.0, "wal/b": 0.0, "wal/c": 95.0, "wal/d": 10.0}
+    assert unreferenced(objects, {"wal/b"}, now_s=100.0, grace_s=60.0) == ["wal/a", "wal/d"]
+
+
+def test_retention_moves_the_first_offset_and_garbage_collection_deletes_dropped_objects() -> None:
+    name = f"dl-{uuid.uuid4().hex}"
+    log = diskless(name, MemoryControlPlane(), flush_ms=1)
+    store = MemoryStore(name)
+    log.create_topic("t", 2, retention_bytes=3000)
+    producer = log.producer("t")
+    for i in range(20):  # one object per call: 20 objects, ~600 bytes per partition each
+        producer.send_batch([{"i": i, "pad": "x" * 50} for _ in range(10)], key_field=None)
+    sizes = [log.storage.size("t", p) for p in range(2)]
+    assert all(size > 3000 for size in sizes)
+    dropped = log.storage.enforce_retention("t")
+    assert dropped > 0
+    for p in range(2):
+        start, end = log.storage.offsets("t", p)
+        assert start > 0 and log.storage.size("t", p) <= 3000
+        with pytest.raises(riverbed.log.OffsetOutOfRangeError, match="removed by retention"):
+            log.read("t", p, 0, 10)
+        assert [r.offset for r in log.read("t", p, start, 1000)] == list(range(start, end))
+    before = len(store.list("wal/"))
+    assert log.storage.collect_garbage(grace_s=3600) == 0  # too young to go
+    assert log.storage.collect_garbage(grace_s=0) > 0
+    after = len(store.list("wal/"))
+    assert 0 < after < before
+    for p in range(2):  # everything still retained is still readable
+        start, end = log.storage.offsets("t", p)
+        assert len(log.read("t", p, start, 1000)) == end - start
+    assert log.storage.enforce_retention("t") == 0  # nothing more over the limit
     log.close()

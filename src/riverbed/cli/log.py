@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the log's modules load numpy and pyarrow: only commands tha
     from riverbed.control import ControlPlane
     from riverbed.log import Log, Record
     from riverbed.log.base import Damage, PartitionReport
+    from riverbed.log.diskless import DisklessLogStorage
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -225,6 +226,15 @@ def _log_serve(args: argparse.Namespace) -> int:
     keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from riverbed.log.diskless import DisklessLogStorage
+
+    if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
+        threading.Thread(
+            target=_maintain,
+            args=(log, log.storage, stop),
+            name="riverbed-log-maintenance",
+            daemon=True,
+        ).start()
     guard = "token required" if token else "loopback only, no token"
     out.print(f"serving {log.url} at {server.url} ({guard}{', TLS' if tls else ''})")
     sys.stdout.flush()
@@ -236,6 +246,24 @@ def _log_serve(args: argparse.Namespace) -> int:
     server.shutdown()
     log.close()
     return 0
+
+
+MAINTAIN_EVERY_S = 60.0
+
+
+def _maintain(log: Log, storage: DisklessLogStorage, stop: threading.Event) -> None:
+    """Every minute: retention of every diskless topic, then the objects no partition
+    refers to any more (an hour after they were written). Several servers doing it at
+    once is safe (both are compare-and-set or idempotent), only redundant."""
+    import logging
+
+    while not stop.wait(MAINTAIN_EVERY_S):
+        try:
+            for topic in log.topics():
+                storage.enforce_retention(topic)
+            storage.collect_garbage()
+        except Exception as exc:  # the next round tries again; serving goes on
+            logging.getLogger("riverbed.log").warning("log maintenance failed: %s", exc)
 
 
 def _log(args: argparse.Namespace) -> Log:

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from riverbed.control import Compare, ControlPlane, Put
+from riverbed.control import Compare, ControlPlane, Delete, Put
 from riverbed.log.base import (
     LogStorage,
     TopicConfig,
@@ -168,6 +168,36 @@ def place(
     return placed
 
 
+def expired(
+    entries: Sequence[Entry],
+    held: int,
+    now_ms: int,
+    retention_ms: int | None,
+    retention_bytes: int | None,
+) -> list[Entry]:
+    """The oldest entries of a partition (``entries``: from its first retained offset, in
+    order; ``held``: the bytes it holds) that retention removes: while the oldest one's
+    newest record is older than ``retention_ms`` or the partition holds more than
+    ``retention_bytes``. Never one out of order: the first kept stops it."""
+    gone: list[Entry] = []
+    for entry in entries:
+        too_old = retention_ms is not None and entry.max_ts < now_ms - retention_ms
+        too_big = retention_bytes is not None and held > retention_bytes
+        if not (too_old or too_big):
+            break
+        gone.append(entry)
+        held -= entry.stop - entry.start
+    return gone
+
+
+def unreferenced(
+    objects: Mapping[str, float], referenced: set[str], now_s: float, grace_s: float
+) -> list[str]:
+    """The objects (key → when written, seconds) no index entry names that are older
+    than ``grace_s`` — so a flush still committing its object is never one of them."""
+    return sorted(k for k, t in objects.items() if k not in referenced and now_s - t > grace_s)
+
+
 def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, int]:
     """A producer's sequence → base record after a flush: the newest
     :data:`REMEMBERED` sequences of both."""
@@ -204,8 +234,12 @@ class Layout:
     def end(self, topic: str, partition: int) -> str:
         return f"{self.ns}end/{topic}/{partition}"
 
+    @property
+    def index(self) -> str:
+        return f"{self.ns}index/"
+
     def page(self, topic: str, partition: int, page: int) -> str:
-        return f"{self.ns}index/{topic}/{partition}/{page:010d}/"
+        return f"{self.index}{topic}/{partition}/{page:010d}/"
 
     def entry(self, topic: str, partition: int, base: int) -> str:
         return f"{self.page(topic, partition, base >> PAGE_BITS)}{base:020d}"
@@ -691,7 +725,51 @@ class DisklessLogStorage(LogStorage):
             time.sleep(min(left, 0.02))
 
     def enforce_retention(self, topic: str) -> int:
-        return 0
+        """Drop each partition's oldest batches beyond the topic's ``retention_ms`` (by
+        their newest record's timestamp) or ``retention_bytes``: their index entries go
+        and the partition's first offset moves past them, in one transaction per
+        partition (a concurrent append or retention retries). Their objects are deleted
+        by :meth:`collect_garbage` once no partition refers to them. Returns how many
+        batches were dropped."""
+        config = self._config(topic)
+        if config.retention_ms is None and config.retention_bytes is None:
+            return 0
+        dropped = 0
+        for partition in range(config.partitions):
+            key = self.layout.end(topic, partition)
+            while True:
+                kv = self.control.get(key)
+                if kv is None:
+                    raise TopicNotFoundError(topic)
+                head = Head.decode(kv.value)
+                entries = self._entries(topic, partition, head.start, head.end, head.start)
+                gone = expired(
+                    list(entries), head.held, int(time.time() * 1000),
+                    config.retention_ms, config.retention_bytes,
+                )  # fmt: skip
+                if not gone:
+                    break
+                start = gone[-1].end
+                held = head.held - sum(e.stop - e.start for e in gone)
+                ops: list[Put | Delete] = [Put.of(key, Head(start, head.end, held).encode())]
+                ops += [Delete.of(self.layout.entry(topic, partition, e.base)) for e in gone]
+                if self.control.txn([Compare.mod(key) == kv.mod_revision], ops).succeeded:
+                    dropped += len(gone)
+                    break
+        return dropped
+
+    def collect_garbage(self, grace_s: float = 3600.0) -> int:
+        """Delete the objects no index entry refers to any more (every batch in them was
+        dropped by retention, or a writer died between its PUT and its commit), once they
+        are ``grace_s`` old; returns how many. Safe beside writers, readers and other
+        collectors: an object is only ever unreferenced for good."""
+        objects = {o.key: o.modified for o in self.store.list("wal/")}
+        if not objects:
+            return 0
+        referenced = {json.loads(kv.value)[0] for kv in self.control.get_prefix(self.layout.index)}
+        doomed = unreferenced(objects, referenced, time.time(), grace_s)
+        self.store.delete_many(doomed)
+        return len(doomed)
 
     def close(self) -> None:
         with self._cond:
