@@ -8,7 +8,7 @@ the log's readers, groups from the control plane's keys, state through durable s
 into a private directory, jobs with plain SELECTs. One module per part::
 
     sources.py   Sources (the configured log, control plane, state, jobs db), QueryError
-    topics.py    topics, topic, browse (the record browser's filters)
+    topics.py    topics, topic, browse (the record browser's filters), objects (diskless)
     groups.py    consumer groups and their lag
     streams.py   aggregations: driver, batches, ledger, lag, live results from state
     state.py     namespaces, partitions, versions, keys
@@ -26,7 +26,7 @@ from riverbed.inspect.overview import disk
 from riverbed.inspect.sources import QueryError, Sources, du, jsonable
 from riverbed.inspect.state import state, state_keys
 from riverbed.inspect.streams import live, newest_batch, stream, stream_names, streams
-from riverbed.inspect.topics import browse, parse_where, topic, topics
+from riverbed.inspect.topics import browse, objects, parse_where, topic, topics
 
 __all__ = [
     "QueryError",
@@ -46,6 +46,7 @@ __all__ = [
     "jsonable",
     "live",
     "newest_batch",
+    "objects",
     "parse_where",
     "run",
     "state",

@@ -14,6 +14,13 @@ def topics(src: Sources) -> list[dict[str, Any]]:
     return [topic(src, name) for name in src.log.topics()]
 
 
+def objects(src: Sources) -> dict[str, Any] | None:
+    """Diskless topics: objects written per second, bytes per object, a flush's mean time
+    and the read cache's hit ratio across the log's processes; None for other logs."""
+    stats: dict[str, Any] | None = src.log.storage.object_stats()
+    return stats
+
+
 def topic(src: Sources, name: str) -> dict[str, Any]:
     log = src.log
     if name not in log.topics():

@@ -350,6 +350,11 @@ class LogStorage(ABC):
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(first retained offset, next offset to be written)."""
 
+    def object_stats(self) -> dict[str, Any] | None:
+        """Diskless topics: what their processes wrote to and read from the bucket lately
+        (:func:`riverbed.log.diskless.summarize`); None for storages without objects."""
+        return None
+
     def size(self, topic: str, partition: int) -> int | None:
         """Bytes a partition takes where it is stored (None: this storage cannot tell)."""
         return None

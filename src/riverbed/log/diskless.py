@@ -198,6 +198,27 @@ def unreferenced(
     return sorted(k for k, t in objects.items() if k not in referenced and now_s - t > grace_s)
 
 
+PUBLISH_S = 5.0  # how often a process publishes what it wrote and read (its stats key)
+
+
+def summarize(published: Sequence[Mapping[str, float]], now: float) -> dict[str, Any]:
+    """What the processes of a diskless log did lately, from the intervals each published
+    (``at``, ``interval_s``, ``objects``, ``bytes``, ``flush_ms``, ``hits``, ``misses``):
+    objects written per second, bytes per object, a flush's mean time, the read cache's
+    hit ratio (None when nothing was read), and how many processes reported. Intervals
+    older than three publish periods are of processes gone quiet, and left out."""
+    live = [p for p in published if now - p["at"] <= 3 * PUBLISH_S and p["interval_s"] > 0]
+    objects = sum(p["objects"] for p in live)
+    reads = sum(p["hits"] + p["misses"] for p in live)
+    return {
+        "processes": len(live),
+        "objects_per_s": sum(p["objects"] / p["interval_s"] for p in live),
+        "bytes_per_object": sum(p["bytes"] for p in live) / objects if objects else None,
+        "flush_ms": sum(p["flush_ms"] for p in live) / objects if objects else None,
+        "cache_hit_ratio": sum(p["hits"] for p in live) / reads if reads else None,
+    }
+
+
 def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, int]:
     """A producer's sequence → base record after a flush: the newest
     :data:`REMEMBERED` sequences of both."""
@@ -246,6 +267,9 @@ class Layout:
 
     def producer(self, topic: str, partition: int, producer: str) -> str:
         return f"{self.ns}producers/{topic}/{partition}/{producer}"
+
+    def stats(self, writer: str = "") -> str:
+        return f"{self.ns}stats/{writer}"
 
     def writer(self, writer: str) -> str:
         return f"{self.ns}writers/{writer}"
@@ -343,6 +367,7 @@ class DisklessLogStorage(LogStorage):
         self._configs: dict[str, TopicConfig] = {}
         self._cache = _Cache(cache_bytes)
         self.stats = {"objects": 0, "bytes": 0, "flush_ms_total": 0.0, "conflicts": 0}
+        self._published = (time.time(), dict(self.stats), 0, 0)
 
     # -- topics ------------------------------------------------------------------------
 
@@ -579,7 +604,38 @@ class DisklessLogStorage(LogStorage):
         self.stats["objects"] += 1
         self.stats["bytes"] += sum(len(p.body) for p in pending)
         self.stats["flush_ms_total"] += (time.monotonic() - began) * 1000
+        self._publish()
         return bases
+
+    def _publish(self, force: bool = False) -> None:
+        """Put what this process wrote and read since it last did under its stats key
+        (every :data:`PUBLISH_S` at most), for consoles and ``/metrics``
+        (:meth:`object_stats`). Best effort: a control plane that is down costs nothing."""
+        now = time.time()
+        at, before, hits, misses = self._published
+        if not force and now - at < PUBLISH_S:
+            return
+        self._published = (now, dict(self.stats), self._cache.hits, self._cache.misses)
+        interval = {
+            "at": now,
+            "interval_s": now - at,
+            "objects": self.stats["objects"] - before["objects"],
+            "bytes": self.stats["bytes"] - before["bytes"],
+            "flush_ms": self.stats["flush_ms_total"] - before["flush_ms_total"],
+            "hits": self._cache.hits - hits,
+            "misses": self._cache.misses - misses,
+        }
+        if not any(interval[k] for k in ("objects", "hits", "misses")):
+            return  # nothing to say
+        try:
+            self.control.put(self.layout.stats(self._writer), json.dumps(interval))
+        except Exception:
+            self._published = (at, before, hits, misses)  # said next time
+
+    def object_stats(self) -> dict[str, Any] | None:
+        """What every process of this log wrote and read lately (:func:`summarize`)."""
+        published = [json.loads(kv.value) for kv in self.control.get_prefix(self.layout.stats())]
+        return summarize(published, time.time())
 
     def _committed(self, writer_key: str, flush: int) -> list[int] | None:
         """The bases the writer key says flush ``flush`` committed, if it did."""
@@ -661,6 +717,7 @@ class DisklessLogStorage(LogStorage):
                     "the partition's first retained offset"
                 ) from None
             yield StoredBatch(entry.base, entry.count, body)
+        self._publish()
 
     def _range(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
         head = self._head(topic, partition)
@@ -763,6 +820,9 @@ class DisklessLogStorage(LogStorage):
         dropped by retention, or a writer died between its PUT and its commit), once they
         are ``grace_s`` old; returns how many. Safe beside writers, readers and other
         collectors: an object is only ever unreferenced for good."""
+        for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
+            if time.time() - json.loads(kv.value)["at"] > grace_s:
+                self.control.delete(kv.key)
         objects = {o.key: o.modified for o in self.store.list("wal/")}
         if not objects:
             return 0
@@ -777,6 +837,7 @@ class DisklessLogStorage(LogStorage):
             self._cond.notify_all()
         if self._flusher is not None:
             self._flusher.join(30)
+        self._publish(force=True)  # what this process did since it last said
         if self._close_control:
             self.control.close()
 

@@ -339,6 +339,10 @@ class FlightLogStorage(LogStorage):
         request = {"topic": topic, "partition": partition, "timestamp_ms": timestamp_ms}
         return int(self._act("offset_for_time", request, 3600))  # read where the files are
 
+    def object_stats(self) -> dict[str, Any] | None:
+        stats: dict[str, Any] | None = self._act("object_stats")
+        return stats
+
     def size(self, topic: str, partition: int) -> int | None:
         size = self._act("size", {"topic": topic, "partition": partition})
         return None if size is None else int(size)

@@ -350,6 +350,8 @@ class LogServer(flight.FlightServerBase):  # type: ignore[misc]
             return config.to_dict()
         if kind == "enforce_retention":
             return s.enforce_retention(str(r["topic"]))
+        if kind == "object_stats":
+            return s.object_stats()
         if kind == "wait":
             positions = {(str(t), int(p)): int(o) for t, p, o in r["positions"]}
             timeout = min(float(r.get("timeout_ms", 0)), MAX_WAIT_MS) / 1000

@@ -267,7 +267,7 @@ class ConsoleApp:
         s = self.console.latest()
         return self.page(
             request, "topics.html", "Topics", "riverbed topic list --json",
-            topics=s["topics"], at=s["at"],
+            topics=s["topics"], at=s["at"], objects=s.get("objects"),
         )  # fmt: skip
 
     def api_topics(self, request: Request) -> Response:

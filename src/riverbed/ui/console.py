@@ -65,6 +65,7 @@ class Console:
         streams = attempt("streams", lambda: q.streams(src), [])
         jobs = attempt("jobs", lambda: q.jobs(src, limit=20), {"runs": [], "counts": {}})
         disk = attempt("disk", lambda: q.disk(src), {})
+        objects = attempt("the log's objects", lambda: q.objects(src), None)
         previous = self._sample
         if previous is None or self._taken % STATE_EVERY == 0:
             state = attempt("state", lambda: q.state(src), [])
@@ -101,6 +102,7 @@ class Console:
                 "streams": streams,
                 "jobs": jobs,
                 "disk": disk,
+                "objects": objects,
                 "state": state,
                 "state_at": state_at,
                 "errors": errors,

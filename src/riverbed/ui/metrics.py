@@ -121,7 +121,21 @@ def families(sample: Mapping[str, Any]) -> list[Family]:
     for what, n in (sample.get("disk") or {}).items():
         if n is not None:
             disk.add(n, what=what)
+    objects = sample.get("objects") or {}
+    log_objects = Family("riverbed_log_objects_per_second", "Diskless topics: objects written")
+    per_object = Family("riverbed_log_bytes_per_object", "Diskless topics: mean object size")
+    flush = Family("riverbed_log_flush_seconds", "Diskless topics: a flush's mean time")
+    hits = Family("riverbed_log_cache_hit_ratio", "Diskless topics: read cache hits / reads")
+    for fam, key, scale in (
+        (log_objects, "objects_per_s", 1.0),
+        (per_object, "bytes_per_object", 1.0),
+        (flush, "flush_ms", 0.001),
+        (hits, "cache_hit_ratio", 1.0),
+    ):
+        if objects.get(key) is not None:
+            fam.add(objects[key] * scale)
     took = Family("riverbed_ui_sample_seconds", "How long the console's last sample took")
     took.add(sample.get("took_s", 0))
     return [end, start, size, lag, members, generation, batches, records, late, malformed,
-            duration, gap, slag, active, standbys, state, chunks, disk, took]  # fmt: skip
+            duration, gap, slag, active, standbys, state, chunks, disk, log_objects, per_object,
+            flush, hits, took]  # fmt: skip
