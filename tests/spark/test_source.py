@@ -17,7 +17,10 @@ SCHEMA = "user_id long, flag string"
 
 @pytest.fixture
 def log_url(tmp_path: Path) -> str:
-    url = f"file://{tmp_path / 'log'}"
+    return _fill(f"file://{tmp_path / 'log'}")
+
+
+def _fill(url: str) -> str:
     log = riverbed.log.open(url)
     log.create_topic("events", 3)
     log.producer("events").send_batch(
@@ -46,6 +49,27 @@ def test_batch_read_decodes_fields_and_flags_malformed_records(spark: Any, log_u
     assert "not JSON" in bad[0][1] and "user_id" in bad[1][1]
     good = [r for r in rows if not r["_error"]]
     assert sorted(r["user_id"] for r in good) == sorted(i % 40 for i in range(500))
+
+
+def test_a_diskless_topic_reads_the_same(
+    spark: Any, s3_url: str, etcd_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic in a bucket, its offsets in etcd: Spark's Python workers (started before
+    these settings) reach both as the driver does, and read the same rows."""
+    monkeypatch.setenv("RIVERBED_CONTROL", etcd_server.url)
+    register(spark)
+    df = (
+        spark.read.format("riverbed")
+        .option("topic", "events")
+        .option("log", _fill(s3_url))
+        .option("schema", SCHEMA)
+        .load()
+    )
+    rows = df.collect()
+    assert len(rows) == 502 and sum(1 for r in rows if r["_error"]) == 2
+    assert sorted(r["user_id"] for r in rows if not r["_error"]) == sorted(
+        i % 40 for i in range(500)
+    )
 
 
 def test_schema_is_inferred_without_the_option(spark: Any, log_url: str) -> None:

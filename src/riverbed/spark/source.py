@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ from pyspark.sql.types import (
 from riverbed.log.records import Columns
 from riverbed.spark import SourceOptionError
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped, source_limits
+from riverbed.storage import storage_environment
 
 META_FIELDS = [
     StructField("key", StringType()),
@@ -79,6 +81,16 @@ def open_log(options: dict[str, str]) -> Any:
     import riverbed.log
 
     return riverbed.log.open(_log_url(options))
+
+
+def reach() -> dict[str, str]:
+    """What a Python worker needs to reach a log in a bucket as the driver does: the
+    bucket's settings and the control plane holding its offsets (secrets: never in
+    options, which plans show)."""
+    env = storage_environment()
+    if os.environ.get("RIVERBED_CONTROL"):
+        env["RIVERBED_CONTROL"] = os.environ["RIVERBED_CONTROL"]
+    return env
 
 
 def _infer_type(value: Any) -> DataType:
@@ -473,8 +485,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def register(spark: Any) -> None:
-    """Make ``format("riverbed")`` available on this session."""
+    """Make ``format("riverbed")`` available on this session. The Python workers that
+    plan and read it get this process's way to a log in a bucket (:func:`reach`): Spark
+    hands a data source's workers the context's environment as it is at registration,
+    and they may have started before these were set."""
+    environment = spark.sparkContext.environment
+    now = reach()
+    for name in [n for n in environment if n not in now and _reaching(n)]:
+        del environment[name]  # unset since the last registration
+    environment.update(now)
     spark.dataSource.register(RiverbedDataSource)
+
+
+def _reaching(name: str) -> bool:
+    """Whether ``name`` is one of the variables :func:`reach` hands on."""
+    return name == "RIVERBED_CONTROL" or bool(storage_environment({name: ""}))
 
 
 __all__ = ["LogSlice", "RiverbedDataSource", "register"]
