@@ -28,8 +28,10 @@ from riverbed.log.diskless import (
     DisklessLogStorage,
     Entry,
     Pending,
+    compaction_runs,
     covering,
     expired,
+    merged,
     place,
     remembered,
     unreferenced,
@@ -464,4 +466,81 @@ def test_retention_moves_the_first_offset_and_garbage_collection_deletes_dropped
         start, end = log.storage.offsets("t", p)
         assert len(log.read("t", p, start, 1000)) == end - start
     assert log.storage.enforce_retention("t") == 0  # nothing more over the limit
+    log.close()
+
+
+entries_st = st.lists(
+    st.tuples(st.integers(1, 20), st.integers(1, 300), st.booleans()), min_size=0, max_size=40
+)
+
+
+@given(entries_st, st.integers(1, 6), st.integers(100, 2000))
+def test_compaction_takes_runs_of_shared_entries_within_their_bounds(
+    shape: list[tuple[int, int, bool]], min_run: int, max_bytes: int
+) -> None:
+    entries, base = [], 0
+    for count, size, shared in shape:
+        obj = f"wal/{base}" if shared else f"seg/{base}"
+        entries.append(Entry(base, count, obj, 0, size, base, base + 1))
+        base += count
+    runs = compaction_runs(entries, min_run=min_run, max_bytes=max_bytes)
+    seen = [e for run in runs for e in run]
+    assert len(seen) == len({e.base for e in seen})  # no entry in two runs
+    for run in runs:
+        assert len(run) >= min_run and all(e.obj.startswith("wal/") for e in run)
+        assert all(a.end == b.base for a, b in itertools.pairwise(run))  # consecutive
+        assert len(run) == 1 or sum(e.stop - e.start for e in run) <= max_bytes
+        new = merged(run, "seg/x")
+        assert (new.base, new.end) == (run[0].base, run[-1].end)
+        assert [(b, n) for b, n, _, _ in new.batches()] == [(e.base, e.count) for e in run]
+        assert new.stop == sum(e.stop - e.start for e in run)
+        assert Entry.decode(new.base, new.encode()) == new
+
+
+def _many_flushes(flush_ms: float = 1) -> tuple[Log, MemoryStore]:
+    name = f"dl-{uuid.uuid4().hex}"
+    log = diskless(name, MemoryControlPlane(), flush_ms=flush_ms)
+    log.create_topic("t", 2)
+    producer = log.producer("t")
+    for i in range(30):  # 30 flushes, each with a batch for both partitions
+        producer.send_batch([{"i": i, "j": j} for j in range(6)], key_field="j")
+    return log, MemoryStore(name)
+
+
+def _everything(log: Log) -> list[list[tuple[int, Any]]]:
+    return [[(r.offset, r.value) for r in log.read("t", p, 0, 10_000)] for p in range(2)]
+
+
+def test_compaction_keeps_every_record_and_lets_the_flush_objects_go() -> None:
+    log, store = _many_flushes()
+    storage = log.storage
+    assert isinstance(storage, DisklessLogStorage)
+    before = _everything(log)
+    columns = [storage.read_columns("t", p, 0, 10_000).values.to_pylist() for p in range(2)]
+    entries = sum(len(storage._index("t", p)) for p in range(2))
+    assert storage.compact("t", min_run=4) == entries
+    assert sum(len(storage._index("t", p)) for p in range(2)) == 2  # one per partition
+    assert _everything(log) == before
+    assert [storage.read_columns("t", p, 0, 10_000).values.to_pylist() for p in range(2)] == columns
+    assert log.read("t", 0, 37, 3) == [r for r in log.read("t", 0, 0, 10_000)][37:40]
+    storage.collect_garbage(grace_s=0)  # the flush objects: nothing names them now
+    assert [o.key for o in store.list("wal/")] == []
+    assert len(store.list("seg/")) == 2
+    assert _everything(log) == before
+    log.close()
+
+
+def test_a_compactor_that_stalled_cannot_make_its_output_current_after_another() -> None:
+    log, store = _many_flushes()
+    stalled = log.storage
+    assert isinstance(stalled, DisklessLogStorage)
+    plan = stalled.compaction_plan("t", 0, min_run=4)  # read, then it stalls ...
+    other = DisklessLogStorage(store, stalled.control, flush_ms=1)
+    assert other.compact("t", min_run=4) > 0  # ... while another compacts
+    before = _everything(log)
+    segs = len(store.list("seg/"))
+    assert [stalled.rewrite("t", 0, run) for run in plan] == [False]  # fenced
+    assert len(store.list("seg/")) == segs  # its own output deleted at once
+    assert _everything(log) == before
+    other.close()
     log.close()

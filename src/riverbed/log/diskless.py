@@ -111,20 +111,73 @@ class Entry:
     stop: int
     min_ts: int
     max_ts: int
+    parts: tuple[tuple[int, int], ...] = ()  # compacted: (records, bytes) of each batch
 
     @property
     def end(self) -> int:
         return self.base + self.count
 
+    def batches(self) -> list[tuple[int, int, int, int]]:
+        """(base offset, records, first byte, byte past the end) of each stored batch
+        the entry holds: one, or a compacted entry's several back to back."""
+        if not self.parts:
+            return [(self.base, self.count, self.start, self.stop)]
+        out, base, at = [], self.base, self.start
+        for count, size in self.parts:
+            out.append((base, count, at, at + size))
+            base, at = base + count, at + size
+        return out
+
     def encode(self) -> bytes:
-        return json.dumps(
-            [self.obj, self.start, self.stop, self.count, self.min_ts, self.max_ts]
-        ).encode()
+        fields: list[Any] = [self.obj, self.start, self.stop, self.count, self.min_ts, self.max_ts]
+        if self.parts:
+            fields.append([list(p) for p in self.parts])
+        return json.dumps(fields).encode()
 
     @staticmethod
     def decode(base: int, value: bytes) -> Entry:
-        obj, start, stop, count, min_ts, max_ts = json.loads(value)
-        return Entry(base, count, obj, start, stop, min_ts, max_ts)
+        obj, start, stop, count, min_ts, max_ts, *rest = json.loads(value)
+        parts = tuple((int(n), int(b)) for n, b in rest[0]) if rest else ()
+        return Entry(base, count, obj, start, stop, min_ts, max_ts, parts)
+
+
+def compaction_runs(
+    entries: Sequence[Entry], *, min_run: int = 8, max_bytes: int = 64 * 1024 * 1024
+) -> list[list[Entry]]:
+    """Runs of consecutive entries still in shared flush objects (``wal/``) to rewrite
+    into one object of their partition each: at least ``min_run`` entries, at most
+    ``max_bytes`` (an entry bigger than that alone is left as it is)."""
+    runs: list[list[Entry]] = []
+    run: list[Entry] = []
+    size = 0
+    for entry in entries:
+        shared = entry.obj.startswith("wal/")
+        if not shared or (run and size + entry.stop - entry.start > max_bytes):
+            if len(run) >= min_run:
+                runs.append(run)
+            run, size = [], 0
+            if not shared:
+                continue
+        run.append(entry)
+        size += entry.stop - entry.start
+    if len(run) >= min_run:
+        runs.append(run)
+    return runs
+
+
+def merged(run: Sequence[Entry], obj: str) -> Entry:
+    """The one entry that replaces ``run`` once its batches are ``obj``, back to back."""
+    parts = tuple((n, stop - start) for e in run for _, n, start, stop in e.batches())
+    return Entry(
+        run[0].base,
+        sum(e.count for e in run),
+        obj,
+        0,
+        sum(size for _, size in parts),
+        min(e.min_ts for e in run),
+        max(e.max_ts for e in run),
+        parts,
+    )
 
 
 Seen = Mapping[tuple[str, int, str], Mapping[int, int]]  # (topic, partition, producer) → seq → base
@@ -709,14 +762,17 @@ class DisklessLogStorage(LogStorage):
     ) -> Iterator[StoredBatch]:
         for entry in self._entries(topic, partition, start, end, floor):
             try:
-                body = self._cache.get(self.store, entry.obj, entry.start, entry.stop)
+                data = self._cache.get(self.store, entry.obj, entry.start, entry.stop)
             except ObjectNotFoundError:
                 raise OffsetOutOfRangeError(
                     f"offsets {entry.base}..{entry.end - 1} of {topic}/{partition} are gone "
                     "from the bucket (removed by retention while being read); read from "
                     "the partition's first retained offset"
                 ) from None
-            yield StoredBatch(entry.base, entry.count, body)
+            view = memoryview(data)
+            for base, count, lo, hi in entry.batches():
+                if base < end and base + count > start:
+                    yield StoredBatch(base, count, view[lo - entry.start : hi - entry.start])
         self._publish()
 
     def _range(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
@@ -815,15 +871,75 @@ class DisklessLogStorage(LogStorage):
                     break
         return dropped
 
+    def _index(self, topic: str, partition: int) -> list[tuple[Entry, int]]:
+        """Every index entry of a partition from its first retained offset, in order,
+        with its key's mod revision (what a compaction's transaction checks)."""
+        head = self._head(topic, partition)
+        out: list[tuple[Entry, int]] = []
+        for page in range(head.start >> PAGE_BITS, (head.end >> PAGE_BITS) + 1):
+            prefix = self.layout.page(topic, partition, page)
+            for kv in self.control.get_prefix(prefix):
+                entry = Entry.decode(int(kv.key.decode()[len(prefix) :]), kv.value)
+                if entry.end > head.start:
+                    out.append((entry, kv.mod_revision))
+        return sorted(out, key=lambda em: em[0].base)
+
+    def compaction_plan(
+        self, topic: str, partition: int, min_run: int = 8
+    ) -> list[list[tuple[Entry, int]]]:
+        """The runs :meth:`compact` would rewrite now, with their keys' revisions."""
+        index = self._index(topic, partition)
+        revision = {e.base: mod for e, mod in index}
+        runs = compaction_runs([e for e, _ in index], min_run=min_run)
+        return [[(e, revision[e.base]) for e in run] for run in runs]
+
+    def rewrite(self, topic: str, partition: int, run: Sequence[tuple[Entry, int]]) -> bool:
+        """Write ``run``'s batches as one object of the partition and make it current in
+        one transaction — only if none of its entries changed since they were read (the
+        fence: a compactor that stalled and resumes after another one, or after
+        retention, changes nothing). The old objects are left to
+        :meth:`collect_garbage`, so readers that looked them up before still find them.
+        Whether it became current."""
+        entries = [e for e, _ in run]
+        data = b"".join(self._cache.get(self.store, e.obj, e.start, e.stop) for e in entries)
+        obj = f"seg/{topic}/{partition}/{entries[0].base:020d}-{uuid.uuid4().hex[:12]}"
+        self.store.put(obj, data)
+        new = merged(entries, obj)
+        compares = [
+            Compare.mod(self.layout.entry(topic, partition, e.base)) == mod for e, mod in run
+        ]
+        ops: list[Put | Delete] = [
+            Put.of(self.layout.entry(topic, partition, new.base), new.encode())
+        ]
+        ops += [Delete.of(self.layout.entry(topic, partition, e.base)) for e in entries[1:]]
+        if self.control.txn(compares, ops).succeeded:
+            return True
+        self.store.delete(obj)  # no entry names it: nobody can be reading it
+        return False
+
+    def compact(self, topic: str, min_run: int = 8) -> int:
+        """Rewrite each partition's runs of batches in shared flush objects into objects
+        of their own (fewer index entries, and the flush objects can go once nothing
+        else is in them); returns how many batches moved."""
+        moved = 0
+        for partition in range(self._config(topic).partitions):
+            for run in self.compaction_plan(topic, partition, min_run):
+                if self.rewrite(topic, partition, run):
+                    moved += len(run)
+        return moved
+
     def collect_garbage(self, grace_s: float = 3600.0) -> int:
         """Delete the objects no index entry refers to any more (every batch in them was
-        dropped by retention, or a writer died between its PUT and its commit), once they
+        dropped by retention or compacted into another object, or a writer died between
+        its PUT and its commit), once they
         are ``grace_s`` old; returns how many. Safe beside writers, readers and other
         collectors: an object is only ever unreferenced for good."""
         for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
             if time.time() - json.loads(kv.value)["at"] > grace_s:
                 self.control.delete(kv.key)
-        objects = {o.key: o.modified for o in self.store.list("wal/")}
+        objects = {
+            o.key: o.modified for where in ("wal/", "seg/") for o in self.store.list(where)
+        }
         if not objects:
             return 0
         referenced = {json.loads(kv.value)[0] for kv in self.control.get_prefix(self.layout.index)}
