@@ -20,10 +20,17 @@ it (the shape of WarpStream, Bufstream and Kafka's KIP-1150 "diskless topics"):
   2^16 offsets, so a lookup reads one page) and fetch byte ranges of the objects
   through an in-memory cache.
 
+* **Upkeep** (every log server runs it each minute): retention drops a partition's
+  oldest index entries; compaction rewrites runs of batches in shared objects into one
+  object of their partition (``seg/…``), fenced by the old entries' revisions; garbage
+  collection deletes objects nothing names any more, an hour after they were written.
+
 The key layout in the control plane and the bucket has one owner, :class:`Layout`.
 The pure decisions — where each batch goes in a flush's object and which offsets it
-gets (:func:`place`), which index entries a read needs (:func:`covering`) — are
-functions of their inputs alone.
+gets (:func:`place`), which index entries a read needs (:func:`covering`), what
+retention drops (:func:`expired`), what compaction merges (:func:`compaction_runs`,
+:func:`merged`), what garbage goes (:func:`unreferenced`), what the processes did
+(:func:`summarize`) — are functions of their inputs alone.
 """
 
 from __future__ import annotations
