@@ -39,7 +39,7 @@ def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Log]:
     elif request.param == "s3":
         s3_url = request.getfixturevalue("s3_url")
         etcd = request.getfixturevalue("etcd_server")
-        opened = riverbed.log.open(s3_url, control=etcd.url)
+        opened = riverbed.log.open(s3_url, control=etcd.url, flush_ms=5)
     else:
         url = "memory://" if request.param == "memory" else f"file://{tmp_path / 'log'}"
         opened = riverbed.log.open(url)
