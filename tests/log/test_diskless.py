@@ -544,3 +544,35 @@ def test_a_compactor_that_stalled_cannot_make_its_output_current_after_another()
     assert _everything(log) == before
     other.close()
     log.close()
+
+
+def test_reads_go_through_memory_then_local_disk_then_the_bucket(tmp_path: Path) -> None:
+    name = f"dl-{uuid.uuid4().hex}"
+    plane = MemoryControlPlane()
+    writer = diskless(name, plane, flush_ms=1)
+    writer.create_topic("t", 1)
+    for i in range(5):
+        writer.producer("t").send_batch([{"i": i * 10 + j} for j in range(10)])
+    assert [r.value for r in writer.read("t", 0, 0, 100)] == [{"i": i} for i in range(50)]
+    want = [r.value for _, r in writer.storage.read("t", 0, 0, 100)]  # as stored
+
+    def reader(memory: int) -> DisklessLogStorage:
+        return DisklessLogStorage(
+            MemoryStore(name), plane, cache_bytes=memory, cache_dir=tmp_path / "cache",
+            disk_cache_bytes=1 << 20,
+        )  # fmt: skip
+
+    first = reader(1 << 20)
+    assert [r.value for _, r in first.read("t", 0, 0, 100)] == want
+    assert (first._cache.misses, first._cache.hits) == (5, 0)  # from the bucket
+    assert [r.value for _, r in first.read("t", 0, 0, 100)] == want
+    assert (first._cache.misses, first._cache.hits, first._cache.disk_hits) == (5, 5, 0)
+    second = reader(0)  # a new process: no memory cache, the same disk
+    assert [r.value for _, r in second.read("t", 0, 0, 100)] == want
+    assert (second._cache.misses, second._cache.disk_hits) == (0, 5)
+    tiny = DisklessLogStorage(
+        MemoryStore(name), plane, cache_bytes=0, cache_dir=tmp_path / "tiny", disk_cache_bytes=1
+    )
+    assert [r.value for _, r in tiny.read("t", 0, 0, 100)] == want
+    assert list((tmp_path / "tiny").iterdir()) == []  # over its limit: nothing kept
+    writer.close()

@@ -94,7 +94,12 @@ def _diskless(url: str, control: str | None, flush_ms: float | None) -> LogStora
     from riverbed.storage import open_store
 
     store = open_store(url)  # checks the bucket's URL before a control plane is dialled
-    plane = connect(control or load_config().control_url)
+    config = load_config()
+    plane = connect(control or config.control_url)
     return DisklessLogStorage(
-        store, plane, flush_ms=FLUSH_MS if flush_ms is None else flush_ms, close_control=True
+        store,
+        plane,
+        flush_ms=FLUSH_MS if flush_ms is None else flush_ms,
+        cache_dir=config.home / "cache" / "log",  # reads: memory, then this disk
+        close_control=True,
     )

@@ -45,6 +45,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,7 @@ FLUSH_BYTES = 4 * 1024 * 1024  # a flush goes sooner once this much is waiting
 PAGE_BITS = 16  # index entries are grouped by base offset >> PAGE_BITS
 COMMIT_ATTEMPTS = 200  # conflicts with other writers before a flush gives up
 CACHE_BYTES = 64 * 1024 * 1024
+DISK_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 class DisklessCommitError(LogError):
@@ -360,15 +362,30 @@ class Head:
 
 
 class _Cache:
-    """Byte ranges of objects, least recently used dropped first (objects never change
-    once written, so nothing is ever stale)."""
+    """Byte ranges of objects: in memory, then (given a directory) on local disk, the
+    least recently used dropped first from each. Objects never change once written, so
+    nothing cached is ever stale; a disk copy is written whole, then renamed, so
+    processes sharing the directory never read a part."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, disk: Path | None = None, disk_limit: int = 0) -> None:
         self.limit = limit
         self._data: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.disk_hits = 0
+        self.disk, self.disk_limit = disk, disk_limit
+        self._files: OrderedDict[str, int] = OrderedDict()  # name → bytes, oldest first
+        self._disk_size = 0
+        if disk is not None:
+            disk.mkdir(parents=True, exist_ok=True)
+            found = sorted(
+                (f.stat().st_mtime, f.name, f.stat().st_size)
+                for f in disk.iterdir()
+                if f.is_file() and not f.name.startswith(".")
+            )
+            for _, name, size in found:
+                self._files[name] = size
+                self._disk_size += size
 
     def get(self, store: ObjectStore, obj: str, start: int, stop: int) -> bytes:
         key = (obj, start, stop)
@@ -378,8 +395,16 @@ class _Cache:
                 self._data.move_to_end(key)
                 self.hits += 1
                 return data
-            self.misses += 1
-        data = store.get_range(obj, start, stop)
+        data = self._from_disk(key)
+        if data is None:
+            with self._lock:
+                self.misses += 1
+            data = store.get_range(obj, start, stop)
+            self._to_disk(key, data)
+        else:
+            with self._lock:
+                self.disk_hits += 1
+                self.hits += 1
         with self._lock:
             if key not in self._data:
                 self._data[key] = data
@@ -388,6 +413,46 @@ class _Cache:
                 _, dropped = self._data.popitem(last=False)
                 self._size -= len(dropped)
         return data
+
+    @staticmethod
+    def _name(key: tuple[str, int, int]) -> str:
+        return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
+    def _from_disk(self, key: tuple[str, int, int]) -> bytes | None:
+        if self.disk is None:
+            return None
+        name = self._name(key)
+        try:
+            data = (self.disk / name).read_bytes()
+        except OSError:  # not cached, or dropped by another process
+            return None
+        with self._lock:
+            if name in self._files:
+                self._files.move_to_end(name)
+        return data
+
+    def _to_disk(self, key: tuple[str, int, int], data: bytes) -> None:
+        if self.disk is None or len(data) > self.disk_limit:
+            return
+        name = self._name(key)
+        tmp = self.disk / f".{name}.{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.write_bytes(data)
+            tmp.replace(self.disk / name)
+        except OSError:  # a full or gone disk: the cache is only a cache
+            tmp.unlink(missing_ok=True)
+            return
+        with self._lock:
+            if name not in self._files:
+                self._files[name] = len(data)
+                self._disk_size += len(data)
+            doomed = []
+            while self._disk_size > self.disk_limit and self._files:
+                old, size = self._files.popitem(last=False)
+                self._disk_size -= size
+                doomed.append(old)
+        for old in doomed:
+            (self.disk / old).unlink(missing_ok=True)
 
 
 class DisklessLogStorage(LogStorage):
@@ -406,6 +471,8 @@ class DisklessLogStorage(LogStorage):
         flush_ms: float = FLUSH_MS,
         flush_bytes: int = FLUSH_BYTES,
         cache_bytes: int = CACHE_BYTES,
+        cache_dir: Path | None = None,
+        disk_cache_bytes: int = DISK_CACHE_BYTES,
         close_control: bool = False,
     ) -> None:
         if not 1 <= flush_ms <= 10_000:
@@ -425,7 +492,7 @@ class DisklessLogStorage(LogStorage):
         self._flusher: threading.Thread | None = None
         self._closed = False
         self._configs: dict[str, TopicConfig] = {}
-        self._cache = _Cache(cache_bytes)
+        self._cache = _Cache(cache_bytes, cache_dir, disk_cache_bytes)
         self.stats = {"objects": 0, "bytes": 0, "flush_ms_total": 0.0, "conflicts": 0}
         self._published = (time.time(), dict(self.stats), 0, 0)
 
@@ -944,9 +1011,7 @@ class DisklessLogStorage(LogStorage):
         for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
             if time.time() - json.loads(kv.value)["at"] > grace_s:
                 self.control.delete(kv.key)
-        objects = {
-            o.key: o.modified for where in ("wal/", "seg/") for o in self.store.list(where)
-        }
+        objects = {o.key: o.modified for where in ("wal/", "seg/") for o in self.store.list(where)}
         if not objects:
             return 0
         referenced = {json.loads(kv.value)[0] for kv in self.control.get_prefix(self.layout.index)}
