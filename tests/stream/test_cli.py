@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.cli.main import main
@@ -49,6 +51,8 @@ def test_run_query_results_and_live_state(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "batch 2: 300 records, 0 late, 0 malformed" in run.stderr
+    # not a terminal: plain progress lines through the backlog, the last one at 100 %
+    assert "backlog: 900 of 900 records (100 %)" in run.stderr
 
     monkeypatch.setenv("RIVERBED_HOME", str(home))
     assert main(["query", "flags", "--json"]) == 0
@@ -191,3 +195,26 @@ def test_a_damaged_topic_stops_stream_run_with_one_line_and_a_skip_gets_it_movin
     assert len(merged) == len(want) == len(got)
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
+
+
+@given(st.integers(0, 10**9), st.integers(0, 10**9), st.floats(0, 1e6))
+def test_a_backlog_line_never_runs_past_its_end(total: int, done: int, elapsed: float) -> None:
+    from riverbed.stream.specjob import backlog_line
+
+    line = backlog_line(total, done, elapsed)
+    share = int(line.split("(")[1].split(" %")[0])
+    assert 0 <= share <= 100 and f"of {total:,} records" in line
+    assert ("left" in line) == (elapsed > 0 and 0 < done < total)
+
+
+def test_a_backlog_line_says_the_rate_and_the_time_left() -> None:
+    from riverbed.stream.specjob import backlog_line
+
+    assert backlog_line(10_000, 2_500, 5.0) == (
+        "backlog: 2,500 of 10,000 records (25 %), 500 records/s, about 15 s left"
+    )
+    assert backlog_line(10_000, 100, 10.0).endswith("about 16 min left")
+    assert (
+        backlog_line(10_000, 10_000, 20.0)
+        == "backlog: 10,000 of 10,000 records (100 %), 500 records/s"
+    )

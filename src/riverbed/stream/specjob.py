@@ -187,6 +187,23 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
     )
 
 
+def backlog_line(total: int, done: int, elapsed_s: float) -> str:
+    """How ``stream run --once`` reports its way through the backlog it started with:
+    records done of it, the rate so far, and the time left at that rate."""
+    done = max(0, done)
+    share = 100.0 if total <= 0 else min(100.0, 100.0 * done / total)
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    left = ""
+    if rate > 0 and done < total:
+        seconds = (total - done) / rate
+        left = (
+            f", about {seconds:,.0f} s left"
+            if seconds < 120
+            else f", about {seconds / 60:,.0f} min left"
+        )
+    return f"backlog: {done:,} of {total:,} records ({share:.0f} %), {rate:,.0f} records/s{left}"
+
+
 def resume_line(job: Job) -> str | None:
     """What a (re)started driver resumes from, or None on a fresh checkpoint."""
 
