@@ -27,12 +27,12 @@ brokers, with a Kafka client, whether the topic is there before Spark starts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from riverbed.errors import InvalidValueError
+from riverbed.spark.kafka import TOPIC as _TOPIC  # Kafka's own rule for topic names
 
 __all__ = [
     "FORMATS",
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 FORMATS = ("json", "raw")
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
 SCHEME = "kafka://"  # a Kafka source's label: kafka://<bootstrap>/<topic>
 _KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options"}
 # options riverbed sets itself: a user's would silently change what a batch reads

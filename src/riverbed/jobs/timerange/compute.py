@@ -22,6 +22,7 @@ from riverbed.jobs.timerange.errors import MissingInputError, SpecError
 from riverbed.jobs.timerange.plan import to_datetime
 from riverbed.jobs.timerange.spec import (
     FunctionInput,
+    KafkaInput,
     ParquetInput,
     TimeRangeSpec,
     TopicInput,
@@ -87,6 +88,10 @@ def read_input(spark: SparkSession, job: TimeRangeSpec, lo: int, hi: int) -> Dat
         from riverbed.jobs.timerange.topic import read_topic
 
         return _where_in(job, read_topic(spark, job.name, job.time, inp, lo, hi), lo, hi)
+    if isinstance(inp, KafkaInput):
+        from riverbed.jobs.timerange.topic import read_kafka
+
+        return _where_in(job, read_kafka(spark, job.time, inp, lo, hi), lo, hi)
     assert isinstance(inp, FunctionInput)
     return _where_in(job, inp.fn(spark, to_datetime(lo), to_datetime(hi)), lo, hi)
 

@@ -37,7 +37,7 @@ key (rows whose time is before the run's origin never count):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -59,6 +59,7 @@ __all__ = [
     "Cumulative",
     "Custom",
     "FunctionInput",
+    "KafkaInput",
     "LoadedSpec",
     "ParquetInput",
     "Rolling",
@@ -287,7 +288,64 @@ class FunctionInput:
     fn: Callable[[SparkSession, datetime, datetime], DataFrame]
 
 
-Input = ParquetInput | TopicInput | FunctionInput
+@dataclass(frozen=True)
+class KafkaInput:
+    """A Kafka topic of JSON values, read by Spark's own Kafka connector.
+
+    Columns: the value fields (``schema``, a Spark DDL string such as
+    ``"sensor_id string, value double"``), ``key`` (the record key, as a string) and
+    ``timestamp`` (the record's Kafka timestamp). With ``time="timestamp"`` a chunk
+    ``[lo, hi)`` starts reading at each partition's first offset at or after ``lo``
+    (Kafka's own time index) and stops at the partition's end — or, given ``lateness``
+    (how late a record can arrive after newer ones, e.g. ``"10m"``), at the first
+    offset at or after ``hi + lateness``. With a time column from the value, every
+    chunk reads the whole topic. ``options`` go to Spark's reader as they are (security
+    settings: ``{"kafka.security.protocol": "SASL_SSL", ...}``).
+    """
+
+    bootstrap: str
+    topic: str
+    schema: str
+    lateness: Duration | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from riverbed.errors import InvalidValueError
+        from riverbed.spark.kafka import check_topic
+
+        if not isinstance(self.bootstrap, str) or not all(
+            a.strip().rpartition(":")[2].isdigit() for a in self.bootstrap.split(",")
+        ):
+            raise SpecError(
+                f"KafkaInput: bootstrap must be host:port[,host:port...], not {self.bootstrap!r}"
+            )
+        try:
+            check_topic(self.topic, "KafkaInput")
+        except InvalidValueError as exc:
+            raise SpecError(str(exc)) from None
+        if not isinstance(self.schema, str) or not self.schema.strip():
+            raise SpecError(
+                "KafkaInput: schema must be a Spark DDL string of the JSON value's fields, "
+                "like 'sensor_id string, value double'"
+            )
+        if self.lateness is not None:
+            _us(self.lateness, "KafkaInput: lateness")
+        owned = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers"}
+        clash = sorted(
+            k for k in self.options if k.lower() in owned | {"startingoffsets", "endingoffsets"}
+        )
+        if clash:
+            raise SpecError(
+                f"KafkaInput: riverbed sets {', '.join(clash)} itself (from bootstrap, topic "
+                "and each chunk's range); leave them out of options"
+            )
+
+    @property
+    def lateness_ms(self) -> int | None:
+        return None if self.lateness is None else _us(self.lateness, "KafkaInput") // 1000
+
+
+Input = ParquetInput | TopicInput | KafkaInput | FunctionInput
 
 
 @dataclass(frozen=True)
@@ -309,10 +367,11 @@ class TimeRangeSpec:
     def __post_init__(self) -> None:
         where = f"time-range job '{self.name}'" if self.name else "time-range job"
         inp = self.input
-        if not isinstance(inp, ParquetInput | TopicInput | FunctionInput):
+        if not isinstance(inp, ParquetInput | TopicInput | KafkaInput | FunctionInput):
             if not callable(inp):
                 raise SpecError(
-                    f"{where}: input must be ParquetInput(...), TopicInput(...), FunctionInput(fn) "
+                    f"{where}: input must be ParquetInput(...), TopicInput(...), "
+                    "KafkaInput(...), FunctionInput(fn) "
                     "or a function (spark, start, end) -> DataFrame"
                 )
             object.__setattr__(self, "input", FunctionInput(inp))

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from riverbed.jobs.timerange.errors import MissingInputError, SpecError
-from riverbed.jobs.timerange.spec import TopicInput
+from riverbed.jobs.timerange.spec import KafkaInput, TopicInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SPAN", "PartitionIndex", "TimeIndex", "read_topic", "runs_meeting"]
+__all__ = ["SPAN", "PartitionIndex", "TimeIndex", "read_kafka", "read_topic", "runs_meeting"]
 
 SPAN = 50_000  # records per indexed run
 META = ("partition", "offset", "_error")  # reader columns a time-range job does not keep
@@ -211,3 +211,29 @@ def read_topic(
         ),
     )
     return checked.where(F.col("_error").isNull()).drop(*META)
+
+
+def read_kafka(spark: SparkSession, time: str, inp: KafkaInput, lo: int, hi: int) -> DataFrame:
+    """The records of a Kafka topic that can hold ``[lo, hi)`` (microseconds): by
+    Kafka's own time index when ``time`` is the record timestamp (see
+    :class:`KafkaInput`), else the whole topic — as the value fields, ``key`` and
+    ``timestamp``."""
+    from riverbed.spark import kafka
+
+    try:
+        if time == "timestamp":
+            starts = kafka.offsets_for_time(inp.bootstrap, inp.topic, lo // 1000)
+            late = inp.lateness_ms
+            stops = (
+                kafka.ends(inp.bootstrap, inp.topic)
+                if late is None
+                else kafka.offsets_for_time(inp.bootstrap, inp.topic, hi // 1000 + late)
+            )
+        else:
+            stops = kafka.ends(inp.bootstrap, inp.topic)
+            starts = {p: -2 for p in stops}  # -2: Spark's "earliest" in an offsets map
+    except kafka.KafkaReadError as exc:
+        raise MissingInputError(f"KafkaInput: {exc}") from None
+    df = kafka.read_range(spark, inp.bootstrap, inp.topic, starts, stops, inp.options)
+    columns: DataFrame = kafka.json_columns(df, inp.schema)
+    return columns
