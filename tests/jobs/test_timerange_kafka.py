@@ -9,7 +9,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from riverbed.control import connect
@@ -22,10 +21,9 @@ from riverbed.jobs.timerange import (
     TimeRangeJob,
     Tumbling,
 )
-from riverbed.jobs.timerange.oracle import pandas_rows
 from riverbed.spark import kafka as spark_kafka
 from riverbed.testing import KafkaServer
-from tests.jobs.test_timerange_topic import readings, spec_for
+from tests.jobs.test_timerange_topic import assert_chunks_equal_pandas, readings, spec_for
 
 pytestmark = pytest.mark.spark
 
@@ -70,20 +68,7 @@ def test_a_kafka_topic_in_chunks_gives_what_pandas_gives(
         tumbling=[Tumbling("1h", "value", ["sum"])],
         chunk="1h",
     )
-    spec = spec_for(job, tmp_path / "out")
-    driver = Driver(spec, connect("memory://"), lambda: spark, ttl=5)
-    driver.run("2026-01-01", "2026-01-01T04:00")
-    got = driver.output.read("rows").to_pandas()
-    frame = pd.DataFrame(rows, columns=["sensor", "timestamp", "value"])
-    frame["key"] = frame.sensor.astype(str)
-    want = pandas_rows(spec.job, frame)
-    order = ["sensor", "timestamp", "value"]
-    got = got.sort_values(order).reset_index(drop=True)
-    want = want.sort_values(order).reset_index(drop=True)[list(got.columns)]
-    assert len(got) == len(rows)
-    got["timestamp"] = pd.to_datetime(got.timestamp, utc=True)
-    want["timestamp"] = pd.to_datetime(want.timestamp, utc=True)
-    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert_chunks_equal_pandas(spark, job, rows, tmp_path / "out")
 
 
 def test_bad_kafka_inputs_are_named(spark: Any, kafka_server: KafkaServer, tmp_path: Path) -> None:

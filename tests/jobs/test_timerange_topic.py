@@ -124,7 +124,24 @@ def test_a_topic_in_any_order_gives_what_pandas_gives(
         tumbling=[Tumbling("30min", "value", ["count"])],
         chunk="30m",
     )
-    spec = spec_for(job, tmp_path / "out")
+    driver = assert_chunks_equal_pandas(spark, job, rows, tmp_path / "out")
+    hourly = driver.output.read("windows_30m").to_pandas()
+    assert hourly.value_count_30m.sum() == 300
+
+    # a chunk in the middle reads a fraction of the topic, not all of it
+    index = topic_module._index(log_url, "readings")
+    lo = int((START + timedelta(hours=2)).timestamp() * 1000)
+    picked = sum(e - s for _, s, e in index.ranges(lo, lo + 30 * 60_000))
+    assert 0 < picked < 300 / 2
+
+
+def assert_chunks_equal_pandas(
+    spark: Any, job: TimeRangeJob, rows: list[tuple[int, datetime, float | None]], out: Path
+) -> Driver:
+    """Run ``job`` over the first four hours in its chunks; its rows equal pandas' over
+    ``rows`` (sensor, event time, value), whatever order they were written in. Returns
+    the driver, for its other outputs."""
+    spec = spec_for(job, out)
     driver = Driver(spec, connect("memory://"), lambda: spark, ttl=5)
     driver.run("2026-01-01", "2026-01-01T04:00")
     got = driver.output.read("rows").to_pandas()
@@ -134,18 +151,11 @@ def test_a_topic_in_any_order_gives_what_pandas_gives(
     order = ["sensor", "timestamp", "value"]
     got = got.sort_values(order).reset_index(drop=True)
     want = want.sort_values(order).reset_index(drop=True)[list(got.columns)]
-    assert len(got) == 300
+    assert len(got) == len(rows)
     got["timestamp"] = pd.to_datetime(got.timestamp, utc=True)
     want["timestamp"] = pd.to_datetime(want.timestamp, utc=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
-    hourly = driver.output.read("windows_30m").to_pandas()
-    assert hourly.value_count_30m.sum() == 300
-
-    # a chunk in the middle reads a fraction of the topic, not all of it
-    index = topic_module._index(log_url, "readings")
-    lo = int((START + timedelta(hours=2)).timestamp() * 1000)
-    picked = sum(e - s for _, s, e in index.ranges(lo, lo + 30 * 60_000))
-    assert 0 < picked < 300 / 2
+    return driver
 
 
 def test_records_appended_later_are_read_by_the_next_run(spark: Any, tmp_path: Path) -> None:

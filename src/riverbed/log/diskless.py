@@ -587,7 +587,9 @@ class DisklessLogStorage(LogStorage):
         check_column_values(config, batch.values)
         stamps = batch.timestamps_ms
         encoded = encode_columns(batch)
-        return self._submit(topic, partition, encoded, int(stamps.min()), int(stamps.max()))
+        return self._enqueue(
+            topic, partition, encoded, int(stamps.min()), int(stamps.max())
+        ).result()
 
     def append_once(
         self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
@@ -601,19 +603,6 @@ class DisklessLogStorage(LogStorage):
         stamps = batch.timestamps_ms
         encoded = encode_columns(batch)
         lo, hi = int(stamps.min()), int(stamps.max())
-        return self._submit(topic, partition, encoded, lo, hi, producer, sequence)
-
-    def _submit(
-        self,
-        topic: str,
-        partition: int,
-        encoded: EncodedBatch,
-        lo: int,
-        hi: int,
-        producer: str | None = None,
-        sequence: int = 0,
-    ) -> int:
-        """Queue a batch for the next flush and wait for its base offset."""
         return self._enqueue(topic, partition, encoded, lo, hi, producer, sequence).result()
 
     def _enqueue(
@@ -626,6 +615,7 @@ class DisklessLogStorage(LogStorage):
         producer: str | None = None,
         sequence: int = 0,
     ) -> Future[int]:
+        """Queue a batch for the next flush; its future gets the batch's base offset."""
         pending = Pending(topic, partition, encoded.count, encoded.body, lo, hi, producer, sequence)
         done: Future[int] = Future()
         with self._cond:
