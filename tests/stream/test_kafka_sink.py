@@ -164,3 +164,34 @@ def test_a_replaced_driver_is_fenced_and_bad_addresses_are_one_error(
     nobody = f"kafka://127.0.0.1:{free_port()}/results"
     with pytest.raises(KafkaSinkError, match=r"no Kafka broker answered at 127\.0\.0\.1:"):
         KafkaSink(nobody, AGGREGATION)
+
+
+def test_a_commit_that_timed_out_on_a_stalled_broker_is_tried_again_and_written_once(
+    kafka_server: KafkaServer, kafka_topic: str
+) -> None:
+    import threading
+
+    label = f"kafka://{kafka_server.bootstrap}/{kafka_topic}"
+    sink = KafkaSink(label, AGGREGATION, partitions=3)
+    assert sink.write(0, rows(0)) == 6
+    sink.commit_s = 2.0  # a commit gives up after 2 s: the broker is stalled for 6
+    result: list[Any] = []
+    kafka_server.pause()
+    try:
+        writer = threading.Thread(target=lambda: result.append(_write(sink, 1)))
+        writer.start()
+        time.sleep(6)
+    finally:
+        kafka_server.resume()
+    writer.join(180)
+    assert result == [6], result
+    sink.close()
+    seen = read_topic(kafka_server.bootstrap, kafka_topic, "read_committed")
+    assert sorted(v["batch_id"] for v in seen) == [0] * 6 + [1] * 6
+
+
+def _write(sink: KafkaSink, batch_id: int) -> Any:
+    try:
+        return sink.write(batch_id, rows(batch_id))
+    except KafkaSinkError as exc:
+        return exc

@@ -16,10 +16,10 @@ transactional producer — see :class:`KafkaSink`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -190,6 +190,7 @@ class KafkaSinkError(StreamValueError):
     """A Kafka results topic that cannot be written; the message names the fix."""
 
 
+RETRY_S = 120.0  # how long a Kafka sink keeps a batch going through passing failures
 MARKERS = ".riverbed-batches"  # beside a Kafka results topic: its last written batch id
 
 
@@ -209,6 +210,7 @@ class KafkaSink:
     """
 
     def __init__(self, label: str, aggregation: str, partitions: int = 1) -> None:
+        self.commit_s = 60.0  # how long a commit (or an abort) may take
         from riverbed.stream import kafka
 
         self.bootstrap, self.topic = kafka.parse_label(label)
@@ -295,38 +297,77 @@ class KafkaSink:
 
     def write(self, batch_id: int, rows: pd.DataFrame) -> int:
         """The batch's rows in one transaction; returns how many were written now (0
-        when the batch's transaction committed before)."""
+        when the batch's transaction committed before). Through passing failures (a
+        broker restarting or stalled, a leader moving) it keeps going for up to
+        :data:`RETRY_S` seconds: a commit that timed out is committed again, a
+        transaction Kafka says must be aborted is aborted and written again."""
         from confluent_kafka import KafkaException
 
         if self._last >= batch_id:
             return 0
-        try:
-            self.producer.begin_transaction()
-            for row in rows.to_dict("records"):
-                key, value, end = result_record(batch_id, row)
-                self.producer.produce(self.topic, key=key, value=json.dumps(value), timestamp=end)
-            self.producer.produce(
-                self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id})
-            )
-            self.producer.commit_transaction(60)
-            self._last = batch_id
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if error is not None and getattr(error, "fatal", lambda: False)():
-                raise KafkaSinkError(
-                    f"Kafka results topic {self.label}: this driver's producer was fenced "
-                    f"({_reason(exc)}) — a newer driver writes the results now"
-                ) from None
-            with contextlib.suppress(KafkaException):
-                self.producer.abort_transaction(30)
-            raise KafkaSinkError(
-                f"Kafka results topic {self.label}: batch {batch_id} was not written "
-                f"({_reason(exc)}); the batch is retried when the driver restarts"
-            ) from None
-        return len(rows)
+        deadline = time.monotonic() + RETRY_S
+        while True:
+            try:
+                self._transaction(batch_id, rows, deadline)
+                return len(rows)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if _says(error, "fatal"):
+                    raise KafkaSinkError(
+                        f"Kafka results topic {self.label}: this driver's producer was fenced "
+                        f"({_reason(exc)}) — a newer driver writes the results now"
+                    ) from None
+                aborted = self._abort(deadline)
+                if not (aborted and _says(error, "txn_requires_abort", "retriable")) or (
+                    time.monotonic() >= deadline
+                ):
+                    raise KafkaSinkError(
+                        f"Kafka results topic {self.label}: batch {batch_id} was not written "
+                        f"({_reason(exc)}); the batch is retried when the driver restarts"
+                    ) from None
+                time.sleep(0.5)
+
+    def _transaction(self, batch_id: int, rows: pd.DataFrame, deadline: float) -> None:
+        """The batch's rows and its marker in one transaction, its commit tried again
+        while it times out (as Kafka's client asks) until ``deadline``."""
+        from confluent_kafka import KafkaException
+
+        self.producer.begin_transaction()
+        for row in rows.to_dict("records"):
+            key, value, end = result_record(batch_id, row)
+            self.producer.produce(self.topic, key=key, value=json.dumps(value), timestamp=end)
+        self.producer.produce(self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id}))
+        while True:
+            try:
+                self.producer.commit_transaction(self.commit_s)
+                break
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not _says(error, "retriable") or time.monotonic() >= deadline:
+                    raise
+        self._last = batch_id
+
+    def _abort(self, deadline: float) -> bool:
+        """Abort the open transaction, again while it times out; whether it was."""
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                self.producer.abort_transaction(self.commit_s)
+                return True
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not _says(error, "retriable") or time.monotonic() >= deadline:
+                    return False
 
     def close(self) -> None:
         self.producer.flush(10)
+
+
+def _says(error: Any, *flags: str) -> bool:
+    """Whether a Kafka client error carries any of ``flags`` (``fatal``, ``retriable``,
+    ``txn_requires_abort``)."""
+    return error is not None and any(getattr(error, f, lambda: False)() for f in flags)
 
 
 def _reason(exc: BaseException) -> str:
