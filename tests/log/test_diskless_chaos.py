@@ -52,7 +52,7 @@ def handle(record):
     out.write(f"{record.partition} {record.offset} {record.value['w']} {record.value['i']}\\n")
     out.flush()
 with log.consumer(connect(sys.argv[2]), "chaos", "chaos", member_id=sys.argv[3],
-                  session_ttl=3) as consumer:
+                  session_ttl=10) as consumer:
     consumer.run(handle, max_records=50)
 """
 
