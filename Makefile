@@ -2,7 +2,7 @@
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
 #               whole pytest suite (all markers), in two pytest-xdist workers: one runs
-#               the slow scenario tests in turn, the other the rest (tests/conftest.py)
+#               the slow Spark scenario tests in turn, the other the rest (tests/conftest.py)
 
 VENV   := .venv
 BIN    := $(VENV)/bin

@@ -145,10 +145,18 @@ def subprocess_env() -> dict[str, str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test`` (two pytest-xdist workers, ``--dist loadgroup``) the ``slow``
-    scenario tests — drivers, workers and clusters in their own processes, killed and
-    restarted — are one group: one worker runs them one after another while the other
-    takes the rest. Two such scenarios at once on 2 cores starve each other (Spark gives
-    a new Python worker 10 s to connect back; takeovers and deadlines stretch)."""
+    scenario tests that start Spark drivers — killed, restarted, taken over — are one
+    group: one worker runs them one after another while the other takes the rest. Two
+    such scenarios at once on 2 cores starve each other (takeovers and deadlines
+    stretch). The scenarios without Spark (log servers, control-plane and jobs
+    processes, the S3 outages) are spread over both workers like any test: kept in the
+    group they made it the longest way through the suite."""
     for item in items:
-        if item.get_closest_marker("slow"):
+        drivers = item.get_closest_marker("spark") or item.nodeid.startswith(SPARK_SCENARIOS)
+        if item.get_closest_marker("slow") and drivers:
             item.add_marker(pytest.mark.xdist_group("scenarios"))
+
+
+# modules whose slow tests start Spark drivers in processes of their own (the ``spark``
+# marker only says a test uses the session's Spark)
+SPARK_SCENARIOS = ("tests/stream/", "tests/jobs/test_demo.py")
