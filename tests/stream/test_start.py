@@ -5,17 +5,21 @@ its first batch is started again from its checkpoint, and counts every event onc
 from __future__ import annotations
 
 import stat
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from riverbed.stream.dataframe import START_ATTEMPTS, read_results, transient_start_failure
+from riverbed.stream import Aggregation, Count, Distinct, register
+from riverbed.stream.dataframe import (
+    START_ATTEMPTS,
+    read_results,
+    start,
+    transient_start_failure,
+)
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
-from tests.stream.test_engine import oracle
-from tests.stream.test_startup_kills import DATAFRAME_DRIVER, SPEC
 
 # Spark starts the source's Python process as `<python> -m <runner>`; the first such
 # start is held 12 s (a Python start-up on a machine too busy to give it any CPU), later
@@ -58,36 +62,47 @@ def test_only_a_python_worker_too_slow_to_connect_back_is_retried(
 
 @pytest.mark.spark
 def test_a_source_worker_too_slow_to_connect_back_is_started_again(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    home = tmp_path / "home"
+    """The session's Python for the riverbed source is a wrapper that holds the first
+    start of Spark's streaming-source runner 12 s: the query fails as on a starved host
+    and is started again, and counts every event once."""
+    from tests.stream.test_engine import oracle, source
+
+    log_url = f"file://{tmp_path / 'log'}"
     events = make_events(3_000, hours=3, seed=5)
-    write_events(f"file://{home / 'log'}", events, partitions=3)
-    (tmp_path / "spec.py").write_text(SPEC)
-    driver = tmp_path / "driver.py"
-    driver.write_text(DATAFRAME_DRIVER)
+    write_events(log_url, events, partitions=3)
     marks = tmp_path / "marks"
     marks.mkdir()
     python = tmp_path / "slow-python"
     python.write_text(SLOW_PYTHON.format(marks=marks, python=sys.executable))
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    env = {**subprocess_env, "PYSPARK_PYTHON": str(python)}
-
-    run = subprocess.run(
-        [sys.executable, str(driver), str(tmp_path / "spec.py"), str(home)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-3000:]
+    context = spark.sparkContext
+    before = context.pythonExec
+    context.pythonExec = str(python)  # what register() hands the data source's workers
+    try:
+        df = source(spark, log_url)
+        with caplog.at_level("WARNING", logger="riverbed.stream.dataframe"):
+            query = start(
+                spark, AGGREGATION, df, checkpoint=tmp_path / "ckpt", output=tmp_path / "out",
+                log_url=log_url, trigger={"availableNow": True},
+            )  # fmt: skip
+            query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+    finally:
+        context.pythonExec = before
+        register(spark)  # the source's workers are plain Python again
     assert (marks / "first").is_dir() and (marks / "later").is_dir()  # held, then again
-    assert f"starting it again from its checkpoint (attempt 2 of {START_ATTEMPTS})" in out
-    got = read_results(home / "out")
+    assert f"starting it again from its checkpoint (attempt 2 of {START_ATTEMPTS})" in caplog.text
+    got = read_results(tmp_path / "out")
     want = oracle(events, Tumbling("1h"))[["window_start", "key", "events", "users"]]
     merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
     assert len(merged) == len(want) == len(got)
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
+
+
+AGGREGATION = Aggregation(
+    name="startup", key="flag", time="ts", window=Tumbling("1h"), watermark="3h",
+    metrics={"users": Distinct("user_id"), "events": Count()}, state_partitions=3,
+)  # fmt: skip
