@@ -83,3 +83,22 @@ def test_a_rerun_of_the_compaction_batch_keeps_the_compacted_rows(
     assert results.compact_output(str(out), SPEC, 1) == 1
     results.write_output(str(out), SPEC, 1, batch(1, ["a"]))  # replaced by a re-run
     assert sorted(read_results(out)["key"]) == ["a", "b"]
+
+
+def test_a_writer_fenced_after_writing_replaces_nothing_and_leaves_no_staging(
+    tmp_path: Path,
+) -> None:
+    from riverbed.stream.fencing import DriverFencedError
+
+    out = tmp_path / "out"
+    results.write_output(str(out), SPEC, 0, batch(0, ["a", "b"]))
+    part = next((out / "batch_id=0").glob("*.parquet"))
+    before = (part.read_bytes(), part.stat().st_ino)
+
+    def fenced() -> None:  # a takeover happened while this writer wrote its rows
+        raise DriverFencedError("this driver lost the lead of 'x'")
+
+    with pytest.raises(DriverFencedError):
+        results.write_output(str(out), SPEC, 0, batch(0, ["z"]), fence=fenced)
+    assert (part.read_bytes(), part.stat().st_ino) == before
+    assert sorted(p.name for p in out.iterdir()) == ["batch_id=0"]  # no staging left

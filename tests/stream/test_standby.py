@@ -111,7 +111,10 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 def fingerprint(s: dict[str, Any]) -> dict[str, str]:
-    """Every file riverbed writes for the aggregation (not Spark's own offset logs)."""
+    """Every file riverbed writes for the aggregation (not Spark's own offset logs), by
+    content and inode — a file replaced by the same bytes is a write too — but hidden
+    ones and those in hidden directories: a writer's staging, which a zombie paused
+    mid-write removes when it wakes and finds itself fenced (no reader sees it)."""
     roots = [
         checkpoint(s) / "riverbed",
         checkpoint(s) / "state",
@@ -119,11 +122,11 @@ def fingerprint(s: dict[str, Any]) -> dict[str, str]:
         Path(s["home"]) / "log",
     ]
     return {
-        str(p): hashlib.sha1(p.read_bytes()).hexdigest()
+        str(p): f"{hashlib.sha1(p.read_bytes()).hexdigest()} inode {p.stat().st_ino}"
         for root in roots
         if root.exists()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.name.startswith(".")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
     }
 
 

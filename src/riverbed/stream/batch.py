@@ -120,7 +120,7 @@ def finish(
     With ``outputs_from`` (a ``time.perf_counter()`` reading), the time since then is
     recorded as the batch's ``ms.outputs``."""
     config.fence()
-    written = write_output(config.output, config.spec, batch_id, rows)
+    written = write_output(config.output, config.spec, batch_id, rows, fence=config.fence)
     if config.sql_url or config.results_topic:
         publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
     if outputs_from is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,11 +64,18 @@ def empty_rows(spec: Aggregation) -> pd.DataFrame:
 
 
 def write_output(
-    output: str, spec: Aggregation, batch_id: int, rows: pd.DataFrame | pa.Table
+    output: str,
+    spec: Aggregation,
+    batch_id: int,
+    rows: pd.DataFrame | pa.Table,
+    fence: Callable[[], None] | None = None,
 ) -> pa.Table:
     """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory);
     returns what was written. Both paths write through here, so the table has one
-    Parquet schema (timestamps as UTC microseconds) whichever path wrote a batch."""
+    Parquet schema (timestamps as UTC microseconds) whichever path wrote a batch.
+    ``fence`` (the driver's term check) runs again once the rows are written and just
+    before they replace anything: a driver paused while writing and resumed after a
+    takeover raises there, and its staging goes, instead of replacing the batch."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -78,13 +86,22 @@ def write_output(
     else:
         table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
     if not is_local(output):
-        checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", _parquet(table))
+        data = _parquet(table)
+        if fence is not None:
+            fence()
+        checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
         return table
     root = local_path(output)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
     tmp.mkdir()
     pq.write_table(table, tmp / PART)
+    if fence is not None:
+        try:
+            fence()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     target = root / f"batch_id={batch_id}"
     if target.exists():  # a re-run replaces its own output (never what compaction put there)
         for carried in target.glob("compacted-*.parquet"):
