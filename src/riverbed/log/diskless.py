@@ -908,7 +908,7 @@ class DisklessLogStorage(LogStorage):
         partition (a concurrent append or retention retries). Their objects are deleted
         by :meth:`collect_garbage` once no partition refers to them. Returns how many
         batches were dropped."""
-        config = self._config(topic)
+        config = self.topic_config(topic)  # as it is now, not as this process first saw it
         if config.retention_ms is None and config.retention_bytes is None:
             return 0
         dropped = 0
