@@ -185,3 +185,14 @@ def test_offsets_for_time_find_the_first_record_at_or_after_it(log: Log) -> None
         assert log.offsets_for_time("t", when) == expected, when
     moment = datetime.fromtimestamp(1_001.5, tz=UTC)
     assert log.offsets_for_time("t", moment) == log.offsets_for_time("t", 1_001_500)
+
+
+def test_batches_sent_without_waiting_land_in_order_with_their_offsets(log: Log) -> None:
+    log.create_topic("t", 2, partitioner="round-robin")
+    producer = log.producer("t")
+    futures = [producer.send_batch_async([{"i": i * 10 + j} for j in range(10)]) for i in range(8)]
+    metas = [m for f in futures for m in f.result(timeout=60)]
+    assert len({(m.partition, m.offset) for m in metas}) == 80
+    for p in range(2):
+        values = [r.value["i"] for r in log.read("t", p, 0, 1000)]
+        assert values == sorted(values) and len(values) == 40  # in the order sent

@@ -204,6 +204,17 @@ def test_a_batch_over_many_partitions_is_one_object_and_one_commit() -> None:
     log.close()
 
 
+def test_batches_in_flight_share_flushes() -> None:
+    log = diskless(f"dl-{uuid.uuid4().hex}", MemoryControlPlane(), flush_ms=30)
+    log.create_topic("t", 1)
+    producer = log.producer("t")
+    futures = [producer.send_batch_async([{"i": i}] * 100) for i in range(20)]
+    offsets = [f.result(timeout=60)[0].offset for f in futures]
+    assert offsets == [i * 100 for i in range(20)]  # in the order sent
+    assert log.storage.stats["objects"] < 5  # type: ignore[attr-defined]
+    log.close()
+
+
 class LosesAnswers(MemoryControlPlane):
     """A real in-memory control plane whose transactions commit, and then the first
     ``lose`` answers never arrive (the connection drops after the server applied it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -264,6 +265,22 @@ class LogStorage(ABC):
         the whole call. Storages that commit many batches at once (diskless topics: one
         object and one transaction per flush) take them together."""
         return [self.append(topic, p, records, typed) for p, records, typed in parts]
+
+    def append_parts_async(
+        self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
+    ) -> list[Future[int]]:
+        """:meth:`append_parts` without waiting: a future of each part's base offset.
+        Storages that group appends (diskless topics) let many calls share a flush; the
+        others append here and return futures already done."""
+        out: list[Future[int]] = []
+        for p, records, typed in parts:
+            done: Future[int] = Future()
+            try:
+                done.set_result(self.append(topic, p, records, typed))
+            except Exception as exc:
+                done.set_exception(exc)
+            out.append(done)
+        return out
 
     def append_once(
         self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int

@@ -569,6 +569,12 @@ class DisklessLogStorage(LogStorage):
         self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
     ) -> list[int]:
         """Every part waits for the same flush: one object, one transaction."""
+        return [f.result() for f in self.append_parts_async(topic, parts)]
+
+    def append_parts_async(
+        self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
+    ) -> list[Future[int]]:
+        """Queue every part for the next flush; futures of their base offsets."""
         waiting = []
         for partition, records, typed in parts:
             if not records:
@@ -577,8 +583,7 @@ class DisklessLogStorage(LogStorage):
             encoded = encode_body(records, typed_values(topic, config, records, typed))
             stamps = [r.timestamp_ms for r in records]
             waiting.append((topic, partition, encoded, min(stamps), max(stamps)))
-        futures = [self._enqueue(*w) for w in waiting]
-        return [f.result() for f in futures]
+        return [self._enqueue(*w) for w in waiting]
 
     def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
         if not len(batch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -281,6 +282,46 @@ class Producer:
         timestamp_field: str | None = None,
     ) -> list[RecordMetadata]:
         """Append many values (dicts, or rows of a ``pyarrow.Table``) as batches."""
+        items, typed = self._items(values, key_field, timestamp_field)
+        return self._append(items, typed)
+
+    def send_batch_async(
+        self,
+        values: Iterable[Any] | Any,
+        *,
+        key_field: str | None = None,
+        timestamp_field: str | None = None,
+    ) -> Future[list[RecordMetadata]]:
+        """:meth:`send_batch` without waiting for the log: a future of the records'
+        coordinates. On diskless topics many calls in flight share one flush (one
+        object, one commit), which is where a producer's throughput comes from; other
+        logs append before returning. The values are checked here, all or nothing."""
+        items, typed = self._items(values, key_field, timestamp_field)
+        by_partition, parts = self._parts(items, typed)
+        futures = self.log.storage.append_parts_async(self.topic, parts)
+        done: Future[list[RecordMetadata]] = Future()
+        left = [len(futures)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[int]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            try:
+                bases = [f.result() for f in futures]
+            except Exception as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(self._metadata(items, by_partition, bases))
+
+        for f in futures:
+            f.add_done_callback(one_done)
+        return done
+
+    def _items(
+        self, values: Iterable[Any] | Any, key_field: str | None, timestamp_field: str | None
+    ) -> tuple[list[tuple[int, RawRecord]], Any]:
         if hasattr(values, "to_pylist"):
             values = values.to_pylist()
         values = values if isinstance(values, Sequence) else list(values)
@@ -290,27 +331,42 @@ class Producer:
             key = value.get(key_field) if key_field and isinstance(value, dict) else None
             ts = value.get(timestamp_field) if timestamp_field and isinstance(value, dict) else None
             items.append(self.record(value, key, ts, None, None, checked=True))
-        return self._append(items, typed)
+        return items, typed
 
-    def _append(
-        self, items: Sequence[tuple[int, RawRecord]], typed: Any = None
-    ) -> list[RecordMetadata]:
-        """Append ``items`` per partition; ``typed``: their checked values, if known."""
+    def _parts(
+        self, items: Sequence[tuple[int, RawRecord]], typed: Any
+    ) -> tuple[dict[int, list[int]], list[tuple[int, list[RawRecord], Any]]]:
+        """``items`` per partition: their indexes, and (partition, records, typed)."""
         by_partition: dict[int, list[int]] = {}
         for i, (p, _) in enumerate(items):
             by_partition.setdefault(p, []).append(i)
-        out: list[RecordMetadata | None] = [None] * len(items)
         parts = []
         for p, indexes in by_partition.items():
             part = None
             if typed is not None:
                 part = typed if len(by_partition) == 1 else typed.take(indexes)
             parts.append((p, [items[i][1] for i in indexes], part))
-        bases = self.log.storage.append_parts(self.topic, parts)
+        return by_partition, parts
+
+    def _metadata(
+        self,
+        items: Sequence[tuple[int, RawRecord]],
+        by_partition: Mapping[int, list[int]],
+        bases: Sequence[int],
+    ) -> list[RecordMetadata]:
+        out: list[RecordMetadata | None] = [None] * len(items)
         for (p, indexes), base in zip(by_partition.items(), bases, strict=True):
             for n, i in enumerate(indexes):
                 out[i] = RecordMetadata(self.topic, p, base + n)
         return [m for m in out if m is not None]
+
+    def _append(
+        self, items: Sequence[tuple[int, RawRecord]], typed: Any = None
+    ) -> list[RecordMetadata]:
+        """Append ``items`` per partition; ``typed``: their checked values, if known."""
+        by_partition, parts = self._parts(items, typed)
+        bases = self.log.storage.append_parts(self.topic, parts)
+        return self._metadata(items, by_partition, bases)
 
     def __enter__(self) -> Producer:
         return self
