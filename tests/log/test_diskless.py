@@ -32,6 +32,7 @@ from riverbed.log.diskless import (
     compaction_runs,
     covering,
     expired,
+    fitting,
     merged,
     place,
     remembered,
@@ -603,3 +604,49 @@ def test_reads_go_through_memory_then_local_disk_then_the_bucket(tmp_path: Path)
     assert [r.value for _, r in tiny.read("t", 0, 0, 100)] == want
     assert list((tmp_path / "tiny").iterdir()) == []  # over its limit: nothing kept
     writer.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.sampled_from([None, "p", "q"])), min_size=1,
+                max_size=300), st.integers(4, 128))  # fmt: skip
+def test_a_flush_takes_as_many_batches_as_one_transaction_holds(
+    shape: list[tuple[int, str | None]], limit: int
+) -> None:
+    pending = [Pending("t", p, 1, b"x", 0, 0, who, n) for n, (p, who) in enumerate(shape)]
+    n = fitting(pending, limit)
+    assert 1 <= n <= len(pending)
+    taken = pending[:n]
+    ops = len(taken) + len({(q.topic, q.partition) for q in taken}) + 1
+    ops += len({(q.topic, q.partition, q.producer) for q in taken if q.producer})
+    assert n == 1 or ops <= limit  # within the limit (one batch always goes)
+    if n < len(pending):  # and no more would have fitted
+        more = pending[: n + 1]
+        ops_more = len(more) + len({(q.topic, q.partition) for q in more}) + 1
+        ops_more += len({(q.topic, q.partition, q.producer) for q in more if q.producer})
+        assert ops_more > limit
+
+
+def test_flushes_compactions_and_retention_bigger_than_an_etcd_transaction(
+    s3_url: str, etcd_server: Any
+) -> None:
+    """etcd refuses a transaction of more than 128 operations: 400 batches in flight at
+    once, a compaction of 400 entries and a retention dropping them all are each split
+    into transactions it takes."""
+    log = riverbed.log.open(s3_url, control=etcd_server.url, flush_ms=200)
+    log.create_topic("t", 4)
+    log.create_topic("r", 1, retention_bytes=1)
+    storage = log.storage
+    assert isinstance(storage, DisklessLogStorage)
+    producer = log.producer("t")
+    futures = [producer.send_batch_async([{"i": i}], key_field=None) for i in range(400)]
+    futures += [log.producer("r").send_batch_async([{"i": i}]) for i in range(200)]
+    metas = [f.result(timeout=120)[0] for f in futures]
+    assert len({(m.topic, m.partition, m.offset) for m in metas}) == 600
+    assert storage.stats["objects"] >= 6  # more batches than one commit holds
+    assert storage.compact("t", min_run=2) == 400
+    assert 4 <= sum(len(storage._index("t", p)) for p in range(4)) <= 8
+    assert sorted(r.value["i"] for p in range(4) for r in log.read("t", p, 0, 1000)) == list(
+        range(400)
+    )
+    assert storage.enforce_retention("r") == 200  # in rounds of what one commit holds
+    assert log.offsets("r")[0].start == log.offsets("r")[0].end == 200
+    log.close()

@@ -83,6 +83,7 @@ FLUSH_BYTES = 4 * 1024 * 1024  # a flush goes sooner once this much is waiting
 PAGE_BITS = 16  # index entries are grouped by base offset >> PAGE_BITS
 COMMIT_ATTEMPTS = 200  # conflicts with other writers before a flush gives up
 CACHE_BYTES = 64 * 1024 * 1024
+MAX_TXN_OPS = 100  # operations (and compares) per control-plane transaction: etcd allows 128
 DISK_CACHE_BYTES = 1024 * 1024 * 1024
 
 
@@ -151,17 +152,23 @@ class Entry:
 
 
 def compaction_runs(
-    entries: Sequence[Entry], *, min_run: int = 8, max_bytes: int = 64 * 1024 * 1024
+    entries: Sequence[Entry],
+    *,
+    min_run: int = 8,
+    max_bytes: int = 64 * 1024 * 1024,
+    max_entries: int = MAX_TXN_OPS,
 ) -> list[list[Entry]]:
     """Runs of consecutive entries still in shared flush objects (``wal/``) to rewrite
     into one object of their partition each: at least ``min_run`` entries, at most
-    ``max_bytes`` (an entry bigger than that alone is left as it is)."""
+    ``max_bytes`` (an entry bigger than that alone is left as it is) and
+    ``max_entries`` (one transaction checks and replaces them all)."""
     runs: list[list[Entry]] = []
     run: list[Entry] = []
     size = 0
     for entry in entries:
         shared = entry.obj.startswith("wal/")
-        if not shared or (run and size + entry.stop - entry.start > max_bytes):
+        full = len(run) >= max_entries or size + entry.stop - entry.start > max_bytes
+        if not shared or (run and full):
             if len(run) >= min_run:
                 runs.append(run)
             run, size = [], 0
@@ -286,6 +293,21 @@ def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, in
     :data:`REMEMBERED` sequences of both."""
     merged = {**known, **new}
     return {q: merged[q] for q in sorted(merged)[-REMEMBERED:]}
+
+
+def fitting(pending: Sequence[Pending], limit: int = MAX_TXN_OPS) -> int:
+    """How many of ``pending`` (a prefix, at least one) one flush commits within
+    ``limit`` operations: an index entry per batch, an end per partition, a record per
+    producer and partition, and the writer's key."""
+    ends: set[tuple[str, int]] = set()
+    producers: set[tuple[str, int, str]] = set()
+    for n, p in enumerate(pending):
+        ends.add((p.topic, p.partition))
+        if p.producer is not None:
+            producers.add((p.topic, p.partition, p.producer))
+        if n + 1 + len(ends) + len(producers) + 1 > limit:
+            return max(1, n)
+    return len(pending)
 
 
 def covering(entries: Sequence[Entry], start: int, end: int) -> list[Entry]:
@@ -637,18 +659,23 @@ class DisklessLogStorage(LogStorage):
         return done
 
     def _flush_loop(self) -> None:
+        leftover = False
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending or self._closed)
                 if not self._pending:
                     return  # closed, nothing left
-                # the interval counts from the first waiting append
-                self._cond.wait_for(
-                    lambda: self._closed or self._pending_bytes >= self.flush_bytes,
-                    timeout=self.flush_ms / 1000,
-                )
-                batch, self._pending = self._pending, []
-                self._pending_bytes = 0
+                # the interval counts from the first waiting append (what the last flush
+                # could not take goes at once)
+                if not leftover:
+                    self._cond.wait_for(
+                        lambda: self._closed or self._pending_bytes >= self.flush_bytes,
+                        timeout=self.flush_ms / 1000,
+                    )
+                take = fitting([q for q, _ in self._pending])
+                batch, self._pending = self._pending[:take], self._pending[take:]
+                self._pending_bytes -= sum(len(q.body) for q, _ in batch)
+                leftover = bool(self._pending)
             try:
                 bases = self._flush([p for p, _ in batch])
             except Exception as exc:  # every waiting append learns why
@@ -928,7 +955,7 @@ class DisklessLogStorage(LogStorage):
                 gone = expired(
                     list(entries), head.held, int(time.time() * 1000),
                     config.retention_ms, config.retention_bytes,
-                )  # fmt: skip
+                )[: MAX_TXN_OPS - 1]  # fmt: skip
                 if not gone:
                     break
                 start = gone[-1].end
@@ -936,8 +963,7 @@ class DisklessLogStorage(LogStorage):
                 ops: list[Put | Delete] = [Put.of(key, Head(start, head.end, held).encode())]
                 ops += [Delete.of(self.layout.entry(topic, partition, e.base)) for e in gone]
                 if self.control.txn([Compare.mod(key) == kv.mod_revision], ops).succeeded:
-                    dropped += len(gone)
-                    break
+                    dropped += len(gone)  # and on: at most MAX_TXN_OPS entries a round
         return dropped
 
     def _index(self, topic: str, partition: int) -> list[tuple[Entry, int]]:
