@@ -196,3 +196,4 @@ def test_batches_sent_without_waiting_land_in_order_with_their_offsets(log: Log)
     for p in range(2):
         values = [r.value["i"] for r in log.read("t", p, 0, 1000)]
         assert values == sorted(values) and len(values) == 40  # in the order sent
+    assert producer.send_batch_async([]).result(timeout=5) == []

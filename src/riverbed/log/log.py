@@ -315,6 +315,8 @@ class Producer:
             else:
                 done.set_result(self._metadata(items, by_partition, bases))
 
+        if not futures:  # nothing to send
+            done.set_result([])
         for f in futures:
             f.add_done_callback(one_done)
         return done
