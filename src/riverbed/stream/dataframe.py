@@ -255,7 +255,7 @@ def start(
 # connect back (hard-coded in its PythonWorkerFactory); on a machine busy enough for a
 # Python start-up to take that long the query dies before its first batch. Nothing was
 # planned yet, so starting again from the checkpoint is safe.
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5  # a CI-like host (0.4 CPU) once failed 3 in a row
 _TRANSIENT_START = (
     "Python worker failed to connect back",
     "Timed out while waiting for the Python worker to connect back",
@@ -284,6 +284,7 @@ def _start(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
             attempt + 1,
             START_ATTEMPTS,
         )
+        time.sleep(2.0 * attempt)  # let the load that starved it pass
     raise AssertionError("unreachable")  # pragma: no cover
 
 
