@@ -608,29 +608,32 @@ class DisklessLogStorage(LogStorage):
         return [self._enqueue(*w) for w in waiting]
 
     def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
-        if not len(batch):
-            raise LogValueError("cannot append an empty batch")
-        config = self._config(topic, partition)
-        check_column_values(config, batch.values)
-        stamps = batch.timestamps_ms
-        encoded = encode_columns(batch)
-        return self._enqueue(
-            topic, partition, encoded, int(stamps.min()), int(stamps.max())
-        ).result()
+        return self._append_batch(topic, partition, batch, None, 0)
 
-    def append_once(
-        self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
+    def _append_batch(
+        self,
+        topic: str,
+        partition: int,
+        batch: ColumnBatch,
+        producer: str | None,
+        sequence: int,
     ) -> int:
+        """A batch given as columns, checked, through the next flush; its base offset."""
         if not len(batch):
             raise LogValueError("cannot append an empty batch")
-        if not producer or len(producer) > 64 or "/" in producer:
-            raise LogValueError(f"a producer id is 1-64 characters without '/', not {producer!r}")
         config = self._config(topic, partition)
         check_column_values(config, batch.values)
         stamps = batch.timestamps_ms
         encoded = encode_columns(batch)
         lo, hi = int(stamps.min()), int(stamps.max())
         return self._enqueue(topic, partition, encoded, lo, hi, producer, sequence).result()
+
+    def append_once(
+        self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
+    ) -> int:
+        if not producer or len(producer) > 64 or "/" in producer:
+            raise LogValueError(f"a producer id is 1-64 characters without '/', not {producer!r}")
+        return self._append_batch(topic, partition, batch, producer, sequence)
 
     def _enqueue(
         self,
@@ -813,13 +816,17 @@ class DisklessLogStorage(LogStorage):
     def size(self, topic: str, partition: int) -> int:
         return self._head(topic, partition).held
 
-    def _page(self, topic: str, partition: int, page: int) -> list[Entry]:
+    def _page_revisions(self, topic: str, partition: int, page: int) -> list[tuple[Entry, int]]:
+        """One index page's entries, sorted by base, with their keys' mod revisions."""
         prefix = self.layout.page(topic, partition, page)
-        entries = [
-            Entry.decode(int(kv.key.decode()[len(prefix) :]), kv.value)
+        found = [
+            (Entry.decode(int(kv.key.decode()[len(prefix) :]), kv.value), kv.mod_revision)
             for kv in self.control.get_prefix(prefix)
         ]
-        return sorted(entries, key=lambda e: e.base)
+        return sorted(found, key=lambda em: em[0].base)
+
+    def _page(self, topic: str, partition: int, page: int) -> list[Entry]:
+        return [e for e, _ in self._page_revisions(topic, partition, page)]
 
     def _entries(
         self, topic: str, partition: int, start: int, end: int, floor: int = 0
@@ -970,14 +977,12 @@ class DisklessLogStorage(LogStorage):
         """Every index entry of a partition from its first retained offset, in order,
         with its key's mod revision (what a compaction's transaction checks)."""
         head = self._head(topic, partition)
-        out: list[tuple[Entry, int]] = []
-        for page in range(head.start >> PAGE_BITS, (head.end >> PAGE_BITS) + 1):
-            prefix = self.layout.page(topic, partition, page)
-            for kv in self.control.get_prefix(prefix):
-                entry = Entry.decode(int(kv.key.decode()[len(prefix) :]), kv.value)
-                if entry.end > head.start:
-                    out.append((entry, kv.mod_revision))
-        return sorted(out, key=lambda em: em[0].base)
+        return [
+            (entry, mod)
+            for page in range(head.start >> PAGE_BITS, (head.end >> PAGE_BITS) + 1)
+            for entry, mod in self._page_revisions(topic, partition, page)
+            if entry.end > head.start
+        ]
 
     def compaction_plan(
         self, topic: str, partition: int, min_run: int = 8
