@@ -56,8 +56,11 @@ class CephS3Server(_Server):
     is given; an existing one is restarted with its objects). ``env()`` gives the
     standard AWS variables that reach it."""
 
-    def __init__(self, data: Path | None = None, *, block_size: str = "4G") -> None:
+    def __init__(
+        self, data: Path | None = None, *, block_size: str = "4G", address: str = "127.0.0.1"
+    ) -> None:
         self._own = data is None
+        self.address = address  # where the S3 endpoint listens (Ceph's own daemons: loopback)
         self.data = Path(data) if data is not None else Path(tempfile.mkdtemp(prefix="rb-s3-"))
         self.block_size = block_size
         self.conf = self.data / "ceph.conf"
@@ -69,7 +72,7 @@ class CephS3Server(_Server):
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def env(self) -> dict[str, str]:
         """``AWS_ENDPOINT_URL``, the keys and the region: what a riverbed process (or any
@@ -180,7 +183,7 @@ pid file = {d}/run/$name.pid
 
 [client.rgw.a]
 rgw data = {d}/rgw/$cluster-$id
-rgw frontends = beast endpoint=127.0.0.1:{self.port} tcp_nodelay=1
+rgw frontends = beast endpoint={self.address}:{self.port} tcp_nodelay=1
 rgw thread pool size = 64
 rgw enable usage log = true
 rgw usage log tick interval = 1
@@ -224,7 +227,9 @@ pid file = {d}/run/$name.pid
         else:
             for line in self.conf.read_text().splitlines():
                 if line.startswith("rgw frontends"):
-                    self.port = int(line.split("endpoint=127.0.0.1:")[1].split()[0])
+                    where = line.split("endpoint=")[1].split()[0]
+                    self.address, port = where.rsplit(":", 1)
+                    self.port = int(port)
         self._run("ceph-mon", "-c", str(self.conf), "-i", "a")
         _wait_until(lambda: bool(self._ceph("mon", "stat")), 60, "the Ceph monitor")
         if fresh:

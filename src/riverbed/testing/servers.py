@@ -100,6 +100,49 @@ class _Server:
 
 
 # --------------------------------------------------------------------------- etcd
+def etcd_argv(
+    name: str,
+    data: Path,
+    client_url: str,
+    peer_url: str,
+    initial_cluster: str,
+    state: str = "new",
+    *,
+    heartbeat_ms: int = 10,
+    election_ms: int = 100,
+) -> list[str]:
+    """The command of one etcd member (the loopback clusters here and the test bed's)."""
+    return [
+        _require("etcd", "etcd-server"),
+        "--name",
+        name,
+        "--data-dir",
+        str(data),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        peer_url,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        initial_cluster,
+        "--initial-cluster-state",
+        state,
+        "--initial-cluster-token",
+        "riverbed-test",
+        "--heartbeat-interval",
+        str(heartbeat_ms),
+        "--election-timeout",
+        str(election_ms),
+        "--logger",
+        "zap",
+        "--log-level",
+        "warn",
+    ]
+
+
 class _EtcdNode:
     def __init__(self, name: str, base: Path, client_port: int, peer_port: int) -> None:
         self.name = name
@@ -124,35 +167,9 @@ class _EtcdNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         log = open(self.dir / "etcd.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [
-                _require("etcd", "etcd-server"),
-                "--name",
-                self.name,
-                "--data-dir",
-                str(self.dir / "data"),
-                "--listen-client-urls",
-                self.client_url,
-                "--advertise-client-urls",
-                self.client_url,
-                "--listen-peer-urls",
-                self.peer_url,
-                "--initial-advertise-peer-urls",
-                self.peer_url,
-                "--initial-cluster",
-                initial_cluster,
-                "--initial-cluster-state",
-                state,
-                "--initial-cluster-token",
-                "riverbed-test",
-                "--heartbeat-interval",
-                "10",
-                "--election-timeout",
-                "100",
-                "--logger",
-                "zap",
-                "--log-level",
-                "warn",
-            ],
+            etcd_argv(
+                self.name, self.dir / "data", self.client_url, self.peer_url, initial_cluster, state
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -285,7 +302,8 @@ class PostgresServer(_Server):
 
     TEMPLATE = "riverbed_template"
 
-    def __init__(self) -> None:
+    def __init__(self, address: str = "127.0.0.1") -> None:
+        self.address = address
         self._tmp = Path(tempfile.mkdtemp(prefix="riverbed-pg-"))
         self.data = self._tmp / "data"
         self.port = free_port()
@@ -301,7 +319,7 @@ class PostgresServer(_Server):
             raise ServerError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
 
     def dsn(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://postgres@{self.address}:{self.port}/{dbname}"
 
     def start(self) -> Self:
         self._run(
@@ -315,8 +333,11 @@ class PostgresServer(_Server):
             "UTF8",
             "--no-sync",
         )
+        if self.address != "127.0.0.1":  # a test bed's gateway: its hosts connect from /24
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write("host all all samenet trust\n")
         options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self._tmp} "
+            f"-p {self.port} -c listen_addresses={self.address} -k {self._tmp} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         )
         self._run(

@@ -1,0 +1,138 @@
+"""riverbed's cluster on test hosts (issue 34): an etcd member, a Spark worker and a log
+server per host, the Spark master on h1, S3 at the gateway — and each part survives
+losing a whole host (every process SIGKILLed, its disk deleted) and takes it back."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import riverbed.log
+from riverbed.control import connect
+from riverbed.testing.cluster import Cluster
+from riverbed.testing.testbed import TestBed
+
+# Spark drivers and executors: the serial scenario group of `make test`
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    bed = TestBed.create(tmp_path_factory.mktemp("cluster") / "bed", hosts=3)
+    made = Cluster(bed)
+    try:
+        made.control = made.start_etcd()
+        made.start_s3()
+        made.log = made.start_log_servers(made.control)
+        made.spark = made.start_spark(memory="1g")
+        yield made
+    finally:
+        made.stop()
+
+
+def _restore(cluster: Cluster, host: str) -> None:
+    cluster.bed.restart_host(host)
+    cluster.wait_etcd()
+    cluster.wait_spark_workers("h1", 3)
+
+
+def _leader_host(cluster: Cluster) -> str:
+    import httpx
+
+    for h in cluster.hosts:
+        try:
+            st = httpx.post(
+                f"http://{cluster.address(h)}:2379/v3/maintenance/status", json={}, timeout=2
+            ).json()
+        except httpx.HTTPError:
+            continue
+        if st.get("leader") == st["header"]["member_id"]:
+            return h
+    raise AssertionError("no etcd leader")
+
+
+def test_etcd_loses_its_leader_host_and_takes_the_member_back_empty(cluster):
+    cp = connect(cluster.control)
+    try:
+        cp.put("before", b"1")
+        lost = _leader_host(cluster)
+        cluster.bed.kill_host(lost)
+        cp.put("during", b"2")  # the client fails over; the two left elect a leader
+        assert cp.get("before").value == b"1"
+        _restore(cluster, lost)
+    finally:
+        cp.close()
+    # the member came back with an empty disk and caught up from the others
+    alone = connect(f"etcd://{cluster.address(lost)}:2379")
+    try:
+        deadline = time.monotonic() + 20
+        while (kv := alone.get("during")) is None:
+            assert time.monotonic() < deadline, "the rejoined member never caught up"
+            time.sleep(0.2)
+        assert kv.value == b"2" and alone.get("before").value == b"1"
+    finally:
+        alone.close()
+
+
+DRIVER = """
+import sys, time
+from pyspark.sql import SparkSession
+b = SparkSession.builder.appName("lost-worker")
+for kv in sys.argv[1:]:
+    k, v = kv.split("=", 1)
+    b = b.config(k, v)
+s = b.getOrCreate()
+sc = s.sparkContext
+sc.parallelize(range(3), 3).count()  # executors are up
+print("running", flush=True)
+def slow(x):
+    time.sleep(1.0)
+    return x * x
+print("sum", sc.parallelize(range(24), 24).map(slow).sum(), flush=True)
+s.stop()
+"""
+
+
+def test_a_spark_job_on_the_standalone_cluster_survives_losing_a_worker_host(cluster):
+    conf = [f"{k}={v}" for k, v in cluster.driver_conf("h2").items()]
+    cluster.bed.spawn(
+        "h2", "driver", [sys.executable, "-c", DRIVER, *conf], env=cluster.spark_env("h2")
+    )
+    log = cluster.bed.service("h2", "driver").log
+
+    def printed(pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while not (m := re.search(pattern, Path(log).read_text(), re.M)):
+            assert time.monotonic() < deadline, Path(log).read_text()[-3000:]
+            time.sleep(0.2)
+        return m
+
+    printed(r"^running$", 180)
+    time.sleep(2)  # tasks are on every worker now
+    cluster.bed.kill_host("h3")
+    assert int(printed(r"^sum (\d+)$", 180).group(1)) == sum(x * x for x in range(24))
+    _restore(cluster, "h3")
+
+
+def test_diskless_log_servers_lose_a_host_and_lose_nothing(cluster, monkeypatch):
+    monkeypatch.setenv("RIVERBED_LOG_TOKEN", cluster.token)
+    log = riverbed.log.open(cluster.log)
+    log.create_topic("hostloss", 3)
+    producer = log.producer("hostloss")
+    acked = {}
+    for i in range(300):
+        if i == 100:
+            cluster.bed.kill_host("h1")  # the client's first server
+        meta = producer.send({"i": i}, key=str(i))
+        acked[i] = (meta.partition, meta.offset)
+    read = {}
+    for p in range(3):
+        for rec in log.read("hostloss", p, 0, 10_000):
+            assert rec.value["i"] not in read, "a record is in the topic twice"
+            read[rec.value["i"]] = (p, rec.offset)
+    assert read == acked
+    _restore(cluster, "h1")
