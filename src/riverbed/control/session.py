@@ -21,12 +21,20 @@ class Session:
     everything attached to the lease (locks, leadership, registrations) must be
     considered gone. Code that acts on behalf of the session should check
     :meth:`ensure_alive` and, for safety, fence its writes by revision.
+
+    :meth:`remaining` is the holder's own clock of the lease: the control plane cannot
+    expire it sooner than ``ttl`` after the last refresh that succeeded was *sent*
+    (granting counts as one), so a holder cut off from the control plane knows, without
+    asking it, how long what it holds is certainly still its own — and can stop acting
+    before anyone else could be given it (self-fencing).
     """
 
     def __init__(self, cp: ControlPlane, ttl: int = 10) -> None:
         self.cp = cp
         self.ttl = ttl
+        sent = time.monotonic()
         self.lease = cp.grant(ttl).id
+        self._valid_until = sent + ttl
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -39,8 +47,10 @@ class Session:
         last_ok = time.monotonic()
         while not self._stop.wait(interval):
             try:
-                self.cp.keepalive(self.lease)
+                sent = time.monotonic()
+                ttl = self.cp.keepalive(self.lease)
                 last_ok = time.monotonic()
+                self._valid_until = sent + min(ttl, self.ttl)
             except LeaseNotFoundError:
                 log.warning("lease %x expired; session lost", self.lease)
                 self.lost.set()
@@ -56,6 +66,13 @@ class Session:
                     self.lost.set()
                     return
                 log.info("keepalive of lease %x failed (%s); retrying", self.lease, exc)
+
+    def remaining(self) -> float:
+        """Seconds the lease is certainly still held (0 once lost or closed): from the
+        send time of the last refresh that succeeded, never from an answer's arrival."""
+        if not self.alive:
+            return 0.0
+        return max(0.0, self._valid_until - time.monotonic())
 
     @property
     def alive(self) -> bool:

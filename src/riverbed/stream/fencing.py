@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,23 @@ if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
 
 TERMS_KEPT = 5  # term records kept in a bucket (older ones are pruned on takeover)
+
+# Self-fencing: the driver process registers, per term it holds, a check of its own
+# lease clock (DriverLease). Every write check of that term in this process runs it
+# first, without the network: a driver cut off from the control plane stops writing
+# before its lease could expire and a standby be elected — the recorded term, checked
+# next, is what stops a driver that did not notice in time.
+_self_fences: dict[int, Callable[[], None]] = {}
+
+
+def hold_term(term: int, check: Callable[[], None]) -> None:
+    """Run ``check`` (raising :class:`DriverFencedError`) before every write of ``term``
+    checked in this process."""
+    _self_fences[term] = check
+
+
+def release_term(term: int) -> None:
+    _self_fences.pop(term, None)
 
 
 class DriverFencedError(RiverbedError):
@@ -83,6 +101,9 @@ def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
     a query started without an election, as in tests and notebooks: not fenced)."""
     if term is None:
         return
+    self_fence = _self_fences.get(term)
+    if self_fence is not None:
+        self_fence()
     if not is_local(checkpoint):  # one LIST, and a GET only to name a newer driver
         terms = _terms(checkpoint_store(str(checkpoint)))
         if terms and terms[-1] == term:

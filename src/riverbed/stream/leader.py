@@ -21,8 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.control import Election, Session, connect
+from riverbed.control.errors import ControlError
 from riverbed.errors import RiverbedError
-from riverbed.stream.fencing import record_term, recorded_driver
+from riverbed.stream.fencing import (
+    DriverFencedError,
+    hold_term,
+    record_term,
+    recorded_driver,
+    release_term,
+)
 from riverbed.stream.layout import is_local
 
 
@@ -98,7 +105,26 @@ class DriverLease:
                 "(--control / RIVERBED_CONTROL); it must outlive the machines it elects"
             )
         record_term(self.checkpoint, self.term, self.driver, since)
+        hold_term(self.term, self.ensure_leading)
         return self.term
+
+    @property
+    def margin(self) -> float:
+        """How much of its lease a driver keeps in hand: it stops writing once less than
+        this is certainly left (a quarter of the TTL: one missed refresh of three still
+        leaves more, two do not)."""
+        return self.ttl / 4
+
+    def ensure_leading(self) -> None:
+        """Raise :class:`DriverFencedError` unless this driver's own clock says its lease
+        is certainly held for at least :attr:`margin` more (no network: self-fencing)."""
+        left = self.session.remaining() if self.session is not None else 0.0
+        if left < self.margin:
+            raise DriverFencedError(
+                f"this driver of '{self.name}' (term {self.term}) could not refresh its "
+                f"lease with the control plane for {self.ttl - left:.1f}s of its {self.ttl}s "
+                "TTL (cut off from it?); it stops writing before a standby can take over"
+            )
 
     def describe(self) -> str:
         """One line on this driver's term: whom it took over from, and why terms skip."""
@@ -113,10 +139,21 @@ class DriverLease:
         )
 
     def still_leading(self) -> bool:
-        """Asks the control plane: is our candidacy (and so our term) still the leader?"""
-        return self.election is not None and self.election.is_leader()
+        """Is our candidacy (and so our term) still the leader? False at once when the
+        lease clock runs low (see :meth:`ensure_leading`); else the control plane is
+        asked, and while it cannot be reached the clock's answer stands."""
+        if self.election is None or self.session is None:
+            return False
+        if self.session.remaining() < self.margin:
+            return False
+        try:
+            return self.election.is_leader()
+        except ControlError:
+            return self.session.remaining() >= self.margin
 
     def close(self) -> None:
+        if self.term is not None:
+            release_term(self.term)
         if self.election is not None:
             with contextlib.suppress(RiverbedError):  # the lease's expiry resigns for us
                 self.election.resign()
