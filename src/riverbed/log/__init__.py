@@ -45,7 +45,24 @@ __all__ = [
     "TopicExistsError",
     "TopicNotFoundError",
     "open",
+    "reach_environment",
 ]
+
+
+def reach_environment() -> dict[str, str]:
+    """The environment variables another process (a Spark Python worker, an executor on
+    another host) needs to reach the log as this one does: the bucket's settings and
+    the control plane of diskless topics, the log servers' token. Holds secrets: never
+    print or log it."""
+    import os
+
+    from riverbed.storage import storage_environment
+
+    env = storage_environment()
+    for name in ("RIVERBED_CONTROL", "RIVERBED_LOG_TOKEN"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
 
 
 def open(url: str | Path, *, control: str | None = None, flush_ms: float | None = None) -> Log:

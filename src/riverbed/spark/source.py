@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -84,13 +83,12 @@ def open_log(options: dict[str, str]) -> Any:
 
 
 def reach() -> dict[str, str]:
-    """What a Python worker needs to reach a log in a bucket as the driver does: the
-    bucket's settings and the control plane holding its offsets (secrets: never in
-    options, which plans show)."""
-    env = storage_environment()
-    if os.environ.get("RIVERBED_CONTROL"):
-        env["RIVERBED_CONTROL"] = os.environ["RIVERBED_CONTROL"]
-    return env
+    """What a Python worker needs to reach the log as the driver does
+    (:func:`riverbed.log.reach_environment`; secrets: never in options, which plans
+    show)."""
+    from riverbed.log import reach_environment
+
+    return reach_environment()
 
 
 def _infer_type(value: Any) -> DataType:
@@ -499,7 +497,9 @@ def register(spark: Any) -> None:
 
 def _reaching(name: str) -> bool:
     """Whether ``name`` is one of the variables :func:`reach` hands on."""
-    return name == "RIVERBED_CONTROL" or bool(storage_environment({name: ""}))
+    return name in ("RIVERBED_CONTROL", "RIVERBED_LOG_TOKEN") or bool(
+        storage_environment({name: ""})
+    )
 
 
 __all__ = ["LogSlice", "RiverbedDataSource", "register"]

@@ -43,9 +43,9 @@ import msgpack
 import numpy as np
 import pandas as pd
 
+from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
-from riverbed.storage import storage_environment
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.results import empty_rows, output_arrow_schema
@@ -69,9 +69,10 @@ class EngineConfig:
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
     fault: str | None = field(default_factory=lambda: os.environ.get("RIVERBED_FAULT") or None)
     term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
-    # how the driver reaches a bucket (AWS_* settings, secrets included: never printed),
-    # applied where a task runs and its process has none (see __setstate__)
-    storage_env: dict[str, str] = field(default_factory=storage_environment, repr=False)
+    # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
+    # token: secrets, never printed), applied where a task runs and its process has
+    # none (see __setstate__)
+    reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled where a task runs: Spark's Python workers may have started before
@@ -79,7 +80,7 @@ class EngineConfig:
         fill in what the worker's environment lacks — as Spark ships the driver's
         Hadoop settings for ``s3a://`` to executors."""
         self.__dict__.update(state)
-        for name, value in state.get("storage_env", {}).items():
+        for name, value in state.get("reach_env", {}).items():
             os.environ.setdefault(name, value)
 
     def fence(self) -> None:
