@@ -71,6 +71,8 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_restart_host)
     c = cmds.add_parser("log", help="every action on the bed, with its time")
     c.set_defaults(run=_log)
+    c = cmds.add_parser("destroy", help="stop everything the bed started and delete its hosts")
+    c.set_defaults(run=_destroy)
     p.set_defaults(func=lambda args: args.run(args))
 
 
@@ -176,4 +178,11 @@ def _log(args: argparse.Namespace) -> int:
         when = _clock(a["t"])
         rest = {k: v for k, v in a.items() if k not in ("t", "action", "host")}
         out.print(f"{when} {a['action']:<13} {a['host']:<4} {json.dumps(rest) if rest else ''}")
+    return 0
+
+
+def _destroy(args: argparse.Namespace) -> int:
+    bed = _open(args)
+    bed.destroy()
+    out.print(f"test bed {bed.root} destroyed: its processes, namespaces and links are gone")
     return 0

@@ -49,16 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         "which",
         nargs="?",
         default="stream",
-        choices=["stream", "control", "jobs", "timerange"],
+        choices=["stream", "control", "jobs", "timerange", "cluster"],
         help="stream (default): the streaming main job; control: the control-plane tour; "
         "jobs: a pipeline of recurring jobs through a worker and an orchestrator crash; "
-        "timerange: a chunked time-range job through a driver SIGKILL, vs one pass",
+        "timerange: a chunked time-range job through a driver SIGKILL, vs one pass; "
+        "cluster: three test hosts (network namespaces; needs root), the aggregation on a "
+        "Spark standalone cluster through losing a whole host and a partition",
     )
     demo.add_argument("--days", type=int, default=14, help="jobs demo: days of usage")
     demo.add_argument(
         "--hours", type=int, default=6, help="timerange demo: hours of readings (2 to 168)"
     )
-    demo.add_argument("--events", type=int, default=200_000, help="events to generate")
+    demo.add_argument(
+        "--events", type=int, help="events to generate (stream: 200,000; cluster: 40,000)"
+    )
     demo.add_argument("--workers", type=int, default=3, help="control tour: worker processes")
     demo.add_argument("--ttl", type=int, default=2, help="control tour: lease TTL seconds")
     demo.add_argument(
@@ -93,9 +97,13 @@ def _demo(args: argparse.Namespace) -> int:
                 "(it SIGKILLs its driver after 3 of the 30-minute chunks)"
             )
         return run_demo_timerange(load_config(), hours=args.hours)
+    if args.which == "cluster":
+        from riverbed.testing.scenario import run_cluster_demo
+
+        return run_cluster_demo(load_config().home, events=args.events or 40_000)
     from riverbed.stream.demo import run_demo_stream
 
-    return run_demo_stream(load_config(), events=args.events, durable=args.durable)
+    return run_demo_stream(load_config(), events=args.events or 200_000, durable=args.durable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -133,7 +133,10 @@ class TestBed:
         root = Path(root).resolve()
         with contextlib.suppress(OSError, ValueError):
             if not json.loads((root / BED_FILE).read_text()).get("destroyed"):
-                raise TestBedError(f"{root} already holds a test bed; destroy it first")
+                raise TestBedError(
+                    f"{root} already holds a test bed; destroy it first "
+                    f"(riverbed chaos --bed {root} destroy)"
+                )
         root.mkdir(parents=True, exist_ok=True)
         why = "asked for"
         if mode is None:
