@@ -98,7 +98,7 @@ def _demo(args: argparse.Namespace) -> int:
             )
         return run_demo_timerange(load_config(), hours=args.hours)
     if args.which == "cluster":
-        from riverbed.testing.scenario import run_cluster_demo
+        from riverbed.demo.cluster import run_cluster_demo
 
         return run_cluster_demo(load_config().home, events=args.events or 40_000)
     from riverbed.stream.demo import run_demo_stream

@@ -107,6 +107,14 @@ def _shutdown(response: httpx.Response) -> None:
     response.close()
 
 
+# A read (or a lease refresh, which is safe to repeat) that gets no answer from one
+# member in this long moves on to the next: a member on a cut-off host never answers,
+# and a lease's holder must reach another one well inside its TTL (a 5 s lease is
+# refreshed every 1.7 s). Writes wait the whole timeout: a write retried elsewhere after
+# it was sent could apply twice.
+READ_TRY_S = 1.5
+
+
 class _Unsent(Exception):
     """The request did not reach a working member; safe to retry elsewhere."""
 
@@ -161,7 +169,8 @@ class EtcdControlPlane(ControlPlane):
 
     def _once(self, url: str, body: dict[str, Any], write: bool) -> dict[str, Any]:
         try:
-            response = self._http.post(url, json=body)
+            wait = self.timeout if write else min(self.timeout, READ_TRY_S)
+            response = self._http.post(url, json=body, timeout=httpx.Timeout(wait, connect=1.0))
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise _Unsent(str(exc) or type(exc).__name__) from exc
         except httpx.TransportError as exc:

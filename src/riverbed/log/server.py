@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from riverbed.control.errors import UnavailableError
 from riverbed.log.base import LogStorage, TopicConfig, values_mismatch
 from riverbed.log.errors import LogError
 from riverbed.log.records import StoredBatch
@@ -57,6 +58,7 @@ from riverbed.log.wire import (
     url_host,
 )
 from riverbed.net import is_loopback, port_problem
+from riverbed.storage.errors import StorageUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,11 @@ def _refusals() -> Iterator[None]:
         yield
     except flight.FlightError:
         raise
+    except (UnavailableError, StorageUnavailableError) as exc:
+        # this server cannot reach the control plane or the bucket (cut off from them?):
+        # another server of the client's list may — unavailable is what moves it on (a
+        # retried append is recognised by its producer id and sequence)
+        raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
     except (LogError, ValueError, KeyError, TypeError) as exc:
         raise _refuse(exc) from None
 

@@ -242,6 +242,15 @@ class Cluster:
             "spark.executor.cores": "1",
             "spark.executor.memory": "768m",
             "spark.cores.max": str(len(self.hosts)),
+            # an executor on a lost or cut-off host is given up on after 10 s, not
+            # Spark's 120 s, and its tasks run again elsewhere: heartbeats every second,
+            # checked every second (a 2-core test host's GC pauses stay far below 10 s).
+            # Not spark.network.timeout itself: that also closes a connection quiet for
+            # that long, and a standalone master that loses its connection to a driver
+            # (its host cut off for 20 s) removes the whole application, executors and all
+            "spark.storage.blockManagerHeartbeatTimeoutMs": "10s",
+            "spark.executor.heartbeatInterval": "1s",
+            "spark.network.timeoutInterval": "1s",
         }
 
     # ------------------------------------------------------------------ log servers

@@ -303,6 +303,13 @@ class TestBed:
             ] + [asdict(svc)]
         return svc
 
+    def respawn(self, host: str, name: str) -> Service:
+        """Start a recorded service again, with its recorded command (it exited)."""
+        svc = self.service(host, name)
+        if self.alive(svc):
+            raise TestBedError(f"{name} on {host} is still running (pid {svc.pid})")
+        return self._start(svc)
+
     def services(self, host: str | None = None) -> list[Service]:
         found = [Service(**s) for s in self._read()["services"]]
         return [s for s in found if host is None or s.host == host]

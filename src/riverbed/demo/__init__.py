@@ -166,9 +166,3 @@ def _members_table(registry: Registry) -> None:
     for m in registry.members():
         table.add_row(m.id, str(m.metadata.get("pid")), str(m.revision))
     console.print(table)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:
-        sys.exit(worker_main(sys.argv[2:]))
-    sys.exit("usage: python -m riverbed.demo worker NAME --url URL [--ttl N]")

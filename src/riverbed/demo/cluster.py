@@ -40,7 +40,7 @@ from riverbed.testing.testbed import TestBed
 __all__ = ["Outcome", "run_cluster_demo", "run_cluster_scenario"]
 
 NAME = "flags_hourly"
-TTL = 5  # the drivers' lease: how soon the standby may take over
+TTL = 6  # the drivers' lease: how soon the standby may take over (docs/cluster.md)
 
 
 @dataclass
@@ -50,7 +50,10 @@ class Outcome:
     windows: int = 0
     events: int = 0
     takeover_s: float | None = None  # kill → first batch committed by the new driver
-    partition_batches: int = 0  # batches committed while h1 was cut off
+    fenced_s: float | None = None  # cut → the cut-off driver stopped by itself
+    partition_takeover_s: float | None = None  # cut → first batch by the standby
+    partition_batches: int = 0  # batches the new driver committed until the heal
+    fenced_ok: bool = False  # no batch of the cut-off driver's term after the takeover
     timeline: list[tuple[float, str]] = field(default_factory=list)
 
 
@@ -78,6 +81,20 @@ def _done(checkpoint: str) -> dict[int, Any]:
     return {b: r for b, r in _batches(checkpoint).items() if r.done}
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _printed(bed: TestBed, host: str, since: int, text: str) -> bool:
+    """Whether ``host``'s driver printed ``text`` past byte ``since`` of its log."""
+    with open(bed.service(host, "driver").log, "rb") as f:
+        f.seek(since)
+        return text.encode() in f.read()
+
+
 def _wait(what: str, check: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while not (got := check()):
@@ -98,7 +115,7 @@ def run_cluster_demo(home: Path, events: int = 40_000) -> int:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     out = run_cluster_scenario(root, events, console, bed_dir=home / "testbed")
-    ok = out.identical and out.complete
+    ok = out.identical and out.complete and out.fenced_ok
     console.rule("[bold green]done" if ok else "[bold red]mismatch")
     console.print(f"the test bed's action log: {home / 'testbed' / 'actions.log'}")
     return 0 if ok else 1
@@ -176,7 +193,7 @@ def run_cluster_scenario(
                 **cluster.spark_env(host),
             }
             argv = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
-                    "--ttl", str(TTL), "--max-records-per-batch", str(chunk * 2)]  # fmt: skip
+                    "--ttl", str(TTL), "--max-records-per-batch", str(chunk * 8)]  # fmt: skip
             bed.spawn(host, "driver", argv, env=env, kind="driver")
 
         driver("h2")
@@ -195,26 +212,42 @@ def run_cluster_scenario(
                        "server, etcd member SIGKILLed; its disk deleted")  # fmt: skip
         bed.kill_host("h2")
 
-        def taken_over() -> bool:
-            return any((r.term or 0) > old_term for r in _done(checkpoint).values())
+        def by_term_above(term: int) -> list[int]:
+            return sorted(b for b, r in _done(checkpoint).items() if (r.term or 0) > term)
 
-        _wait("a batch by the standby", taken_over, 120)
+        _wait("a batch by the standby", lambda: by_term_above(old_term), 120)
         out.takeover_s = clock("first batch committed by the standby on h3") - killed
         cluster.wait_etcd(["h1", "h3"])
+        mark = _size(bed.service("h2", "driver").log)
         bed.restart_host("h2")
         cluster.wait_etcd()
-        clock("h2 restarted empty: etcd member rejoined, worker, log server; its driver "
-              "stands by")  # fmt: skip
+        clock("h2 restarted with an empty disk: its etcd member rejoined, its Spark worker "
+              "and log server are back")  # fmt: skip
+        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, "standby for"), 180)
+        clock("the driver on h2 is the hot standby now")
 
-        at_cut = len(_done(checkpoint))
-        clock(f"[bold red]partition h1[/bold red] for {partition_s:.0f}s: the Spark master, a "
-              "worker, a log server and an etcd member cut off")  # fmt: skip
-        bed.partition("h1")
-        time.sleep(partition_s)
-        bed.heal("h1")
+        # the active driver's host is cut off: it must stop by itself (self-fencing)
+        # before its lease can expire, and the standby on h2 takes over
+        h3_term = max(r.term or 0 for r in _done(checkpoint).values())
+        cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the active "
+                    "driver, a worker, a log server and an etcd member cut off")  # fmt: skip
+        bed.partition("h3")
+        active = bed.service("h3", "driver")
+        _wait("the cut-off driver to stop", lambda: not bed.alive(active), 60)
+        out.fenced_s = clock("the driver on h3 stopped by itself: its lease clock ran low") - cut
+        first = _wait("a batch by the standby on h2", lambda: by_term_above(h3_term), 120)
+        out.partition_takeover_s = clock("first batch committed by the standby on h2") - cut
+        left = partition_s - (time.monotonic() - clock.t0 - cut)
+        time.sleep(max(left, 0))
+        bed.heal("h3")
         chaos_over.set()
-        out.partition_batches = len(_done(checkpoint)) - at_cut
-        clock(f"h1 healed; {out.partition_batches} batches committed while it was cut off")
+        bed.respawn("h3", "driver")
+        clock("h3 healed; its driver starts again, as the standby")
+        out.partition_batches = len(by_term_above(h3_term))
+        # nothing the cut-off driver wrote became current: every batch from the new
+        # driver's first on was committed by a newer term
+        done = _done(checkpoint)
+        out.fenced_ok = all((done[b].term or 0) > h3_term for b in done if b >= first[0])
 
         produced.wait(timeout=600)
         if failures:
@@ -292,9 +325,16 @@ def _verdict(
     table.add_column("recovered")
     table.add_row("stream (active driver on h2 lost)",
                   f"first batch by the standby {out.takeover_s:.1f}s after the kill")  # fmt: skip
-    table.add_row("stream while h1 (Spark master) cut off",
-                  f"{out.partition_batches} batches committed meanwhile")  # fmt: skip
+    table.add_row("active driver on h3 cut off (partition)",
+                  f"it stopped itself {out.fenced_s:.1f}s after the cut (lease TTL {TTL}s); "
+                  f"first batch by the standby on h2 {out.partition_takeover_s:.1f}s after "
+                  f"it; {out.partition_batches} batches before the heal")  # fmt: skip
     console.print(table)
+    console.print(
+        "fencing: "
+        + ("no batch of the cut-off driver after the takeover" if out.fenced_ok
+           else "[bold red]a batch of the cut-off driver's term after the takeover[/bold red]")
+    )  # fmt: skip
     console.print(
         f"topic clicks: {out.events:,} events for {len(sent):,} produced — "
         f"[bold]{'NOTHING LOST OR DOUBLED' if out.complete else 'MISMATCH'}[/bold]"
