@@ -49,8 +49,12 @@ def test_a_driver_cut_off_from_etcd_stops_writing_before_its_lease_can_expire(
         cut = time.monotonic()
         while True:
             assert time.monotonic() - cut < TTL + 2, "the driver never fenced itself"
+            asked = time.monotonic()
+            leading = lease.still_leading()  # the stream loop's question: never blocks
+            assert time.monotonic() - asked < 0.2
             try:
                 check_term(checkpoint, term, "agg")
+                assert leading or lease.session.remaining() < lease.margin
             except DriverFencedError as exc:
                 assert "could not refresh its lease" in str(exc)
                 break

@@ -8,8 +8,10 @@
    reading a diskless topic that a producer keeps writing through the log servers;
 3. h2 is killed: every process (the active driver, a Spark worker and its executors, a
    log server, an etcd member) SIGKILLed, its disk deleted; the standby takes over;
-4. h2 comes back empty (its servers again, its driver now the standby); then h1 (the
-   Spark master, a worker, a log server, an etcd member) is cut off for 20 s;
+4. h2 comes back empty (its servers again, its driver now the standby); then h3, the
+   active driver's host, is cut off for 20 s: the driver stops writing by itself before
+   its lease can expire (self-fencing), the standby on h2 takes over, and nothing the
+   cut-off driver wrote becomes current; healed, it comes back as the standby;
 5. when the producer is done and the stream has caught up, the results are compared
    with one pass of pandas over the topic as read back: every window and flag, exact
    distinct users and counts — IDENTICAL — and a timeline shows what failed when and
@@ -232,15 +234,18 @@ def run_cluster_scenario(
         cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the active "
                     "driver, a worker, a log server and an etcd member cut off")  # fmt: skip
         bed.partition("h3")
-        active = bed.service("h3", "driver")
-        _wait("the cut-off driver to stop", lambda: not bed.alive(active), 60)
-        out.fenced_s = clock("the driver on h3 stopped by itself: its lease clock ran low") - cut
+        mark = _size(bed.service("h3", "driver").log)
+        _wait("the cut-off driver to stop", lambda: _printed(bed, "h3", mark, "stops writing"), 60)
+        out.fenced_s = clock("the driver on h3 stops writing, by itself: its lease clock ran low "
+                             "(noticed in its output)") - cut  # fmt: skip
         first = _wait("a batch by the standby on h2", lambda: by_term_above(h3_term), 120)
         out.partition_takeover_s = clock("first batch committed by the standby on h2") - cut
         left = partition_s - (time.monotonic() - clock.t0 - cut)
         time.sleep(max(left, 0))
         bed.heal("h3")
         chaos_over.set()
+        active = bed.service("h3", "driver")
+        _wait("the cut-off driver to exit", lambda: not bed.alive(active), 120)
         bed.respawn("h3", "driver")
         clock("h3 healed; its driver starts again, as the standby")
         out.partition_batches = len(by_term_above(h3_term))
@@ -326,7 +331,7 @@ def _verdict(
     table.add_row("stream (active driver on h2 lost)",
                   f"first batch by the standby {out.takeover_s:.1f}s after the kill")  # fmt: skip
     table.add_row("active driver on h3 cut off (partition)",
-                  f"it stopped itself {out.fenced_s:.1f}s after the cut (lease TTL {TTL}s); "
+                  f"it stopped writing {out.fenced_s:.1f}s after the cut (lease TTL {TTL}s); "
                   f"first batch by the standby on h2 {out.partition_takeover_s:.1f}s after "
                   f"it; {out.partition_batches} batches before the heal")  # fmt: skip
     console.print(table)

@@ -15,7 +15,9 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,10 @@ class DriverLease:
         self.cp = connect(control_url)
         self.session: Session | None = None
         self.election: Election | None = None
+        self._asker = ThreadPoolExecutor(1, thread_name_prefix=f"riverbed-lead-{name}")
+        self._asking: Future[bool] | None = None
+        self._asked = 0.0
+        self._lost_lead = False
 
     def active(self) -> str | None:
         """The active driver ("host:pid since …"), if any."""
@@ -139,19 +145,30 @@ class DriverLease:
         )
 
     def still_leading(self) -> bool:
-        """Is our candidacy (and so our term) still the leader? False at once when the
-        lease clock runs low (see :meth:`ensure_leading`); else the control plane is
-        asked, and while it cannot be reached the clock's answer stands."""
-        if self.election is None or self.session is None:
+        """Is our candidacy (and so our term) still the leader? Never blocks: False at
+        once when the lease clock runs low (see :meth:`ensure_leading`) or when the
+        control plane said another candidate leads; the control plane is asked in the
+        background, at most every third of the TTL (a cut-off member can take seconds
+        not to answer — longer than the clock leaves)."""
+        if self.election is None or self.session is None or self._lost_lead:
             return False
         if self.session.remaining() < self.margin:
             return False
-        try:
-            return self.election.is_leader()
-        except ControlError:
-            return self.session.remaining() >= self.margin
+        asking = self._asking
+        if asking is not None and asking.done():
+            self._asking = None
+            with contextlib.suppress(ControlError):  # unreachable: the clock answers
+                if not asking.result():
+                    self._lost_lead = True
+                    return False
+        now = time.monotonic()
+        if self._asking is None and now - self._asked >= self.ttl / 3:
+            self._asked = now
+            self._asking = self._asker.submit(self.election.is_leader)
+        return self.session.remaining() >= self.margin
 
     def close(self) -> None:
+        self._asker.shutdown(wait=False, cancel_futures=True)
         if self.term is not None:
             release_term(self.term)
         if self.election is not None:

@@ -21,6 +21,7 @@ driver needs to resume is on its disk (:func:`results_location`).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import runpy
 import time
@@ -47,6 +48,8 @@ from riverbed.stream.layout import (
 )
 from riverbed.stream.leader import DriverLease
 from riverbed.stream.records import BatchRecord, input_rate, open_batches, summed_totals
+
+_log = logging.getLogger(__name__)
 
 
 class StreamFailedError(RiverbedError):
@@ -283,6 +286,11 @@ def run(
         while query.isActive:
             query.awaitTermination(0.5)
             if lease is not None and not lease.still_leading():
+                # said now: stopping a query cut off from its executors may take a while
+                _log.warning(
+                    "this driver of %r stops writing now: it is no longer certain to lead",
+                    job.aggregation.name,
+                )
                 query.stop()
                 raise DriverFencedError(
                     f"this driver lost the lead of '{job.aggregation.name}' (its lease expired: "
