@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +35,8 @@ from riverbed.stream.fencing import (
     release_term,
 )
 from riverbed.stream.layout import is_local
+
+_log = logging.getLogger(__name__)
 
 
 class AlreadyRunningError(RiverbedError):
@@ -70,6 +74,7 @@ class DriverLease:
         self._asking: Future[bool] | None = None
         self._asked = 0.0
         self._lost_lead = False
+        self._closed = threading.Event()
 
     def active(self) -> str | None:
         """The active driver ("host:pid since …"), if any."""
@@ -144,6 +149,29 @@ class DriverLease:
             "won: it only grows, and skips the numbers other writes took meanwhile"
         )
 
+    def watch(self, on_lost: Callable[[], None]) -> None:
+        """From a thread of its own, the moment the lease clock runs low (or the lead is
+        found lost): say so and call ``on_lost`` once. Writes are fenced by the clock
+        anyway (:meth:`ensure_leading`); this stops the work, whatever the caller's own
+        loop is waiting on (a bucket that cannot be reached either, say)."""
+
+        def run() -> None:
+            while self.session is not None and not self._closed.is_set():
+                left = self.session.remaining()
+                if left < self.margin or self._lost_lead:
+                    _log.warning(
+                        "this driver of %r stops writing now: its lease could not be "
+                        "refreshed for %.1fs of its %ss (cut off from the control plane?)",
+                        self.name,
+                        self.ttl - left,
+                        self.ttl,
+                    )
+                    on_lost()
+                    return
+                self._closed.wait(min(max(left - self.margin, 0.01), 0.25))
+
+        threading.Thread(target=run, name=f"riverbed-fence-{self.name}", daemon=True).start()
+
     def still_leading(self) -> bool:
         """Is our candidacy (and so our term) still the leader? Never blocks: False at
         once when the lease clock runs low (see :meth:`ensure_leading`) or when the
@@ -168,6 +196,7 @@ class DriverLease:
         return self.session.remaining() >= self.margin
 
     def close(self) -> None:
+        self._closed.set()
         self._asker.shutdown(wait=False, cancel_futures=True)
         if self.term is not None:
             release_term(self.term)

@@ -21,9 +21,9 @@ driver needs to resume is on its disk (:func:`results_location`).
 from __future__ import annotations
 
 import json
-import logging
 import re
 import runpy
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +48,6 @@ from riverbed.stream.layout import (
 )
 from riverbed.stream.leader import DriverLease
 from riverbed.stream.records import BatchRecord, input_rate, open_batches, summed_totals
-
-_log = logging.getLogger(__name__)
 
 
 class StreamFailedError(RiverbedError):
@@ -282,22 +280,22 @@ def run(
                 reported.add(batch_id)
                 on_progress(batch_id, record)
 
+    if lease is not None:  # a stop the moment the lease clock runs low (self-fencing)
+        lease.watch(lambda: threading.Thread(target=query.stop, daemon=True).start())
+    fenced = DriverFencedError(
+        f"this driver lost the lead of '{job.aggregation.name}' (its lease expired: was it "
+        "paused or cut off from the control plane?); it stopped, and the active driver "
+        "carries on from the checkpoint"
+    )
     try:
         while query.isActive:
             query.awaitTermination(0.5)
             if lease is not None and not lease.still_leading():
-                # said now: stopping a query cut off from its executors may take a while
-                _log.warning(
-                    "this driver of %r stops writing now: it is no longer certain to lead",
-                    job.aggregation.name,
-                )
                 query.stop()
-                raise DriverFencedError(
-                    f"this driver lost the lead of '{job.aggregation.name}' (its lease expired: "
-                    "was it paused or cut off from the control plane?); it stopped, and the "
-                    "active driver carries on from the checkpoint"
-                )
+                raise fenced
             report()
+        if lease is not None and not lease.still_leading():
+            raise fenced  # stopped by the lease's watch
         report()
         if query.exception() is not None:
             raise StreamFailedError(
