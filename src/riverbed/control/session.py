@@ -35,6 +35,7 @@ class Session:
         sent = time.monotonic()
         self.lease = cp.grant(ttl).id
         self._valid_until = sent + ttl
+        self._refreshed = threading.Condition()
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -50,7 +51,9 @@ class Session:
                 sent = time.monotonic()
                 ttl = self.cp.keepalive(self.lease)
                 last_ok = time.monotonic()
-                self._valid_until = sent + min(ttl, self.ttl)
+                with self._refreshed:
+                    self._valid_until = sent + min(ttl, self.ttl)
+                    self._refreshed.notify_all()
             except LeaseNotFoundError:
                 log.warning("lease %x expired; session lost", self.lease)
                 self.lost.set()
@@ -73,6 +76,18 @@ class Session:
         if not self.alive:
             return 0.0
         return max(0.0, self._valid_until - time.monotonic())
+
+    def wait_remaining(self, at_least: float, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`remaining` to be ``at_least`` (a
+        refresh getting through); whether it is."""
+        deadline = time.monotonic() + timeout
+        with self._refreshed:
+            while self.remaining() < at_least and self.alive:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._refreshed.wait(min(left, 0.1))
+        return self.remaining() >= at_least
 
     @property
     def alive(self) -> bool:

@@ -235,9 +235,9 @@ def run_cluster_scenario(
                     "driver, a worker, a log server and an etcd member cut off")  # fmt: skip
         bed.partition("h3")
         mark = _size(bed.service("h3", "driver").log)
-        _wait("the cut-off driver to stop", lambda: _printed(bed, "h3", mark, "stops writing"), 60)
+        _wait("the cut-off driver to stop", lambda: _printed(bed, "h3", mark, "pauses writing"), 60)
         out.fenced_s = clock("the driver on h3 stops writing, by itself: its lease clock ran low "
-                             "(noticed in its output)") - cut  # fmt: skip
+                             "(it says so)") - cut  # fmt: skip
         first = _wait("a batch by the standby on h2", lambda: by_term_above(h3_term), 120)
         out.partition_takeover_s = clock("first batch committed by the standby on h2") - cut
         left = partition_s - (time.monotonic() - clock.t0 - cut)

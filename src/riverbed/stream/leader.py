@@ -121,21 +121,65 @@ class DriverLease:
 
     @property
     def margin(self) -> float:
-        """How much of its lease a driver keeps in hand: it stops writing once less than
-        this is certainly left (a quarter of the TTL: one missed refresh of three still
-        leaves more, two do not)."""
+        """How much of its lease a driver keeps in hand: it writes nothing while less
+        than this is certainly left (a quarter of the TTL: one missed refresh of three
+        still leaves more, two do not)."""
         return self.ttl / 4
 
     def ensure_leading(self) -> None:
-        """Raise :class:`DriverFencedError` unless this driver's own clock says its lease
-        is certainly held for at least :attr:`margin` more (no network: self-fencing)."""
-        left = self.session.remaining() if self.session is not None else 0.0
-        if left < self.margin:
-            raise DriverFencedError(
-                f"this driver of '{self.name}' (term {self.term}) could not refresh its "
-                f"lease with the control plane for {self.ttl - left:.1f}s of its {self.ttl}s "
-                "TTL (cut off from it?); it stops writing before a standby can take over"
-            )
+        """Return when this driver's own clock says its lease is certainly held for at
+        least :attr:`margin` more — at once, or after a late refresh got through —
+        and raise :class:`DriverFencedError` when none does while the lease may still
+        be its own (no network: self-fencing)."""
+        session = self.session
+        if session is None:
+            raise DriverFencedError(f"this driver of '{self.name}' holds no lease")
+        if session.remaining() >= self.margin:
+            return
+        if session.wait_remaining(self.margin, session.remaining()):
+            return
+        raise DriverFencedError(
+            f"this driver of '{self.name}' (term {self.term}) could not refresh its lease "
+            f"with the control plane within its {self.ttl}s TTL (cut off from it?); it "
+            "stopped writing before a standby could take over"
+        )
+
+    def watch(self, on_lost: Callable[[], None]) -> None:
+        """From a thread of its own: say when writes pause (the lease clock below
+        :attr:`margin`: :meth:`ensure_leading` holds them) and resume, and when the
+        lease may be gone (no refresh for a whole TTL, or the lead found lost) say so
+        and call ``on_lost`` once — whatever the caller's own loop is waiting on (a
+        bucket that cannot be reached either, say)."""
+
+        def run() -> None:
+            paused = False
+            while self.session is not None and not self._closed.is_set():
+                left = self.session.remaining()
+                if left <= 0 or self._lost_lead:
+                    _log.warning(
+                        "this driver of %r stops: its lease may have expired (no refresh "
+                        "for %ss); a standby takes over from the checkpoint",
+                        self.name,
+                        self.ttl,
+                    )
+                    on_lost()
+                    return
+                if (left < self.margin) != paused:
+                    paused = not paused
+                    if paused:
+                        _log.warning(
+                            "this driver of %r pauses writing: its lease could not be "
+                            "refreshed for %.1fs of its %ss (cut off from the control plane?)",
+                            self.name,
+                            self.ttl - left,
+                            self.ttl,
+                        )
+                    else:
+                        _log.warning("this driver of %r writes again: lease refreshed", self.name)
+                step = 0.05 if paused else max(left - self.margin, 0.01)
+                self._closed.wait(min(step, 0.25))
+
+        threading.Thread(target=run, name=f"riverbed-fence-{self.name}", daemon=True).start()
 
     def describe(self) -> str:
         """One line on this driver's term: whom it took over from, and why terms skip."""
@@ -149,38 +193,15 @@ class DriverLease:
             "won: it only grows, and skips the numbers other writes took meanwhile"
         )
 
-    def watch(self, on_lost: Callable[[], None]) -> None:
-        """From a thread of its own, the moment the lease clock runs low (or the lead is
-        found lost): say so and call ``on_lost`` once. Writes are fenced by the clock
-        anyway (:meth:`ensure_leading`); this stops the work, whatever the caller's own
-        loop is waiting on (a bucket that cannot be reached either, say)."""
-
-        def run() -> None:
-            while self.session is not None and not self._closed.is_set():
-                left = self.session.remaining()
-                if left < self.margin or self._lost_lead:
-                    _log.warning(
-                        "this driver of %r stops writing now: its lease could not be "
-                        "refreshed for %.1fs of its %ss (cut off from the control plane?)",
-                        self.name,
-                        self.ttl - left,
-                        self.ttl,
-                    )
-                    on_lost()
-                    return
-                self._closed.wait(min(max(left - self.margin, 0.01), 0.25))
-
-        threading.Thread(target=run, name=f"riverbed-fence-{self.name}", daemon=True).start()
-
     def still_leading(self) -> bool:
         """Is our candidacy (and so our term) still the leader? Never blocks: False at
-        once when the lease clock runs low (see :meth:`ensure_leading`) or when the
-        control plane said another candidate leads; the control plane is asked in the
+        once when the lease clock ran out (the lease may be gone) or when the control
+        plane said another candidate leads; the control plane is asked in the
         background, at most every third of the TTL (a cut-off member can take seconds
         not to answer — longer than the clock leaves)."""
         if self.election is None or self.session is None or self._lost_lead:
             return False
-        if self.session.remaining() < self.margin:
+        if self.session.remaining() <= 0:
             return False
         asking = self._asking
         if asking is not None and asking.done():
@@ -193,7 +214,7 @@ class DriverLease:
         if self._asking is None and now - self._asked >= self.ttl / 3:
             self._asked = now
             self._asking = self._asker.submit(self.election.is_leader)
-        return self.session.remaining() >= self.margin
+        return self.session.remaining() > 0
 
     def close(self) -> None:
         self._closed.set()
