@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import riverbed.log
-from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, generate
+from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed
 
@@ -305,24 +305,7 @@ def _verdict(
     out.complete = len(events) == len(sent) and events[key].sort_values(key).reset_index(
         drop=True
     ).equals(sent[key].sort_values(key).reset_index(drop=True))
-    on_time = events[
-        [
-            (u, f, t) not in late
-            for u, f, t in events[["user_id", "flag", "ts"]].itertuples(index=False)
-        ]
-    ]
-    oracle = (
-        on_time.assign(window_start=on_time["ts"].dt.floor("1h"))
-        .groupby(["window_start", "flag"])
-        .agg(users_oracle=("user_id", "nunique"), events_oracle=("user_id", "size"))
-        .reset_index()
-        .rename(columns={"flag": "key"})
-    )
-    merged = oracle.merge(results, on=["window_start", "key"], how="outer")
-    out.identical = bool(
-        (merged["users"] == merged["users_oracle"]).all()
-        and (merged["events"] == merged["events_oracle"]).all()
-    )
+    merged, out.identical = compare(events, late, results)
     out.windows = len(merged)
     out.events = len(events)
     table = Table(title="what failed, and how long each part took to recover")

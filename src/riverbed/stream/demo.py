@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -326,6 +327,32 @@ def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Ev
     three.set()  # the driver ended
 
 
+def compare(
+    events: pd.DataFrame, late: set[tuple[Any, Any, Any]], results: pd.DataFrame
+) -> tuple[pd.DataFrame, bool]:
+    """The demo aggregation's results beside one pass of pandas over ``events`` (less
+    the ``late`` ones, by (user_id, flag, ts)): per window and flag, exact distinct
+    users and counts; and whether they are all equal."""
+    on_time = events[
+        [
+            (u, f, t) not in late
+            for u, f, t in events[["user_id", "flag", "ts"]].itertuples(index=False)
+        ]
+    ]
+    oracle = (
+        on_time.assign(window_start=on_time["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users_oracle=("user_id", "nunique"), events_oracle=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+    merged = oracle.merge(results, on=["window_start", "key"], how="outer")
+    equal = (merged["users"] == merged["users_oracle"]).all() and (
+        merged["events"] == merged["events_oracle"]
+    ).all()
+    return merged, bool(equal)
+
+
 def _verdict(
     home: Path, data: pd.DataFrame, output: str | Path, checkpoints: str | None = None
 ) -> int:
@@ -348,23 +375,7 @@ def _verdict(
     late_keys = set(
         zip(late["user_id"], late["flag"], pd.to_datetime(late["ts"], utc=True), strict=True)
     )
-    on_time = data[
-        [
-            (u, f, t) not in late_keys
-            for u, f, t in data[["user_id", "flag", "ts"]].itertuples(index=False)
-        ]
-    ]
-    oracle = (
-        on_time.assign(window_start=on_time["ts"].dt.floor("1h"))
-        .groupby(["window_start", "flag"])
-        .agg(users_oracle=("user_id", "nunique"), events_oracle=("user_id", "size"))
-        .reset_index()
-        .rename(columns={"flag": "key"})
-    )
-    merged = oracle.merge(results, on=["window_start", "key"], how="outer")
-    exact_ok = (merged["users"] == merged["users_oracle"]).all() and (
-        merged["events"] == merged["events_oracle"]
-    ).all()
+    merged, exact_ok = compare(data, late_keys, results)
     rel = (merged["users_hll"] - merged["users_oracle"]).abs() / merged["users_oracle"]
     hll_ok = bool((rel <= 3 * 1.04 / 64).all())
 
