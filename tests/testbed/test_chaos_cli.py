@@ -78,3 +78,25 @@ def test_it_refuses_what_is_not_the_beds(bed, tmp_path):
     bad = _chaos(bed, "partition", "h1", "--for", "0s")
     assert bad.returncode == 2 and "positive duration" in bad.stderr
     assert not [a for a in bed.actions() if a["action"] == "partition"]
+
+
+def test_destroy_stops_the_gateway_servers_a_dead_demo_left(tmp_path):
+    """A demo SIGKILLed mid-run leaves its gateway servers; `chaos destroy` stops them."""
+    from riverbed.processes import is_alive
+    from riverbed.testing.cluster import Cluster
+
+    bed = TestBed.create(tmp_path / "bed", hosts=1)
+    try:
+        postgres = Cluster(bed).start_postgres()  # the demo process "dies" here
+        pid = int((postgres.data / "postmaster.pid").read_text().split()[0])
+        assert is_alive(pid)
+        done = _chaos(bed, "destroy")
+        assert done.returncode == 0, done.stderr
+        assert "gateway's postgres stopped" in done.stdout
+        assert not is_alive(pid)  # gone (or a zombie init has not reaped yet)
+        assert not (bed.root / "gateway.json").exists()
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert bed.plan.hosts[0].netns not in netns
+    finally:
+        bed.destroy()
+        Cluster.stop_gateway(bed)

@@ -182,7 +182,11 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _destroy(args: argparse.Namespace) -> int:
+    from riverbed.testing.cluster import Cluster
+
     bed = _open(args)
     bed.destroy()
-    out.print(f"test bed {bed.root} destroyed: its processes, namespaces and links are gone")
+    gateway = Cluster.stop_gateway(bed)
+    also = f"; its gateway's {' and '.join(gateway)} stopped" if gateway else ""
+    out.print(f"test bed {bed.root} destroyed: its processes, namespaces and links are gone{also}")
     return 0

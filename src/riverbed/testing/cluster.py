@@ -18,8 +18,10 @@ host rejoins as a new member (``_rejoin_etcd``, the bed's restart hook for kind
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ ETCD_CLIENT, ETCD_PEER = 2379, 2380
 SPARK_PORT, SPARK_UI, WORKER_UI = 7077, 8080, 8081
 LOG_PORT = 8815
 BUCKET = "riverbed"
+GATEWAY_FILE = "gateway.json"  # the gateway's servers, for whoever destroys the bed
 
 
 def _etcd_call(client_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -136,15 +139,41 @@ class Cluster:
         self._wait(lambda: all(healthy(h) for h in hosts or self.hosts), timeout, "etcd")
 
     # ------------------------------------------------------------------ gateway servers
+    def _record_gateway(self, name: str, directory: Path) -> None:
+        """Note a gateway server in the bed, so that whoever destroys the bed (``riverbed
+        chaos destroy``, after this process died) stops it too."""
+        path = self.bed.root / GATEWAY_FILE
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[name] = str(directory)
+        path.write_text(json.dumps(known))
+
+    @staticmethod
+    def stop_gateway(bed: TestBed) -> list[str]:
+        """Stop the gateway servers recorded in ``bed`` (the names of those stopped)."""
+        path = bed.root / GATEWAY_FILE
+        try:
+            known: dict[str, str] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return []
+        if "postgres" in known:
+            PostgresServer.attach(Path(known["postgres"])).stop()
+        if "s3" in known:
+            CephS3Server(Path(known["s3"])).stop()
+            shutil.rmtree(known["s3"], ignore_errors=True)
+        path.unlink(missing_ok=True)
+        return sorted(known)
+
     def start_s3(self) -> dict[str, str]:
         """The S3 server at the gateway, with the bucket; the AWS variables that reach it."""
         self.s3 = CephS3Server(self.bed.root / "gateway" / "s3", address=self.bed.plan.gateway)
+        self._record_gateway("s3", self.s3.data)
         self.s3.start()
         self.s3.create_bucket(BUCKET)
         return self.s3.env()
 
     def start_postgres(self) -> PostgresServer:
         self.postgres = PostgresServer(address=self.bed.plan.gateway)
+        self._record_gateway("postgres", self.postgres.directory)
         self.postgres.start()
         return self.postgres
 
@@ -318,9 +347,6 @@ class Cluster:
         try:
             self.bed.destroy()
         finally:
-            if self.postgres is not None:
-                self.postgres.stop()
-            if self.s3 is not None:
-                self.s3.stop()
-                with contextlib.suppress(OSError):
-                    os.sync()
+            self.stop_gateway(self.bed)
+            with contextlib.suppress(OSError):
+                os.sync()

@@ -313,6 +313,20 @@ class PostgresServer(_Server):
             shutil.chown(self._tmp, "postgres", "postgres")
         self._counter = 0
 
+    @classmethod
+    def attach(cls, directory: Path) -> PostgresServer:
+        """The server whose files are in ``directory`` (its ``directory`` attribute), to
+        stop it from another process."""
+        server = cls.__new__(cls)
+        server.address, server._tmp, server.data = "", Path(directory), Path(directory) / "data"
+        server.port, server._counter = 0, 0
+        server._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return server
+
+    @property
+    def directory(self) -> Path:
+        return self._tmp
+
     def _run(self, *args: str) -> None:
         result = subprocess.run([*self._as, *args], capture_output=True, text=True, check=False)
         if result.returncode != 0:
