@@ -14,11 +14,12 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from riverbed.errors import RiverbedError
 
-__all__ = ["SessionStillAliveError", "is_alive", "kill_session", "session_members"]
+__all__ = ["SessionStillAliveError", "is_alive", "kill_all", "kill_session", "session_members"]
 
 
 class SessionStillAliveError(RiverbedError, OSError):
@@ -52,16 +53,25 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
+def kill_all(members: Callable[[], list[int]], timeout: float = 60.0) -> list[int]:
+    """SIGKILL what ``members()`` lists, again and again, until it lists nothing or
+    ``timeout`` passes; the survivors (none, normally). The caller itself is spared."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    while pids := [pid for pid in members() if pid != me]:
+        if time.monotonic() > deadline:
+            return pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    return []
+
+
 def kill_session(sid: int, timeout: float = 60.0) -> None:
     """SIGKILL every process of session ``sid`` and wait until none is alive; the
     caller itself is spared (a process may end the session it leads, then exit).
     Raises :class:`SessionStillAliveError` if some are still alive after ``timeout``."""
-    me = os.getpid()
-    deadline = time.monotonic() + timeout
-    while members := [pid for pid in session_members(sid) if pid != me]:
-        if time.monotonic() > deadline:
-            raise SessionStillAliveError(f"processes {members} of session {sid} did not exit")
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+    survivors = kill_all(lambda: session_members(sid), timeout)
+    if survivors:
+        raise SessionStillAliveError(f"processes {survivors} of session {sid} did not exit")

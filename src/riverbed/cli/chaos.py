@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +51,14 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_status)
     c = cmds.add_parser("kill-host", help="SIGKILL every process of HOST, delete its disk")
     c.add_argument("host")
-    c.set_defaults(run=_kill_host)
+    c.set_defaults(run=_on_host("kill_host"))
     c = cmds.add_parser("partition", help="cut HOST's links (until `heal`, or --for)")
     c.add_argument("host")
     c.add_argument("--for", dest="seconds", help="heal after this long, e.g. 20s")
     c.set_defaults(run=_partition)
     c = cmds.add_parser("heal", help="give a partitioned HOST its links back")
     c.add_argument("host")
-    c.set_defaults(run=_heal)
+    c.set_defaults(run=_on_host("heal"))
     c = cmds.add_parser("slow", help="slow HOST's link: --delay 200ms (netem) or --rate 1mbit")
     c.add_argument("host")
     c.add_argument("--delay", help="added delay each way, e.g. 200ms (needs sch_netem)")
@@ -65,10 +66,10 @@ def add_parser(sub: Any) -> None:
     c.set_defaults(run=_slow)
     c = cmds.add_parser("unslow", help="take HOST's slowing off")
     c.add_argument("host")
-    c.set_defaults(run=_unslow)
+    c.set_defaults(run=_on_host("unslow"))
     c = cmds.add_parser("restart-host", help="bring HOST back, empty disk, its servers again")
     c.add_argument("host")
-    c.set_defaults(run=_restart_host)
+    c.set_defaults(run=_on_host("restart_host"))
     c = cmds.add_parser("log", help="every action on the bed, with its time")
     c.set_defaults(run=_log)
     c = cmds.add_parser("destroy", help="stop everything the bed started and delete its hosts")
@@ -103,6 +104,17 @@ def _done(args: argparse.Namespace, bed: TestBed) -> int:
     return 0
 
 
+def _on_host(action: str) -> Callable[[argparse.Namespace], int]:
+    """A command that does ``bed.<action>(HOST)`` and prints what the bed logged."""
+
+    def run(args: argparse.Namespace) -> int:
+        bed = _open(args)
+        getattr(bed, action)(args.host)
+        return _done(args, bed)
+
+    return run
+
+
 def _status(args: argparse.Namespace) -> int:
     st = _open(args).status()
     if args.json:
@@ -118,12 +130,6 @@ def _status(args: argparse.Namespace) -> int:
                 f"      {s['name']:<14} pid {s['pid']:<8} {'alive' if s['alive'] else 'dead'}"
             )
     return 0
-
-
-def _kill_host(args: argparse.Namespace) -> int:
-    bed = _open(args)
-    bed.kill_host(args.host)
-    return _done(args, bed)
 
 
 def _partition(args: argparse.Namespace) -> int:
@@ -144,29 +150,11 @@ def _partition(args: argparse.Namespace) -> int:
     return _done(args, bed)
 
 
-def _heal(args: argparse.Namespace) -> int:
-    bed = _open(args)
-    bed.heal(args.host)
-    return _done(args, bed)
-
-
 def _slow(args: argparse.Namespace) -> int:
     from riverbed.durations import duration_ms
 
     bed = _open(args)
     bed.slow(args.host, delay_ms=duration_ms(args.delay) if args.delay else None, rate=args.rate)
-    return _done(args, bed)
-
-
-def _unslow(args: argparse.Namespace) -> int:
-    bed = _open(args)
-    bed.unslow(args.host)
-    return _done(args, bed)
-
-
-def _restart_host(args: argparse.Namespace) -> int:
-    bed = _open(args)
-    bed.restart_host(args.host)
     return _done(args, bed)
 
 

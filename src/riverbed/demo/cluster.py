@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from rich.table import Table
 
 import riverbed.log
 from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
+from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed
 
@@ -72,15 +74,22 @@ class _Clock:
         return now
 
 
-def _batches(checkpoint: str) -> dict[int, Any]:
-    from riverbed.stream.records import open_batches
+class _Committed:
+    """The aggregation's committed batches, as the demo watches them: a committed
+    record never changes, so each is read from the bucket once (the demo asks four
+    times a second, while the chaos goes on)."""
 
-    batches = open_batches(checkpoint)
-    return {b: r for b in batches.ids() if (r := batches.get(b)) is not None}
+    def __init__(self, checkpoint: str) -> None:
+        from riverbed.stream.records import open_batches
 
+        self.batches = open_batches(checkpoint)
+        self.done: dict[int, Any] = {}
 
-def _done(checkpoint: str) -> dict[int, Any]:
-    return {b: r for b, r in _batches(checkpoint).items() if r.done}
+    def __call__(self) -> dict[int, Any]:
+        for b in self.batches.ids():
+            if b not in self.done and (r := self.batches.get(b)) is not None and r.done:
+                self.done[b] = r
+        return dict(self.done)
 
 
 def _size(path: str) -> int:
@@ -175,7 +184,7 @@ def run_cluster_scenario(
                 produced.set()
 
         checkpoints = f"s3://{BUCKET}/checkpoints"
-        checkpoint = f"{checkpoints}/{NAME}"
+        _done = _Committed(f"{checkpoints}/{NAME}")
         spec = root / f"{NAME}.py"
         spec.write_text(SPEC)
 
@@ -199,23 +208,23 @@ def run_cluster_scenario(
             bed.spawn(host, "driver", argv, env=env, kind="driver")
 
         driver("h2")
-        _wait("the first committed batch", lambda: _done(checkpoint), 300)
+        _wait("the first committed batch", lambda: _done(), 300)
         clock("active driver on h2: first batch committed")
         driver("h3")
         clock("hot standby on h3 (its Spark session and executors up, waiting on the lease)")
         feeder = threading.Thread(target=produce, daemon=True)
         feeder.start()
-        before = len(_done(checkpoint))
-        _wait("two more batches", lambda: len(_done(checkpoint)) >= before + 2, 300)
+        before = len(_done())
+        _wait("two more batches", lambda: len(_done()) >= before + 2, 300)
         time.sleep(15)  # let the standby's executors come up
-        old_term = max(r.term or 0 for r in _done(checkpoint).values())
+        old_term = max(r.term or 0 for r in _done().values())
 
         killed = clock("[bold red]kill-host h2[/bold red]: active driver, Spark worker, log "
                        "server, etcd member SIGKILLed; its disk deleted")  # fmt: skip
         bed.kill_host("h2")
 
         def by_term_above(term: int) -> list[int]:
-            return sorted(b for b, r in _done(checkpoint).items() if (r.term or 0) > term)
+            return sorted(b for b, r in _done().items() if (r.term or 0) > term)
 
         _wait("a batch by the standby", lambda: by_term_above(old_term), 120)
         out.takeover_s = clock("first batch committed by the standby on h3") - killed
@@ -230,7 +239,7 @@ def run_cluster_scenario(
 
         # the active driver's host is cut off: it must stop by itself (self-fencing)
         # before its lease can expire, and the standby on h2 takes over
-        h3_term = max(r.term or 0 for r in _done(checkpoint).values())
+        h3_term = max(r.term or 0 for r in _done().values())
         cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the active "
                     "driver, a worker, a log server and an etcd member cut off")  # fmt: skip
         bed.partition("h3")
@@ -251,20 +260,18 @@ def run_cluster_scenario(
         out.partition_batches = len(by_term_above(h3_term))
         # nothing the cut-off driver wrote became current: every batch from the new
         # driver's first on was committed by a newer term
-        done = _done(checkpoint)
+        done = _done()
         out.fenced_ok = all((done[b].term or 0) > h3_term for b in done if b >= first[0])
 
         produced.wait(timeout=600)
         if failures:
             raise failures[0]
         clock("producer done")
-        ends = {str(o.partition): o.end for o in log.offsets("clicks")}
+        ends = {o.partition: o.end for o in log.offsets("clicks")}
 
-        def caught_up() -> bool:
-            covered: dict[str, int] = {}
-            for r in _done(checkpoint).values():
-                for p, (_, end) in (r.slices or {}).items():
-                    covered[p] = max(covered.get(p, 0), end)
+        def caught_up() -> bool:  # where the newest committed batch ended, per partition
+            done = _done()
+            covered = ends_of(done[max(done)].slices or {})
             return all(covered.get(p, 0) >= e for p, e in ends.items())
 
         _wait("the stream to catch up", caught_up, 600)
@@ -272,7 +279,7 @@ def run_cluster_scenario(
         for svc in bed.services():
             if svc.kind == "driver" and bed.alive(svc):
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(svc.pid, 15)
+                    os.killpg(svc.pid, signal.SIGTERM)
         out = _verdict(log, checkpoints, rows, out, console)
         log.close()
     finally:

@@ -134,8 +134,6 @@ class DriverLease:
         session = self.session
         if session is None:
             raise DriverFencedError(f"this driver of '{self.name}' holds no lease")
-        if session.remaining() >= self.margin:
-            return
         if session.wait_remaining(self.margin, session.remaining()):
             return
         raise DriverFencedError(
@@ -214,7 +212,7 @@ class DriverLease:
         if self._asking is None and now - self._asked >= self.ttl / 3:
             self._asked = now
             self._asking = self._asker.submit(self.election.is_leader)
-        return self.session.remaining() > 0
+        return True
 
     def close(self) -> None:
         self._closed.set()

@@ -280,7 +280,7 @@ def run(
                 reported.add(batch_id)
                 on_progress(batch_id, record)
 
-    if lease is not None:  # a stop the moment the lease clock runs low (self-fencing)
+    if lease is not None:  # a stop the moment the lease clock runs out (self-fencing)
         lease.watch(lambda: threading.Thread(target=query.stop, daemon=True).start())
     fenced = DriverFencedError(
         f"this driver lost the lead of '{job.aggregation.name}' (its lease expired: was it "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import shutil
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 import httpx
 
 from riverbed.testing.s3 import CephS3Server
-from riverbed.testing.servers import PostgresServer, ServerError, etcd_argv
+from riverbed.testing.servers import PostgresServer, ServerError, etcd_argv, etcd_healthy
 from riverbed.testing.testbed import Service, TestBed, TestBedError
 
 __all__ = ["ETCD_CLIENT", "LOG_PORT", "SPARK_PORT", "Cluster"]
@@ -129,14 +128,8 @@ class Cluster:
         return "etcd://" + ",".join(f"{self.address(h)}:{ETCD_CLIENT}" for h in hosts or self.hosts)
 
     def wait_etcd(self, hosts: list[str] | None = None, timeout: float = 60) -> None:
-        def healthy(h: str) -> bool:
-            try:
-                r = httpx.get(f"http://{self.address(h)}:{ETCD_CLIENT}/health", timeout=1)
-                return r.status_code == 200 and r.json().get("health") == "true"
-            except (httpx.HTTPError, ValueError):
-                return False
-
-        self._wait(lambda: all(healthy(h) for h in hosts or self.hosts), timeout, "etcd")
+        urls = [f"http://{self.address(h)}:{ETCD_CLIENT}" for h in hosts or self.hosts]
+        self._wait(lambda: all(etcd_healthy(u, timeout=1) for u in urls), timeout, "etcd")
 
     # ------------------------------------------------------------------ gateway servers
     def _record_gateway(self, name: str, directory: Path) -> None:
@@ -348,5 +341,3 @@ class Cluster:
             self.bed.destroy()
         finally:
             self.stop_gateway(self.bed)
-            with contextlib.suppress(OSError):
-                os.sync()

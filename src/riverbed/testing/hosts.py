@@ -34,6 +34,8 @@ __all__ = [
     "BedPlanError",
     "HostPlan",
     "Mode",
+    "bridge_name",
+    "netns_prefix",
     "plan",
 ]
 
@@ -82,6 +84,16 @@ class BedPlan:
         return frozenset({self.gateway, *(h.address for h in self.hosts)})
 
 
+def bridge_name(slot: int) -> str:
+    """The bridge of the bed in ``slot``."""
+    return f"rbbr{slot}"
+
+
+def netns_prefix(slot: int) -> str:
+    """What the names of the namespaces of the bed in ``slot`` begin with."""
+    return f"riverbed-{slot}-"
+
+
 def _subnet(slot: int, mode: Mode) -> tuple[int, int, int]:
     if mode == "netns":
         return 198, 18 + slot // 256, slot % 256
@@ -102,13 +114,13 @@ def plan(slot: int, count: int, mode: Mode = "netns") -> BedPlan:
         name = f"h{i}"
         address = f"{a}.{b}.{c}.{_FIRST_HOST + i - 1}"
         if mode == "netns":
-            hosts.append(HostPlan(name, f"riverbed-{slot}-{name}", f"rbv{slot}{name}", address))
+            hosts.append(HostPlan(name, netns_prefix(slot) + name, f"rbv{slot}{name}", address))
         else:
             hosts.append(HostPlan(name, "", "", address))
     return BedPlan(
         slot=slot,
         mode=mode,
-        bridge=f"rbbr{slot}" if mode == "netns" else "",
+        bridge=bridge_name(slot) if mode == "netns" else "",
         gateway=f"{a}.{b}.{c}.1",
         prefix=24,
         hosts=tuple(hosts),

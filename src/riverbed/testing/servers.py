@@ -143,6 +143,15 @@ def etcd_argv(
     ]
 
 
+def etcd_healthy(client_url: str, timeout: float = 0.5) -> bool:
+    """Whether the etcd member at ``client_url`` says it is healthy."""
+    try:
+        r = httpx.get(f"{client_url}/health", timeout=timeout)
+        return r.status_code == 200 and r.json().get("health") == "true"
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 class _EtcdNode:
     def __init__(self, name: str, base: Path, client_port: int, peer_port: int) -> None:
         self.name = name
@@ -185,11 +194,7 @@ class _EtcdNode:
             return None
 
     def healthy(self) -> bool:
-        try:
-            r = httpx.get(f"{self.client_url}/health", timeout=0.5)
-            return r.status_code == 200 and r.json().get("health") == "true"
-        except (httpx.HTTPError, ValueError):
-            return False
+        return etcd_healthy(self.client_url)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

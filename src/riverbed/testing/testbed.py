@@ -45,8 +45,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from riverbed.processes import is_alive, session_members
-from riverbed.testing.hosts import SLOTS, BedPlan, HostPlan, Mode, plan
+from riverbed.processes import is_alive, kill_all, session_members
+from riverbed.testing.hosts import (
+    SLOTS,
+    BedPlan,
+    HostPlan,
+    Mode,
+    bridge_name,
+    netns_prefix,
+    plan,
+)
 from riverbed.testing.servers import ServerError
 
 __all__ = ["Service", "TestBed", "TestBedError", "detect_mode"]
@@ -194,7 +202,7 @@ class TestBed:
         data = self._read()
         for h in self.plan.hosts:
             with contextlib.suppress(TestBedError):
-                self._kill_processes(h, [Service(**s) for s in data["services"]])
+                self._kill_processes(h.name)
         for child in self._children:
             with contextlib.suppress(OSError):
                 child.wait(timeout=5)
@@ -335,15 +343,10 @@ class TestBed:
             pids.update(int(p) for p in out.split() if p.isdigit())
         return sorted(p for p in pids if p != os.getpid() and is_alive(p))
 
-    def _kill_processes(self, h: HostPlan, services: list[Service]) -> None:
-        deadline = time.monotonic() + 30
-        while pids := self.processes(h.name):
-            if time.monotonic() > deadline:
-                raise TestBedError(f"processes {pids} of host {h.name} survived SIGKILL")
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+    def _kill_processes(self, host: str) -> None:
+        survivors = kill_all(lambda: self.processes(host), timeout=30)
+        if survivors:
+            raise TestBedError(f"processes {survivors} of host {host} survived SIGKILL")
         for child in self._children:
             child.poll()  # reap our own children, so they are not zombies
 
@@ -355,13 +358,11 @@ class TestBed:
     # ------------------------------------------------------------------ chaos
     def kill_host(self, host: str) -> None:
         """SIGKILL every process of ``host`` and delete its data directory."""
-        h = self.plan.host(host)
         if self.plan.mode == "loopback":
             self._signal_host(host, signal.SIGCONT)  # a stopped process dies only when run
-        self._kill_processes(h, self.services(host))
+        self._kill_processes(host)
         shutil.rmtree(self.host_dir(host), ignore_errors=True)
-        with self._locked() as data:
-            data["down"] = sorted({*data["down"], host})
+        self._mark("down", host, True)
         self.log_action("kill-host", host)
 
     def partition(self, host: str) -> None:
@@ -373,8 +374,7 @@ class TestBed:
         else:
             self._signal_host(host, signal.SIGSTOP)
             how = "stand-in: processes SIGSTOPped (loopback mode has no link to cut)"
-        with self._locked() as data:
-            data["cut"] = sorted({*data["cut"], host})
+        self._mark("cut", host, True)
         self.log_action("partition", host, how=how)
 
     def heal(self, host: str) -> None:
@@ -383,8 +383,7 @@ class TestBed:
             _ip("link", "set", h.link, "up")
         else:
             self._signal_host(host, signal.SIGCONT)
-        with self._locked() as data:
-            data["cut"] = [c for c in data["cut"] if c != host]
+        self._mark("cut", host, False)
         self.log_action("heal", host)
 
     def slow(self, host: str, *, delay_ms: int | None = None, rate: str | None = None) -> None:
@@ -398,10 +397,9 @@ class TestBed:
             qdisc = ["netem", "delay", f"{delay_ms}ms"]
         else:
             qdisc = ["tbf", "rate", str(rate), "burst", "16kb", "latency", "2s"]
-        for where in (["dev", h.link], ["dev", "eth0"]):
-            ns = [] if where[1] == h.link else ["-n", h.netns]
+        for tc, dev in self._link_ends(h):
             done = subprocess.run(
-                ["tc", *ns, "qdisc", "replace", *where, "root", *qdisc],
+                [*tc, "qdisc", "replace", "dev", dev, "root", *qdisc],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -414,34 +412,32 @@ class TestBed:
                         "--rate 1mbit"
                     )
                 raise TestBedError(f"tc failed on {host}: {done.stderr.strip()}")
-        with self._locked() as data:
-            data["slowed"] = sorted({*data["slowed"], host})
+        self._mark("slowed", host, True)
         self.log_action("slow", host, delay_ms=delay_ms, rate=rate)
 
     def unslow(self, host: str) -> None:
-        h = self.plan.host(host)
-        subprocess.run(
-            ["tc", "qdisc", "del", "dev", h.link, "root"], capture_output=True, check=False
-        )
-        subprocess.run(
-            ["tc", "-n", h.netns, "qdisc", "del", "dev", "eth0", "root"],
-            capture_output=True,
-            check=False,
-        )
-        with self._locked() as data:
-            data["slowed"] = [c for c in data["slowed"] if c != host]
+        for tc, dev in self._link_ends(self.plan.host(host)):
+            subprocess.run(
+                [*tc, "qdisc", "del", "dev", dev, "root"], capture_output=True, check=False
+            )
+        self._mark("slowed", host, False)
         self.log_action("unslow", host)
+
+    @staticmethod
+    def _link_ends(h: HostPlan) -> list[tuple[list[str], str]]:
+        """``tc`` (in the right namespace) and the device, for each end of ``h``'s link:
+        the root namespace's side and the host's own ``eth0``."""
+        return [(["tc"], h.link), (["tc", "-n", h.netns], "eth0")]
 
     def restart_host(self, host: str) -> list[Service]:
         """Bring ``host`` back: link up, an empty data directory, its services again."""
         h = self.plan.host(host)
         if self.plan.mode == "netns":
             _ip("link", "set", h.link, "up")
-        self._kill_processes(h, self.services(host))
+        self._kill_processes(host)
         self.host_dir(host).mkdir(parents=True, exist_ok=True)
-        with self._locked() as data:
-            data["down"] = [d for d in data["down"] if d != host]
-            data["cut"] = [c for c in data["cut"] if c != host]
+        self._mark("down", host, False)
+        self._mark("cut", host, False)
         started = []
         for svc in self.services(host):
             hook = self.restart_hooks.get(svc.kind)
@@ -494,6 +490,12 @@ class TestBed:
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.root / BED_FILE)
 
+    def _mark(self, state: str, host: str, on: bool) -> None:
+        """Add ``host`` to (or take it off) the bed's list of hosts in ``state``
+        (``down``, ``cut``, ``slowed``)."""
+        with self._locked() as data:
+            data[state] = sorted({*data[state], host} if on else set(data[state]) - {host})
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
         with open(self.root / ".bed.lock", "a") as lock:
@@ -523,7 +525,10 @@ def _claim_slot(root: Path) -> int:
                 continue
         with os.fdopen(fd, "w") as f:
             f.write(str(root))
-        if shutil.which("ip") and _ip("link", "show", f"rbbr{slot}", check=False).returncode == 0:
+        if (
+            shutil.which("ip")
+            and _ip("link", "show", bridge_name(slot), check=False).returncode == 0
+        ):
             _sweep(slot)  # a bed that crashed before claiming (or a claim dir wiped)
         return slot
     raise TestBedError(f"all {SLOTS} test bed slots are taken ({_CLAIMS})")
@@ -547,9 +552,9 @@ def _sweep(slot: int) -> None:
         return
     names = _ip("netns", "list", check=False).stdout.split()
     for name in names:
-        if name.startswith(f"riverbed-{slot}-h"):
+        if name.startswith(netns_prefix(slot)):
             for pid in _ip("netns", "pids", name, check=False).stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "del", name, check=False)
-    _ip("link", "del", f"rbbr{slot}", check=False)
+    _ip("link", "del", bridge_name(slot), check=False)
