@@ -97,6 +97,50 @@ s.stop()
 """
 
 
+def test_a_watch_and_a_lock_waiter_on_a_cut_off_member_move_to_another(cluster):
+    """A watch is silent while nothing changes, so a stream to a member whose host is
+    cut off (not closed: no reset ever comes) must still be given up, or a standby
+    waits on it forever. The client that starts on h3's member hears of a change made
+    through the others, and a lock waiter gets its turn, soon after h3 is cut off."""
+    import threading
+
+    from riverbed.control import Lock, Session
+
+    def url(hosts: list[str]) -> str:
+        return "etcd://" + ",".join(f"{cluster.address(h)}:2379" for h in hosts)
+
+    far, near = connect(url(["h3", "h1", "h2"])), connect(url(["h1", "h2"]))
+    holder = Lock(Session(near, ttl=10), "cut-off")
+    holder.acquire()
+    got: list[float] = []
+    waiter = Lock(Session(far, ttl=10), "cut-off")
+    queued = threading.Thread(target=lambda: (waiter.acquire(), got.append(time.monotonic())))
+    try:
+        with far.watch("watched") as watch:
+            near.put("watched", b"1")
+            assert watch.get(timeout=10).kv.value == b"1"  # the stream from h3 works
+            queued.start()
+            time.sleep(1)  # the waiter's watch on its predecessor is open (through h3)
+            cluster.bed.partition("h3")
+            cut = time.monotonic()
+            near.put("watched", b"2")
+            holder.release()
+            event = watch.get(timeout=30)
+            heard = time.monotonic() - cut
+        assert event is not None and event.kv.value == b"2", "the watch never moved on"
+        queued.join(timeout=30)
+        assert got, "the lock waiter never got its turn"
+        # keepalive gives the dead stream up within DEAD_PEER_S (5 s), the waiter
+        # lists again within RECHECK_S (3 s); the slack is for a loaded host
+        assert heard < 20 and got[0] - cut < 20, (heard, got[0] - cut)
+    finally:
+        cluster.bed.heal("h3")
+        cluster.wait_etcd()
+        waiter.release()
+        for cp in (far, near):
+            cp.close()
+
+
 def test_a_spark_job_on_the_standalone_cluster_survives_losing_a_worker_host(cluster):
     conf = [f"{k}={v}" for k, v in cluster.driver_conf("h2").items()]
     cluster.bed.spawn(

@@ -13,7 +13,11 @@ unknown (the connection broke after sending it) is not retried blindly: it raise
 it twice. Reads are always retried.
 
 Watches stream from one endpoint and reconnect to the next one at the revision after
-the last event delivered, so no event is lost or repeated across a failover.
+the last event delivered, so no event is lost or repeated across a failover. A watch
+is quiet while nothing changes, so a silent stream cannot tell a healthy member from
+one whose host was cut off: TCP keepalive on every connection (the probes the Go
+client sends as gRPC pings) breaks a stream to an unreachable member within
+:data:`DEAD_PEER_S`, and the watch moves on.
 """
 
 from __future__ import annotations
@@ -114,6 +118,26 @@ def _shutdown(response: httpx.Response) -> None:
 # it was sent could apply twice.
 READ_TRY_S = 1.5
 
+# A connection whose peer stops answering — its host cut off, not closed — is given up
+# after this long: keepalive probes on an idle connection (a watch waiting for its
+# next event), and a limit on unacknowledged data on a busy one.
+DEAD_PEER_S = 5
+
+
+def _keepalive_options() -> list[tuple[int, int, int]]:
+    idle, interval = 2, 1
+    count = max((DEAD_PEER_S - idle) // interval, 1)
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (
+        ("TCP_KEEPIDLE", idle),
+        ("TCP_KEEPINTVL", interval),
+        ("TCP_KEEPCNT", count),
+        ("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000),
+    ):
+        if hasattr(socket, name):  # Linux has all four; others keep their defaults
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
 
 class _Unsent(Exception):
     """The request did not reach a working member; safe to retry elsewhere."""
@@ -130,7 +154,10 @@ class EtcdControlPlane(ControlPlane):
         self.timeout = timeout
         self._current = 0
         self._lock = threading.Lock()
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=1.0))
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=1.0),
+            transport=httpx.HTTPTransport(socket_options=_keepalive_options()),
+        )
         self._watches: list[Watch] = []
 
     # -- transport -----------------------------------------------------------------

@@ -6,7 +6,8 @@ Protocol (``acquire``):
    (``create_revision == 0``); our *ticket* is its ``create_revision``;
 2. list the prefix; the key with the lowest ``create_revision`` holds the lock;
 3. otherwise watch the key just before ours (the predecessor) until it is deleted —
-   only that waiter wakes, so there is no thundering herd — and go to 2.
+   only that waiter wakes, so there is no thundering herd — and go to 2 (also after
+   :data:`RECHECK_S` of silence: a watch whose server was cut off hears nothing).
 
 Holders are served in arrival order. The ticket doubles as a **fencing token**: it
 only grows, so a store that remembers the highest token it has seen can reject a
@@ -21,6 +22,11 @@ from types import TracebackType
 from riverbed.control.base import Compare, ControlPlane, EventType, Get, KeyValue, Put
 from riverbed.control.errors import LockTimeoutError
 from riverbed.control.session import Session
+
+# The queue is listed again this often even when the watch says nothing: a watch that
+# went quiet because its server did (cut off, not closed) must not keep a waiter from
+# its turn for longer than this.
+RECHECK_S = 3.0
 
 
 def _queue(cp: ControlPlane, prefix: bytes) -> list[KeyValue]:
@@ -54,8 +60,9 @@ def wait_turn(session: Session, prefix: bytes, mine: KeyValue, timeout: float | 
         if not ahead:
             return
         predecessor = ahead[-1]
+        recheck = time.monotonic() + RECHECK_S
         with cp.watch(predecessor.key, start_revision=predecessor.mod_revision + 1) as watch:
-            while True:
+            while time.monotonic() < recheck:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     raise LockTimeoutError(
