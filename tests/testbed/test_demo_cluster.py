@@ -47,3 +47,7 @@ def test_losing_a_host_and_a_partition_lose_nothing(tmp_path):
     ]
     assert [a["t"] for a in actions] == sorted(a["t"] for a in actions)
     assert "--secret" not in out and os.environ.get("AWS_SECRET_ACCESS_KEY", "\0") not in out
+    # the drivers' logs (kept beside the bed) say when each batch was committed
+    driver_log = (home / "testbed" / "logs" / "h2-driver.log").read_text()
+    stamped = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d batch \d+: \d+ records"
+    assert re.search(stamped, driver_log, re.M), driver_log[-2000:]

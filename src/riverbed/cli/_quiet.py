@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+# how riverbed's own warnings look on the terminal
+WARNED = "%(levelname)s %(name)s: %(message)s"
+
 
 @contextlib.contextmanager
 def noise_to_log(home: Path, command: str, verbose: bool) -> Iterator[Path | None]:
@@ -39,7 +42,7 @@ def noise_to_log(home: Path, command: str, verbose: bool) -> Iterator[Path | Non
     # riverbed's own warnings also stay on the terminal
     visible = logging.StreamHandler(terminal)
     visible.setLevel(logging.WARNING)
-    visible.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    visible.setFormatter(logging.Formatter(WARNED))
     ours = logging.getLogger("riverbed")
     ours.addHandler(visible)
     # the root logger's handler still writes to the old sys.stderr, i.e. fd 2: the file

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from riverbed.cli._common import CHECKPOINTS_HELP, config_of
+from riverbed.cli._quiet import WARNED
 from riverbed.config import Config
 from riverbed.errors import ConfigError
 
+STAMP = "%Y-%m-%d %H:%M:%S"
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
@@ -74,6 +77,11 @@ def add_parsers(sub: Any) -> None:
         default=10,
         help="batches between state snapshots, and between retention passes (default 10)",
     )
+    c.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="start each line with the time: for a driver's log kept by a service manager",
+    )
     c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
@@ -105,6 +113,20 @@ def _job(spec: str, config: Config) -> Any:
     return job_for(config, aggregation, source, spec=Path(spec))
 
 
+def _sayer(timestamps: bool) -> Any:
+    """How ``stream run`` tells its progress: as is, or after the wall-clock time."""
+    if not timestamps:
+        return err.print
+
+    def say(text: str) -> None:
+        err.print(f"{time.strftime(STAMP)} {text}")
+
+    # riverbed's warnings on the terminal (the lease watch's, say) as well
+    for handler in logging.getLogger("riverbed").handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {WARNED}", STAMP))
+    return say
+
+
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -113,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
 
+    say = _sayer(args.timestamps)
     config = config_of(args)
     job = _job(args.spec, config)
     job = replace(
@@ -131,8 +154,8 @@ def _run(args: argparse.Namespace) -> int:
         spark_config = replace(config.spark, master=args.master) if args.master else config.spark
         spark = session(spark_config)
         if lease.term is None:
-            lease.acquire(on_standby=lambda message: err.print(message))
-        err.print(lease.describe())
+            lease.acquire(on_standby=say)
+        say(lease.describe())
     except BaseException:
         lease.close()
         raise
@@ -140,13 +163,13 @@ def _run(args: argparse.Namespace) -> int:
     backlog = Backlog(_backlog(job) if args.once else None, err)
 
     def progress(batch_id: int, record: BatchRecord) -> None:
-        err.print(batch_line(batch_id, record))
+        say(batch_line(batch_id, record))
         backlog.advance(record.counted("input"))
 
-    err.print(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
+    say(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
     resuming = resume_line(job)
     if resuming is not None:
-        err.print(resuming)
+        say(resuming)
     try:
         with backlog:
             run(

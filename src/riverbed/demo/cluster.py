@@ -204,7 +204,8 @@ def run_cluster_scenario(
                 **cluster.spark_env(host),
             }
             argv = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
-                    "--ttl", str(TTL), "--max-records-per-batch", str(chunk * 8)]  # fmt: skip
+                    "--ttl", str(TTL), "--max-records-per-batch", str(chunk * 8),
+                    "--timestamps"]  # fmt: skip
             bed.spawn(host, "driver", argv, env=env, kind="driver")
 
         driver("h2")
@@ -282,12 +283,28 @@ def run_cluster_scenario(
                     os.killpg(svc.pid, signal.SIGTERM)
         out = _verdict(log, checkpoints, rows, out, console)
         log.close()
+    except Exception:
+        _last_words(bed, console)
+        raise
     finally:
         out.timeline = clock.lines
         cluster.stop()
         os.environ.clear()
         os.environ.update(saved)
     return out
+
+
+def _last_words(bed: TestBed, console: Console, lines: int = 12) -> None:
+    """When the scenario fails: what each driver printed last (with the time), so the
+    one-line error comes with the drivers' side of it."""
+    for svc in bed.services():
+        if svc.kind != "driver":
+            continue
+        with contextlib.suppress(OSError):
+            tail = Path(svc.log).read_text(errors="replace").splitlines()[-lines:]
+            console.print(f"[bold]the driver on {svc.host}, last lines[/bold] ({svc.log}):")
+            for line in tail:
+                console.print(f"  {line}", markup=False, highlight=False)
 
 
 def _verdict(
