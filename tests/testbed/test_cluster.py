@@ -13,6 +13,7 @@ import pytest
 
 import riverbed.log
 from riverbed.control import connect
+from riverbed.control.hosts import hosts_of
 from riverbed.testing.cluster import Cluster
 from riverbed.testing.testbed import TestBed
 
@@ -179,4 +180,19 @@ def test_diskless_log_servers_lose_a_host_and_lose_nothing(cluster, monkeypatch)
             assert rec.value["i"] not in read, "a record is in the topic twice"
             read[rec.value["i"]] = (p, rec.offset)
     assert read == acked
-    _restore(cluster, "h1")
+    # the console's hosts view: each log server announced its host (RIVERBED_HOST, set
+    # by the bed); the lost host's entry went with its lease, the host shows down
+    cp = connect(cluster.control)
+    try:
+        deadline = time.monotonic() + 30
+        while (rows := {r["host"]: r for r in hosts_of(cp)}).get("h1", {}).get("state") != "down":
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.5)
+        assert rows["h1"]["processes"] == [] and rows["h1"]["first_seen"]
+        assert all("log-server" in rows[h]["roles"] for h in ("h2", "h3")), rows
+        _restore(cluster, "h1")
+        while "log-server" not in {r["host"]: r for r in hosts_of(cp)}["h1"]["roles"]:
+            assert time.monotonic() < deadline + 60, "h1's log server never announced again"
+            time.sleep(0.5)
+    finally:
+        cp.close()

@@ -101,6 +101,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     lock.acquire()
     election = Election(cp, "orchestrator", session)
     election.campaign(json.dumps({"driver": "host-a:1", "since": "now"}).encode())
+    # a host with a live log server on it (the worker's host, further down, is seen and
+    # then left: down)
+    from riverbed.control.hosts import announce
+
+    announce(session, "log-server", {"url": "flight://host-b:8815"}, host="host-b")
     h.holds = [member, lock, election, session]
 
     ok = run_cli("jobs", "run", "daily", "--work-ids", "1-6", env=env)

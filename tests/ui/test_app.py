@@ -147,6 +147,21 @@ def test_groups_lag_members_and_owners(client: TestClient, home: Home) -> None:
     assert client.get("/groups/nope").status_code == 404
 
 
+def test_hosts_show_which_host_runs_what_and_which_are_down(client: TestClient) -> None:
+    import socket
+
+    h = client.get("/api/hosts").json()
+    rows = {r["host"]: r for r in h["hosts"]}
+    # a live log server keeps its host up
+    assert rows["host-b"]["state"] == "up" and rows["host-b"]["roles"] == ["log-server"]
+    # the fixture's jobs worker ran here and stopped: the host was seen, nothing lives
+    mine = rows[socket.gethostname()]
+    assert mine["state"] == "down" and mine["processes"] == [] and mine["last_seen"]
+    assert (h["up"], h["down"]) == (1, 1)
+    page = client.get("/hosts").text
+    assert "host-b" in page and "log-server" in page and "<strong>down</strong>" in page
+
+
 def test_control_shows_leaders_locks_members_and_leases(client: TestClient) -> None:
     c = client.get("/api/control").json()
     names = {e["name"]: e for e in c["elections"]}

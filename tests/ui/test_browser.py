@@ -154,6 +154,7 @@ def test_every_page_renders_without_console_errors_and_updates_itself(
         "streams": "/streams",
         "state": "/state",
         "control": "/control",
+        "hosts": "/hosts",
         "jobs": "/jobs",
         "jobs-failed": "/jobs?state=FAILED",
         "run": f"/jobs/runs/{home.done_run}",

@@ -104,6 +104,9 @@ def add_parser(sub: Any) -> None:
     c = cmds.add_parser("status", help="leaders and terms, locks, members and their leases")
     c.set_defaults(run=_status)
 
+    c = cmds.add_parser("hosts", help="which host runs what (riverbed's processes), which are down")
+    c.set_defaults(run=_hosts)
+
     c = cmds.add_parser("members", help="list (or --watch) live members of a registry group")
     c.add_argument("--group", default="workers")
     c.add_argument("--register", metavar="ID", help="join as ID and stay until killed")
@@ -298,6 +301,25 @@ def _status(cp: ControlPlane, args: argparse.Namespace) -> int:
         out.print(f"group {r['group']}: {len(r['members'])} member(s)")
     if not (info["elections"] or info["locks"] or info["registries"]):
         out.print("nothing held: no leaders, locks or members")
+    return 0
+
+
+def _hosts(cp: ControlPlane, args: argparse.Namespace) -> int:
+    from riverbed.control.hosts import hosts_of
+
+    rows = hosts_of(cp)
+    if args.json:
+        print(json.dumps({"hosts": rows}))
+        return 0
+    if not rows:
+        out.print("no hosts seen: no log server, stream driver, jobs worker or orchestrator "
+                  "has run against this control plane")  # fmt: skip
+    for row in rows:
+        what = ", ".join(
+            f"{p['role']}{' (' + p['state'] + ')' if p.get('state') else ''} pid {p['pid']}"
+            for p in row["processes"]
+        )
+        out.print(f"{row['host']}: {row['state']}" + (f" — {what}" if what else ""))
     return 0
 
 

@@ -228,7 +228,12 @@ def _log_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     from riverbed.log.diskless import DisklessLogStorage
 
+    presence = None
     if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
+        from riverbed.control.hosts import Presence
+
+        # the console's hosts view: this host serves the log
+        presence = Presence(log.storage.control, "log-server", {"url": server.url})
         threading.Thread(
             target=_maintain,
             args=(log, log.storage, stop),
@@ -243,6 +248,8 @@ def _log_serve(args: argparse.Namespace) -> int:
             pass
     except KeyboardInterrupt:
         pass
+    if presence is not None:
+        presence.close()
     server.shutdown()
     log.close()
     return 0

@@ -13,6 +13,7 @@ into a private directory, jobs with plain SELECTs. One module per part::
     streams.py   aggregations: driver, batches, ledger, lag, live results from state
     state.py     namespaces, partitions, versions, keys
     control.py   leaders, locks, registrations
+    hosts.py     which host runs what, which are down
     jobs.py      runs, chunks, attempts, schedules, an attempt's log
     overview.py  bytes on disk per part
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from riverbed.inspect.control import control, control_of
 from riverbed.inspect.groups import group, group_names, group_of, groups
+from riverbed.inspect.hosts import hosts
 from riverbed.inspect.jobs import chunk, chunk_log, jobs, run
 from riverbed.inspect.overview import disk
 from riverbed.inspect.sources import QueryError, Sources, du, jsonable
@@ -42,6 +44,7 @@ __all__ = [
     "group_names",
     "group_of",
     "groups",
+    "hosts",
     "jobs",
     "jsonable",
     "live",

@@ -24,7 +24,6 @@ import functools
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
+from riverbed.control.hosts import Presence, host_name
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
 from riverbed.jobs.outputs import open_publication
@@ -80,7 +80,7 @@ class Orchestrator:
         self.cp = cp
         self.catalog = catalog
         self.home = Path(home)
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.name = name or f"{host_name()}-{os.getpid()}"
         self.ttl = ttl
         self.tick = tick
         self.stale_after = stale_after
@@ -99,6 +99,14 @@ class Orchestrator:
     def run(self, stop: threading.Event | None = None) -> OrchestratorStats:
         """Lead when elected, until ``stop``; a lost term means campaigning again."""
         stop = stop or threading.Event()
+        presence = Presence(self.cp, "orchestrator", {"name": self.name}, ttl=self.ttl)
+        try:
+            self._run(stop)
+        finally:
+            presence.close()
+        return self.stats
+
+    def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             with Session(self.cp, ttl=self.ttl) as session:
                 election = Election(self.cp, ELECTION, session)
@@ -116,7 +124,6 @@ class Orchestrator:
                     stop.wait(1.0)
                 finally:
                     election.resign()
-        return self.stats
 
     def _lead(self, term: int, session: Session, stop: threading.Event) -> None:
         self.queue.fence(term, self.name)

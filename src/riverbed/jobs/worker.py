@@ -44,7 +44,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import sqlite3
 import threading
 import time
@@ -56,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.control import ControlPlane, Registry, Session
+from riverbed.control.hosts import announce, host_name
 from riverbed.jobs.decisions import (
     Fail,
     Fenced,
@@ -236,7 +236,7 @@ class Worker:
         self.checkpoints = checkpoints
         self.publication = open_publication(self.home, checkpoints)
         self.clock = clock
-        self.host = socket.gethostname()
+        self.host = host_name()
         self.registry = Registry(cp, WORKERS)
         self.id = ""
         self.stats = WorkerStats()
@@ -480,6 +480,7 @@ class Worker:
                 "kinds": list(self.kinds),
             },
         )
+        announce(session, "jobs-worker", {"worker": self.id})  # the console's hosts view
         log.info("worker %s registered (concurrency %s)", self.id, self.concurrency)
 
     def run(
@@ -636,7 +637,7 @@ def run_here(
         checkpoints,
     )
     pub = runner.publication
-    host = socket.gethostname()
+    host = host_name()
     worker_id = f"dev-{host}-{os.getpid()}-{secrets.token_hex(3)}"
     waker = Waker(queue)
     try:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from riverbed.control import Election, Session, connect
 from riverbed.control.errors import ControlError
+from riverbed.control.hosts import announce, host_name
 from riverbed.errors import RiverbedError
 from riverbed.stream.fencing import (
     DriverFencedError,
@@ -66,7 +66,7 @@ class DriverLease:
         self.ttl = ttl
         self.term: int | None = None
         self.previous: dict[str, Any] | None = None  # the driver this one took over from
-        self.driver = f"{socket.gethostname()}:{os.getpid()}"
+        self.driver = f"{host_name()}:{os.getpid()}"
         self.cp = connect(control_url)
         self.session: Session | None = None
         self.election: Election | None = None
@@ -95,6 +95,7 @@ class DriverLease:
             if on_standby is not None:
                 on_standby(f"standby for {self.name}; active driver {current}")
         self.session = Session(self.cp, ttl=self.ttl)
+        announce(self.session, "stream-driver", {"aggregation": self.name, "state": "standby"})
         self.election = Election(self.cp, f"streams/{self.name}", self.session)
         since = datetime.now(UTC).isoformat(timespec="seconds")
         value = json.dumps({"driver": self.driver, "since": since})
@@ -116,6 +117,11 @@ class DriverLease:
                 "(--control / RIVERBED_CONTROL); it must outlive the machines it elects"
             )
         record_term(self.checkpoint, self.term, self.driver, since)
+        announce(
+            self.session,
+            "stream-driver",
+            {"aggregation": self.name, "state": "active", "term": self.term},
+        )
         hold_term(self.term, self.ensure_leading)
         return self.term
 

@@ -294,7 +294,7 @@ class TestBed:
         try:
             child = subprocess.Popen(
                 self.command(svc.host, svc.argv),
-                env={**os.environ, **svc.env},
+                env={**os.environ, "RIVERBED_HOST": svc.host, **svc.env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -52,6 +52,7 @@ PAGES = [
     ("/streams", "Streams"),
     ("/state", "State"),
     ("/control", "Control"),
+    ("/hosts", "Hosts"),
     ("/jobs", "Jobs"),
 ]
 JOB_STATES = (
@@ -428,6 +429,17 @@ class ConsoleApp:
     def api_control(self, request: Request) -> Response:
         return JSONResponse(_plain(q.control(self.src)))
 
+    # -- hosts -----------------------------------------------------------------------------
+
+    def hosts(self, request: Request) -> Response:
+        return self.page(
+            request, "hosts.html", "Hosts", "riverbed control hosts --json",
+            h=q.hosts(self.src),
+        )  # fmt: skip
+
+    def api_hosts(self, request: Request) -> Response:
+        return JSONResponse(_plain(q.hosts(self.src)))
+
     # -- jobs ------------------------------------------------------------------------------
 
     def _state_filter(self, request: Request) -> str | None:
@@ -574,6 +586,8 @@ class ConsoleApp:
             Route("/api/state/{namespace}/keys", self.api_state_keys),
             Route("/control", self.control),
             Route("/api/control", self.api_control),
+            Route("/hosts", self.hosts),
+            Route("/api/hosts", self.api_hosts),
             Route("/jobs", self.jobs),
             Route("/api/jobs", self.api_jobs),
             Route("/jobs/runs/{id:int}", self.run),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
+from riverbed.control.hosts import host_name
 from riverbed.control.session import Session
 from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
 from riverbed.jobs.timerange.errors import (
@@ -148,7 +148,7 @@ class Driver:
         self.keys = Keys(self.job.name)
         self.output = Output(self.job.output)
         self.on_event = on_event or (lambda event: None)
-        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self.identity = f"{host_name()}:{os.getpid()}"
 
     @property
     def spark(self) -> SparkSession:
