@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import riverbed.log
 from riverbed.config import load_config
 from riverbed.jobs import Job
 
 
-def usage_log() -> Path:
-    return load_config().home / "log"
+def usage_log() -> str:
+    """The configured log (RIVERBED_LOG; by default the file log under RIVERBED_HOME)."""
+    return load_config().log_url
 
 
 def main(ctx, work_ids):

@@ -1,6 +1,7 @@
 """Issue 34's scenario, as a user runs it: ``riverbed demo cluster`` — three test hosts,
 the aggregation on a Spark standalone cluster; the active driver's whole host lost,
-then the next active driver's host cut off for 20 s — and nothing lost or doubled."""
+then the next active driver's host cut off for 20 s — and nothing lost or doubled; then
+the jobs pipeline through the same two failures, each day published exactly once."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ def test_losing_a_host_and_a_partition_lose_nothing(tmp_path):
     assert "IDENTICAL to one pass of pandas" in out
     assert "40,000 events for 40,000 produced — NOTHING LOST OR DOUBLED" in out
     assert "no batch of the cut-off driver after the takeover" in out
+    # phase 2: the jobs pipeline on PostgreSQL, orchestrators and workers on the hosts
+    assert "each day's usage published exactly once: yes" in out
+    lost = int(re.search(r"(\d+) attempt\(s\) lost with a host and run again", out)[1])
+    assert lost >= 1, out  # h2's worker died mid-chunk: that attempt was lost
+    assert re.search(r"orchestrator-h1 leads \(term \d+ > \d+\)", out), out
     # the first batch after the host loss: 11-14 s after the kill on a quiet host (the
     # issue asks <= 20 s; docs/cluster.md). Under a loaded host (other tests beside it) it
     # took up to 47 s: 60 here still tells a hot standby from a cold start
@@ -39,6 +45,11 @@ def test_losing_a_host_and_a_partition_lose_nothing(tmp_path):
     steps = [(a["action"], a["host"]) for a in actions]
     assert steps == [
         ("create", ""),
+        ("kill-host", "h2"),
+        ("restart-host", "h2"),
+        ("partition", "h3"),
+        ("heal", "h3"),
+        # phase 2, the jobs pipeline: the same failures again
         ("kill-host", "h2"),
         ("restart-host", "h2"),
         ("partition", "h3"),

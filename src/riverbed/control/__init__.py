@@ -35,6 +35,7 @@ from riverbed.control.errors import (
     KeyNotFoundError,
     LeaseNotFoundError,
     LockTimeoutError,
+    OutcomeUnknownError,
     SessionLostError,
     UnavailableError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "LockTimeoutError",
     "Member",
     "MembershipChange",
+    "OutcomeUnknownError",
     "Put",
     "Registry",
     "Session",

@@ -17,6 +17,12 @@ class UnavailableError(ControlError):
     """No endpoint of the control plane answered."""
 
 
+class OutcomeUnknownError(UnavailableError):
+    """A write reached a member that stopped answering: it may or may not have been
+    applied. Re-read before retrying — or retry it as is when it is idempotent (a
+    create-if-absent of one's own key, say)."""
+
+
 class KeyNotFoundError(ControlError):
     """A key that had to exist does not."""
 

@@ -58,6 +58,7 @@ from riverbed.control.errors import (
     ControlError,
     ControlValueError,
     LeaseNotFoundError,
+    OutcomeUnknownError,
     UnavailableError,
 )
 
@@ -184,6 +185,9 @@ class EtcdControlPlane(ControlPlane):
             except _Unsent as exc:
                 last = exc
                 self._failed(index)
+            except OutcomeUnknownError:
+                self._failed(index)  # the caller's next request goes elsewhere
+                raise
             if time.monotonic() >= deadline:
                 raise UnavailableError(
                     f"no etcd endpoint of {self.url} answered within {timeout:g}s "
@@ -203,7 +207,7 @@ class EtcdControlPlane(ControlPlane):
         except httpx.TransportError as exc:
             if not write:
                 raise _Unsent(str(exc) or type(exc).__name__) from exc
-            raise UnavailableError(
+            raise OutcomeUnknownError(
                 f"etcd at {url} failed while handling a write ({type(exc).__name__}); its "
                 "outcome is unknown: re-read the keys before retrying"
             ) from exc

@@ -20,13 +20,14 @@ import time
 from types import TracebackType
 
 from riverbed.control.base import Compare, ControlPlane, EventType, Get, KeyValue, Put
-from riverbed.control.errors import LockTimeoutError
+from riverbed.control.errors import LockTimeoutError, OutcomeUnknownError
 from riverbed.control.session import Session
 
 # The queue is listed again this often even when the watch says nothing: a watch that
 # went quiet because its server did (cut off, not closed) must not keep a waiter from
 # its turn for longer than this.
 RECHECK_S = 3.0
+ENQUEUE_TRIES = 3
 
 
 def _queue(cp: ControlPlane, prefix: bytes) -> list[KeyValue]:
@@ -36,9 +37,18 @@ def _queue(cp: ControlPlane, prefix: bytes) -> list[KeyValue]:
 def enqueue(session: Session, prefix: bytes, value: bytes) -> KeyValue:
     """Step 1: put our key under ``prefix`` (once per session) and return it."""
     key = prefix + f"{session.lease:x}".encode()
-    result = session.cp.txn(
-        [Compare.create(key) == 0], [Put(key, value, session.lease)], [Get(key)]
-    )
+    for attempt in range(ENQUEUE_TRIES):
+        try:
+            result = session.cp.txn(
+                [Compare.create(key) == 0], [Put(key, value, session.lease)], [Get(key)]
+            )
+            break
+        except OutcomeUnknownError:
+            # create-if-absent of our own key, else read it: safe to send again (to
+            # another member: the client moved on from the one that went silent)
+            if attempt == ENQUEUE_TRIES - 1:
+                raise
+            session.ensure_alive()
     if result.succeeded:
         return KeyValue(key, value, result.revision, result.revision, 1, session.lease)
     existing = result.responses[0]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import riverbed.log
+from riverbed.demo.cluster_jobs import JobsOutcome
 from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
@@ -59,6 +59,7 @@ class Outcome:
     partition_batches: int = 0  # batches the new driver committed until the heal
     fenced_ok: bool = False  # no batch of the cut-off driver's term after the takeover
     timeline: list[tuple[float, str]] = field(default_factory=list)
+    jobs: JobsOutcome | None = None  # phase 2, the jobs pipeline
 
 
 class _Clock:
@@ -127,6 +128,7 @@ def run_cluster_demo(home: Path, events: int = 40_000) -> int:
     root.mkdir(parents=True)
     out = run_cluster_scenario(root, events, console, bed_dir=home / "testbed")
     ok = out.identical and out.complete and out.fenced_ok
+    ok = ok and out.jobs is not None and out.jobs.exactly_once and out.jobs.counts_ok
     console.rule("[bold green]done" if ok else "[bold red]mismatch")
     console.print(f"the test bed's action log: {home / 'testbed' / 'actions.log'}")
     return 0 if ok else 1
@@ -138,6 +140,7 @@ def run_cluster_scenario(
     console: Console | None = None,
     partition_s: float = 20,
     bed_dir: Path | None = None,
+    jobs: bool = True,
 ) -> Outcome:
     """Run the scenario in ``root`` (the bed goes to ``bed_dir``, else
     ``root/testbed``); see the module docstring."""
@@ -278,11 +281,15 @@ def run_cluster_scenario(
         _wait("the stream to catch up", caught_up, 600)
         clock("the stream caught up with every produced event")
         for svc in bed.services():
-            if svc.kind == "driver" and bed.alive(svc):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(svc.pid, signal.SIGTERM)
+            if svc.kind == "driver":  # stopped for good: not started again with its host
+                bed.retire(svc.host, svc.name)
         out = _verdict(log, checkpoints, rows, out, console)
         log.close()
+        if jobs:
+            from riverbed.demo.cluster_jobs import run_jobs_phase
+
+            console.rule("[bold]phase 2: the jobs pipeline, through the same failures")
+            out.jobs = run_jobs_phase(bed, cluster, control, log_url, clock, console, root)
     except Exception:
         _last_words(bed, console)
         raise
@@ -295,14 +302,14 @@ def run_cluster_scenario(
 
 
 def _last_words(bed: TestBed, console: Console, lines: int = 12) -> None:
-    """When the scenario fails: what each driver printed last (with the time), so the
-    one-line error comes with the drivers' side of it."""
+    """When the scenario fails: what each driver, orchestrator and jobs worker printed
+    last, so the one-line error comes with their side of it."""
     for svc in bed.services():
-        if svc.kind != "driver":
+        if svc.kind not in ("driver", "orchestrator", "jobs-worker"):
             continue
         with contextlib.suppress(OSError):
             tail = Path(svc.log).read_text(errors="replace").splitlines()[-lines:]
-            console.print(f"[bold]the driver on {svc.host}, last lines[/bold] ({svc.log}):")
+            console.print(f"[bold]{svc.name} on {svc.host}, last lines[/bold] ({svc.log}):")
             for line in tail:
                 console.print(f"  {line}", markup=False, highlight=False)
 

@@ -65,12 +65,13 @@ def day_id(d: date) -> int:
     return int(d.strftime("%Y%m%d"))
 
 
-def produce(home: Path, days: list[int], customers: int, per_day: int) -> dict[int, int]:
-    """Usage events into the ``usage`` topic; returns the units per day (the oracle)."""
+def produce(log_url: str, days: list[int], customers: int, per_day: int) -> dict[int, int]:
+    """Usage events into the ``usage`` topic of the log at ``log_url`` (the one the
+    jobs read: ``RIVERBED_LOG``); returns the units per day (the oracle)."""
     import riverbed.log
 
     rng = random.Random(7)  # noqa: S311 - demo data, reproducible
-    log = riverbed.log.open(home / "log")
+    log = riverbed.log.open(log_url)
     log.create_topic("usage", partitions=4, serde="json")
     producer = log.producer("usage")
     units: Counter[int] = Counter()
@@ -144,12 +145,13 @@ def run_demo_jobs(
         "RIVERBED_JOBS_DIR": str(jobs_dir),
         "RIVERBED_JOBS_DB": f"sqlite:///{home / 'jobs.db'}",
         "RIVERBED_CONTROL": f"sqlite:///{home / 'control.db'}",
+        "RIVERBED_LOG": f"file://{home / 'log'}",  # the usage topic, read by usage_daily
         "RIVERBED_SPARK_MASTER": "local[1]",
         "RIVERBED_DEMO_PACE": str(pace),
     }
     console.rule("[bold]riverbed jobs demo")
     console.print(f"home: [cyan]{home}[/cyan]   jobs: [cyan]{jobs_dir}[/cyan]")
-    oracle = produce(home, day_ids, customers, per_day)
+    oracle = produce(env["RIVERBED_LOG"], day_ids, customers, per_day)
     console.print(
         f"produced {per_day * days:,} usage events for {customers} customers over {days} "
         f"days into topic [bold]usage[/bold]"

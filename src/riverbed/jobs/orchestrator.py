@@ -33,7 +33,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from riverbed.control import ControlPlane, Election, LockTimeoutError, Registry, Session
+from riverbed.control import (
+    ControlError,
+    ControlPlane,
+    Election,
+    LockTimeoutError,
+    Registry,
+    Session,
+)
 from riverbed.control.hosts import Presence, host_name
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
@@ -108,22 +115,32 @@ class Orchestrator:
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            with Session(self.cp, ttl=self.ttl) as session:
-                election = Election(self.cp, ELECTION, session)
-                try:
-                    term = election.campaign(self.name, timeout=0.5)
-                except LockTimeoutError:
-                    election.resign()
-                    continue
-                try:
-                    self._lead(term, session, stop)
-                except FencedError as exc:
-                    log.warning("orchestrator %s stepped down: %s", self.name, exc)
-                except QueueError as exc:  # the database is away: step down, campaign again
-                    log.warning("orchestrator %s stepped down: %s", self.name, exc)
-                    stop.wait(1.0)
-                finally:
-                    election.resign()
+            try:
+                self._term(stop)
+            except ControlError as exc:
+                # the control plane out of reach (a member cut off mid-request, all of
+                # them down): a standby that gave up here would leave no one to lead
+                log.warning("orchestrator %s: %s; campaigning again", self.name, exc)
+                stop.wait(1.0)
+
+    def _term(self, stop: threading.Event) -> None:
+        """One session: campaign, and lead while elected."""
+        with Session(self.cp, ttl=self.ttl) as session:
+            election = Election(self.cp, ELECTION, session)
+            try:
+                term = election.campaign(self.name, timeout=0.5)
+            except LockTimeoutError:
+                election.resign()
+                return
+            try:
+                self._lead(term, session, stop)
+            except FencedError as exc:
+                log.warning("orchestrator %s stepped down: %s", self.name, exc)
+            except QueueError as exc:  # the database is away: step down, campaign again
+                log.warning("orchestrator %s stepped down: %s", self.name, exc)
+                stop.wait(1.0)
+            finally:
+                election.resign()
 
     def _lead(self, term: int, session: Session, stop: threading.Event) -> None:
         self.queue.fence(term, self.name)

@@ -54,7 +54,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from riverbed.control import ControlPlane, Registry, Session
+from riverbed.control import ControlError, ControlPlane, Registry, Session
 from riverbed.control.hosts import announce, host_name
 from riverbed.jobs.decisions import (
     Fail,
@@ -508,8 +508,13 @@ class Worker:
                         self._held.clear()  # ours no longer: the orchestrator reaps them
                         self._deferred.clear()  # likewise: reaped and rerun
                         session.close(revoke=False)
-                        session = Session(self.cp, ttl=self.ttl)
-                        self._register(session)
+                        fresh = Session(self.cp, ttl=self.ttl)
+                        try:
+                            self._register(fresh)
+                        except BaseException:
+                            fresh.close()
+                            raise
+                        session = fresh
                     if self._unrecorded:
                         self._retry_unrecorded()
                     while self._held and len(self._slots) < self.concurrency:
@@ -585,6 +590,13 @@ class Worker:
                     # executors and results, and try again.
                     backoff = min(max(backoff * 2, 0.25), 5.0)
                     log.warning("jobs database error (%s); retrying in %.2fs", exc, backoff)
+                    stop.wait(backoff)
+                except ControlError as exc:
+                    # The control plane is out of reach (this host cut off, say): the
+                    # session is lost or a new one cannot be had yet; try again, so the
+                    # worker is back to work when the network is.
+                    backoff = min(max(backoff * 2, 0.25), 5.0)
+                    log.warning("control plane error (%s); retrying in %.2fs", exc, backoff)
                     stop.wait(backoff)
         finally:
             if self._deferred:  # what still fails is reaped and rerun

@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from riverbed.processes import is_alive, kill_all, session_members
+from riverbed.processes import is_alive, kill_all, kill_session, session_members
 from riverbed.testing.hosts import (
     SLOTS,
     BedPlan,
@@ -317,6 +317,23 @@ class TestBed:
         if self.alive(svc):
             raise TestBedError(f"{name} on {host} is still running (pid {svc.pid})")
         return self._start(svc)
+
+    def retire(self, host: str, name: str) -> None:
+        """Stop a service for good (SIGTERM, then SIGKILL after 30 s) and forget it: a
+        later ``restart_host`` does not start it again."""
+        svc = self.service(host, name)
+        if self.alive(svc):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(svc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while self.alive(svc) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.alive(svc):
+                kill_session(svc.pid)
+        with self._locked() as data:
+            data["services"] = [
+                s for s in data["services"] if (s["host"], s["name"]) != (host, name)
+            ]
 
     def services(self, host: str | None = None) -> list[Service]:
         found = [Service(**s) for s in self._read()["services"]]

@@ -1,0 +1,230 @@
+"""Phase 2 of ``riverbed demo cluster``: the jobs pipeline on the test hosts.
+
+The pipeline of ``riverbed demo jobs`` — ``usage_daily`` (Spark, two days a chunk) →
+``customer_features`` (a week a chunk) → ``usage_report`` — with its queue in
+PostgreSQL at the gateway, an orchestrator on h3 (it leads) and one on h1 (standby),
+a worker on each host, the ``usage`` topic in the diskless log and every published
+output in the bucket. Then the same chaos as the stream's: h2 is lost while its worker
+runs a chunk (the chunk runs again elsewhere), h2 comes back empty, and h3 — the
+leading orchestrator and a worker — is cut off for 20 s (h1's orchestrator leads with
+a higher term; nothing h3 held is published twice). The verdict checks every chunk's
+one published output against the events: each day's usage published exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from riverbed.jobs.demo import FIRST_DAY, day_id, examples_dir, produce
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.queue import JobQueue
+from riverbed.jobs.runs import submit
+from riverbed.jobs.spec import Catalog
+from riverbed.testing.cluster import BUCKET, Cluster
+from riverbed.testing.testbed import TestBed
+
+__all__ = ["JobsOutcome", "run_jobs_phase"]
+
+JOBS_TTL = 3  # workers' and orchestrators' leases: how soon a lost one is noticed
+ORCHESTRATORS = ("h3", "h1")  # h3's is started first, so it leads: h3 is cut off
+WORKERS = ("h1", "h2", "h3")
+PER_DAY = 1500  # usage events per day
+
+
+@dataclass
+class JobsOutcome:
+    state: str = ""
+    chunks: int = 0
+    days: int = 0
+    units: int = 0
+    expected: int = 0
+    exactly_once: bool = False  # each day in exactly one published usage_daily output
+    counts_ok: bool = False  # every chunk DONE, its published units as produced
+    lost_attempts: int = 0  # attempts that died with h2 or were cut off with h3
+    rerun_s: float | None = None  # kill → the lost chunk done by another worker
+    failover_s: float | None = None  # cut → h1's orchestrator leads
+    terms: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _wait(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f}s")
+        time.sleep(0.25)
+    return got
+
+
+def run_jobs_phase(
+    bed: TestBed,
+    cluster: Cluster,
+    control: str,
+    log_url: str,
+    clock: Any,
+    console: Console,
+    root: Path,
+    days: int = 8,
+    partition_s: float = 20,
+) -> JobsOutcome:
+    """The jobs pipeline through losing h2 and cutting off h3 (the module doc);
+    ``clock(text)`` prints a timeline line and returns its time."""
+    out = JobsOutcome()
+    pg = cluster.start_postgres()
+    db = pg.dsn()
+    clock(f"PostgreSQL at the gateway {bed.plan.gateway}: the jobs queue")
+    checkpoints = f"s3://{BUCKET}/jobs"
+    day_ids = [day_id(FIRST_DAY + timedelta(days=i)) for i in range(days)]
+    oracle = produce(log_url, day_ids, customers=200, per_day=PER_DAY)
+    out.days, out.expected = days, sum(oracle.values())
+
+    def env(host: str) -> dict[str, str]:
+        import os
+
+        return {
+            **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+            "RIVERBED_HOME": "home",  # in the host's data directory: lost with it
+            "RIVERBED_CONTROL": control,
+            "RIVERBED_JOBS_DB": db,
+            "RIVERBED_JOBS_DIR": str(examples_dir()),
+            "RIVERBED_LOG": log_url,
+            "RIVERBED_LOG_TOKEN": cluster.token,
+            "RIVERBED_CHECKPOINTS": checkpoints,
+            "RIVERBED_SPARK_MASTER": "local[1]",
+            "RIVERBED_DEMO_PACE": "3",  # each daily chunk lasts long enough to be hit
+            "PYTHONUNBUFFERED": "1",
+            **cluster.spark_env(host),
+        }
+
+    def cli(*args: str) -> list[str]:
+        return [sys.executable, "-m", "riverbed.cli.main", *args]
+
+    queue = JobQueue(db)
+    try:
+        first, *others = ORCHESTRATORS
+        for h in (first,):
+            bed.spawn(h, "orchestrator",
+                      cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
+                      env=env(h), kind="orchestrator")  # fmt: skip
+        _wait("the first orchestrator to lead", lambda: queue.leader()[1], 120)
+        for h in others:
+            bed.spawn(h, "orchestrator",
+                      cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
+                      env=env(h), kind="orchestrator")  # fmt: skip
+        for h in WORKERS:
+            bed.spawn(h, "jobs-worker", cli("worker", "--ttl", str(JOBS_TTL)),
+                      env=env(h), kind="jobs-worker")  # fmt: skip
+        out.terms.append(queue.leader())
+        clock(f"jobs: orchestrators on {' and '.join(ORCHESTRATORS)} ({out.terms[0][1]} "
+              f"leads), a worker on each host; {days * PER_DAY:,} usage events in the "
+              "diskless topic usage")  # fmt: skip
+        ids = f"{day_ids[0]}-{day_ids[-1]}"
+        master, planned = submit(Catalog(examples_dir()), queue, "usage_report", ids)
+        out.chunks = len(planned.chunks)
+        per_job = Counter(c.job for c in planned.chunks)
+        clock(f"submitted usage_report for {days} days: run {master}, {out.chunks} chunks "
+              + ", ".join(f"{n} {j}" for j, n in per_job.items()))  # fmt: skip
+
+        def running_on(host: str) -> dict[str, Any] | None:
+            return next(
+                (c for c in queue.graph(master) if c["state"] == "RUNNING" and c["host"] == host),
+                None,
+            )
+
+        hit = _wait("a chunk running on h2", lambda: running_on("h2"), 180)
+        killed = clock(f"[bold red]kill-host h2[/bold red] while its worker runs chunk "
+                       f"{hit['id']} ({hit['job']}): worker, log server, etcd member, Spark "
+                       "worker SIGKILLed; its disk deleted")  # fmt: skip
+        bed.kill_host("h2")
+        _wait(f"chunk {hit['id']} to run again elsewhere",
+              lambda: queue.state(int(hit["id"])) == "DONE", 240)  # fmt: skip
+        done_by = queue.get(int(hit["id"]))["host"]
+        out.rerun_s = clock(f"chunk {hit['id']} done by the worker on {done_by}") - killed
+        cluster.wait_etcd(["h1", "h3"])
+        bed.restart_host("h2")
+        cluster.wait_etcd()
+        clock("h2 restarted with an empty disk: its worker, log server, etcd member back")
+
+        term, leader = queue.leader()
+        cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the leading "
+                    f"orchestrator ({leader}) and a worker cut off")  # fmt: skip
+        bed.partition("h3")
+        new = _wait("the standby orchestrator to lead",
+                    lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
+        out.terms.append(new)
+        out.failover_s = clock(f"{new[1]} leads (term {new[0]} > {term})") - cut
+        time.sleep(max(partition_s - (time.monotonic() - clock.t0 - cut), 0))
+        bed.heal("h3")
+        clock("h3 healed")
+        out.state = _wait("the run to end",
+                          lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
+        clock(f"run {master} {out.state}")
+        _verdict(queue, master, oracle, checkpoints, root, out, console)
+    finally:
+        queue.close()
+    return out
+
+
+def _outcome(attempt: dict[str, Any]) -> str:
+    """An attempt's state, and ``lost`` for one reaped with its worker."""
+    return "lost" if "lost" in (attempt["error"] or "") else str(attempt["state"]).lower()
+
+
+def _verdict(
+    queue: JobQueue,
+    master: int,
+    oracle: dict[int, int],
+    checkpoints: str,
+    root: Path,
+    out: JobsOutcome,
+    console: Console,
+) -> None:
+    """Every chunk's published output against the events (the jobs demo's checks)."""
+    pub = open_publication(root / "verdict", checkpoints)
+    table = Table(title=f"jobs run {master}: every chunk and its published effect")
+    for col in ("chunk", "job", "days", "attempts", "units", "expected", ""):
+        table.add_column(col, justify="right" if col in ("units", "expected") else "left")
+    ok = True
+    day_files: Counter[int] = Counter()
+    for c in queue.graph(master):
+        days = json.loads(c["work_ids"])
+        attempts = queue.get(int(c["id"]))["attempts"]
+        out.lost_attempts += sum(1 for a in attempts if a["state"] != "DONE")
+        tries = " · ".join(f"{a['attempt']} {_outcome(a)} ({a['host']})" for a in attempts)
+        files = pub.published_files(c["job"], int(c["id"]))
+        expected = sum(oracle[d] for d in days)
+        units: int | None = None
+        if files:
+            if c["job"] == "usage_daily":
+                for d in days:
+                    day_files[d] += f"day={d}.parquet" in files
+                units = sum(int(pd.read_parquet(p)["units"].sum()) for p in files.values())
+            elif c["job"] == "customer_features":
+                units = sum(int(pd.read_parquet(p)["units"].sum()) for p in files.values())
+            else:
+                units = int(json.loads(files["report.json"].read_text())["units"])
+                out.units = units
+        good = c["state"] == "DONE" and units == expected
+        ok = ok and good
+        table.add_row(str(c["id"]), c["job"], f"{days[0]}…{days[-1]}", tries,
+                      f"{units:,}" if units is not None else "-", f"{expected:,}",
+                      "[green]✓[/green]" if good else "[red]✗[/red]")  # fmt: skip
+    console.print(table)
+    out.counts_ok = ok and out.state == "DONE"
+    out.exactly_once = all(day_files[d] == 1 for d in oracle)
+    console.print(
+        f"jobs: each day's usage published exactly once: "
+        f"[bold]{'yes' if out.exactly_once else 'NO'}[/bold] ({len(oracle)} days, "
+        f"{out.expected:,} units; the report says {out.units:,}) — "
+        f"{out.lost_attempts} attempt(s) lost with a host and run again"
+    )
