@@ -128,7 +128,9 @@ def run_cluster_demo(home: Path, events: int = 40_000) -> int:
     root.mkdir(parents=True)
     out = run_cluster_scenario(root, events, console, bed_dir=home / "testbed")
     ok = out.identical and out.complete and out.fenced_ok
-    ok = ok and out.jobs is not None and out.jobs.exactly_once and out.jobs.counts_ok
+    jobs = out.jobs
+    ok = ok and jobs is not None and jobs.exactly_once and jobs.counts_ok
+    ok = ok and jobs is not None and jobs.tr_once and jobs.tr_rows_ok
     console.rule("[bold green]done" if ok else "[bold red]mismatch")
     console.print(f"the test bed's action log: {home / 'testbed' / 'actions.log'}")
     return 0 if ok else 1

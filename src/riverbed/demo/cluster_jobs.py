@@ -40,6 +40,8 @@ JOBS_TTL = 3  # workers' and orchestrators' leases: how soon a lost one is notic
 ORCHESTRATORS = ("h3", "h1")  # h3's is started first, so it leads: h3 is cut off
 WORKERS = ("h1", "h2", "h3")
 PER_DAY = 1500  # usage events per day
+HOURS, SENSORS = 16, 30  # the time-range job's readings: 32 chunks of 30 minutes
+TR_NAME = "sensors"  # the spec file's stem: the job's name
 
 
 @dataclass
@@ -55,6 +57,13 @@ class JobsOutcome:
     rerun_s: float | None = None  # kill → the lost chunk done by another worker
     failover_s: float | None = None  # cut → h1's orchestrator leads
     terms: list[tuple[int, str]] = field(default_factory=list)
+    # the time-range job (active driver on h2, hot standby on h1)
+    tr_chunks: int = 0  # chunks of the range
+    tr_once: bool = False  # each chunk published once (its record's first version)
+    tr_rows_ok: bool = False  # the published rows equal the pandas oracle
+    tr_worst: float = float("inf")
+    tr_before_kill: int = 0  # chunks the driver on h2 published before it was lost
+    tr_takeover_s: float | None = None  # kill → the next chunk published by h1's driver
 
 
 def _wait(what: str, check: Any, timeout: float) -> Any:
@@ -109,7 +118,14 @@ def run_jobs_phase(
     def cli(*args: str) -> list[str]:
         return [sys.executable, "-m", "riverbed.cli.main", *args]
 
+    from riverbed.control import connect
+
     queue = JobQueue(db)
+    cp = connect(control)
+
+    def published() -> int:
+        return _chunks_published(cp)
+
     try:
         first, *others = ORCHESTRATORS
         for h in (first,):
@@ -128,6 +144,7 @@ def run_jobs_phase(
         clock(f"jobs: orchestrators on {' and '.join(ORCHESTRATORS)} ({out.terms[0][1]} "
               f"leads), a worker on each host; {days * PER_DAY:,} usage events in the "
               "diskless topic usage")  # fmt: skip
+        tr_total, tr_start = _start_timerange(bed, root, env, cli, clock, cp, out)
         ids = f"{day_ids[0]}-{day_ids[-1]}"
         master, planned = submit(Catalog(examples_dir()), queue, "usage_report", ids)
         out.chunks = len(planned.chunks)
@@ -146,10 +163,19 @@ def run_jobs_phase(
                        f"{hit['id']} ({hit['job']}): worker, log server, etcd member, Spark "
                        "worker SIGKILLed; its disk deleted")  # fmt: skip
         bed.kill_host("h2")
+        out.tr_before_kill = published()
+        bed.retire("h2", "timerange")  # lost with its host: h1's driver finishes the range
         _wait(f"chunk {hit['id']} to run again elsewhere",
               lambda: queue.state(int(hit["id"])) == "DONE", 240)  # fmt: skip
         done_by = queue.get(int(hit["id"]))["host"]
         out.rerun_s = clock(f"chunk {hit['id']} done by the worker on {done_by}") - killed
+        if out.tr_before_kill < tr_total:
+            _wait("the time-range standby to publish", lambda: published() > out.tr_before_kill,
+                  240)  # fmt: skip
+            said = clock(f"time-range: the standby on h1 published chunk "
+                         f"{out.tr_before_kill + 1} of {tr_total} (the driver on h2 had "
+                         f"published {out.tr_before_kill})")  # fmt: skip
+            out.tr_takeover_s = said - killed
         cluster.wait_etcd(["h1", "h3"])
         bed.restart_host("h2")
         cluster.wait_etcd()
@@ -169,10 +195,87 @@ def run_jobs_phase(
         out.state = _wait("the run to end",
                           lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
         clock(f"run {master} {out.state}")
+        _wait("the time-range job to finish", lambda: published() >= tr_total, 300)
+        clock(f"time-range: all {tr_total} chunks published")
         _verdict(queue, master, oracle, checkpoints, root, out, console)
+        _timerange_verdict(cp, root, tr_start, out, console)
     finally:
         queue.close()
+        cp.close()
     return out
+
+
+def _chunks_published(cp: Any) -> int:
+    from riverbed.jobs.timerange.driver import Keys
+
+    return len(cp.get_prefix(Keys(TR_NAME).chunks.encode()))
+
+
+def _start_timerange(
+    bed: TestBed, root: Path, env: Any, cli: Any, clock: Any, cp: Any, out: JobsOutcome
+) -> tuple[int, str]:
+    """Readings in the bucket, the spec, the active driver on h2 (once it published two
+    chunks) and its hot standby on h1; returns (chunks in the range, its start)."""
+    from riverbed.jobs.timerange.demo import SPEC, generate_readings
+    from riverbed.storage import shared_store
+
+    local = root / "readings"
+    rows = generate_readings(local, HOURS, SENSORS)
+    store = shared_store(f"s3://{BUCKET}/readings")
+    for f in sorted(local.rglob("*.parquet")):
+        store.put_file(f.relative_to(local).as_posix(), f)
+    spec = root / f"{TR_NAME}.py"
+    spec.write_text(SPEC.format(input=f"s3://{BUCKET}/readings", output=f"s3://{BUCKET}/timerange"))
+    start = "2026-01-01"
+    end = (pd.Timestamp(start, tz="UTC") + pd.Timedelta(hours=HOURS)).strftime("%Y-%m-%dT%H:%MZ")
+    argv = cli("timerange", "run", str(spec), "--from", start, "--to", end, "--ttl", str(JOBS_TTL))
+    bed.spawn("h2", "timerange", argv, env=env("h2"), kind="timerange")
+    _wait("the time-range driver on h2 to publish two chunks", lambda: _chunks_published(cp) >= 2,
+          180)  # fmt: skip
+    standby = bed.spawn("h1", "timerange", argv, env=env("h1"), kind="timerange")
+
+    def standing_by() -> bool:
+        with open(standby.log, "rb") as f:
+            return b"standby:" in f.read()
+
+    _wait("the time-range standby on h1", standing_by, 120)
+    total = HOURS * 2
+    clock(f"time-range job: {rows:,} readings of {SENSORS} sensors in the bucket, {total} "
+          f"chunks of 30 min; active driver on h2 ({_chunks_published(cp)} published), "
+          "standby on h1")  # fmt: skip
+    out.tr_chunks = total
+    return total, start
+
+
+def _timerange_verdict(cp: Any, root: Path, start: str, out: JobsOutcome, console: Console) -> None:
+    """Each chunk published once, and the published rows against one pass of pandas."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from riverbed.jobs.timerange import load_spec
+    from riverbed.jobs.timerange.demo import worst_difference
+    from riverbed.jobs.timerange.driver import Keys
+    from riverbed.jobs.timerange.oracle import pandas_rows
+    from riverbed.storage import shared_store
+
+    versions = [kv.version for kv in cp.get_prefix(Keys(TR_NAME).chunks.encode())]
+    out.tr_once = versions == [1] * out.tr_chunks
+    store = shared_store(f"s3://{BUCKET}/timerange")
+    parts = [o.key for o in store.list("rows/") if o.key.endswith("part.parquet")]
+    got = pd.concat(pq.read_table(io.BytesIO(store.get(k))).to_pandas() for k in parts)
+    inputs = pd.concat(
+        pq.read_table(f).to_pandas() for f in sorted((root / "readings").rglob("*.parquet"))
+    )
+    oracle = pandas_rows(load_spec(root / f"{TR_NAME}.py").job, inputs)
+    out.tr_worst = worst_difference(got, oracle)
+    out.tr_rows_ok = len(got) == len(inputs) and out.tr_worst < 1e-9
+    console.print(
+        f"time-range: {len(versions)} of {out.tr_chunks} chunks, each published once: "
+        f"[bold]{'yes' if out.tr_once else 'NO'}[/bold]; {len(got):,} rows for "
+        f"{len(inputs):,} readings, max |difference| to one pass of pandas {out.tr_worst:.1e} "
+        f"— [bold]{'IDENTICAL' if out.tr_rows_ok else 'DIFFERENT'}[/bold]"
+    )
 
 
 def _outcome(attempt: dict[str, Any]) -> str:

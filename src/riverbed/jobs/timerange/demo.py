@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -38,7 +39,8 @@ job = TimeRangeJob(
 """
 
 
-def _generate(folder: Path, hours: int, sensors: int) -> int:
+def generate_readings(folder: Path, hours: int, sensors: int) -> int:
+    """Hour-partitioned Parquet readings under ``folder``; how many rows."""
     import numpy as np
     import pandas as pd
 
@@ -62,6 +64,20 @@ def _generate(folder: Path, hours: int, sensors: int) -> int:
     return total
 
 
+def worst_difference(got: Any, oracle: Any) -> float:
+    """The largest |difference| of any metric between published rows and the pandas
+    oracle (``inf`` when their row counts differ)."""
+    keys = ["sensor", "ts", "value"]
+    if len(got) != len(oracle):
+        return float("inf")
+    got, oracle = (f.sort_values(keys).reset_index(drop=True) for f in (got, oracle))
+    metrics = [c for c in got.columns if c not in keys]
+    return max(
+        (float((got[c].astype(float) - oracle[c].astype(float)).abs().max()) for c in metrics),
+        default=0.0,
+    )
+
+
 def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int:
     import pandas as pd
     import pyarrow.parquet as pq
@@ -78,7 +94,7 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
 
         shutil.rmtree(home)
     home.mkdir(parents=True)
-    rows = _generate(home / "readings", hours, sensors)
+    rows = generate_readings(home / "readings", hours, sensors)
     spec_path = home / "sensors.py"
     spec_path.write_text(SPEC.format(input=str(home / "readings"), output=str(home / "out")))
     control = f"sqlite:///{home / 'control.db'}"
@@ -140,16 +156,12 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
     )
     oracle = pandas_rows(spec.job, inputs)
     keys = ["sensor", "ts", "value"]
-    got, want, oracle = (f.sort_values(keys).reset_index(drop=True) for f in (got, want, oracle))
+    got, want = (f.sort_values(keys).reset_index(drop=True) for f in (got, want))
     metrics = [c for c in got.columns if c not in keys]
     exact = len(got) == len(want) and all(
         ((got[c] == want[c]) | (got[c].isna() & want[c].isna())).all() for c in metrics
     )
-    worst = (
-        max(float((got[c].astype(float) - oracle[c].astype(float)).abs().max()) for c in metrics)
-        if len(got) == len(oracle)
-        else float("inf")
-    )
+    worst = worst_difference(got, oracle)
     versions = [kv.version for kv in cp.get_prefix(chunks)]
     table = Table(title="chunked through a SIGKILL vs one pass")
     for col in ("check", "result"):
