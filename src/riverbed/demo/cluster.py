@@ -36,6 +36,7 @@ from rich.table import Table
 
 import riverbed.log
 from riverbed.demo.cluster_jobs import JobsOutcome
+from riverbed.demo.cluster_jobs import wait_for as _wait
 from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
@@ -105,15 +106,6 @@ def _printed(bed: TestBed, host: str, since: int, text: str) -> bool:
     with open(bed.service(host, "driver").log, "rb") as f:
         f.seek(since)
         return text.encode() in f.read()
-
-
-def _wait(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:.0f}s")
-        time.sleep(0.25)
-    return got
 
 
 def run_cluster_demo(home: Path, events: int = 40_000) -> int:

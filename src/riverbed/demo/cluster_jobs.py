@@ -34,7 +34,7 @@ from riverbed.jobs.spec import Catalog
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed
 
-__all__ = ["JobsOutcome", "run_jobs_phase"]
+__all__ = ["JobsOutcome", "run_jobs_phase", "wait_for"]
 
 JOBS_TTL = 3  # workers' and orchestrators' leases: how soon a lost one is noticed
 ORCHESTRATORS = ("h3", "h1")  # h3's is started first, so it leads: h3 is cut off
@@ -66,7 +66,9 @@ class JobsOutcome:
     tr_takeover_s: float | None = None  # kill → the next chunk published by h1's driver
 
 
-def _wait(what: str, check: Any, timeout: float) -> Any:
+def wait_for(what: str, check: Any, timeout: float) -> Any:
+    """``check()``'s first true answer, asked four times a second; a TimeoutError
+    naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not (got := check()):
         if time.monotonic() > deadline:
@@ -132,7 +134,7 @@ def run_jobs_phase(
             bed.spawn(h, "orchestrator",
                       cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
                       env=env(h), kind="orchestrator")  # fmt: skip
-        _wait("the first orchestrator to lead", lambda: queue.leader()[1], 120)
+        wait_for("the first orchestrator to lead", lambda: queue.leader()[1], 120)
         for h in others:
             bed.spawn(h, "orchestrator",
                       cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
@@ -158,19 +160,19 @@ def run_jobs_phase(
                 None,
             )
 
-        hit = _wait("a chunk running on h2", lambda: running_on("h2"), 180)
+        hit = wait_for("a chunk running on h2", lambda: running_on("h2"), 180)
         killed = clock(f"[bold red]kill-host h2[/bold red] while its worker runs chunk "
                        f"{hit['id']} ({hit['job']}): worker, log server, etcd member, Spark "
                        "worker SIGKILLed; its disk deleted")  # fmt: skip
         bed.kill_host("h2")
         out.tr_before_kill = published()
         bed.retire("h2", "timerange")  # lost with its host: h1's driver finishes the range
-        _wait(f"chunk {hit['id']} to run again elsewhere",
+        wait_for(f"chunk {hit['id']} to run again elsewhere",
               lambda: queue.state(int(hit["id"])) == "DONE", 240)  # fmt: skip
         done_by = queue.get(int(hit["id"]))["host"]
         out.rerun_s = clock(f"chunk {hit['id']} done by the worker on {done_by}") - killed
         if out.tr_before_kill < tr_total:
-            _wait("the time-range standby to publish", lambda: published() > out.tr_before_kill,
+            wait_for("the time-range standby to publish", lambda: published() > out.tr_before_kill,
                   240)  # fmt: skip
             said = clock(f"time-range: the standby on h1 published chunk "
                          f"{out.tr_before_kill + 1} of {tr_total} (the driver on h2 had "
@@ -185,17 +187,17 @@ def run_jobs_phase(
         cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the leading "
                     f"orchestrator ({leader}) and a worker cut off")  # fmt: skip
         bed.partition("h3")
-        new = _wait("the standby orchestrator to lead",
+        new = wait_for("the standby orchestrator to lead",
                     lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
         out.terms.append(new)
         out.failover_s = clock(f"{new[1]} leads (term {new[0]} > {term})") - cut
         time.sleep(max(partition_s - (time.monotonic() - clock.t0 - cut), 0))
         bed.heal("h3")
         clock("h3 healed")
-        out.state = _wait("the run to end",
+        out.state = wait_for("the run to end",
                           lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
         clock(f"run {master} {out.state}")
-        _wait("the time-range job to finish", lambda: published() >= tr_total, 300)
+        wait_for("the time-range job to finish", lambda: published() >= tr_total, 300)
         clock(f"time-range: all {tr_total} chunks published")
         _verdict(queue, master, oracle, checkpoints, root, out, console)
         _timerange_verdict(cp, root, tr_start, out, console)
@@ -230,15 +232,15 @@ def _start_timerange(
     end = (pd.Timestamp(start, tz="UTC") + pd.Timedelta(hours=HOURS)).strftime("%Y-%m-%dT%H:%MZ")
     argv = cli("timerange", "run", str(spec), "--from", start, "--to", end, "--ttl", str(JOBS_TTL))
     bed.spawn("h2", "timerange", argv, env=env("h2"), kind="timerange")
-    _wait("the time-range driver on h2 to publish two chunks", lambda: _chunks_published(cp) >= 2,
-          180)  # fmt: skip
+    wait_for("the time-range driver on h2 to publish two chunks",
+             lambda: _chunks_published(cp) >= 2, 180)  # fmt: skip
     standby = bed.spawn("h1", "timerange", argv, env=env("h1"), kind="timerange")
 
     def standing_by() -> bool:
         with open(standby.log, "rb") as f:
             return b"standby:" in f.read()
 
-    _wait("the time-range standby on h1", standing_by, 120)
+    wait_for("the time-range standby on h1", standing_by, 120)
     total = HOURS * 2
     clock(f"time-range job: {rows:,} readings of {SENSORS} sensors in the bucket, {total} "
           f"chunks of 30 min; active driver on h2 ({_chunks_published(cp)} published), "
