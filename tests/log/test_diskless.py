@@ -29,6 +29,7 @@ from riverbed.log.diskless import (
     DisklessLogStorage,
     Entry,
     Pending,
+    backlog_of,
     compaction_runs,
     covering,
     expired,
@@ -523,6 +524,40 @@ def test_compaction_takes_runs_of_shared_entries_within_their_bounds(
         assert [(b, n) for b, n, _, _ in new.batches()] == [(e.base, e.count) for e in run]
         assert new.stop == sum(e.stop - e.start for e in run)
         assert Entry.decode(new.base, new.encode()) == new
+
+
+@given(entries_st)
+def test_the_backlog_counts_what_is_still_in_shared_flush_objects(
+    shape: list[tuple[int, int, bool]],
+) -> None:
+    entries, base = [], 0
+    for count, size, shared in shape:
+        obj = f"wal/{base}" if shared else f"seg/{base}"
+        entries.append(Entry(base, count, obj, 0, size, base, base + 1))
+        base += count
+    batches, size = backlog_of(entries)
+    shared = [e for e in entries if e.obj.startswith("wal/")]
+    assert (batches, size) == (len(shared), sum(e.stop for e in shared))
+    # once compacted (every run of at least one), nothing is left behind
+    runs = compaction_runs(entries, min_run=1, max_entries=10**6, max_bytes=10**9)
+    rest = [e for e in entries if all(e not in run for run in runs)]
+    assert backlog_of([*rest, *(merged(run, "seg/x") for run in runs)]) == (0, 0)
+
+
+def test_the_backlog_is_measured_recorded_and_shrinks_when_compacted() -> None:
+    log, _ = _many_flushes()
+    storage = log.storage
+    assert isinstance(storage, DisklessLogStorage)
+    assert storage.object_stats()["compaction_backlog"] is None  # never measured
+    before = storage.measure_backlog(["t"])
+    assert before["batches"] == 60 and before["topics"] == {"t": 60}  # 30 flushes, 2 partitions
+    assert before["bytes"] > 0
+    assert storage.object_stats()["compaction_backlog"] == before
+    storage.compact("t", min_run=8)
+    after = storage.measure_backlog(["t"])
+    assert after["batches"] < before["batches"] and after["bytes"] < before["bytes"]
+    assert storage.object_stats()["compaction_backlog"] == after
+    log.close()
 
 
 def _many_flushes(flush_ms: float = 1) -> tuple[Log, MemoryStore]:

@@ -51,6 +51,8 @@ def test_topics_page_and_metrics_show_what_diskless_processes_did(
     for i in range(5):
         producer.send_batch([{"i": i * 10 + j} for j in range(10)])
     assert len(writer.read("clicks", 0, 0, 100)) > 0
+    measured = writer.storage.measure_backlog(["clicks"])  # as a log server's maintenance
+    assert measured["batches"] > 0
     writer.close()  # says what it did
 
     sources = Sources(load_config())
@@ -64,8 +66,13 @@ def test_topics_page_and_metrics_show_what_diskless_processes_did(
             size = re.search(r"^riverbed_log_bytes_per_object (\S+)$", metrics, re.M)
             assert size is not None and float(size.group(1)) > 0
             assert re.search(r"^riverbed_log_cache_hit_ratio ", metrics, re.M)
+            behind = re.search(
+                r'^riverbed_log_compaction_backlog_batches\{topic="clicks"\} (\S+)$', metrics, re.M
+            )
+            assert behind is not None and float(behind.group(1)) == measured["batches"]
             page = client.get("/topics").text
             assert "Diskless topics" in page and "objects/s" in page
+            assert f'compaction backlog <span class="backlog">{measured["batches"]}</span>' in page
             assert client.get("/api/topics").json()[0]["records"] == 50
     finally:
         sources.close()

@@ -259,16 +259,19 @@ MAINTAIN_EVERY_S = 60.0
 
 
 def _maintain(log: Log, storage: DisklessLogStorage, stop: threading.Event) -> None:
-    """Every minute: retention and compaction of every diskless topic, then the objects
+    """Every minute: retention and compaction of every diskless topic, the compaction
+    backlog it left, then the objects
     no partition refers to any more (an hour after they were written). Several servers
     doing it at once is safe (compare-and-set, fenced, or idempotent), only redundant."""
     import logging
 
     while not stop.wait(MAINTAIN_EVERY_S):
         try:
-            for topic in log.topics():
+            topics = log.topics()
+            for topic in topics:
                 storage.enforce_retention(topic)
                 storage.compact(topic)
+            storage.measure_backlog(topics)  # what this pass left: /metrics, the console
             storage.collect_garbage()
         except Exception as exc:  # the next round tries again; serving goes on
             logging.getLogger("riverbed.log").warning("log maintenance failed: %s", exc)

@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -288,6 +288,17 @@ def summarize(published: Sequence[Mapping[str, float]], now: float) -> dict[str,
     }
 
 
+def backlog_of(entries: Iterable[Entry]) -> tuple[int, int]:
+    """The compaction backlog of some index entries: how many batches, and bytes, are
+    still in shared flush objects (``wal/``) rather than in objects of their own."""
+    batches = size = 0
+    for e in entries:
+        if e.obj.startswith("wal/"):
+            batches += len(e.batches())
+            size += e.stop - e.start
+    return batches, size
+
+
 def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, int]:
     """A producer's sequence → base record after a flush: the newest
     :data:`REMEMBERED` sequences of both."""
@@ -354,6 +365,10 @@ class Layout:
 
     def stats(self, writer: str = "") -> str:
         return f"{self.ns}stats/{writer}"
+
+    @property
+    def backlog(self) -> str:
+        return f"{self.ns}backlog"
 
     def writer(self, writer: str) -> str:
         return f"{self.ns}writers/{writer}"
@@ -787,7 +802,26 @@ class DisklessLogStorage(LogStorage):
     def object_stats(self) -> dict[str, Any] | None:
         """What every process of this log wrote and read lately (:func:`summarize`)."""
         published = [json.loads(kv.value) for kv in self.control.get_prefix(self.layout.stats())]
-        return summarize(published, time.time())
+        out = summarize(published, time.time())
+        kv = self.control.get(self.layout.backlog)
+        out["compaction_backlog"] = json.loads(kv.value) if kv is not None else None
+        return out
+
+    def measure_backlog(self, topics: Iterable[str]) -> dict[str, Any]:
+        """The compaction backlog of ``topics`` now (:func:`backlog_of` over every
+        partition's index), recorded for consoles and ``/metrics``; the log servers'
+        maintenance measures it after each compaction pass, so a backlog that grows from
+        one pass to the next means compaction is falling behind (or failing)."""
+        per_topic: dict[str, int] = {}
+        batches = size = 0
+        for topic in topics:
+            for partition in range(self._config(topic).partitions):
+                n, b = backlog_of(e for e, _ in self._index(topic, partition))
+                per_topic[topic] = per_topic.get(topic, 0) + n
+                batches, size = batches + n, size + b
+        measured = {"at": time.time(), "batches": batches, "bytes": size, "topics": per_topic}
+        self.control.put(self.layout.backlog, json.dumps(measured))
+        return measured
 
     def _committed(self, writer_key: str, flush: int) -> list[int] | None:
         """The bases the writer key says flush ``flush`` committed, if it did."""
@@ -1063,6 +1097,7 @@ __all__ = [
     "Entry",
     "Layout",
     "Pending",
+    "backlog_of",
     "covering",
     "place",
 ]

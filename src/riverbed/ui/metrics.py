@@ -134,8 +134,21 @@ def families(sample: Mapping[str, Any]) -> list[Family]:
     ):
         if objects.get(key) is not None:
             fam.add(objects[key] * scale)
+    backlog = objects.get("compaction_backlog") or {}
+    behind = Family(
+        "riverbed_log_compaction_backlog_batches",
+        "Diskless topics: batches still in shared flush objects after the last compaction pass",
+    )
+    behind_bytes = Family(
+        "riverbed_log_compaction_backlog_bytes",
+        "Diskless topics: bytes still in shared flush objects after the last compaction pass",
+    )
+    for topic, n in sorted((backlog.get("topics") or {}).items()):
+        behind.add(n, topic=topic)
+    if backlog:
+        behind_bytes.add(backlog["bytes"])
     took = Family("riverbed_ui_sample_seconds", "How long the console's last sample took")
     took.add(sample.get("took_s", 0))
     return [end, start, size, lag, members, generation, batches, records, late, malformed,
             duration, gap, slag, active, standbys, state, chunks, disk, log_objects, per_object,
-            flush, hits, took]  # fmt: skip
+            flush, hits, behind, behind_bytes, took]  # fmt: skip
