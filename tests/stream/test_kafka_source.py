@@ -24,6 +24,7 @@ from riverbed.stream.kafka import (
     KafkaSource,
     KafkaSourceError,
     check,
+    continuity,
     is_label,
     lag,
     parse,
@@ -218,6 +219,48 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records if r is not None) == 6
     assert sum(r.input or 0 for r in records if r is not None) == len(events)
+    # records deleted before they were read: the next start says so in one line,
+    # before Spark runs (Spark's own check is a Java trace), and stores nothing
+    _produce(kafka_server.bootstrap, kafka_topic, events.iloc[:30])
+    _delete_records(kafka_server.bootstrap, kafka_topic, partition=1)
+    ids = batches.ids()
+    with pytest.raises(KafkaSourceError, match=r"deleted \(its retention\).*partition 1: "):
+        _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
+    assert batches.ids() == ids
+
+
+def _delete_records(bootstrap: str, topic: str, partition: int) -> None:
+    """Everything in ``partition`` deleted, as retention would."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_records([TopicPartition(topic, partition, OFFSET_END)])
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+@given(
+    st.integers(1, 6),
+    st.dictionaries(st.integers(0, 7), st.integers(0, 100), max_size=8),
+    st.dictionaries(st.integers(0, 7), st.integers(0, 120), max_size=8),
+    st.booleans(),
+)
+def test_continuity_refuses_lost_partitions_and_unread_deleted_records(
+    partitions: int, read: dict[int, int], earliest: dict[int, int], strict: bool
+) -> None:
+    gone = [p for p in read if p >= partitions]
+    lost = [p for p in read if p < partitions and earliest.get(p, 0) > read[p]]
+    try:
+        warnings = continuity("t", partitions, read, earliest, strict)
+    except KafkaSourceError as exc:
+        assert gone or (lost and strict), exc
+        assert ("partition(s)" in str(exc)) == bool(gone)
+        return
+    assert not gone and not (lost and strict)
+    assert any("skipping" in w for w in warnings) == bool(lost)
+    grown = bool(read) and partitions > max(read) + 1
+    assert any("partitions now" in w for w in warnings) == grown
 
 
 def _assert_results_topic(bootstrap: str, topic: str, want: pd.DataFrame) -> None:

@@ -27,6 +27,7 @@ brokers, with a Kafka client, whether the topic is there before Spark starts.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ __all__ = [
     "parse_label",
     "with_max_records",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("json", "raw")
 SCHEME = "kafka://"  # a Kafka source's label: kafka://<bootstrap>/<topic>
@@ -210,10 +213,54 @@ def _text(raw: Mapping[str, Any], key: str, what: str) -> str:
     return value.strip()
 
 
-def check(source: KafkaSource, timeout: float = 10.0) -> int:
+def continuity(
+    topic: str,
+    partitions: int,
+    read: Mapping[int, int],
+    earliest: Mapping[int, int],
+    fail_on_data_loss: bool = True,
+) -> list[str]:
+    """What stands between an aggregation that has read ``read`` (partition → the
+    offset its next batch starts at) and a topic of ``partitions`` partitions whose
+    oldest retained offsets are ``earliest``: raises :class:`KafkaSourceError` for
+    partitions it read that are gone, or (with ``fail_on_data_loss``) records deleted
+    before it read them; returns warnings (partitions added, records skipped)."""
+    gone = sorted(p for p in read if p >= partitions)
+    if gone:
+        raise KafkaSourceError(
+            f"Kafka topic {topic!r} has {partitions} partition(s), but this aggregation "
+            f"already read partition(s) {', '.join(map(str, gone))} (its checkpoint says "
+            "so): the topic was deleted and created again, or lost partitions. What they "
+            "held cannot be read again, so the results could not stay exact: start over "
+            "with a new checkpoint, or point the source at the topic it read"
+        )
+    warnings = []
+    lost = {p: (read[p], earliest[p]) for p in sorted(read) if earliest.get(p, 0) > read[p]}
+    if lost:
+        where = ", ".join(f"partition {p}: offsets {a} to {b - 1}" for p, (a, b) in lost.items())
+        if fail_on_data_loss:
+            raise KafkaSourceError(
+                f"records of Kafka topic {topic!r} were deleted (its retention) before this "
+                f"aggregation read them ({where}); to skip them and go on, set "
+                "'failOnDataLoss': 'false' in the source's options"
+            )
+        warnings.append(f"skipping records of Kafka topic {topic!r} deleted before they "
+                        f"were read ({where}): failOnDataLoss is false")  # fmt: skip
+    if read and partitions > max(read) + 1:
+        warnings.append(
+            f"Kafka topic {topic!r} has {partitions} partitions now, {max(read) + 1} when this "
+            "aggregation last read it: the new ones are read from their earliest offset"
+        )
+    return warnings
+
+
+def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | None = None) -> int:
     """Ask the brokers for the topic before Spark starts; its partition count. An
     unreachable bootstrap address or a missing topic is one :class:`KafkaSourceError`
-    (Spark would retry for minutes, then print a Java trace)."""
+    (Spark would retry for minutes, then print a Java trace); so are, for an
+    aggregation that has ``read`` the topic before (partition → where its next batch
+    starts), partitions gone and records deleted unread (:func:`continuity`)."""
+    from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
     settings: dict[str, str | int | float | bool] = {
@@ -236,7 +283,23 @@ def check(source: KafkaSource, timeout: float = 10.0) -> int:
             f"Kafka topic {source.topic!r} does not exist on {source.bootstrap}; create it "
             "(kafka-topics.sh --create) or fix 'topic'"
         )
-    return len(topic.partitions)
+    partitions = len(topic.partitions)
+    if read:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({**settings, "group.id": "riverbed-check", "enable.auto.commit": False})
+        try:
+            earliest = {
+                p: consumer.get_watermark_offsets(TopicPartition(source.topic, p), timeout)[0]
+                for p in read
+                if p < partitions
+            }
+        finally:
+            consumer.close()
+        loss = source.options.get("failOnDataLoss", "true").lower() != "false"
+        for warning in continuity(source.topic, partitions, read, earliest, loss):
+            log.warning("%s", warning)
+    return partitions
 
 
 CORRUPT = "_corrupt_record"  # where from_json puts a value it cannot parse
