@@ -138,6 +138,8 @@ def test_a_watch_and_a_lock_waiter_on_a_cut_off_member_move_to_another(cluster):
         cluster.bed.heal("h3")
         cluster.wait_etcd()
         waiter.release()
+        for lock in (holder, waiter):  # before their clients: the keepers use them
+            lock.session.close()
         for cp in (far, near):
             cp.close()
 
