@@ -18,6 +18,7 @@ processes in, one row per host out.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -25,10 +26,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from riverbed.control.base import ControlPlane
+from riverbed.control.errors import ControlError
 from riverbed.control.registry import Registry
 from riverbed.control.session import Session
 
 __all__ = ["PROCESSES", "SEEN", "Presence", "announce", "host_name", "host_states", "hosts_of"]
+
+log = logging.getLogger(__name__)
 
 PROCESSES = "processes"  # the registry group
 SEEN = b"riverbed/hosts/"  # <host> -> {"first_seen", "last_seen"}, no lease
@@ -44,7 +48,21 @@ def announce(
 ) -> str:
     """Register this process as ``role`` on its host (:func:`host_name` unless named),
     for as long as ``session`` lives (again with new ``detail`` to update it, e.g. a
-    standby that became active); returns the member id."""
+    standby that became active); returns the member id. Best effort: the hosts view is
+    for people, so a control plane that cannot take it now is a warning, never a
+    failure of the process announcing itself."""
+    try:
+        return _announce(session, role, detail, host)
+    except ControlError as exc:
+        log.warning(
+            "could not announce this %s on its host (%s); the hosts view misses it", role, exc
+        )
+        return ""
+
+
+def _announce(
+    session: Session, role: str, detail: Mapping[str, Any] | None, host: str | None
+) -> str:
     host = host or host_name()
     pid = os.getpid()
     member = f"{host}:{pid}:{role}"
@@ -123,8 +141,6 @@ class Presence:
         self._thread.start()
 
     def _run(self) -> None:
-        from riverbed.control.errors import ControlError
-
         while not self._stop.is_set():
             if self.session is None or not self.session.alive:
                 try:
@@ -133,7 +149,7 @@ class Presence:
                     session = None
                 if session is not None:
                     try:
-                        announce(session, self.role, self.detail)
+                        _announce(session, self.role, self.detail, None)
                         self.session = session
                     except ControlError:
                         session.close()
