@@ -503,15 +503,21 @@ entries_st = st.lists(
 )
 
 
-@given(entries_st, st.integers(1, 6), st.integers(100, 2000))
-def test_compaction_takes_runs_of_shared_entries_within_their_bounds(
-    shape: list[tuple[int, int, bool]], min_run: int, max_bytes: int
-) -> None:
+def _entries(shape: list[tuple[int, int, bool]]) -> list[Entry]:
+    """Consecutive index entries of (records, bytes, in a shared flush object?)."""
     entries, base = [], 0
     for count, size, shared in shape:
         obj = f"wal/{base}" if shared else f"seg/{base}"
         entries.append(Entry(base, count, obj, 0, size, base, base + 1))
         base += count
+    return entries
+
+
+@given(entries_st, st.integers(1, 6), st.integers(100, 2000))
+def test_compaction_takes_runs_of_shared_entries_within_their_bounds(
+    shape: list[tuple[int, int, bool]], min_run: int, max_bytes: int
+) -> None:
+    entries = _entries(shape)
     runs = compaction_runs(entries, min_run=min_run, max_bytes=max_bytes)
     seen = [e for run in runs for e in run]
     assert len(seen) == len({e.base for e in seen})  # no entry in two runs
@@ -530,11 +536,7 @@ def test_compaction_takes_runs_of_shared_entries_within_their_bounds(
 def test_the_backlog_counts_what_is_still_in_shared_flush_objects(
     shape: list[tuple[int, int, bool]],
 ) -> None:
-    entries, base = [], 0
-    for count, size, shared in shape:
-        obj = f"wal/{base}" if shared else f"seg/{base}"
-        entries.append(Entry(base, count, obj, 0, size, base, base + 1))
-        base += count
+    entries = _entries(shape)
     batches, size = backlog_of(entries)
     shared = [e for e in entries if e.obj.startswith("wal/")]
     assert (batches, size) == (len(shared), sum(e.stop for e in shared))
