@@ -216,8 +216,11 @@ def start(
     """
     checkpoint, output = location(checkpoint), location(output)
     if kafka.is_kafka(source):  # Spark's own Kafka source, on the DataFrame path below
+        from riverbed.stream.lognative import spark_committed_ends
+
         chosen = kafka.parse(source)
-        kafka.check(chosen, read=_kafka_read(checkpoint))
+        # where its next batch starts (in a bucket Spark's own failOnDataLoss speaks)
+        kafka.check(chosen, read=spark_committed_ends(checkpoint))
         source = kafka.frame(spark, chosen, required=[spec.key, spec.time])
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
@@ -249,19 +252,6 @@ def start(
         .queryName(spec.name)
     )
     return _start(writer.trigger(**(trigger or {"processingTime": "1 second"})), spec.name)
-
-
-def _kafka_read(checkpoint: str | Path) -> dict[int, int] | None:
-    """Where the next batch of a Kafka aggregation starts, per partition: the end of
-    its newest committed batch in Spark's offset log (None before the first, or in a
-    bucket, where Spark's own failOnDataLoss check is left to say it)."""
-    from riverbed.stream.lognative import spark_ends
-
-    if not is_local(checkpoint):
-        return None
-    commits = Checkpoint.of(checkpoint).spark_commits
-    done = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
-    return spark_ends(checkpoint, done[-1]) if done else None
 
 
 # Spark gives the Python process behind a Python streaming source 10 s to start and

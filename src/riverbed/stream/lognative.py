@@ -368,6 +368,17 @@ def spark_ends(checkpoint: str | Path, batch_id: int) -> dict[int, int] | None:
     return None if offsets is None else {int(p): int(e) for p, e in offsets.items()}
 
 
+def spark_committed_ends(checkpoint: str | Path) -> dict[int, int] | None:
+    """Where the newest batch in Spark's commit log ended in every partition
+    (:func:`spark_ends` of it); ``None`` before the first commit or when the logs
+    cannot tell (a bucket, an unexpected format)."""
+    if not is_local(checkpoint):
+        return None
+    commits = Checkpoint.of(checkpoint).spark_commits
+    done = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
+    return spark_ends(checkpoint, done[-1]) if done else None
+
+
 def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] | None:
     """A batch's slices, as a batch record stores them, from Spark's offset log: batch
     *b* started where *b - 1* ended. ``None`` when the log cannot tell (batch 0, files

@@ -318,17 +318,13 @@ def _done(record: BatchRecord | None) -> bool:
 def committed_ends(checkpoint: str | Path, newest_first: list[BatchRecord]) -> dict[int, int]:
     """Where the newest finished batch ended, per log partition: its recorded plan, or
     for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
-    from riverbed.stream.lognative import spark_ends
+    from riverbed.stream.lognative import spark_committed_ends
     from riverbed.stream.plan import ends_of
 
     done = next((d for d in newest_first if d.done), None)
     if done is not None and done.slices is not None:
         return ends_of(done.slices)
-    if not is_local(checkpoint):
-        return {}
-    commits = Checkpoint.of(checkpoint).spark_commits
-    numbered = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
-    return (spark_ends(checkpoint, numbered[-1]) or {}) if numbered else {}
+    return spark_committed_ends(checkpoint) or {}
 
 
 def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
