@@ -86,6 +86,11 @@ class KafkaSource:
             "failOnDataLoss": self.options.get("failOnDataLoss", "true"),
         }
 
+    @property
+    def fail_on_data_loss(self) -> bool:
+        """Spark's ``failOnDataLoss`` as it is given to Spark: true unless it says false."""
+        return str(self.spark_options()["failOnDataLoss"]).lower() != "false"
+
 
 def is_kafka(source: Any) -> bool:
     """Whether a spec's ``source`` names a Kafka topic."""
@@ -111,28 +116,39 @@ def lag(label: str, committed: Mapping[int, int], timeout: float = 3.0) -> dict[
     offset before any batch finished). ``{}`` when no broker answers within
     ``timeout`` — the lag is then unknown, not zero. Only the label's bootstrap
     addresses are used: a cluster that needs credentials shows no lag."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException
 
     bootstrap, topic = parse_label(label)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "riverbed-status",  # never joins or commits: watermarks only
-            "enable.auto.commit": False,
-            "log_level": 2,
-        }
-    )
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return {}
-        out = {}
-        for p in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            out[str(p)] = max(0, high - committed.get(p, low))
-        return out
+        marks = _watermarks({"bootstrap.servers": bootstrap, "log_level": 2}, topic, None, timeout)
     except KafkaException:
         return {}
+    if marks is None:
+        return {}
+    return {str(p): max(0, high - committed.get(p, low)) for p, (low, high) in marks.items()}
+
+
+def _watermarks(
+    settings: Mapping[str, Any], topic: str, partitions: list[int] | None, timeout: float
+) -> dict[int, tuple[int, int]] | None:
+    """(oldest retained offset, next offset) of each of ``partitions`` of ``topic``
+    (all of them when None; None when the topic is not there), asked by a consumer that
+    never joins a group or commits."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {**settings, "group.id": "riverbed-watermarks", "enable.auto.commit": False}
+    )
+    try:
+        if partitions is None:
+            meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return None
+            partitions = sorted(meta.partitions)
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            for p in partitions
+        }
     finally:
         consumer.close()
 
@@ -260,7 +276,6 @@ def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | 
     (Spark would retry for minutes, then print a Java trace); so are, for an
     aggregation that has ``read`` the topic before (partition → where its next batch
     starts), partitions gone and records deleted unread (:func:`continuity`)."""
-    from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
     settings: dict[str, str | int | float | bool] = {
@@ -285,19 +300,12 @@ def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | 
         )
     partitions = len(topic.partitions)
     if read:
-        from confluent_kafka import Consumer
-
-        consumer = Consumer({**settings, "group.id": "riverbed-check", "enable.auto.commit": False})
-        try:
-            earliest = {
-                p: consumer.get_watermark_offsets(TopicPartition(source.topic, p), timeout)[0]
-                for p in read
-                if p < partitions
-            }
-        finally:
-            consumer.close()
-        loss = source.options.get("failOnDataLoss", "true").lower() != "false"
-        for warning in continuity(source.topic, partitions, read, earliest, loss):
+        asked = [p for p in read if p < partitions]
+        marks = _watermarks(settings, source.topic, asked, timeout) or {}
+        earliest = {p: low for p, (low, _) in marks.items()}
+        for warning in continuity(
+            source.topic, partitions, read, earliest, source.fail_on_data_loss
+        ):
             log.warning("%s", warning)
     return partitions
 
