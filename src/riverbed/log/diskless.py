@@ -85,6 +85,7 @@ COMMIT_ATTEMPTS = 200  # conflicts with other writers before a flush gives up
 CACHE_BYTES = 64 * 1024 * 1024
 MAX_TXN_OPS = 100  # operations (and compares) per control-plane transaction: etcd allows 128
 DISK_CACHE_BYTES = 1024 * 1024 * 1024
+WAL, SEG = "wal/", "seg/"  # object prefixes: shared flush objects, a partition's own (Layout)
 
 
 class DisklessCommitError(LogError):
@@ -127,6 +128,12 @@ class Entry:
     def end(self) -> int:
         return self.base + self.count
 
+    @property
+    def shared(self) -> bool:
+        """Whether its batches are still in a flush object shared by partitions
+        (``wal/``, :meth:`Layout.wal`), not yet compacted into one of their own."""
+        return self.obj.startswith(WAL)
+
     def batches(self) -> list[tuple[int, int, int, int]]:
         """(base offset, records, first byte, byte past the end) of each stored batch
         the entry holds: one, or a compacted entry's several back to back."""
@@ -166,7 +173,7 @@ def compaction_runs(
     run: list[Entry] = []
     size = 0
     for entry in entries:
-        shared = entry.obj.startswith("wal/")
+        shared = entry.shared
         full = len(run) >= max_entries or size + entry.stop - entry.start > max_bytes
         if not shared or (run and full):
             if len(run) >= min_run:
@@ -293,7 +300,7 @@ def backlog_of(entries: Iterable[Entry]) -> tuple[int, int]:
     still in shared flush objects (``wal/``) rather than in objects of their own."""
     batches = size = 0
     for e in entries:
-        if e.obj.startswith("wal/"):
+        if e.shared:
             batches += len(e.batches())
             size += e.stop - e.start
     return batches, size
@@ -375,7 +382,11 @@ class Layout:
 
     @staticmethod
     def wal(writer: str, flush: int) -> str:
-        return f"wal/{int(time.time() * 1000):013d}-{writer}-{flush:08d}"
+        return f"{WAL}{int(time.time() * 1000):013d}-{writer}-{flush:08d}"
+
+    @staticmethod
+    def seg(topic: str, partition: int, base: int) -> str:
+        return f"{SEG}{topic}/{partition}/{base:020d}-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)
@@ -1036,7 +1047,7 @@ class DisklessLogStorage(LogStorage):
         Whether it became current."""
         entries = [e for e, _ in run]
         data = b"".join(self._cache.get(self.store, e.obj, e.start, e.stop) for e in entries)
-        obj = f"seg/{topic}/{partition}/{entries[0].base:020d}-{uuid.uuid4().hex[:12]}"
+        obj = self.layout.seg(topic, partition, entries[0].base)
         self.store.put(obj, data)
         new = merged(entries, obj)
         compares = [
@@ -1071,7 +1082,7 @@ class DisklessLogStorage(LogStorage):
         for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
             if time.time() - json.loads(kv.value)["at"] > grace_s:
                 self.control.delete(kv.key)
-        objects = {o.key: o.modified for where in ("wal/", "seg/") for o in self.store.list(where)}
+        objects = {o.key: o.modified for where in (WAL, SEG) for o in self.store.list(where)}
         if not objects:
             return 0
         referenced = {json.loads(kv.value)[0] for kv in self.control.get_prefix(self.layout.index)}
