@@ -585,18 +585,14 @@ class Worker:
                         self._beat()
                         next_beat = self.clock() + self.heartbeat
                     backoff = 0.0
-                except QueueError as exc:
-                    # The database is away (restarting, unreachable): keep the
-                    # executors and results, and try again.
-                    backoff = min(max(backoff * 2, 0.25), 5.0)
-                    log.warning("jobs database error (%s); retrying in %.2fs", exc, backoff)
-                    stop.wait(backoff)
-                except ControlError as exc:
-                    # The control plane is out of reach (this host cut off, say): the
-                    # session is lost or a new one cannot be had yet; try again, so the
+                except (QueueError, ControlError) as exc:
+                    # The database is away (restarting, unreachable), or the control
+                    # plane is (this host cut off: the session is lost, a new one cannot
+                    # be had yet): keep the executors and results, and try again, so the
                     # worker is back to work when the network is.
+                    what = "jobs database" if isinstance(exc, QueueError) else "control plane"
                     backoff = min(max(backoff * 2, 0.25), 5.0)
-                    log.warning("control plane error (%s); retrying in %.2fs", exc, backoff)
+                    log.warning("%s error (%s); retrying in %.2fs", what, exc, backoff)
                     stop.wait(backoff)
         finally:
             if self._deferred:  # what still fails is reaped and rerun
