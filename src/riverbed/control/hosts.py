@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -132,8 +133,6 @@ class Presence:
     def __init__(
         self, cp: ControlPlane, role: str, detail: Mapping[str, Any] | None = None, ttl: int = 10
     ) -> None:
-        import threading
-
         self.cp, self.role, self.detail, self.ttl = cp, role, dict(detail or {}), ttl
         self.session: Session | None = None
         self._stop = threading.Event()
