@@ -189,16 +189,10 @@ def run_cluster_scenario(
             conf = cluster.driver_conf(host)
             conf["spark.cores.max"] = "3"
             env = {
-                **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
-                "RIVERBED_HOME": "home",  # in the host's data directory: lost with it
-                "RIVERBED_CONTROL": control,
-                "RIVERBED_LOG": log_url,
-                "RIVERBED_LOG_TOKEN": cluster.token,
+                **cluster.process_env(host, control, log_url),
                 "RIVERBED_CHECKPOINTS": checkpoints,
                 "RIVERBED_SPARK_MASTER": master,
                 "RIVERBED_SPARK_CONF": json.dumps(conf),
-                "PYTHONUNBUFFERED": "1",
-                **cluster.spark_env(host),
             }
             argv = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
                     "--ttl", str(TTL), "--max-records-per-batch", str(chunk * 8),

@@ -100,21 +100,13 @@ def run_jobs_phase(
     out.days, out.expected = days, sum(oracle.values())
 
     def env(host: str) -> dict[str, str]:
-        import os
-
         return {
-            **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
-            "RIVERBED_HOME": "home",  # in the host's data directory: lost with it
-            "RIVERBED_CONTROL": control,
+            **cluster.process_env(host, control, log_url),
             "RIVERBED_JOBS_DB": db,
             "RIVERBED_JOBS_DIR": str(examples_dir()),
-            "RIVERBED_LOG": log_url,
-            "RIVERBED_LOG_TOKEN": cluster.token,
             "RIVERBED_CHECKPOINTS": checkpoints,
             "RIVERBED_SPARK_MASTER": "local[1]",
             "RIVERBED_DEMO_PACE": "3",  # each daily chunk lasts long enough to be hit
-            "PYTHONUNBUFFERED": "1",
-            **cluster.spark_env(host),
         }
 
     def cli(*args: str) -> list[str]:
@@ -128,17 +120,16 @@ def run_jobs_phase(
     def published() -> int:
         return _chunks_published(cp)
 
+    def orchestrator(host: str) -> None:
+        argv = cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{host}")
+        bed.spawn(host, "orchestrator", argv, env=env(host), kind="orchestrator")
+
     try:
         first, *others = ORCHESTRATORS
-        for h in (first,):
-            bed.spawn(h, "orchestrator",
-                      cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
-                      env=env(h), kind="orchestrator")  # fmt: skip
+        orchestrator(first)
         wait_for("the first orchestrator to lead", lambda: queue.leader()[1], 120)
         for h in others:
-            bed.spawn(h, "orchestrator",
-                      cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{h}"),
-                      env=env(h), kind="orchestrator")  # fmt: skip
+            orchestrator(h)
         for h in WORKERS:
             bed.spawn(h, "jobs-worker", cli("worker", "--ttl", str(JOBS_TTL)),
                       env=env(h), kind="jobs-worker")  # fmt: skip
@@ -146,7 +137,7 @@ def run_jobs_phase(
         clock(f"jobs: orchestrators on {' and '.join(ORCHESTRATORS)} ({out.terms[0][1]} "
               f"leads), a worker on each host; {days * PER_DAY:,} usage events in the "
               "diskless topic usage")  # fmt: skip
-        tr_total, tr_start = _start_timerange(bed, root, env, cli, clock, cp, out)
+        tr_total = _start_timerange(bed, root, env, cli, clock, cp, out)
         ids = f"{day_ids[0]}-{day_ids[-1]}"
         master, planned = submit(Catalog(examples_dir()), queue, "usage_report", ids)
         out.chunks = len(planned.chunks)
@@ -168,12 +159,12 @@ def run_jobs_phase(
         out.tr_before_kill = published()
         bed.retire("h2", "timerange")  # lost with its host: h1's driver finishes the range
         wait_for(f"chunk {hit['id']} to run again elsewhere",
-              lambda: queue.state(int(hit["id"])) == "DONE", 240)  # fmt: skip
+                 lambda: queue.state(int(hit["id"])) == "DONE", 240)  # fmt: skip
         done_by = queue.get(int(hit["id"]))["host"]
         out.rerun_s = clock(f"chunk {hit['id']} done by the worker on {done_by}") - killed
         if out.tr_before_kill < tr_total:
-            wait_for("the time-range standby to publish", lambda: published() > out.tr_before_kill,
-                  240)  # fmt: skip
+            wait_for("the time-range standby to publish",
+                     lambda: published() > out.tr_before_kill, 240)  # fmt: skip
             said = clock(f"time-range: the standby on h1 published chunk "
                          f"{out.tr_before_kill + 1} of {tr_total} (the driver on h2 had "
                          f"published {out.tr_before_kill})")  # fmt: skip
@@ -188,19 +179,19 @@ def run_jobs_phase(
                     f"orchestrator ({leader}) and a worker cut off")  # fmt: skip
         bed.partition("h3")
         new = wait_for("the standby orchestrator to lead",
-                    lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
+                       lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
         out.terms.append(new)
         out.failover_s = clock(f"{new[1]} leads (term {new[0]} > {term})") - cut
         time.sleep(max(partition_s - (time.monotonic() - clock.t0 - cut), 0))
         bed.heal("h3")
         clock("h3 healed")
         out.state = wait_for("the run to end",
-                          lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
+                             lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
         clock(f"run {master} {out.state}")
         wait_for("the time-range job to finish", lambda: published() >= tr_total, 300)
         clock(f"time-range: all {tr_total} chunks published")
         _verdict(queue, master, oracle, checkpoints, root, out, console)
-        _timerange_verdict(cp, root, tr_start, out, console)
+        _timerange_verdict(cp, root, out, console)
     finally:
         queue.close()
         cp.close()
@@ -215,9 +206,9 @@ def _chunks_published(cp: Any) -> int:
 
 def _start_timerange(
     bed: TestBed, root: Path, env: Any, cli: Any, clock: Any, cp: Any, out: JobsOutcome
-) -> tuple[int, str]:
+) -> int:
     """Readings in the bucket, the spec, the active driver on h2 (once it published two
-    chunks) and its hot standby on h1; returns (chunks in the range, its start)."""
+    chunks) and its standby on h1; returns how many chunks the range has."""
     from riverbed.jobs.timerange.demo import SPEC, generate_readings
     from riverbed.storage import shared_store
 
@@ -246,10 +237,10 @@ def _start_timerange(
           f"chunks of 30 min; active driver on h2 ({_chunks_published(cp)} published), "
           "standby on h1")  # fmt: skip
     out.tr_chunks = total
-    return total, start
+    return total
 
 
-def _timerange_verdict(cp: Any, root: Path, start: str, out: JobsOutcome, console: Console) -> None:
+def _timerange_verdict(cp: Any, root: Path, out: JobsOutcome, console: Console) -> None:
     """Each chunk published once, and the published rows against one pass of pandas."""
     import io
 

@@ -170,6 +170,21 @@ class Cluster:
         self.postgres.start()
         return self.postgres
 
+    def process_env(self, host: str, control: str, log_url: str) -> dict[str, str]:
+        """What a riverbed process started on ``host`` needs to reach the cluster: the
+        gateway's bucket, the control plane, the log servers and their token, Spark's
+        settings for the host, and a ``RIVERBED_HOME`` in the host's data directory (lost
+        with it). Holds secrets: never print it."""
+        return {
+            **(self.s3.env() if self.s3 is not None else {}),
+            "RIVERBED_HOME": "home",  # relative: the process runs in the host's directory
+            "RIVERBED_CONTROL": control,
+            "RIVERBED_LOG": log_url,
+            "RIVERBED_LOG_TOKEN": self.token,
+            "PYTHONUNBUFFERED": "1",
+            **self.spark_env(host),
+        }
+
     # ------------------------------------------------------------------ spark
     def spark_env(self, host: str) -> dict[str, str]:
         home = spark_home()
