@@ -4,6 +4,7 @@ time-range CLI's one-line errors."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,35 @@ def test_the_jobs_demo_publishes_every_chunk_once_through_both_crashes(
     assert "lost (worker-" in text  # the killed worker's attempt, then a second one
     published = sorted((tmp_path / "home" / "demo-jobs" / "jobs" / "output").glob("*/chunk=*"))
     assert len(published) == 4  # 2 daily chunks, 1 features, 1 report: one dir each
+
+
+@pytest.mark.s3
+def test_the_durable_jobs_demo_loses_a_workers_machine_and_publishes_in_the_bucket(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """``riverbed demo jobs --durable s3`` as a new user runs it: its own S3 server; the
+    worker running a daily chunk is lost with its machine directory; every output is in
+    the bucket, read back from there, each day once."""
+    env = dict(subprocess_env)
+    for name in [k for k in env if k.startswith("AWS_")] + ["RIVERBED_CHECKPOINTS"]:
+        env.pop(name, None)
+    home = tmp_path / "home"
+    text = " ".join(demo(home, env, "jobs", "--days", "4", "--durable", "s3").split())
+    assert "outputs published in s3://riverbed-demo/" in text
+    lost = re.search(r"lost (worker-\d)'s machine while it runs chunk (\d+)", text)
+    assert lost, text
+    worker, chunk = lost.groups()
+    machine = home / "demo-jobs" / f"machine-{worker[-1]}"
+    assert f"{machine} deleted" in text and not machine.exists()
+    assert f"chunk {chunk} re-queued" in text
+    assert "each day's usage published exactly once: yes" in text
+    assert "orchestrator failover: yes" in text
+    for kind in ("usage_daily/.published/", "customer_features/.attempts/", "usage_report/"):
+        assert kind in text, kind
+    # nothing was published on this disk; the verdict read the bucket into its own dir
+    assert not list((home / "demo-jobs").glob("**/jobs/output/*/chunk=*"))
+    assert list((home / "demo-jobs" / "verdict" / "jobs" / "cache").rglob("*.parquet"))
+    assert "AWS_SECRET_ACCESS_KEY" not in text and "secret" not in text.lower()
 
 
 def test_the_timerange_demo_resumes_after_a_sigkill_and_equals_one_pass(

@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--durable",
         choices=["file", "s3"],
         default="file",
-        help="stream demo: where checkpoints, state and results go — this disk (file), or "
-        "a bucket (s3: the tests' S3 server on loopback unless AWS_ENDPOINT_URL names "
-        "one), deleting the killed driver's whole machine directory before the restart",
+        help="stream and jobs demos: where checkpoints, state and results go — this disk "
+        "(file), or a bucket (s3: the tests' S3 server on loopback unless AWS_ENDPOINT_URL "
+        "names one), losing the killed driver's or worker's whole machine directory",
     )
     demo.set_defaults(func=_demo, spark_noise="demo")
     return parser
@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from riverbed.config import load_config
 
+    if args.durable != "file" and args.which not in ("stream", "jobs"):
+        raise UsageError(
+            f"--durable {args.durable} is for the stream and jobs demos; the {args.which} "
+            "demo keeps its own layout (leave --durable out)"
+        )
     if args.which == "control":
         from riverbed.demo import run_demo
 
@@ -87,7 +92,7 @@ def _demo(args: argparse.Namespace) -> int:
     if args.which == "jobs":
         from riverbed.jobs.demo import run_demo_jobs
 
-        return run_demo_jobs(load_config(), days=args.days)
+        return run_demo_jobs(load_config(), days=args.days, durable=args.durable)
     if args.which == "timerange":
         from riverbed.jobs.timerange.demo import run_demo_timerange
 

@@ -26,7 +26,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.jobs.demo import FIRST_DAY, day_id, examples_dir, produce
+from riverbed.jobs.demo import FIRST_DAY, day_id, examples_dir, produce, published_units
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
@@ -297,19 +297,11 @@ def _verdict(
         attempts = queue.get(int(c["id"]))["attempts"]
         out.lost_attempts += sum(1 for a in attempts if a["state"] != "DONE")
         tries = " · ".join(f"{a['attempt']} {_outcome(a)} ({a['host']})" for a in attempts)
-        files = pub.published_files(c["job"], int(c["id"]))
+        units, with_file = published_units(pub, c["job"], int(c["id"]), days)
+        day_files.update(with_file)
         expected = sum(oracle[d] for d in days)
-        units: int | None = None
-        if files:
-            if c["job"] == "usage_daily":
-                for d in days:
-                    day_files[d] += f"day={d}.parquet" in files
-                units = sum(int(pd.read_parquet(p)["units"].sum()) for p in files.values())
-            elif c["job"] == "customer_features":
-                units = sum(int(pd.read_parquet(p)["units"].sum()) for p in files.values())
-            else:
-                units = int(json.loads(files["report.json"].read_text())["units"])
-                out.units = units
+        if c["job"] == "usage_report" and units is not None:
+            out.units = units
         good = c["state"] == "DONE" and units == expected
         ok = ok and good
         table.add_row(str(c["id"]), c["job"], f"{days[0]}…{days[-1]}", tries,

@@ -18,10 +18,18 @@
 
 Everything lives in ``<RIVERBED_HOME>/demo-jobs/`` (SQLite jobs database and control
 plane, file log, outputs), recreated on each run.
+
+With ``--durable s3`` the outputs are published in a bucket (``<checkpoints>/jobs/output``
+— the tests' S3 server on loopback unless ``AWS_ENDPOINT_URL`` names one), each worker is
+a machine of its own (its own directory and process group), and step 4 loses the whole
+machine: the worker and everything it started are SIGKILLed and its directory deleted.
+The dependent chunks read what they need from the bucket, and the closing table reads
+every output back from the bucket into an empty directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -40,7 +48,8 @@ from rich.table import Table
 
 import riverbed
 from riverbed.config import Config
-from riverbed.jobs.publication import job_output_dir, staging_root
+from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.publication import Publication, staging_root
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import plan, submit
 from riverbed.jobs.spec import Catalog
@@ -92,16 +101,39 @@ class Processes:
     def __init__(self, home: Path, env: dict[str, str]) -> None:
         self.home, self.env = home, env
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.machines: dict[str, Path] = {}  # a process that is a machine of its own
         (home / "logs").mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, machine: Path | None = None) -> None:
+        """Start ``riverbed ARGS``; with ``machine``, as a machine of its own: that
+        directory is its home and it leads a process group (what it starts dies with it
+        in :meth:`lose`)."""
         out = open(self.home / "logs" / f"{name}.log", "wb")  # noqa: SIM115 - the child's
+        env = self.env
+        if machine is not None:
+            machine.mkdir(parents=True, exist_ok=True)
+            self.machines[name] = machine
+            env = {**env, "RIVERBED_HOME": str(machine)}
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "riverbed.cli.main", *args],
-            env=self.env,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=machine is not None,
         )
+
+    def lose(self, name: str) -> Path:
+        """Lose ``name``'s machine: SIGKILL it and everything it started, then delete its
+        directory. Returns the directory."""
+        proc, machine = self.procs[name], self.machines[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # its Spark JVM and Python workers may take a moment to go
+        shutil.rmtree(machine, ignore_errors=True)
+        return machine
 
     def name_of(self, pid: int) -> str:
         return next((n for n, p in self.procs.items() if p.pid == pid), f"pid {pid}")
@@ -121,6 +153,16 @@ class Processes:
                 p.kill()
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def worker_pid(worker_id: str | None) -> int | None:
     """Worker ids are ``<host>-<pid>-<random>``."""
     if not worker_id:
@@ -132,11 +174,29 @@ def worker_pid(worker_id: str | None) -> int | None:
 
 
 def run_demo_jobs(
-    config: Config, days: int = 14, customers: int = 300, per_day: int = 4000, pace: float = 2.0
+    config: Config,
+    days: int = 14,
+    customers: int = 300,
+    per_day: int = 4000,
+    pace: float = 2.0,
+    durable: str = "file",
 ) -> int:
+    """The demo (see the module doc); ``durable``: ``file`` (outputs on this disk) or
+    ``s3`` (in a bucket, and the killed worker's machine lost with it)."""
     home = (config.home / "demo-jobs").resolve()
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
+    if durable == "s3":
+        from riverbed.testing.s3 import demo_bucket
+
+        with demo_bucket(home, console.print) as checkpoints:
+            return _run(home, days, customers, per_day, pace, checkpoints)
+    return _run(home, days, customers, per_day, pace)
+
+
+def _run(
+    home: Path, days: int, customers: int, per_day: int, pace: float, checkpoints: str | None = None
+) -> int:
     jobs_dir = examples_dir()
     day_ids = [day_id(FIRST_DAY + timedelta(days=i)) for i in range(days)]
     env = {
@@ -149,8 +209,16 @@ def run_demo_jobs(
         "RIVERBED_SPARK_MASTER": "local[1]",
         "RIVERBED_DEMO_PACE": str(pace),
     }
+    env.pop("RIVERBED_CHECKPOINTS", None)
+    if checkpoints is not None:  # the bucket's own settings are in os.environ (demo_bucket)
+        env["RIVERBED_CHECKPOINTS"] = checkpoints
     console.rule("[bold]riverbed jobs demo")
     console.print(f"home: [cyan]{home}[/cyan]   jobs: [cyan]{jobs_dir}[/cyan]")
+    if checkpoints is not None:
+        console.print(
+            f"outputs published in [cyan]{checkpoints}/jobs/output[/cyan]; each worker is a "
+            f"machine of its own ({home}/machine-<n>)"
+        )
     oracle = produce(env["RIVERBED_LOG"], day_ids, customers, per_day)
     console.print(
         f"produced {per_day * days:,} usage events for {customers} customers over {days} "
@@ -162,7 +230,8 @@ def run_demo_jobs(
         for name in ("orchestrator-1", "orchestrator-2"):
             procs.start(name, "orchestrator", "--ttl", "2", "--name", name)
         for i in range(1, 4):
-            procs.start(f"worker-{i}", "worker", "--ttl", "2")
+            machine = home / f"machine-{i}" if checkpoints is not None else None
+            procs.start(f"worker-{i}", "worker", "--ttl", "2", machine=machine)
         catalog = Catalog(jobs_dir)
         ids = f"{day_ids[0]}-{day_ids[-1]}"
         master, planned = submit(catalog, queue, "usage_report", ids)
@@ -177,7 +246,11 @@ def run_demo_jobs(
         if outcome != "DONE":
             console.print(f"[red]the run ended {outcome}[/red]; logs in {home / 'logs'}")
             return 1
-        ok = closing_table(queue, procs, home, master, oracle, watch)
+        # with a bucket, read back into an empty directory: nothing comes from a machine
+        pub = open_publication(home if checkpoints is None else home / "verdict", checkpoints)
+        ok = closing_table(queue, procs, pub, home, master, oracle, watch)
+        if checkpoints is not None:
+            _bucket_listing(checkpoints)
         again = plan(catalog, queue, "usage_report", ids)
         console.print(
             "\nplanned again now: "
@@ -269,8 +342,15 @@ class _Watch:
                     name = self.procs.name_of(worker_pid(c["worker"]) or -1)
                     if name not in self.procs.procs:
                         continue
-                    self.say(f"[red]SIGKILL {name}[/red] while it runs chunk {c['id']}")
-                    self.procs.kill(name)
+                    if name in self.procs.machines:
+                        gone = self.procs.lose(name)
+                        self.say(
+                            f"[red]lost {name}'s machine[/red] while it runs chunk {c['id']}: "
+                            f"SIGKILL to it and all it started, {gone} deleted"
+                        )
+                    else:
+                        self.say(f"[red]SIGKILL {name}[/red] while it runs chunk {c['id']}")
+                        self.procs.kill(name)
                     self.killed_worker, self.killed_chunk = name, int(c["id"])
                     return
             return
@@ -285,9 +365,36 @@ class _Watch:
                 self.killed_orchestrator = leader
 
 
-def _published(home: Path, job: str) -> dict[int, Path]:
-    root = job_output_dir(home, job)
-    return {int(d.name[6:]): d for d in root.glob("chunk=*")}
+def published_units(
+    pub: Publication, job: str, chunk_id: int, days: list[int]
+) -> tuple[int | None, set[int]]:
+    """What a chunk of the demo pipeline published: its units (None when it published
+    nothing) and, for ``usage_daily``, the days it has a file for."""
+    import pandas as pd
+
+    files = pub.published_files(job, chunk_id)
+    if not files:
+        return None, set()
+    if job == "usage_report":
+        return int(json.loads(files["report.json"].read_text())["units"]), set()
+    units = sum(int(pd.read_parquet(f)["units"].sum()) for f in files.values())
+    if job == "usage_daily":
+        return units, {d for d in days if f"day={d}.parquet" in files}
+    return units, set()
+
+
+def _bucket_listing(checkpoints: str) -> None:
+    """What the bucket holds: one line per job and kind of object."""
+    from riverbed.jobs.outputs import OUTPUTS
+    from riverbed.storage import shared_store
+
+    kinds: dict[str, list[int]] = {}
+    for info in shared_store(f"{checkpoints}/{OUTPUTS}").list():
+        job, kind = info.key.split("/")[:2]
+        kinds.setdefault(f"{job}/{kind}/", []).append(info.size)
+    console.print(f"the bucket's {checkpoints}/{OUTPUTS} holds:")
+    for kind, sizes in sorted(kinds.items()):
+        console.print(f"  {kind:<36} {len(sizes):>5} objects {sum(sizes) / 1e3:>9.1f} kB")
 
 
 def _span(days: list[int]) -> str:
@@ -308,13 +415,12 @@ def _attempt(a: dict[str, Any], procs: Processes) -> str:
 def closing_table(
     queue: JobQueue,
     procs: Processes,
+    pub: Publication,
     home: Path,
     master: int,
     oracle: dict[int, int],
     watch: _Watch,
 ) -> bool:
-    import pandas as pd
-
     graph = queue.graph(master)
     table = Table(title=f"run {master}: every chunk and its effect", title_justify="left")
     for col in ("chunk", "job", "days", "attempts", "output", "units", "expected", ""):
@@ -329,30 +435,17 @@ def closing_table(
         days = json.loads(c["work_ids"])
         attempts = queue.get(int(c["id"]))["attempts"]
         tries = " · ".join(_attempt(a, procs) for a in attempts)
-        dirs = _published(home, c["job"])
-        out = dirs.get(int(c["id"]))
+        units, with_file = published_units(pub, c["job"], int(c["id"]), days)
+        day_files.update(with_file)
         expected = sum(oracle[d] for d in days)
-        units: int | None = None
-        if out is not None:
-            if c["job"] == "usage_daily":
-                for d in days:
-                    if (out / f"day={d}.parquet").exists():
-                        day_files[d] += 1
-                units = sum(
-                    int(pd.read_parquet(f)["units"].sum()) for f in out.glob("day=*.parquet")
-                )
-            elif c["job"] == "customer_features":
-                units = sum(int(pd.read_parquet(f)["units"].sum()) for f in out.glob("*.parquet"))
-            else:
-                units = int(json.loads((out / "report.json").read_text())["units"])
-        good = c["state"] == "DONE" and out is not None and units == expected
+        good = c["state"] == "DONE" and units == expected
         ok = ok and good
         table.add_row(
             str(c["id"]),
             c["job"],
             _span(days),
             tries,
-            "1 dir" if out is not None else "[red]none[/red]",
+            "1 output" if units is not None else "[red]none[/red]",
             f"{units:,}" if units is not None else "-",
             f"{expected:,}",
             "[green]✓[/green]" if good else "[red]✗[/red]",
@@ -367,9 +460,10 @@ def closing_table(
         f"  ({len(oracle)} days, {sum(oracle.values()):,} units)"
     )
     if watch.killed_chunk is not None:
+        current = pub.published_attempt("usage_daily", watch.killed_chunk)
         console.print(
             f"chunk {watch.killed_chunk}: attempt 1 died with {watch.killed_worker}; "
-            "attempt 2 is the one published"
+            f"attempt {current} is the one published"
             + (f"; unpublished zombie staging left: {', '.join(staged)}" if staged else "")
         )
     terms = ", ".join(f"{t} ({n})" for t, n in watch.terms)

@@ -21,7 +21,6 @@ be) live outside the machine, as they would in production.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -29,7 +28,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,9 +83,6 @@ def generate(n: int, flags: int, users: int, seed: int = 7) -> pd.DataFrame:
 TOPIC_SCHEMA = "user_id long, flag string, ts timestamp"
 
 
-DEMO_BUCKET = "riverbed-demo"
-
-
 def run_demo_stream(
     config: Config, events: int = 200_000, seed: int = 7, durable: str = "file"
 ) -> int:
@@ -97,38 +92,17 @@ def run_demo_stream(
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     if durable == "s3":
-        # the demo's own reads of the bucket (records, results) need its settings too
-        with _bucket(home) as (bucket_env, checkpoints), _environment(bucket_env):
-            return _run(home, events, seed, bucket_env, checkpoints)
+        from riverbed.testing.s3 import demo_bucket
+
+        with demo_bucket(home, console.print) as checkpoints:
+            return _run(home, events, seed, checkpoints)
     return _run(home, events, seed)
-
-
-@contextlib.contextmanager
-def _bucket(home: Path) -> Iterator[tuple[dict[str, str], str]]:
-    """The bucket's settings and the checkpoints URL: the S3 server named by
-    ``AWS_ENDPOINT_URL`` (bucket ``riverbed-demo``, which must exist), else the tests'
-    own Ceph RGW started on loopback for the demo and stopped after it."""
-    run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        from riverbed.storage import storage_environment
-
-        console.print(f"S3 server: {os.environ['AWS_ENDPOINT_URL']} (AWS_ENDPOINT_URL)")
-        yield storage_environment(), f"s3://{DEMO_BUCKET}/{run}"
-        return
-    from riverbed.testing.s3 import CephS3Server
-
-    console.print("starting an S3 server on loopback (Ceph RGW, objects on disk; ~20 s)")
-    with CephS3Server(home / "s3-server") as server:
-        server.create_bucket(DEMO_BUCKET)
-        console.print(f"S3 server: {server.endpoint}, bucket {DEMO_BUCKET}\n")
-        yield server.env(), f"s3://{DEMO_BUCKET}/{run}"
 
 
 def _run(
     home: Path,
     events: int,
     seed: int,
-    bucket_env: dict[str, str] | None = None,
     checkpoints: str | None = None,
 ) -> int:
     env = {**os.environ, "RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
@@ -137,7 +111,7 @@ def _run(
     if checkpoints is not None:
         # the driver's machine is its own directory; the source and the control plane
         # are other machines' (Kafka's and etcd's, in production)
-        env |= (bucket_env or {}) | {
+        env |= {  # the bucket's settings are in os.environ already (demo_bucket)
             "RIVERBED_HOME": str(home / "machine-a"),
             "RIVERBED_CHECKPOINTS": checkpoints,
             "RIVERBED_LOG": f"file://{home / 'log'}",
@@ -296,22 +270,6 @@ def _lose_the_machine(home: Path, checkpoints: str) -> None:
     console.print(f"   the bucket {checkpoints} holds:")
     for kind, sizes in sorted(kinds.items()):
         console.print(f"     {kind:<36} {len(sizes):>5} objects {sum(sizes) / 1e6:>8.2f} MB")
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment for a while (the bucket's settings,
-    which the demo's own reads need)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _relay(driver: subprocess.Popen[str], printed: set[int], three: threading.Event) -> None:

@@ -25,6 +25,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 
@@ -336,4 +338,36 @@ pid file = {d}/run/$name.pid
             shutil.rmtree(self.data, ignore_errors=True)
 
 
-__all__ = ["REGION", "CephS3Server"]
+DEMO_BUCKET = "riverbed-demo"
+
+
+@contextlib.contextmanager
+def demo_bucket(home: Path, say: Callable[[str], None]) -> Iterator[str]:
+    """A bucket for a demo's ``--durable s3``: the S3 server named by
+    ``AWS_ENDPOINT_URL`` (bucket ``riverbed-demo``, which must exist), else the tests'
+    own Ceph RGW started on loopback under ``home`` and stopped after. Yields a fresh
+    location in it (``s3://riverbed-demo/<time>``); meanwhile the bucket's settings are
+    in this process's environment — the demo's own reads need them and the processes it
+    starts inherit them. ``say`` tells the user what was picked (never a key)."""
+    run = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        say(f"S3 server: {os.environ['AWS_ENDPOINT_URL']} (AWS_ENDPOINT_URL)")
+        yield f"s3://{DEMO_BUCKET}/{run}"
+        return
+    say("starting an S3 server on loopback (Ceph RGW, objects on disk; ~20 s)")
+    with CephS3Server(home / "s3-server") as server:
+        server.create_bucket(DEMO_BUCKET)
+        say(f"S3 server: {server.endpoint}, bucket {DEMO_BUCKET}\n")
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield f"s3://{DEMO_BUCKET}/{run}"
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+__all__ = ["DEMO_BUCKET", "REGION", "CephS3Server", "demo_bucket"]
