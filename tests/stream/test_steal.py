@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.spark.source import LogSlice
+from riverbed.state import StateConfig
 from riverbed.stream.dataframe import read_results
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.layout import Checkpoint, handoff_dir
 from riverbed.stream.lognative import DirectConfig, colocated_task, prepare, run_planned
 from riverbed.stream.plan import balanced_groups
-from riverbed.stream.records import BatchLog, next_record
+from riverbed.stream.records import BatchLog, next_record, open_batches
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
@@ -154,8 +155,7 @@ def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None
     second = Board.create(tmp_path / "ckpt", 1)
     assert second.root != first.root and second.claim(LogSlice(0, 0, 10), 1)
     Board.create(tmp_path / "ckpt", 2, stale_s=-1)  # everything older than now is stale
-    parent = Checkpoint(tmp_path / "ckpt").handoff
-    assert len(list(parent.iterdir())) == 1
+    assert len(list((tmp_path / "ckpt").iterdir())) == 1
     second.remove()
     assert not second.root.exists()
 
@@ -190,7 +190,7 @@ def test_a_helper_that_runs_first_reads_the_owners_pieces_and_the_owner_merges_t
     once. The emitted rows equal the oracle's."""
     cfg, events = setup
     groups = batch_groups(log_url)
-    board = Board.create(cfg.engine.checkpoint, 0)
+    board = Board.create(Checkpoint.of(cfg.engine.checkpoint).handoff, 0)
     task = colocated_task(cfg, 0, 0, 0, groups, board)
     helper = task(1)
     owner = task(0)
@@ -210,7 +210,7 @@ def test_an_owner_computes_a_piece_itself_when_its_helper_is_lost(
     ``wait_s``, computes the piece itself, and the result is still exact."""
     cfg, events = setup
     groups = batch_groups(log_url)
-    board = Board.create(cfg.engine.checkpoint, 0)
+    board = Board.create(Checkpoint.of(cfg.engine.checkpoint).handoff, 0)
     board.wait_s = 0.3
     lost = split(groups[0][-1], cfg.piece_records)[-1]
     assert board.claim(lost, 1)  # the lost helper's claim, with no result ever
@@ -260,7 +260,7 @@ def test_a_retried_owner_takes_its_earlier_attempts_claims_back_without_waiting(
     never comes would log "no result ... computing it here")."""
     cfg, events = setup
     groups = batch_groups(log_url)
-    board = Board.create(cfg.engine.checkpoint, 0)
+    board = Board.create(Checkpoint.of(cfg.engine.checkpoint).handoff, 0)
     board.wait_s = 0.01
     for owned in groups[0]:
         for piece in split(owned, cfg.piece_records):
@@ -272,3 +272,50 @@ def test_a_retried_owner_takes_its_earlier_attempts_claims_back_without_waiting(
     rows, counted = rows_and_input([retried, task(1)])
     assert counted == len(events)
     check(rows, events)
+
+
+def test_boards_go_where_every_task_reaches(tmp_path: Path) -> None:
+    """A local checkpoint's handoff directory; with a bucket's checkpoint, the driver's
+    machine when the tasks run there (local master), else nowhere."""
+    cache = tmp_path / "home" / "state"
+    ckpt = tmp_path / "ckpt" / "flags"
+    assert handoff_dir(str(ckpt), cache, "flags", "spark://h1:7077") == Checkpoint(ckpt).handoff
+    bucket = "s3://b/p/flags"
+    on_this_machine = tmp_path / "home" / "handoff" / "flags"
+    assert handoff_dir(bucket, cache, "flags", "local[2]") == on_this_machine
+    assert handoff_dir(bucket, cache, "flags", "spark://h1:7077") is None
+
+
+@pytest.mark.spark
+@pytest.mark.s3
+def test_a_bucket_checkpoint_steals_on_the_drivers_machine_and_stays_exact(
+    spark: Any, s3_url: str, log_url: str, tmp_path: Path
+) -> None:
+    """Checkpoint, state and results in the bucket, tasks on this machine: lopsided
+    batches get a board beside the local state cache (removed after each batch), and
+    every record is counted once."""
+    events = make_events(3000, hours=3)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    local = tmp_path / "home" / "state"
+    engine = replace(
+        engine_config(tmp_path),
+        checkpoint=f"{s3_url}/flags",
+        output=f"{s3_url}/output/flags",
+        state=StateConfig(local_dir=local, durable=f"{s3_url}/state"),
+    )
+    cfg = prepare(engine, {"topic": "events", "log": log_url, "schema": SCHEMA})
+    cfg = dataclasses.replace(cfg, piece_records=100)
+    assert cfg.co_located and lopsided(batch_groups(log_url))
+    batches = open_batches(engine.checkpoint)
+    ends = riverbed.log.open(log_url).offsets("events")
+    record = replace(
+        next_record(batches, 0, engine.spec.watermark_ms),
+        slices={str(p.partition): [0, p.end] for p in ends},
+        co_located=True,
+    )
+    batches.put(0, record)
+    done = run_planned(spark, cfg, batches, 0, replace(record, done=False))
+    assert done.input == len(events) and 0 <= done.helped <= done.input
+    check(read_results(f"{s3_url}/output/flags"), events)
+    boards = tmp_path / "home" / "handoff" / engine.spec.name
+    assert boards.is_dir() and not list(boards.iterdir())  # made for the batch, removed

@@ -29,8 +29,9 @@ decided by create-only writes (``If-None-Match: *``) alone::
         spark/offsets/<batch>, spark/commits/<batch>   Spark's own logs (DataFrame path),
                                          written by Spark through Hadoop's s3a://
 
-The handoff boards exist only on local checkpoints: a bucket's checkpoints run the
-log-native loop without work stealing.
+Work-stealing boards are not durable (a re-run of a batch gets a new one), so with a
+bucket's checkpoint they live on the machine the tasks share with the driver
+(:func:`handoff_dir`).
 
 Code asks :class:`Checkpoint` for a path, or this module for a key, instead of joining
 names; :func:`is_local` says which a location is.
@@ -55,6 +56,7 @@ __all__ = [
     "checkpoints_location",
     "child",
     "commit_key",
+    "handoff_dir",
     "is_local",
     "local_path",
     "location",
@@ -197,6 +199,22 @@ class Checkpoint:
     def of_batch_record(cls, path: Path) -> Checkpoint:
         """The checkpoint a batch record's path lies in."""
         return cls(path.parent.parent.parent)
+
+
+def handoff_dir(checkpoint: str, local_cache: Path, name: str, spark_master: str) -> Path | None:
+    """Where a batch run's work-stealing boards go (:mod:`riverbed.stream.steal`): a
+    directory every task of the batch reaches. A local checkpoint's ``handoff``
+    directory (its file system reaches every task that reaches the checkpoint). With a
+    bucket's checkpoint and a local Spark master, the tasks run on the driver's machine:
+    ``<home>/handoff/<name>`` beside its state cache (``local_cache``) — nothing there is
+    needed to resume. A bucket's checkpoint with tasks on other machines: None, no
+    stealing — a claim per piece in the bucket costs a request about as long as the
+    piece's work (docs/stream.md)."""
+    if is_local(checkpoint):
+        return Checkpoint.of(checkpoint).handoff
+    if spark_master.startswith("local"):
+        return local_cache.parent / "handoff" / name
+    return None
 
 
 def aggregations(checkpoints: str | Path) -> list[str]:

@@ -50,7 +50,7 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
-from riverbed.stream.layout import Checkpoint, is_local
+from riverbed.stream.layout import Checkpoint, handoff_dir, is_local
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
@@ -271,11 +271,14 @@ def run_batch(
         # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
         board = None
-        # the board is a directory every task reaches; a bucket's checkpoint has none
-        # (polling objects for hand-overs would cost more than the skew it evens out)
-        if cfg.steal and lopsided(groups) and is_local(cfg.engine.checkpoint):
-            cfg.engine.fence()  # the board is written under the checkpoint
-            board = Board.create(cfg.engine.checkpoint, batch_id)
+        # the board is a directory every task reaches (none: tasks on other machines
+        # with a bucket's checkpoint)
+        handoff = handoff_dir(
+            cfg.engine.checkpoint, cfg.engine.state.local_dir, spec.name, sc.master
+        )
+        if cfg.steal and lopsided(groups) and handoff is not None:
+            cfg.engine.fence()  # a replaced driver writes nothing, not even a board
+            board = Board.create(handoff, batch_id)
         task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
         try:
             results = sc.parallelize(range(len(groups)), len(groups)).map(task).collect()

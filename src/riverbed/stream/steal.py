@@ -11,8 +11,10 @@ a task that has finished its own partitions helps the others:
 
 1. A piece is processed by whoever **claims** it first (an exclusive create of its
    claim file, holding the task's index, on the :class:`Board`: a directory of this
-   batch run that every task reaches, under the checkpoint like the fencing file the
-   tasks already read). A retried task finds its earlier attempt's claims its own.
+   batch run that every task reaches — under a local checkpoint, or on the driver's
+   machine when the checkpoint is a bucket and the tasks run there too, see
+   :func:`~riverbed.stream.layout.handoff_dir`). A retried task finds its earlier
+   attempt's claims its own.
 2. The owner walks its partitions in order and each one's pieces **front to back**,
    claiming and processing them; a helper walks the other tasks' partitions in the
    **opposite** order, pieces back to front (:func:`steal_order`), so the two meet in
@@ -53,7 +55,6 @@ from typing import Any
 
 from riverbed.spark.source import CHUNK, LogSlice
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.layout import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,10 @@ class Board:
         self.wait_s = wait_s
 
     @classmethod
-    def create(cls, checkpoint: str | Path, batch_id: int, stale_s: float = 3600.0) -> Board:
-        """A fresh board for one run of batch ``batch_id`` (a re-run gets a new one; a
-        board left by a driver that crashed is removed once it is ``stale_s`` old)."""
-        parent = Checkpoint.of(checkpoint).handoff
+    def create(cls, parent: Path, batch_id: int, stale_s: float = 3600.0) -> Board:
+        """A fresh board for one run of batch ``batch_id`` under ``parent`` (the
+        aggregation's :func:`~riverbed.stream.layout.handoff_dir`; a re-run gets a new
+        board; one left by a driver that crashed is removed once ``stale_s`` old)."""
         parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         for old in parent.iterdir():
