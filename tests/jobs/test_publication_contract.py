@@ -186,6 +186,51 @@ def test_readers_find_chunks_and_files_by_pattern(make: Any) -> None:
     assert p.shown(12) == [2]
 
 
+def test_a_jobs_files_are_the_newest_chunks_by_name(make: Any) -> None:
+    """``job_files`` (what ``ctx.published`` reads): every chunk's published files; a
+    name two chunks published is the newer chunk's; retracted chunks drop out."""
+    p = make()
+    for chunk, names in ((3, ["day=1.csv", "day=2.csv"]), (5, ["day=2.csv", "day=3.csv"])):
+        out = Output(staging_dir(p.home, chunk, 1))
+        for name in names:
+            out.write_text(name, f"{chunk}\n")
+        out.write_text("notes.txt", "-")
+        assert p.pub.publish(JOB, chunk, 1) is True
+    files = p.pub.job_files(JOB, "day=*")
+    assert {n: f.read_text() for n, f in files.items()} == {
+        "day=1.csv": "3\n",
+        "day=2.csv": "5\n",  # chunk 5 is newer than chunk 3
+        "day=3.csv": "5\n",
+    }
+    assert p.pub.job_files(JOB, "day=2.csv")["day=2.csv"].read_text() == "5\n"
+    assert p.pub.job_files("other") == {}
+    p.pub.retract(JOB, 5, 1)
+    assert {n: f.read_text() for n, f in p.pub.job_files(JOB, "day=*").items()} == {
+        "day=1.csv": "3\n",
+        "day=2.csv": "3\n",
+    }
+
+
+def test_a_jobs_files_in_a_bucket_take_one_listing_whatever_its_chunks(tmp_path: Path) -> None:
+    """Reading a job's outputs from a bucket lists its markers once, not once per chunk,
+    and reads each marker once per publication object (a marker never changes)."""
+    store = open_store((tmp_path / "bucket").as_uri())
+    p = Objects(store, tmp_path / "home")
+    for chunk in range(1, 21):
+        Output(staging_dir(p.home, chunk, 1)).write_text(f"day={chunk}.csv", "x\n")
+        assert p.pub.publish(JOB, chunk, 1) is True
+    calls: list[str] = []
+    real_list, real_get = store.list, store.get
+    store.list = lambda prefix="": calls.append("LIST") or real_list(prefix)  # type: ignore[method-assign]
+    store.get = lambda key: calls.append(f"GET {key}") or real_get(key)  # type: ignore[method-assign]
+    assert len(p.pub.job_files(JOB)) == 20
+    markers = [c for c in calls if c.startswith(f"GET {JOB}/{publication.PUBLISHED}/")]
+    assert calls.count("LIST") == 1 and len(markers) == 20
+    calls.clear()
+    assert p.pub.job_files(JOB, "day=7.csv")["day=7.csv"].read_text() == "x\n"
+    assert calls == ["LIST"]  # markers known, files cached: one request in all
+
+
 def _leftover(p: Publisher, chunk: int, attempt: int) -> None:
     """What a publisher killed after uploading (bucket) or moving (directory) leaves."""
     if isinstance(p, Objects):

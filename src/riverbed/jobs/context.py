@@ -88,23 +88,13 @@ class Context:
         """The newest published file ``name`` of job ``job`` — how a job reads what
         its dependencies wrote (``ctx.output`` names per work id make this exact, e.g.
         ``day=20261103.parquet``). None if no published chunk has it."""
-        pub = self._publication()
-        for chunk in sorted(pub.chunks(job), reverse=True):
-            found = pub.published_files(job, chunk, name).get(name)
-            if found is not None:
-                return found
-        return None
+        return self._publication().job_files(job, name).get(name)
 
     def published_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
         """Every published file of job ``job`` whose name matches ``pattern``, by name;
         when a rerun published a name again, the newest chunk's file. Local paths: the
         files themselves, or copies of a bucket's (cached; an output never changes)."""
-        pub = self._publication()
-        found: dict[str, Path] = {}
-        for chunk in sorted(pub.chunks(job), reverse=True):
-            for name, path in pub.published_files(job, chunk, pattern).items():
-                found.setdefault(name, path)
-        return found
+        return self._publication().job_files(job, pattern)
 
     def _publication(self) -> Publication:
         if self.publication is None:

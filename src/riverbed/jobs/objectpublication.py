@@ -55,6 +55,7 @@ class ObjectPublication:
     def __init__(self, store: ObjectStore, home: Path) -> None:
         self.store = store
         self.home = home
+        self._marker_files: dict[tuple[str, int, int], list[str]] = {}
 
     def __repr__(self) -> str:
         return f"ObjectPublication({self.store.url!r})"
@@ -92,16 +93,39 @@ class ObjectPublication:
         names = (n.removeprefix("chunk=") for n in self.store.entries(f"{job}/{PUBLISHED}/"))
         return [int(n) for n in names if n.isdigit()]
 
+    def _current(self, job: str) -> dict[int, int]:
+        """Every chunk of ``job`` with its published attempt (its highest marker), from
+        one listing of the job's markers."""
+        prefix = f"{job}/{PUBLISHED}/"
+        current: dict[int, int] = {}
+        for info in self.store.list(prefix):
+            chunk, _, attempt = info.key[len(prefix) :].partition("/")
+            number = chunk.removeprefix("chunk=")
+            if number.isdigit() and attempt.isdigit():
+                c = int(number)
+                current[c] = max(current.get(c, -1), int(attempt))
+        return current
+
+    def _names(self, job: str, chunk_id: int, attempt: int) -> list[str] | None:
+        """The files an attempt's marker lists (None: no such marker, retracted). A
+        marker never changes, so each is read once per publication object."""
+        key = (job, chunk_id, attempt)
+        names = self._marker_files.get(key)
+        if names is None:
+            try:
+                body = json.loads(self.store.get(self._marker(job, chunk_id, attempt)))
+            except ObjectNotFoundError:
+                return None
+            names = self._marker_files[key] = sorted(body["files"])
+        return names
+
     def _files(self, job: str, chunk_id: int) -> tuple[int, list[str]] | None:
         """The published attempt and its files' names, or None."""
         attempt = self.published_attempt(job, chunk_id)
         if attempt is None:
             return None
-        try:
-            body = json.loads(self.store.get(self._marker(job, chunk_id, attempt)))
-        except ObjectNotFoundError:  # retracted meanwhile
-            return None
-        return attempt, sorted(body["files"])
+        names = self._names(job, chunk_id, attempt)
+        return None if names is None else (attempt, names)
 
     def published_urls(self, job: str, chunk_id: int) -> list[str]:
         """The URLs of the chunk's published files (sorted), [] when none is published."""
@@ -118,7 +142,28 @@ class ObjectPublication:
         found = self._files(job, chunk_id)
         if found is None:
             return {}
-        attempt, names = found
+        copies = self._copies(job, chunk_id, *found, pattern)
+        return self.published_files(job, chunk_id, pattern) if copies is None else copies
+
+    def job_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
+        """See :class:`~riverbed.jobs.publication.Publication`: one LIST of the job's
+        markers, one GET per published marker not read before, the matching files
+        downloaded once per attempt."""
+        found: dict[str, Path] = {}
+        for chunk, attempt in sorted(self._current(job).items(), reverse=True):
+            names = self._names(job, chunk, attempt)
+            copies = None if names is None else self._copies(job, chunk, attempt, names, pattern)
+            if copies is None:  # replaced or retracted since the listing: ask again
+                copies = self.published_files(job, chunk, pattern)
+            for name, path in copies.items():
+                found.setdefault(name, path)
+        return found
+
+    def _copies(
+        self, job: str, chunk_id: int, attempt: int, names: list[str], pattern: str
+    ) -> dict[str, Path] | None:
+        """Local copies of an attempt's files matching ``pattern``; None when one of
+        them is gone (the attempt was replaced or retracted while we read)."""
         local = cache_dir(self.home, job, chunk_id, attempt)
         for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
             if other != local:
@@ -132,7 +177,7 @@ class ObjectPublication:
                 try:
                     self.store.get_file(prefix + name, path)
                 except ObjectNotFoundError:  # replaced or retracted while we read
-                    return self.published_files(job, chunk_id, pattern)
+                    return None
             copies[name] = path
         return copies
 

@@ -102,6 +102,13 @@ class Publication(Protocol):
         without reading them; [] when nothing is published."""
         ...
 
+    def job_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
+        """Every published file of ``job`` (all its chunks) matching ``pattern``, by
+        name; a name published by several chunks: the newest chunk's file. What
+        ``ctx.published`` reads: the job's published attempts found at once, not chunk
+        by chunk."""
+        ...
+
     def sweep(self, job: str) -> int:
         """Delete what attempts older than their chunk's published one left (a crash
         between steps, a zombie's upload); returns how many went."""
@@ -292,6 +299,13 @@ class DirectoryPublication:
     def published_urls(self, job: str, chunk_id: int) -> list[str]:
         folder = published_dir(self.home, job, chunk_id)
         return sorted(str(p) for p in folder.rglob("*") if p.is_file())
+
+    def job_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        for chunk in sorted(self.chunks(job), reverse=True):
+            for name, path in self.published_files(job, chunk, pattern).items():
+                found.setdefault(name, path)
+        return found
 
     def sweep(self, job: str) -> int:
         root = job_output_dir(self.home, job) / ATTEMPTS
