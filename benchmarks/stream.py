@@ -347,6 +347,11 @@ def main() -> None:
         "--flags", choices=["zipf", "uniform"], default="zipf", help="how flags are spread"
     )
     parser.add_argument(
+        "--no-flink",
+        action="store_true",
+        help="leave out the Flink peer rows (benchmarks/flink_peer.py; its own virtualenv)",
+    )
+    parser.add_argument(
         "--only",
         choices=["riverbed", "kafka"],
         help="riverbed: only riverbed's co-located paths, with and without work stealing "
@@ -423,6 +428,24 @@ def main() -> None:
                         "limit",
                         f"Spark batch approx_count_distinct, {source}",
                         spark_batch_path(batch_df(source), "approx"),
+                    )
+        flink: list[dict[str, Any]] = []
+        if spark_paths and not args.quick and not args.no_flink:
+            # Apache Flink's SQL on the same events, in its own JVM and virtualenv (the
+            # Spark session idles meanwhile), each job checked against DuckDB's answer
+            from flink_peer import run_all
+
+            print("Flink SQL, 5 configurations, 2 runs each", flush=True)
+            for r in run_all(events, root):
+                flink.append(r)
+                if "error" in r:
+                    print(f"  {r['name']}: not run — {r['error']}", flush=True)
+                else:
+                    add("peer", r["name"], r["seconds"])
+                    print(
+                        f"    {r['check']}; Flink's job start {r['fixed']:.1f} s, reading "
+                        f"the CSV alone {r['scan']:.1f} s",
+                        flush=True,
                     )
         # Streaming paths: (group, name, run(url, parquet dir, checkpoint root, per batch)).
         paths: list[tuple[str, str, Callable[[str, Path, Path, int], float]]] = []
@@ -528,6 +551,7 @@ def main() -> None:
     rate = {name: n / seconds for _, name, seconds in rows}
     if spark_paths:
         against_spark(rows, rate)
+        against_peers(rows, rate, flink)
     print(
         "\nper trigger, riverbed co-located (ms; 'offsets' = planning the batch, 'other' = "
         "outside the batches: the query's start and the loop)"
@@ -666,6 +690,32 @@ def kafka_main(args: argparse.Namespace) -> None:
         ("riverbed HLL / Spark hll_sketch_agg, both from Kafka", hll),
     ):
         print(f"{label:56} {ratio:5.2f}x (target 1.5x)")
+
+
+def against_peers(
+    rows: list[tuple[str, str, float]], rate: dict[str, float], flink: list[dict[str, Any]]
+) -> None:
+    """riverbed's ratios against DuckDB and Flink's best exact configuration (Flink SQL
+    has no approximate distinct in streaming mode, so riverbed's HLL is set against
+    Flink's exact too); Flink also without its fixed cost per job."""
+    duck = next((nm for _, nm, _ in rows if nm.startswith("DuckDB")), None)
+    if duck is not None:
+        print(f"{'riverbed exact / DuckDB':52} {rate['riverbed exact'] / rate[duck]:5.2f}x")
+    exact = [r for r in flink if "error" not in r and r["query"] != "window-approx"]
+    if not exact:
+        return
+    best = max(exact, key=lambda r: r["rate"])
+    print(f"fastest Flink configuration: {best['name']} ({best['check']})")
+    for mode, label in (("exact", "exact"), ("hll", "HLL")):
+        ours = rate[f"riverbed {mode}"]
+        print(
+            f"{f'riverbed {label} / fastest Flink exact':52} {ours / best['rate']:5.2f}x "
+            f"(target 2x; {ours / best['rate_no_start']:.2f}x against Flink without its "
+            f"{best['fixed']:.1f} s job start)"
+        )
+    for r in flink:
+        if "error" in r:
+            print(f"{r['name']}: {r['error']}")
 
 
 def against_spark(rows: list[tuple[str, str, float]], rate: dict[str, float]) -> None:
