@@ -269,6 +269,41 @@ aggregation = Aggregation(
 def test_a_running_aggregation_shows_batches_advancing_and_its_lag_draining(
     browser: Any, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
+    watch_a_running_aggregation(browser, tmp_path, subprocess_env)
+
+
+@pytest.mark.s3
+def test_an_aggregation_checkpointed_in_a_bucket_shows_the_same_without_its_keys(
+    browser: Any, tmp_path: Path, subprocess_env: dict[str, str], s3_server: Any
+) -> None:
+    """Checkpoints, state and results in the tests' bucket (RIVERBED_CHECKPOINTS): the
+    console reads everything it shows from there, and no page holds a key."""
+    import httpx
+
+    from tests.conftest import S3_BUCKET
+
+    checkpoints = f"s3://{S3_BUCKET}/console-{os.urandom(3).hex()}"
+    env = {**subprocess_env, **s3_server.env(), "RIVERBED_CHECKPOINTS": checkpoints}
+
+    def from_the_bucket(base: str) -> None:
+        page = httpx.get(f"{base}/streams/watched", timeout=30).text
+        api = httpx.get(f"{base}/api/streams/watched", timeout=30).text
+        assert f"{checkpoints}/watched" in page  # the checkpoint it read, named
+        for secret in (s3_server.secret_key, s3_server.access_key):
+            assert secret not in page and secret not in api
+
+    watch_a_running_aggregation(browser, tmp_path, env, from_the_bucket)
+
+
+def watch_a_running_aggregation(
+    browser: Any,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    then: Callable[[str], None] | None = None,
+) -> None:
+    """A driver runs an aggregation over a backlog while its console page is open: the
+    page shows batches advancing and the lag draining to 0, live chart and HLL band;
+    ``then`` checks more with the console's address before it stops."""
     import httpx
 
     from tests.stream.conftest import make_events, write_events
@@ -319,8 +354,10 @@ def test_a_running_aggregation_shows_batches_advancing_and_its_lag_draining(
         page.until("live chart", lambda: page.page.locator(".livechart canvas").count() > 0, 30)
         page.page.select_option("select.metric", "users_hll")
         page.until("error band", lambda: "HLL: ±" in page.text(".live-note"), 10)
-        page.shot("stream-running")
+        page.shot("stream-running-bucket" if "RIVERBED_CHECKPOINTS" in env else "stream-running")
         assert page.problems == [], page.problems
+        if then is not None:
+            then(base)
     finally:
         page.close()
         driver.send_signal(signal.SIGTERM)

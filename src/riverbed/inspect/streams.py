@@ -83,6 +83,7 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
         out["error"] = "checkpoint written before manifests: run it once with this version"
     out["driver"] = _driver(src, name)
     checkpoint = src.place(name)
+    out["checkpoint"] = str(checkpoint)  # a directory or an s3:// URL: never a credential
     recorded = recorded_driver(checkpoint)
     out["term"] = recorded.get("term") if recorded else None
     now_ms = time.time() * 1000
