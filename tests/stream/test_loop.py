@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ def test_a_continuous_query_picks_up_new_records_until_stopped(
     events = make_events(1200, hours=3)
     first, second = events.iloc[:700], events.iloc[700:]
     write_events(log_url, first, partitions=3, key_field="flag")
+    began = datetime.now(UTC).replace(microsecond=0)  # the stamps are to the ms
     query = run(spark, log_url, tmp_path, trigger={"processingTime": "100 milliseconds"})
     try:
         query.processAllAvailable()
@@ -65,6 +67,10 @@ def test_a_continuous_query_picks_up_new_records_until_stopped(
     assert sum(p["numInputRows"] for p in progress) == 1200
     assert [p["batchId"] for p in progress] == list(range(len(progress)))
     assert query.lastProgress == progress[-1]
+    # when each trigger began, as Spark writes it: in order, within the test
+    starts = [datetime.fromisoformat(p["timestamp"]) for p in progress]
+    assert starts == sorted(starts) and began <= starts[0] and starts[-1] <= datetime.now(UTC)
+    assert all(p["timestamp"].endswith("Z") for p in progress)
 
 
 def test_a_recorded_plan_is_run_as_recorded(spark: Any, log_url: str, tmp_path: Path) -> None:

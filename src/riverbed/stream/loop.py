@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
@@ -43,6 +44,9 @@ from riverbed.stream.records import BatchRecord, next_record, open_batches
 log = logging.getLogger(__name__)
 
 PROGRESS_KEPT = 100  # like spark.sql.streaming.numRecentProgressUpdates
+# how often an idle query with processingTime 0 looks at the topic again: new input is
+# seen within this, and an idle driver does not spin on the log's offsets
+IDLE_POLL_S = 0.01
 
 
 class DirectQuery:
@@ -148,7 +152,7 @@ class DirectQuery:
                 self._idle.set()
                 if self.trigger.available_now:
                     return
-                self._stop.wait(self.trigger.interval_s)
+                self._stop.wait(max(self.trigger.interval_s, IDLE_POLL_S))
                 continue
             batch_id, record = planned
             if self._stop.is_set():  # stopped while planning: the plan waits for the next start
@@ -223,12 +227,16 @@ class DirectQuery:
 
     def _report(self, batch_id: int, record: BatchRecord, began: float, plan_ms: int) -> None:
         ms = record.ms
-        total = round((time.perf_counter() - began) * 1000)
+        elapsed = time.perf_counter() - began
+        total = round(elapsed * 1000)
+        started = datetime.fromtimestamp(time.time() - elapsed, UTC)
         self._progress.append(
             {
                 "id": self.id,
                 "name": self.name,
                 "batchId": batch_id,
+                # when the trigger began, as Spark writes it (its end: + triggerExecution)
+                "timestamp": started.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                 "numInputRows": record.counted("input"),
                 # Spark's names where the phase matches: planning is latestOffset; the
                 # plan's fsync is the write-ahead; the batch itself (commit included)
