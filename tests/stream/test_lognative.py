@@ -8,6 +8,8 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.state import StateConfig
@@ -15,7 +17,7 @@ from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.lognative import prepare, run_planned
+from riverbed.stream.lognative import in_driver, prepare, run_planned, task_attempts
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.records import BatchLog, next_record
 from riverbed.stream.specjob import root_cause
@@ -203,3 +205,48 @@ def test_a_first_offset_entry_left_unfinished_by_a_killed_driver_does_not_block_
     got = run_to_end(spark, spec(3), log_url, tmp_path, "spark")
     check(got, events)
     assert not unfinished.exists() and (offsets / "0").exists()
+
+
+@pytest.mark.parametrize(
+    ("master", "attempts"),
+    [("local", 1), ("local[2]", 1), ("local[*]", 1), ("local[2,2]", 2), ("local[*, 4]", 4)],
+)
+def test_a_task_in_the_driver_gets_the_attempts_spark_would_give_it(
+    master: str, attempts: int
+) -> None:
+    assert task_attempts(master) == attempts
+
+
+@given(st.integers(0, 10**7), st.integers(0, 10**7))
+def test_only_small_batches_of_a_local_master_run_in_the_driver(records: int, limit: int) -> None:
+    small = 0 < records <= limit
+    assert in_driver(records, limit, "local[2]") is small
+    assert in_driver(records, limit, "local") is small
+    for elsewhere in ("spark://h1:7077", "local-cluster[2,1,1024]", "yarn"):
+        assert in_driver(records, limit, elsewhere) is False
+
+
+def test_small_batches_run_in_the_driver_and_big_ones_as_a_spark_job(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """The same batches, exact either way; in the driver no Spark job is launched."""
+    events = make_events(1500, hours=3)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    tracker = spark.sparkContext.statusTracker()
+    for limit, as_jobs in (("100000", False), ("0", True)):
+        options = {"topic": "events", "log": log_url, "schema": SCHEMA}
+        options |= {"maxRecordsPerBatch": "500", "driverBatchRecords": limit}
+        root = tmp_path / limit
+        query = start(
+            spark,
+            spec(3),
+            options,
+            checkpoint=root / "ckpt",
+            output=root / "out",
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        check(read_results(root / "out"), events)
+        jobs = tracker.getJobIdsForGroup(f"riverbed-flags-{query.id}")  # the loop's group
+        assert (len(jobs) >= 3) is as_jobs, (limit, jobs)  # 3 batches: a job each, or none

@@ -164,7 +164,9 @@ def test_a_board_is_fresh_per_run_and_old_ones_are_swept(tmp_path: Path) -> None
 def setup(spark: Any, log_url: str, tmp_path: Path) -> tuple[DirectConfig, pd.DataFrame]:
     events = make_events(3000, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
-    cfg = prepare(engine_config(tmp_path), {"topic": "events", "log": log_url, "schema": SCHEMA})
+    # driverBatchRecords 0: these small batches run as Spark jobs, as big ones do
+    options = {"topic": "events", "log": log_url, "schema": SCHEMA, "driverBatchRecords": "0"}
+    cfg = prepare(engine_config(tmp_path), options)
     assert cfg.co_located
     return dataclasses.replace(cfg, piece_records=100), events
 
@@ -303,8 +305,8 @@ def test_a_bucket_checkpoint_steals_on_the_drivers_machine_and_stays_exact(
         output=f"{s3_url}/output/flags",
         state=StateConfig(local_dir=local, durable=f"{s3_url}/state"),
     )
-    cfg = prepare(engine, {"topic": "events", "log": log_url, "schema": SCHEMA})
-    cfg = dataclasses.replace(cfg, piece_records=100)
+    options = {"topic": "events", "log": log_url, "schema": SCHEMA, "driverBatchRecords": "0"}
+    cfg = dataclasses.replace(prepare(engine, options), piece_records=100)
     assert cfg.co_located and lopsided(batch_groups(log_url))
     batches = open_batches(engine.checkpoint)
     ends = riverbed.log.open(log_url).offsets("events")

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +63,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Co-located batches up to this many records can run in the driver process (local
+# masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
+# own work. Off unless the source option driverBatchRecords asks for it (docs/stream.md).
+DRIVER_BATCH_RECORDS = 0
+
 
 class NotCoLocatedError(RiverbedError):
     """A co-located task found a key that belongs to another state partition."""
@@ -78,6 +85,9 @@ class DirectConfig:
     starting: str = "earliest"  # startingOffsets: where a first batch starts
     steal: bool = True  # co-located tasks done early help the others (steal.py)
     piece_records: int = PIECE  # co-located tasks claim and help with pieces this big
+    # co-located batches of at most this many records, with a local master, run in the
+    # driver process instead of as a Spark job (DRIVER_BATCH_RECORDS; 0: never)
+    driver_records: int = 0
 
 
 @dataclass
@@ -246,6 +256,68 @@ def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
     return out
 
 
+def in_driver(records: int, limit: int, master: str) -> bool:
+    """Whether a co-located batch of ``records`` runs in the driver process: at most
+    ``limit`` records (0: never) and a ``local``/``local[…]`` master, whose tasks run in
+    this machine's Python workers with this machine's state directory anyway (not
+    ``local-cluster``, whose executors stand for other machines)."""
+    return 0 < records <= limit and (master == "local" or master.startswith("local["))
+
+
+def task_attempts(master: str) -> int:
+    """How many times Spark runs a failing task under a local master: ``local[N,F]``
+    gives F, any other local master 1 (Spark ignores spark.task.maxFailures there)."""
+    found = re.fullmatch(r"local\[[^,\]]+,\s*(\d+)\]", master.strip())
+    return max(1, int(found.group(1))) if found else 1
+
+
+def _attempted(task: Any, index: int, attempts: int) -> Any:
+    """``task(index)`` run in the driver, retried as Spark retries a failed task (a
+    task's work is idempotent: a retry re-commits the same state version)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return task(index)
+        except DriverFencedError:
+            raise
+        except Exception as exc:
+            if attempt == attempts:
+                raise
+            log.warning("task %s failed in the driver (attempt %s): %s", index, attempt, exc)
+    raise AssertionError("unreachable")
+
+
+def _colocated_job(
+    sc: Any,
+    cfg: DirectConfig,
+    batch_id: int,
+    watermark: int,
+    previous: int,
+    groups: list[list[LogSlice]],
+) -> list[list[tuple[pd.DataFrame, Side]]]:
+    """The co-located tasks as one Spark job, one task per group, with a work-stealing
+    board when the groups are lopsided."""
+    spec = cfg.engine.spec
+    board = None
+    # the board is a directory every task reaches (none: tasks on other machines
+    # with a bucket's checkpoint)
+    handoff = handoff_dir(cfg.engine.checkpoint, cfg.engine.state.local_dir, spec.name, sc.master)
+    if cfg.steal and lopsided(groups) and handoff is not None:
+        cfg.engine.fence()  # a replaced driver writes nothing, not even a board
+        board = Board.create(handoff, batch_id)
+    task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
+    try:
+        results: list[list[tuple[pd.DataFrame, Side]]] = (
+            sc.parallelize(range(len(groups)), len(groups)).map(task).collect()
+        )
+    finally:
+        if board is not None:
+            # a replaced driver deletes nothing either: the sweep removes its board
+            with contextlib.suppress(DriverFencedError):
+                cfg.engine.fence()
+                board.remove()
+    return results
+
+
 def run_batch(
     spark: Any,
     cfg: DirectConfig,
@@ -270,24 +342,19 @@ def run_batch(
         # (longest-processing-time), each task merges its partitions in turn, and a
         # task done early reads pieces of the others' slices for them (steal.py).
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
-        board = None
-        # the board is a directory every task reaches (none: tasks on other machines
-        # with a bucket's checkpoint)
-        handoff = handoff_dir(
-            cfg.engine.checkpoint, cfg.engine.state.local_dir, spec.name, sc.master
-        )
-        if cfg.steal and lopsided(groups) and handoff is not None:
-            cfg.engine.fence()  # a replaced driver writes nothing, not even a board
-            board = Board.create(handoff, batch_id)
-        task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
-        try:
-            results = sc.parallelize(range(len(groups)), len(groups)).map(task).collect()
-        finally:
-            if board is not None:
-                # a replaced driver deletes nothing either: the sweep removes its board
-                with contextlib.suppress(DriverFencedError):
-                    cfg.engine.fence()
-                    board.remove()
+        if in_driver(sum(s.end - s.start for s in work), cfg.driver_records, sc.master):
+            # a small batch: a Spark job's own cost (~100 ms here, docs/stream.md) would
+            # be most of its time; the same tasks run here, one after another, no board
+            # (a thread per task: a task's time is mostly RocksDB and fsync, which let go
+            # of the GIL)
+            task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
+            attempts = task_attempts(sc.master)
+            with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
+                results = list(
+                    pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
+                )
+        else:
+            results = _colocated_job(sc, cfg, batch_id, watermark, previous, groups)
         for group_rows in results:
             for rows, part_side in group_rows:
                 frames.append(rows)
@@ -457,6 +524,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     steal = str(options.get("steal", "true")).lower()
     if steal not in ("true", "false"):
         raise StreamValueError(f"steal must be true or false, not {steal!r}")
+    driver_records = _count_option(options, "driverBatchRecords", DRIVER_BATCH_RECORDS)
     topic_log = riverbed.log.open(options["log"])
     try:
         if options["topic"] not in topic_log.topics():
@@ -480,4 +548,29 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
             f"schema ({', '.join(schema.fieldNames())}) does not have"
         )
-    return DirectConfig(config, options, schema, co_located, max_records, starting, steal == "true")
+    return DirectConfig(
+        config,
+        options,
+        schema,
+        co_located,
+        max_records,
+        starting,
+        steal == "true",
+        driver_records=driver_records,
+    )
+
+
+def _count_option(options: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative whole-number source option (case as Spark's: any)."""
+    given = {k.lower(): v for k, v in options.items()}.get(name.lower())
+    if given is None:
+        return default
+    try:
+        value = int(str(given))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise StreamValueError(
+            f"{name} must be a whole number of records, 0 or more, not {given!r}"
+        )
+    return value

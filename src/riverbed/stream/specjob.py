@@ -59,13 +59,15 @@ _CAUSE = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Fault)): (.+)$", re
 
 def root_cause(exc: BaseException) -> str:
     """The innermost ``SomeError: message`` line of a Spark failure (whose text nests
-    the JVM's and the Python worker's tracebacks), else its first line."""
+    the JVM's and the Python worker's tracebacks), else ``SomeError: <first line>`` of
+    the exception itself (a task that ran in the driver raised it directly)."""
     text = str(exc)
     causes = [m for m in _CAUSE.finditer(text) if "py4j" not in m.group(1).lower()]
     if causes:
         name, message = causes[-1].groups()
         return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 @dataclass(frozen=True)
