@@ -344,9 +344,8 @@ def run_batch(
         groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
         if in_driver(sum(s.end - s.start for s in work), cfg.driver_records, sc.master):
             # a small batch: a Spark job's own cost (~100 ms here, docs/stream.md) would
-            # be most of its time; the same tasks run here, one after another, no board
-            # (a thread per task: a task's time is mostly RocksDB and fsync, which let go
-            # of the GIL)
+            # be most of its time; the same tasks run here, a thread each (their time is
+            # mostly RocksDB and fsync, which let go of the GIL), with no board
             task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
             attempts = task_attempts(sc.master)
             with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
