@@ -190,3 +190,79 @@ def test_typed_frames_round_trip_any_values(rows: list[dict[str, Any]], cut: int
     assert [r.key for r in got] == [r.key for r in records]
     cut = min(cut, len(rows))
     assert batch.slice(cut, len(rows)).values.to_pylist() == want[cut:]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(-(2**40), 2**40),
+            st.sampled_from(["a", "b", "c", "é", ""]),
+            st.integers(0, 2**41),  # ms since the epoch
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    by_time=st.booleans(),
+    unit=st.sampled_from(["us", "ns", "ms"]),
+)
+def test_an_arrow_table_goes_as_columns_and_stores_what_the_row_path_stores(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[tuple[int, str, int]],
+    by_time: bool,
+    unit: str,
+) -> None:
+    """A table of the topic's types, keyed by a column, is written without a Python object
+    per record on a file log; partition, offset, key, value and (with a timestamp field)
+    timestamp of every record are what sending its rows as dicts gives."""
+    import pyarrow as pa
+
+    log = riverbed.log.open(tmp_path_factory.mktemp("log"))
+    for name in ("columns", "rows"):
+        log.create_topic(name, 3, schema=SCHEMA)
+    table = pa.table(
+        {
+            "user_id": pa.array([r[0] for r in rows], pa.int64()),
+            "flag": pa.array([r[1] for r in rows]),
+            "ts": pa.array([r[2] for r in rows], pa.int64())
+            .cast(pa.timestamp("ms", tz="UTC"))
+            .cast(pa.timestamp(unit, tz="UTC")),
+        }
+    )
+    stamp = "ts" if by_time else None
+    producer = log.producer("columns")
+    assert producer._columns(table, "flag", stamp) is not None  # the columnar path is taken
+    got = producer.send_batch(table, key_field="flag", timestamp_field=stamp)
+    want = log.producer("rows").send_batch(
+        table.to_pylist(), key_field="flag", timestamp_field=stamp
+    )
+    assert [(m.partition, m.offset) for m in got] == [(m.partition, m.offset) for m in want]
+    for p in range(3):
+        a, b = log.read("columns", p, 0, 100), log.read("rows", p, 0, 100)
+        assert [(r.key, r.value) for r in a] == [(r.key, r.value) for r in b]
+        if by_time:
+            assert [r.timestamp for r in a] == [r.timestamp for r in b]
+
+
+def test_a_table_the_columns_cannot_take_goes_the_row_path_and_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """Wrong column types, an unknown column, a null key: the row path, which names the
+    record and field, and writes nothing."""
+    import pyarrow as pa
+
+    log = riverbed.log.open(tmp_path / "log")
+    log.create_topic("clicks", 2, schema=SCHEMA)
+    producer = log.producer("clicks")
+    ints_as_text = pa.table({"user_id": ["1", "x"], "flag": ["a", "b"]})
+    assert producer._columns(ints_as_text, "flag", None) is None
+    with pytest.raises(RecordRejectedError, match="record 0: field 'user_id' is '1'"):
+        producer.send_batch(ints_as_text, key_field="flag")
+    extra = pa.table({"user_id": [1], "flag": ["a"], "flga": ["a"]})
+    with pytest.raises(RecordRejectedError, match="field 'flga' is not in"):
+        producer.send_batch(extra, key_field="flag")
+    null_key = pa.table({"user_id": [1, 2], "flag": ["a", None]})
+    assert producer._columns(null_key, "flag", None) is None
+    assert sum(ends(log, "clicks")) == 0
+    producer.send_batch(null_key, key_field="flag")  # the row path: a null key is no key
+    assert sum(ends(log, "clicks")) == 2

@@ -215,6 +215,9 @@ class LogStorage(ABC):
     url: str
     waits = False  # whether wait() blocks until an append (else callers poll)
     idempotent = False  # whether append_once() recognises a client's retried batch
+    # whether append_columns() writes the columns as they are, with no Python object per
+    # record (a producer then sends an Arrow table that way: Producer.send_batch)
+    columnar = False
 
     @abstractmethod
     def create_topic(self, config: TopicConfig) -> None: ...

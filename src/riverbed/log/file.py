@@ -103,6 +103,8 @@ log = logging.getLogger(__name__)
 
 
 class FileLogStorage(LogStorage):
+    columnar = True  # append_columns encodes the columns as given
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = f"file://{root}"

@@ -9,11 +9,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
 from riverbed.log.errors import LogError, LogValueError, SerdeError
 from riverbed.log.group.consumer import Consumer
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
-from riverbed.log.records import RawRecord, Record, RecordMetadata, now_ms
+from riverbed.log.records import ColumnBatch, RawRecord, Record, RecordMetadata, now_ms
+from riverbed.log.schema import schema_of
 from riverbed.log.serdes import BUILTIN_SERDES, Serde
 
 if TYPE_CHECKING:
@@ -281,9 +286,104 @@ class Producer:
         key_field: str | None = None,
         timestamp_field: str | None = None,
     ) -> list[RecordMetadata]:
-        """Append many values (dicts, or rows of a ``pyarrow.Table``) as batches."""
+        """Append many values (dicts, or rows of a ``pyarrow.Table``) as batches. An Arrow
+        table whose columns already have a typed topic's types, keyed by a column, goes
+        to storages that write columns as they are (:attr:`LogStorage.columnar`)
+        without a Python object per record."""
+        columns = self._columns(values, key_field, timestamp_field)
+        if columns is not None:
+            return self._append_columns(*columns)
         items, typed = self._items(values, key_field, timestamp_field)
         return self._append(items, typed)
+
+    def _columns(
+        self, values: Any, key_field: str | None, timestamp_field: str | None
+    ) -> tuple[np.ndarray, ColumnBatch] | None:
+        """An Arrow table (or record batch) as one batch of columns and each row's
+        partition — when it can go that way with exactly the row path's outcome: a
+        typed topic on a columnar storage, the key-hash partitioner and a key column
+        without nulls, every column of the topic's type (timestamps of any unit), an
+        aware or integer timestamp column without nulls. ``None``: take the row path
+        (which also names a value that does not fit)."""
+        if not (
+            self.log.storage.columnar
+            and self._schema is not None
+            and isinstance(values, pa.Table | pa.RecordBatch)
+            and len(values)
+            and key_field in values.column_names
+            and self._partitioner.name == "key-hash"
+        ):
+            return None
+        schema = schema_of(self._schema)
+        names = values.column_names
+        if schema is None or not set(names) <= set(schema.names):
+            return None
+        n = len(values)
+
+        def column(name: str) -> pa.Array:
+            col = values.column(name)
+            return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+        arrays = []
+        for field in schema:
+            if field.name not in names:
+                arrays.append(pa.nulls(n, field.type))
+                continue
+            col = column(field.name)
+            if col.type != field.type:
+                if not (pa.types.is_timestamp(col.type) and pa.types.is_timestamp(field.type)):
+                    return None
+                try:
+                    col = pc.cast(col, field.type)  # a lossless unit change, naive = UTC
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    return None
+            arrays.append(col)
+        keys = column(str(key_field))
+        if keys.null_count:
+            return None
+        if timestamp_field is None:
+            stamps = np.full(n, now_ms(), dtype=np.int64)
+        else:
+            if timestamp_field not in names:
+                return None
+            col = column(timestamp_field)
+            if col.null_count:
+                return None
+            if pa.types.is_timestamp(col.type) and col.type.tz is not None:
+                ms = pc.cast(col, pa.timestamp("ms", tz=col.type.tz), safe=False)
+                stamps = ms.cast(pa.int64()).to_numpy()
+            elif pa.types.is_integer(col.type):
+                stamps = col.to_numpy().astype(np.int64)
+            else:
+                return None  # naive or not a time: the row path says why
+        # the partitioner runs once per distinct key, as the row path would per record
+        encoded = pc.dictionary_encode(keys)
+        distinct = [_key_bytes(k) for k in encoded.dictionary.to_pylist()]
+        parts = np.array(
+            [self._partitioner.partition(k, self._partitions) for k in distinct], np.int64
+        )
+        indices = encoded.indices
+        batch = ColumnBatch(
+            stamps,
+            pa.array(distinct, pa.binary()).take(indices),
+            pa.StructArray.from_arrays(arrays, fields=list(schema)),
+            None,
+        )
+        return parts[indices.to_numpy()], batch
+
+    def _append_columns(self, partitions: np.ndarray, batch: ColumnBatch) -> list[RecordMetadata]:
+        """Append ``batch`` as one batch per partition; its rows' coordinates in order."""
+        out: list[RecordMetadata | None] = [None] * len(batch)
+        for p in np.unique(partitions).tolist():
+            rows = np.flatnonzero(partitions == p)
+            take = pa.array(rows)
+            part = ColumnBatch(
+                batch.timestamps_ms[rows], batch.keys.take(take), batch.values.take(take), None
+            )
+            base = self.log.storage.append_columns(self.topic, p, part)
+            for n, i in enumerate(rows.tolist()):
+                out[i] = RecordMetadata(self.topic, p, base + n)
+        return [m for m in out if m is not None]
 
     def send_batch_async(
         self,
