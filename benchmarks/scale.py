@@ -155,15 +155,29 @@ def start_driver(spec: Path, env: dict[str, str], per_batch: int, log: Path) -> 
     )  # fmt: skip
 
 
-def committed(checkpoint: Path) -> list[tuple[int, int, float]]:
-    """(batch, input, duration ms) of every committed batch."""
-    batches = open_batches(checkpoint)
-    out = []
-    for b in batches.ids():
-        r = batches.get(b)
-        if r is not None and r.done:
-            out.append((b, r.input or 0, float(sum((r.ms or {}).values()))))
-    return out
+class Ledger:
+    """What the driver has committed: the running input total (the newest committed
+    record's ``totals``) and every committed batch's input and duration, collected as
+    they appear (retention deletes records older than 100 versions)."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.checkpoint = checkpoint
+        self.batches: dict[int, tuple[int, float]] = {}  # batch → (input, duration ms)
+        self.total = 0
+
+    def poll(self) -> int:
+        if not self.checkpoint.exists():
+            return 0
+        records = open_batches(self.checkpoint)
+        for b in records.ids():
+            if b in self.batches:
+                continue
+            r = records.get(b)
+            if r is None or not r.done:
+                continue
+            self.batches[b] = (r.input or 0, float(sum((r.ms or {}).values())))
+            self.total = max(self.total, int((r.totals or {}).get("input", 0)))
+        return self.total
 
 
 def main() -> None:
@@ -204,14 +218,14 @@ def main() -> None:
     began = time.monotonic()
     producer.start()
     driver = start_driver(spec, env, args.per_batch, root / "driver.log")
+    ledger = Ledger(checkpoint)
     samples: list[tuple[float, int, float, float, float]] = []  # t, input, rss, worker, state
     restarted_at: float | None = None
     first_after: float | None = None
     try:
         while True:
             time.sleep(0.5)
-            done = committed(checkpoint) if checkpoint.exists() else []
-            total = sum(i for _, i, _ in done)
+            total = ledger.poll()
             rss, worker = tree_rss(driver.pid)
             samples.append((time.monotonic() - began, total, rss, worker, du_mb(home / "state")))
             if restarted_at is None and total >= args.events // 2:
@@ -237,8 +251,9 @@ def main() -> None:
                 driver.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(driver.pid, signal.SIGKILL)
-    report(args, checkpoint, samples, elapsed, first_after)
-    verify(args, home, parquet, checkpoint)
+    ledger.poll()
+    report(args, ledger, samples, elapsed, first_after)
+    verify(args, home, parquet, ledger)
     if args.keep:
         print(f"kept {root}")
     else:
@@ -247,12 +262,12 @@ def main() -> None:
 
 def report(
     args: argparse.Namespace,
-    checkpoint: Path,
+    ledger: Ledger,
     samples: list[tuple[float, int, float, float, float]],
     elapsed: float,
     first_after: float | None,
 ) -> None:
-    batches = committed(checkpoint)
+    batches = [(b, n, ms) for b, (n, ms) in sorted(ledger.batches.items())]
     print(
         f"\n{'quarter':>8} {'events/s':>10} {'RSS MB':>8} {'worker MB':>10} {'state MB':>9} "
         f"{'batch p50 ms':>13} {'p99 ms':>8} {'batches':>8}"
@@ -296,11 +311,15 @@ def report(
         )
 
 
-def verify(args: argparse.Namespace, home: Path, parquet: Path, checkpoint: Path) -> None:
+def verify(args: argparse.Namespace, home: Path, parquet: Path, ledger: Ledger) -> None:
     import duckdb
 
-    counted = sum(n for _, n, _ in committed(checkpoint))
-    print(f"committed input: {counted:,} of {args.events:,} produced", end="; ")
+    counted = sum(n for n, _ in ledger.batches.values())
+    print(
+        f"committed input: {ledger.total:,} of {args.events:,} produced (the batches seen: "
+        f"{counted:,} in {len(ledger.batches)})",
+        end="; ",
+    )
     t = time.perf_counter()
     want = duckdb.sql(
         f"""SELECT flag AS key, epoch_ms(time_bucket(INTERVAL 1 HOUR, ts)) AS w,
