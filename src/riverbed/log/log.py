@@ -373,17 +373,17 @@ class Producer:
 
     def _append_columns(self, partitions: np.ndarray, batch: ColumnBatch) -> list[RecordMetadata]:
         """Append ``batch`` as one batch per partition; its rows' coordinates in order."""
-        out: list[RecordMetadata | None] = [None] * len(batch)
+        by_partition: dict[int, list[int]] = {}
+        bases = []
         for p in np.unique(partitions).tolist():
             rows = np.flatnonzero(partitions == p)
             take = pa.array(rows)
             part = ColumnBatch(
                 batch.timestamps_ms[rows], batch.keys.take(take), batch.values.take(take), None
             )
-            base = self.log.storage.append_columns(self.topic, p, part)
-            for n, i in enumerate(rows.tolist()):
-                out[i] = RecordMetadata(self.topic, p, base + n)
-        return [m for m in out if m is not None]
+            bases.append(self.log.storage.append_columns(self.topic, p, part))
+            by_partition[p] = rows.tolist()
+        return self._metadata(len(batch), by_partition, bases)
 
     def send_batch_async(
         self,
@@ -413,7 +413,7 @@ class Producer:
             except Exception as exc:
                 done.set_exception(exc)
             else:
-                done.set_result(self._metadata(items, by_partition, bases))
+                done.set_result(self._metadata(len(items), by_partition, bases))
 
         if not futures:  # nothing to send
             done.set_result([])
@@ -451,12 +451,11 @@ class Producer:
         return by_partition, parts
 
     def _metadata(
-        self,
-        items: Sequence[tuple[int, RawRecord]],
-        by_partition: Mapping[int, list[int]],
-        bases: Sequence[int],
+        self, count: int, by_partition: Mapping[int, list[int]], bases: Sequence[int]
     ) -> list[RecordMetadata]:
-        out: list[RecordMetadata | None] = [None] * len(items)
+        """The coordinates of ``count`` records in the caller's order: those at
+        ``by_partition[p]`` were appended to partition p from ``bases``' offset on."""
+        out: list[RecordMetadata | None] = [None] * count
         for (p, indexes), base in zip(by_partition.items(), bases, strict=True):
             for n, i in enumerate(indexes):
                 out[i] = RecordMetadata(self.topic, p, base + n)
@@ -468,7 +467,7 @@ class Producer:
         """Append ``items`` per partition; ``typed``: their checked values, if known."""
         by_partition, parts = self._parts(items, typed)
         bases = self.log.storage.append_parts(self.topic, parts)
-        return self._metadata(items, by_partition, bases)
+        return self._metadata(len(items), by_partition, bases)
 
     def __enter__(self) -> Producer:
         return self
