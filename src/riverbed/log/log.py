@@ -17,7 +17,14 @@ from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
 from riverbed.log.errors import LogError, LogValueError, SerdeError
 from riverbed.log.group.consumer import Consumer
 from riverbed.log.partitioners import BUILTIN_PARTITIONERS, Partitioner
-from riverbed.log.records import ColumnBatch, RawRecord, Record, RecordMetadata, now_ms
+from riverbed.log.records import (
+    ColumnBatch,
+    RawRecord,
+    Record,
+    RecordMetadata,
+    epoch_ms,
+    now_ms,
+)
 from riverbed.log.schema import schema_of
 from riverbed.log.serdes import BUILTIN_SERDES, Serde
 
@@ -37,7 +44,7 @@ def _ts_ms(ts: datetime | int | None) -> int:
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             raise LogValueError(f"naive timestamp {ts!r}: use a timezone-aware (UTC) datetime")
-        return int(ts.timestamp() * 1000)
+        return epoch_ms(ts)
     return int(ts)
 
 
