@@ -87,7 +87,7 @@ class DirectConfig:
     piece_records: int = PIECE  # co-located tasks claim and help with pieces this big
     # co-located batches of at most this many records, with a local master, run in the
     # driver process instead of as a Spark job (DRIVER_BATCH_RECORDS; 0: never)
-    driver_records: int = 0
+    driver_records: int = DRIVER_BATCH_RECORDS
 
 
 @dataclass
