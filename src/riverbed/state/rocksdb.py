@@ -92,7 +92,14 @@ class RocksEngine(Engine):
     def open(self, path: Path) -> LocalDB:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            db = Rdict(str(path), _options())
+            # Both column families named, never read back from the DB's OPTIONS file:
+            # RocksDB writes that file *after* it records a new column family, so a
+            # process killed in between leaves a DB whose latest OPTIONS file lacks
+            # ``riverbed`` — and rocksdict, left to load the families itself, then
+            # opens without it and RocksDB refuses ("Column families not opened").
+            # Named, a new DB gets both in one open and an old one opens whatever its
+            # OPTIONS files say.
+            db = Rdict(str(path), _options(), column_families={_META_CF: _options()})
         except Exception as exc:  # rocksdict raises a bare Exception for I/O errors
             if "LOCK" in str(exc):
                 raise PartitionBusyError(
@@ -101,8 +108,6 @@ class RocksEngine(Engine):
                     "local directory"
                 ) from exc
             raise StateError(f"cannot open state database {path}: {exc}") from exc
-        if _META_CF not in Rdict.list_cf(str(path)):
-            db.create_column_family(_META_CF, _options())
         return RocksLocalDB(db)
 
     def restore(self, checkpoint: Path, path: Path) -> None:
