@@ -37,7 +37,7 @@ from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.records import open_batches
 from riverbed.stream.specjob import committed_ends
 from riverbed.stream.windows import Tumbling
-from riverbed.testing import KafkaServer, free_port
+from riverbed.testing import KafkaCluster, KafkaServer, free_port
 from tests.stream.conftest import make_events
 from tests.stream.crashes import kill_while_batches_run
 from tests.stream.test_kafka_sink import read_topic
@@ -59,6 +59,25 @@ def test_a_well_formed_source_becomes_sparks_options() -> None:
     assert raw.schema is None and raw.format == "raw"
 
 
+AVRO = {
+    "type": "record",
+    "name": "Click",
+    "fields": [
+        {"name": "user_id", "type": "long"},
+        {"name": "flag", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+def test_an_avro_source_takes_its_schema_as_json_text_or_a_dict() -> None:
+    as_text = parse({"kafka": {**GOOD, "format": "avro", "schema": json.dumps(AVRO, indent=2)}})
+    as_dict = parse({"kafka": {**GOOD, "format": "avro", "schema": AVRO}})
+    assert as_text == as_dict and as_text.format == "avro"
+    assert as_text.schema is not None and json.loads(as_text.schema) == AVRO
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -66,7 +85,11 @@ def test_a_well_formed_source_becomes_sparks_options() -> None:
         ({"bootstrap": "broker-1"}, "is not host:port"),
         ({"topic": ""}, "needs 'topic'"),
         ({"schema": None}, "needs 'schema'"),
-        ({"format": "avro"}, "Avro needs spark-avro"),
+        ({"format": "avro"}, "is not JSON"),
+        ({"format": "avro", "schema": {"type": "string"}}, "the Avro schema of the values"),
+        ({"format": "avro", "schema": '{"type": "record", "fields": []}'}, "needs 'fields'"),
+        ({"format": "avro", "schema": None}, "the Avro schema of the values, a record"),
+        ({"format": "protobuf"}, "is not one of json, avro, raw"),
         ({"format": "raw"}, "drop 'schema'"),
         ({"options": {"subscribe": "other"}}, "are riverbed's to set"),
         ({"options": "x"}, "must be a dict"),
@@ -229,6 +252,76 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     assert batches.ids() == ids
 
 
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
+) -> None:
+    """Values encoded by fastavro (not by Spark) with the writer's schema; a value that
+    is not a datum of it is malformed, not a failed batch."""
+    import io
+
+    import fastavro
+    from confluent_kafka import Producer
+
+    spec = Aggregation(
+        name="avro_clicks",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="100h",
+        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
+        state_partitions=2,
+    )
+    events = make_events(2000, hours=4, seed=11)
+    kafka_server.create_topic(kafka_topic, partitions=3)
+    parsed = fastavro.parse_schema(AVRO)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap})
+    epoch_ms = events["ts"].astype("int64") // 1_000_000
+    for i, (u, f, a, ms) in enumerate(
+        zip(events["user_id"], events["flag"], events["amount"], epoch_ms, strict=True)
+    ):
+        out = io.BytesIO()
+        record = {"user_id": int(u), "flag": f, "amount": float(a), "ts": int(ms)}
+        fastavro.schemaless_writer(out, parsed, record)
+        producer.produce(kafka_topic, key=f, value=out.getvalue(), partition=i % 3)
+    for bad in (b"", b"\xff"):  # nothing to decode; a varint cut short
+        producer.produce(kafka_topic, value=bad, partition=0)
+    assert producer.flush(30) == 0
+
+    source = {
+        "kafka": {
+            "bootstrap": kafka_server.bootstrap,
+            "topic": kafka_topic,
+            "format": "avro",
+            "schema": json.dumps(AVRO),
+            "options": {"maxOffsetsPerTrigger": "800"},
+        }
+    }
+    query = start(
+        spark,
+        spec,
+        source,
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+
+    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
+    want = _oracle(events)
+    assert list(got["key"]) == list(want["key"])
+    assert list(got["window_start"]) == list(want["window_start"])
+    assert list(got["events"]) == list(want["events"]), "double or missing counts"
+    assert list(got["users"]) == list(want["users"])
+    assert list(got["total"]) == list(want["total"])
+    batches = open_batches(tmp_path / "ckpt")
+    records = [batches.get(b) for b in batches.ids()]
+    assert sum(r.malformed or 0 for r in records if r is not None) == 2
+    assert sum(r.input or 0 for r in records if r is not None) == len(events)
+
+
 def _delete_records(bootstrap: str, topic: str, partition: int) -> None:
     """Everything in ``partition`` deleted, as retention would."""
     from confluent_kafka import OFFSET_END, TopicPartition
@@ -324,14 +417,23 @@ def _read_back(bootstrap: str, topic: str) -> pd.DataFrame:
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.slow
-def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_back(
-    kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, subprocess_env: dict[str, str]
+def test_stream_run_killed_five_times_and_a_broker_lost_equal_the_topic_read_back(
+    kafka_topic: str, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
-    kafka_server.create_topic(kafka_topic, partitions=3)
+    """Three brokers, the topic on all three: one is SIGKILLed mid-stream (a lost
+    machine) and comes back later, while the driver is SIGKILLed five times."""
+    with KafkaCluster(3, tmp_path / "kafka") as kafka:
+        _chaos(kafka, kafka_topic, tmp_path, subprocess_env)
+
+
+def _chaos(
+    kafka: KafkaCluster, kafka_topic: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    kafka.create_topic(kafka_topic, partitions=3)
     home = tmp_path / "home"
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
     spec = tmp_path / "spec.py"
-    spec.write_text(CHAOS_SPEC.format(bootstrap=kafka_server.bootstrap, topic=kafka_topic))
+    spec.write_text(CHAOS_SPEC.format(bootstrap=kafka.bootstrap, topic=kafka_topic))
     events = make_events(9000, hours=8, seed=11)
     done = threading.Event()
 
@@ -339,9 +441,7 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
         try:
             for i in range(30):
                 part = events.iloc[i * 300 : (i + 1) * 300]
-                _produce(
-                    kafka_server.bootstrap, kafka_topic, part, malformed=1 if i % 7 == 0 else 0
-                )
+                _produce(kafka.bootstrap, kafka_topic, part, malformed=1 if i % 7 == 0 else 0)
                 time.sleep(1.0)
         finally:
             done.set()
@@ -360,13 +460,15 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
         "--ttl",
         "3",
         "--topic",  # and the results to a Kafka topic, one transaction per batch
-        f"kafka://{kafka_server.bootstrap}/{kafka_topic}-results",
+        f"kafka://{kafka.bootstrap}/{kafka_topic}-results",
     ]
     batches = Checkpoint(home / "checkpoints" / "kchaos").batches
 
-    def restart_broker(k: int) -> None:
-        if k == 2:
-            kafka_server.restart()  # mid-stream: the driver rides it out (or is killed next)
+    def lose_a_broker(k: int) -> None:
+        if k == 1:
+            kafka.kill(0)  # mid-stream: the others lead its partitions
+        elif k == 3:
+            kafka.start_node(0)  # back with its log; it catches up
 
     kills = kill_while_batches_run(
         command,
@@ -375,7 +477,7 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
         kills=KILLS,
         rng=random.Random(7),
         delay=(0.5, 4.0),
-        before_kill=restart_broker,
+        before_kill=lose_a_broker,
         must_run=True,
     )
     producer.join(120)
@@ -393,7 +495,7 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
 
-    want = _oracle(_read_back(kafka_server.bootstrap, kafka_topic))
+    want = _oracle(_read_back(kafka.bootstrap, kafka_topic))
     got = read_results(home / "output" / "kchaos").sort_values(
         ["window_start", "key"], ignore_index=True
     )
@@ -402,4 +504,4 @@ def test_stream_run_killed_five_times_and_a_broker_restart_equal_the_topic_read_
     assert list(got["events"]) == list(want["events"]), "double or missing counts"
     assert list(got["users"]) == list(want["users"])
     assert list(got["total"]) == list(want["total"])
-    _assert_results_topic(kafka_server.bootstrap, f"{kafka_topic}-results", want)
+    _assert_results_topic(kafka.bootstrap, f"{kafka_topic}-results", want)

@@ -6,7 +6,8 @@ An aggregation reads a Kafka topic with ``source = {"kafka": {...}}``::
         "bootstrap": "broker-1:9092,broker-2:9092",
         "topic": "clicks",
         "schema": "user_id long, flag string, ts timestamp",
-        "format": "json",                 # or "raw": key, value (strings), ts (Kafka's)
+        "format": "json",                 # or "avro" (schema: the value's Avro schema),
+                                          # or "raw": key, value (strings), ts (Kafka's)
         "startingOffsets": "earliest",    # or "latest", or Spark's JSON per partition
         "options": {"kafka.security.protocol": "SASL_SSL", ...},  # passed to Spark as is
     }}
@@ -17,8 +18,15 @@ from the jar cache) and aggregated on the DataFrame path of
 which Kafka offsets each batch id read, and riverbed's batch records (the state version,
 the result table, the sinks) are keyed by that batch id — so a batch replayed after a
 crash reads the same offsets and replaces its own output: state and results exactly
-once. A JSON value that is not an object of the schema's fields (or lacks the key or the
-time) is *malformed*: counted, and sent to the aggregation's ``.dlq`` topic.
+once. A JSON value that is not an object of the schema's fields, an Avro value that
+does not decode with the schema (or either without the key or the time) is *malformed*:
+counted, and sent to the aggregation's ``.dlq`` topic.
+
+Avro values are single Avro datums in Avro's binary encoding, read with the writer's
+schema given as ``schema`` (Avro's JSON, as text or a dict) by Spark's own ``from_avro``
+(``spark-avro`` from the jar cache); ``timestamp-millis``/``-micros`` fields are
+timestamps. Values framed for a schema registry (Confluent's 5-byte header) are not
+read: the schema would have to come from the registry.
 
 :func:`parse` is the pure part (every bad option is one :class:`KafkaSourceError` that
 names the fix); :func:`frame` builds the streaming DataFrame; :func:`check` asks the
@@ -27,6 +35,7 @@ brokers, with a Kafka client, whether the topic is there before Spark starts.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +48,7 @@ __all__ = [
     "FORMATS",
     "KafkaSource",
     "KafkaSourceError",
+    "avro_schema",
     "check",
     "frame",
     "is_kafka",
@@ -51,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("json", "raw")
+FORMATS = ("json", "avro", "raw")
 SCHEME = "kafka://"  # a Kafka source's label: kafka://<bootstrap>/<topic>
 _KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options"}
 # options riverbed sets itself: a user's would silently change what a batch reads
@@ -66,7 +76,7 @@ class KafkaSourceError(InvalidValueError):
 class KafkaSource:
     bootstrap: str
     topic: str
-    schema: str | None  # DDL of the JSON value's fields (json); None for raw
+    schema: str | None  # json: DDL of the value's fields; avro: its Avro schema (JSON)
     format: str = "json"
     starting_offsets: str = "earliest"
     options: Mapping[str, str] = field(default_factory=dict)
@@ -183,9 +193,10 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
         )
     fmt = str(raw.get("format", "json"))
     if fmt not in FORMATS:
-        hint = " (Avro needs spark-avro, not in the jar cache yet)" if fmt == "avro" else ""
-        raise KafkaSourceError(f"Kafka format {fmt!r} is not one of {', '.join(FORMATS)}{hint}")
+        raise KafkaSourceError(f"Kafka format {fmt!r} is not one of {', '.join(FORMATS)}")
     schema = raw.get("schema")
+    if fmt == "avro":
+        schema = avro_schema(schema)
     if fmt == "json" and not (isinstance(schema, str) and schema.strip()):
         raise KafkaSourceError(
             "a JSON Kafka source needs 'schema': the value's fields as DDL, e.g. "
@@ -208,7 +219,7 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
     return KafkaSource(
         bootstrap=bootstrap,
         topic=topic,
-        schema=str(schema).strip() if fmt == "json" else None,
+        schema=str(schema).strip() if fmt != "raw" else None,
         format=fmt,
         starting_offsets=str(raw.get("startingOffsets", "earliest")),
         options={str(k): str(v) for k, v in options.items()},
@@ -227,6 +238,39 @@ def _text(raw: Mapping[str, Any], key: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise KafkaSourceError(f"a Kafka source needs '{key}': {what}")
     return value.strip()
+
+
+def avro_schema(schema: Any) -> str:
+    """An Avro source's ``schema`` (Avro's JSON schema of a record, as text or a dict)
+    as compact JSON; :class:`KafkaSourceError` naming the fix when it is not one."""
+    example = (
+        '{"type": "record", "name": "Click", "fields": [{"name": "user_id", "type": '
+        '"long"}, {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}'
+    )
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise KafkaSourceError(
+                f"an Avro Kafka source's 'schema' is not JSON ({exc.msg} at character "
+                f"{exc.pos}): give the value's Avro schema, e.g. {example}"
+            ) from None
+    if not isinstance(schema, Mapping) or schema.get("type") != "record":
+        raise KafkaSourceError(
+            "an Avro Kafka source needs 'schema': the Avro schema of the values, a record "
+            f"(as JSON text or a dict), e.g. {example}"
+        )
+    fields = schema.get("fields")
+    if (
+        not isinstance(fields, list)
+        or not fields
+        or not all(isinstance(f, Mapping) and isinstance(f.get("name"), str) for f in fields)
+    ):
+        raise KafkaSourceError(
+            "the Avro schema of a Kafka source needs 'fields', each with a 'name' and a "
+            f"'type', e.g. {example}"
+        )
+    return json.dumps(schema, separators=(",", ":"))
 
 
 def continuity(
@@ -313,11 +357,23 @@ def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | 
 CORRUPT = "_corrupt_record"  # where from_json puts a value it cannot parse
 
 
+def _require_spark_avro() -> None:
+    """:class:`KafkaSourceError` naming the fix when the jar cache has no spark-avro."""
+    from riverbed.spark.s3a import jar_dir, jars
+
+    if not any(p.name.startswith("spark-avro_") for p in jars()):
+        raise KafkaSourceError(
+            f"an Avro Kafka source needs Spark's spark-avro jar, and the jar cache "
+            f"{jar_dir()} has none: run `make jars` (Maven fetches it from Maven Central)"
+        )
+
+
 def frame(spark: Any, source: KafkaSource, required: list[str] | None = None) -> Any:
     """The streaming DataFrame of the topic's records: the schema's columns (json) or
     key, value, ts (raw), an ``_error`` column (null, or why the record is malformed:
     not JSON, not an object of the schema's fields, or null in a ``required`` column —
-    the aggregation's key and time), and Kafka's ``_partition`` and ``_offset``."""
+    the aggregation's key and time; for Avro, not a datum of the schema — its bytes are
+    shown in base64), and Kafka's ``_partition`` and ``_offset``."""
     from pyspark.sql import functions as F
 
     records = spark.readStream.format("kafka").options(**source.spark_options()).load()
@@ -332,6 +388,23 @@ def frame(spark: Any, source: KafkaSource, required: list[str] | None = None) ->
         ).withColumn("value", F.col("_value"))
         fields = ["key", "value", "ts"]
         broken = F.lit(False)
+    elif source.format == "avro":
+        assert source.schema is not None
+        _require_spark_avro()
+        from pyspark.sql.avro.functions import from_avro
+
+        decoded = from_avro(F.col("value"), source.schema, {"mode": "PERMISSIVE"})
+        fields = [f["name"] for f in json.loads(source.schema)["fields"]]
+        columns = records.select(
+            F.base64("value").alias("_value"), decoded.alias("_parsed"), *meta
+        ).select(
+            "_value",
+            *(F.col(f"_parsed.{name}").alias(name) for name in fields),
+            F.col("_parsed").isNull().alias("_broken"),
+            "_partition",
+            "_offset",
+        )
+        broken = F.col("_broken")
     else:
         assert source.schema is not None
         schema = f"{source.schema}, {CORRUPT} string"

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port
 
-__all__ = ["KafkaServer", "kafka_jars"]
+__all__ = ["KafkaCluster", "KafkaServer", "kafka_jars"]
 
 ENV = "RIVERBED_KAFKA_JARS"
 
@@ -41,10 +41,17 @@ def kafka_jars() -> Path:
     return directory
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id (16 random bytes, URL-safe base64, as ``kafka-storage.sh
+    random-uuid`` prints)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 class KafkaServer(_Server):
     """One KRaft node under ``data`` (a fresh temporary directory unless one is given).
     :meth:`restart` keeps its topics; :meth:`pause`/:meth:`resume` SIGSTOP and SIGCONT
-    it."""
+    it. On its own it is a one-node cluster; :class:`KafkaCluster` makes nodes of a
+    bigger one."""
 
     def __init__(self, data: Path | None = None, *, heap: str = "512m") -> None:
         self._own = data is None
@@ -54,6 +61,13 @@ class KafkaServer(_Server):
         self.controller_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_after = 0.0  # seconds from launch to answering metadata requests
+        self._began = 0.0
+        # what a node of a KafkaCluster shares with the others (one node: itself)
+        self.node_id = 1
+        self.voters = ""  # controller.quorum.voters; "" = this node alone
+        self.cluster_id = ""  # the id every node's log is formatted with; "" = a new one
+        self.replicas = 1  # replication of Kafka's own topics (offsets, transactions)
+        self.brokers = 1  # how many brokers a ready cluster reports
 
     @property
     def bootstrap(self) -> str:
@@ -61,10 +75,11 @@ class KafkaServer(_Server):
 
     def _properties(self) -> Path:
         path = self.data / "server.properties"
+        replicas, in_sync = str(self.replicas), str(max(1, self.replicas - 1))
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
                 f"PLAINTEXT://{self.bootstrap},CONTROLLER://127.0.0.1:{self.controller_port}"
             ),
@@ -74,10 +89,12 @@ class KafkaServer(_Server):
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.data / "log"),
             "num.partitions": "1",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": in_sync,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": in_sync,  # acks=all survives one node lost of three
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
@@ -105,12 +122,19 @@ class KafkaServer(_Server):
         ]
 
     def start(self) -> Self:
+        self.launch()
+        self.wait()
+        return self
+
+    def launch(self) -> None:
+        """Format the log directory the first time, and start the JVM; :meth:`wait`
+        until it answers (a node of a bigger cluster answers once a quorum is up)."""
         self.data.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port, self.controller_port = free_port(), free_port()
         props = self._properties()
         if not (self.data / "log" / "meta.properties").exists():
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster = self.cluster_id or new_cluster_id()
             formatted = subprocess.run(
                 self._java(
                     "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(props)
@@ -122,18 +146,19 @@ class KafkaServer(_Server):
             )
             if formatted.returncode != 0:
                 raise ServerError(f"formatting Kafka's log failed:\n{formatted.stderr[-2000:]}")
-        log_path = self.data / "broker.log"
-        began = time.monotonic()
-        with open(log_path, "ab") as log:
+        self._began = time.monotonic()
+        with open(self.data / "broker.log", "ab") as log:
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(props)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _wait_until(self._answers, 60, f"Kafka broker on {self.bootstrap}", log_path)
-        self.ready_after = time.monotonic() - began
-        return self
+
+    def wait(self, timeout: float = 60) -> None:
+        log_path = self.data / "broker.log"
+        _wait_until(self._answers, timeout, f"Kafka broker on {self.bootstrap}", log_path)
+        self.ready_after = time.monotonic() - self._began
 
     def _answers(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
@@ -149,19 +174,19 @@ class KafkaServer(_Server):
             ).list_topics(timeout=1)
         except Exception:  # not up yet
             return False
-        return bool(meta.brokers)
+        return len(meta.brokers) >= self.brokers
 
     def admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
         return AdminClient({"bootstrap.servers": self.bootstrap})
 
-    def create_topic(self, name: str, partitions: int = 1) -> None:
+    def create_topic(self, name: str, partitions: int = 1, replicas: int = 1) -> None:
         """Create a topic and wait until the broker serves it."""
         from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
         admin = self.admin()  # alive until the answer: its futures die with it
-        (future,) = admin.create_topics([NewTopic(name, partitions, 1)]).values()
+        (future,) = admin.create_topics([NewTopic(name, partitions, replicas)]).values()
         future.result(timeout=30)
 
     def _halt(self) -> None:
@@ -203,3 +228,55 @@ class KafkaServer(_Server):
     def resume(self) -> None:
         if self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGCONT)
+
+
+class KafkaCluster(_Server):
+    """``n`` KRaft nodes (each broker and controller; a quorum of all ``n``) on
+    127.0.0.1, Kafka's own topics and new topics replicated ``n`` times with
+    ``min.insync.replicas`` = n - 1: with three, a producer with ``acks=all`` and a
+    transaction go on while any one node is down. :meth:`kill` and :meth:`start_node`
+    take one node down and bring it back with its data."""
+
+    def __init__(self, n: int = 3, data: Path | None = None, *, heap: str = "384m") -> None:
+        self._own = data is None
+        self.data = Path(data) if data is not None else Path(tempfile.mkdtemp(prefix="rb-kafka-"))
+        self.nodes = [KafkaServer(self.data / f"node{i + 1}", heap=heap) for i in range(n)]
+        cluster_id = new_cluster_id()
+        for i, node in enumerate(self.nodes):
+            node.port, node.controller_port = free_port(), free_port()
+            node.node_id, node.cluster_id = i + 1, cluster_id
+            node.replicas = node.brokers = n
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        for node in self.nodes:
+            node.voters = voters
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self) -> Self:
+        for node in self.nodes:  # all at once: none answers before a quorum is up
+            node.launch()
+        for node in self.nodes:
+            node.wait(120)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node._halt()
+        if self._own:
+            shutil.rmtree(self.data, ignore_errors=True)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i`` (0-based): a lost machine, its data kept."""
+        self.nodes[i].kill()
+
+    def start_node(self, i: int) -> None:
+        """Bring node ``i`` back on its ports with its data; return once it answers
+        and the cluster reports all its brokers again."""
+        self.nodes[i].launch()
+        self.nodes[i].wait(120)
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        """A topic replicated on every node; returns once the brokers serve it."""
+        self.nodes[0].create_topic(name, partitions, replicas=len(self.nodes))
