@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import riverbed.log
@@ -237,3 +237,37 @@ def test_format_1_batches_are_still_read() -> None:
         RawRecord(5, b"k", b"v1", {}),
         RawRecord(6, None, b"v2", {"h": b"x"}),
     ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.binary(max_size=20), min_size=1, max_size=30), max_size=4),
+    partitions=st.integers(1, 4),
+    partitioner=st.sampled_from(["key-hash", "round-robin"]),
+)
+def test_a_list_of_bytes_goes_as_columns_and_stores_what_the_row_path_stores(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[bytes]],
+    partitions: int,
+    partitioner: str,
+) -> None:
+    """``send_batch`` of ``bytes`` values on a bytes topic of a file log takes the
+    columnar path (no Python object per record); partition, offset, key and value of
+    every record are what the row path (the same values one by one) gives."""
+    log = riverbed.log.open(tmp_path_factory.mktemp("log"))
+    for name in ("columns", "rows"):
+        log.create_topic(name, partitions, serde="bytes", partitioner=partitioner)
+    columns, rows = log.producer("columns"), log.producer("rows")
+    for values in batches:  # (asked of another producer: taking the path places records)
+        assert log.producer("columns")._bytes_columns(values) is not None
+        got = columns.send_batch(values)
+        want = [rows.send(v) for v in values]
+        assert [(m.partition, m.offset) for m in got] == [(m.partition, m.offset) for m in want]
+    for p in range(partitions):
+        a, b = log.read("columns", p, 0, 1000), log.read("rows", p, 0, 1000)
+        assert [(r.key, r.value, r.offset) for r in a] == [(r.key, r.value, r.offset) for r in b]
+    # what the columns cannot take goes the row path: a str is encoded, not refused
+    assert log.producer("columns")._bytes_columns([b"a", "b"]) is None
+    sent = columns.send_batch([b"a", "b"])
+    stored = [log.read("columns", m.partition, m.offset, 1)[0].value for m in sent]
+    assert stored == [b"a", b"b"]

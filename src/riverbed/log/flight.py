@@ -34,10 +34,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
-from riverbed.log.base import LogStorage, PartitionReport, TopicConfig, typed_values
-from riverbed.log.errors import LogError
+from riverbed.log.base import (
+    LogStorage,
+    PartitionReport,
+    TopicConfig,
+    check_column_values,
+    typed_values,
+)
+from riverbed.log.errors import LogError, LogValueError
 from riverbed.log.records import (
     ColumnBatch,
     Columns,
@@ -55,6 +62,7 @@ from riverbed.log.wire import (
     ProduceOutcomeUnknownError,
     ServerUnavailableError,
     batch_stored,
+    columns_batch,
     decode,
     encode,
     records_batch,
@@ -95,6 +103,7 @@ def _not_reached(exc: BaseException) -> bool:
 
 class FlightLogStorage(LogStorage):
     waits = True
+    columnar = True  # a produced batch goes as columns on the wire anyway
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -240,7 +249,16 @@ class FlightLogStorage(LogStorage):
     ) -> int:
         config = self.topic_config(topic)
         typed = typed_values(topic, config, records, typed)  # checked here, not after a trip
-        batch = records_batch(records, typed)
+        return self._send(topic, partition, records_batch(records, typed))
+
+    def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
+        if not len(batch):
+            raise LogValueError("cannot append an empty batch")
+        check_column_values(self.topic_config(topic), batch.values)
+        return self._send(topic, partition, columns_batch(batch))
+
+    def _send(self, topic: str, partition: int, batch: pa.RecordBatch) -> int:
+        """One produced wire batch to the server; the base offset it acknowledges."""
         request: dict[str, Any] = {"op": "append", "topic": topic, "partition": partition}
         if self._idempotent is None:
             self._idempotent = bool(self.hello().get("idempotent"))

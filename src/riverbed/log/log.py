@@ -298,6 +298,8 @@ class Producer:
         to storages that write columns as they are (:attr:`LogStorage.columnar`)
         without a Python object per record."""
         columns = self._columns(values, key_field, timestamp_field)
+        if columns is None and key_field is None and timestamp_field is None:
+            columns = self._bytes_columns(values)
         if columns is not None:
             return self._append_columns(*columns)
         items, typed = self._items(values, key_field, timestamp_field)
@@ -377,6 +379,32 @@ class Producer:
             None,
         )
         return parts[indices.to_numpy()], batch
+
+    def _bytes_columns(self, values: Any) -> tuple[np.ndarray, ColumnBatch] | None:
+        """A list of ``bytes`` for a ``bytes`` topic as one batch of columns and each
+        value's partition — on a columnar storage, with a partitioner that can place
+        records without a key in one step (the built-in ones), every value ``bytes``
+        (anything else: the row path, which encodes a str or names what it cannot
+        take). What the row path would store: no key, the time of the call."""
+        spread = getattr(self._partitioner, "spread", None)
+        if not (
+            self.log.storage.columnar
+            and self._schema is None
+            and self._serde.name == "bytes"
+            and spread is not None
+            and isinstance(values, list)
+            and values
+            and all(type(v) is bytes for v in values)
+        ):
+            return None
+        n = len(values)
+        batch = ColumnBatch(
+            np.full(n, now_ms(), dtype=np.int64),
+            pa.nulls(n, pa.binary()),
+            pa.array(values, pa.binary()),
+            None,
+        )
+        return spread(n, self._partitions), batch
 
     def _append_columns(self, partitions: np.ndarray, batch: ColumnBatch) -> list[RecordMetadata]:
         """Append ``batch`` as one batch per partition; its rows' coordinates in order."""
@@ -462,6 +490,9 @@ class Producer:
     ) -> list[RecordMetadata]:
         """The coordinates of ``count`` records in the caller's order: those at
         ``by_partition[p]`` were appended to partition p from ``bases``' offset on."""
+        if len(by_partition) == 1:  # all in one partition, in order
+            ((p, _),), (base,) = by_partition.items(), bases
+            return [RecordMetadata(self.topic, p, offset) for offset in range(base, base + count)]
         out: list[RecordMetadata | None] = [None] * count
         for (p, indexes), base in zip(by_partition.items(), bases, strict=True):
             for n, i in enumerate(indexes):

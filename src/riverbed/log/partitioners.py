@@ -9,6 +9,8 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
+
 
 class Partitioner(Protocol):
     name: str
@@ -30,6 +32,11 @@ class KeyHashPartitioner:
             return self._fallback.partition(None, partitions)
         return zlib.crc32(key) % partitions
 
+    def spread(self, n: int, partitions: int) -> np.ndarray:
+        """The partitions of ``n`` records without a key, in order: what ``n`` calls of
+        :meth:`partition` with no key give."""
+        return self._fallback.spread(n, partitions)
+
 
 class RoundRobinPartitioner:
     name = "round-robin"
@@ -41,6 +48,13 @@ class RoundRobinPartitioner:
     def partition(self, key: bytes | None, partitions: int) -> int:
         with self._lock:
             return next(self._counter) % partitions
+
+    def spread(self, n: int, partitions: int) -> np.ndarray:
+        """What ``n`` calls of :meth:`partition` give, in one step."""
+        with self._lock:
+            first = next(self._counter)
+            self._counter = itertools.count(first + n)
+        return np.arange(first, first + n, dtype=np.int64) % partitions
 
 
 BUILTIN_PARTITIONERS: dict[str, Callable[[], Partitioner]] = {

@@ -126,6 +126,17 @@ def records_batch(records: Sequence[RawRecord], typed: pa.RecordBatch | None) ->
     return pa.RecordBatch.from_arrays(columns, schema=wire_schema(values.type))
 
 
+def columns_batch(batch: ColumnBatch) -> pa.RecordBatch:
+    """A batch of columns as one wire batch (what :func:`records_batch` makes of the
+    same records), without a Python object per record when it has no headers."""
+    headers = (
+        _headers(batch.headers) if batch.headers is not None else pa.nulls(len(batch), pa.binary())
+    )
+    values = batch.values
+    columns = [pa.array(batch.timestamps_ms, pa.int64()), batch.keys, values, headers]
+    return pa.RecordBatch.from_arrays(columns, schema=wire_schema(values.type))
+
+
 def batch_columns(batch: pa.RecordBatch) -> ColumnBatch:
     """The inverse of :func:`records_batch`, as columns (what the server appends: no
     Python object per record)."""
