@@ -20,9 +20,10 @@ same 2 cores as the client.
   ``consume(10000)`` from the earliest offset (values as bytes, not decoded).
 * **latency**: a record's trip from before ``send`` to a consumer returning it,
   p50/p99 over single-record sends 10 ms apart: a riverbed group consumer of local
-  files (it polls), through the log server (it wakes on the append), and a Kafka
-  consumer (``fetch.wait.max.ms`` 100: the broker answers a fetch as soon as a record
-  arrives; Nagle off and ``linger.ms=0`` on both Kafka clients).
+  files (woken by the kernel: inotify on the partition directory), through the log
+  server (it wakes on the append), and a Kafka consumer (``fetch.wait.max.ms`` 100:
+  the broker answers a fetch as soon as a record arrives; Nagle off and
+  ``linger.ms=0`` on both Kafka clients).
 
 Ratios are riverbed / Kafka: above 1.0x is riverbed faster (for latency, below 1.0x is
 riverbed faster).
@@ -275,9 +276,7 @@ def main() -> None:
             mine = riverbed_read(files, n, "never")
             rows.append(("consume Log.read (records): files", mine, k_consume))
             lat: dict[str, list[float]] = {
-                "riverbed files (consumer polls)": riverbed_latency(
-                    f"file://{root / 'lat'}", args.sends
-                ),
+                "riverbed files (inotify)": riverbed_latency(f"file://{root / 'lat'}", args.sends),
                 "riverbed log server (woken)": riverbed_latency(flight, args.sends),
             }
             lat["Kafka (acks=all)"] = kafka_latency(kafka, args.sends)

@@ -271,3 +271,30 @@ def test_a_list_of_bytes_goes_as_columns_and_stores_what_the_row_path_stores(
     sent = columns.send_batch([b"a", "b"])
     stored = [log.read("columns", m.partition, m.offset, 1)[0].value for m in sent]
     assert stored == [b"a", b"b"]
+
+
+def test_a_waiting_reader_is_woken_by_another_processs_append(tmp_path: Path) -> None:
+    """A file log's wait() returns when a record arrives from another process (the
+    kernel says: inotify), not at its timeout; with nothing appended it times out."""
+    log = riverbed.log.open(tmp_path)
+    log.create_topic("t", 2, serde="bytes")
+    storage = log.storage
+    assert storage.waits  # Linux: inotify is there
+    began = time.monotonic()
+    assert storage.wait({("t", 0): 0, ("t", 1): 0}, 0.3) is False
+    assert time.monotonic() - began >= 0.29
+    code = (
+        "import time, riverbed.log; time.sleep(0.5); "
+        f"riverbed.log.open({str(tmp_path)!r}).producer('t').send(b'x', partition=1)"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        began = time.monotonic()
+        assert storage.wait({("t", 0): 0, ("t", 1): 0}, 60) is True
+        waited = time.monotonic() - began
+    finally:
+        writer.wait(60)
+    assert waited < 30, f"woken after {waited:.1f} s: by the timeout, not the append"
+    assert storage.offsets("t", 1) == (0, 1)
+    # a position already behind the end is answered at once
+    assert storage.wait({("t", 1): 0}, 60) is True

@@ -43,13 +43,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from riverbed.log import watch
 from riverbed.log.base import (
     Damage,
     LogStorage,
@@ -113,6 +114,10 @@ class FileLogStorage(LogStorage):
         self._configs: dict[str, TopicConfig] = {}
         self._lock = threading.Lock()
         self._reported: set[tuple[str, int]] = set()
+        # a waiting consumer is woken by the kernel when a segment is written (inotify),
+        # where it can be; one watcher per waiting thread: each reads its own events
+        self.waits = watch.available()
+        self._watchers = threading.local()
 
     # -- topics -------------------------------------------------------------------------
     def _topic_dir(self, name: str) -> Path:
@@ -550,6 +555,25 @@ class FileLogStorage(LogStorage):
             if header.next_offset >= end:
                 break
         return end
+
+    def wait(self, positions: Mapping[tuple[str, int], int], timeout: float) -> bool:
+        """Block until a partition of ``positions`` has a record at or past its offset
+        (another process's append wakes this through inotify), or ``timeout`` passes."""
+        watcher = getattr(self._watchers, "watcher", None)
+        if watcher is None:
+            watcher = self._watchers.watcher = watch.watcher()
+        if watcher is None or not all(
+            watcher.watch(self._partition_dir(t, p)) for t, p in positions
+        ):
+            return super().wait(positions, timeout)  # one look: the caller polls
+        deadline = time.monotonic() + timeout
+        while True:
+            watcher.drain()  # what changed before this look is seen by it
+            if any(self.offsets(t, p)[1] > o for (t, p), o in positions.items()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not watcher.wait(left):
+                return False
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         directory = self._partition_dir(topic, partition)
