@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from riverbed.log.base import LogStorage, TopicConfig
@@ -65,13 +67,23 @@ def reach_environment() -> dict[str, str]:
     return env
 
 
-def open(url: str | Path, *, control: str | None = None, flush_ms: float | None = None) -> Log:
+def open(
+    url: str | Path,
+    *,
+    control: str | None = None,
+    flush_ms: float | None = None,
+    kafka: Mapping[str, Any] | None = None,
+) -> Log:
     """``file:///path`` (or a plain path), ``memory://``, ``flight://host:port`` — a
-    log server (``riverbed log serve``) on this or another machine — or
+    log server (``riverbed log serve``) on this or another machine —
     ``s3://bucket/prefix``: diskless topics (:mod:`riverbed.log.diskless`), their
     records in the bucket and their offsets in the control plane at ``control``
     (default: riverbed's configured one, ``RIVERBED_CONTROL``), appends sharing an object
-    per ``flush_ms`` (default 50)."""
+    per ``flush_ms`` (default 50) — or ``kafka://host:9092[?serde=json]``: a Kafka
+    cluster's topics, read-only (:mod:`riverbed.log.kafka`), with the Kafka client
+    settings ``kafka`` (security, SASL, TLS)."""
+    if kafka is not None and not str(url).startswith("kafka://"):
+        raise LogError(f"Kafka client settings are for kafka:// logs, not {url!r}")
     if flush_ms is not None and not str(url).startswith("s3://"):
         raise LogError(f"flush_ms is a setting of diskless topics (s3://), not of {url!r}")
     if isinstance(url, Path):
@@ -92,6 +104,10 @@ def open(url: str | Path, *, control: str | None = None, flush_ms: float | None 
         return Log(FileLogStorage(Path(path).resolve()))
     if parts.scheme == "s3":
         return Log(_diskless(str(url), control, flush_ms))
+    if parts.scheme == "kafka":
+        from riverbed.log.kafka import KafkaLogStorage
+
+        return Log(KafkaLogStorage(str(url), kafka))
     from riverbed.log.wire import SCHEMES
 
     if parts.scheme in SCHEMES:
@@ -100,7 +116,8 @@ def open(url: str | Path, *, control: str | None = None, flush_ms: float | None 
         return Log(FlightLogStorage(str(url)))
     raise LogError(
         f"unknown log URL {url!r}; use file:///path, memory://, s3://bucket/prefix "
-        "(diskless topics) or flight://host:port (a `riverbed log serve`)"
+        "(diskless topics), flight://host:port (a `riverbed log serve`) or "
+        "kafka://host:9092 (a Kafka cluster's topics, read-only)"
     )
 
 

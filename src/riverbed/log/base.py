@@ -214,6 +214,7 @@ def check_column_values(config: TopicConfig, values: pa.Array) -> None:
 class LogStorage(ABC):
     url: str
     waits = False  # whether wait() blocks until an append (else callers poll)
+    read_only = False  # a storage riverbed only reads (a Kafka cluster's topics)
     idempotent = False  # whether append_once() recognises a client's retried batch
     # whether append_columns() writes the columns as they are, with no Python object per
     # record (a producer then sends an Arrow table that way: Producer.send_batch)

@@ -77,9 +77,18 @@ def _log_url(options: dict[str, str]) -> str:
 
 
 def open_log(options: dict[str, str]) -> Any:
+    """The source's log; for a Kafka cluster (``kafka://``), with the source's
+    ``kafka.*`` options as the Kafka client's settings (as Spark's Kafka source takes
+    them)."""
     import riverbed.log
 
-    return riverbed.log.open(_log_url(options))
+    url = _log_url(options)
+    if url.startswith("kafka://"):
+        settings = {
+            k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")
+        }
+        return riverbed.log.open(url, kafka=settings)
+    return riverbed.log.open(url)
 
 
 def reach() -> dict[str, str]:

@@ -159,7 +159,8 @@ def foreach_batch(config: EngineConfig) -> Any:
             # them as Arrow and write them the way the log-native path does
             rows = out.toArrow()
             record = batches.get(batch_id) or record
-            finish(config, batches, batch_id, replace(record, input=int(stats["n"])), rows)
+            read = int(stats["n"]) + (record.malformed or 0)  # every record read, as log-native
+            finish(config, batches, batch_id, replace(record, input=read), rows)
         finally:
             df.unpersist()
 
@@ -215,13 +216,19 @@ def start(
     election term, see :mod:`riverbed.stream.fencing`) fences every write.
     """
     checkpoint, output = location(checkpoint), location(output)
-    if kafka.is_kafka(source):  # Spark's own Kafka source, on the DataFrame path below
-        from riverbed.stream.lognative import spark_committed_ends
+    if kafka.is_kafka(source):
+        from riverbed.stream.lognative import read_ends
 
         chosen = kafka.parse(source)
         # where its next batch starts (in a bucket Spark's own failOnDataLoss speaks)
-        kafka.check(chosen, read=spark_committed_ends(checkpoint))
-        source = kafka.frame(spark, chosen, required=[spec.key, spec.time])
+        ends, spark_driven = read_ends(checkpoint)
+        kafka.check(chosen, read=ends)
+        if kafka.log_native(chosen) and not spark_driven:
+            # the state tasks read their Kafka partitions themselves (log-native path)
+            source = kafka.log_options(chosen)
+            log_url = log_url or load_config().log_url  # side topics: riverbed's log
+        else:  # Spark's own Kafka source, on the DataFrame path below
+            source = kafka.frame(spark, chosen, required=[spec.key, spec.time])
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
     _check_partitions(checkpoint, spec)

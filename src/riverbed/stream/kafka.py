@@ -54,6 +54,8 @@ __all__ = [
     "is_kafka",
     "is_label",
     "lag",
+    "log_native",
+    "log_options",
     "parse",
     "parse_label",
     "with_max_records",
@@ -224,6 +226,33 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
         starting_offsets=str(raw.get("startingOffsets", "earliest")),
         options={str(k): str(v) for k, v in options.items()},
     )
+
+
+def log_native(source: KafkaSource) -> bool:
+    """Whether the source can be read on the log-native path (the state tasks read
+    their Kafka partitions themselves, :mod:`riverbed.log.kafka`): JSON values, and
+    a start Spark's options do not pin per partition (``earliest``/``latest``)."""
+    return source.format == "json" and source.starting_offsets in ("earliest", "latest")
+
+
+def log_options(source: KafkaSource) -> dict[str, str]:
+    """The log-native source options of ``source``: its topic in the Kafka cluster as
+    a read-only log (``kafka://<bootstrap>?serde=json``), its schema, Spark's
+    ``maxOffsetsPerTrigger`` as ``maxRecordsPerBatch``, and its ``kafka.*`` client
+    settings as they are."""
+    given = {k.lower(): v for k, v in source.options.items()}
+    options = {
+        "topic": source.topic,
+        "log": f"kafka://{source.bootstrap}?serde=json",
+        "startingOffsets": source.starting_offsets,
+        "co_locate": "false",  # Kafka's partitioner is not riverbed's key hash
+        **{k: v for k, v in source.options.items() if k.startswith("kafka.")},
+    }
+    if source.schema is not None:
+        options["schema"] = source.schema
+    if "maxoffsetspertrigger" in given:
+        options["maxRecordsPerBatch"] = given["maxoffsetspertrigger"]
+    return options
 
 
 def with_max_records(source: Mapping[str, Any], n: int) -> dict[str, Any]:

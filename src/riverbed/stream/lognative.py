@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
@@ -124,9 +125,17 @@ def _events(
     the rest is counted in ``side``. ``topic_log``: an open log to read through."""
     spec = cfg.engine.spec
     hop, size = spec.window.hop_ms, spec.window.size_ms
+    required = [spec.key, spec.time]
     for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
+        if any(batch.column(name).null_count for name in required):
+            # a record without the key or the time cannot be aggregated: malformed,
+            # as on the DataFrame path
+            absent = pc.or_(*(pc.is_null(batch.column(name)) for name in required))
+            why = pa.scalar(f"no {spec.key} or no {spec.time} in the record", pa.string())
+            errors = pc.if_else(pc.and_(absent, pc.is_null(errors)), why, errors)
+            batch = batch.set_column(batch.schema.get_field_index("_error"), "_error", errors)
         if errors.null_count < batch.num_rows:  # malformed records in this batch
             bad = pc.is_valid(errors)
             side.malformed += int(pc.sum(bad).as_py())
@@ -448,6 +457,28 @@ def spark_committed_ends(checkpoint: str | Path) -> dict[int, int] | None:
     return spark_ends(checkpoint, done[-1]) if done else None
 
 
+def read_ends(checkpoint: str | Path) -> tuple[dict[int, int] | None, bool]:
+    """Where the newest finished batch of a checkpoint ended in every partition
+    (``None`` before the first, or when it cannot tell), and whether Spark's streaming
+    engine drove its batches (their records hold no slices: a checkpoint of the
+    DataFrame path, which stays on it)."""
+    from riverbed.stream.plan import ends_of
+    from riverbed.stream.records import open_batches
+
+    batches = open_batches(checkpoint)
+    ids = batches.ids()
+    newest = batches.get(ids[-1]) if ids else None
+    if newest is None:
+        return None, False
+    if newest.slices is None:
+        return spark_committed_ends(checkpoint), True
+    for batch_id in reversed(ids):
+        record = batches.get(batch_id)
+        if record is not None and record.done and record.slices is not None:
+            return ends_of(record.slices), False
+    return None, False
+
+
 def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] | None:
     """A batch's slices, as a batch record stores them, from Spark's offset log: batch
     *b* started where *b - 1* ended. ``None`` when the log cannot tell (batch 0, files
@@ -513,7 +544,6 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
     from pyspark.sql.types import StructType
 
-    import riverbed.log
     from riverbed.spark.offsets import source_limits
     from riverbed.spark.source import META_FIELDS, value_schema
 
@@ -524,7 +554,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     if steal not in ("true", "false"):
         raise StreamValueError(f"steal must be true or false, not {steal!r}")
     driver_records = _count_option(options, "driverBatchRecords", DRIVER_BATCH_RECORDS)
-    topic_log = riverbed.log.open(options["log"])
+    topic_log = open_log(options)
     try:
         if options["topic"] not in topic_log.topics():
             raise StreamValueError(

@@ -119,12 +119,12 @@ class DirectQuery:
     # -- the loop ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        import riverbed.log
+        from riverbed.spark.source import open_log
 
         try:
             sc = self.spark.sparkContext
             sc.setJobGroup(self._group, f"riverbed {self.name}", interruptOnCancel=True)
-            topic_log = riverbed.log.open(self.cfg.options["log"])
+            topic_log = open_log(self.cfg.options)
             try:
                 self._loop(topic_log)
             finally:

@@ -55,7 +55,7 @@ class BatchRecord:
     # the Spark-driven loop ran (their offsets are in Spark's offset log)
     slices: dict[str, list[int]] | None = None
     co_located: bool | None = None
-    input: int | None = None
+    input: int | None = None  # records read from the source, malformed ones included
     late: int | None = None
     malformed: int | None = None
     helped: int | None = None  # records read for another task's partition (steal.py)
