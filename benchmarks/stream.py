@@ -641,6 +641,34 @@ def riverbed_kafka_path(
     return riverbed_path(spark, "", root, mode, per_batch, how="kafka", source=source)
 
 
+def kafka_check(output: Path, events: pd.DataFrame) -> str:
+    """riverbed exact's result over the Kafka topic against pandas over the same events:
+    every (hour, flag)'s distinct users and events."""
+    from riverbed.stream import read_results
+
+    got = read_results(output).sort_values(["window_start", "key"], ignore_index=True)
+    want = (
+        events.assign(window_start=events["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+        .sort_values(["window_start", "key"], ignore_index=True)
+    )
+    same = (
+        len(got) == len(want)
+        and list(got["key"]) == list(want["key"])
+        and list(got["users"]) == list(want["users"])
+        and list(got["events"]) == list(want["events"])
+    )
+    if same:
+        return f"riverbed exact: IDENTICAL to pandas over the same events ({len(want):,} rows)"
+    return (
+        f"riverbed exact: DIFFERS from pandas ({len(got):,} rows vs {len(want):,}; "
+        f"events {int(got['events'].sum()):,} vs {len(events):,})"
+    )
+
+
 def kafka_main(args: argparse.Namespace) -> None:
     """``--only kafka`` (see the module's doc)."""
     from riverbed.testing import KafkaServer
@@ -675,8 +703,10 @@ def kafka_main(args: argparse.Namespace) -> None:
                 seconds = run(root / f"r{round_}", "clicks", per_batch)
                 times[name].append(seconds)
                 print(f"  {name}: {seconds:.1f} s", flush=True)
+        check = kafka_check(root / f"r{args.repeat - 1}" / "out-bench_exact_kafka", events)
         spark.stop()
     print(f"\n{n:,} events from Kafka, {args.batches} micro-batches, local[2], 4 partitions")
+    print(check)
     print(f"{'path':56} {'seconds':>8} {'events/s':>12}")
     rate = {}
     for name, seconds in times.items():

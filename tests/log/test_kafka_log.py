@@ -48,6 +48,15 @@ def test_a_topics_partitions_read_as_slices_of_columns(
         assert columns.keys.to_pylist()[0] == f"k{(20 * 2 + 1) % 5}".encode()
         assert columns.timestamps_ms.tolist()[0] == 1_700_000_000_000 + 20 * 2 + 1
         assert len(log.storage.read_columns(kafka_topic, 0, 150, 150)) == 0
+        # past the end: what is there, at once; then on from where it ended (the same
+        # assignment), and from elsewhere again
+        began = time.monotonic()
+        tail = log.storage.read_columns(kafka_topic, 0, 140, 400)
+        assert tail.offsets.tolist() == list(range(140, 150))
+        assert time.monotonic() - began < 10
+        parts = [log.storage.read_columns(kafka_topic, 1, a, a + 25) for a in (0, 25, 50)]
+        assert [int(o) for c in parts for o in c.offsets] == list(range(75))
+        assert log.storage.read_columns(kafka_topic, 1, 10, 12).offsets.tolist() == [10, 11]
         records = log.read(kafka_topic, 0, 148, 10)  # to the end: two
         assert [(r.offset, r.value) for r in records] == [(148, {"i": 296}), (149, {"i": 298})]
         with pytest.raises(LogError, match="read-only"):
@@ -97,6 +106,31 @@ def test_transaction_markers_and_aborted_records_are_passed_over(
             kept = [o for o in kept if o not in aborted]
         assert columns.offsets.tolist() == kept
         assert columns.values.to_pylist()[0] == b"0-0"
+    finally:
+        log.close()
+
+
+def test_a_slice_deleted_by_retention_is_out_of_range(
+    kafka_server: KafkaServer, kafka_topic: str
+) -> None:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from riverbed.log import OffsetOutOfRangeError
+
+    kafka_server.create_topic(kafka_topic, partitions=1)
+    _produce(kafka_server.bootstrap, kafka_topic, 40, 1)
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap})
+    for future in admin.delete_records([TopicPartition(kafka_topic, 0, 30)]).values():
+        future.result(timeout=30)
+    log = riverbed.log.open(f"kafka://{kafka_server.bootstrap}")
+    try:
+        assert log.storage.offsets(kafka_topic, 0) == (30, 40)
+        with pytest.raises(OffsetOutOfRangeError, match=r"was deleted .*the oldest kept is 30"):
+            log.storage.read_columns(kafka_topic, 0, 10, 35)
+        assert log.storage.read_columns(kafka_topic, 0, 30, 35).offsets.tolist() == list(
+            range(30, 35)
+        )
     finally:
         log.close()
 

@@ -33,6 +33,7 @@ from riverbed.stream.kafka import (
 )
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import source_offsets
+from riverbed.stream.loop import DirectQuery
 from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.records import open_batches
 from riverbed.stream.specjob import committed_ends
@@ -327,6 +328,58 @@ def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
     records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records if r is not None) == 2
     assert sum(r.input or 0 for r in records if r is not None) == len(events) + 2
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_checkpoint_the_dataframe_path_started_stays_on_it(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
+) -> None:
+    """Offsets pinned per partition (Spark's JSON) take Spark's Kafka source; started
+    again with ``earliest`` after more records arrived, the aggregation carries on
+    from Spark's offset log on the same path — nothing read twice or skipped."""
+    spec = Aggregation(
+        name="pinned",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="100h",
+        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
+        state_partitions=2,
+    )
+    events = make_events(1500, hours=3, seed=5)
+    kafka_server.create_topic(kafka_topic, partitions=3)
+    _produce(kafka_server.bootstrap, kafka_topic, events.iloc[:900])
+    pinned = json.dumps({kafka_topic: {str(p): -2 for p in range(3)}})  # -2: earliest
+    for starting in (pinned, "earliest"):
+        source = {
+            "kafka": {
+                "bootstrap": kafka_server.bootstrap,
+                "topic": kafka_topic,
+                "schema": SCHEMA,
+                "startingOffsets": starting,
+            }
+        }
+        query = start(
+            spark,
+            spec,
+            source,
+            checkpoint=tmp_path / "ckpt",
+            output=tmp_path / "out",
+            trigger={"availableNow": True},
+        )
+        assert not isinstance(query, DirectQuery), "the log-native loop, not Spark's query"
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        if starting == pinned:
+            _produce(kafka_server.bootstrap, kafka_topic, events.iloc[900:])
+    batches = open_batches(tmp_path / "ckpt")
+    assert all(batches.get(b).slices is None for b in batches.ids())  # type: ignore[union-attr]
+    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
+    want = _oracle(events)
+    assert list(got["key"]) == list(want["key"])
+    assert list(got["events"]) == list(want["events"]), "double or missing counts"
+    assert list(got["users"]) == list(want["users"])
 
 
 def _delete_records(bootstrap: str, topic: str, partition: int) -> None:

@@ -1,4 +1,5 @@
-"""Kafka topics as a stream source, through Spark's own Kafka connector.
+"""Kafka topics as a stream source: read by riverbed's own tasks, or through Spark's
+Kafka connector.
 
 An aggregation reads a Kafka topic with ``source = {"kafka": {...}}``::
 
@@ -9,18 +10,27 @@ An aggregation reads a Kafka topic with ``source = {"kafka": {...}}``::
         "format": "json",                 # or "avro" (schema: the value's Avro schema),
                                           # or "raw": key, value (strings), ts (Kafka's)
         "startingOffsets": "earliest",    # or "latest", or Spark's JSON per partition
-        "options": {"kafka.security.protocol": "SASL_SSL", ...},  # passed to Spark as is
+        "options": {"kafka.security.protocol": "SASL_SSL", ...},  # Spark's Kafka options;
+                                          # kafka.* ones also reach riverbed's reader
     }}
 
-The records are read by ``spark.readStream.format("kafka")`` (``spark-sql-kafka-0-10``
-from the jar cache) and aggregated on the DataFrame path of
+A source of JSON values that starts at ``earliest`` or ``latest`` runs on the
+**log-native path** (:mod:`riverbed.stream.lognative`): riverbed's trigger loop plans
+each batch as offset slices of the topic's partitions and records them before it runs;
+the state tasks read their slices themselves, as Arrow columns, through
+:mod:`riverbed.log.kafka` (the Kafka cluster opened as a read-only riverbed log), and
+send only per-(window, key) partials to the state partitions. A batch replayed after a
+crash reads the same recorded slices and replaces its own output: state and results
+exactly once.
+
+Other sources (Avro, raw, starting offsets pinned per partition) — and checkpoints
+that this **DataFrame path** started — are read by ``spark.readStream.format("kafka")``
+(``spark-sql-kafka-0-10`` from the jar cache) and aggregated by
 :func:`riverbed.stream.dataframe.start`: Spark's offset log in the checkpoint records
-which Kafka offsets each batch id read, and riverbed's batch records (the state version,
-the result table, the sinks) are keyed by that batch id — so a batch replayed after a
-crash reads the same offsets and replaces its own output: state and results exactly
-once. A JSON value that is not an object of the schema's fields, an Avro value that
-does not decode with the schema (or either without the key or the time) is *malformed*:
-counted, and sent to the aggregation's ``.dlq`` topic.
+which Kafka offsets each batch id read, and riverbed's batch records are keyed by that
+batch id, with the same outcome. A JSON value that is not an object of the schema's
+fields, an Avro value that does not decode with the schema (or either without the key
+or the time) is *malformed*: counted, and sent to the aggregation's ``.dlq`` topic.
 
 Avro values are single Avro datums in Avro's binary encoding, read with the writer's
 schema given as ``schema`` (Avro's JSON, as text or a dict) by Spark's own ``from_avro``
