@@ -170,6 +170,19 @@ def _produce(bootstrap: str, topic: str, events: pd.DataFrame, malformed: int = 
     assert producer.flush(120) == 0  # a broker of three lost: leaders move meanwhile
 
 
+def _hourly(name: str) -> Aggregation:
+    """Per flag and hour: distinct users, events, the amount's sum."""
+    return Aggregation(
+        name=name,
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="100h",
+        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
+        state_partitions=2,
+    )
+
+
 def _oracle(events: pd.DataFrame) -> pd.DataFrame:
     return (
         events.assign(window_start=events["ts"].dt.floor("1h"))
@@ -215,15 +228,7 @@ def _committed(checkpoint: Path) -> dict[int, int]:
 def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
 ) -> None:
-    spec = Aggregation(
-        name="clicks",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="100h",
-        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
-        state_partitions=2,
-    )
+    spec = _hourly("clicks")
     events = make_events(4000, hours=6, seed=3)
     first, second = events.iloc[:2500], events.iloc[2500:]
     kafka_server.create_topic(kafka_topic, partitions=3)
@@ -272,15 +277,7 @@ def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
     import fastavro
     from confluent_kafka import Producer
 
-    spec = Aggregation(
-        name="avro_clicks",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="100h",
-        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
-        state_partitions=2,
-    )
+    spec = _hourly("avro_clicks")
     events = make_events(2000, hours=4, seed=11)
     kafka_server.create_topic(kafka_topic, partitions=3)
     parsed = fastavro.parse_schema(AVRO)
@@ -338,15 +335,7 @@ def test_a_checkpoint_the_dataframe_path_started_stays_on_it(
     """Offsets pinned per partition (Spark's JSON) take Spark's Kafka source; started
     again with ``earliest`` after more records arrived, the aggregation carries on
     from Spark's offset log on the same path — nothing read twice or skipped."""
-    spec = Aggregation(
-        name="pinned",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="100h",
-        metrics={"users": Distinct("user_id"), "events": Count(), "total": Sum("amount")},
-        state_partitions=2,
-    )
+    spec = _hourly("pinned")
     events = make_events(1500, hours=3, seed=5)
     kafka_server.create_topic(kafka_topic, partitions=3)
     _produce(kafka_server.bootstrap, kafka_topic, events.iloc[:900])
