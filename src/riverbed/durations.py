@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from riverbed.errors import DurationError
 
-__all__ = ["duration_ms", "duration_seconds"]
+__all__ = ["duration_ms", "duration_seconds", "epoch_ms"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def epoch_ms(when: datetime) -> int:
+    """Milliseconds since the epoch of an aware datetime, exactly (truncated, as Arrow
+    casts): ``int(when.timestamp() * 1000)`` goes through a float and comes out 1 ms
+    short for some microsecond values (64.335 s → 64334)."""
+    return (when - _EPOCH) // _MS
+
 
 _UNITS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -15,7 +26,7 @@ _UNITS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 8
 def duration_ms(value: str | int | timedelta) -> int:
     """``"90s"``, ``"1h"``, ``"1h30m"``, ``"30min"``, ``timedelta`` or milliseconds."""
     if isinstance(value, timedelta):
-        return int(value.total_seconds() * 1000)
+        return value // _MS  # exact (total_seconds() * 1000 is a float)
     if isinstance(value, int):
         return value
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)", value.strip())

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverbed.durations import epoch_ms
 from riverbed.log.base import Fsync, LogStorage, TopicConfig, check_values
 from riverbed.log.errors import LogError, LogValueError, SerdeError
 from riverbed.log.group.consumer import Consumer
@@ -22,7 +23,6 @@ from riverbed.log.records import (
     RawRecord,
     Record,
     RecordMetadata,
-    epoch_ms,
     now_ms,
 )
 from riverbed.log.schema import schema_of

@@ -32,7 +32,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import accumulate
 from typing import Any
 
@@ -51,16 +51,6 @@ BATCH_HEAD_SIZE = PREFIX_SIZE + _HEAD.size  # what precedes a batch's payload
 
 def now_ms() -> int:
     return int(datetime.now(UTC).timestamp() * 1000)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def epoch_ms(when: datetime) -> int:
-    """Milliseconds since the epoch of an aware datetime, exactly (truncated, as Arrow
-    casts): ``int(when.timestamp() * 1000)`` goes through a float and comes out 1 ms
-    short for some microsecond values (64.335 s → 64334)."""
-    return (when - _EPOCH) // timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from datetime import UTC, datetime
 
+from riverbed.durations import epoch_ms
 from riverbed.state.errors import StateValueError
 from riverbed.state.store import StateStore
 
@@ -22,7 +23,7 @@ def to_millis(ts: datetime | int) -> int:
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             raise StateValueError(f"naive datetime {ts!r}: pass a timezone-aware (UTC) datetime")
-        return int(ts.timestamp() * 1000)
+        return epoch_ms(ts)
     if ts < 0:
         raise StateValueError(f"timestamp must be >= 0 ms, got {ts}")
     return ts

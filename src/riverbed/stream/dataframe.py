@@ -128,7 +128,8 @@ def foreach_batch(config: EngineConfig) -> Any:
             max_ts = stats["max_ts"]
             if max_ts is not None:
                 record.max_event_ms = max(
-                    record.max_event_ms, int(pd.Timestamp(max_ts).timestamp() * 1000)
+                    record.max_event_ms,
+                    pd.Timestamp(max_ts).value // 1_000_000,  # exact
                 )
             hop = spec.window.hop_ms
             last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop

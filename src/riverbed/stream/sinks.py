@@ -382,7 +382,7 @@ def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, An
     aggregation key, value = the row as JSON-friendly values with its ``batch_id``,
     timestamp = the window's end (ms)."""
     value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-    return str(row["key"]), value, int(pd.Timestamp(row["window_end"]).timestamp() * 1000)
+    return str(row["key"]), value, pd.Timestamp(row["window_end"]).value // 1_000_000
 
 
 def plain(value: Any) -> Any:

@@ -37,6 +37,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 import riverbed.inspect as q
+from riverbed.durations import epoch_ms
 from riverbed.errors import RiverbedError
 from riverbed.jobs.spec import format_work_ids
 from riverbed.ui.console import Console
@@ -286,7 +287,7 @@ class ConsoleApp:
             except ValueError:
                 raise q.QueryError(f"time={at!r} is not ISO 8601 (e.g. 2026-11-20T10:00)") from None
             parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-            at_ms = int(parsed.timestamp() * 1000)
+            at_ms = epoch_ms(parsed)
         return q.browse(
             self.src,
             name,

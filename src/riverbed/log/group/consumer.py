@@ -55,6 +55,7 @@ from riverbed.control import (
     Registry,
     Session,
 )
+from riverbed.durations import epoch_ms
 from riverbed.log.base import TopicLog
 from riverbed.log.errors import GroupError, LogValueError, OffsetOutOfRangeError
 from riverbed.log.group.assignors import ASSIGNORS, Assignor, TopicPartition
@@ -565,7 +566,7 @@ def _time_ms(text: str) -> int:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
+    return epoch_ms(when)
 
 
 def reset_offsets(
