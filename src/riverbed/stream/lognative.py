@@ -549,11 +549,12 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
 
     if "topic" not in options:
         raise StreamValueError('a riverbed source needs {"topic": NAME, ...}')
-    max_records, starting = source_limits({k.lower(): v for k, v in options.items()})
+    lowered = {k.lower(): v for k, v in options.items()}  # Spark's option names: any case
+    max_records, starting = source_limits(lowered)
     steal = str(options.get("steal", "true")).lower()
     if steal not in ("true", "false"):
         raise StreamValueError(f"steal must be true or false, not {steal!r}")
-    driver_records = _count_option(options, "driverBatchRecords", DRIVER_BATCH_RECORDS)
+    driver_records = _count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
     topic_log = open_log(options)
     try:
         if options["topic"] not in topic_log.topics():
@@ -565,7 +566,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         co_located = decide_co_location(topic_log, options, config.spec)
     finally:
         topic_log.close()
-    values = value_schema({k.lower(): v for k, v in options.items()})
+    values = value_schema(lowered)
     # a DDL string is parsed here, on the driver: executors cannot parse DDL
     parsed = StructType.fromDDL(values) if isinstance(values, str) else values
     if not isinstance(parsed, StructType):
@@ -589,9 +590,10 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     )
 
 
-def _count_option(options: Mapping[str, str], name: str, default: int) -> int:
-    """A non-negative whole-number source option (case as Spark's: any)."""
-    given = {k.lower(): v for k, v in options.items()}.get(name.lower())
+def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative whole-number source option (``lowered``: the options with their
+    names in lower case)."""
+    given = lowered.get(name.lower())
     if given is None:
         return default
     try:
