@@ -31,7 +31,14 @@ from riverbed.errors import InvalidValueError, RiverbedError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["TEST_CONF", "SourceOptionError", "SparkUnavailableError", "session"]
+__all__ = [
+    "TEST_CONF",
+    "SourceOptionError",
+    "SparkUnavailableError",
+    "session",
+    "tasks_in_this_process",
+    "tasks_on_this_machine",
+]
 
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -55,6 +62,21 @@ class SparkUnavailableError(RiverbedError):
 
 class SourceOptionError(InvalidValueError):
     """A riverbed source option (topic, schema, …) that cannot be used."""
+
+
+def tasks_on_this_machine(master: str) -> bool:
+    """Whether a Spark master runs every task on the driver's machine: ``local``,
+    ``local[…]``, and ``local-cluster[…]`` (its executors are processes here), so a
+    directory of this machine reaches them all."""
+    return master.strip().startswith("local")
+
+
+def tasks_in_this_process(master: str) -> bool:
+    """Whether a Spark master runs tasks beside the driver as this machine's own:
+    ``local``/``local[…]`` — not ``local-cluster[…]``, whose executors stand for other
+    machines (the tests' and demos' stand-in for a cluster)."""
+    master = master.strip()
+    return master == "local" or master.startswith("local[")
 
 
 def _check_java() -> None:

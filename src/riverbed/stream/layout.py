@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from riverbed.locations import OUTPUT, child, is_local, local_path, location, output_url, parse
+from riverbed.spark import tasks_on_this_machine
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -212,7 +213,7 @@ def handoff_dir(checkpoint: str, local_cache: Path, name: str, spark_master: str
     piece's work (docs/stream.md)."""
     if is_local(checkpoint):
         return Checkpoint.of(checkpoint).handoff
-    if spark_master.startswith("local"):
+    if tasks_on_this_machine(spark_master):
         return local_cache.parent / "handoff" / name
     return None
 

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
+from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs
 from riverbed.stream.engine import (
@@ -270,7 +271,7 @@ def in_driver(records: int, limit: int, master: str) -> bool:
     ``limit`` records (0: never) and a ``local``/``local[…]`` master, whose tasks run in
     this machine's Python workers with this machine's state directory anyway (not
     ``local-cluster``, whose executors stand for other machines)."""
-    return 0 < records <= limit and (master == "local" or master.startswith("local["))
+    return 0 < records <= limit and tasks_in_this_process(master)
 
 
 def task_attempts(master: str) -> int:
