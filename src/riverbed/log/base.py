@@ -304,6 +304,16 @@ class LogStorage(ABC):
     ) -> list[tuple[int, RawRecord]]:
         """Up to ``max_records`` whole records from ``offset`` on (fewer at the end)."""
 
+    def read_waiting(
+        self, topic: str, partition: int, offset: int, max_records: int, wait: float
+    ) -> list[tuple[int, RawRecord]]:
+        """:meth:`read`, and at the end wait up to ``wait`` seconds for an append (here:
+        :meth:`wait`, then read again; a log server does both in one fetch)."""
+        rows = self.read(topic, partition, offset, max_records)
+        if rows or wait <= 0 or not self.wait({(topic, partition): offset}, wait):
+            return rows
+        return self.read(topic, partition, offset, max_records)
+
     def read_stored(
         self, topic: str, partition: int, start: int, end: int, max_bytes: int
     ) -> Iterator[StoredBatch]:
@@ -430,7 +440,7 @@ class TopicLog(Protocol):
     def topic(self, name: str) -> TopicConfig: ...
 
     def read(
-        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000
+        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000, wait: float = 0
     ) -> list[Record]: ...
 
     def producer(self, topic: str) -> Sender: ...

@@ -292,6 +292,11 @@ class FlightLogStorage(LogStorage):
         fetched = self.fetch(topic, partition, offset, offset + max_records, wait=wait)
         return rows_from(((s.base_offset, s.decode()) for s in fetched), offset, max_records)
 
+    def read_waiting(
+        self, topic: str, partition: int, offset: int, max_records: int, wait: float
+    ) -> list[tuple[int, RawRecord]]:
+        return self.read(topic, partition, offset, max_records, wait=wait)  # one fetch
+
     def read_columns(self, topic: str, partition: int, start: int, end: int) -> Columns:
         return columns_from(self._fetched(topic, partition, start, end), start, end)
 

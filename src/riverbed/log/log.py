@@ -163,14 +163,19 @@ class Log:
         return Producer(self, topic)
 
     def read(
-        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000
+        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000, wait: float = 0
     ) -> list[Record]:
+        """Up to ``max_records`` records from ``offset``; at the end, wait up to ``wait``
+        seconds for one to be appended."""
         config = self.topic(topic)
         serde = self.serde(config.serde)
-        return [
-            _decode(topic, partition, o, raw, serde)
-            for o, raw in self.storage.read(topic, partition, offset, max_records)
-        ]
+        storage = self.storage
+        raws = (
+            storage.read_waiting(topic, partition, offset, max_records, wait)
+            if wait > 0
+            else storage.read(topic, partition, offset, max_records)
+        )
+        return [_decode(topic, partition, o, raw, serde) for o, raw in raws]
 
     def iter_records(self, topic: str, partition: int, offset: int = 0) -> Iterator[Record]:
         """Every record from ``offset`` to the current end."""

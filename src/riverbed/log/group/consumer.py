@@ -344,11 +344,26 @@ class Consumer:
             if out or time.monotonic() >= deadline:
                 return out
             pause = _STORAGE_WAIT_S if self.log.storage.waits else 0.05
-            self._idle(min(pause, max(0.0, deadline - time.monotonic())))
+            wait = min(pause, max(0.0, deadline - time.monotonic()))
+            if self._one_waiting_partition():
+                # one read that waits for the append and returns it: a log server
+                # answers in one round trip, not a wait and then a read
+                out = self._fetch(max_records, wait=wait)
+                if out:
+                    return out
+            else:
+                self._idle(wait)
             for tp in self._revoked():
                 self._release(tp)
 
-    def _fetch(self, max_records: int, skip_busy: bool = False) -> list[Record]:
+    def _one_waiting_partition(self) -> bool:
+        """Whether this member reads one partition, not being processed, from a storage
+        that can wait for an append."""
+        with self._cond:
+            owned = [o for tp, o in self._owned.items() if tp in self._assigned]
+        return self.log.storage.waits and len(owned) == 1 and not owned[0].busy
+
+    def _fetch(self, max_records: int, skip_busy: bool = False, wait: float = 0) -> list[Record]:
         with self._cond:
             targets = [
                 (tp, o)
@@ -360,7 +375,9 @@ class Consumer:
             if len(out) >= max_records:
                 break
             try:
-                records = self.log.read(tp[0], tp[1], owned.position, max_records - len(out))
+                records = self.log.read(
+                    tp[0], tp[1], owned.position, max_records - len(out), wait=wait
+                )
             except OffsetOutOfRangeError:
                 start, _ = self.log.storage.offsets(*tp)
                 log.warning(
