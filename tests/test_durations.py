@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from riverbed.durations import duration_ms, epoch_ms
 
-MOMENTS = st.datetimes(
-    min_value=datetime(1970, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+MOMENTS = st.datetimes(  # Hypothesis takes naive bounds and adds the zone itself
+    min_value=datetime(1970, 1, 1),  # noqa: DTZ001
+    max_value=datetime(2200, 1, 1),  # noqa: DTZ001
+    timezones=st.just(UTC),
 )
 
 
@@ -20,9 +22,13 @@ def test_a_moment_is_its_whole_milliseconds_since_the_epoch(when: datetime) -> N
     ms = epoch_ms(when)
     back = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
     assert back <= when < back + timedelta(milliseconds=1)
-    assert ms == (when.replace(microsecond=0) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
-        seconds=1
-    ) * 1000 + when.microsecond // 1000
+    assert (
+        ms
+        == (when.replace(microsecond=0) - datetime(1970, 1, 1, tzinfo=UTC))
+        // timedelta(seconds=1)
+        * 1000
+        + when.microsecond // 1000
+    )
 
 
 def test_the_value_a_float_got_wrong() -> None:
