@@ -25,8 +25,11 @@ from riverbed.stream.kafka import (
     KafkaSourceError,
     check,
     continuity,
+    ignored_options,
     is_label,
     lag,
+    log_native,
+    log_options,
     parse,
     parse_label,
     with_max_records,
@@ -70,6 +73,24 @@ AVRO = {
         {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
     ],
 }
+
+
+def test_a_json_source_becomes_log_native_options_and_names_what_it_ignores() -> None:
+    given = {"maxOffsetsPerTrigger": "500", "kafka.security.protocol": "SSL", "minPartitions": "8"}
+    source = parse({"kafka": {**GOOD, "options": given}})
+    assert log_native(source)
+    options = log_options(source)
+    assert options["log"] == "kafka://127.0.0.1:9092?serde=json"
+    assert (options["topic"], options["schema"], options["maxRecordsPerBatch"]) == (
+        "clicks",
+        SCHEMA,
+        "500",
+    )
+    assert options["kafka.security.protocol"] == "SSL" and options["co_locate"] == "false"
+    assert ignored_options(source) == ["minPartitions"]
+    pinned = parse({"kafka": {**GOOD, "startingOffsets": '{"clicks": {"0": -2}}'}})
+    assert not log_native(pinned)
+    assert not log_native(parse({"kafka": {"bootstrap": "b:1", "topic": "t", "format": "raw"}}))
 
 
 def test_an_avro_source_takes_its_schema_as_json_text_or_a_dict() -> None:

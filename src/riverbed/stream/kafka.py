@@ -61,6 +61,7 @@ __all__ = [
     "avro_schema",
     "check",
     "frame",
+    "ignored_options",
     "is_kafka",
     "is_label",
     "lag",
@@ -251,6 +252,12 @@ def log_options(source: KafkaSource) -> dict[str, str]:
     ``maxOffsetsPerTrigger`` as ``maxRecordsPerBatch``, and its ``kafka.*`` client
     settings as they are."""
     given = {k.lower(): v for k, v in source.options.items()}
+    for name in ignored_options(source):
+        log.warning(
+            "Kafka source option %r has no effect when riverbed's tasks read the topic "
+            "(JSON values); it applies to Spark's Kafka source (Avro, raw, pinned offsets)",
+            name,
+        )
     options = {
         "topic": source.topic,
         "log": f"kafka://{source.bootstrap}?serde=json",
@@ -263,6 +270,18 @@ def log_options(source: KafkaSource) -> dict[str, str]:
     if "maxoffsetspertrigger" in given:
         options["maxRecordsPerBatch"] = given["maxoffsetspertrigger"]
     return options
+
+
+_NATIVE_OPTIONS = {"maxoffsetspertrigger", "failondataloss"}
+
+
+def ignored_options(source: KafkaSource) -> list[str]:
+    """The source's Spark options that the log-native path does not use (every
+    ``kafka.*`` one goes to its Kafka client; ``maxOffsetsPerTrigger`` and
+    ``failOnDataLoss`` it honours)."""
+    return sorted(
+        k for k in source.options if not k.startswith("kafka.") and k.lower() not in _NATIVE_OPTIONS
+    )
 
 
 def with_max_records(source: Mapping[str, Any], n: int) -> dict[str, Any]:
