@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
-from riverbed.log.errors import LogValueError
+from riverbed.log.errors import LogError, LogValueError
 from riverbed.log.records import (
     ColumnBatch,
     Columns,
@@ -303,6 +303,10 @@ class LogStorage(ABC):
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[tuple[int, RawRecord]]:
         """Up to ``max_records`` whole records from ``offset`` on (fewer at the end)."""
+
+    def read_only_error(self, what: str) -> LogError:
+        """The error for a write to a storage riverbed only reads (:attr:`read_only`)."""
+        return LogValueError(f"{self.url} is read-only through riverbed's log: {what}")
 
     def read_waiting(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from riverbed.log.base import LogStorage, TopicConfig
 from riverbed.log.errors import LogError, LogValueError, OffsetOutOfRangeError
-from riverbed.log.records import Columns, RawRecord
+from riverbed.log.records import ColumnBatch, Columns, RawRecord
 
 __all__ = ["PATIENCE_S", "SCHEME", "KafkaLogStorage"]
 
@@ -310,18 +310,10 @@ class KafkaLogStorage(LogStorage):
     def read(
         self, topic: str, partition: int, offset: int, max_records: int
     ) -> list[tuple[int, RawRecord]]:
-        _, high = self.offsets(topic, partition)
-        columns = self.read_columns(topic, partition, offset, min(high, offset + max_records))
-        return [
-            (int(o), RawRecord(int(ts), key, value, {}))
-            for o, ts, key, value in zip(
-                columns.offsets.tolist(),
-                columns.timestamps_ms.tolist(),
-                columns.keys.to_pylist(),
-                columns.values.to_pylist(),
-                strict=True,
-            )
-        ]
+        # read_columns stops at the partition's end itself
+        columns = self.read_columns(topic, partition, offset, offset + max_records)
+        rows = ColumnBatch(columns.timestamps_ms, columns.keys, columns.values, None).rows()
+        return list(zip(columns.offsets.tolist(), rows, strict=True))
 
     def close(self) -> None:
         with self._lock:

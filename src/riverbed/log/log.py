@@ -156,10 +156,7 @@ class Log:
     # -- producing and reading ----------------------------------------------------------
     def producer(self, topic: str) -> Producer:
         if self.storage.read_only:
-            raise LogValueError(
-                f"{self.url} is read-only through riverbed's log: produce to {topic!r} with "
-                "its own clients"
-            )
+            raise self.storage.read_only_error(f"produce to {topic!r}")
         return Producer(self, topic)
 
     def read(
