@@ -21,6 +21,7 @@ __all__ = [
     "TOPIC",
     "KafkaReadError",
     "check_topic",
+    "client_settings",
     "ends",
     "json_columns",
     "offsets_for_time",
@@ -28,6 +29,13 @@ __all__ = [
 ]
 
 TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")  # Kafka's own rule for topic names
+
+
+def client_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A Kafka client's settings from Spark-style source options: each ``kafka.<name>``
+    is the client's ``<name>`` (security protocol, SASL, TLS), as Spark's Kafka source
+    passes them on."""
+    return {k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")}
 
 
 class KafkaReadError(RiverbedError):

@@ -84,10 +84,9 @@ def open_log(options: dict[str, str]) -> Any:
 
     url = _log_url(options)
     if url.startswith("kafka://"):
-        settings = {
-            k.removeprefix("kafka."): v for k, v in options.items() if k.startswith("kafka.")
-        }
-        return riverbed.log.open(url, kafka=settings)
+        from riverbed.spark.kafka import client_settings
+
+        return riverbed.log.open(url, kafka=client_settings(options))
     return riverbed.log.open(url)
 
 

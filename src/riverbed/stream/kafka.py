@@ -53,6 +53,7 @@ from typing import Any
 
 from riverbed.errors import InvalidValueError
 from riverbed.spark.kafka import TOPIC as _TOPIC  # Kafka's own rule for topic names
+from riverbed.spark.kafka import client_settings
 
 __all__ = [
     "FORMATS",
@@ -380,13 +381,11 @@ def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | 
     starts), partitions gone and records deleted unread (:func:`continuity`)."""
     from confluent_kafka.admin import AdminClient
 
-    settings: dict[str, str | int | float | bool] = {
+    settings: dict[str, Any] = {
         "bootstrap.servers": source.bootstrap,
         "log_level": 2,
+        **client_settings(source.options),  # security settings reach the check too
     }
-    for key, value in source.options.items():  # security settings reach the check too
-        if key.startswith("kafka."):
-            settings[key.removeprefix("kafka.")] = value
     try:
         meta = AdminClient(settings).list_topics(source.topic, timeout=timeout)
     except Exception as exc:
