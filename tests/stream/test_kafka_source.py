@@ -35,11 +35,10 @@ from riverbed.stream.kafka import (
     with_max_records,
 )
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.lognative import source_offsets
+from riverbed.stream.lognative import committed_ends, source_offsets
 from riverbed.stream.loop import DirectQuery
 from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.records import open_batches
-from riverbed.stream.specjob import committed_ends
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaCluster, KafkaServer, free_port
 from tests.stream.conftest import make_events

@@ -17,9 +17,9 @@ import riverbed.log
 from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
 from riverbed.stream.dataframe import read_results, start
+from riverbed.stream.lognative import committed_ends
 from riverbed.stream.plan import ends_of
 from riverbed.stream.records import BatchLog, BatchRecord
-from riverbed.stream.specjob import committed_ends
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
 from tests.stream.test_lognative import check, spec

@@ -26,10 +26,11 @@ state version and replace the same output.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,26 +459,33 @@ def spark_committed_ends(checkpoint: str | Path) -> dict[int, int] | None:
     return spark_ends(checkpoint, done[-1]) if done else None
 
 
-def read_ends(checkpoint: str | Path) -> tuple[dict[int, int] | None, bool]:
-    """Where the newest finished batch of a checkpoint ended in every partition
-    (``None`` before the first, or when it cannot tell), and whether Spark's streaming
-    engine drove its batches (their records hold no slices: a checkpoint of the
-    DataFrame path, which stays on it)."""
+def committed_ends(checkpoint: str | Path, newest_first: Iterable[BatchRecord]) -> dict[int, int]:
+    """Where the newest finished batch ended, per log partition: its recorded plan, or
+    for a checkpoint of the Spark-driven loop, Spark's commit and offset logs ({}: no
+    batch finished, or they cannot tell)."""
     from riverbed.stream.plan import ends_of
+
+    done = next((d for d in newest_first if d.done), None)
+    if done is not None and done.slices is not None:
+        return ends_of(done.slices)
+    return spark_committed_ends(checkpoint) or {}
+
+
+def read_ends(checkpoint: str | Path) -> tuple[dict[int, int] | None, bool]:
+    """:func:`committed_ends` of a checkpoint (``None`` when there are none), and
+    whether Spark's streaming engine drove its batches (their records hold no slices:
+    a checkpoint of the DataFrame path, which stays on it). Records are read newest
+    first, only as far as the newest finished one."""
     from riverbed.stream.records import open_batches
 
     batches = open_batches(checkpoint)
-    ids = batches.ids()
-    newest = batches.get(ids[-1]) if ids else None
+    records = (r for r in map(batches.get, reversed(batches.ids())) if r is not None)
+    newest = next(records, None)
     if newest is None:
         return None, False
     if newest.slices is None:
         return spark_committed_ends(checkpoint), True
-    for batch_id in reversed(ids):
-        record = batches.get(batch_id)
-        if record is not None and record.done and record.slices is not None:
-            return ends_of(record.slices), False
-    return None, False
+    return committed_ends(checkpoint, itertools.chain([newest], records)) or None, False
 
 
 def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] | None:

@@ -317,22 +317,11 @@ def _done(record: BatchRecord | None) -> bool:
     return record is not None and record.done
 
 
-def committed_ends(checkpoint: str | Path, newest_first: list[BatchRecord]) -> dict[int, int]:
-    """Where the newest finished batch ended, per log partition: its recorded plan, or
-    for a checkpoint of the Spark-driven loop, Spark's commit and offset logs."""
-    from riverbed.stream.lognative import spark_committed_ends
-    from riverbed.stream.plan import ends_of
-
-    done = next((d for d in newest_first if d.done), None)
-    if done is not None and done.slices is not None:
-        return ends_of(done.slices)
-    return spark_committed_ends(checkpoint) or {}
-
-
 def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
+    from riverbed.stream.lognative import committed_ends  # here: it brings PySpark in
 
     checkpoint = info["checkpoint"]
     batches = open_batches(checkpoint)
