@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -117,13 +117,14 @@ def records_batch(records: Sequence[RawRecord], typed: pa.RecordBatch | None) ->
         values = as_struct(typed)
     else:
         values = pa.array([r.value for r in records], pa.binary())
-    columns = [
-        pa.array([r.timestamp_ms for r in records], pa.int64()),
-        pa.array([r.key for r in records], pa.binary()),
-        values,
-        _headers([r.headers for r in records]),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=wire_schema(values.type))
+    return columns_batch(
+        ColumnBatch(
+            np.array([r.timestamp_ms for r in records], np.int64),
+            pa.array([r.key for r in records], pa.binary()),
+            values,
+            cast(list[dict[str, bytes]], [r.headers for r in records]),  # read, not kept
+        )
+    )
 
 
 def columns_batch(batch: ColumnBatch) -> pa.RecordBatch:
