@@ -223,17 +223,40 @@ def _run(spark: Any, spec: Aggregation, bootstrap: str, topic: str, root: Path) 
             "options": {"maxOffsetsPerTrigger": "1500"},
         }
     }
+    # the results to a Kafka topic too, one transaction per batch
+    _run_once(spark, spec, source, root, topic=f"kafka://{bootstrap}/{topic}-results")
+
+
+def _run_once(
+    spark: Any, spec: Aggregation, source: dict[str, Any], root: Path, topic: str | None = None
+) -> Any:
+    """Run the aggregation over what the topic holds now (``availableNow``), into
+    ``root``'s ckpt/ and out/; its query, ended without an error."""
     query = start(
         spark,
         spec,
         source,
         checkpoint=root / "ckpt",
         output=root / "out",
-        topic=f"kafka://{bootstrap}/{topic}-results",  # one transaction per batch
+        topic=topic,
         trigger={"availableNow": True},
     )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
+    return query
+
+
+def _assert_results(output: Path, events: pd.DataFrame) -> pd.DataFrame:
+    """Every window and key of the result table equals pandas over ``events`` (which
+    it returns)."""
+    got = read_results(output).sort_values(["window_start", "key"], ignore_index=True)
+    want = _oracle(events)
+    assert list(got["key"]) == list(want["key"])
+    assert list(got["window_start"]) == list(want["window_start"])
+    assert list(got["events"]) == list(want["events"]), "double or missing counts"
+    assert list(got["users"]) == list(want["users"])
+    assert list(got["total"]) == list(want["total"])
+    return want
 
 
 def _committed(checkpoint: Path) -> dict[int, int]:
@@ -264,13 +287,7 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
     assert behind == {str(p): len(second.iloc[p::3]) for p in range(3)}
     _run(spark, spec, kafka_server.bootstrap, kafka_topic, tmp_path)
 
-    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
-    want = _oracle(events)
-    assert list(got["key"]) == list(want["key"])
-    assert list(got["window_start"]) == list(want["window_start"])
-    assert list(got["events"]) == list(want["events"]), "double or missing counts"
-    assert list(got["users"]) == list(want["users"])
-    assert list(got["total"]) == list(want["total"])
+    want = _assert_results(tmp_path / "out", events)
     _assert_results_topic(kafka_server.bootstrap, f"{kafka_topic}-results", want)
     records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records if r is not None) == 6
@@ -323,24 +340,8 @@ def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
             "options": {"maxOffsetsPerTrigger": "800"},
         }
     }
-    query = start(
-        spark,
-        spec,
-        source,
-        checkpoint=tmp_path / "ckpt",
-        output=tmp_path / "out",
-        trigger={"availableNow": True},
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-
-    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
-    want = _oracle(events)
-    assert list(got["key"]) == list(want["key"])
-    assert list(got["window_start"]) == list(want["window_start"])
-    assert list(got["events"]) == list(want["events"]), "double or missing counts"
-    assert list(got["users"]) == list(want["users"])
-    assert list(got["total"]) == list(want["total"])
+    _run_once(spark, spec, source, tmp_path)
+    _assert_results(tmp_path / "out", events)
     batches = open_batches(tmp_path / "ckpt")
     records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records if r is not None) == 2
@@ -369,26 +370,13 @@ def test_a_checkpoint_the_dataframe_path_started_stays_on_it(
                 "startingOffsets": starting,
             }
         }
-        query = start(
-            spark,
-            spec,
-            source,
-            checkpoint=tmp_path / "ckpt",
-            output=tmp_path / "out",
-            trigger={"availableNow": True},
-        )
+        query = _run_once(spark, spec, source, tmp_path)
         assert not isinstance(query, DirectQuery), "the log-native loop, not Spark's query"
-        query.awaitTermination(300)
-        assert query.exception() is None, query.exception()
         if starting == pinned:
             _produce(kafka_server.bootstrap, kafka_topic, events.iloc[900:])
     batches = open_batches(tmp_path / "ckpt")
     assert all(batches.get(b).slices is None for b in batches.ids())  # type: ignore[union-attr]
-    got = read_results(tmp_path / "out").sort_values(["window_start", "key"], ignore_index=True)
-    want = _oracle(events)
-    assert list(got["key"]) == list(want["key"])
-    assert list(got["events"]) == list(want["events"]), "double or missing counts"
-    assert list(got["users"]) == list(want["users"])
+    _assert_results(tmp_path / "out", events)
 
 
 def _delete_records(bootstrap: str, topic: str, partition: int) -> None:
@@ -564,13 +552,6 @@ def _chaos(
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
 
-    want = _oracle(_read_back(kafka.bootstrap, kafka_topic))
-    got = read_results(home / "output" / "kchaos").sort_values(
-        ["window_start", "key"], ignore_index=True
-    )
     assert kills == KILLS
-    assert list(got["key"]) == list(want["key"])
-    assert list(got["events"]) == list(want["events"]), "double or missing counts"
-    assert list(got["users"]) == list(want["users"])
-    assert list(got["total"]) == list(want["total"])
+    want = _assert_results(home / "output" / "kchaos", _read_back(kafka.bootstrap, kafka_topic))
     _assert_results_topic(kafka.bootstrap, f"{kafka_topic}-results", want)
