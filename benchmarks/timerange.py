@@ -1,22 +1,31 @@
 """Time-range jobs: chunked vs one pass, and the cost of a resume, in one run.
 
     .venv/bin/python benchmarks/timerange.py [--sensors 1000] [--hours 24] [--every 8.6]
+                                             [--job rolling|carried|both]
 
 Data: ``--hours`` of readings from ``--sensors`` sensors, one every ``--every`` seconds
 each (defaults: 24 h x 1,000 sensors ≈ 10M rows), as an hour-partitioned Parquet dataset.
-Job: a 30-minute rolling mean per sensor.
+Jobs, hourly chunks:
 
-1. **Baseline — one pass**: the same window over the whole range as one Spark query
-   (``Window.partitionBy(sensor).orderBy(ts).rangeBetween(-30min, 0)``), written with
+* **rolling** — a 30-minute rolling mean per sensor (each chunk re-reads 30 minutes);
+* **carried** — a running sum and mean per sensor since the start and a mean over the
+  last 5 readings: every chunk carries state from the one before (per-key running parts
+  and each sensor's last 4 rows).
+
+For each job:
+
+1. **Baseline — one pass**: the same windows over the whole range as one Spark query
+   (``Window.partitionBy(sensor).orderBy(ts)`` with ``rangeBetween(-30min, 0)``, or
+   ``rangeBetween(unboundedPreceding, 0)`` and ``rowsBetween(-4, 0)``), written with
    ``df.write.parquet`` — what a user writes without riverbed.
-2. **Chunked**: ``riverbed timerange``'s driver, hourly chunks, each with its 30-minute
-   lookback, staged, published with its progress marker (SQLite control plane).
-   Target: ≤ 1.3x the one-pass time.
+2. **Chunked**: ``riverbed timerange``'s driver, each chunk staged and published with its
+   progress marker (SQLite control plane). Targets: ≤ 1.2x the one-pass time, and a
+   chunk's overhead — (chunked - one pass) / chunks — ≤ 0.2 s.
 3. **Resume**: a fresh run stopped right after its 50 % chunk is published (as a kill
    there would), then resumed; the resume's time over a full chunked run's.
    Target: ≤ 0.55.
 
-All three use one SparkSession (``local[*]``), warmed up by a small query first.
+All use one SparkSession (``local[*]``), warmed up by a small query first.
 """
 
 from __future__ import annotations
@@ -39,15 +48,19 @@ from riverbed.jobs.timerange import Driver, Event, load_spec, parse_time
 from riverbed.spark import session
 
 SPEC = """
-from riverbed.jobs.timerange import ParquetInput, Rolling, TimeRangeJob
+from riverbed.jobs.timerange import Cumulative, ParquetInput, Rolling, Rows, TimeRangeJob
 
 job = TimeRangeJob(
     input=ParquetInput({input!r}, partition="hour"),
     key="sensor", time="ts",
-    metrics=[Rolling("30min", "value", ["mean"])],
+    metrics={metrics},
     output={output!r}, chunk="1h",
 )
 """
+METRICS = {
+    "rolling": '[Rolling("30min", "value", ["mean"])]',
+    "carried": '[Cumulative("value", ["sum", "mean"]), Rows(5, "value", ["mean"])]',
+}
 START = "2026-01-01"
 
 
@@ -76,15 +89,28 @@ def generate(folder: Path, sensors: int, hours: int, every: float) -> int:
     return total
 
 
-def one_pass(spark: Any, data: Path, out: Path) -> float:
+def one_pass(spark: Any, job: str, data: Path, out: Path) -> float:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     began = time.perf_counter()
     df = spark.read.parquet(str(data)).drop("hour")
     t = F.unix_micros("ts")
-    w = Window.partitionBy("sensor").orderBy(t).rangeBetween(-(30 * 60 * 1_000_000 - 1), 0)
-    df.withColumn("value_mean_30m", F.avg("value").over(w)).write.parquet(str(out))
+    by = Window.partitionBy("sensor")
+    if job == "rolling":
+        w = by.orderBy(t).rangeBetween(-(30 * 60 * 1_000_000 - 1), 0)
+        df = df.withColumn("value_mean_30m", F.avg("value").over(w))
+    else:
+        running = by.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
+        last5 = by.orderBy(t, "value").rowsBetween(-4, 0)
+        df = df.withColumns(
+            {
+                "value_cum_sum": F.sum("value").over(running),
+                "value_cum_mean": F.avg("value").over(running),
+                "value_mean_5rows": F.avg("value").over(last5),
+            }
+        )
+    df.write.parquet(str(out))
     return time.perf_counter() - began
 
 
@@ -109,12 +135,44 @@ def chunked(spark: Any, spec_path: Path, cp_url: str, hours: int, stop_at: int =
     return time.perf_counter() - began
 
 
+def race(spark: Any, job: str, root: Path, rows: int, hours: int) -> None:
+    base = one_pass(spark, job, root / "in", root / f"onepass-{job}")
+    print(f"\n{job}: {METRICS[job]}")
+    print(
+        f"  one pass (Spark window, df.write.parquet): {base:7.1f} s  "
+        f"{rows / base:,.0f} rows/s   [baseline]"
+    )
+
+    def fresh(name: str) -> tuple[Path, str]:
+        spec = root / f"{job}-{name}.py"
+        output = root / f"{job}-{name}"
+        text = SPEC.format(input=str(root / "in"), output=str(output), metrics=METRICS[job])
+        spec.write_text(text)
+        return spec, f"sqlite:///{root / job}-{name}.db"
+
+    spec, url = fresh("chunked")
+    full = chunked(spark, spec, url, hours)
+    print(
+        f"  chunked (hourly, riverbed driver):         {full:7.1f} s  "
+        f"{rows / full:,.0f} rows/s   ratio {full / base:.2f}x one pass (target ≤ 1.2); "
+        f"overhead {(full - base) / hours:+.3f} s per chunk (target ≤ 0.2)"
+    )
+    spec, url = fresh("resumed")
+    half = chunked(spark, spec, url, hours, stop_at=hours // 2)
+    resume = chunked(spark, spec, url, hours)
+    print(
+        f"  stopped at 50 % after {half:.1f} s; resume: {resume:7.1f} s  "
+        f"ratio {resume / full:.2f} of a full chunked run (target ≤ 0.55)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sensors", type=int, default=1000)
     parser.add_argument("--hours", type=int, default=24)
     parser.add_argument("--every", type=float, default=8.6, help="seconds between readings")
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--job", choices=["rolling", "carried", "both"], default="both")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rb-bench-timerange-"))
@@ -124,31 +182,8 @@ def main() -> None:
         spark = session(SparkConfig(master=args.master, app_name="riverbed-bench-timerange"))
         spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
 
-        base = one_pass(spark, root / "in", root / "onepass")
-        print(
-            f"one pass (Spark window, df.write.parquet): {base:7.1f} s  "
-            f"{rows / base:,.0f} rows/s   [baseline]"
-        )
-
-        def fresh(name: str) -> tuple[Path, str]:
-            spec = root / f"{name}.py"
-            spec.write_text(SPEC.format(input=str(root / "in"), output=str(root / name)))
-            return spec, f"sqlite:///{root / name}.db"
-
-        spec, url = fresh("chunked")
-        full = chunked(spark, spec, url, args.hours)
-        print(
-            f"chunked (hourly, riverbed driver):         {full:7.1f} s  "
-            f"{rows / full:,.0f} rows/s   ratio {full / base:.2f}x one pass (target ≤ 1.3)"
-        )
-
-        spec, url = fresh("resumed")
-        half = chunked(spark, spec, url, args.hours, stop_at=args.hours // 2)
-        resume = chunked(spark, spec, url, args.hours)
-        print(
-            f"stopped at 50 % after {half:.1f} s; resume: {resume:7.1f} s  "
-            f"ratio {resume / full:.2f} of a full chunked run (target ≤ 0.55)"
-        )
+        for job in ("rolling", "carried") if args.job == "both" else (args.job,):
+            race(spark, job, root, rows, args.hours)
         spark.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -149,6 +149,14 @@ def test_timerange_cli_errors_are_one_line(tmp_path: Path, subprocess_env: dict[
     ]
     runs = [(["timerange", "run", str(spec), *extra], message, 1) for extra, message in cases]
     runs.append((["demo", "timerange", "--hours", "1"], "needs 2 to 168 hours", 2))  # usage
+    runs.append(
+        (
+            ["timerange", "run", str(spec), "--from", "2026-01-01", "--to", "2026-01-02"]
+            + ["--batch", "0"],
+            "argument --batch: must be a whole number of at least 1",
+            2,
+        )
+    )
     for args, message, code in runs:
         out = subprocess.run(
             [sys.executable, "-m", "riverbed.cli.main", *args],
@@ -158,6 +166,6 @@ def test_timerange_cli_errors_are_one_line(tmp_path: Path, subprocess_env: dict[
             timeout=120,
         )
         assert out.returncode == code, out.stderr
-        lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+        lines = [line for line in out.stderr.splitlines() if "error:" in line]
         assert len(lines) == 1 and message in lines[0], out.stderr
         assert "Traceback" not in out.stderr

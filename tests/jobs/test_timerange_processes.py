@@ -91,6 +91,8 @@ def driver(s: dict[str, Any], *extra: str, hours: int = HOURS) -> subprocess.Pop
             f"2026-01-01T{hours:02d}:00",
             "--ttl",
             "2",
+            "--batch",  # a chunk per query: published one at a time, slow enough to kill
+            "1",
             *extra,
         ],
         env=s["env"],

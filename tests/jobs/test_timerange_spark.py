@@ -62,8 +62,16 @@ def spec_for(job: TimeRangeJob, out: Path) -> LoadedSpec:
     return LoadedSpec(replace(job, name="t", output=str(out)), Path("t.py"), "test")
 
 
-def run(spark: Any, spec: LoadedSpec, start: str, end: str, cp: Any = None, **kw: Any) -> Any:
-    driver = Driver(spec, cp or connect("memory://"), lambda: spark, ttl=5)
+def run(
+    spark: Any,
+    spec: LoadedSpec,
+    start: str,
+    end: str,
+    cp: Any = None,
+    batch: int | None = None,
+    **kw: Any,
+) -> Any:
+    driver = Driver(spec, cp or connect("memory://"), lambda: spark, ttl=5, batch=batch)
     driver.run(start, end, **kw)
     return driver
 
@@ -107,9 +115,10 @@ events = st.lists(
     st.sampled_from(["10min", "45min", "90min"]),
     st.integers(1, 3),
     st.booleans(),
+    st.integers(1, 5),
 )
-@example([], "1h", "10min", 1, False)  # nothing at all
-@example([(0, 0, None), (0, 900, None), (0, 900, 1.0), (1, 1800, 2.5)], "15m", "45min", 3, True)
+@example([], "1h", "10min", 1, False, 1)  # nothing at all
+@example([(0, 0, None), (0, 900, None), (0, 900, 1.0), (1, 1800, 2.5)], "15m", "45min", 3, True, 3)
 @settings(
     max_examples=2,  # 30-60 s each on 2 cores, plus the 2 explicit; other tests cover more
     deadline=None,
@@ -123,7 +132,10 @@ def test_any_chunking_equals_one_pass_and_pandas(
     window: str,
     n: int,
     lonely: bool,
+    batch: int,
 ) -> None:
+    """Carried state (cumulative values, row windows) across chunks computed ``batch`` per
+    Spark query, each chunk with its own carry."""
     frame = pd.DataFrame(
         [(s, START + pd.Timedelta(seconds=sec), v) for s, sec, v in rows]
         # a key seen in one chunk only, and two rows tied in time on an edge
@@ -148,7 +160,7 @@ def test_any_chunking_equals_one_pass_and_pandas(
             chunk=chunk,
         )
         spec = spec_for(job, Path(tmp) / "out")
-        driver = run(spark, spec, "2026-01-01T00:00Z", "2026-01-01T02:00Z")
+        driver = run(spark, spec, "2026-01-01T00:00Z", "2026-01-01T02:00Z", batch=batch)
         got = driver.output.read("rows").to_pandas()
         whole = one_pass(spark, spec.job, T0, T0 + 2 * 3_600_000_000).rows
         assert whole is not None
@@ -287,13 +299,60 @@ def test_a_failed_run_resumes_where_it_stopped(spark: Any, tmp_path: Path) -> No
     spec = spec_for(job, tmp_path / "out")
     cp = connect("memory://")
     with pytest.raises(RuntimeError, match="boom"):
-        run(spark, spec, "2026-01-01", "2026-01-01T06:00", cp=cp)
+        run(spark, spec, "2026-01-01", "2026-01-01T06:00", cp=cp, batch=1)
     assert len(list((tmp_path / "out" / "rows").iterdir())) == 3  # chunks 0..2 published
     driver = run(spark, spec, "2026-01-01", "2026-01-01T06:00", cp=cp)
     records = cp.get_prefix(b"riverbed/timerange/t/chunks/")
     assert len(records) == 6 and {kv.version for kv in records} == {1}  # each published once
     assert_same(driver.output.read("rows").to_pandas(), pandas_rows(spec.job, frame), False)
     assert not list((tmp_path / "out" / "_riverbed" / "staging").glob("*"))
+
+
+def test_a_run_stopped_inside_a_batch_resumes_from_that_chunks_carry(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Chunks computed three per query, the run stopped right after the middle chunk of a
+    batch is published: the resumed run starts from that chunk's own carried state and
+    the whole equals one pass and pandas."""
+    frame = readings(8, seed=11)
+    write_input(tmp_path / "in", frame)
+    job = TimeRangeJob(
+        input=ParquetInput(str(tmp_path / "in")),
+        key="sensor",
+        time="ts",
+        metrics=[
+            Rolling("40min", "value", ["mean"]),
+            Rows(4, "value", ["sum", "max"]),
+            Cumulative("value", ["sum", "count", "mean", "min"]),
+        ],
+        chunk="1h",
+    )
+    spec = spec_for(job, tmp_path / "out")
+    cp = connect("memory://")
+
+    class Stop(Exception):
+        pass
+
+    published = []
+
+    def stop_after_the_fifth(event: Any) -> None:
+        if event.kind == "chunk":
+            published.append(event.record)
+            if len(published) == 5:  # chunk 4: the middle of the batch [3, 6)
+                raise Stop
+
+    driver = Driver(spec, cp, lambda: spark, ttl=5, batch=3, on_event=stop_after_the_fifth)
+    with pytest.raises(Stop):
+        driver.run("2026-01-01", "2026-01-01T08:00")
+    assert all(r.carry for r in published)
+    driver = run(spark, spec, "2026-01-01", "2026-01-01T08:00", cp=cp, batch=3)
+    records = cp.get_prefix(b"riverbed/timerange/t/chunks/")
+    assert len(records) == 8 and {kv.version for kv in records} == {1}
+    got = driver.output.read("rows").to_pandas()
+    whole = one_pass(spark, spec.job, T0, T0 + 8 * 3_600_000_000).rows
+    assert whole is not None
+    assert_same(got, whole.toPandas(), exact=True)
+    assert_same(got, pandas_rows(spec.job, frame), exact=False)
 
 
 def test_a_rerun_recomputes_the_corrected_chunks_and_what_they_feed(

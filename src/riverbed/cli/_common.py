@@ -15,6 +15,17 @@ CHECKPOINTS_HELP = (
 )
 
 
+def positive_int(text: str) -> int:
+    """An option's value that must be a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
+
+
 def config_of(args: argparse.Namespace) -> Config:
     """The configuration, with ``--checkpoints`` (where a command has it) over what it
     says."""

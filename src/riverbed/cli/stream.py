@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from riverbed.cli._common import CHECKPOINTS_HELP, config_of
+from riverbed.cli._common import CHECKPOINTS_HELP, config_of, positive_int
 from riverbed.cli._quiet import WARNED
 from riverbed.config import Config
 from riverbed.errors import ConfigError
@@ -21,16 +21,6 @@ from riverbed.errors import ConfigError
 STAMP = "%Y-%m-%d %H:%M:%S"
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
-    return value
 
 
 def add_parsers(sub: Any) -> None:
@@ -66,14 +56,14 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     c.add_argument(
         "--retain-versions",
-        type=_positive,
+        type=positive_int,
         default=100,
         help="retention: batches whose state and records stay loadable; older changelogs, "
         "snapshots and batch records are deleted (default 100)",
     )
     c.add_argument(
         "--snapshot-every",
-        type=_positive,
+        type=positive_int,
         default=10,
         help="batches between state snapshots, and between retention passes (default 10)",
     )

@@ -11,7 +11,13 @@ from typing import Any
 
 from rich.console import Console
 
-from riverbed.cli._common import CHECKPOINTS_HELP, Subcommands, config_of, shared_options
+from riverbed.cli._common import (
+    CHECKPOINTS_HELP,
+    Subcommands,
+    config_of,
+    positive_int,
+    shared_options,
+)
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -41,6 +47,12 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--chunk", help="chunk size, e.g. 1h (default: the spec's)")
     c.add_argument(
         "--rerun", action="store_true", help="recompute done chunks in the range (late data)"
+    )
+    c.add_argument(
+        "--batch",
+        type=positive_int,
+        help="chunks one Spark query computes (default: about 4 million rows, at most 24); "
+        "each chunk is still published on its own — 1 publishes each as soon as it is done",
     )
     c.add_argument("--ttl", type=int, default=10, help="driver lease TTL seconds (failover)")
     c.add_argument("--master", help="Spark master (default from riverbed.toml / local[*])")
@@ -153,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         spark_holder.append(session(spark_config))
         return spark_holder[-1]
 
-    driver = Driver(spec, _control(args), spark, ttl=args.ttl, on_event=on_event)
+    driver = Driver(spec, _control(args), spark, ttl=args.ttl, batch=args.batch, on_event=on_event)
     try:
         progress = driver.run(args.start, args.end, rerun=args.rerun)
     finally:

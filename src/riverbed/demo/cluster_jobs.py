@@ -221,7 +221,9 @@ def _start_timerange(
     spec.write_text(SPEC.format(input=f"s3://{BUCKET}/readings", output=f"s3://{BUCKET}/timerange"))
     start = "2026-01-01"
     end = (pd.Timestamp(start, tz="UTC") + pd.Timedelta(hours=HOURS)).strftime("%Y-%m-%dT%H:%MZ")
-    argv = cli("timerange", "run", str(spec), "--from", start, "--to", end, "--ttl", str(JOBS_TTL))
+    # one chunk per Spark query, published one by one: the host loss lands mid-run
+    argv = cli("timerange", "run", str(spec), "--from", start, "--to", end,
+               "--ttl", str(JOBS_TTL), "--batch", "1")  # fmt: skip
     bed.spawn("h2", "timerange", argv, env=env("h2"), kind="timerange")
     wait_for("the time-range driver on h2 to publish two chunks",
              lambda: _chunks_published(cp) >= 2, 180)  # fmt: skip

@@ -4,8 +4,10 @@ A chunk ``[s, e)`` reads its input from ``lo = max(origin, s - lookback)`` — t
 time windows need — plus the rows **carried** from the chunk before: the last ``N - 1`` rows
 per key older than ``lo`` (row windows) and per-key running aggregates (cumulative values).
 Every window is then computed over that union exactly as a one-pass query would over the
-whole range, and only the rows of ``[s, e)`` are kept. The new carry is returned with the
-rows; the driver saves it with the chunk's progress marker.
+whole range, and only the rows of ``[s, e)`` are kept. ``[s, e)`` may span several chunks
+of the job (a batch: one query for all of them); for a job that carries state the query
+also returns what each chunk's carry is derived from (:mod:`.carry`, in Arrow on the
+driver, which saves each with its chunk's progress marker).
 
 The same function with ``s = origin`` and one chunk spanning the whole range *is* the
 one-pass computation (:func:`one_pass`), the oracle of the tests and the benchmark.
@@ -18,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from riverbed.jobs.timerange.carry import IN, NEXT, T, part_names
 from riverbed.jobs.timerange.errors import MissingInputError, SpecError
 from riverbed.jobs.timerange.plan import to_datetime
 from riverbed.jobs.timerange.spec import (
@@ -36,15 +39,15 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkFrames", "compute_chunk", "input_folders", "one_pass", "read_input"]
 
-T = "_rb_t"  # the time column in microseconds (RANGE frames need a number)
-
 
 @dataclass
 class ChunkFrames:
     rows: DataFrame | None  # one row per input row of the chunk, with its metrics
     windows: dict[str, DataFrame]  # tumbling aggregates per window size label
-    cumulative: DataFrame | None  # per-key running aggregates after the chunk (carry)
-    tail: DataFrame | None  # the last rows per key row windows need (carry)
+    # a job that carries state: the rows with the columns its carries are derived from
+    # (riverbed.jobs.timerange.carry: T, IN, NEXT), plus the rows a tail may keep
+    carrying: DataFrame | None = None
+    columns: list[str] = field(default_factory=list)  # the input's (what a tail keeps)
     cached: list[DataFrame] = field(default_factory=list)
 
     def release(self) -> None:
@@ -244,7 +247,6 @@ def compute_chunk(
         base = base.unionByName(tail.select(*columns))
     base = base.withColumn(T, F.unix_micros(F.col(job.time)))
     outputs = bool(job.metrics) + len({t.size_us for t in job.tumbling})
-    outputs += bool(job.cumulative) + bool(job.tail_rows)
     cached = [base.persist()] if outputs > 1 else []
     keys = list(job.keys)
     order = [F.col(T).asc(), *(F.col(c).asc_nulls_first() for c in _tiebreak(job, columns))]
@@ -252,16 +254,18 @@ def compute_chunk(
 
     rows: DataFrame | None = None
     if job.metrics:
-        out = base
+        # one withColumns per step: each call has Spark analyse the whole plan again
+        windowed: dict[str, Column] = {}
         for r in job.rolling:
             w = Window.partitionBy(*keys).orderBy(T).rangeBetween(-(r.window_us - 1), 0)
             for agg, name in r.names():
-                out = out.withColumn(name, _windowed(out, agg, r.column, w, r.min_periods))
+                windowed[name] = _windowed(base, agg, r.column, w, r.min_periods)
         for rw in job.rows:
             w = Window.partitionBy(*keys).orderBy(*order).rowsBetween(-(rw.n - 1), 0)
             periods = rw.n if rw.min_periods is None else rw.min_periods
             for agg, name in rw.names():
-                out = out.withColumn(name, _windowed(out, agg, rw.column, w, periods))
+                windowed[name] = _windowed(base, agg, rw.column, w, periods)
+        out = base.withColumns(windowed) if windowed else base
         if job.cumulative:
             out = _cumulative_rows(job, out, start, cumulative)
         for c in job.custom:
@@ -292,28 +296,26 @@ def compute_chunk(
             )
         )
 
-    carry_cum = _carry_cumulative(job, chunk_rows, cumulative) if job.cumulative else None
-    carry_tail = None
-    if job.tail_rows:
-        next_lo = max(origin, end - job.lookback_us)
-        desc = [F.col(T).desc(), *(F.col(c).desc_nulls_last() for c in _tiebreak(job, columns))]
-        rank = F.row_number().over(Window.partitionBy(*keys).orderBy(*desc))
-        carry_tail = (
-            base.where(F.col(T) < F.lit(next_lo))
-            .withColumn("_rb_rank", rank)
-            .where(F.col("_rb_rank") <= job.tail_rows)
-            .select(*columns)
-        )
-    return ChunkFrames(rows, windows, carry_cum, carry_tail, cached)
+    carrying = None
+    if rows is not None and (job.cumulative or job.tail_rows):
+        if job.tail_rows:  # the rows that can be among the last before a chunk's next_lo
+            w = Window.partitionBy(*keys).orderBy(*order)
+            first = max(origin, min(end, start + job.chunk_us) - job.lookback_us)
+            last = max(origin, end - job.lookback_us)
+            may_stay = (F.col(T) < F.lit(last)) & (
+                F.col(NEXT).isNull() | (F.col(NEXT) >= F.lit(first))
+            )
+            carrying = out.withColumns(
+                {IN: in_chunk, NEXT: F.lead(T, job.tail_rows).over(w)}
+            ).where(in_chunk | may_stay)
+        else:
+            carrying = out.withColumn(IN, in_chunk).where(in_chunk)
+    return ChunkFrames(rows, windows, carrying, columns, cached)
 
 
 def value_type(df: DataFrame, column: str) -> str:
     dtype = df.schema[column].dataType.simpleString()
     return "double" if dtype in ("float", "double") or dtype.startswith("decimal") else "bigint"
-
-
-def _parts(column: str) -> list[str]:
-    return [f"{column}__sum", f"{column}__count", f"{column}__min", f"{column}__max"]
 
 
 def _cumulative_rows(
@@ -326,23 +328,30 @@ def _cumulative_rows(
     w = Window.partitionBy(*keys).orderBy(T).rangeBetween(Window.unboundedPreceding, 0)
     in_chunk = F.col(T) >= F.lit(start)
     columns = sorted({c.column for c in job.cumulative})
+    running: dict[str, Column] = {}
     for col in columns:
         v = F.when(in_chunk, F.col(col))
-        s, n, lo, hi = _parts(col)
-        out = (
-            out.withColumn("_r" + s, F.sum(v).over(w))
-            .withColumn("_r" + n, F.count(v).over(w))
-            .withColumn("_r" + lo, F.min(v).over(w))
-            .withColumn("_r" + hi, F.max(v).over(w))
-        )
+        s, n, lo, hi = part_names(col)
+        running |= {
+            "_r" + s: F.sum(v).over(w),
+            "_r" + n: F.count(v).over(w),
+            "_r" + lo: F.min(v).over(w),
+            "_r" + hi: F.max(v).over(w),
+        }
+    out = out.withColumns(running)
     if carry is not None:
         out = out.join(F.broadcast(carry), on=keys, how="left")
     else:
-        for col in columns:
-            for part in _parts(col):
-                out = out.withColumn(part, F.lit(None).cast(_part_type(out, col, part)))
+        out = out.withColumns(
+            {
+                part: F.lit(None).cast(_part_type(out, col, part))
+                for col in columns
+                for part in part_names(col)
+            }
+        )
+    values: dict[str, Column] = {}
     for col in columns:
-        s, n, lo, hi = _parts(col)
+        s, n, lo, hi = part_names(col)
         total = F.coalesce(F.col(n), F.lit(0)) + F.coalesce(F.col("_r" + n), F.lit(0))
         summed = F.when(
             total > 0,
@@ -350,7 +359,7 @@ def _cumulative_rows(
                 F.col(s) + F.coalesce(F.col("_r" + s), F.lit(0))
             ),
         )
-        values = {
+        of = {
             "sum": summed,
             "count": total,
             "mean": F.when(total > 0, summed / total),
@@ -359,9 +368,9 @@ def _cumulative_rows(
         }
         for c in job.cumulative:
             if c.column == col:
-                for agg, name in c.names():
-                    out = out.withColumn(name, values[agg])
-    drop = [p for col in columns for p in _parts(col)]
+                values |= {name: of[agg] for agg, name in c.names()}
+    out = out.withColumns(values)
+    drop = [p for col in columns for p in part_names(col)]
     return out.drop(*drop, *["_r" + p for p in drop])
 
 
@@ -371,40 +380,6 @@ def _part_type(df: DataFrame, column: str, part: str) -> str:
     if part.endswith("__sum"):
         return value_type(df, column)
     return df.schema[column].dataType.simpleString()
-
-
-def _carry_cumulative(
-    job: TimeRangeSpec, chunk_rows: DataFrame, carry: DataFrame | None
-) -> DataFrame:
-    from pyspark.sql import functions as F
-
-    keys = list(job.keys)
-    columns = sorted({c.column for c in job.cumulative})
-    aggs = []
-    for col in columns:
-        s, n, lo, hi = _parts(col)
-        aggs += [
-            F.sum(col).alias("_r" + s),
-            F.count(col).alias("_r" + n),
-            F.min(col).alias("_r" + lo),
-            F.max(col).alias("_r" + hi),
-        ]
-    chunk = chunk_rows.groupBy(*keys).agg(*aggs)
-    if carry is None:
-        return chunk.select(*keys, *[F.col("_r" + p).alias(p) for c in columns for p in _parts(c)])
-    joined = carry.join(chunk, on=keys, how="full_outer")
-    out = []
-    for col in columns:
-        s, n, lo, hi = _parts(col)
-        out += [
-            F.when(F.col(s).isNull(), F.col("_r" + s))
-            .otherwise(F.col(s) + F.coalesce(F.col("_r" + s), F.lit(0)))
-            .alias(s),
-            (F.coalesce(F.col(n), F.lit(0)) + F.coalesce(F.col("_r" + n), F.lit(0))).alias(n),
-            F.least(F.col(lo), F.col("_r" + lo)).alias(lo),
-            F.greatest(F.col(hi), F.col("_r" + hi)).alias(hi),
-        ]
-    return joined.select(*keys, *out)
 
 
 def one_pass(spark: SparkSession, job: TimeRangeSpec, start: int, end: int) -> ChunkFrames:

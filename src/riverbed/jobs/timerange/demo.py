@@ -115,6 +115,8 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
         end,
         "--ttl",
         "2",
+        "--batch",  # one chunk per Spark query: published one by one, so the kill lands mid-run
+        "1",
     ]
     out.print(
         f"[bold]riverbed demo timerange[/bold]: {rows:,} readings, {sensors} sensors, "

@@ -32,6 +32,7 @@ from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.hosts import host_name
 from riverbed.control.session import Session
+from riverbed.jobs.timerange.carry import Boundary, carries
 from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
 from riverbed.jobs.timerange.errors import (
     BadInputError,
@@ -53,11 +54,16 @@ from riverbed.jobs.timerange.plan import advance as advance_progress
 from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, label
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
+
+MAX_BATCH = 24  # chunks one Spark query computes, at most
+FIRST_BATCH = 6  # … while the rows of a chunk are not known yet
+ROWS_PER_QUERY = 4_000_000  # output rows a batch holds in the driver, about
 
 
 def shape_of(job: TimeRangeSpec) -> Shape:
@@ -144,7 +150,8 @@ class Driver:
         self._spark_factory = spark
         self._spark: SparkSession | None = None
         self.ttl = ttl
-        self.batch = batch  # chunks per Spark query (None: chosen from the lookback)
+        self.batch = batch  # chunks per Spark query (None: chosen from the chunks' rows)
+        self._rows_per_chunk: float | None = None  # of the last batch computed
         self.keys = Keys(self.job.name)
         self.output = Output(self.job.output)
         self.on_event = on_event or (lambda event: None)
@@ -276,29 +283,31 @@ class Driver:
             ChunkRecord.from_json(kv.value).token for kv in self.cp.get_prefix(self.keys.chunks)
         }
 
-    def _carry_of(self, progress: Progress, start: int) -> str | None:
+    def _record_before(self, progress: Progress, start: int) -> ChunkRecord | None:
+        """The record of the chunk before ``start`` (None at the origin)."""
         if start == progress.origin:
             return None
         kv = self.cp.get(self.keys.chunk(start - progress.chunk))
         if kv is None:
             raise FencedError(f"no record of the chunk before {format_time(start)}")
-        record = ChunkRecord.from_json(kv.value)
-        return record.token if record.carry else None
+        return ChunkRecord.from_json(kv.value)
 
     def batch_size(self, progress: Progress, start: int) -> int:
         """How many chunks from ``start`` one Spark query computes.
 
-        Chunks are still published one by one, each with its own marker; batching only
-        spreads a query's fixed cost and its lookback over several chunks. A job that
-        carries state (cumulative values, row windows) needs each chunk's carry, so it
-        computes one chunk at a time.
+        Chunks are still published one by one, each with its own marker (and its own
+        carried state); batching spreads a query's fixed cost — and the lookback it
+        re-reads — over several chunks. The driver holds a batch's rows, so a query
+        computes as many chunks as hold about :data:`ROWS_PER_QUERY` rows at the rate of
+        the chunks before (:data:`FIRST_BATCH` while none is known), at most
+        :data:`MAX_BATCH`.
         """
-        if self.job.cumulative or self.job.tail_rows:
-            return 1
         if self.batch is not None:
             wanted = self.batch
-        else:  # keep the re-read lookback under ~1/8 of what a query reads, at most 6 chunks
-            wanted = min(6, max(1, -(-8 * self.job.lookback_us // progress.chunk)))
+        elif self._rows_per_chunk is None:
+            wanted = FIRST_BATCH
+        else:
+            wanted = min(MAX_BATCH, max(1, int(ROWS_PER_QUERY // max(self._rows_per_chunk, 1))))
         stop = progress.redo_to if progress.redo_from is not None else progress.target
         assert stop is not None
         return max(1, min(wanted, (stop - start) // progress.chunk))
@@ -306,19 +315,21 @@ class Driver:
     def _compute(self, progress: Progress, start: int) -> list[ChunkRecord]:
         spark = self.spark
         began = time.monotonic()
+        before = self._record_before(progress, start)
+        if self._rows_per_chunk is None and before is not None:
+            self._rows_per_chunk = before.rows
         count = self.batch_size(progress, start)
         end = start + count * progress.chunk
-        carry_token = self._carry_of(progress, start)
-        cumulative = tail = None
-        if carry_token is not None:
-            carried = {n: self.output.carried(carry_token, n) for n in ("cumulative", "tail")}
-            cumulative, tail = (
-                None if t is None else spark.createDataFrame(t)
-                for t in (carried["cumulative"], carried["tail"])
-            )
+        prior: dict[str, pa.Table | None] = {"cumulative": None, "tail": None}
+        if before is not None and before.carry:
+            prior = {name: self.output.carried(before.token, name) for name in prior}
+        cumulative, tail = (
+            None if t is None else spark.createDataFrame(t)
+            for t in (prior["cumulative"], prior["tail"])
+        )
         frames = compute_chunk(spark, self.job, progress.origin, start, end, cumulative, tail)
         try:
-            return self._stage(frames, progress, start, count, began)
+            records = self._stage(frames, progress, start, count, began, prior["cumulative"])
         except Exception as exc:
             message = raised_by_us(exc)
             if message is None:
@@ -326,38 +337,51 @@ class Driver:
             raise BadInputError(message) from None
         finally:
             frames.release()
+        self._rows_per_chunk = sum(r.rows for r in records) / len(records)
+        return records
 
     def _stage(
-        self, frames: ChunkFrames, progress: Progress, first: int, count: int, began: float
+        self,
+        frames: ChunkFrames,
+        progress: Progress,
+        first: int,
+        count: int,
+        began: float,
+        prior: pa.Table | None,
     ) -> list[ChunkRecord]:
-        import pyarrow as pa
-
         wanted: dict[str, tuple[DataFrame, str]] = {}
-        if frames.rows is not None:
-            wanted["rows"] = (frames.rows, self.job.time)
+        if frames.rows is not None:  # a job that carries state: the rows its carries need
+            rows = frames.rows if frames.carrying is None else frames.carrying
+            wanted["rows"] = (rows, self.job.time)
         for size, df in frames.windows.items():
             wanted[f"windows_{size}"] = (df, "window_start")
-        carried = {
-            name: df
-            for name, df in (("cumulative", frames.cumulative), ("tail", frames.tail))
-            if df is not None
-        }
-        # The outputs of a chunk are small Spark jobs over one cached input: run them
-        # side by side (Spark schedules concurrent jobs; a chunk's fixed cost is mostly
-        # per-job latency, not work).
-        jobs = {name: df for name, (df, _) in wanted.items()} | {
-            f"carry:{name}": df for name, df in carried.items()
-        }
-        if len(jobs) > 1:
-            with ThreadPoolExecutor(len(jobs), thread_name_prefix="riverbed-chunk") as pool:
-                arrows = pool.map(lambda df: df.toArrow(), jobs.values())
-                done = dict(zip(jobs, arrows, strict=True))
+        # The outputs of a batch are Spark jobs over one cached input: run them side by
+        # side (Spark schedules concurrent jobs; much of a job's cost is latency, not work).
+        if len(wanted) > 1:
+            with ThreadPoolExecutor(len(wanted), thread_name_prefix="riverbed-chunk") as pool:
+                arrows = pool.map(lambda df: df.toArrow(), [df for df, _ in wanted.values()])
+                done = dict(zip(wanted, arrows, strict=True))
         else:
-            done = {name: df.toArrow() for name, df in jobs.items()}
+            done = {name: df.toArrow() for name, (df, _) in wanted.items()}
+        after: list[dict[str, pa.Table]] = [{} for _ in range(count)]
+        if frames.carrying is not None:
+            chunk = progress.chunk
+            bounds = [
+                Boundary(s, s + chunk, max(progress.origin, s + chunk - self.job.lookback_us))
+                for s in range(first, first + count * chunk, chunk)
+            ]
+            done["rows"], after = carries(
+                done["rows"],
+                bounds,
+                self.job.keys,
+                frames.columns,
+                sorted({c.column for c in self.job.cumulative}),
+                bool(self.job.tail_rows),
+                prior,
+            )
         tables: dict[str, tuple[pa.Table, str]] = {
             name: (done[name], column) for name, (_, column) in wanted.items()
         }
-        carry: dict[str, pa.Table] = {name: done[f"carry:{name}"] for name in carried}
         seconds = round((time.monotonic() - began) / count, 3)
         records = []
         for i in range(count):
@@ -369,7 +393,7 @@ class Driver:
                 part = _between(table, column, start, end) if count > 1 else table
                 counts["rows" if name == "rows" else "windows"] += part.num_rows
                 self.output.stage(token, name, part)
-            for name, table in carry.items():  # only ever one chunk per batch here
+            for name, table in after[i].items():
                 self.output.stage_carry(token, name, table)
             records.append(
                 ChunkRecord(
@@ -381,7 +405,7 @@ class Driver:
                     seconds=seconds,
                     finished=time.time(),
                     version=self.spec.version,
-                    carry=bool(carry),
+                    carry=bool(after[i]),
                 )
             )
         return records

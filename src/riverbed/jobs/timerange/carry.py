@@ -1,0 +1,132 @@
+"""The state a time-range chunk carries to the next, derived in Arrow on the driver.
+
+A job with cumulative values or row windows carries, after each chunk, per key:
+
+* **cumulative** — the running parts of every cumulative column since the origin: its
+  sum, count, min and max (``value__sum``, ``value__count``, …); a mean is sum / count;
+* **tail** — the last ``tail_rows`` input rows older than where the next chunk starts
+  re-reading (``next_lo``): what its row windows need from further back.
+
+One Spark query computes several chunks (a batch), and a run may stop after any of them
+is published, so every chunk of a batch needs its own carry. Rather than a Spark job
+per carry, the batch's query returns one table (:data:`T`: the row's time in µs;
+:data:`IN`: the row is one of the batch's output rows; :data:`NEXT`: the time of the row
+``tail_rows`` later with the same key, in the job's row order) holding the batch's rows
+and the rows that can be among the last before a boundary. Everything here is a pure
+function of Arrow tables:
+
+* a chunk's cumulative carry is the one before it folded with the parts of the chunk's
+  own rows (:func:`fold`) — sums skip nulls (null when there was nothing to add), min and
+  max skip nulls, counts add;
+* a row is among the last ``tail_rows`` before ``next_lo`` exactly when it is older than
+  ``next_lo`` and the row ``tail_rows`` after it is not (or there is none):
+  ``T < next_lo <= NEXT`` (:func:`tail_before`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["IN", "NEXT", "Boundary", "T", "carries", "fold", "part_names", "parts", "tail_before"]
+
+T = "_rb_t"  # the time column in microseconds (RANGE frames need a number)
+NEXT = "_rb_next"  # T of the row `tail_rows` later with the same key (null: none)
+IN = "_rb_in"  # the row is one of the batch's output rows
+
+PARTS = ("sum", "count", "min", "max")
+
+
+def part_names(column: str) -> list[str]:
+    """The carried parts of a cumulative column, in :data:`PARTS` order."""
+    return [f"{column}__{p}" for p in PARTS]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One chunk of a batch: its rows are ``[start, end)``; the next chunk re-reads from
+    ``next_lo`` (its start minus the job's lookback, not before the origin)."""
+
+    start: int
+    end: int
+    next_lo: int
+
+
+def parts(rows: pa.Table, keys: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """Per key, the cumulative parts of ``columns`` over ``rows``."""
+    aggs = [(c, p) for c in columns for p in PARTS]
+    return _grouped(rows, keys, aggs, [n for c in columns for n in part_names(c)])
+
+
+def fold(
+    prior: pa.Table | None, more: pa.Table, keys: Sequence[str], columns: Sequence[str]
+) -> pa.Table:
+    """The cumulative carry after adding ``more`` (parts, as :func:`parts` makes them) to
+    ``prior`` (a carry, or None at the origin)."""
+    import pyarrow as pa
+
+    if prior is None:
+        return more
+    names = [n for c in columns for n in part_names(c)]
+    schema = more.select([*keys, *names]).schema
+    both = pa.concat_tables([prior.select([*keys, *names]).cast(schema), more.select(schema.names)])
+    aggs = [(n, f) for c in columns for n, f in zip(part_names(c), _FOLD, strict=True)]
+    return _grouped(both, keys, aggs, names)
+
+
+_FOLD = ("sum", "sum", "min", "max")  # how each part of two carries combines
+
+
+def _grouped(
+    table: pa.Table, keys: Sequence[str], aggs: list[tuple[str, str]], names: list[str]
+) -> pa.Table:
+    """``aggs`` (column, function) of ``table`` per key, as the keys then ``names``
+    (pyarrow names an aggregate ``<column>_<function>``)."""
+    grouped = table.group_by(list(keys), use_threads=False).aggregate(aggs)
+    out = grouped.select([*keys, *(f"{c}_{f}" for c, f in aggs)])
+    return out.rename_columns([*keys, *names])
+
+
+def tail_before(candidates: pa.Table, columns: Sequence[str], next_lo: int) -> pa.Table:
+    """The last ``tail_rows`` rows per key older than ``next_lo``, of the candidates (rows
+    with :data:`T` and :data:`NEXT`)."""
+    import pyarrow.compute as pc
+
+    older = pc.less(candidates[T], next_lo)
+    last = pc.or_kleene(pc.is_null(candidates[NEXT]), pc.greater_equal(candidates[NEXT], next_lo))
+    return candidates.filter(pc.and_kleene(older, last)).select(list(columns))
+
+
+def carries(
+    batch: pa.Table,
+    boundaries: Sequence[Boundary],
+    keys: Sequence[str],
+    columns: Sequence[str],
+    cumulative: Sequence[str],
+    tail: bool,
+    prior: pa.Table | None,
+) -> tuple[pa.Table, list[dict[str, pa.Table]]]:
+    """Split a batch's table into its output rows and, per chunk, the carry after it.
+
+    ``columns`` are the input's columns (what a tail keeps), ``cumulative`` the columns
+    with running values, ``prior`` the cumulative carry before the batch.
+    """
+    import pyarrow.compute as pc
+
+    rows = batch.filter(batch[IN])
+    after: list[dict[str, pa.Table]] = []
+    for b in boundaries:
+        carry: dict[str, pa.Table] = {}
+        if cumulative:
+            inside = pc.and_(pc.greater_equal(rows[T], b.start), pc.less(rows[T], b.end))
+            prior = fold(prior, parts(rows.filter(inside), keys, cumulative), keys, cumulative)
+            carry["cumulative"] = prior
+        if tail:
+            carry["tail"] = tail_before(batch, columns, b.next_lo)
+        after.append(carry)
+    helpers = [c for c in (T, NEXT, IN) if c in rows.column_names]
+    return rows.drop_columns(helpers), after
