@@ -144,11 +144,11 @@ def race(spark: Any, job: str, root: Path, rows: int, hours: int) -> None:
     )
 
     def fresh(name: str) -> tuple[Path, str]:
-        spec = root / f"{job}-{name}.py"
-        output = root / f"{job}-{name}"
+        spec = root / f"{job}_{name}.py"
+        output = root / f"{job}_{name}"
         text = SPEC.format(input=str(root / "in"), output=str(output), metrics=METRICS[job])
         spec.write_text(text)
-        return spec, f"sqlite:///{root / job}-{name}.db"
+        return spec, f"sqlite:///{root / job}_{name}.db"
 
     spec, url = fresh("chunked")
     full = chunked(spark, spec, url, hours)

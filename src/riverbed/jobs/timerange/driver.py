@@ -62,8 +62,10 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
 
 MAX_BATCH = 24  # chunks one Spark query computes, at most
-FIRST_BATCH = 6  # … while the rows of a chunk are not known yet
-ROWS_PER_QUERY = 4_000_000  # output rows a batch holds in the driver, about
+# What a batch's query returns, about (Arrow bytes, measured on the chunks before): the
+# driver's JVM holds it whole before Python gets it, and Spark's default driver heap is
+# 1 GiB — measured here: ~150 MB in one query ran out of heap, ~100 MB did not.
+BYTES_PER_QUERY = 64 * 2**20
 
 
 def shape_of(job: TimeRangeSpec) -> Shape:
@@ -151,7 +153,7 @@ class Driver:
         self._spark: SparkSession | None = None
         self.ttl = ttl
         self.batch = batch  # chunks per Spark query (None: chosen from the chunks' rows)
-        self._rows_per_chunk: float | None = None  # of the last batch computed
+        self._bytes_per_chunk: float | None = None  # what a chunk's query returned
         self.keys = Keys(self.job.name)
         self.output = Output(self.job.output)
         self.on_event = on_event or (lambda event: None)
@@ -297,17 +299,18 @@ class Driver:
 
         Chunks are still published one by one, each with its own marker (and its own
         carried state); batching spreads a query's fixed cost — and the lookback it
-        re-reads — over several chunks. The driver holds a batch's rows, so a query
-        computes as many chunks as hold about :data:`ROWS_PER_QUERY` rows at the rate of
-        the chunks before (:data:`FIRST_BATCH` while none is known), at most
+        re-reads — over several chunks. The driver holds what a batch's query returns, so
+        a run's first query computes one chunk and the later ones as many as return about
+        :data:`BYTES_PER_QUERY` at the size of the chunks before, at most
         :data:`MAX_BATCH`.
         """
         if self.batch is not None:
             wanted = self.batch
-        elif self._rows_per_chunk is None:
-            wanted = FIRST_BATCH
+        elif self._bytes_per_chunk is None:
+            wanted = 1
         else:
-            wanted = min(MAX_BATCH, max(1, int(ROWS_PER_QUERY // max(self._rows_per_chunk, 1))))
+            fit = int(BYTES_PER_QUERY // max(self._bytes_per_chunk, 1))
+            wanted = min(MAX_BATCH, max(1, fit))
         stop = progress.redo_to if progress.redo_from is not None else progress.target
         assert stop is not None
         return max(1, min(wanted, (stop - start) // progress.chunk))
@@ -316,8 +319,6 @@ class Driver:
         spark = self.spark
         began = time.monotonic()
         before = self._record_before(progress, start)
-        if self._rows_per_chunk is None and before is not None:
-            self._rows_per_chunk = before.rows
         count = self.batch_size(progress, start)
         end = start + count * progress.chunk
         prior: dict[str, pa.Table | None] = {"cumulative": None, "tail": None}
@@ -337,7 +338,6 @@ class Driver:
             raise BadInputError(message) from None
         finally:
             frames.release()
-        self._rows_per_chunk = sum(r.rows for r in records) / len(records)
         return records
 
     def _stage(
@@ -363,6 +363,7 @@ class Driver:
                 done = dict(zip(wanted, arrows, strict=True))
         else:
             done = {name: df.toArrow() for name, (df, _) in wanted.items()}
+        self._bytes_per_chunk = sum(t.nbytes for t in done.values()) / count
         after: list[dict[str, pa.Table]] = [{} for _ in range(count)]
         if frames.carrying is not None:
             chunk = progress.chunk
