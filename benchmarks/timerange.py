@@ -173,13 +173,21 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=8.6, help="seconds between readings")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--job", choices=["rolling", "carried", "both"], default="both")
+    parser.add_argument(
+        "--driver-memory",
+        help="spark.driver.memory, e.g. 4g (default: Spark's, 1g); a batch of chunks may "
+        "return 1/16 of the driver's heap",
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rb-bench-timerange-"))
     try:
         rows = generate(root / "in", args.sensors, args.hours, args.every)
         print(f"{rows:,} rows: {args.hours} h x {args.sensors:,} sensors, one every {args.every} s")
-        spark = session(SparkConfig(master=args.master, app_name="riverbed-bench-timerange"))
+        conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
+        spark = session(
+            SparkConfig(master=args.master, app_name="riverbed-bench-timerange", conf=conf)
+        )
         spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
 
         for job in ("rolling", "carried") if args.job == "both" else (args.job,):

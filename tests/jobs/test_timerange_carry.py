@@ -8,7 +8,7 @@ import itertools
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from riverbed.jobs.timerange.carry import (
@@ -80,10 +80,15 @@ def test_folding_chunk_by_chunk_equals_the_parts_of_everything(
     assert carry.schema.field("value__count").type == pa.int64()
 
 
+def row_order(r: tuple[int, int, int | None]) -> tuple[int, int, bool, int]:
+    """The job's row order per key: time, then value with nulls first."""
+    return (r[0], r[1], r[2] is not None, r[2] or 0)
+
+
 def with_next(rows: list[tuple[int, int, int | None]], n: int) -> pa.Table:
     """Rows in the job's order (time, then value, nulls first) with NEXT: the time of the
     row ``n`` later with the same key."""
-    order = sorted(rows, key=lambda r: (r[0], r[1], r[2] is not None, r[2] or 0))
+    order = sorted(rows, key=row_order)
     nxt = []
     for i, r in enumerate(order):
         later = [o for o in order[i + 1 :] if o[0] == r[0]]
@@ -93,17 +98,18 @@ def with_next(rows: list[tuple[int, int, int | None]], n: int) -> pa.Table:
 
 
 @given(rows_st, st.integers(1, 4), st.integers(0, 100))
+@example([(2, 0, None), (2, 0, 0)], 2, 1)  # a null and a value tied in time
 def test_a_tail_is_the_last_rows_per_key_before_the_boundary(
     rows: list[tuple[int, int, int | None]], n: int, next_lo: int
 ) -> None:
     got = tail_before(with_next(rows, n), INPUT, next_lo).to_pylist()
-    order = sorted(rows, key=lambda r: (r[0], r[1], r[2] is not None, r[2] or 0))
+    order = sorted(rows, key=row_order)
     want = []
     for key in sorted({r[0] for r in rows}):
         older = [r for r in order if r[0] == key and r[1] < next_lo]
         want += older[-n:]
-    as_tuples = sorted((r["sensor"], r["ts"], r["value"]) for r in got)
-    assert as_tuples == sorted(want, key=lambda r: (r[0], r[1], r[2] is not None, r[2] or 0))
+    as_tuples = sorted(((r["sensor"], r["ts"], r["value"]) for r in got), key=row_order)
+    assert as_tuples == sorted(want, key=row_order)
 
 
 @settings(max_examples=50)

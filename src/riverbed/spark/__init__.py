@@ -35,6 +35,7 @@ __all__ = [
     "TEST_CONF",
     "SourceOptionError",
     "SparkUnavailableError",
+    "driver_heap_bytes",
     "session",
     "tasks_in_this_process",
     "tasks_on_this_machine",
@@ -77,6 +78,13 @@ def tasks_in_this_process(master: str) -> bool:
     machines (the tests' and demos' stand-in for a cluster)."""
     master = master.strip()
     return master == "local" or master.startswith("local[")
+
+
+def driver_heap_bytes(spark: SparkSession) -> int:
+    """The most heap the driver's JVM will use (``spark.driver.memory``; 1 GiB unless set):
+    what bounds a result collected to the driver."""
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()  # type: ignore[union-attr]
+    return int(runtime.maxMemory())
 
 
 def _check_java() -> None:

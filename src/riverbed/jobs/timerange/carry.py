@@ -113,20 +113,31 @@ def carries(
     """Split a batch's table into its output rows and, per chunk, the carry after it.
 
     ``columns`` are the input's columns (what a tail keeps), ``cumulative`` the columns
-    with running values, ``prior`` the cumulative carry before the batch.
+    with running values, ``prior`` the cumulative carry before the batch. Each pass over
+    the batch's rows is made once, not once per chunk.
     """
     import pyarrow.compute as pc
 
     rows = batch.filter(batch[IN])
-    after: list[dict[str, pa.Table]] = []
-    for b in boundaries:
-        carry: dict[str, pa.Table] = {}
-        if cumulative:
-            inside = pc.and_(pc.greater_equal(rows[T], b.start), pc.less(rows[T], b.end))
-            prior = fold(prior, parts(rows.filter(inside), keys, cumulative), keys, cumulative)
+    after: list[dict[str, pa.Table]] = [{} for _ in boundaries]
+    if cumulative:
+        first, chunk = boundaries[0].start, boundaries[0].end - boundaries[0].start
+        index = pc.divide(pc.subtract(rows[T], first), chunk)  # whole numbers: T >= first
+        grouped = parts(rows.append_column(_CHUNK, index), [*keys, _CHUNK], cumulative)
+        for i, carry in enumerate(after):
+            more = grouped.filter(pc.equal(grouped[_CHUNK], i)).drop_columns([_CHUNK])
+            prior = fold(prior, more, keys, cumulative)
             carry["cumulative"] = prior
-        if tail:
-            carry["tail"] = tail_before(batch, columns, b.next_lo)
-        after.append(carry)
+    if tail:  # the rows that can be a tail of any boundary, then each boundary's
+        lowest = min(b.next_lo for b in boundaries)
+        highest = max(b.next_lo for b in boundaries)
+        older = pc.less(batch[T], highest)
+        later = pc.or_kleene(pc.is_null(batch[NEXT]), pc.greater_equal(batch[NEXT], lowest))
+        candidates = batch.filter(pc.and_kleene(older, later))
+        for b, carry in zip(boundaries, after, strict=True):
+            carry["tail"] = tail_before(candidates, columns, b.next_lo)
     helpers = [c for c in (T, NEXT, IN) if c in rows.column_names]
     return rows.drop_columns(helpers), after
+
+
+_CHUNK = "_rb_chunk"  # a row's chunk in its batch (0, 1, …)

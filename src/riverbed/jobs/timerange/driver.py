@@ -52,6 +52,7 @@ from riverbed.jobs.timerange.plan import (
 )
 from riverbed.jobs.timerange.plan import advance as advance_progress
 from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, label
+from riverbed.spark import driver_heap_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -62,10 +63,10 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
 
 MAX_BATCH = 24  # chunks one Spark query computes, at most
-# What a batch's query returns, about (Arrow bytes, measured on the chunks before): the
-# driver's JVM holds it whole before Python gets it, and Spark's default driver heap is
-# 1 GiB — measured here: ~150 MB in one query ran out of heap, ~100 MB did not.
-BYTES_PER_QUERY = 64 * 2**20
+# What a batch's query may return (Arrow bytes, at the size of the chunks before), as a
+# share of the driver JVM's heap, which holds a query's whole result before Python gets
+# it: with Spark's default 1 GiB heap ~150 MB in one query ran it out here, ~100 MB not.
+HEAP_SHARE = 1 / 16
 
 
 def shape_of(job: TimeRangeSpec) -> Shape:
@@ -300,8 +301,8 @@ class Driver:
         Chunks are still published one by one, each with its own marker (and its own
         carried state); batching spreads a query's fixed cost — and the lookback it
         re-reads — over several chunks. The driver holds what a batch's query returns, so
-        a run's first query computes one chunk and the later ones as many as return about
-        :data:`BYTES_PER_QUERY` at the size of the chunks before, at most
+        a run's first query computes one chunk and the later ones as many as return
+        :data:`HEAP_SHARE` of the driver's heap at the size of the chunks before, at most
         :data:`MAX_BATCH`.
         """
         if self.batch is not None:
@@ -309,8 +310,8 @@ class Driver:
         elif self._bytes_per_chunk is None:
             wanted = 1
         else:
-            fit = int(BYTES_PER_QUERY // max(self._bytes_per_chunk, 1))
-            wanted = min(MAX_BATCH, max(1, fit))
+            budget = driver_heap_bytes(self.spark) * HEAP_SHARE
+            wanted = min(MAX_BATCH, max(1, int(budget // max(self._bytes_per_chunk, 1))))
         stop = progress.redo_to if progress.redo_from is not None else progress.target
         assert stop is not None
         return max(1, min(wanted, (stop - start) // progress.chunk))
@@ -380,45 +381,62 @@ class Driver:
                 bool(self.job.tail_rows),
                 prior,
             )
-        tables: dict[str, tuple[pa.Table, str]] = {
-            name: (done[name], column) for name, (_, column) in wanted.items()
+        pieces = {
+            name: _by_chunk(done[name], column, first, progress.chunk, count)
+            for name, (_, column) in wanted.items()
         }
         seconds = round((time.monotonic() - began) / count, 3)
-        records = []
-        for i in range(count):
+
+        def stage(i: int) -> ChunkRecord:
             start = first + i * progress.chunk
-            end = start + progress.chunk
             token = f"{chunk_label(start)}-{uuid.uuid4().hex[:12]}"
             counts = {"rows": 0, "windows": 0}
-            for name, (table, column) in tables.items():
-                part = _between(table, column, start, end) if count > 1 else table
-                counts["rows" if name == "rows" else "windows"] += part.num_rows
-                self.output.stage(token, name, part)
+            for name, tables in pieces.items():
+                counts["rows" if name == "rows" else "windows"] += tables[i].num_rows
+                self.output.stage(token, name, tables[i])
             for name, table in after[i].items():
                 self.output.stage_carry(token, name, table)
-            records.append(
-                ChunkRecord(
-                    start=start,
-                    end=end,
-                    token=token,
-                    rows=counts["rows"],
-                    windows=counts["windows"],
-                    seconds=seconds,
-                    finished=time.time(),
-                    version=self.spec.version,
-                    carry=bool(after[i]),
-                )
+            return ChunkRecord(
+                start=start,
+                end=start + progress.chunk,
+                token=token,
+                rows=counts["rows"],
+                windows=counts["windows"],
+                seconds=seconds,
+                finished=time.time(),
+                version=self.spec.version,
+                carry=bool(after[i]),
             )
-        return records
+
+        if count == 1:
+            return [stage(0)]
+        # Parquet encoding lets go of the GIL: stage the chunks side by side
+        with ThreadPoolExecutor(2, thread_name_prefix="riverbed-stage") as pool:
+            return list(pool.map(stage, range(count)))
 
 
-def _between(table: Any, column: str, start: int, end: int) -> Any:
-    """The rows of an Arrow table whose ``column`` (a timestamp) is in ``[start, end)``."""
+def _by_chunk(table: pa.Table, column: str, first: int, chunk: int, count: int) -> list[pa.Table]:
+    """A batch's Arrow table cut into its ``count`` chunks by ``column`` (a timestamp):
+    one stable sort by chunk, then slices (not a pass over the table per chunk)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    if count == 1:
+        return [table]
     micros = pc.cast(table[column], pa.timestamp("us", tz="UTC")).cast(pa.int64())
-    return table.filter(pc.and_(pc.greater_equal(micros, start), pc.less(micros, end)))
+    inside = pc.and_(pc.greater_equal(micros, first), pc.less(micros, first + count * chunk))
+    table, micros = table.filter(inside), micros.filter(inside)
+    index = pc.divide(pc.subtract(micros, first), chunk)
+    ordered = table.take(pc.sort_indices(index))  # stable: a chunk's rows keep their order
+    sizes = pc.value_counts(index)
+    values, counts = sizes.field("values").to_pylist(), sizes.field("counts").to_pylist()
+    size_of = dict(zip(values, counts, strict=True))
+    out, at = [], 0
+    for i in range(count):
+        n = size_of.get(i, 0)
+        out.append(ordered.slice(at, n))
+        at += n
+    return out
 
 
 def status(cp: ControlPlane, spec: LoadedSpec) -> dict[str, Any]:
