@@ -12,11 +12,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from riverbed.jobs.timerange.carry import (
-    IN,
+    CAND,
+    CHUNK,
     NEXT,
     Boundary,
     T,
     carries,
+    chunk_rows,
     fold,
     part_names,
     parts,
@@ -117,14 +119,22 @@ def test_a_tail_is_the_last_rows_per_key_before_the_boundary(
 def test_each_chunk_of_a_batch_gets_the_carry_after_it(
     rows: list[tuple[int, int, int | None]], n: int, lookback: int
 ) -> None:
-    """A batch of chunks [0,25) [25,50) [50,75) [75,100): chunk i's carry is what one
-    chunk at a time would have carried after it; the batch's rows come back without the
-    helper columns."""
+    """A batch of chunks [0,25) [25,50) [50,75) [75,100): each chunk gets its own rows
+    without the helper columns, and its carry is what one chunk at a time would have
+    carried after it."""
     batch = with_next(rows, n)
-    batch = batch.append_column(IN, pa.array([True] * batch.num_rows, pa.bool_()))
     bounds = [Boundary(s, s + 25, max(0, s + 25 - lookback)) for s in range(0, 100, 25)]
-    out, after = carries(batch, bounds, KEYS, INPUT, ["value"], True, None)
-    assert out.column_names == INPUT and out.num_rows == len(rows)
+    chunks = [t // 25 for t in batch["ts"].to_pylist()]
+    may_stay = [True] * batch.num_rows  # every row: the candidates' own filter is tested
+    batch = batch.append_column(CHUNK, pa.array(chunks, pa.int64()))
+    batch = batch.append_column(CAND, pa.array(may_stay, pa.bool_()))
+    pieces = chunk_rows(batch, bounds)
+    for b, piece in zip(bounds, pieces, strict=True):
+        assert piece.column_names == INPUT
+        assert sorted(piece["ts"].to_pylist()) == sorted(
+            r[1] for r in rows if b.start <= r[1] < b.end
+        )
+    after = carries(batch, pieces, bounds, KEYS, INPUT, ["value"], True, None)
     for b, carry in zip(bounds, after, strict=True):
         assert by_key(carry["cumulative"]) == expected_parts([r for r in rows if r[1] < b.end])
         tail = tail_before(batch, INPUT, b.next_lo)

@@ -9,11 +9,13 @@ A job with cumulative values or row windows carries, after each chunk, per key:
 
 One Spark query computes several chunks (a batch), and a run may stop after any of them
 is published, so every chunk of a batch needs its own carry. Rather than a Spark job
-per carry, the batch's query returns one table (:data:`T`: the row's time in µs;
-:data:`IN`: the row is one of the batch's output rows; :data:`NEXT`: the time of the row
-``tail_rows`` later with the same key, in the job's row order) holding the batch's rows
-and the rows that can be among the last before a boundary. Everything here is a pure
-function of Arrow tables:
+per carry, the batch's query returns one table holding the batch's rows and the rows
+that can be among the last before a boundary, with helper columns: :data:`T` (the row's
+time in µs), :data:`CHUNK` (the chunk of the batch the row is an output row of, -1 for
+none), :data:`NEXT` (the time of the row ``tail_rows`` later with the same key, in the
+job's row order) and :data:`CAND` (the row may be a tail: older than the last boundary's
+``next_lo``, and its NEXT not before the first's). Everything here is a pure function of
+Arrow tables:
 
 * a chunk's cumulative carry is the one before it folded with the parts of the chunk's
   own rows (:func:`fold`) — sums skip nulls (null when there was nothing to add), min and
@@ -32,11 +34,26 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["IN", "NEXT", "Boundary", "T", "carries", "fold", "part_names", "parts", "tail_before"]
+__all__ = [
+    "CAND",
+    "CHUNK",
+    "HELPERS",
+    "NEXT",
+    "Boundary",
+    "T",
+    "carries",
+    "chunk_rows",
+    "fold",
+    "part_names",
+    "parts",
+    "tail_before",
+]
 
 T = "_rb_t"  # the time column in microseconds (RANGE frames need a number)
+CHUNK = "_rb_chunk"  # the chunk of the batch whose output row this is (-1: none)
 NEXT = "_rb_next"  # T of the row `tail_rows` later with the same key (null: none)
-IN = "_rb_in"  # the row is one of the batch's output rows
+CAND = "_rb_cand"  # the row may be among the last before some chunk's next_lo
+HELPERS = (T, CHUNK, NEXT, CAND)
 
 PARTS = ("sum", "count", "min", "max")
 
@@ -101,43 +118,37 @@ def tail_before(candidates: pa.Table, columns: Sequence[str], next_lo: int) -> p
     return candidates.filter(pc.and_kleene(older, last)).select(list(columns))
 
 
+def chunk_rows(batch: pa.Table, boundaries: Sequence[Boundary]) -> list[pa.Table]:
+    """The batch's output rows of each chunk (:data:`CHUNK`), without the helper columns."""
+    import pyarrow.compute as pc
+
+    rows = batch.drop_columns([c for c in HELPERS if c in batch.column_names])
+    return [rows.filter(pc.equal(batch[CHUNK], i)) for i in range(len(boundaries))]
+
+
 def carries(
     batch: pa.Table,
+    rows: Sequence[pa.Table],
     boundaries: Sequence[Boundary],
     keys: Sequence[str],
     columns: Sequence[str],
     cumulative: Sequence[str],
     tail: bool,
     prior: pa.Table | None,
-) -> tuple[pa.Table, list[dict[str, pa.Table]]]:
-    """Split a batch's table into its output rows and, per chunk, the carry after it.
+) -> list[dict[str, pa.Table]]:
+    """The carry after each chunk of a batch.
 
-    ``columns`` are the input's columns (what a tail keeps), ``cumulative`` the columns
-    with running values, ``prior`` the cumulative carry before the batch. Each pass over
-    the batch's rows is made once, not once per chunk.
+    ``rows`` are the chunks' rows (:func:`chunk_rows`), ``columns`` the input's columns
+    (what a tail keeps), ``cumulative`` the columns with running values, ``prior`` the
+    cumulative carry before the batch.
     """
-    import pyarrow.compute as pc
-
-    rows = batch.filter(batch[IN])
     after: list[dict[str, pa.Table]] = [{} for _ in boundaries]
     if cumulative:
-        first, chunk = boundaries[0].start, boundaries[0].end - boundaries[0].start
-        index = pc.divide(pc.subtract(rows[T], first), chunk)  # whole numbers: T >= first
-        grouped = parts(rows.append_column(_CHUNK, index), [*keys, _CHUNK], cumulative)
-        for i, carry in enumerate(after):
-            more = grouped.filter(pc.equal(grouped[_CHUNK], i)).drop_columns([_CHUNK])
-            prior = fold(prior, more, keys, cumulative)
+        for chunk, carry in zip(rows, after, strict=True):
+            prior = fold(prior, parts(chunk, keys, cumulative), keys, cumulative)
             carry["cumulative"] = prior
-    if tail:  # the rows that can be a tail of any boundary, then each boundary's
-        lowest = min(b.next_lo for b in boundaries)
-        highest = max(b.next_lo for b in boundaries)
-        older = pc.less(batch[T], highest)
-        later = pc.or_kleene(pc.is_null(batch[NEXT]), pc.greater_equal(batch[NEXT], lowest))
-        candidates = batch.filter(pc.and_kleene(older, later))
+    if tail:
+        candidates = batch.filter(batch[CAND])
         for b, carry in zip(boundaries, after, strict=True):
             carry["tail"] = tail_before(candidates, columns, b.next_lo)
-    helpers = [c for c in (T, NEXT, IN) if c in rows.column_names]
-    return rows.drop_columns(helpers), after
-
-
-_CHUNK = "_rb_chunk"  # a row's chunk in its batch (0, 1, …)
+    return after

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from riverbed.jobs.timerange.carry import IN, NEXT, T, part_names
+from riverbed.jobs.timerange.carry import CAND, CHUNK, NEXT, T, part_names
 from riverbed.jobs.timerange.errors import MissingInputError, SpecError
 from riverbed.jobs.timerange.plan import to_datetime
 from riverbed.jobs.timerange.spec import (
@@ -45,7 +45,7 @@ class ChunkFrames:
     rows: DataFrame | None  # one row per input row of the chunk, with its metrics
     windows: dict[str, DataFrame]  # tumbling aggregates per window size label
     # a job that carries state: the rows with the columns its carries are derived from
-    # (riverbed.jobs.timerange.carry: T, IN, NEXT), plus the rows a tail may keep
+    # (riverbed.jobs.timerange.carry: T, CHUNK, NEXT, CAND), plus the rows a tail may keep
     carrying: DataFrame | None = None
     columns: list[str] = field(default_factory=list)  # the input's (what a tail keeps)
     cached: list[DataFrame] = field(default_factory=list)
@@ -298,18 +298,21 @@ def compute_chunk(
 
     carrying = None
     if rows is not None and (job.cumulative or job.tail_rows):
+        # which chunk of the batch a row is an output row of (-1: none, it was read for
+        # the history), computed here rather than in Arrow on the driver
+        index = F.when(in_chunk, F.floor((F.col(T) - F.lit(start)) / F.lit(job.chunk_us)))
+        helpers = {CHUNK: F.coalesce(index, F.lit(-1)).cast("long")}
         if job.tail_rows:  # the rows that can be among the last before a chunk's next_lo
             w = Window.partitionBy(*keys).orderBy(*order)
             first = max(origin, min(end, start + job.chunk_us) - job.lookback_us)
             last = max(origin, end - job.lookback_us)
-            may_stay = (F.col(T) < F.lit(last)) & (
+            helpers[NEXT] = F.lead(T, job.tail_rows).over(w)
+            helpers[CAND] = (F.col(T) < F.lit(last)) & (
                 F.col(NEXT).isNull() | (F.col(NEXT) >= F.lit(first))
             )
-            carrying = out.withColumns(
-                {IN: in_chunk, NEXT: F.lead(T, job.tail_rows).over(w)}
-            ).where(in_chunk | may_stay)
+            carrying = out.withColumns(helpers).where(in_chunk | F.col(CAND))
         else:
-            carrying = out.withColumn(IN, in_chunk).where(in_chunk)
+            carrying = out.withColumns(helpers).where(in_chunk)
     return ChunkFrames(rows, windows, carrying, columns, cached)
 
 

@@ -32,7 +32,7 @@ from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.hosts import host_name
 from riverbed.control.session import Session
-from riverbed.jobs.timerange.carry import Boundary, carries
+from riverbed.jobs.timerange.carry import Boundary, carries, chunk_rows
 from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
 from riverbed.jobs.timerange.errors import (
     BadInputError,
@@ -365,6 +365,11 @@ class Driver:
         else:
             done = {name: df.toArrow() for name, (df, _) in wanted.items()}
         self._bytes_per_chunk = sum(t.nbytes for t in done.values()) / count
+        pieces = {
+            name: _by_chunk(done[name], column, first, progress.chunk, count)
+            for name, (_, column) in wanted.items()
+            if not (name == "rows" and frames.carrying is not None)
+        }
         after: list[dict[str, pa.Table]] = [{} for _ in range(count)]
         if frames.carrying is not None:
             chunk = progress.chunk
@@ -372,8 +377,10 @@ class Driver:
                 Boundary(s, s + chunk, max(progress.origin, s + chunk - self.job.lookback_us))
                 for s in range(first, first + count * chunk, chunk)
             ]
-            done["rows"], after = carries(
+            pieces["rows"] = chunk_rows(done["rows"], bounds)
+            after = carries(
                 done["rows"],
+                pieces["rows"],
                 bounds,
                 self.job.keys,
                 frames.columns,
@@ -381,10 +388,6 @@ class Driver:
                 bool(self.job.tail_rows),
                 prior,
             )
-        pieces = {
-            name: _by_chunk(done[name], column, first, progress.chunk, count)
-            for name, (_, column) in wanted.items()
-        }
         seconds = round((time.monotonic() - began) / count, 3)
 
         def stage(i: int) -> ChunkRecord:
@@ -416,27 +419,16 @@ class Driver:
 
 
 def _by_chunk(table: pa.Table, column: str, first: int, chunk: int, count: int) -> list[pa.Table]:
-    """A batch's Arrow table cut into its ``count`` chunks by ``column`` (a timestamp):
-    one stable sort by chunk, then slices (not a pass over the table per chunk)."""
+    """A batch's Arrow table cut into its ``count`` chunks by ``column`` (a timestamp)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if count == 1:
         return [table]
     micros = pc.cast(table[column], pa.timestamp("us", tz="UTC")).cast(pa.int64())
-    inside = pc.and_(pc.greater_equal(micros, first), pc.less(micros, first + count * chunk))
-    table, micros = table.filter(inside), micros.filter(inside)
-    index = pc.divide(pc.subtract(micros, first), chunk)
-    ordered = table.take(pc.sort_indices(index))  # stable: a chunk's rows keep their order
-    sizes = pc.value_counts(index)
-    values, counts = sizes.field("values").to_pylist(), sizes.field("counts").to_pylist()
-    size_of = dict(zip(values, counts, strict=True))
-    out, at = [], 0
-    for i in range(count):
-        n = size_of.get(i, 0)
-        out.append(ordered.slice(at, n))
-        at += n
-    return out
+    index = pc.divide(pc.subtract(micros, first), chunk)  # truncated: -1 for none before
+    index = pc.if_else(pc.less(micros, first), -1, index)
+    return [table.filter(pc.equal(index, i)) for i in range(count)]
 
 
 def status(cp: ControlPlane, spec: LoadedSpec) -> dict[str, Any]:
