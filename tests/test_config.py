@@ -31,6 +31,16 @@ def test_toml_then_environment_override(tmp_path: Path) -> None:
     assert dict(conf) == {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "no"}
 
 
+def test_the_state_memory_budget_from_toml_then_environment(tmp_path: Path) -> None:
+    assert load_config(env={}, cwd=tmp_path).state_memory_mb is None
+    (tmp_path / "riverbed.toml").write_text("[state]\nmemory_mb = 256\n")
+    assert load_config(env={}, cwd=tmp_path).state_memory_mb == 256
+    env = {"RIVERBED_STATE_MEMORY_MB": "64"}
+    assert load_config(env=env, cwd=tmp_path).state_memory_mb == 64
+    with pytest.raises(ConfigError, match="RIVERBED_STATE_MEMORY_MB must be a whole number"):
+        load_config(env={"RIVERBED_STATE_MEMORY_MB": "64MB"}, cwd=tmp_path)
+
+
 @pytest.mark.parametrize("text", ["spark.ui.enabled=false", '["a"]', "{"])
 def test_bad_spark_conf_variable_names_the_fix(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError, match="RIVERBED_SPARK_CONF must be a JSON object"):
@@ -50,6 +60,9 @@ def test_config_is_frozen(tmp_path: Path) -> None:
         ('contrl = "x"', "unknown setting"),
         ("control = 5", "must be a string"),
         ("spark = 3", r"\[spark\] must be a table"),
+        ("[state]\nmemory = 64", r"\[state\] takes one setting, memory_mb"),
+        ("[state]\nmemory_mb = 4", "state.memory_mb must be a whole number of MiB, at least 8"),
+        ('[state]\nmemory_mb = "lots"', "at least 8"),
     ],
 )
 def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:

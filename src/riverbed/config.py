@@ -16,10 +16,13 @@ variables. Library code never reads the environment itself; it receives a
     master = "local[*]"
     conf = { "spark.sql.shuffle.partitions" = "8" }
 
+    [state]
+    memory_mb = 256    # RocksDB's memory per process, shared by every state database
+
 Environment: ``RIVERBED_HOME``, ``RIVERBED_CONTROL``, ``RIVERBED_LOG``,
 ``RIVERBED_CHECKPOINTS``, ``RIVERBED_JOBS_DB``, ``RIVERBED_JOBS_DIR``,
-``RIVERBED_SPARK_MASTER``, and ``RIVERBED_SPARK_CONF`` (a JSON object of Spark
-settings laid over ``[spark] conf``).
+``RIVERBED_SPARK_MASTER``, ``RIVERBED_SPARK_CONF`` (a JSON object of Spark
+settings laid over ``[spark] conf``) and ``RIVERBED_STATE_MEMORY_MB``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class Config:
     jobs_db: str = ""
     jobs_dir: Path = Path("jobs")
     spark: SparkConfig = field(default_factory=SparkConfig)
+    # RocksDB's memory in each process that holds state (the driver, every Python
+    # worker), MiB: one budget for every database it opens; None: RocksDB's defaults
+    state_memory_mb: int | None = None
 
     @property
     def control_url(self) -> str:
@@ -110,6 +116,21 @@ def _conf_from_env(text: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in conf.items()}
 
 
+def _memory_mb(source: str, value: Any) -> int | None:
+    """A state memory budget in MiB: a whole number of at least 8 (None: unset)."""
+    if value is None:
+        return None
+    try:
+        mb = int(value) if isinstance(value, int | str) and not isinstance(value, bool) else 0
+    except ValueError:
+        mb = 0
+    if mb < 8:
+        raise ConfigError(
+            f"{source} must be a whole number of MiB, at least 8 (e.g. 256), not {value!r}"
+        )
+    return mb
+
+
 def load_config(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
@@ -129,7 +150,7 @@ def load_config(
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 
-    known = {"home", "control", "checkpoints", "log", "jobs_db", "jobs_dir", "spark"}
+    known = {"home", "control", "checkpoints", "log", "jobs_db", "jobs_dir", "spark", "state"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
@@ -150,6 +171,10 @@ def load_config(
     if not isinstance(conf_raw, dict):
         raise ConfigError(f"{path}: spark.conf must be a table of strings")
     conf = {str(k): str(v) for k, v in conf_raw.items()}
+    state_data = data.get("state", {})
+    if not isinstance(state_data, dict) or set(state_data) - {"memory_mb"}:
+        raise ConfigError(f"{path}: [state] takes one setting, memory_mb (MiB), e.g. 256")
+    memory_mb = _memory_mb(f"{path}: state.memory_mb", state_data.get("memory_mb"))
 
     if env.get("RIVERBED_HOME"):
         home = Path(env["RIVERBED_HOME"])
@@ -169,6 +194,8 @@ def load_config(
         master = env["RIVERBED_SPARK_MASTER"]
     if env.get("RIVERBED_SPARK_CONF"):
         conf.update(_conf_from_env(env["RIVERBED_SPARK_CONF"]))
+    if env.get("RIVERBED_STATE_MEMORY_MB"):
+        memory_mb = _memory_mb("RIVERBED_STATE_MEMORY_MB", env["RIVERBED_STATE_MEMORY_MB"])
     if not home.is_absolute():
         home = cwd / home
     return Config(
@@ -179,4 +206,5 @@ def load_config(
         jobs_db=jobs_db,
         jobs_dir=jobs_dir,
         spark=SparkConfig(master=master, conf=MappingProxyType(conf)),
+        state_memory_mb=memory_mb,
     )

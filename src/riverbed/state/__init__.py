@@ -16,6 +16,7 @@ from riverbed.state.errors import (
     CorruptStateError,
     PartitionBusyError,
     StateError,
+    StateValueError,
     StoreClosedError,
     VersionNotFoundError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "StateError",
     "StateProvider",
     "StateStore",
+    "StateValueError",
     "StoreClosedError",
     "VersionNotFoundError",
 ]

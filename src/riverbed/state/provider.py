@@ -65,6 +65,17 @@ class StateConfig:
     snapshot_every: int = 10  # versions between snapshots
     retain_versions: int = 100  # versions kept loadable by maintain()
     lock_timeout: float = 30.0  # seconds to wait for a partition held by another process
+    # RocksDB's memory in each process (block cache and memtables of every database it
+    # opens), MiB; None: RocksDB's defaults for each database (riverbed.state.rocksdb)
+    memory_mb: int | None = None
+
+    def __post_init__(self) -> None:
+        mb = self.memory_mb
+        if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 8):
+            raise StateValueError(
+                f"state memory_mb must be a whole number of MiB, at least 8, not {mb!r} "
+                "(or leave it unset for RocksDB's own defaults per database)"
+            )
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,11 @@ class PartitionIndex:
         return max(self.versions, default=0)
 
 
-def _engine(name: str) -> Engine:
+def _engine(name: str, memory_mb: int | None = None) -> Engine:
     if name == "rocksdb":
         from riverbed.state.rocksdb import RocksEngine
 
-        return RocksEngine()
+        return RocksEngine(memory_mb)
     if name == "memory":
         from riverbed.state.memory import MemoryEngine
 
@@ -120,7 +131,7 @@ class StateProvider:
 
     def __init__(self, config: StateConfig) -> None:
         self.config = config
-        self.engine = _engine(config.engine)
+        self.engine = _engine(config.engine, config.memory_mb)
         self.durable: DurableStorage = open_storage(config.durable)
         self.local_dir = Path(config.local_dir)
         if config.snapshot_every < 1 or config.retain_versions < 1:

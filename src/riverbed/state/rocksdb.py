@@ -3,6 +3,14 @@
 User keys live in the default column family, the version marker in a ``riverbed``
 column family; one ``WriteBatch`` spans both, so data and version commit together
 (RocksDB's WAL makes the batch all-or-nothing across a crash).
+
+**Memory.** Left to its defaults, every open database has its own block cache and up to
+two 64 MiB memtables, so a process's memory grows with the partitions it holds open.
+With ``memory_mb`` (``StateConfig.memory_mb``; ``[state] memory_mb`` in riverbed.toml,
+``RIVERBED_STATE_MEMORY_MB``) every database a process opens shares **one budget**, as
+RocksDB documents it: one LRU block cache of that size (data, index and filter blocks),
+and a write buffer manager that charges every memtable to the same cache and flushes
+when memtables pass half of it.
 """
 
 from __future__ import annotations
@@ -11,7 +19,15 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rocksdict import Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    Checkpoint,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteBufferManager,
+)
 
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.errors import PartitionBusyError, StateError
@@ -20,10 +36,46 @@ _META_CF = "riverbed"
 _VERSION = b"version"
 
 
-def _options() -> Options:
+MiB = 2**20
+
+
+class Budget:
+    """One process's memory for every state database it opens: a shared block cache and
+    a write buffer manager charging memtables to it."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.memory_mb = memory_mb
+        self.cache = Cache(memory_mb * MiB)
+        self.memtables = WriteBufferManager.new_write_buffer_manager_with_cache(
+            memory_mb * MiB // 2, False, self.cache
+        )
+
+    def apply(self, options: Options) -> None:
+        table = BlockBasedOptions()
+        table.set_block_cache(self.cache)
+        table.set_cache_index_and_filter_blocks(True)
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_manager(self.memtables)
+        # a memtable well under the budget, so one database cannot hold all of it
+        options.set_write_buffer_size(max(MiB, min(64 * MiB, self.memory_mb * MiB // 8)))
+
+
+_BUDGETS: dict[int, Budget] = {}  # per process: every engine with the same cap shares it
+
+
+def budget(memory_mb: int) -> Budget:
+    """This process's shared budget of ``memory_mb`` MiB (made on first use)."""
+    if memory_mb not in _BUDGETS:
+        _BUDGETS[memory_mb] = Budget(memory_mb)
+    return _BUDGETS[memory_mb]
+
+
+def _options(memory: Budget | None = None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    if memory is not None:
+        memory.apply(options)
     return options
 
 
@@ -89,6 +141,9 @@ class RocksLocalDB(LocalDB):
 class RocksEngine(Engine):
     name = "rocksdb"
 
+    def __init__(self, memory_mb: int | None = None) -> None:
+        self.memory = budget(memory_mb) if memory_mb is not None else None
+
     def open(self, path: Path) -> LocalDB:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -99,7 +154,11 @@ class RocksEngine(Engine):
             # opens without it and RocksDB refuses ("Column families not opened").
             # Named, a new DB gets both in one open and an old one opens whatever its
             # OPTIONS files say.
-            db = Rdict(str(path), _options(), column_families={_META_CF: _options()})
+            db = Rdict(
+                str(path),
+                _options(self.memory),
+                column_families={_META_CF: _options(self.memory)},
+            )
         except Exception as exc:  # rocksdict raises a bare Exception for I/O errors
             if "LOCK" in str(exc):
                 raise PartitionBusyError(

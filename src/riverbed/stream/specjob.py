@@ -174,7 +174,11 @@ def job_for(
         source=source,
         checkpoint=child(checkpoints, aggregation.name),
         output=results_location(config, aggregation.name),
-        state=StateConfig(local_dir=config.state_dir.resolve(), durable=durable),
+        state=StateConfig(
+            local_dir=config.state_dir.resolve(),
+            durable=durable,
+            memory_mb=config.state_memory_mb,
+        ),
         log_url=source.get("log") or config.log_url,
     )
 
