@@ -187,6 +187,11 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--per-batch", type=int, default=1_000_000)
+    parser.add_argument(
+        "--state-memory-mb",
+        type=int,
+        help="RIVERBED_STATE_MEMORY_MB: RocksDB's memory per process (default: its own)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rb-scale-"))
@@ -207,10 +212,15 @@ def main() -> None:
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("RIVERBED_CHECKPOINTS", None)
+    env.pop("RIVERBED_STATE_MEMORY_MB", None)
+    if args.state_memory_mb:
+        env["RIVERBED_STATE_MEMORY_MB"] = str(args.state_memory_mb)
     checkpoint = home / "checkpoints" / "scale"
     print(
         f"{args.events:,} events over {args.days} days, users uniform over {args.users:,}, "
-        f"{args.chunks} chunks; batches of {args.per_batch:,}; working in {root}",
+        f"{args.chunks} chunks; batches of {args.per_batch:,}; state memory per process: "
+        f"{f'{args.state_memory_mb} MiB' if args.state_memory_mb else 'RocksDB defaults'}; "
+        f"working in {root}",
         flush=True,
     )
     produced = threading.Event()
