@@ -24,6 +24,7 @@ restart).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -136,9 +137,14 @@ def tree_rss(root: int) -> tuple[float, float]:
 
 
 def du_mb(path: Path) -> float:
-    return (
-        sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6 if path.exists() else 0
-    )
+    """Bytes under ``path`` in MB; files and folders that vanish meanwhile (snapshots being
+    staged and moved) are skipped."""
+    total = 0
+    for folder, _, files in os.walk(path):  # os.walk skips what it cannot list
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name)).st_size
+    return total / 1e6
 
 
 # -- the run -----------------------------------------------------------------------------
