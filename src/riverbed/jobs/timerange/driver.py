@@ -351,7 +351,7 @@ class Driver:
         prior: pa.Table | None,
     ) -> list[ChunkRecord]:
         wanted: dict[str, tuple[DataFrame, str]] = {}
-        if frames.rows is not None:  # a job that carries state: the rows its carries need
+        if frames.rows is not None:  # with carried state: the rows plus what carries need
             rows = frames.rows if frames.carrying is None else frames.carrying
             wanted["rows"] = (rows, self.job.time)
         for size, df in frames.windows.items():
