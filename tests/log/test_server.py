@@ -306,13 +306,13 @@ def test_a_fetch_is_bounded_by_bytes_and_ships_the_stored_batches(
         tiny = FlightLogStorage(server.url)
         monkeypatch.setattr(flight_storage, "DEFAULT_FETCH_BYTES", 6_000)
         fetches: list[int] = []
-        stream = tiny._stream
+        replies = tiny._replies
 
         def counted(*args: Any) -> Any:
             fetches.append(args[2])  # where it starts
-            return stream(*args)
+            return replies(*args)
 
-        monkeypatch.setattr(tiny, "_stream", counted)
+        monkeypatch.setattr(tiny, "_replies", counted)
         columns = tiny.read_columns("t", 0, 25, 975)
         assert len(fetches) >= 19 and fetches == sorted(fetches)  # ~one batch a fetch
         expected = storage.read_columns("t", 0, 25, 975)

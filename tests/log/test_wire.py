@@ -25,7 +25,9 @@ from riverbed.log.wire import (
     ProtocolError,
     batch_columns,
     batch_stored,
+    columns_fetched,
     error_info,
+    fetched_columns,
     records_batch,
     remote_error,
     stored_batch,
@@ -93,6 +95,34 @@ def test_a_produced_batch_without_values_is_refused() -> None:
     )
     with pytest.raises(ProtocolError, match="without a value"):
         batch_columns(holed)
+
+
+@given(records, typed_values, st.integers(0, 10**12))
+@settings(deadline=None)
+def test_a_columnar_fetch_carries_what_the_stored_batch_decodes_to(
+    rows: list[RawRecord], values: list[dict[str, Any]], base: int
+) -> None:
+    """A fetch "as columns": the server decodes a stored batch and sends its columns with
+    the base offset; the client gets the same timestamps, keys and values (bytes or a
+    typed topic's struct) a local decode gives, and no headers (a columnar read has
+    none)."""
+    assert SCHEMA is not None
+    typed = [RawRecord(i, None if i % 2 else b"k", v, {}) for i, v in enumerate(values)]
+    for batch_rows, schema in ((rows, None), (typed, SCHEMA)):
+        if not batch_rows:
+            continue
+        wire = records_batch(batch_rows, to_batch(values, schema) if schema else None)
+        body = encode_columns(batch_columns(wire)).body
+        stored = StoredBatch(base, len(batch_rows), body)
+        sent, metadata = fetched_columns(stored)
+        got_base, got = columns_fetched(sent, pa.py_buffer(metadata))
+        local = stored.decode()
+        assert got_base == base and got.headers is None
+        assert got.timestamps_ms.tolist() == local.timestamps_ms.tolist()
+        assert got.keys.to_pylist() == local.keys.to_pylist()
+        assert got.values.to_pylist() == local.values.to_pylist()
+    with pytest.raises(ProtocolError, match="without its base offset"):
+        columns_fetched(records_batch([RawRecord(1, None, b"v")], None), None)
 
 
 @given(

@@ -261,6 +261,15 @@ class LogStorage(ABC):
             topic, partition, records, pa.RecordBatch.from_struct_array(batch.values)
         )
 
+    def append_columns_parts(
+        self, topic: str, parts: Sequence[tuple[int, ColumnBatch]]
+    ) -> list[int]:
+        """:meth:`append_columns` of a batch for each of several partitions — (partition,
+        columns) — returning each one's base offset; each batch is atomic, not the whole
+        call. Storages that commit many batches at once (diskless topics) take them
+        together."""
+        return [self.append_columns(topic, p, batch) for p, batch in parts]
+
     def append_parts(
         self, topic: str, parts: Sequence[tuple[int, Sequence[RawRecord], Any]]
     ) -> list[int]:

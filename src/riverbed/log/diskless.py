@@ -510,6 +510,7 @@ class DisklessLogStorage(LogStorage):
 
     waits = True
     idempotent = True
+    columnar = True  # append_columns encodes the columns as given
 
     def __init__(
         self,
@@ -634,7 +635,14 @@ class DisklessLogStorage(LogStorage):
         return [self._enqueue(*w) for w in waiting]
 
     def append_columns(self, topic: str, partition: int, batch: ColumnBatch) -> int:
-        return self._append_batch(topic, partition, batch, None, 0)
+        return self._append_batch(topic, partition, batch, None, 0).result()
+
+    def append_columns_parts(
+        self, topic: str, parts: Sequence[tuple[int, ColumnBatch]]
+    ) -> list[int]:
+        """Every part waits for the same flush: one object, one transaction."""
+        waiting = [self._append_batch(topic, p, batch, None, 0) for p, batch in parts]
+        return [f.result() for f in waiting]
 
     def _append_batch(
         self,
@@ -643,8 +651,9 @@ class DisklessLogStorage(LogStorage):
         batch: ColumnBatch,
         producer: str | None,
         sequence: int,
-    ) -> int:
-        """A batch given as columns, checked, through the next flush; its base offset."""
+    ) -> Future[int]:
+        """A batch given as columns, checked, queued for the next flush: a future of its
+        base offset."""
         if not len(batch):
             raise LogValueError("cannot append an empty batch")
         config = self._config(topic, partition)
@@ -652,14 +661,14 @@ class DisklessLogStorage(LogStorage):
         stamps = batch.timestamps_ms
         encoded = encode_columns(batch)
         lo, hi = int(stamps.min()), int(stamps.max())
-        return self._enqueue(topic, partition, encoded, lo, hi, producer, sequence).result()
+        return self._enqueue(topic, partition, encoded, lo, hi, producer, sequence)
 
     def append_once(
         self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
     ) -> int:
         if not producer or len(producer) > 64 or "/" in producer:
             raise LogValueError(f"a producer id is 1-64 characters without '/', not {producer!r}")
-        return self._append_batch(topic, partition, batch, producer, sequence)
+        return self._append_batch(topic, partition, batch, producer, sequence).result()
 
     def _enqueue(
         self,

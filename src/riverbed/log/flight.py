@@ -63,6 +63,7 @@ from riverbed.log.wire import (
     ServerUnavailableError,
     batch_stored,
     columns_batch,
+    columns_fetched,
     decode,
     encode,
     records_batch,
@@ -303,18 +304,22 @@ class FlightLogStorage(LogStorage):
     def _fetched(
         self, topic: str, partition: int, start: int, end: int
     ) -> Iterator[tuple[int, ColumnBatch]]:
-        """The batches holding [start, end), decoded here as they stream in, fetch after
-        fetch (each bounded by bytes); a fetch cut by a broken connection goes on from
-        where it got to."""
+        """The batches holding [start, end) as columns the server decoded (a fetch "as
+        columns"), taken as they stream in, fetch after fetch (each bounded by bytes); a
+        fetch cut by a broken connection goes on from where it got to."""
         at = start
         while at < end:
             before = at
             with contextlib.suppress(_Broken):
-                for stored in self._stream(topic, partition, at, end, DEFAULT_FETCH_BYTES, 0):
-                    yield stored.base_offset, stored.decode()
-                    at = stored.next_offset
-                if at == before:
-                    return  # the end of the partition
+                columns = {"as": "columns"}
+                for chunk in self._replies(
+                    topic, partition, at, end, DEFAULT_FETCH_BYTES, 0, columns
+                ):
+                    base, batch = columns_fetched(chunk.data, chunk.app_metadata)
+                    yield base, batch
+                    at = base + len(batch)
+            if at == before:
+                return  # the end of the partition
 
     def fetch(
         self,
@@ -340,6 +345,20 @@ class FlightLogStorage(LogStorage):
     def _stream(
         self, topic: str, partition: int, start: int, end: int, max_bytes: int, wait: float
     ) -> Iterator[StoredBatch]:
+        for chunk in self._replies(topic, partition, start, end, max_bytes, wait, {}):
+            yield from batch_stored(chunk.data)
+
+    def _replies(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        max_bytes: int,
+        wait: float,
+        more: dict[str, Any],
+    ) -> Iterator[Any]:
+        """One fetch's chunks (Flight stream chunks) as the server streams them."""
         ticket = {
             "op": "fetch",
             "topic": topic,
@@ -348,6 +367,7 @@ class FlightLogStorage(LogStorage):
             "end": end,
             "max_bytes": max_bytes,
             "wait_ms": int(wait * 1000),
+            **more,
         }
         data = flight.Ticket(encode(ticket))
         options = self._options(600 + wait)
@@ -362,7 +382,7 @@ class FlightLogStorage(LogStorage):
         client, reader, chunk = self._call(begin)
         try:
             while chunk is not None:
-                yield from batch_stored(chunk.data)
+                yield chunk
                 try:
                     chunk = reader.read_chunk()
                 except StopIteration:

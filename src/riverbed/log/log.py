@@ -416,15 +416,16 @@ class Producer:
     def _append_columns(self, partitions: np.ndarray, batch: ColumnBatch) -> list[RecordMetadata]:
         """Append ``batch`` as one batch per partition; its rows' coordinates in order."""
         by_partition: dict[int, list[int]] = {}
-        bases = []
+        parts = []
         for p in np.unique(partitions).tolist():
             rows = np.flatnonzero(partitions == p)
             take = pa.array(rows)
             part = ColumnBatch(
                 batch.timestamps_ms[rows], batch.keys.take(take), batch.values.take(take), None
             )
-            bases.append(self.log.storage.append_columns(self.topic, p, part))
+            parts.append((p, part))
             by_partition[p] = rows.tolist()
+        bases = self.log.storage.append_columns_parts(self.topic, parts)
         return self._metadata(len(batch), by_partition, bases)
 
     def send_batch_async(

@@ -18,7 +18,11 @@ each::
 
 and the client decodes them as a local reader would (:mod:`riverbed.log.records`:
 format 2 = Arrow-shaped buffers, format 3 = a typed topic's Arrow IPC) — the way Kafka
-brokers ship record batches: the server copies bytes, the readers decode.
+brokers ship record batches: the server copies bytes, the readers decode. A fetch
+``"as": "columns"`` (a columnar read: the Spark source, the stream engine) is decoded by
+the server instead and sent as produce-shaped batches without headers, one per stored
+batch with its base offset as the chunk's metadata (:func:`fetched_columns`), so the
+client takes Arrow buffers as they arrive and decodes nothing.
 
 Requests (Flight actions, tickets and put descriptors) are JSON objects. Errors carry
 their kind in the Flight error's ``extra_info`` so the client raises the same exception
@@ -51,7 +55,7 @@ from riverbed.log.errors import (
 from riverbed.log.records import ColumnBatch, RawRecord, StoredBatch, as_struct
 from riverbed.log.schema import SchemaError
 
-PROTOCOL = 2  # bumped when a request or a batch's shape changes
+PROTOCOL = 3  # bumped when a request or a batch's shape changes
 PROTOCOL_HEADER = "riverbed-log-protocol"
 DEFAULT_PORT = 8815
 DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
@@ -205,6 +209,24 @@ def batch_stored(batch: pa.RecordBatch) -> list[StoredBatch]:
             )
         )
     ]
+
+
+def fetched_columns(stored: StoredBatch) -> tuple[pa.RecordBatch, bytes]:
+    """What a fetch "as columns" sends for a stored batch: its records as a wire batch
+    (headers left out: a columnar read has none) and its base offset as the metadata."""
+    batch = stored.decode()
+    plain = ColumnBatch(batch.timestamps_ms, batch.keys, batch.values, None)
+    return columns_batch(plain), str(stored.base_offset).encode()
+
+
+def columns_fetched(batch: pa.RecordBatch, metadata: Any) -> tuple[int, ColumnBatch]:
+    """The inverse of :func:`fetched_columns`: (base offset, the records' columns), the
+    columns views of the received buffers."""
+    if metadata is None:
+        raise ProtocolError("a columnar fetch's batch came without its base offset")
+    return int(metadata.to_pybytes() if hasattr(metadata, "to_pybytes") else metadata), (
+        batch_columns(batch)
+    )
 
 
 def _int64s(column: pa.Array) -> np.ndarray:
