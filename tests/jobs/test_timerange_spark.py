@@ -287,6 +287,19 @@ def readings(hours: int, seed: int, n: int = 600) -> pd.DataFrame:
     )
 
 
+def hourly_readings(tmp_path: Path, frame: pd.DataFrame, metrics: list[Any]) -> LoadedSpec:
+    """A job of hourly chunks over ``frame`` written as the Parquet input under tmp_path."""
+    write_input(tmp_path / "in", frame)
+    job = TimeRangeJob(
+        input=ParquetInput(str(tmp_path / "in")),
+        key="sensor",
+        time="ts",
+        metrics=metrics,
+        chunk="1h",
+    )
+    return spec_for(job, tmp_path / "out")
+
+
 def metrics() -> list[Any]:
     return [Rolling("45min", "value", ["mean", "max"]), Cumulative("value", ["sum", "count"])]
 
@@ -315,19 +328,12 @@ def test_a_run_stopped_inside_a_batch_resumes_from_that_chunks_carry(
     batch is published: the resumed run starts from that chunk's own carried state and
     the whole equals one pass and pandas."""
     frame = readings(8, seed=11)
-    write_input(tmp_path / "in", frame)
-    job = TimeRangeJob(
-        input=ParquetInput(str(tmp_path / "in")),
-        key="sensor",
-        time="ts",
-        metrics=[
-            Rolling("40min", "value", ["mean"]),
-            Rows(4, "value", ["sum", "max"]),
-            Cumulative("value", ["sum", "count", "mean", "min"]),
-        ],
-        chunk="1h",
-    )
-    spec = spec_for(job, tmp_path / "out")
+    metrics = [
+        Rolling("40min", "value", ["mean"]),
+        Rows(4, "value", ["sum", "max"]),
+        Cumulative("value", ["sum", "count", "mean", "min"]),
+    ]
+    spec = hourly_readings(tmp_path, frame, metrics)
     cp = connect("memory://")
 
     class Stop(Exception):
@@ -359,15 +365,7 @@ def test_a_rerun_recomputes_the_corrected_chunks_and_what_they_feed(
     spark: Any, tmp_path: Path
 ) -> None:
     frame = readings(8, seed=9)
-    write_input(tmp_path / "in", frame)
-    job = TimeRangeJob(
-        input=ParquetInput(str(tmp_path / "in")),
-        key="sensor",
-        time="ts",
-        metrics=[Rolling("90min", "value", ["sum"])],
-        chunk="1h",
-    )
-    spec = spec_for(job, tmp_path / "out")
+    spec = hourly_readings(tmp_path, frame, [Rolling("90min", "value", ["sum"])])
     cp = connect("memory://")
     run(spark, spec, "2026-01-01", "2026-01-01T08:00", cp=cp)
     late = frame.copy()
