@@ -318,8 +318,8 @@ class FlightLogStorage(LogStorage):
                     base, batch = columns_fetched(chunk.data, chunk.app_metadata)
                     yield base, batch
                     at = base + len(batch)
-            if at == before:
-                return  # the end of the partition
+                if at == before:
+                    return  # the end of the partition (a broken fetch is tried again)
 
     def fetch(
         self,
