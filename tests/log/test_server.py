@@ -273,6 +273,38 @@ def test_a_raw_batch_of_the_wrong_shape_is_refused(log_server: LogServer) -> Non
     log.close()
 
 
+def test_a_columnar_read_whose_fetch_breaks_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that breaks before a columnar fetch brings anything (a server gone
+    away under the client) is tried again: the read returns every record, not a short
+    one."""
+    storage = FileLogStorage(tmp_path / "served")
+    server = LogServer(storage)
+    try:
+        local = Log(storage)
+        local.create_topic("t", 1, serde="bytes")
+        local.producer("t").send_batch([b"%03d" % i for i in range(300)])
+        remote = FlightLogStorage(server.url)
+        replies = remote._replies
+        broken: list[int] = []
+
+        def breaks_first(*args: Any) -> Any:
+            if not broken:
+                broken.append(args[2])
+                raise flight_storage._Broken
+            return replies(*args)
+
+        monkeypatch.setattr(remote, "_replies", breaks_first)
+        columns = remote.read_columns("t", 0, 0, 300)
+        assert broken == [0]
+        assert columns.values.to_pylist() == [b"%03d" % i for i in range(300)]
+        remote.close()
+    finally:
+        server.shutdown()
+        storage.close()
+
+
 @pytest.mark.parametrize("served", ["file", "memory"])
 def test_a_fetch_is_bounded_by_bytes_and_ships_the_stored_batches(
     served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
