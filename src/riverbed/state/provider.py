@@ -345,6 +345,20 @@ class StateProvider:
             current, expected = changelog.base, changelog.base_tag
         return "empty", 0, chain[::-1]
 
+    def _download(
+        self, namespace: str, partition: int, index: PartitionIndex, version: int, tmp: Path
+    ) -> None:
+        """Snapshot ``version`` of a partition into the local directory ``tmp``."""
+        name = self._snapshot_name(namespace, partition, version, index.snapshots[version])
+        try:
+            self.durable.download_dir(name, tmp)
+        except CorruptStateError as exc:
+            raise CorruptStateError(
+                f"{exc} — set it aside with `riverbed state verify {namespace} "
+                "--quarantine` and the next load rebuilds from an older snapshot "
+                "and the changelogs (docs/stream.md, 'Failure model')"
+            ) from None
+
     def _bring_to(
         self,
         namespace: str,
@@ -358,24 +372,22 @@ class StateProvider:
             return db
         kind, start, chain = self._plan(namespace, partition, index, target, db.marker)
         if kind != "local":
-            db.close()
-            if kind == "snapshot":
-                tmp = self.local_dir / ".restore" / uuid.uuid4().hex
-                name = self._snapshot_name(namespace, partition, start, index.snapshots[start])
-                try:
-                    try:
-                        self.durable.download_dir(name, tmp)
-                    except CorruptStateError as exc:
-                        raise CorruptStateError(
-                            f"{exc} — set it aside with `riverbed state verify {namespace} "
-                            "--quarantine` and the next load rebuilds from an older snapshot "
-                            "and the changelogs (docs/stream.md, 'Failure model')"
-                        ) from None
+            # The snapshot is downloaded while this process still holds the partition:
+            # between closing the database and replacing its directory another process
+            # could open it (a task of a driver that lost its lead), and one that has it
+            # open while the directory is replaced deletes files by name in the new one.
+            # Held, that window is a rename, not a download.
+            tmp = self.local_dir / ".restore" / uuid.uuid4().hex
+            try:
+                if kind == "snapshot":
+                    self._download(namespace, partition, index, start, tmp)
+                db.close()
+                if kind == "snapshot":
                     self.engine.restore(tmp, path)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                self.engine.reset(path)
+                else:
+                    self.engine.reset(path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
             db = self._open(path)
         try:
             if db.version != start:
