@@ -240,7 +240,7 @@ def compute_chunk(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    lo = max(origin, start - job.lookback_us)
+    lo = job.read_from(origin, start)
     base = read_input(spark, job, lo, end)
     columns = base.columns
     if tail is not None:
@@ -304,8 +304,8 @@ def compute_chunk(
         helpers = {CHUNK: F.coalesce(index, F.lit(-1)).cast("long")}
         if job.tail_rows:  # the rows that can be among the last before a chunk's next_lo
             w = Window.partitionBy(*keys).orderBy(*order)
-            first = max(origin, min(end, start + job.chunk_us) - job.lookback_us)
-            last = max(origin, end - job.lookback_us)
+            first = job.read_from(origin, min(end, start + job.chunk_us))
+            last = job.read_from(origin, end)
             helpers[NEXT] = F.lead(T, job.tail_rows).over(w)
             helpers[CAND] = (F.col(T) < F.lit(last)) & (
                 F.col(NEXT).isNull() | (F.col(NEXT) >= F.lit(first))

@@ -374,7 +374,7 @@ class Driver:
         if frames.carrying is not None:
             chunk = progress.chunk
             bounds = [
-                Boundary(s, s + chunk, max(progress.origin, s + chunk - self.job.lookback_us))
+                Boundary(s, s + chunk, self.job.read_from(progress.origin, s + chunk))
                 for s in range(first, first + count * chunk, chunk)
             ]
             pieces["rows"] = chunk_rows(done["rows"], bounds)

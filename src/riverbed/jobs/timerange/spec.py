@@ -428,6 +428,11 @@ class TimeRangeSpec:
         spans = [r.window_us for r in self.rolling] + [c.lookback_us for c in self.custom]
         return max(spans, default=0)
 
+    def read_from(self, origin: int, start: int) -> int:
+        """Where a chunk starting at ``start`` reads its input from: its lookback before
+        it, never before the job's origin."""
+        return max(origin, start - self.lookback_us)
+
     @property
     def tail_rows(self) -> int:
         """Rows per key a chunk carries to the next for row windows (0: none)."""
