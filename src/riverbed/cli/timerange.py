@@ -51,8 +51,9 @@ def add_parsers(sub: Any) -> None:
     c.add_argument(
         "--batch",
         type=positive_int,
-        help="chunks one Spark query computes (default: about 4 million rows, at most 24); "
-        "each chunk is still published on its own — 1 publishes each as soon as it is done",
+        help="chunks one Spark query computes (default: what 1/16 of the driver's heap holds "
+        "at the size of the chunks before, at most 24); each chunk is still published on its "
+        "own — 1 publishes each as soon as it is done",
     )
     c.add_argument("--ttl", type=int, default=10, help="driver lease TTL seconds (failover)")
     c.add_argument("--master", help="Spark master (default from riverbed.toml / local[*])")
