@@ -74,10 +74,11 @@ def setup(tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[dict[str, 
             process.wait()
 
 
-def driver(s: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
+def driver(s: dict[str, Any], *extra: str, continuous: bool = False) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(s["spec"])]
+    once = [] if continuous else ["--once"]
     process = subprocess.Popen(
-        [*command, "--once", "--max-records-per-batch", "300", "--ttl", str(TTL), *extra],
+        [*command, *once, "--max-records-per-batch", "300", "--ttl", str(TTL), *extra],
         env=s["env"],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -225,3 +226,66 @@ def assert_fenced(zombie: subprocess.Popen[str]) -> None:
     )
     assert any(line in err for line in fenced), err[-2000:]
     assert "Traceback" not in err
+
+
+def line_with(process: subprocess.Popen[str], text: str) -> str:
+    """The first line of ``process``'s stderr that holds ``text`` ('' if it ended first)."""
+    assert process.stderr is not None
+    line = process.stderr.readline()
+    while line and text not in line:
+        line = process.stderr.readline()
+    return line
+
+
+@pytest.mark.etcd
+def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
+    setup: dict[str, Any], etcd_server: Any
+) -> None:
+    """A long-running driver (no --once) whose lease ran out while it was paused does
+    not exit: it writes nothing more, stands by again behind the driver that took over,
+    and takes over from it in turn when that one dies — the aggregation keeps a driver
+    as long as one process of it lives."""
+    setup["env"]["RIVERBED_CONTROL"] = etcd_server.url
+    nodename = os.uname().nodename
+    a = driver(setup, continuous=True)
+    wait_for(lambda: term(setup) is not None, 120, "the first driver's term")
+    first_term = term(setup)
+    b = driver(setup, continuous=True)
+    assert f"active driver {nodename}:{a.pid} since" in standby_line(b)
+    wait_for(
+        lambda: any(r.get("term") == first_term for r in records(setup).values()),
+        120,
+        "the first driver's first batch",
+    )
+    os.killpg(a.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: term(setup) != first_term, TTL + 60, "the standby's takeover")
+        assert active_pid(setup) == b.pid
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+    assert "it wrote nothing more" in line_with(a, "lost its lead")
+    again = line_with(a, "standby for duo")
+    assert f"active driver {nodename}:{b.pid} since" in again, again
+    assert a.poll() is None, "the driver that lost its lead exited"
+    second_term = term(setup)
+    assert second_term is not None and first_term is not None and second_term > first_term
+    os.killpg(b.pid, signal.SIGKILL)
+    b.wait()
+    wait_for(lambda: active_pid(setup) == a.pid, TTL + 60, "the first driver's second takeover")
+    third_term = term(setup)
+    assert third_term is not None and third_term > second_term
+
+    def caught_up() -> bool:
+        try:
+            check(setup["home"], setup["events"])
+        except (AssertionError, OSError, ValueError):
+            return False
+        return True
+
+    wait_for(caught_up, 180, "every event aggregated once")
+    done = {bid: r for bid, r in records(setup).items() if r.get("done")}
+    terms = [done[bid]["term"] for bid in sorted(done)]
+    assert terms == sorted(terms), "two drivers interleaved batches"
+    assert first_term in terms
+    os.killpg(a.pid, signal.SIGTERM)
+    a.wait(timeout=60)

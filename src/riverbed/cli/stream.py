@@ -6,8 +6,9 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress, TextColumn
@@ -17,6 +18,9 @@ from riverbed.cli._common import CHECKPOINTS_HELP, config_of, positive_int
 from riverbed.cli._quiet import WARNED
 from riverbed.config import Config
 from riverbed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from riverbed.stream.leader import DriverLease
 
 STAMP = "%Y-%m-%d %H:%M:%S"
 out = Console(highlight=False, soft_wrap=True)
@@ -121,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.spark import session
+    from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
     from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
@@ -156,26 +161,75 @@ def _run(args: argparse.Namespace) -> int:
         say(batch_line(batch_id, record))
         backlog.advance(record.counted("input"))
 
-    say(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
-    resuming = resume_line(job)
-    if resuming is not None:
-        say(resuming)
+    # a long-running driver that loses its lead stands by again (its Spark session
+    # warm); a run of the backlog (--once), or one told not to stand by, ends instead
+    rejoin = not (args.once or args.no_standby)
     try:
-        with backlog:
-            run(
-                spark,
-                job,
-                once=args.once,
-                max_records=args.max_records_per_batch,
-                sql=args.sql,
-                topic=args.topic,
-                on_progress=progress,
-                lease=lease,
+        while True:
+            say(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
+            resuming = resume_line(job)
+            if resuming is not None:
+                say(resuming)
+            try:
+                with backlog:
+                    run(
+                        spark,
+                        job,
+                        once=args.once,
+                        max_records=args.max_records_per_batch,
+                        sql=args.sql,
+                        topic=args.topic,
+                        on_progress=progress,
+                        lease=lease,
+                    )
+                break
+            except DriverFencedError:
+                if not rejoin:
+                    raise
+            lease.close()
+            say(
+                f"[yellow]this driver of {job.aggregation.name} lost its lead (term "
+                f"{lease.term}): it wrote nothing more, and stands by again to take over "
+                "when the active driver's lease ends[/yellow]"
             )
+            lease = _stand_by_again(
+                lambda: DriverLease(
+                    args.control or config.control_url,
+                    job.aggregation.name,
+                    job.checkpoint,
+                    args.ttl,
+                ),
+                say,
+            )
+            say(lease.describe())
     finally:
         lease.close()
     spark.stop()
     return 0
+
+
+# how long a driver that lost its lead waits between tries while the control plane does
+# not answer (a partition not healed yet): from the first to the most
+REJOIN_WAIT_S = (1.0, 10.0)
+
+
+def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None]) -> DriverLease:
+    """Campaign again, as a standby, with a new lease — through a control plane that
+    may not answer yet (the partition that cost the lead not healed): tried again,
+    saying so, until it does."""
+    from riverbed.control.errors import ControlError
+
+    wait, most = REJOIN_WAIT_S
+    while True:
+        lease = make()
+        try:
+            lease.acquire(on_standby=say)
+            return lease
+        except ControlError as exc:
+            lease.close()
+            say(f"the control plane does not answer yet ({exc}); trying again in {wait:.0f}s")
+        time.sleep(wait)
+        wait = min(wait * 2, most)
 
 
 def _backlog(job: Any) -> int | None:
