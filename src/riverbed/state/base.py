@@ -62,12 +62,11 @@ class Engine(ABC):
         """Open (or create) the database at ``path``; PartitionBusyError if held elsewhere."""
 
     @abstractmethod
-    def restore(self, checkpoint: Path, path: Path) -> None:
-        """Replace the database at ``path`` with a checkpoint directory (which may be consumed)."""
-
-    @abstractmethod
-    def reset(self, path: Path) -> None:
-        """Make the database at ``path`` empty (version 0)."""
+    def replace(self, db: LocalDB, path: Path, checkpoint: Path | None) -> LocalDB:
+        """Close ``db`` (open at ``path``) and open in its place the checkpoint directory
+        (consumed), or an empty database (version 0) when ``checkpoint`` is None —
+        without letting go of the partition in between: no other opener gets it while
+        its contents are swapped. On failure the partition is let go."""
 
 
 class Committer(Protocol):

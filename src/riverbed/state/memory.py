@@ -111,14 +111,21 @@ class MemoryEngine(Engine):
             raise PartitionBusyError(f"state database {path} is already open")
         return MemoryLocalDB(data, lock)
 
-    def restore(self, checkpoint: Path, path: Path) -> None:
+    def replace(self, db: LocalDB, path: Path, checkpoint: Path | None) -> LocalDB:
+        assert isinstance(db, MemoryLocalDB)
+        lock, db._release = db._release, None
+        if lock is None:
+            raise StateError(f"state database {path} was closed before its restore")
         try:
-            data = _Data.load((checkpoint / _FILE).read_bytes())
+            data = _Data() if checkpoint is None else _Data.load((checkpoint / _FILE).read_bytes())
         except (OSError, ValueError) as exc:
+            lock.release()
             raise StateError(f"cannot read state checkpoint {checkpoint}: {exc}") from exc
         with self._mutex:
             self._dbs[path] = data
+        return MemoryLocalDB(data, lock)
 
     def reset(self, path: Path) -> None:
+        """Forget the partition at ``path``: what losing the local disk is to RocksDB."""
         with self._mutex:
             self._dbs[path] = _Data()

@@ -372,23 +372,15 @@ class StateProvider:
             return db
         kind, start, chain = self._plan(namespace, partition, index, target, db.marker)
         if kind != "local":
-            # The snapshot is downloaded while this process still holds the partition:
-            # between closing the database and replacing its directory another process
-            # could open it (a task of a driver that lost its lead), and one that has it
-            # open while the directory is replaced deletes files by name in the new one.
-            # Held, that window is a rename, not a download.
+            # the partition stays held from the download to the reopened database: no
+            # other process (a task of a driver that lost its lead) opens it meanwhile
             tmp = self.local_dir / ".restore" / uuid.uuid4().hex
             try:
                 if kind == "snapshot":
                     self._download(namespace, partition, index, start, tmp)
-                db.close()
-                if kind == "snapshot":
-                    self.engine.restore(tmp, path)
-                else:
-                    self.engine.reset(path)
+                db = self.engine.replace(db, path, tmp if kind == "snapshot" else None)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            db = self._open(path)
         try:
             if db.version != start:
                 raise CorruptStateError(

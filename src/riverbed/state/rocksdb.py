@@ -11,10 +11,21 @@ With ``memory_mb`` (``StateConfig.memory_mb``; ``[state] memory_mb`` in riverbed
 RocksDB documents it: one LRU block cache of that size (data, index and filter blocks),
 and a write buffer manager that charges every memtable to the same cache and flushes
 when memtables pass half of it.
+
+**Holding a partition.** RocksDB's own ``LOCK`` file is inside the database's directory,
+so it goes with the directory when a restore replaces it: between closing the old
+database and opening the new one, another process could open the partition (a task of
+a driver that lost its lead), and one that has it open while its directory is replaced
+deletes files by name in the new one. So a partition is held by an exclusive ``flock``
+on a file beside its directory (``<namespace>/.<partition>.lock``), taken before the
+database opens and let go after it closes — and kept across
+:meth:`RocksEngine.replace`, which swaps the directory under it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -79,10 +90,37 @@ def _options(memory: Budget | None = None) -> Options:
     return options
 
 
+class _PartitionLock:
+    """An exclusive ``flock`` on the file beside a partition's directory: one holder per
+    partition on this machine, this process's other opens included (each ``open`` of
+    the file is a lock of its own)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path.parent / f".{path.name}.lock"
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PartitionBusyError(
+                f"state database {path} is open in another process (RocksDB allows one "
+                "writer); wait for that task to finish, or give each worker its own "
+                "local directory"
+            ) from None
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:  # once: the number may be another file's afterwards
+            os.close(self._fd)
+            self._fd = None
+
+
 class RocksLocalDB(LocalDB):
-    def __init__(self, db: Rdict) -> None:
+    def __init__(self, db: Rdict, lock: _PartitionLock) -> None:
         self._db = db
         self._meta = db.get_column_family(_META_CF)
+        self._lock: _PartitionLock | None = lock
         self._closed = False
 
     @property
@@ -129,13 +167,21 @@ class RocksLocalDB(LocalDB):
         Checkpoint(self._db).create_checkpoint(str(dest))
 
     def close(self) -> None:
+        lock = self._close_database()
+        if lock is not None:
+            lock.release()
+
+    def _close_database(self) -> _PartitionLock | None:
+        """Close the database; the partition's lock, still held, goes to the caller."""
         if self._closed:
-            return
+            return None
         self._closed = True
         # The column-family handle holds the DB open too: close it first, or the LOCK
         # file stays held and the next open in this process fails.
         self._meta.close()
         self._db.close()
+        lock, self._lock = self._lock, None
+        return lock
 
 
 class RocksEngine(Engine):
@@ -145,7 +191,14 @@ class RocksEngine(Engine):
         self.memory = budget(memory_mb) if memory_mb is not None else None
 
     def open(self, path: Path) -> LocalDB:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _PartitionLock(path)
+        try:
+            return self._open(path, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    def _open(self, path: Path, lock: _PartitionLock) -> LocalDB:
         try:
             # Both column families named, never read back from the DB's OPTIONS file:
             # RocksDB writes that file *after* it records a new column family, so a
@@ -167,14 +220,19 @@ class RocksEngine(Engine):
                     "local directory"
                 ) from exc
             raise StateError(f"cannot open state database {path}: {exc}") from exc
-        return RocksLocalDB(db)
+        return RocksLocalDB(db, lock)
 
-    def restore(self, checkpoint: Path, path: Path) -> None:
-        """Move the (downloaded) checkpoint directory into place; it is consumed."""
-        if path.exists():
-            shutil.rmtree(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(checkpoint), str(path))
-
-    def reset(self, path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+    def replace(self, db: LocalDB, path: Path, checkpoint: Path | None) -> LocalDB:
+        assert isinstance(db, RocksLocalDB)
+        lock = db._close_database()
+        if lock is None:
+            raise StateError(f"state database {path} was closed before its restore")
+        try:
+            if path.exists():
+                shutil.rmtree(path)
+            if checkpoint is not None:
+                shutil.move(str(checkpoint), str(path))
+            return self._open(path, lock)
+        except BaseException:
+            lock.release()
+            raise
