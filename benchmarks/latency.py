@@ -184,13 +184,24 @@ def run_rate(
         trigger={"processingTime": "0 seconds"},
     )
     progress: dict[int, dict[str, Any]] = {}
+    slices: dict[int, dict[str, list[int]]] = {}
+    batches = open_batches(checkpoint)
     stop = threading.Event()
 
-    def collect() -> None:  # recentProgress keeps the last 100 triggers: read it often
+    def seen() -> None:
+        # recentProgress keeps the last 100 triggers, and the maintenance prunes batch
+        # records older than retain_versions: each batch's slices are read as it ends
+        for p in query.recentProgress:
+            if p["batchId"] not in progress:
+                record = batches.get(p["batchId"])
+                if record is not None and record.slices:
+                    slices[p["batchId"]] = record.slices
+            progress[p["batchId"]] = p
+
+    def collect() -> None:
         while not stop.is_set():
-            for p in query.recentProgress:
-                progress[p["batchId"]] = p
-            stop.wait(0.2)
+            seen()
+            stop.wait(0.05)
 
     collector = threading.Thread(target=collect, daemon=True)
     collector.start()
@@ -204,24 +215,25 @@ def run_rate(
     total = len(produced["offset"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # until every record is in a committed batch
-        for p in query.recentProgress:
-            progress[p["batchId"]] = p
         if sum(p["numInputRows"] for p in progress.values()) >= total:
             break
         time.sleep(0.05)
     stop.set()
     collector.join()
+    seen()
     query.stop()
     assert query.exception() is None, query.exception()
-    return latencies(checkpoint, progress, produced, rate)
+    return latencies(slices, progress, produced, rate)
 
 
 def latencies(
-    checkpoint: Path, progress: dict[int, dict[str, Any]], produced: Any, rate: int
+    slices: dict[int, dict[str, list[int]]],
+    progress: dict[int, dict[str, Any]],
+    produced: Any,
+    rate: int,
 ) -> dict[str, Any]:
-    """Each record's latency: the end of the trigger of the batch that read it minus the
-    start of its produce call."""
-    batches = open_batches(checkpoint)
+    """Each record's latency: the end of the trigger of the batch that read it (whose
+    ``slices`` say which offsets) minus the start of its produce call."""
     by_partition = {}  # partition → (offsets, produce times), by offset
     for part in np.unique(produced["partition"]):
         mine = produced["partition"] == part
@@ -230,13 +242,12 @@ def latencies(
     lat: list[np.ndarray] = []
     sizes, plan_ms, job_ms, trig_ms = [], [], [], []
     for batch_id, p in sorted(progress.items()):
-        record = batches.get(batch_id)
-        if record is None or not record.slices or not p["numInputRows"]:
+        if batch_id not in slices or not p["numInputRows"]:
             continue
         ended = datetime.fromisoformat(p["timestamp"]).timestamp() + (
             p["durationMs"]["triggerExecution"] / 1000
         )
-        for part, (lo, hi) in record.slices.items():
+        for part, (lo, hi) in slices[batch_id].items():
             if int(part) not in by_partition:
                 continue
             offs, times = by_partition[int(part)]
@@ -247,6 +258,8 @@ def latencies(
         job_ms.append(p["durationMs"]["addBatch"])
         trig_ms.append(p["durationMs"]["triggerExecution"])
     values = np.concatenate(lat) * 1000 if lat else np.array([np.nan])
+    if len(values) < len(produced["offset"]):  # a batch not seen: its records unmeasured
+        print(f"  note: {len(values):,} of {len(produced['offset']):,} records measured")
     return {
         "rate": rate,
         "achieved": len(produced["offset"]) / float(produced["seconds"]),

@@ -226,6 +226,49 @@ def test_only_small_batches_of_a_local_master_run_in_the_driver(records: int, li
         assert in_driver(records, limit, elsewhere) is False
 
 
+def test_partitions_kept_open_by_driver_batches_are_let_go_for_a_spark_job(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """Small batches run in the driver keep their state partitions open between them
+    (riverbed.state.kept); a big batch of the same query runs as a Spark job, whose
+    tasks (other processes) can open them only because the driver let them go first —
+    kept, they would wait out the lock and fail the query. Exact either way."""
+    import time
+
+    small = make_events(400, hours=2, seed=3)
+    write_events(log_url, small, partitions=3, key_field="flag")
+    options = {"topic": "events", "log": log_url, "schema": SCHEMA}
+    options |= {"maxRecordsPerBatch": "5000", "driverBatchRecords": "600"}
+    cfg = StateConfig(local_dir=tmp_path / "state", durable=f"file://{tmp_path / 'durable'}")
+    query = start(
+        spark,
+        spec(3),
+        options,
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        trigger={"processingTime": "0 seconds"},
+        state=replace(cfg, lock_timeout=5.0),
+    )
+    try:
+        query.processAllAvailable()  # the backlog: one batch of 400, in the driver
+        big = make_events(3000, hours=2, seed=4)
+        big["ts"] = big["ts"] + pd.Timedelta(minutes=30)
+        write_events(log_url, big, partitions=3, key_field="flag")
+        deadline = time.monotonic() + 120
+        while sum(p["numInputRows"] for p in query.recentProgress) < 3400:
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "the big batch did not finish"
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes[0] <= 600 and max(sizes) > 600, sizes  # both kinds ran
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(f"riverbed-flags-{query.id}")
+    assert jobs, "no batch ran as a Spark job"
+    check(read_results(tmp_path / "out"), pd.concat([small, big], ignore_index=True))
+
+
 def test_small_batches_run_in_the_driver_and_big_ones_as_a_spark_job(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:

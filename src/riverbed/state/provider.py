@@ -26,6 +26,7 @@ an older history is still rebuilt exactly as it was committed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from riverbed.state import kept
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.changelog import HEAD_SIZE, TAIL_SIZE, Changelog, Header, peek
 from riverbed.state.durable import DurableStorage
@@ -220,11 +222,12 @@ class StateProvider:
         the latest), ready for reads and staged writes."""
         path = self._local(namespace, partition)
         self._base(namespace, partition)  # validate names before touching disk
-        db = self._open(path)
+        db = kept.take(path) or self._open(path)
+        release = functools.partial(kept.give_back, path)
         try:
             exact = version is not None and 0 < version == db.version
             if exact and self._local_is_durable(namespace, partition, db, version):  # type: ignore[arg-type]
-                return StateStore(self._commit, namespace, partition, db)
+                return StateStore(self._commit, namespace, partition, db, release)
             # Read the index only once we hold the partition: a commit by the previous
             # holder must be visible, or "latest" could be stale.
             index = self.index(namespace, partition, purged=False)
@@ -234,7 +237,7 @@ class StateProvider:
         except BaseException:
             db.close()
             raise
-        return StateStore(self._commit, namespace, partition, db)
+        return StateStore(self._commit, namespace, partition, db, release)
 
     def _local_is_durable(self, namespace: str, partition: int, db: LocalDB, version: int) -> bool:
         """The fast path of a load of exactly the version the local copy holds (a

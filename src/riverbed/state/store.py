@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from riverbed.state.base import Committer, LocalDB, Op
 from riverbed.state.errors import StateValueError, StoreClosedError
@@ -34,8 +34,16 @@ def prefix_end(prefix: bytes) -> bytes | None:
 class StateStore:
     """Read and stage writes on one partition at :attr:`version`; then commit or abort."""
 
-    def __init__(self, commit: Committer, namespace: str, partition: int, db: LocalDB) -> None:
+    def __init__(
+        self,
+        commit: Committer,
+        namespace: str,
+        partition: int,
+        db: LocalDB,
+        release: Callable[[LocalDB], None] | None = None,
+    ) -> None:
         self._commit = commit  # the provider's: durable changelog, then the local db
+        self._let_go = release  # what is done with the database after (default: closed)
         self.namespace = namespace
         self.partition = partition
         self.version, self._tag = db.marker
@@ -138,8 +146,10 @@ class StateStore:
             self._commit(
                 self.namespace, self.partition, db, (self.version, self._tag), new, self._ops
             )
-        finally:
-            self._release()
+        except BaseException:
+            self._release(whole=False)  # the local copy may be half-way: closed
+            raise
+        self._release()
         self.version = new
         return new
 
@@ -148,10 +158,14 @@ class StateStore:
         if self._db is not None:
             self._release()
 
-    def _release(self) -> None:
+    def _release(self, whole: bool = True) -> None:
         db, self._db = self._db, None
         self._ops, self._staged, self._ranges = [], {}, []
-        if db is not None:
+        if db is None:
+            return
+        if whole and self._let_go is not None:
+            self._let_go(db)
+        else:
             db.close()
 
     def __enter__(self) -> StateStore:

@@ -36,6 +36,7 @@ from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state.errors import CorruptStateError
+from riverbed.state.kept import keep_open
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
@@ -126,7 +127,10 @@ class DirectQuery:
             sc.setJobGroup(self._group, f"riverbed {self.name}", interruptOnCancel=True)
             topic_log = open_log(self.cfg.options)
             try:
-                self._loop(topic_log)
+                # the partitions of batches run here stay open between them (a Spark
+                # job's batch lets them go first); all are closed when the loop ends
+                with keep_open():
+                    self._loop(topic_log)
             finally:
                 topic_log.close()
         except BaseException as exc:
