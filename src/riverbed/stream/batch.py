@@ -7,7 +7,9 @@ the periodic :func:`maintain`."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
@@ -99,6 +101,39 @@ def kafka_sink(config: EngineConfig) -> KafkaSink:
     return sink
 
 
+class Maintenance:
+    """:func:`maintain` off a driver's batch loop: one round at a time in a thread of
+    its own, so the purge and the result table's compaction (~150 ms every 100
+    batches here) do not lengthen the trigger they fall in. A round due while the last
+    one still runs is skipped (the next is ``snapshot_every`` batches later, as after
+    a failed round); :meth:`wait` before the loop ends."""
+
+    def __init__(
+        self, name: str, run: Callable[[EngineConfig, Batches, int], None] | None = None
+    ) -> None:
+        self.name = name
+        self._run = run or maintain
+        self._thread: threading.Thread | None = None
+
+    def submit(self, config: EngineConfig, batches: Batches, batch_id: int) -> bool:
+        """Start a round after ``batch_id``; False when the last one still runs."""
+        if self._thread is not None and self._thread.is_alive():
+            log.info("maintenance of %s after batch %d skipped: one runs", self.name, batch_id)
+            return False
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(config, batches, batch_id),
+            name=f"riverbed-maintain-{self.name}",
+            daemon=True,
+        )
+        self._thread.start()
+        return True
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 def finish(
     config: EngineConfig,
     batches: Batches,
@@ -107,6 +142,7 @@ def finish(
     rows: pd.DataFrame | pa.Table,
     *,
     outputs_from: float | None = None,
+    maintenance: Maintenance | None = None,
 ) -> None:
     """The end of every batch, whichever path ran it — the one place it is written:
 
@@ -118,22 +154,27 @@ def finish(
        ``snapshot_every`` batches run the maintenance (:func:`finish_batch`).
 
     With ``outputs_from`` (a ``time.perf_counter()`` reading), the time since then is
-    recorded as the batch's ``ms.outputs``."""
+    recorded as the batch's ``ms.outputs``; with ``maintenance``, the maintenance runs
+    there, in the background."""
     config.fence()
     written = write_output(config.output, config.spec, batch_id, rows, fence=config.fence)
     if config.sql_url or config.results_topic:
         publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
     if outputs_from is not None:
         record.ms["outputs"] = round((time.perf_counter() - outputs_from) * 1000)
-    finish_batch(config, batches, batch_id, record)
+    finish_batch(config, batches, batch_id, record, maintenance)
 
 
 def finish_batch(
-    config: EngineConfig, batches: Batches, batch_id: int, record: BatchRecord
+    config: EngineConfig,
+    batches: Batches,
+    batch_id: int,
+    record: BatchRecord,
+    maintenance: Maintenance | None = None,
 ) -> None:
     """Record the batch as done (durably, before Spark commits it: the next batch's
     watermark comes from it), with running totals; then, every ``snapshot_every``
-    batches, run :func:`maintain`."""
+    batches, run :func:`maintain` (in ``maintenance``'s thread, if given)."""
     prev = batches.previous(batch_id)
     if prev is not None and prev.totals is not None:
         totals = dict(prev.totals)
@@ -147,7 +188,10 @@ def finish_batch(
     term = config.term if config.term is not None else record.term  # which driver ran it
     batches.put(batch_id, replace(record, term=term, done=True, totals=totals))
     if (batch_id + 1) % config.state.snapshot_every == 0:
-        maintain(config, batches, batch_id)
+        if maintenance is not None:
+            maintenance.submit(config, batches, batch_id)
+        else:
+            maintain(config, batches, batch_id)
 
 
 def maintain(config: EngineConfig, batches: Batches, batch_id: int) -> None:
@@ -177,6 +221,7 @@ def maintain(config: EngineConfig, batches: Batches, batch_id: int) -> None:
 
 __all__ = [
     "SIDE_LIMIT",
+    "Maintenance",
     "finish",
     "finish_batch",
     "maintain",

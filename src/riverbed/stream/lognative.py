@@ -45,7 +45,7 @@ from riverbed.errors import RiverbedError
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
-from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs
+from riverbed.stream.batch import SIDE_LIMIT, Maintenance, finish, side_outputs
 from riverbed.stream.engine import (
     EngineConfig,
     Partial,
@@ -405,13 +405,15 @@ def run_planned(
     batch_id: int,
     record: BatchRecord,
     plan_ms: int = 0,
+    maintenance: Maintenance | None = None,
 ) -> BatchRecord:
     """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
     written durably before this call): merge into state version ``batch_id``, write the
     side topics, the result table and the sinks, and record the batch as done. A re-run
     of the same record commits the same state version and replaces the same output.
-    ``plan_ms`` is what planning it took (recorded with the batch's other phases).
-    Returns the finished record."""
+    ``plan_ms`` is what planning it took (recorded with the batch's other phases);
+    ``maintenance`` runs the periodic maintenance off the caller's thread. Returns the
+    finished record."""
     began = time.perf_counter()
     if record.slices is None:
         raise StreamValueError(f"batch {batch_id} has no recorded plan to run")
@@ -433,7 +435,9 @@ def run_planned(
         "state_job": round((merged - began) * 1000),
     }
     record.input = side.input
-    finish(cfg.engine, batches, batch_id, record, rows, outputs_from=merged)
+    finish(
+        cfg.engine, batches, batch_id, record, rows, outputs_from=merged, maintenance=maintenance
+    )
     return record
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state.errors import CorruptStateError
 from riverbed.state.kept import keep_open
+from riverbed.stream.batch import Maintenance
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
@@ -67,6 +68,7 @@ class DirectQuery:
         self._idle = threading.Event()  # set while no input is waiting
         self._exception: BaseException | None = None
         self._progress: list[dict[str, Any]] = []
+        self._maintenance = Maintenance(self.name)
         self._thread = threading.Thread(target=self._run, name=f"riverbed {self.name}")
         self._thread.daemon = True
         self._thread.start()
@@ -132,6 +134,7 @@ class DirectQuery:
                 with keep_open():
                     self._loop(topic_log)
             finally:
+                self._maintenance.wait()
                 topic_log.close()
         except BaseException as exc:
             if not self._stop.is_set():  # a cancelled job is how stop() ends a batch
@@ -162,7 +165,9 @@ class DirectQuery:
             if self._stop.is_set():  # stopped while planning: the plan waits for the next start
                 return
             plan_ms = round((time.perf_counter() - began) * 1000)
-            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record, plan_ms)
+            done = run_planned(
+                self.spark, self.cfg, self.batches, batch_id, record, plan_ms, self._maintenance
+            )
             self._report(batch_id, done, began, plan_ms)
             if not self.trigger.available_now:
                 rest = self.trigger.interval_s - (time.perf_counter() - began)
