@@ -11,6 +11,7 @@ objects are written whole and a snapshot counts only once its manifest object ex
 from __future__ import annotations
 
 import builtins
+import fnmatch
 import json
 import os
 import shutil
@@ -210,13 +211,24 @@ class FileStorage(DurableStorage):
             return 0
         cutoff = time.time() - older_than
         removed = 0
-        for entry in root.rglob(".*.tmp-*"):
-            if entry.stat().st_mtime < cutoff:
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-                removed += 1
+        # beside writes under way: a temporary file or directory may be renamed into
+        # place (or a directory vanish) between the listing and the look at it —
+        # os.walk skips what it cannot list, and a vanished entry is a finished write
+        for parent, dirs, files in os.walk(root):
+            for name in [*dirs, *files]:
+                if not fnmatch.fnmatch(name, ".*.tmp-*"):
+                    continue
+                entry = Path(parent) / name
+                try:
+                    stale = entry.stat().st_mtime < cutoff
+                except FileNotFoundError:
+                    continue
+                if stale:
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+                    removed += 1
         return removed
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.locations import is_local
 from riverbed.state import StateProvider
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
@@ -188,7 +189,11 @@ def finish_batch(
     term = config.term if config.term is not None else record.term  # which driver ran it
     batches.put(batch_id, replace(record, term=term, done=True, totals=totals))
     if (batch_id + 1) % config.state.snapshot_every == 0:
-        if maintenance is not None:
+        # beside the next batches only over directory trees: a bucket's sweep deletes
+        # shared snapshot files no manifest names, and a snapshot being written
+        # meanwhile may reuse one before its manifest is there
+        beside = is_local(config.state.durable) and is_local(config.output)
+        if maintenance is not None and beside:
             maintenance.submit(config, batches, batch_id)
         else:
             maintain(config, batches, batch_id)

@@ -1,0 +1,44 @@
+"""A directory tree's sweep of interrupted writes runs beside writes under way (the
+stream's maintenance runs in its own thread while the next batch commits): a temporary
+file renamed into place between the listing and the look at it is a finished write."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from riverbed.state.durable import FileStorage
+
+
+def test_a_sweep_beside_writes_neither_fails_nor_removes_a_fresh_write(tmp_path: Path) -> None:
+    storage = FileStorage(tmp_path)
+    stop = threading.Event()
+    written: list[str] = []
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            name = f"ns/0/changelog/{i:020d}.rbcl"
+            storage.write(name, os.urandom(64))
+            written.append(name)
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    sweeps = 0
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            # as the maintenance sweeps: only what an hour old is stale, but every
+            # temporary file it lists is looked at (and may be renamed meanwhile)
+            storage.sweep("ns/0", older_than=3600)
+            sweeps += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert sweeps > 10 and len(written) > 10
+    leftovers = list((tmp_path / "ns" / "0").rglob(".*.tmp-*"))
+    assert leftovers == []
+    assert sorted(storage.list("ns/0/changelog")) == sorted(n.rsplit("/", 1)[1] for n in written)
