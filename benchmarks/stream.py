@@ -170,6 +170,8 @@ def riverbed_path(
         source |= {"schema": SCHEMA, "co_locate": "false" if how == "shuffled" else "true"}
         if how == "nosteal":
             source["steal"] = "false"
+        if how == "indriver":  # every batch in the driver's threads: no Spark job
+            source["driverBatchRecords"] = str(per_batch)
     queries: list[Any] = []
 
     def run() -> None:
@@ -429,6 +431,8 @@ def main() -> None:
                         f"Spark batch approx_count_distinct, {source}",
                         spark_batch_path(batch_df(source), "approx"),
                     )
+        else:  # --only riverbed: DuckDB still, the limit riverbed's ratio is taken against
+            add("limit", "DuckDB count(DISTINCT) over Parquet", duckdb_path(parquet))
         flink: list[dict[str, Any]] = []
         if spark_paths and not args.quick and not args.no_flink:
             # Apache Flink's SQL on the same events, in its own JVM and virtualenv (the
@@ -494,12 +498,14 @@ def main() -> None:
         variants = [("exact", "colocated"), ("hll", "colocated")]
         variants += [("adaptive", "colocated")] if spark_paths else []
         variants += [("exact", "nosteal"), ("hll", "nosteal")]  # what work stealing gains
+        variants += [("exact", "indriver"), ("hll", "indriver")]  # without a job a batch
         if spark_paths and not args.quick:
             variants += [("exact", "shuffled"), ("exact", "dataframe")]
         titles = {
             "colocated": "",
             "shuffled": ", shuffled (co_locate=false)",
             "nosteal": ", no work stealing (steal=false)",
+            "indriver": ", batches in the driver (driverBatchRecords)",
             "dataframe": ", via the riverbed DataFrame source",
         }
         for mode, how in variants:
@@ -551,7 +557,7 @@ def main() -> None:
     rate = {name: n / seconds for _, name, seconds in rows}
     if spark_paths:
         against_spark(rows, rate)
-        against_peers(rows, rate, flink)
+    against_peers(rows, rate, flink)
     print(
         "\nper trigger, riverbed co-located (ms; 'offsets' = planning the batch, 'other' = "
         "outside the batches: the query's start and the loop)"
@@ -731,6 +737,10 @@ def against_peers(
     duck = next((nm for _, nm, _ in rows if nm.startswith("DuckDB")), None)
     if duck is not None:
         print(f"{'riverbed exact / DuckDB':52} {rate['riverbed exact'] / rate[duck]:5.2f}x")
+        in_driver = "riverbed exact, batches in the driver (driverBatchRecords)"
+        if in_driver in rate:
+            print(f"{'riverbed exact, batches in the driver / DuckDB':52} "
+                  f"{rate[in_driver] / rate[duck]:5.2f}x")  # fmt: skip
     exact = [r for r in flink if "error" not in r and r["query"] != "window-approx"]
     if not exact:
         return
