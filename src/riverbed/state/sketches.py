@@ -24,6 +24,7 @@ small sets as exact coupon lists). Bitmaps are built from the array directly.
 
 from __future__ import annotations
 
+import array
 import math
 import struct
 from collections.abc import Iterable
@@ -210,7 +211,9 @@ class ExactIds:
                 raise StateValueError("integer ids must be >= 0 for the exact bitmap")
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
-            self._bitmap.update(ids.astype(np.uint64, copy=False))
+            # through an array.array: pyroaring reads its buffer, where an ndarray is
+            # iterated as Python objects (86 vs 117 ns an id here)
+            self._bitmap.update(array.array("Q", ids.astype(np.uint64, copy=False).tobytes()))
             return self
         values = _as_list(ids)
         if self._bitmap is not None or (
