@@ -157,7 +157,10 @@ def _events(
             if sum(map(len, side.late_rows)) < SIDE_LIMIT:
                 side.late_rows.append(pdf.loc[late].drop(columns="_error"))
         side.saw(int(ts.max()))
-        yield pdf.loc[~late, spec.columns()], ts[~late]
+        if late.any():
+            yield pdf.loc[~late, spec.columns()], ts[~late]
+        else:  # no copy of every row to drop none
+            yield pdf[spec.columns()], ts
 
 
 def colocated_task(
@@ -179,10 +182,12 @@ def colocated_task(
         side = Side()
         partials: list[Partial] = []
         for pdf, ts in _events(cfg, piece, watermark_ms, side, topic_log):
-            owners = state_partition_of(pdf[spec.key], n)
+            # each distinct key once (a batch has few): not a partition per event
+            keys = pd.Series(pdf[spec.key].unique())
+            owners = state_partition_of(keys, n)
             stray = owners != piece.partition
             if stray.any():
-                key = pdf[spec.key].to_numpy()[stray][0]
+                key = keys.to_numpy()[stray][0]
                 raise NotCoLocatedError(
                     f"topic {cfg.options['topic']!r} partition {piece.partition} holds "
                     f"{spec.key}={key!r}, which belongs to state partition "
