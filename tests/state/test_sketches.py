@@ -143,3 +143,45 @@ def test_spark_sketches_load_in_python_and_python_sketches_load_in_spark(spark: 
             .first()[0]
         )
         assert back == round(HLL.from_bytes(ours.to_bytes()).count().value)
+
+
+@given(
+    st.lists(st.integers(0, 2**32 - 1), max_size=3000),
+    st.sampled_from([np.int64, np.uint64, np.int32, np.uint32]),
+)
+@settings(max_examples=200, deadline=None)
+def test_exact_ids_of_32_bit_ids_hold_what_the_general_way_holds(
+    ids: list[int], dtype: Any
+) -> None:
+    """The fast partial (a 32-bit bitmap behind the 64-bit format's one-bucket header)
+    loads as the general way's set, merges with it, and is never bigger (the 32-bit
+    bitmap built from an array picks run containers where they are smaller)."""
+    values = np.array(ids, dtype=np.uint64).astype(dtype)
+    if dtype in (np.int32,) and values.size and (np.array(ids) > 2**31 - 1).any():
+        return  # not representable: no such column
+    fast = ExactIds.bytes_of(values)
+    general = ExactIds().update(values).to_bytes()
+    if not ids:
+        assert fast is None
+        return
+    assert fast is not None and len(fast) <= len(general)
+    assert ExactIds.from_bytes(fast).ids() == ExactIds.from_bytes(general).ids()
+    assert ExactIds.from_bytes(fast).ids() == sorted(set(ids))
+    other = ExactIds().update(np.array([7, 2**40], dtype=np.uint64))
+    merged = ExactIds.from_bytes(fast).merge(other)
+    assert merged.ids() == sorted({*ids, 7, 2**40})
+
+
+def test_dense_ids_take_run_containers_on_the_fast_way() -> None:
+    ids = np.arange(0, 200_000)
+    fast = ExactIds.bytes_of(ids)
+    assert fast is not None and len(fast) < 100  # runs, not 4 bitmap containers
+    assert ExactIds.from_bytes(fast).count().value == 200_000
+
+
+def test_ids_past_32_bits_or_negative_take_the_general_way() -> None:
+    assert ExactIds.bytes_of(np.array([1, 2**32], dtype=np.uint64)) is None
+    assert ExactIds.bytes_of(np.array([-1, 2], dtype=np.int64)) is None
+    assert ExactIds.bytes_of(np.array(["a"], dtype=object)) is None
+    big = ExactIds().update(np.array([1, 2**40], dtype=np.uint64))
+    assert ExactIds.from_bytes(big.to_bytes()).ids() == [1, 2**40]

@@ -127,6 +127,8 @@ class Distinct:
             # an integer column with nulls reaches pandas as float64: the ids are still
             # integers, and must land in the same bitmap as the batches without nulls
             values = values.astype(np.int64)
+        if self.mode == "exact" and (fast := ExactIds.bytes_of(values)) is not None:
+            return fast
         return self._empty().update(values).to_bytes()
 
     def merge(self, a: Any, b: Any) -> Any:
