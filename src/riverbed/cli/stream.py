@@ -139,9 +139,13 @@ def _run(args: argparse.Namespace) -> int:
             job.state, retain_versions=args.retain_versions, snapshot_every=args.snapshot_every
         ),
     )
-    lease = DriverLease(
-        args.control or config.control_url, job.aggregation.name, job.checkpoint, args.ttl
-    )
+
+    def new_lease() -> DriverLease:
+        return DriverLease(
+            args.control or config.control_url, job.aggregation.name, job.checkpoint, args.ttl
+        )
+
+    lease = new_lease()
     try:
         if args.no_standby:
             lease.acquire(standby=False)  # fails now, before Spark starts, if one is active
@@ -192,15 +196,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"{lease.term}): it wrote nothing more, and stands by again to take over "
                 "when the active driver's lease ends[/yellow]"
             )
-            lease = _stand_by_again(
-                lambda: DriverLease(
-                    args.control or config.control_url,
-                    job.aggregation.name,
-                    job.checkpoint,
-                    args.ttl,
-                ),
-                say,
-            )
+            lease = _stand_by_again(new_lease, say)
             say(lease.describe())
     finally:
         lease.close()
