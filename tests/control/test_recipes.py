@@ -56,6 +56,36 @@ def test_lock_excludes_and_serves_in_arrival_order(cp: ControlPlane, ns: str) ->
         s.close()
 
 
+def test_a_waiter_whose_key_vanishes_is_told_its_session_is_lost(cp: ControlPlane, ns: str) -> None:
+    """A waiter's key gone (its lease expired while it was paused, or deleted) is a lost
+    session, not a timeout: callers that stand by again tell the two apart."""
+    with Session(cp, ttl=10) as a, Session(cp, ttl=10) as b:
+        held = Lock(a, ns + "v")
+        held.acquire()
+        waiter = Lock(b, ns + "v")
+        raised: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                waiter.acquire(timeout=30)
+            except BaseException as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while len(cp.get_prefix(held.prefix)) < 2:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.05)
+        mine = max(cp.get_prefix(held.prefix), key=lambda kv: kv.create_revision)
+        cp.delete(mine.key)
+        thread.join(15)
+        assert not thread.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], SessionLostError), raised
+        assert "vanished while waiting" in str(raised[0])
+        held.release()
+
+
 def test_lock_timeout_leaves_no_waiter_behind(cp: ControlPlane, ns: str) -> None:
     with Session(cp, ttl=10) as a, Session(cp, ttl=10) as b:
         held = Lock(a, ns + "l")

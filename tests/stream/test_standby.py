@@ -242,9 +242,10 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
     setup: dict[str, Any], etcd_server: Any
 ) -> None:
     """A long-running driver (no --once) whose lease ran out while it was paused does
-    not exit: it writes nothing more, stands by again behind the driver that took over,
-    and takes over from it in turn when that one dies — the aggregation keeps a driver
-    as long as one process of it lives."""
+    not exit: it writes nothing more, stands by again behind the driver that took over
+    (and again when paused past its TTL as that standby), and takes over from it in
+    turn when that one dies — the aggregation keeps a driver as long as one process of
+    it lives."""
     setup["env"]["RIVERBED_CONTROL"] = etcd_server.url
     nodename = os.uname().nodename
     a = driver(setup, continuous=True)
@@ -269,6 +270,28 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
     assert a.poll() is None, "the driver that lost its lead exited"
     second_term = term(setup)
     assert second_term is not None and first_term is not None and second_term > first_term
+    # now A waits as the standby: paused past its TTL, its lease runs out while it
+    # waits; resumed, it stands by again (it exited: "session lease … is gone"). It
+    # says "standby for" before it campaigns: pause it once its candidacy is there.
+    from riverbed.control import connect
+
+    cp = connect(etcd_server.url)
+    try:
+        wait_for(
+            lambda: len(cp.get_prefix(b"riverbed/election/streams/duo/")) == 2,
+            30,
+            "the standby's candidacy",
+        )
+    finally:
+        cp.close()
+    os.killpg(a.pid, signal.SIGSTOP)
+    time.sleep(TTL + 3)
+    os.killpg(a.pid, signal.SIGCONT)
+    assert "ran out while it waited" in line_with(a, "lease ran out")
+    again = line_with(a, "standby for duo")
+    assert f"active driver {nodename}:{b.pid} since" in again, again
+    assert a.poll() is None, "the standby whose lease ran out exited"
+    assert term(setup) == second_term, "B lost its lead to a paused standby"
     os.killpg(b.pid, signal.SIGKILL)
     b.wait()
     wait_for(lambda: active_pid(setup) == a.pid, TTL + 60, "the first driver's second takeover")

@@ -124,6 +124,7 @@ def _sayer(timestamps: bool) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from riverbed.control.errors import SessionLostError
     from riverbed.spark import session
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
@@ -153,7 +154,15 @@ def _run(args: argparse.Namespace) -> int:
         spark_config = replace(config.spark, master=args.master) if args.master else config.spark
         spark = session(spark_config)
         if lease.term is None:
-            lease.acquire(on_standby=say)
+            try:
+                lease.acquire(on_standby=say)
+            except SessionLostError:  # the control plane answered, then the lease ran out
+                lease.close()
+                say(
+                    "[yellow]this standby's lease ran out while it waited (was it paused, "
+                    "or cut off from the control plane?): it stands by again[/yellow]"
+                )
+                lease = _stand_by_again(new_lease, say)
         say(lease.describe())
     except BaseException:
         lease.close()
@@ -213,7 +222,7 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
     """Campaign again, as a standby, with a new lease — through a control plane that
     may not answer yet (the partition that cost the lead not healed): tried again,
     saying so, until it does."""
-    from riverbed.control.errors import ControlError
+    from riverbed.control.errors import ControlError, SessionLostError
 
     wait, most = REJOIN_WAIT_S
     while True:
@@ -221,6 +230,9 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
         try:
             lease.acquire(on_standby=say)
             return lease
+        except SessionLostError:  # granted, then ran out while it waited
+            lease.close()
+            say("[yellow]this standby's lease ran out while it waited: it stands by again[/yellow]")
         except ControlError as exc:
             lease.close()
             say(f"the control plane does not answer yet ({exc}); trying again in {wait:.0f}s")

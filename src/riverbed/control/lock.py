@@ -20,7 +20,7 @@ import time
 from types import TracebackType
 
 from riverbed.control.base import Compare, ControlPlane, EventType, Get, KeyValue, Put
-from riverbed.control.errors import LockTimeoutError, OutcomeUnknownError
+from riverbed.control.errors import LockTimeoutError, OutcomeUnknownError, SessionLostError
 from riverbed.control.session import Session
 
 # The queue is listed again this often even when the watch says nothing: a watch that
@@ -66,7 +66,10 @@ def wait_turn(session: Session, prefix: bytes, mine: KeyValue, timeout: float | 
         ahead = [kv for kv in queue if kv.create_revision < mine.create_revision]
         if not any(kv.key == mine.key for kv in queue):
             session.ensure_alive()
-            raise LockTimeoutError(f"our key {mine.key!r} vanished while waiting; lease lost?")
+            raise SessionLostError(
+                f"our key {mine.key!r} vanished while waiting: its lease expired (a pause "
+                "or a cut-off longer than the TTL) or someone deleted it; start a new session"
+            )
         if not ahead:
             return
         predecessor = ahead[-1]
