@@ -158,10 +158,7 @@ def _run(args: argparse.Namespace) -> int:
                 lease.acquire(on_standby=say)
             except SessionLostError:  # the control plane answered, then the lease ran out
                 lease.close()
-                say(
-                    "[yellow]this standby's lease ran out while it waited (was it paused, "
-                    "or cut off from the control plane?): it stands by again[/yellow]"
-                )
+                say(RAN_OUT)
                 lease = _stand_by_again(new_lease, say)
         say(lease.describe())
     except BaseException:
@@ -213,6 +210,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+RAN_OUT = (
+    "[yellow]this standby's lease ran out while it waited (was it paused, or cut off from "
+    "the control plane?): it stands by again[/yellow]"
+)
 # how long a driver that lost its lead waits between tries while the control plane does
 # not answer (a partition not healed yet): from the first to the most
 REJOIN_WAIT_S = (1.0, 10.0)
@@ -232,7 +233,7 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
             return lease
         except SessionLostError:  # granted, then ran out while it waited
             lease.close()
-            say("[yellow]this standby's lease ran out while it waited: it stands by again[/yellow]")
+            say(RAN_OUT)
         except ControlError as exc:
             lease.close()
             say(f"the control plane does not answer yet ({exc}); trying again in {wait:.0f}s")

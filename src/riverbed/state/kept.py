@@ -84,6 +84,6 @@ def give_back(path: Path, db: LocalDB) -> None:
 
 
 def held() -> list[Path]:
-    """The partitions kept open now (for tests and the console)."""
+    """The partitions kept open now (for tests)."""
     with _POOL.lock:
         return sorted(_POOL.dbs)

@@ -90,6 +90,13 @@ def _options(memory: Budget | None = None) -> Options:
     return options
 
 
+def _busy(path: Path) -> PartitionBusyError:
+    return PartitionBusyError(
+        f"state database {path} is open in another process (one holder at a time); wait "
+        "for that task to finish, or give each worker its own local directory"
+    )
+
+
 class _PartitionLock:
     """An exclusive ``flock`` on the file beside a partition's directory: one holder per
     partition on this machine, this process's other opens included (each ``open`` of
@@ -103,11 +110,7 @@ class _PartitionLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise PartitionBusyError(
-                f"state database {path} is open in another process (RocksDB allows one "
-                "writer); wait for that task to finish, or give each worker its own "
-                "local directory"
-            ) from None
+            raise _busy(path) from None
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -214,11 +217,7 @@ class RocksEngine(Engine):
             )
         except Exception as exc:  # rocksdict raises a bare Exception for I/O errors
             if "LOCK" in str(exc):
-                raise PartitionBusyError(
-                    f"state database {path} is open in another process (RocksDB allows one "
-                    "writer); wait for that task to finish, or give each worker its own "
-                    "local directory"
-                ) from exc
+                raise _busy(path) from exc  # an opener that took no flock (not riverbed)
             raise StateError(f"cannot open state database {path}: {exc}") from exc
         return RocksLocalDB(db, lock)
 
