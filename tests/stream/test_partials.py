@@ -1,5 +1,6 @@
 """partials_of groups events per (window, key) with numpy; the same partials as a plain
-pandas groupby over the exploded events, for any events, window and watermark."""
+pandas groupby over the exploded events, for any events, window and watermark, keys as
+strings or as a category."""
 
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ def reference(spec: Aggregation, pdf: pd.DataFrame, watermark: int) -> dict[Any,
     ),
     hopping=st.booleans(),
     watermark=st.integers(0, 5 * HOUR),
+    category=st.booleans(),
 )
 def test_partials_equal_a_pandas_groupby(
-    events: list[tuple[int, str, int, int]], hopping: bool, watermark: int
+    events: list[tuple[int, str, int, int]], hopping: bool, watermark: int, category: bool
 ) -> None:
+    """Keys as strings or as a category (how the log-native path hands them over, with
+    categories no event of the frame uses)."""
     window = Hopping("1h", "30m") if hopping else Tumbling("1h")
     spec = Aggregation(
         name="p",
@@ -69,6 +73,8 @@ def test_partials_equal_a_pandas_groupby(
     )
     pdf = pd.DataFrame(events, columns=["user_id", "flag", "ts", "amount"])
     pdf["amount"] = pdf["amount"].astype(float)
+    if category:
+        pdf["flag"] = pd.Categorical(pdf["flag"], categories=["z", *sorted(set(pdf["flag"]))])
     got = partials_of(spec, pdf, watermark, pdf["ts"].to_numpy(dtype=np.int64))
     assert len({(w, k) for w, k, _ in got}) == len(got), "a (window, key) came out twice"
     want = reference(spec, pdf, watermark)

@@ -119,7 +119,7 @@ def partials_of(
     size = spec.window.size_ms
     if ts is None:
         ts = event_millis(pdf[spec.time])
-    keys = pdf[spec.key].astype(str).to_numpy()
+    key = pdf[spec.key]
     columns = {c: pdf[c].to_numpy() for c in spec.columns()[2:]}
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
     for starts in spec.window.starts(ts):
@@ -132,7 +132,10 @@ def partials_of(
     starts_all, rows_all = np.concatenate(window_starts), np.concatenate(rows)
     # group by (window, key) with numpy: sort once, cut where either changes (a pandas
     # groupby costs ~0.2 ms a group, which dominates small batches)
-    codes, names = pd.factorize(keys)
+    if isinstance(key.dtype, pd.CategoricalDtype):  # the log-native path's string keys
+        codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
+    else:
+        codes, names = pd.factorize(key.astype(str).to_numpy())
     key_codes = codes[rows_all]
     order = np.lexsort((key_codes, starts_all))
     starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]

@@ -145,22 +145,41 @@ def _events(
             if sum(map(len, side.dlq_rows)) < SIDE_LIMIT:
                 side.dlq_rows.append(batch.filter(bad).to_pandas())
             batch = batch.filter(pc.invert(bad))
-        # filtered in Arrow first: an integer column without nulls stays int64 in pandas
-        pdf = batch.to_pandas()
-        if pdf.empty:
+        if batch.num_rows == 0:
             continue
+        # filtered in Arrow first: an integer column without nulls stays int64 in pandas;
+        # only the columns the metrics read, a string key as a category (its codes are
+        # the grouping partials_of needs: no Python string per event)
+        pdf = _narrow(batch, spec.columns(), spec.key).to_pandas()
         ts = event_millis(pdf[spec.time])
         last_start = ts // hop * hop
         late = last_start + size <= watermark_ms
         if late.any():
             side.late += int(late.sum())
-            if sum(map(len, side.late_rows)) < SIDE_LIMIT:
-                side.late_rows.append(pdf.loc[late].drop(columns="_error"))
+            if sum(map(len, side.late_rows)) < SIDE_LIMIT:  # every column but _error
+                side.late_rows.append(_late_rows(batch, late))
         side.saw(int(ts.max()))
         if late.any():
-            yield pdf.loc[~late, spec.columns()], ts[~late]
+            yield pdf.loc[~late], ts[~late]
         else:  # no copy of every row to drop none
-            yield pdf[spec.columns()], ts
+            yield pdf, ts
+
+
+def _late_rows(batch: pa.RecordBatch | pa.Table, late: np.ndarray) -> pd.DataFrame:
+    """The late events of ``batch`` with every column but ``_error``."""
+    return batch.filter(pa.array(late)).drop_columns(["_error"]).to_pandas()
+
+
+def _narrow(batch: pa.RecordBatch | pa.Table, columns: list[str], key: str) -> pa.Table:
+    """``columns`` of ``batch``, a string ``key`` dictionary-encoded."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    table = table.select(columns)
+    at = table.schema.get_field_index(key)
+    if pa.types.is_string(table.schema.field(at).type) or pa.types.is_large_string(
+        table.schema.field(at).type
+    ):
+        table = table.set_column(at, key, pc.dictionary_encode(table.column(at)))
+    return table
 
 
 def colocated_task(
