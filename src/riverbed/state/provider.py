@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from riverbed.state import kept
+from riverbed.state import kept, uploads
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.changelog import HEAD_SIZE, TAIL_SIZE, Changelog, Header, peek
 from riverbed.state.durable import DurableStorage
@@ -430,23 +430,47 @@ class StateProvider:
         # Is a snapshot due? The newest one this process saw says when one may be; only
         # then are the snapshots listed (a request, in a bucket) — another process may
         # have taken one meanwhile — and the listing decides.
-        last = _SNAPSHOTS_SEEN.get((self.durable.url, namespace, partition))
+        key = (self.durable.url, namespace, partition)
+        if uploads.busy(key):  # its last snapshot is still on its way
+            return
+        last = _SNAPSHOTS_SEEN.get(key)
         if last is None or new - last >= self.config.snapshot_every:
             last = max(self._snapshots(self._base(namespace, partition)), default=0)
             self._saw_snapshot(namespace, partition, last)
         if new - last >= self.config.snapshot_every:
-            self._snapshot(namespace, partition, db)
+            self._snapshot(namespace, partition, db, background=uploads.active())
 
-    def _snapshot(self, namespace: str, partition: int, db: LocalDB) -> None:
+    def _snapshot(
+        self, namespace: str, partition: int, db: LocalDB, background: bool = False
+    ) -> None:
+        """A checkpoint of ``db`` now, uploaded now or (``background``) by
+        :mod:`riverbed.state.uploads`."""
         version, tag = db.marker
         tmp = self.local_dir / ".snapshots" / uuid.uuid4().hex
         tmp.parent.mkdir(parents=True, exist_ok=True)
+        name = self._snapshot_name(namespace, partition, version, tag)
+
+        def upload() -> None:
+            self.durable.upload_dir(tmp, name)
+            self._saw_snapshot(namespace, partition, version)
+
+        def done() -> None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
         try:
             db.checkpoint(tmp)
-            self.durable.upload_dir(tmp, self._snapshot_name(namespace, partition, version, tag))
+        except BaseException:
+            done()
+            raise
+        key = (self.durable.url, namespace, partition)
+        if background and uploads.submit(key, upload, done):
+            # the next is due snapshot_every versions on, even if this upload fails
             self._saw_snapshot(namespace, partition, version)
+            return
+        try:
+            upload()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            done()
 
     # -- maintenance --------------------------------------------------------------------
     def maintain(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:

@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
+from riverbed.state import uploads
 from riverbed.state.errors import CorruptStateError
 from riverbed.state.kept import keep_open
 from riverbed.stream.batch import Maintenance
@@ -130,8 +131,9 @@ class DirectQuery:
             topic_log = open_log(self.cfg.options)
             try:
                 # the partitions of batches run here stay open between them (a Spark
-                # job's batch lets them go first); all are closed when the loop ends
-                with keep_open():
+                # job's batch lets them go first); all are closed when the loop ends.
+                # Their snapshots upload off the batch's thread; the loop's end waits.
+                with keep_open(), uploads.in_background():
                     self._loop(topic_log)
             finally:
                 self._maintenance.wait()
