@@ -23,7 +23,7 @@ from typing import Any
 
 from riverbed.checksum import crc32
 from riverbed.files import fsync_dir
-from riverbed.state.errors import CorruptStateError, StateError
+from riverbed.state.errors import CorruptStateError, StateError, StateValueError
 
 MANIFEST = "MANIFEST.riverbed.json"
 
@@ -85,14 +85,26 @@ class FileStorage(DurableStorage):
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = f"file://{root}"
-        root.mkdir(parents=True, exist_ok=True)
+        self._folder(root)
+
+    def _folder(self, path: Path) -> None:
+        """Make directory ``path``; a file in the way is the user's to move, said so."""
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            in_the_way = next((p for p in (path, *path.parents) if p.is_file()), path)
+            raise StateValueError(
+                f"durable state location {self.url}: {in_the_way} is a file where a "
+                "directory goes; point the state's durable location at a directory, or "
+                "move the file"
+            ) from None
 
     def _path(self, name: str) -> Path:
         return self.root / name
 
     def write(self, name: str, data: bytes) -> None:
         path = self._path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder(path.parent)
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
         with open(tmp, "wb") as f:
             f.write(data)
@@ -134,7 +146,7 @@ class FileStorage(DurableStorage):
         """1. copy files into a hidden temp dir; 2. fsync them and write the manifest;
         3. rename the temp dir into place (an existing complete copy wins)."""
         final = self._path(name)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._folder(final.parent)
         tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex}")
         shutil.copytree(local, tmp)
         files, crcs = {}, {}
