@@ -23,6 +23,7 @@ from riverbed.jobs.timerange.carry import (
     part_names,
     parts,
     tail_before,
+    tails,
 )
 
 KEYS = ["sensor"]
@@ -134,8 +135,20 @@ def test_each_chunk_of_a_batch_gets_the_carry_after_it(
         assert sorted(piece["ts"].to_pylist()) == sorted(
             r[1] for r in rows if b.start <= r[1] < b.end
         )
-    after = carries(batch, pieces, bounds, KEYS, INPUT, ["value"], True, None)
+    after = carries(batch, bounds, KEYS, INPUT, ["value"], True, None)
     for b, carry in zip(bounds, after, strict=True):
         assert by_key(carry["cumulative"]) == expected_parts([r for r in rows if r[1] < b.end])
         tail = tail_before(batch, INPUT, b.next_lo)
         assert carry["tail"].equals(tail)
+
+
+@given(rows_st, st.integers(1, 4), st.lists(st.integers(0, 100), min_size=1, max_size=6))
+def test_the_tails_of_many_boundaries_in_one_pass_equal_one_boundary_at_a_time(
+    rows: list[tuple[int, int, int | None]], n: int, next_los: list[int]
+) -> None:
+    """``tails`` (two binary searches per row) against ``tail_before`` per boundary,
+    boundaries tied or not, row order kept."""
+    batch = with_next(rows, n)
+    los = sorted(next_los)
+    for lo, got in zip(los, tails(batch, INPUT, los), strict=True):
+        assert got.equals(tail_before(batch, INPUT, lo))

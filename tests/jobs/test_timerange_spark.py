@@ -452,3 +452,59 @@ def test_outputs_read_in_duckdb_and_polars_without_duplicates(spark: Any, tmp_pa
         pl.read_parquet(pattern)["value_cum_sum"].max(),
         frame.groupby("sensor").value.sum().max(),
     )
+
+
+def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_behind(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch's rows go through a spill (Spark writes them, the driver reads them
+    back): a run's first query computes one chunk, the later ones several (sized by
+    what a chunk took — on a resume, by what the last run's chunks took); no spill is
+    left, and one a crashed driver left is forgotten by the next."""
+    from riverbed.jobs.timerange.driver import ChunkRecord
+
+    frame = readings(8, seed=5)
+    spec = hourly_readings(tmp_path, frame, [Rows(3, "value", ["mean"]), Cumulative("value")])
+    cp = connect("memory://")
+    leftover = tmp_path / "out" / "_riverbed" / "spill" / "batch-crashed"
+    leftover.mkdir(parents=True)
+    (leftover / "part-0.parquet").write_bytes(b"half a file")
+
+    class Stop(Exception):
+        pass
+
+    sizes: list[int] = []
+
+    def stop_after_three(event: Any) -> None:
+        if event.kind == "chunk" and event.record.start == T0 + 2 * 3_600_000_000:
+            raise Stop
+
+    driver = Driver(spec, cp, lambda: spark, ttl=5, on_event=stop_after_three)
+    progress = Progress(T0, spec.job.chunk_us, T0, T0 + 8 * 3_600_000_000)
+    sizes.append(driver.batch_size(progress, T0))
+    with pytest.raises(Stop):
+        driver.run("2026-01-01", "2026-01-01T08:00")
+    assert not leftover.exists(), "the crashed driver's spill was not forgotten"
+    records = [
+        ChunkRecord.from_json(kv.value)
+        for kv in cp.get_prefix(b"riverbed/timerange/t/")
+        if b"/chunks/" in kv.key
+    ]
+    assert records and all(r.arrow_bytes > 0 for r in records)
+
+    resumed = Driver(spec, cp, lambda: spark, ttl=5)
+    seen: list[int] = []
+    original = resumed.batch_size
+
+    def recorded(progress: Progress, start: int) -> int:
+        seen.append(original(progress, start))
+        return seen[-1]
+
+    resumed.batch_size = recorded  # type: ignore[method-assign]
+    resumed.run("2026-01-01", "2026-01-01T08:00")
+    assert sizes == [1], "a fresh run's first query is one chunk"
+    assert seen[0] > 1, "a resume sized its first batch by the last run's chunks"
+    assert not list((tmp_path / "out" / "_riverbed" / "spill").iterdir())
+    whole = one_pass(spark, spec.job, T0, T0 + 8 * 3_600_000_000).rows
+    assert whole is not None
+    assert_same(resumed.output.read("rows").to_pandas(), whole.toPandas(), exact=True)

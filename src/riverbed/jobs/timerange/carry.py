@@ -47,6 +47,7 @@ __all__ = [
     "part_names",
     "parts",
     "tail_before",
+    "tails",
 ]
 
 T = "_rb_t"  # the time column in microseconds (RANGE frames need a number)
@@ -119,16 +120,22 @@ def tail_before(candidates: pa.Table, columns: Sequence[str], next_lo: int) -> p
 
 
 def chunk_rows(batch: pa.Table, boundaries: Sequence[Boundary]) -> list[pa.Table]:
-    """The batch's output rows of each chunk (:data:`CHUNK`), without the helper columns."""
-    import pyarrow.compute as pc
+    """The batch's output rows of each chunk (:data:`CHUNK`), in the batch's order,
+    without the helper columns: one stable sort by chunk and a slice each (a filter
+    per chunk read the whole batch once a chunk)."""
+    import numpy as np
+    import pyarrow as pa
 
     rows = batch.drop_columns([c for c in HELPERS if c in batch.column_names])
-    return [rows.filter(pc.equal(batch[CHUNK], i)) for i in range(len(boundaries))]
+    chunk = batch[CHUNK].to_numpy()  # -1: read for the history, no chunk's row
+    order = np.argsort(chunk, kind="stable")
+    ends = np.searchsorted(chunk[order], np.arange(-1, len(boundaries)), side="right")
+    rows = rows.take(pa.array(order))
+    return [rows.slice(ends[i], ends[i + 1] - ends[i]) for i in range(len(boundaries))]
 
 
 def carries(
     batch: pa.Table,
-    rows: Sequence[pa.Table],
     boundaries: Sequence[Boundary],
     keys: Sequence[str],
     columns: Sequence[str],
@@ -136,19 +143,48 @@ def carries(
     tail: bool,
     prior: pa.Table | None,
 ) -> list[dict[str, pa.Table]]:
-    """The carry after each chunk of a batch.
+    """The carry after each chunk of a batch, in one pass over it.
 
-    ``rows`` are the chunks' rows (:func:`chunk_rows`), ``columns`` the input's columns
-    (what a tail keeps), ``cumulative`` the columns with running values, ``prior`` the
-    cumulative carry before the batch.
+    ``columns`` are the input's columns (what a tail keeps), ``cumulative`` the columns
+    with running values, ``prior`` the cumulative carry before the batch.
     """
+    import pyarrow.compute as pc
+
     after: list[dict[str, pa.Table]] = [{} for _ in boundaries]
     if cumulative:
-        for chunk, carry in zip(rows, after, strict=True):
-            prior = fold(prior, parts(chunk, keys, cumulative), keys, cumulative)
+        # the parts of every (key, chunk) in one grouping (rows of no chunk, -1, too:
+        # cheaper than a copy of the batch without them), then folded chunk by chunk
+        by_chunk = parts(batch.select([*keys, CHUNK, *cumulative]), [*keys, CHUNK], cumulative)
+        for i, carry in enumerate(after):
+            mine = by_chunk.filter(pc.equal(by_chunk[CHUNK], i)).drop_columns([CHUNK])
+            prior = fold(prior, mine, keys, cumulative)
             carry["cumulative"] = prior
     if tail:
-        candidates = batch.filter(batch[CAND])
-        for b, carry in zip(boundaries, after, strict=True):
-            carry["tail"] = tail_before(candidates, columns, b.next_lo)
+        next_los = [b.next_lo for b in boundaries]
+        for carry, rows in zip(after, tails(batch, columns, next_los), strict=True):
+            carry["tail"] = rows
     return after
+
+
+def tails(batch: pa.Table, columns: Sequence[str], next_los: Sequence[int]) -> list[pa.Table]:
+    """:func:`tail_before` for each of ``next_los`` (non-decreasing) over the rows
+    :data:`CAND` marks (all, without it), in one pass: a row is in the tail of every
+    ``next_lo`` with ``T < next_lo <= NEXT`` — two binary searches per row; only the
+    rows some boundary falls after (few: the last ``tail_rows`` of a key before each)
+    are looked at again per boundary."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    los = np.asarray(next_los, dtype=np.int64)
+    t = batch[T].to_numpy()
+    after = pc.fill_null(batch[NEXT], np.iinfo(np.int64).max).to_numpy()
+    first = np.searchsorted(los, t, side="right")  # the first next_lo after the row
+    stop = np.searchsorted(los, after, side="right")  # past the last one <= NEXT
+    near = stop > first
+    if CAND in batch.column_names:
+        near &= batch[CAND].to_numpy(zero_copy_only=False)
+    near = np.flatnonzero(near)
+    rows = batch.select(list(columns)).take(pa.array(near))
+    first, stop = first[near], stop[near]
+    return [rows.filter(pa.array((first <= b) & (b < stop))) for b in range(len(los))]

@@ -52,7 +52,7 @@ from riverbed.jobs.timerange.plan import (
 )
 from riverbed.jobs.timerange.plan import advance as advance_progress
 from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, label
-from riverbed.spark import driver_heap_bytes
+from riverbed.spark import driver_heap_bytes, tasks_on_this_machine
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,9 +63,13 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkRecord", "Driver", "Event", "Keys", "reset", "shape_of", "status"]
 
 MAX_BATCH = 24  # chunks one Spark query computes, at most
-# What a batch's query may return (Arrow bytes, at the size of the chunks before), as a
-# share of the driver JVM's heap, which holds a query's whole result before Python gets
-# it: with Spark's default 1 GiB heap ~150 MB in one query ran it out here, ~100 MB not.
+# What a batch's rows may take in the driver's memory (Arrow bytes, at the size of the
+# chunks before) when Spark's executors spill them as Parquet for it to read back
+# (output.py): the table, its chunks and their Parquet encoding side by side.
+SPILL_BYTES = 512 << 20
+# Without a spill (a local output with executors on other machines) the rows come back
+# through the driver JVM, which holds a query's whole result before Python gets it: a
+# share of its heap (with Spark's default 1 GiB ~150 MB in one query ran it out, ~100 not).
 HEAP_SHARE = 1 / 16
 
 
@@ -117,6 +121,7 @@ class ChunkRecord:
     finished: float
     version: str
     carry: bool
+    arrow_bytes: int = 0  # the chunk's rows in the driver's memory (Arrow): sizes the next batch
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -165,6 +170,41 @@ class Driver:
         if self._spark is None:
             self._spark = self._spark_factory()
         return self._spark
+
+    @property
+    def _spills(self) -> bool:
+        """Whether a batch's rows come back through a spill (:mod:`.output`): the
+        executors reach the output — a bucket, or a directory of this machine."""
+        return not self.output.local or tasks_on_this_machine(self.spark.sparkContext.master or "")
+
+    def _fetch(self, name: str, df: DataFrame) -> pa.Table:
+        """A batch's output ``name`` in Arrow: the rows through a spill when it can,
+        the small outputs (and rows without a spill) collected."""
+        if name != "rows" or not self._spills:
+            return df.toArrow()
+        token = f"batch-{uuid.uuid4().hex[:12]}"
+        if not self.output.local:
+            from riverbed.spark import s3a
+
+            s3a.configure(self.spark)
+        gone = FencedError(
+            f"driver {self.identity} lost the lead of time-range job '{self.job.name}': the "
+            f"rows it computed were removed from {self.output.location} by the driver that "
+            "took over (it forgets what no record names); it stops without publishing"
+        )
+        try:
+            try:
+                df.write.parquet(self.output.spill_location(token))
+            except Exception:
+                if not self.output.spilled(token):  # its folder went while Spark wrote
+                    raise gone from None
+                raise
+            table = self.output.read_spill(token)
+        finally:
+            self.output.drop_spill(token)
+        if table is None:
+            raise gone
+        return table if table.num_columns else df.toArrow()  # no rows: their schema
 
     # -- the run ------------------------------------------------------------------
     def run(self, start: Any, end: Any, rerun: bool = False) -> Progress:
@@ -302,7 +342,8 @@ class Driver:
         carried state); batching spreads a query's fixed cost — and the lookback it
         re-reads — over several chunks. The driver holds what a batch's query returns, so
         a run's first query computes one chunk and the later ones as many as return
-        :data:`HEAP_SHARE` of the driver's heap at the size of the chunks before, at most
+        :data:`SPILL_BYTES` (or, without a spill, :data:`HEAP_SHARE` of the driver's heap)
+        at the size of the chunks before — the last run's, on a resume — at most
         :data:`MAX_BATCH`.
         """
         if self.batch is not None:
@@ -310,7 +351,7 @@ class Driver:
         elif self._bytes_per_chunk is None:
             wanted = 1
         else:
-            budget = driver_heap_bytes(self.spark) * HEAP_SHARE
+            budget = SPILL_BYTES if self._spills else driver_heap_bytes(self.spark) * HEAP_SHARE
             wanted = min(MAX_BATCH, max(1, int(budget // max(self._bytes_per_chunk, 1))))
         stop = progress.redo_to if progress.redo_from is not None else progress.target
         assert stop is not None
@@ -320,6 +361,8 @@ class Driver:
         spark = self.spark
         began = time.monotonic()
         before = self._record_before(progress, start)
+        if self._bytes_per_chunk is None and before is not None and before.arrow_bytes:
+            self._bytes_per_chunk = before.arrow_bytes  # a resume: the size of the last run's
         count = self.batch_size(progress, start)
         end = start + count * progress.chunk
         prior: dict[str, pa.Table | None] = {"cumulative": None, "tail": None}
@@ -360,10 +403,10 @@ class Driver:
         # side (Spark schedules concurrent jobs; much of a job's cost is latency, not work).
         if len(wanted) > 1:
             with ThreadPoolExecutor(len(wanted), thread_name_prefix="riverbed-chunk") as pool:
-                arrows = pool.map(lambda df: df.toArrow(), [df for df, _ in wanted.values()])
+                arrows = pool.map(lambda item: self._fetch(item[0], item[1][0]), wanted.items())
                 done = dict(zip(wanted, arrows, strict=True))
         else:
-            done = {name: df.toArrow() for name, (df, _) in wanted.items()}
+            done = {name: self._fetch(name, df) for name, (df, _) in wanted.items()}
         self._bytes_per_chunk = sum(t.nbytes for t in done.values()) / count
         pieces = {
             name: _by_chunk(done[name], column, first, progress.chunk, count)
@@ -380,7 +423,6 @@ class Driver:
             pieces["rows"] = chunk_rows(done["rows"], bounds)
             after = carries(
                 done["rows"],
-                pieces["rows"],
                 bounds,
                 self.job.keys,
                 frames.columns,
@@ -409,6 +451,7 @@ class Driver:
                 finished=time.time(),
                 version=self.spec.version,
                 carry=bool(after[i]),
+                arrow_bytes=int(self._bytes_per_chunk or 0),
             )
 
         if count == 1:

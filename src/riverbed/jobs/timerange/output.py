@@ -7,6 +7,7 @@ laid out the same way on both::
     <output>/windows_1h/chunk=20260101T050000Z/part.parquet  tumbling aggregates
     <output>/_riverbed/staging/<token>/<dataset>.parquet     a chunk's files before publication
     <output>/_riverbed/carry/<token>/<name>.parquet          state carried after that chunk
+    <output>/_riverbed/spill/<token>/part-*.parquet          a batch's rows, as Spark wrote them
 
 A chunk's files are written under its token first. Only once the progress marker names
 that token (the control plane's compare-and-swap, which only the elected driver can
@@ -18,6 +19,12 @@ there first: a driver that takes over finishes the moves of the last published c
 and a paused driver that wakes up later finds its staged files gone. A driver that lost
 its term never moves anything: its staged files are named by no record and the next
 driver forgets them.
+
+A batch's rows reach the driver through a **spill**: Spark's executors write them as
+Parquet under ``_riverbed/spill/<token>/`` (each task its own file, side by side, no
+copy of the result in the driver's JVM) and the driver reads them back, cuts them into
+chunks and stages one file per chunk. A spill is nobody's once read: the driver deletes
+it, and the next driver forgets any a crash left.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ __all__ = ["Output"]
 META = "_riverbed/"
 STAGING = f"{META}staging/"
 CARRY = f"{META}carry/"
+SPILL = f"{META}spill/"
+SUCCESS = "_SUCCESS"  # what Spark writes last, once a job's files are all in place
 PART = "part.parquet"
 
 
@@ -101,6 +110,54 @@ class Output:
             return None
         return pq.read_table(io.BytesIO(data))
 
+    def spill_location(self, token: str) -> str:
+        """Where Spark writes batch ``token``'s rows: a directory, or ``s3a://…``."""
+        if self.local:
+            return str(Path(self.location) / SPILL / token)
+        from riverbed.spark import s3a
+
+        return s3a.to_s3a(f"{self.location}/{SPILL}{token}")
+
+    def read_spill(self, token: str) -> pa.Table | None:
+        """The rows Spark wrote to ``spill_location(token)``, as one table (no columns
+        when Spark wrote no file: no rows); None when
+        the spill is not whole (Spark's ``_SUCCESS`` is missing, a file vanished): only
+        another driver, which forgets every spill when it takes over, removes it."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if self.local:
+                folder = Path(self.location) / SPILL / token
+                if not (folder / SUCCESS).exists():
+                    return None
+                files = sorted(str(f) for f in folder.glob("*.parquet"))
+                tables = [pq.read_table(f) for f in files]
+            else:
+                listed = [i.key for i in self.store.list(f"{SPILL}{token}/")]
+                if f"{SPILL}{token}/{SUCCESS}" not in listed:
+                    return None
+                keys = [  # Spark's part files, not a task attempt's under _temporary/
+                    k
+                    for k in listed
+                    if k.endswith(".parquet") and k.count("/") == SPILL.count("/") + 1
+                ]
+                tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in sorted(keys)]
+        except (FileNotFoundError, ObjectNotFoundError):
+            return None
+        return pa.concat_tables(tables) if tables else pa.table({})  # no file: no rows
+
+    def spilled(self, token: str) -> bool:
+        """Whether anything of spill ``token`` is there (a write cut short leaves some)."""
+        if self.local:
+            return (Path(self.location) / SPILL / token).exists()
+        return bool(self.store.list(f"{SPILL}{token}/"))
+
+    def drop_spill(self, token: str) -> None:
+        """Delete batch ``token``'s spill (read, or never to be)."""
+        if self._exists():
+            self._drop(SPILL, token)
+
     def publish(self, token: str, start: int) -> int:
         """Move chunk ``start``'s staged files into place; returns how many were moved.
 
@@ -134,7 +191,7 @@ class Output:
         if not self._exists():
             return 0
         removed = 0
-        for kind in (STAGING, CARRY):
+        for kind in (STAGING, CARRY, SPILL):
             gone = [
                 t
                 for t in self.store.entries(kind)
@@ -146,7 +203,12 @@ class Output:
         return removed
 
     def _drop(self, kind: str, token: str) -> None:
-        """Delete everything a token has under ``kind`` (staging or carry)."""
+        """Delete everything a token has under ``kind`` (staging, carry or spill)."""
+        if self.local and kind == SPILL:  # Spark's own files too (_SUCCESS, .crc)
+            import shutil
+
+            shutil.rmtree(Path(self.location) / kind / token, ignore_errors=True)
+            return
         self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
         self._tidy(f"{kind}{token}")
 
