@@ -505,6 +505,10 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     assert sizes == [1], "a fresh run's first query is one chunk"
     assert seen[0] > 1, "a resume sized its first batch by the last run's chunks"
     assert not list((tmp_path / "out" / "_riverbed" / "spill").iterdir())
+    # what Spark wrote (INT96 timestamps, its schema metadata) does not reach the output
+    schema = pq.read_schema(next((tmp_path / "out" / "rows").glob("*/part.parquet")))
+    assert schema.field("ts").type == pa.timestamp("us", tz="UTC")
+    assert not any(b"spark" in k for k in (schema.metadata or {}))
     whole = one_pass(spark, spec.job, T0, T0 + 8 * 3_600_000_000).rows
     assert whole is not None
     assert_same(resumed.output.read("rows").to_pandas(), whole.toPandas(), exact=True)

@@ -204,7 +204,9 @@ class Driver:
             self.output.drop_spill(token)
         if table is None:
             raise gone
-        return table if table.num_columns else df.toArrow()  # no rows: their schema
+        if not table.num_columns:  # Spark wrote no file: no rows (and no schema)
+            return df.toArrow()
+        return _as_collected(self.spark, df, table)
 
     # -- the run ------------------------------------------------------------------
     def run(self, start: Any, end: Any, rerun: bool = False) -> Progress:
@@ -459,6 +461,17 @@ class Driver:
         # Parquet encoding lets go of the GIL: stage the chunks side by side
         with ThreadPoolExecutor(2, thread_name_prefix="riverbed-stage") as pool:
             return list(pool.map(stage, range(count)))
+
+
+def _as_collected(spark: SparkSession, df: DataFrame, table: pa.Table) -> pa.Table:
+    """``table`` (read from Spark's Parquet) with the types ``df.toArrow()`` would have
+    given: Spark writes a timestamp as INT96 (read back as naive nanoseconds), the
+    output keeps UTC microseconds; Spark's own schema metadata stays behind."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=large)
+    return table.select(schema.names).cast(schema).replace_schema_metadata(None)
 
 
 def _by_chunk(table: pa.Table, column: str, first: int, chunk: int, count: int) -> list[pa.Table]:
