@@ -460,7 +460,8 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     """A batch's rows go through a spill (Spark writes them, the driver reads them
     back): a run's first query computes one chunk, the later ones several (sized by
     what a chunk took — on a resume, by what the last run's chunks took); no spill is
-    left, and one a crashed driver left is forgotten by the next."""
+    left, and one a crashed driver left is forgotten by the next. Left to choose, a
+    driver spills only when the heap would keep its batches small."""
     from riverbed.jobs.timerange.driver import ChunkRecord
 
     frame = readings(8, seed=5)
@@ -479,7 +480,7 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
         if event.kind == "chunk" and event.record.start == T0 + 2 * 3_600_000_000:
             raise Stop
 
-    driver = Driver(spec, cp, lambda: spark, ttl=5, on_event=stop_after_three)
+    driver = Driver(spec, cp, lambda: spark, ttl=5, spill=True, on_event=stop_after_three)
     progress = Progress(T0, spec.job.chunk_us, T0, T0 + 8 * 3_600_000_000)
     sizes.append(driver.batch_size(progress, T0))
     with pytest.raises(Stop):
@@ -492,7 +493,7 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     ]
     assert records and all(r.arrow_bytes > 0 for r in records)
 
-    resumed = Driver(spec, cp, lambda: spark, ttl=5)
+    resumed = Driver(spec, cp, lambda: spark, ttl=5, spill=True)
     seen: list[int] = []
     original = resumed.batch_size
 
@@ -512,3 +513,10 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     whole = one_pass(spark, spec.job, T0, T0 + 8 * 3_600_000_000).rows
     assert whole is not None
     assert_same(resumed.output.read("rows").to_pandas(), whole.toPandas(), exact=True)
+
+    chooser = Driver(spec, cp, lambda: spark, ttl=5)
+    chooser._bytes_per_chunk = resumed._bytes_per_chunk
+    assert not chooser._spills(3), "small chunks: collected through the heap"
+    chooser._bytes_per_chunk = 10**12
+    assert chooser._spills(3), "chunks too big for the heap's share: spilled"
+

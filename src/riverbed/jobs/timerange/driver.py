@@ -67,10 +67,13 @@ MAX_BATCH = 24  # chunks one Spark query computes, at most
 # chunks before) when Spark's executors spill them as Parquet for it to read back
 # (output.py): the table, its chunks and their Parquet encoding side by side.
 SPILL_BYTES = 512 << 20
-# Without a spill (a local output with executors on other machines) the rows come back
-# through the driver JVM, which holds a query's whole result before Python gets it: a
-# share of its heap (with Spark's default 1 GiB ~150 MB in one query ran it out, ~100 not).
+# Otherwise the rows come back through the driver JVM (``toArrow``), which holds a
+# query's whole result before Python gets it: a share of its heap (with Spark's default
+# 1 GiB ~150 MB in one query ran it out, ~100 not). That way is the faster one (Python
+# reads while Spark computes) as long as a batch is more than a few chunks; below
+# MIN_COLLECTED chunks a batch spills, when the executors reach the output.
 HEAP_SHARE = 1 / 16
+MIN_COLLECTED = 4
 
 
 def shape_of(job: TimeRangeSpec) -> Shape:
@@ -150,6 +153,7 @@ class Driver:
         *,
         ttl: int = 10,
         batch: int | None = None,
+        spill: bool | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.spec = spec
@@ -159,6 +163,9 @@ class Driver:
         self._spark: SparkSession | None = None
         self.ttl = ttl
         self.batch = batch  # chunks per Spark query (None: chosen from the chunks' rows)
+        # rows through a spill: always when the executors reach the output (True), never
+        # (False), or when the heap would keep batches small (None)
+        self.spill = spill
         self._bytes_per_chunk: float | None = None  # what a chunk's query returned
         self.keys = Keys(self.job.name)
         self.output = Output(self.job.output)
@@ -172,15 +179,28 @@ class Driver:
         return self._spark
 
     @property
-    def _spills(self) -> bool:
-        """Whether a batch's rows come back through a spill (:mod:`.output`): the
+    def _can_spill(self) -> bool:
+        """Whether a batch's rows can come back through a spill (:mod:`.output`): the
         executors reach the output — a bucket, or a directory of this machine."""
         return not self.output.local or tasks_on_this_machine(self.spark.sparkContext.master or "")
 
-    def _fetch(self, name: str, df: DataFrame) -> pa.Table:
-        """A batch's output ``name`` in Arrow: the rows through a spill when it can,
+    def _heap_chunks(self) -> int:
+        """How many chunks' rows fit :data:`HEAP_SHARE` of the driver JVM's heap."""
+        budget = driver_heap_bytes(self.spark) * HEAP_SHARE
+        return max(1, int(budget // max(self._bytes_per_chunk or 1, 1)))
+
+    def _spills(self, count: int) -> bool:
+        """Whether a batch of ``count`` chunks comes back through a spill."""
+        if self.spill is False or not self._can_spill:
+            return False
+        if self.spill:
+            return True
+        return self._bytes_per_chunk is not None and count > self._heap_chunks()
+
+    def _fetch(self, name: str, df: DataFrame, spill: bool) -> pa.Table:
+        """A batch's output ``name`` in Arrow: the rows through a spill when ``spill``,
         the small outputs (and rows without a spill) collected."""
-        if name != "rows" or not self._spills:
+        if name != "rows" or not spill:
             return df.toArrow()
         token = f"batch-{uuid.uuid4().hex[:12]}"
         if not self.output.local:
@@ -344,8 +364,9 @@ class Driver:
         carried state); batching spreads a query's fixed cost — and the lookback it
         re-reads — over several chunks. The driver holds what a batch's query returns, so
         a run's first query computes one chunk and the later ones as many as return
-        :data:`SPILL_BYTES` (or, without a spill, :data:`HEAP_SHARE` of the driver's heap)
-        at the size of the chunks before — the last run's, on a resume — at most
+        :data:`HEAP_SHARE` of the driver's heap — or, when that is fewer than
+        :data:`MIN_COLLECTED` and the rows can spill, :data:`SPILL_BYTES` of its memory —
+        at the size of the chunks before (the last run's, on a resume), at most
         :data:`MAX_BATCH`.
         """
         if self.batch is not None:
@@ -353,8 +374,10 @@ class Driver:
         elif self._bytes_per_chunk is None:
             wanted = 1
         else:
-            budget = SPILL_BYTES if self._spills else driver_heap_bytes(self.spark) * HEAP_SHARE
-            wanted = min(MAX_BATCH, max(1, int(budget // max(self._bytes_per_chunk, 1))))
+            wanted = min(MAX_BATCH, self._heap_chunks())
+            small = wanted < MIN_COLLECTED and self.spill is None
+            if (self.spill or small) and self._can_spill:
+                wanted = min(MAX_BATCH, max(1, int(SPILL_BYTES // self._bytes_per_chunk)))
         stop = progress.redo_to if progress.redo_from is not None else progress.target
         assert stop is not None
         return max(1, min(wanted, (stop - start) // progress.chunk))
@@ -403,12 +426,15 @@ class Driver:
             wanted[f"windows_{size}"] = (df, "window_start")
         # The outputs of a batch are Spark jobs over one cached input: run them side by
         # side (Spark schedules concurrent jobs; much of a job's cost is latency, not work).
+        spill = self._spills(count)
         if len(wanted) > 1:
             with ThreadPoolExecutor(len(wanted), thread_name_prefix="riverbed-chunk") as pool:
-                arrows = pool.map(lambda item: self._fetch(item[0], item[1][0]), wanted.items())
+                arrows = pool.map(
+                    lambda item: self._fetch(item[0], item[1][0], spill), wanted.items()
+                )
                 done = dict(zip(wanted, arrows, strict=True))
         else:
-            done = {name: self._fetch(name, df) for name, (df, _) in wanted.items()}
+            done = {name: self._fetch(name, df, spill) for name, (df, _) in wanted.items()}
         self._bytes_per_chunk = sum(t.nbytes for t in done.values()) / count
         pieces = {
             name: _by_chunk(done[name], column, first, progress.chunk, count)
