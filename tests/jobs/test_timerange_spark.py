@@ -519,4 +519,3 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     assert not chooser._spills(3), "small chunks: collected through the heap"
     chooser._bytes_per_chunk = 10**12
     assert chooser._spills(3), "chunks too big for the heap's share: spilled"
-
