@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import riverbed.log
+from riverbed.state.provider import STAGING
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.records import open_batches
 
@@ -137,13 +138,21 @@ def tree_rss(root: int) -> tuple[float, float]:
 
 
 def du_mb(path: Path) -> float:
-    """Bytes under ``path`` in MB; files and folders that vanish meanwhile (snapshots being
-    staged and moved) are skipped."""
-    total = 0
-    for folder, _, files in os.walk(path):  # os.walk skips what it cannot list
+    """The local state's bytes in MB: every file of its databases once (a hard link is one
+    file, as ``du`` counts), without ``STAGING`` (``.snapshots/``) — a snapshot being uploaded is a
+    RocksDB checkpoint there, hard links to the database's own files (counted twice by a
+    plain sum), or to files compaction has since replaced (bytes on disk that are no
+    longer state). Files and folders that vanish meanwhile are skipped."""
+    total, seen = 0, set()
+    for folder, dirs, files in os.walk(path):  # os.walk skips what it cannot list
+        if Path(folder) == path:
+            dirs[:] = [d for d in dirs if d != STAGING]
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(folder, name)).st_size
+                st = os.stat(os.path.join(folder, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
     return total / 1e6
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from riverbed.state.provider import STAGING
 from tests.state.procs import expected, provider
 
 pytestmark = pytest.mark.slow
@@ -91,6 +92,8 @@ def test_every_retained_version_reloads_exactly_after_crashes(
     for entry in snapshots.iterdir():
         if not entry.name.startswith("."):
             assert (entry / "MANIFEST.riverbed.json").exists()
-    # maintenance sweeps them (age 0 here: no writer is running)
+    # maintenance sweeps them, and the checkpoints the killed writer was uploading from
+    # (age 0 here: no writer is running)
     p.maintain("crash", 0, sweep_after=0)
     assert not [e for e in snapshots.iterdir() if e.name.startswith(".")]
+    assert not list((tmp_path / "local" / STAGING).glob("*")), "a staged checkpoint was left"

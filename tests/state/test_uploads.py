@@ -5,7 +5,9 @@ snapshots arrive whole once the block ends, and a failed upload loses nothing.""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from riverbed.state import StateConfig, StateProvider, uploads
 from riverbed.state.kept import keep_open
+from riverbed.state.provider import STAGING
 
 
 def _commits(provider: StateProvider, versions: range) -> None:
@@ -45,7 +48,7 @@ def test_snapshots_uploaded_in_the_background_arrive_whole_and_rebuild_the_state
     index = provider.index("ns", 0)
     assert index.snapshots, "no snapshot arrived"
     assert max(index.snapshots) >= 3
-    assert not list((tmp_path / "local" / ".snapshots").glob("*")), "a checkpoint was left"
+    assert not list((tmp_path / "local" / STAGING).glob("*")), "a checkpoint was left"
     caplog.set_level(logging.INFO, logger="riverbed.state.provider")
     other = _fresh(provider, tmp_path, "other")
     store = other.load("ns", 0, version=7)
@@ -116,7 +119,7 @@ def test_a_failed_background_upload_loses_nothing_and_is_tried_again(
         assert uploads.wait_all(10)
         assert "snapshot upload" in caplog.text and "failed" in caplog.text
         assert not provider.index("ns", 0).snapshots
-        assert not list((tmp_path / "local" / ".snapshots").glob("*"))
+        assert not list((tmp_path / "local" / STAGING).glob("*"))
         gated.fail = False
         _commits(provider, range(4, 7))  # three versions after the last one seen
     assert set(provider.index("ns", 0).snapshots) == {6}
@@ -133,3 +136,24 @@ def test_outside_the_block_a_commit_uploads_its_snapshot_itself(tmp_path: Path) 
     gated.gate.set()
     _commits(provider, range(1, 4))
     assert set(provider.index("ns", 0).snapshots) == {3}, "not there when commit returned"
+
+
+def test_a_checkpoint_left_by_a_killed_upload_is_swept_once_stale(
+    provider: StateProvider, tmp_path: Path
+) -> None:
+    """A process killed while it uploaded leaves its checkpoint (hard links that pin
+    replaced files); the purge sweeps the stale ones, never one of a live upload."""
+    _commits(provider, range(1, 3))
+    staging = tmp_path / "local" / STAGING
+    old, young = staging / "old", staging / "young"
+    for folder in (old, young):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "000001.sst").write_bytes(b"x" * 100)
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    provider.purge("ns", 0, sweep_after=3600)
+    assert not old.exists(), "a stale checkpoint was kept"
+    assert (young / "000001.sst").exists(), "a live upload's checkpoint was swept"
+    store = provider.load("ns", 0)
+    assert store.version == 2 and store.get(b"k2") == b"v2"
+    store.abort()

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX = ".rbcl"
+STAGING = ".snapshots"  # under local_dir: checkpoints of snapshots being uploaded
 
 
 @dataclass(frozen=True)
@@ -446,7 +448,7 @@ class StateProvider:
         """A checkpoint of ``db`` now, uploaded now or (``background``) by
         :mod:`riverbed.state.uploads`."""
         version, tag = db.marker
-        tmp = self.local_dir / ".snapshots" / uuid.uuid4().hex
+        tmp = self.local_dir / STAGING / uuid.uuid4().hex
         tmp.parent.mkdir(parents=True, exist_ok=True)
         name = self._snapshot_name(namespace, partition, version, tag)
 
@@ -487,13 +489,26 @@ class StateProvider:
                 store.abort()
         return self.purge(namespace, partition, sweep_after)
 
+    def _sweep_staging(self, sweep_after: float) -> None:
+        """Delete this machine's snapshot checkpoints older than ``sweep_after`` seconds:
+        a process killed while it uploaded one leaves it behind, hard links that would
+        keep files compaction has replaced on disk for good. A live upload is younger."""
+        cutoff = time.time() - sweep_after
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.local_dir / STAGING):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        shutil.rmtree(entry.path, ignore_errors=True)
+
     def purge(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:
         """The durable half of :meth:`maintain`: delete the snapshots and changelogs no
-        retained version needs, and sweep leftovers of interrupted uploads. Never opens
+        retained version needs, and sweep leftovers of interrupted uploads (here and in
+        this machine's :data:`STAGING`). Never opens
         the partition, so it is safe from any process while a writer commits (the stream
         engine runs it on the driver). Returns the version everything before which was
         purged (0: nothing)."""
         self.durable.sweep(self._base(namespace, partition), sweep_after)
+        self._sweep_staging(sweep_after)
         index = self.index(namespace, partition)
         latest = index.latest
         keep_from = latest - self.config.retain_versions + 1
