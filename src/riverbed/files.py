@@ -23,6 +23,15 @@ def flocked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def writer_lock(database: Path) -> Path:
+    """The file whose ``flock`` every writer of SQLite ``database`` on this machine holds
+    for a write transaction (the control plane's and the jobs queue's): SQLite's own
+    busy handler can starve a process for seconds, the flock queues writers fairly.
+    Holding it holds every writer back — and a process paused while it holds it does
+    the same (docs/control.md)."""
+    return database.with_name(database.name + ".lock")
+
+
 def fsync_file(path: Path) -> None:
     """Make a file's bytes durable (before a rename publishes it)."""
     fd = os.open(path, os.O_RDONLY)

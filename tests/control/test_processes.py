@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.control import Election, EventType, connect
+from riverbed.testing.signals import stop_outside_writes
 from tests.control.conftest import backend_url
 
 pytestmark = pytest.mark.slow
@@ -252,7 +253,9 @@ def test_paused_leader_is_fenced_out_when_it_resumes(
         first = next(kv for kv in election.observe(timeout=30) if kv is not None)
         old_name, old_term = first.text, first.create_revision
         paused = workers[old_name]
-        paused.send_signal(signal.SIGSTOP)
+        # outside a write: paused inside one it would hold every SQLite writer back
+        sqlite = [Path(url.removeprefix("sqlite:///"))] if url.startswith("sqlite:///") else []
+        stop_outside_writes(paused.pid, *sqlite)
         new = next(
             kv for kv in election.observe(timeout=TTL + 5) if kv is not None and kv.key != first.key
         )

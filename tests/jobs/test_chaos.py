@@ -31,6 +31,7 @@ from sqlalchemy import select
 
 from riverbed.jobs.schema import chunks, meta
 from riverbed.jobs.worker import log_path
+from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, run_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -136,7 +137,7 @@ def _chaos(c: Cluster) -> None:
         assert now - start < 100, "the run did not end in 100 s"
         if stopped is None and now - start > 2.0:  # past its 2 s lease, then resumed
             stopped = workers[0]
-            os.kill(stopped.pid, signal.SIGSTOP)
+            stop_outside_writes(stopped.pid, *c.sqlite_files())  # not mid-write: docs/control.md
             stop_until = now + 5.0
         if stopped is not None and stop_until and now > stop_until:
             os.kill(stopped.pid, signal.SIGCONT)

@@ -25,6 +25,7 @@ from riverbed.jobs.schema import schedules as schedules_t
 from riverbed.jobs.worker import log_path
 from riverbed.processes import is_alive
 from riverbed.storage import open_store
+from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, published, run_state, until
 from tests.jobs.conftest import on
 
@@ -58,7 +59,9 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
     paused = cluster.worker()
     run = cluster.cli("submit", "effect", "--work-ids", "1-2", "--kwarg", "sleep=2")["run"]
     until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
-    os.kill(paused.pid, signal.SIGSTOP)
+    # outside a write of the SQLite databases (pausing it inside one would hold every
+    # other writer back: riverbed.testing.signals)
+    stop_outside_writes(paused.pid, *cluster.sqlite_files())
     cluster.worker()
     until(lambda: run_state(cluster, run) == "DONE", 60, "the reclaimed chunk to finish")
     (chunk,) = cluster.queue.graph(run)

@@ -3,7 +3,6 @@ over, and a SIGSTOPped driver that wakes up after losing its term."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import random
 import signal
@@ -24,6 +23,7 @@ from riverbed.jobs.timerange import load_spec
 from riverbed.jobs.timerange.compute import one_pass
 from riverbed.jobs.timerange.oracle import pandas_rows
 from riverbed.jobs.timerange.plan import parse_time
+from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.test_timerange_spark import assert_same, write_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -207,9 +207,7 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     # SQLite control plane: a process paused there holds every writer back until it
     # resumes (docs/control.md) — the test takes the write lock for the moment of the
     # signal, so the first driver is outside a write or waiting for one
-    with open(setup["tmp"] / "control.db.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        first.send_signal(signal.SIGSTOP)
+    stop_outside_writes(first.pid, setup["tmp"] / "control.db")
     try:
         _, err2 = second.communicate(timeout=240)
         assert second.returncode == 0, err2

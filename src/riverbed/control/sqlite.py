@@ -48,6 +48,7 @@ from riverbed.control.base import (
     to_bytes,
 )
 from riverbed.control.errors import CompactedError, ControlError, UnavailableError
+from riverbed.files import writer_lock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
@@ -201,7 +202,7 @@ class _Connection:
         self.path = path
         self.clock = clock
         self._mutex = threading.Lock()
-        self._lockfile = open(f"{path}.lock", "a+b")  # noqa: SIM115 - owned until close()
+        self._lockfile = open(writer_lock(path), "a+b")  # noqa: SIM115 - owned until close()
         try:
             self.conn = sqlite3.connect(
                 str(path), timeout=30, isolation_level=None, check_same_thread=False

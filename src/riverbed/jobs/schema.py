@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from riverbed.files import flocked
+from riverbed.files import flocked, writer_lock
 from riverbed.jobs.errors import QueueError
 
 SCHEMA_VERSION = 1
@@ -201,7 +201,7 @@ class Database:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.dialect = "sqlite"
             self.path: Path | None = path
-            self.lock_path = path.with_name(path.name + ".lock")
+            self.lock_path = writer_lock(path)
             self.engine = self._sqlite_engine(path, immediate=True)
             self.reader = self._sqlite_engine(path, immediate=False)
         elif parts.scheme in ("postgresql", "postgres", "postgresql+psycopg"):

@@ -1,0 +1,28 @@
+"""Pausing real processes in tests without stalling the others.
+
+SQLite's writers on one machine take turns on a lock file
+(:func:`riverbed.files.writer_lock`); a process SIGSTOPped inside a write transaction
+holds every other writer of that database back until it resumes — no lease of the
+control plane expires, no other worker claims a chunk. A test that pauses a process to
+stand for a hung machine pauses it outside a write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import ExitStack
+from pathlib import Path
+
+from riverbed.files import flocked, writer_lock
+
+__all__ = ["stop_outside_writes"]
+
+
+def stop_outside_writes(pid: int, *databases: Path) -> None:
+    """SIGSTOP process ``pid`` while holding the writer lock of each SQLite database in
+    ``databases``: it is then outside a write of them, or waiting to begin one."""
+    with ExitStack() as held:
+        for database in databases:
+            held.enter_context(flocked(writer_lock(database)))
+        os.kill(pid, signal.SIGSTOP)
