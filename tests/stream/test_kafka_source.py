@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.kafka import (
@@ -85,8 +87,10 @@ def test_a_json_source_becomes_log_native_options_and_names_what_it_ignores() ->
         SCHEMA,
         "500",
     )
-    assert options["kafka.security.protocol"] == "SSL" and options["co_locate"] == "false"
+    assert options["kafka.security.protocol"] == "SSL" and options["co_locate"] == "auto"
     assert ignored_options(source) == ["minPartitions"]
+    shuffled = parse({"kafka": {**GOOD, "options": {"co_locate": "false"}}})
+    assert log_options(shuffled)["co_locate"] == "false" and not ignored_options(shuffled)
     pinned = parse({"kafka": {**GOOD, "startingOffsets": '{"clicks": {"0": -2}}'}})
     assert not log_native(pinned)
     assert not log_native(parse({"kafka": {"bootstrap": "b:1", "topic": "t", "format": "raw"}}))
@@ -175,7 +179,15 @@ def test_the_check_names_a_missing_topic_and_an_unreachable_broker(
     assert lag(f"kafka://{nobody}/clicks", {}, timeout=1) == {}  # unknown, not zero
 
 
-def _produce(bootstrap: str, topic: str, events: pd.DataFrame, malformed: int = 0) -> None:
+def _produce(
+    bootstrap: str,
+    topic: str,
+    events: pd.DataFrame,
+    malformed: int = 0,
+    place: Callable[[int, str], int | None] = lambda i, flag: i % 3,
+) -> None:
+    """``events`` as JSON values keyed by flag, record ``i`` in partition
+    ``place(i, flag)`` (None: where librdkafka's default partitioner puts the key)."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
@@ -183,7 +195,11 @@ def _produce(bootstrap: str, topic: str, events: pd.DataFrame, malformed: int = 
         events[["user_id", "flag", "amount", "ts"]].itertuples(index=False)
     ):
         value = {"user_id": int(u), "flag": f, "amount": a, "ts": t.isoformat()}
-        producer.produce(topic, key=f, value=json.dumps(value), partition=i % 3)
+        where = place(i, f)
+        if where is None:
+            producer.produce(topic, key=f, value=json.dumps(value))
+        else:
+            producer.produce(topic, key=f, value=json.dumps(value), partition=where)
     for i in range(malformed):  # not JSON, and JSON without the time
         bad = "{not json" if i % 2 else json.dumps({"user_id": 1, "flag": "f1"})
         producer.produce(topic, value=bad, partition=i % 3)
@@ -377,6 +393,52 @@ def test_a_checkpoint_the_dataframe_path_started_stays_on_it(
     batches = open_batches(tmp_path / "ckpt")
     assert all(batches.get(b).slices is None for b in batches.ids())  # type: ignore[union-attr]
     _assert_results(tmp_path / "out", events)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_a_topic_keyed_by_librdkafkas_default_partitioner_is_co_located_and_exact(
+    kafka_server: KafkaServer, spark: Any, tmp_path: Path
+) -> None:
+    """Keys placed by librdkafka's default partitioner (their CRC-32, riverbed's key
+    hash) on as many partitions as state partitions: the batches read each partition
+    where its state is, no shuffle. Placed otherwise (as murmur2 would), ``auto``
+    shuffles, ``co_locate: true`` stops with the fix — both before anything is lost."""
+    spec = _hourly("placed")
+    events = make_events(3000, hours=4, seed=9)
+    crc = KeyHashPartitioner()
+
+    def elsewhere(i: int, flag: str) -> int:
+        return (crc.partition(flag.encode(), 2) + 1) % 2
+
+    runs = {"librdkafka": None, "elsewhere": elsewhere}
+    for name, place in runs.items():
+        kafka_server.create_topic(name, partitions=2)
+        _produce(kafka_server.bootstrap, name, events, place=lambda i, f, p=place: p and p(i, f))
+        source = {"kafka": {"bootstrap": kafka_server.bootstrap, "topic": name, "schema": SCHEMA}}
+        root = tmp_path / name
+        _run_once(
+            spark,
+            spec,
+            {"kafka": {**source["kafka"], "options": {"maxOffsetsPerTrigger": "1000"}}},
+            root,
+        )
+        batches = open_batches(root / "ckpt")
+        records = [batches.get(b) for b in batches.ids()]
+        assert len(records) >= 3
+        assert {r.co_located for r in records if r is not None} == {name == "librdkafka"}
+        _assert_results(root / "out", events)
+    forced = {"options": {"co_locate": "true"}}
+    with pytest.raises(Exception, match=r"not keyed by 'flag'.*co_locate=.false."):
+        source = {
+            "kafka": {
+                "bootstrap": kafka_server.bootstrap,
+                "topic": "elsewhere",
+                "schema": SCHEMA,
+                **forced,
+            }
+        }
+        _run_once(spark, spec, source, tmp_path / "forced")
 
 
 def _delete_records(bootstrap: str, topic: str, partition: int) -> None:

@@ -135,8 +135,9 @@ class KafkaLogStorage(LogStorage):
         return len(meta.partitions)
 
     def topic_config(self, name: str) -> TopicConfig:
-        # Kafka's default partitioner (murmur2 of the key) is not riverbed's key-hash:
-        # the stream never co-locates a Kafka topic with its state partitions
+        # how the producers placed the records is not known here: librdkafka's default
+        # partitioner is the CRC-32 of the key (riverbed's key-hash), Java's murmur2; the
+        # stream checks a topic's placement before it co-locates (stream/lognative.py)
         return TopicConfig(name, self._partitions(name), partitioner="kafka", serde=self.serde_name)
 
     def list_topics(self) -> list[str]:

@@ -263,7 +263,9 @@ def log_options(source: KafkaSource) -> dict[str, str]:
         "topic": source.topic,
         "log": f"kafka://{source.bootstrap}?serde=json",
         "startingOffsets": source.starting_offsets,
-        "co_locate": "false",  # Kafka's partitioner is not riverbed's key hash
+        # co-located when the producers placed each key by its CRC-32, as librdkafka's
+        # default partitioner does (checked on the first records, and by every task)
+        "co_locate": given.get("co_locate", "auto"),
         **{k: v for k, v in source.options.items() if k.startswith("kafka.")},
     }
     if source.schema is not None:
@@ -273,13 +275,13 @@ def log_options(source: KafkaSource) -> dict[str, str]:
     return options
 
 
-_NATIVE_OPTIONS = {"maxoffsetspertrigger", "failondataloss"}
+_NATIVE_OPTIONS = {"maxoffsetspertrigger", "failondataloss", "co_locate"}
 
 
 def ignored_options(source: KafkaSource) -> list[str]:
     """The source's Spark options that the log-native path does not use (every
-    ``kafka.*`` one goes to its Kafka client; ``maxOffsetsPerTrigger`` and
-    ``failOnDataLoss`` it honours)."""
+    ``kafka.*`` one goes to its Kafka client; ``maxOffsetsPerTrigger``,
+    ``failOnDataLoss`` and riverbed's ``co_locate`` it honours)."""
     return sorted(
         k for k in source.options if not k.startswith("kafka.") and k.lower() not in _NATIVE_OPTIONS
     )

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
+from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
@@ -207,11 +208,17 @@ def colocated_task(
             stray = owners != piece.partition
             if stray.any():
                 key = keys.to_numpy()[stray][0]
+                fix = (
+                    f"produce with the key {spec.key!r} on librdkafka's default partitioner "
+                    "(Java's producer places keys by murmur2)"
+                    if str(cfg.options.get("log", "")).startswith("kafka://")
+                    else f'produce with key_field="{spec.key}"'
+                )
                 raise NotCoLocatedError(
                     f"topic {cfg.options['topic']!r} partition {piece.partition} holds "
                     f"{spec.key}={key!r}, which belongs to state partition "
-                    f"{int(owners[stray][0])}: the topic is not keyed by {spec.key!r}. "
-                    f'Produce with key_field="{spec.key}", or set the source option '
+                    f"{int(owners[stray][0])}: the topic is not keyed by {spec.key!r} "
+                    f"(by its CRC-32). Either {fix}, or set the source option "
                     'co_locate="false" to shuffle partials instead.'
                 )
             partials += partials_of(spec, pdf, watermark_ms, ts)
@@ -553,30 +560,46 @@ def source_offsets(path: Path) -> dict[str, int] | None:
 
 
 def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bool:
-    """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits:
-    key-hash partitioner, one log partition per state partition, and its records keyed
-    by the aggregation key (checked on the first records of every partition here, and
-    on every record by the tasks)."""
+    """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits: one
+    log partition per state partition, its records keyed by the aggregation key and
+    placed by the key's CRC-32 (riverbed's key-hash partitioner — and librdkafka's
+    default, ``consistent_random``, so a Kafka topic written by a librdkafka client
+    keyed by the aggregation key fits; Java's producer places by murmur2 and does not).
+    Checked on the first records of every partition here (a Kafka topic's placement
+    too: riverbed does not know its producers), and on every record by the tasks."""
     choice = options.get("co_locate", "auto").lower()
     if choice not in ("auto", "true", "false"):
         raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
     topic = topic_log.topic(options["topic"])
-    fits = topic.partitioner == "key-hash" and topic.partitions == spec.state_partitions
+    hashed = topic.partitioner == KeyHashPartitioner.name  # placed by riverbed's producer
+    placed_by_others = topic.partitioner == "kafka"
+    fits = (hashed or placed_by_others) and topic.partitions == spec.state_partitions
     if fits and choice == "auto":
+        sampled = 0
         for p in range(topic.partitions):
             first = topic_log.storage.offsets(topic.name, p)[0]
             for record in topic_log.read(topic.name, p, first, 100):
                 value = record.value if isinstance(record.value, dict) else {}
                 if spec.key not in value or record.key != str(value[spec.key]).encode():
                     return False
+                if not hashed and _KEY_HASH.partition(record.key, topic.partitions) != p:
+                    return False
+                sampled += 1
+        if placed_by_others and not sampled:
+            return False  # no record shows yet how the producers place keys
     if choice == "true" and not fits:
         raise StreamValueError(
-            f"co_locate=true needs topic {options['topic']!r} to use the key-hash partitioner "
-            f"with {spec.state_partitions} partitions (the aggregation's state_partitions)"
+            f"co_locate=true needs topic {options['topic']!r} to have "
+            f"{spec.state_partitions} partitions (the aggregation's state_partitions) and "
+            "records placed by the CRC-32 of their key (riverbed's key-hash partitioner, "
+            "or a Kafka producer on librdkafka's default partitioner)"
         )
     return fits
+
+
+_KEY_HASH = KeyHashPartitioner()
 
 
 def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
