@@ -57,6 +57,13 @@ def test_a_topics_partitions_read_as_slices_of_columns(
         parts = [log.storage.read_columns(kafka_topic, 1, a, a + 25) for a in (0, 25, 50)]
         assert [int(o) for c in parts for o in c.offsets] == list(range(75))
         assert log.storage.read_columns(kafka_topic, 1, 10, 12).offsets.tolist() == [10, 11]
+        # partitions read in turns by one thread (a co-located task and the pieces it
+        # helps with): each goes on where its last read ended, none mixes in the other's
+        turns = [(0, 0, 30), (1, 100, 130), (0, 30, 60), (1, 130, 150), (0, 60, 61), (1, 5, 8)]
+        for p, a, b in turns:
+            got = log.storage.read_columns(kafka_topic, p, a, b)
+            assert got.offsets.tolist() == list(range(a, b))
+            assert got.values.to_pylist() == [v for q, v in sent if q == p][a:b]
         records = log.read(kafka_topic, 0, 148, 10)  # to the end: two
         assert [(r.offset, r.value) for r in records] == [(148, {"i": 296}), (149, {"i": 298})]
         with pytest.raises(LogError, match="read-only"):
