@@ -89,8 +89,10 @@ def test_a_json_source_becomes_log_native_options_and_names_what_it_ignores() ->
     )
     assert options["kafka.security.protocol"] == "SSL" and options["co_locate"] == "auto"
     assert ignored_options(source) == ["minPartitions"]
-    shuffled = parse({"kafka": {**GOOD, "options": {"co_locate": "false"}}})
-    assert log_options(shuffled)["co_locate"] == "false" and not ignored_options(shuffled)
+    ours = {"co_locate": "false", "steal": "false", "driverBatchRecords": "5000"}
+    shuffled = log_options(parse({"kafka": {**GOOD, "options": ours}}))
+    assert {k: shuffled[k] for k in ours} == ours
+    assert not ignored_options(parse({"kafka": {**GOOD, "options": ours}}))
     pinned = parse({"kafka": {**GOOD, "startingOffsets": '{"clicks": {"0": -2}}'}})
     assert not log_native(pinned)
     assert not log_native(parse({"kafka": {"bootstrap": "b:1", "topic": "t", "format": "raw"}}))

@@ -268,6 +268,9 @@ def log_options(source: KafkaSource) -> dict[str, str]:
         "co_locate": given.get("co_locate", "auto"),
         **{k: v for k, v in source.options.items() if k.startswith("kafka.")},
     }
+    for name in _RIVERBED_OPTIONS:  # as on riverbed's own topics (docs/stream.md)
+        if name.lower() in given:
+            options[name] = given[name.lower()]
     if source.schema is not None:
         options["schema"] = source.schema
     if "maxoffsetspertrigger" in given:
@@ -275,13 +278,20 @@ def log_options(source: KafkaSource) -> dict[str, str]:
     return options
 
 
-_NATIVE_OPTIONS = {"maxoffsetspertrigger", "failondataloss", "co_locate"}
+_RIVERBED_OPTIONS = ("steal", "driverBatchRecords")  # and co_locate, defaulted above
+_NATIVE_OPTIONS = {
+    "maxoffsetspertrigger",
+    "failondataloss",
+    "co_locate",
+    *(n.lower() for n in _RIVERBED_OPTIONS),
+}
 
 
 def ignored_options(source: KafkaSource) -> list[str]:
     """The source's Spark options that the log-native path does not use (every
     ``kafka.*`` one goes to its Kafka client; ``maxOffsetsPerTrigger``,
-    ``failOnDataLoss`` and riverbed's ``co_locate`` it honours)."""
+    ``failOnDataLoss`` and riverbed's ``co_locate``, ``steal`` and
+    ``driverBatchRecords`` it honours)."""
     return sorted(
         k for k in source.options if not k.startswith("kafka.") and k.lower() not in _NATIVE_OPTIONS
     )
