@@ -26,7 +26,9 @@ riverbed exact and HLL with and without work stealing, in interleaved rounds.
 
 ``--only kafka``: the same events as JSON values in a Kafka topic (4 partitions keyed
 by flag, on the tests' one-node broker, ``riverbed.testing.KafkaServer``), aggregated
-by riverbed (``source = {"kafka": ...}``, exact and HLL) and by Spark Structured
+by riverbed (``source = {"kafka": ...}``, exact and HLL, read co-located — the
+producer's partitioner is librdkafka's CRC-32 of the key — and exact shuffled, with
+``co_locate=false``, as a topic placed by murmur2 would be) and by Spark Structured
 Streaming's own Kafka source → ``from_json`` → ``size(collect_set)`` /
 ``hll_sketch_agg`` (RocksDB state), ``maxOffsetsPerTrigger`` = events / batches on
 both; warmed up, then timed in rounds (median), riverbed's ratios against each.
@@ -638,9 +640,15 @@ def spark_kafka_source(spark: Any, bootstrap: str, topic: str, per_batch: int) -
 
 
 def riverbed_kafka_path(
-    spark: Any, bootstrap: str, topic: str, root: Path, mode: str, per_batch: int
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    root: Path,
+    mode: str,
+    per_batch: int,
+    co_locate: str = "auto",
 ) -> float:
-    options = {"maxOffsetsPerTrigger": str(per_batch)}
+    options = {"maxOffsetsPerTrigger": str(per_batch), "co_locate": co_locate}
     source = {
         "kafka": {"bootstrap": bootstrap, "topic": topic, "schema": SCHEMA, "options": options}
     }
@@ -692,6 +700,10 @@ def kafka_main(args: argparse.Namespace) -> None:
         paths: dict[str, Callable[[Path, str, int], float]] = {
             "riverbed exact": lambda r, t, per: riverbed_kafka_path(spark, b, t, r, "exact", per),
             "riverbed hll": lambda r, t, per: riverbed_kafka_path(spark, b, t, r, "hll", per),
+            # the same without co-location: what a topic placed by murmur2 (Java) gets
+            "riverbed exact, shuffled (co_locate=false)": lambda r, t, per: riverbed_kafka_path(
+                spark, b, t, r / "shuffled", "exact", per, co_locate="false"
+            ),
             "Spark streaming size(collect_set), Kafka source": lambda r, t, per: (
                 spark_streaming_path(spark, spark_kafka_source(spark, b, t, per), r, "collect_set")
             ),
