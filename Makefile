@@ -45,8 +45,8 @@ system-test:
 	@bash scripts/check_system.sh java etcd postgres chromium s3
 
 test: $(STAMP) system-test compile jars spark-archive
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -n 2 --dist loadgroup
