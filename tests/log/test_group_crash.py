@@ -87,25 +87,26 @@ def test_killed_consumer_is_replaced_and_every_record_processed(
     watcher = threading.Thread(target=watch_commits)
     watcher.start()
     outs = [tmp_path / f"out{i}.txt" for i in range(3)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(PROCS),
-                "consume",
-                where,
-                control_url,
-                f"c{i}",
-                str(outs[i]),
-                group,
-            ],
-            env=subprocess_env,
-        )
-        for i in range(3)
-    ]
+
+    def member(i: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(PROCS), "consume", where, control_url, f"c{i}", str(outs[i])]
+        return subprocess.Popen([*argv, group], env=subprocess_env)
+
+    # the victim first, until it has processed something: started side by side on a
+    # loaded machine, the other two could process the third of the records the test
+    # waits for before the victim's process was even up (it then held nothing to lose)
+    procs = [member(0)]
     try:
         deadline = time.monotonic() + 60
-        while len(processed(outs)) < N // 3 and time.monotonic() < deadline:
+        while not processed([outs[0]]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        procs += [member(1), member(2)]
+        deadline = time.monotonic() + 60  # a third of the records, and all three at work
+
+        def under_way() -> bool:
+            return len(processed(outs)) >= N // 3 and all(processed([o]) for o in outs[1:])
+
+        while not under_way() and time.monotonic() < deadline:
             time.sleep(0.05)
         victim_rows = len(processed([outs[0]]))
         assert victim_rows > 0, "the victim never processed anything"
