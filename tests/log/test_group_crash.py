@@ -87,31 +87,33 @@ def test_killed_consumer_is_replaced_and_every_record_processed(
     watcher = threading.Thread(target=watch_commits)
     watcher.start()
     outs = [tmp_path / f"out{i}.txt" for i in range(3)]
-
-    def member(i: int) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, str(PROCS), "consume", where, control_url, f"c{i}", str(outs[i])]
-        return subprocess.Popen([*argv, group], env=subprocess_env)
-
-    # the victim first, until it has processed something: started side by side on a
-    # loaded machine, the other two could process the third of the records the test
-    # waits for before the victim's process was even up (it then held nothing to lose)
-    procs = [member(0)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(PROCS),
+                "consume",
+                where,
+                control_url,
+                f"c{i}",
+                str(outs[i]),
+                group,
+            ],
+            env=subprocess_env,
+        )
+        for i in range(3)
+    ]
     try:
         deadline = time.monotonic() + 60
-        while not processed([outs[0]]) and time.monotonic() < deadline:
+        while len(processed(outs)) < N // 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        procs += [member(1), member(2)]
-        deadline = time.monotonic() + 60  # a third of the records, and all three at work
-
-        def under_way() -> bool:
-            return len(processed(outs)) >= N // 3 and all(processed([o]) for o in outs[1:])
-
-        while not under_way() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        victim_rows = len(processed([outs[0]]))
-        assert victim_rows > 0, "the victim never processed anything"
-        procs[0].kill()
-        procs[0].wait()
+        # the victim: the member that processed the most so far (on a loaded machine one
+        # may not even be up yet while the others process the third awaited here)
+        counts = [len(processed([out])) for out in outs]
+        victim = counts.index(max(counts))
+        assert counts[victim] > 0, "no member processed anything"
+        procs[victim].kill()
+        procs[victim].wait()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             done = {(p, o) for p, o, *_ in processed(outs)}
@@ -122,7 +124,7 @@ def test_killed_consumer_is_replaced_and_every_record_processed(
         done = {(p, o) for p, o, *_ in rows}
         assert len(done) == N, f"only {len(done)} of {N} records were processed"
         # survivors took over the victim's partitions
-        after_kill = processed(outs[1:])
+        after_kill = processed([out for i, out in enumerate(outs) if i != victim])
         assert {p for p, *_ in after_kill} == set(range(PARTITIONS))
         # per key, records are first processed in the order they were produced,
         # across members and across the takeover
