@@ -254,8 +254,7 @@ def test_paused_leader_is_fenced_out_when_it_resumes(
         old_name, old_term = first.text, first.create_revision
         paused = workers[old_name]
         # outside a write: paused inside one it would hold every SQLite writer back
-        sqlite = [Path(url.removeprefix("sqlite:///"))] if url.startswith("sqlite:///") else []
-        stop_outside_writes(paused.pid, *sqlite)
+        stop_outside_writes(paused.pid, url)
         new = next(
             kv for kv in election.observe(timeout=TTL + 5) if kv is not None and kv.key != first.key
         )

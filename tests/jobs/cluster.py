@@ -137,12 +137,6 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def sqlite_files(self) -> list[Path]:
-        """The SQLite databases of this cluster (the control plane's, and the jobs
-        queue's unless it is PostgreSQL)."""
-        urls = [self.control, self.db]
-        return [Path(u.removeprefix("sqlite:///")) for u in urls if u.startswith("sqlite:///")]
-
     def worker(self, *extra: str, home: Path | None = None) -> subprocess.Popen[bytes]:
         return self.start("worker", "--ttl", "2", *extra, home=home)
 

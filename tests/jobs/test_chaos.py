@@ -137,7 +137,7 @@ def _chaos(c: Cluster) -> None:
         assert now - start < 100, "the run did not end in 100 s"
         if stopped is None and now - start > 2.0:  # past its 2 s lease, then resumed
             stopped = workers[0]
-            stop_outside_writes(stopped.pid, *c.sqlite_files())  # not mid-write: docs/control.md
+            stop_outside_writes(stopped.pid, c.control, c.db)  # not mid-write: docs/control.md
             stop_until = now + 5.0
         if stopped is not None and stop_until and now > stop_until:
             os.kill(stopped.pid, signal.SIGCONT)

@@ -61,7 +61,7 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
     until(lambda: cluster.marks_of("start"), 30, "the chunk to start")
     # outside a write of the SQLite databases (pausing it inside one would hold every
     # other writer back: riverbed.testing.signals)
-    stop_outside_writes(paused.pid, *cluster.sqlite_files())
+    stop_outside_writes(paused.pid, cluster.control, cluster.db)
     cluster.worker()
     until(lambda: run_state(cluster, run) == "DONE", 60, "the reclaimed chunk to finish")
     (chunk,) = cluster.queue.graph(run)

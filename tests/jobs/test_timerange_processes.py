@@ -207,7 +207,7 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     # SQLite control plane: a process paused there holds every writer back until it
     # resumes (docs/control.md) — the test takes the write lock for the moment of the
     # signal, so the first driver is outside a write or waiting for one
-    stop_outside_writes(first.pid, setup["tmp"] / "control.db")
+    stop_outside_writes(first.pid, setup["env"]["RIVERBED_CONTROL"])
     try:
         _, err2 = second.communicate(timeout=240)
         assert second.returncode == 0, err2

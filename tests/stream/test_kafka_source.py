@@ -413,34 +413,26 @@ def test_a_topic_keyed_by_librdkafkas_default_partitioner_is_co_located_and_exac
     def elsewhere(i: int, flag: str) -> int:
         return (crc.partition(flag.encode(), 2) + 1) % 2
 
-    runs = {"librdkafka": None, "elsewhere": elsewhere}
+    def default(i: int, flag: str) -> None:
+        return None  # librdkafka's default partitioner places the key
+
+    def source(topic: str, **options: str) -> dict[str, Any]:
+        kafka = {"bootstrap": kafka_server.bootstrap, "topic": topic, "schema": SCHEMA}
+        return {"kafka": {**kafka, "options": options}}
+
+    runs = {"librdkafka": default, "elsewhere": elsewhere}
     for name, place in runs.items():
         kafka_server.create_topic(name, partitions=2)
-        _produce(kafka_server.bootstrap, name, events, place=lambda i, f, p=place: p and p(i, f))
-        source = {"kafka": {"bootstrap": kafka_server.bootstrap, "topic": name, "schema": SCHEMA}}
+        _produce(kafka_server.bootstrap, name, events, place=place)
         root = tmp_path / name
-        _run_once(
-            spark,
-            spec,
-            {"kafka": {**source["kafka"], "options": {"maxOffsetsPerTrigger": "1000"}}},
-            root,
-        )
+        _run_once(spark, spec, source(name, maxOffsetsPerTrigger="1000"), root)
         batches = open_batches(root / "ckpt")
         records = [batches.get(b) for b in batches.ids()]
         assert len(records) >= 3
         assert {r.co_located for r in records if r is not None} == {name == "librdkafka"}
         _assert_results(root / "out", events)
-    forced = {"options": {"co_locate": "true"}}
     with pytest.raises(Exception, match=r"not keyed by 'flag'.*co_locate=.false."):
-        source = {
-            "kafka": {
-                "bootstrap": kafka_server.bootstrap,
-                "topic": "elsewhere",
-                "schema": SCHEMA,
-                **forced,
-            }
-        }
-        _run_once(spark, spec, source, tmp_path / "forced")
+        _run_once(spark, spec, source("elsewhere", co_locate="true"), tmp_path / "forced")
 
 
 def _delete_records(bootstrap: str, topic: str, partition: int) -> None:

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 SCHEME = "kafka"
 _BATCH = 10_000  # messages a consume() call may return
+# a Kafka topic's partitioner, as its TopicConfig names it: its producers' own, which
+# riverbed does not know (the stream checks the placement before it co-locates)
+PARTITIONER = "kafka"
 PATIENCE_S = 120.0  # how long a read rides out brokers that do not answer
 
 
@@ -158,7 +161,9 @@ class KafkaLogStorage(LogStorage):
         # how the producers placed the records is not known here: librdkafka's default
         # partitioner is the CRC-32 of the key (riverbed's key-hash), Java's murmur2; the
         # stream checks a topic's placement before it co-locates (stream/lognative.py)
-        return TopicConfig(name, self._partitions(name), partitioner="kafka", serde=self.serde_name)
+        return TopicConfig(
+            name, self._partitions(name), partitioner=PARTITIONER, serde=self.serde_name
+        )
 
     def list_topics(self) -> list[str]:
         meta = self._consumer().list_topics(timeout=self.timeout)

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
+from riverbed.log.kafka import PARTITIONER as KAFKA_PARTITIONER
 from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
@@ -574,7 +575,7 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
         return False
     topic = topic_log.topic(options["topic"])
     hashed = topic.partitioner == KeyHashPartitioner.name  # placed by riverbed's producer
-    placed_by_others = topic.partitioner == "kafka"
+    placed_by_others = topic.partitioner == KAFKA_PARTITIONER
     fits = (hashed or placed_by_others) and topic.partitions == spec.state_partitions
     if fits and choice == "auto":
         sampled = 0

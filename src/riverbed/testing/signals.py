@@ -13,16 +13,21 @@ import os
 import signal
 from contextlib import ExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from riverbed.files import flocked, writer_lock
 
 __all__ = ["stop_outside_writes"]
 
 
-def stop_outside_writes(pid: int, *databases: Path) -> None:
-    """SIGSTOP process ``pid`` while holding the writer lock of each SQLite database in
-    ``databases``: it is then outside a write of them, or waiting to begin one."""
+def stop_outside_writes(pid: int, *urls: str) -> None:
+    """SIGSTOP process ``pid`` while holding the writer lock of each SQLite database among
+    ``urls`` (the control plane's, the jobs queue's; etcd and PostgreSQL need none): it
+    is then outside a write of them, or waiting to begin one."""
     with ExitStack() as held:
-        for database in databases:
-            held.enter_context(flocked(writer_lock(database)))
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme == "sqlite":  # sqlite:///relative or sqlite:////absolute
+                database = Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+                held.enter_context(flocked(writer_lock(database)))
         os.kill(pid, signal.SIGSTOP)
