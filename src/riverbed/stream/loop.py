@@ -43,6 +43,7 @@ from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DirectConfig, run_planned, spark_ends, spark_slices
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
 from riverbed.stream.records import BatchRecord, next_record, open_batches
+from riverbed.stream.slow import SlowBatchWatch
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class DirectQuery:
         self._exception: BaseException | None = None
         self._progress: list[dict[str, Any]] = []
         self._maintenance = Maintenance(self.name)
+        self._watch = SlowBatchWatch(spark, self.name, self._group)
         self._thread = threading.Thread(target=self._run, name=f"riverbed {self.name}")
         self._thread.daemon = True
         self._thread.start()
@@ -136,6 +138,7 @@ class DirectQuery:
                 with keep_open(), uploads.in_background():
                     self._loop(topic_log)
             finally:
+                self._watch.close()
                 self._maintenance.wait()
                 topic_log.close()
         except BaseException as exc:
@@ -167,9 +170,10 @@ class DirectQuery:
             if self._stop.is_set():  # stopped while planning: the plan waits for the next start
                 return
             plan_ms = round((time.perf_counter() - began) * 1000)
-            done = run_planned(
-                self.spark, self.cfg, self.batches, batch_id, record, plan_ms, self._maintenance
-            )
+            with self._watch.batch(batch_id):
+                done = run_planned(
+                    self.spark, self.cfg, self.batches, batch_id, record, plan_ms, self._maintenance
+                )
             self._report(batch_id, done, began, plan_ms)
             if not self.trigger.available_now:
                 rest = self.trigger.interval_s - (time.perf_counter() - began)
