@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.warm import WARM
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -176,6 +178,9 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         for standby in (b, c):  # each says it stands by, and who leads, once Spark is up
             line = standby_line(standby)
             assert f"standby for duo; active driver {nodename}:{a.pid} since" in line, line
+        for standby in (b, c):  # and warms its executors while it waits
+            line = line_with(standby, WARM)
+            assert re.search(r"riverbed's task modules imported on every core \([1-9]", line), line
         first_term = term(setup)
         assert a.poll() is None, "the first driver finished before the standbys were up"
         assert {r["term"] for r in records(setup).values() if r.get("done")} <= {first_term}

@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.leader import DriverLease
     from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
+    from riverbed.stream.warm import warm_up_in_background
 
     say = _sayer(args.timestamps)
     config = config_of(args)
@@ -154,8 +155,15 @@ def _run(args: argparse.Namespace) -> int:
         spark_config = replace(config.spark, master=args.master) if args.master else config.spark
         spark = session(spark_config)
         if lease.term is None:
+
+            def standing_by(text: str) -> None:
+                say(text)
+                # a hot standby: its executors up and their Python workers started
+                # while it waits, not when it takes over (riverbed.stream.warm)
+                warm_up_in_background(spark, say)
+
             try:
-                lease.acquire(on_standby=say)
+                lease.acquire(on_standby=standing_by)
             except SessionLostError:  # the control plane answered, then the lease ran out
                 lease.close()
                 say(RAN_OUT)

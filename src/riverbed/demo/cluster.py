@@ -37,6 +37,7 @@ from rich.table import Table
 import riverbed.log
 from riverbed.demo.cluster_jobs import JobsOutcome
 from riverbed.demo.cluster_jobs import wait_for as _wait
+from riverbed.stream import warm
 from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
@@ -45,6 +46,7 @@ from riverbed.testing.testbed import TestBed
 __all__ = ["Outcome", "run_cluster_demo", "run_cluster_scenario"]
 
 NAME = "flags_hourly"
+WARM = warm.WARM  # a standby driver's line: its executors are up and warm
 TTL = 6  # the drivers' lease: how soon the standby may take over (docs/cluster.md)
 
 
@@ -167,14 +169,28 @@ def run_cluster_scenario(
         clock(f"{first:,} of {len(rows):,} events produced into diskless topic clicks")
         produced = threading.Event()
         chaos_over = threading.Event()
+        # the rest goes in three parts, the second from the kill of h2 on and the third
+        # from the cut of h3 on: each takeover has input to show it in, however long
+        # the steps before it took (on a slow host the producer used to be done before
+        # the cut, and the standby on h2 had no batch to run: CI of 2026-11-28)
+        killing, cutting = threading.Event(), threading.Event()
+        third = (len(rows) - first) // 3
+        parts = [
+            (None, first, first + third),
+            (killing, first + third, first + 2 * third),
+            (cutting, first + 2 * third, len(rows)),
+        ]
         failures: list[BaseException] = []
 
         def produce() -> None:
             try:
-                for i in range(first, len(rows), chunk):
-                    producer.send_batch(rows[i : i + chunk], key_field="flag")
-                    if not chaos_over.is_set():
-                        time.sleep(0.5)
+                for released, start, end in parts:
+                    if released is not None:
+                        released.wait()
+                    for i in range(start, end, chunk):
+                        producer.send_batch(rows[i : min(i + chunk, end)], key_field="flag")
+                        if not chaos_over.is_set():
+                            time.sleep(0.5)
             except BaseException as exc:  # reported after the run
                 failures.append(exc)
             finally:
@@ -203,16 +219,18 @@ def run_cluster_scenario(
         _wait("the first committed batch", lambda: _done(), 300)
         clock("active driver on h2: first batch committed")
         driver("h3")
-        clock("hot standby on h3 (its Spark session and executors up, waiting on the lease)")
         feeder = threading.Thread(target=produce, daemon=True)
         feeder.start()
         before = len(_done())
         _wait("two more batches", lambda: len(_done()) >= before + 2, 300)
-        time.sleep(15)  # let the standby's executors come up
+        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, WARM), 300)
+        clock("hot standby on h3 (its Spark session up, its executors warm, waiting on the "
+              "lease)")  # fmt: skip
         old_term = max(r.term or 0 for r in _done().values())
 
         killed = clock("[bold red]kill-host h2[/bold red]: active driver, Spark worker, log "
                        "server, etcd member SIGKILLed; its disk deleted")  # fmt: skip
+        killing.set()
         bed.kill_host("h2")
 
         def by_term_above(term: int) -> list[int]:
@@ -226,8 +244,8 @@ def run_cluster_scenario(
         cluster.wait_etcd()
         clock("h2 restarted with an empty disk: its etcd member rejoined, its Spark worker "
               "and log server are back")  # fmt: skip
-        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, "standby for"), 180)
-        clock("the driver on h2 is the hot standby now")
+        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, WARM), 300)
+        clock("the driver on h2 is the hot standby now (its executors warm)")
 
         # the active driver's host is cut off: it must stop by itself (self-fencing)
         # before its lease can expire, and the standby on h2 takes over
@@ -235,6 +253,7 @@ def run_cluster_scenario(
         cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the active "
                     "driver, a worker, a log server and an etcd member cut off")  # fmt: skip
         bed.partition("h3")
+        cutting.set()
         mark = _size(bed.service("h3", "driver").log)
         _wait("the cut-off driver to stop", lambda: _printed(bed, "h3", mark, "pauses writing"), 60)
         out.fenced_s = clock("the driver on h3 stops writing, by itself: its lease clock ran low "
