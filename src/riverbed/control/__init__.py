@@ -11,7 +11,6 @@ Pick a backend by URL::
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from riverbed.control.base import (
@@ -42,6 +41,7 @@ from riverbed.control.errors import (
 from riverbed.control.lock import Lock
 from riverbed.control.registry import Member, MembershipChange, Registry
 from riverbed.control.session import Session
+from riverbed.files import sqlite_path
 
 __all__ = [
     "CompactedError",
@@ -102,18 +102,15 @@ def connect(url: str) -> ControlPlane:
 
         return MemoryControlPlane()
     if parts.scheme == "sqlite":
-        if parts.netloc:
-            raise InvalidURLError(
-                f"{url}: a SQLite URL has three slashes and a path, e.g. "
-                "sqlite:///.riverbed/control.db (relative) or sqlite:////var/riverbed/control.db"
-            )
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        if not path:
-            raise InvalidURLError(f"{url}: no database path; e.g. sqlite:///.riverbed/control.db")
+        try:
+            path = sqlite_path(url, ".riverbed/control.db")
+        except ValueError as exc:
+            raise InvalidURLError(str(exc)) from None
+        assert path is not None
         from riverbed.control.sqlite import SqliteControlPlane
 
         return SqliteControlPlane(
-            Path(path),
+            path,
             poll=_float_option(url, options, "poll", 0.005),
             history=int(_float_option(url, options, "history", 100_000)),
         )

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from riverbed.files import flocked, writer_lock
+from riverbed.files import flocked, sqlite_path, writer_lock
 from riverbed.jobs.errors import QueueError
 
 SCHEMA_VERSION = 1
@@ -190,14 +190,11 @@ class Database:
         self.url = url
         self.lock_path: Path | None = None
         if parts.scheme == "sqlite":
-            if parts.netloc:
-                raise QueueError(
-                    f"{url}: a SQLite URL has three slashes and a path, e.g. "
-                    "sqlite:///.riverbed/jobs.db or sqlite:////var/riverbed/jobs.db"
-                )
-            path = Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
-            if not str(path) or str(path) == ".":
-                raise QueueError(f"{url}: no database path; e.g. sqlite:///.riverbed/jobs.db")
+            try:
+                path = sqlite_path(url, ".riverbed/jobs.db")
+            except ValueError as exc:
+                raise QueueError(str(exc)) from None
+            assert path is not None
             path.parent.mkdir(parents=True, exist_ok=True)
             self.dialect = "sqlite"
             self.path: Path | None = path

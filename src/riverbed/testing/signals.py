@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import ExitStack
-from pathlib import Path
-from urllib.parse import urlsplit
 
-from riverbed.files import flocked, writer_lock
+from riverbed.files import flocked, sqlite_path, writer_lock
 
 __all__ = ["stop_outside_writes"]
 
@@ -26,8 +24,7 @@ def stop_outside_writes(pid: int, *urls: str) -> None:
     is then outside a write of them, or waiting to begin one."""
     with ExitStack() as held:
         for url in urls:
-            parts = urlsplit(url)
-            if parts.scheme == "sqlite":  # sqlite:///relative or sqlite:////absolute
-                database = Path(parts.path[1:] if parts.path.startswith("/") else parts.path)
+            database = sqlite_path(url, "control.db")
+            if database is not None:
                 held.enter_context(flocked(writer_lock(database)))
         os.kill(pid, signal.SIGSTOP)
