@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import riverbed.log
 from riverbed.state import StateConfig
+from riverbed.state.provider import PRIVATE
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results, start
@@ -266,6 +267,9 @@ def test_partitions_kept_open_by_driver_batches_are_let_go_for_a_spark_job(
     assert sizes[0] <= 600 and max(sizes) > 600, sizes  # both kinds ran
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(f"riverbed-flags-{query.id}")
     assert jobs, "no batch ran as a Spark job"
+    # the tasks had the partitions themselves: none waited for the driver and then
+    # worked on a private copy
+    assert not (tmp_path / "state" / PRIVATE).exists()
     check(read_results(tmp_path / "out"), pd.concat([small, big], ignore_index=True))
 
 

@@ -14,7 +14,12 @@ class VersionNotFoundError(StateError):
 
 
 class PartitionBusyError(StateError):
-    """Another process holds the partition's local database open."""
+    """Another holder has the partition's local database open: another process on this
+    machine (``elsewhere``), or this one."""
+
+    def __init__(self, message: str, elsewhere: bool = False) -> None:
+        super().__init__(message)
+        self.elsewhere = elsewhere
 
 
 class CorruptStateError(StateError):

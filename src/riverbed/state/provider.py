@@ -6,11 +6,15 @@ Durable layout under the checkpoint location::
     <namespace>/<partition>/snapshot/<version:020d>/        RocksDB checkpoint + manifest
     <namespace>/<partition>/meta.json                       {"purged_through": S}
 
-Local layout: ``<local_dir>/<namespace>/<partition>/`` is the engine's database.
+Local layout: ``<local_dir>/<namespace>/<partition>/`` is the engine's database;
+``<local_dir>/.private/<pid>-<id>/<namespace>/<partition>/`` a private copy of one
+that another process held too long (:data:`PRIVATE`); ``.restore/`` snapshots being
+downloaded, ``.snapshots/`` checkpoints being uploaded.
 
 Load protocol (:meth:`StateProvider.load`):
 
-1. open the local database (waiting while another process holds it);
+1. open the local database (waiting while another process holds it; after
+   ``private_after``, an empty private copy instead, deleted when the store ends);
 2. list the durable versions; the target is the newest version <= the requested one;
 3. walk the target's changelog base pointers back until reaching the local database
    (same version *and* same tag, i.e. the same history), a snapshot of the same
@@ -34,7 +38,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,6 +61,8 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _SUFFIX = ".rbcl"
 STAGING = ".snapshots"  # under local_dir: checkpoints of snapshots being uploaded
+PRIVATE = ".private"  # under local_dir: private copies of partitions another process holds
+RESTORE = ".restore"  # under local_dir: snapshots being downloaded
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,10 @@ class StateConfig:
     snapshot_every: int = 10  # versions between snapshots
     retain_versions: int = 100  # versions kept loadable by maintain()
     lock_timeout: float = 30.0  # seconds to wait for a partition held by another process
+    # ... or, after this many seconds of it, load into a private copy rebuilt from the
+    # durable tier (a paused process on this machine can hold a partition for good);
+    # None: wait lock_timeout, then fail
+    private_after: float | None = 2.0
     # RocksDB's memory in each process (block cache and memtables of every database it
     # opens), MiB; None: RocksDB's defaults for each database (riverbed.state.rocksdb)
     memory_mb: int | None = None
@@ -128,6 +138,13 @@ def _check_name(namespace: str) -> None:
 # the newest snapshot version of each (durable location, namespace, partition) this
 # process has seen: commits list snapshots only when this says one may be due
 _SNAPSHOTS_SEEN: dict[tuple[str, str, int], int] = {}
+
+
+def _drop_private(path: Path, db: LocalDB) -> None:
+    """The end of a load into a private copy: close it and delete it (the next load
+    takes the shared copy again, if its holder let go)."""
+    db.close()
+    shutil.rmtree(path.parent.parent, ignore_errors=True)  # <PRIVATE>/<pid-id>/<ns>/<p>
 
 
 class StateProvider:
@@ -224,8 +241,13 @@ class StateProvider:
         the latest), ready for reads and staged writes."""
         path = self._local(namespace, partition)
         self._base(namespace, partition)  # validate names before touching disk
-        db = kept.take(path) or self._open(path)
-        release = functools.partial(kept.give_back, path)
+        db = kept.take(path)
+        release: Callable[[LocalDB], None] = functools.partial(kept.give_back, path)
+        private = None
+        if db is None:
+            db, private = self._open(path, namespace, partition)
+            if private is not None:
+                path, release = private, functools.partial(_drop_private, private)
         try:
             exact = version is not None and 0 < version == db.version
             if exact and self._local_is_durable(namespace, partition, db, version):  # type: ignore[arg-type]
@@ -237,7 +259,10 @@ class StateProvider:
             target = self._resolve(namespace, partition, index, version)
             db = self._bring_to(namespace, partition, path, db, index, target)
         except BaseException:
-            db.close()
+            if private is not None:
+                _drop_private(private, db)
+            else:
+                db.close()
             raise
         return StateStore(self._commit, namespace, partition, db, release)
 
@@ -272,17 +297,42 @@ class StateProvider:
             )
         return target
 
-    def _open(self, path: Path) -> LocalDB:
-        deadline = time.monotonic() + self.config.lock_timeout
+    def _open(self, path: Path, namespace: str, partition: int) -> tuple[LocalDB, Path | None]:
+        """The partition's local database at ``path`` — or, when another process on this
+        machine has held it for ``private_after`` seconds, an empty private copy (and its
+        path), which the load rebuilds from the durable tier like a new machine's."""
+        began = time.monotonic()
         delay = 0.01
         while True:
             try:
-                return self.engine.open(path)
-            except PartitionBusyError:
-                if time.monotonic() >= deadline:
+                return self.engine.open(path), None
+            except PartitionBusyError as exc:
+                waited = time.monotonic() - began
+                after = self.config.private_after
+                if exc.elsewhere and after is not None and waited >= after:
+                    return self._open_private(namespace, partition, waited)
+                if waited >= self.config.lock_timeout:
                     raise
             time.sleep(delay)  # another process holds the RocksDB lock: nothing to wait on
             delay = min(delay * 2, 0.2)
+
+    def _open_private(self, namespace: str, partition: int, waited: float) -> tuple[LocalDB, Path]:
+        root = self.local_dir / PRIVATE / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path = root / namespace / str(partition)
+        log.warning(
+            "state %s/%s: another process on this machine has held it for %.1f s (a paused "
+            "or stuck driver or task?); this load works on a private copy rebuilt from the "
+            "durable tier (%s)",
+            namespace,
+            partition,
+            waited,
+            root,
+        )
+        try:
+            return self.engine.open(path), path
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
 
     def _changelog(self, namespace: str, partition: int, version: int) -> Changelog:
         name = self._changelog_name(namespace, partition, version)
@@ -379,7 +429,7 @@ class StateProvider:
         if kind != "local":
             # the partition stays held from the download to the reopened database: no
             # other process (a task of a driver that lost its lead) opens it meanwhile
-            tmp = self.local_dir / ".restore" / uuid.uuid4().hex
+            tmp = self.local_dir / RESTORE / uuid.uuid4().hex
             try:
                 if kind == "snapshot":
                     self._download(namespace, partition, index, start, tmp)
@@ -490,15 +540,18 @@ class StateProvider:
         return self.purge(namespace, partition, sweep_after)
 
     def _sweep_staging(self, sweep_after: float) -> None:
-        """Delete this machine's snapshot checkpoints older than ``sweep_after`` seconds:
-        a process killed while it uploaded one leaves it behind, hard links that would
-        keep files compaction has replaced on disk for good. A live upload is younger."""
+        """Delete this machine's snapshot checkpoints, downloads and private copies older
+        than ``sweep_after`` seconds: a process killed while it uploaded a snapshot leaves
+        its checkpoint behind (hard links that would keep files compaction has replaced
+        on disk for good), one killed in a restore or a load of a private copy leaves
+        that. A live upload, download or load is younger."""
         cutoff = time.time() - sweep_after
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.local_dir / STAGING):
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                        shutil.rmtree(entry.path, ignore_errors=True)
+        for folder in (STAGING, RESTORE, PRIVATE):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(self.local_dir / folder):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            shutil.rmtree(entry.path, ignore_errors=True)
 
     def purge(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:
         """The durable half of :meth:`maintain`: delete the snapshots and changelogs no

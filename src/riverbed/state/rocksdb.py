@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -90,33 +91,50 @@ def _options(memory: Budget | None = None) -> Options:
     return options
 
 
-def _busy(path: Path) -> PartitionBusyError:
+def _busy(path: Path, elsewhere: bool = True) -> PartitionBusyError:
+    if not elsewhere:
+        return PartitionBusyError(
+            f"state database {path} is already open in this process (one holder at a "
+            "time): commit or abort the store that holds it first"
+        )
     return PartitionBusyError(
         f"state database {path} is open in another process (one holder at a time); wait "
-        "for that task to finish, or give each worker its own local directory"
+        "for that task to finish, or give each worker its own local directory",
+        elsewhere=True,
     )
+
+
+# the partitions this process holds: a second open of one is this process's own doing
+_HELD_HERE: set[Path] = set()
+_HELD_LOCK = threading.Lock()
 
 
 class _PartitionLock:
     """An exclusive ``flock`` on the file beside a partition's directory: one holder per
     partition on this machine, this process's other opens included (each ``open`` of
-    the file is a lock of its own)."""
+    the file is a lock of its own; :data:`_HELD_HERE` tells which holder it is)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path.parent / f".{path.name}.lock"
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _busy(path) from None
+        with _HELD_LOCK:
+            if self.path in _HELD_HERE:
+                raise _busy(path, elsewhere=False)
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise _busy(path) from None
+            _HELD_HERE.add(self.path)
         self._fd: int | None = fd
 
     def release(self) -> None:
-        if self._fd is not None:  # once: the number may be another file's afterwards
-            os.close(self._fd)
-            self._fd = None
+        with _HELD_LOCK:
+            if self._fd is not None:  # once: the number may be another file's afterwards
+                os.close(self._fd)
+                self._fd = None
+                _HELD_HERE.discard(self.path)
 
 
 class RocksLocalDB(LocalDB):
