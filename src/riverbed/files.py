@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from riverbed.errors import InvalidValueError
+
 __all__ = ["flocked", "fsync_dir", "fsync_file"]
 
 
@@ -27,18 +29,19 @@ def flocked(path: Path) -> Iterator[None]:
 def sqlite_path(url: str, example: str) -> Path | None:
     """The database file a ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
     URL names (SQLAlchemy's spelling); None for a URL of another scheme. A malformed one
-    raises ValueError with a fix built on ``example`` (e.g. ``.riverbed/jobs.db``)."""
+    raises InvalidValueError (a ValueError) with a fix built on ``example`` (e.g.
+    ``.riverbed/jobs.db``)."""
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         return None
     if parts.netloc:
-        raise ValueError(
+        raise InvalidValueError(
             f"{url}: a SQLite URL has three slashes and a path, e.g. sqlite:///{example} "
             f"(relative) or sqlite:////var/riverbed/{Path(example).name}"
         )
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     if not path or path == ".":
-        raise ValueError(f"{url}: no database path; e.g. sqlite:///{example}")
+        raise InvalidValueError(f"{url}: no database path; e.g. sqlite:///{example}")
     return Path(path)
 
 
