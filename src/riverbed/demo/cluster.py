@@ -46,7 +46,6 @@ from riverbed.testing.testbed import TestBed
 __all__ = ["Outcome", "run_cluster_demo", "run_cluster_scenario"]
 
 NAME = "flags_hourly"
-WARM = warm.WARM  # a standby driver's line: its executors are up and warm
 TTL = 6  # the drivers' lease: how soon the standby may take over (docs/cluster.md)
 
 
@@ -223,7 +222,7 @@ def run_cluster_scenario(
         feeder.start()
         before = len(_done())
         _wait("two more batches", lambda: len(_done()) >= before + 2, 300)
-        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, WARM), 300)
+        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, warm.WARM), 300)
         clock("hot standby on h3 (its Spark session up, its executors warm, waiting on the "
               "lease)")  # fmt: skip
         old_term = max(r.term or 0 for r in _done().values())
@@ -244,7 +243,7 @@ def run_cluster_scenario(
         cluster.wait_etcd()
         clock("h2 restarted with an empty disk: its etcd member rejoined, its Spark worker "
               "and log server are back")  # fmt: skip
-        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, WARM), 300)
+        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, warm.WARM), 300)
         clock("the driver on h2 is the hot standby now (its executors warm)")
 
         # the active driver's host is cut off: it must stop by itself (self-fencing)
