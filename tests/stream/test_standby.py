@@ -159,13 +159,19 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
     setup: dict[str, Any], control: str, request: pytest.FixtureRequest
 ) -> None:
     """A leads; B and C stand by. A is paused (SIGSTOP: a zombie) → one standby takes
-    over; it is SIGKILLed mid-run → the other takes over and finishes. Exactly one driver
-    works at any moment (terms in the batch records only grow), the results equal the
-    oracle, and A, resumed at the end, writes nothing."""
+    over; it is SIGKILLed mid-run → the other takes over and carries on. Exactly one
+    driver works at any moment (terms in the batch records only grow), the results equal
+    the oracle, and A, resumed at the end, writes nothing.
+
+    The drivers run until stopped, and events keep coming: two more parts, one released
+    at the pause and one at the kill, so every driver has batches to run however long
+    the steps before took (a backlog run with ``--once`` can be done — small batches run
+    in the driver take milliseconds — before a standby's Spark is up)."""
     if control == "etcd":
         setup["env"]["RIVERBED_CONTROL"] = request.getfixturevalue("etcd_server").url
     nodename = os.uname().nodename
-    a = driver(setup)
+    # A ends when it loses its lead (it does not stand by again): the zombie's exit
+    a = driver(setup, "--no-standby", continuous=True)
     wait_for(lambda: term(setup) is not None, 120, "the first driver's term")
     if control == "sqlite":  # refusing to stand by happens before Spark starts: cheap
         refused = driver(setup, "--no-standby")
@@ -173,7 +179,7 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         assert refused.returncode == 1
         assert f"aggregation 'duo' is already running: active driver {nodename}:{a.pid}" in err
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
-    b, c = driver(setup), driver(setup)
+    b, c = driver(setup, continuous=True), driver(setup, continuous=True)
     try:
         for standby in (b, c):  # each says it stands by, and who leads, once Spark is up
             line = standby_line(standby)
@@ -182,10 +188,11 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
             line = line_with(standby, WARM)
             assert re.search(r"riverbed's task modules imported on every core \([1-9]", line), line
         first_term = term(setup)
-        assert a.poll() is None, "the first driver finished before the standbys were up"
+        assert a.poll() is None, "the first driver ended"
         assert {r["term"] for r in records(setup).values() if r.get("done")} <= {first_term}
         os.killpg(a.pid, signal.SIGSTOP)  # the whole driver, Python and JVM: a zombie
         paused_at = time.monotonic()
+        produce(setup, 1_500, after_hours=6)  # the second part
         wait_for(lambda: term(setup) != first_term, TTL + 60, "a standby's takeover")
         took = time.monotonic() - paused_at
         assert took <= TTL + 15, f"took over {took:.1f}s after the pause"
@@ -197,11 +204,15 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
             120,
             "the second driver's first batch",
         )
-        assert x.poll() is None, "the second driver finished before it could be killed"
+        assert x.poll() is None, "the second driver ended before it could be killed"
         os.killpg(x.pid, signal.SIGKILL)
         x.wait()
-        _, err = y.communicate(timeout=300)
-        assert y.returncode == 0, err[-2000:]
+        produce(setup, 1_500, after_hours=7)  # the third part
+        wait_for(lambda: term(setup) not in (first_term, second_term), TTL + 60, "the takeover")
+        wait_for(lambda: caught_up(setup), 300, "every event aggregated once")
+        os.killpg(y.pid, signal.SIGTERM)  # stopped as a user stops it: Ctrl-C
+        _, err = y.communicate(timeout=120)
+        assert y.returncode == 130, err[-2000:]
         assert "Traceback" not in err and "at org.apache" not in err
         third_term = term(setup)
         done = {bid: r for bid, r in records(setup).items() if r.get("done")}
@@ -215,6 +226,24 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         os.killpg(a.pid, signal.SIGCONT)
     assert_fenced(a)
     assert fingerprint(setup) == before, "the resumed zombie wrote something"
+
+
+def produce(s: dict[str, Any], n: int, after_hours: int) -> None:
+    """``n`` more events in the hour after the first ``after_hours`` (later than every
+    event before: none is behind the watermark), appended to the topic and the oracle."""
+    more = make_events(n, hours=1, seed=after_hours)
+    more["ts"] += pd.Timedelta(hours=after_hours)
+    write_events(f"file://{s['home'] / 'log'}", more, partitions=2)
+    s["events"] = pd.concat([s["events"], more], ignore_index=True)
+
+
+def caught_up(s: dict[str, Any]) -> bool:
+    """Whether the results equal the oracle of every event produced so far."""
+    try:
+        check(s["home"], s["events"])
+    except (AssertionError, OSError, ValueError):
+        return False
+    return True
 
 
 def assert_fenced(zombie: subprocess.Popen[str]) -> None:
@@ -303,14 +332,7 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
     third_term = term(setup)
     assert third_term is not None and third_term > second_term
 
-    def caught_up() -> bool:
-        try:
-            check(setup["home"], setup["events"])
-        except (AssertionError, OSError, ValueError):
-            return False
-        return True
-
-    wait_for(caught_up, 180, "every event aggregated once")
+    wait_for(lambda: caught_up(setup), 180, "every event aggregated once")
     done = {bid: r for bid, r in records(setup).items() if r.get("done")}
     terms = [done[bid]["term"] for bid in sorted(done)]
     assert terms == sorted(terms), "two drivers interleaved batches"

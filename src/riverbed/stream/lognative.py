@@ -71,8 +71,8 @@ log = logging.getLogger(__name__)
 
 # Co-located batches up to this many records can run in the driver process (local
 # masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
-# own work. Off unless the source option driverBatchRecords asks for it (docs/stream.md).
-DRIVER_BATCH_RECORDS = 0
+# own work. The source option driverBatchRecords sets it (0: never; docs/stream.md).
+DRIVER_BATCH_RECORDS = 50_000
 
 
 class NotCoLocatedError(RiverbedError):
