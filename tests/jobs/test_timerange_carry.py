@@ -130,11 +130,13 @@ def test_each_chunk_of_a_batch_gets_the_carry_after_it(
     batch = batch.append_column(CHUNK, pa.array(chunks, pa.int64()))
     batch = batch.append_column(CAND, pa.array(may_stay, pa.bool_()))
     pieces = chunk_rows(batch, bounds)
-    for b, piece in zip(bounds, pieces, strict=True):
+    for i, (b, piece) in enumerate(zip(bounds, pieces, strict=True)):
         assert piece.column_names == INPUT
         assert sorted(piece["ts"].to_pylist()) == sorted(
             r[1] for r in rows if b.start <= r[1] < b.end
         )
+        in_order = [t for t, c in zip(batch["ts"].to_pylist(), chunks, strict=True) if c == i]
+        assert piece["ts"].to_pylist() == in_order, "a chunk's rows left the batch's order"
     after = carries(batch, bounds, KEYS, INPUT, ["value"], True, None)
     for b, carry in zip(bounds, after, strict=True):
         assert by_key(carry["cumulative"]) == expected_parts([r for r in rows if r[1] < b.end])

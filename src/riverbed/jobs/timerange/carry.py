@@ -128,6 +128,9 @@ def chunk_rows(batch: pa.Table, boundaries: Sequence[Boundary]) -> list[pa.Table
 
     rows = batch.drop_columns([c for c in HELPERS if c in batch.column_names])
     chunk = batch[CHUNK].to_numpy()  # -1: read for the history, no chunk's row
+    if len(boundaries) < np.iinfo(np.int16).max:
+        # numpy sorts 16-bit integers stably by radix: 0.11 s for 7.5M rows, 0.67 s as int64
+        chunk = chunk.astype(np.int16)
     order = np.argsort(chunk, kind="stable")
     ends = np.searchsorted(chunk[order], np.arange(-1, len(boundaries)), side="right")
     rows = rows.take(pa.array(order))
