@@ -1,0 +1,163 @@
+"""What chunk-shaped output costs Spark: the carried time-range job's one pass, written
+plainly against the ways Spark could write each chunk's folder itself.
+
+    .venv/bin/python benchmarks/timerange_layouts.py [--rounds 3] [--driver-memory 4g]
+                                                     [--concurrent-writers]
+
+The data and the query are ``benchmarks/timerange.py``'s carried job (a running sum and
+mean per sensor since the start, a mean over the last 5 readings; 24 h x 1,000 sensors
+≈ 10M readings). Each round, in one session:
+
+1. **plain** (the baseline): the one pass, ``df.write.parquet`` — what the chunked run
+   is compared with;
+2. **partitionBy(chunk)**: the same rows written one folder per hourly chunk (Spark
+   sorts each task's rows by chunk first);
+3. **by (chunk, key)**: windows partitioned by (chunk, sensor), so their own sort
+   orders rows by chunk and the writer needs no second one; running values completed
+   by a per-(sensor, chunk) offset from a small aggregate joined back. Spark's side
+   only: a real job would also need each chunk's edge rows for the row window, the
+   carries, and publication;
+4. with ``--concurrent-writers``: partitionBy(chunk) through 32 concurrent writers
+   (``spark.sql.maxConcurrentOutputFileWriters``) with 8 MiB row groups instead of the
+   sort — with Spark's default 1 GiB heap this ran the driver JVM out of memory here.
+
+Prints each round's seconds and ratio to plain. docs/benchmarks.md ("Time-range jobs")
+says why this decides the carried job's target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from riverbed.config import SparkConfig
+from riverbed.jobs.timerange import parse_time
+from riverbed.spark import session
+from timerange import START, generate, one_pass  # this folder: benchmarks/timerange.py
+
+HOUR_US = 3_600_000_000
+
+
+def with_chunk(spark: Any, data: Path) -> Any:
+    """The input with its hourly chunk's index."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(data)).drop("hour")
+    t0 = parse_time(START)
+    index = F.floor((F.unix_micros("ts") - F.lit(t0)) / F.lit(HOUR_US)).cast("int")
+    return df.withColumn("chunk", index)
+
+
+def carried(df: Any, by: list[str]) -> Any:
+    """The carried job's windows, partitioned by ``by``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    t = F.unix_micros("ts")
+    w = Window.partitionBy(*by)
+    running = w.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
+    last5 = w.orderBy(t, "value").rowsBetween(-4, 0)
+    return df.withColumns(
+        {
+            "_s": F.sum("value").over(running),
+            "_n": F.count("value").over(running),
+            "value_mean_5rows": F.avg("value").over(last5),
+        }
+    )
+
+
+def by_chunk_and_key(spark: Any, data: Path) -> Any:
+    """Windows per (chunk, sensor), running values completed by each chunk's offset."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    df = with_chunk(spark, data)
+    parts = df.groupBy("sensor", "chunk").agg(
+        F.sum("value").alias("s"), F.count("value").alias("n")
+    )
+    before = (
+        Window.partitionBy("sensor").orderBy("chunk").rowsBetween(Window.unboundedPreceding, -1)
+    )
+    offsets = parts.select(
+        "sensor",
+        "chunk",
+        F.coalesce(F.sum("s").over(before), F.lit(0.0)).alias("off_s"),
+        F.coalesce(F.sum("n").over(before), F.lit(0)).alias("off_n"),
+    )
+    out = carried(df, ["chunk", "sensor"]).join(F.broadcast(offsets), ["sensor", "chunk"])
+    total = F.col("_s") + F.col("off_s")
+    return out.withColumns(
+        {"value_cum_sum": total, "value_cum_mean": total / (F.col("_n") + F.col("off_n"))}
+    ).drop("_s", "_n", "off_s", "off_n")
+
+
+def by_key(spark: Any, data: Path) -> Any:
+    """The one pass's windows (per sensor) with each row's chunk, as partitionBy needs."""
+    from pyspark.sql import functions as F
+
+    out = carried(with_chunk(spark, data), ["sensor"])
+    return out.withColumns(
+        {"value_cum_sum": F.col("_s"), "value_cum_mean": F.col("_s") / F.col("_n")}
+    ).drop("_s", "_n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--driver-memory", help="spark.driver.memory (default: Spark's, 1g)")
+    parser.add_argument(
+        "--concurrent-writers",
+        action="store_true",
+        help="also write through 32 concurrent writers (ran a 1 GiB driver out of memory)",
+    )
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rb-bench-layouts-"))
+    try:
+        rows = generate(root / "in", 1000, 24, 8.6)
+        conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
+        spark = session(SparkConfig(master="local[*]", app_name="riverbed-layouts", conf=conf))
+        spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
+        data = root / "in"
+
+        def concurrent(out: str) -> None:
+            spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "32")
+            try:
+                by_key(spark, data).write.option("parquet.block.size", str(8 << 20)).partitionBy(
+                    "chunk"
+                ).parquet(out)
+            finally:
+                spark.conf.unset("spark.sql.maxConcurrentOutputFileWriters")
+
+        ways: dict[str, Callable[[str], Any]] = {
+            "partitionBy(chunk)": lambda out: (
+                by_key(spark, data).write.partitionBy("chunk").parquet(out)
+            ),
+            "by (chunk, key), partitionBy(chunk)": lambda out: (
+                by_chunk_and_key(spark, data).write.partitionBy("chunk").parquet(out)
+            ),
+        }
+        if args.concurrent_writers:
+            ways["partitionBy(chunk), concurrent writers"] = concurrent
+        print(f"{rows:,} rows, the carried job's windows, {args.rounds} rounds")
+        for r in range(args.rounds):
+            plain = one_pass(spark, "carried", data, root / "plain")
+            shutil.rmtree(root / "plain")
+            print(f"round {r + 1}: plain (one pass, df.write.parquet) {plain:6.1f} s")
+            for name, write in ways.items():
+                began = time.perf_counter()
+                write(str(root / "out"))
+                seconds = time.perf_counter() - began
+                shutil.rmtree(root / "out")
+                print(f"  {name:40} {seconds:6.1f} s  {seconds / plain:5.2f}x plain")
+        spark.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
