@@ -22,7 +22,14 @@ from riverbed.stream.layout import checkpoint_store, output_url
 from riverbed.stream.records import open_batches
 from riverbed.testing.s3 import CephS3Server
 from tests.stream.conftest import make_events, write_events
-from tests.stream.test_standby import SPEC, TTL, assert_fenced, standby_line, wait_for
+from tests.stream.test_standby import (
+    SPEC,
+    TTL,
+    assert_fenced,
+    later_events,
+    standby_line,
+    wait_for,
+)
 from tests.stream.test_standby import oracle as standby_oracle
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.s3]
@@ -63,10 +70,8 @@ class Cluster:
         return process
 
     def produce(self, n: int, after_hours: int) -> None:
-        """``n`` more events in the hour after the first ``after_hours`` (later than every
-        event before: none is behind the watermark), appended to the topic and the oracle."""
-        more = make_events(n, hours=1, seed=after_hours)
-        more["ts"] += pd.Timedelta(hours=after_hours)
+        """:func:`later_events` appended to the topic and the oracle."""
+        more = later_events(n, after_hours)
         write_events(self.env["RIVERBED_LOG"], more, partitions=2)
         self.events = pd.concat([self.events, more], ignore_index=True)
 

@@ -228,11 +228,17 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
     assert fingerprint(setup) == before, "the resumed zombie wrote something"
 
 
-def produce(s: dict[str, Any], n: int, after_hours: int) -> None:
-    """``n`` more events in the hour after the first ``after_hours`` (later than every
-    event before: none is behind the watermark), appended to the topic and the oracle."""
+def later_events(n: int, after_hours: int) -> pd.DataFrame:
+    """``n`` events in the hour after the first ``after_hours``: later than every event
+    before them, so none is behind the watermark."""
     more = make_events(n, hours=1, seed=after_hours)
     more["ts"] += pd.Timedelta(hours=after_hours)
+    return more
+
+
+def produce(s: dict[str, Any], n: int, after_hours: int) -> None:
+    """:func:`later_events` appended to the topic and the oracle."""
+    more = later_events(n, after_hours)
     write_events(f"file://{s['home'] / 'log'}", more, partitions=2)
     s["events"] = pd.concat([s["events"], more], ignore_index=True)
 
