@@ -52,6 +52,7 @@ from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.lognative import DRIVER_BATCH_RECORDS
 
 SCHEMA = "user_id long, flag string, ts timestamp"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -546,13 +547,13 @@ def main() -> None:
         # small batches twice: as Spark jobs (the path the big ones take: the fixed cost
         # and the per-event cost are read off these two) and by default, in the driver
         breakdown: dict[str, dict[str, dict[str, float]]] = {}
-        small = 20_000 // args.batches
+        small_batch = 20_000 // args.batches
         for mode in ("exact", "hll"):
             breakdown[mode] = {}
             for how in ("sparkjob", "colocated"):
                 probe = root / f"probe-{mode}-{how}"
                 seconds = riverbed_path(
-                    spark, f"file://{warm / 'log'}", probe, mode, small, how=how
+                    spark, f"file://{warm / 'log'}", probe, mode, small_batch, how=how
                 )
                 breakdown[mode][how] = trigger_breakdown(probe, mode, seconds, how)
             breakdown[mode]["big"] = trigger_breakdown(
@@ -572,12 +573,11 @@ def main() -> None:
         "outside the batches: the query's start and the loop)"
     )
     print(f"{'':34} {'trigger':>8} {'other':>7} {'offsets':>8} {'state job':>10} {'outputs':>8}")
-    small_n = 20_000 // args.batches
     for mode, measured in breakdown.items():
         job, driver, big = measured["sparkjob"], measured["colocated"], measured["big"]
         for label, b in (
-            (f"{mode}, {small_n:,}/trigger, Spark job", job),
-            (f"{mode}, {small_n:,}/trigger, in driver", driver),
+            (f"{mode}, {small_batch:,}/trigger, Spark job", job),
+            (f"{mode}, {small_batch:,}/trigger, in driver", driver),
             (f"{mode}, {per_batch:,}/trigger", big),
         ):
             print(
@@ -588,11 +588,11 @@ def main() -> None:
             f"  the query's durationMs per trigger ({per_batch:,}/trigger): "
             + ", ".join(f"{phase} {big[phase]:.0f}" for phase in (*PHASES, "triggerExecution"))
         )
-        per_event_us = (big["trigger"] - job["trigger"]) * 1000 / (per_batch - small_n)
+        per_event_us = (big["trigger"] - job["trigger"]) * 1000 / (per_batch - small_batch)
         print(
             f"{mode}: fixed ≈ {job['trigger']:.0f} ms per trigger as a Spark job "
             f"({driver['trigger']:.0f} ms in the driver, the default for batches of up to "
-            f"50,000), per event ≈ {per_event_us:.2f} µs; fixed share at "
+            f"{DRIVER_BATCH_RECORDS:,}), per event ≈ {per_event_us:.2f} µs; fixed share at "
             f"{per_batch:,}/trigger: {job['trigger'] / big['trigger']:.0%}; read by a "
             f"helping task: {big['helped']:.0%} of the input"
         )

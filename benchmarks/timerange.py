@@ -89,28 +89,31 @@ def generate(folder: Path, sensors: int, hours: int, every: float) -> int:
     return total
 
 
-def one_pass(spark: Any, job: str, data: Path, out: Path) -> float:
+def one_pass_frame(spark: Any, job: str, data: Path) -> Any:
+    """The baseline's query: ``job``'s windows over the whole range, as one Spark query."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    began = time.perf_counter()
     df = spark.read.parquet(str(data)).drop("hour")
     t = F.unix_micros("ts")
     by = Window.partitionBy("sensor")
     if job == "rolling":
         w = by.orderBy(t).rangeBetween(-(30 * 60 * 1_000_000 - 1), 0)
-        df = df.withColumn("value_mean_30m", F.avg("value").over(w))
-    else:
-        running = by.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
-        last5 = by.orderBy(t, "value").rowsBetween(-4, 0)
-        df = df.withColumns(
-            {
-                "value_cum_sum": F.sum("value").over(running),
-                "value_cum_mean": F.avg("value").over(running),
-                "value_mean_5rows": F.avg("value").over(last5),
-            }
-        )
-    df.write.parquet(str(out))
+        return df.withColumn("value_mean_30m", F.avg("value").over(w))
+    running = by.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
+    last5 = by.orderBy(t, "value").rowsBetween(-4, 0)
+    return df.withColumns(
+        {
+            "value_cum_sum": F.sum("value").over(running),
+            "value_cum_mean": F.avg("value").over(running),
+            "value_mean_5rows": F.avg("value").over(last5),
+        }
+    )
+
+
+def one_pass(spark: Any, job: str, data: Path, out: Path) -> float:
+    began = time.perf_counter()
+    one_pass_frame(spark, job, data).write.parquet(str(out))
     return time.perf_counter() - began
 
 

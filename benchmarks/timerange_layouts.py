@@ -38,37 +38,28 @@ from typing import Any
 from riverbed.config import SparkConfig
 from riverbed.jobs.timerange import parse_time
 from riverbed.spark import session
-from timerange import START, generate, one_pass  # this folder: benchmarks/timerange.py
+from timerange import (  # this folder: benchmarks/timerange.py
+    START,
+    generate,
+    one_pass,
+    one_pass_frame,
+)
 
 HOUR_US = 3_600_000_000
 
 
-def with_chunk(spark: Any, data: Path) -> Any:
-    """The input with its hourly chunk's index."""
+def with_chunk(df: Any) -> Any:
+    """``df`` with each row's hourly chunk index."""
     from pyspark.sql import functions as F
 
-    df = spark.read.parquet(str(data)).drop("hour")
     t0 = parse_time(START)
     index = F.floor((F.unix_micros("ts") - F.lit(t0)) / F.lit(HOUR_US)).cast("int")
     return df.withColumn("chunk", index)
 
 
-def carried(df: Any, by: list[str]) -> Any:
-    """The carried job's windows, partitioned by ``by``."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    t = F.unix_micros("ts")
-    w = Window.partitionBy(*by)
-    running = w.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
-    last5 = w.orderBy(t, "value").rowsBetween(-4, 0)
-    return df.withColumns(
-        {
-            "_s": F.sum("value").over(running),
-            "_n": F.count("value").over(running),
-            "value_mean_5rows": F.avg("value").over(last5),
-        }
-    )
+def by_key(spark: Any, data: Path) -> Any:
+    """The one pass's query (per sensor) with each row's chunk, as partitionBy needs."""
+    return with_chunk(one_pass_frame(spark, "carried", data))
 
 
 def by_chunk_and_key(spark: Any, data: Path) -> Any:
@@ -76,7 +67,7 @@ def by_chunk_and_key(spark: Any, data: Path) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    df = with_chunk(spark, data)
+    df = with_chunk(spark.read.parquet(str(data)).drop("hour"))
     parts = df.groupBy("sensor", "chunk").agg(
         F.sum("value").alias("s"), F.count("value").alias("n")
     )
@@ -89,21 +80,21 @@ def by_chunk_and_key(spark: Any, data: Path) -> Any:
         F.coalesce(F.sum("s").over(before), F.lit(0.0)).alias("off_s"),
         F.coalesce(F.sum("n").over(before), F.lit(0)).alias("off_n"),
     )
-    out = carried(df, ["chunk", "sensor"]).join(F.broadcast(offsets), ["sensor", "chunk"])
+    t = F.unix_micros("ts")
+    w = Window.partitionBy("chunk", "sensor")
+    running = w.orderBy(t).rangeBetween(Window.unboundedPreceding, 0)
+    last5 = w.orderBy(t, "value").rowsBetween(-4, 0)
+    out = df.withColumns(
+        {
+            "_s": F.sum("value").over(running),
+            "_n": F.count("value").over(running),
+            "value_mean_5rows": F.avg("value").over(last5),
+        }
+    ).join(F.broadcast(offsets), ["sensor", "chunk"])
     total = F.col("_s") + F.col("off_s")
     return out.withColumns(
         {"value_cum_sum": total, "value_cum_mean": total / (F.col("_n") + F.col("off_n"))}
     ).drop("_s", "_n", "off_s", "off_n")
-
-
-def by_key(spark: Any, data: Path) -> Any:
-    """The one pass's windows (per sensor) with each row's chunk, as partitionBy needs."""
-    from pyspark.sql import functions as F
-
-    out = carried(with_chunk(spark, data), ["sensor"])
-    return out.withColumns(
-        {"value_cum_sum": F.col("_s"), "value_cum_mean": F.col("_s") / F.col("_n")}
-    ).drop("_s", "_n")
 
 
 def main() -> None:
