@@ -307,13 +307,22 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     same table, and a restart on a machine without the local state (restored from what
     the purge kept) continues exactly."""
     import shutil
+    import time
 
     import duckdb
 
+    import riverbed.stream.batch as batch
     import riverbed.stream.results as results
     from riverbed.state import StateConfig
 
     monkeypatch.setattr(results, "COMPACT_AFTER", 3)  # foreachBatch runs in this process
+    maintain = batch.maintain
+
+    def slow_maintain(*args: Any) -> None:
+        time.sleep(0.4)  # a slow bucket: in-driver batches come faster than rounds end
+        maintain(*args)
+
+    monkeypatch.setattr(batch, "maintain", slow_maintain)
 
     first, more = make_events(2400, hours=4, seed=3), make_events(600, hours=4, seed=4)
     write_events(log_url, first)

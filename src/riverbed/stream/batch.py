@@ -106,33 +106,61 @@ class Maintenance:
     """:func:`maintain` off a driver's batch loop: one round at a time in a thread of
     its own, so the purge and the result table's compaction (~150 ms every 100
     batches here) do not lengthen the trigger they fall in. A round due while the last
-    one still runs is skipped (the next is ``snapshot_every`` batches later, as after
-    a failed round); :meth:`wait` before the loop ends."""
+    one still runs is kept — only the newest such, since a round after a later batch
+    purges all an earlier one would — and runs as soon as that one ends, so the
+    records and snapshots kept stay within ``retain_versions`` + ``snapshot_every``
+    however fast batches come; :meth:`wait` before the loop ends runs it too."""
 
     def __init__(
         self, name: str, run: Callable[[EngineConfig, Batches, int], None] | None = None
     ) -> None:
         self.name = name
         self._run = run or maintain
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._next: tuple[EngineConfig, Batches, int] | None = None  # due while one runs
 
     def submit(self, config: EngineConfig, batches: Batches, batch_id: int) -> bool:
-        """Start a round after ``batch_id``; False when the last one still runs."""
-        if self._thread is not None and self._thread.is_alive():
-            log.info("maintenance of %s after batch %d skipped: one runs", self.name, batch_id)
-            return False
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(config, batches, batch_id),
-            name=f"riverbed-maintain-{self.name}",
-            daemon=True,
-        )
-        self._thread.start()
-        return True
+        """Start a round after ``batch_id``; False when one still runs, and this one
+        follows it (replacing any older one waiting)."""
+        with self._lock:
+            if self._thread is not None:
+                if self._next is not None:
+                    log.info(
+                        "maintenance of %s after batch %d folded into the one after %d",
+                        self.name,
+                        self._next[2],
+                        batch_id,
+                    )
+                self._next = (config, batches, batch_id)
+                return False
+            self._thread = threading.Thread(
+                target=self._rounds,
+                args=(config, batches, batch_id),
+                name=f"riverbed-maintain-{self.name}",
+                daemon=True,
+            )
+            self._thread.start()
+            return True
+
+    def _rounds(self, config: EngineConfig, batches: Batches, batch_id: int) -> None:
+        round_: tuple[EngineConfig, Batches, int] | None = (config, batches, batch_id)
+        while round_ is not None:
+            try:
+                self._run(*round_)
+            except Exception:  # maintain() logs its own; a round must not end the thread
+                log.exception("maintenance of %s after batch %d failed", self.name, round_[2])
+            with self._lock:
+                round_, self._next = self._next, None
+                if round_ is None:
+                    self._thread = None
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+        """Return once no round runs or waits."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 def finish(
