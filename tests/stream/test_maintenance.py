@@ -4,9 +4,11 @@ wait() returns once none runs or waits."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,3 +87,19 @@ def test_the_last_round_submitted_always_runs_last(pauses: list[float]) -> None:
 
 def test_wait_without_a_round_returns() -> None:
     Maintenance("flags").wait()
+
+
+def test_a_round_of_a_fenced_driver_says_so_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from riverbed.stream.fencing import DriverFencedError
+
+    def run(config: Any, batches: Any, batch_id: int) -> None:
+        raise DriverFencedError("flags: a newer driver (term 7) took over")
+
+    m = Maintenance("flags", run)
+    with caplog.at_level(logging.INFO, logger="riverbed.stream.batch"):
+        m.submit(None, None, 1)  # type: ignore[arg-type]
+        m.wait()
+    assert "maintenance of flags: a newer driver took over" in caplog.text
+    assert not any(r.exc_info for r in caplog.records)

@@ -19,6 +19,7 @@ from riverbed.locations import is_local
 from riverbed.state import StateProvider
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.records import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.results import compact_output, write_output
 from riverbed.stream.sinks import KafkaSink, plain
@@ -148,6 +149,8 @@ class Maintenance:
         while round_ is not None:
             try:
                 self._run(*round_)
+            except DriverFencedError:  # the loop stops on its next write, and says why
+                log.info("maintenance of %s: a newer driver took over", self.name)
             except Exception:  # maintain() logs its own; a round must not end the thread
                 log.exception("maintenance of %s after batch %d failed", self.name, round_[2])
             with self._lock:
