@@ -2,7 +2,7 @@
 plainly against the ways Spark could write each chunk's folder itself.
 
     .venv/bin/python benchmarks/timerange_layouts.py [--rounds 3] [--driver-memory 4g]
-                                                     [--concurrent-writers]
+        [--concurrent-writers] [--only NAME-PART] [--conf spark.k=v ...]
 
 The data and the query are ``benchmarks/timerange.py``'s carried job (a running sum and
 mean per sensor since the start, a mean over the last 5 readings; 24 h x 1,000 sensors
@@ -17,7 +17,11 @@ mean per sensor since the start, a mean over the last 5 readings; 24 h x 1,000 s
    by a per-(sensor, chunk) offset from a small aggregate joined back. Spark's side
    only: a real job would also need each chunk's edge rows for the row window, the
    carries, and publication;
-4. with ``--concurrent-writers``: partitionBy(chunk) through 32 concurrent writers
+4. **chunk files from Python**: the baseline's query through ``mapInArrow``, each task
+   cutting its Arrow batches by chunk (a radix sort, as the driver's cut does) and
+   writing one file per chunk it holds with pyarrow — no sort by chunk in Spark, no pass
+   in the driver; Spark's side only, as 3.;
+5. with ``--concurrent-writers``: partitionBy(chunk) through 32 concurrent writers
    (``spark.sql.maxConcurrentOutputFileWriters``) with 8 MiB row groups instead of the
    sort — with Spark's default 1 GiB heap this ran the driver JVM out of memory here.
 
@@ -97,6 +101,64 @@ def by_chunk_and_key(spark: Any, data: Path) -> Any:
     ).drop("_s", "_n", "off_s", "off_n")
 
 
+FLUSH_ROWS = 131_072  # rows a Python worker buffers per chunk before a row group
+
+
+def python_chunk_writer(out: str) -> Callable[[Any], Any]:
+    """A ``mapInArrow`` function: each task cuts its Arrow batches by chunk (a radix
+    sort, as the driver's cut does) and writes one Parquet file per chunk it holds,
+    ``<out>/chunk=<c>/part-<task>.parquet``, buffering each chunk's rows up to
+    :data:`FLUSH_ROWS` per row group; it yields how many rows each file got."""
+
+    def write(batches: Any) -> Any:
+        import os
+        import uuid
+
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        task = uuid.uuid4().hex[:12]
+        held: dict[int, list[Any]] = {}
+        counts: dict[int, int] = {}
+        written: dict[int, int] = {}
+        writers: dict[int, Any] = {}
+
+        def flush(c: int) -> None:
+            table = pa.Table.from_batches(held.pop(c))
+            counts[c] = 0
+            if c not in writers:
+                os.makedirs(f"{out}/chunk={c}", exist_ok=True)
+                writers[c] = pq.ParquetWriter(f"{out}/chunk={c}/part-{task}.parquet", table.schema)
+            writers[c].write_table(table)
+            written[c] = written.get(c, 0) + table.num_rows
+
+        for batch in batches:
+            chunk = batch.column("chunk").to_numpy(zero_copy_only=False).astype(np.int16)
+            order = np.argsort(chunk, kind="stable")
+            ranked = chunk[order]
+            present = np.unique(ranked)
+            ends = np.searchsorted(ranked, present, side="right")
+            rows = batch.drop_columns(["chunk"]).take(pa.array(order))
+            start = 0
+            for c, end in zip(present.tolist(), ends.tolist(), strict=True):
+                held.setdefault(c, []).append(rows.slice(start, end - start))
+                counts[c] = counts.get(c, 0) + end - start
+                start = end
+                if counts[c] >= FLUSH_ROWS:
+                    flush(c)
+        for c in list(held):
+            flush(c)
+        for w in writers.values():
+            w.close()
+        yield pa.RecordBatch.from_pydict(
+            {"chunk": list(written), "rows": list(written.values())},
+            schema=pa.schema([("chunk", pa.int32()), ("rows", pa.int64())]),
+        )
+
+    return write
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -106,11 +168,14 @@ def main() -> None:
         action="store_true",
         help="also write through 32 concurrent writers (ran a 1 GiB driver out of memory)",
     )
+    parser.add_argument("--only", help="run only the ways whose name contains this")
+    parser.add_argument("--conf", action="append", default=[], help="a Spark setting, k=v")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rb-bench-layouts-"))
     try:
         rows = generate(root / "in", 1000, 24, 8.6)
         conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
+        conf.update(kv.split("=", 1) for kv in args.conf)
         spark = session(SparkConfig(master="local[*]", app_name="riverbed-layouts", conf=conf))
         spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
         data = root / "in"
@@ -132,8 +197,15 @@ def main() -> None:
                 by_chunk_and_key(spark, data).write.partitionBy("chunk").parquet(out)
             ),
         }
+        ways["by key, chunk files from Python (mapInArrow)"] = lambda out: (
+            by_key(spark, data)
+            .mapInArrow(python_chunk_writer(out), "chunk int, rows long")
+            .collect()
+        )
         if args.concurrent_writers:
             ways["partitionBy(chunk), concurrent writers"] = concurrent
+        if args.only:
+            ways = {name: way for name, way in ways.items() if args.only in name}
         print(f"{rows:,} rows, the carried job's windows, {args.rounds} rounds")
         for r in range(args.rounds):
             plain = one_pass(spark, "carried", data, root / "plain")
