@@ -40,30 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.config import SparkConfig
-from riverbed.jobs.timerange import parse_time
 from riverbed.spark import session
 from timerange import (  # this folder: benchmarks/timerange.py
-    START,
+    chunked_frame,
     generate,
     one_pass,
-    one_pass_frame,
+    one_pass_by_chunk,
+    with_chunk,
 )
-
-HOUR_US = 3_600_000_000
-
-
-def with_chunk(df: Any) -> Any:
-    """``df`` with each row's hourly chunk index."""
-    from pyspark.sql import functions as F
-
-    t0 = parse_time(START)
-    index = F.floor((F.unix_micros("ts") - F.lit(t0)) / F.lit(HOUR_US)).cast("int")
-    return df.withColumn("chunk", index)
-
-
-def by_key(spark: Any, data: Path) -> Any:
-    """The one pass's query (per sensor) with each row's chunk, as partitionBy needs."""
-    return with_chunk(one_pass_frame(spark, "carried", data))
 
 
 def by_chunk_and_key(spark: Any, data: Path) -> Any:
@@ -183,25 +167,23 @@ def main() -> None:
         def concurrent(out: str) -> None:
             spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", "32")
             try:
-                by_key(spark, data).write.option("parquet.block.size", str(8 << 20)).partitionBy(
-                    "chunk"
-                ).parquet(out)
+                chunked_frame(spark, "carried", data).write.option(
+                    "parquet.block.size", str(8 << 20)
+                ).partitionBy("chunk").parquet(out)
             finally:
                 spark.conf.unset("spark.sql.maxConcurrentOutputFileWriters")
 
         ways: dict[str, Callable[[str], Any]] = {
-            "partitionBy(chunk)": lambda out: (
-                by_key(spark, data).write.partitionBy("chunk").parquet(out)
-            ),
+            "partitionBy(chunk)": lambda out: one_pass_by_chunk(spark, "carried", data, Path(out)),
             "by (chunk, key), partitionBy(chunk)": lambda out: (
                 by_chunk_and_key(spark, data).write.partitionBy("chunk").parquet(out)
             ),
+            "by key, chunk files from Python (mapInArrow)": lambda out: (
+                chunked_frame(spark, "carried", data)
+                .mapInArrow(python_chunk_writer(out), "chunk int, rows long")
+                .collect()
+            ),
         }
-        ways["by key, chunk files from Python (mapInArrow)"] = lambda out: (
-            by_key(spark, data)
-            .mapInArrow(python_chunk_writer(out), "chunk int, rows long")
-            .collect()
-        )
         if args.concurrent_writers:
             ways["partitionBy(chunk), concurrent writers"] = concurrent
         if args.only:
