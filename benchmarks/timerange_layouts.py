@@ -159,7 +159,11 @@ def main() -> None:
     try:
         rows = generate(root / "in", 1000, 24, 8.6)
         conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
-        conf.update(kv.split("=", 1) for kv in args.conf)
+        for kv in args.conf:
+            if "=" not in kv:
+                parser.error(f"--conf {kv!r}: give a Spark setting as key=value")
+            key, value = kv.split("=", 1)
+            conf[key] = value
         spark = session(SparkConfig(master="local[*]", app_name="riverbed-layouts", conf=conf))
         spark.range(1000).selectExpr("sum(id)").collect()  # warm the JVM
         data = root / "in"
@@ -173,16 +177,22 @@ def main() -> None:
             finally:
                 spark.conf.unset("spark.sql.maxConcurrentOutputFileWriters")
 
+        def python_writes(out: str) -> None:
+            files = (
+                chunked_frame(spark, "carried", data)
+                .mapInArrow(python_chunk_writer(out), "chunk int, rows long")
+                .collect()
+            )
+            written = sum(f["rows"] for f in files)
+            if written != rows or len({f["chunk"] for f in files}) != 24:
+                raise SystemExit(f"the Python writers wrote {written:,} rows of {rows:,}")
+
         ways: dict[str, Callable[[str], Any]] = {
             "partitionBy(chunk)": lambda out: one_pass_by_chunk(spark, "carried", data, Path(out)),
             "by (chunk, key), partitionBy(chunk)": lambda out: (
                 by_chunk_and_key(spark, data).write.partitionBy("chunk").parquet(out)
             ),
-            "by key, chunk files from Python (mapInArrow)": lambda out: (
-                chunked_frame(spark, "carried", data)
-                .mapInArrow(python_chunk_writer(out), "chunk int, rows long")
-                .collect()
-            ),
+            "by key, chunk files from Python (mapInArrow)": lambda out: python_writes(out),
         }
         if args.concurrent_writers:
             ways["partitionBy(chunk), concurrent writers"] = concurrent
