@@ -65,6 +65,7 @@ METRICS = {
     "carried": '[Cumulative("value", ["sum", "mean"]), Rows(5, "value", ["mean"])]',
 }
 START = "2026-01-01"
+HOUR_US = 3_600_000_000  # a chunk (hourly)
 
 
 def generate(folder: Path, sensors: int, hours: int, every: float) -> int:
@@ -73,7 +74,7 @@ def generate(folder: Path, sensors: int, hours: int, every: float) -> int:
     t0 = parse_time(START)
     total = 0
     for hour in range(hours):
-        base = t0 + hour * 3_600_000_000
+        base = t0 + hour * HOUR_US
         offsets = (np.arange(per_hour) * every * 1e6).astype(np.int64)
         ts = (
             base + np.tile(offsets, sensors) + rng.integers(0, int(every * 1e6), per_hour * sensors)
@@ -118,8 +119,7 @@ def with_chunk(df: Any) -> Any:
     """``df`` with each row's hourly chunk index (``chunk``)."""
     from pyspark.sql import functions as F
 
-    hour_us = 3_600_000_000
-    index = F.floor((F.unix_micros("ts") - F.lit(parse_time(START))) / F.lit(hour_us))
+    index = F.floor((F.unix_micros("ts") - F.lit(parse_time(START))) / F.lit(HOUR_US))
     return df.withColumn("chunk", index.cast("int"))
 
 
@@ -159,7 +159,7 @@ def chunked(spark: Any, spec_path: Path, cp_url: str, hours: int, stop_at: int =
     driver = Driver(spec, connect(cp_url), lambda: spark, on_event=on_event)
     began = time.perf_counter()
     with contextlib.suppress(Stop):
-        driver.run(START, parse_time(START) + hours * 3_600_000_000)
+        driver.run(START, parse_time(START) + hours * HOUR_US)
     return time.perf_counter() - began
 
 

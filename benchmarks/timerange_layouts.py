@@ -18,7 +18,7 @@ mean per sensor since the start, a mean over the last 5 readings; 24 h x 1,000 s
    only: a real job would also need each chunk's edge rows for the row window, the
    carries, and publication;
 4. **chunk files from Python**: the baseline's query through ``mapInArrow``, each task
-   cutting its Arrow batches by chunk (a radix sort, as the driver's cut does) and
+   cutting its Arrow batches by chunk with the driver's own cut (``chunk_rows``) and
    writing one file per chunk it holds with pyarrow — no sort by chunk in Spark, no pass
    in the driver; Spark's side only, as 3.;
 5. with ``--concurrent-writers``: partitionBy(chunk) through 32 concurrent writers
@@ -85,23 +85,27 @@ def by_chunk_and_key(spark: Any, data: Path) -> Any:
     ).drop("_s", "_n", "off_s", "off_n")
 
 
+HOURS = 24  # of readings, one chunk each
 FLUSH_ROWS = 131_072  # rows a Python worker buffers per chunk before a row group
 
 
 def python_chunk_writer(out: str) -> Callable[[Any], Any]:
-    """A ``mapInArrow`` function: each task cuts its Arrow batches by chunk (a radix
-    sort, as the driver's cut does) and writes one Parquet file per chunk it holds,
-    ``<out>/chunk=<c>/part-<task>.parquet``, buffering each chunk's rows up to
-    :data:`FLUSH_ROWS` per row group; it yields how many rows each file got."""
+    """A ``mapInArrow`` function: each task cuts its Arrow batches by chunk with the
+    driver's own cut (:func:`riverbed.jobs.timerange.carry.chunk_rows`) and writes one
+    Parquet file per chunk it holds, ``<out>/chunk=<c>/part-<task>.parquet``, buffering
+    each chunk's rows up to :data:`FLUSH_ROWS` per row group; it yields how many rows
+    each file got."""
 
     def write(batches: Any) -> Any:
         import os
         import uuid
 
-        import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from riverbed.jobs.timerange.carry import CHUNK, Boundary, chunk_rows
+
+        bounds = [Boundary(h, h + 1, h + 1) for h in range(HOURS)]  # only their count is read
         task = uuid.uuid4().hex[:12]
         held: dict[int, list[Any]] = {}
         counts: dict[int, int] = {}
@@ -118,19 +122,14 @@ def python_chunk_writer(out: str) -> Callable[[Any], Any]:
             written[c] = written.get(c, 0) + table.num_rows
 
         for batch in batches:
-            chunk = batch.column("chunk").to_numpy(zero_copy_only=False).astype(np.int16)
-            order = np.argsort(chunk, kind="stable")
-            ranked = chunk[order]
-            present = np.unique(ranked)
-            ends = np.searchsorted(ranked, present, side="right")
-            rows = batch.drop_columns(["chunk"]).take(pa.array(order))
-            start = 0
-            for c, end in zip(present.tolist(), ends.tolist(), strict=True):
-                held.setdefault(c, []).append(rows.slice(start, end - start))
-                counts[c] = counts.get(c, 0) + end - start
-                start = end
-                if counts[c] >= FLUSH_ROWS:
-                    flush(c)
+            named = [CHUNK if n == "chunk" else n for n in batch.schema.names]
+            table = pa.Table.from_batches([batch]).rename_columns(named)
+            for c, rows in enumerate(chunk_rows(table, bounds)):  # the driver's own cut
+                if rows.num_rows:
+                    held.setdefault(c, []).extend(rows.to_batches())
+                    counts[c] = counts.get(c, 0) + rows.num_rows
+                    if counts[c] >= FLUSH_ROWS:
+                        flush(c)
         for c in list(held):
             flush(c)
         for w in writers.values():
@@ -157,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rb-bench-layouts-"))
     try:
-        rows = generate(root / "in", 1000, 24, 8.6)
+        rows = generate(root / "in", 1000, HOURS, 8.6)
         conf = {"spark.driver.memory": args.driver_memory} if args.driver_memory else {}
         for kv in args.conf:
             if "=" not in kv:
@@ -184,7 +183,7 @@ def main() -> None:
                 .collect()
             )
             written = sum(f["rows"] for f in files)
-            if written != rows or len({f["chunk"] for f in files}) != 24:
+            if written != rows or len({f["chunk"] for f in files}) != HOURS:
                 raise SystemExit(f"the Python writers wrote {written:,} rows of {rows:,}")
 
         ways: dict[str, Callable[[str], Any]] = {
