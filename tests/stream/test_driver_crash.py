@@ -16,7 +16,7 @@ from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.windows import Hopping
 from tests.stream.conftest import make_events, write_events
-from tests.stream.crashes import kill_while_batches_run
+from tests.stream.crashes import backlogs, kill_mid_batch
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -38,7 +38,11 @@ def test_driver_killed_seven_times_still_gives_the_oracle(
     home = tmp_path / "home"
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
     events = make_events(12_000, hours=8, seed=3)
-    write_events(f"file://{home / 'log'}", events, partitions=3)
+    slices = backlogs(events, KILLS + 1)  # in time order: one backlog a start
+
+    def release(k: int) -> None:
+        write_events(f"file://{home / 'log'}", slices[k], partitions=3)
+
     spec = tmp_path / "spec.py"
     spec.write_text(SPEC)
     command = [
@@ -48,19 +52,27 @@ def test_driver_killed_seven_times_still_gives_the_oracle(
         "stream",
         "run",
         str(spec),
-        "--once",
         "--max-records-per-batch",
-        "600",
+        "200",  # ~7 batches a slice: the kill's batch and the ones after it have work
         "--ttl",
         "3",  # a restarted driver waits out the killed one's lease (leader.py) before work
     ]
     batches = Checkpoint(home / "checkpoints" / "crashy").batches
-    kills = kill_while_batches_run(
-        command, env, batches, kills=KILLS, rng=random.Random(5), delay=(0.0, 3.0)
+    aimed = kill_mid_batch(
+        command,
+        env,
+        batches,
+        kills=KILLS,
+        rng=random.Random(5),
+        before_start=release,
+        logs=tmp_path / "logs",
     )
-    finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert len(aimed) == KILLS
+    release(KILLS)  # the last slice, for the final run to drain with the rest
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False
+    )
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert kills >= KILLS - 2, f"only {kills} kills landed while the query ran"
     done = [json.loads(p.read_text()) for p in batches.glob("*.json")]
     assert sum(d.get("late", 0) for d in done) == 0  # the watermark is generous here
 

@@ -8,8 +8,6 @@ import json
 import random
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +42,7 @@ from riverbed.stream.records import open_batches
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaCluster, KafkaServer, free_port
 from tests.stream.conftest import make_events
-from tests.stream.crashes import kill_while_batches_run
+from tests.stream.crashes import backlogs, kill_mid_batch
 from tests.stream.test_kafka_sink import read_topic
 
 SCHEMA = "user_id long, flag string, amount double, ts timestamp"
@@ -548,19 +546,11 @@ def _chaos(
     spec = tmp_path / "spec.py"
     spec.write_text(CHAOS_SPEC.format(bootstrap=kafka.bootstrap, topic=kafka_topic))
     events = make_events(9000, hours=8, seed=11)
-    done = threading.Event()
+    slices = backlogs(events, KILLS + 1)
 
-    def produce() -> None:  # a live producer: 30 slices over ~30 s, a few malformed
-        try:
-            for i in range(30):
-                part = events.iloc[i * 300 : (i + 1) * 300]
-                _produce(kafka.bootstrap, kafka_topic, part, malformed=1 if i % 7 == 0 else 0)
-                time.sleep(1.0)
-        finally:
-            done.set()
+    def release(k: int) -> None:  # each start's backlog, a few malformed among it
+        _produce(kafka.bootstrap, kafka_topic, slices[k], malformed=1 if k % 2 == 0 else 0)
 
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
     command = [
         sys.executable,
         "-m",
@@ -569,7 +559,7 @@ def _chaos(
         "run",
         str(spec),
         "--max-records-per-batch",
-        "800",
+        "200",  # ~8 batches a backlog: the kill's batch and the ones after it have work
         "--ttl",
         "3",
         "--topic",  # and the results to a Kafka topic, one transaction per batch
@@ -583,18 +573,18 @@ def _chaos(
         elif k == 3:
             kafka.start_node(0)  # back with its log; it catches up
 
-    kills = kill_while_batches_run(
+    aimed = kill_mid_batch(
         command,
         env,
         batches,
         kills=KILLS,
         rng=random.Random(7),
-        delay=(0.5, 4.0),
+        before_start=release,
         before_kill=lose_a_broker,
-        must_run=True,
+        logs=tmp_path / "logs",
     )
-    producer.join(120)
-    assert done.is_set()
+    assert len(aimed) == KILLS
+    release(KILLS)  # the last backlog, for the final run to drain with the rest
     # the last run keeps a longer lease: a driver starved for 3 s on a busy host would
     # rightly stop as fenced, which is not what this run is here to show
     final = [
@@ -608,6 +598,5 @@ def _chaos(
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
 
-    assert kills == KILLS
     want = _assert_results(home / "output" / "kchaos", _read_back(kafka.bootstrap, kafka_topic))
     _assert_results_topic(kafka.bootstrap, f"{kafka_topic}-results", want)
