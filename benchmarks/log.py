@@ -144,7 +144,7 @@ def typed_vs_json(root: Path, n: int) -> list[tuple[str, float, float]]:
     import pyarrow as pa
     import pyarrow.json as pj
 
-    from riverbed.spark.source import newline_joined
+    from riverbed.spark.values import newline_joined
 
     dicts = events(n)
     as_json = [{**e, "ts": e["ts"].isoformat()} for e in dicts]  # type: ignore[attr-defined]

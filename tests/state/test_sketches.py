@@ -92,10 +92,31 @@ def test_exact_ids_ints_and_strings() -> None:
     assert ExactIds.from_bytes(ints.to_bytes()).ids() == [1, 5, 7, 2**40]
     strs = ExactIds().update(["b", "a", "b"]).merge(ExactIds().update(["c"]))
     assert ExactIds.from_bytes(strs.to_bytes()).ids() == ["a", "b", "c"]
-    with pytest.raises(ValueError, match=">= 0"):
-        ExactIds().update(np.array([-1]))
+    with pytest.raises(ValueError, match="past 64 bits"):
+        ExactIds().update([2**64])
     with pytest.raises(ValueError, match="cannot merge"):
         strs.merge(ints)
+
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(st.lists(INT64, max_size=60), st.lists(INT64, max_size=60), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_exact_ids_count_any_64_bit_ids_negative_ones_too(
+    left: list[int], right: list[int], as_array: bool
+) -> None:
+    """Every signed 64-bit id counts exactly (a negative user id once stopped a stream:
+    "integer ids must be >= 0"), whether given as an array or one by one, through
+    bytes and merges; the HyperLogLog it becomes counts the same ids."""
+    first = ExactIds().update(np.array(left, dtype=np.int64) if as_array else left)
+    second = ExactIds().update(np.array(right, dtype=np.int64))
+    merged = ExactIds.from_bytes(first.to_bytes()).merge(ExactIds.from_bytes(second.to_bytes()))
+    assert merged.ids() == sorted({*left, *right})
+    assert merged.count().value == len({*left, *right})
+    if left or right:
+        hll = HLL(12).update(sorted({*left, *right}))
+        assert merged.to_hll(12).count().value == pytest.approx(hll.count().value)
 
 
 def test_adaptive_switches_to_hll_past_its_threshold_and_says_so() -> None:

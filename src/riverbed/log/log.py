@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -160,10 +160,20 @@ class Log:
         return Producer(self, topic)
 
     def read(
-        self, topic: str, partition: int, offset: int = 0, max_records: int = 1000, wait: float = 0
+        self,
+        topic: str,
+        partition: int,
+        offset: int = 0,
+        max_records: int = 1000,
+        wait: float = 0,
+        *,
+        malformed: Literal["raise", "skip"] = "raise",
     ) -> list[Record]:
         """Up to ``max_records`` records from ``offset``; at the end, wait up to ``wait``
-        seconds for one to be appended."""
+        seconds for one to be appended. A value the topic's serde cannot decode raises
+        :class:`SerdeError` naming the record, or with ``malformed="skip"`` is left out
+        (a reader that only looks — a sample, an inference — must not stop on the bad
+        bytes a topic of other producers can hold; the stream counts them itself)."""
         config = self.topic(topic)
         serde = self.serde(config.serde)
         storage = self.storage
@@ -172,7 +182,15 @@ class Log:
             if wait > 0
             else storage.read(topic, partition, offset, max_records)
         )
-        return [_decode(topic, partition, o, raw, serde) for o, raw in raws]
+        if malformed == "raise":
+            return [_decode(topic, partition, o, raw, serde) for o, raw in raws]
+        records = []
+        for o, raw in raws:
+            try:
+                records.append(_decode(topic, partition, o, raw, serde))
+            except SerdeError:
+                continue
+        return records
 
     def iter_records(self, topic: str, partition: int, offset: int = 0) -> Iterator[Record]:
         """Every record from ``offset`` to the current end."""

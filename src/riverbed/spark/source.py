@@ -20,11 +20,9 @@ options and open the log inside :meth:`read`.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -56,6 +54,7 @@ from pyspark.sql.types import (
 from riverbed.log.records import Columns
 from riverbed.spark import SourceOptionError
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped, source_limits
+from riverbed.spark.values import FAST_TYPES, json_values, typed_values, values_one_by_one
 from riverbed.storage import storage_environment
 
 META_FIELDS = [
@@ -152,7 +151,8 @@ def value_schema(options: dict[str, str]) -> StructType | str:
         return typed
     fields: dict[str, DataType] = {}
     for p in range(log.topic(topic).partitions):
-        for record in log.read(topic, p, log.storage.offsets(topic, p)[0], 100):
+        first = log.storage.offsets(topic, p)[0]  # malformed values tell nothing of fields
+        for record in log.read(topic, p, first, 100, malformed="skip"):
             if isinstance(record.value, dict):
                 for name, v in record.value.items():
                     if name not in fields and v is not None and name not in META_NAMES:
@@ -220,22 +220,26 @@ def _in_time(columns: Columns, lo: str | None, hi: str | None) -> Columns:
     )
 
 
-_FAST_TYPES = (LongType, IntegerType, DoubleType, StringType, BooleanType, TimestampType)
-
-
 def to_arrow(columns: Columns, partition: int, schema: StructType, serde: Any) -> pa.RecordBatch:
-    """Decode stored records into an Arrow batch of ``schema`` (value fields + metadata)."""
+    """Decode stored records into an Arrow batch of ``schema`` (value fields + metadata);
+    the rules of what is malformed are :mod:`riverbed.spark.values`'."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     value_fields = [f for f in schema.fields if f.name not in META_NAMES]
     values = None
     if pa.types.is_struct(columns.values.type):  # a typed topic: its columns, as stored
-        values = _typed_values(columns.values, value_fields, arrow_schema)
-    elif serde.name == "json" and all(isinstance(f.dataType, _FAST_TYPES) for f in value_fields):
-        values = _json_values(columns.values, value_fields, arrow_schema)
+        values = typed_values(columns.values, value_fields, arrow_schema)
+    elif serde.name == "json" and all(isinstance(f.dataType, FAST_TYPES) for f in value_fields):
+        values = json_values(columns.values, value_fields, arrow_schema)
     if values is None:  # record by record (a typed topic's values come as dicts)
-        values = _values_one_by_one(columns.values.to_pylist(), value_fields, arrow_schema, serde)
+        values = values_one_by_one(
+            columns.values.to_pylist(),
+            columns.keys.to_pylist(),
+            value_fields,
+            arrow_schema,
+            serde,
+        )
     n = len(columns)
     arrays = dict(values)
     try:
@@ -255,133 +259,6 @@ def to_arrow(columns: Columns, partition: int, schema: StructType, serde: Any) -
     if "_error" not in arrays:
         arrays["_error"] = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays([arrays[n] for n in arrow_schema.names], schema=arrow_schema)
-
-
-def _json_values(
-    values: pa.BinaryArray, value_fields: list[StructField], schema: pa.Schema
-) -> dict[str, pa.Array] | None:
-    """Parse JSON values with pyarrow in one call (~10x the per-record path).
-
-    Returns ``None`` when anything is off (a malformed value, a type mismatch, a value
-    spanning lines); the caller then takes the per-record path, which reports each
-    problem in ``_error``.
-    """
-    import pyarrow.json as pj
-
-    value_schema = pa.schema([schema.field(f.name) for f in value_fields])
-    try:
-        table = pj.read_json(
-            io.BytesIO(newline_joined(values)),
-            # one thread: Spark already runs a task per core; Arrow's own pool would
-            # oversubscribe them
-            read_options=pj.ReadOptions(use_threads=False, block_size=16 << 20),
-            parse_options=pj.ParseOptions(
-                explicit_schema=value_schema, unexpected_field_behavior="ignore"
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
-    if table.num_rows != len(values):
-        return None
-    return {f.name: table.column(f.name).combine_chunks() for f in value_fields}
-
-
-def newline_joined(values: pa.BinaryArray) -> bytes:
-    """The values' bytes with a newline between each two, straight from the Arrow
-    buffers (no Python object per value)."""
-    n = len(values)
-    if n == 0:
-        return b""
-    _, offsets_buf, data_buf = values.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=values.offset * 4)
-    if data_buf is None:
-        return b"\n" * (n - 1)
-    data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0] : offsets[-1]]
-    return np.insert(data, offsets[1:-1] - offsets[0], ord("\n")).tobytes()
-
-
-def _typed_values(
-    values: pa.StructArray, value_fields: list[StructField], schema: pa.Schema
-) -> dict[str, pa.Array] | None:
-    """A typed topic's columns as the source's schema wants them: no parsing, a cast
-    where the types differ (``None`` when a cast fails: the caller then goes record by
-    record and reports each problem in ``_error``); a field the topic lacks is null."""
-    stored = dict(zip(values.type.names, values.flatten(), strict=True))
-    out: dict[str, pa.Array] = {}
-    for f in value_fields:
-        want = schema.field(f.name).type
-        column = stored.get(f.name)
-        if column is None:
-            out[f.name] = pa.nulls(len(values), want)
-            continue
-        if column.type != want:
-            try:
-                column = column.cast(want)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                return None
-        out[f.name] = column
-    return out
-
-
-def _values_one_by_one(
-    values: list[Any], value_fields: list[StructField], schema: pa.Schema, serde: Any
-) -> dict[str, pa.Array]:
-    """Values (serde bytes, or a typed topic's field dicts) one record at a time."""
-    from riverbed.log import SerdeError
-
-    out: dict[str, list[Any]] = {f.name: [] for f in value_fields}
-    errors: list[str | None] = []
-    for raw in values:
-        error = None
-        fields: dict[str, Any] = {}
-        try:
-            decoded = raw if isinstance(raw, dict) else serde.deserialize(raw)
-            if isinstance(decoded, dict):
-                fields = decoded
-            elif len(value_fields) == 1:
-                fields = {value_fields[0].name: decoded}
-            else:
-                error = f"value is {type(decoded).__name__}, not an object"
-        except SerdeError as exc:
-            error = str(exc)
-        row = []
-        for f in value_fields:
-            v = fields.get(f.name)
-            if v is not None and error is None:
-                v, problem = _coerce(v, f.dataType)
-                if problem:
-                    error = f"field {f.name!r}: {problem}"
-            row.append(v)
-        for f, v in zip(value_fields, row, strict=True):
-            out[f.name].append(None if error is not None else v)
-        errors.append(error)
-    arrays = {name: pa.array(col, schema.field(name).type) for name, col in out.items()}
-    arrays["_error"] = pa.array(errors, pa.string())
-    return arrays
-
-
-def _coerce(value: Any, data_type: DataType) -> tuple[Any, str | None]:
-    try:
-        if isinstance(data_type, LongType | IntegerType):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                return None, f"{value!r} is not an integer"
-            return int(value), None
-        if isinstance(data_type, DoubleType):
-            return float(value), None
-        if isinstance(data_type, BooleanType):
-            if not isinstance(value, bool):
-                return None, f"{value!r} is not a boolean"
-            return value, None
-        if isinstance(data_type, StringType):
-            return value if isinstance(value, str) else json.dumps(value), None
-        if isinstance(data_type, TimestampType):
-            if isinstance(value, int | float):
-                return datetime.fromtimestamp(value / 1000, tz=UTC), None
-            parsed = datetime.fromisoformat(str(value))
-            return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), None
-    except (TypeError, ValueError) as exc:
-        return None, f"{value!r}: {exc}"
-    return value, None
 
 
 class RiverbedDataSource(DataSource):

@@ -39,6 +39,7 @@ import pyroaring
 from riverbed.state.errors import CorruptStateError, StateValueError
 
 _EXACT_INT, _EXACT_STR, _HLL = 0, 1, 2
+_TOP = 1 << 63  # ids are signed 64-bit: [-_TOP, _TOP)
 _ONE_LOW_BUCKET = struct.pack("<QI", 1, 0)  # a 64-bit bitmap's one bucket, high bits 0
 Ids = Union[np.ndarray, Iterable[int], Iterable[str], Iterable[bytes]]  # noqa: UP007
 
@@ -200,7 +201,12 @@ class HLL:
 
 
 class ExactIds:
-    """Exact distinct ids: a 64-bit Roaring bitmap for integers, a set otherwise."""
+    """Exact distinct ids: a 64-bit Roaring bitmap for integers, a set otherwise.
+
+    A signed id is kept as the unsigned 64-bit number of the same bits (two's
+    complement: -1 is 2**64 - 1), a one-to-one mapping, so negative ids count exactly
+    and an id stored by earlier versions (never negative) keeps its place; :meth:`ids`
+    and :meth:`to_hll` read them back as the signed ids they were."""
 
     def __init__(self, bitmap: pyroaring.BitMap64 | None = None, items: set[Any] | None = None):
         self._bitmap = bitmap
@@ -208,23 +214,28 @@ class ExactIds:
 
     def update(self, ids: Ids) -> ExactIds:
         if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and self._items is None:
-            if ids.size and ids.min() < 0:
-                raise StateValueError("integer ids must be >= 0 for the exact bitmap")
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
+            bits = (
+                ids.astype(np.int64, copy=False).view(np.uint64) if ids.dtype.kind == "i" else ids
+            )
             # through an array.array: pyroaring reads its buffer, where an ndarray is
             # iterated as Python objects (86 vs 117 ns an id here)
-            self._bitmap.update(array.array("Q", ids.astype(np.uint64, copy=False).tobytes()))
+            self._bitmap.update(array.array("Q", bits.astype(np.uint64, copy=False).tobytes()))
             return self
         values = _as_list(ids)
+        if not values:  # no ids say nothing of their kind
+            return self
         if self._bitmap is not None or (
             self._items is None and values and all(isinstance(v, int) for v in values)
         ):
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
-            if not all(isinstance(v, int) and v >= 0 for v in values):
-                raise StateValueError("cannot mix non-integer ids into an integer id set")
-            self._bitmap.update(values)
+            if not all(isinstance(v, int) and -_TOP <= v < 2 * _TOP for v in values):
+                raise StateValueError(
+                    "cannot mix non-integer ids, or integers past 64 bits, into an integer id set"
+                )
+            self._bitmap.update([v % (2 * _TOP) for v in values])
             return self
         if self._items is None:
             self._items = set()
@@ -249,8 +260,14 @@ class ExactIds:
 
     def ids(self) -> list[Any]:
         if self._bitmap is not None:
-            return list(self._bitmap)
+            return sorted(self._signed().tolist())
         return sorted(self._items or ())
+
+    def _signed(self) -> np.ndarray:
+        """The bitmap's ids as the signed 64-bit ids they were stored from."""
+        assert self._bitmap is not None
+        unsigned = np.frombuffer(self._bitmap.to_array(), dtype=np.uint64)
+        return unsigned.view(np.int64)
 
     def count(self) -> DistinctCount:
         n = float(len(self))
@@ -258,7 +275,7 @@ class ExactIds:
 
     def to_hll(self, lg_k: int) -> HLL:
         if self._bitmap is not None:
-            return HLL(lg_k).update(self._bitmap.to_array())
+            return HLL(lg_k).update(self._signed())
         return HLL(lg_k).update(sorted(self._items or ()))
 
     def to_bytes(self) -> bytes:

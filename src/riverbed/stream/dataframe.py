@@ -33,6 +33,7 @@ from riverbed.stream.layout import (
 )
 from riverbed.stream.records import Batches, next_record, open_batches
 from riverbed.stream.results import output_schema, read_table
+from riverbed.stream.validity import spark_reason
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -116,21 +117,24 @@ def foreach_batch(config: EngineConfig) -> Any:
         if record is None:  # first run of this batch: fix its watermark from earlier ones
             record = next_record(batches, batch_id, spec.watermark_ms)
         watermark = record.watermark_ms
-        has_error = "_error" in df.columns
+        # an event the aggregation cannot count is malformed (validity.py), beside what
+        # the source found malformed itself (its _error column, when it has one)
+        unusable = spark_reason(spec, df.schema)
+        error = F.coalesce(F.col("_error"), unusable) if "_error" in df.columns else unusable
         # Read the source once: every step below (stats, side outputs, partials) uses it.
-        df = df.cache()
-        whole = df.filter(F.col("_error").isNull()).drop("_error") if has_error else df
-        good = whole.select(*spec.columns())
+        df = df.withColumn("_error", error).cache()
+        whole = df.filter(F.col("_error").isNull()).drop("_error")
+        # the event time as epoch ms from here on: pandas' nanoseconds (toPandas,
+        # mapInPandas) end in 2262, the calendar in 9999 (validity.py)
+        good = whole.select(
+            *[F.unix_millis(F.col(c)).alias(c) if c == spec.time else c for c in spec.columns()]
+        )
         try:
             stats = good.agg(
-                F.max(F.col(spec.time)).alias("max_ts"), F.count(F.lit(1)).alias("n")
+                F.max(F.col(spec.time)).alias("max_ms"), F.count(F.lit(1)).alias("n")
             ).first()
-            max_ts = stats["max_ts"]
-            if max_ts is not None:
-                record.max_event_ms = max(
-                    record.max_event_ms,
-                    pd.Timestamp(max_ts).value // 1_000_000,  # exact
-                )
+            if stats["max_ms"] is not None:
+                record.max_event_ms = max(record.max_event_ms, int(stats["max_ms"]))
             hop = spec.window.hop_ms
             last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
             # late events go to the side topic whole, so they can be reprocessed
@@ -138,10 +142,10 @@ def foreach_batch(config: EngineConfig) -> Any:
             # counted once: a re-run keeps the recorded counts and skips these Spark jobs
             if record.late is None:
                 record.late = late.count()
-            if has_error and record.malformed is None:
+            if record.malformed is None:
                 record.malformed = df.filter(F.col("_error").isNotNull()).count()
             batches.put(batch_id, record)
-            _side_outputs(config, df, late, batch_id, batches, has_error)
+            _side_outputs(config, df, late, batch_id, batches)
 
             session = df.sparkSession
             partials = good.mapInPandas(preaggregate(spec, watermark), PARTIAL_SCHEMA)
@@ -177,13 +181,14 @@ def _utc(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _side_outputs(
-    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: Batches, has_error: bool
+    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: Batches
 ) -> None:
     """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
     if config.log_url is None or side_outputs_written(batches, batch_id):
         return
-    dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toPandas() if has_error else None
-    side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toPandas())
+    # through Arrow: its pandas keeps microseconds (toPandas' nanoseconds end in 2262)
+    dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toArrow().to_pandas()
+    side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toArrow().to_pandas())
 
 
 def start(

@@ -97,7 +97,11 @@ def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
 
 def event_millis(column: pd.Series) -> np.ndarray:
     """Event times as ms since the epoch, whatever unit pandas holds them in (Spark's
-    Arrow path gives ns, pyarrow's to_pandas keeps us); naive times are UTC."""
+    Arrow path gives ns, pyarrow's to_pandas keeps us); naive times are UTC; integers
+    are epoch ms already (the DataFrame path sends them so: years past 2262 too)."""
+    if pd.api.types.is_integer_dtype(column.dtype):
+        given: np.ndarray = column.to_numpy(dtype=np.int64)
+        return given
     if not pd.api.types.is_datetime64_any_dtype(column.dtype):
         column = pd.to_datetime(column, utc=True)  # strings, objects: parse (slow path)
     ms: np.ndarray = column.dt.as_unit("ms").astype("int64").to_numpy()
@@ -268,6 +272,12 @@ def merger(
     return run
 
 
+def _utc_us(ms: np.ndarray) -> pd.DatetimeIndex:
+    """Epoch milliseconds as UTC microseconds: years 1-9999 (pandas' nanoseconds end in
+    2262; validity.py admits windows of the whole calendar)."""
+    return pd.to_datetime(ms.astype("datetime64[ms]"), utc=True).as_unit("us")
+
+
 def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
     """The emitted windows as output rows (built column by column)."""
     if not emitted:  # typed empty columns (empty lists would all be float64)
@@ -283,7 +293,7 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
             for suffix, result in metric.result(value[name]).items():
                 columns[name + suffix].append(result)
     start_ms = np.array(starts, dtype=np.int64)
-    columns["window_start"] = pd.to_datetime(start_ms, unit="ms", utc=True)
-    columns["window_end"] = pd.to_datetime(start_ms + spec.window.size_ms, unit="ms", utc=True)
+    columns["window_start"] = _utc_us(start_ms)
+    columns["window_end"] = _utc_us(start_ms + spec.window.size_ms)
     columns["batch_id"] = [batch_id] * len(starts)
     return pd.DataFrame(columns, columns=names)

@@ -63,6 +63,7 @@ from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
+from riverbed.stream.validity import arrow_reasons
 
 if TYPE_CHECKING:
     from riverbed.log import Log
@@ -130,16 +131,14 @@ def _events(
     the rest is counted in ``side``. ``topic_log``: an open log to read through."""
     spec = cfg.engine.spec
     hop, size = spec.window.hop_ms, spec.window.size_ms
-    required = [spec.key, spec.time]
     for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
-        if any(batch.column(name).null_count for name in required):
-            # a record without the key or the time cannot be aggregated: malformed,
-            # as on the DataFrame path
-            absent = pc.or_(*(pc.is_null(batch.column(name)) for name in required))
-            why = pa.scalar(f"no {spec.key} or no {spec.time} in the record", pa.string())
-            errors = pc.if_else(pc.and_(absent, pc.is_null(errors)), why, errors)
+        # a decoded event the aggregation cannot count (no key or time, a window out of
+        # the calendar, a NaN a metric reads) is malformed too, as on the DataFrame path
+        unusable = arrow_reasons(spec, batch)
+        if unusable.null_count < batch.num_rows:
+            errors = pc.coalesce(errors, unusable)
             batch = batch.set_column(batch.schema.get_field_index("_error"), "_error", errors)
         if errors.null_count < batch.num_rows:  # malformed records in this batch
             bad = pc.is_valid(errors)
@@ -581,9 +580,13 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
         sampled = 0
         for p in range(topic.partitions):
             first = topic_log.storage.offsets(topic.name, p)[0]
-            for record in topic_log.read(topic.name, p, first, 100):
-                value = record.value if isinstance(record.value, dict) else {}
-                if spec.key not in value or record.key != str(value[spec.key]).encode():
+            # a malformed record (not decodable, not an object, no key) says nothing of
+            # how keys are placed, and the batch counts it and sends it to the DLQ
+            for record in topic_log.read(topic.name, p, first, 100, malformed="skip"):
+                value = record.value
+                if not isinstance(value, dict) or value.get(spec.key) is None:
+                    continue
+                if record.key != str(value[spec.key]).encode():
                     return False
                 if not hashed and _KEY_HASH.partition(record.key, topic.partitions) != p:
                     return False

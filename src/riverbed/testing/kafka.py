@@ -98,6 +98,16 @@ class KafkaServer(_Server):
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
+            # tests produce records stamped with fixed dates, long past: a test broker
+            # keeps them unless a topic sets its own retention, which it then applies
+            # within seconds (by default the first check is 30 s after the start, then
+            # one every 5 minutes)
+            "log.retention.ms": "-1",
+            "log.initial.task.delay.ms": "1000",
+            "log.retention.check.interval.ms": "2000",
+            # values of up to 16 MiB (the hostile-input suite's 10 MB strings)
+            "message.max.bytes": str(16 << 20),
+            "replica.fetch.max.bytes": str(16 << 20),
         }
         if self.brokers > 1:
             # a lost node of a cluster is noticed in ~3 s (default 9 s): leaders move on

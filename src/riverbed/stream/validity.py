@@ -1,0 +1,97 @@
+"""Which decoded events an aggregation cannot count: the engine's rules of *malformed*.
+
+A source decides whether a record's value fits the schema (for riverbed and Kafka
+topics: :mod:`riverbed.spark.values`); this module decides, for an event that did, whether
+the aggregation can count it (docs/stream.md, "What riverbed does with bad input"):
+
+* its key and its time are present;
+* every window it falls in lies in years 1-9999 (what a result's ``window_start`` and
+  ``window_end`` can be, for Python, Parquet readers and Kafka's timestamps alike);
+* the numbers its metrics read are finite: a NaN or an infinity would stay in the
+  window's sum, mean, min or max for good, since state merges and never recomputes.
+
+One function per engine path, with the same answers: :func:`arrow_reasons` for the
+log-native tasks (Arrow batches), :func:`spark_reason` for the DataFrame path (a Spark
+column). Either gives null for an event it can count, else why not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from riverbed.stream.aggregation import Aggregation
+
+__all__ = ["FIRST_MS", "LAST_MS", "arrow_reasons", "spark_reason"]
+
+FIRST_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z: the earliest window start
+LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the latest window end
+
+
+def _bounds(spec: Aggregation) -> tuple[int, int, int]:
+    """(hop, how far before its latest start an event's earliest window starts, size)."""
+    hop, size = spec.window.hop_ms, spec.window.size_ms
+    return hop, size - hop, size
+
+
+def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Array:
+    """For each event of ``batch`` (decoded: the spec's columns, typed), null when the
+    aggregation can count it, else why not."""
+    why = pa.nulls(batch.num_rows, pa.string())
+    key, time = batch.column(spec.key), batch.column(spec.time)
+    why = _first(
+        why,
+        pc.or_(pc.is_null(key), pc.is_null(time)),
+        f"no {spec.key} or no {spec.time} in the record",
+    )
+    hop, before, size = _bounds(spec)
+    per_ms = {"s": 1, "ms": 1, "us": 1000, "ns": 1_000_000}[getattr(time.type, "unit", "ms")]
+    raw = pc.fill_null(pc.cast(time, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    if getattr(time.type, "unit", "ms") == "s":
+        raw = raw * 1000
+    last = raw // per_ms // hop * hop  # numpy floors: times before 1970 too
+    outside = (last - before < FIRST_MS) | (last + size > LAST_MS)
+    if outside.any():
+        why = _first(why, pa.array(outside), f"{spec.time} has a window outside years 1-9999")
+    for name in spec.columns()[2:]:
+        column = batch.column(name)
+        if pa.types.is_floating(column.type):
+            bad = pc.fill_null(pc.invert(pc.is_finite(column)), False)
+            why = _first(why, bad, f"{name} is not a finite number")
+    return why
+
+
+def _first(why: pa.Array, bad: Any, reason: str) -> pa.Array:
+    """``reason`` where ``bad`` and no reason was given before."""
+    return pc.if_else(pc.and_(bad, pc.is_null(why)), pa.scalar(reason, pa.string()), why)
+
+
+def spark_reason(spec: Aggregation, schema: Any) -> Any:
+    """:func:`arrow_reasons` as a Spark column over the DataFrame path's events
+    (``schema``: their DataFrame's, for which columns hold floating-point numbers)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
+
+    hop, before, size = _bounds(spec)
+    time = F.col(spec.time)
+    last = F.floor(F.unix_millis(time) / hop) * hop
+    reason = F.when(
+        F.col(spec.key).isNull() | time.isNull(),
+        F.lit(f"no {spec.key} or no {spec.time} in the record"),
+    ).when(
+        (last - before < F.lit(FIRST_MS)) | (last + size > F.lit(LAST_MS)),
+        F.lit(f"{spec.time} has a window outside years 1-9999"),
+    )
+    floating = {f.name for f in schema.fields if isinstance(f.dataType, DoubleType | FloatType)}
+    for name in spec.columns()[2:]:
+        if name not in floating:
+            continue
+        column = F.col(name)
+        reason = reason.when(
+            F.isnan(column) | (F.abs(column) == F.lit(float("inf"))),
+            F.lit(f"{name} is not a finite number"),
+        )
+    return reason
