@@ -195,3 +195,105 @@ def _write(sink: KafkaSink, batch_id: int) -> Any:
         return sink.write(batch_id, rows(batch_id))
     except KafkaSinkError as exc:
         return exc
+
+
+def _topic_config(kafka_server: KafkaServer, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+    resource = ConfigResource("topic", topic)
+    admin = kafka_server.admin()  # alive until the answer: its futures die with it
+    described = admin.describe_configs([resource])[resource].result(10)
+    return {name: entry.value for name, entry in described.items()}
+
+
+def _old_rows(batch_id: int, days: int = 9) -> pd.DataFrame:
+    """Rows of windows that ended ``days`` ago: a backfill, a replay, a late source."""
+    shifted = pd.Timestamp.now(tz="UTC").floor("h") - pd.Timedelta(days=days)
+    old = rows(batch_id)
+    delta = shifted - old["window_start"].iloc[0]
+    return old.assign(
+        window_start=old["window_start"] + delta, window_end=old["window_end"] + delta
+    )
+
+
+def test_results_of_windows_older_than_the_retention_outlive_its_check(
+    kafka_server: KafkaServer, kafka_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Result records are stamped when they are written, never with their window's
+    time, so a topic's time retention does not delete the results of old windows; a
+    topic riverbed creates keeps them all, and one made beforehand with a retention is
+    named at start with what it will delete."""
+    import logging
+
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+    made = f"kafka://{kafka_server.bootstrap}/{kafka_topic}"
+    sink = KafkaSink(made, AGGREGATION, partitions=2)
+    assert _topic_config(kafka_server, kafka_topic)["retention.ms"] == "-1"
+    assert _topic_config(kafka_server, kafka_topic)["message.timestamp.type"] == "LogAppendTime"
+    before = time.time() * 1000
+    assert sink.write(0, _old_rows(0)) == 6
+    sink.close()
+
+    # a results topic made beforehand with Kafka's default retention (7 days)
+    theirs = f"{kafka_topic}-7d"
+    week = str(7 * 24 * 3_600_000)
+    admin = kafka_server.admin()  # alive until the answer: its futures die with it
+    made_theirs = admin.create_topics([NewTopic(theirs, 2, 1, config={"retention.ms": week})])
+    made_theirs[theirs].result(30)
+    with caplog.at_level(logging.WARNING, logger="riverbed.stream.sinks"):
+        other = KafkaSink(f"kafka://{kafka_server.bootstrap}/{theirs}", AGGREGATION)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{theirs} deletes records 7 days after they are written" in said
+    assert f"retention.ms={week}" in said and "--add-config retention.ms=-1" in said
+    assert other.write(0, _old_rows(0)) == 6
+    other.close()
+
+    time.sleep(3 * 2)  # three of the test broker's retention checks (every 2 s)
+    for topic in (kafka_topic, theirs):
+        kept = read_topic(kafka_server.bootstrap, topic, "read_uncommitted")
+        assert sorted(v["key"] for v in kept) == [f"f{i}" for i in range(6)], topic
+        assert {v["window_end"] for v in kept} == {_old_rows(0)["window_end"].iloc[0].isoformat()}
+    stamps = _timestamps(kafka_server.bootstrap, theirs)
+    assert stamps and all(before - 1000 <= t <= time.time() * 1000 for t in stamps)
+
+
+def _timestamps(bootstrap: str, topic: str) -> list[int]:
+    """The record timestamps of ``topic`` (ms)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "stamps"})
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        stamps: list[int] = []
+        for message in iter(lambda: consumer.poll(2.0), None):
+            if message.error() is None:
+                stamps.append(message.timestamp()[1])
+        return stamps
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "warned"),
+    [
+        ({"retention.ms": "604800000"}, "7 days"),
+        ({"retention.ms": "3600000", "cleanup.policy": "delete"}, "1 hour"),
+        ({"retention.ms": "90000", "cleanup.policy": "compact,delete"}, "1.5 minutes"),
+        ({"retention.ms": "-1"}, None),
+        ({"retention.ms": "604800000", "cleanup.policy": "compact"}, None),
+        ({}, None),
+    ],
+)
+def test_the_retention_warning_names_what_is_deleted_or_says_nothing(
+    config: dict[str, str], warned: str | None
+) -> None:
+    from riverbed.stream.sinks import retention_warning
+
+    words = retention_warning("kafka://b:9092/results", dict(config))
+    if warned is None:
+        assert words is None
+    else:
+        assert words is not None and f"deletes records {warned} after" in words
+        assert "--entity-name results --add-config retention.ms=-1" in words

@@ -7,8 +7,11 @@ and a late retry of an old batch never overwrites newer results. Identifiers are
 validated names; values always travel as parameters.
 
 **Topic**: each batch's rows become records of a riverbed topic (key = the
-aggregation key, value = the row as JSON with its ``batch_id``, event time = the
-window's end), so downstream consumers and groups follow results as a stream.
+aggregation key, value = the row as JSON with its ``batch_id`` and its window), so
+downstream consumers and groups follow results as a stream. A result record's
+timestamp is when it was written, never its window's time: a topic's retention counts
+from its records' timestamps (Kafka's, a diskless topic's), and results of old windows
+— a backfill, a replay — would be deleted as soon as they were written.
 
 **Kafka topic** (``kafka://<bootstrap>/<topic>``): the same records, written by Kafka's
 transactional producer — see :class:`KafkaSink`.
@@ -17,6 +20,7 @@ transactional producer — see :class:`KafkaSink`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import time
@@ -28,6 +32,8 @@ import pandas as pd
 
 from riverbed.errors import ConfigError
 from riverbed.stream.errors import StreamValueError
+
+log = logging.getLogger(__name__)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -163,8 +169,8 @@ class TopicSink:
         producer = self.log.producer(self.topic)
         by_partition: dict[int, list[RawRecord]] = {}
         for row in rows.to_dict("records"):
-            key, value, end = result_record(batch_id, row)
-            partition, raw = producer.record(value, key=key, timestamp=end)
+            key, value = result_record(batch_id, row)
+            partition, raw = producer.record(value, key=key)  # stamped now: see the module
             by_partition.setdefault(partition, []).append(raw)
         written = 0
         for partition, records in sorted(by_partition.items()):
@@ -191,6 +197,9 @@ class KafkaSinkError(StreamValueError):
 
 
 RETRY_S = 120.0  # how long a Kafka sink keeps a batch going through passing failures
+# A results topic riverbed creates keeps its records (as the result table does) and is
+# stamped by the brokers when they append (docs/kafka.md, "The results topic's settings")
+RESULTS_TOPIC_CONFIG = {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"}
 MARKERS = ".riverbed-batches"  # beside a Kafka results topic: its last written batch id
 
 
@@ -198,7 +207,7 @@ class KafkaSink:
     """Exactly once per batch into a Kafka topic, for ``read_committed`` consumers.
 
     Each batch is one Kafka transaction holding its rows (key = the aggregation key,
-    value = the row as JSON with its ``batch_id``, timestamp = the window's end) and a
+    value = the row as JSON with its ``batch_id``, timestamp = when it was written) and a
     marker — ``{"batch_id": b}`` — in the compacted topic ``<topic>.riverbed-batches``.
     A batch replayed after a crash between the transaction's commit and the batch's own
     commit finds its marker and writes nothing; a driver killed inside the transaction
@@ -251,7 +260,9 @@ class KafkaSink:
             ) from None
         wanted = []
         if self.topic not in have:
-            wanted.append(NewTopic(self.topic, partitions))
+            wanted.append(NewTopic(self.topic, partitions, config=dict(RESULTS_TOPIC_CONFIG)))
+        else:
+            self._check_retention(admin)
         if self.markers not in have:
             wanted.append(NewTopic(self.markers, 1, config={"cleanup.policy": "compact"}))
         for name, future in admin.create_topics(wanted).items() if wanted else []:
@@ -263,6 +274,28 @@ class KafkaSink:
                         f"could not create Kafka topic {name!r} at {self.bootstrap} "
                         f"({_reason(exc)}); create it yourself or allow riverbed to"
                     ) from None
+
+    def _check_retention(self, admin: Any) -> None:
+        """Warn when an existing results topic deletes records by age: what it will
+        delete, and how to keep them (riverbed's own result table keeps them all)."""
+        from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+        resource = ConfigResource("topic", self.topic)
+        try:
+            configs = admin.describe_configs([resource])[resource].result(10)
+        except Exception as exc:  # not allowed to describe it: say so, do not stop
+            log.warning(
+                "Kafka results topic %s: its retention could not be read (%s)",
+                self.label,
+                _reason(exc),
+            )
+            return
+        words = retention_warning(
+            self.label,
+            {name: entry.value for name, entry in configs.items()},
+        )
+        if words:
+            log.warning("%s", words)
 
     def last_batch(self) -> int:
         """The batch id of the newest committed transaction (-1 before the first)."""
@@ -334,8 +367,8 @@ class KafkaSink:
 
         self.producer.begin_transaction()
         for row in rows.to_dict("records"):
-            key, value, end = result_record(batch_id, row)
-            self.producer.produce(self.topic, key=key, value=json.dumps(value), timestamp=end)
+            key, value = result_record(batch_id, row)
+            self.producer.produce(self.topic, key=key, value=json.dumps(value))
         self.producer.produce(self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id}))
         while True:
             try:
@@ -364,6 +397,30 @@ class KafkaSink:
         self.producer.flush(10)
 
 
+def retention_warning(label: str, config: dict[str, str | None]) -> str | None:
+    """What an existing Kafka results topic's settings (``retention.ms``,
+    ``cleanup.policy``) will delete, in a line naming the fix; ``None`` when it keeps
+    every record."""
+    policy = config.get("cleanup.policy") or "delete"
+    retention = int(config.get("retention.ms") or -1)
+    if "delete" not in policy.split(",") or retention < 0:
+        return None
+    return (
+        f"Kafka results topic {label} deletes records {_age(retention)} after they are "
+        f"written (retention.ms={retention}): a consumer that reads it from the start "
+        "will miss the results of older batches (riverbed's result table keeps them). "
+        "To keep them in Kafka too: kafka-configs --alter --entity-type topics "
+        f"--entity-name {label.rsplit('/', 1)[-1]} --add-config retention.ms=-1"
+    )
+
+
+def _age(ms: int) -> str:
+    for unit, size in (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000)):
+        if ms >= size:
+            return f"{ms / size:g} {unit}" + ("" if ms == size else "s")
+    return f"{ms} ms"
+
+
 def _says(error: Any, *flags: str) -> bool:
     """Whether a Kafka client error carries any of ``flags`` (``fatal``, ``retriable``,
     ``txn_requires_abort``)."""
@@ -377,12 +434,12 @@ def _reason(exc: BaseException) -> str:
     return str(text)[:200]
 
 
-def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """A result row as a results-topic record (riverbed's or Kafka's): key = the
-    aggregation key, value = the row as JSON-friendly values with its ``batch_id``,
-    timestamp = the window's end (ms)."""
+    aggregation key, value = the row as JSON-friendly values with its ``batch_id``
+    (its timestamp is the time it is written: see the module)."""
     value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-    return str(row["key"]), value, pd.Timestamp(row["window_end"]).value // 1_000_000
+    return str(row["key"]), value
 
 
 def plain(value: Any) -> Any:
