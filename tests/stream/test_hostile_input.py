@@ -12,6 +12,7 @@ the last record."""
 
 from __future__ import annotations
 
+import io
 import json
 import zlib
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pandas as pd
 import pytest
 
 import riverbed.log
+from riverbed.log.errors import RecordRejectedError
 from riverbed.log.records import RawRecord, now_ms
 from riverbed.stream import Aggregation, Count, Distinct, Max, Sum, Tumbling, register
 from riverbed.stream.dataframe import read_results, start
@@ -271,3 +273,127 @@ def test_hostile_records_are_aggregated_by_the_rules_or_malformed_and_never_stop
     _run(spark, bed, aggregation, tmp_path)
     _assert_equal(tmp_path / "out", pd.concat([counted, well_formed([YEAR_9999])]))
     assert _counts(tmp_path) == {"input": records + 2, "malformed": malformed, "late": 1}
+
+
+# what a typed topic refuses though a JSON topic's reader takes it: a field outside the
+# schema, a number for a string (a typed topic's fields have one type each)
+STRICTER = {"a field it does not read", "a number for the key"}
+
+
+def test_a_typed_topic_refuses_at_the_door_what_does_not_fit_and_counts_the_rest(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A typed topic checks values against its schema when they are produced: a case
+    that does not fit is refused there (naming the field and the reason) and nothing
+    is stored; what it takes, the stream aggregates by the same rules."""
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("events", PARTITIONS, schema=SCHEMA)
+    producer = log.producer("events")
+    events = make_events(300, hours=3, seed=5).assign(ts=lambda f: f["ts"].dt.as_unit("us"))
+    producer.send_batch(events.to_dict("records"), key_field="flag")
+    refused, taken, unusable = [], [], []
+    for case in CASES:
+        try:
+            value = json.loads(case.value) if case.value is not None else None
+        except ValueError:
+            continue  # not JSON: a typed topic's producer takes values, not bytes
+        if not isinstance(value, dict):
+            with pytest.raises(RecordRejectedError):
+                producer.send(value, key="f1")
+            refused.append(case)
+            continue
+        try:
+            producer.send(value, key=str(value.get("flag")))
+        except RecordRejectedError as exc:
+            assert case.outcome == "malformed" or case.name in STRICTER, (case, exc)
+            assert str(exc), case
+            refused.append(case)
+            continue
+        (taken if case.outcome == "aggregated" else unusable).append(case)
+    log.close()
+    assert refused and taken  # both happen: the door holds, and lets good events in
+    assert STRICTER <= {c.name for c in refused}
+    # what fit the schema but not the aggregation (no key, no time, a window out of the
+    # calendar, NaN) is counted malformed by the stream, as on JSON topics
+    assert {c.name for c in unusable} <= {
+        "no key", "no time", "a null key", "a null time", "a window past year 9999",
+        "NaN", "Infinity", "a double past 1e308",
+    }  # fmt: skip
+    options = {"topic": "events", "log": url}  # the topic's own schema
+    query = start(
+        spark, spec("typed"), options, checkpoint=tmp_path / "ckpt", output=tmp_path / "out",
+        log_url=url, trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    _assert_equal(tmp_path / "out", pd.concat([events, well_formed(taken)], ignore_index=True))
+    assert _counts(tmp_path)["malformed"] == len(unusable)
+
+
+AVRO = {
+    "type": "record",
+    "name": "Click",
+    "fields": [
+        {"name": "user_id", "type": "long"},
+        {"name": "flag", "type": ["null", "string"]},
+        {"name": "amount", "type": "double"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+
+
+@pytest.mark.kafka
+def test_hostile_avro_values_are_malformed_and_never_stop_a_stream(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
+) -> None:
+    """Avro values through Spark's connector: what is not a datum of the schema (a null
+    value, empty, cut short, another schema's) and datums the aggregation cannot count
+    (a null key, a NaN, a window past year 9999) are malformed; the rest is exact."""
+    import fastavro
+    from confluent_kafka import Producer
+
+    parsed = fastavro.parse_schema(AVRO)
+
+    def datum(**fields: Any) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, fields)
+        return out.getvalue()
+
+    events = make_events(900, hours=4, seed=29).assign(ts=lambda f: f["ts"].dt.as_unit("us"))
+    kafka_server.create_topic(kafka_topic, partitions=PARTITIONS)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap})
+    ms = events["ts"].astype("int64") // 1000
+    good = [
+        datum(user_id=int(u), flag=f, amount=float(a), ts=int(t))
+        for u, f, a, t in zip(events["user_id"], events["flag"], events["amount"], ms, strict=True)
+    ]
+    at = int(ms.iloc[0])
+    other = fastavro.parse_schema({"type": "record", "name": "O", "fields": [
+        {"name": "x", "type": "string"}]})  # fmt: skip
+    foreign = io.BytesIO()
+    fastavro.schemaless_writer(foreign, other, {"x": "a string, not a click"})
+    bad = [
+        None,  # a tombstone
+        b"",
+        b"\xff",  # a varint cut short
+        foreign.getvalue(),
+        datum(user_id=1, flag=None, amount=1.0, ts=at),  # no key
+        datum(user_id=1, flag="f1", amount=float("nan"), ts=at),
+        datum(user_id=1, flag="f1", amount=float("inf"), ts=at),
+        datum(user_id=1, flag="f1", amount=1.0, ts=253_402_300_000_000),  # 9999-12-31T23:46
+    ]
+    for i, value in enumerate([bad[0], *good[:450], *bad[1:], *good[450:]]):
+        producer.produce(kafka_topic, key=b"f1", value=value, partition=i % PARTITIONS)
+    assert producer.flush(60) == 0
+    source = {"kafka": {"bootstrap": kafka_server.bootstrap, "topic": kafka_topic,
+                        "format": "avro", "schema": json.dumps(AVRO)}}  # fmt: skip
+    query = start(
+        spark, spec("avro"), source, checkpoint=tmp_path / "ckpt", output=tmp_path / "out",
+        log_url=f"file://{tmp_path / 'side'}", trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    _assert_equal(tmp_path / "out", events)
+    counts = _counts(tmp_path)
+    assert counts["malformed"] == len(bad) and counts["input"] == len(events) + len(bad)

@@ -14,6 +14,7 @@ given as ``datetime`` (naive means UTC) or ISO-8601 text.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime
@@ -115,8 +116,16 @@ def schema_ddl(schema: pa.Schema) -> str:
 
 
 def _timestamp(value: Any) -> Any:
-    """datetime (naive = UTC) or ISO text → aware UTC datetime; anything else unchanged
-    (Arrow then refuses it)."""
+    """datetime (naive = UTC), ISO text or epoch milliseconds (as the JSON sources read
+    a number for a time) → aware UTC datetime; anything else unchanged (Arrow then
+    refuses it)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError("not a time")
+        try:
+            return datetime.fromtimestamp(value / 1000, tz=UTC)
+        except (OverflowError, OSError):
+            raise ValueError("not a time in years 1-9999") from None
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -129,18 +138,28 @@ def _timestamp(value: Any) -> Any:
 
 def _column(values: list[Any], field: pa.Field) -> pa.Array:
     if field.type == TIMESTAMP:
+        numbers = any(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         try:  # datetimes, aware or naive (= UTC): Arrow converts them itself, fast
-            return pa.array(values, type=field.type, from_pandas=False)
+            if not numbers:  # (Arrow would take a number for microseconds)
+                return pa.array(values, type=field.type, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
-            values = [_timestamp(v) for v in values]  # ISO text
+            pass
+        values = [_timestamp(v) for v in values]  # ISO text, epoch milliseconds
     elif field.type == pa.date32():
         values = [date.fromisoformat(v) if isinstance(v, str) else v for v in values]
     elif pa.types.is_floating(field.type):
         # ints are fine where floats are expected; bools are not numbers here
         if any(isinstance(v, bool) for v in values):
             raise TypeError("a boolean")
-    elif pa.types.is_integer(field.type) and any(isinstance(v, bool | float) for v in values):
-        raise TypeError("not an integer")
+    elif pa.types.is_integer(field.type):
+        if any(isinstance(v, bool) for v in values):
+            raise TypeError("not an integer")
+        if any(isinstance(v, float) for v in values):
+            # an integral number is an integer (8.0: some JSON writers put every number
+            # so), as the JSON sources read it; a fraction, NaN or infinity is not
+            if not all(math.isfinite(v) and v.is_integer() for v in values if isinstance(v, float)):
+                raise TypeError("not an integer")
+            values = [int(v) if isinstance(v, float) else v for v in values]
     return pa.array(values, type=field.type, from_pandas=False)
 
 

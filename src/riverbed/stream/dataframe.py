@@ -18,7 +18,13 @@ from riverbed.spark import s3a
 from riverbed.state import StateConfig
 from riverbed.stream import kafka
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.batch import SIDE_LIMIT, finish, side_outputs, side_outputs_written
+from riverbed.stream.batch import (
+    SIDE_LIMIT,
+    finish,
+    kafka_sink,
+    side_outputs,
+    side_outputs_written,
+)
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
@@ -252,6 +258,10 @@ def start(
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
     config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
+    if topic is not None and kafka.is_label(topic):
+        # at start, not at the first batch: its brokers are checked, the previous
+        # driver's producer fenced, and a retention that deletes results named now
+        kafka_sink(config)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
         from riverbed.stream.lognative import prepare
         from riverbed.stream.loop import DirectQuery
