@@ -49,7 +49,7 @@ class Min:
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
-        return float(np.nanmin(column)) if len(column) else None
+        return _or_none(np.nanmin, column)
 
     def merge(self, a: Any, b: Any) -> Any:
         return b if a is None else a if b is None else min(a, b)
@@ -64,7 +64,7 @@ class Max:
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
-        return float(np.nanmax(column)) if len(column) else None
+        return _or_none(np.nanmax, column)
 
     def merge(self, a: Any, b: Any) -> Any:
         return b if a is None else a if b is None else max(a, b)
@@ -139,6 +139,14 @@ class Distinct:
     def result(self, value: Any) -> dict[str, Any]:
         count = self._load(value).count()
         return {"": round(count.value), "_is_exact": count.exact, "_error": count.rel_error}
+
+
+def _or_none(reduce: Any, column: np.ndarray) -> float | None:
+    """``reduce`` of the column's values that are not null; None when none is (numpy's
+    nanmin of only NaNs is NaN, which ``min`` then keeps or drops by merge order)."""
+    if column.dtype.kind == "f":
+        column = column[~np.isnan(column)]
+    return float(reduce(column)) if len(column) else None
 
 
 def _isnull(column: np.ndarray) -> np.ndarray:
