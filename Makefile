@@ -3,12 +3,14 @@
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
 #               whole pytest suite (all markers), in two pytest-xdist workers: one runs
 #               the slow Spark scenario tests in turn, the other the rest (tests/conftest.py)
+#   make check  the quick loop: the same lint, and the tests that need no server and
+#               no Spark (docs/testing.md)
 
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test bootstrap system-test compile jars spark-archive clean
+.PHONY: demo test check lint bootstrap system-test compile jars spark-archive clean
 
 # (Re)install only when pyproject.toml changed since the last install.
 $(STAMP): pyproject.toml scripts/bootstrap.sh
@@ -44,12 +46,21 @@ demo: $(STAMP) compile
 system-test:
 	@bash scripts/check_system.sh java etcd postgres chromium s3
 
-test: $(STAMP) system-test compile jars spark-archive
+lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
+
+test: $(STAMP) system-test compile jars spark-archive lint
 	$(BIN)/pytest -n 2 --dist loadgroup
+
+# The quick loop while working (docs/testing.md): lint, types, import layers and every
+# test that needs no server, no Spark and no multi-process scenario; `make test` runs
+# everything and is what CI runs.
+QUICK := not (spark or etcd or postgres or s3 or kafka or slow or browser)
+check: $(STAMP) compile lint
+	RIVERBED_TESTS_QUICK=1 $(BIN)/pytest -n 2 -q -m "$(QUICK)" --durations=10
 
 clean:
 	rm -rf $(VENV) .riverbed .pytest_cache .mypy_cache .ruff_cache

@@ -25,22 +25,39 @@ settings.register_profile("riverbed", deadline=None, suppress_health_check=[Heal
 settings.load_profile("riverbed")
 
 
+QUICK = "RIVERBED_TESTS_QUICK"  # set by `make check`: no server, no Spark
+
+
+def _no_servers_in_a_quick_run(request: pytest.FixtureRequest, what: str) -> None:
+    """`make check` deselects the markers of servers and Spark; a test that reaches one
+    without its marker (a fixture asked for by name at run time) fails here, naming the
+    marker it needs, instead of starting the server in the quick loop."""
+    if os.environ.get(QUICK):
+        pytest.fail(
+            f"{request.node.nodeid} starts {what} without its marker: add "
+            "pytest.mark.<marker> to it (or to the parameter that asks for the server)"
+        )
+
+
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdCluster]:
+def etcd_server(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
     """One single-node etcd for the whole run (tests isolate by key prefix)."""
+    _no_servers_in_a_quick_run(request, "etcd")
     with EtcdServer() as server:
         yield server
 
 
 @pytest.fixture
-def etcd_cluster() -> Iterator[EtcdCluster]:
+def etcd_cluster(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
     """A fresh 3-node etcd cluster for one failover test."""
+    _no_servers_in_a_quick_run(request, "an etcd cluster")
     with EtcdCluster(3) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    _no_servers_in_a_quick_run(request, "PostgreSQL")
     with PostgresServer() as server:
         yield server
 
@@ -68,8 +85,9 @@ def location_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path, name:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[CephS3Server]:
+def s3_server(request: pytest.FixtureRequest) -> Iterator[CephS3Server]:
     """One Ceph RGW for the whole run (tests isolate by key prefix in one bucket)."""
+    _no_servers_in_a_quick_run(request, "the S3 server")
     with CephS3Server() as server:
         server.create_bucket(S3_BUCKET)
         yield server
@@ -91,8 +109,9 @@ def s3_url(
 
 
 @pytest.fixture(scope="session")
-def kafka_server() -> Iterator[KafkaServer]:
+def kafka_server(request: pytest.FixtureRequest) -> Iterator[KafkaServer]:
     """One Kafka broker for the whole run (tests isolate by topic name)."""
+    _no_servers_in_a_quick_run(request, "the Kafka broker")
     with KafkaServer() as server:
         yield server
 
@@ -105,7 +124,8 @@ def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> st
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark(request: pytest.FixtureRequest) -> Iterator[object]:
+    _no_servers_in_a_quick_run(request, "a Spark session")
     from riverbed.config import SparkConfig
     from riverbed.spark import session
 
@@ -152,10 +172,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     processes, the S3 outages) are spread over both workers like any test: kept in the
     group they made it the longest way through the suite."""
     for item in items:
+        # a test that uses a server's fixture carries its marker, so `make check` (no
+        # servers, no Spark) never starts one: the markers follow the fixtures
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in SERVER_FIXTURES.items():
+            if used & fixtures and not item.get_closest_marker(marker):
+                item.add_marker(getattr(pytest.mark, marker))
         drivers = item.get_closest_marker("spark") or item.nodeid.startswith(SPARK_SCENARIOS)
         if item.get_closest_marker("slow") and drivers:
             item.add_marker(pytest.mark.xdist_group("scenarios"))
 
+
+SERVER_FIXTURES = {
+    "spark": {"spark"},
+    "etcd": {"etcd_server", "etcd_cluster"},
+    "postgres": {"postgres_server", "postgres_db"},
+    "s3": {"s3_server", "s3_url"},
+    "kafka": {"kafka_server"},
+}
 
 # modules whose slow tests start Spark drivers in processes of their own (the ``spark``
 # marker only says a test uses the session's Spark)

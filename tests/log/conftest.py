@@ -24,7 +24,15 @@ def log_server(tmp_path: Path) -> Iterator[LogServer]:
     server.storage.close()
 
 
-@pytest.fixture(params=["memory", "file", "flight", "diskless", "s3"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "file",
+        "flight",
+        "diskless",
+        pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.etcd]),
+    ]
+)
 def log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Log]:
     """The same contract on every storage: in memory, on disk, through a log server
     (a client that reaches the files only over Arrow Flight), and diskless — objects in

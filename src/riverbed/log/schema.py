@@ -121,11 +121,11 @@ def _timestamp(value: Any) -> Any:
     refuses it)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
-            raise ValueError("not a time")
+            raise TypeError("not a time")  # (the callers refuse the value it names)
         try:
             return datetime.fromtimestamp(value / 1000, tz=UTC)
-        except (OverflowError, OSError):
-            raise ValueError("not a time in years 1-9999") from None
+        except (OverflowError, OSError, ValueError):
+            raise TypeError("not a time in years 1-9999") from None
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))

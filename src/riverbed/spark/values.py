@@ -239,12 +239,13 @@ def _timestamp(value: Any) -> tuple[Any, str | None]:
     """An ISO-8601 time (naive: UTC) or epoch milliseconds, in years 1-9999."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None, f"{_show(value)} is not a time (ISO-8601 or epoch milliseconds)"
+    outside = None, f"{_show(value)} is not a time in years 1-9999 (ISO-8601 or epoch ms)"
     try:
         if isinstance(value, str):
             parsed = datetime.fromisoformat(value)
             return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)), None
         if not math.isfinite(value):
-            raise ValueError("not finite")
+            return outside
         return datetime.fromtimestamp(value / 1000, tz=UTC), None
     except (ValueError, OverflowError, OSError):
-        return None, f"{_show(value)} is not a time in years 1-9999 (ISO-8601 or epoch ms)"
+        return outside
