@@ -64,7 +64,12 @@ def source_for(spark: Any, url: str, path: str, max_records: int = 700) -> Any:
 
 
 def run_to_end(
-    spark: Any, spec: Aggregation, url: str, root: Path, path: str = "spark"
+    spark: Any,
+    spec: Aggregation,
+    url: str,
+    root: Path,
+    path: str = "spark",
+    co_located: bool | None = None,
 ) -> pd.DataFrame:
     query = start(
         spark,
@@ -80,7 +85,8 @@ def run_to_end(
     if path != "spark":  # the plan the batches took is the one the test asked for
         batches = BatchLog(str(root / "ckpt"))
         plans = {batches.get(int(p.stem)).co_located for p in batches.dir.glob("*.json")}
-        assert plans == {path.startswith("colocated")}, plans
+        want = path.startswith("colocated") if co_located is None else co_located
+        assert plans == {want}, plans
     return read_results(root / "out")
 
 
@@ -460,6 +466,113 @@ def test_running_totals_continue_from_records_written_before_totals(tmp_path: Pa
         spec, StateConfig(local_dir=tmp_path / "l", durable=tmp_path / "d"), "", ""
     )
     finish_batch(config, batches, 3, BatchRecord(input=7, late=3))
-    assert batches.get(3).totals == {"input": 22, "late": 4, "malformed": 2, "batches": 3}
+    assert batches.get(3).totals == {
+        "input": 22,
+        "late": 4,
+        "malformed": 2,
+        "filtered": 0,
+        "batches": 3,
+    }
     finish_batch(config, batches, 4, BatchRecord(input=1))
-    assert batches.get(4).totals == {"input": 23, "late": 4, "malformed": 2, "batches": 4}
+    assert batches.get(4).totals == {
+        "input": 23,
+        "late": 4,
+        "malformed": 2,
+        "filtered": 0,
+        "batches": 4,
+    }
+
+
+@pytest.mark.parametrize("key", ["bucket", "flag"])
+@pytest.mark.parametrize("path", PATHS)
+def test_where_and_derived_columns_match_pandas_on_every_path(
+    spark: Any, log_url: str, tmp_path: Path, path: str, key: str
+) -> None:
+    """A filter, a derived key, a derived decimal metric column, and a derived column
+    that fails some events (a division by zero under Spark's ANSI rules): the failing
+    events the filter keeps are malformed, the ones it drops are only filtered, and the
+    rest equals pandas — on the Spark DataFrame path and the log-native ones alike."""
+    events = make_events(2000, hours=4, seed=41)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="derived",
+        key=key,
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        where="amount > 10 AND flag <> 'f2'",
+        columns={
+            "bucket": "concat(flag, '-', cast(user_id % 3 AS STRING))",
+            "cents": "amount * 100",  # a double: amount is one
+            "tenth": "user_id * 0.1",  # a decimal(21,1), read by Max as a double
+            "ratio": "amount / (user_id % 5)",  # fails where user_id % 5 = 0
+        },
+        metrics={
+            "events": Count(),
+            "total": Sum("cents"),
+            "top": Max("tenth"),
+            "ratio": Max("ratio"),
+            "users": Distinct("user_id"),
+        },
+        state_partitions=3,
+    )
+    # a derived key: no producer placed the topic's records by it, so never co-located
+    derived_key = key == "bucket"
+    got = run_to_end(spark, spec, log_url, tmp_path, path, False if derived_key else None)
+
+    kept = events[(events["amount"] > 10) & (events["flag"] != "f2")]
+    failing = kept["user_id"] % 5 == 0
+    good = kept[~failing].assign(
+        bucket=lambda f: f["flag"] + "-" + (f["user_id"] % 3).astype(str),
+        cents=lambda f: f["amount"] * 100,
+        tenth=lambda f: f["user_id"] * 0.1,
+        ratio=lambda f: f["amount"] / (f["user_id"] % 5),
+    )
+    want = (
+        good.assign(window_start=good["ts"].dt.floor("1h"))
+        .groupby(["window_start", key])
+        .agg(
+            events=("ts", "size"),
+            total=("cents", "sum"),
+            top=("tenth", "max"),
+            ratio=("ratio", "max"),
+            users=("user_id", "nunique"),
+        )
+        .reset_index()
+        .rename(columns={key: "key"})
+    )
+    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_oracle"), how="outer",
+                       indicator=True)  # fmt: skip
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"].head()
+    assert (merged["events"] == merged["events_oracle"]).all()
+    assert (merged["users"] == merged["users_oracle"]).all()
+    for column in ("total", "top", "ratio"):
+        assert np.allclose(merged[column], merged[f"{column}_oracle"]), column
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
+    assert sum(r.malformed or 0 for r in records) == int(failing.sum())
+    assert sum(r.filtered or 0 for r in records) == len(events) - len(kept)
+    assert sum(r.input or 0 for r in records) == len(events)
+
+
+def test_a_where_or_column_that_cannot_be_evaluated_is_refused_at_start(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    from riverbed.stream.expressions import ExpressionError
+
+    write_events(log_url, make_events(10, hours=1))
+    base = {"name": "bad", "key": "flag", "time": "ts", "window": Tumbling("1h"),
+            "metrics": {"n": Count()}}  # fmt: skip
+    for change, says in [
+        ({"where": "amount > 'ten'"}, "where: amount > 'ten': double and string cannot be"),
+        ({"where": "amount + 1"}, "is double, not a condition"),
+        ({"columns": {"x": "sha2(flag, 256)"}}, "columns['x']: SHA2(flag, 256): SHA2 is not"),
+        ({"columns": {"amount": "amount * 2"}}, "is the name of one of the events' fields"),
+        ({"columns": {"x": "nope * 2"}}, "no column 'nope'"),
+    ]:
+        for path in ("spark", "colocated"):
+            with pytest.raises(ExpressionError, match="") as refused:
+                start(spark, Aggregation(**base, **change), source_for(spark, log_url, path),
+                      checkpoint=tmp_path / f"c-{path}", output=tmp_path / f"o-{path}",
+                      log_url=log_url, trigger={"availableNow": True})  # fmt: skip
+            assert says in str(refused.value), (path, str(refused.value))

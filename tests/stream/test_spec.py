@@ -115,7 +115,7 @@ def test_aggregation_spec_validates_and_pickles() -> None:
         metrics={"users": Distinct("user_id"), "events": Count()},
     )
     assert pickle.loads(pickle.dumps(spec)) == spec
-    assert spec.columns() == ["flag", "timestamp", "user_id"]
+    assert spec.reads() == ["flag", "timestamp", "user_id"]
     with pytest.raises(ValueError, match="metric"):
         Aggregation(name="x", key="k", window=Tumbling("1h"), metrics={})
     with pytest.raises(ValueError, match="output"):

@@ -326,6 +326,7 @@ def _status(args: argparse.Namespace) -> int:
         "input_records",
         "late",
         "malformed",
+        "filtered",
         "input_rate",
         "watermark",
         "state_bytes",

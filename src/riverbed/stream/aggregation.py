@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from riverbed.durations import duration_ms
@@ -27,6 +27,12 @@ class Aggregation:
     ``state_partitions`` is fixed when the query first runs (it is recorded in the
     checkpoint; changing it later is refused). ``output``: ``update`` emits every
     window a batch changed; ``final`` emits a window once, when the watermark closes it.
+
+    ``columns`` derives columns from each event and ``where`` keeps the events it is
+    true for, both in Spark SQL (``columns={"dollars": "price * 0.908"}``,
+    ``where="price > 100 AND channel <> 'spam'"``); derived columns are evaluated in
+    order (each may use the ones before it), then ``where``, and the key, the time and
+    the metrics may read them (:mod:`riverbed.stream.derive`).
     """
 
     name: str
@@ -38,6 +44,8 @@ class Aggregation:
     output: Literal["update", "final"] = "update"
     state_partitions: int = 8
     keep_closed: str = "0s"  # keep closed windows this long past the watermark (queries)
+    where: str | None = None  # Spark SQL: the events to count
+    columns: Mapping[str, str] = field(default_factory=dict)  # name -> Spark SQL expression
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -53,7 +61,19 @@ class Aggregation:
             raise StreamValueError("state_partitions must be at least 1")
         duration_ms(self.watermark)
         duration_ms(self.keep_closed)
+        if self.where is not None and (not isinstance(self.where, str) or not self.where.strip()):
+            raise StreamValueError(f"where must be a Spark SQL condition, not {self.where!r}")
+        if not isinstance(self.columns, Mapping):
+            raise StreamValueError(
+                'columns must map names to Spark SQL expressions, e.g. {"dollars": "price * 0.908"}'
+            )
+        for name, text in self.columns.items():
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise StreamValueError(f"derived column name {name!r}: letters, digits, '_'")
+            if not isinstance(text, str) or not text.strip():
+                raise StreamValueError(f"columns[{name!r}] must be a Spark SQL expression")
         object.__setattr__(self, "metrics", dict(self.metrics))  # a private copy
+        object.__setattr__(self, "columns", dict(self.columns))
 
     @property
     def watermark_ms(self) -> int:
@@ -63,8 +83,12 @@ class Aggregation:
     def keep_closed_ms(self) -> int:
         return duration_ms(self.keep_closed)
 
-    def columns(self) -> list[str]:
-        """Input columns the metrics read."""
+    def __hash__(self) -> int:  # metrics and columns are dicts: hash what names them
+        return hash((self.name, self.key, self.time, self.where, tuple(self.columns.items())))
+
+    def reads(self) -> list[str]:
+        """The columns the aggregation reads from each event (after ``columns`` are
+        derived): the key, the time, and the metrics' columns."""
         cols = [self.key, self.time]
         for metric in self.metrics.values():
             column = getattr(metric, "column", None)

@@ -25,6 +25,14 @@ from riverbed.stream.batch import (
     side_outputs,
     side_outputs_written,
 )
+from riverbed.stream.derive import (
+    KEPT,
+    Derivation,
+    compile_for,
+    input_types,
+    map_in_arrow,
+    spark_schema,
+)
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
@@ -123,17 +131,21 @@ def foreach_batch(config: EngineConfig) -> Any:
         if record is None:  # first run of this batch: fix its watermark from earlier ones
             record = next_record(batches, batch_id, spec.watermark_ms)
         watermark = record.watermark_ms
+        derived = _derivation(spec, df.schema)
+        if derived is not None:  # the spec's columns and where, as the tasks evaluate them
+            df = df.mapInArrow(map_in_arrow(spec), spark_schema(derived, df.schema))
         # an event the aggregation cannot count is malformed (validity.py), beside what
         # the source found malformed itself (its _error column, when it has one)
         unusable = spark_reason(spec, df.schema)
         error = F.coalesce(F.col("_error"), unusable) if "_error" in df.columns else unusable
         # Read the source once: every step below (stats, side outputs, partials) uses it.
         df = df.withColumn("_error", error).cache()
-        whole = df.filter(F.col("_error").isNull()).drop("_error")
+        kept = F.col(KEPT) if KEPT in df.columns else F.lit(True)
+        whole = df.filter(F.col("_error").isNull() & kept).drop("_error", KEPT)
         # the event time as epoch ms from here on: pandas' nanoseconds (toPandas,
         # mapInPandas) end in 2262, the calendar in 9999 (validity.py)
         good = whole.select(
-            *[F.unix_millis(F.col(c)).alias(c) if c == spec.time else c for c in spec.columns()]
+            *[F.unix_millis(F.col(c)).alias(c) if c == spec.time else c for c in spec.reads()]
         )
         try:
             stats = good.agg(
@@ -150,6 +162,8 @@ def foreach_batch(config: EngineConfig) -> Any:
                 record.late = late.count()
             if record.malformed is None:
                 record.malformed = df.filter(F.col("_error").isNotNull()).count()
+            if record.filtered is None:
+                record.filtered = df.filter(F.col("_error").isNull() & ~kept).count()
             batches.put(batch_id, record)
             _side_outputs(config, df, late, batch_id, batches)
 
@@ -170,12 +184,23 @@ def foreach_batch(config: EngineConfig) -> Any:
             # them as Arrow and write them the way the log-native path does
             rows = out.toArrow()
             record = batches.get(batch_id) or record
-            read = int(stats["n"]) + (record.malformed or 0)  # every record read, as log-native
+            # every record read, as log-native counts it
+            read = int(stats["n"]) + (record.malformed or 0) + (record.filtered or 0)
             finish(config, batches, batch_id, replace(record, input=read), rows)
         finally:
             df.unpersist()
 
     return run
+
+
+def _derivation(spec: Aggregation, schema: Any) -> Derivation | None:
+    """The spec's columns and where over a DataFrame of ``schema`` (a Spark StructType),
+    compiled (and so refused, if it cannot be evaluated) on the driver."""
+    if not spec.columns and spec.where is None:
+        return None
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
 
 
 def _utc(frame: pd.DataFrame) -> pd.DataFrame:
@@ -193,7 +218,7 @@ def _side_outputs(
     if config.log_url is None or side_outputs_written(batches, batch_id):
         return
     # through Arrow: its pandas keeps microseconds (toPandas' nanoseconds end in 2262)
-    dlq = df.filter("_error IS NOT NULL").limit(SIDE_LIMIT).toArrow().to_pandas()
+    dlq = df.filter("_error IS NOT NULL").drop(KEPT).limit(SIDE_LIMIT).toArrow().to_pandas()
     side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toArrow().to_pandas())
 
 
@@ -268,6 +293,7 @@ def start(
         from riverbed.stream.plan import parse_trigger
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
+    _derivation(spec, source.schema)  # a where or columns that cannot be: refused now
     _clear_unfinished_start(checkpoint)
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))

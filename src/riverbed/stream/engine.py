@@ -124,7 +124,7 @@ def partials_of(
     if ts is None:
         ts = event_millis(pdf[spec.time])
     key = pdf[spec.key]
-    columns = {c: pdf[c].to_numpy() for c in spec.columns()[2:]}
+    columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
     for starts in spec.window.starts(ts):
         open_ = np.flatnonzero(starts + size > watermark_ms)  # closed windows take no more

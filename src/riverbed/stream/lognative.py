@@ -48,6 +48,7 @@ from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
 from riverbed.stream.batch import SIDE_LIMIT, Maintenance, finish, side_outputs
+from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
     EngineConfig,
     Partial,
@@ -104,6 +105,7 @@ class Side:
     input: int = 0
     late: int = 0
     malformed: int = 0
+    filtered: int = 0  # events the spec's ``where`` did not keep
     max_event_ms: int | None = None
     helped: int = 0  # records read for another task's state partition (steal.py)
     late_rows: list[pd.DataFrame] = field(default_factory=list)
@@ -118,6 +120,7 @@ class Side:
         self.input += other.input
         self.late += other.late
         self.malformed += other.malformed
+        self.filtered += other.filtered
         self.helped += other.helped
         self.saw(other.max_event_ms)
         self.late_rows += other.late_rows
@@ -134,6 +137,15 @@ def _events(
     for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
+        derived = derivation(spec, batch.schema)
+        if derived is not None:  # the spec's columns and where (derive.py)
+            table, why, kept = derived.apply(batch)
+            errors = pc.coalesce(errors, why)
+            dropped = pc.and_(pc.invert(kept), pc.is_null(errors))
+            side.filtered += int(pc.sum(dropped).as_py() or 0)
+            table = table.set_column(table.schema.get_field_index("_error"), "_error", errors)
+            batch = table.filter(pc.invert(dropped))
+            errors = batch.column("_error")
         # a decoded event the aggregation cannot count (no key or time, a window out of
         # the calendar, a NaN a metric reads) is malformed too, as on the DataFrame path
         unusable = arrow_reasons(spec, batch)
@@ -151,7 +163,7 @@ def _events(
         # filtered in Arrow first: an integer column without nulls stays int64 in pandas;
         # only the columns the metrics read, a string key as a category (its codes are
         # the grouping partials_of needs: no Python string per event)
-        pdf = _narrow(batch, spec.columns(), spec.key).to_pandas()
+        pdf = _narrow(batch, spec.reads(), spec.key).to_pandas()
         ts = event_millis(pdf[spec.time])
         last_start = ts // hop * hop
         late = last_start + size <= watermark_ms
@@ -172,9 +184,13 @@ def _late_rows(batch: pa.RecordBatch | pa.Table, late: np.ndarray) -> pd.DataFra
 
 
 def _narrow(batch: pa.RecordBatch | pa.Table, columns: list[str], key: str) -> pa.Table:
-    """``columns`` of ``batch``, a string ``key`` dictionary-encoded."""
+    """``columns`` of ``batch``, a string ``key`` dictionary-encoded; a decimal metric
+    column as doubles (metrics compute in double)."""
     table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
     table = table.select(columns)
+    for at, f in enumerate(table.schema):
+        if pa.types.is_decimal(f.type) and f.name != key:
+            table = table.set_column(at, f.name, pc.cast(table.column(at), pa.float64()))
     at = table.schema.get_field_index(key)
     if pa.types.is_string(table.schema.field(at).type) or pa.types.is_large_string(
         table.schema.field(at).type
@@ -455,6 +471,7 @@ def run_planned(
     if side.max_event_ms is not None:
         record.max_event_ms = max(record.max_event_ms, side.max_event_ms)
     record.late, record.malformed, record.helped = side.late, side.malformed, side.helped
+    record.filtered = side.filtered
     late = pd.concat(side.late_rows) if side.late_rows else None
     dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
     if late is not None or dlq is not None:
@@ -572,6 +589,13 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
         raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
+    if spec.key in spec.columns:  # a derived key: no producer placed records by it
+        if choice == "true":
+            raise StreamValueError(
+                f"co_locate=true: the key {spec.key!r} is a derived column, which no "
+                "producer placed the topic's records by; leave co_locate at auto"
+            )
+        return False
     topic = topic_log.topic(options["topic"])
     hashed = topic.partitioner == KeyHashPartitioner.name  # placed by riverbed's producer
     placed_by_others = topic.partitioner == KAFKA_PARTITIONER
@@ -639,7 +663,8 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     if not isinstance(parsed, StructType):
         raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
     schema = StructType(list(parsed.fields) + META_FIELDS)
-    missing = [c for c in config.spec.columns() if c not in schema.fieldNames()]
+    derived = _derived_names(config.spec, schema)
+    missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
     if missing:
         raise StreamValueError(
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
@@ -655,6 +680,19 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         steal == "true",
         driver_records=driver_records,
     )
+
+
+def _derived_names(spec: Any, schema: Any) -> list[str]:
+    """The spec's derived columns, compiled here against the source's schema so that a
+    ``where`` or ``columns`` that cannot be evaluated is refused at start."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from riverbed.stream.derive import compile_for, input_types
+
+    if not spec.columns and spec.where is None:
+        return []
+    compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
+    return list(spec.columns)
 
 
 def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:

@@ -58,6 +58,7 @@ class BatchRecord:
     input: int | None = None  # records read from the source, malformed ones included
     late: int | None = None
     malformed: int | None = None
+    filtered: int | None = None  # events the spec's ``where`` did not keep
     helped: int | None = None  # records read for another task's partition (steal.py)
     side_outputs_written: bool = False
     ms: dict[str, int] = field(default_factory=dict)  # where the batch's time went
@@ -96,7 +97,7 @@ class BatchRecord:
         return int(getattr(self, name) or 0)
 
 
-COUNTS = ("input", "late", "malformed")
+COUNTS = ("input", "late", "malformed", "filtered")
 _FLAGS = ("done", "side_outputs_written")  # written only when true
 
 

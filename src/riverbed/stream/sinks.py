@@ -24,6 +24,7 @@ import logging
 import re
 import sqlite3
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -443,9 +444,12 @@ def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, An
 
 
 def plain(value: Any) -> Any:
-    """JSON-friendly: timestamps as ISO strings, numpy scalars as Python, NaN as None."""
+    """JSON-friendly: timestamps as ISO strings, numpy scalars as Python, NaN as None,
+    decimals as their exact text."""
     if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
         return None
+    if isinstance(value, Decimal):
+        return str(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if hasattr(value, "item"):

@@ -188,9 +188,11 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
 
     per_second = input_rate(record)
     rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
+    filtered = record.counted("filtered")
+    kept_out = f", {filtered} filtered" if filtered else ""  # only specs with a where
     return (
         f"batch {batch_id}: {record.counted('input')} records, {record.counted('late')} late, "
-        f"{record.counted('malformed')} malformed{rate}"
+        f"{record.counted('malformed')} malformed{kept_out}{rate}"
     )
 
 
@@ -371,6 +373,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         "input_records": totals["input"],
         "late": totals["late"],
         "malformed": totals["malformed"],
+        "filtered": int(totals.get("filtered", 0)),  # events the spec's where dropped
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs

@@ -56,7 +56,7 @@ def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Arr
     outside = (last - before < FIRST_MS) | (last + size > LAST_MS)
     if outside.any():
         why = _first(why, pa.array(outside), f"{spec.time} has a window outside years 1-9999")
-    for name in spec.columns()[2:]:
+    for name in spec.reads()[2:]:
         column = batch.column(name)
         if pa.types.is_floating(column.type):
             bad = pc.fill_null(pc.invert(pc.is_finite(column)), False)
@@ -86,7 +86,7 @@ def spark_reason(spec: Aggregation, schema: Any) -> Any:
         F.lit(f"{spec.time} has a window outside years 1-9999"),
     )
     floating = {f.name for f in schema.fields if isinstance(f.dataType, DoubleType | FloatType)}
-    for name in spec.columns()[2:]:
+    for name in spec.reads()[2:]:
         if name not in floating:
             continue
         column = F.col(name)
