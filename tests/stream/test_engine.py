@@ -513,6 +513,10 @@ def test_where_and_derived_columns_match_pandas_on_every_path(
             "top": Max("tenth"),
             "ratio": Max("ratio"),
             "users": Distinct("user_id"),
+            # filtered metrics: SQL's COUNT(*) FILTER (WHERE ...)
+            "cheap": Count(where="amount < 50"),
+            "cheap_total": Sum("cents", where="amount < 50 AND ratio > 10"),
+            "rich_users": Distinct("user_id", where="cents >= 5000"),
         },
         state_partitions=3,
     )
@@ -528,6 +532,11 @@ def test_where_and_derived_columns_match_pandas_on_every_path(
         tenth=lambda f: f["user_id"] * 0.1,
         ratio=lambda f: f["amount"] / (f["user_id"] % 5),
     )
+    good = good.assign(
+        cheap=good["amount"] < 50,
+        cheap_cents=good["cents"].where((good["amount"] < 50) & (good["ratio"] > 10), 0.0),
+        rich_user=good["user_id"].where(good["cents"] >= 5000),
+    )
     want = (
         good.assign(window_start=good["ts"].dt.floor("1h"))
         .groupby(["window_start", key])
@@ -537,6 +546,9 @@ def test_where_and_derived_columns_match_pandas_on_every_path(
             top=("tenth", "max"),
             ratio=("ratio", "max"),
             users=("user_id", "nunique"),
+            cheap=("cheap", "sum"),
+            cheap_total=("cheap_cents", "sum"),
+            rich_users=("rich_user", "nunique"),
         )
         .reset_index()
         .rename(columns={key: "key"})
@@ -546,7 +558,9 @@ def test_where_and_derived_columns_match_pandas_on_every_path(
     assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"].head()
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
-    for column in ("total", "top", "ratio"):
+    assert (merged["cheap"] == merged["cheap_oracle"]).all()
+    assert (merged["rich_users"] == merged["rich_users_oracle"]).all()
+    for column in ("total", "top", "ratio", "cheap_total"):
         assert np.allclose(merged[column], merged[f"{column}_oracle"]), column
     batches = BatchLog(str(tmp_path / "ckpt"))
     records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
@@ -569,10 +583,11 @@ def test_a_where_or_column_that_cannot_be_evaluated_is_refused_at_start(
         ({"columns": {"x": "sha2(flag, 256)"}}, "columns['x']: SHA2(flag, 256): SHA2 is not"),
         ({"columns": {"amount": "amount * 2"}}, "is the name of one of the events' fields"),
         ({"columns": {"x": "nope * 2"}}, "no column 'nope'"),
+        ({"metrics": {"n": Count(where="amount")}}, "metric 'n': where 'amount' is double"),
     ]:
         for path in ("spark", "colocated"):
             with pytest.raises(ExpressionError, match="") as refused:
-                start(spark, Aggregation(**base, **change), source_for(spark, log_url, path),
+                start(spark, Aggregation(**(base | change)), source_for(spark, log_url, path),
                       checkpoint=tmp_path / f"c-{path}", output=tmp_path / f"o-{path}",
                       log_url=log_url, trigger={"availableNow": True})  # fmt: skip
             assert says in str(refused.value), (path, str(refused.value))

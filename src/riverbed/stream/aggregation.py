@@ -9,7 +9,7 @@ from typing import Literal
 
 from riverbed.durations import duration_ms
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.metrics import Metric
+from riverbed.stream.metrics import Metric, where_column
 from riverbed.stream.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -67,6 +67,10 @@ class Aggregation:
             raise StreamValueError(
                 'columns must map names to Spark SQL expressions, e.g. {"dollars": "price * 0.908"}'
             )
+        for name, metric in self.metrics.items():
+            where = getattr(metric, "where", None)
+            if where is not None and (not isinstance(where, str) or not where.strip()):
+                raise StreamValueError(f"metric {name!r}: where must be a Spark SQL condition")
         for name, text in self.columns.items():
             if not isinstance(name, str) or not _NAME.match(name):
                 raise StreamValueError(f"derived column name {name!r}: letters, digits, '_'")
@@ -94,4 +98,14 @@ class Aggregation:
             column = getattr(metric, "column", None)
             if column and column not in cols:
                 cols.append(column)
+        cols += [where_column(name) for name, m in self.metrics.items() if m.where is not None]
         return cols
+
+    @property
+    def derives(self) -> bool:
+        """Whether the spec has derived columns, a ``where``, or a metric's ``where``."""
+        return (
+            bool(self.columns)
+            or self.where is not None
+            or any(m.where is not None for m in self.metrics.values())
+        )

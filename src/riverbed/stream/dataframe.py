@@ -196,7 +196,7 @@ def foreach_batch(config: EngineConfig) -> Any:
 def _derivation(spec: Aggregation, schema: Any) -> Derivation | None:
     """The spec's columns and where over a DataFrame of ``schema`` (a Spark StructType),
     compiled (and so refused, if it cannot be evaluated) on the driver."""
-    if not spec.columns and spec.where is None:
+    if not spec.derives:
         return None
     from pyspark.sql.pandas.types import to_arrow_schema
 

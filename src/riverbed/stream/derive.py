@@ -33,6 +33,7 @@ from riverbed.stream.expressions import (
     compile_expression,
     spark_type,
 )
+from riverbed.stream.metrics import where_column
 
 __all__ = ["KEPT", "Derivation", "compile_for", "derivation", "map_in_arrow", "spark_schema"]
 
@@ -94,7 +95,7 @@ def _named(failed: pa.Array, where: str) -> pa.Array:
 def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | None:
     """The spec's derivation over input columns of ``schema``; ``None`` when it has
     neither ``columns`` nor ``where``. :class:`ExpressionError` names what cannot be."""
-    if not spec.columns and spec.where is None:
+    if not spec.derives:
         return None
     known = dict(schema)
     compiled: list[tuple[str, Compiled]] = []
@@ -121,6 +122,23 @@ def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | N
                 f"aggregation {spec.name!r}, where: {spec.where!r} is {where.type}, not a "
                 "condition (boolean)"
             )
+    # each metric's where: a boolean column after the others, evaluated for the events
+    # kept (riverbed.stream.metrics.where_column)
+    for metric_name, metric in spec.metrics.items():
+        if metric.where is None:
+            continue
+        try:
+            condition = compile_expression(metric.where, known)
+        except ExpressionError as exc:
+            raise ExpressionError(
+                f"aggregation {spec.name!r}, metric {metric_name!r} where: {exc}"
+            ) from None
+        if condition.type != BOOLEAN:
+            raise ExpressionError(
+                f"aggregation {spec.name!r}, metric {metric_name!r}: where {metric.where!r} "
+                f"is {condition.type}, not a condition (boolean)"
+            )
+        compiled.append((where_column(metric_name), condition))
     needed: set[str] = set(where.references) if where is not None else set()
     for name, expression in reversed(compiled):  # what the needed columns read, too
         if name in needed:

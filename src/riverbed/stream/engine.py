@@ -48,6 +48,7 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
+from riverbed.stream.metrics import where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
 
 log = logging.getLogger(__name__)
@@ -146,18 +147,31 @@ def partials_of(
     cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
     bounds = [0, *cuts.tolist(), len(rows_all)]
     metrics = [
-        (name, metric, columns[metric.column] if hasattr(metric, "column") else None)
+        (
+            name,
+            metric,
+            columns[metric.column] if hasattr(metric, "column") else None,
+            # a metric's own where: the events it counts (NULL: not counted)
+            _counted(columns[where_column(name)]) if metric.where is not None else None,
+        )
         for name, metric in spec.metrics.items()
     ]
     out: list[Partial] = []
     for a, b in itertools.pairwise(bounds):
         picked = rows_all[a:b]
-        partials = {
-            name: metric.partial(column[picked] if column is not None else None, b - a)
-            for name, metric, column in metrics
-        }
+        partials = {}
+        for name, metric, column, counts in metrics:
+            mine = picked if counts is None else picked[counts[picked]]
+            partials[name] = metric.partial(column[mine] if column is not None else None, len(mine))
         out.append((int(starts_all[a]), str(names[key_codes[a]]), partials))
     return out
+
+
+def _counted(condition: np.ndarray) -> np.ndarray:
+    """A metric's where column as booleans: true counts; false and NULL do not."""
+    if condition.dtype == bool:
+        return condition
+    return np.array([v is True for v in condition], dtype=bool)
 
 
 def preaggregate(

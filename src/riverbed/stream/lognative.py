@@ -689,10 +689,10 @@ def _derived_names(spec: Any, schema: Any) -> list[str]:
 
     from riverbed.stream.derive import compile_for, input_types
 
-    if not spec.columns and spec.where is None:
+    if not spec.derives:
         return []
-    compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
-    return list(spec.columns)
+    derived = compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
+    return [name for name, _ in derived.columns] if derived is not None else []
 
 
 def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:

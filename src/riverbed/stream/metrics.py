@@ -3,6 +3,11 @@
 A metric turns a group of events into a *partial* (per batch), merges partials into
 the stored value, and reports a result. Partials and stored values are plain
 msgpack-able data (numbers or sketch bytes), so they cross Spark and the state store.
+
+Every metric takes ``where`` (Spark SQL, as the aggregation's own): it then counts only
+the events of its window and key that the condition is true for — SQL's
+``COUNT(*) FILTER (WHERE …)``. The condition is evaluated with the spec's derived
+columns (:mod:`riverbed.stream.derive`, as the column :func:`where_column` names).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from riverbed.stream.errors import StreamValueError
 
 @dataclass(frozen=True)
 class Count:
+    where: str | None = None  # Spark SQL: count only the events it is true for
+
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         return n
 
@@ -31,6 +38,7 @@ class Count:
 @dataclass(frozen=True)
 class Sum:
     column: str
+    where: str | None = None  # Spark SQL: only the events it is true for
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
@@ -46,6 +54,7 @@ class Sum:
 @dataclass(frozen=True)
 class Min:
     column: str
+    where: str | None = None  # Spark SQL: only the events it is true for
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
@@ -61,6 +70,7 @@ class Min:
 @dataclass(frozen=True)
 class Max:
     column: str
+    where: str | None = None  # Spark SQL: only the events it is true for
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
@@ -76,6 +86,7 @@ class Max:
 @dataclass(frozen=True)
 class Mean:
     column: str
+    where: str | None = None  # Spark SQL: only the events it is true for
 
     def partial(self, column: np.ndarray | None, n: int) -> Any:
         assert column is not None
@@ -99,6 +110,7 @@ class Distinct:
     mode: Literal["exact", "hll", "adaptive"] = "exact"
     lg_k: int = 12
     threshold: int = 10_000
+    where: str | None = None  # Spark SQL: only the events it is true for
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "hll", "adaptive"):
@@ -159,3 +171,8 @@ def _isnull(column: np.ndarray) -> np.ndarray:
 
 
 Metric = Count | Sum | Min | Max | Mean | Distinct
+
+
+def where_column(name: str) -> str:
+    """The internal column holding metric ``name``'s ``where`` (true: it counts)."""
+    return f"_where_{name}"
