@@ -16,7 +16,7 @@ from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import foreach_batch, read_results, start
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Quantile, Sum, TopK
 from riverbed.stream.records import BatchLog, BatchRecord
 from riverbed.stream.windows import Hopping, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
@@ -591,3 +591,55 @@ def test_a_where_or_column_that_cannot_be_evaluated_is_refused_at_start(
                       checkpoint=tmp_path / f"c-{path}", output=tmp_path / f"o-{path}",
                       log_url=log_url, trigger={"availableNow": True})  # fmt: skip
             assert says in str(refused.value), (path, str(refused.value))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_quantiles_and_top_k_match_pandas_on_every_path(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """Quantile (one, and several) and TopK over every path: exact at this cardinality
+    (each window and key holds fewer values than the sketches' exact limits), so equal
+    to pandas — the quantile is the smallest value whose rank reaches q."""
+    events = make_events(1500, hours=3, seed=43)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="shapes",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={
+            "median": Quantile("amount", 0.5, k=1000),
+            "spread": Quantile("amount", (0.1, 0.9), k=1000),
+            "top": TopK("user_id", 3, threshold=1000),
+            "cheap_top": TopK("user_id", 2, where="amount < 20"),
+        },
+        state_partitions=3,
+    )
+    got = run_to_end(spark, spec, log_url, tmp_path, path).sort_values(
+        ["window_start", "key"], ignore_index=True
+    )
+
+    def smallest_reaching(values: pd.Series, q: float) -> float:
+        ordered = np.sort(values.to_numpy())
+        return float(ordered[max(int(np.ceil(q * len(ordered))) - 1, 0)])
+
+    def top(values: pd.Series, k: int) -> list[tuple[str, int]]:
+        counts = values.astype(str).value_counts()
+        pairs = sorted(counts.items(), key=lambda vc: (-vc[1], vc[0]))[:k]
+        return [(v, int(c)) for v, c in pairs]
+
+    groups = events.assign(window_start=events["ts"].dt.floor("1h")).groupby(
+        ["window_start", "flag"]
+    )
+    assert len(got) == groups.ngroups
+    for (start_, flag), group in groups:
+        row = got[(got["window_start"] == start_) & (got["key"] == flag)].iloc[0]
+        assert row["median"] == smallest_reaching(group["amount"], 0.5)
+        assert row["spread_p10"] == smallest_reaching(group["amount"], 0.1)
+        assert row["spread_p90"] == smallest_reaching(group["amount"], 0.9)
+        assert row["median_error"] == 0.0
+        assert [(t["value"], t["count"]) for t in row["top"]] == top(group["user_id"], 3)
+        assert bool(row["top_is_exact"])
+        cheap = group.loc[group["amount"] < 20, "user_id"]
+        assert [(t["value"], t["count"]) for t in row["cheap_top"]] == top(cheap, 2)

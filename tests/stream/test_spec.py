@@ -124,3 +124,64 @@ def test_aggregation_spec_validates_and_pickles() -> None:
         )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mode"):
         Distinct("u", mode="fuzzy")  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(st.lists(st.integers(-1000, 1000), max_size=80), min_size=1, max_size=6),
+    st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.99, 1.0]),
+)
+def test_a_quantile_merged_from_any_batches_is_within_its_rank_bound(
+    parts: list[list[int]], q: float
+) -> None:
+    """KLL partials merged in any order give a value of the data whose rank is within
+    the reported normalized rank error of q (0 while every value is held: exact)."""
+    from riverbed.stream.metrics import Quantile
+
+    metric = Quantile("x", q, k=64)
+    values = sorted(v for part in parts for v in part)
+    merged = None
+    for part in parts:
+        partial = metric.partial(np.array(part, dtype=float), len(part))
+        merged = partial if merged is None else metric.merge(merged, partial)
+    result = metric.result(merged)
+    if not values:
+        assert result[""] is None
+        return
+    got = result[""]
+    assert got in values
+    below = sum(v < got for v in values) / len(values)
+    at_most = sum(v <= got for v in values) / len(values)
+    bound = result["_error"]
+    assert below - bound <= q <= at_most + bound + 1e-9, (got, q, below, at_most, bound)
+    if len(values) <= 64:
+        assert bound == 0.0
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 300), max_size=200), min_size=1, max_size=6),
+    st.integers(1, 5),
+)
+def test_top_k_counts_are_exact_under_the_threshold_and_bounded_past_it(
+    parts: list[list[int]], k: int
+) -> None:
+    from collections import Counter
+
+    from riverbed.stream.metrics import TopK
+
+    truth = Counter(v for part in parts for v in part)
+    for threshold in (50, 8):  # above every window's distinct values; and below
+        metric = TopK("x", k, threshold=max(threshold, k), lg_max_map=7)
+        merged = None
+        for part in parts:
+            partial = metric.partial(np.array(part, dtype=np.int64), len(part))
+            merged = partial if merged is None else metric.merge(merged, partial)
+        result = metric.result(merged)
+        top = result[""]
+        if result["_is_exact"]:
+            want = sorted(truth.items(), key=lambda vc: (-vc[1], str(vc[0])))[:k]
+            assert [(int(t["value"]), t["count"]) for t in top] == [
+                (v, c) for v, c in sorted(want, key=lambda vc: (-vc[1], str(vc[0])))
+            ]
+        else:  # each count within the reported error of the truth
+            for t in top:
+                assert abs(t["count"] - truth[int(t["value"])]) <= result["_error"]

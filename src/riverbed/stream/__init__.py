@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
-    from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
+    from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Quantile, Sum, TopK
     from riverbed.stream.windows import Hopping, Sliding, Tumbling
 
 _WHERE = {
@@ -30,7 +30,9 @@ _WHERE = {
     "Max": "metrics",
     "Mean": "metrics",
     "Min": "metrics",
+    "Quantile": "metrics",
     "Sum": "metrics",
+    "TopK": "metrics",
     "read_live": "dataframe",
     "read_results": "dataframe",
     "start": "dataframe",
@@ -49,9 +51,11 @@ __all__ = [
     "Max",
     "Mean",
     "Min",
+    "Quantile",
     "RiverbedDataSource",
     "Sliding",
     "Sum",
+    "TopK",
     "Tumbling",
     "read_live",
     "read_results",

@@ -31,31 +31,34 @@ PART = "part-00000.parquet"
 log = logging.getLogger(__name__)
 
 
-def output_schema(spec: Aggregation) -> str:
-    cols = ["window_start timestamp", "window_end timestamp", "key string"]
+def output_columns(spec: Aggregation) -> list[tuple[str, str]]:
+    """The result table's columns as (name, Spark DDL type); each metric names its own
+    (``Metric.outputs``)."""
+    cols = [("window_start", "timestamp"), ("window_end", "timestamp"), ("key", "string")]
     for name, metric in spec.metrics.items():
-        kind = type(metric).__name__
-        if kind == "Count":
-            cols.append(f"{name} long")
-        elif kind == "Distinct":
-            cols += [f"{name} long", f"{name}_is_exact boolean", f"{name}_error double"]
-        else:
-            cols.append(f"{name} double")
-    cols += ["batch_id long"]
-    return ", ".join(cols)
+        cols += [(name + suffix, kind) for suffix, kind in metric.outputs()]
+    return [*cols, ("batch_id", "long")]
+
+
+def output_schema(spec: Aggregation) -> str:
+    """:func:`output_columns` as a Spark DDL string."""
+    return ", ".join(f"{name} {kind}" for name, kind in output_columns(spec))
+
+
+_ARROW = {
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "string": pa.string(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "array<struct<value:string,count:bigint>>": pa.list_(
+        pa.struct([("value", pa.string()), ("count", pa.int64())])
+    ),
+}
 
 
 def output_arrow_schema(spec: Aggregation) -> pa.Schema:
-    types = {
-        "timestamp": pa.timestamp("us", tz="UTC"),
-        "string": pa.string(),
-        "long": pa.int64(),
-        "double": pa.float64(),
-        "boolean": pa.bool_(),
-    }
-    return pa.schema(
-        [(name, types[kind]) for name, kind in (c.split() for c in output_schema(spec).split(", "))]
-    )
+    return pa.schema([(name, _ARROW[kind]) for name, kind in output_columns(spec)])
 
 
 def empty_rows(spec: Aggregation) -> pd.DataFrame:

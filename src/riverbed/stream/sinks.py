@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import pandas as pd
 
 from riverbed.errors import ConfigError
@@ -142,6 +143,8 @@ class SqlSink:
 def _value(v: Any, postgres: bool) -> Any:
     if isinstance(v, pd.Timestamp):
         return v.to_pydatetime() if postgres else v.isoformat()
+    if isinstance(v, list | tuple | dict | np.ndarray):
+        return json.dumps(plain(v))  # TopK's pairs: JSON text in a TEXT column
     if hasattr(v, "item"):  # numpy scalars
         return v.item()
     return v
@@ -452,6 +455,12 @@ def plain(value: Any) -> Any:
         return str(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
+    if isinstance(value, np.ndarray):  # an array (TopK's pairs)
+        return [plain(v) for v in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
     if hasattr(value, "item"):
         return value.item()
     return value
