@@ -380,13 +380,10 @@ def _query(args: argparse.Namespace) -> int:
         start = start.tz_localize("UTC") if start.tzinfo is None else start
         frame = frame[frame["window_start"] == start]
     if args.json:
-        for row in frame.to_dict("records"):
-            print(
-                json.dumps(
-                    {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()},
-                    default=str,
-                )
-            )
+        from riverbed.stream.sinks import plain
+
+        for row in frame.to_dict("records"):  # (TopK's pairs: a list of {value, count})
+            print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
         return 0
     table = Table(title=f"{name} ({len(frame)} rows)")
     columns = [c for c in frame.columns if c not in ("window_end", "batch_id")]
@@ -399,9 +396,18 @@ def _query(args: argparse.Namespace) -> int:
                 if hasattr(v, "strftime")
                 else f"{v:.4f}"
                 if isinstance(v, float)
-                else str(v)
+                else _cell(v)
                 for v in row
             )
         )
     out.print(table)
     return 0
+
+
+def _cell(value: object) -> str:
+    """A result's value in the table: TopK's pairs as ``value:count, ...``."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list) and all(isinstance(p, dict) and "count" in p for p in value):
+        return ", ".join(f"{p['value']}:{p['count']}" for p in value)
+    return str(value)

@@ -174,10 +174,18 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     for metric_name, metric in aggregation.metrics.items():
         if isinstance(metric, Distinct) and metric.mode != "exact":
             bands[metric_name] = 1.04 / (2 ** (metric.lg_k / 2))  # HLL's standard error
+    # the values a chart can plot: each metric's numbers (a Quantile's one per q),
+    # not its bounds, nor TopK's pairs (in the rows, not on the chart)
+    plotted = [
+        metric_name + suffix
+        for metric_name, metric in aggregation.metrics.items()
+        for suffix, kind in metric.outputs()
+        if kind in ("long", "double") and suffix not in ("_error", "_is_exact")
+    ]
     answer: dict[str, Any] = {
         "name": name,
         "batch": batch,
-        "metrics": list(aggregation.metrics),
+        "metrics": plotted,
         "error_bands": bands,
         "rows": [],
     }
