@@ -12,6 +12,7 @@ the last record."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import zlib
@@ -154,35 +155,50 @@ class Bed:
         return reader.load()
 
 
-BEDS = ["file", "dataframe", "flight", "diskless", "kafka"]
+BEDS = [
+    "file",
+    "dataframe",
+    "flight",
+    pytest.param("diskless", marks=pytest.mark.s3),
+    pytest.param("kafka", marks=pytest.mark.kafka),
+]
+
+
+@contextlib.contextmanager
+def open_bed(
+    kind: str, log: str, request: pytest.FixtureRequest, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Bed]:  # fmt: skip
+    """A source of ``kind``; ``log`` (a file log) holds the topic for the file kinds and
+    the side topics (.dlq, .late) for every kind."""
+    if kind in ("file", "dataframe"):
+        yield Bed(kind, log, log)
+    elif kind == "flight":  # a log server in this process, over files of its own
+        from riverbed.log.file import FileLogStorage
+        from riverbed.log.server import LogServer
+
+        server = LogServer(FileLogStorage(tmp_path / "served"))
+        try:
+            yield Bed(kind, server.url, log)
+        finally:
+            server.shutdown()
+            server.storage.close()
+    elif kind == "diskless":  # in the tests' bucket (s3_url sets the AWS settings)
+        s3_url = request.getfixturevalue("s3_url")
+        monkeypatch.setenv("RIVERBED_CONTROL", f"sqlite:///{tmp_path / 'control.db'}")
+        yield Bed(kind, s3_url, log)
+    else:
+        kafka = request.getfixturevalue("kafka_server")
+        topic = request.getfixturevalue("kafka_topic")
+        yield Bed(kind, log, log, kafka=kafka, topic=topic)
 
 
 @pytest.fixture(params=BEDS)
 def bed(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Bed]:
-    kind = request.param
-    side = f"file://{tmp_path / 'side'}"
-    if kind in ("file", "dataframe"):
-        yield Bed(kind, f"file://{tmp_path / 'log'}", f"file://{tmp_path / 'log'}")
-    elif kind == "flight":
-        from riverbed.log.file import FileLogStorage
-        from riverbed.log.server import LogServer
-
-        server = LogServer(FileLogStorage(tmp_path / "served"))
-        try:
-            yield Bed(kind, server.url, side)
-        finally:
-            server.shutdown()
-            server.storage.close()
-    elif kind == "diskless":
-        s3_url = request.getfixturevalue("s3_url")
-        monkeypatch.setenv("RIVERBED_CONTROL", f"sqlite:///{tmp_path / 'control.db'}")
-        yield Bed(kind, s3_url, side)
-    else:
-        kafka = request.getfixturevalue("kafka_server")
-        topic = request.getfixturevalue("kafka_topic")
-        yield Bed(kind, side, side, kafka=kafka, topic=topic)
+    with open_bed(request.param, f"file://{tmp_path / 'log'}", request, tmp_path, monkeypatch) as b:
+        yield b
 
 
 def _run(spark: Any, bed: Bed, aggregation: Aggregation, root: Path) -> None:

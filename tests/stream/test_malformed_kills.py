@@ -21,7 +21,7 @@ from riverbed.stream.layout import Checkpoint
 from riverbed.stream.records import open_batches
 from tests.stream.conftest import make_events
 from tests.stream.crashes import kill_mid_batch
-from tests.stream.test_hostile_input import PARTITIONS, Bed, _assert_equal, layout
+from tests.stream.test_hostile_input import PARTITIONS, Bed, _assert_equal, layout, open_bed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,32 +39,20 @@ aggregation = Aggregation(
 SCHEMA = "user_id long, flag string, amount double, ts timestamp"
 
 
-@pytest.fixture(params=["file", "flight", "diskless", "kafka"])
+@pytest.fixture(
+    params=[
+        "file",
+        "flight",
+        pytest.param("diskless", marks=pytest.mark.s3),
+        pytest.param("kafka", marks=pytest.mark.kafka),
+    ]
+)
 def bed(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Bed]:
-    kind = request.param
-    side = f"file://{tmp_path / 'home' / 'log'}"
-    if kind == "file":
-        yield Bed(kind, side, side)
-    elif kind == "flight":
-        from riverbed.log.file import FileLogStorage
-        from riverbed.log.server import LogServer
-
-        server = LogServer(FileLogStorage(tmp_path / "served"))
-        try:
-            yield Bed(kind, server.url, side)
-        finally:
-            server.shutdown()
-            server.storage.close()
-    elif kind == "diskless":
-        s3_url = request.getfixturevalue("s3_url")  # its AWS settings are in os.environ now
-        monkeypatch.setenv("RIVERBED_CONTROL", f"sqlite:///{tmp_path / 'control.db'}")
-        yield Bed(kind, s3_url, side)
-    else:
-        kafka = request.getfixturevalue("kafka_server")
-        topic = request.getfixturevalue("kafka_topic")
-        yield Bed(kind, side, side, kafka=kafka, topic=topic)
+    log = f"file://{tmp_path / 'home' / 'log'}"  # the home's log: riverbed run's default
+    with open_bed(request.param, log, request, tmp_path, monkeypatch) as b:
+        yield b
 
 
 def test_malformed_values_first_among_and_last_survive_a_killed_driver(
