@@ -643,3 +643,44 @@ def test_quantiles_and_top_k_match_pandas_on_every_path(
         assert bool(row["top_is_exact"])
         cheap = group.loc[group["amount"] < 20, "user_id"]
         assert [(t["value"], t["count"]) for t in row["cheap_top"]] == top(cheap, 2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_composite_key_matches_pandas_on_every_path(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """key=["flag", "bucket"] (a field and a derived column): the result table has each
+    part under its own name, typed as its column, and ``key`` as the parts' JSON text;
+    an event with a NULL part is malformed."""
+    events = make_events(1500, hours=3, seed=47)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="pairs",
+        key=["flag", "bucket"],
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        columns={"bucket": "if(user_id % 7 = 0, NULL, user_id % 3)"},
+        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+        state_partitions=3,
+    )
+    got = run_to_end(spark, spec, log_url, tmp_path, path, co_located=False)
+    assert got["flag"].dtype == object and got["bucket"].dtype == "int64"
+    assert all(k == json.dumps([f, b], separators=(",", ":")) for k, f, b in
+               zip(got["key"], got["flag"], got["bucket"], strict=True))  # fmt: skip
+    counted = events[events["user_id"] % 7 != 0].assign(bucket=lambda f: f["user_id"] % 3)
+    want = (
+        counted.assign(window_start=counted["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag", "bucket"])
+        .agg(events=("ts", "size"), users=("user_id", "nunique"), total=("amount", "sum"))
+        .reset_index()
+    )
+    merged = got.merge(want, on=["window_start", "flag", "bucket"], suffixes=("", "_oracle"),
+                       how="outer", indicator=True)  # fmt: skip
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"].head()
+    assert (merged["events"] == merged["events_oracle"]).all()
+    assert (merged["users"] == merged["users_oracle"]).all()
+    assert np.allclose(merged["total"], merged["total_oracle"])
+    batches = BatchLog(str(tmp_path / "ckpt"))
+    records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
+    assert sum(r.malformed or 0 for r in records) == int((events["user_id"] % 7 == 0).sum())

@@ -13,6 +13,7 @@ from riverbed.stream.metrics import Metric, where_column
 from riverbed.stream.windows import Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+KEY = "_key"  # a composite key's column in a batch: its parts' values as JSON text
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Aggregation:
     """
 
     name: str
-    key: str
+    key: str | tuple[str, ...]  # one column, or several: key=["channel", "auction_mod"]
     window: Window
     metrics: Mapping[str, Metric]
     time: str = "timestamp"
@@ -46,8 +47,23 @@ class Aggregation:
     keep_closed: str = "0s"  # keep closed windows this long past the watermark (queries)
     where: str | None = None  # Spark SQL: the events to count
     columns: Mapping[str, str] = field(default_factory=dict)  # name -> Spark SQL expression
+    # the result types of a composite key's parts (Spark DDL names), resolved at start
+    # from the source's schema (riverbed.stream.keys.resolved); "string" until then
+    key_types: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.key, list | tuple):
+            parts = tuple(self.key)
+            if not parts or not all(isinstance(p, str) and p for p in parts):
+                raise StreamValueError(f"key must be a column or a list of columns: {self.key!r}")
+            if len(set(parts)) != len(parts):
+                raise StreamValueError(f"key names a column twice: {list(parts)}")
+            object.__setattr__(self, "key", parts[0] if len(parts) == 1 else parts)
+        elif not isinstance(self.key, str) or not self.key:
+            raise StreamValueError(f"key must be a column or a list of columns: {self.key!r}")
+        if KEY in self.key_parts:
+            raise StreamValueError(f"a key cannot be named {KEY!r} (riverbed's own column)")
+        object.__setattr__(self, "key_types", dict(self.key_types))
         if not _NAME.match(self.name):
             raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
         if not self.metrics:
@@ -90,10 +106,26 @@ class Aggregation:
     def __hash__(self) -> int:  # metrics and columns are dicts: hash what names them
         return hash((self.name, self.key, self.time, self.where, tuple(self.columns.items())))
 
+    @property
+    def key_parts(self) -> tuple[str, ...]:
+        """The key's columns: one, or a composite key's parts."""
+        return self.key if isinstance(self.key, tuple) else (self.key,)
+
+    @property
+    def composite(self) -> bool:
+        return isinstance(self.key, tuple)
+
+    @property
+    def key_column(self) -> str:
+        """The column the engine groups by: the key itself, or for a composite key the
+        column derived from its parts' values (:data:`KEY`: JSON text, as the result
+        table's ``key`` shows it; riverbed.stream.keys)."""
+        return KEY if isinstance(self.key, tuple) else self.key
+
     def reads(self) -> list[str]:
         """The columns the aggregation reads from each event (after ``columns`` are
         derived): the key, the time, and the metrics' columns."""
-        cols = [self.key, self.time]
+        cols = [self.key_column, self.time]
         for metric in self.metrics.values():
             column = getattr(metric, "column", None)
             if column and column not in cols:
@@ -103,9 +135,11 @@ class Aggregation:
 
     @property
     def derives(self) -> bool:
-        """Whether the spec has derived columns, a ``where``, or a metric's ``where``."""
+        """Whether the spec has derived columns, a ``where``, a metric's ``where``, or a
+        composite key (its column is derived from its parts)."""
         return (
             bool(self.columns)
             or self.where is not None
+            or self.composite
             or any(m.where is not None for m in self.metrics.values())
         )

@@ -265,7 +265,7 @@ def start(
             source = kafka.log_options(chosen)
             log_url = log_url or load_config().log_url  # side topics: riverbed's log
         else:  # Spark's own Kafka source, on the DataFrame path below
-            source = kafka.frame(spark, chosen, required=[spec.key, spec.time])
+            source = kafka.frame(spark, chosen, required=[*spec.key_parts, spec.time])
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
     _check_partitions(checkpoint, spec)
@@ -282,6 +282,14 @@ def start(
         options = {str(k): str(v) for k, v in source.items()}
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
+    if options is None and spec.composite:  # its parts' types, from the DataFrame's schema
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from riverbed.stream.derive import column_types
+        from riverbed.stream.keys import resolved
+
+        types = column_types(spec, to_arrow_schema(source.schema, timezone="UTC"))
+        spec = resolved(spec, types)
     config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
     if topic is not None and kafka.is_label(topic):
         # at start, not at the first batch: its brokers are checked, the previous

@@ -24,7 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverbed.stream.aggregation import Aggregation
+from riverbed.stream import keys
+from riverbed.stream.aggregation import KEY, Aggregation
 from riverbed.stream.expressions import (
     BOOLEAN,
     Compiled,
@@ -47,6 +48,7 @@ class Derivation:
     columns: tuple[tuple[str, Compiled], ...]
     where: Compiled | None
     before_where: frozenset[str] = frozenset()  # the derived columns ``where`` needs
+    key_parts: tuple[str, ...] = ()  # a composite key's parts: its column is derived last
 
     @property
     def types(self) -> dict[str, SqlType]:
@@ -75,6 +77,9 @@ class Derivation:
                 why = pc.coalesce(why, _named(failed, f"columns[{name!r}]"))
                 table = table.append_column(name, values)
         order = [n for n, _ in self.columns]
+        if self.key_parts:  # the composite key's column, from its parts (keys.py)
+            table = table.append_column(KEY, keys.encode(table, self.key_parts))
+            order.append(KEY)
         return _ordered(table, order), why, kept
 
 
@@ -139,11 +144,26 @@ def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | N
                 f"is {condition.type}, not a condition (boolean)"
             )
         compiled.append((where_column(metric_name), condition))
+    if spec.composite:
+        unknown = [p for p in spec.key_parts if p not in known]
+        if unknown:
+            raise ExpressionError(
+                f"aggregation {spec.name!r}: key part(s) {unknown} are neither fields of "
+                f"the events ({', '.join(schema)}) nor derived columns"
+            )
     needed: set[str] = set(where.references) if where is not None else set()
     for name, expression in reversed(compiled):  # what the needed columns read, too
         if name in needed:
             needed |= expression.references
-    return Derivation(tuple(compiled), where, frozenset(n for n, _ in compiled if n in needed))
+    before = frozenset(n for n, _ in compiled if n in needed)
+    return Derivation(tuple(compiled), where, before, spec.key_parts if spec.composite else ())
+
+
+def column_types(spec: Aggregation, arrow_schema: pa.Schema) -> dict[str, SqlType]:
+    """The Spark SQL types of the events' fields and of the spec's derived columns."""
+    types = input_types(arrow_schema)
+    derived = compile_for(spec, types)
+    return types | (derived.types if derived is not None else {})
 
 
 def input_types(arrow_schema: pa.Schema) -> dict[str, SqlType]:
@@ -198,6 +218,8 @@ def spark_schema(derived: Derivation, given: Any) -> Any:
 
     fields = list(given.fields)
     fields += [StructField(name, spark(c.type)) for name, c in derived.columns]
+    if derived.key_parts:
+        fields.append(StructField(KEY, StringType()))
     if "_error" not in given.fieldNames():
         fields.append(StructField("_error", StringType()))
     return StructType([*fields, StructField(KEPT, BooleanType(), False)])

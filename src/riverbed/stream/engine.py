@@ -46,6 +46,7 @@ import pandas as pd
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
+from riverbed.stream import keys
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import where_column
@@ -124,7 +125,7 @@ def partials_of(
     size = spec.window.size_ms
     if ts is None:
         ts = event_millis(pdf[spec.time])
-    key = pdf[spec.key]
+    key = pdf[spec.key_column]
     columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
     for starts in spec.window.starts(ts):
@@ -307,6 +308,8 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
             for suffix, result in metric.result(value[name]).items():
                 columns[name + suffix].append(result)
     start_ms = np.array(starts, dtype=np.int64)
+    if spec.composite:  # each part under its own name, typed (keys.py)
+        columns.update(keys.decode(columns["key"], spec))
     columns["window_start"] = _utc_us(start_ms)
     columns["window_end"] = _utc_us(start_ms + spec.window.size_ms)
     columns["batch_id"] = [batch_id] * len(starts)

@@ -26,6 +26,7 @@ state version and replace the same output.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
@@ -47,6 +48,7 @@ from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
+from riverbed.stream.aggregation import KEY
 from riverbed.stream.batch import SIDE_LIMIT, Maintenance, finish, side_outputs
 from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
@@ -163,7 +165,7 @@ def _events(
         # filtered in Arrow first: an integer column without nulls stays int64 in pandas;
         # only the columns the metrics read, a string key as a category (its codes are
         # the grouping partials_of needs: no Python string per event)
-        pdf = _narrow(batch, spec.reads(), spec.key).to_pandas()
+        pdf = _narrow(batch, spec.reads(), spec.key_column).to_pandas()
         ts = event_millis(pdf[spec.time])
         last_start = ts // hop * hop
         late = last_start + size <= watermark_ms
@@ -219,7 +221,7 @@ def colocated_task(
         partials: list[Partial] = []
         for pdf, ts in _events(cfg, piece, watermark_ms, side, topic_log):
             # each distinct key once (a batch has few): not a partition per event
-            keys = pd.Series(pdf[spec.key].unique())
+            keys = pd.Series(pdf[spec.key_column].unique())
             owners = state_partition_of(keys, n)
             stray = owners != piece.partition
             if stray.any():
@@ -589,11 +591,12 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
         raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
-    if spec.key in spec.columns:  # a derived key: no producer placed records by it
+    if spec.composite or spec.key in spec.columns:  # no producer placed records by it
         if choice == "true":
             raise StreamValueError(
-                f"co_locate=true: the key {spec.key!r} is a derived column, which no "
-                "producer placed the topic's records by; leave co_locate at auto"
+                f"co_locate=true: the key {spec.key!r} is derived (a derived column, or a "
+                "composite key's text), which no producer placed the topic's records by; "
+                "leave co_locate at auto"
             )
         return False
     topic = topic_log.topic(options["topic"])
@@ -664,6 +667,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
     schema = StructType(list(parsed.fields) + META_FIELDS)
     derived = _derived_names(config.spec, schema)
+    config = _with_key_types(config, schema)
     missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
     if missing:
         raise StreamValueError(
@@ -692,7 +696,22 @@ def _derived_names(spec: Any, schema: Any) -> list[str]:
     if not spec.derives:
         return []
     derived = compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
-    return [name for name, _ in derived.columns] if derived is not None else []
+    names = [name for name, _ in derived.columns] if derived is not None else []
+    return [*names, KEY] if spec.composite else names
+
+
+def _with_key_types(config: EngineConfig, schema: Any) -> EngineConfig:
+    """``config`` with its spec's composite key part types, from the source's schema and
+    the derived columns (the result table types each part as its column)."""
+    if not config.spec.composite:
+        return config
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from riverbed.stream.derive import column_types
+    from riverbed.stream.keys import resolved
+
+    types = column_types(config.spec, to_arrow_schema(schema, timezone="UTC"))
+    return dataclasses.replace(config, spec=resolved(config.spec, types))
 
 
 def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:

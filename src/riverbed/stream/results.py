@@ -35,6 +35,8 @@ def output_columns(spec: Aggregation) -> list[tuple[str, str]]:
     """The result table's columns as (name, Spark DDL type); each metric names its own
     (``Metric.outputs``)."""
     cols = [("window_start", "timestamp"), ("window_end", "timestamp"), ("key", "string")]
+    if spec.composite:  # each part under its own name too (riverbed.stream.keys)
+        cols += [(part, spec.key_types.get(part, "string")) for part in spec.key_parts]
     for name, metric in spec.metrics.items():
         cols += [(name + suffix, kind) for suffix, kind in metric.outputs()]
     return [*cols, ("batch_id", "long")]

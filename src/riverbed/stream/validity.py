@@ -41,12 +41,8 @@ def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Arr
     """For each event of ``batch`` (decoded: the spec's columns, typed), null when the
     aggregation can count it, else why not."""
     why = pa.nulls(batch.num_rows, pa.string())
-    key, time = batch.column(spec.key), batch.column(spec.time)
-    why = _first(
-        why,
-        pc.or_(pc.is_null(key), pc.is_null(time)),
-        f"no {spec.key} or no {spec.time} in the record",
-    )
+    key, time = batch.column(spec.key_column), batch.column(spec.time)
+    why = _first(why, pc.or_(pc.is_null(key), pc.is_null(time)), _absent(spec))
     hop, before, size = _bounds(spec)
     per_ms = {"s": 1, "ms": 1, "us": 1000, "ns": 1_000_000}[getattr(time.type, "unit", "ms")]
     raw = pc.fill_null(pc.cast(time, pa.int64()), 0).to_numpy(zero_copy_only=False)
@@ -64,6 +60,11 @@ def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Arr
     return why
 
 
+def _absent(spec: Aggregation) -> str:
+    """Why an event without its key (any part of it) or time cannot be counted."""
+    return f"no {' or '.join(spec.key_parts)} or no {spec.time} in the record"
+
+
 def _first(why: pa.Array, bad: Any, reason: str) -> pa.Array:
     """``reason`` where ``bad`` and no reason was given before."""
     return pc.if_else(pc.and_(bad, pc.is_null(why)), pa.scalar(reason, pa.string()), why)
@@ -78,10 +79,7 @@ def spark_reason(spec: Aggregation, schema: Any) -> Any:
     hop, before, size = _bounds(spec)
     time = F.col(spec.time)
     last = F.floor(F.unix_millis(time) / hop) * hop
-    reason = F.when(
-        F.col(spec.key).isNull() | time.isNull(),
-        F.lit(f"no {spec.key} or no {spec.time} in the record"),
-    ).when(
+    reason = F.when(F.col(spec.key_column).isNull() | time.isNull(), F.lit(_absent(spec))).when(
         (last - before < F.lit(FIRST_MS)) | (last + size > F.lit(LAST_MS)),
         F.lit(f"{spec.time} has a window outside years 1-9999"),
     )
