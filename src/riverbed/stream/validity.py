@@ -5,8 +5,10 @@ topics: :mod:`riverbed.spark.values`); this module decides, for an event that di
 the aggregation can count it (docs/stream.md, "What riverbed does with bad input"):
 
 * its key and its time are present;
-* every window it falls in lies in years 1-9999 (what a result's ``window_start`` and
-  ``window_end`` can be, for Python, Parquet readers and Kafka's timestamps alike);
+* every window it falls in lies between 1970 and the end of year 9999: state keys
+  start with the window's start as unsigned milliseconds since the epoch (so byte order
+  is time order, and expiry one range delete: riverbed.state.keys), and a result's
+  ``window_end`` must be a date Python, Parquet readers and Kafka can hold;
 * the numbers its metrics read are finite: a NaN or an infinity would stay in the
   window's sum, mean, min or max for good, since state merges and never recomputes.
 
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FIRST_MS", "LAST_MS", "arrow_reasons", "spark_reason"]
 
-FIRST_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z: the earliest window start
+FIRST_MS = 0  # 1970-01-01T00:00:00Z: the earliest window start (state keys are unsigned)
 LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the latest window end
 
 
@@ -51,7 +53,7 @@ def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Arr
     last = raw // per_ms // hop * hop  # numpy floors: times before 1970 too
     outside = (last - before < FIRST_MS) | (last + size > LAST_MS)
     if outside.any():
-        why = _first(why, pa.array(outside), f"{spec.time} has a window outside years 1-9999")
+        why = _first(why, pa.array(outside), f"{spec.time} has a window outside 1970 to 9999")
     for name in spec.reads()[2:]:
         column = batch.column(name)
         if pa.types.is_floating(column.type):
@@ -81,7 +83,7 @@ def spark_reason(spec: Aggregation, schema: Any) -> Any:
     last = F.floor(F.unix_millis(time) / hop) * hop
     reason = F.when(F.col(spec.key_column).isNull() | time.isNull(), F.lit(_absent(spec))).when(
         (last - before < F.lit(FIRST_MS)) | (last + size > F.lit(LAST_MS)),
-        F.lit(f"{spec.time} has a window outside years 1-9999"),
+        F.lit(f"{spec.time} has a window outside 1970 to 9999"),
     )
     floating = {f.name for f in schema.fields if isinstance(f.dataType, DoubleType | FloatType)}
     for name in spec.reads()[2:]:
