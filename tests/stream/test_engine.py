@@ -16,7 +16,20 @@ from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import foreach_batch, read_results, start
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Quantile, Sum, TopK
+from riverbed.stream.metrics import (
+    ArgMax,
+    ArgMin,
+    Count,
+    Distinct,
+    First,
+    Last,
+    Max,
+    Mean,
+    Min,
+    Quantile,
+    Sum,
+    TopK,
+)
 from riverbed.stream.records import BatchLog, BatchRecord
 from riverbed.stream.windows import Hopping, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
@@ -684,3 +697,41 @@ def test_a_composite_key_matches_pandas_on_every_path(
     batches = BatchLog(str(tmp_path / "ckpt"))
     records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
     assert sum(r.malformed or 0 for r in records) == int((events["user_id"] % 7 == 0).sum())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_first_last_argmax_argmin_match_pandas_on_every_path(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """The values one event of each window and key holds: the first and last by event
+    time, and those of the largest and smallest amount — typed as their columns."""
+    events = make_events(1200, hours=3, seed=53)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="picks",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={
+            "first_user": First("user_id"),
+            "last_amount": Last("amount"),
+            "richest": ArgMax("user_id", by="amount"),
+            "cheapest": ArgMin("user_id", by="amount"),
+        },
+        state_partitions=3,
+    )
+    got = run_to_end(spark, spec, log_url, tmp_path, path)
+    assert got["first_user"].dtype == "int64" and got["last_amount"].dtype == "float64"
+    for (start_, flag), group in events.assign(window_start=events["ts"].dt.floor("1h")).groupby(
+        ["window_start", "flag"]
+    ):
+        row = got[(got["window_start"] == start_) & (got["key"] == flag)].iloc[0]
+        by_time = group.sort_values(["ts", "user_id"])
+        assert row["first_user"] == by_time["user_id"].iloc[0]
+        latest = group[group["ts"] == group["ts"].max()]
+        assert row["last_amount"] == latest["amount"].min()
+        top = group[group["amount"] == group["amount"].max()]
+        assert row["richest"] == top["user_id"].min()
+        low = group[group["amount"] == group["amount"].min()]
+        assert row["cheapest"] == low["user_id"].min()

@@ -39,7 +39,7 @@ def test_the_key_of_each_row_is_its_parts_as_json_and_null_if_one_is(
 def test_keys_decode_into_parts_typed_as_their_columns() -> None:
     spec = Aggregation(
         name="a", key=["s", "n"], window=Tumbling("1h"), metrics={"c": Count()},
-        key_types={"s": "string", "n": "long"},
+        column_types={"s": "string", "n": "long"},
     )  # fmt: skip
     assert decode(['["web",3]', '["a\\"b",-1]'], spec) == {"s": ["web", 'a"b'], "n": [3, -1]}
     untyped = Aggregation(name="a", key=["s", "n"], window=Tumbling("1h"), metrics={"c": Count()})

@@ -185,3 +185,36 @@ def test_top_k_counts_are_exact_under_the_threshold_and_bounded_past_it(
         else:  # each count within the reported error of the truth
             for t in top:
                 assert abs(t["count"] - truth[int(t["value"])]) <= result["_error"]
+
+
+EVENTS = st.lists(
+    st.tuples(st.integers(0, 20), st.one_of(st.none(), st.integers(-5, 5))), max_size=30
+)
+
+
+@given(st.lists(EVENTS, min_size=1, max_size=5))
+def test_first_last_argmax_argmin_pick_the_same_event_in_any_merge_order(
+    parts: list[list[tuple[int, int | None]]],
+) -> None:
+    """Each picks one event's value among those whose value is present; ties go to the
+    smallest value — so every split into batches and every merge order agrees."""
+    from riverbed.stream.metrics import ArgMax, ArgMin, First, Last
+
+    events = [(t, v) for part in parts for t, v in part if v is not None]
+    want = {
+        "first": min(events, key=lambda e: (e[0], e[1]))[1] if events else None,
+        "last": max(events, key=lambda e: (e[0], -e[1]))[1] if events else None,
+        "argmax": max(events, key=lambda e: (e[0], -e[1]))[1] if events else None,
+        "argmin": min(events, key=lambda e: (e[0], e[1]))[1] if events else None,
+    }
+    metrics = {"first": First("v"), "last": Last("v"), "argmax": ArgMax("v", by="t"),
+               "argmin": ArgMin("v", by="t")}  # fmt: skip
+    for name, metric in metrics.items():
+        for order in (parts, parts[::-1]):
+            merged = None
+            for part in order:
+                t = np.array([e[0] for e in part], dtype=float)
+                v = np.array([np.nan if e[1] is None else e[1] for e in part], dtype=float)
+                partial = metric.partial(v, len(part), t)
+                merged = partial if merged is None else metric.merge(merged, partial)
+            assert metric.result(merged)[""] == want[name], (name, order)

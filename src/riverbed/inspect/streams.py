@@ -179,7 +179,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     plotted = [
         metric_name + suffix
         for metric_name, metric in aggregation.metrics.items()
-        for suffix, kind in metric.outputs()
+        for suffix, kind in metric.outputs(aggregation.column_types)
         if kind in ("long", "double") and suffix not in ("_error", "_is_exact")
     ]
     answer: dict[str, Any] = {

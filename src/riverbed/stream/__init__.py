@@ -20,10 +20,27 @@ if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
-    from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Quantile, Sum, TopK
+    from riverbed.stream.metrics import (
+        ArgMax,
+        ArgMin,
+        Count,
+        Distinct,
+        First,
+        Last,
+        Max,
+        Mean,
+        Min,
+        Quantile,
+        Sum,
+        TopK,
+    )
     from riverbed.stream.windows import Hopping, Sliding, Tumbling
 
 _WHERE = {
+    "ArgMax": "metrics",
+    "ArgMin": "metrics",
+    "First": "metrics",
+    "Last": "metrics",
     "Aggregation": "aggregation",
     "Count": "metrics",
     "Distinct": "metrics",
@@ -45,9 +62,13 @@ _WHERE = {
 
 __all__ = [
     "Aggregation",
+    "ArgMax",
+    "ArgMin",
     "Count",
     "Distinct",
+    "First",
     "Hopping",
+    "Last",
     "Max",
     "Mean",
     "Min",

@@ -47,9 +47,10 @@ class Aggregation:
     keep_closed: str = "0s"  # keep closed windows this long past the watermark (queries)
     where: str | None = None  # Spark SQL: the events to count
     columns: Mapping[str, str] = field(default_factory=dict)  # name -> Spark SQL expression
-    # the result types of a composite key's parts (Spark DDL names), resolved at start
-    # from the source's schema (riverbed.stream.keys.resolved); "string" until then
-    key_types: Mapping[str, str] = field(default_factory=dict)
+    # the result types (Spark DDL names) of the columns whose values results carry —
+    # a composite key's parts, the values First/Last/ArgMax/ArgMin return — resolved at
+    # start from the source's schema (riverbed.stream.keys.resolved); "string" until then
+    column_types: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.key, list | tuple):
@@ -63,7 +64,7 @@ class Aggregation:
             raise StreamValueError(f"key must be a column or a list of columns: {self.key!r}")
         if KEY in self.key_parts:
             raise StreamValueError(f"a key cannot be named {KEY!r} (riverbed's own column)")
-        object.__setattr__(self, "key_types", dict(self.key_types))
+        object.__setattr__(self, "column_types", dict(self.column_types))
         if not _NAME.match(self.name):
             raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
         if not self.metrics:
@@ -127,9 +128,9 @@ class Aggregation:
         derived): the key, the time, and the metrics' columns."""
         cols = [self.key_column, self.time]
         for metric in self.metrics.values():
-            column = getattr(metric, "column", None)
-            if column and column not in cols:
-                cols.append(column)
+            for column in (getattr(metric, "column", None), getattr(metric, "by", None)):
+                if column and column not in cols:  # (ArgMax/ArgMin compare by a column)
+                    cols.append(column)
         cols += [where_column(name) for name, m in self.metrics.items() if m.where is not None]
         return cols
 

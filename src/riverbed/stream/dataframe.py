@@ -282,7 +282,7 @@ def start(
         options = {str(k): str(v) for k, v in source.items()}
         options.setdefault("log", log_url or load_config().log_url)
         log_url = log_url or options["log"]
-    if options is None and spec.composite:  # its parts' types, from the DataFrame's schema
+    if options is None:  # the types of the values results carry, from the DataFrame's
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from riverbed.stream.derive import column_types

@@ -49,7 +49,7 @@ from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
 from riverbed.stream import keys
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.metrics import where_column
+from riverbed.stream.metrics import VALUE_METRICS, where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def partials_of(
             columns[metric.column] if hasattr(metric, "column") else None,
             # a metric's own where: the events it counts (NULL: not counted)
             _counted(columns[where_column(name)]) if metric.where is not None else None,
+            # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
+            _compared(metric, columns, ts),
         )
         for name, metric in spec.metrics.items()
     ]
@@ -161,11 +163,23 @@ def partials_of(
     for a, b in itertools.pairwise(bounds):
         picked = rows_all[a:b]
         partials = {}
-        for name, metric, column, counts in metrics:
+        for name, metric, column, counts, by in metrics:
             mine = picked if counts is None else picked[counts[picked]]
-            partials[name] = metric.partial(column[mine] if column is not None else None, len(mine))
+            values = column[mine] if column is not None else None
+            if by is None:
+                partials[name] = metric.partial(values, len(mine))
+            else:
+                partials[name] = metric.partial(values, len(mine), by[mine])  # type: ignore[call-arg]
         out.append((int(starts_all[a]), str(names[key_codes[a]]), partials))
     return out
+
+
+def _compared(metric: Any, columns: dict[str, np.ndarray], ts: np.ndarray) -> np.ndarray | None:
+    """What a metric that picks one event compares: the event time for First and Last,
+    the ``by`` column for ArgMax and ArgMin; None for the others."""
+    if not isinstance(metric, VALUE_METRICS):
+        return None
+    return ts if metric.by is None else columns[metric.by]
 
 
 def _counted(condition: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.metrics import VALUE_METRICS
 
 __all__ = ["decode", "encode", "resolved"]
 
@@ -97,11 +98,11 @@ def _plain(value: Any) -> Any:
 
 
 def decode(keys: list[str], spec: Aggregation) -> dict[str, list[Any]]:
-    """The parts of encoded keys, as columns typed by ``spec.key_types``."""
+    """The parts of encoded keys, as columns typed by ``spec.column_types``."""
     values = [json.loads(k) for k in keys]
     out: dict[str, list[Any]] = {}
     for i, name in enumerate(spec.key_parts):
-        kind = spec.key_types.get(name, "string")
+        kind = spec.column_types.get(name, "string")
         column = [v[i] for v in values]
         if kind == "timestamp":
             out[name] = [pd.Timestamp(v).tz_convert("UTC") for v in column]
@@ -113,15 +114,18 @@ def decode(keys: list[str], spec: Aggregation) -> dict[str, list[Any]]:
 
 
 def resolved(spec: Aggregation, types: dict[str, Any]) -> Aggregation:
-    """``spec`` with its composite key's part types (``types``: a column's Spark SQL
-    type, riverbed.stream.expressions.SqlType, for the source's fields and the derived
-    columns), so the result table types each part as its column."""
-    if not spec.composite:
+    """``spec`` with the types of the columns its results carry values of — a composite
+    key's parts, the columns First/Last/ArgMax/ArgMin return — (``types``: a column's
+    Spark SQL type, riverbed.stream.expressions.SqlType, for the source's fields and the
+    derived columns), so the result table types each as its column."""
+    names = list(spec.key_parts) if spec.composite else []
+    names += [m.column for m in spec.metrics.values() if isinstance(m, VALUE_METRICS)]
+    if not names:
         return spec
     found = {}
-    for name in spec.key_parts:
+    for name in names:
         t = types.get(name)
         found[name] = _RESULT_TYPES.get(getattr(t, "name", ""), "string")
-    if found == dict(spec.key_types):
+    if found == dict(spec.column_types):
         return spec
-    return dataclasses.replace(spec, key_types=found)
+    return dataclasses.replace(spec, column_types=found)

@@ -62,6 +62,7 @@ from riverbed.stream.engine import (
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import Checkpoint, handoff_dir, is_local
+from riverbed.stream.metrics import VALUE_METRICS
 from riverbed.stream.plan import balanced_groups, slices_json
 from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
@@ -667,7 +668,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
     schema = StructType(list(parsed.fields) + META_FIELDS)
     derived = _derived_names(config.spec, schema)
-    config = _with_key_types(config, schema)
+    config = _with_column_types(config, schema)
     missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
     if missing:
         raise StreamValueError(
@@ -700,10 +701,11 @@ def _derived_names(spec: Any, schema: Any) -> list[str]:
     return [*names, KEY] if spec.composite else names
 
 
-def _with_key_types(config: EngineConfig, schema: Any) -> EngineConfig:
+def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:
     """``config`` with its spec's composite key part types, from the source's schema and
     the derived columns (the result table types each part as its column)."""
-    if not config.spec.composite:
+    spec = config.spec
+    if not spec.composite and not any(isinstance(m, VALUE_METRICS) for m in spec.metrics.values()):
         return config
     from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -12,6 +12,8 @@ columns (:mod:`riverbed.stream.derive`, as the column :func:`where_column` names
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,7 +38,7 @@ class Count:
     def result(self, value: Any) -> dict[str, Any]:
         return {"": int(value)}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "long")]
 
 
@@ -55,7 +57,7 @@ class Sum:
     def result(self, value: Any) -> dict[str, Any]:
         return {"": value}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "double")]
 
 
@@ -74,7 +76,7 @@ class Min:
     def result(self, value: Any) -> dict[str, Any]:
         return {"": value}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "double")]
 
 
@@ -93,7 +95,7 @@ class Max:
     def result(self, value: Any) -> dict[str, Any]:
         return {"": value}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "double")]
 
 
@@ -113,7 +115,7 @@ class Mean:
     def result(self, value: Any) -> dict[str, Any]:
         return {"": value[0] / value[1] if value[1] else None}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "double")]
 
 
@@ -169,7 +171,7 @@ class Distinct:
         count = self._load(value).count()
         return {"": round(count.value), "_is_exact": count.exact, "_error": count.rel_error}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", "long"), ("_is_exact", "boolean"), ("_error", "double")]
 
 
@@ -232,7 +234,7 @@ class Quantile:
         out["_error"] = 0.0 if exact else float(sketch.normalized_rank_error(False))
         return out
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [(self._suffix(q), "double") for q in self.quantiles] + [("_error", "double")]
 
 
@@ -318,7 +320,7 @@ class TopK:
         error = max((int(upper) - int(lower) for _, _, lower, upper in best), default=0)
         return {"": top, "_is_exact": False, "_error": error}
 
-    def outputs(self) -> list[tuple[str, str]]:
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
         return [("", TOP), ("_is_exact", "boolean"), ("_error", "long")]
 
 
@@ -339,7 +341,142 @@ def _isnull(column: np.ndarray) -> np.ndarray:
     return np.zeros(len(column), dtype=bool)
 
 
-Metric = Count | Sum | Min | Max | Mean | Distinct | Quantile | TopK
+def _python(value: Any) -> Any:
+    """A value as msgpack stores it: numpy scalars as Python, times as epoch µs."""
+    if isinstance(value, np.datetime64):
+        return int(value.astype("datetime64[us]").astype(np.int64))
+    if hasattr(value, "value") and hasattr(value, "tz_localize"):  # a pandas Timestamp
+        return int(value.as_unit("us").value)
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _present(column: np.ndarray) -> np.ndarray:
+    present: np.ndarray = ~_isnull(column)
+    if column.dtype.kind == "M":
+        present &= ~np.isnat(column)
+    return present
+
+
+@dataclass(frozen=True)
+class _Picked:
+    """A metric that returns one event's value of ``column``: the event picked by
+    ``_order`` — (ordering value, value) pairs compared as tuples, the largest wins —
+    among the events whose value and ordering value are present (NULLs are skipped, as
+    Spark's ``first(col, ignoreNulls=true)``). Ties go to the smallest value (for the
+    largest ordering value) so every path and merge order picks the same one."""
+
+    column: str
+    returns_value = True  # its result is a value of ``column`` (typed as the column)
+
+    def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def partial(self, column: np.ndarray | None, n: int, by: np.ndarray | None = None) -> Any:
+        assert column is not None and by is not None
+        keep = _present(column) & _present(by)
+        best: list[Any] | None = None
+        for b, v in zip(by[keep].tolist(), column[keep].tolist(), strict=True):
+            candidate = [_python(b), _python(v)]
+            if best is None or self._order(*candidate) > self._order(*best):
+                best = candidate
+        return best
+
+    def merge(self, a: Any, b: Any) -> Any:
+        if a is None or b is None:
+            return b if a is None else a
+        return a if self._order(*a) >= self._order(*b) else b
+
+    def result(self, value: Any) -> dict[str, Any]:
+        return {"": None if value is None else value[1]}
+
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
+        return [("", types.get(self.column, "string"))]
+
+
+@dataclass(frozen=True)
+class First(_Picked):
+    """The value of ``column`` at the earliest event time of the window and key."""
+
+    where: str | None = None  # Spark SQL: only the events it is true for
+    by: str | None = None  # (the event time)
+
+    def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
+        return (-by, _desc(value))
+
+
+@dataclass(frozen=True)
+class Last(_Picked):
+    """The value of ``column`` at the latest event time of the window and key."""
+
+    where: str | None = None
+    by: str | None = None  # (the event time)
+
+    def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
+        return (by, _desc(value))
+
+
+@dataclass(frozen=True)
+class ArgMax(_Picked):
+    """The value of ``column`` of the event with the largest ``by``."""
+
+    by: str = ""
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.by:
+            raise StreamValueError(f"{type(self).__name__} needs by=, the column to compare")
+
+    def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
+        return (by, _desc(value))
+
+
+@dataclass(frozen=True)
+class ArgMin(_Picked):
+    """The value of ``column`` of the event with the smallest ``by``."""
+
+    by: str = ""
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.by:
+            raise StreamValueError(f"{type(self).__name__} needs by=, the column to compare")
+
+    def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
+        return (-by if isinstance(by, int | float) else _Reverse(by), _desc(value))
+
+
+@functools.total_ordering
+class _Reverse:
+    """Orders its value backwards (for text, which has no negative)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __lt__(self, other: _Reverse) -> bool:
+        return bool(self.value > other.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Reverse) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _desc(value: Any) -> Any:
+    """A tie goes to the smallest value: compare values backwards."""
+    return (
+        -value
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else _Reverse(value)
+    )
+
+
+Metric = (
+    Count | Sum | Min | Max | Mean | Distinct | Quantile | TopK | First | Last | ArgMax | ArgMin
+)
+VALUE_METRICS = (First, Last, ArgMax, ArgMin)  # their result is a value of their column
 
 
 def where_column(name: str) -> str:

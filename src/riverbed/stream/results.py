@@ -36,9 +36,9 @@ def output_columns(spec: Aggregation) -> list[tuple[str, str]]:
     (``Metric.outputs``)."""
     cols = [("window_start", "timestamp"), ("window_end", "timestamp"), ("key", "string")]
     if spec.composite:  # each part under its own name too (riverbed.stream.keys)
-        cols += [(part, spec.key_types.get(part, "string")) for part in spec.key_parts]
+        cols += [(part, spec.column_types.get(part, "string")) for part in spec.key_parts]
     for name, metric in spec.metrics.items():
-        cols += [(name + suffix, kind) for suffix, kind in metric.outputs()]
+        cols += [(name + suffix, kind) for suffix, kind in metric.outputs(spec.column_types)]
     return [*cols, ("batch_id", "long")]
 
 
