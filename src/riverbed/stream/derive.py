@@ -98,8 +98,9 @@ def _named(failed: pa.Array, where: str) -> pa.Array:
 
 
 def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | None:
-    """The spec's derivation over input columns of ``schema``; ``None`` when it has
-    neither ``columns`` nor ``where``. :class:`ExpressionError` names what cannot be."""
+    """The spec's derivation over input columns of ``schema``; ``None`` when it has no
+    ``columns``, ``where``, metric ``where`` or composite key.
+    :class:`ExpressionError` names what cannot be evaluated."""
     if not spec.derives:
         return None
     known = dict(schema)
@@ -198,6 +199,7 @@ def spark_schema(derived: Derivation, given: Any) -> Any:
         NullType,
         StringType,
         StructField,
+        StructType,
         TimestampType,
     )
 
@@ -213,8 +215,6 @@ def spark_schema(derived: Derivation, given: Any) -> Any:
             "timestamp": TimestampType(),
             "void": NullType(),
         }[t.name]
-
-    from pyspark.sql.types import StructType
 
     fields = list(given.fields)
     fields += [StructField(name, spark(c.type)) for name, c in derived.columns]
@@ -232,7 +232,7 @@ def map_in_arrow(spec: Aggregation) -> Any:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             derived = derivation(spec, batch.schema)
-            assert derived is not None  # only a spec with columns or where maps
+            assert derived is not None  # only a spec that derives something maps
             table, why, kept = derived.apply(batch)
             if "_error" in table.column_names:
                 at = table.schema.get_field_index("_error")
