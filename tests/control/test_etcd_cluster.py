@@ -45,10 +45,17 @@ def test_clients_continue_and_lose_no_acknowledged_write_when_leader_dies(
 
     writer = threading.Thread(target=write)
     writer.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while not acked and time.monotonic() < deadline:  # the client is writing
+        time.sleep(0.01)
     etcd_cluster.kill(leader)
     killed.set()
-    time.sleep(2.5)
+    # writes go on until some were acknowledged by the new leader (not for a fixed
+    # time: a new leader takes ~0.6-1.5 s here, longer on a loaded host), and a little
+    # beyond, so the client works through the failover and after it
+    deadline = time.monotonic() + 60
+    while acked_after_kill < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
     stop.set()
     writer.join(timeout=30)
 
