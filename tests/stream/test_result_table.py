@@ -102,3 +102,44 @@ def test_a_writer_fenced_after_writing_replaces_nothing_and_leaves_no_staging(
         results.write_output(str(out), SPEC, 0, batch(0, ["z"]), fence=fenced)
     assert (part.read_bytes(), part.stat().st_ino) == before
     assert sorted(p.name for p in out.iterdir()) == ["batch_id=0"]  # no staging left
+
+
+def test_compaction_drops_tombstones_with_the_rows_they_hid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session table: rows merged away have tombstones (``deleted``); the reader never
+    shows them, and compaction folds them away with the rows they hid."""
+    from riverbed.stream.windows import Session
+
+    spec = Aggregation(name="s", key="k", time="ts", window=Session("5m"), metrics={"n": Count()})
+    monkeypatch.setattr(results, "COMPACT_AFTER", 2)
+    out = tmp_path / "out"
+
+    def rows(batch_id: int, keys: list[str], deleted: bool, hour: int = 0) -> pd.DataFrame:
+        frame = batch(batch_id, keys, hour).assign(deleted=deleted)
+        if deleted:
+            frame["window_end"] = pd.NaT
+        return frame
+
+    results.write_output(str(out), spec, 0, rows(0, ["a", "b"], False))
+    # batch 1: "a" now starts an hour earlier; its old row is a tombstone
+    results.write_output(
+        str(out),
+        spec,
+        1,
+        pd.concat([rows(1, ["a"], False, hour=-1), rows(1, ["a"], True)], ignore_index=True),
+    )
+    results.write_output(str(out), spec, 2, rows(2, ["c"], False, hour=2))
+    before = read_results(out)
+    assert "deleted" not in before.columns
+    assert sorted(zip(before["key"], before["window_start"], strict=True)) == [
+        ("a", T - pd.Timedelta(hours=1)),
+        ("b", T),
+        ("c", T + pd.Timedelta(hours=2)),
+    ]
+    assert results.compact_output(str(out), spec, 2) == 2
+    compacted = pd.read_parquet(next((out / "batch_id=2").glob("compacted-*.parquet")))
+    assert not compacted["deleted"].any()
+    pd.testing.assert_frame_equal(
+        read_results(out).drop(columns="batch_id"), before.drop(columns="batch_id")
+    )

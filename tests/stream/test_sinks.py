@@ -186,3 +186,101 @@ def test_engine_writes_the_same_results_to_sql_topic_and_live_state(
     batch0 = values[values["batch_id"] == 0]
     assert first["n"].sum() == batch0["n"].sum() == 500
     assert sorted(first["key"]) == sorted(batch0["key"])
+
+
+def check_tombstones(sink: SqlSink) -> None:
+    """A session merged away (``deleted``) is deleted from the SQL table — unless the
+    stored row is newer than the tombstone."""
+    first = pd.concat([rows(0, 3, key="a"), rows(0, 4, key="b")], ignore_index=True)
+    sink.upsert("visits", first.assign(deleted=False))
+    later = T - pd.Timedelta(minutes=30)  # "a" now starts earlier: its old row goes
+    grown = rows(1, 9, key="a").assign(window_start=[later], deleted=False)
+    gone = rows(1, 0, key="a").assign(deleted=True, window_end=pd.NaT)
+    assert sink.upsert("visits", pd.concat([grown, gone], ignore_index=True)) == 2
+    stale = rows(0, 0, key="b").assign(deleted=True, batch_id=-1)  # older than the row
+    sink.upsert("visits", stale)
+    table = sink.read("visits")
+    assert "deleted" not in table.columns
+    assert sorted(zip(table["key"], table["users"], table["batch_id"], strict=True)) == [
+        ("a", 9, 1),
+        ("b", 4, 0),
+    ]
+    assert pd.Timestamp(table[table["key"] == "a"]["window_start"].iloc[0]) == later
+
+
+def test_sqlite_deletes_sessions_merged_away(tmp_path: Path) -> None:
+    check_tombstones(SqlSink(f"sqlite:///{tmp_path / 'results.db'}"))
+
+
+@pytest.mark.postgres
+def test_postgres_deletes_sessions_merged_away(postgres_db: str) -> None:
+    check_tombstones(SqlSink(postgres_db))
+
+
+@pytest.mark.spark
+def test_sessions_in_sql_and_topic_sinks_equal_the_result_table(spark: Any, tmp_path: Path) -> None:
+    """Sessions merging across batches: the SQL table holds the current sessions only,
+    and a topic consumer that applies records in order (deletes included) ends with
+    the same rows."""
+    from riverbed.log import open as open_log
+    from riverbed.stream import Aggregation, Count, Session, read_results, start
+    from tests.stream.conftest import write_events
+    from tests.stream.test_engine import session_events
+
+    url = f"file://{tmp_path / 'log'}"
+    write_events(url, session_events(1200, seed=71).sample(frac=1, random_state=1))
+    spec = Aggregation(
+        name="visits",
+        key="flag",
+        time="ts",
+        window=Session("5m"),
+        watermark="10h",
+        metrics={"n": Count()},
+        state_partitions=3,
+    )
+    sql = f"sqlite:///{tmp_path / 'results.db'}"
+    options = {
+        "topic": "events",
+        "log": url,
+        "schema": "user_id long, flag string, amount double, ts timestamp",
+        "maxRecordsPerBatch": "300",
+    }
+    query = start(
+        spark,
+        spec,
+        options,
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        sql=sql,
+        topic="visits.results",
+        log_url=url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None
+    parquet = read_results(tmp_path / "out")
+    want = sorted(
+        zip(
+            parquet["window_start"].map(pd.Timestamp.isoformat),
+            parquet["key"],
+            parquet["n"],
+            strict=False,
+        )
+    )
+    table = SqlSink(sql).read("visits")
+    assert sorted(zip(table["window_start"], table["key"], table["n"], strict=True)) == want
+    log = open_log(url)
+    records = [
+        r.value
+        for p in log.offsets("visits.results")
+        for r in log.read("visits.results", p.partition, 0, 10**6)
+    ]
+    assert any(v["deleted"] for v in records)
+    seen: dict[tuple[str, str], Any] = {}
+    for value in sorted(records, key=lambda v: v["batch_id"]):
+        if value["deleted"]:
+            seen.pop((value["window_start"], value["key"]), None)
+        else:
+            seen[(value["window_start"], value["key"])] = value["n"]
+    assert sorted((s, k, n) for (s, k), n in seen.items()) == want
+    log.close()

@@ -218,3 +218,27 @@ def test_first_last_argmax_argmin_pick_the_same_event_in_any_merge_order(
                 partial = metric.partial(v, len(part), t)
                 merged = partial if merged is None else metric.merge(merged, partial)
             assert metric.result(merged)[""] == want[name], (name, order)
+
+
+def test_session_specs_are_checked_and_late_means_before_the_watermark() -> None:
+    from riverbed.stream.errors import StreamValueError
+    from riverbed.stream.windows import Session, late, span
+
+    with pytest.raises(StreamValueError, match="gap must be positive"):
+        Session("0s")
+    with pytest.raises(StreamValueError, match="window must be Tumbling"):
+        Aggregation(name="a", key="k", window="5m", metrics={"n": Count()})  # type: ignore[arg-type]
+    with pytest.raises(StreamValueError, match="'deleted' names a column"):
+        Aggregation(name="a", key="k", window=Session("5m"), metrics={"deleted": Count()})
+    with pytest.raises(StreamValueError, match="'key' names a column"):
+        Aggregation(name="a", key=["key", "x"], window=Tumbling("1h"), metrics={"n": Count()})
+    spec = Aggregation(name="a", key="k", window=Session("5m"), metrics={"n": Count()})
+    assert spec.sessions and pickle.loads(pickle.dumps(spec)) == spec
+    ts = np.array([999, 1000, 1001])
+    assert late(Session("5m"), ts, 1000).tolist() == [True, False, False]
+    # a fixed window's event is late once its last window ended: [0, 1000) closes at 1000
+    assert late(Tumbling("1s"), ts, 1000).tolist() == [True, False, False]
+    first, last = span(Session("5m"), ts)
+    assert first.tolist() == ts.tolist() and (last - ts).tolist() == [300_000] * 3
+    first, last = span(Hopping("1h", "15m"), np.array([HOUR]))
+    assert first.tolist() == [HOUR - 3 * 900_000] and last.tolist() == [2 * HOUR]

@@ -386,7 +386,11 @@ def _query(args: argparse.Namespace) -> int:
             print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
         return 0
     table = Table(title=f"{name} ({len(frame)} rows)")
-    columns = [c for c in frame.columns if c not in ("window_end", "batch_id")]
+    # window_end says something when windows differ in length (sessions); fixed
+    # windows' is their start + size, left out
+    lengths = (frame["window_end"] - frame["window_start"]).nunique() if len(frame) else 0
+    hidden = ("batch_id",) if lengths > 1 else ("window_end", "batch_id")
+    columns = [c for c in frame.columns if c not in hidden]
     for column in columns:
         table.add_column(column)
     for row in frame[columns].itertuples(index=False):

@@ -4,6 +4,17 @@ A windowed key is ``window_start`` (milliseconds since the epoch, 8 bytes big-en
 so byte order = time order) followed by the user key. Every key of windows that
 ended before a watermark is then in one contiguous range, deleted with a single
 ``delete_range`` — recorded in the changelog like any other write.
+
+Session windows move (a session grows, starts earlier, merges with the next), so
+their state is found by key, and expired by end:
+
+* ``0x01 + user key`` — the key's sessions (one value: all of them, few per key);
+* ``0x02 + end + start + user key`` — an index entry per session, by end (8 bytes
+  each, big-endian), so the sessions the watermark closed are one range scan and
+  their index one range delete.
+
+A window key's first byte is 0 for every window start before the year 2,280,000, so
+the three layouts never meet.
 """
 
 from __future__ import annotations
@@ -51,3 +62,27 @@ def window_prefix(window_start: datetime | int) -> bytes:
 def expire_before(store: StateStore, window_start: datetime | int) -> None:
     """Delete every window that starts before ``window_start`` (one range delete)."""
     store.delete_range(_TS.pack(0), window_prefix(window_start))
+
+
+SESSIONS = b"\x01"  # + user key -> the key's sessions
+SESSION_ENDS = b"\x02"  # + end + start + user key -> b""
+
+
+def session_key(key: bytes) -> bytes:
+    return SESSIONS + key
+
+
+def session_end_key(end: int, start: int, key: bytes) -> bytes:
+    return SESSION_ENDS + _TS.pack(to_millis(end)) + _TS.pack(to_millis(start)) + key
+
+
+def split_session_end_key(data: bytes) -> tuple[int, int, bytes]:
+    """(end, start, user key) of a :func:`session_end_key`."""
+    (end,) = _TS.unpack_from(data, 1)
+    (start,) = _TS.unpack_from(data, 1 + _TS.size)
+    return int(end), int(start), data[1 + 2 * _TS.size :]
+
+
+def session_ends(lo: int, hi: int) -> tuple[bytes, bytes]:
+    """The range of index entries of sessions that end in ``[lo, hi)`` (ms)."""
+    return SESSION_ENDS + _TS.pack(max(lo, 0)), SESSION_ENDS + _TS.pack(max(hi, 0))

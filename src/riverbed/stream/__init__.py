@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         Sum,
         TopK,
     )
-    from riverbed.stream.windows import Hopping, Sliding, Tumbling
+    from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
     "ArgMax": "metrics",
@@ -56,6 +56,7 @@ _WHERE = {
     "RiverbedDataSource": "riverbed.spark.source",
     "register": "riverbed.spark.source",
     "Hopping": "windows",
+    "Session": "windows",
     "Sliding": "windows",
     "Tumbling": "windows",
 }
@@ -74,6 +75,7 @@ __all__ = [
     "Min",
     "Quantile",
     "RiverbedDataSource",
+    "Session",
     "Sliding",
     "Sum",
     "TopK",

@@ -10,10 +10,13 @@ from typing import Literal
 from riverbed.durations import duration_ms
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.metrics import Metric, where_column
-from riverbed.stream.windows import Window
+from riverbed.stream.windows import WINDOWS, Session, Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 KEY = "_key"  # a composite key's column in a batch: its parts' values as JSON text
+DELETED = "deleted"  # a session's tombstone in the results (riverbed.stream.sessions)
+# the result table's own columns (riverbed.stream.results): no metric or key part's name
+RESERVED = ("window_start", "window_end", "key", DELETED, "batch_id")
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,18 @@ class Aggregation:
         object.__setattr__(self, "column_types", dict(self.column_types))
         if not _NAME.match(self.name):
             raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
+        if not isinstance(self.window, WINDOWS):
+            raise StreamValueError(
+                f"window must be Tumbling, Hopping, Sliding or Session, not {self.window!r}"
+            )
         if not self.metrics:
             raise StreamValueError("an aggregation needs at least one metric")
+        for taken in [*self.metrics, *(self.key_parts if self.composite else ())]:
+            if taken in RESERVED:
+                raise StreamValueError(
+                    f"{taken!r} names a column of riverbed's results ({', '.join(RESERVED)}): "
+                    "choose another name"
+                )
         for metric_name in self.metrics:
             if not _NAME.match(metric_name):
                 raise StreamValueError(f"metric name {metric_name!r}: letters, digits, '_'")
@@ -111,6 +124,11 @@ class Aggregation:
     def key_parts(self) -> tuple[str, ...]:
         """The key's columns: one, or a composite key's parts."""
         return self.key if isinstance(self.key, tuple) else (self.key,)
+
+    @property
+    def sessions(self) -> bool:
+        """Whether the window is a :class:`~riverbed.stream.windows.Session`."""
+        return isinstance(self.window, Session)
 
     @property
     def composite(self) -> bool:

@@ -17,7 +17,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.state import StateConfig
 from riverbed.stream import kafka
-from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     finish,
@@ -46,8 +46,9 @@ from riverbed.stream.layout import (
     state_root,
 )
 from riverbed.stream.records import Batches, next_record, open_batches
-from riverbed.stream.results import output_schema, read_table
+from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
+from riverbed.stream.windows import late_column
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -153,10 +154,10 @@ def foreach_batch(config: EngineConfig) -> Any:
             ).first()
             if stats["max_ms"] is not None:
                 record.max_event_ms = max(record.max_event_ms, int(stats["max_ms"]))
-            hop = spec.window.hop_ms
-            last_start = F.floor(F.unix_millis(F.col(spec.time)) / hop) * hop
             # late events go to the side topic whole, so they can be reprocessed
-            late = whole.filter(last_start + spec.window.size_ms <= F.lit(watermark))
+            late = whole.filter(
+                late_column(spec.window, F.unix_millis(F.col(spec.time)), watermark)
+            )
             # counted once: a re-run keeps the recorded counts and skips these Spark jobs
             if record.late is None:
                 record.late = late.count()
@@ -363,16 +364,15 @@ def _initialization_failure(query: Any, timeout: float) -> str | None:
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
-    """The current result table: per (window, key), the row of the latest batch
-    (``output``: a directory, or a bucket's ``s3://bucket/prefix/output/<name>``)."""
+    """The current result table: per (window, key), the row of the latest batch, less
+    the sessions merged away (``output``: a directory, or a bucket's ``s3://bucket/prefix/output/<name>``)."""
     table = read_table(location(output))
     if table is None:
         return pd.DataFrame()
     frame = table.to_pandas()
     if frame.empty:
         return frame
-    frame = _utc(frame).sort_values("batch_id")
-    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
+    frame = current(_utc(frame)).drop(columns=[DELETED], errors="ignore")  # all false now
     return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
 
 
@@ -384,11 +384,9 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
     Reads go through durable storage into a private directory: a running query is
     never blocked, and what it has not committed is never seen.
     """
-    import msgpack
-
     from riverbed.state import StateProvider
     from riverbed.state.query import read_state
-    from riverbed.stream.engine import _rows
+    from riverbed.stream.engine import rows_from_state
     from riverbed.stream.results import empty_rows
 
     provider = StateProvider(state)
@@ -397,16 +395,13 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
     version = None if batch_id is None else batch_id + 1
     frames = []
     for batch in read_state(provider, spec.name, version):
-        values = {
-            key: msgpack.unpackb(value, raw=False)
-            for key, value in zip(
-                batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True
-            )
-        }
-        frames.append(_rows(spec, values, batch.column("version")[0].as_py() - 1))
+        values = dict(
+            zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True)
+        )
+        frames.append(rows_from_state(spec, values, batch.column("version")[0].as_py() - 1))
     if not frames:
         return empty_rows(spec)
-    frame = pd.concat(frames, ignore_index=True)
+    frame = pd.concat(frames, ignore_index=True).drop(columns=[DELETED], errors="ignore")
     return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
 
 

@@ -45,12 +45,22 @@ import pandas as pd
 
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
-from riverbed.state.keys import split_window_key_ms, window_key, window_prefix
-from riverbed.stream import keys
+from riverbed.state.keys import (
+    SESSIONS,
+    session_end_key,
+    session_ends,
+    session_key,
+    split_session_end_key,
+    split_window_key_ms,
+    window_key,
+    window_prefix,
+)
+from riverbed.stream import keys, sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import VALUE_METRICS, where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
+from riverbed.stream.windows import Session
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +129,36 @@ def partials_of(
 ) -> list[Partial]:
     """Per (window, key) partials of one frame of events, vectorized per group. Events
     only count toward windows the watermark has not closed. ``ts``: the frame's event
-    times in ms, when the caller has them already."""
+    times in ms, when the caller has them already. A session's partials carry its end
+    (:data:`riverbed.stream.sessions.END`)."""
     if pdf.empty:
         return []
-    size = spec.window.size_ms
     if ts is None:
         ts = event_millis(pdf[spec.time])
     key = pdf[spec.key_column]
-    columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
+    # group by (window, key) with numpy: sort once, cut where either changes (a pandas
+    # groupby costs ~0.2 ms a group, which dominates small batches)
+    if isinstance(key.dtype, pd.CategoricalDtype):  # the log-native path's string keys
+        codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
+    else:
+        codes, names = pd.factorize(key.astype(str).to_numpy())
+    partial = _partial_maker(spec, pdf, ts)
+    window = spec.window
+    if isinstance(window, Session):
+        gap = window.gap_ms
+        rows_all = np.flatnonzero(ts >= watermark_ms)  # before it: late (windows.late)
+        order, bounds = sessions.cut(ts[rows_all], codes[rows_all], gap)
+        rows_all = rows_all[order]
+        out: list[Partial] = []
+        for a, b in itertools.pairwise(bounds):
+            picked = rows_all[a:b]
+            partials = partial(picked)
+            partials[sessions.END] = int(ts[picked[-1]]) + gap
+            out.append((int(ts[picked[0]]), str(names[codes[picked[0]]]), partials))
+        return out
+    size = window.size_ms
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
-    for starts in spec.window.starts(ts):
+    for starts in window.starts(ts):
         open_ = np.flatnonzero(starts + size > watermark_ms)  # closed windows take no more
         if len(open_):
             window_starts.append(starts[open_])
@@ -136,17 +166,22 @@ def partials_of(
     if not rows:
         return []
     starts_all, rows_all = np.concatenate(window_starts), np.concatenate(rows)
-    # group by (window, key) with numpy: sort once, cut where either changes (a pandas
-    # groupby costs ~0.2 ms a group, which dominates small batches)
-    if isinstance(key.dtype, pd.CategoricalDtype):  # the log-native path's string keys
-        codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
-    else:
-        codes, names = pd.factorize(key.astype(str).to_numpy())
     key_codes = codes[rows_all]
     order = np.lexsort((key_codes, starts_all))
     starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]
     cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
     bounds = [0, *cuts.tolist(), len(rows_all)]
+    return [
+        (int(starts_all[a]), str(names[key_codes[a]]), partial(rows_all[a:b]))
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def _partial_maker(
+    spec: Aggregation, pdf: pd.DataFrame, ts: np.ndarray
+) -> Callable[[np.ndarray], dict[str, Any]]:
+    """A function from the rows of one (window, key) group to its metrics' partials."""
+    columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
     metrics = [
         (
             name,
@@ -159,9 +194,8 @@ def partials_of(
         )
         for name, metric in spec.metrics.items()
     ]
-    out: list[Partial] = []
-    for a, b in itertools.pairwise(bounds):
-        picked = rows_all[a:b]
+
+    def partial(picked: np.ndarray) -> dict[str, Any]:
         partials = {}
         for name, metric, column, counts, by in metrics:
             mine = picked if counts is None else picked[counts[picked]]
@@ -170,8 +204,9 @@ def partials_of(
                 partials[name] = metric.partial(values, len(mine))
             else:
                 partials[name] = metric.partial(values, len(mine), by[mine])  # type: ignore[call-arg]
-        out.append((int(starts_all[a]), str(names[key_codes[a]]), partials))
-    return out
+        return partials
+
+    return partial
 
 
 def _compared(metric: Any, columns: dict[str, np.ndarray], ts: np.ndarray) -> np.ndarray | None:
@@ -241,9 +276,22 @@ def merge_partition(
     ``batch_id``, merge, emit, expire closed windows, commit ``batch_id + 1``. Returns
     the rows to emit."""
     spec = config.spec
-    size = spec.window.size_ms
     provider = StateProvider(config.state)
     store = provider.load(spec.name, partition, version=batch_id)
+    if spec.sessions:
+        try:
+            emitted_sessions, removed = _merge_sessions(
+                spec, store, watermark_ms, previous_watermark_ms, partials
+            )
+            config.fence()  # a replaced driver's task must not commit a version
+            store.commit(batch_id + 1)
+        except BaseException:
+            store.abort()
+            raise
+        _failpoint(config, partition, batch_id)
+        return session_rows(spec, emitted_sessions, removed, batch_id)
+    assert not isinstance(spec.window, Session)
+    size = spec.window.size_ms
     try:
         # combine this batch's partials per (window, key) (several tasks made them)
         batch: dict[bytes, dict[str, Any]] = {}
@@ -279,6 +327,77 @@ def merge_partition(
         raise
     _failpoint(config, partition, batch_id)
     return _rows(spec, emitted, batch_id)
+
+
+SessionRow = tuple[str, int, int, dict[str, Any]]  # (key, start ms, end ms, partials)
+
+
+def _merge_sessions(
+    spec: Aggregation,
+    store: Any,
+    watermark_ms: int,
+    previous_watermark_ms: int,
+    partials: Iterable[Partial],
+) -> tuple[list[SessionRow], list[tuple[str, int]]]:
+    """:func:`merge_partition` for session windows (riverbed.stream.sessions; the state
+    layout: riverbed.state.keys): merge each key's new sessions into its stored ones,
+    emit (``final``: the sessions the watermark closed; ``update``: the ones that
+    changed, and the starts of the ones merged away), drop the expired. Returns the
+    sessions to emit and the removed (key, start) pairs."""
+    incoming: dict[str, list[sessions.Stored]] = {}
+    for start, key, partial in partials:
+        mine = dict(partial)
+        end = int(mine.pop(sessions.END))
+        incoming.setdefault(key, []).append((start, end, mine))
+
+    def combine(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return {n: m.merge(a[n], b[n]) for n, m in spec.metrics.items()}
+
+    emitted: list[SessionRow] = []
+    removed: list[tuple[str, int]] = []
+    names = sorted(incoming)
+    raw = [k.encode() for k in names]
+    for key, user_key, blob in zip(
+        names, raw, store.get_many([session_key(k) for k in raw]), strict=True
+    ):
+        stored = [(s, e, p) for s, e, p in msgpack.unpackb(blob, raw=False)] if blob else []
+        merged = sessions.merge(stored, incoming[key], combine)
+        for start, end in merged.gone:
+            store.delete(session_end_key(end, start, user_key))
+        for start, end, _ in merged.changed:
+            store.put(session_end_key(end, start, user_key), b"")
+        store.put(session_key(user_key), msgpack.packb(merged.sessions, use_bin_type=True))
+        if spec.output == "update":
+            emitted += [(key, s, e, p) for s, e, p in merged.changed]
+            removed += [(key, start) for start in merged.removed]
+    # sessions end before the watermark: closed (windows.late keeps later events out)
+    if spec.output == "final" and watermark_ms > previous_watermark_ms:
+        lo, hi = session_ends(previous_watermark_ms, watermark_ms)
+        for user_key, closed in _sessions_of(store, lo, hi):
+            emitted += [(user_key.decode(), s, e, p) for s, e, p in closed]
+    expire = watermark_ms - spec.keep_closed_ms
+    lo, hi = session_ends(0, expire)
+    for user_key, _ in _sessions_of(store, lo, hi):
+        blob = store.get(session_key(user_key))
+        kept = [s for s in msgpack.unpackb(blob, raw=False) if s[1] >= expire]
+        if kept:
+            store.put(session_key(user_key), msgpack.packb(kept, use_bin_type=True))
+        else:
+            store.delete(session_key(user_key))
+    store.delete_range(lo, hi)
+    return emitted, removed
+
+
+def _sessions_of(store: Any, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, list[Any]]]:
+    """Per key, its sessions whose index entries are in ``[lo, hi)`` (by end)."""
+    wanted: dict[bytes, set[int]] = {}
+    for k, _ in store.scan(start=lo, end=hi):
+        _, start, user_key = split_session_end_key(k)
+        wanted.setdefault(user_key, set()).add(start)
+    for user_key, starts in wanted.items():
+        blob = store.get(session_key(user_key))
+        every = msgpack.unpackb(blob, raw=False) if blob else []
+        yield user_key, [tuple(s) for s in every if s[0] in starts]
 
 
 def merger(
@@ -325,6 +444,54 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
     columns["window_start"] = _utc_us(start_ms)
+    assert not isinstance(spec.window, Session)
     columns["window_end"] = _utc_us(start_ms + spec.window.size_ms)
     columns["batch_id"] = [batch_id] * len(starts)
     return pd.DataFrame(columns, columns=names)
+
+
+def session_rows(
+    spec: Aggregation, emitted: list[SessionRow], removed: list[tuple[str, int]], batch_id: int
+) -> pd.DataFrame:
+    """Sessions as output rows, and a tombstone row (``deleted``, no end or metrics)
+    for each removed (key, start)."""
+    if not emitted and not removed:
+        return empty_rows(spec)
+    names = output_arrow_schema(spec).names
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for key, start, end, value in sorted(emitted, key=lambda s: (s[1], s[0])):
+        columns["key"].append(key)
+        columns["window_start"].append(start)
+        columns["window_end"].append(end)
+        for name, metric in spec.metrics.items():
+            for suffix, result in metric.result(value[name]).items():
+                columns[name + suffix].append(result)
+    for key, start in sorted(removed, key=lambda r: (r[1], r[0])):
+        columns["key"].append(key)
+        columns["window_start"].append(start)
+        columns["window_end"].append(None)
+        for name, metric in spec.metrics.items():
+            for suffix, _ in metric.outputs(spec.column_types):
+                columns[name + suffix].append(None)
+    columns["deleted"] = [False] * len(emitted) + [True] * len(removed)
+    if spec.composite:  # each part under its own name, typed (keys.py)
+        columns.update(keys.decode(columns["key"], spec))
+    columns["window_start"] = _utc_us(np.array(columns["window_start"], dtype=np.int64))
+    ends = np.array([0 if e is None else e for e in columns["window_end"]], dtype=np.int64)
+    columns["window_end"] = pd.Series(_utc_us(ends)).where(~np.array(columns["deleted"]))
+    columns["batch_id"] = [batch_id] * (len(emitted) + len(removed))
+    return pd.DataFrame(columns, columns=names)
+
+
+def rows_from_state(spec: Aggregation, values: dict[bytes, bytes], batch_id: int) -> pd.DataFrame:
+    """The windows a state partition holds (its key/value pairs, as stored) as output
+    rows: what ``read_live`` answers."""
+    if spec.sessions:
+        held = [
+            (k[len(SESSIONS) :].decode(), s[0], s[1], s[2])
+            for k, v in values.items()
+            if k.startswith(SESSIONS)
+            for s in msgpack.unpackb(v, raw=False)
+        ]
+        return session_rows(spec, held, [], batch_id)
+    return _rows(spec, {k: msgpack.unpackb(v, raw=False) for k, v in values.items()}, batch_id)

@@ -68,6 +68,7 @@ from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
+from riverbed.stream.windows import late as window_late
 
 if TYPE_CHECKING:
     from riverbed.log import Log
@@ -136,7 +137,6 @@ def _events(
     """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
     the rest is counted in ``side``. ``topic_log``: an open log to read through."""
     spec = cfg.engine.spec
-    hop, size = spec.window.hop_ms, spec.window.size_ms
     for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
@@ -168,8 +168,7 @@ def _events(
         # the grouping partials_of needs: no Python string per event)
         pdf = _narrow(batch, spec.reads(), spec.key_column).to_pandas()
         ts = event_millis(pdf[spec.time])
-        last_start = ts // hop * hop
-        late = last_start + size <= watermark_ms
+        late = window_late(spec.window, ts, watermark_ms)
         if late.any():
             side.late += int(late.sum())
             if sum(map(len, side.late_rows)) < SIDE_LIMIT:  # every column but _error

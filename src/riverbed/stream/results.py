@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pyarrow as pa
 
-from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.layout import checkpoint_store, is_local, local_path
 
 if TYPE_CHECKING:
@@ -39,7 +39,19 @@ def output_columns(spec: Aggregation) -> list[tuple[str, str]]:
         cols += [(part, spec.column_types.get(part, "string")) for part in spec.key_parts]
     for name, metric in spec.metrics.items():
         cols += [(name + suffix, kind) for suffix, kind in metric.outputs(spec.column_types)]
+    if spec.sessions:  # a tombstone: the session that started here was merged away
+        cols.append((DELETED, "boolean"))
     return [*cols, ("batch_id", "long")]
+
+
+def current(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows a reader sees: per (window_start, key) the newest batch's row, unless
+    that row is a tombstone (a session merged away: riverbed.stream.sessions)."""
+    frame = frame.sort_values("batch_id", kind="stable")
+    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
+    if DELETED in frame.columns:
+        frame = frame[~frame[DELETED].fillna(False).astype(bool)]
+    return frame
 
 
 def output_schema(spec: Aggregation) -> str:
@@ -215,10 +227,10 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
 
 
 def _folded(old: pa.Table, own: pa.Table, upto: int) -> pd.DataFrame:
-    """The latest row per (window_start, key) of ``old``, less the keys batch ``upto``
-    wrote itself (``own``: newer), relabelled as batch ``upto``."""
-    frame = old.to_pandas().sort_values("batch_id", kind="stable")
-    frame = frame.drop_duplicates(["window_start", "key"], keep="last")
+    """The latest row per (window_start, key) of ``old`` (tombstones dropped), less the
+    keys batch ``upto`` wrote itself (``own``: newer), relabelled as batch ``upto``."""
+    # a tombstone among the folded goes too: every row it hid is folded with it
+    frame = current(old.to_pandas())
     mine = pd.MultiIndex.from_frame(own.select(["window_start", "key"]).to_pandas())
     frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
     frame["batch_id"] = upto

@@ -1,13 +1,15 @@
 """Result sinks besides the Parquet table: SQL tables and riverbed topics.
 
 **SQL** (SQLite or PostgreSQL), upserted per batch. Rows are keyed by
-(window_start, key). An upsert only replaces a row written by the same or an earlier
-batch (``WHERE stored.batch_id <= new.batch_id``), so re-running a batch is harmless
-and a late retry of an old batch never overwrites newer results. Identifiers are
-validated names; values always travel as parameters.
+(window_start, key); a session merged into another is deleted. An upsert only
+replaces a row written by the same or an earlier batch (``WHERE stored.batch_id <=
+new.batch_id``), so re-running a batch is harmless and a late retry of an old batch
+never overwrites newer results. Identifiers are validated names; values always
+travel as parameters.
 
 **Topic**: each batch's rows become records of a riverbed topic (key = the
-aggregation key, value = the row as JSON with its ``batch_id`` and its window), so
+aggregation key, value = the row as JSON with its ``batch_id`` and its window; a
+session merged away is a record with ``"deleted": true`` and its window's start), so
 downstream consumers and groups follow results as a stream. A result record's
 timestamp is when it was written, never its window's time: a topic's retention counts
 from its records' timestamps (Kafka's, a diskless topic's), and results of old windows
@@ -33,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from riverbed.errors import ConfigError
+from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamValueError
 
 log = logging.getLogger(__name__)
@@ -92,9 +95,15 @@ class SqlSink:
         return sqlite3.connect(self.path)
 
     def upsert(self, table: str, frame: pd.DataFrame) -> int:
-        """Insert or replace rows of ``frame`` (must have window_start, key, batch_id)."""
+        """Insert or replace rows of ``frame`` (must have window_start, key, batch_id);
+        a tombstone row (``deleted``: a session merged away) deletes its row instead,
+        if the stored row is not newer. Returns the rows written or deleted."""
         if frame.empty:
             return 0
+        if DELETED in frame.columns:
+            gone = frame[DELETED].fillna(False).astype(bool).to_numpy()
+            deleted = self._delete(table, frame[gone]) if gone.any() else 0
+            return deleted + self.upsert(table, frame[~gone].drop(columns=[DELETED]))
         columns = list(frame.columns)
         for required in ("window_start", "key", "batch_id"):
             if required not in columns:
@@ -126,6 +135,24 @@ class SqlSink:
         ]
         with self._connect() as conn:
             conn.execute(ddl)
+            if self.postgres:
+                with conn.cursor() as cur:
+                    cur.executemany(dml, rows)
+            else:
+                conn.executemany(dml, rows)
+        return len(rows)
+
+    def _delete(self, table: str, frame: pd.DataFrame) -> int:
+        mark = "%s" if self.postgres else "?"
+        dml = (
+            f"DELETE FROM {_ident(table)} WHERE window_start = {mark} AND key = {mark} "  # noqa: S608 - identifier validated, values are parameters
+            f"AND batch_id <= {mark}"
+        )
+        rows = [
+            tuple(_value(v, self.postgres) for v in row)
+            for row in frame[["window_start", "key", "batch_id"]].itertuples(index=False, name=None)
+        ]
+        with self._connect() as conn:
             if self.postgres:
                 with conn.cursor() as cur:
                     cur.executemany(dml, rows)

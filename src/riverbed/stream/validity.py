@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverbed.stream.windows import span
+
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
 
@@ -33,25 +35,18 @@ FIRST_MS = 0  # 1970-01-01T00:00:00Z: the earliest window start (state keys are 
 LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the latest window end
 
 
-def _bounds(spec: Aggregation) -> tuple[int, int, int]:
-    """(hop, how far before its latest start an event's earliest window starts, size)."""
-    hop, size = spec.window.hop_ms, spec.window.size_ms
-    return hop, size - hop, size
-
-
 def arrow_reasons(spec: Aggregation, batch: pa.RecordBatch | pa.Table) -> pa.Array:
     """For each event of ``batch`` (decoded: the spec's columns, typed), null when the
     aggregation can count it, else why not."""
     why = pa.nulls(batch.num_rows, pa.string())
     key, time = batch.column(spec.key_column), batch.column(spec.time)
     why = _first(why, pc.or_(pc.is_null(key), pc.is_null(time)), _absent(spec))
-    hop, before, size = _bounds(spec)
     per_ms = {"s": 1, "ms": 1, "us": 1000, "ns": 1_000_000}[getattr(time.type, "unit", "ms")]
     raw = pc.fill_null(pc.cast(time, pa.int64()), 0).to_numpy(zero_copy_only=False)
     if getattr(time.type, "unit", "ms") == "s":
         raw = raw * 1000
-    last = raw // per_ms // hop * hop  # numpy floors: times before 1970 too
-    outside = (last - before < FIRST_MS) | (last + size > LAST_MS)
+    first, last = span(spec.window, raw // per_ms)  # numpy floors: times before 1970 too
+    outside = (first < FIRST_MS) | (last > LAST_MS)
     if outside.any():
         why = _first(why, pa.array(outside), f"{spec.time} has a window outside 1970 to 9999")
     for name in spec.reads()[2:]:
@@ -78,11 +73,10 @@ def spark_reason(spec: Aggregation, schema: Any) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, FloatType
 
-    hop, before, size = _bounds(spec)
     time = F.col(spec.time)
-    last = F.floor(F.unix_millis(time) / hop) * hop
+    first, last = span(spec.window, F.unix_millis(time), F.floor)
     reason = F.when(F.col(spec.key_column).isNull() | time.isNull(), F.lit(_absent(spec))).when(
-        (last - before < F.lit(FIRST_MS)) | (last + size > F.lit(LAST_MS)),
+        (first < F.lit(FIRST_MS)) | (last > F.lit(LAST_MS)),
         F.lit(f"{spec.time} has a window outside 1970 to 9999"),
     )
     floating = {f.name for f in schema.fields if isinstance(f.dataType, DoubleType | FloatType)}
