@@ -803,6 +803,15 @@ def test_session_windows_match_their_definition_on_every_path(
 
     raw = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pandas()
     assert raw["deleted"].sum() > 0, "no session was merged away: the test would not see it"
+    # another reader, as docs/stream.md tells it: the newest row, unless a tombstone
+    import duckdb
+
+    current = duckdb.sql(
+        f"""SELECT * EXCLUDE (deleted) FROM read_parquet('{tmp_path / "out"}/*/*.parquet')
+        QUALIFY row_number() OVER (PARTITION BY window_start, key ORDER BY batch_id DESC) = 1
+            AND NOT deleted ORDER BY window_start, key"""
+    ).df()
+    assert current["events"].tolist() == want["events"].tolist()
     # what the state still holds says the same (query --from-state)
     from riverbed.state import StateConfig
     from riverbed.stream.layout import Checkpoint, state_root

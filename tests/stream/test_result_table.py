@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -143,3 +144,33 @@ def test_compaction_drops_tombstones_with_the_rows_they_hid(
     pd.testing.assert_frame_equal(
         read_results(out).drop(columns="batch_id"), before.drop(columns="batch_id")
     )
+
+
+def test_riverbed_query_shows_a_sessions_end_and_never_its_tombstones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from riverbed.cli.main import main
+    from riverbed.stream.windows import Session
+
+    monkeypatch.setenv("RIVERBED_HOME", str(tmp_path))
+    spec = Aggregation(name="s", key="k", time="ts", window=Session("5m"), metrics={"n": Count()})
+    rows = pd.concat(
+        [
+            batch(0, ["a", "b"]).assign(deleted=False),
+            batch(1, ["b"]).assign(deleted=True, window_end=pd.NaT),
+        ],
+        ignore_index=True,
+    )
+    results.write_output(str(tmp_path / "output" / "s"), spec, 0, rows.iloc[:2])
+    results.write_output(str(tmp_path / "output" / "s"), spec, 1, rows.iloc[2:])
+    assert main(["query", "s"]) == 0
+    shown = capsys.readouterr().out
+    assert "window_end" in shown and "s (1 rows)" in shown and "deleted" not in shown
+    results.write_output(
+        str(tmp_path / "output" / "t"),
+        dataclasses.replace(SPEC, name="t"),
+        0,
+        batch(0, ["a"]),
+    )
+    assert main(["query", "t"]) == 0
+    assert "window_end" not in capsys.readouterr().out  # a fixed window's end: start + size

@@ -353,6 +353,7 @@ def _query(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     name = args.name
+    job = None
     if args.batch is not None and not args.from_state:
         raise ConfigError("--batch reads state as of a batch: add --from-state")
     if args.from_state:
@@ -386,10 +387,9 @@ def _query(args: argparse.Namespace) -> int:
             print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
         return 0
     table = Table(title=f"{name} ({len(frame)} rows)")
-    # window_end says something when windows differ in length (sessions); fixed
-    # windows' is their start + size, left out
-    lengths = (frame["window_end"] - frame["window_start"]).nunique() if len(frame) else 0
-    hidden = ("batch_id",) if lengths > 1 else ("window_end", "batch_id")
+    # a session's window_end is its own; a fixed window's is its start + size, left out
+    sessions = frame.attrs.get("sessions") or (job is not None and job.aggregation.sessions)
+    hidden = ("batch_id", "deleted") if sessions else ("window_end", "batch_id")
     columns = [c for c in frame.columns if c not in hidden]
     for column in columns:
         table.add_column(column)

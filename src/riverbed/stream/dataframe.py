@@ -372,8 +372,11 @@ def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.Data
     frame = table.to_pandas()
     if frame.empty:
         return frame
+    sessions = DELETED in frame.columns  # only a session window's table has tombstones
     frame = current(_utc(frame)).drop(columns=[DELETED], errors="ignore")  # all false now
-    return frame.sort_values(["window_start", "key"]).reset_index(drop=True)
+    frame = frame.sort_values(["window_start", "key"]).reset_index(drop=True)
+    frame.attrs["sessions"] = sessions  # (riverbed query shows their window_end)
+    return frame
 
 
 def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None) -> pd.DataFrame:
