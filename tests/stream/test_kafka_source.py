@@ -320,6 +320,58 @@ def test_an_aggregation_of_a_kafka_topic_equals_pandas_across_a_restart(
 
 @pytest.mark.kafka
 @pytest.mark.spark
+@pytest.mark.parametrize("co_located", [True, False])
+def test_sessions_of_a_kafka_topic_equal_their_definition_and_its_results_topic(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path, co_located: bool
+) -> None:
+    """Session windows read from Kafka (co-located: the topic keyed by librdkafka's
+    default partitioner; or shuffled): the current sessions, and a read_committed
+    consumer of the Kafka results topic that applies records in order (deletes
+    included) ends with the same rows."""
+    from riverbed.stream import Session
+    from tests.stream.test_engine import session_events, session_oracle
+
+    events = session_events(1800, seed=81).sample(frac=1, random_state=2)
+    kafka_server.create_topic(kafka_topic, partitions=2)
+    _produce(kafka_server.bootstrap, kafka_topic, events, place=lambda i, flag: None)
+    spec = Aggregation(
+        name="visits",
+        key="flag",
+        time="ts",
+        window=Session("5m"),
+        watermark="100h",
+        metrics={"events": Count(), "total": Sum("amount")},
+        state_partitions=2,
+    )
+    options = {"maxOffsetsPerTrigger": "400"} | ({} if co_located else {"co_locate": "false"})
+    source = {
+        "kafka": {"bootstrap": kafka_server.bootstrap, "topic": kafka_topic, "schema": SCHEMA}
+        | {"options": options}
+    }
+    results = f"{kafka_topic}-results"
+    _run_once(spark, spec, source, tmp_path, topic=f"kafka://{kafka_server.bootstrap}/{results}")
+    plans = {open_batches(tmp_path / "ckpt").get(b).co_located for b in range(2)}  # type: ignore[union-attr]
+    assert plans == {co_located}
+    want = session_oracle(events, pd.Timedelta(minutes=5))
+    got = read_results(tmp_path / "out")
+    columns = ["window_start", "window_end", "key", "events", "total"]
+    pd.testing.assert_frame_equal(
+        got[columns].reset_index(drop=True), want[columns], check_dtype=False
+    )
+    sent = read_topic(kafka_server.bootstrap, results, "read_committed")
+    assert any(r["deleted"] for r in sent), "no session was merged away"
+    seen: dict[tuple[str, str], int] = {}
+    for record in sorted(sent, key=lambda r: r["batch_id"]):
+        if record["deleted"]:
+            seen.pop((record["window_start"], record["key"]), None)
+        else:
+            seen[(record["window_start"], record["key"])] = record["events"]
+    assert sorted(seen.values()) == sorted(want["events"].tolist())
+    assert len(seen) == len(want)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
 def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
     kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
 ) -> None:
