@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
     from riverbed.stream.metrics import (
+        Aggregator,
         ArgMax,
         ArgMin,
         Count,
+        Custom,
         Distinct,
         First,
         Last,
@@ -37,12 +39,14 @@ if TYPE_CHECKING:
     from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
+    "Aggregator": "metrics",
     "ArgMax": "metrics",
     "ArgMin": "metrics",
     "First": "metrics",
     "Last": "metrics",
     "Aggregation": "aggregation",
     "Count": "metrics",
+    "Custom": "metrics",
     "Distinct": "metrics",
     "Max": "metrics",
     "Mean": "metrics",
@@ -63,9 +67,11 @@ _WHERE = {
 
 __all__ = [
     "Aggregation",
+    "Aggregator",
     "ArgMax",
     "ArgMin",
     "Count",
+    "Custom",
     "Distinct",
     "First",
     "Hopping",

@@ -45,6 +45,7 @@ from riverbed.stream.layout import (
     spark_location,
     state_root,
 )
+from riverbed.stream.metrics import Custom
 from riverbed.stream.records import Batches, next_record, open_batches
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
@@ -270,6 +271,9 @@ def start(
     if not isinstance(source, Mapping) and not is_local(checkpoint):
         s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
     _check_partitions(checkpoint, spec)
+    for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
+        if isinstance(metric, Custom):
+            metric.check_shippable(name)
     if state is None:
         if not is_local(checkpoint):
             raise StreamValueError(

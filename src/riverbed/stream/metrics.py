@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import datasketches as ds
 import msgpack
@@ -473,8 +473,112 @@ def _desc(value: Any) -> Any:
     )
 
 
+@runtime_checkable
+class Aggregator(Protocol):
+    """A user-defined aggregate: what :class:`Custom` needs to make it a metric with
+    exactly-once state, partials, the shuffle and the result table for free.
+
+    ``create`` an empty state; ``update`` it with a batch of a window and key's values
+    (an Arrow array, NULLs included — skip them as you see fit); ``merge`` two states
+    (in any order, any grouping: riverbed merges partials of tasks, batches and
+    restarts as they come, so merge must be associative and commutative); ``result``
+    of a state, a value of the metric's ``type``; ``to_bytes``/``from_bytes`` — how a
+    state is stored (keep it small: it is written every batch a window changes). The
+    object itself is pickled to the tasks: define it at the top level of a module or
+    of the spec file. A worked example: ``examples/stddev.py``."""
+
+    def create(self) -> Any: ...
+
+    def update(self, state: Any, values: Any) -> Any: ...
+
+    def merge(self, a: Any, b: Any) -> Any: ...
+
+    def result(self, state: Any) -> Any: ...
+
+    def to_bytes(self, state: Any) -> bytes: ...
+
+    def from_bytes(self, data: bytes) -> Any: ...
+
+
+CUSTOM_TYPES = ("double", "long", "string", "boolean", "timestamp")
+
+
+@dataclass(frozen=True)
+class Custom:
+    """A user-defined metric: ``Custom("latency_ms", StdDev(), type="double")`` —
+    ``aggregator`` follows :class:`Aggregator`; its result is the column ``<name>`` of
+    ``type`` (one of :data:`CUSTOM_TYPES`). Takes ``where=`` like every metric."""
+
+    column: str
+    aggregator: Any
+    type: str = "double"
+    where: str | None = None
+
+    def __post_init__(self) -> None:
+        missing = [
+            m
+            for m in ("create", "update", "merge", "result", "to_bytes", "from_bytes")
+            if not callable(getattr(self.aggregator, m, None))
+        ]
+        if missing:
+            raise StreamValueError(
+                f"Custom({self.column!r}, …): the aggregator {type(self.aggregator).__name__} "
+                f"has no {', '.join(missing)} (riverbed.stream.Aggregator lists what it needs)"
+            )
+        if self.type not in CUSTOM_TYPES:
+            raise StreamValueError(
+                f"Custom({self.column!r}, …): type must be one of {', '.join(CUSTOM_TYPES)}, "
+                f"not {self.type!r}"
+            )
+
+    def check_shippable(self, name: str) -> None:
+        """Refuse, in one line, an aggregator Spark cannot send to its tasks (they get
+        it pickled — by value when it is defined in a spec file, with the module-level
+        objects it uses)."""
+        from pyspark import cloudpickle
+
+        try:
+            cloudpickle.dumps(self.aggregator)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise StreamValueError(
+                f"metric {name!r}: its aggregator {type(self.aggregator).__name__} cannot be "
+                f"sent to Spark's tasks ({type(exc).__name__}: {exc}); keep what it uses in "
+                "its own attributes or inside its methods, or import it from a module"
+            ) from None
+
+    def partial(self, column: np.ndarray | None, n: int) -> Any:
+        import pyarrow as pa
+
+        assert column is not None
+        agg = self.aggregator
+        values = pa.array(column, from_pandas=True)  # NaN, None: NULL
+        return bytes(agg.to_bytes(agg.update(agg.create(), values)))
+
+    def merge(self, a: Any, b: Any) -> Any:
+        agg = self.aggregator
+        return bytes(agg.to_bytes(agg.merge(agg.from_bytes(a), agg.from_bytes(b))))
+
+    def result(self, value: Any) -> dict[str, Any]:
+        return {"": self.aggregator.result(self.aggregator.from_bytes(value))}
+
+    def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
+        return [("", self.type)]
+
+
 Metric = (
-    Count | Sum | Min | Max | Mean | Distinct | Quantile | TopK | First | Last | ArgMax | ArgMin
+    Count
+    | Sum
+    | Min
+    | Max
+    | Mean
+    | Distinct
+    | Quantile
+    | TopK
+    | First
+    | Last
+    | ArgMax
+    | ArgMin
+    | Custom
 )
 VALUE_METRICS = (First, Last, ArgMax, ArgMin)  # their result is a value of their column
 
