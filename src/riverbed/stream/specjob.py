@@ -149,6 +149,8 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
     source = namespace.get("source")
     if not isinstance(aggregation, Aggregation):
         raise ConfigError(f"{path} must define `aggregation = Aggregation(...)`")
+    if isinstance(source, dict) and "aggregation" in source:
+        return aggregation, chained_source(path, source)
     if isinstance(source, dict) and kafka.is_kafka(source):
         try:
             kafka.parse(source)
@@ -158,9 +160,50 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
     if not isinstance(source, dict) or "topic" not in source:
         raise ConfigError(
             f'{path} must define `source = {{"topic": ..., "schema": ...}}` (a riverbed '
-            'topic) or `source = {"kafka": {"bootstrap": ..., "topic": ..., "schema": ...}}`'
+            'topic), `source = {"kafka": {"bootstrap": ..., "topic": ..., "schema": ...}}` '
+            'or `source = {"aggregation": "upstream.py"}` (another aggregation\'s results)'
         )
     return aggregation, {str(k): str(v) for k, v in source.items()}
+
+
+SCALAR_KINDS = ("timestamp", "string", "long", "double", "boolean")
+
+
+def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
+    """``source = {"aggregation": "upstream.py"}``: the results of another aggregation
+    as this one's events — its results topic (``<name>.results`` in its log, which it
+    writes when run with ``--topic <name>.results``; ``topic`` and ``log`` may say
+    otherwise), with its result columns as the schema (TopK's lists left out; its
+    ``key`` is the records' key, the source's own ``key`` column). Only
+    an upstream with ``output="final"`` can be chained: with ``update`` a window's row
+    comes again every batch that changes it, and would be counted again."""
+    upstream_path = Path(str(source["aggregation"]))
+    if not upstream_path.is_absolute():
+        upstream_path = path.parent / upstream_path
+    upstream, upstream_source = load_spec(upstream_path)
+    if upstream.output != "final":
+        raise ConfigError(
+            f"{path}: reads the results of {upstream.name!r} ({upstream_path}), whose output "
+            "is 'update' — a window's row comes again each batch that changes it and would "
+            f'be counted again; set output="final" in {upstream_path}'
+        )
+    if upstream.sessions:
+        raise ConfigError(
+            f"{path}: chaining from session windows ({upstream.name!r}) is not supported yet"
+        )
+    from riverbed.spark.source import META_NAMES
+    from riverbed.stream.results import output_columns
+
+    # the upstream's key is its result records' key: the source's own `key` column
+    columns = [
+        (n, k) for n, k in output_columns(upstream) if k in SCALAR_KINDS and n not in META_NAMES
+    ]
+    chained = {str(k): str(v) for k, v in source.items() if k != "aggregation"}
+    chained.setdefault("topic", f"{upstream.name}.results")
+    chained.setdefault("schema", ", ".join(f"{n} {k}" for n, k in columns))
+    if "log" in upstream_source and not kafka.is_kafka(upstream_source):
+        chained.setdefault("log", str(upstream_source["log"]))
+    return chained
 
 
 def job_for(
