@@ -40,6 +40,7 @@ aggregation = Aggregation(
 """
 
 
+@pytest.mark.spark
 def test_a_chained_aggregation_gives_nexmark_q5_as_duckdb_does(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
