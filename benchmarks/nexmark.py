@@ -274,6 +274,8 @@ def run_riverbed(
         )
         query.awaitTermination()
         assert query.exception() is None, query.exception()
+        if len(chain) > 1:
+            print(f"    {spec.name}: {time.perf_counter() - began:.1f} s in", flush=True)
         if chained:  # the next one's events: this one's results (specjob.chained_source)
             source = {
                 "topic": f"{spec.name}.results",

@@ -284,3 +284,37 @@ def test_sessions_in_sql_and_topic_sinks_equal_the_result_table(spark: Any, tmp_
             seen[(value["window_start"], value["key"])] = value["n"]
     assert sorted((s, k, n) for (s, k), n in seen.items()) == want
     log.close()
+
+
+def test_result_records_by_column_are_the_rows_plain_values() -> None:
+    """The results topics' records, built column by column, are each row's values as
+    ``plain`` makes them one by one: timestamps as ISO text (NaT: null), NaN as null,
+    numpy numbers as Python's, decimals as text, TopK's arrays as lists."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    from riverbed.stream.sinks import plain, result_records
+
+    frame = pd.DataFrame(
+        {
+            "window_start": [T, T + pd.Timedelta(minutes=5), T],
+            "window_end": [T + pd.Timedelta(hours=1), pd.NaT, T + pd.Timedelta(hours=1)],
+            "key": ["a", "b", "c"],
+            "n": np.array([1, 2, 3], dtype=np.int64),
+            "avg": [1.5, float("nan"), 2.0],
+            "ok": [True, False, True],
+            "price": [Decimal("1.10"), None, Decimal("3")],
+            "top": [np.array([{"value": "x", "count": 2}]), np.array([]), None],
+            "batch_id": [7, 7, 7],
+        }
+    )
+    got = result_records(9, frame)
+    want = [
+        (str(row["key"]), {k: plain(v) for k, v in row.items()} | {"batch_id": 9})
+        for row in frame.to_dict("records")
+    ]
+    assert got == want
+    assert got[1][1]["window_end"] is None and got[1][1]["avg"] is None
+    assert got[0][1]["window_start"] == T.isoformat() and got[0][1]["price"] == "1.10"
+    assert result_records(9, frame.iloc[:0]) == []

@@ -199,8 +199,7 @@ class TopicSink:
 
         producer = self.log.producer(self.topic)
         by_partition: dict[int, list[RawRecord]] = {}
-        for row in rows.to_dict("records"):
-            key, value = result_record(batch_id, row)
+        for key, value in result_records(batch_id, rows):
             partition, raw = producer.record(value, key=key)  # stamped now: see the module
             by_partition.setdefault(partition, []).append(raw)
         written = 0
@@ -397,8 +396,7 @@ class KafkaSink:
         from confluent_kafka import KafkaException
 
         self.producer.begin_transaction()
-        for row in rows.to_dict("records"):
-            key, value = result_record(batch_id, row)
+        for key, value in result_records(batch_id, rows):
             self.producer.produce(self.topic, key=key, value=json.dumps(value))
         self.producer.produce(self.markers, key=b"batch", value=json.dumps({"batch_id": batch_id}))
         while True:
@@ -465,12 +463,36 @@ def _reason(exc: BaseException) -> str:
     return str(text)[:200]
 
 
-def result_record(batch_id: int, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A result row as a results-topic record (riverbed's or Kafka's): key = the
-    aggregation key, value = the row as JSON-friendly values with its ``batch_id``
-    (its timestamp is the time it is written: see the module)."""
-    value = {k: plain(v) for k, v in row.items()} | {"batch_id": batch_id}
-    return str(row["key"]), value
+def result_records(batch_id: int, rows: pd.DataFrame) -> list[tuple[str, dict[str, Any]]]:
+    """The batch's rows as results-topic records (riverbed's or Kafka's): key = the
+    aggregation key, value = the row as JSON-friendly values (:func:`plain`'s) with its
+    ``batch_id`` (its timestamp is the time it is written: see the module). Built
+    column by column — a batch's timestamps are a few windows, each formatted once;
+    numbers as Python's — about three times as fast as row by row (the q5 run of
+    benchmarks/nexmark.py wrote 30,000 rows a batch)."""
+    if rows.empty:
+        return []
+    names = list(rows.columns)
+    columns = [_plain_column(rows[name]) for name in names]
+    keys = [str(k) for k in rows["key"].tolist()]
+    values = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+    for value in values:
+        value["batch_id"] = batch_id
+    return list(zip(keys, values, strict=True))
+
+
+def _plain_column(column: pd.Series) -> list[Any]:
+    """:func:`plain` of every value of ``column``, by column where its type allows."""
+    kind = column.dtype.kind
+    if kind in "iub":  # no NULLs in these dtypes
+        return column.tolist()  # type: ignore[no-any-return]
+    if kind == "f":
+        return [None if v != v else v for v in column.tolist()]
+    if kind == "M":  # timestamps: a few distinct windows per batch
+        codes, uniques = pd.factorize(column)
+        text = [plain(u) for u in uniques]
+        return [None if c < 0 else text[c] for c in codes.tolist()]
+    return [plain(v) for v in column.tolist()]
 
 
 def plain(value: Any) -> Any:
