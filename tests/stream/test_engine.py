@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,20 @@ def test_state_partition_count_is_fixed_at_first_start(
             checkpoint=tmp_path / "ckpt",
             output=tmp_path / "out",
         )
+    # fixed windows and sessions keep state differently: a switch is refused, and the
+    # checkpoint keeps what it recorded (no batch ran)
+    sessions = dataclasses.replace(spec, window=Session("5m"))
+    batches = sorted(p.name for p in (tmp_path / "ckpt").rglob("*.json"))
+    refused = r"started with fixed windows .* cannot change to sessions"
+    with pytest.raises(ValueError, match=refused):
+        start(
+            spark,
+            sessions,
+            source(spark, log_url),
+            checkpoint=tmp_path / "ckpt",
+            output=tmp_path / "out",
+        )
+    assert sorted(p.name for p in (tmp_path / "ckpt").rglob("*.json")) == batches
 
 
 @pytest.mark.parametrize("path", ["spark", "colocated"])

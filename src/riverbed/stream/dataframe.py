@@ -97,8 +97,14 @@ def _clear_unfinished_start_in_bucket(spark: ObjectStore) -> None:
 
 
 def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
-    """The state partition count is fixed on first start; refuse a change."""
-    fixed = {"name": spec.name, "state_partitions": spec.state_partitions}
+    """The state partition count, and whether state holds fixed windows or sessions
+    (their layouts differ: riverbed.state.keys), are fixed on first start; refuse a
+    change."""
+    fixed = {
+        "name": spec.name,
+        "state_partitions": spec.state_partitions,
+        "windows": _layout(spec),
+    }
     if not is_local(checkpoint):
         store = checkpoint_store(str(checkpoint))
         if not store.put_if_absent(SPEC, json.dumps(fixed).encode()):
@@ -112,7 +118,19 @@ def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
     path.write_text(json.dumps(fixed))
 
 
+def _layout(spec: Aggregation) -> str:
+    return "sessions" if spec.sessions else "fixed"
+
+
 def _same_partitions(recorded: dict[str, Any], spec: Aggregation) -> None:
+    was = recorded.get("windows", "fixed")  # checkpoints from before sessions: fixed
+    if was != _layout(spec):
+        kinds = {"fixed": "fixed windows (Tumbling, Hopping, Sliding)", "sessions": "sessions"}
+        raise StreamValueError(
+            f"aggregation '{spec.name}' was started with {kinds[was]}; it cannot change to "
+            f"{kinds[_layout(spec)]} (their state is stored differently, and the result "
+            "table would mix both). Use a new name or a new checkpoint."
+        )
     if recorded["state_partitions"] != spec.state_partitions:
         raise StreamValueError(
             f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
