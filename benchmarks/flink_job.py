@@ -22,19 +22,12 @@ from datetime import UTC
 def main() -> None:
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
+    from flink_conf import configure  # beside this script
+
     csv_dir, query, state = sys.argv[1:4]
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = env.get_config()
-    conf.set("parallelism.default", "2")
-    conf.set("state.backend.type", state)
-    conf.set("table.exec.resource.default-parallelism", "2")
-    if query == "group":
-        # Flink's own advice for COUNT(DISTINCT) on skewed keys (performance tuning guide)
-        conf.set("table.exec.mini-batch.enabled", "true")
-        conf.set("table.exec.mini-batch.allow-latency", "1 s")
-        conf.set("table.exec.mini-batch.size", "5000")
-        conf.set("table.optimizer.agg-phase-strategy", "TWO_PHASE")
-        conf.set("table.optimizer.distinct-agg.split.enabled", "true")
+    # Flink's own advice for COUNT(DISTINCT) on skewed keys, for the group aggregation
+    configure(env.get_config(), state, tuned=query == "group")
     env.execute_sql(
         f"""CREATE TABLE events (
               user_id BIGINT, flag STRING, ts TIMESTAMP(3),

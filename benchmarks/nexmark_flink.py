@@ -89,19 +89,12 @@ def plain(text: str) -> Any:
 def main() -> None:
     from pyflink.table import EnvironmentSettings, Schema, TableDescriptor, TableEnvironment
 
+    from flink_conf import configure  # beside this script
+
     csv_dir, query, watermark_s = sys.argv[1], sys.argv[2], int(sys.argv[3])
     tuned = len(sys.argv) <= 4 or sys.argv[4] != "plain"
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
-    conf = env.get_config()
-    conf.set("parallelism.default", "2")
-    conf.set("table.exec.resource.default-parallelism", "2")
-    conf.set("state.backend.type", "hashmap")
-    if tuned:
-        conf.set("table.exec.mini-batch.enabled", "true")
-        conf.set("table.exec.mini-batch.allow-latency", "1 s")
-        conf.set("table.exec.mini-batch.size", "5000")
-        conf.set("table.optimizer.agg-phase-strategy", "TWO_PHASE")
-        conf.set("table.optimizer.distinct-agg.split.enabled", "true")
+    configure(env.get_config(), "hashmap", tuned)
     env.execute_sql(
         f"""CREATE TABLE bids (
               auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,

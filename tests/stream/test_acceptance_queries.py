@@ -20,6 +20,7 @@ import riverbed.log
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
 from tests.stream.crashes import backlogs, kill_mid_batch
+from tests.stream.test_engine import session_oracle
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -173,24 +174,8 @@ def test_sessions_through_kills_equal_their_definition(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     got = run_killed(tmp_path, subprocess_env, SESS, "sess")
-    events = bids(5000, seed=7).sort_values(["bidder", "ts"]).reset_index(drop=True)
     gap = pd.Timedelta(minutes=5)
-    new = (events["bidder"] != events["bidder"].shift()) | (events["ts"].diff() > gap)
-    events["session"] = new.cumsum()
-    want = (
-        events.groupby("session")
-        .agg(
-            key=("bidder", lambda b: str(b.iloc[0])),
-            window_start=("ts", "min"),
-            last=("ts", "max"),
-            bids=("ts", "size"),
-            spent=("price", "sum"),
-        )
-        .assign(window_end=lambda f: f["last"] + gap)
-        .drop(columns="last")
-        .sort_values(["window_start", "key"])
-        .reset_index(drop=True)
-    )
+    want = session_oracle(bids(5000, seed=7), gap, "bidder", "price", ("bids", "spent"))
     assert len(want) > 300
     columns = ["window_start", "window_end", "key", "bids", "spent"]
     pd.testing.assert_frame_equal(

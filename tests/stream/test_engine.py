@@ -769,20 +769,26 @@ def session_events(n: int, seed: int) -> pd.DataFrame:
     )
 
 
-def session_oracle(events: pd.DataFrame, gap: pd.Timedelta) -> pd.DataFrame:
-    """Sessions by their definition: per key, a new one where the next event is more
-    than ``gap`` after the one before (Spark's session_window)."""
-    frame = events.sort_values(["flag", "ts"]).reset_index(drop=True)
-    new = (frame["flag"] != frame["flag"].shift()) | (frame["ts"].diff() > gap)
+def session_oracle(
+    events: pd.DataFrame,
+    gap: pd.Timedelta,
+    key: str = "flag",
+    summed: str = "amount",
+    names: tuple[str, str] = ("events", "total"),
+) -> pd.DataFrame:
+    """Sessions by their definition: per ``key``, a new one where the next event is
+    more than ``gap`` after the one before (Spark's session_window); each with its
+    events counted and ``summed`` summed, as ``names``."""
+    frame = events.sort_values([key, "ts"]).reset_index(drop=True)
+    new = (frame[key] != frame[key].shift()) | (frame["ts"].diff() > gap)
     frame["session"] = new.cumsum()
     return (
         frame.groupby("session")
         .agg(
-            key=("flag", "first"),
+            key=(key, lambda k: str(k.iloc[0])),
             window_start=("ts", "min"),
             last=("ts", "max"),
-            events=("ts", "size"),
-            total=("amount", "sum"),
+            **{names[0]: ("ts", "size"), names[1]: (summed, "sum")},
         )
         .assign(window_end=lambda f: f["last"] + gap)
         .drop(columns="last")
