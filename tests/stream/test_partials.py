@@ -4,6 +4,7 @@ strings or as a category."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -85,3 +86,43 @@ def test_partials_equal_a_pandas_groupby(
         assert partial["events"] == n
         assert users.result(partial["users"])[""] == len(ids)
         assert spec.metrics["amount"].result(partial["amount"])[""] == amount
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-(2**60), 2**60)), st.booleans()),
+        min_size=1,
+        max_size=40,
+    ),
+    st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    st.sampled_from(["int", "float"]),
+    st.booleans(),
+)
+def test_counts_minima_and_maxima_of_all_groups_at_once_equal_group_by_group(
+    cells: list[tuple[int | None, bool]], cuts: list[int], kind: str, filtered: bool
+) -> None:
+    """The vectorized partials (every group in one numpy call) are the values each
+    metric's own ``partial`` gives group by group: NULLs skipped, a filtered metric's
+    uncounted rows left out, None where a group has no number."""
+    import numpy as np
+
+    from riverbed.stream.engine import _vectorized
+    from riverbed.stream.metrics import Count, Max, Min
+
+    if kind == "int":  # an integer column has no NULLs in numpy
+        column = np.array([v or 0 for v, _ in cells], dtype=np.int64)
+    else:
+        column = np.array([np.nan if v is None else float(v) for v, _ in cells])
+    counts = np.array([c for _, c in cells]) if filtered else None
+    rows = np.arange(len(cells))[::-1].copy()  # groups of rows in any order
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    firsts = np.asarray(bounds[:-1])
+    for metric in (Count(), Min("v"), Max("v")):
+        got = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
+        want = []
+        for a, b in itertools.pairwise(bounds):
+            picked = rows[a:b]
+            mine = picked if counts is None else picked[counts[picked]]
+            want.append(metric.partial(column[mine], len(mine)))
+        assert got == want, metric

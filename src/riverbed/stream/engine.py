@@ -58,7 +58,7 @@ from riverbed.state.keys import (
 from riverbed.stream import keys, sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.metrics import VALUE_METRICS, where_column
+from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
 from riverbed.stream.windows import Session
 
@@ -142,7 +142,6 @@ def partials_of(
         codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
     else:
         codes, names = pd.factorize(key.astype(str).to_numpy())
-    partial = _partial_maker(spec, pdf, ts)
     window = spec.window
     if isinstance(window, Session):
         gap = window.gap_ms
@@ -150,11 +149,10 @@ def partials_of(
         order, bounds = sessions.cut(ts[rows_all], codes[rows_all], gap)
         rows_all = rows_all[order]
         out: list[Partial] = []
-        for a, b in itertools.pairwise(bounds):
-            picked = rows_all[a:b]
-            partials = partial(picked)
-            partials[sessions.END] = int(ts[picked[-1]]) + gap
-            out.append((int(ts[picked[0]]), str(names[codes[picked[0]]]), partials))
+        groups = group_partials(spec, pdf, ts, rows_all, bounds)
+        for (a, b), partials in zip(itertools.pairwise(bounds), groups, strict=True):
+            partials[sessions.END] = int(ts[rows_all[b - 1]]) + gap
+            out.append((int(ts[rows_all[a]]), str(names[codes[rows_all[a]]]), partials))
         return out
     size = window.size_ms
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
@@ -171,42 +169,67 @@ def partials_of(
     starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]
     cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
     bounds = [0, *cuts.tolist(), len(rows_all)]
+    groups = group_partials(spec, pdf, ts, rows_all, bounds)
     return [
-        (int(starts_all[a]), str(names[key_codes[a]]), partial(rows_all[a:b]))
-        for a, b in itertools.pairwise(bounds)
+        (int(starts_all[a]), str(names[key_codes[a]]), partials)
+        for a, partials in zip(bounds, groups, strict=False)
     ]
 
 
-def _partial_maker(
-    spec: Aggregation, pdf: pd.DataFrame, ts: np.ndarray
-) -> Callable[[np.ndarray], dict[str, Any]]:
-    """A function from the rows of one (window, key) group to its metrics' partials."""
+def group_partials(
+    spec: Aggregation, pdf: pd.DataFrame, ts: np.ndarray, rows: np.ndarray, bounds: list[int]
+) -> list[dict[str, Any]]:
+    """Every group's metric partials: group ``i`` is ``rows[bounds[i]:bounds[i + 1]]``
+    (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
+    all groups at once (:func:`_vectorized`); the other metrics group by group."""
     columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
-    metrics = [
-        (
-            name,
-            metric,
-            columns[metric.column] if hasattr(metric, "column") else None,
-            # a metric's own where: the events it counts (NULL: not counted)
-            _counted(columns[where_column(name)]) if metric.where is not None else None,
-            # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
-            _compared(metric, columns, ts),
-        )
-        for name, metric in spec.metrics.items()
-    ]
-
-    def partial(picked: np.ndarray) -> dict[str, Any]:
-        partials = {}
-        for name, metric, column, counts, by in metrics:
+    firsts = np.asarray(bounds[:-1], dtype=np.int64)
+    out: list[dict[str, Any]] = [{} for _ in firsts]
+    for name, metric in spec.metrics.items():
+        column = columns[metric.column] if hasattr(metric, "column") else None
+        # a metric's own where: the events it counts (NULL: not counted)
+        counts = _counted(columns[where_column(name)]) if metric.where is not None else None
+        vector = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
+        if vector is not None:
+            for partials, value in zip(out, vector, strict=True):
+                partials[name] = value
+            continue
+        # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
+        by = _compared(metric, columns, ts)
+        for partials, (a, b) in zip(out, itertools.pairwise(bounds), strict=True):
+            picked = rows[a:b]
             mine = picked if counts is None else picked[counts[picked]]
             values = column[mine] if column is not None else None
             if by is None:
                 partials[name] = metric.partial(values, len(mine))
             else:
                 partials[name] = metric.partial(values, len(mine), by[mine])  # type: ignore[call-arg]
-        return partials
+    return out
 
-    return partial
+
+def _vectorized(
+    metric: Any,
+    column: np.ndarray | None,
+    counts: np.ndarray | None,
+    rows: np.ndarray,
+    firsts: np.ndarray,
+    sizes: np.ndarray,
+) -> list[Any] | None:
+    """The partials of ``Count``, ``Min`` and ``Max`` (over integers or floats) for all
+    groups at once — the values ``partial`` gives group by group (a min of the group's
+    non-NaN numbers as a float, None when there is none) — else None."""
+    if isinstance(metric, Count):
+        if counts is None:
+            return sizes.tolist()  # type: ignore[no-any-return]
+        return np.add.reduceat(counts[rows].astype(np.int64), firsts).tolist()  # type: ignore[no-any-return]
+    if not isinstance(metric, Min | Max) or column is None or column.dtype.kind not in "iuf":
+        return None
+    values = column[rows].astype(np.float64)  # float(min(x)) == min(float(x)): monotonic
+    if counts is not None:
+        values[~counts[rows]] = np.nan
+    reduce = np.fmin if isinstance(metric, Min) else np.fmax  # NaN (null) only if all are
+    found = reduce.reduceat(values, firsts)
+    return [None if v != v else v for v in found.tolist()]
 
 
 def _compared(metric: Any, columns: dict[str, np.ndarray], ts: np.ndarray) -> np.ndarray | None:
