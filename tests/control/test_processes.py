@@ -226,7 +226,7 @@ def test_paused_leader_is_fenced_out_when_it_resumes(
     one's writes (guarded by its term) are rejected and it steps down."""
     import signal
 
-    from riverbed.demo import ELECTION, FENCED_KEY
+    from riverbed.demo.control import ELECTION, FENCED_KEY
 
     workers = {
         name: subprocess.Popen(

@@ -86,15 +86,15 @@ def _demo(args: argparse.Namespace) -> int:
             "demo keeps its own layout (leave --durable out)"
         )
     if args.which == "control":
-        from riverbed.demo import run_demo
+        from riverbed.demo.control import run_demo
 
         return run_demo(load_config(), workers=args.workers, ttl=args.ttl)
     if args.which == "jobs":
-        from riverbed.jobs.demo import run_demo_jobs
+        from riverbed.demo.jobs import run_demo_jobs
 
         return run_demo_jobs(load_config(), days=args.days, durable=args.durable)
     if args.which == "timerange":
-        from riverbed.jobs.timerange.demo import run_demo_timerange
+        from riverbed.demo.timerange import run_demo_timerange
 
         if not 2 <= args.hours <= 168:
             raise UsageError(
@@ -106,7 +106,7 @@ def _demo(args: argparse.Namespace) -> int:
         from riverbed.demo.cluster import run_cluster_demo
 
         return run_cluster_demo(load_config().home, events=args.events or 40_000)
-    from riverbed.stream.demo import run_demo_stream
+    from riverbed.demo.stream import run_demo_stream
 
     return run_demo_stream(load_config(), events=args.events or 200_000, durable=args.durable)
 

@@ -3,7 +3,7 @@ tour (``riverbed demo control``), started by the tour itself."""
 
 import sys
 
-from riverbed.demo import worker_main
+from riverbed.demo.control import worker_main
 
 if sys.argv[1:2] == ["worker"]:
     sys.exit(worker_main(sys.argv[2:]))

@@ -37,8 +37,8 @@ from rich.table import Table
 import riverbed.log
 from riverbed.demo.cluster_jobs import JobsOutcome
 from riverbed.demo.cluster_jobs import wait_for as _wait
+from riverbed.demo.stream import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream import warm
-from riverbed.stream.demo import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed

@@ -26,7 +26,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.jobs.demo import FIRST_DAY, day_id, examples_dir, produce, published_units
+from riverbed.demo.jobs import FIRST_DAY, day_id, examples_dir, produce, published_units
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
@@ -209,7 +209,7 @@ def _start_timerange(
 ) -> int:
     """Readings in the bucket, the spec, the active driver on h2 (once it published two
     chunks) and its standby on h1; returns how many chunks the range has."""
-    from riverbed.jobs.timerange.demo import SPEC, generate_readings
+    from riverbed.demo.timerange import SPEC, generate_readings
     from riverbed.storage import shared_store
 
     local = root / "readings"
@@ -248,8 +248,8 @@ def _timerange_verdict(cp: Any, root: Path, out: JobsOutcome, console: Console) 
 
     import pyarrow.parquet as pq
 
+    from riverbed.demo.timerange import worst_difference
     from riverbed.jobs.timerange import load_spec
-    from riverbed.jobs.timerange.demo import worst_difference
     from riverbed.jobs.timerange.driver import Keys
     from riverbed.jobs.timerange.oracle import pandas_rows
     from riverbed.storage import shared_store
