@@ -1,9 +1,19 @@
-"""Configuration: frozen dataclasses built once and passed in.
+"""Configuration: every setting riverbed has, one reader of the environment.
 
 Precedence, lowest to highest: built-in defaults, ``riverbed.toml`` (in the working
 directory, or the file named by ``RIVERBED_CONFIG``), then ``RIVERBED_*`` environment
-variables. Library code never reads the environment itself; it receives a
-:class:`Config` (or one of its parts) from its caller.
+variables. :data:`SETTINGS` names every setting once — its variable, its
+``riverbed.toml`` spelling, its default and what it means — and docs/configuration.md
+is its table (a test keeps the two equal, and fails on a ``RIVERBED_*`` name used
+anywhere in riverbed that is not one of them).
+
+Entry points (the CLI, the demos, :func:`riverbed.stream.start`) build a :class:`Config`
+with :func:`load_config` and pass it, or the parts needed, down; library code does not
+read the environment. Two kinds of process have no entry point of riverbed's and read
+the few settings that reach them through :func:`inherited` instead: Spark's Python
+workers (an executor's task is handed its driver's bucket and log settings in the
+environment, as Spark ships Hadoop's settings) and the processes a test bed starts on
+its hosts (named by ``RIVERBED_HOST``).
 
 ``riverbed.toml``::
 
@@ -18,19 +28,15 @@ variables. Library code never reads the environment itself; it receives a
 
     [state]
     memory_mb = 256    # RocksDB's memory per process, shared by every state database
-
-Environment: ``RIVERBED_HOME``, ``RIVERBED_CONTROL``, ``RIVERBED_LOG``,
-``RIVERBED_CHECKPOINTS``, ``RIVERBED_JOBS_DB``, ``RIVERBED_JOBS_DIR``,
-``RIVERBED_SPARK_MASTER``, ``RIVERBED_SPARK_CONF`` (a JSON object of Spark
-settings laid over ``[spark] conf``) and ``RIVERBED_STATE_MEMORY_MB``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -38,7 +44,317 @@ from typing import Any
 
 from riverbed.errors import ConfigError
 
-__all__ = ["Config", "SparkConfig", "load_config"]
+__all__ = [
+    "SETTINGS",
+    "Config",
+    "Setting",
+    "SparkConfig",
+    "adopt",
+    "child_environment",
+    "inherited",
+    "inherited_environment",
+    "load_config",
+    "overlaid",
+    "settings_table",
+]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its environment variable, its ``riverbed.toml`` spelling (None:
+    the environment only), its default and what it means. ``inherited``: also read by
+    processes riverbed or Spark starts without an entry point of riverbed's (Spark's
+    Python workers, a test bed's processes), through :func:`inherited`. ``secret``:
+    never printed, logged or put in a URL. ``who``: who sets it — ``user``, ``riverbed``
+    (set for a child process: the user reads it there) or ``tests``. ``handed``: a
+    driver hands it to its Spark tasks (:func:`inherited_environment`)."""
+
+    env: str
+    toml: str | None
+    default: str
+    meaning: str
+    inherited: bool = False
+    secret: bool = False
+    handed: bool = False
+    who: str = "user"
+
+
+# The one list of riverbed's settings; docs/configuration.md is its table.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("RIVERBED_CONFIG", None, "./riverbed.toml", "the riverbed.toml to read"),
+    Setting(
+        "RIVERBED_HOME",
+        "home",
+        ".riverbed",
+        "this machine's directory: logs, local state, SQLite defaults, caches",
+    ),
+    Setting(
+        "RIVERBED_CONTROL",
+        "control",
+        "SQLite under home",
+        "the control plane: sqlite:///path or etcd://host:2379[,host:2379]",
+        inherited=True,
+        handed=True,
+    ),
+    Setting(
+        "RIVERBED_LOG",
+        "log",
+        "file://home/log",
+        "riverbed's topics: a directory, s3://bucket/prefix (diskless), "
+        "flight://host:8815[,host:8815] or kafka://host:9092",
+    ),
+    Setting(
+        "RIVERBED_CHECKPOINTS",
+        "checkpoints",
+        "file://home/checkpoints",
+        "where checkpoints, state and job outputs are kept: a directory or s3://bucket/prefix",
+    ),
+    Setting(
+        "RIVERBED_JOBS_DB",
+        "jobs_db",
+        "SQLite under home",
+        "the jobs queue's database: sqlite:///path or postgresql://…",
+    ),
+    Setting("RIVERBED_JOBS_DIR", "jobs_dir", "jobs", "the directory of job modules"),
+    Setting(
+        "RIVERBED_SPARK_MASTER",
+        "spark.master",
+        "local[*]",
+        "the Spark master of riverbed's sessions",
+    ),
+    Setting(
+        "RIVERBED_SPARK_CONF",
+        "spark.conf",
+        "{}",
+        "Spark settings: a JSON object in the environment (laid over riverbed.toml's table)",
+    ),
+    Setting(
+        "RIVERBED_STATE_MEMORY_MB",
+        "state.memory_mb",
+        "RocksDB's own",
+        "RocksDB's memory in MiB per process holding state, shared by its databases (at least 8)",
+    ),
+    Setting(
+        "RIVERBED_HOST",
+        None,
+        "the hostname",
+        "this machine's name in the hosts view and in process ids",
+        inherited=True,
+    ),
+    Setting(
+        "RIVERBED_STORAGE_WAIT",
+        None,
+        "900",
+        "seconds a bucket's outage is waited out (retries with backoff) before a call fails",
+        inherited=True,
+        handed=True,
+    ),
+    Setting(
+        "RIVERBED_S3_ADDRESSING",
+        None,
+        "path for an IP or localhost endpoint, else virtual",
+        "S3 request style: path or virtual",
+        inherited=True,
+        handed=True,
+    ),
+    Setting(
+        "RIVERBED_LOG_TOKEN",
+        None,
+        "none",
+        "the token log servers require (riverbed log serve) and their clients send",
+        inherited=True,
+        secret=True,
+        handed=True,
+    ),
+    Setting(
+        "RIVERBED_UI_TOKEN",
+        None,
+        "none",
+        "the token the console requires of visitors (riverbed ui)",
+        secret=True,
+    ),
+    Setting(
+        "RIVERBED_JARS",
+        None,
+        ".venv/jars",
+        "the jar cache Spark reads (S3A, Kafka, Delta…), filled by make",
+        inherited=True,
+    ),
+    Setting(
+        "RIVERBED_SPARK_CDS",
+        None,
+        "an archive beside PySpark",
+        "the class-data archive Spark's driver JVMs map, or off",
+        inherited=True,
+    ),
+    Setting(
+        "RIVERBED_LOCK_TOKEN",
+        None,
+        "-",
+        "the fencing token of the lock held for the command riverbed control lock runs",
+        who="riverbed",
+    ),
+    Setting(
+        "RIVERBED_DEMO_PACE",
+        None,
+        "-",
+        "how slowly the example jobs of riverbed demo jobs run, so its crashes land mid-chunk",
+        who="riverbed",
+    ),
+    Setting(
+        "RIVERBED_FAULT",
+        None,
+        "none",
+        "a failpoint of the stream engine (after_commit:<dir>)",
+        inherited=True,
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_JOBS_FAULT",
+        None,
+        "none",
+        "a failpoint of jobs workers (publish_done:<delay s>:<kill p>)",
+        inherited=True,
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_TESTS_QUICK",
+        None,
+        "unset",
+        "make check: a test that reaches a server without its marker fails",
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_EXPRESSION_EXAMPLES",
+        None,
+        "25",
+        "examples of the expression property test checked against Spark (more: a longer hunt)",
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_TESTBED",
+        None,
+        "-",
+        "the test bed `riverbed chaos` acts on (else RIVERBED_HOME/testbed)",
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_TESTBED_MODE",
+        None,
+        "namespaces when root",
+        "loopback: a test bed on 127.0.0.x instead of network namespaces",
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_TESTBED_CLAIMS",
+        None,
+        "$TMPDIR/riverbed-testbeds",
+        "where test beds claim their addresses",
+        who="tests",
+    ),
+    Setting(
+        "RIVERBED_KAFKA_JARS",
+        None,
+        ".venv/kafka",
+        "the Kafka broker's jars the tests start",
+        who="tests",
+    ),
+)
+_BY_NAME = {s.env: s for s in SETTINGS}
+
+
+def settings_table() -> str:
+    """:data:`SETTINGS` as the Markdown table docs/configuration.md carries."""
+    rows = [
+        "| variable | riverbed.toml | default | meaning | set by |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        toml = f"`{s.toml}`" if s.toml else "—"
+        notes = [s.who]
+        notes += ["inherited"] if s.inherited else []
+        notes += ["handed to tasks"] if s.handed else []
+        notes += ["secret"] if s.secret else []
+        meaning = s.meaning.replace("|", "\\|")
+        rows.append(f"| `{s.env}` | {toml} | {s.default} | {meaning} | {', '.join(notes)} |")
+    return "\n".join(rows) + "\n"
+
+
+def inherited(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The value of an inherited setting in this process's environment ("" if unset).
+    For code that runs where no entry point handed it a :class:`Config` (see the module
+    doc); everywhere else settings are passed in."""
+    setting = _BY_NAME.get(name)
+    if setting is None or not setting.inherited:
+        raise KeyError(f"{name} is not an inherited setting of riverbed.config.SETTINGS")
+    return (os.environ if env is None else env).get(name, "")
+
+
+def inherited_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings a driver hands its Spark tasks, as set in this process: holds
+    secrets — never print or log it."""
+    env = os.environ if env is None else env
+    return {s.env: env[s.env] for s in SETTINGS if s.handed and env.get(s.env)}
+
+
+def child_environment(settings: Mapping[str, str | None]) -> dict[str, str]:
+    """This process's environment with ``settings`` set (None: removed), for a process
+    an entry point starts (a demo's driver, a class-data archive's build). Holds
+    secrets: never print or log it."""
+    unknown = [n for n in settings if n.startswith("RIVERBED_") and n not in _BY_NAME]
+    if unknown:
+        raise KeyError(f"not settings of riverbed.config.SETTINGS: {', '.join(unknown)}")
+    env = dict(os.environ)
+    for name, value in settings.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def adopt(settings: Mapping[str, str]) -> None:
+    """Take the inherited settings a driver handed this process (a Spark task's) where
+    this process has none of its own: Spark's Python workers may have started before
+    the driver's settings were set, or on another machine. Names outside riverbed's
+    (``AWS_*``) are the bucket's, from :func:`riverbed.storage.storage_environment`."""
+    for name, value in settings.items():
+        known = _BY_NAME.get(name)
+        if name.startswith("RIVERBED_") and (known is None or not known.inherited):
+            raise KeyError(f"{name} is not an inherited setting of riverbed.config.SETTINGS")
+        os.environ.setdefault(name, value)  # and the AWS chain's (riverbed.storage)
+
+
+@contextlib.contextmanager
+def overlaid() -> Iterator[Callable[[Mapping[str, str]], None]]:
+    """Yields ``put(settings)``, which sets settings in this process's environment for
+    as long as the block runs; the environment is as it was after (a scenario that plays
+    several machines' processes from one, e.g. the cluster demo's driver)."""
+    saved = dict(os.environ)
+
+    def put(settings: Mapping[str, str]) -> None:
+        os.environ.update(settings)
+
+    try:
+        yield put
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def storage_wait_s(env: Mapping[str, str] | None = None) -> float:
+    """``RIVERBED_STORAGE_WAIT``: seconds, at least 0 (a bad value is named, not a
+    traceback from deep inside a store)."""
+    text = inherited("RIVERBED_STORAGE_WAIT", env) or "900"
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:
+        raise ConfigError(
+            f"RIVERBED_STORAGE_WAIT={text!r} must be seconds (e.g. 900); fix or unset it"
+        )
+    return wait
 
 
 @dataclass(frozen=True)
@@ -150,7 +466,7 @@ def load_config(
     elif env.get("RIVERBED_CONFIG"):
         raise ConfigError(f"RIVERBED_CONFIG names {path}, which does not exist")
 
-    known = {"home", "control", "checkpoints", "log", "jobs_db", "jobs_dir", "spark", "state"}
+    known = {s.toml.split(".")[0] for s in SETTINGS if s.toml}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(

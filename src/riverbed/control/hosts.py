@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from riverbed.config import inherited
 from riverbed.control.base import ControlPlane
 from riverbed.control.errors import ControlError
 from riverbed.control.registry import Registry
@@ -41,7 +42,7 @@ SEEN = b"riverbed/hosts/"  # <host> -> {"first_seen", "last_seen"}, no lease
 
 def host_name() -> str:
     """This process's host, as riverbed names it (``RIVERBED_HOST``, else hostname)."""
-    return os.environ.get("RIVERBED_HOST") or socket.gethostname()
+    return inherited("RIVERBED_HOST") or socket.gethostname()
 
 
 def announce(

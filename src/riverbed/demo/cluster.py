@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import riverbed.log
+from riverbed.config import overlaid
 from riverbed.demo.cluster_jobs import JobsOutcome
 from riverbed.demo.cluster_jobs import wait_for as _wait
 from riverbed.demo.stream import SPEC, TOPIC_SCHEMA, compare, generate
@@ -144,15 +145,15 @@ def run_cluster_scenario(
     out = Outcome()
     bed = TestBed.create(bed_dir or root / "testbed", hosts=3)
     cluster = Cluster(bed)
-    saved = dict(os.environ)
+    scope = contextlib.ExitStack()
+    put = scope.enter_context(overlaid())  # this process plays the driver's machine
     try:
         control = cluster.start_etcd()
         clock(f"etcd: a member on each of h1 h2 h3 ({bed.plan.mode}: {bed.status()['why']})")
-        os.environ.update(cluster.start_s3())
+        put(cluster.start_s3())
         clock(f"S3 server at the gateway {bed.plan.gateway}, bucket {BUCKET}")
         log_url = cluster.start_log_servers(control)
-        os.environ["RIVERBED_LOG_TOKEN"] = cluster.token
-        os.environ["RIVERBED_CONTROL"] = control
+        put({"RIVERBED_LOG_TOKEN": cluster.token, "RIVERBED_CONTROL": control})
         clock("log servers on h1 h2 h3: diskless topics in the bucket, offsets in etcd")
         master = cluster.start_spark(cores=2, memory="2g")
         clock(f"Spark standalone: master {master} on h1, a worker on each host")
@@ -302,8 +303,7 @@ def run_cluster_scenario(
     finally:
         out.timeline = clock.lines
         cluster.stop()
-        os.environ.clear()
-        os.environ.update(saved)
+        scope.close()
     return out
 
 

@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 import riverbed
-from riverbed.config import Config
+from riverbed.config import Config, child_environment
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication, staging_root
 from riverbed.jobs.queue import JobQueue
@@ -199,19 +199,19 @@ def _run(
 ) -> int:
     jobs_dir = examples_dir()
     day_ids = [day_id(FIRST_DAY + timedelta(days=i)) for i in range(days)]
-    env = {
-        **os.environ,
-        "RIVERBED_HOME": str(home),
-        "RIVERBED_JOBS_DIR": str(jobs_dir),
-        "RIVERBED_JOBS_DB": f"sqlite:///{home / 'jobs.db'}",
-        "RIVERBED_CONTROL": f"sqlite:///{home / 'control.db'}",
-        "RIVERBED_LOG": f"file://{home / 'log'}",  # the usage topic, read by usage_daily
-        "RIVERBED_SPARK_MASTER": "local[1]",
-        "RIVERBED_DEMO_PACE": str(pace),
-    }
-    env.pop("RIVERBED_CHECKPOINTS", None)
-    if checkpoints is not None:  # the bucket's own settings are in os.environ (demo_bucket)
-        env["RIVERBED_CHECKPOINTS"] = checkpoints
+    env = child_environment(
+        {
+            "RIVERBED_HOME": str(home),
+            "RIVERBED_JOBS_DIR": str(jobs_dir),
+            "RIVERBED_JOBS_DB": f"sqlite:///{home / 'jobs.db'}",
+            "RIVERBED_CONTROL": f"sqlite:///{home / 'control.db'}",
+            "RIVERBED_LOG": f"file://{home / 'log'}",  # the usage topic, read by usage_daily
+            "RIVERBED_SPARK_MASTER": "local[1]",
+            "RIVERBED_DEMO_PACE": str(pace),
+            # the bucket's own settings are in this process's environment (demo_bucket)
+            "RIVERBED_CHECKPOINTS": checkpoints,
+        }
+    )
     console.rule("[bold]riverbed jobs demo")
     console.print(f"home: [cyan]{home}[/cyan]   jobs: [cyan]{jobs_dir}[/cyan]")
     if checkpoints is not None:

@@ -39,7 +39,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import riverbed.log
-from riverbed.config import Config
+from riverbed.config import Config, child_environment
 from riverbed.log.errors import RecordRejectedError
 from riverbed.processes import SessionStillAliveError, kill_session
 from riverbed.stream.errors import StreamError
@@ -105,13 +105,16 @@ def _run(
     seed: int,
     checkpoints: str | None = None,
 ) -> int:
-    env = {**os.environ, "RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    for key in ("RIVERBED_LOG", "RIVERBED_CHECKPOINTS", "RIVERBED_CONFIG", "RIVERBED_CONTROL"):
-        env.pop(key, None)
+    env = child_environment(
+        {"RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        | dict.fromkeys(
+            ("RIVERBED_LOG", "RIVERBED_CHECKPOINTS", "RIVERBED_CONFIG", "RIVERBED_CONTROL")
+        )
+    )
     if checkpoints is not None:
         # the driver's machine is its own directory; the source and the control plane
         # are other machines' (Kafka's and etcd's, in production)
-        env |= {  # the bucket's settings are in os.environ already (demo_bucket)
+        env |= {  # the bucket's settings are in this environment already (demo_bucket)
             "RIVERBED_HOME": str(home / "machine-a"),
             "RIVERBED_CHECKPOINTS": checkpoints,
             "RIVERBED_LOG": f"file://{home / 'log'}",

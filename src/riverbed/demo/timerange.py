@@ -9,7 +9,6 @@ the whole range computed in one pass on Spark, and with pandas.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from riverbed.config import Config
+from riverbed.config import Config, child_environment
 
 out = Console(highlight=False)
 
@@ -98,7 +97,7 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
     spec_path = home / "sensors.py"
     spec_path.write_text(SPEC.format(input=str(home / "readings"), output=str(home / "out")))
     control = f"sqlite:///{home / 'control.db'}"
-    env = {**os.environ, "RIVERBED_CONTROL": control, "PYTHONUNBUFFERED": "1"}
+    env = child_environment({"RIVERBED_CONTROL": control, "PYTHONUNBUFFERED": "1"})
     end = (pd.Timestamp("2026-01-01", tz="UTC") + pd.Timedelta(hours=hours)).strftime(
         "%Y-%m-%dT%H:%MZ"
     )

@@ -54,6 +54,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from riverbed.config import inherited
 from riverbed.control import ControlError, ControlPlane, Registry, Session
 from riverbed.control.hosts import announce, host_name
 from riverbed.jobs.decisions import (
@@ -181,7 +182,7 @@ class Fault:
 
     @classmethod
     def from_env(cls) -> Fault:
-        spec = os.environ.get("RIVERBED_JOBS_FAULT", "")
+        spec = inherited("RIVERBED_JOBS_FAULT")
         if not spec:
             return cls()
         point, delay, kill = spec.split(":")

@@ -56,15 +56,10 @@ def reach_environment() -> dict[str, str]:
     another host) needs to reach the log as this one does: the bucket's settings and
     the control plane of diskless topics, the log servers' token. Holds secrets: never
     print or log it."""
-    import os
-
+    from riverbed.config import inherited_environment
     from riverbed.storage import storage_environment
 
-    env = storage_environment()
-    for name in ("RIVERBED_CONTROL", "RIVERBED_LOG_TOKEN"):
-        if os.environ.get(name):
-            env[name] = os.environ[name]
-    return env
+    return storage_environment() | inherited_environment()
 
 
 def open(

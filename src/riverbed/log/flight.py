@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import random
 import threading
 import time
@@ -37,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from riverbed.config import inherited
 from riverbed.log.base import (
     LogStorage,
     PartitionReport,
@@ -121,7 +121,7 @@ class FlightLogStorage(LogStorage):
         self._current = random.randrange(len(self._locations))  # noqa: S311 - not a secret
         # the URL others see: without the token
         self.url = f"{parts.scheme}://{','.join(servers)}"
-        token = query.get("token") or os.environ.get("RIVERBED_LOG_TOKEN")
+        token = query.get("token") or inherited("RIVERBED_LOG_TOKEN")
         self._ca = Path(query["ca"]).read_bytes() if "ca" in query else None
         try:
             self._reconnect_s = float(query.get("reconnect", 30))

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from riverbed.config import child_environment, inherited
 from riverbed.spark import SparkUnavailableError
 
 __all__ = ["archive", "build", "java_options"]
@@ -55,7 +56,7 @@ spark.stop()
 
 def archive() -> Path | None:
     """The archive sessions use, or None (``RIVERBED_SPARK_CDS=off``)."""
-    chosen = os.environ.get(ENV, "")
+    chosen = inherited(ENV)
     if chosen.lower() == "off":
         return None
     if chosen:
@@ -100,7 +101,7 @@ def build(path: Path, timeout: float = 900.0) -> float:
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
-        env={**os.environ, ENV: "off"},  # dumping on top of an archive in use fails
+        env=child_environment({ENV: "off"}),  # dumping on top of an archive in use fails
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

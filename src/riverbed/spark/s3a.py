@@ -16,13 +16,13 @@ through its credential providers.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from riverbed.config import inherited
 from riverbed.errors import RiverbedError
 from riverbed.storage.s3 import settings_from_env
 
@@ -52,7 +52,7 @@ class S3AUnavailableError(RiverbedError):
 
 def jar_dir() -> Path:
     """The jar cache: ``RIVERBED_JARS``, or ``jars/`` in the virtualenv riverbed runs in."""
-    chosen = os.environ.get(ENV, "")
+    chosen = inherited(ENV)
     return Path(chosen) if chosen else Path(sys.prefix) / "jars"
 
 

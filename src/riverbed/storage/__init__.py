@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,12 +34,9 @@ def storage_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     ``RIVERBED_S3_*`` and ``RIVERBED_STORAGE_WAIT``), for processes that must reach it
     the same way — Spark's Python workers, which may have started before these were
     set. Holds secrets: never print or log it."""
-    env = os.environ if env is None else env
-    return {
-        k: v
-        for k, v in env.items()
-        if k.startswith(("AWS_", "RIVERBED_S3_")) or k == "RIVERBED_STORAGE_WAIT"
-    }
+    from riverbed.storage.awschain import bucket_environment
+
+    return bucket_environment(env)
 
 
 _SHARED: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}

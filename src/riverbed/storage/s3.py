@@ -23,17 +23,12 @@ code and the request, and the keys are blanked out of anything that is shown.
 from __future__ import annotations
 
 import builtins
-import configparser
-import contextlib
-import ipaddress
 import logging
-import os
 import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +37,8 @@ from urllib.parse import urlsplit
 import obstore
 from obstore.store import S3Store
 
+from riverbed.config import storage_wait_s
+from riverbed.storage.awschain import S3Settings, settings_from_env
 from riverbed.storage.base import ObjectInfo, ObjectStore, check_key
 from riverbed.storage.errors import (
     ObjectNotFoundError,
@@ -65,99 +62,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PART = 16 * 1024 * 1024  # multipart part size, and the size above which files go in parts
 RANGE = 8 * 1024 * 1024  # parallel range reads of large objects
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Where the bucket's server is and how to sign for it (never printed whole:
-    ``repr`` leaves the keys out)."""
-
-    endpoint: str | None
-    region: str
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    path_style: bool = True
-    anonymous: bool = False
-
-    def secrets(self) -> list[str]:
-        return [s for s in (self.access_key, self.secret_key, self.session_token) if s]
-
-
-def _profile(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The profile's credentials and config sections (empty when there are none)."""
-    name = env.get("AWS_PROFILE", "default")
-    home = Path(env.get("HOME", str(Path.home())))
-    creds_file = Path(env.get("AWS_SHARED_CREDENTIALS_FILE", home / ".aws" / "credentials"))
-    config_file = Path(env.get("AWS_CONFIG_FILE", home / ".aws" / "config"))
-    creds: dict[str, str] = {}
-    config: dict[str, str] = {}
-    for path, section, out in (
-        (creds_file, name, creds),
-        (config_file, name if name == "default" else f"profile {name}", config),
-    ):
-        parser = configparser.ConfigParser()
-        with contextlib.suppress(OSError, configparser.Error):
-            parser.read(path)
-            if parser.has_section(section):
-                out.update(parser[section])
-    if name != "default" and not creds and not config and "AWS_PROFILE" in env:
-        raise StorageValueError(
-            f"AWS_PROFILE={name!r} names no profile in {creds_file} or {config_file}: "
-            "add it there or unset AWS_PROFILE"
-        )
-    return creds, config
-
-
-def _literal_host(endpoint: str) -> bool:
-    host = urlsplit(endpoint).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def settings_from_env(env: Mapping[str, str] | None = None) -> S3Settings:
-    """The AWS settings chain (see the module doc) as riverbed reads it."""
-    env = os.environ if env is None else env
-    creds, config = _profile(env)
-    endpoint = (
-        env.get("AWS_ENDPOINT_URL_S3")
-        or env.get("AWS_ENDPOINT_URL")
-        or config.get("endpoint_url")
-        or None
-    )
-    if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
-        raise StorageValueError(
-            f"the S3 endpoint {endpoint!r} is not an http:// or https:// URL: fix "
-            "AWS_ENDPOINT_URL (for example http://127.0.0.1:7480)"
-        )
-    addressing = env.get("RIVERBED_S3_ADDRESSING", "").lower()
-    if addressing not in ("", "path", "virtual"):
-        raise StorageValueError(
-            f"RIVERBED_S3_ADDRESSING={addressing!r}: use 'path' or 'virtual' (or leave it unset)"
-        )
-    # path-style for an endpoint at an IP address or localhost (no DNS name per
-    # bucket there), virtual-hosted otherwise unless RIVERBED_S3_ADDRESSING=path
-    path_style = addressing == "path" or (
-        addressing == "" and endpoint is not None and _literal_host(endpoint)
-    )
-    anonymous = env.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true")
-    return S3Settings(
-        endpoint=endpoint,
-        region=env.get("AWS_REGION")
-        or env.get("AWS_DEFAULT_REGION")
-        or config.get("region")
-        or "us-east-1",
-        access_key=env.get("AWS_ACCESS_KEY_ID") or creds.get("aws_access_key_id"),
-        secret_key=env.get("AWS_SECRET_ACCESS_KEY") or creds.get("aws_secret_access_key"),
-        session_token=env.get("AWS_SESSION_TOKEN") or creds.get("aws_session_token"),
-        path_style=path_style,
-        anonymous=anonymous,
-    )
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -211,7 +115,7 @@ class S3ObjectStore(ObjectStore):
                 "AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws/credentials with AWS_PROFILE)"
             )
         if wait is None:
-            wait = float(os.environ.get("RIVERBED_STORAGE_WAIT", "900"))
+            wait = storage_wait_s()
         self.wait = wait
         self._sleep = sleep
         where = s.endpoint or f"https://s3.{s.region}.amazonaws.com"

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ import msgpack
 import numpy as np
 import pandas as pd
 
+from riverbed.config import adopt, inherited
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import (
@@ -79,7 +79,7 @@ class EngineConfig:
     sql_url: str | None = None  # also upsert results into this SQL table
     results_topic: str | None = None  # also append results to this topic (in log_url)
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
-    fault: str | None = field(default_factory=lambda: os.environ.get("RIVERBED_FAULT") or None)
+    fault: str | None = field(default_factory=lambda: inherited("RIVERBED_FAULT") or None)
     term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
     # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
     # token: secrets, never printed), applied where a task runs and its process has
@@ -92,8 +92,7 @@ class EngineConfig:
         fill in what the worker's environment lacks — as Spark ships the driver's
         Hadoop settings for ``s3a://`` to executors."""
         self.__dict__.update(state)
-        for name, value in state.get("reach_env", {}).items():
-            os.environ.setdefault(name, value)
+        adopt(state.get("reach_env", {}))
 
     def fence(self) -> None:
         """Raise DriverFencedError if a newer driver took over (before every write)."""
