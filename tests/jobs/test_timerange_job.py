@@ -9,11 +9,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from riverbed.config import Config
 from riverbed.jobs import Job
 from riverbed.jobs.spec import Catalog
-from riverbed.jobs.timerange import ParquetInput, Rolling, SpecError, TimeRangeJob, load_spec
+from riverbed.jobs.timerange import (
+    ParquetInput,
+    Rolling,
+    SpecError,
+    TimeRangeJob,
+    TopicInput,
+    load_spec,
+)
 from riverbed.jobs.timerange.job import TimeRangeMain
 from riverbed.jobs.timerange.plan import parse_time
+from riverbed.jobs.timerange.topic import _log_url
 
 HOUR = 3_600_000_000
 JOB = TimeRangeJob(
@@ -54,3 +63,30 @@ def test_the_same_file_is_a_job_and_a_time_range_spec(tmp_path: Path) -> None:
     (tmp_path / "other.py").write_text("job = 3\n")
     with pytest.raises(SpecError, match="as_job"):
         load_spec(tmp_path / "other.py")
+
+
+def test_a_spec_is_placed_by_the_settings_it_is_loaded_with(tmp_path: Path) -> None:
+    """Where output goes and which log a topic input reads are settled when a spec is
+    loaded — by the CLI's settings, or a worker's handed to the job (ctx.config) — so
+    nothing below reads the configuration."""
+    (tmp_path / "topics.py").write_text(
+        "from riverbed.jobs.timerange import Rolling, TimeRangeJob, TopicInput\n"
+        "job = TimeRangeJob(input=TopicInput('r', schema='k bigint, v double'), key='k',\n"
+        "                   time='timestamp', metrics=[Rolling('1h', 'v')])\n"
+    )
+    spec = load_spec(tmp_path / "topics.py", "s3://b/rb", "file:///logs")
+    assert spec.job.output == "s3://b/rb/output/topics"
+    assert isinstance(spec.job.input, TopicInput) and spec.job.input.log == "file:///logs"
+    (tmp_path / "named.py").write_text(
+        (tmp_path / "topics.py").read_text().replace("TopicInput('r',", "TopicInput('r', log='x',")
+    )
+    named = load_spec(tmp_path / "named.py", "", "file:///logs").job.input
+    assert isinstance(named, TopicInput) and named.log == "x"  # the spec's own wins
+    main = TimeRangeMain(JOB, parse_time("2026-01-01"))
+    config = Config(checkpoints="s3://b/rb", log="file:///logs")
+    assert main.loaded("m", tmp_path / "m.py", "v1", config).job.output == "s3://b/rb/output/m"
+
+
+def test_a_topic_input_without_a_log_is_named_not_guessed() -> None:
+    with pytest.raises(SpecError, match=r"TopicInput\('r'\) names no log; give log="):
+        _log_url(TopicInput("r"))

@@ -317,6 +317,7 @@ def _run(env: _Env, args: argparse.Namespace) -> int:
             report,
             spark_master=env.config.spark.master,
             checkpoints=env.checkpoints,
+            config=env.config,
         )
     finally:
         cp.close()
@@ -514,6 +515,7 @@ def _worker(args: argparse.Namespace) -> int:
         prefetch=args.prefetch,
         spark_master=env.config.spark.master,
         checkpoints=env.checkpoints,
+        config=env.config,
     )
     stop = threading.Event()
     try:

@@ -77,7 +77,8 @@ def _control(args: argparse.Namespace) -> Any:
 def _spec(args: argparse.Namespace) -> Any:
     from riverbed.jobs.timerange import load_spec
 
-    spec = load_spec(args.spec, config_of(args).checkpoints)
+    config = config_of(args)
+    spec = load_spec(args.spec, config.checkpoints, config.log_url)
     if getattr(args, "chunk", None):
         from riverbed.jobs.timerange.errors import SpecError
 

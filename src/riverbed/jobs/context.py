@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from riverbed.config import Config
 from riverbed.jobs.errors import JobsError, JobsValueError, SpecError
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication, publish, published_dir, staging_dir
@@ -82,6 +83,8 @@ class Context:
     spec_path: Path | None = None  # the job's module
     code_version: str | None = None  # what runs: git SHA and the module's hash
     publication: Publication | None = None  # where outputs are (default: under home)
+    # riverbed's settings, as the executor's entry point read them (None: the defaults)
+    config: Config | None = None
     _spark: Any = None
 
     def published(self, job: str, name: str) -> Path | None:

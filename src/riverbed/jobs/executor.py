@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from riverbed.config import SparkConfig
+from riverbed.config import Config, SparkConfig, load_config
 from riverbed.jobs.context import Context, Output, staging_dir
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.spec import Catalog
@@ -67,7 +67,9 @@ class ChunkRunner:
         home: Path,
         spark_config: SparkConfig | None,
         checkpoints: str | None = None,
+        config: Config | None = None,
     ) -> None:
+        self.config = config
         self.jobs_dir = jobs_dir
         self.home = home
         self.publication = open_publication(home, checkpoints)
@@ -104,6 +106,7 @@ class ChunkRunner:
                 publication=self.publication,
                 spec_path=loaded.path,
                 code_version=loaded.code_version,
+                config=self.config,
             )
             if loaded.spec.kind == "spark":
                 ctx._spark = self.spark()
@@ -151,8 +154,10 @@ def executor_main(
     home: str,
     spark_master: str | None,
     checkpoints: str | None = None,
+    config: Config | None = None,
 ) -> None:
-    """Entry point of an executor child (spawned by the worker)."""
+    """Entry point of an executor child (spawned by the worker), with the worker's
+    settings (else read here, as any entry point reads them)."""
     with contextlib.suppress(OSError):
         # its own session: cancel and timeout kill the whole session, the job's own
         # children included (a Spark JVM and PySpark's daemon, which leaves the group)
@@ -164,7 +169,9 @@ def executor_main(
     logging.getLogger("riverbed").setLevel(logging.INFO)
     _stop_with_the_worker()
     spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
-    runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config, checkpoints)
+    if config is None:
+        config = load_config()
+    runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config, checkpoints, config)
     while True:
         try:
             req = conn.recv()

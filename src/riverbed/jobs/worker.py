@@ -54,7 +54,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from riverbed.config import inherited
+from riverbed.config import Config, inherited
 from riverbed.control import ControlError, ControlPlane, Registry, Session
 from riverbed.control.hosts import announce, host_name
 from riverbed.jobs.decisions import (
@@ -218,6 +218,7 @@ class Worker:
         checkpoints: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         fault: Fault | None = None,
+        config: Config | None = None,
     ) -> None:
         if concurrency < 1:
             raise JobsValueError(f"concurrency must be ≥ 1, not {concurrency}")
@@ -235,6 +236,7 @@ class Worker:
         self.prefetch_below = prefetch_below
         self.spark_master = spark_master
         self.checkpoints = checkpoints
+        self.config = config  # handed to the jobs (ctx.config); None: executors read it
         self.publication = open_publication(self.home, checkpoints)
         self.clock = clock
         self.host = host_name()
@@ -265,7 +267,14 @@ class Worker:
         parent, child = self._mp.Pipe()
         proc = self._mp.Process(
             target=executor_main,
-            args=(child, str(self.jobs_dir), str(self.home), self.spark_master, self.checkpoints),
+            args=(
+                child,
+                str(self.jobs_dir),
+                str(self.home),
+                self.spark_master,
+                self.checkpoints,
+                self.config,
+            ),
             name="riverbed-executor",
             daemon=True,
         )
@@ -632,6 +641,7 @@ def run_here(
     on_chunk: Callable[[Claim, str], None] | None = None,
     spark_master: str | None = None,
     checkpoints: str | None = None,
+    config: Config | None = None,
 ) -> str:
     """The development runner: run every chunk of run ``master`` in this process (no
     executor, so a debugger and prints work), registered like a worker so a running
@@ -644,6 +654,7 @@ def run_here(
         Path(home),
         SparkConfig(master=spark_master) if spark_master else None,
         checkpoints,
+        config,
     )
     pub = runner.publication
     host = host_name()

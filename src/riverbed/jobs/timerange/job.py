@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from riverbed.config import load_config
+from riverbed.config import Config
 from riverbed.control import connect
 from riverbed.durations import duration_ms
 from riverbed.jobs.spec import Dependency, Job, Schedule
 from riverbed.jobs.timerange.driver import Driver, Event
 from riverbed.jobs.timerange.errors import SpecError
 from riverbed.jobs.timerange.plan import format_time, parse_time
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, output_location
+from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, placed
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -72,9 +72,9 @@ class TimeRangeMain:
         """The spec this main runs (how ``load_spec`` finds it inside a job)."""
         return self.job
 
-    def loaded(self, name: str, path: Path, version: str) -> LoadedSpec:
-        output = output_location(self.job.output, name, load_config().checkpoints)
-        return LoadedSpec(replace(self.job, name=name, output=output), path, version)
+    def loaded(self, name: str, path: Path, version: str, config: Config) -> LoadedSpec:
+        job = placed(self.job, name, config.checkpoints, config.log_url)
+        return LoadedSpec(job, path, version)
 
     def __call__(
         self,
@@ -100,7 +100,8 @@ class TimeRangeMain:
             )
             return
         path = ctx.spec_path or Path(f"{ctx.job}.py")
-        spec = self.loaded(ctx.job, path, ctx.code_version or "unknown")
+        config = ctx.config if ctx.config is not None else Config()
+        spec = self.loaded(ctx.job, path, ctx.code_version or "unknown", config)
 
         def on_event(event: Event) -> None:
             if event.kind == "chunk" and event.record is not None:
@@ -120,7 +121,7 @@ class TimeRangeMain:
             elif event.kind in ("standby", "leader"):
                 ctx.log.info("time-range job '%s': %s %s", ctx.job, event.kind, event.detail)
 
-        cp = connect(load_config().control_url)
+        cp = connect(config.control_url)
         try:
             driver = Driver(spec, cp, lambda: ctx.spark, ttl=self.ttl, on_event=on_event)
             progress = driver.run(lo, hi, rerun=bool(rerun))

@@ -469,9 +469,21 @@ def output_location(output: str, name: str, checkpoints: str = "") -> str:
     return str(where.resolve()) if isinstance(where, Path) else where
 
 
-def load_spec(path: str | Path, checkpoints: str = "") -> LoadedSpec:
-    """Import the spec file at ``path`` (its ``main`` code never runs here); its output
-    goes where :func:`output_location` says."""
+def placed(
+    job: TimeRangeSpec, name: str, checkpoints: str = "", log_url: str = ""
+) -> TimeRangeSpec:
+    """``job`` named ``name`` with its places settled from riverbed's settings: its output
+    where :func:`output_location` says, a topic input's log ``log_url`` unless it names
+    one (so nothing below reads the configuration)."""
+    job = replace(job, name=name, output=output_location(job.output, name, checkpoints))
+    if isinstance(job.input, TopicInput) and not job.input.log and log_url:
+        job = replace(job, input=replace(job.input, log=log_url))
+    return job
+
+
+def load_spec(path: str | Path, checkpoints: str = "", log_url: str = "") -> LoadedSpec:
+    """Import the spec file at ``path`` (its ``main`` code never runs here); its places
+    settled by :func:`placed`."""
     path = Path(path).resolve()
     if path.suffix != ".py":
         raise SpecError(f"{path}: a time-range spec is a Python file (.py)")
@@ -496,5 +508,5 @@ def load_spec(path: str | Path, checkpoints: str = "") -> LoadedSpec:
             f"{path}: TimeRangeJob(name={job.name!r}) differs from the file's name '{name}'; "
             "drop name= or rename the file"
         )
-    job = replace(job, name=name, output=output_location(job.output, name, checkpoints))
+    job = placed(job, name, checkpoints, log_url)
     return LoadedSpec(job, path, code_version(path.read_bytes(), _git_sha(path.parent)))

@@ -149,9 +149,10 @@ def _index(url: str, topic: str) -> TimeIndex:
 def _log_url(inp: TopicInput) -> str:
     if inp.log:
         return inp.log
-    from riverbed.config import load_config
-
-    return load_config().log_url
+    raise SpecError(  # spec.placed() settles it when a spec is loaded
+        f"TopicInput({inp.topic!r}) names no log; give log=… or load the spec with "
+        "riverbed.jobs.timerange.load_spec (which takes RIVERBED_LOG)"
+    )
 
 
 def read_topic(
