@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from pathlib import Path
 
@@ -241,3 +242,12 @@ def test_a_bad_storage_wait_is_named(text: str) -> None:
 def test_secrets_are_marked() -> None:
     secret = {s.env for s in SETTINGS if s.secret}
     assert secret == {"RIVERBED_LOG_TOKEN", "RIVERBED_UI_TOKEN"}
+
+
+def test_a_configuration_pickles_as_a_worker_hands_it_to_its_executors(tmp_path: Path) -> None:
+    env = {"RIVERBED_SPARK_CONF": '{"spark.ui.enabled": "false"}', "RIVERBED_CONTROL": "etcd://a:1"}
+    config = load_config(env=env, cwd=tmp_path)
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config and again.spark.conf["spark.ui.enabled"] == "false"
+    with pytest.raises(TypeError):  # still read-only after the trip
+        again.spark.conf["x"] = "y"  # type: ignore[index]

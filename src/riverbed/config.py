@@ -365,6 +365,15 @@ class SparkConfig:
     app_name: str = "riverbed"
     conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
+    def __post_init__(self) -> None:  # read-only, whatever mapping it was given
+        if not isinstance(self.conf, MappingProxyType):
+            object.__setattr__(self, "conf", MappingProxyType(dict(self.conf)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as plain values (a read-only mapping does not pickle): a worker hands
+        its configuration to the executors it spawns."""
+        return (SparkConfig, (self.master, self.app_name, dict(self.conf)))
+
 
 @dataclass(frozen=True)
 class Config:
