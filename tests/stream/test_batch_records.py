@@ -1,37 +1,15 @@
-"""A damaged batch record is a clear error naming the file and the recovery."""
+"""The batch record's one shape, through JSON, from every version of riverbed (a
+damaged one: tests/stream/test_checkpoint_contract.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from riverbed.state import CorruptStateError
-from riverbed.stream.records import BatchLog, BatchRecord
-
-
-def test_a_damaged_batch_record_names_the_file_and_the_recovery(tmp_path: Path) -> None:
-    batches = BatchLog(str(tmp_path))
-    batches.put(2, BatchRecord(watermark_ms=1000, done=True))
-    batches.put(3, BatchRecord(watermark_ms=2000, done=True))
-    path = batches.dir / f"{3:012d}.json"
-    path.write_bytes(path.read_bytes()[:-5] + b"\x00garb")
-    with pytest.raises(CorruptStateError) as caught:
-        batches.get(3)
-    message = str(caught.value)
-    assert "the record of batch 3" in message and str(path) in message
-    assert "If it is the newest batch record, delete the file" in message  # log-native
-    (tmp_path / "spark" / "commits").mkdir(parents=True)  # a Spark streaming checkpoint
-    with pytest.raises(CorruptStateError) as caught:
-        batches.get(3)
-    assert str(tmp_path / "spark" / "commits" / "3") in str(caught.value)
-    with pytest.raises(CorruptStateError, match="batch 3"):
-        batches.previous(4)
-    assert batches.get(2) == BatchRecord(watermark_ms=1000, done=True)  # the others still read
-
+from riverbed.stream.records import BatchRecord, open_batches
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
@@ -81,12 +59,14 @@ def test_records_of_older_versions_read_with_defaults(tmp_path: Path) -> None:
     missing; it reads, and rewriting it keeps every key it had (and fills in the
     watermarks' defaults)."""
     old = {"watermark_ms": 5, "max_event_ms": 9, "done": True, "input": 3, "outputs": 1}
-    batches = BatchLog(str(tmp_path))
-    path = batches.dir / f"{0:012d}.json"
-    path.parent.mkdir(parents=True)  # reading makes no directory: an old checkpoint has one
+    path = tmp_path / "riverbed" / "batches" / f"{0:012d}.json"
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps(old))
+    batches = open_batches(str(tmp_path))
     record = batches.get(0)
     assert record is not None and record.done and record.counted("late") == 0
     assert record.previous_watermark_ms == 0 and record.extra == {"outputs": 1}
-    batches.put(0, record)
-    assert json.loads(path.read_text()) == old | {"previous_watermark_ms": 0}
+    batches.put(0, record)  # recorded again (as its commit): every key it had kept
+    commit = tmp_path / "riverbed" / "commits" / f"{0:012d}.json"
+    assert json.loads(commit.read_text()) == old | {"previous_watermark_ms": 0}
+    assert json.loads(path.read_text()) == old  # the old file is never rewritten

@@ -3,14 +3,14 @@ location: a directory, memory, and a bucket on the tests' real S3 server.
 
 What the loop relies on, wherever the checkpoint is: a batch's plan reads back as
 written, a done record is the batch's commit, ids and previous find the newest
-records, pruning forgets old batches, and a driver whose term is not the newest is
-fenced before it writes. On object storage, where nothing is renamed, two more: a
-batch's plan and its commit are each created once — a second driver never replaces
-them — and a term is never overwritten by an older one.
+records, pruning forgets old batches, a batch's plan and its commit are each created
+once — a second driver never replaces them — and a driver whose term is not the newest
+is fenced before it writes. In a bucket a term is never overwritten by an older one.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +20,7 @@ import pytest
 from riverbed.state import CorruptStateError
 from riverbed.stream.fencing import DriverFencedError, check_term, record_term, recorded_driver
 from riverbed.stream.layout import checkpoint_store, commit_key, is_local
-from riverbed.stream.records import BatchRecord, ObjectBatchLog, open_batches
+from riverbed.stream.records import BatchRecord, open_batches
 from tests.conftest import LOCATIONS, location_of
 
 PLAN = {"0": [0, 10], "1": [0, 7]}
@@ -82,36 +82,35 @@ def test_a_newer_term_fences_the_older_driver(location: str) -> None:
     assert open_batches(location).ids() == []  # the fenced driver wrote nothing
 
 
-# -- object storage: create-only, never replaced ----------------------------------------
+# -- create-only, never replaced ----------------------------------------
 
 
 @pytest.fixture(params=LOCATIONS[1:])
 def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An object store location (the file backend keeps records as replaced files)."""
+    """An object store location (a directory's driver term is one replaced file)."""
     location = location_of(request.param, request, tmp_path, "ckpt")
     assert not is_local(location)
     return location
 
 
-def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(bucket: str) -> None:
-    batches = open_batches(bucket)
-    assert isinstance(batches, ObjectBatchLog)
+def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(location: str) -> None:
+    batches = open_batches(location)
     batches.put(3, planned())
     with pytest.raises(CorruptStateError, match=r"batch 3 is recorded .* with another plan"):
-        batches.put(3, planned(slices={"0": [0, 99]}))
+        open_batches(location).put(3, planned(slices={"0": [0, 99]}))  # another driver
     assert batches.get(3).slices == PLAN  # type: ignore[union-attr]
 
 
-def test_the_first_commit_of_a_batch_stays(bucket: str) -> None:
+def test_the_first_commit_of_a_batch_stays(location: str) -> None:
     """Two drivers racing to commit one batch: one object is created and it is never
     replaced — the loser carries on (it is fenced at its next write)."""
-    batches = open_batches(bucket)
+    batches = open_batches(location)
     batches.put(0, planned())
     barrier = threading.Barrier(8)
 
     def commit(i: int) -> None:
         barrier.wait()
-        open_batches(bucket).put(0, _done(planned(), input=i, term=i))
+        open_batches(location).put(0, _done(planned(), input=i, term=i))
 
     threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
     for t in threads:
@@ -120,7 +119,7 @@ def test_the_first_commit_of_a_batch_stays(bucket: str) -> None:
         t.join()
     winner = batches.get(0)
     assert winner is not None and winner.done and winner.input == winner.term
-    store = checkpoint_store(bucket)
+    store = checkpoint_store(location)
     assert [i.key for i in store.list("riverbed/commits/")] == [commit_key(0)]
     batches.put(0, _done(planned(), input=99, term=99))  # later: still the first one
     assert batches.get(0).input == winner.input  # type: ignore[union-attr]
@@ -143,12 +142,41 @@ def test_term_records_are_pruned_to_the_newest_few(bucket: str) -> None:
     assert len(keys) == 5 and keys[-1].endswith(f"{11:020d}.json")
 
 
-def test_a_damaged_record_in_a_bucket_names_the_object(bucket: str) -> None:
-    batches = open_batches(bucket)
+def test_a_damaged_record_names_where_it_is_and_the_recovery(location: str) -> None:
+    batches = open_batches(location)
     batches.put(1, planned())
-    checkpoint_store(bucket).put("riverbed/batches/000000000001.json", b"{not json")
-    with pytest.raises(CorruptStateError, match=r"batch 1 is damaged: .*000000000001\.json"):
-        batches.get(1)
+    batches.put(2, planned())
+    store = checkpoint_store(location)
+    store.put("riverbed/batches/000000000002.json", b"{not json")
+    with pytest.raises(CorruptStateError) as caught:
+        open_batches(location).get(2)
+    message = str(caught.value)
+    where = store.locate("riverbed/batches/000000000002.json")
+    assert f"batch 2 (its plan, watermark and counts) is damaged: {where}" in message
+    assert "If it is the newest batch record, delete it" in message
+    store.put("spark/commits/1", b"v1")  # a checkpoint Spark's own loop wrote
+    with pytest.raises(CorruptStateError, match="If Spark has not committed that batch"):
+        open_batches(location).get(2)
+    with pytest.raises(CorruptStateError, match="batch 2"):
+        batches.previous(3)
+    assert batches.get(1).slices == PLAN  # type: ignore[union-attr]  # the others still read
+
+
+def test_a_legacy_record_in_a_directory_reads_as_plan_or_commit(tmp_path: Path) -> None:
+    """Checkpoints in a directory from before create-only records kept one file per
+    batch, replaced as it went from planned to done: it reads as the commit when it
+    says done, else as the plan, and the batch's commit is recorded beside it."""
+    records = tmp_path / "riverbed" / "batches"
+    records.mkdir(parents=True)
+    (records / f"{4:012d}.json").write_text(json.dumps(_done(planned(), input=9).to_json()))
+    (records / f"{5:012d}.json").write_text(json.dumps(planned(watermark=6).to_json()))
+    batches = open_batches(str(tmp_path))
+    assert batches.ids() == [4, 5]
+    assert batches.get(4).done and batches.get(4).input == 9  # type: ignore[union-attr]
+    assert not batches.get(5).done  # type: ignore[union-attr]
+    batches.put(5, planned(watermark=6))  # the re-run's plan: the same, so fine
+    batches.put(5, _done(planned(watermark=6), input=4))
+    assert batches.get(5).done and batches.previous(5).input == 9  # type: ignore[union-attr]
 
 
 def _done(record: BatchRecord, **changes: int) -> BatchRecord:

@@ -31,7 +31,7 @@ from riverbed.stream.metrics import (
     Sum,
     TopK,
 )
-from riverbed.stream.records import BatchLog, BatchRecord
+from riverbed.stream.records import BatchRecord, open_batches
 from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
 
@@ -97,8 +97,8 @@ def run_to_end(
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     if path != "spark":  # the plan the batches took is the one the test asked for
-        batches = BatchLog(str(root / "ckpt"))
-        plans = {batches.get(int(p.stem)).co_located for p in batches.dir.glob("*.json")}
+        batches = open_batches(str(root / "ckpt"))
+        plans = {batches.get(b).co_located for b in batches.ids()}
         want = path.startswith("colocated") if co_located is None else co_located
         assert plans == {want}, plans
     return read_results(root / "out")
@@ -206,7 +206,7 @@ def test_rerunning_a_batch_never_double_counts(spark: Any, log_url: str, tmp_pat
     twice = read_results(tmp_path / "out")
     pd.testing.assert_frame_equal(once, twice)
     assert once["events"].sum() == 1000
-    assert BatchLog(str(tmp_path / "ckpt")).get(1).done is True
+    assert open_batches(str(tmp_path / "ckpt")).get(1).done is True
 
 
 @pytest.mark.parametrize("path", ["spark", "shuffled"])
@@ -240,7 +240,7 @@ def test_late_and_malformed_records_are_counted_and_kept(
     )
     query.awaitTermination(300)
     assert query.exception() is None
-    batches = [BatchLog(str(tmp_path / "ckpt")).get(b) for b in range(3)]
+    batches = [open_batches(str(tmp_path / "ckpt")).get(b) for b in range(3)]
     assert sum(b.counted("malformed") for b in batches if b) == 1
     assert sum(b.counted("late") for b in batches if b) == 5
     log = riverbed.log.open(log_url)
@@ -276,8 +276,8 @@ def test_final_mode_emits_each_window_once_when_closed(
     assert not rows.duplicated(["window_start", "key"]).any(), "a window was emitted twice"
     want = oracle(events, Tumbling("1h"))
     # a window is emitted by the first batch whose (recorded) watermark passed its end
-    batches = BatchLog(str(tmp_path / "ckpt"))
-    last = max(int(p.stem) for p in batches.dir.glob("*.json"))
+    batches = open_batches(str(tmp_path / "ckpt"))
+    last = max(batches.ids())
     watermark = pd.Timestamp(batches.get(last).watermark_ms, unit="ms", tz="UTC")
     closed = want[want["window_start"] + pd.Timedelta(hours=1) <= watermark]
     assert 0 < len(closed) < len(want)
@@ -391,7 +391,7 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
         assert query.exception() is None, query.exception()
 
     run()
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     ids = batches.ids()
     assert ids[-1] >= 12, "too few batches to see purges"
     # pruned every 2 batches down to the newest 3: never more than 4 records
@@ -485,7 +485,7 @@ def test_running_totals_continue_from_records_written_before_totals(tmp_path: Pa
     from riverbed.state import StateConfig
     from riverbed.stream.batch import finish_batch
 
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     batches.put(0, BatchRecord(done=True, input=10, late=1))  # an older riverbed's records
     batches.put(1, BatchRecord(done=True, input=5, malformed=2))
     batches.put(2, BatchRecord())  # started, never finished
@@ -590,8 +590,8 @@ def test_where_and_derived_columns_match_pandas_on_every_path(
     assert (merged["rich_users"] == merged["rich_users_oracle"]).all()
     for column in ("total", "top", "ratio", "cheap_total"):
         assert np.allclose(merged[column], merged[f"{column}_oracle"]), column
-    batches = BatchLog(str(tmp_path / "ckpt"))
-    records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
+    batches = open_batches(str(tmp_path / "ckpt"))
+    records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records) == int(failing.sum())
     assert sum(r.filtered or 0 for r in records) == len(events) - len(kept)
     assert sum(r.input or 0 for r in records) == len(events)
@@ -709,8 +709,8 @@ def test_a_composite_key_matches_pandas_on_every_path(
     assert (merged["events"] == merged["events_oracle"]).all()
     assert (merged["users"] == merged["users_oracle"]).all()
     assert np.allclose(merged["total"], merged["total_oracle"])
-    batches = BatchLog(str(tmp_path / "ckpt"))
-    records = [batches.get(int(p.stem)) for p in batches.dir.glob("*.json")]
+    batches = open_batches(str(tmp_path / "ckpt"))
+    records = [batches.get(b) for b in batches.ids()]
     assert sum(r.malformed or 0 for r in records) == int((events["user_id"] % 7 == 0).sum())
 
 
@@ -867,8 +867,8 @@ def test_final_sessions_are_emitted_once_when_the_watermark_passes_their_end(
     rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pandas()
     assert not rows["deleted"].any(), "a final session is never merged away"
     assert not rows.duplicated(["window_start", "key"]).any(), "a session was emitted twice"
-    batches = BatchLog(str(tmp_path / "ckpt"))
-    last = max(int(p.stem) for p in batches.dir.glob("*.json"))
+    batches = open_batches(str(tmp_path / "ckpt"))
+    last = max(batches.ids())
     watermark = pd.Timestamp(batches.get(last).watermark_ms, unit="ms", tz="UTC")
     want = session_oracle(events, pd.Timedelta(minutes=5))
     closed = want[want["window_end"] < watermark]

@@ -20,7 +20,7 @@ from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.lognative import in_driver, prepare, run_planned, task_attempts
 from riverbed.stream.metrics import Count, Distinct
-from riverbed.stream.records import BatchLog, next_record
+from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.specjob import root_cause
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
@@ -73,7 +73,7 @@ def test_the_recorded_plans_cover_the_topic_once(spark: Any, log_url: str, tmp_p
     events = make_events(2000, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
     run_to_end(spark, spec(3), log_url, tmp_path, "colocated")
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     ids = batches.ids()
     assert len(ids) >= 3 and ids == list(range(len(ids)))
     previous = {p: 0 for p in range(3)}
@@ -141,7 +141,7 @@ def test_rerunning_a_batch_never_double_counts(
     config = engine_config(tmp_path)
     options = {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": co_locate}
     cfg = prepare(config, options)
-    batches = BatchLog(config.checkpoint)
+    batches = open_batches(config.checkpoint)
     ends = riverbed.log.open(log_url).offsets("events")
     half = {str(p.partition): [0, p.end // 2] for p in ends}
     rest = {str(p.partition): [p.end // 2, p.end] for p in ends}
@@ -166,7 +166,7 @@ def test_rerunning_a_batch_never_double_counts(
     twice = read_results(tmp_path / "out")
     pd.testing.assert_frame_equal(once, twice)
     check(once, events)
-    assert BatchLog(str(tmp_path / "ckpt")).get(1).co_located is (co_locate == "auto")
+    assert open_batches(str(tmp_path / "ckpt")).get(1).co_located is (co_locate == "auto")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -184,8 +184,8 @@ def test_task_failing_after_its_state_commit_is_retried_without_double_counting(
     register(spark)
     got = run_to_end(spark, spec(3), log_url, tmp_path, path)
     check(got, events)
-    batches = BatchLog(str(tmp_path / "ckpt"))
-    n_batches = len(list(batches.dir.glob("*.json")))
+    batches = open_batches(str(tmp_path / "ckpt"))
+    n_batches = len(batches.ids())
     assert n_batches >= 3
     assert len(list(faults.iterdir())) == n_batches  # one injected failure per batch
 

@@ -16,10 +16,11 @@ import pytest
 import riverbed.log
 from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
+from riverbed.state import CorruptStateError
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.lognative import committed_ends
 from riverbed.stream.plan import ends_of
-from riverbed.stream.records import BatchLog, BatchRecord
+from riverbed.stream.records import BatchRecord, open_batches
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
 from tests.stream.test_lognative import check, spec
@@ -81,7 +82,7 @@ def test_a_recorded_plan_is_run_as_recorded(spark: Any, log_url: str, tmp_path: 
     write_events(log_url, events, partitions=3, key_field="flag")
     ends = {p.partition: p.end for p in riverbed.log.open(log_url).offsets("events")}
     plan = {str(p): [0, e // 3] for p, e in ends.items()}
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     batches.put(0, BatchRecord(slices=plan, co_located=True))
     query = run(spark, log_url, tmp_path)
     query.awaitTermination(300)
@@ -114,7 +115,7 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
     first, second = events.iloc[:600], events.iloc[600:]
     write_events(log_url, first, partitions=3, key_field="flag")
     run(spark, log_url, tmp_path).awaitTermination(300)
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     spark_dir = tmp_path / "ckpt" / "spark"
     for directory in ("offsets", "commits"):
         (spark_dir / directory).mkdir(parents=True)
@@ -126,7 +127,7 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
         (spark_dir / "offsets" / str(b)).write_text(f"v1\n{json.dumps(meta)}\n{json.dumps(ends)}")
         (spark_dir / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
-        batches.put(b, record)
+        legacy_record(tmp_path / "ckpt", b, record)
     old = batches.ids()
     # the console's ledger and `stream status` place these batches through Spark's log
     ckpt = tmp_path / "ckpt"
@@ -140,11 +141,35 @@ def test_a_checkpoint_of_the_spark_driven_loop_carries_on(
     check(read_results(tmp_path / "out"), events)
 
 
+def legacy_record(checkpoint: Path, batch_id: int, record: BatchRecord) -> None:
+    """A batch record as directories held them before create-only records: one file
+    per batch, rewritten when the batch was done (no commit object beside it)."""
+    name = f"{batch_id:012d}.json"
+    (checkpoint / "riverbed" / "commits" / name).unlink(missing_ok=True)
+    (checkpoint / "riverbed" / "batches" / name).write_text(json.dumps(record.to_json()))
+
+
+def test_a_spark_driven_batch_planned_but_not_done_gets_its_slices_once(
+    tmp_path: Path,
+) -> None:
+    """The newest batch of a Spark-driven checkpoint, recorded without slices and not
+    done: the loop completes its plan with the slices Spark's offset log held — the one
+    record ever replaced; any other second plan is refused."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "riverbed" / "batches").mkdir(parents=True)
+    legacy_record(ckpt, 3, BatchRecord(watermark_ms=7))
+    batches = open_batches(str(ckpt))
+    batches.put(3, BatchRecord(watermark_ms=7, slices={"0": [5, 9]}, co_located=True))
+    assert batches.get(3).slices == {"0": [5, 9]}  # type: ignore[union-attr]
+    with pytest.raises(CorruptStateError, match="another plan"):
+        open_batches(str(ckpt)).put(3, BatchRecord(watermark_ms=7, slices={"0": [5, 8]}))
+
+
 def test_a_spark_driven_checkpoint_whose_offset_log_is_gone_is_named(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:
     write_events(log_url, make_events(300, hours=1), partitions=3, key_field="flag")
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     batches.put(0, BatchRecord(done=True))
     query = run(spark, log_url, tmp_path)
     with pytest.raises(Exception, match="does not record which offsets it read") as failure:
@@ -161,7 +186,7 @@ def test_stop_ends_the_loop_mid_run_and_the_restart_finishes_exactly(
     events = make_events(1500, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
     query = run(spark, log_url, tmp_path)
-    planned = BatchLog(str(tmp_path / "ckpt"))
+    planned = open_batches(str(tmp_path / "ckpt"))
     deadline = time.monotonic() + 60
     while not planned.ids() and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -171,7 +196,7 @@ def test_stop_ends_the_loop_mid_run_and_the_restart_finishes_exactly(
     stopped_at = planned.ids()
     assert stopped_at and stopped_at[-1] < 3  # 1500 records take 4 batches of 400
     run(spark, log_url, tmp_path).awaitTermination(300)
-    batches = BatchLog(str(tmp_path / "ckpt"))
+    batches = open_batches(str(tmp_path / "ckpt"))
     assert all(batches.get(b).done for b in batches.ids())
     assert sum(batches.get(b).input for b in batches.ids()) == 1500
     check(read_results(tmp_path / "out"), events)
@@ -184,4 +209,4 @@ def test_a_bad_trigger_is_refused_before_anything_runs(
     with pytest.raises(TriggerError, match="processingTime 'often' is not an interval"):
         run(spark, log_url, tmp_path, trigger={"processingTime": "often"})
     assert not (tmp_path / "out").exists()
-    assert pd.Series(BatchLog(str(tmp_path / "ckpt")).ids()).empty
+    assert pd.Series(open_batches(str(tmp_path / "ckpt")).ids()).empty

@@ -21,6 +21,7 @@ import pytest
 
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
+from riverbed.stream.records import open_batches
 from riverbed.stream.warm import WARM
 from tests.stream.conftest import make_events, write_events
 
@@ -101,8 +102,8 @@ def term(s: dict[str, Any]) -> int | None:
 
 
 def records(s: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    batches = Checkpoint(checkpoint(s)).batches
-    return {int(p.stem): json.loads(p.read_text()) for p in batches.glob("*.json")}
+    batches = open_batches(checkpoint(s))
+    return {b: r.to_json() for b in batches.ids() if (r := batches.get(b)) is not None}
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:

@@ -23,7 +23,7 @@ from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint, handoff_dir
 from riverbed.stream.lognative import DirectConfig, colocated_task, prepare, run_planned
 from riverbed.stream.plan import balanced_groups
-from riverbed.stream.records import BatchLog, next_record, open_batches
+from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
@@ -231,7 +231,7 @@ def test_batches_with_small_pieces_through_spark_are_exact_and_leave_no_board(
     board removed."""
     cfg, events = setup
     assert lopsided(batch_groups(log_url))  # so the batches get a board
-    batches = BatchLog(cfg.engine.checkpoint)
+    batches = open_batches(cfg.engine.checkpoint)
     ends = riverbed.log.open(log_url).offsets("events")
     plans = [
         {str(p.partition): [0, p.end // 2] for p in ends},

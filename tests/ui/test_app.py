@@ -399,10 +399,10 @@ def test_a_checkpoint_from_before_manifests_says_so_on_its_page(
     import shutil
 
     from riverbed.stream.layout import local_path
-    from riverbed.stream.records import BatchLog, BatchRecord
+    from riverbed.stream.records import BatchRecord, open_batches
 
     root = local_path(home.config.checkpoints_url) / "oldie"
-    BatchLog(str(root)).put(0, BatchRecord(done=True, input=3))
+    open_batches(str(root)).put(0, BatchRecord(done=True, input=3))
     try:
         page = client.get("/streams/oldie")
         assert page.status_code == 200, page.text[-2000:]

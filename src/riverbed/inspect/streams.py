@@ -131,21 +131,12 @@ def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> di
 
 
 def newest_batch(src: Sources, name: str) -> str | None:
-    """The newest batch record's id and modification time (a cheap listing that changes
-    when a batch starts or commits)."""
-    checkpoint = src.place(name)
-    if not is_local(checkpoint):  # objects are created once: the newest id and its commit
-        batches = open_batches(checkpoint)
-        ids = batches.ids()
-        newest = batches.get(ids[-1]) if ids else None
-        return f"{ids[-1]}:{newest.done}" if newest is not None else None
-    paths = sorted(Checkpoint.of(checkpoint).batches.glob("*.json"))
-    if not paths:
-        return None
-    try:
-        return f"{paths[-1].stem}:{paths[-1].stat().st_mtime_ns}"
-    except FileNotFoundError:  # pruned while we looked
-        return None
+    """The newest batch's id and whether it is done (a cheap listing that changes when
+    a batch starts or commits: records are created once, never replaced)."""
+    batches = open_batches(src.place(name))
+    ids = batches.ids()
+    newest = batches.get(ids[-1]) if ids else None
+    return f"{ids[-1]}:{newest.done}" if newest is not None else None
 
 
 def streams(src: Sources) -> list[dict[str, Any]]:

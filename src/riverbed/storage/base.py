@@ -128,6 +128,10 @@ class ObjectStore(abc.ABC):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def locate(self, key: str) -> str:
+        """Where the object ``key`` is, as a person finds it (a path for files)."""
+        return f"{self.url.rstrip('/')}/{key}"
+
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 

@@ -143,6 +143,9 @@ class FileStore(ObjectStore):
             with contextlib.suppress(FileNotFoundError):  # emptied and removed meanwhile
                 fsync_dir(source.parent)
 
+    def locate(self, key: str) -> str:
+        return str(self._path(key))
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):

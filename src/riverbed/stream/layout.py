@@ -85,9 +85,9 @@ def checkpoints_location(url: str) -> str | Path:
     return parse(url, "checkpoints")
 
 
-def checkpoint_store(location: str) -> ObjectStore:
-    """The object store at a bucket location, one per process (clients are reused by
-    every batch and every task)."""
+def checkpoint_store(location: str | Path) -> ObjectStore:
+    """The object store at a checkpoint's location — a directory or a bucket — one per
+    process (clients are reused by every batch and every task)."""
     from riverbed.storage import shared_store
 
     return shared_store(location)
@@ -121,6 +121,7 @@ def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:
 
 
 SPARK = "spark"  # Spark's own offset and commit logs under a checkpoint
+SPARK_COMMITS = f"{SPARK}/commits/"  # Spark's commit of batch <b>: the object <b>
 
 
 def spark_location(checkpoint: str | Path) -> str:
@@ -161,9 +162,6 @@ class Checkpoint:
     def batches(self) -> Path:
         return self.root / BATCHES.rstrip("/")
 
-    def batch(self, batch_id: int) -> Path:
-        return self.batches / f"{batch_id:012d}.json"
-
     @property
     def driver(self) -> Path:
         return self._riverbed / "driver.json"
@@ -195,11 +193,6 @@ class Checkpoint:
     @property
     def local_state(self) -> Path:
         return self.root / "local-state"
-
-    @classmethod
-    def of_batch_record(cls, path: Path) -> Checkpoint:
-        """The checkpoint a batch record's path lies in."""
-        return cls(path.parent.parent.parent)
 
 
 def handoff_dir(checkpoint: str, local_cache: Path, name: str, spark_master: str) -> Path | None:

@@ -49,7 +49,13 @@ from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
 from riverbed.stream.aggregation import KEY
-from riverbed.stream.batch import SIDE_LIMIT, Maintenance, finish, side_outputs
+from riverbed.stream.batch import (
+    SIDE_LIMIT,
+    Maintenance,
+    finish,
+    side_outputs,
+    side_outputs_written,
+)
 from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
     EngineConfig,
@@ -486,7 +492,8 @@ def run_planned(
     if late is not None or dlq is not None:
         batches.put(batch_id, record)
         side_outputs(cfg.engine, batch_id, batches, dlq, late)
-        record = batches.get(batch_id) or record
+        # only the flag: the recorded plan holds no counts (a re-run counts again)
+        record.side_outputs_written = side_outputs_written(batches, batch_id)
     record.ms = {  # where the batch's time went, for `riverbed stream status`
         "offsets": plan_ms,
         "state_job": round((merged - began) * 1000),

@@ -1,10 +1,9 @@
-"""Batch records: one JSON file per batch, where
-:class:`~riverbed.stream.layout.Checkpoint` says, of the one shape
-:class:`BatchRecord`, read and written only by :class:`BatchLog`.
+"""Batch records, of the one shape :class:`BatchRecord`, read and written only by
+:class:`BatchLog` in a checkpoint's object store (the keys: :mod:`riverbed.stream.layout`).
 
 A batch's record is written before any of its work — its watermark (from earlier batches
-only) and, on the log-native path, its plan — and fsynced, so a re-run reads the same
-plan back; it is marked ``done`` with running totals as the batch's commit
+only) and, on the log-native path, its plan — durably, so a re-run reads the same
+plan back; its commit is the record marked ``done`` with running totals
 (:func:`riverbed.stream.batch.finish_batch`), and every ``snapshot_every`` batches the
 driver prunes records older than ``retain_versions`` batches
 (:func:`riverbed.stream.batch.maintain`).
@@ -13,8 +12,6 @@ driver prunes records older than ``retain_versions`` batches
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -25,11 +22,10 @@ from riverbed.stream.layout import (
     BATCHES,
     COMMITS,
     RIVERBED,
-    Checkpoint,
+    SPARK_COMMITS,
     batch_key,
     checkpoint_store,
     commit_key,
-    is_local,
     numbered,
     side_key,
 )
@@ -112,109 +108,33 @@ def parse_record(data: bytes | str) -> BatchRecord:
         raise ValueError(str(exc)) from None
 
 
-def read_record(path: Path) -> BatchRecord:
-    """A batch record, or :class:`CorruptStateError` naming it and the recovery."""
-    try:
-        return parse_record(path.read_bytes())
-    except ValueError as exc:
-        batch = path.stem.lstrip("0") or "0"
-        checkpoint = Checkpoint.of_batch_record(path)
-        commits = checkpoint.spark_commits / batch
-        when = (
-            f"If Spark has not committed that batch (no {commits}), delete the file"
-            if checkpoint.spark_commits.is_dir()
-            else "If it is the newest batch record, delete the file"
-        )
-        raise CorruptStateError(
-            f"the record of batch {batch} (its plan, watermark and counts) is damaged: "
-            f"{path} ({exc}). {when} and the batch runs again and writes it anew; "
-            "otherwise restore it from a backup or start the aggregation on a new "
-            "checkpoint (docs/stream.md, 'Failure model')"
-        ) from None
-
-
 class BatchLog:
-    """The batch records of a local checkpoint: one file per batch, replaced atomically
-    (temporary, fsync, rename) as the batch goes from planned to done. The object-store
-    twin is :class:`ObjectBatchLog`; :func:`open_batches` picks by location, and both
-    pass one contract suite (``tests/stream/test_checkpoint_contract.py``)."""
+    """The batch records of a checkpoint, on any :class:`~riverbed.storage.ObjectStore`
+    — a directory (:class:`~riverbed.storage.file.FileStore`) or a bucket — where every
+    object that decides something is created once (``put_if_absent``: a link on a
+    disk, ``If-None-Match: *`` in a bucket) and never replaced:
 
-    def __init__(self, checkpoint: str, fence: Callable[[], None] | None = None) -> None:
-        self.layout = Checkpoint.of(checkpoint)
-        self.dir = self.layout.batches  # made by the first put: reading makes nothing
-        self.fence = fence or (lambda: None)
-
-    def _path(self, batch_id: int) -> Path:
-        return self.layout.batch(batch_id)
-
-    def get(self, batch_id: int) -> BatchRecord | None:
-        path = self._path(batch_id)
-        return read_record(path) if path.exists() else None
-
-    def previous(self, batch_id: int) -> BatchRecord | None:
-        """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
-        listing only when that one is missing)."""
-        if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
-            return record
-        earlier = sorted(p for p in self.dir.glob("*.json") if int(p.stem) < batch_id)
-        return read_record(earlier[-1]) if earlier else None
-
-    def put(self, batch_id: int, record: BatchRecord, *, durable: bool = True) -> None:
-        """Replace the record atomically; ``durable=False`` skips the fsync (for records
-        a re-run would rebuild the same way). The fence is checked after the slow part
-        (writing and syncing the new version) and right before the rename that
-        publishes it, so a driver paused and replaced meanwhile publishes nothing."""
-        path = self._path(batch_id)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        try:
-            tmp.write_text(json.dumps(record.to_json()))
-            if durable:
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-            self.fence()
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def update(self, batch_id: int, **changes: Any) -> None:
-        self.put(batch_id, replace(self.get(batch_id) or BatchRecord(), **changes))
-
-    def ids(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.dir.glob("*.json"))
-
-    def prune(self, keep_from: int) -> int:
-        """Delete the records of batches before ``keep_from``; returns how many."""
-        gone = 0
-        for batch_id in self.ids():
-            if batch_id >= keep_from:
-                break
-            self._path(batch_id).unlink(missing_ok=True)
-            gone += 1
-        return gone
-
-
-class ObjectBatchLog:
-    """The batch records of a checkpoint in a bucket, where nothing can be renamed and a
-    plain PUT is last-writer-wins: every object that decides something is created once
-    (``If-None-Match: *``, :meth:`ObjectStore.put_if_absent`) and never replaced.
-
-    * the **plan** — the first record put for a batch (its slices and watermark) — is
-      ``batches/<b>.json``; a later put of the same batch must carry the same plan, and
-      one with another plan is refused (two drivers never run different plans of one
-      batch: the second reads the first's and runs it);
+    * the **plan** — the first record put for a batch (its slices and watermark, and on
+      the DataFrame path the counts a re-run keeps) — is ``batches/<b>.json``; a later
+      put of the same batch must carry the same plan, and one with another plan is
+      refused (two drivers never run different plans of one batch: the second reads the
+      first's and runs it);
     * ``side_outputs_written`` is the marker ``batches/<b>.side``;
     * **done** is ``commits/<b>.json``, the commit. A driver that loses the race to
       commit a batch finds the winner's record: the same batch from the same plan over
       the same state, so the same result; the fence (the newest term) stops the loser
       at its next write.
 
-    Counts and timings of an unfinished batch are not stored: a re-run counts again.
+    Counts and timings of an unfinished log-native batch are not stored: a re-run
+    counts again. Checkpoints in a directory from before this layout kept one file per
+    batch, replaced as the batch went from planned to done: such a file reads as the
+    plan, or — ``"done": true`` in it — as the batch's commit.
     """
 
     def __init__(self, store: ObjectStore, fence: Callable[[], None] | None = None) -> None:
         self.store = store
         self.fence = fence or (lambda: None)
+        self._plans: dict[int, tuple[Any, ...]] = {}  # plans known to be recorded
 
     def _read(self, key: str, batch_id: int) -> BatchRecord | None:
         from riverbed.storage import ObjectNotFoundError
@@ -227,11 +147,20 @@ class ObjectBatchLog:
             return parse_record(data)
         except ValueError as exc:
             raise CorruptStateError(
-                f"the record of batch {batch_id} is damaged: {self.store.url}/{key} ({exc}). "
-                "If it is the newest batch, delete the object and the batch runs again; "
-                "otherwise start the aggregation on a new checkpoint (docs/stream.md, "
+                f"the record of batch {batch_id} (its plan, watermark and counts) is "
+                f"damaged: {self.store.locate(key)} ({exc}). {self._recovery(batch_id)} and "
+                "the batch runs again and writes it anew; otherwise restore it from a "
+                "backup or start the aggregation on a new checkpoint (docs/stream.md, "
                 "'Failure model')"
             ) from None
+
+    def _recovery(self, batch_id: int) -> str:
+        """How to recover a damaged record: by deleting it, if nothing after it counts
+        on it (Spark's own commit, for a checkpoint Spark's loop wrote)."""
+        if self.store.list(SPARK_COMMITS):
+            commit = self.store.locate(f"{SPARK_COMMITS}{batch_id}")
+            return f"If Spark has not committed that batch (no {commit}), delete it"
+        return "If it is the newest batch record, delete it"
 
     def get(self, batch_id: int) -> BatchRecord | None:
         done = self._read(commit_key(batch_id), batch_id)
@@ -243,30 +172,40 @@ class ObjectBatchLog:
         return plan
 
     def previous(self, batch_id: int) -> BatchRecord | None:
+        """The newest record before ``batch_id`` (almost always ``batch_id - 1``; a
+        listing only when that one is missing)."""
         if batch_id > 0 and (record := self.get(batch_id - 1)) is not None:
             return record
         earlier = [b for b in self.ids() if b < batch_id]
         return self.get(earlier[-1]) if earlier else None
 
-    def put(self, batch_id: int, record: BatchRecord, *, durable: bool = True) -> None:
+    def put(self, batch_id: int, record: BatchRecord) -> None:
         """Record a batch (see the class doc): its plan once, its side marker once, its
-        commit once. Every object store write is durable when it returns."""
+        commit once. Every write is durable when it returns."""
         self.fence()
         data = json.dumps(record.to_json()).encode()
         if record.done:
             if not self.store.put_if_absent(commit_key(batch_id), data):
                 self.fence()  # lost the race: to a newer driver (fenced) or a retry
             return
-        if not self.store.put_if_absent(batch_key(batch_id), data):
-            recorded = self._read(batch_key(batch_id), batch_id)
-            if recorded is not None and _plan(recorded) != _plan(record):
-                self.fence()  # a newer driver's plan: this driver is the stale one
-                raise CorruptStateError(
-                    f"batch {batch_id} is recorded in {self.store.url} with another plan "
-                    f"({_plan(recorded)}) than this driver's ({_plan(record)}): is a "
-                    "second driver running this aggregation without an election? Run "
-                    "drivers with `riverbed stream run --control …` (docs/stream.md)"
-                )
+        plan = _plan(record)
+        if self._plans.get(batch_id) != plan:  # a plan recorded already costs nothing
+            if not self.store.put_if_absent(batch_key(batch_id), data):
+                recorded = self._read(batch_key(batch_id), batch_id)
+                if recorded is not None and _legacy(recorded, record):
+                    # a plan Spark's offset log held, written before plans had slices:
+                    # completed once with the slices read from that log (the only record
+                    # ever replaced, and only by the one driver the fence lets write)
+                    self.store.put(batch_key(batch_id), data)
+                elif recorded is not None and _plan(recorded) != plan:
+                    self.fence()  # a newer driver's plan: this driver is the stale one
+                    raise CorruptStateError(
+                        f"batch {batch_id} is recorded in {self.store.url} with another "
+                        f"plan ({_plan(recorded)}) than this driver's ({plan}): is a "
+                        "second driver running this aggregation without an election? "
+                        "Run drivers with `riverbed stream run --control …` (docs/stream.md)"
+                    )
+            self._plans[batch_id] = plan
         if record.side_outputs_written:
             self.store.put_if_absent(side_key(batch_id), b"")
 
@@ -278,10 +217,13 @@ class ObjectBatchLog:
         return sorted(set(numbered(keys, BATCHES, ".json")) | set(numbered(keys, COMMITS, ".json")))
 
     def prune(self, keep_from: int) -> int:
+        """Delete the records of batches before ``keep_from``; returns how many."""
         old = [b for b in self.ids() if b < keep_from]
         self.store.delete_many(
             key for b in old for key in (commit_key(b), side_key(b), batch_key(b))
         )
+        for b in old:
+            self._plans.pop(b, None)
         return len(old)
 
 
@@ -290,15 +232,21 @@ def _plan(record: BatchRecord) -> tuple[Any, ...]:
     return (record.slices, record.watermark_ms, record.co_located)
 
 
-Batches = BatchLog | ObjectBatchLog
+def _legacy(recorded: BatchRecord, record: BatchRecord) -> bool:
+    """``record`` completes the slice-less plan of a checkpoint Spark's loop wrote."""
+    return (
+        recorded.slices is None
+        and record.slices is not None
+        and recorded.watermark_ms == record.watermark_ms
+    )
 
 
-def open_batches(checkpoint: str | Path, fence: Callable[[], None] | None = None) -> Batches:
-    """The batch records of the checkpoint at ``checkpoint``: files on a local one,
-    create-only objects in a bucket."""
-    if is_local(checkpoint):
-        return BatchLog(str(Checkpoint.of(checkpoint).root), fence)
-    return ObjectBatchLog(checkpoint_store(str(checkpoint)), fence)
+Batches = BatchLog  # (the name callers type with)
+
+
+def open_batches(checkpoint: str | Path, fence: Callable[[], None] | None = None) -> BatchLog:
+    """The batch records of the checkpoint at ``checkpoint`` (a directory or a bucket)."""
+    return BatchLog(checkpoint_store(checkpoint), fence)
 
 
 def next_record(batches: Batches, batch_id: int, delay_ms: int) -> BatchRecord:
