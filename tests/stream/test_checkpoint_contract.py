@@ -5,7 +5,7 @@ What the loop relies on, wherever the checkpoint is: a batch's plan reads back a
 written, a done record is the batch's commit, ids and previous find the newest
 records, pruning forgets old batches, a batch's plan and its commit are each created
 once — a second driver never replaces them — and a driver whose term is not the newest
-is fenced before it writes. In a bucket a term is never overwritten by an older one.
+is fenced before it writes, a term never overwritten by an older one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from riverbed.state import CorruptStateError
 from riverbed.stream.fencing import DriverFencedError, check_term, record_term, recorded_driver
-from riverbed.stream.layout import checkpoint_store, commit_key, is_local
+from riverbed.stream.layout import checkpoint_store, commit_key
 from riverbed.stream.records import BatchRecord, open_batches
 from tests.conftest import LOCATIONS, location_of
 
@@ -85,14 +85,6 @@ def test_a_newer_term_fences_the_older_driver(location: str) -> None:
 # -- create-only, never replaced ----------------------------------------
 
 
-@pytest.fixture(params=LOCATIONS[1:])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An object store location (a directory's driver term is one replaced file)."""
-    location = location_of(request.param, request, tmp_path, "ckpt")
-    assert not is_local(location)
-    return location
-
-
 def test_a_second_plan_of_a_batch_is_refused_and_the_first_stays(location: str) -> None:
     batches = open_batches(location)
     batches.put(3, planned())
@@ -125,21 +117,40 @@ def test_the_first_commit_of_a_batch_stays(location: str) -> None:
     assert batches.get(0).input == winner.input  # type: ignore[union-attr]
 
 
-def test_an_older_term_recorded_late_does_not_rule(bucket: str) -> None:
+def test_an_older_term_recorded_late_does_not_rule(location: str) -> None:
     """A paused driver resumed after its successor was elected records nothing that
     wins: the newest term rules whatever order the records arrive in."""
-    record_term(bucket, 12, "new:1", "t1")
-    record_term(bucket, 10, "old:1", "t0")  # arrives late
-    assert recorded_driver(bucket)["term"] == 12  # type: ignore[index]
+    record_term(location, 12, "new:1", "t1")
+    record_term(location, 10, "old:1", "t0")  # arrives late
+    assert recorded_driver(location)["term"] == 12  # type: ignore[index]
     with pytest.raises(DriverFencedError):
-        check_term(bucket, 10, "agg")
+        check_term(location, 10, "agg")
 
 
-def test_term_records_are_pruned_to_the_newest_few(bucket: str) -> None:
+def test_term_records_are_pruned_to_the_newest_few(location: str) -> None:
     for term in range(1, 12):
-        record_term(bucket, term, f"d{term}", "t")
-    keys = [i.key for i in checkpoint_store(bucket).list("riverbed/terms/")]
+        record_term(location, term, f"d{term}", "t")
+    keys = [i.key for i in checkpoint_store(location).list("riverbed/terms/")]
     assert len(keys) == 5 and keys[-1].endswith(f"{11:020d}.json")
+
+
+def test_a_legacy_driver_record_in_a_directory_rules_until_a_term_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """A directory's checkpoint from before term objects kept the term in one replaced
+    file, ``riverbed/driver.json``: it reads, fences, and the next elected driver's
+    term object rules from then on."""
+    (tmp_path / "riverbed").mkdir()
+    old = {"term": 4, "driver": "vm:1", "since": "2026-12-01T00:00:00+00:00"}
+    (tmp_path / "riverbed" / "driver.json").write_text(json.dumps(old))
+    assert recorded_driver(tmp_path) == old
+    check_term(tmp_path, 4, "agg")
+    with pytest.raises(DriverFencedError, match=r"vm:1 \(term 4\)"):
+        check_term(tmp_path, 3, "agg")
+    record_term(tmp_path, 5, "vm:2", "t")
+    assert recorded_driver(tmp_path)["driver"] == "vm:2"  # type: ignore[index]
+    with pytest.raises(DriverFencedError):
+        check_term(tmp_path, 4, "agg")
 
 
 def test_a_damaged_record_names_where_it_is_and_the_recovery(location: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import signal
@@ -20,7 +19,7 @@ import pandas as pd
 import pytest
 
 from riverbed.stream.dataframe import read_results
-from riverbed.stream.layout import Checkpoint
+from riverbed.stream.fencing import recorded_driver
 from riverbed.stream.records import open_batches
 from riverbed.stream.warm import WARM
 from tests.stream.conftest import make_events, write_events
@@ -97,8 +96,8 @@ def checkpoint(s: dict[str, Any]) -> Path:
 
 
 def term(s: dict[str, Any]) -> int | None:
-    path = Checkpoint(checkpoint(s)).driver
-    return int(json.loads(path.read_text())["term"]) if path.exists() else None
+    record = recorded_driver(checkpoint(s))
+    return int(record["term"]) if record is not None else None
 
 
 def records(s: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -144,7 +143,8 @@ def standby_line(process: subprocess.Popen[str]) -> str:
 
 
 def active_pid(s: dict[str, Any]) -> int:
-    record = json.loads((Checkpoint(checkpoint(s)).driver).read_text())
+    record = recorded_driver(checkpoint(s))
+    assert record is not None
     return int(record["driver"].rpartition(":")[2])
 
 

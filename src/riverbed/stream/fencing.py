@@ -2,10 +2,10 @@
 every write.
 
 The driver that wins the election ``streams/<name>`` in the control plane records
-its term (the election's fencing token, which only grows) in
-``<checkpoint>/riverbed/driver.json`` before it starts the query — in a bucket, where
-nothing is replaced atomically, as a new object ``riverbed/terms/<term>.json``
-created once, the newest ruling (:mod:`riverbed.stream.layout`). Every write of a
+its term (the election's fencing token, which only grows) before it starts the query,
+as a new object ``riverbed/terms/<term>.json`` of the checkpoint's store, created once,
+the newest ruling (:mod:`riverbed.stream.layout`) — in a directory and in a bucket
+alike; a record of an older term arriving late never rules. Every write of a
 batch — the batch record, the result directory, the SQL and topic sinks, the side
 topics, the purge of old history, and each state task's commit — first checks that
 the recorded term is still its own; a driver that was paused (SIGSTOP, a long GC, a
@@ -17,19 +17,17 @@ state tasks on executors check the same way the driver does.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from riverbed.errors import RiverbedError
-from riverbed.stream.layout import TERMS, Checkpoint, checkpoint_store, is_local, numbered, term_key
+from riverbed.stream.layout import LEGACY_DRIVER, TERMS, checkpoint_store, numbered, term_key
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
 
-TERMS_KEPT = 5  # term records kept in a bucket (older ones are pruned on takeover)
+TERMS_KEPT = 5  # term records kept (older ones are pruned on takeover)
 
 # Self-fencing: the driver process registers, per term it holds, a check of its own
 # lease clock (DriverLease). Every write check of that term in this process runs it
@@ -54,46 +52,35 @@ class DriverFencedError(RiverbedError):
 
 
 def _terms(store: ObjectStore) -> list[int]:
-    """The terms recorded in a bucket's checkpoint, oldest first (one LIST)."""
+    """The terms recorded in a checkpoint, oldest first (one LIST)."""
     return numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
 
 
 def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
-    """Record the new active driver (atomically: readers see the old record or this)."""
+    """Record the new active driver: its term's object, created once; the oldest
+    beyond :data:`TERMS_KEPT` are pruned."""
     record = json.dumps({"term": term, "driver": driver, "since": since}).encode()
-    if not is_local(checkpoint):
-        store = checkpoint_store(str(checkpoint))
-        store.put_if_absent(term_key(term), record)  # a term is recorded once
-        store.delete_many(term_key(t) for t in _terms(store)[:-TERMS_KEPT])
-        return
-    path = Checkpoint.of(checkpoint).driver
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_bytes(record)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    store = checkpoint_store(checkpoint)
+    store.put_if_absent(term_key(term), record)  # a term is recorded once
+    store.delete_many(term_key(t) for t in _terms(store)[:-TERMS_KEPT])
 
 
 def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
     """The newest driver's record (``term``, ``driver``, ``since``), or None."""
-    if not is_local(checkpoint):
-        from riverbed.storage import ObjectNotFoundError
+    from riverbed.storage import ObjectNotFoundError
 
-        store = checkpoint_store(str(checkpoint))
-        for term in reversed(_terms(store)):
-            try:
-                newest: dict[str, Any] = json.loads(store.get(term_key(term)))
-            except ObjectNotFoundError:  # pruned between the listing and the read
-                continue
-            return newest
+    store = checkpoint_store(checkpoint)
+    for term in reversed(_terms(store)):
+        try:
+            newest: dict[str, Any] = json.loads(store.get(term_key(term)))
+        except ObjectNotFoundError:  # pruned between the listing and the read
+            continue
+        return newest
+    try:  # a directory's checkpoint from before term objects: one replaced file
+        legacy: dict[str, Any] = json.loads(store.get(LEGACY_DRIVER))
+    except ObjectNotFoundError:
         return None
-    path = Checkpoint.of(checkpoint).driver
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    return record
+    return legacy
 
 
 def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
@@ -104,10 +91,9 @@ def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
     self_fence = _self_fences.get(term)
     if self_fence is not None:
         self_fence()
-    if not is_local(checkpoint):  # one LIST, and a GET only to name a newer driver
-        terms = _terms(checkpoint_store(str(checkpoint)))
-        if terms and terms[-1] == term:
-            return
+    terms = _terms(checkpoint_store(checkpoint))  # one LIST; a GET only to name a newer
+    if terms and terms[-1] == term:
+        return
     current = recorded_driver(checkpoint)
     if current is None or int(current["term"]) != term:
         who = (

@@ -5,29 +5,26 @@
     <checkpoints>/                       RIVERBED_CHECKPOINTS (default <home>/checkpoints)
         state/<name>/<partition>/...     durable state: changelogs and snapshots (state/)
         <name>/                          one aggregation's checkpoint
-            riverbed/batches/<batch:012d>.json   batch records: plan, watermark, counts
-            riverbed/driver.json         the active driver's term (fencing.py)
+            riverbed/batches/<batch:012d>.json   the batch's plan, created once; re-runs read it
+            riverbed/batches/<batch:012d>.side   its late/malformed records are in their topics
+            riverbed/commits/<batch:012d>.json   the done record: the batch's commit, created once
+            riverbed/terms/<term:020d>.json      one record per elected driver; the newest rules
             riverbed/spec.json           the state partition count, fixed on first start
             riverbed/job.json            the manifest: what the console reads
             riverbed/handoff/<run>/      work-stealing boards of running batches (steal.py)
             spark/offsets/<batch>        Spark's offset and commit logs (DataFrame path,
             spark/commits/<batch>          and checkpoints of the Spark-driven loop)
             local-state/                 the default local RocksDB directory (a cache)
+        output/<name>/batch_id=<id>/part-00000.parquet   the result table, when the
+                                         checkpoints are in a bucket
 
-On object storage (``s3://bucket/prefix``, ``memory://name``) a checkpoint holds the same
-things as immutable objects, since a bucket has no atomic rename: what is current is
-decided by create-only writes (``If-None-Match: *``) alone::
-
-    <checkpoints>/<name>/riverbed/
-        batches/<batch:012d>.json        the batch's plan, created once; re-runs read it
-        batches/<batch:012d>.side        its late/malformed records are in their topics
-        commits/<batch:012d>.json        the done record: the batch's commit, created once
-        terms/<term:020d>.json           one record per elected driver; the newest rules
-        spec.json, job.json              as on disk
-    <checkpoints>/output/<name>/batch_id=<id>/part-00000.parquet   the result table
-
-        spark/offsets/<batch>, spark/commits/<batch>   Spark's own logs (DataFrame path),
-                                         written by Spark through Hadoop's s3a://
+Every record is an object of the checkpoint's store (:func:`checkpoint_store`: a
+directory or ``s3://bucket/prefix``), what is current decided by create-only writes
+alone (a ``link`` on a disk, ``If-None-Match: *`` in a bucket), since a bucket has no
+atomic rename. A directory's checkpoint from before this layout may hold one record
+file per batch (rewritten when done) and ``riverbed/driver.json`` (the term, replaced):
+both still read (:mod:`riverbed.stream.records`, :mod:`riverbed.stream.fencing`).
+In a bucket Spark writes its own logs through Hadoop's s3a://.
 
 Work-stealing boards are not durable (a re-run of a batch gets a new one), so with a
 bucket's checkpoint they live on the machine the tasks share with the driver
@@ -75,6 +72,7 @@ RIVERBED = "riverbed/"  # everything of riverbed's own in a checkpoint
 BATCHES = "riverbed/batches/"
 COMMITS = "riverbed/commits/"
 TERMS = "riverbed/terms/"
+LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
 MANIFEST = "riverbed/job.json"
 
@@ -161,10 +159,6 @@ class Checkpoint:
     @property
     def batches(self) -> Path:
         return self.root / BATCHES.rstrip("/")
-
-    @property
-    def driver(self) -> Path:
-        return self._riverbed / "driver.json"
 
     @property
     def spec(self) -> Path:
