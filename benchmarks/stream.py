@@ -51,7 +51,6 @@ import riverbed.log
 from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
-from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import DRIVER_BATCH_RECORDS
 
 SCHEMA = "user_id long, flag string, ts timestamp"
@@ -208,10 +207,10 @@ def trigger_breakdown(
     """Per trigger, in ms: the whole trigger (wall / batches), and inside riverbed's
     batch function where it went (its batch records' ``ms``); the rest ("other") is
     the query's start (checks, co-location) and the loop between batches."""
-    import json
+    from riverbed.stream.records import open_batches
 
-    directory = Checkpoint(root / f"ckpt-bench_{mode}_{how}").batches
-    records = [json.loads(p.read_text()) for p in directory.glob("*.json")]
+    batches = open_batches(root / f"ckpt-bench_{mode}_{how}")
+    records = [r.to_json() for b in batches.ids() if (r := batches.get(b)) is not None]
     done = [r for r in records if r.get("done") and r.get("ms")]
     n = len(done)
     out = {"batches": float(n), "trigger": seconds * 1000 / max(n, 1)}
