@@ -262,3 +262,20 @@ def test_the_store_behaves_like_a_dict(
             store.delete(full)
             model.pop(full, None)
     assert {o.key: store.get(o.key) for o in store.list("model/")} == model
+
+
+def test_a_directory_is_no_object_of_a_file_store(tmp_path: Path) -> None:
+    """As in a bucket: opening a store makes nothing, the first write makes the root,
+    and a directory goes with the last object below it (the root stays)."""
+    from riverbed.storage import open_store
+
+    store = open_store(tmp_path / "root")
+    assert not (tmp_path / "root").exists() and store.list() == []
+    store.put("a/b/c", b"1")
+    store.put("a/d", b"2")
+    store.delete("a/b/c")
+    assert not (tmp_path / "root" / "a" / "b").exists()
+    store.delete("a/d")
+    assert not (tmp_path / "root" / "a").exists() and (tmp_path / "root").is_dir()
+    store.put("a/b/c", b"3")  # the emptied directories come back with a write
+    assert store.get("a/b/c") == b"3"

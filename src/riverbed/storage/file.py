@@ -3,7 +3,10 @@
 A ``put`` writes a hidden temporary file, fsyncs it, renames it over the object and
 fsyncs the directory; ``put_if_absent`` links the fsynced temporary file to the key
 (``link`` fails if the name exists — atomic on every local filesystem, and on NFS v3+).
-A write in progress is a hidden ``.<name>.<uuid>.tmp`` file, never listed.
+A write in progress is a hidden ``.<name>.<uuid>.tmp`` file, never listed. As in a
+bucket, directories are no objects: the root is made by the first write, and a
+directory left empty by a delete goes with its last object (a write racing that removal
+makes it again).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ def _temporary(name: str) -> bool:
 class FileStore(ObjectStore):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.url = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
@@ -46,11 +48,18 @@ class FileStore(ObjectStore):
                 f"object key {key!r} is below a key that is an object itself"
             ) from None
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        return tmp
+        for attempt in range(3):
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                return tmp
+            except FileNotFoundError:  # a delete removed the directory emptied meanwhile
+                if attempt == 2:
+                    raise
+                path.parent.mkdir(parents=True, exist_ok=True)
+        raise AssertionError("unreachable")
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -142,6 +151,7 @@ class FileStore(ObjectStore):
         if target.parent != source.parent:
             with contextlib.suppress(FileNotFoundError):  # emptied and removed meanwhile
                 fsync_dir(source.parent)
+            self._prune_dirs(source.parent)
 
     def locate(self, key: str) -> str:
         return str(self._path(key))
@@ -150,6 +160,16 @@ class FileStore(ObjectStore):
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        self._prune_dirs(path.parent)
+
+    def _prune_dirs(self, directory: Path) -> None:
+        """Remove ``directory`` and its parents below the root while they are empty."""
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (or gone): its parents are not empty either
+                return
+            directory = directory.parent
 
 
 def _holds_an_object(path: Path) -> bool:

@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.stream.aggregation import DELETED, Aggregation
-from riverbed.stream.layout import checkpoint_store, is_local, local_path
+from riverbed.stream.layout import checkpoint_store
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -87,44 +87,21 @@ def write_output(
     rows: pd.DataFrame | pa.Table,
     fence: Callable[[], None] | None = None,
 ) -> pa.Table:
-    """Replace ``<output>/batch_id=<id>/`` with ``rows`` (atomic per batch directory);
-    returns what was written. Both paths write through here, so the table has one
-    Parquet schema (timestamps as UTC microseconds) whichever path wrote a batch.
-    ``fence`` (the driver's term check) runs again once the rows are written and just
-    before they replace anything: a driver paused while writing and resumed after a
-    takeover raises there, and its staging goes, instead of replacing the batch."""
-    import shutil
-
-    import pyarrow.parquet as pq
-
+    """Write ``<output>/batch_id=<id>/part-00000.parquet`` (one object, replaced whole
+    by a re-run of the batch; what compaction put beside it stays); returns what was
+    written. Both paths write through here, so the table has one Parquet schema
+    (timestamps as UTC microseconds) whichever path wrote a batch. ``fence`` (the
+    driver's term check) runs again once the rows are encoded and right before they
+    are stored: a driver paused meanwhile and resumed after a takeover raises there."""
     schema = output_arrow_schema(spec)
     if isinstance(rows, pa.Table):
         table = rows.select(schema.names).cast(schema)
     else:
         table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
-    if not is_local(output):
-        data = _parquet(table)
-        if fence is not None:
-            fence()
-        checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
-        return table
-    root = local_path(output)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".batch_id={batch_id}.{uuid.uuid4().hex}"
-    tmp.mkdir()
-    pq.write_table(table, tmp / PART)
+    data = _parquet(table)
     if fence is not None:
-        try:
-            fence()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    target = root / f"batch_id={batch_id}"
-    if target.exists():  # a re-run replaces its own output (never what compaction put there)
-        for carried in target.glob("compacted-*.parquet"):
-            carried.rename(tmp / carried.name)
-        shutil.rmtree(target)
-    tmp.rename(target)
+        fence()
+    checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
     return table
 
 
@@ -146,22 +123,20 @@ def _parquet_keys(store: ObjectStore) -> list[str]:
 
 
 def read_table(output: str | Path) -> pa.Table | None:
-    """Every row file of the result table, as one table (None when there is none)."""
-    import pyarrow.dataset as ds
+    """Every row file of the result table, as one table (None when there is none).
+    Files of older versions (Spark-written: INT96, naive UTC) are cast to the first's
+    schema, as a directory dataset would."""
     import pyarrow.parquet as pq
 
-    if is_local(output):
-        root = local_path(output)
-        if not root.exists():
-            return None
-        # batch_id is a column of the files; the directory names only keep batches apart
-        return ds.dataset(str(root), format="parquet").to_table()
-    store = checkpoint_store(str(output))
+    store = checkpoint_store(output)
     keys = _parquet_keys(store)
     if not keys:
         return None
     tables = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
-    return pa.concat_tables(tables, promote_options="default")
+    first = tables[0].schema
+    return pa.concat_tables(
+        [t if t.schema == first else t.select(first.names).cast(first) for t in tables]
+    )
 
 
 COMPACT_AFTER = 100  # batch directories of the result table before they are folded
@@ -172,56 +147,45 @@ def _batch_ids(keys: list[str]) -> list[int]:
     return sorted(int(b) for b in ids if b.isdigit())
 
 
-def _batch_dirs(root: Path) -> list[int]:
-    return sorted(
-        int(p.name.split("=", 1)[1])
-        for p in root.glob("batch_id=*")
-        if p.is_dir() and p.name.split("=", 1)[1].isdigit()
-    )
-
-
 def compact_output(output: str, spec: Aggregation, upto: int) -> int:
-    """Fold the result table's batch directories before ``upto`` into ``batch_id=upto``
-    once there are ``COMPACT_AFTER`` of them; returns how many were folded.
+    """Fold the result table's batches before ``upto`` into ``batch_id=upto`` once
+    there are ``COMPACT_AFTER`` of them; returns how many were folded.
 
     ``upto`` must be a batch Spark has committed (it is never re-run). The latest row
     per (window_start, key) among the older batches -- except the keys ``upto`` wrote
     itself, which are newer -- is written as ``compacted-*.parquet`` into
     ``batch_id=upto`` with ``batch_id = upto`` (so every reader, including Spark's
-    directory-based one, agrees), then the older directories are deleted. A crash in
+    directory-based one, agrees), then the older batches' files are deleted. A crash in
     between leaves older rows that lose to the compacted ones: readers that keep the
     highest ``batch_id`` per (window_start, key) see the same table at every step.
     """
-    import shutil
-
     import pyarrow.parquet as pq
 
-    if not is_local(output):
-        return _compact_in_bucket(checkpoint_store(output), spec, upto)
-    root = local_path(output)
-    older = [b for b in _batch_dirs(root) if b < upto]
-    target = root / f"batch_id={upto}"
-    if len(older) < COMPACT_AFTER or not target.is_dir():
+    store = checkpoint_store(output)
+    keys = _parquet_keys(store)
+    older = [b for b in _batch_ids(keys) if b < upto]
+    prefix = f"batch_id={upto}/"
+    mine = [k for k in keys if k.startswith(prefix)]
+    if len(older) < COMPACT_AFTER or not mine:
         return 0
     schema = output_arrow_schema(spec)
 
-    def read(directory: Path) -> list[pa.Table]:
+    def read(batch_keys: list[str]) -> list[pa.Table]:
         # Spark-written batches of older versions: INT96, naive UTC -- cast reads them
         return [
-            pq.read_table(f).select(schema.names).cast(schema)
-            for f in sorted(directory.glob("*.parquet"))
+            pq.read_table(io.BytesIO(store.get(k))).select(schema.names).cast(schema)
+            for k in batch_keys
         ]
 
-    old = pa.concat_tables([t for b in older for t in read(root / f"batch_id={b}")])
-    own = pa.concat_tables(read(target) or [schema.empty_table()])
+    folded = {f"batch_id={b}/" for b in older}
+    old_keys = [k for k in keys if k.split("/", 1)[0] + "/" in folded]
+    old = pa.concat_tables(read(old_keys))
+    own = pa.concat_tables(read(mine) or [schema.empty_table()])
     frame = _folded(old, own, upto)
-    name = f"compacted-{uuid.uuid4().hex}.parquet"
-    pq.write_table(
-        pa.Table.from_pandas(frame, schema=schema, preserve_index=False), target / f".{name}.tmp"
-    )
-    (target / f".{name}.tmp").rename(target / name)
-    for b in older:
-        shutil.rmtree(root / f"batch_id={b}", ignore_errors=True)
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    # the compacted object is stored (one write) before the folded ones are deleted
+    store.put(f"{prefix}compacted-{uuid.uuid4().hex}.parquet", _parquet(table))
+    store.delete_many(old_keys)
     log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
     return len(older)
 
@@ -235,34 +199,3 @@ def _folded(old: pa.Table, own: pa.Table, upto: int) -> pd.DataFrame:
     frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
     frame["batch_id"] = upto
     return frame
-
-
-def _compact_in_bucket(store: ObjectStore, spec: Aggregation, upto: int) -> int:
-    """:func:`compact_output` in a bucket: the compacted object is written (one PUT)
-    before the folded ones are deleted."""
-    import pyarrow.parquet as pq
-
-    keys = _parquet_keys(store)
-    older = [b for b in _batch_ids(keys) if b < upto]
-    prefix = f"batch_id={upto}/"
-    mine = [k for k in keys if k.startswith(prefix)]
-    if len(older) < COMPACT_AFTER or not mine:
-        return 0
-    schema = output_arrow_schema(spec)
-
-    def read(batch_keys: list[str]) -> list[pa.Table]:
-        return [
-            pq.read_table(io.BytesIO(store.get(k))).select(schema.names).cast(schema)
-            for k in batch_keys
-        ]
-
-    folded = {f"batch_id={b}/" for b in older}
-    old_keys = [k for k in keys if k.split("/", 1)[0] + "/" in folded]
-    old = pa.concat_tables(read(old_keys))
-    own = pa.concat_tables(read(mine) or [schema.empty_table()])
-    frame = _folded(old, own, upto)
-    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
-    store.put(f"{prefix}compacted-{uuid.uuid4().hex}.parquet", _parquet(table))
-    store.delete_many(old_keys)
-    log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
-    return len(older)
