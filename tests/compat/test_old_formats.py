@@ -67,6 +67,16 @@ def stream_oracle() -> pd.DataFrame:
     )
 
 
+def only_the_snapshot(root: Path) -> None:
+    """Drop the changelogs a snapshot covers (versions 1 and 2), so state can only be
+    restored through the writer's snapshot format."""
+    dropped = [p for v in (1, 2) for p in root.glob(f"state/flags/*/changelog/{v:020d}.rbcl")]
+    assert len(dropped) == 6  # 3 partitions
+    assert len(list(root.glob("state/flags/*/snapshot/*"))) == 3
+    for path in dropped:
+        path.unlink()
+
+
 def finish_stream(work: Path, env: dict[str, str]) -> None:
     """The second half of the events, then the old checkpoint resumed to the end; the
     result table (as `riverbed query` shows it) equals the oracle over all events."""
@@ -87,10 +97,11 @@ def finish_stream(work: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("fixture", ["stream-dir", "stream-dir-snapshots"])
 def test_a_stream_checkpoint_in_a_directory_resumes(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    tmp_path: Path, subprocess_env: dict[str, str], fixture: str
 ) -> None:
-    work = unpack("stream-dir", tmp_path / "moved")
+    work = unpack(fixture, tmp_path / "moved")
     env = {
         **subprocess_env,
         "RIVERBED_HOME": str(work / "home"),
@@ -101,14 +112,18 @@ def test_a_stream_checkpoint_in_a_directory_resumes(
 
 @pytest.mark.spark
 @pytest.mark.s3
+@pytest.mark.parametrize("fixture", ["stream-bucket", "stream-bucket-snapshots"])
 def test_a_stream_checkpoint_in_a_bucket_resumes(
     s3_url: str,  # first: it puts the S3 server's settings in the environment subprocess_env copies
     tmp_path: Path,
     subprocess_env: dict[str, str],
+    fixture: str,
 ) -> None:
     from riverbed.storage import open_store
 
-    work = unpack("stream-bucket", tmp_path / "moved")
+    work = unpack(fixture, tmp_path / "moved")
+    if fixture.endswith("-snapshots"):
+        only_the_snapshot(work / "bucket")
     store = open_store(s3_url)  # another bucket prefix than the writer's
     objects = sorted(p for p in (work / "bucket").rglob("*") if p.is_file())
     for path in objects:

@@ -18,6 +18,8 @@ Fixtures (the events and readings are seeded, so the writer and the test agree):
   in a directory, after the first half of a topic's events (3 batches);
 - ``stream-bucket``: the same with checkpoints, state and results in a bucket (its
   objects as files under ``bucket/``; the test puts them back into its S3 server);
+- ``stream-dir-snapshots``, ``stream-bucket-snapshots``: the same with a state snapshot
+  every 2 versions, so a restore reads a snapshot of the writer's format;
 - ``timerange-half``: a time-range job with 3 of its 6 chunks published (output files
   and the control plane's SQLite database with the chunk records);
 - ``jobs-db``: a jobs database (SQLite) with one run DONE and one submitted, and the
@@ -155,15 +157,16 @@ def base_env(home: Path) -> dict[str, str]:
     return env | {"RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
 
 
-def stream_dir(work: Path) -> list[str]:
+def stream_dir(work: Path, *options: str) -> list[str]:
     (work / "flags.py").write_text(STREAM_SPEC)
     write_events(f"file://{work / 'home' / 'log'}", events().iloc[: EVENTS // 2])
     env = base_env(work / "home")
-    riverbed(work, env, "stream", "run", "flags.py", "--once", f"--max-records-per-batch={BATCH}")
+    run = ("stream", "run", "flags.py", "--once", f"--max-records-per-batch={BATCH}")
+    riverbed(work, env, *run, *options)
     return ["flags.py", "home/log", "home/checkpoints", "home/output"]
 
 
-def stream_bucket(work: Path) -> list[str]:
+def stream_bucket(work: Path, *options: str) -> list[str]:
     from riverbed.storage import open_store
     from riverbed.testing.s3 import CephS3Server
 
@@ -173,9 +176,8 @@ def stream_bucket(work: Path) -> list[str]:
         server.create_bucket("riverbed-compat")
         env = base_env(work / "home") | server.env()
         env["RIVERBED_CHECKPOINTS"] = "s3://riverbed-compat/rb"
-        riverbed(
-            work, env, "stream", "run", "flags.py", "--once", f"--max-records-per-batch={BATCH}"
-        )
+        run = ("stream", "run", "flags.py", "--once", f"--max-records-per-batch={BATCH}")
+        riverbed(work, env, *run, *options)
         saved = {k: os.environ.get(k) for k in server.env()}
         os.environ.update(server.env())
         try:
@@ -215,9 +217,13 @@ def jobs_db(work: Path) -> list[str]:
     return ["jobs", "jobs.db", "home/jobs/output"]
 
 
+SNAPSHOTS = ("--snapshot-every", "2")
+
 WRITERS = {
     "stream-dir": stream_dir,
     "stream-bucket": stream_bucket,
+    "stream-dir-snapshots": lambda work: stream_dir(work, *SNAPSHOTS),
+    "stream-bucket-snapshots": lambda work: stream_bucket(work, *SNAPSHOTS),
     "timerange-half": timerange_half,
     "jobs-db": jobs_db,
 }
