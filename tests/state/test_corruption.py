@@ -3,6 +3,7 @@ documented recovery — never a silent fallback — and nothing else is lost."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -91,12 +92,20 @@ def test_a_damaged_snapshot_is_named_then_quarantined_and_rebuilt_without_it(
 ) -> None:
     provider = make(tmp_path)
     fill(provider, 0, 7)
-    snapshots = sorted((tmp_path / "durable" / "ns" / "0" / "snapshot").iterdir())
+    partition = tmp_path / "durable" / "ns" / "0"
+    snapshots = sorted((partition / "snapshot").iterdir())
     assert [s.name.split("-")[0] for s in snapshots] == [f"{3:020d}", f"{6:020d}"]
-    sst = max(
-        (f for f in snapshots[-1].iterdir() if f.suffix == ".sst"), key=lambda f: f.stat().st_size
+    # an SST file only the newest snapshot has (snapshots share unchanged files)
+    older, newer = (
+        set(json.loads((s / "MANIFEST.riverbed.json").read_text())["objects"].values())
+        for s in snapshots
     )
-    flip(sst)
+    stored = max(
+        (partition.parent.parent / key for key in newer - older if ".sst." in key),
+        key=lambda f: f.stat().st_size,
+    )
+    sst = Path(stored.name.split(".sst.")[0] + ".sst")  # the file's name in the snapshot
+    flip(stored)
     provider = fresh_machine(tmp_path, provider)
     with pytest.raises(CorruptStateError) as caught:
         state_at(provider, 0)

@@ -21,9 +21,10 @@ PROCS = Path(__file__).with_name("procs.py")
 
 
 def uploading(root: Path) -> bool:
-    """A snapshot upload is in progress (its hidden temp directory exists)."""
-    snapshots = root / "durable" / "crash" / "0" / "snapshot"
-    return snapshots.is_dir() and any(e.name.startswith(".") for e in snapshots.iterdir())
+    """A snapshot is being made: its checkpoint is staged on the writer's disk until its
+    files and manifest are stored (the window a kill leaves a partial upload in)."""
+    staged = root / "local" / STAGING
+    return staged.is_dir() and any(staged.iterdir())
 
 
 def run_and_kill(
@@ -87,13 +88,14 @@ def test_every_retained_version_reloads_exactly_after_crashes(
         store = p.load("crash", 0, v)
         assert store.version == v and dict(store.scan()) == expected(v)
         store.abort()
-    # leftovers of interrupted snapshot uploads are hidden temp dirs, never "complete"
-    snapshots = tmp_path / "durable" / "crash" / "0" / "snapshot"
-    for entry in snapshots.iterdir():
-        if not entry.name.startswith("."):
-            assert (entry / "MANIFEST.riverbed.json").exists()
+    # an interrupted upload leaves files no manifest names (and perhaps a temporary
+    # one): a snapshot counts only with its manifest, written last
+    partition = tmp_path / "durable" / "crash" / "0"
+    for entry in (partition / "snapshot").iterdir():
+        assert (entry / "MANIFEST.riverbed.json").exists()
     # maintenance sweeps them, and the checkpoints the killed writer was uploading from
     # (age 0 here: no writer is running)
     p.maintain("crash", 0, sweep_after=0)
-    assert not [e for e in snapshots.iterdir() if e.name.startswith(".")]
+    assert not [e for e in partition.rglob(".*") if e.is_file()], "a temporary file was left"
+    assert p.versions("crash", 0) == versions  # and nothing a snapshot needs went
     assert not list((tmp_path / "local" / STAGING).glob("*")), "a staged checkpoint was left"

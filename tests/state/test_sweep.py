@@ -1,6 +1,7 @@
-"""A directory tree's sweep of interrupted writes runs beside writes under way (the
-stream's maintenance runs in its own thread while the next batch commits): a temporary
-file renamed into place between the listing and the look at it is a finished write."""
+"""A directory's sweep of interrupted writes runs beside writes under way (the stream's
+maintenance runs in its own thread while the next batch commits): a temporary file
+renamed into place between the listing and the look at it is a finished write, and a
+stale one (a killed write's) goes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import threading
 import time
 from pathlib import Path
 
-from riverbed.state.durable import FileStorage
+from riverbed.state.location import open_storage
 
 
 def test_a_sweep_beside_writes_neither_fails_nor_removes_a_fresh_write(tmp_path: Path) -> None:
-    storage = FileStorage(tmp_path)
+    storage = open_storage(tmp_path)
+    stale = tmp_path / "ns" / "0" / "changelog" / ".00000000000000000999.rbcl.0f.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"a killed write")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
     stop = threading.Event()
     written: list[str] = []
 
@@ -39,6 +44,6 @@ def test_a_sweep_beside_writes_neither_fails_nor_removes_a_fresh_write(tmp_path:
         stop.set()
         thread.join()
     assert sweeps > 10 and len(written) > 10
-    leftovers = list((tmp_path / "ns" / "0").rglob(".*.tmp-*"))
-    assert leftovers == []
+    leftovers = list((tmp_path / "ns" / "0").rglob(".*.tmp"))
+    assert leftovers == []  # the stale one swept, none of the writer's left
     assert sorted(storage.list("ns/0/changelog")) == sorted(n.rsplit("/", 1)[1] for n in written)

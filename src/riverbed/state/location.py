@@ -1,8 +1,10 @@
 """Where a partition's durable state lives: a location string to its storage.
 
-``file:///abs/path`` or a plain path is a directory tree (:class:`FileStorage`, every
-write fsynced); ``s3://bucket/prefix`` or ``memory://name`` is an object store with
-incremental snapshots (:class:`~riverbed.state.objects.ObjectStorage`).
+A directory (``file:///abs/path`` or a plain path), ``s3://bucket/prefix`` and
+``memory://name`` are all object stores (:mod:`riverbed.storage`), with incremental
+snapshots (:class:`~riverbed.state.objects.ObjectStorage`): a directory's snapshots
+share RocksDB's unchanged files as a bucket's do. Snapshots a directory holds from
+before (full copies beside their manifest) still restore.
 """
 
 from __future__ import annotations
@@ -10,30 +12,28 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from riverbed.state.durable import DurableStorage, FileStorage
-from riverbed.state.errors import StateError
+from riverbed.state.durable import DurableStorage
+from riverbed.state.errors import StateError, StateValueError
 from riverbed.state.objects import ObjectStorage
-from riverbed.storage import shared_store
+from riverbed.storage import StorageValueError, shared_store
 
 
 def open_storage(url: str | Path) -> DurableStorage:
-    """``file:///abs/path`` or a plain path (a directory tree, fsynced); ``s3://bucket/prefix``
-    or ``memory://name`` (an object store, incremental snapshots:
-    :mod:`riverbed.state.objects`)."""
+    """``file:///abs/path`` or a plain path, ``s3://bucket/prefix`` or ``memory://name``."""
     if isinstance(url, Path):
-        return FileStorage(url.resolve())
+        url = str(url.resolve())
     parts = urlsplit(url)
-    if parts.scheme in ("", "file"):
-        path = parts.path if parts.scheme else url
-        if not path:
-            raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
-        return FileStorage(Path(path).resolve())
-    if parts.scheme in ("s3", "memory"):
+    if parts.scheme in ("", "file") and not (parts.path if parts.scheme else url):
+        raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
+    if parts.scheme not in ("", "file", "s3", "memory"):
+        raise StateError(
+            f"unsupported durable location {url.split('@')[-1]!r}; use a path, file:///path, "
+            "s3://bucket/prefix or memory://name"
+        )
+    try:
         return ObjectStorage(shared_store(url))
-    raise StateError(
-        f"unsupported durable location {url.split('@')[-1]!r}; use a path, file:///path, "
-        "s3://bucket/prefix or memory://name"
-    )
+    except StorageValueError as exc:
+        raise StateValueError(f"durable state location {url}: {exc}") from None
 
 
 __all__ = ["open_storage"]

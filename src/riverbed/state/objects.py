@@ -1,4 +1,5 @@
-"""Durable state in an object store (``s3://bucket/prefix``, ``memory://name``): the
+"""Durable state in an object store (a directory, ``s3://bucket/prefix``,
+``memory://name``): the
 :class:`~riverbed.state.durable.DurableStorage` operations on a
 :class:`riverbed.storage.ObjectStore`, with **incremental snapshots**.
 
@@ -21,8 +22,10 @@ written yet.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +33,8 @@ from typing import Any
 
 from riverbed.checksum import crc32
 from riverbed.state.durable import MANIFEST, DurableStorage, file_crc
-from riverbed.state.errors import CorruptStateError, StateError
-from riverbed.storage import ObjectNotFoundError, ObjectStore
+from riverbed.state.errors import CorruptStateError, StateError, StateValueError
+from riverbed.storage import ObjectNotFoundError, ObjectStore, StorageValueError
 
 SHARED = "shared"
 ENDS_GUESS = 256 << 10  # read_ends reads this much in its first request
@@ -57,6 +60,16 @@ def _partition_of(name: str) -> str:
     return "/".join(parts[:-2])
 
 
+@contextlib.contextmanager
+def _named(url: str) -> Iterator[None]:
+    """A location that cannot take a write (a file where a directory goes) is the
+    user's to fix: said as a state error naming the durable location."""
+    try:
+        yield
+    except StorageValueError as exc:
+        raise StateValueError(f"durable state location {url}: {exc}") from None
+
+
 class ObjectStorage(DurableStorage):
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -66,7 +79,8 @@ class ObjectStorage(DurableStorage):
     # -- objects ------------------------------------------------------------------------
 
     def write(self, name: str, data: bytes) -> None:
-        self.store.put(name, data)
+        with _named(self.url):
+            self.store.put(name, data)
 
     def read(self, name: str) -> bytes:
         try:
@@ -124,7 +138,7 @@ class ObjectStorage(DurableStorage):
             else:
                 todo.append((key, path, size))
                 present[key] = size  # two files of equal content: uploaded once
-        with ThreadPoolExecutor(THREADS) as pool:
+        with _named(self.url), ThreadPoolExecutor(THREADS) as pool:
             for _ in pool.map(lambda t: self.store.put_file(t[0], t[1]), todo):
                 pass
         self.stats.uploaded_files += len(todo)
@@ -142,6 +156,8 @@ class ObjectStorage(DurableStorage):
         else:
             if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
                 problem = "no file list"
+            elif "objects" not in manifest:  # a full copy, from before shared files
+                manifest["objects"] = {rel: f"{name}/{rel}" for rel in manifest["files"]}
             elif not isinstance(manifest.get("objects"), dict):
                 problem = "no object list"
         if problem:
@@ -154,7 +170,8 @@ class ObjectStorage(DurableStorage):
         """What is wrong with a snapshot file of ``size`` and ``crc``, or None."""
         if size != manifest["files"][rel]:
             return f"{rel} is {size} bytes, expected {manifest['files'][rel]}"
-        if crc != manifest["crc32"][rel]:
+        expected = manifest.get("crc32", {}).get(rel)  # the oldest snapshots: sizes only
+        if expected is not None and crc != expected:
             return f"{rel} fails its checksum"
         return None
 
@@ -214,10 +231,11 @@ class ObjectStorage(DurableStorage):
     def sweep(self, prefix: str, older_than: float) -> int:
         """Delete shared files under ``prefix`` that no manifest (quarantined ones
         included) refers to and that are older than ``older_than`` seconds."""
+        partial = self.store.sweep_partial(prefix.strip("/"), older_than)
         shared = f"{prefix.strip('/')}/{SHARED}/"
         files = self.store.list(shared)
         if not files:
-            return 0
+            return partial
         referenced: set[str] = set()
         for info in self.store.list(f"{prefix.strip('/')}/snapshot/"):
             if info.key.endswith(f"/{MANIFEST}"):
@@ -229,7 +247,7 @@ class ObjectStorage(DurableStorage):
         cutoff = time.time() - older_than
         garbage = [o.key for o in files if o.key not in referenced and o.modified < cutoff]
         self.store.delete_many(garbage)
-        return len(garbage)
+        return partial + len(garbage)
 
 
 __all__ = ["ObjectStorage", "TransferStats"]

@@ -128,6 +128,11 @@ class ObjectStore(abc.ABC):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def sweep_partial(self, prefix: str, older_than: float) -> int:
+        """Remove what interrupted writes under ``prefix`` left, older than
+        ``older_than`` seconds; how many. A bucket keeps nothing of a failed write."""
+        return 0
+
     def locate(self, key: str) -> str:
         """Where the object ``key`` is, as a person finds it (a path for files)."""
         return f"{self.url.rstrip('/')}/{key}"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -33,6 +35,12 @@ class FileStore(ObjectStore):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self.url = self.root.as_uri()
+        in_the_way = next((p for p in (self.root, *self.root.parents) if p.is_file()), None)
+        if in_the_way is not None:
+            raise StorageValueError(
+                f"{in_the_way} is a file where a directory goes: point the location at a "
+                "directory, or move the file"
+            )
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
@@ -44,8 +52,10 @@ class FileStore(ObjectStore):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
+            in_the_way = next((p for p in path.parents if p.is_file()), path.parent)
             raise StorageValueError(
-                f"object key {key!r} is below a key that is an object itself"
+                f"object key {key!r} is below a key that is an object itself: {in_the_way} "
+                "is a file where a directory goes"
             ) from None
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP}")
         for attempt in range(3):
@@ -155,6 +165,54 @@ class FileStore(ObjectStore):
 
     def locate(self, key: str) -> str:
         return str(self._path(key))
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A copy of the file (never all of it in memory), fsynced, renamed into place."""
+        target = self._path(key)
+        tmp = self._staged(target, b"")
+        try:
+            shutil.copyfile(path, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(target.parent)
+
+    def get_file(self, key: str, path: Path) -> None:
+        source = self._path(key)
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+        try:
+            shutil.copyfile(source, tmp)
+            tmp.replace(path)
+        except (FileNotFoundError, IsADirectoryError):
+            if not source.is_file():
+                raise ObjectNotFoundError(f"no object {key!r} in {self.url}") from None
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def sweep_partial(self, prefix: str, older_than: float) -> int:
+        """Temporary files of writes a crash interrupted (``.<name>.<uuid>.tmp``)."""
+        root = self.root / prefix if prefix else self.root
+        cutoff = time.time() - older_than
+        removed = 0
+        # beside writes under way: a temporary file may be linked or renamed into place
+        # (and removed) between the listing and the look at it — a finished write
+        for parent, _dirs, files in os.walk(root):
+            for name in files:
+                if not _temporary(name):
+                    continue
+                entry = Path(parent) / name
+                try:
+                    stale = entry.stat().st_mtime < cutoff
+                except FileNotFoundError:
+                    continue
+                if stale:
+                    entry.unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     def delete(self, key: str) -> None:
         path = self._path(key)
