@@ -24,6 +24,7 @@ from tests.compat.write_fixtures import (
     TIMERANGE_FROM,
     TIMERANGE_TO,
     events,
+    riverbed,
     write_events,
 )
 
@@ -34,20 +35,6 @@ def unpack(name: str, into: Path) -> Path:
     with tarfile.open(FIXTURES / f"{name}.tar.gz") as tar:
         tar.extractall(into, filter="data")
     return into
-
-
-def riverbed(cwd: Path, env: dict[str, str], *args: str, timeout: float = 300) -> str:
-    run = subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
-    )
-    assert run.returncode == 0, f"riverbed {' '.join(args)}:\n{run.stdout}\n{run.stderr[-3000:]}"
-    return run.stdout + run.stderr
 
 
 def stream_oracle() -> pd.DataFrame:

@@ -118,26 +118,9 @@ def write_events(log_url: str, frame: pd.DataFrame) -> None:
     log.close()
 
 
-def readings(folder: Path, hours: int = 3, sensors: int = 20) -> None:
-    """Hour-partitioned Parquet readings (quarters: sums are exact)."""
-    rng = np.random.default_rng(2026)
-    start = pd.Timestamp("2026-01-01", tz="UTC")
-    for hour in range(hours):
-        n = sensors * 30
-        lo = start + pd.Timedelta(hours=hour)
-        frame = pd.DataFrame(
-            {
-                "sensor": rng.integers(0, sensors, n),
-                "ts": lo + pd.to_timedelta(rng.integers(0, 3600, n), unit="s"),
-                "value": rng.integers(0, 400, n) / 4,
-            }
-        )
-        target = folder / f"hour={lo:%Y-%m-%dT%H}"
-        target.mkdir(parents=True, exist_ok=True)
-        frame.to_parquet(target / "part.parquet", index=False, coerce_timestamps="us")
-
-
 def riverbed(cwd: Path, env: dict[str, str], *args: str) -> str:
+    """``riverbed ARGS`` as a user runs it, in ``cwd``; what it printed (both streams).
+    A failure raises, with its output: the writer stops, a test fails."""
     run = subprocess.run(
         [sys.executable, "-m", "riverbed.cli.main", *args],
         cwd=cwd,
@@ -148,7 +131,7 @@ def riverbed(cwd: Path, env: dict[str, str], *args: str) -> str:
         timeout=600,
     )
     if run.returncode != 0:
-        raise SystemExit(f"riverbed {' '.join(args)} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"riverbed {' '.join(args)} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
     return run.stdout + run.stderr
 
 
@@ -196,7 +179,9 @@ def stream_bucket(work: Path, *options: str) -> list[str]:
 
 
 def timerange_half(work: Path) -> list[str]:
-    readings(work / "readings")
+    from riverbed.demo.timerange import generate_readings
+
+    generate_readings(work / "readings", hours=3, sensors=20)  # stored in the fixture
     (work / "sensors.py").write_text(TIMERANGE_SPEC)
     env = base_env(work / "home") | {"RIVERBED_CONTROL": f"sqlite:///{work / 'control.db'}"}
     args = ("timerange", "run", "sensors.py", "--from", TIMERANGE_FROM, "--to", TIMERANGE_HALF)

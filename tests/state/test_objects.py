@@ -12,8 +12,7 @@ import pytest
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.objects import SHARED, ObjectStorage
 from riverbed.storage import open_store
-
-pytestmark = pytest.mark.s3
+from tests.conftest import LOCATIONS, location_of
 
 
 def provider(url: str, local: Path) -> StateProvider:
@@ -37,10 +36,13 @@ def contents(p: StateProvider, version: int) -> dict[bytes, bytes]:
         store.abort()
 
 
+@pytest.mark.parametrize("kind", LOCATIONS)
 def test_snapshots_are_incremental_and_restore_on_an_empty_disk(
-    s3_url: str, tmp_path: Path
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    p = provider(s3_url, tmp_path / "machine-1")
+    """In a bucket and in a directory alike (one ObjectStorage on either store)."""
+    url = location_of(kind, request, tmp_path, "durable")
+    p = provider(url, tmp_path / "machine-1")
     storage = p.durable
     assert isinstance(storage, ObjectStorage)
     for version in range(1, 9):
@@ -52,7 +54,7 @@ def test_snapshots_are_incremental_and_restore_on_an_empty_disk(
     want = contents(p, 8)
     # a new machine: nothing local, only the bucket
     shutil.rmtree(tmp_path / "machine-1")
-    fresh = provider(s3_url, tmp_path / "machine-2")
+    fresh = provider(url, tmp_path / "machine-2")
     assert contents(fresh, 8) == want
     assert fresh.durable.stats.downloaded_bytes > 0  # type: ignore[attr-defined]
 
