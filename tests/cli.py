@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "riverbed.cli.main", *args],
@@ -15,6 +19,7 @@ def run_cli(
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
         check=False,
     )
 

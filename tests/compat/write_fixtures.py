@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tarfile
 import tempfile
 from datetime import UTC, datetime
@@ -40,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from tests.cli import run_cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,15 +122,7 @@ def write_events(log_url: str, frame: pd.DataFrame) -> None:
 def riverbed(cwd: Path, env: dict[str, str], *args: str) -> str:
     """``riverbed ARGS`` as a user runs it, in ``cwd``; what it printed (both streams).
     A failure raises, with its output: the writer stops, a test fails."""
-    run = subprocess.run(
-        [sys.executable, "-m", "riverbed.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    run = run_cli(*args, env=env, timeout=600, cwd=cwd)
     if run.returncode != 0:
         raise RuntimeError(f"riverbed {' '.join(args)} failed:\n{run.stdout}\n{run.stderr[-3000:]}")
     return run.stdout + run.stderr

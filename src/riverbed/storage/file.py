@@ -35,7 +35,7 @@ class FileStore(ObjectStore):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self.url = self.root.as_uri()
-        in_the_way = next((p for p in (self.root, *self.root.parents) if p.is_file()), None)
+        in_the_way = _file_in_the_way(self.root)
         if in_the_way is not None:
             raise StorageValueError(
                 f"{in_the_way} is a file where a directory goes: point the location at a "
@@ -45,30 +45,39 @@ class FileStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
-    def _staged(self, path: Path, data: bytes) -> Path:
+    def _staged(self, path: Path, data: bytes | Path) -> Path:
+        """A hidden temporary file beside ``path`` holding ``data`` (bytes, or a local
+        file's contents, copied without holding them in memory), fsynced."""
         key = path.relative_to(self.root).as_posix()
         if path.is_dir():
             raise StorageValueError(f"object key {key!r} is already the directory of other keys")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            in_the_way = next((p for p in path.parents if p.is_file()), path.parent)
+            in_the_way = _file_in_the_way(path.parent) or path.parent
             raise StorageValueError(
                 f"object key {key!r} is below a key that is an object itself: {in_the_way} "
                 "is a file where a directory goes"
             ) from None
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP}")
-        for attempt in range(3):
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                return tmp
-            except FileNotFoundError:  # a delete removed the directory emptied meanwhile
-                if attempt == 2:
-                    raise
-                path.parent.mkdir(parents=True, exist_ok=True)
+        # a local file is opened before any temporary exists: a missing one leaves none
+        with contextlib.ExitStack() as stack:
+            source = stack.enter_context(open(data, "rb")) if isinstance(data, Path) else None
+            payload = data if isinstance(data, bytes) else b""
+            for attempt in range(3):
+                try:
+                    with open(tmp, "wb") as f:
+                        if source is not None:
+                            shutil.copyfileobj(source, f)
+                        else:
+                            f.write(payload)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    return tmp
+                except FileNotFoundError:  # a delete removed the directory emptied meanwhile
+                    if attempt == 2:
+                        raise
+                    path.parent.mkdir(parents=True, exist_ok=True)
         raise AssertionError("unreachable")
 
     def put(self, key: str, data: bytes) -> None:
@@ -169,11 +178,8 @@ class FileStore(ObjectStore):
     def put_file(self, key: str, path: Path) -> None:
         """A copy of the file (never all of it in memory), fsynced, renamed into place."""
         target = self._path(key)
-        tmp = self._staged(target, b"")
+        tmp = self._staged(target, Path(path))
         try:
-            shutil.copyfile(path, tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
@@ -228,6 +234,11 @@ class FileStore(ObjectStore):
             except OSError:  # not empty (or gone): its parents are not empty either
                 return
             directory = directory.parent
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The file at ``path`` or at one of its parents, where a directory must go."""
+    return next((p for p in (path, *path.parents) if p.is_file()), None)
 
 
 def _holds_an_object(path: Path) -> bool:
