@@ -1,11 +1,10 @@
-"""One contract for publishing a chunk's output, run on the directory implementation
-(riverbed.jobs.publication: rename and a symlink under a lock) and the object-store one
-(riverbed.jobs.objectpublication: create-only markers) on file, memory and s3 stores.
+"""One contract for publishing a chunk's output (riverbed.jobs.publication: create-only
+markers in an object store), on a home directory as workers open it (where ``chunk=<id>``
+views show the published attempt to outside readers) and on memory and s3 stores.
 
 The model: the published attempt only grows by publish; an older attempt arriving late
 is refused and leaves nothing behind; a retract of attempt a removes the output when it
-is of a or older; a reader sees the whole output of the published attempt or none.
-Both are opened the way workers open them, by ``open_publication`` from a location."""
+is of a or older; a reader sees the whole output of the published attempt or none."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,63 +21,42 @@ from hypothesis import strategies as st
 
 from riverbed.jobs import publication
 from riverbed.jobs.context import Output
-from riverbed.jobs.objectpublication import ObjectPublication
-from riverbed.jobs.outputs import open_publication
+from riverbed.jobs.outputs import OUTPUTS, open_publication
 from riverbed.jobs.publication import Publication, staging_dir
 from riverbed.storage import ObjectStore, open_store
 
 JOB = "j"
 
 
-class Publisher(Protocol):
+class Publisher:
     """A publication under test, and how the test looks behind it."""
 
-    pub: Publication
-    home: Path
-
-    def shown(self, chunk_id: int) -> list[int]: ...
-    def kept(self) -> list[str]: ...
-
-
-class Directory:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, pub: Publication, home: Path) -> None:
+        self.pub = pub
         self.home = home
-        self.pub = open_publication(home)
-        assert isinstance(self.pub, publication.DirectoryPublication)
-
-    def shown(self, chunk_id: int) -> list[int]:
-        files = self.pub.published_files(JOB, chunk_id, "*.json")
-        return [json.loads(files[n].read_text())["attempt"] for n in sorted(files)]
-
-    def kept(self) -> list[str]:
-        attempts = publication.job_output_dir(self.home, JOB) / publication.ATTEMPTS
-        return sorted(p.name for p in attempts.glob("chunk=*")) if attempts.exists() else []
-
-
-class Objects:
-    def __init__(self, store: ObjectStore, home: Path) -> None:
-        self.home = home
-        self.store = store
-        self.pub = ObjectPublication(store, home)
+        self.store = pub.store
 
     def shown(self, chunk_id: int) -> list[int]:
         files = self.pub.published_files(JOB, chunk_id, "*.json")
         shown = [json.loads(files[n].read_text())["attempt"] for n in sorted(files)]
-        urls = self.pub.published_urls(JOB, chunk_id)  # the copies are of these objects
-        keys = [u.removeprefix(self.store.url + "/") for u in urls]
+        urls = self.pub.published_urls(JOB, chunk_id)  # the local files are of these objects
+        root = self.store.locate("").rstrip("/") + "/"
+        keys = [u.removeprefix(root) for u in urls]
         assert [json.loads(self.store.get(k))["attempt"] for k in keys] == shown
+        if self.store.url.startswith("file:"):  # what outside readers globbing chunk=* see
+            view = self.home / OUTPUTS / JOB / f"chunk={chunk_id}"
+            seen = [json.loads(f.read_text())["attempt"] for f in sorted(view.glob("*.json"))]
+            assert seen == shown
         return shown
 
     def kept(self) -> list[str]:
         return self.store.entries(f"{JOB}/{publication.ATTEMPTS}/")
 
 
-BACKENDS = ["directory", "file", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+BACKENDS = ["directory", "memory", pytest.param("s3", marks=pytest.mark.s3)]
 
 
-def _store(kind: str, root: Path, request: pytest.FixtureRequest) -> ObjectStore:
-    if kind == "file":
-        return open_store((root / "bucket").as_uri())
+def _store(kind: str, request: pytest.FixtureRequest) -> ObjectStore:
     if kind == "memory":
         return open_store(f"memory://{request.node.name}-{os.urandom(4).hex()}")
     return open_store(f"{request.getfixturevalue('s3_url')}/{os.urandom(4).hex()}")
@@ -87,13 +65,13 @@ def _store(kind: str, root: Path, request: pytest.FixtureRequest) -> ObjectStore
 @pytest.fixture(params=BACKENDS)
 def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A factory of empty publishers of one backend (Hypothesis needs a fresh one per
-    example)."""
+    example); the directory one opened as workers open it."""
 
     def new() -> Publisher:
         home = Path(tempfile.mkdtemp(dir=tmp_path))
         if request.param == "directory":
-            return Directory(home)
-        return Objects(_store(request.param, home, request), home)
+            return Publisher(open_publication(home), home)
+        return Publisher(Publication(_store(request.param, request), home), home)
 
     yield new
 
@@ -214,8 +192,8 @@ def test_a_jobs_files_are_the_newest_chunks_by_name(make: Any) -> None:
 def test_a_jobs_files_in_a_bucket_take_one_listing_whatever_its_chunks(tmp_path: Path) -> None:
     """Reading a job's outputs from a bucket lists its markers once, not once per chunk,
     and reads each marker once per publication object (a marker never changes)."""
-    store = open_store((tmp_path / "bucket").as_uri())
-    p = Objects(store, tmp_path / "home")
+    store = open_store(f"memory://one-listing-{os.urandom(4).hex()}")
+    p = Publisher(Publication(store, tmp_path / "home"), tmp_path / "home")
     for chunk in range(1, 21):
         Output(staging_dir(p.home, chunk, 1)).write_text(f"day={chunk}.csv", "x\n")
         assert p.pub.publish(JOB, chunk, 1) is True
@@ -232,14 +210,8 @@ def test_a_jobs_files_in_a_bucket_take_one_listing_whatever_its_chunks(tmp_path:
 
 
 def _leftover(p: Publisher, chunk: int, attempt: int) -> None:
-    """What a publisher killed after uploading (bucket) or moving (directory) leaves."""
-    if isinstance(p, Objects):
-        key = f"{JOB}/{publication.ATTEMPTS}/{publication.attempt_name(chunk, attempt)}/p.json"
-        p.store.put(key, b"{}")
-    else:
-        folder = publication.attempt_dir(p.home, JOB, chunk, attempt)
-        folder.mkdir(parents=True)
-        (folder / "p.json").write_text("{}")
+    """What a publisher killed after copying its files, before its marker, leaves."""
+    p.store.put(publication.attempt_prefix(JOB, chunk, attempt) + "p.json", b"{}")
 
 
 def test_a_sweep_removes_what_a_killed_zombie_left_and_spares_newer_attempts(make: Any) -> None:
@@ -255,12 +227,9 @@ def test_a_sweep_removes_what_a_killed_zombie_left_and_spares_newer_attempts(mak
     assert p.pub.sweep(JOB) == 0
 
 
-@pytest.mark.parametrize("kind", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
-def test_a_sweep_in_a_bucket_removes_markers_of_replaced_attempts(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    store = _store(kind, tmp_path, request)
-    p = Objects(store, tmp_path)
+def test_a_sweep_removes_markers_of_replaced_attempts(make: Any) -> None:
+    p = make()
+    store = p.store
     stage(p, 4, 2)
     assert p.pub.publish(JOB, 4, 2) is True
     store.put(f"{JOB}/{publication.PUBLISHED}/chunk=4/{1:020d}", b'{"files": []}')

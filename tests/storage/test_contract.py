@@ -174,6 +174,42 @@ def test_a_prefix_whose_objects_are_all_deleted_is_no_entry(store: ObjectStore) 
     assert store.entries("runs/") == [] and store.entries() == []
 
 
+def test_a_view_shows_a_prefix_and_is_no_object(store: ObjectStore) -> None:
+    """Where a store keeps views (a directory), ``chunk=1`` shows the attempt given last
+    and outside readers find its objects there; ``list``/``entries`` never show a view.
+    Where it keeps none (a bucket), ``show`` asks nothing and changes nothing."""
+    store.put("j/.attempts/chunk=1-1/a", b"1")
+    store.put("j/.attempts/chunk=1-2/a", b"2")
+    asked: list[str] = []
+
+    def attempt(n: int | None) -> str | None:
+        asked.append(str(n))
+        return None if n is None else f"j/.attempts/chunk=1-{n}"
+
+    before = [o.key for o in store.list("j/")]
+    keeps = store.show("j/chunk=1", lambda: attempt(1))
+    assert [o.key for o in store.list("j/")] == before and store.entries("j/") == []
+    if not keeps:
+        assert asked == [] and store.views("j/") == {}
+        return
+    assert store.views("j/") == {"chunk=1": "j/.attempts/chunk=1-1"}
+    assert (Path(store.locate("j/chunk=1")) / "a").read_bytes() == b"1"
+    assert store.show("j/chunk=1", lambda: attempt(2))
+    assert (Path(store.locate("j/chunk=1")) / "a").read_bytes() == b"2"
+    assert store.show("j/chunk=1", lambda: attempt(None))
+    assert store.views("j/") == {} and asked == ["1", "2", "None"]
+    assert store.get("j/.attempts/chunk=1-2/a") == b"2"  # what it showed stays
+
+
+def test_a_local_file_is_the_object_itself_or_none(store: ObjectStore) -> None:
+    store.put("d/x", b"bytes")
+    local = store.local_file("d/x")
+    assert (local is not None) == store.url.startswith("file:")  # only a directory's are
+    if local is not None:  # a directory's object: read in place, never copied
+        assert local.read_bytes() == b"bytes"
+    assert store.local_file("d/missing") is None
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/./b", "../up", "a/.."])
 def test_bad_keys_are_refused_before_any_request(store: ObjectStore, key: str) -> None:
     with pytest.raises(StorageValueError, match="not a relative path"):

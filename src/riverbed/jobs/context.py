@@ -20,9 +20,9 @@ from typing import Any
 from riverbed.config import Config
 from riverbed.jobs.errors import JobsError, JobsValueError, SpecError
 from riverbed.jobs.outputs import open_publication
-from riverbed.jobs.publication import Publication, publish, published_dir, staging_dir
+from riverbed.jobs.publication import Publication, staging_dir
 
-__all__ = ["Context", "Output", "publish", "published_dir", "staging_dir"]
+__all__ = ["Context", "Output", "staging_dir"]
 
 
 class Output:

@@ -1,67 +1,80 @@
 """Where a chunk's output lives, and how an attempt's output becomes *the* output.
 
-The one owner of the output layout under ``<home>/jobs``::
+The one owner of the output layout, in an :class:`~riverbed.storage.ObjectStore` —
+``<home>/jobs/output`` on this machine, or ``<checkpoints>/jobs/output`` when the
+checkpoints are in a bucket (:mod:`riverbed.jobs.outputs` picks it)::
+
+    <job>/.attempts/chunk=<chunk>-<attempt>/<file>   an attempt's files (immutable)
+    <job>/.published/chunk=<chunk>/<attempt:020d>    its publication marker: created
+                                                     once (create-only), after every
+                                                     file; the body lists them
+    <job>/chunk=<chunk>                              a view of the published attempt
+                                                     (a symlink, on a directory only)
+
+and on the worker's own disk, under ``<home>/jobs``::
 
     staging/<chunk>-<attempt>/              an attempt writes here while it runs (private)
     cache/<job>/chunk=<chunk>-<attempt>/    copies of outputs read from a bucket
-    output/<job>/.attempts/chunk=<chunk>-<attempt>/   published attempts (immutable)
-    output/<job>/chunk=<chunk>              → .attempts/chunk=<chunk>-<attempt> (symlink)
 
 **The ordering guarantee.** A worker publishes an attempt's output *before* it records
 the chunk DONE, so anyone who sees DONE (a dependent chunk, the CLI, the console) finds
-the output in place. Publication cannot be fenced by the database (it is a file-system
-step), so it is fenced by the attempt number instead, which only grows per chunk:
+the output in place. Publication cannot be fenced by the database, so it is fenced by
+the attempt number, which only grows per chunk. **What is published** is the attempt of
+the *highest* marker of a chunk: publishing copies the staged files, then creates the
+marker, so a reader that finds a marker finds every file it names. A zombie (an older
+attempt, reclaimed while it was stopped) that publishes after a newer attempt creates a
+marker that never becomes current and removes its own objects when it sees that; one
+that publishes first is replaced when the newer attempt does. :meth:`Publication.retract`
+(a fenced or failed attempt) deletes the markers of its own and older attempts, never a
+newer one's; :meth:`Publication.sweep` deletes what attempts older than the published
+one left. Publishing is idempotent: any number of callers may publish the same attempt
+at once (the worker after a database error, an orchestrator finishing a crashed
+worker's leftovers); each returns whether that attempt is published.
 
-1. ``rename`` the staging directory to the attempt's own name under ``.attempts/`` —
-   no other attempt ever writes there, so two writers never collide;
-2. under the job's publication lock (``flock``), point ``chunk=<id>`` at it with one
-   atomic ``rename`` of a new symlink, **unless a newer attempt is already there**;
-3. ``fsync`` what was renamed, then the worker records DONE (fenced by its claim).
+**Views.** On a directory, ``chunk=<id>`` shows the published attempt (the store's
+view: a symlink replaced by one rename), so readers outside riverbed globbing
+``output/<job>/chunk=*`` (DuckDB, Spark, Polars) see one entry per chunk and never the
+hidden attempts. Each marker change is followed by a refresh of the view that reads the
+markers under the view's lock, so the view ends at the published attempt whatever order
+concurrent publishers ran in. riverbed itself reads markers, never views.
 
-A zombie (an older attempt, reclaimed while it was stopped) may still publish before the
-current attempt does; the current attempt then replaces it, and a zombie arriving after
-the current attempt is refused at step 2. A fenced or failed attempt retracts what it
-published (:func:`retract`). Publishing is idempotent: any number of callers may
-publish the same attempt at once (the worker after a database error, an orchestrator
-finishing a crashed worker's leftovers); each returns whether that attempt is published.
+**Readers** get local files (:meth:`Publication.published_files`): a directory's
+objects where they are; a bucket's as copies cached under ``<home>/jobs/cache`` by
+attempt (an attempt's files never change, so a copy never goes stale).
 
-**Where outputs live** is decided once, by :mod:`riverbed.jobs.outputs`: under
-``<home>/jobs`` (this module, :class:`DirectoryPublication`), or — when the
-``checkpoints`` setting names a bucket — under ``<checkpoints>/jobs/output``
-(:mod:`riverbed.jobs.objectpublication`, the same guarantees by create-only writes).
-Workers, orchestrators and ``ctx.published`` go through the :class:`Publication` it opens.
+**Before markers** riverbed published on a directory by renaming the attempt's
+directory under ``.attempts/`` and pointing ``chunk=<id>`` at it (and earlier still, by
+making ``chunk=<id>`` the directory itself, "attempt 0"). :func:`adopt_old_layout`
+gives such chunks their markers once, crash-safely (markers are create-only; a stamp
+is written last). The contract every store passes is
+``tests/jobs/test_publication_contract.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fnmatch
+import functools
+import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
-from riverbed.files import flocked, fsync_dir, fsync_file
-from riverbed.jobs.errors import JobsError
+from riverbed.storage import ObjectNotFoundError, ObjectStore
 
 __all__ = [
     "ATTEMPTS",
     "PUBLISHED",
-    "DirectoryPublication",
     "Publication",
-    "attempt_dir",
+    "adopt_old_layout",
     "attempt_name",
+    "attempt_prefix",
     "cache_dir",
     "chunk_name",
+    "marker_key",
+    "markers_prefix",
     "matching",
     "parse_attempt_name",
-    "publish",
-    "published_attempt",
-    "published_dir",
-    "retract",
     "staging_dir",
     "staging_root",
 ]
@@ -69,50 +82,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
-PUBLISHED = ".published"  # in a bucket: the create-only markers (objectpublication.py)
-
-
-class Publication(Protocol):
-    """Where chunk outputs are published, and the steps that publish them (the module
-    doc). Attempts always stage under ``home`` on the worker's own disk."""
-
-    home: Path
-
-    @property
-    def location(self) -> str:
-        """Where the outputs are, for people: a directory or an ``s3://`` URL."""
-        ...
-
-    def publish(self, job: str, chunk_id: int, attempt: int) -> bool: ...
-    def retract(self, job: str, chunk_id: int, attempt: int) -> None: ...
-    def published_attempt(self, job: str, chunk_id: int) -> int | None: ...
-
-    def chunks(self, job: str) -> list[int]:
-        """The chunks of ``job`` with a published output, in no particular order."""
-        ...
-
-    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
-        """The chunk's published files whose names (relative to its output) match the
-        glob ``pattern``, as local paths to read: the files themselves on a directory,
-        copies cached under ``home`` from a bucket (an attempt's files never change)."""
-        ...
-
-    def published_urls(self, job: str, chunk_id: int) -> list[str]:
-        """Where the chunk's published files are (paths, or ``s3://`` URLs), sorted,
-        without reading them; [] when nothing is published."""
-        ...
-
-    def job_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
-        """Every published file of ``job`` (all its chunks) matching ``pattern``, by
-        name; a name published by several chunks: the newest chunk's file. What
-        ``ctx.published`` reads: the job's published attempts found at once, not chunk
-        by chunk."""
-        ...
-
-    def sweep(self, job: str) -> int:
-        """Delete what attempts older than their chunk's published one left (a crash
-        between steps, a zombie's upload); returns how many went."""
-        ...
+PUBLISHED = ".published"  # the create-only markers
+LAYOUT_STAMP = ".layout-markers"  # written once old-layout chunks have their markers
 
 
 def matching(names: list[str], pattern: str) -> list[str]:
@@ -141,6 +112,21 @@ def parse_attempt_name(name: str) -> tuple[int, int] | None:
     return int(chunk), int(attempt)
 
 
+def attempt_prefix(job: str, chunk_id: int, attempt: int) -> str:
+    """Where an attempt's files are in the store (ends in ``/``)."""
+    return f"{job}/{ATTEMPTS}/{attempt_name(chunk_id, attempt)}/"
+
+
+def markers_prefix(job: str, chunk_id: int) -> str:
+    """Where a chunk's publication markers are in the store (ends in ``/``)."""
+    return f"{job}/{PUBLISHED}/{chunk_name(chunk_id)}/"
+
+
+def marker_key(job: str, chunk_id: int, attempt: int) -> str:
+    """An attempt's publication marker: its number, zero-padded, so names sort."""
+    return f"{markers_prefix(job, chunk_id)}{attempt:020d}"
+
+
 def staging_root(home: Path) -> Path:
     """Where running attempts stage their output, one directory each."""
     return home / "jobs" / "staging"
@@ -156,187 +142,299 @@ def cache_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
     return home / "jobs" / "cache" / job / attempt_name(chunk_id, attempt)
 
 
-def job_output_dir(home: Path, job: str) -> Path:
-    """The published outputs of ``job``: one ``chunk=<id>`` entry per chunk."""
-    return home / "jobs" / "output" / job
+def adopt_old_layout(store: ObjectStore) -> int:
+    """Give every chunk an older riverbed published on a directory (a ``chunk=<id>``
+    view of ``.attempts/chunk=<id>-<n>``, or ``chunk=<id>`` the directory itself) its
+    marker, once: then the markers say what is published, as for chunks published since.
+    Crash-safe and idempotent (copies are redone, markers are create-only, the stamp
+    that says it is done is written last). Returns how many chunks were adopted."""
+    if store.exists(LAYOUT_STAMP):
+        return 0
+    adopted = 0
+    for job in store.entries(""):
+        prefix = f"{job}/"
+        for name, shown in store.views(prefix).items():
+            parsed = parse_attempt_name(shown.rsplit("/", 1)[-1])
+            if name.startswith("chunk=") and parsed is not None:
+                files = [i.key[len(shown) + 1 :] for i in store.list(f"{shown}/")]
+                adopted += _adopt(store, job, *parsed, files)
+        in_place: dict[int, list[str]] = {}  # chunk=<id>/<file>: "attempt 0"
+        for info in store.list(f"{job}/chunk="):
+            top, _, rest = info.key[len(prefix) :].partition("/")
+            number = top.removeprefix("chunk=")
+            if number.isdigit() and rest:
+                in_place.setdefault(int(number), []).append(rest)
+        for chunk, files in in_place.items():
+            attempt = attempt_prefix(job, chunk, 0)
+            for name in files:  # copied, not moved: readers keep the old directory until
+                store.put(attempt + name, store.get(f"{job}/chunk={chunk}/{name}"))
+            adopted += _adopt(store, job, chunk, 0, files)
+            store.show(f"{job}/{chunk_name(chunk)}", functools.partial(str, attempt[:-1]))
+    store.put(LAYOUT_STAMP, b"published chunks have markers\n")
+    if adopted:
+        log.info("gave %d chunks published by an older riverbed their markers", adopted)
+    return adopted
 
 
-def published_dir(home: Path, job: str, chunk_id: int) -> Path:
-    """The published output of a chunk (a symlink to the attempt that published it)."""
-    return job_output_dir(home, job) / chunk_name(chunk_id)
+def _adopt(store: ObjectStore, job: str, chunk: int, attempt: int, files: list[str]) -> int:
+    marker = marker_key(job, chunk, attempt)
+    return int(store.put_if_absent(marker, json.dumps({"files": sorted(files)}).encode()))
 
 
-def attempt_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
-    """Attempt ``attempt``'s output once moved out of staging (never rewritten)."""
-    return job_output_dir(home, job) / ATTEMPTS / attempt_name(chunk_id, attempt)
+class Publication:
+    """Chunk outputs of every job in ``store``; attempts stage locally under ``home``."""
 
-
-def published_attempt(home: Path, job: str, chunk_id: int) -> int | None:
-    """The attempt whose output ``chunk=<id>`` shows now, or None (nothing published).
-    A directory left by riverbed before attempts were named counts as attempt 0."""
-    link = published_dir(home, job, chunk_id)
-    try:
-        target = os.readlink(link)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:  # a real directory: published by an older riverbed
-            return 0
-        raise
-    parsed = parse_attempt_name(Path(target).name)
-    if parsed is None:
-        raise JobsError(f"{link} points at {target}, which is no attempt's output")
-    return parsed[1]
-
-
-def publish(home: Path, job: str, chunk_id: int, attempt: int) -> bool:
-    """Make attempt ``attempt``'s staged output the chunk's published output (see the
-    module doc). True if that attempt's output is the published one when this returns;
-    False if it staged nothing or a newer attempt published first (then its own copy is
-    removed)."""
-    staged = staging_dir(home, chunk_id, attempt)
-    mine = attempt_dir(home, job, chunk_id, attempt)
-    mine.parent.mkdir(parents=True, exist_ok=True)
-    # The bytes first, then the names. A file gone meanwhile was moved by a concurrent
-    # caller of this attempt, who synced every file before its rename.
-    for path, _dirs, files in os.walk(staged):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                fsync_file(Path(path) / name)
-    try:
-        os.rename(staged, mine)  # step 1
-        fsync_dir(mine.parent)
-        fsync_dir(staged.parent)
-    except FileNotFoundError:
-        pass  # another caller moved it already, or nothing was staged
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-    if not mine.is_dir():
-        return published_attempt(home, job, chunk_id) == attempt
-    link = published_dir(home, job, chunk_id)
-    with _locked(home, job):  # step 2
-        current = published_attempt(home, job, chunk_id)
-        if current == attempt:
-            return True
-        if current is not None and current > attempt:
-            log.warning(
-                "chunk %s attempt %s: attempt %s published first; this output is discarded",
-                chunk_id,
-                attempt,
-                current,
-            )
-            shutil.rmtree(mine, ignore_errors=True)
-            return False
-        old = _target(link)
-        if current == 0:  # an older riverbed's real directory: make way (not atomic)
-            shutil.rmtree(link)
-        tmp = link.with_name(f".{link.name}-{attempt}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(Path(ATTEMPTS) / mine.name, tmp)
-        os.replace(tmp, link)
-        fsync_dir(link.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)  # an older attempt's output, now unseen
-    return True
-
-
-def retract(home: Path, job: str, chunk_id: int, attempt: int) -> None:
-    """Unpublish the chunk's output if it is of attempt ``attempt`` or older — for an
-    attempt that was fenced or failed (a newer attempt's output stays)."""
-    link = published_dir(home, job, chunk_id)
-    if published_attempt(home, job, chunk_id) is None:
-        return  # the common case, decided without the lock: nothing to retract
-    with _locked(home, job):
-        current = published_attempt(home, job, chunk_id)
-        if current is None or current > attempt or current == 0:
-            return
-        old = _target(link)
-        link.unlink()
-        fsync_dir(link.parent)
-    log.info("chunk %s: retracted the output of attempt %s", chunk_id, current)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(attempt_dir(home, job, chunk_id, attempt), ignore_errors=True)
-
-
-class DirectoryPublication:
-    """Publication on this machine's disk (the functions of this module)."""
-
-    def __init__(self, home: Path) -> None:
+    def __init__(self, store: ObjectStore, home: Path) -> None:
+        self.store = store
         self.home = Path(home)
+        self._marker_files: dict[tuple[str, int, int], list[str]] = {}
 
     def __repr__(self) -> str:
-        return f"DirectoryPublication({str(self.home)!r})"
+        return f"Publication({self.store.url!r})"
 
     @property
     def location(self) -> str:
-        return str(self.home / "jobs" / "output")
+        """Where the outputs are, for people: a directory or an ``s3://`` URL."""
+        return self.store.locate("").rstrip("/")
 
-    def publish(self, job: str, chunk_id: int, attempt: int) -> bool:
-        return publish(self.home, job, chunk_id, attempt)
+    # -- names ------------------------------------------------------------------------
 
-    def retract(self, job: str, chunk_id: int, attempt: int) -> None:
-        retract(self.home, job, chunk_id, attempt)
+    def _attempt_prefix(self, job: str, chunk_id: int, attempt: int) -> str:
+        return attempt_prefix(job, chunk_id, attempt)
+
+    def _markers_prefix(self, job: str, chunk_id: int) -> str:
+        return markers_prefix(job, chunk_id)
+
+    def _marker(self, job: str, chunk_id: int, attempt: int) -> str:
+        return marker_key(job, chunk_id, attempt)
+
+    def _published(self, job: str, chunk_id: int) -> list[int]:
+        """The attempts with a marker, oldest first."""
+        prefix = self._markers_prefix(job, chunk_id)
+        names = (info.key[len(prefix) :] for info in self.store.list(prefix))
+        return sorted(int(n) for n in names if n.isdigit())
+
+    # -- readers ----------------------------------------------------------------------
 
     def published_attempt(self, job: str, chunk_id: int) -> int | None:
-        return published_attempt(self.home, job, chunk_id)
+        """The attempt whose output is the chunk's now, or None (nothing published)."""
+        published = self._published(job, chunk_id)
+        return published[-1] if published else None
 
     def chunks(self, job: str) -> list[int]:
-        root = job_output_dir(self.home, job)
-        names = (d.name.removeprefix("chunk=") for d in root.glob("chunk=*"))
+        """The chunks of ``job`` with a published output."""
+        names = (n.removeprefix("chunk=") for n in self.store.entries(f"{job}/{PUBLISHED}/"))
         return [int(n) for n in names if n.isdigit()]
 
-    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
-        folder = published_dir(self.home, job, chunk_id)
-        found = {}
-        for path in folder.glob(pattern):
-            if path.is_file():
-                found[path.relative_to(folder).as_posix()] = path
-        return found
+    def _current(self, job: str) -> dict[int, int]:
+        """Every chunk of ``job`` with its published attempt (its highest marker), from
+        one listing of the job's markers."""
+        prefix = f"{job}/{PUBLISHED}/"
+        current: dict[int, int] = {}
+        for info in self.store.list(prefix):
+            chunk, _, attempt = info.key[len(prefix) :].partition("/")
+            number = chunk.removeprefix("chunk=")
+            if number.isdigit() and attempt.isdigit():
+                c = int(number)
+                current[c] = max(current.get(c, -1), int(attempt))
+        return current
+
+    def _names(self, job: str, chunk_id: int, attempt: int) -> list[str] | None:
+        """The files an attempt's marker lists (None: no such marker, retracted). A
+        marker never changes, so each is read once per publication object."""
+        key = (job, chunk_id, attempt)
+        names = self._marker_files.get(key)
+        if names is None:
+            try:
+                body = json.loads(self.store.get(self._marker(job, chunk_id, attempt)))
+            except ObjectNotFoundError:
+                return None
+            names = self._marker_files[key] = sorted(body["files"])
+        return names
+
+    def _files(self, job: str, chunk_id: int) -> tuple[int, list[str]] | None:
+        """The published attempt and its files' names, or None."""
+        attempt = self.published_attempt(job, chunk_id)
+        if attempt is None:
+            return None
+        names = self._names(job, chunk_id, attempt)
+        return None if names is None else (attempt, names)
 
     def published_urls(self, job: str, chunk_id: int) -> list[str]:
-        folder = published_dir(self.home, job, chunk_id)
-        return sorted(str(p) for p in folder.rglob("*") if p.is_file())
+        """Where the chunk's published files are (paths on a directory, URLs in a bucket),
+        sorted, without reading them; [] when none is published."""
+        found = self._files(job, chunk_id)
+        if found is None:
+            return []
+        prefix = self._attempt_prefix(job, chunk_id, found[0])
+        return [self.store.locate(prefix + name) for name in found[1]]
+
+    def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
+        """Local copies of the chunk's published files matching ``pattern``, downloaded
+        once per attempt into ``<home>/jobs/cache`` (copies of the chunk's older
+        attempts there are removed)."""
+        found = self._files(job, chunk_id)
+        if found is None:
+            return {}
+        copies = self._copies(job, chunk_id, *found, pattern)
+        return self.published_files(job, chunk_id, pattern) if copies is None else copies
 
     def job_files(self, job: str, pattern: str = "*") -> dict[str, Path]:
+        """See :class:`~riverbed.jobs.publication.Publication`: one LIST of the job's
+        markers, one GET per published marker not read before, the matching files
+        downloaded once per attempt."""
         found: dict[str, Path] = {}
-        for chunk in sorted(self.chunks(job), reverse=True):
-            for name, path in self.published_files(job, chunk, pattern).items():
+        for chunk, attempt in sorted(self._current(job).items(), reverse=True):
+            names = self._names(job, chunk, attempt)
+            copies = None if names is None else self._copies(job, chunk, attempt, names, pattern)
+            if copies is None:  # replaced or retracted since the listing: ask again
+                copies = self.published_files(job, chunk, pattern)
+            for name, path in copies.items():
                 found.setdefault(name, path)
         return found
 
-    def sweep(self, job: str) -> int:
-        root = job_output_dir(self.home, job) / ATTEMPTS
-        gone = 0
-        current: dict[int, int | None] = {}
-        for path in root.glob("chunk=*") if root.is_dir() else []:
-            parsed = parse_attempt_name(path.name)
-            if parsed is None:
+    def _copies(
+        self, job: str, chunk_id: int, attempt: int, names: list[str], pattern: str
+    ) -> dict[str, Path] | None:
+        """Local copies of an attempt's files matching ``pattern``; None when one of
+        them is gone (the attempt was replaced or retracted while we read)."""
+        local = cache_dir(self.home, job, chunk_id, attempt)
+        for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
+            if other != local:
+                shutil.rmtree(other, ignore_errors=True)
+        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        copies = {}
+        for name in matching(names, pattern):
+            in_place = self.store.local_file(prefix + name)
+            if in_place is not None:  # a directory's: read where it is, never copied
+                copies[name] = in_place
                 continue
-            chunk, number = parsed
-            if chunk not in current:
-                current[chunk] = published_attempt(self.home, job, chunk)
-            published = current[chunk]
-            if published is not None and number < published:
-                shutil.rmtree(path, ignore_errors=True)
-                gone += 1
-        return gone
+            path = local / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.store.get_file(prefix + name, path)
+                except ObjectNotFoundError:  # replaced or retracted while we read
+                    return None
+            copies[name] = path
+        return copies
 
+    # -- writers ----------------------------------------------------------------------
 
-def _target(link: Path) -> Path | None:
-    try:
-        return link.parent / os.readlink(link)
-    except OSError:
-        return None
+    def publish(self, job: str, chunk_id: int, attempt: int) -> bool:
+        """Make attempt ``attempt``'s staged output the chunk's published output. True if
+        it is the published one when this returns (its view in place, where the store
+        keeps views); False if it staged nothing or a newer attempt published first (then
+        its own objects are removed)."""
+        current = self.published_attempt(job, chunk_id)
+        if current is not None and current >= attempt:
+            if current > attempt:
+                self._discard(job, chunk_id, attempt, current)
+                return False
+            return self._is_published(job, chunk_id, attempt)
+        staged = staging_dir(self.home, chunk_id, attempt)
+        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        # os.walk, not rglob: a concurrent publisher of this attempt may remove it meanwhile
+        files = sorted(Path(d) / name for d, _dirs, names in os.walk(staged) for name in names)
+        if not files:
+            return self._is_published(job, chunk_id, attempt)
+        names = []
+        try:
+            for path in files:
+                name = path.relative_to(staged).as_posix()
+                self.store.put_file(prefix + name, path)  # multipart when large
+                names.append(name)
+        except FileNotFoundError:  # a concurrent publisher of this attempt moved on
+            return self._is_published(job, chunk_id, attempt)
+        body = json.dumps({"files": names}).encode()
+        self.store.put_if_absent(self._marker(job, chunk_id, attempt), body)
+        shutil.rmtree(staged, ignore_errors=True)
+        published = self._published(job, chunk_id)
+        current = published[-1] if published else None
+        if current != attempt:  # a newer attempt published first (or retracted this one)
+            if current is not None and current > attempt:
+                self._discard(job, chunk_id, attempt, current)
+            return False
+        self._show(job, chunk_id)
+        for older in published[:-1]:  # replaced outputs, now unseen
+            self._drop(job, chunk_id, older)
+        return True
 
+    def _is_published(self, job: str, chunk_id: int, attempt: int) -> bool:
+        """Whether ``attempt`` is published (another caller of it got there first); if
+        so its view is made sure of before saying so."""
+        if self.published_attempt(job, chunk_id) != attempt:
+            return False
+        self._show(job, chunk_id)
+        return True
 
-@contextlib.contextmanager
-def _locked(home: Path, job: str) -> Iterator[None]:
-    """The job's publication lock: one publisher of this job's chunks at a time on this
-    file system (a readlink, a symlink and a rename: held for well under a millisecond)."""
-    path = job_output_dir(home, job) / ATTEMPTS / ".lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with flocked(path):
-        yield
+    def retract(self, job: str, chunk_id: int, attempt: int) -> None:
+        """Unpublish the chunk's output if it is of attempt ``attempt`` or older (an
+        attempt fenced or failed); a newer attempt's output stays."""
+        retracted = [older for older in self._published(job, chunk_id) if older <= attempt]
+        for older in retracted:
+            self.store.delete(self._marker(job, chunk_id, older))
+            log.info("chunk %s: retracted the output of attempt %s", chunk_id, older)
+        if retracted:
+            self._show(job, chunk_id)  # before the objects go: a reader's view never dangles
+        for older in retracted:
+            self._drop_objects(job, chunk_id, older)
+        shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
+
+    def sweep(self, job: str) -> int:
+        """Delete the objects of attempts older than their chunk's published attempt
+        (replaced outputs, zombies' uploads and markers); returns how many objects went.
+        Attempts newer than the published one may be uploading now and are left alone.
+        Two listings, whatever the number of chunks."""
+        markers: dict[int, list[int]] = {}
+        prefix = f"{job}/{PUBLISHED}/"
+        for info in self.store.list(prefix):
+            chunk, _, number = info.key[len(prefix) :].partition("/")
+            chunk = chunk.removeprefix("chunk=")
+            if chunk.isdigit() and number.isdigit():
+                markers.setdefault(int(chunk), []).append(int(number))
+        current = {chunk: max(numbers) for chunk, numbers in markers.items()}
+        doomed = [
+            self._marker(job, chunk, a)
+            for chunk, numbers in markers.items()
+            for a in numbers
+            if a < current[chunk]
+        ]
+        prefix = f"{job}/{ATTEMPTS}/"
+        for info in self.store.list(prefix):
+            parsed = parse_attempt_name(info.key[len(prefix) :].split("/", 1)[0])
+            if parsed is not None and parsed[1] < current.get(parsed[0], -1):
+                doomed.append(info.key)
+        self.store.delete_many(doomed)
+        return len(doomed)
+
+    def _discard(self, job: str, chunk_id: int, attempt: int, current: int) -> None:
+        log.warning(
+            "chunk %s attempt %s: attempt %s published first; this output is discarded",
+            chunk_id,
+            attempt,
+            current,
+        )
+        self._drop(job, chunk_id, attempt)
+        shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
+
+    def _drop(self, job: str, chunk_id: int, attempt: int) -> None:
+        """Delete an attempt's marker, then its objects."""
+        self.store.delete(self._marker(job, chunk_id, attempt))
+        self._drop_objects(job, chunk_id, attempt)
+
+    def _drop_objects(self, job: str, chunk_id: int, attempt: int) -> None:
+        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        self.store.delete_many([info.key for info in self.store.list(prefix)])
+
+    def _show(self, job: str, chunk_id: int) -> None:
+        """Point the chunk's view (``<job>/chunk=<id>``, where the store keeps views) at
+        its published attempt, or remove it: decided under the view's lock from the
+        markers then, so after every marker change and its ``_show`` the view shows the
+        highest marker whatever order concurrent callers ran in."""
+
+        def current() -> str | None:
+            attempt = self.published_attempt(job, chunk_id)
+            return None if attempt is None else self._attempt_prefix(job, chunk_id, attempt)[:-1]
+
+        self.store.show(f"{job}/{chunk_name(chunk_id)}", current)

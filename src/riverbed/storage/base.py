@@ -18,6 +18,11 @@ The contract (``tests/storage/test_contract.py`` runs it on every backend):
   ``entries`` names what is directly below a "directory", leaving out hidden
   (``.``-prefixed) names.
 * ``put_file``/``get_file`` move large objects in parts, in parallel.
+* A **view** (:meth:`show`) is a name that shows the objects under another prefix, for
+  readers outside riverbed (a symlink on a directory: ``chunk=7`` showing the attempt
+  that published it, so DuckDB or Spark globbing ``chunk=*`` read it). It is no object:
+  ``list`` and ``entries`` leave it out. A bucket has none (``show`` does nothing there);
+  what riverbed decides never rests on a view.
 * Keys form a tree, as paths do: no key is also the "directory" of other keys (``a``
   and ``a/b`` cannot both exist). The file and memory backends refuse such a write with
   :class:`StorageValueError`; S3 would allow it, so riverbed's layouts never ask for it.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import abc
 import builtins
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -139,6 +144,23 @@ class ObjectStore(abc.ABC):
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
+
+    def local_file(self, key: str) -> Path | None:
+        """The object as a local file that readers may open (and never write), or None
+        when it must be downloaded (:meth:`get_file`). A bucket's objects are not local."""
+        return None
+
+    def show(self, name: str, target: Callable[[], str | None]) -> bool:
+        """Point the view ``name`` at the objects under the prefix ``target()`` returns
+        (None: no view), ``target`` called while no other ``show`` of this store's views
+        runs, so the view ends at the last caller's answer. False, calling nothing, where
+        the store keeps no views (a bucket)."""
+        return False
+
+    def views(self, prefix: str = "") -> dict[str, str]:
+        """The views directly below ``prefix`` (a "directory"): each name with the prefix
+        it shows. A bucket has none."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional for backends
         """Release connections and threads (optional)."""

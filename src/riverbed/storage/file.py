@@ -6,17 +6,21 @@ fsyncs the directory; ``put_if_absent`` links the fsynced temporary file to the 
 A write in progress is a hidden ``.<name>.<uuid>.tmp`` file, never listed. As in a
 bucket, directories are no objects: the root is made by the first write, and a
 directory left empty by a delete goes with its last object (a write racing that removal
-makes it again).
+makes it again). A view (:meth:`FileStore.show`) is a relative symlink to the
+directory of the objects it shows, replaced by one rename under a ``flock`` of its
+directory.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import fcntl
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from riverbed.files import fsync_dir
@@ -173,7 +177,7 @@ class FileStore(ObjectStore):
             self._prune_dirs(source.parent)
 
     def locate(self, key: str) -> str:
-        return str(self._path(key))
+        return str(self._path(key)) if key else str(self.root)
 
     def put_file(self, key: str, path: Path) -> None:
         """A copy of the file (never all of it in memory), fsynced, renamed into place."""
@@ -220,6 +224,66 @@ class FileStore(ObjectStore):
                     removed += 1
         return removed
 
+    def local_file(self, key: str) -> Path | None:
+        path = self._path(key)
+        return path if path.is_file() else None
+
+    def show(self, name: str, target: Callable[[], str | None]) -> bool:
+        link = self._path(name)
+        for _attempt in range(3):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(link.parent, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:  # pruned by a delete of its last object: again
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when closed
+                if os.fstat(fd).st_nlink == 0:  # pruned between mkdir and the lock
+                    continue
+                self._point(link, target())
+                return True
+            finally:
+                os.close(fd)
+        raise StorageValueError(f"{link.parent} keeps disappearing; cannot show {name!r} there")
+
+    def _point(self, link: Path, prefix: str | None) -> None:
+        """Make ``link`` show ``prefix`` (None: remove it); under the directory's lock."""
+        if prefix is None:
+            if link.is_symlink():
+                link.unlink()
+            elif link.is_dir():  # a directory an older riverbed published in place
+                shutil.rmtree(link)
+            else:
+                return
+            fsync_dir(link.parent)
+            return
+        relative = os.path.relpath(self._path(prefix), link.parent)
+        with contextlib.suppress(OSError):
+            if os.readlink(link) == relative:
+                return
+        tmp = link.with_name(f".{link.name}.{uuid.uuid4().hex}{_TMP}")
+        os.symlink(relative, tmp)
+        try:
+            if link.is_dir() and not link.is_symlink():  # an older riverbed's: not atomic
+                shutil.rmtree(link)
+            os.replace(tmp, link)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(link.parent)
+
+    def views(self, prefix: str = "") -> dict[str, str]:
+        path = self.root / prefix if prefix else self.root
+        found = {}
+        try:
+            children = [p for p in path.iterdir() if p.is_symlink()]
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        for link in children:
+            shown = Path(os.path.normpath(link.parent / os.readlink(link)))
+            if shown == self.root or self.root in shown.parents:
+                found[link.name] = shown.relative_to(self.root).as_posix()
+        return found
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):
@@ -242,7 +306,10 @@ def _file_in_the_way(path: Path) -> Path | None:
 
 
 def _holds_an_object(path: Path) -> bool:
-    """Whether ``path`` is an object, or a directory with an object somewhere below."""
+    """Whether ``path`` is an object, or a directory with an object somewhere below (a
+    view, a symlink, is neither)."""
+    if path.is_symlink():
+        return False
     if not path.is_dir():
         return not _temporary(path.name)
     for _dirpath, _dirnames, filenames in os.walk(path):
