@@ -341,23 +341,34 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     same table, and a restart on a machine without the local state (restored from what
     the purge kept) continues exactly."""
     import shutil
+    import threading
     import time
 
     import duckdb
 
     import riverbed.stream.batch as batch
     import riverbed.stream.results as results
-    from riverbed.state import StateConfig
+    from riverbed.state import StateConfig, StateProvider
 
     monkeypatch.setattr(results, "COMPACT_AFTER", 3)  # foreachBatch runs in this process
     maintain = batch.maintain
 
-    def slow_maintain(*args: Any) -> None:
+    def slow_maintain(*args: Any, **kwargs: Any) -> None:
         time.sleep(0.4)  # a slow bucket: in-driver batches come faster than rounds end
-        maintain(*args)
+        maintain(*args, **kwargs)
 
     if path == "colocated":  # where rounds run beside the next batches
         monkeypatch.setattr(batch, "maintain", slow_maintain)
+    # the sweep of snapshot files no manifest names never runs beside a batch (whose
+    # snapshot may reuse one): watched, not replaced
+    sweeps: list[str] = []
+    real_sweep = StateProvider.sweep
+
+    def watched_sweep(self: StateProvider, *args: Any) -> None:
+        sweeps.append(threading.current_thread().name)
+        real_sweep(self, *args)
+
+    monkeypatch.setattr(StateProvider, "sweep", watched_sweep)
 
     first, more = make_events(2400, hours=4, seed=3), make_events(600, hours=4, seed=4)
     write_events(log_url, first)
@@ -398,6 +409,7 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert len(ids) <= 4 and ids == list(range(ids[-1] - len(ids) + 1, ids[-1] + 1))
     totals = batches.get(ids[-1]).totals
     assert totals["batches"] == ids[-1] + 1
+    assert sweeps and not [n for n in sweeps if n.startswith("riverbed-maintain")], sweeps
     assert totals["input"] == len(first)
     for partition in range(3):
         base = tmp_path / "durable" / "flags" / str(partition)

@@ -553,15 +553,22 @@ class StateProvider:
                         if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                             shutil.rmtree(entry.path, ignore_errors=True)
 
-    def purge(self, namespace: str, partition: int, sweep_after: float = 3600.0) -> int:
+    def sweep(self, namespace: str, partition: int, older_than: float = 3600.0) -> None:
+        """Delete leftovers of interrupted uploads older than ``older_than`` seconds (here
+        and in this machine's :data:`STAGING`), and snapshot files no manifest names.
+        Never while a snapshot of the partition is being written: one may reuse a file
+        no manifest names yet (the stream engine sweeps between batches)."""
+        self.durable.sweep(self._base(namespace, partition), older_than)
+        self._sweep_staging(older_than)
+
+    def purge(self, namespace: str, partition: int, sweep_after: float | None = 3600.0) -> int:
         """The durable half of :meth:`maintain`: delete the snapshots and changelogs no
-        retained version needs, and sweep leftovers of interrupted uploads (here and in
-        this machine's :data:`STAGING`). Never opens
-        the partition, so it is safe from any process while a writer commits (the stream
-        engine runs it on the driver). Returns the version everything before which was
-        purged (0: nothing)."""
-        self.durable.sweep(self._base(namespace, partition), sweep_after)
-        self._sweep_staging(sweep_after)
+        retained version needs, and (unless ``sweep_after`` is None) :meth:`sweep`.
+        Never opens the partition, so it is safe from any process while a writer commits
+        (the stream engine runs it on the driver). Returns the version everything before
+        which was purged (0: nothing)."""
+        if sweep_after is not None:
+            self.sweep(namespace, partition, sweep_after)
         index = self.index(namespace, partition)
         latest = index.latest
         keep_from = latest - self.config.retain_versions + 1

@@ -15,7 +15,6 @@ from dataclasses import replace
 import pandas as pd
 import pyarrow as pa
 
-from riverbed.locations import is_local
 from riverbed.state import StateProvider
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
@@ -116,7 +115,7 @@ class Maintenance:
         self, name: str, run: Callable[[EngineConfig, Batches, int], None] | None = None
     ) -> None:
         self.name = name
-        self._run = run or maintain
+        self._run = run or maintain_beside
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._next: tuple[EngineConfig, Batches, int] | None = None  # due while one runs
@@ -220,17 +219,34 @@ def finish_batch(
     term = config.term if config.term is not None else record.term  # which driver ran it
     batches.put(batch_id, replace(record, term=term, done=True, totals=totals))
     if (batch_id + 1) % config.state.snapshot_every == 0:
-        # beside the next batches only over directory trees: a bucket's sweep deletes
-        # shared snapshot files no manifest names, and a snapshot being written
-        # meanwhile may reuse one before its manifest is there
-        beside = is_local(config.state.durable) and is_local(config.output)
-        if maintenance is not None and beside:
+        if maintenance is not None:
+            # the sweep of snapshot files no manifest names runs here, between batches: a
+            # snapshot written beside it may reuse such a file before its manifest names it
+            sweep_state(config)
             maintenance.submit(config, batches, batch_id)
         else:
             maintain(config, batches, batch_id)
 
 
-def maintain(config: EngineConfig, batches: Batches, batch_id: int) -> None:
+def sweep_state(config: EngineConfig) -> None:
+    """Sweep every state partition's leftovers (:meth:`StateProvider.sweep`); on the
+    driver, between batches. A failure is logged, never fails the query."""
+    config.fence()
+    try:
+        provider = StateProvider(config.state)
+        for partition in range(config.spec.state_partitions):
+            provider.sweep(config.spec.name, partition)
+    except Exception as exc:  # maintenance must not stop the query
+        log.warning("sweep of %s failed (retried next round): %s", config.spec.name, exc)
+
+
+def maintain_beside(config: EngineConfig, batches: Batches, batch_id: int) -> None:
+    """:func:`maintain` in :class:`Maintenance`'s thread, beside the next batches: all
+    of it but the sweep, which :func:`finish_batch` ran between batches."""
+    maintain(config, batches, batch_id, sweep=False)
+
+
+def maintain(config: EngineConfig, batches: Batches, batch_id: int, sweep: bool = True) -> None:
     """Purge state snapshots and changelogs, and batch records, that no version among
     the newest ``retain_versions`` needs, and compact the result table
     (:func:`compact_output`). Runs on the driver without opening any state
@@ -241,7 +257,7 @@ def maintain(config: EngineConfig, batches: Batches, batch_id: int) -> None:
     try:
         provider = StateProvider(config.state)
         for partition in range(spec.state_partitions):
-            provider.purge(spec.name, partition)
+            provider.purge(spec.name, partition, sweep_after=3600.0 if sweep else None)
         batches.prune(batch_id + 1 - config.state.retain_versions)
         if batch_id > 0:  # the batch before this one is committed: fold the table into it
             compact_output(config.output, spec, batch_id - 1)
@@ -261,7 +277,9 @@ __all__ = [
     "finish",
     "finish_batch",
     "maintain",
+    "maintain_beside",
     "publish",
     "side_outputs",
     "side_outputs_written",
+    "sweep_state",
 ]
