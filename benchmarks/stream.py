@@ -51,7 +51,7 @@ import riverbed.log
 from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
-from riverbed.stream.lognative import DRIVER_BATCH_RECORDS
+from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS
 
 SCHEMA = "user_id long, flag string, ts timestamp"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -12,7 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-__all__ = ["OUTPUT", "child", "is_local", "local_path", "location", "output_url", "parse"]
+__all__ = [
+    "OUTPUT",
+    "child",
+    "in_bucket",
+    "is_local",
+    "local_path",
+    "location",
+    "output_url",
+    "parse",
+]
 
 OUTPUT = "output"  # results under a bucket's checkpoint location (output/<name>)
 
@@ -65,6 +74,16 @@ def child(location: str | Path, name: str) -> str | Path:
     if isinstance(location, Path):
         return location / name
     return f"{str(location).rstrip('/')}/{name}"
+
+
+def in_bucket(checkpoints: str | Path | None, name: str) -> str | None:
+    """``<checkpoints>/<name>`` when the checkpoints setting names a bucket, else None —
+    the one rule for what outlives this machine: with checkpoints in a bucket, riverbed
+    keeps results and job outputs there too; with local checkpoints (or none) they stay
+    under this machine's home."""
+    if checkpoints is None or checkpoints == "" or is_local(checkpoints):
+        return None
+    return f"{str(checkpoints).rstrip('/')}/{name}"
 
 
 def output_url(checkpoints: str, name: str) -> str:

@@ -201,6 +201,25 @@ def test_a_view_shows_a_prefix_and_is_no_object(store: ObjectStore) -> None:
     assert store.get("j/.attempts/chunk=1-2/a") == b"2"  # what it showed stays
 
 
+def test_delete_prefix_removes_everything_under_it_and_nothing_beside(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    for key in ("a/x", "a/b/y", "ab/z", "a/.hidden"):
+        store.put(key, b"1")
+    if store.url.startswith("file:"):  # what Spark or a killed write leaves in a directory
+        folder = Path(store.locate("a/b"))
+        (folder / ".part.0.tmp").write_bytes(b"partial")
+        (folder / "_temporary" / "0").mkdir(parents=True)
+    store.delete_prefix("a/")
+    assert [o.key for o in store.list()] == ["ab/z"] and store.entries() == ["ab"]
+    if store.url.startswith("file:"):
+        assert not Path(store.locate("a")).exists()
+    with pytest.raises(StorageValueError, match="ending in '/'"):
+        store.delete_prefix("ab")
+    store.delete_prefix("")
+    assert store.list() == []
+
+
 def test_a_local_file_is_the_object_itself_or_none(store: ObjectStore) -> None:
     store.put("d/x", b"bytes")
     local = store.local_file("d/x")

@@ -35,10 +35,10 @@ from riverbed.stream.kafka import (
     with_max_records,
 )
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.lognative import committed_ends, source_offsets
 from riverbed.stream.loop import DirectQuery
 from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.records import open_batches
+from riverbed.stream.sparklog import committed_ends, source_offsets
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaCluster, KafkaServer, free_port
 from tests.stream.conftest import make_events
@@ -159,7 +159,7 @@ def test_a_label_that_is_not_kafkas_is_an_error_and_sparks_kafka_offsets_are_rea
             parse_label(bad)
     offsets = tmp_path / "7"  # Spark's offset log file of a Kafka source's batch 7
     offsets.write_text('v1\n{"batchWatermarkMs":0}\n{"clicks":{"1":40,"0":12}}\n')
-    assert source_offsets(offsets) == {"1": 40, "0": 12}
+    assert source_offsets(offsets.read_text()) == {"1": 40, "0": 12}
 
 
 @pytest.mark.kafka

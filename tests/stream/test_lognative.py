@@ -18,8 +18,9 @@ from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.lognative import in_driver, prepare, run_planned, task_attempts
+from riverbed.stream.lognative import in_driver, run_planned, task_attempts
 from riverbed.stream.metrics import Count, Distinct
+from riverbed.stream.nativeconfig import prepare
 from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.specjob import root_cause
 from riverbed.stream.windows import Tumbling

@@ -18,9 +18,9 @@ from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
 from riverbed.state import CorruptStateError
 from riverbed.stream.dataframe import read_results, start
-from riverbed.stream.lognative import committed_ends
 from riverbed.stream.plan import ends_of
 from riverbed.stream.records import BatchRecord, open_batches
+from riverbed.stream.sparklog import committed_ends
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA
 from tests.stream.test_lognative import check, spec

@@ -21,7 +21,8 @@ from riverbed.spark.source import LogSlice
 from riverbed.state import StateConfig
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint, handoff_dir
-from riverbed.stream.lognative import DirectConfig, colocated_task, prepare, run_planned
+from riverbed.stream.lognative import colocated_task, run_planned
+from riverbed.stream.nativeconfig import DirectConfig, prepare
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.steal import Board, lopsided, split, steal_order

@@ -1,4 +1,9 @@
-"""``riverbed topic|produce|consume|group``: the event log from a shell."""
+"""``riverbed topic|produce|consume|group``: the event log from a shell.
+
+(Over 600 lines: one argparse table for the log's four command families and their thin
+handlers, which share how a log, a control plane and a record are opened and printed;
+split per family when one grows.)
+"""
 
 from __future__ import annotations
 

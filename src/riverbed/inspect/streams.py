@@ -9,7 +9,7 @@ from typing import Any
 
 from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
-from riverbed.stream.layout import Checkpoint, aggregations, is_local
+from riverbed.stream.layout import aggregations
 from riverbed.stream.records import BatchRecord, open_batches
 
 NOTHING_KNOWN: dict[str, Any] = {
@@ -36,15 +36,10 @@ def _manifest(src: Sources, name: str) -> dict[str, Any]:
 
     checkpoint = src.place(name)
     manifest = read_manifest(checkpoint)
-    if manifest is None and not _has_records_dir(checkpoint) and not open_batches(checkpoint).ids():
+    if manifest is None and not open_batches(checkpoint).ids():
         known = ", ".join(stream_names(src)) or "none"
         raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")
     return manifest or {"name": name, "checkpoint": str(checkpoint)}
-
-
-def _has_records_dir(checkpoint: str | Path) -> bool:
-    """A local checkpoint whose batch records were all pruned still has their folder."""
-    return is_local(checkpoint) and Checkpoint.of(checkpoint).batches.is_dir()
 
 
 def _driver(src: Sources, name: str) -> dict[str, Any]:
@@ -108,8 +103,8 @@ def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> di
     if record.slices is not None:  # the plan the batch recorded before it ran
         offsets = {p: [int(s), int(e)] for p, (s, e) in record.slices.items()}
     else:  # a batch of the Spark-driven loop: Spark's offset log
-        from riverbed.stream.lognative import spark_ends
         from riverbed.stream.plan import slices_json
+        from riverbed.stream.sparklog import spark_ends
 
         ends = spark_ends(checkpoint, batch_id)
         before = (spark_ends(checkpoint, batch_id - 1) if batch_id > 0 else None) or {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from riverbed.jobs.publication import Publication, adopt_old_layout
-from riverbed.locations import child, is_local
+from riverbed.locations import in_bucket
 from riverbed.storage import open_store, shared_store
 
 __all__ = ["OUTPUTS", "open_publication"]
@@ -27,10 +27,11 @@ def open_publication(home: Path, checkpoints: str | Path | None = None) -> Publi
     else under ``home`` (whose outputs published by an older riverbed get their markers
     the first time). Attempts stage under ``home`` either way."""
     home = Path(home)
-    if checkpoints is None or checkpoints == "" or is_local(checkpoints):
-        store = open_store(str(home / OUTPUTS))
-        if store.url not in _adopted:
-            adopt_old_layout(store)
-            _adopted.add(store.url)
-        return Publication(store, home)
-    return Publication(shared_store(str(child(checkpoints, OUTPUTS))), home)
+    bucket = in_bucket(checkpoints, OUTPUTS)
+    if bucket is not None:
+        return Publication(shared_store(bucket), home)
+    store = open_store(str(home / OUTPUTS))
+    if store.url not in _adopted:
+        adopt_old_layout(store)
+        _adopted.add(store.url)
+    return Publication(store, home)

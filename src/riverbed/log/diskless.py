@@ -1,5 +1,10 @@
 """Diskless topics: records in an object store, their offsets in the control plane.
 
+(Over 600 lines: one storage's protocol — the group-committing writer, the index
+reads and the upkeep — shares :class:`Layout` and the index's transaction shapes, and
+each I/O step sits beside the pure decision it runs (listed at the end of this text),
+which tests reach without a bucket. Split the upkeep out when it grows.)
+
 A log at ``s3://bucket/prefix`` keeps nothing on the machines that produce and consume
 it (the shape of WarpStream, Bufstream and Kafka's KIP-1150 "diskless topics"):
 

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from riverbed.config import inherited
 from riverbed.errors import RiverbedError
+from riverbed.locations import is_local
 from riverbed.storage.s3 import settings_from_env
 
 __all__ = ["S3AUnavailableError", "conf", "configure", "jar_dir", "jars", "require", "to_s3a"]
@@ -71,6 +72,13 @@ def require() -> None:
             f"{jar_dir()} has no hadoop-aws jar: run `make jars` (Maven fetches hadoop-aws "
             f"and the AWS SDK bundle), or set {ENV} to a directory that has them"
         )
+
+
+def configure_for(spark: Any, location: str | Path) -> None:
+    """:func:`configure` when Spark will write at ``location`` through ``s3a://`` (a
+    bucket); nothing for a directory."""
+    if not is_local(location):
+        configure(spark)
 
 
 def configure(spark: Any) -> None:

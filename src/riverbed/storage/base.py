@@ -109,6 +109,14 @@ class ObjectStore(abc.ABC):
         for key in keys:
             self.delete(key)
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete everything under ``prefix`` (``""`` or ending in ``/``): its objects,
+        and on a directory what other writers left there too (Spark's and Hadoop's
+        files, temporaries, empty folders)."""
+        if prefix and not prefix.endswith("/"):
+            raise StorageValueError(f"delete_prefix takes a prefix ending in '/', not {prefix!r}")
+        self.delete_many([info.key for info in self.list(prefix)])
+
     def move(self, src: str, dst: str) -> None:
         """Give object ``src``'s bytes to ``dst`` (replacing it) and delete ``src``;
         :class:`ObjectNotFoundError` when ``src`` is gone — moved by a concurrent mover,

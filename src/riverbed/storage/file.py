@@ -284,6 +284,20 @@ class FileStore(ObjectStore):
                 found[link.name] = shown.relative_to(self.root).as_posix()
         return found
 
+    def delete_prefix(self, prefix: str) -> None:
+        if prefix and not prefix.endswith("/"):
+            raise StorageValueError(f"delete_prefix takes a prefix ending in '/', not {prefix!r}")
+        if not prefix:
+            for child in list(self.root.iterdir()) if self.root.is_dir() else []:
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+            return
+        folder = self._path(prefix.rstrip("/"))
+        shutil.rmtree(folder, ignore_errors=True)
+        self._prune_dirs(folder.parent)
+
     def delete(self, key: str) -> None:
         path = self._path(key)
         with contextlib.suppress(FileNotFoundError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -15,6 +14,7 @@ import pandas as pd
 
 from riverbed.config import load_config
 from riverbed.spark import s3a
+from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
 from riverbed.stream import kafka
 from riverbed.stream.aggregation import DELETED, Aggregation
@@ -52,48 +52,9 @@ from riverbed.stream.validity import spark_reason
 from riverbed.stream.windows import late_column
 
 if TYPE_CHECKING:
-    from riverbed.storage import ObjectStore
+    pass
 
 log = logging.getLogger(__name__)
-
-
-def _clear_unfinished_start(checkpoint: str | Path) -> None:
-    """Remove what a driver killed while writing Spark's *first* offset-log entry left.
-
-    Spark writes each entry to a hidden temporary file (``offsets/.0.<uuid>.tmp``) and
-    renames it (on a bucket S3A's rename is a copy, then a delete). Killed before the
-    rename, the entry was never committed, but the next start of the query (at batch 0
-    again) refuses the checkpoint: "the checkpoint location …/offsets should be empty on
-    batch 0". With no committed entry, the hidden files in ``offsets/`` and ``commits/``
-    are exactly those unfinished writes; once an entry is committed, nothing here is
-    touched.
-    """
-    if not is_local(checkpoint):
-        _clear_unfinished_start_in_bucket(checkpoint_store(spark_location(checkpoint)))
-        return
-    root = Checkpoint.of(checkpoint).spark
-    offsets = root / "offsets"
-    if not offsets.is_dir() or any(p.name.isdigit() for p in offsets.iterdir()):
-        return
-    for directory in (offsets, root / "commits"):
-        if not directory.is_dir():
-            continue
-        for path in directory.iterdir():
-            if path.name.startswith(".") and path.is_file():
-                log.warning("removing %s: an unfinished first batch of a killed driver", path)
-                path.unlink()
-
-
-def _clear_unfinished_start_in_bucket(spark: ObjectStore) -> None:
-    """:func:`_clear_unfinished_start` for Spark's logs in a bucket."""
-    offsets = [info.key for info in spark.list("offsets/")]
-    if any(key.rsplit("/", 1)[-1].isdigit() for key in offsets):
-        return
-    for key in [*offsets, *(info.key for info in spark.list("commits/"))]:
-        if key.rsplit("/", 1)[-1].startswith("."):
-            what = f"{spark.url}/{key}"
-            log.warning("removing %s: the unfinished first batch of a killed driver", what)
-            spark.delete(key)
 
 
 def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
@@ -105,17 +66,9 @@ def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
         "state_partitions": spec.state_partitions,
         "windows": _layout(spec),
     }
-    if not is_local(checkpoint):
-        store = checkpoint_store(str(checkpoint))
-        if not store.put_if_absent(SPEC, json.dumps(fixed).encode()):
-            _same_partitions(json.loads(store.get(SPEC)), spec)
-        return
-    path = Checkpoint.of(checkpoint).spec
-    if path.exists():
-        _same_partitions(json.loads(path.read_text()), spec)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(fixed))
+    store = checkpoint_store(checkpoint)
+    if not store.put_if_absent(SPEC, json.dumps(fixed).encode()):
+        _same_partitions(json.loads(store.get(SPEC)), spec)
 
 
 def _layout(spec: Aggregation) -> str:
@@ -274,7 +227,7 @@ def start(
     """
     checkpoint, output = location(checkpoint), location(output)
     if kafka.is_kafka(source):
-        from riverbed.stream.lognative import read_ends
+        from riverbed.stream.sparklog import read_ends
 
         chosen = kafka.parse(source)
         # where its next batch starts (in a bucket Spark's own failOnDataLoss speaks)
@@ -286,8 +239,8 @@ def start(
             log_url = log_url or load_config().log_url  # side topics: riverbed's log
         else:  # Spark's own Kafka source, on the DataFrame path below
             source = kafka.frame(spark, chosen, required=[*spec.key_parts, spec.time])
-    if not isinstance(source, Mapping) and not is_local(checkpoint):
-        s3a.configure(spark)  # Spark writes its own logs there, through Hadoop's s3a://
+    if not isinstance(source, Mapping):
+        s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     _check_partitions(checkpoint, spec)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
         if isinstance(metric, Custom):
@@ -319,13 +272,13 @@ def start(
         # driver's producer fenced, and a retention that deletes results named now
         kafka_sink(config)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
-        from riverbed.stream.lognative import prepare
         from riverbed.stream.loop import DirectQuery
+        from riverbed.stream.nativeconfig import prepare
         from riverbed.stream.plan import parse_trigger
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
     _derivation(spec, source.schema)  # a where or columns that cannot be: refused now
-    _clear_unfinished_start(checkpoint)
+    clear_unfinished_start(spark_location(checkpoint))
     writer = (
         source.writeStream.foreachBatch(foreach_batch(config))
         .option("checkpointLocation", s3a.to_s3a(spark_location(checkpoint)))
@@ -433,11 +386,9 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
 def reset(checkpoint: str | Path, output: str | Path) -> None:
     """Forget a query: its checkpoint (offsets, state) and its output."""
     for place in (checkpoint, output):
-        if is_local(place):
-            shutil.rmtree(local_path(place), ignore_errors=True)
-        else:
-            store = checkpoint_store(str(place))
-            store.delete_many(i.key for i in store.list())
+        store = checkpoint_store(place)
+        store.delete_many(i.key for i in store.list())
+        store.sweep_partial("", older_than=0)  # and what interrupted writes left
 
 
 __all__ = ["read_live", "read_results", "reset", "start"]

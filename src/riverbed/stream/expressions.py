@@ -1,5 +1,9 @@
 """Spark SQL expressions on Arrow batches: an aggregation's ``where`` and ``columns``.
 
+(Over 600 lines: one evaluator — the typed nodes, Spark's type rules and the operator
+and function table build each other while compiling, and one test module checks all of
+it against Spark; the SQL types would go first if it were split.)
+
 Users write Spark SQL (``where="price > 100 AND channel <> 'spam'"``,
 ``columns={"dollars": "price * 0.908"}``), because that is what they already write. On
 the log-native path events never enter the JVM, so riverbed evaluates the expressions

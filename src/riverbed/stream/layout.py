@@ -125,9 +125,7 @@ SPARK_COMMITS = f"{SPARK}/commits/"  # Spark's commit of batch <b>: the object <
 def spark_location(checkpoint: str | Path) -> str:
     """Where Spark keeps its own logs for the checkpoint at ``checkpoint``: a directory,
     or a bucket's ``s3://…/spark`` URL (Spark reaches it as ``s3a://``)."""
-    if is_local(checkpoint):
-        return str(Checkpoint.of(checkpoint).spark)
-    return f"{str(checkpoint).rstrip('/')}/{SPARK}"
+    return str(child(location(checkpoint), SPARK))
 
 
 def state_root(checkpoints: Path) -> Path:
@@ -207,18 +205,10 @@ def handoff_dir(checkpoint: str, local_cache: Path, name: str, spark_master: str
 
 def aggregations(checkpoints: str | Path) -> list[str]:
     """The names of the aggregations that have run under ``checkpoints``."""
-    if not is_local(checkpoints):
-        store = checkpoint_store(str(checkpoints))
-        return [
-            n
-            for n in store.entries()
-            if n != OUTPUT and (store.exists(f"{n}/{MANIFEST}") or store.entries(f"{n}/{BATCHES}"))
-        ]
-    checkpoints = local_path(checkpoints)
-    if not checkpoints.is_dir():
-        return []
-    return sorted(
-        p.name
-        for p in checkpoints.iterdir()
-        if Checkpoint(p).batches.is_dir() or Checkpoint(p).manifest.exists()
-    )
+    store = checkpoint_store(checkpoints)
+    return [
+        n
+        for n in store.entries()
+        if n not in (OUTPUT, STATE)
+        and (store.exists(f"{n}/{MANIFEST}") or store.entries(f"{n}/{BATCHES}"))
+    ]

@@ -34,7 +34,6 @@ from riverbed.stream.fencing import (
     recorded_driver,
     release_term,
 )
-from riverbed.stream.layout import is_local
 
 _log = logging.getLogger(__name__)
 
@@ -101,10 +100,10 @@ class DriverLease:
         value = json.dumps({"driver": self.driver, "since": since})
         self.term = self.election.campaign(value)
         self.previous = recorded_driver(self.checkpoint)
-        # in a bucket the newest term rules (terms are never overwritten there), so a
-        # control plane whose terms are behind would fence its own driver
+        # the newest term recorded rules (terms are never overwritten), so a control
+        # plane whose terms are behind would fence its own driver: say so instead
         behind = self.previous is not None and int(self.previous["term"]) > self.term
-        if behind and not is_local(self.checkpoint):
+        if behind:
             assert self.previous is not None
             held = int(self.previous["term"])
             self.close()

@@ -26,16 +26,13 @@ state version and replace the same output.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,12 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
-from riverbed.log.kafka import PARTITIONER as KAFKA_PARTITIONER
-from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import kept
-from riverbed.stream.aggregation import KEY
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     Maintenance,
@@ -58,7 +52,6 @@ from riverbed.stream.batch import (
 )
 from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
-    EngineConfig,
     Partial,
     event_millis,
     merge_partition,
@@ -67,45 +60,20 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
-from riverbed.stream.layout import Checkpoint, handoff_dir, is_local
-from riverbed.stream.metrics import VALUE_METRICS
-from riverbed.stream.plan import balanced_groups, slices_json
+from riverbed.stream.layout import handoff_dir
+from riverbed.stream.nativeconfig import DirectConfig
+from riverbed.stream.plan import balanced_groups
 from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
-from riverbed.stream.steal import PIECE, Board, lopsided, split, steal_order
+from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
 from riverbed.stream.windows import late as window_late
 
-if TYPE_CHECKING:
-    from riverbed.log import Log
-
 log = logging.getLogger(__name__)
-
-# Co-located batches up to this many records can run in the driver process (local
-# masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
-# own work. The source option driverBatchRecords sets it (0: never; docs/stream.md).
-DRIVER_BATCH_RECORDS = 50_000
 
 
 class NotCoLocatedError(RiverbedError):
     """A co-located task found a key that belongs to another state partition."""
-
-
-@dataclass(frozen=True)
-class DirectConfig:
-    """What the tasks need besides the engine config; pickled to executors."""
-
-    engine: EngineConfig
-    options: dict[str, str]  # source options: topic, log, ...
-    schema: Any  # StructType: value fields + the source's metadata columns
-    co_located: bool
-    max_records: int | None = None  # maxRecordsPerBatch (None: no bound)
-    starting: str = "earliest"  # startingOffsets: where a first batch starts
-    steal: bool = True  # co-located tasks done early help the others (steal.py)
-    piece_records: int = PIECE  # co-located tasks claim and help with pieces this big
-    # co-located batches of at most this many records, with a local master, run in the
-    # driver process instead of as a Spark job (DRIVER_BATCH_RECORDS; 0: never)
-    driver_records: int = DRIVER_BATCH_RECORDS
 
 
 @dataclass
@@ -503,244 +471,3 @@ def run_planned(
         cfg.engine, batches, batch_id, record, rows, outputs_from=merged, maintenance=maintenance
     )
     return record
-
-
-def spark_ends(checkpoint: str | Path, batch_id: int) -> dict[int, int] | None:
-    """Where batch ``batch_id`` ended in every log partition according to Spark's
-    write-ahead offset log (``spark/offsets/<b>``): for checkpoints written when a
-    Spark streaming query drove this path (their batch records hold no slices).
-    ``None`` when it cannot tell (file gone, an unexpected format, a bucket)."""
-    if not is_local(checkpoint):
-        return None
-    try:
-        offsets = source_offsets(Checkpoint.of(checkpoint).spark_offsets / str(batch_id))
-    except (OSError, ValueError):
-        return None
-    return None if offsets is None else {int(p): int(e) for p, e in offsets.items()}
-
-
-def spark_committed_ends(checkpoint: str | Path) -> dict[int, int] | None:
-    """Where the newest batch in Spark's commit log ended in every partition
-    (:func:`spark_ends` of it); ``None`` before the first commit or when the logs
-    cannot tell (a bucket, an unexpected format)."""
-    if not is_local(checkpoint):
-        return None
-    commits = Checkpoint.of(checkpoint).spark_commits
-    done = sorted(int(p.name) for p in commits.glob("*") if p.name.isdigit())
-    return spark_ends(checkpoint, done[-1]) if done else None
-
-
-def committed_ends(checkpoint: str | Path, newest_first: Iterable[BatchRecord]) -> dict[int, int]:
-    """Where the newest finished batch ended, per log partition: its recorded plan, or
-    for a checkpoint of the Spark-driven loop, Spark's commit and offset logs ({}: no
-    batch finished, or they cannot tell)."""
-    from riverbed.stream.plan import ends_of
-
-    done = next((d for d in newest_first if d.done), None)
-    if done is not None and done.slices is not None:
-        return ends_of(done.slices)
-    return spark_committed_ends(checkpoint) or {}
-
-
-def read_ends(checkpoint: str | Path) -> tuple[dict[int, int] | None, bool]:
-    """:func:`committed_ends` of a checkpoint (``None`` when there are none), and
-    whether Spark's streaming engine drove its batches (their records hold no slices:
-    a checkpoint of the DataFrame path, which stays on it). Records are read newest
-    first, only as far as the newest finished one."""
-    from riverbed.stream.records import open_batches
-
-    batches = open_batches(checkpoint)
-    records = (r for r in map(batches.get, reversed(batches.ids())) if r is not None)
-    newest = next(records, None)
-    if newest is None:
-        return None, False
-    if newest.slices is None:
-        return spark_committed_ends(checkpoint), True
-    return committed_ends(checkpoint, itertools.chain([newest], records)) or None, False
-
-
-def spark_slices(checkpoint: str | Path, batch_id: int) -> dict[str, list[int]] | None:
-    """A batch's slices, as a batch record stores them, from Spark's offset log: batch
-    *b* started where *b - 1* ended. ``None`` when the log cannot tell (batch 0, files
-    gone, an unexpected format)."""
-    if batch_id == 0:
-        return None
-    end, start = spark_ends(checkpoint, batch_id), spark_ends(checkpoint, batch_id - 1)
-    if end is None or start is None:
-        return None
-    return slices_json({p: start.get(p, 0) for p in end}, end)
-
-
-def source_offsets(path: Path) -> dict[str, int] | None:
-    """The one source's offsets in an offset log file (``v1``, metadata, one line per
-    source), if it has that shape: riverbed's ``{"<partition>": end}``, or Spark's Kafka
-    source's ``{"<topic>": {"<partition>": end}}`` (one topic)."""
-    import json
-
-    lines = path.read_text().splitlines()
-    if len(lines) != 3 or lines[0] != "v1":
-        return None
-    offsets = json.loads(lines[2])
-    if isinstance(offsets, dict) and len(offsets) == 1:
-        (only,) = offsets.values()
-        if isinstance(only, dict):
-            offsets = only
-    if not isinstance(offsets, dict) or not all(
-        isinstance(v, int) and str(k).isdigit() for k, v in offsets.items()
-    ):
-        return None
-    return offsets
-
-
-def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bool:
-    """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits: one
-    log partition per state partition, its records keyed by the aggregation key and
-    placed by the key's CRC-32 (riverbed's key-hash partitioner — and librdkafka's
-    default, ``consistent_random``, so a Kafka topic written by a librdkafka client
-    keyed by the aggregation key fits; Java's producer places by murmur2 and does not).
-    Checked on the first records of every partition here (a Kafka topic's placement
-    too: riverbed does not know its producers), and on every record by the tasks."""
-    choice = options.get("co_locate", "auto").lower()
-    if choice not in ("auto", "true", "false"):
-        raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
-    if choice == "false":
-        return False
-    if spec.composite or spec.key in spec.columns:  # no producer placed records by it
-        if choice == "true":
-            raise StreamValueError(
-                f"co_locate=true: the key {spec.key!r} is derived (a derived column, or a "
-                "composite key's text), which no producer placed the topic's records by; "
-                "leave co_locate at auto"
-            )
-        return False
-    topic = topic_log.topic(options["topic"])
-    hashed = topic.partitioner == KeyHashPartitioner.name  # placed by riverbed's producer
-    placed_by_others = topic.partitioner == KAFKA_PARTITIONER
-    fits = (hashed or placed_by_others) and topic.partitions == spec.state_partitions
-    if fits and choice == "auto":
-        sampled = 0
-        for p in range(topic.partitions):
-            first = topic_log.storage.offsets(topic.name, p)[0]
-            # a malformed record (not decodable, not an object, no key) says nothing of
-            # how keys are placed, and the batch counts it and sends it to the DLQ
-            for record in topic_log.read(topic.name, p, first, 100, malformed="skip"):
-                value = record.value
-                if not isinstance(value, dict) or value.get(spec.key) is None:
-                    continue
-                if record.key != str(value[spec.key]).encode():
-                    return False
-                if not hashed and _KEY_HASH.partition(record.key, topic.partitions) != p:
-                    return False
-                sampled += 1
-        if placed_by_others and not sampled:
-            return False  # no record shows yet how the producers place keys
-    if choice == "true" and not fits:
-        raise StreamValueError(
-            f"co_locate=true needs topic {options['topic']!r} to have "
-            f"{spec.state_partitions} partitions (the aggregation's state_partitions) and "
-            "records placed by the CRC-32 of their key (riverbed's key-hash partitioner, "
-            "or a Kafka producer on librdkafka's default partitioner)"
-        )
-    return fits
-
-
-_KEY_HASH = KeyHashPartitioner()
-
-
-def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
-    """Check a topic source's options against the topic and the aggregation, and decide
-    co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
-    from pyspark.sql.types import StructType
-
-    from riverbed.spark.offsets import source_limits
-    from riverbed.spark.source import META_FIELDS, value_schema
-
-    if "topic" not in options:
-        raise StreamValueError('a riverbed source needs {"topic": NAME, ...}')
-    lowered = {k.lower(): v for k, v in options.items()}  # Spark's option names: any case
-    max_records, starting = source_limits(lowered)
-    steal = str(options.get("steal", "true")).lower()
-    if steal not in ("true", "false"):
-        raise StreamValueError(f"steal must be true or false, not {steal!r}")
-    driver_records = _count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
-    topic_log = open_log(options)
-    try:
-        if options["topic"] not in topic_log.topics():
-            raise StreamValueError(
-                f"topic {options['topic']!r} does not exist in {options['log']}; create it "
-                f"with `riverbed topic create {options['topic']} --partitions "
-                f"{config.spec.state_partitions}`"
-            )
-        co_located = decide_co_location(topic_log, options, config.spec)
-    finally:
-        topic_log.close()
-    values = value_schema(lowered)
-    # a DDL string is parsed here, on the driver: executors cannot parse DDL
-    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
-    if not isinstance(parsed, StructType):
-        raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
-    schema = StructType(list(parsed.fields) + META_FIELDS)
-    derived = _derived_names(config.spec, schema)
-    config = _with_column_types(config, schema)
-    missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
-    if missing:
-        raise StreamValueError(
-            f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
-            f"schema ({', '.join(schema.fieldNames())}) does not have"
-        )
-    return DirectConfig(
-        config,
-        options,
-        schema,
-        co_located,
-        max_records,
-        starting,
-        steal == "true",
-        driver_records=driver_records,
-    )
-
-
-def _derived_names(spec: Any, schema: Any) -> list[str]:
-    """The spec's derived columns, compiled here against the source's schema so that a
-    ``where`` or ``columns`` that cannot be evaluated is refused at start."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from riverbed.stream.derive import compile_for, input_types
-
-    if not spec.derives:
-        return []
-    derived = compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
-    names = [name for name, _ in derived.columns] if derived is not None else []
-    return [*names, KEY] if spec.composite else names
-
-
-def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:
-    """``config`` with its spec's composite key part types, from the source's schema and
-    the derived columns (the result table types each part as its column)."""
-    spec = config.spec
-    if not spec.composite and not any(isinstance(m, VALUE_METRICS) for m in spec.metrics.values()):
-        return config
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from riverbed.stream.derive import column_types
-    from riverbed.stream.keys import resolved
-
-    types = column_types(config.spec, to_arrow_schema(schema, timezone="UTC"))
-    return dataclasses.replace(config, spec=resolved(config.spec, types))
-
-
-def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:
-    """A non-negative whole-number source option (``lowered``: the options with their
-    names in lower case)."""
-    given = lowered.get(name.lower())
-    if given is None:
-        return default
-    try:
-        value = int(str(given))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise StreamValueError(
-            f"{name} must be a whole number of records, 0 or more, not {given!r}"
-        )
-    return value

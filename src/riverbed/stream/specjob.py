@@ -32,17 +32,15 @@ from typing import Any
 
 from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
+from riverbed.locations import OUTPUT, in_bucket
 from riverbed.state import StateConfig
 from riverbed.stream import kafka
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.layout import (
     MANIFEST,
-    Checkpoint,
     checkpoint_store,
     checkpoints_location,
     child,
-    is_local,
-    output_url,
     state_root,
     state_url,
 )
@@ -100,15 +98,7 @@ def manifest(job: Job) -> dict[str, Any]:
 
 
 def write_manifest(job: Job) -> None:
-    data = json.dumps(manifest(job), indent=1)
-    if not is_local(job.checkpoint):
-        checkpoint_store(str(job.checkpoint)).put(MANIFEST, data.encode())
-        return
-    path = Checkpoint.of(job.checkpoint).manifest
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(data)
-    tmp.replace(path)
+    checkpoint_store(job.checkpoint).put(MANIFEST, json.dumps(manifest(job), indent=1).encode())
 
 
 def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
@@ -118,11 +108,7 @@ def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
     from riverbed.storage import ObjectNotFoundError
 
     try:
-        if is_local(checkpoint):
-            raw = Checkpoint.of(checkpoint).manifest.read_bytes()
-        else:
-            raw = checkpoint_store(str(checkpoint)).get(MANIFEST)
-        data = json.loads(raw)
+        data = json.loads(checkpoint_store(checkpoint).get(MANIFEST))
     except (OSError, ValueError, ObjectNotFoundError):
         return None
     return data if isinstance(data, dict) else None
@@ -132,9 +118,8 @@ def results_location(config: Config, name: str) -> str | Path:
     """Where an aggregation's result table is: beside its checkpoints in a bucket
     (``<checkpoints>/output/<name>``), else under ``RIVERBED_HOME/output/<name>``."""
     checkpoints = checkpoints_location(config.checkpoints_url)
-    if isinstance(checkpoints, str):
-        return output_url(checkpoints, name)
-    return config.home.resolve() / "output" / name
+    bucket = in_bucket(checkpoints, f"{OUTPUT}/{name}")
+    return bucket if bucket is not None else config.home.resolve() / OUTPUT / name
 
 
 def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
@@ -370,7 +355,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     """:func:`status` from a checkpoint's :func:`manifest` (what the console reads);
     ``log`` is an open log of ``info["log"]`` to reuse."""
     import riverbed.log
-    from riverbed.stream.lognative import committed_ends  # here: it brings PySpark in
+    from riverbed.stream.sparklog import committed_ends
 
     checkpoint = info["checkpoint"]
     batches = open_batches(checkpoint)

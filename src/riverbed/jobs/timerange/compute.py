@@ -117,37 +117,23 @@ def _read_parquet(
 
 
 def _read_parquet_folders(spark: SparkSession, inp: ParquetInput, lo: int, hi: int) -> DataFrame:
-    from riverbed.locations import is_local, local_path
-
-    if not is_local(inp.path):  # s3:// (ParquetInput takes no other scheme)
-        return _read_parquet_in_bucket(spark, inp, lo, hi)
-    base = local_path(inp.path).resolve()
-    if not base.is_dir():
-        raise MissingInputError(
-            f"input {base} does not exist; write the dataset there or fix ParquetInput's path"
-        )
-    if inp.partition is None:
-        return spark.read.parquet(str(base))
-    names = folder_names(inp, lo, hi)
-    present = {name for name in names if (base / name).is_dir()}
-    return _read_partitions(spark, inp, str(base), names, present)
-
-
-def _read_parquet_in_bucket(spark: SparkSession, inp: ParquetInput, lo: int, hi: int) -> DataFrame:
-    """A ParquetInput at ``s3://bucket/prefix``: riverbed's storage says which folders
-    exist (one listing), Spark reads them through Hadoop's ``s3a://``."""
+    """A ParquetInput in a directory or at ``s3://bucket/prefix``: riverbed's storage
+    says which folders hold files (one listing), Spark reads them (a bucket through
+    Hadoop's ``s3a://``)."""
+    from riverbed.locations import location
     from riverbed.spark import s3a
     from riverbed.storage import shared_store
 
-    store = shared_store(inp.path)
+    store = shared_store(location(inp.path))
+    where = store.locate("").rstrip("/")  # a directory's absolute path, or the URL
     folders = set(store.entries())
     if not folders:
         raise MissingInputError(
-            f"input {inp.path} holds no objects; write the dataset there or fix "
-            "ParquetInput's path (and check AWS_ENDPOINT_URL and the bucket's name)"
+            f"input {where} holds no files; write the dataset there or fix ParquetInput's "
+            "path (for a bucket, check AWS_ENDPOINT_URL and the bucket's name too)"
         )
-    s3a.configure(spark)
-    base = s3a.to_s3a(inp.path.rstrip("/"))
+    s3a.configure_for(spark, where)
+    base = s3a.to_s3a(where)
     if inp.partition is None:
         return spark.read.parquet(base)
     names = folder_names(inp, lo, hi)

@@ -203,10 +203,9 @@ class Driver:
         if name != "rows" or not spill:
             return df.toArrow()
         token = f"batch-{uuid.uuid4().hex[:12]}"
-        if not self.output.local:
-            from riverbed.spark import s3a
+        from riverbed.spark import s3a
 
-            s3a.configure(self.spark)
+        s3a.configure_for(self.spark, self.output.location)
         gone = FencedError(
             f"driver {self.identity} lost the lead of time-range job '{self.job.name}': the "
             f"rows it computed were removed from {self.output.location} by the driver that "

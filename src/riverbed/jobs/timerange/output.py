@@ -29,14 +29,12 @@ it, and the next driver forgets any a crash left.
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from riverbed.jobs.timerange.plan import chunk_label
-from riverbed.locations import is_local, local_path
+from riverbed.locations import is_local, location
 from riverbed.storage import ObjectNotFoundError, shared_store
 
 if TYPE_CHECKING:
@@ -56,7 +54,7 @@ PART = "part.parquet"
 
 class Output:
     def __init__(self, root: str | Path) -> None:
-        self.location = str(local_path(root)) if is_local(root) else str(root).rstrip("/")
+        self.location = str(location(root))
         self._store: ObjectStore | None = None
 
     def __repr__(self) -> str:
@@ -64,6 +62,8 @@ class Output:
 
     @property
     def local(self) -> bool:
+        """Whether the output is a directory of this machine (executors elsewhere cannot
+        reach it)."""
         return is_local(self.location)
 
     @property
@@ -86,9 +86,6 @@ class Output:
     def final_key(dataset: str, start: int) -> str:
         return f"{dataset}/chunk={chunk_label(start)}/{PART}"
 
-    def _exists(self) -> bool:
-        return not self.local or Path(self.location).is_dir()
-
     # -- writing -------------------------------------------------------------------
     def stage(self, token: str, dataset: str, table: pa.Table) -> None:
         """Write a chunk's ``dataset`` under its token (not yet visible to readers)."""
@@ -102,8 +99,6 @@ class Output:
         """The state chunk ``token`` carried, or None if it carried no ``name``."""
         import pyarrow.parquet as pq
 
-        if not self._exists():
-            return None
         try:
             data = self.store.get(self.carry_key(token, name))
         except ObjectNotFoundError:
@@ -112,11 +107,9 @@ class Output:
 
     def spill_location(self, token: str) -> str:
         """Where Spark writes batch ``token``'s rows: a directory, or ``s3a://…``."""
-        if self.local:
-            return str(Path(self.location) / SPILL / token)
         from riverbed.spark import s3a
 
-        return s3a.to_s3a(f"{self.location}/{SPILL}{token}")
+        return s3a.to_s3a(self.store.locate(f"{SPILL}{token}"))
 
     def read_spill(self, token: str) -> pa.Table | None:
         """The rows Spark wrote to ``spill_location(token)``, as one table (no columns
@@ -127,36 +120,24 @@ class Output:
         import pyarrow.parquet as pq
 
         try:
-            if self.local:
-                folder = Path(self.location) / SPILL / token
-                if not (folder / SUCCESS).exists():
-                    return None
-                files = sorted(str(f) for f in folder.glob("*.parquet"))
-                tables = [pq.read_table(f) for f in files]
-            else:
-                listed = [i.key for i in self.store.list(f"{SPILL}{token}/")]
-                if f"{SPILL}{token}/{SUCCESS}" not in listed:
-                    return None
-                keys = [  # Spark's part files, not a task attempt's under _temporary/
-                    k
-                    for k in listed
-                    if k.endswith(".parquet") and k.count("/") == SPILL.count("/") + 1
-                ]
-                tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in sorted(keys)]
+            listed = [i.key for i in self.store.list(f"{SPILL}{token}/")]
+            if f"{SPILL}{token}/{SUCCESS}" not in listed:
+                return None
+            keys = [  # Spark's part files, not a task attempt's under _temporary/
+                k for k in listed if k.endswith(".parquet") and k.count("/") == SPILL.count("/") + 1
+            ]
+            tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in sorted(keys)]
         except (FileNotFoundError, ObjectNotFoundError):
             return None
         return pa.concat_tables(tables) if tables else pa.table({})  # no file: no rows
 
     def spilled(self, token: str) -> bool:
         """Whether anything of spill ``token`` is there (a write cut short leaves some)."""
-        if self.local:
-            return (Path(self.location) / SPILL / token).exists()
         return bool(self.store.list(f"{SPILL}{token}/"))
 
     def drop_spill(self, token: str) -> None:
         """Delete batch ``token``'s spill (read, or never to be)."""
-        if self._exists():
-            self._drop(SPILL, token)
+        self._drop(SPILL, token)
 
     def publish(self, token: str, start: int) -> int:
         """Move chunk ``start``'s staged files into place; returns how many were moved.
@@ -164,8 +145,6 @@ class Output:
         Idempotent and race-free: each staged file is moved at most once by whoever gets
         there first; the others find it gone.
         """
-        if not self._exists():
-            return 0
         moved = 0
         for info in self.store.list(f"{STAGING}{token}/"):
             name = info.key.rsplit("/", 1)[1]
@@ -176,20 +155,16 @@ class Output:
             except ObjectNotFoundError:
                 continue
             moved += 1
-        self._tidy(f"{STAGING}{token}")
         return moved
 
     def discard(self, token: str) -> None:
         """Delete the staged files and carried state of a token that was never published."""
-        if self._exists():
-            for kind in (STAGING, CARRY):
-                self._drop(kind, token)
+        for kind in (STAGING, CARRY):
+            self._drop(kind, token)
 
     def forget(self, keep: set[str], pending: str | None) -> int:
         """Delete staged and carried files of tokens no chunk record names; returns how
         many tokens were forgotten."""
-        if not self._exists():
-            return 0
         removed = 0
         for kind in (STAGING, CARRY, SPILL):
             gone = [
@@ -203,36 +178,16 @@ class Output:
         return removed
 
     def _drop(self, kind: str, token: str) -> None:
-        """Delete everything a token has under ``kind`` (staging, carry or spill)."""
-        if self.local and kind == SPILL:  # Spark's own files too (_SUCCESS, .crc)
-            import shutil
-
-            shutil.rmtree(Path(self.location) / kind / token, ignore_errors=True)
-            return
-        self.store.delete_many([i.key for i in self.store.list(f"{kind}{token}/")])
-        self._tidy(f"{kind}{token}")
-
-    def _tidy(self, folder: str) -> None:
-        """Remove a token's emptied folder on a disk (a bucket has no folders)."""
-        if self.local:
-            with contextlib.suppress(OSError):
-                os.rmdir(Path(self.location) / folder)
+        """Delete everything a token has under ``kind`` (staging, carry or spill: in a
+        directory Spark's own files too, ``_SUCCESS`` and ``.crc``)."""
+        self.store.delete_prefix(f"{kind}{token}/")
 
     def remove(self) -> None:
         """Delete the whole output (``riverbed timerange reset --output``)."""
-        if not self._exists():
-            return
-        if self.local:
-            import shutil
-
-            shutil.rmtree(self.location)
-        else:
-            self.store.delete_many([i.key for i in self.store.list("")])
+        self.store.delete_prefix("")
 
     # -- reading -------------------------------------------------------------------
     def datasets(self) -> list[str]:
-        if not self._exists():
-            return []
         return [n for n in self.store.entries("") if n != META.rstrip("/")]
 
     def read(self, dataset: str = "rows") -> pa.Table:
@@ -240,8 +195,6 @@ class Output:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if not self._exists():
-            return pa.table({})
         keys = [
             i.key
             for i in self.store.list(f"{dataset}/chunk=")

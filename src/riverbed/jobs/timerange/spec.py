@@ -462,8 +462,8 @@ def output_location(output: str, name: str, checkpoints: str = "") -> str:
     ``output/<name>``."""
     if output:
         where = locations.parse(output, "output")
-    elif checkpoints and not locations.is_local(checkpoints):
-        where = locations.parse(locations.output_url(checkpoints, name), "checkpoints")
+    elif (bucket := locations.in_bucket(checkpoints, f"{locations.OUTPUT}/{name}")) is not None:
+        where = locations.parse(bucket, "checkpoints")
     else:
         where = Path(f"output/{name}")
     return str(where.resolve()) if isinstance(where, Path) else where

@@ -1,0 +1,202 @@
+"""What the log-native path's tasks are given: a riverbed topic source's options
+checked against the topic and the aggregation, and the co-location decision — on the
+driver, once per start (:func:`prepare`), pickled to the tasks as a
+:class:`DirectConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from riverbed.log.kafka import PARTITIONER as KAFKA_PARTITIONER
+from riverbed.log.partitioners import KeyHashPartitioner
+from riverbed.spark.source import open_log
+from riverbed.stream.aggregation import KEY
+from riverbed.stream.engine import EngineConfig
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.metrics import VALUE_METRICS
+from riverbed.stream.steal import PIECE
+
+if TYPE_CHECKING:
+    from riverbed.log import Log
+
+__all__ = ["DRIVER_BATCH_RECORDS", "DirectConfig", "decide_co_location", "prepare"]
+
+# Co-located batches up to this many records can run in the driver process (local
+# masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
+# own work. The source option driverBatchRecords sets it (0: never; docs/stream.md).
+DRIVER_BATCH_RECORDS = 50_000
+
+
+@dataclass(frozen=True)
+class DirectConfig:
+    """What the tasks need besides the engine config; pickled to executors."""
+
+    engine: EngineConfig
+    options: dict[str, str]  # source options: topic, log, ...
+    schema: Any  # StructType: value fields + the source's metadata columns
+    co_located: bool
+    max_records: int | None = None  # maxRecordsPerBatch (None: no bound)
+    starting: str = "earliest"  # startingOffsets: where a first batch starts
+    steal: bool = True  # co-located tasks done early help the others (steal.py)
+    piece_records: int = PIECE  # co-located tasks claim and help with pieces this big
+    # co-located batches of at most this many records, with a local master, run in the
+    # driver process instead of as a Spark job (DRIVER_BATCH_RECORDS; 0: never)
+    driver_records: int = DRIVER_BATCH_RECORDS
+
+
+def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bool:
+    """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits: one
+    log partition per state partition, its records keyed by the aggregation key and
+    placed by the key's CRC-32 (riverbed's key-hash partitioner — and librdkafka's
+    default, ``consistent_random``, so a Kafka topic written by a librdkafka client
+    keyed by the aggregation key fits; Java's producer places by murmur2 and does not).
+    Checked on the first records of every partition here (a Kafka topic's placement
+    too: riverbed does not know its producers), and on every record by the tasks."""
+    choice = options.get("co_locate", "auto").lower()
+    if choice not in ("auto", "true", "false"):
+        raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
+    if choice == "false":
+        return False
+    if spec.composite or spec.key in spec.columns:  # no producer placed records by it
+        if choice == "true":
+            raise StreamValueError(
+                f"co_locate=true: the key {spec.key!r} is derived (a derived column, or a "
+                "composite key's text), which no producer placed the topic's records by; "
+                "leave co_locate at auto"
+            )
+        return False
+    topic = topic_log.topic(options["topic"])
+    hashed = topic.partitioner == KeyHashPartitioner.name  # placed by riverbed's producer
+    placed_by_others = topic.partitioner == KAFKA_PARTITIONER
+    fits = (hashed or placed_by_others) and topic.partitions == spec.state_partitions
+    if fits and choice == "auto":
+        sampled = 0
+        for p in range(topic.partitions):
+            first = topic_log.storage.offsets(topic.name, p)[0]
+            # a malformed record (not decodable, not an object, no key) says nothing of
+            # how keys are placed, and the batch counts it and sends it to the DLQ
+            for record in topic_log.read(topic.name, p, first, 100, malformed="skip"):
+                value = record.value
+                if not isinstance(value, dict) or value.get(spec.key) is None:
+                    continue
+                if record.key != str(value[spec.key]).encode():
+                    return False
+                if not hashed and _KEY_HASH.partition(record.key, topic.partitions) != p:
+                    return False
+                sampled += 1
+        if placed_by_others and not sampled:
+            return False  # no record shows yet how the producers place keys
+    if choice == "true" and not fits:
+        raise StreamValueError(
+            f"co_locate=true needs topic {options['topic']!r} to have "
+            f"{spec.state_partitions} partitions (the aggregation's state_partitions) and "
+            "records placed by the CRC-32 of their key (riverbed's key-hash partitioner, "
+            "or a Kafka producer on librdkafka's default partitioner)"
+        )
+    return fits
+
+
+_KEY_HASH = KeyHashPartitioner()
+
+
+def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
+    """Check a topic source's options against the topic and the aggregation, and decide
+    co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
+    from pyspark.sql.types import StructType
+
+    from riverbed.spark.offsets import source_limits
+    from riverbed.spark.source import META_FIELDS, value_schema
+
+    if "topic" not in options:
+        raise StreamValueError('a riverbed source needs {"topic": NAME, ...}')
+    lowered = {k.lower(): v for k, v in options.items()}  # Spark's option names: any case
+    max_records, starting = source_limits(lowered)
+    steal = str(options.get("steal", "true")).lower()
+    if steal not in ("true", "false"):
+        raise StreamValueError(f"steal must be true or false, not {steal!r}")
+    driver_records = _count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
+    topic_log = open_log(options)
+    try:
+        if options["topic"] not in topic_log.topics():
+            raise StreamValueError(
+                f"topic {options['topic']!r} does not exist in {options['log']}; create it "
+                f"with `riverbed topic create {options['topic']} --partitions "
+                f"{config.spec.state_partitions}`"
+            )
+        co_located = decide_co_location(topic_log, options, config.spec)
+    finally:
+        topic_log.close()
+    values = value_schema(lowered)
+    # a DDL string is parsed here, on the driver: executors cannot parse DDL
+    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
+    if not isinstance(parsed, StructType):
+        raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
+    schema = StructType(list(parsed.fields) + META_FIELDS)
+    derived = _derived_names(config.spec, schema)
+    config = _with_column_types(config, schema)
+    missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
+    if missing:
+        raise StreamValueError(
+            f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
+            f"schema ({', '.join(schema.fieldNames())}) does not have"
+        )
+    return DirectConfig(
+        config,
+        options,
+        schema,
+        co_located,
+        max_records,
+        starting,
+        steal == "true",
+        driver_records=driver_records,
+    )
+
+
+def _derived_names(spec: Any, schema: Any) -> list[str]:
+    """The spec's derived columns, compiled here against the source's schema so that a
+    ``where`` or ``columns`` that cannot be evaluated is refused at start."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from riverbed.stream.derive import compile_for, input_types
+
+    if not spec.derives:
+        return []
+    derived = compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
+    names = [name for name, _ in derived.columns] if derived is not None else []
+    return [*names, KEY] if spec.composite else names
+
+
+def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:
+    """``config`` with its spec's composite key part types, from the source's schema and
+    the derived columns (the result table types each part as its column)."""
+    spec = config.spec
+    if not spec.composite and not any(isinstance(m, VALUE_METRICS) for m in spec.metrics.values()):
+        return config
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from riverbed.stream.derive import column_types
+    from riverbed.stream.keys import resolved
+
+    types = column_types(config.spec, to_arrow_schema(schema, timezone="UTC"))
+    return dataclasses.replace(config, spec=resolved(config.spec, types))
+
+
+def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:
+    """A non-negative whole-number source option (``lowered``: the options with their
+    names in lower case)."""
+    given = lowered.get(name.lower())
+    if given is None:
+        return default
+    try:
+        value = int(str(given))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise StreamValueError(
+            f"{name} must be a whole number of records, 0 or more, not {given!r}"
+        )
+    return value
