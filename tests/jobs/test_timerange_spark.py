@@ -505,7 +505,8 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     resumed.run("2026-01-01", "2026-01-01T08:00")
     assert sizes == [1], "a fresh run's first query is one chunk"
     assert seen[0] > 1, "a resume sized its first batch by the last run's chunks"
-    assert not list((tmp_path / "out" / "_riverbed" / "spill").iterdir())
+    spill = tmp_path / "out" / "_riverbed" / "spill"  # emptied folders go with their files
+    assert not (spill.exists() and any(spill.iterdir())), list(spill.iterdir())
     # what Spark wrote (INT96 timestamps, its schema metadata) does not reach the output
     schema = pq.read_schema(next((tmp_path / "out" / "rows").glob("*/part.parquet")))
     assert schema.field("ts").type == pa.timestamp("us", tz="UTC")

@@ -129,8 +129,8 @@ def _read_parquet_folders(spark: SparkSession, inp: ParquetInput, lo: int, hi: i
     folders = set(store.entries())
     if not folders:
         raise MissingInputError(
-            f"input {where} holds no files; write the dataset there or fix ParquetInput's "
-            "path (for a bucket, check AWS_ENDPOINT_URL and the bucket's name too)"
+            f"input {where} does not exist or holds no files; write the dataset there or "
+            "fix ParquetInput's path (for a bucket, check AWS_ENDPOINT_URL and its name too)"
         )
     s3a.configure_for(spark, where)
     base = s3a.to_s3a(where)
