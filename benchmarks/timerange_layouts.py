@@ -91,7 +91,7 @@ FLUSH_ROWS = 131_072  # rows a Python worker buffers per chunk before a row grou
 
 def python_chunk_writer(out: str) -> Callable[[Any], Any]:
     """A ``mapInArrow`` function: each task cuts its Arrow batches by chunk with the
-    driver's own cut (:func:`riverbed.jobs.timerange.carry.chunk_rows`) and writes one
+    driver's own cut (:func:`riverbed.timerange.carry.chunk_rows`) and writes one
     Parquet file per chunk it holds, ``<out>/chunk=<c>/part-<task>.parquet``, buffering
     each chunk's rows up to :data:`FLUSH_ROWS` per row group; it yields how many rows
     each file got."""
@@ -103,7 +103,7 @@ def python_chunk_writer(out: str) -> Callable[[Any], Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from riverbed.jobs.timerange.carry import CHUNK, Boundary, chunk_rows
+        from riverbed.timerange.carry import CHUNK, Boundary, chunk_rows
 
         bounds = [Boundary(h, h + 1, h + 1) for h in range(HOURS)]  # only their count is read
         task = uuid.uuid4().hex[:12]

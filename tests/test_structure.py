@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "riverbed"
 IS_LOCAL = {
     "stream/dataframe.py": 1,
     "stream/layout.py": 1,
-    "jobs/timerange/output.py": 1,
+    "timerange/output.py": 1,
 }
 
 

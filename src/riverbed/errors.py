@@ -7,6 +7,9 @@ Messages name the thing, the cause and the fix.
 ::
 
     RiverbedError
+    ├── SpecError                   a spec a user wrote is malformed (jobs', time ranges')
+    ├── FencedError                 a writer whose term is over tried to write
+    │                               (jobs', time ranges', a stream driver's)
     ├── ConfigError                 bad riverbed.toml / RIVERBED_* value
     ├── InvalidValueError           a value a caller gave is malformed or out of range;
     │   │                           also a ValueError. Each package has its own:
@@ -37,6 +40,16 @@ from __future__ import annotations
 
 class RiverbedError(Exception):
     """Root of every error riverbed raises on purpose."""
+
+
+class SpecError(RiverbedError):
+    """A spec a user wrote (a job module, a time-range or stream spec file) does not
+    load or is malformed; each package that loads specs derives its own."""
+
+
+class FencedError(RiverbedError):
+    """A writer that no longer holds its term — a newer driver, attempt or leader took
+    over — tried to write, and nothing was written; each fenced package derives its own."""
 
 
 class ConfigError(RiverbedError):

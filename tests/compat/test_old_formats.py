@@ -131,7 +131,7 @@ def test_a_half_done_time_range_job_finishes_equal_to_pandas(
 ) -> None:
     from riverbed.demo.timerange import worst_difference
     from riverbed.jobs.timerange import load_spec
-    from riverbed.jobs.timerange.oracle import pandas_rows
+    from riverbed.timerange.oracle import pandas_rows
 
     work = unpack("timerange-half", tmp_path / "moved")
     env = {

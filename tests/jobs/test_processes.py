@@ -449,7 +449,7 @@ def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     import pandas as pd
 
     from riverbed.jobs.timerange import Output, load_spec
-    from riverbed.jobs.timerange.oracle import pandas_rows
+    from riverbed.timerange.oracle import pandas_rows
     from tests.jobs.test_timerange_spark import assert_same, write_input
 
     start = pd.Timestamp("2026-01-01", tz="UTC")

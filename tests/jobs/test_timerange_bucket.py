@@ -22,10 +22,10 @@ import pytest
 
 from riverbed.control import connect
 from riverbed.jobs.timerange import Driver, ParquetInput, load_spec
-from riverbed.jobs.timerange.compute import one_pass
-from riverbed.jobs.timerange.errors import MissingInputError, SpecError
-from riverbed.jobs.timerange.plan import parse_time
 from riverbed.storage import open_store
+from riverbed.timerange.compute import one_pass
+from riverbed.timerange.errors import MissingInputError, SpecError
+from riverbed.timerange.plan import parse_time
 from tests.jobs.test_timerange_processes import SPEC, setup
 from tests.jobs.test_timerange_spark import assert_same
 

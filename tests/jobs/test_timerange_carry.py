@@ -1,4 +1,4 @@
-"""The carried state of time-range chunks, derived in Arrow (riverbed.jobs.timerange.carry):
+"""The carried state of time-range chunks, derived in Arrow (riverbed.timerange.carry):
 folding chunk by chunk equals the parts of everything at once, and a tail is the last rows
 per key before a boundary — whatever the rows, the chunking and the boundary."""
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from riverbed.jobs.timerange.carry import (
+from riverbed.timerange.carry import (
     CAND,
     CHUNK,
     NEXT,

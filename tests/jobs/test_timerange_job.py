@@ -17,12 +17,12 @@ from riverbed.jobs.timerange import (
     Rolling,
     SpecError,
     TimeRangeJob,
+    TimeRangeMain,
     TopicInput,
     load_spec,
 )
-from riverbed.jobs.timerange.job import TimeRangeMain
-from riverbed.jobs.timerange.plan import parse_time
-from riverbed.jobs.timerange.topic import _log_url
+from riverbed.timerange.plan import parse_time
+from riverbed.timerange.topic import _log_url
 
 HOUR = 3_600_000_000
 JOB = TimeRangeJob(

@@ -1,4 +1,4 @@
-"""A time-range job's output (riverbed.jobs.timerange.output): one contract on a local
+"""A time-range job's output (riverbed.timerange.output): one contract on a local
 directory, memory and a bucket (the tests' Ceph RGW) — staged files become visible only
 when published, each staged file moves once, readers never see a chunk twice."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from riverbed.errors import ConfigError
 from riverbed.jobs.timerange import Output, parse_time
-from riverbed.jobs.timerange.spec import output_location
+from riverbed.timerange.spec import output_location
 from tests.conftest import LOCATIONS, location_of
 
 T0 = parse_time("2026-01-01")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from riverbed.jobs.timerange import RangeError, SpecError, TimeRangeJob
-from riverbed.jobs.timerange.plan import (
+from riverbed.timerange.plan import (
     DAY_US,
     Progress,
     Shape,
@@ -22,7 +22,7 @@ from riverbed.jobs.timerange.plan import (
     parse_time,
     plan_request,
 )
-from riverbed.jobs.timerange.spec import Cumulative, Rolling, Rows, Tumbling
+from riverbed.timerange.spec import Cumulative, Rolling, Rows, Tumbling
 
 H = 3_600_000_000
 M = 60_000_000

@@ -20,10 +20,10 @@ import pytest
 
 from riverbed.control import connect
 from riverbed.jobs.timerange import load_spec
-from riverbed.jobs.timerange.compute import one_pass
-from riverbed.jobs.timerange.oracle import pandas_rows
-from riverbed.jobs.timerange.plan import parse_time
 from riverbed.testing.signals import stop_outside_writes
+from riverbed.timerange.compute import one_pass
+from riverbed.timerange.oracle import pandas_rows
+from riverbed.timerange.plan import parse_time
 from tests.jobs.test_timerange_spark import assert_same, write_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]

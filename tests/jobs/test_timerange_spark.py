@@ -39,9 +39,9 @@ from riverbed.jobs.timerange import (
     load_spec,
     parse_time,
 )
-from riverbed.jobs.timerange.compute import one_pass
-from riverbed.jobs.timerange.oracle import pandas_rows
-from riverbed.jobs.timerange.spec import label
+from riverbed.timerange.compute import one_pass
+from riverbed.timerange.oracle import pandas_rows
+from riverbed.timerange.spec import label
 
 T0 = parse_time("2026-01-01")
 START = pd.Timestamp("2026-01-01", tz="UTC")
@@ -462,7 +462,7 @@ def test_rows_come_back_through_a_spill_that_is_sized_resumed_and_never_left_beh
     what a chunk took — on a resume, by what the last run's chunks took); no spill is
     left, and one a crashed driver left is forgotten by the next. Left to choose, a
     driver spills only when the heap would keep its batches small."""
-    from riverbed.jobs.timerange.driver import ChunkRecord
+    from riverbed.timerange.driver import ChunkRecord
 
     frame = readings(8, seed=5)
     spec = hourly_readings(tmp_path, frame, [Rows(3, "value", ["mean"]), Cumulative("value")])

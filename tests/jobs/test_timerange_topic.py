@@ -35,9 +35,9 @@ from riverbed.jobs.timerange import (
     TopicInput,
     Tumbling,
 )
-from riverbed.jobs.timerange import topic as topic_module
-from riverbed.jobs.timerange.oracle import pandas_rows
-from riverbed.jobs.timerange.topic import PartitionIndex, runs_meeting
+from riverbed.timerange import topic as topic_module
+from riverbed.timerange.oracle import pandas_rows
+from riverbed.timerange.topic import PartitionIndex, runs_meeting
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

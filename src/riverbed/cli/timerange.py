@@ -80,7 +80,7 @@ def _spec(args: argparse.Namespace) -> Any:
     config = config_of(args)
     spec = load_spec(args.spec, config.checkpoints, config.log_url)
     if getattr(args, "chunk", None):
-        from riverbed.jobs.timerange.errors import SpecError
+        from riverbed.timerange.errors import SpecError
 
         try:  # the spec validates its chunk when it is built
             job = replace(spec.job, chunk=args.chunk)
@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from riverbed.jobs.timerange.driver import status
+    from riverbed.timerange.driver import status
 
     info = status(_control(args), _spec(args))
     if args.json:
@@ -225,7 +225,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _reset(args: argparse.Namespace) -> int:
     from riverbed.jobs.timerange import Output
-    from riverbed.jobs.timerange.driver import reset
+    from riverbed.timerange.driver import reset
 
     spec = _spec(args)
     removed = reset(_control(args), spec)

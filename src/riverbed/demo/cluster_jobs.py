@@ -199,7 +199,7 @@ def run_jobs_phase(
 
 
 def _chunks_published(cp: Any) -> int:
-    from riverbed.jobs.timerange.driver import Keys
+    from riverbed.timerange.driver import Keys
 
     return len(cp.get_prefix(Keys(TR_NAME).chunks.encode()))
 
@@ -250,9 +250,9 @@ def _timerange_verdict(cp: Any, root: Path, out: JobsOutcome, console: Console) 
 
     from riverbed.demo.timerange import worst_difference
     from riverbed.jobs.timerange import load_spec
-    from riverbed.jobs.timerange.driver import Keys
-    from riverbed.jobs.timerange.oracle import pandas_rows
     from riverbed.storage import shared_store
+    from riverbed.timerange.driver import Keys
+    from riverbed.timerange.oracle import pandas_rows
 
     versions = [kv.version for kv in cp.get_prefix(Keys(TR_NAME).chunks.encode())]
     out.tr_once = versions == [1] * out.tr_chunks

@@ -83,9 +83,9 @@ def run_demo_timerange(config: Config, hours: int = 6, sensors: int = 50) -> int
 
     from riverbed.control import connect
     from riverbed.jobs.timerange import load_spec, parse_time
-    from riverbed.jobs.timerange.compute import one_pass
-    from riverbed.jobs.timerange.oracle import pandas_rows
     from riverbed.spark import session
+    from riverbed.timerange.compute import one_pass
+    from riverbed.timerange.oracle import pandas_rows
 
     home = Path(config.home) / "demo-timerange"
     if home.exists():

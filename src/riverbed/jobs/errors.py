@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from riverbed import errors
 from riverbed.errors import InvalidValueError, RiverbedError
 
 
@@ -21,7 +22,7 @@ class JobsError(RiverbedError):
     """Root of the jobs package's errors."""
 
 
-class SpecError(JobsError):
+class SpecError(JobsError, errors.SpecError):
     """A job module failed to import, or its spec is malformed."""
 
 
@@ -44,7 +45,7 @@ class NotFoundError(JobsError):
     """No run or chunk with the given id."""
 
 
-class FencedError(JobsError):
+class FencedError(JobsError, errors.FencedError):
     """A write was refused because its writer no longer holds the claim or the term."""
 
 

@@ -19,22 +19,17 @@ is a :class:`~riverbed.jobs.errors.SpecError` naming the file and the line.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
-import re
-import subprocess
-import sys
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 from typing import Any, Literal
 
 from riverbed.durations import duration_seconds
 from riverbed.jobs.errors import SpecError, WorkIdsError
+from riverbed.specfiles import NAME, code_version, git_sha, import_file
 
 __all__ = [
     "Catalog",
@@ -50,7 +45,6 @@ __all__ = [
 
 Duration = str | float | timedelta
 Kind = Literal["python", "spark"]
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 
 
 def canonical_kwargs(kwargs: Mapping[str, Any]) -> str:
@@ -90,7 +84,7 @@ class Dependency:
     unique: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.job, str) or not _NAME.match(self.job):
+        if not isinstance(self.job, str) or not NAME.match(self.job):
             raise SpecError(f"dependency job {self.job!r} is not a job name (a module's stem)")
         if self.max_lag is not None:
             try:
@@ -274,64 +268,6 @@ def parse_work_ids(value: str | Iterable[int]) -> list[int]:
     return sorted(out)
 
 
-def _where(exc: BaseException, path: Path) -> str:
-    if isinstance(exc, SyntaxError) and exc.lineno:
-        return f"{path}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
-    if frames and frames[-1].lineno:
-        return f"{path}:{frames[-1].lineno}"
-    return str(path)
-
-
-def _git_sha(directory: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
-def import_file(path: Path, module_name: str, what: str) -> ModuleType:
-    """Import the Python file ``path`` as ``module_name``; its directory goes on sys.path.
-
-    A failure is a :class:`SpecError` naming the file and the line; ``what`` names the
-    module in it (``job module 'daily'``).
-    """
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise SpecError(f"{path} cannot be imported as a Python module")
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    # In sys.modules while it executes (decorators such as @dataclass look it up),
-    # not afterwards: cloudpickle then ships the module's functions to Spark's Python
-    # workers by value — those cannot import a module from the spec's directory.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SpecError as exc:
-        raise SpecError(f"{_where(exc, path)}: {exc}") from None
-    except (Exception, SystemExit) as exc:
-        raise SpecError(
-            f"{_where(exc, path)}: {what} failed to import: {type(exc).__name__}: {exc}"
-        ) from exc
-    finally:
-        sys.modules.pop(module_name, None)
-    return module
-
-
-def code_version(source: bytes, git: str | None) -> str:
-    """What a run records as the code's version: the git SHA and the source's hash."""
-    digest = hashlib.sha256(source).hexdigest()[:12]
-    return f"git:{git} src:{digest}" if git else f"src:{digest}"
-
-
 class Catalog:
     """The jobs of one directory, imported on first use and kept."""
 
@@ -351,14 +287,14 @@ class Catalog:
 
     def _git_sha(self) -> str | None:
         if self._git is False:
-            self._git = _git_sha(self.directory)
+            self._git = git_sha(self.directory)
         return self._git if isinstance(self._git, str) else None
 
     def get(self, name: str) -> LoadedJob:
         """The job ``name`` (``<dir>/<name>.py``), imported the first time."""
         if name in self._jobs:
             return self._jobs[name]
-        if not _NAME.match(name):
+        if not NAME.match(name):
             raise SpecError(f"{name!r} is not a job name; job names are module stems")
         path = self.directory / f"{name}.py"
         if not path.exists():
@@ -397,7 +333,7 @@ class Catalog:
 
     def _import(self, name: str, path: Path) -> LoadedJob:
         # Jobs may import their _helpers from the jobs directory.
-        module = import_file(path, f"riverbed_jobs_{name}", f"job module '{name}'")
+        module = import_file(path, f"riverbed_jobs_{name}", f"job module '{name}'", SpecError)
         job = getattr(module, "job", None)
         if not isinstance(job, Job):
             raise SpecError(

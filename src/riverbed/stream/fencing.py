@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from riverbed.errors import RiverbedError
+from riverbed.errors import FencedError
 from riverbed.stream.layout import LEGACY_DRIVER, TERMS, checkpoint_store, numbered, term_key
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def release_term(term: int) -> None:
     _self_fences.pop(term, None)
 
 
-class DriverFencedError(RiverbedError):
+class DriverFencedError(FencedError):
     """A newer driver took over this aggregation: this one must not write."""
 
 

@@ -2,10 +2,12 @@
 
 ::
 
-    JobsError (riverbed.jobs.errors)
-    ├── SpecError               the spec file does not load, or the spec is malformed
-    ├── FencedError             a driver lost its term: it may not advance or publish
+    RiverbedError
     └── TimeRangeError
+        ├── SpecError           the spec file does not load, or the spec is malformed
+        │                       (also a riverbed.errors.SpecError)
+        ├── FencedError         a driver lost its term: it may not advance or publish
+        │                       (also a riverbed.errors.FencedError)
         ├── RangeError          from ≥ to, a chunk that does not divide, an edge off the grid
         ├── MissingInputError   an input partition the range needs does not exist
         └── BadInputError       an input row the job cannot use (a record off its schema)
@@ -13,7 +15,8 @@
 
 from __future__ import annotations
 
-from riverbed.jobs.errors import FencedError, JobsError, SpecError
+from riverbed import errors
+from riverbed.errors import RiverbedError
 
 __all__ = [
     "BadInputError",
@@ -25,8 +28,16 @@ __all__ = [
 ]
 
 
-class TimeRangeError(JobsError):
-    """Root of the errors that only time-range jobs raise."""
+class TimeRangeError(RiverbedError):
+    """Root of the errors of time-range jobs."""
+
+
+class SpecError(TimeRangeError, errors.SpecError):
+    """A time-range spec file does not load, or the spec is malformed."""
+
+
+class FencedError(TimeRangeError, errors.FencedError):
+    """A driver lost its term: it may not advance the marker or publish."""
 
 
 class RangeError(TimeRangeError):

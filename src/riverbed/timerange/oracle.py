@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from riverbed.jobs.timerange.spec import Custom, TimeRangeSpec
+from riverbed.timerange.spec import Custom, TimeRangeSpec
 
 if TYPE_CHECKING:
     import pandas as pd

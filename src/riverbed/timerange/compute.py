@@ -20,10 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from riverbed.jobs.timerange.carry import CAND, CHUNK, NEXT, T, part_names
-from riverbed.jobs.timerange.errors import MissingInputError, SpecError
-from riverbed.jobs.timerange.plan import to_datetime
-from riverbed.jobs.timerange.spec import (
+from riverbed.timerange.carry import CAND, CHUNK, NEXT, T, part_names
+from riverbed.timerange.errors import MissingInputError, SpecError
+from riverbed.timerange.plan import to_datetime
+from riverbed.timerange.spec import (
     FunctionInput,
     KafkaInput,
     ParquetInput,
@@ -45,7 +45,7 @@ class ChunkFrames:
     rows: DataFrame | None  # one row per input row of the chunk, with its metrics
     windows: dict[str, DataFrame]  # tumbling aggregates per window size label
     # a job that carries state: the rows with the columns its carries are derived from
-    # (riverbed.jobs.timerange.carry: T, CHUNK, NEXT, CAND), plus the rows a tail may keep
+    # (riverbed.timerange.carry: T, CHUNK, NEXT, CAND), plus the rows a tail may keep
     carrying: DataFrame | None = None
     columns: list[str] = field(default_factory=list)  # the input's (what a tail keeps)
     cached: list[DataFrame] = field(default_factory=list)
@@ -88,11 +88,11 @@ def read_input(spark: SparkSession, job: TimeRangeSpec, lo: int, hi: int) -> Dat
     if isinstance(inp, ParquetInput):
         return _where_in(job, _read_parquet(spark, job, inp, lo, hi), lo, hi)
     if isinstance(inp, TopicInput):
-        from riverbed.jobs.timerange.topic import read_topic
+        from riverbed.timerange.topic import read_topic
 
         return _where_in(job, read_topic(spark, job.name, job.time, inp, lo, hi), lo, hi)
     if isinstance(inp, KafkaInput):
-        from riverbed.jobs.timerange.topic import read_kafka
+        from riverbed.timerange.topic import read_kafka
 
         return _where_in(job, read_kafka(spark, job.time, inp, lo, hi), lo, hi)
     assert isinstance(inp, FunctionInput)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from riverbed.jobs.timerange.errors import MissingInputError, SpecError
-from riverbed.jobs.timerange.spec import KafkaInput, TopicInput
+from riverbed.timerange.errors import MissingInputError, SpecError
+from riverbed.timerange.spec import KafkaInput, TopicInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -151,7 +151,7 @@ def _log_url(inp: TopicInput) -> str:
         return inp.log
     raise SpecError(  # spec.placed() settles it when a spec is loaded
         f"TopicInput({inp.topic!r}) names no log; give log=… or load the spec with "
-        "riverbed.jobs.timerange.load_spec (which takes RIVERBED_LOG)"
+        "riverbed.timerange.load_spec (which takes RIVERBED_LOG)"
     )
 
 

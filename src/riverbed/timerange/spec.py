@@ -46,8 +46,8 @@ from urllib.parse import urlsplit
 
 from riverbed import locations
 from riverbed.durations import duration_ms
-from riverbed.jobs.spec import _NAME, Job, _git_sha, code_version, import_file
-from riverbed.jobs.timerange.errors import SpecError
+from riverbed.specfiles import NAME, code_version, git_sha, import_file
+from riverbed.timerange.errors import SpecError
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -261,7 +261,7 @@ class TopicInput:
     ``"sensor_id string, value double"``; default: inferred from the first records),
     ``key`` (the record key) and ``timestamp`` (the record's event time). With
     ``time="timestamp"`` a chunk reads only the records whose event time can fall in
-    it (see :mod:`riverbed.jobs.timerange.topic`); with a time column from the value,
+    it (see :mod:`riverbed.timerange.topic`); with a time column from the value,
     every chunk scans the whole topic. ``log`` is the log's URL (default
     ``RIVERBED_LOG``). A record that does not fit the schema stops the run with an
     error naming its partition and offset.
@@ -490,14 +490,15 @@ def load_spec(path: str | Path, checkpoints: str = "", log_url: str = "") -> Loa
     if not path.is_file():
         raise SpecError(f"no spec file {path}; give the path to a .py file with `job = ...`")
     name = path.stem
-    if not _NAME.match(name):
+    if not NAME.match(name):
         raise SpecError(f"{path}: the file's stem must be a Python name (it is the job's name)")
-    module = import_file(path, f"riverbed_timerange_{name}", f"spec '{name}'")
+    module = import_file(path, f"riverbed_timerange_{name}", f"spec '{name}'", SpecError)
     job = getattr(module, "job", None)
-    if isinstance(job, Job):  # TimeRangeJob(...).as_job(...): a job of the orchestrator
-        inner = getattr(job.main, "timerange_spec", None)  # its TimeRangeMain's spec
-        if isinstance(inner, TimeRangeSpec):
-            job = inner
+    # TimeRangeJob(...).as_job(...): a job of the orchestrator, whose main (a
+    # riverbed.jobs.timerange.TimeRangeMain) names the spec it runs
+    inner = getattr(getattr(job, "main", None), "timerange_spec", None)
+    if isinstance(inner, TimeRangeSpec):
+        job = inner
     if not isinstance(job, TimeRangeSpec):
         raise SpecError(
             f"{path} defines no `job = TimeRangeJob(...)` (or `TimeRangeJob(...).as_job(...)`); "
@@ -509,4 +510,4 @@ def load_spec(path: str | Path, checkpoints: str = "", log_url: str = "") -> Loa
             "drop name= or rename the file"
         )
     job = placed(job, name, checkpoints, log_url)
-    return LoadedSpec(job, path, code_version(path.read_bytes(), _git_sha(path.parent)))
+    return LoadedSpec(job, path, code_version(path.read_bytes(), git_sha(path.parent)))

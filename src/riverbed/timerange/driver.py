@@ -6,8 +6,8 @@
    hot standby and takes over when the first one's lease ends;
 2. finish moving the files of the last published chunk (a driver may have died between
    its compare-and-swap and its renames), forget files no record names;
-3. record the request in the progress marker (:func:`~riverbed.jobs.timerange.plan.plan_request`);
-4. for each chunk :func:`~riverbed.jobs.timerange.plan.next_chunk` names: compute it on
+3. record the request in the progress marker (:func:`~riverbed.timerange.plan.plan_request`);
+4. for each chunk :func:`~riverbed.timerange.plan.next_chunk` names: compute it on
    Spark, stage its files and its carried state under a fresh token, then in **one
    transaction guarded by the election term and the marker's revision** advance the marker
    and write the chunk's record; only then move the staged files into place.
@@ -32,16 +32,17 @@ from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.hosts import host_name
 from riverbed.control.session import Session
-from riverbed.jobs.timerange.carry import Boundary, carries, chunk_rows
-from riverbed.jobs.timerange.compute import ChunkFrames, compute_chunk
-from riverbed.jobs.timerange.errors import (
+from riverbed.spark import driver_heap_bytes, tasks_on_this_machine
+from riverbed.timerange.carry import Boundary, carries, chunk_rows
+from riverbed.timerange.compute import ChunkFrames, compute_chunk
+from riverbed.timerange.errors import (
     BadInputError,
     FencedError,
     RangeError,
     raised_by_us,
 )
-from riverbed.jobs.timerange.output import Output
-from riverbed.jobs.timerange.plan import (
+from riverbed.timerange.output import Output
+from riverbed.timerange.plan import (
     Progress,
     Shape,
     chunk_label,
@@ -50,9 +51,8 @@ from riverbed.jobs.timerange.plan import (
     parse_time,
     plan_request,
 )
-from riverbed.jobs.timerange.plan import advance as advance_progress
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, label
-from riverbed.spark import driver_heap_bytes, tasks_on_this_machine
+from riverbed.timerange.plan import advance as advance_progress
+from riverbed.timerange.spec import LoadedSpec, TimeRangeSpec, label
 
 if TYPE_CHECKING:
     import pyarrow as pa

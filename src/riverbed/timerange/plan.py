@@ -22,8 +22,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, date, datetime
 
-from riverbed.jobs.timerange.errors import RangeError
-from riverbed.jobs.timerange.spec import label
+from riverbed.timerange.errors import RangeError
+from riverbed.timerange.spec import label
 
 __all__ = [
     "DAY_US",

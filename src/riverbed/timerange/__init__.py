@@ -1,14 +1,16 @@
 """Time-range jobs: long aggregations on Spark in chunks, equal to one pass, resumable.
 
-See docs/timerange.md. A spec file holds ``job = TimeRangeJob(...)``; ``riverbed timerange
-run SPEC --from … --to …`` computes it chunk by chunk, publishing each chunk's output
-together with its progress marker, and resumes after any crash.
+The engine, beside :mod:`riverbed.stream` and below :mod:`riverbed.jobs`, which runs it
+as a job (:mod:`riverbed.jobs.timerange`: ``TimeRangeJob``, the name users import, with
+everything here). See docs/timerange.md. A spec file holds ``job = TimeRangeJob(...)``;
+``riverbed timerange run SPEC --from … --to …`` computes it chunk by chunk, publishing
+each chunk's output together with its progress marker, and resumes after any crash.
 """
 
 from __future__ import annotations
 
-from riverbed.jobs.timerange.driver import ChunkRecord, Driver, Event
-from riverbed.jobs.timerange.errors import (
+from riverbed.timerange.driver import ChunkRecord, Driver, Event
+from riverbed.timerange.errors import (
     BadInputError,
     FencedError,
     MissingInputError,
@@ -16,10 +18,9 @@ from riverbed.jobs.timerange.errors import (
     SpecError,
     TimeRangeError,
 )
-from riverbed.jobs.timerange.job import TimeRangeJob
-from riverbed.jobs.timerange.output import Output
-from riverbed.jobs.timerange.plan import Progress, format_time, parse_time
-from riverbed.jobs.timerange.spec import (
+from riverbed.timerange.output import Output
+from riverbed.timerange.plan import Progress, format_time, parse_time
+from riverbed.timerange.spec import (
     Cumulative,
     Custom,
     FunctionInput,
@@ -54,7 +55,6 @@ __all__ = [
     "Rows",
     "SpecError",
     "TimeRangeError",
-    "TimeRangeJob",
     "TimeRangeSpec",
     "TopicInput",
     "Tumbling",

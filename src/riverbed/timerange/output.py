@@ -33,9 +33,9 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from riverbed.jobs.timerange.plan import chunk_label
 from riverbed.locations import is_local, location
 from riverbed.storage import ObjectNotFoundError, shared_store
+from riverbed.timerange.plan import chunk_label
 
 if TYPE_CHECKING:
     import pyarrow as pa

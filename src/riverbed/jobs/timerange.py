@@ -1,4 +1,6 @@
-"""A time-range job as a job of the orchestrator: cron, dependencies, retries, workers.
+"""A time-range job as a job of the orchestrator: cron, dependencies, retries, workers —
+and the one module users import time-range jobs from (it re-exports the engine,
+:mod:`riverbed.timerange`, which sits below the orchestrator).
 
 ::
 
@@ -39,17 +41,70 @@ from riverbed.config import Config
 from riverbed.control import connect
 from riverbed.durations import duration_ms
 from riverbed.jobs.spec import Dependency, Job, Schedule
-from riverbed.jobs.timerange.driver import Driver, Event
-from riverbed.jobs.timerange.errors import SpecError
-from riverbed.jobs.timerange.plan import format_time, parse_time
-from riverbed.jobs.timerange.spec import LoadedSpec, TimeRangeSpec, placed
+from riverbed.timerange import (
+    BadInputError,
+    ChunkRecord,
+    Cumulative,
+    Custom,
+    Driver,
+    Event,
+    FencedError,
+    FunctionInput,
+    KafkaInput,
+    LoadedSpec,
+    MissingInputError,
+    Output,
+    ParquetInput,
+    Progress,
+    RangeError,
+    Rolling,
+    Rows,
+    SpecError,
+    TimeRangeError,
+    TimeRangeSpec,
+    TopicInput,
+    Tumbling,
+    format_time,
+    load_spec,
+    parse_time,
+)
+from riverbed.timerange.spec import placed
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from riverbed.jobs.context import Context
 
-__all__ = ["TimeRangeJob", "TimeRangeMain", "as_job"]
+__all__ = [
+    "BadInputError",
+    "ChunkRecord",
+    "Cumulative",
+    "Custom",
+    "Driver",
+    "Event",
+    "FencedError",
+    "FunctionInput",
+    "KafkaInput",
+    "LoadedSpec",
+    "MissingInputError",
+    "Output",
+    "ParquetInput",
+    "Progress",
+    "RangeError",
+    "Rolling",
+    "Rows",
+    "SpecError",
+    "TimeRangeError",
+    "TimeRangeJob",
+    "TimeRangeMain",
+    "TimeRangeSpec",
+    "TopicInput",
+    "Tumbling",
+    "as_job",
+    "format_time",
+    "load_spec",
+    "parse_time",
+]
 
 
 @dataclass(frozen=True)
