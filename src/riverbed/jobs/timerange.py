@@ -37,35 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from riverbed import timerange as engine
 from riverbed.config import Config
 from riverbed.control import connect
 from riverbed.durations import duration_ms
 from riverbed.jobs.spec import Dependency, Job, Schedule
+from riverbed.timerange import *  # noqa: F403 - re-exported: users import time-range jobs here
 from riverbed.timerange import (
-    BadInputError,
-    ChunkRecord,
-    Cumulative,
-    Custom,
     Driver,
     Event,
-    FencedError,
-    FunctionInput,
-    KafkaInput,
     LoadedSpec,
-    MissingInputError,
-    Output,
-    ParquetInput,
-    Progress,
-    RangeError,
-    Rolling,
-    Rows,
     SpecError,
-    TimeRangeError,
     TimeRangeSpec,
-    TopicInput,
-    Tumbling,
     format_time,
-    load_spec,
     parse_time,
 )
 from riverbed.timerange.spec import placed
@@ -75,36 +59,7 @@ if TYPE_CHECKING:
 
     from riverbed.jobs.context import Context
 
-__all__ = [
-    "BadInputError",
-    "ChunkRecord",
-    "Cumulative",
-    "Custom",
-    "Driver",
-    "Event",
-    "FencedError",
-    "FunctionInput",
-    "KafkaInput",
-    "LoadedSpec",
-    "MissingInputError",
-    "Output",
-    "ParquetInput",
-    "Progress",
-    "RangeError",
-    "Rolling",
-    "Rows",
-    "SpecError",
-    "TimeRangeError",
-    "TimeRangeJob",
-    "TimeRangeMain",
-    "TimeRangeSpec",
-    "TopicInput",
-    "Tumbling",
-    "as_job",
-    "format_time",
-    "load_spec",
-    "parse_time",
-]
+__all__ = [*engine.__all__, "TimeRangeJob", "TimeRangeMain", "as_job"]
 
 
 @dataclass(frozen=True)
