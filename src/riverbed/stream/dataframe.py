@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
@@ -50,9 +50,6 @@ from riverbed.stream.records import Batches, next_record, open_batches
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
 from riverbed.stream.windows import late_column
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
