@@ -220,6 +220,23 @@ def test_delete_prefix_removes_everything_under_it_and_nothing_beside(
     assert store.list() == []
 
 
+def test_a_sweep_removes_what_killed_writes_left_once_old_enough(store: ObjectStore) -> None:
+    """A bucket keeps nothing of a failed write; a directory keeps its temporary file —
+    and a view being replaced, its temporary symlink — until swept."""
+    store.put("p/.attempts/a-1/x", b"1")
+    store.put("p/kept", b"2")
+    if store.url.startswith("file:"):
+        folder = Path(store.locate("p"))
+        (folder / ".kept.0123.tmp").write_bytes(b"half")  # a put killed before its rename
+        os.symlink(".attempts/a-1", folder / ".view.0123.tmp")  # a show() killed likewise
+        assert store.sweep_partial("p", older_than=3600) == 0  # young: may be under way
+        assert store.sweep_partial("p", older_than=0) == 2
+        assert sorted(q.name for q in folder.iterdir()) == [".attempts", "kept"]
+    else:
+        assert store.sweep_partial("p", older_than=0) == 0
+    assert [o.key for o in store.list("p/")] == ["p/.attempts/a-1/x", "p/kept"]
+
+
 def test_a_local_file_is_the_object_itself_or_none(store: ObjectStore) -> None:
     store.put("d/x", b"bytes")
     local = store.local_file("d/x")

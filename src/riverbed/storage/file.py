@@ -204,19 +204,22 @@ class FileStore(ObjectStore):
             tmp.unlink(missing_ok=True)
 
     def sweep_partial(self, prefix: str, older_than: float) -> int:
-        """Temporary files of writes a crash interrupted (``.<name>.<uuid>.tmp``)."""
+        """Temporary files of writes a crash interrupted (``.<name>.<uuid>.tmp``), and
+        the temporary symlinks of views a crash interrupted."""
         root = self.root / prefix if prefix else self.root
         cutoff = time.time() - older_than
         removed = 0
         # beside writes under way: a temporary file may be linked or renamed into place
         # (and removed) between the listing and the look at it — a finished write
-        for parent, _dirs, files in os.walk(root):
-            for name in files:
+        for parent, dirs, files in os.walk(root):
+            # a killed show() leaves its new symlink, which os.walk lists as a directory
+            links = [d for d in dirs if _temporary(d) and os.path.islink(os.path.join(parent, d))]
+            for name in [*files, *links]:
                 if not _temporary(name):
                     continue
                 entry = Path(parent) / name
                 try:
-                    stale = entry.stat().st_mtime < cutoff
+                    stale = entry.lstat().st_mtime < cutoff
                 except FileNotFoundError:
                     continue
                 if stale:
