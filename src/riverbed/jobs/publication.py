@@ -270,9 +270,9 @@ class Publication:
         return [self.store.locate(prefix + name) for name in found[1]]
 
     def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
-        """Local copies of the chunk's published files matching ``pattern``, downloaded
-        once per attempt into ``<home>/jobs/cache`` (copies of the chunk's older
-        attempts there are removed)."""
+        """The chunk's published files matching ``pattern`` as local files: a
+        directory's where they are, a bucket's downloaded once per attempt into
+        ``<home>/jobs/cache`` (copies of the chunk's older attempts there are removed)."""
         found = self._files(job, chunk_id)
         if found is None:
             return {}
@@ -296,8 +296,9 @@ class Publication:
     def _copies(
         self, job: str, chunk_id: int, attempt: int, names: list[str], pattern: str
     ) -> dict[str, Path] | None:
-        """Local copies of an attempt's files matching ``pattern``; None when one of
-        them is gone (the attempt was replaced or retracted while we read)."""
+        """An attempt's files matching ``pattern`` as local files (in place, or copies);
+        None when one of them is gone (the attempt was replaced or retracted while we
+        read)."""
         local = cache_dir(self.home, job, chunk_id, attempt)
         for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
             if other != local:
