@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from riverbed.stream.records import BatchRecord, open_batches
+from riverbed.stream.batchlog import BatchRecord, open_batches
 
 
 def run(n: int = 300) -> float:

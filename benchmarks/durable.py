@@ -48,7 +48,7 @@ from riverbed.spark import session
 from riverbed.state import StateConfig, StateProvider
 from riverbed.storage import open_store
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, start
-from riverbed.stream.records import open_batches
+from riverbed.stream.batchlog import open_batches
 from riverbed.testing.s3 import CephS3Server
 
 BUCKET = "rb-durable"
@@ -276,8 +276,8 @@ def build_state(spec: Aggregation, where: str, local: Path, keys: int) -> None:
     version 1 with a snapshot, through the engine's own merge (``merge_partition``, as
     a batch's tasks run it), and batch 0 recorded as done with it: what a long-running
     aggregation leaves in the bucket, made without producing its events."""
+    from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.engine import EngineConfig, merge_partition, state_partition_of
-    from riverbed.stream.records import BatchRecord
 
     config = EngineConfig(
         spec,

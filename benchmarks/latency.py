@@ -43,7 +43,7 @@ import riverbed.log
 from riverbed.config import SparkConfig
 from riverbed.spark import session
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, start
-from riverbed.stream.records import open_batches
+from riverbed.stream.batchlog import open_batches
 
 SCHEMA = "user_id long, flag string, ts timestamp"
 TICK_S = 0.01

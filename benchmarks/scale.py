@@ -43,8 +43,8 @@ import pyarrow.parquet as pq
 
 import riverbed.log
 from riverbed.state.provider import STAGING
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
-from riverbed.stream.records import open_batches
 
 SCHEMA = "user_id long, flag string, ts timestamp"
 T0_US = 1_795_132_800_000_000  # 2026-11-20T00:00Z

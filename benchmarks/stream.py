@@ -207,7 +207,7 @@ def trigger_breakdown(
     """Per trigger, in ms: the whole trigger (wall / batches), and inside riverbed's
     batch function where it went (its batch records' ``ms``); the rest ("other") is
     the query's start (checks, co-location) and the loop between batches."""
-    from riverbed.stream.records import open_batches
+    from riverbed.stream.batchlog import open_batches
 
     batches = open_batches(root / f"ckpt-bench_{mode}_{how}")
     records = [r.to_json() for b in batches.ids() if (r := batches.get(b)) is not None]

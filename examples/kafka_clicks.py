@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from riverbed.stream import read_results
-from riverbed.stream.records import open_batches
+from riverbed.stream.batchlog import open_batches
 from riverbed.testing import KafkaServer
 
 SPEC = """\

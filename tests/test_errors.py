@@ -19,7 +19,7 @@ SRC = Path(riverbed.__file__).parent
 # Bare builtin raises that are not a caller's error: caught where they are raised, or
 # a broken invariant of riverbed's own code (a bug, which should not be caught).
 ALLOWED = {
-    ("stream/records.py", "ValueError"),  # caught in read_record → CorruptStateError
+    ("stream/batchlog.py", "ValueError"),  # caught in read_record → CorruptStateError
     ("state/durable.py", "ValueError"),  # caught in _manifest → CorruptStateError
     ("ui/metrics.py", "ValueError"),  # riverbed's own metric names: a bug if wrong
     ("timerange/plan.py", "ValueError"),  # the pure core fed out of order: a bug

@@ -1,4 +1,4 @@
-"""Which host runs what (riverbed.control.hosts): the pure core under Hypothesis, then
+"""Which host runs what (riverbed.control.processes): the pure core under Hypothesis, then
 announcements on every backend — a host stays listed after its processes go, as down."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.control import Session
-from riverbed.control.hosts import Presence, announce, host_name, host_states, hosts_of
+from riverbed.control.processes import Presence, announce, host_name, host_states, hosts_of
 
 HOSTS = st.sampled_from(["h1", "h2", "h3", "db", "edge-7"])
 ROLES = st.sampled_from(["log-server", "stream-driver", "jobs-worker", "orchestrator"])

@@ -21,7 +21,7 @@ from riverbed.jobs.timerange import (
     TimeRangeJob,
     Tumbling,
 )
-from riverbed.spark import kafka as spark_kafka
+from riverbed.spark import kafkaread as spark_kafka
 from riverbed.testing import KafkaServer
 from tests.jobs.test_timerange_topic import assert_chunks_equal_pandas, readings, spec_for
 

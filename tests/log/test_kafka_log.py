@@ -1,4 +1,4 @@
-"""A Kafka cluster read as a riverbed log (riverbed.log.kafka), against a real broker:
+"""A Kafka cluster read as a riverbed log (riverbed.log.kafkalog), against a real broker:
 offsets, slices as columns, transaction markers and aborted records, clear errors."""
 
 from __future__ import annotations

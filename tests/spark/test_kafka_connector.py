@@ -1,4 +1,4 @@
-"""The tests' Kafka broker (riverbed.testing.kafka) and Spark's own Kafka connector on
+"""The tests' Kafka broker (riverbed.testing.kafkaserver) and Spark's own Kafka connector on
 riverbed's Spark sessions (``spark-sql-kafka-0-10`` from the jar cache): what a Kafka
 client wrote, Spark reads — in a batch query and in a streaming one."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from riverbed.stream.records import BatchRecord, open_batches
+from riverbed.stream.batchlog import BatchRecord, open_batches
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),

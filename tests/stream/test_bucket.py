@@ -23,9 +23,9 @@ import pytest
 
 from riverbed.cli.main import main
 from riverbed.state import StateConfig
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.records import open_batches
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_cli import SPEC
 from tests.stream.test_engine import SCHEMA

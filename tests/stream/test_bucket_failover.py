@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.fencing import recorded_driver
 from riverbed.stream.layout import checkpoint_store, output_url
-from riverbed.stream.records import open_batches
 from riverbed.testing.s3 import CephS3Server
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_standby import (

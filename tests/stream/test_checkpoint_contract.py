@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from riverbed.state import CorruptStateError
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.fencing import DriverFencedError, check_term, record_term, recorded_driver
 from riverbed.stream.layout import checkpoint_store, commit_key
-from riverbed.stream.records import BatchRecord, open_batches
 from tests.conftest import LOCATIONS, location_of
 
 PLAN = {"0": [0, 10], "1": [0, 7]}

@@ -15,6 +15,7 @@ import riverbed.log
 from riverbed.log.records import RawRecord
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.dataframe import foreach_batch, read_live, read_results, start
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.metrics import (
@@ -31,7 +32,6 @@ from riverbed.stream.metrics import (
     Sum,
     TopK,
 )
-from riverbed.stream.records import BatchRecord, open_batches
 from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
 

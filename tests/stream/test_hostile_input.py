@@ -28,8 +28,8 @@ import riverbed.log
 from riverbed.log.errors import RecordRejectedError
 from riverbed.log.records import RawRecord, now_ms
 from riverbed.stream import Aggregation, Count, Distinct, Max, Sum, Tumbling, register
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results, start
-from riverbed.stream.records import open_batches
 from riverbed.testing import KafkaServer
 from tests.stream.conftest import make_events
 from tests.stream.hostile import CASES, SCHEMA, YEAR_1, YEAR_9999, Case, well_formed

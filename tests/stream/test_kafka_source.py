@@ -1,4 +1,4 @@
-"""Kafka topics as a stream source (riverbed.stream.kafka): the options, the check before
+"""Kafka topics as a stream source (riverbed.stream.kafkasource): the options, the check before
 Spark starts, and an aggregation over a real broker's topic equal to pandas — across a
 restart that must neither lose nor double-count a record."""
 
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results, start
-from riverbed.stream.kafka import (
+from riverbed.stream.kafkasource import (
     KafkaSource,
     KafkaSourceError,
     check,
@@ -37,7 +38,6 @@ from riverbed.stream.kafka import (
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.loop import DirectQuery
 from riverbed.stream.metrics import Count, Distinct, Sum
-from riverbed.stream.records import open_batches
 from riverbed.stream.sparklog import committed_ends, source_offsets
 from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaCluster, KafkaServer, free_port

@@ -16,12 +16,12 @@ from riverbed.state import StateConfig
 from riverbed.state.provider import PRIVATE
 from riverbed.stream import register
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batchlog import next_record, open_batches
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.lognative import in_driver, run_planned, task_attempts
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.nativeconfig import prepare
-from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.specjob import root_cause
 from riverbed.stream.windows import Tumbling
 from tests.stream.conftest import make_events, write_events

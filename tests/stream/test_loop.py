@@ -17,9 +17,9 @@ import riverbed.log
 from riverbed.inspect.streams import _batch_row
 from riverbed.spark.offsets import TriggerError
 from riverbed.state import CorruptStateError
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.plan import ends_of
-from riverbed.stream.records import BatchRecord, open_batches
 from riverbed.stream.sparklog import committed_ends
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.records import open_batches
 from tests.stream.conftest import make_events
 from tests.stream.crashes import kill_mid_batch
 from tests.stream.test_hostile_input import PARTITIONS, Bed, _assert_equal, layout, open_bed

@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.fencing import recorded_driver
-from riverbed.stream.records import open_batches
 from riverbed.stream.warm import WARM
 from tests.stream.conftest import make_events, write_events
 

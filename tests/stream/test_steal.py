@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 import riverbed.log
 from riverbed.spark.source import LogSlice
 from riverbed.state import StateConfig
+from riverbed.stream.batchlog import next_record, open_batches
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint, handoff_dir
 from riverbed.stream.lognative import colocated_task, run_planned
 from riverbed.stream.nativeconfig import DirectConfig, prepare
 from riverbed.stream.plan import balanced_groups
-from riverbed.stream.records import next_record, open_batches
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import SCHEMA

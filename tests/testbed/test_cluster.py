@@ -14,7 +14,7 @@ import pytest
 import riverbed.log
 from riverbed.control import connect
 from riverbed.control.errors import OutcomeUnknownError
-from riverbed.control.hosts import hosts_of
+from riverbed.control.processes import hosts_of
 from riverbed.testing.cluster import Cluster
 from riverbed.testing.testbed import TestBed
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from riverbed.testing.hosts import (
+from riverbed.testing.hostplan import (
     IFNAME_MAX,
     MAX_HOSTS,
     NETWORK,

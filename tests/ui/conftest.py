@@ -103,7 +103,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     election.campaign(json.dumps({"driver": "host-a:1", "since": "now"}).encode())
     # a host with a live log server on it (the worker's host, further down, is seen and
     # then left: down)
-    from riverbed.control.hosts import announce
+    from riverbed.control.processes import announce
 
     announce(session, "log-server", {"url": "flight://host-b:8815"}, host="host-b")
     h.holds = [member, lock, election, session]

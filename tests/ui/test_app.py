@@ -398,8 +398,8 @@ def test_a_checkpoint_from_before_manifests_says_so_on_its_page(
     and its JSON say what to do, not a server error."""
     import shutil
 
+    from riverbed.stream.batchlog import BatchRecord, open_batches
     from riverbed.stream.layout import local_path
-    from riverbed.stream.records import BatchRecord, open_batches
 
     root = local_path(home.config.checkpoints_url) / "oldie"
     open_batches(str(root)).put(0, BatchRecord(done=True, input=3))

@@ -305,7 +305,7 @@ def _status(cp: ControlPlane, args: argparse.Namespace) -> int:
 
 
 def _hosts(cp: ControlPlane, args: argparse.Namespace) -> int:
-    from riverbed.control.hosts import hosts_of
+    from riverbed.control.processes import hosts_of
 
     rows = hosts_of(cp)
     if args.json:

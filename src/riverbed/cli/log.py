@@ -235,7 +235,7 @@ def _log_serve(args: argparse.Namespace) -> int:
 
     presence = None
     if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
-        from riverbed.control.hosts import Presence
+        from riverbed.control.processes import Presence
 
         # the console's hosts view: this host serves the log
         presence = Presence(log.storage.control, "log-server", {"url": server.url})

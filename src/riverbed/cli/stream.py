@@ -126,9 +126,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from riverbed.control.errors import SessionLostError
     from riverbed.spark import session
+    from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
-    from riverbed.stream.records import BatchRecord
     from riverbed.stream.specjob import batch_line, resume_line, run
     from riverbed.stream.warm import warm_up_in_background
 

@@ -84,7 +84,7 @@ class _Committed:
     times a second, while the chaos goes on)."""
 
     def __init__(self, checkpoint: str) -> None:
-        from riverbed.stream.records import open_batches
+        from riverbed.stream.batchlog import open_batches
 
         self.batches = open_batches(checkpoint)
         self.done: dict[int, Any] = {}

@@ -42,9 +42,9 @@ import riverbed.log
 from riverbed.config import Config, child_environment
 from riverbed.log.errors import RecordRejectedError
 from riverbed.processes import SessionStillAliveError, kill_session
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.errors import StreamError
 from riverbed.stream.layout import output_url
-from riverbed.stream.records import open_batches
 from riverbed.stream.specjob import batch_line
 
 console = Console(highlight=False)

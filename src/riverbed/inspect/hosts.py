@@ -1,10 +1,10 @@
-"""Hosts: which host runs what, and which are down (:mod:`riverbed.control.hosts`)."""
+"""Hosts: which host runs what, and which are down (:mod:`riverbed.control.processes`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from riverbed.control.hosts import hosts_of
+from riverbed.control.processes import hosts_of
 from riverbed.inspect.sources import Sources
 
 

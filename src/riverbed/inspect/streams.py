@@ -9,8 +9,8 @@ from typing import Any
 
 from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.layout import aggregations
-from riverbed.stream.records import BatchRecord, open_batches
 
 NOTHING_KNOWN: dict[str, Any] = {
     "batches": 0,

@@ -41,7 +41,7 @@ from riverbed.control import (
     Registry,
     Session,
 )
-from riverbed.control.hosts import Presence, host_name
+from riverbed.control.processes import Presence, host_name
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
 from riverbed.jobs.outputs import open_publication

@@ -56,7 +56,7 @@ from typing import Any
 
 from riverbed.config import Config, inherited
 from riverbed.control import ControlError, ControlPlane, Registry, Session
-from riverbed.control.hosts import announce, host_name
+from riverbed.control.processes import announce, host_name
 from riverbed.jobs.decisions import (
     Fail,
     Fenced,

@@ -75,7 +75,7 @@ def open(
     records in the bucket and their offsets in the control plane at ``control``
     (default: riverbed's configured one, ``RIVERBED_CONTROL``), appends sharing an object
     per ``flush_ms`` (default 50) — or ``kafka://host:9092[?serde=json]``: a Kafka
-    cluster's topics, read-only (:mod:`riverbed.log.kafka`), with the Kafka client
+    cluster's topics, read-only (:mod:`riverbed.log.kafkalog`), with the Kafka client
     settings ``kafka`` (security, SASL, TLS)."""
     if kafka is not None and not str(url).startswith("kafka://"):
         raise LogError(f"Kafka client settings are for kafka:// logs, not {url!r}")
@@ -100,7 +100,7 @@ def open(
     if parts.scheme == "s3":
         return Log(_diskless(str(url), control, flush_ms))
     if parts.scheme == "kafka":
-        from riverbed.log.kafka import KafkaLogStorage
+        from riverbed.log.kafkalog import KafkaLogStorage
 
         return Log(KafkaLogStorage(str(url), kafka))
     from riverbed.log.wire import SCHEMES

@@ -83,7 +83,7 @@ def open_log(options: dict[str, str]) -> Any:
 
     url = _log_url(options)
     if url.startswith("kafka://"):
-        from riverbed.spark.kafka import client_settings
+        from riverbed.spark.kafkaread import client_settings
 
         return riverbed.log.open(url, kafka=client_settings(options))
     return riverbed.log.open(url)

@@ -16,10 +16,10 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.state import StateProvider
+from riverbed.stream.batchlog import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
-from riverbed.stream.records import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.results import compact_output, write_output
 from riverbed.stream.sinks import KafkaSink, plain
 
@@ -71,7 +71,7 @@ def side_outputs_written(batches: Batches, batch_id: int) -> bool:
 
 def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
     """The batch's rows to the optional sinks: the SQL table and the results topic."""
-    from riverbed.stream import kafka
+    from riverbed.stream import kafkasource as kafka
     from riverbed.stream.sinks import SqlSink, TopicSink
 
     if config.sql_url:

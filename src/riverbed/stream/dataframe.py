@@ -16,7 +16,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
-from riverbed.stream import kafka
+from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -25,6 +25,7 @@ from riverbed.stream.batch import (
     side_outputs,
     side_outputs_written,
 )
+from riverbed.stream.batchlog import Batches, next_record, open_batches
 from riverbed.stream.derive import (
     KEPT,
     Derivation,
@@ -46,7 +47,6 @@ from riverbed.stream.layout import (
     state_root,
 )
 from riverbed.stream.metrics import Custom
-from riverbed.stream.records import Batches, next_record, open_batches
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
 from riverbed.stream.windows import late_column
@@ -215,7 +215,7 @@ def start(
     :class:`riverbed.stream.loop.DirectQuery`) -- or any streaming DataFrame with the
     aggregation's columns (and optionally ``_error``), aggregated through Spark (a
     Spark ``StreamingQuery``), or ``{"kafka": {...}}``: a Kafka topic read by Spark's
-    own Kafka source on that DataFrame path (:mod:`riverbed.stream.kafka`). All take
+    own Kafka source on that DataFrame path (:mod:`riverbed.stream.kafkasource`). All take
     Spark's ``trigger`` keywords.
 
     Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)

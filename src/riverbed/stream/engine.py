@@ -3,11 +3,11 @@
 This module holds the engine's core — the config every task gets
 (:class:`EngineConfig`), the pre-aggregation of a batch's events into partials per
 (window, key), and the merge of partials into a state partition; the batch records are
-:mod:`riverbed.stream.records`, the result table :mod:`riverbed.stream.results`, and how
+:mod:`riverbed.stream.batchlog`, the result table :mod:`riverbed.stream.results`, and how
 a batch ends :mod:`riverbed.stream.batch`. For each micro-batch:
 
 1. **batch record** — the watermark this batch uses is derived from earlier batches
-   only and recorded before any work (:mod:`~riverbed.stream.records`); a re-run of
+   only and recorded before any work (:mod:`~riverbed.stream.batchlog`); a re-run of
    the batch reads it back, so it sees the same watermark;
 2. **side outputs** — malformed records (``_error``) go to ``<name>.dlq`` and events
    whose every window is already closed go to ``<name>.late`` (both counted);

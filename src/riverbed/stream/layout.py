@@ -23,7 +23,7 @@ directory or ``s3://bucket/prefix``), what is current decided by create-only wri
 alone (a ``link`` on a disk, ``If-None-Match: *`` in a bucket), since a bucket has no
 atomic rename. A directory's checkpoint from before this layout may hold one record
 file per batch (rewritten when done) and ``riverbed/driver.json`` (the term, replaced):
-both still read (:mod:`riverbed.stream.records`, :mod:`riverbed.stream.fencing`).
+both still read (:mod:`riverbed.stream.batchlog`, :mod:`riverbed.stream.fencing`).
 In a bucket Spark writes its own logs through Hadoop's s3a://.
 
 Work-stealing boards are not durable (a re-run of a batch gets a new one), so with a

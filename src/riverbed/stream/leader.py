@@ -25,7 +25,7 @@ from typing import Any
 
 from riverbed.control import Election, Session, connect
 from riverbed.control.errors import ControlError
-from riverbed.control.hosts import announce, host_name
+from riverbed.control.processes import announce, host_name
 from riverbed.errors import RiverbedError
 from riverbed.stream.fencing import (
     DriverFencedError,

@@ -50,6 +50,7 @@ from riverbed.stream.batch import (
     side_outputs,
     side_outputs_written,
 )
+from riverbed.stream.batchlog import Batches, BatchRecord
 from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
     Partial,
@@ -63,7 +64,6 @@ from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import handoff_dir
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import balanced_groups
-from riverbed.stream.records import Batches, BatchRecord
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons

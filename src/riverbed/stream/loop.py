@@ -39,11 +39,11 @@ from riverbed.state import uploads
 from riverbed.state.errors import CorruptStateError
 from riverbed.state.kept import keep_open
 from riverbed.stream.batch import Maintenance
+from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import run_planned
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
-from riverbed.stream.records import BatchRecord, next_record, open_batches
 from riverbed.stream.slow import SlowBatchWatch
 from riverbed.stream.sparklog import spark_ends, spark_slices
 

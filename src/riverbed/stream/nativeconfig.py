@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from riverbed.log.kafka import PARTITIONER as KAFKA_PARTITIONER
+from riverbed.log.kafkalog import PARTITIONER as KAFKA_PARTITIONER
 from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark.source import open_log
 from riverbed.stream.aggregation import KEY

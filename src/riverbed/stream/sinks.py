@@ -250,7 +250,7 @@ class KafkaSink:
 
     def __init__(self, label: str, aggregation: str, partitions: int = 1) -> None:
         self.commit_s = 60.0  # how long a commit (or an abort) may take
-        from riverbed.stream import kafka
+        from riverbed.stream import kafkasource as kafka
 
         self.bootstrap, self.topic = kafka.parse_label(label)
         self.label = label

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from riverbed.storage import ObjectNotFoundError, ObjectStore
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.layout import checkpoint_store, spark_location
 from riverbed.stream.plan import ends_of, slices_json
-from riverbed.stream.records import BatchRecord, open_batches
 
 __all__ = [
     "committed_ends",

@@ -34,8 +34,9 @@ from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
 from riverbed.locations import OUTPUT, in_bucket
 from riverbed.state import StateConfig
-from riverbed.stream import kafka
+from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches, summed_totals
 from riverbed.stream.layout import (
     MANIFEST,
     checkpoint_store,
@@ -45,7 +46,6 @@ from riverbed.stream.layout import (
     state_url,
 )
 from riverbed.stream.leader import DriverLease
-from riverbed.stream.records import BatchRecord, input_rate, open_batches, summed_totals
 
 
 class StreamFailedError(RiverbedError):

@@ -5,7 +5,7 @@ loopback ports in a private temporary directory and always stops it (context
 managers; pytest fixtures in ``tests/conftest.py`` wrap them).
 """
 
-from riverbed.testing.kafka import KafkaCluster, KafkaServer
+from riverbed.testing.kafkaserver import KafkaCluster, KafkaServer
 from riverbed.testing.logserver import log_server_process
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import EtcdCluster, EtcdServer, PostgresServer, free_port

@@ -1,7 +1,7 @@
 """A test bed of hosts on one machine, and the chaos it can do to them.
 
 ``TestBed.create(root, hosts=3)`` makes a bridge and one network namespace per host
-(``riverbed.testing.hosts`` plans the names and addresses), each with a data directory
+(``riverbed.testing.hostplan`` plans the names and addresses), each with a data directory
 ``root/hosts/<h>``; ``spawn(host, name, argv)`` starts a server *in* a host (``ip netns
 exec``) in its own session and records it in ``root/bed.json`` — pid, its start time
 (so a reused pid is never taken for it), the command, its kind. Everything is on disk,
@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from riverbed.processes import is_alive, kill_all, kill_session, session_members
-from riverbed.testing.hosts import (
+from riverbed.testing.hostplan import (
     SLOTS,
     BedPlan,
     HostPlan,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
-from riverbed.control.hosts import host_name
+from riverbed.control.processes import host_name
 from riverbed.control.session import Session
 from riverbed.spark import driver_heap_bytes, tasks_on_this_machine
 from riverbed.timerange.carry import Boundary, carries, chunk_rows

@@ -311,7 +311,7 @@ class KafkaInput:
 
     def __post_init__(self) -> None:
         from riverbed.errors import InvalidValueError
-        from riverbed.spark.kafka import check_topic
+        from riverbed.spark.kafkaread import check_topic
 
         if not isinstance(self.bootstrap, str) or not all(
             a.strip().rpartition(":")[2].isdigit() for a in self.bootstrap.split(",")

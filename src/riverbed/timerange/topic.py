@@ -219,7 +219,7 @@ def read_kafka(spark: SparkSession, time: str, inp: KafkaInput, lo: int, hi: int
     Kafka's own time index when ``time`` is the record timestamp (see
     :class:`KafkaInput`), else the whole topic — as the value fields, ``key`` and
     ``timestamp``."""
-    from riverbed.spark import kafka
+    from riverbed.spark import kafkaread as kafka
 
     try:
         if time == "timestamp":

@@ -18,7 +18,7 @@ A source of JSON values that starts at ``earliest`` or ``latest`` runs on the
 **log-native path** (:mod:`riverbed.stream.lognative`): riverbed's trigger loop plans
 each batch as offset slices of the topic's partitions and records them before it runs;
 the state tasks read their slices themselves, as Arrow columns, through
-:mod:`riverbed.log.kafka` (the Kafka cluster opened as a read-only riverbed log), and
+:mod:`riverbed.log.kafkalog` (the Kafka cluster opened as a read-only riverbed log), and
 send only per-(window, key) partials to the state partitions. A batch replayed after a
 crash reads the same recorded slices and replaces its own output: state and results
 exactly once.
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from riverbed.errors import InvalidValueError
-from riverbed.spark.kafka import TOPIC as _TOPIC  # Kafka's own rule for topic names
-from riverbed.spark.kafka import client_settings
+from riverbed.spark.kafkaread import TOPIC as _TOPIC  # Kafka's own rule for topic names
+from riverbed.spark.kafkaread import client_settings
 
 __all__ = [
     "FORMATS",
@@ -242,7 +242,7 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
 
 def log_native(source: KafkaSource) -> bool:
     """Whether the source can be read on the log-native path (the state tasks read
-    their Kafka partitions themselves, :mod:`riverbed.log.kafka`): JSON values, and
+    their Kafka partitions themselves, :mod:`riverbed.log.kafkalog`): JSON values, and
     a start Spark's options do not pin per partition (``earliest``/``latest``)."""
     return source.format == "json" and source.starting_offsets in ("earliest", "latest")
 
