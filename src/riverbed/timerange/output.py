@@ -126,10 +126,16 @@ class Output:
             keys = [  # Spark's part files, not a task attempt's under _temporary/
                 k for k in listed if k.endswith(".parquet") and k.count("/") == SPILL.count("/") + 1
             ]
-            tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in sorted(keys)]
+            tables = [pq.read_table(self._readable(k)) for k in sorted(keys)]
         except (FileNotFoundError, ObjectNotFoundError):
             return None
         return pa.concat_tables(tables) if tables else pa.table({})  # no file: no rows
+
+    def _readable(self, key: str) -> Path | io.BytesIO:
+        """An object to read: in place on a directory (a spill may be large), else its
+        bytes."""
+        local = self.store.local_file(key)
+        return local if local is not None else io.BytesIO(self.store.get(key))
 
     def spilled(self, token: str) -> bool:
         """Whether anything of spill ``token`` is there (a write cut short leaves some)."""
