@@ -232,6 +232,10 @@ def test_a_sweep_removes_what_killed_writes_left_once_old_enough(store: ObjectSt
         assert store.sweep_partial("p", older_than=3600) == 0  # young: may be under way
         assert store.sweep_partial("p", older_than=0) == 2
         assert sorted(q.name for q in folder.iterdir()) == [".attempts", "kept"]
+        lone = Path(store.locate("q"))  # a folder only a killed write was in goes with it
+        lone.mkdir()
+        (lone / ".x.0123.tmp").write_bytes(b"half")
+        assert store.sweep_partial("", older_than=0) == 1 and not lone.exists()
     else:
         assert store.sweep_partial("p", older_than=0) == 0
     assert [o.key for o in store.list("p/")] == ["p/.attempts/a-1/x", "p/kept"]

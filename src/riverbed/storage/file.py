@@ -224,6 +224,7 @@ class FileStore(ObjectStore):
                     continue
                 if stale:
                     entry.unlink(missing_ok=True)
+                    self._prune_dirs(entry.parent)  # a folder it alone was in goes too
                     removed += 1
         return removed
 
