@@ -119,9 +119,11 @@ def test_the_first_commit_of_a_batch_stays(location: str) -> None:
 
 def test_an_older_term_recorded_late_does_not_rule(location: str) -> None:
     """A paused driver resumed after its successor was elected records nothing that
-    wins: the newest term rules whatever order the records arrive in."""
+    wins (its claim is refused): the newest term rules whatever order the records
+    arrive in."""
     record_term(location, 12, "new:1", "t1")
-    record_term(location, 10, "old:1", "t0")  # arrives late
+    with pytest.raises(DriverFencedError, match=r"replaced by new:1 \(term 12\)"):
+        record_term(location, 10, "old:1", "t0")  # arrives late
     assert recorded_driver(location)["term"] == 12  # type: ignore[index]
     with pytest.raises(DriverFencedError):
         check_term(location, 10, "agg")

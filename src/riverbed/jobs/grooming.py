@@ -12,7 +12,6 @@ from riverbed.jobs.queuebase import QueueBase
 from riverbed.jobs.schema import (
     chunks,
     fires,
-    meta,
     schedules,
 )
 
@@ -31,16 +30,9 @@ class Grooming(QueueBase):
     # -- the orchestrator's duties (term-fenced) ------------------------------------------
 
     def fence(self, term: int, leader: str) -> None:
-        """Make ``term`` the acting orchestrator's term; a newer one refuses it."""
-        with self.db.write() as conn:
-            now = self._now(conn)
-            done = conn.execute(
-                update(meta)
-                .where(meta.c.id == 1, meta.c.term <= term)
-                .values(term=term, leader=leader, since=now)
-            ).rowcount
-            if not done:
-                self._check_term(conn, term)  # raises with the newer term named
+        """Make ``term`` the acting orchestrator's term; a newer one refuses it
+        (:class:`~riverbed.jobs.queuebase.SqlFence`)."""
+        self.term_fence.claim(term, leader)
 
     def reap(
         self, term: int, live_workers: Callable[[], set[str]], stale_after: float

@@ -1,31 +1,27 @@
 """One active driver per aggregation: its term, recorded in the checkpoint, fences
 every write.
 
-The driver that wins the election ``streams/<name>`` in the control plane records
-its term (the election's fencing token, which only grows) before it starts the query,
-as a new object ``riverbed/terms/<term>.json`` of the checkpoint's store, created once,
-the newest ruling (:mod:`riverbed.stream.layout`) — in a directory and in a bucket
-alike; a record of an older term arriving late never rules. Every write of a
-batch — the batch record, the result directory, the SQL and topic sinks, the side
-topics, the purge of old history, and each state task's commit — first checks that
-the recorded term is still its own; a driver that was paused (SIGSTOP, a long GC, a
-partition) and resumed after a standby took over finds a newer term and raises
-:class:`DriverFencedError` instead of writing. Pure functions of the checkpoint, so
-state tasks on executors check the same way the driver does.
+The driver that wins the election ``streams/<name>`` in the control plane claims its
+term (the election's fencing token, which only grows) in the checkpoint's store before
+it starts the query: :func:`checkpoint_fence`, a :class:`riverbed.fencing.StoreFence`
+under ``riverbed/terms/`` (:mod:`riverbed.stream.layout`) — in a directory and in a
+bucket alike. Every write of a batch — the batch record, the result table, the SQL and
+topic sinks, the side topics, the purge of old history, and each state task's commit —
+first checks that the recorded term is still its own; a driver that was paused
+(SIGSTOP, a long GC, a partition) and resumed after a standby took over finds a newer
+term and raises :class:`DriverFencedError` instead of writing. Pure functions of the
+checkpoint, so state tasks on executors check the same way the driver does.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from riverbed.errors import FencedError
-from riverbed.stream.layout import LEGACY_DRIVER, TERMS, checkpoint_store, numbered, term_key
-
-if TYPE_CHECKING:
-    from riverbed.storage import ObjectStore
+from riverbed.fencing import StoreFence
+from riverbed.stream.layout import LEGACY_DRIVER, TERMS, checkpoint_store
 
 TERMS_KEPT = 5  # term records kept (older ones are pruned on takeover)
 
@@ -51,36 +47,31 @@ class DriverFencedError(FencedError):
     """A newer driver took over this aggregation: this one must not write."""
 
 
-def _terms(store: ObjectStore) -> list[int]:
-    """The terms recorded in a checkpoint, oldest first (one LIST)."""
-    return numbered([i.key for i in store.list(TERMS)], TERMS, ".json")
+def checkpoint_fence(checkpoint: str | Path, name: str = "") -> StoreFence:
+    """The fence of a checkpoint's drivers: their terms as create-only objects
+    ``riverbed/terms/<term>.json`` of its store (a directory's checkpoint from before
+    term objects has one replaced ``riverbed/driver.json``, still read)."""
+    return StoreFence(
+        checkpoint_store(checkpoint),
+        TERMS,
+        f"this driver of '{name}'",
+        DriverFencedError,
+        kept=TERMS_KEPT,
+        legacy=LEGACY_DRIVER,
+    )
 
 
 def record_term(checkpoint: str | Path, term: int, driver: str, since: str) -> None:
-    """Record the new active driver: its term's object, created once; the oldest
-    beyond :data:`TERMS_KEPT` are pruned."""
-    record = json.dumps({"term": term, "driver": driver, "since": since}).encode()
-    store = checkpoint_store(checkpoint)
-    store.put_if_absent(term_key(term), record)  # a term is recorded once
-    store.delete_many(term_key(t) for t in _terms(store)[:-TERMS_KEPT])
+    """Record the new active driver (:meth:`StoreFence.claim`)."""
+    checkpoint_fence(checkpoint).claim(term, driver, since)
 
 
 def recorded_driver(checkpoint: str | Path) -> dict[str, Any] | None:
     """The newest driver's record (``term``, ``driver``, ``since``), or None."""
-    from riverbed.storage import ObjectNotFoundError
-
-    store = checkpoint_store(checkpoint)
-    for term in reversed(_terms(store)):
-        try:
-            newest: dict[str, Any] = json.loads(store.get(term_key(term)))
-        except ObjectNotFoundError:  # pruned between the listing and the read
-            continue
-        return newest
-    try:  # a directory's checkpoint from before term objects: one replaced file
-        legacy: dict[str, Any] = json.loads(store.get(LEGACY_DRIVER))
-    except ObjectNotFoundError:
+    current = checkpoint_fence(checkpoint).current()
+    if current is None:
         return None
-    return legacy
+    return {"term": current.term, "driver": current.holder, "since": current.since}
 
 
 def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
@@ -91,17 +82,4 @@ def check_term(checkpoint: str | Path, term: int | None, name: str) -> None:
     self_fence = _self_fences.get(term)
     if self_fence is not None:
         self_fence()
-    terms = _terms(checkpoint_store(checkpoint))  # one LIST; a GET only to name a newer
-    if terms and terms[-1] == term:
-        return
-    current = recorded_driver(checkpoint)
-    if current is None or int(current["term"]) != term:
-        who = (
-            f"{current['driver']} (term {current['term']}) since {current['since']}"
-            if current
-            else "nobody"
-        )
-        raise DriverFencedError(
-            f"this driver of '{name}' (term {term}) was replaced by {who}; it stops "
-            "without writing anything"
-        )
+    checkpoint_fence(checkpoint, name).check(term)

@@ -63,7 +63,6 @@ __all__ = [
     "spark_location",
     "state_root",
     "state_url",
-    "term_key",
 ]
 
 
@@ -101,10 +100,6 @@ def side_key(batch_id: int) -> str:
 
 def commit_key(batch_id: int) -> str:
     return f"{COMMITS}{batch_id:012d}.json"
-
-
-def term_key(term: int) -> str:
-    return f"{TERMS}{term:020d}.json"
 
 
 def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:

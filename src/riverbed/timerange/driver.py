@@ -9,11 +9,13 @@
 3. record the request in the progress marker (:func:`~riverbed.timerange.plan.plan_request`);
 4. for each chunk :func:`~riverbed.timerange.plan.next_chunk` names: compute it on
    Spark, stage its files and its carried state under a fresh token, then in **one
-   transaction guarded by the election term and the marker's revision** advance the marker
+   transaction guarded by the job's fence and the marker's revision** advance the marker
    and write the chunk's record; only then move the staged files into place.
 
-A driver that lost its term cannot advance the marker (the transaction fails) and so never
-publishes: its staged files are named by no record and are forgotten by the next driver.
+The fence is a :class:`riverbed.fencing.ControlFence` the driver claims with its election
+term right after it is elected, before it reads the marker. A driver whose term was
+replaced cannot advance the marker (the transaction fails) and so never publishes: its
+staged files are named by no record and are forgotten by the next driver.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from riverbed.control.base import Compare, ControlPlane, Delete, Put
 from riverbed.control.election import Election
 from riverbed.control.processes import host_name
 from riverbed.control.session import Session
+from riverbed.fencing import ControlFence
 from riverbed.spark import driver_heap_bytes, tasks_on_this_machine
 from riverbed.timerange.carry import Boundary, carries, chunk_rows
 from riverbed.timerange.compute import ChunkFrames, compute_chunk
@@ -243,15 +246,23 @@ class Driver:
                 self.on_event(Event("standby", detail={"leader": current.value.decode()}))
             value = json.dumps({"driver": self.identity, "since": time.time()})
             term = election.campaign(value)
+            fence = ControlFence(
+                self.cp,
+                self.keys.election,
+                f"driver {self.identity} of time-range job '{self.job.name}'",
+                FencedError,
+            )
+            fence.claim(term, self.identity)  # before reading the marker it builds on
+            guard = fence.guard(term)
             self.on_event(Event("leader", detail={"term": term, "driver": self.identity}))
             try:
-                done = self._lead(election, session, shape, lo, hi, rerun)
+                done = self._lead(guard, session, shape, lo, hi, rerun)
             except FencedError:
                 raise
             except Exception as exc:
-                self._record_error(election, exc)
+                self._record_error(guard, exc)
                 raise
-            self.cp.txn([election.fence()], [Delete.of(self.keys.error)])
+            self.cp.txn(guard, [Delete.of(self.keys.error)])
             return done
         finally:
             try:
@@ -261,7 +272,7 @@ class Driver:
 
     def _lead(
         self,
-        election: Election,
+        guard: list[Compare],
         session: Session,
         shape: Shape,
         lo: int,
@@ -285,7 +296,7 @@ class Driver:
         self.output.forget(self._tokens(), progress.pending_token if progress else None)
         planned = plan_request(progress, shape, lo, hi, rerun)
         if planned != progress:
-            revision = self._commit(election, revision, planned, [])
+            revision = self._commit(guard, revision, planned, [])
         progress = planned
         self.on_event(Event("planned", progress=progress))
         if next_chunk(progress) is None:
@@ -301,7 +312,7 @@ class Driver:
                 advanced = advance_progress(progress, record.start, record.token)
                 try:
                     revision = self._commit(
-                        election,
+                        guard,
                         revision,
                         advanced,
                         [Put.of(self.keys.chunk(record.start), record.to_json())],
@@ -316,7 +327,7 @@ class Driver:
         self.on_event(Event("done", progress=progress))
         return progress
 
-    def _record_error(self, election: Election, exc: BaseException) -> None:
+    def _record_error(self, guard: list[Compare], exc: BaseException) -> None:
         text = json.dumps(
             {
                 "at": time.time(),
@@ -325,13 +336,15 @@ class Driver:
             }
         )
         try:
-            self.cp.txn([election.fence()], [Put.of(self.keys.error, text)])
+            self.cp.txn(guard, [Put.of(self.keys.error, text)])
         except Exception:  # the control plane may be what failed; the error still propagates
             log.warning("could not record the error of time-range job '%s'", self.job.name)
 
-    def _commit(self, election: Election, revision: int, progress: Progress, ops: list[Put]) -> int:
+    def _commit(
+        self, guard: list[Compare], revision: int, progress: Progress, ops: list[Put]
+    ) -> int:
         result = self.cp.txn(
-            [election.fence(), Compare.mod(self.keys.progress) == revision],
+            [*guard, Compare.mod(self.keys.progress) == revision],
             [Put.of(self.keys.progress, progress.to_json()), *ops],
         )
         if not result.succeeded:
