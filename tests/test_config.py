@@ -98,7 +98,7 @@ def test_stream_checkpoints_in_a_bucket_put_results_beside_them_and_refuse_secre
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.metrics import Count
     from riverbed.stream.specjob import job_for
-    from riverbed.stream.windows import Tumbling
+    from riverbed.windows import Tumbling
 
     spec = Aggregation(name="a", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
     config = load_config(env={"RIVERBED_CHECKPOINTS": "s3://bucket/p/"}, cwd=tmp_path)

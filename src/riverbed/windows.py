@@ -1,4 +1,5 @@
-"""Event-time windows: pure assignment of timestamps (ms) to window starts.
+"""Event-time windows, shared by the stream engine and time-range jobs: pure
+assignment of timestamps (ms) to window starts.
 
 * :class:`Tumbling` ("1h") — fixed, non-overlapping; each event in exactly one window.
 * :class:`Hopping` ("1h", hop="15m") — fixed size, starting every ``hop``; an event is
@@ -15,6 +16,10 @@ Each window answers two questions every path asks the same way: which events are
 *late* (:meth:`late`: every window they could count toward is closed) and which
 instants an event's windows span (:meth:`span`: they must lie in 1970..9999,
 riverbed.stream.validity).
+
+A time-range job's ``Tumbling(size, column, aggs)`` metric
+(:class:`riverbed.timerange.spec.Tumbling`) is this :class:`Tumbling` with what to
+aggregate in it: one window, one size rule, for both engines.
 """
 
 from __future__ import annotations
@@ -26,12 +31,21 @@ from typing import Any
 import numpy as np
 
 from riverbed.durations import duration_ms
-from riverbed.stream.errors import StreamValueError
+from riverbed.errors import InvalidValueError
+
+
+class WindowValueError(InvalidValueError):
+    """A window that cannot be: a size, hop, step or gap that is not a positive
+    duration, or a size that is not a multiple of its hop or step."""
 
 
 @dataclass(frozen=True)
 class Tumbling:
     size: str | int | timedelta
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise WindowValueError(f"a tumbling window's size must be positive, not {self.size!r}")
 
     @property
     def size_ms(self) -> int:
@@ -53,7 +67,7 @@ class Hopping:
 
     def __post_init__(self) -> None:
         if self.size_ms % self.hop_ms:
-            raise StreamValueError(
+            raise WindowValueError(
                 f"hopping window size {self.size} must be a multiple of hop {self.hop}"
             )
 
@@ -76,7 +90,7 @@ class Sliding:
 
     def __post_init__(self) -> None:
         if self.size_ms % self.step_ms:
-            raise StreamValueError(
+            raise WindowValueError(
                 f"sliding size {self.size} must be a multiple of step {self.step}"
             )
 
@@ -102,7 +116,7 @@ class Session:
 
     def __post_init__(self) -> None:
         if self.gap_ms <= 0:
-            raise StreamValueError(f"a session's gap must be positive, not {self.gap!r}")
+            raise WindowValueError(f"a session's gap must be positive, not {self.gap!r}")
 
     @property
     def gap_ms(self) -> int:
@@ -150,6 +164,6 @@ def span(window: Window, ts_ms: Any, floor: Any = None) -> tuple[Any, Any]:
 
 def _hop_starts(ts_ms: np.ndarray, size: int, hop: int) -> list[np.ndarray]:
     if size <= 0 or hop <= 0:
-        raise StreamValueError("window size and hop must be positive")
+        raise WindowValueError("window size and hop must be positive")
     last = (ts_ms // hop) * hop  # the latest window start at or before ts
     return [last - i * hop for i in range(size // hop)]

@@ -14,7 +14,7 @@ import pytest
 
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.windows import Hopping
+from riverbed.windows import Hopping
 from tests.stream.conftest import make_events, write_events
 from tests.stream.crashes import backlogs, kill_mid_batch
 

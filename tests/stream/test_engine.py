@@ -32,7 +32,7 @@ from riverbed.stream.metrics import (
     Sum,
     TopK,
 )
-from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
+from riverbed.windows import Hopping, Session, Sliding, Tumbling
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = pytest.mark.spark

@@ -39,8 +39,8 @@ from riverbed.stream.layout import Checkpoint
 from riverbed.stream.loop import DirectQuery
 from riverbed.stream.metrics import Count, Distinct, Sum
 from riverbed.stream.sparklog import committed_ends, source_offsets
-from riverbed.stream.windows import Tumbling
 from riverbed.testing import KafkaCluster, KafkaServer, free_port
+from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events
 from tests.stream.crashes import backlogs, kill_mid_batch
 from tests.stream.test_kafka_sink import read_topic

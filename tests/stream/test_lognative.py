@@ -23,7 +23,7 @@ from riverbed.stream.lognative import in_driver, run_planned, task_attempts
 from riverbed.stream.metrics import Count, Distinct
 from riverbed.stream.nativeconfig import prepare
 from riverbed.stream.specjob import root_cause
-from riverbed.stream.windows import Tumbling
+from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, SCHEMA, oracle, run_to_end
 

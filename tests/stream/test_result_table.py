@@ -13,7 +13,7 @@ import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.metrics import Count
-from riverbed.stream.windows import Tumbling
+from riverbed.windows import Tumbling
 
 SPEC = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
 T = pd.Timestamp("2026-11-21", tz="UTC")
@@ -110,7 +110,7 @@ def test_compaction_drops_tombstones_with_the_rows_they_hid(
 ) -> None:
     """A session table: rows merged away have tombstones (``deleted``); the reader never
     shows them, and compaction folds them away with the rows they hid."""
-    from riverbed.stream.windows import Session
+    from riverbed.windows import Session
 
     spec = Aggregation(name="s", key="k", time="ts", window=Session("5m"), metrics={"n": Count()})
     monkeypatch.setattr(results, "COMPACT_AFTER", 2)
@@ -150,7 +150,7 @@ def test_riverbed_query_shows_a_sessions_end_and_never_its_tombstones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from riverbed.cli.main import main
-    from riverbed.stream.windows import Session
+    from riverbed.windows import Session
 
     monkeypatch.setenv("RIVERBED_HOME", str(tmp_path))
     spec = Aggregation(name="s", key="k", time="ts", window=Session("5m"), metrics={"n": Count()})

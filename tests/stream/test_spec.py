@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.metrics import Count, Distinct, Max, Mean, Min, Sum
-from riverbed.stream.windows import Hopping, Sliding, Tumbling, duration_ms
+from riverbed.windows import Hopping, Sliding, Tumbling, duration_ms
 
 HOUR = 3_600_000
 
@@ -222,9 +222,9 @@ def test_first_last_argmax_argmin_pick_the_same_event_in_any_merge_order(
 
 def test_session_specs_are_checked_and_late_means_before_the_watermark() -> None:
     from riverbed.stream.errors import StreamValueError
-    from riverbed.stream.windows import Session, late, span
+    from riverbed.windows import Session, WindowValueError, late, span
 
-    with pytest.raises(StreamValueError, match="gap must be positive"):
+    with pytest.raises(WindowValueError, match="gap must be positive"):
         Session("0s")
     with pytest.raises(StreamValueError, match="window must be Tumbling"):
         Aggregation(name="a", key="k", window="5m", metrics={"n": Count()})  # type: ignore[arg-type]

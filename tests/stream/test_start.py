@@ -18,7 +18,7 @@ from riverbed.stream.dataframe import (
     start,
     transient_start_failure,
 )
-from riverbed.stream.windows import Tumbling
+from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 
 # Spark starts the source's Python process as `<python> -m <runner>`; the first such

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from riverbed.stream.dataframe import read_results
-from riverbed.stream.windows import Tumbling
+from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.crashes import backlogs
 from tests.stream.test_engine import oracle

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         Sum,
         TopK,
     )
-    from riverbed.stream.windows import Hopping, Session, Sliding, Tumbling
+    from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
     "Aggregator": "metrics",
@@ -59,10 +59,10 @@ _WHERE = {
     "start": "dataframe",
     "RiverbedDataSource": "riverbed.spark.source",
     "register": "riverbed.spark.source",
-    "Hopping": "windows",
-    "Session": "windows",
-    "Sliding": "windows",
-    "Tumbling": "windows",
+    "Hopping": "riverbed.windows",
+    "Session": "riverbed.windows",
+    "Sliding": "riverbed.windows",
+    "Tumbling": "riverbed.windows",
 }
 
 __all__ = [

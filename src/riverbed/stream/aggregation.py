@@ -10,7 +10,7 @@ from typing import Literal
 from riverbed.durations import duration_ms
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.metrics import Metric, where_column
-from riverbed.stream.windows import WINDOWS, Session, Window
+from riverbed.windows import WINDOWS, Session, Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 KEY = "_key"  # a composite key's column in a batch: its parts' values as JSON text
@@ -127,7 +127,7 @@ class Aggregation:
 
     @property
     def sessions(self) -> bool:
-        """Whether the window is a :class:`~riverbed.stream.windows.Session`."""
+        """Whether the window is a :class:`~riverbed.windows.Session`."""
         return isinstance(self.window, Session)
 
     @property

@@ -49,7 +49,7 @@ from riverbed.stream.layout import (
 from riverbed.stream.metrics import Custom
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
-from riverbed.stream.windows import late_column
+from riverbed.windows import late_column
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
-from riverbed.stream.windows import Session
+from riverbed.windows import Session
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from riverbed.stream.plan import balanced_groups
 from riverbed.stream.results import empty_rows
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
-from riverbed.stream.windows import late as window_late
+from riverbed.windows import late as window_late
 
 log = logging.getLogger(__name__)
 

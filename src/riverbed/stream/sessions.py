@@ -10,7 +10,7 @@ sessions cut from any subset of the events (a task's share, a batch) merge into 
 sessions of all the events by joining the ones that overlap or touch — in any order,
 across tasks, batches and restarts.
 
-**Watermark.** An event before the watermark is late (:func:`riverbed.stream.windows.
+**Watermark.** An event before the watermark is late (:func:`riverbed.windows.
 late`); a session whose end is before the watermark is closed — emitted once by
 ``output="final"``, kept ``keep_closed`` longer for queries, then dropped. An on-time
 event (at or after the watermark) can only touch a session that ends at or after it,

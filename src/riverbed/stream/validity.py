@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from riverbed.stream.windows import span
+from riverbed.windows import span
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation

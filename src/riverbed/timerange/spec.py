@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-from riverbed import locations
+from riverbed import locations, windows
 from riverbed.durations import duration_ms
 from riverbed.specfiles import NAME, code_version, git_sha, import_file
 from riverbed.timerange.errors import SpecError
@@ -202,10 +202,11 @@ class Custom:
 
 
 @dataclass(frozen=True)
-class Tumbling:
-    """Aggregates of ``column`` per key and fixed window ``[k·size, (k+1)·size)``."""
+class Tumbling(windows.Tumbling):
+    """Aggregates of ``column`` per key and fixed window ``[k·size, (k+1)·size)``: the
+    stream's window (:class:`riverbed.windows.Tumbling`, the one size rule and window
+    arithmetic both engines use) with what to aggregate in it."""
 
-    size: Duration
     column: str
     aggs: str | Sequence[str] = ("mean",)
 
@@ -214,10 +215,11 @@ class Tumbling:
         object.__setattr__(self, "aggs", _aggs(self.aggs, AGGREGATES, what))
         _column(self.column, what)
         _us(self.size, what)
+        super().__post_init__()
 
     @property
     def size_us(self) -> int:
-        return _us(self.size, "Tumbling")
+        return self.size_ms * 1000
 
     def names(self) -> list[tuple[str, str]]:
         return [(a, f"{self.column}_{a}_{label(self.size_us)}") for a in self.aggs]
