@@ -91,16 +91,24 @@ def test_topic_sink_writes_each_batch_once_per_partition(tmp_path: Path) -> None
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("path", ["spark", "direct"])
+@pytest.mark.parametrize("path", ["spark", "direct", "spark-doors", "direct-doors"])
 def test_engine_writes_the_same_results_to_sql_topic_and_live_state(
     spark: Any, tmp_path: Path, path: str
 ) -> None:
+    """Both engine paths, each spelled both ways: the source as a dict or a DataFrame
+    with ``output``/``sql``/``topic`` keywords, and (``-doors``) as a Source object
+    with a list of sinks (riverbed.stream.doors)."""
     from riverbed.log import open as open_log
     from riverbed.state import StateConfig
     from riverbed.stream import (
         Aggregation,
         Count,
         Distinct,
+        Frame,
+        ResultsTopic,
+        ResultTable,
+        SqlTable,
+        Topic,
         Tumbling,
         read_live,
         read_results,
@@ -119,7 +127,7 @@ def test_engine_writes_the_same_results_to_sql_topic_and_live_state(
         "maxRecordsPerBatch": "500",
     }
     source: Any = options
-    if path == "spark":
+    if path.startswith("spark"):
         source = spark.readStream.format("riverbed").options(**options).load()
     spec = Aggregation(
         name="flags",
@@ -131,17 +139,30 @@ def test_engine_writes_the_same_results_to_sql_topic_and_live_state(
         state_partitions=2,
     )
     sql = f"sqlite:///{tmp_path / 'results.db'}"
-    query = start(
-        spark,
-        spec,
-        source,
-        checkpoint=tmp_path / "ckpt",
-        output=tmp_path / "out",
-        sql=sql,
-        topic="flags.results",
-        log_url=url,
-        trigger={"availableNow": True},
-    )
+    if path.endswith("doors"):
+        rest = {k: v for k, v in options.items() if k not in ("topic", "log")}
+        door = Frame(source) if path.startswith("spark") else Topic("events", url, rest)
+        query = start(
+            spark,
+            spec,
+            door,
+            checkpoint=tmp_path / "ckpt",
+            sinks=[ResultTable(tmp_path / "out"), SqlTable(sql), ResultsTopic("flags.results")],
+            log_url=url,
+            trigger={"availableNow": True},
+        )
+    else:
+        query = start(
+            spark,
+            spec,
+            source,
+            checkpoint=tmp_path / "ckpt",
+            output=tmp_path / "out",
+            sql=sql,
+            topic="flags.results",
+            log_url=url,
+            trigger={"availableNow": True},
+        )
     query.awaitTermination(300)
     assert query.exception() is None
     parquet = read_results(tmp_path / "out")

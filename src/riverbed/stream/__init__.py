@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
+    from riverbed.stream.doors import (
+        Frame,
+        Kafka,
+        ResultsTopic,
+        ResultTable,
+        Sink,
+        Source,
+        SqlTable,
+        Topic,
+    )
     from riverbed.stream.metrics import (
         Aggregator,
         ArgMax,
@@ -39,6 +49,14 @@ if TYPE_CHECKING:
     from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
+    "Frame": "doors",
+    "Kafka": "doors",
+    "ResultTable": "doors",
+    "ResultsTopic": "doors",
+    "Sink": "doors",
+    "Source": "doors",
+    "SqlTable": "doors",
+    "Topic": "doors",
     "Aggregator": "metrics",
     "ArgMax": "metrics",
     "ArgMin": "metrics",
@@ -74,17 +92,25 @@ __all__ = [
     "Custom",
     "Distinct",
     "First",
+    "Frame",
     "Hopping",
+    "Kafka",
     "Last",
     "Max",
     "Mean",
     "Min",
     "Quantile",
+    "ResultTable",
+    "ResultsTopic",
     "RiverbedDataSource",
     "Session",
+    "Sink",
     "Sliding",
+    "Source",
+    "SqlTable",
     "Sum",
     "TopK",
+    "Topic",
     "Tumbling",
     "read_live",
     "read_results",

@@ -18,10 +18,9 @@ import pyarrow as pa
 from riverbed.state import StateProvider
 from riverbed.stream.batchlog import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.engine import EngineConfig
-from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.results import compact_output, write_output
-from riverbed.stream.sinks import KafkaSink, plain
+from riverbed.stream.sinks import plain
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +69,9 @@ def side_outputs_written(batches: Batches, batch_id: int) -> bool:
 
 
 def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
-    """The batch's rows to the optional sinks: the SQL table and the results topic."""
-    from riverbed.stream import kafkasource as kafka
-    from riverbed.stream.sinks import SqlSink, TopicSink
-
-    if config.sql_url:
-        SqlSink(config.sql_url).upsert(config.spec.name, rows)
-    if config.results_topic and kafka.is_label(config.results_topic):
-        kafka_sink(config).write(batch_id, rows)
-    elif config.results_topic:
-        if config.log_url is None:
-            raise StreamValueError("a results topic needs a log: pass log_url")
-        sink = TopicSink(config.log_url, config.results_topic, config.spec.state_partitions)
-        try:
-            sink.write(batch_id, rows)
-        finally:
-            sink.close()
-
-
-_KAFKA_SINKS: dict[tuple[str, str], KafkaSink] = {}
-
-
-def kafka_sink(config: EngineConfig) -> KafkaSink:
-    """The driver's transactional producer for its Kafka results topic: one per process
-    (starting one fences the previous driver's, and costs a round trip)."""
-    key = (str(config.results_topic), config.spec.name)
-    sink = _KAFKA_SINKS.get(key)
-    if sink is None:
-        sink = KafkaSink(key[0], config.spec.name, config.spec.state_partitions)
-        _KAFKA_SINKS[key] = sink
-    return sink
+    """The batch's rows to the sinks besides the result table (riverbed.stream.doors)."""
+    for sink in config.sinks:
+        sink.write(config, batch_id, rows)
 
 
 class Maintenance:
@@ -189,7 +161,7 @@ def finish(
     there, in the background."""
     config.fence()
     written = write_output(config.output, config.spec, batch_id, rows, fence=config.fence)
-    if config.sql_url or config.results_topic:
+    if config.sinks:
         publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
     if outputs_from is not None:
         record.ms["outputs"] = round((time.perf_counter() - outputs_from) * 1000)

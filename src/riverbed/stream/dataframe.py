@@ -5,23 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
-from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     finish,
-    kafka_sink,
     side_outputs,
     side_outputs_written,
 )
@@ -34,6 +31,7 @@ from riverbed.stream.derive import (
     map_in_arrow,
     spark_schema,
 )
+from riverbed.stream.doors import as_source, split_sinks
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
@@ -198,7 +196,8 @@ def start(
     source: Any,
     *,
     checkpoint: str | Path,
-    output: str | Path,
+    output: str | Path | None = None,
+    sinks: Sequence[Any] = (),
     state: StateConfig | None = None,
     log_url: str | None = None,
     sql: str | None = None,
@@ -208,35 +207,26 @@ def start(
 ) -> Any:
     """Start the streaming aggregation; returns its query.
 
-    ``source`` is either the options of a riverbed topic (a dict: ``topic``, and
-    optionally ``log``, ``schema``, ``maxRecordsPerBatch``, ``startingOffsets``,
-    ``co_locate``) -- the log-native path (:mod:`riverbed.stream.lognative`), where the
-    state tasks read the topic themselves and riverbed runs the trigger loop (a
-    :class:`riverbed.stream.loop.DirectQuery`) -- or any streaming DataFrame with the
-    aggregation's columns (and optionally ``_error``), aggregated through Spark (a
-    Spark ``StreamingQuery``), or ``{"kafka": {...}}``: a Kafka topic read by Spark's
-    own Kafka source on that DataFrame path (:mod:`riverbed.stream.kafkasource`). All take
-    Spark's ``trigger`` keywords.
+    ``source`` is a :class:`~riverbed.stream.doors.Source`: ``Topic("clicks")`` (a
+    riverbed topic, the log-native path: the state tasks read the topic themselves and
+    riverbed runs the trigger loop, a :class:`riverbed.stream.loop.DirectQuery`),
+    ``Kafka(bootstrap=…, topic=…, schema=…)`` (:mod:`riverbed.stream.kafkasource`) or
+    ``Frame(df)`` (any streaming DataFrame with the aggregation's columns and
+    optionally ``_error``, aggregated through Spark: a Spark ``StreamingQuery``). The
+    older spellings mean the same: a dict of a topic's options, ``{"kafka": {...}}``,
+    a DataFrame. All take Spark's ``trigger`` keywords.
 
-    Results always go to Parquet under ``output``; ``sql`` (a SQLite/PostgreSQL URL)
-    and ``topic`` (a riverbed topic in ``log_url``) add sinks. ``term`` (the driver's
-    election term, see :mod:`riverbed.stream.fencing`) fences every write.
+    ``sinks`` lists where results go (:mod:`riverbed.stream.doors`): one
+    ``ResultTable`` (or ``output=``: the Parquet result table every aggregation has),
+    and any ``SqlTable(url)`` and ``ResultsTopic(name)`` (``sql=`` and ``topic=`` say
+    the same). ``term`` (the driver's election term, see :mod:`riverbed.stream.fencing`)
+    fences every write.
     """
-    checkpoint, output = location(checkpoint), location(output)
-    if kafka.is_kafka(source):
-        from riverbed.stream.sparklog import read_ends
-
-        chosen = kafka.parse(source)
-        # where its next batch starts (in a bucket Spark's own failOnDataLoss speaks)
-        ends, spark_driven = read_ends(checkpoint)
-        kafka.check(chosen, read=ends)
-        if kafka.log_native(chosen) and not spark_driven:
-            # the state tasks read their Kafka partitions themselves (log-native path)
-            source = kafka.log_options(chosen)
-            log_url = log_url or load_config().log_url  # side topics: riverbed's log
-        else:  # Spark's own Kafka source, on the DataFrame path below
-            source = kafka.frame(spark, chosen, required=[*spec.key_parts, spec.time])
-    if not isinstance(source, Mapping):
+    table, extra = split_sinks(sinks, output, sql, topic)
+    checkpoint, output = location(checkpoint), location(table)
+    opened = as_source(source).open(spark, spec, str(checkpoint), log_url)
+    options, log_url = opened.options, opened.log_url
+    if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     _check_partitions(checkpoint, spec)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
@@ -250,34 +240,28 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
-    options = None
-    if isinstance(source, Mapping):  # a topic: side outputs default to its log
-        options = {str(k): str(v) for k, v in source.items()}
-        options.setdefault("log", log_url or load_config().log_url)
-        log_url = log_url or options["log"]
     if options is None:  # the types of the values results carry, from the DataFrame's
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from riverbed.stream.derive import column_types
         from riverbed.stream.keys import resolved
 
-        types = column_types(spec, to_arrow_schema(source.schema, timezone="UTC"))
+        types = column_types(spec, to_arrow_schema(opened.frame.schema, timezone="UTC"))
         spec = resolved(spec, types)
-    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, sql, topic, term=term)
-    if topic is not None and kafka.is_label(topic):
-        # at start, not at the first batch: its brokers are checked, the previous
-        # driver's producer fenced, and a retention that deletes results named now
-        kafka_sink(config)
+    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, extra, term=term)
+    for sink in extra:
+        sink.start(config)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
         from riverbed.stream.loop import DirectQuery
         from riverbed.stream.nativeconfig import prepare
         from riverbed.stream.plan import parse_trigger
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
-    _derivation(spec, source.schema)  # a where or columns that cannot be: refused now
+    frame = opened.frame
+    _derivation(spec, frame.schema)  # a where or columns that cannot be: refused now
     clear_unfinished_start(spark_location(checkpoint))
     writer = (
-        source.writeStream.foreachBatch(foreach_batch(config))
+        frame.writeStream.foreachBatch(foreach_batch(config))
         .option("checkpointLocation", s3a.to_s3a(spark_location(checkpoint)))
         .queryName(spec.name)
     )

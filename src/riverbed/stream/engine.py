@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -62,6 +62,9 @@ from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.results import empty_rows, output_arrow_schema
 from riverbed.windows import Session
 
+if TYPE_CHECKING:
+    from riverbed.stream.doors import Sink
+
 log = logging.getLogger(__name__)
 
 PARTIAL_SCHEMA = "state_partition int, window_start long, key string, partials binary"
@@ -76,8 +79,9 @@ class EngineConfig:
     checkpoint: str
     output: str
     log_url: str | None = None  # for the .dlq and .late topics
-    sql_url: str | None = None  # also upsert results into this SQL table
-    results_topic: str | None = None  # also append results to this topic (in log_url)
+    # where results go besides the result table (riverbed.stream.doors: SqlTable,
+    # ResultsTopic), each written per batch by the driver holding the fence
+    sinks: tuple[Sink, ...] = ()
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
     fault: str | None = field(default_factory=lambda: inherited("RIVERBED_FAULT") or None)
     term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
