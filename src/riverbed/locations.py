@@ -19,6 +19,7 @@ __all__ = [
     "is_local",
     "local_path",
     "location",
+    "output_in_bucket",
     "output_url",
     "parse",
 ]
@@ -90,3 +91,11 @@ def output_url(checkpoints: str, name: str) -> str:
     """A result table's default place when its checkpoints are in a bucket:
     ``<checkpoints>/output/<name>`` (a stream's results, a time-range job's output)."""
     return f"{checkpoints.rstrip('/')}/{OUTPUT}/{name}"
+
+
+def output_in_bucket(checkpoints: str | Path | None, name: str) -> str | None:
+    """:func:`output_url` when the checkpoints setting names a bucket (the rule of
+    :func:`in_bucket`), else None: the output then stays on this machine."""
+    if in_bucket(checkpoints, OUTPUT) is None:
+        return None
+    return output_url(str(checkpoints), name)

@@ -199,18 +199,9 @@ class Publication:
 
     # -- names ------------------------------------------------------------------------
 
-    def _attempt_prefix(self, job: str, chunk_id: int, attempt: int) -> str:
-        return attempt_prefix(job, chunk_id, attempt)
-
-    def _markers_prefix(self, job: str, chunk_id: int) -> str:
-        return markers_prefix(job, chunk_id)
-
-    def _marker(self, job: str, chunk_id: int, attempt: int) -> str:
-        return marker_key(job, chunk_id, attempt)
-
     def _published(self, job: str, chunk_id: int) -> list[int]:
         """The attempts with a marker, oldest first."""
-        prefix = self._markers_prefix(job, chunk_id)
+        prefix = markers_prefix(job, chunk_id)
         names = (info.key[len(prefix) :] for info in self.store.list(prefix))
         return sorted(int(n) for n in names if n.isdigit())
 
@@ -246,7 +237,7 @@ class Publication:
         names = self._marker_files.get(key)
         if names is None:
             try:
-                body = json.loads(self.store.get(self._marker(job, chunk_id, attempt)))
+                body = json.loads(self.store.get(marker_key(job, chunk_id, attempt)))
             except ObjectNotFoundError:
                 return None
             names = self._marker_files[key] = sorted(body["files"])
@@ -266,7 +257,7 @@ class Publication:
         found = self._files(job, chunk_id)
         if found is None:
             return []
-        prefix = self._attempt_prefix(job, chunk_id, found[0])
+        prefix = attempt_prefix(job, chunk_id, found[0])
         return [self.store.locate(prefix + name) for name in found[1]]
 
     def published_files(self, job: str, chunk_id: int, pattern: str = "*") -> dict[str, Path]:
@@ -300,11 +291,9 @@ class Publication:
         None when one of them is gone (the attempt was replaced or retracted while we
         read)."""
         local = cache_dir(self.home, job, chunk_id, attempt)
-        for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
-            if other != local:
-                shutil.rmtree(other, ignore_errors=True)
-        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        prefix = attempt_prefix(job, chunk_id, attempt)
         copies = {}
+        tidy = True
         for name in matching(names, pattern):
             in_place = self.store.local_file(prefix + name)
             if in_place is not None:  # a directory's: read where it is, never copied
@@ -312,6 +301,11 @@ class Publication:
                 continue
             path = local / name
             if not path.exists():
+                if tidy:  # the chunk's older attempts' copies: never read again
+                    tidy = False
+                    for other in local.parent.glob(f"{chunk_name(chunk_id)}-*"):
+                        if other != local:
+                            shutil.rmtree(other, ignore_errors=True)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     self.store.get_file(prefix + name, path)
@@ -334,7 +328,7 @@ class Publication:
                 return False
             return self._is_published(job, chunk_id, attempt)
         staged = staging_dir(self.home, chunk_id, attempt)
-        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        prefix = attempt_prefix(job, chunk_id, attempt)
         # os.walk, not rglob: a concurrent publisher of this attempt may remove it meanwhile
         files = sorted(Path(d) / name for d, _dirs, names in os.walk(staged) for name in names)
         if not files:
@@ -348,7 +342,7 @@ class Publication:
         except FileNotFoundError:  # a concurrent publisher of this attempt moved on
             return self._is_published(job, chunk_id, attempt)
         body = json.dumps({"files": names}).encode()
-        self.store.put_if_absent(self._marker(job, chunk_id, attempt), body)
+        self.store.put_if_absent(marker_key(job, chunk_id, attempt), body)
         shutil.rmtree(staged, ignore_errors=True)
         published = self._published(job, chunk_id)
         current = published[-1] if published else None
@@ -374,7 +368,7 @@ class Publication:
         attempt fenced or failed); a newer attempt's output stays."""
         retracted = [older for older in self._published(job, chunk_id) if older <= attempt]
         for older in retracted:
-            self.store.delete(self._marker(job, chunk_id, older))
+            self.store.delete(marker_key(job, chunk_id, older))
             log.info("chunk %s: retracted the output of attempt %s", chunk_id, older)
         if retracted:
             self._show(job, chunk_id)  # before the objects go: a reader's view never dangles
@@ -396,7 +390,7 @@ class Publication:
                 markers.setdefault(int(chunk), []).append(int(number))
         current = {chunk: max(numbers) for chunk, numbers in markers.items()}
         doomed = [
-            self._marker(job, chunk, a)
+            marker_key(job, chunk, a)
             for chunk, numbers in markers.items()
             for a in numbers
             if a < current[chunk]
@@ -421,11 +415,11 @@ class Publication:
 
     def _drop(self, job: str, chunk_id: int, attempt: int) -> None:
         """Delete an attempt's marker, then its objects."""
-        self.store.delete(self._marker(job, chunk_id, attempt))
+        self.store.delete(marker_key(job, chunk_id, attempt))
         self._drop_objects(job, chunk_id, attempt)
 
     def _drop_objects(self, job: str, chunk_id: int, attempt: int) -> None:
-        prefix = self._attempt_prefix(job, chunk_id, attempt)
+        prefix = attempt_prefix(job, chunk_id, attempt)
         self.store.delete_many([info.key for info in self.store.list(prefix)])
 
     def _show(self, job: str, chunk_id: int) -> None:
@@ -436,6 +430,6 @@ class Publication:
 
         def current() -> str | None:
             attempt = self.published_attempt(job, chunk_id)
-            return None if attempt is None else self._attempt_prefix(job, chunk_id, attempt)[:-1]
+            return None if attempt is None else attempt_prefix(job, chunk_id, attempt)[:-1]
 
         self.store.show(f"{job}/{chunk_name(chunk_id)}", current)

@@ -464,10 +464,10 @@ def output_location(output: str, name: str, checkpoints: str = "") -> str:
     ``output/<name>``."""
     if output:
         where = locations.parse(output, "output")
-    elif (bucket := locations.in_bucket(checkpoints, f"{locations.OUTPUT}/{name}")) is not None:
+    elif (bucket := locations.output_in_bucket(checkpoints, name)) is not None:
         where = locations.parse(bucket, "checkpoints")
     else:
-        where = Path(f"output/{name}")
+        where = Path(locations.OUTPUT) / name
     return str(where.resolve()) if isinstance(where, Path) else where
 
 
