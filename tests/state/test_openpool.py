@@ -1,4 +1,4 @@
-"""Partitions kept open between loads (riverbed.state.kept): the same database comes
+"""Partitions kept open between loads (riverbed.state.openpool): the same database comes
 back without a reopen, another process gets it once let go, and a kept copy is never
 used past a version committed elsewhere."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.errors import PartitionBusyError, StateError
-from riverbed.state.kept import held, keep_open, let_go
+from riverbed.state.openpool import held, keep_open, let_go
 
 
 def _config(tmp_path: Path, engine: str = "rocksdb") -> StateConfig:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from riverbed.state import StateConfig, StateProvider, uploads
-from riverbed.state.kept import keep_open
+from riverbed.state.openpool import keep_open
 from riverbed.state.provider import STAGING
 
 

@@ -232,7 +232,7 @@ def test_partitions_kept_open_by_driver_batches_are_let_go_for_a_spark_job(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:
     """Small batches run in the driver keep their state partitions open between them
-    (riverbed.state.kept); a big batch of the same query runs as a Spark job, whose
+    (riverbed.state.openpool); a big batch of the same query runs as a Spark job, whose
     tasks (other processes) can open them only because the driver let them go first —
     kept, they would wait out the lock and fail the query. Exact either way."""
     import time

@@ -1,4 +1,4 @@
-"""A slow batch says what it waits on while it waits (riverbed.stream.slow)."""
+"""A slow batch says what it waits on while it waits (riverbed.stream.slowbatch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from riverbed.stream.slow import SlowBatchWatch, StageProgress, innermost, slow_line
+from riverbed.stream.slowbatch import SlowBatchWatch, StageProgress, innermost, slow_line
 
 stages = st.lists(
     st.builds(
@@ -80,7 +80,7 @@ def test_a_slow_batch_is_reported_while_it_runs_and_a_quick_one_never(spark, cap
         return sc.parallelize(range(2), 2).map(lambda x: time.sleep(naps[x]) or x).collect()
 
     ns = _in_riverbed("def run_batch(job, s):\n    return job(s)\n")
-    caplog.set_level(logging.WARNING, logger="riverbed.stream.slow")
+    caplog.set_level(logging.WARNING, logger="riverbed.stream.slowbatch")
     assert job(0.0) == [0, 1]  # Spark's Python workers started: not part of a batch
     try:
         with watch.batch(4):

@@ -21,7 +21,7 @@ import pytest
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.fencing import recorded_driver
-from riverbed.stream.warm import WARM
+from riverbed.stream.warmup import WARM
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -1,11 +1,11 @@
-"""A standby's executors are warmed while it waits (riverbed.stream.warm)."""
+"""A standby's executors are warmed while it waits (riverbed.stream.warmup)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from riverbed.stream.warm import expected_executors, warm_up
+from riverbed.stream.warmup import expected_executors, warm_up
 
 
 @given(cores=st.integers(1, 64), per=st.integers(1, 8))

@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
     from riverbed.stream.specjob import batch_line, resume_line, run
-    from riverbed.stream.warm import warm_up_in_background
+    from riverbed.stream.warmup import warm_up_in_background
 
     say = _sayer(args.timestamps)
     config = config_of(args)
@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
             def standing_by(text: str) -> None:
                 say(text)
                 # a hot standby: its executors up and their Python workers started
-                # while it waits, not when it takes over (riverbed.stream.warm)
+                # while it waits, not when it takes over (riverbed.stream.warmup)
                 warm_up_in_background(spark, say)
 
             try:

@@ -39,7 +39,7 @@ from riverbed.config import overlaid
 from riverbed.demo.cluster_jobs import JobsOutcome
 from riverbed.demo.cluster_jobs import wait_for as _wait
 from riverbed.demo.stream import SPEC, TOPIC_SCHEMA, compare, generate
-from riverbed.stream import warm
+from riverbed.stream import warmup
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed
@@ -223,7 +223,7 @@ def run_cluster_scenario(
         feeder.start()
         before = len(_done())
         _wait("two more batches", lambda: len(_done()) >= before + 2, 300)
-        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, warm.WARM), 300)
+        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, warmup.WARM), 300)
         clock("hot standby on h3 (its Spark session up, its executors warm, waiting on the "
               "lease)")  # fmt: skip
         old_term = max(r.term or 0 for r in _done().values())
@@ -244,7 +244,7 @@ def run_cluster_scenario(
         cluster.wait_etcd()
         clock("h2 restarted with an empty disk: its etcd member rejoined, its Spark worker "
               "and log server are back")  # fmt: skip
-        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, warm.WARM), 300)
+        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, warmup.WARM), 300)
         clock("the driver on h2 is the hot standby now (its executors warm)")
 
         # the active driver's host is cut off: it must stop by itself (self-fencing)

@@ -10,11 +10,11 @@ from typing import Any
 from sqlalchemy import Connection, select, tuple_, update
 
 from riverbed.jobs.errors import FencedError, NotFoundError
-from riverbed.jobs.hot import Pending, pipeline
 from riverbed.jobs.queuebase import Claim, QueueBase, _Settled
 from riverbed.jobs.schema import (
     chunks,
 )
+from riverbed.jobs.statements import Pending, pipeline
 
 
 class Claims(QueueBase):
@@ -60,7 +60,11 @@ class Claims(QueueBase):
         params: dict[str, Any] = {"b_limit": limit, "b_worker": worker, "b_host": host}
         if master is not None:
             params["b_master"] = master
-        return self.hot.claim(tuple(kinds), master is not None).send(conn, params), worker, host
+        return (
+            self.statements.claim(tuple(kinds), master is not None).send(conn, params),
+            worker,
+            host,
+        )
 
     def _claimed(self, conn: Connection, sent: tuple[Pending, str, str]) -> list[Claim]:
         """The claim's rows, their attempts recorded."""
@@ -68,8 +72,8 @@ class Claims(QueueBase):
         rows = pending.rows()
         if not rows:
             return []
-        if not self.hot.claim_starts_attempts:
-            self.hot.start_attempts.many(
+        if not self.statements.claim_starts_attempts:
+            self.statements.start_attempts.many(
                 conn,
                 [
                     {
@@ -206,7 +210,7 @@ class Claims(QueueBase):
         """Record each success whose attempt is still ours (True), skip the others
         (False, nothing of theirs changed). With ``then_claim``, the claim is sent in
         the same round trip; its rows come back for :meth:`_claimed`."""
-        sql = self.hot
+        sql = self.statements
         oks: list[bool] = []
         started = False
         settled: list[Any] = []
@@ -253,7 +257,7 @@ class Claims(QueueBase):
             claimed = self._send_claim(conn, *then_claim) if then_claim else None
         if started:
             self.db.notify(conn)
-        self.moves.settled(conn, settled)
+        self.transitions.settled(conn, settled)
         return oks, claimed
 
     def release(self, chunk_id: int, attempt: int) -> None:
@@ -277,14 +281,14 @@ class Claims(QueueBase):
             ).rowcount
             if not done:
                 raise FencedError(f"chunk {chunk_id} attempt {attempt} is not ours to release")
-            self.moves.end_attempt(conn, chunk_id, attempt, "RELEASED", "worker stopped", now)
+            self.transitions.end_attempt(conn, chunk_id, attempt, "RELEASED", "worker stopped", now)
             self.db.notify(conn)
 
     def fail(self, chunk_id: int, attempt: int, error: str, *, cancelled: bool = False) -> str:
         """Record a failed (or cancelled) attempt; returns the chunk's new state:
         PENDING (retry after backoff), SPLIT (bisected), FAILED or CANCELED."""
         with self.db.write() as conn:
-            return self.moves.fail(conn, chunk_id, attempt, error, cancelled, self._now(conn))
+            return self.transitions.fail(conn, chunk_id, attempt, error, cancelled, self._now(conn))
 
     def mark_materialized(self, chunk_id: int) -> None:
         with self.db.write() as conn:

@@ -22,17 +22,17 @@ from riverbed.jobs.errors import JobsError, JobsValueError, SpecError
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication, staging_dir
 
-__all__ = ["Context", "Output", "staging_dir"]
+__all__ = ["ChunkOutput", "Context", "Output", "staging_dir"]
 
 
-class Output:
+class ChunkOutput:
     """Files a chunk stages; published only if this attempt's result is recorded."""
 
     def __init__(self, staging: Path) -> None:
         self.dir = staging
 
     def __repr__(self) -> str:
-        return f"Output({str(self.dir)!r})"
+        return f"ChunkOutput({str(self.dir)!r})"
 
     def path(self, name: str) -> Path:
         """A path inside this attempt's staging directory (parents created)."""
@@ -67,6 +67,9 @@ class Output:
         return self.dir.exists() and any(self.dir.iterdir())
 
 
+Output = ChunkOutput  # the name it had: a chunk's ``ctx.output``
+
+
 @dataclass
 class Context:
     """A running chunk: who it is, its fencing token, and where its output goes."""
@@ -77,7 +80,7 @@ class Context:
     work_ids: list[int]
     kwargs: dict[str, Any]
     master: int | None
-    output: Output
+    output: ChunkOutput
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("riverbed.job"))
     home: Path | None = None
     spec_path: Path | None = None  # the job's module

@@ -24,7 +24,7 @@ class Reaped(NamedTuple):
     attempt: int
 
 
-class Grooming(QueueBase):
+class Duties(QueueBase):
     """The elected orchestrator's transactions."""
 
     # -- the orchestrator's duties (term-fenced) ------------------------------------------
@@ -68,7 +68,7 @@ class Grooming(QueueBase):
                     if worker not in live
                     else f"worker {worker} sent no heartbeat for {silent:.0f}s"
                 )
-                self.moves.fail(conn, int(cid), int(attempt), why, False, now)
+                self.transitions.fail(conn, int(cid), int(attempt), why, False, now)
                 reaped.append(Reaped(int(cid), str(job), int(attempt)))
             return reaped
 

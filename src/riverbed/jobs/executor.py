@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.config import Config, SparkConfig, load_config
-from riverbed.jobs.context import Context, Output, staging_dir
+from riverbed.jobs.context import ChunkOutput, Context, staging_dir
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.spec import Catalog
 from riverbed.processes import kill_session
@@ -101,7 +101,7 @@ class ChunkRunner:
                 work_ids=list(req["work_ids"]),
                 kwargs=dict(req["kwargs"]),
                 master=req.get("master"),
-                output=Output(staging_dir(self.home, chunk_id, attempt)),
+                output=ChunkOutput(staging_dir(self.home, chunk_id, attempt)),
                 home=self.home,
                 publication=self.publication,
                 spec_path=loaded.path,

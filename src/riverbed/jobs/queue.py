@@ -28,16 +28,16 @@ Rules every method keeps:
 from __future__ import annotations
 
 from riverbed.jobs.claims import Claims
-from riverbed.jobs.grooming import Grooming
+from riverbed.jobs.duties import Duties
 from riverbed.jobs.queuebase import ACTIVE, ENDED, Claim, Policy
 from riverbed.jobs.submission import Submission
 
 
-class JobQueue(Submission, Claims, Grooming):
+class JobQueue(Submission, Claims, Duties):
     """Operations on one jobs database (see the module doc for the rules): submission
     and cancellation (:mod:`~riverbed.jobs.submission`), workers' claims and results
     (:mod:`~riverbed.jobs.claims`), the orchestrator's duties
-    (:mod:`~riverbed.jobs.grooming`), and the reads of :class:`QueueReader`."""
+    (:mod:`~riverbed.jobs.duties`), and the reads of :class:`QueueReader`."""
 
 
 __all__ = ["ACTIVE", "ENDED", "Claim", "JobQueue", "Policy"]

@@ -1,6 +1,6 @@
 """What every part of the job queue shares: the chunk states, a job's execution policy,
 a claim (the attempt is its fencing token), and the base the queue's parts build on
-(the database, the transitions of :mod:`riverbed.jobs.moves`, the term check).
+(the database, the transitions of :mod:`riverbed.jobs.transitions`, the term check).
 The rules every transition keeps are in :mod:`riverbed.jobs.queue`."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from sqlalchemy import Connection, select, update
 
 from riverbed.fencing import Fence, Term
 from riverbed.jobs.errors import FencedError
-from riverbed.jobs.moves import Moves
 from riverbed.jobs.reads import QueueReader
 from riverbed.jobs.schema import (
     Database,
     meta,
 )
+from riverbed.jobs.transitions import Transitions
 
 ACTIVE = ("QUEUED", "PENDING", "RUNNING")
 ENDED = ("DONE", "FAILED", "CANCELED", "UPSTREAM_FAILED", "SPLIT")
@@ -104,7 +104,7 @@ class QueueBase(QueueReader):
 
     def __init__(self, db: Database | str, create: bool = True) -> None:
         super().__init__(db)
-        self.moves = Moves(self.db)
+        self.transitions = Transitions(self.db)
         self.term_fence = SqlFence(self.db, self._now)
         if create:
             self.db.create()

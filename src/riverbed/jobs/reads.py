@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from riverbed.jobs.errors import NotFoundError
-from riverbed.jobs.hot import hot
 from riverbed.jobs.schema import (
     Database,
     attempts,
@@ -23,6 +22,7 @@ from riverbed.jobs.schema import (
     meta,
     schedules,
 )
+from riverbed.jobs.statements import compiled
 
 
 def _row(r: Any) -> dict[str, Any]:
@@ -34,7 +34,7 @@ class QueueReader:
 
     def __init__(self, db: Database | str) -> None:
         self.db = db if isinstance(db, Database) else Database(db)
-        self.hot = hot(self.db.dialect)
+        self.statements = compiled(self.db.dialect)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.db.url!r})"
@@ -43,7 +43,7 @@ class QueueReader:
         self.db.dispose()
 
     def _now(self, conn: Connection) -> float:
-        return float(self.hot.now(conn)[0].now)
+        return float(self.statements.now(conn)[0].now)
 
     def now(self) -> float:
         """The database's clock (epoch seconds)."""
@@ -53,12 +53,12 @@ class QueueReader:
     def has_work(self, kinds: Sequence[str] = ("python", "spark")) -> bool:
         """Whether a chunk is claimable now (a cheap read before taking the write lock)."""
         with self.db.read() as conn:
-            return bool(self.hot.has_work(tuple(kinds))(conn))
+            return bool(self.statements.has_work(tuple(kinds))(conn))
 
     def next_retry(self) -> float | None:
         """Seconds until the earliest backed-off chunk becomes claimable, if any."""
         with self.db.read() as conn:
-            at, now = self.hot.next_retry(conn)[0]
+            at, now = self.statements.next_retry(conn)[0]
             return None if at is None else max(0.0, float(at) - float(now))
 
     def leader(self) -> tuple[int, str]:
@@ -70,7 +70,7 @@ class QueueReader:
     def state(self, chunk_id: int) -> str:
         """One run's or chunk's state (the cheap poll; :meth:`get` reads everything)."""
         with self.db.read() as conn:
-            rows = self.hot.state(conn, {"b_id": chunk_id})
+            rows = self.statements.state(conn, {"b_id": chunk_id})
         if not rows:
             raise NotFoundError(f"no run or chunk {chunk_id}; see `riverbed jobs list`")
         return str(rows[0].state)

@@ -228,7 +228,7 @@ class Database:
                 "postgresql://user@host:port/db (RIVERBED_JOBS_DB)"
             )
         self.now = db_now(self.dialect)
-        # The hot path (riverbed.jobs.hot) runs on the DBAPI cursor: its errors too.
+        # The hot path (riverbed.jobs.statements) runs on the DBAPI cursor: its errors too.
         self.errors: tuple[type[BaseException], ...] = (SQLAlchemyError, sqlite3.Error)
         if self.dialect == "postgresql":
             import psycopg

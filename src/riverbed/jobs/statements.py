@@ -140,7 +140,7 @@ _b_attempt: BindParameter[Any] = bindparam("b_attempt")
 _b_now: BindParameter[Any] = bindparam("b_now")
 
 
-class Hot:
+class Statements:
     """The compiled hot statements of one dialect (:func:`hot` caches one per dialect)."""
 
     def __init__(self, dialect: str) -> None:
@@ -251,7 +251,7 @@ class Hot:
             self.success = None
 
     def __repr__(self) -> str:
-        return f"Hot({self.dialect!r})"
+        return f"Statements({self.dialect!r})"
 
     def _id_in(self, ids: Any) -> Any:
         """``chunks.id IN (ids)`` that stays an index lookup. PostgreSQL plans ``IN
@@ -265,7 +265,7 @@ class Hot:
     def _kinds(self, kinds: Sequence[str]) -> Any:
         return chunks.c.kind.in_([literal(k) for k in kinds])
 
-    @functools.cache  # noqa: B019 - one Hot per dialect, kept for the process's life
+    @functools.cache  # noqa: B019 - one Statements per dialect, kept for the process's life
     def has_work(self, kinds: tuple[str, ...]) -> Raw:
         return Raw(
             select(chunks.c.id)
@@ -417,5 +417,5 @@ SELECT (SELECT count(*) FROM done) AS done,
 
 
 @functools.cache
-def hot(dialect: str) -> Hot:
-    return Hot(dialect)
+def compiled(dialect: str) -> Statements:
+    return Statements(dialect)

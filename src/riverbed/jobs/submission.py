@@ -176,7 +176,7 @@ class Submission(QueueBase):
             if done:
                 self._recount(conn, master_id, [ids[c.index] for c in new], done, now)
         if not plan.chunks:
-            self.moves.settle_master(conn, master_id, now)
+            self.transitions.settle_master(conn, master_id, now)
         self.db.notify(conn)
         return master_id, plan
 
@@ -211,7 +211,7 @@ class Submission(QueueBase):
                 )
                 .values(state="PENDING", not_before=now)
             )
-        self.moves.settle_master(conn, master_id, now)
+        self.transitions.settle_master(conn, master_id, now)
 
     # -- user actions ---------------------------------------------------------------------
 
@@ -248,8 +248,8 @@ class Submission(QueueBase):
                     .values(state="CANCELED", finished_at=now, error="cancelled by request")
                 ).rowcount
                 if ended:
-                    self.moves.settle(conn, cid, failed=False, now=now)
-                    self.moves.cascade(conn, cid, "CANCELED", now)
+                    self.transitions.settle(conn, cid, failed=False, now=now)
+                    self.transitions.cascade(conn, cid, "CANCELED", now)
             if running:
                 conn.execute(
                     update(chunks)

@@ -1,6 +1,6 @@
 """How a chunk ends, inside the transaction that ends it.
 
-:class:`Moves` holds the state transitions every ending shares, so a success, a
+:class:`Transitions` holds the state transitions every ending shares, so a success, a
 failure, a reaped worker and a cancellation all keep the same books:
 
 * ``settle``: a member of one or more runs ended — count it in each run's
@@ -19,18 +19,18 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from riverbed.jobs.errors import FencedError
-from riverbed.jobs.hot import hot
 from riverbed.jobs.schema import Database, chunks, edges, members
+from riverbed.jobs.statements import compiled
 
 FAILURES = ("FAILED", "UPSTREAM_FAILED")
 
 
-class Moves:
+class Transitions:
     """Transitions on an open write transaction of ``db``."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.hot = hot(db.dialect)
+        self.statements = compiled(db.dialect)
 
     def fail(
         self,
@@ -95,7 +95,7 @@ class Moves:
         error: str | None,
         now: float,
     ) -> None:
-        self.hot.end_attempt(
+        self.statements.end_attempt(
             conn,
             {
                 "b_id": chunk_id,
@@ -206,7 +206,7 @@ class Moves:
 
     def settle(self, conn: Connection, chunk_id: int, failed: bool, now: float) -> None:
         """A member ended: count it in each of its masters and end those with none left."""
-        masters = self.hot.settle(conn, {"b_id": chunk_id, "b_failed": 1 if failed else 0})
+        masters = self.statements.settle(conn, {"b_id": chunk_id, "b_failed": 1 if failed else 0})
         self.settled(conn, masters, now)
 
     def settled(self, conn: Connection, masters: list[Any], now: float | None = None) -> None:
@@ -215,7 +215,7 @@ class Moves:
         for master_id, left in masters:
             if left <= 0:
                 if now is None:
-                    now = float(self.hot.now(conn)[0].now)
+                    now = float(self.statements.now(conn)[0].now)
                 self.settle_master(conn, int(master_id), now)
 
     def settle_master(self, conn: Connection, master_id: int, now: float) -> None:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from riverbed.state import kept, uploads
+from riverbed.state import openpool, uploads
 from riverbed.state.base import Engine, LocalDB, Op
 from riverbed.state.changelog import HEAD_SIZE, TAIL_SIZE, Changelog, Header, peek
 from riverbed.state.durable import DurableStorage
@@ -241,8 +241,8 @@ class StateProvider:
         the latest), ready for reads and staged writes."""
         path = self._local(namespace, partition)
         self._base(namespace, partition)  # validate names before touching disk
-        db = kept.take(path)
-        release: Callable[[LocalDB], None] = functools.partial(kept.give_back, path)
+        db = openpool.take(path)
+        release: Callable[[LocalDB], None] = functools.partial(openpool.give_back, path)
         private = None
         if db is None:
             db, private = self._open(path, namespace, partition)

@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from riverbed.errors import RiverbedError
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
-from riverbed.state import kept
+from riverbed.state import openpool
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     Maintenance,
@@ -395,14 +395,14 @@ def run_batch(
                     pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
                 )
         else:
-            kept.let_go()  # the job's tasks, in other processes, open the partitions
+            openpool.let_go()  # the job's tasks, in other processes, open the partitions
             results = _colocated_job(sc, cfg, batch_id, watermark, previous, groups)
         for group_rows in results:
             for rows, part_side in group_rows:
                 frames.append(rows)
                 side.add(part_side)
     else:
-        kept.let_go()
+        openpool.let_go()
         work = pieces([s for s in slices if s.end > s.start], sc.defaultParallelism)
         stage1 = sc.parallelize(work or [LogSlice(0, 0, 0)], max(1, len(work)))
         shuffled = stage1.flatMap(shuffle_tasks(cfg, watermark)).partitionBy(n + 1, lambda p: p)

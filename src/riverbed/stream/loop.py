@@ -37,14 +37,14 @@ from typing import Any
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state import uploads
 from riverbed.state.errors import CorruptStateError
-from riverbed.state.kept import keep_open
+from riverbed.state.openpool import keep_open
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import run_planned
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
-from riverbed.stream.slow import SlowBatchWatch
+from riverbed.stream.slowbatch import SlowBatchWatch
 from riverbed.stream.sparklog import spark_ends, spark_slices
 
 log = logging.getLogger(__name__)

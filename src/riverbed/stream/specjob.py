@@ -32,7 +32,7 @@ from typing import Any
 
 from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
-from riverbed.locations import OUTPUT, in_bucket
+from riverbed.locations import OUTPUT, output_in_bucket
 from riverbed.state import StateConfig
 from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import Aggregation
@@ -69,7 +69,7 @@ def root_cause(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class Job:
+class StreamJob:
     aggregation: Aggregation
     source: dict[str, Any]  # a riverbed topic's options, or {"kafka": {...}}
     checkpoint: str | Path  # a directory, or a bucket's URL
@@ -79,7 +79,7 @@ class Job:
     spec: Path | None = None  # the spec file it came from (the console decodes live state)
 
 
-def manifest(job: Job) -> dict[str, Any]:
+def manifest(job: StreamJob) -> dict[str, Any]:
     """What a checkpoint says about its aggregation, so the console and ``status`` can
     read it without the spec file: name, source topic, log, watermark, locations."""
     return {
@@ -97,7 +97,7 @@ def manifest(job: Job) -> dict[str, Any]:
     }
 
 
-def write_manifest(job: Job) -> None:
+def write_manifest(job: StreamJob) -> None:
     checkpoint_store(job.checkpoint).put(MANIFEST, json.dumps(manifest(job), indent=1).encode())
 
 
@@ -118,7 +118,7 @@ def results_location(config: Config, name: str) -> str | Path:
     """Where an aggregation's result table is: beside its checkpoints in a bucket
     (``<checkpoints>/output/<name>``), else under ``RIVERBED_HOME/output/<name>``."""
     checkpoints = checkpoints_location(config.checkpoints_url)
-    bucket = in_bucket(checkpoints, f"{OUTPUT}/{name}")
+    bucket = output_in_bucket(checkpoints, name)
     return bucket if bucket is not None else config.home.resolve() / OUTPUT / name
 
 
@@ -193,10 +193,10 @@ def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
 
 def job_for(
     config: Config, aggregation: Aggregation, source: dict[str, Any], spec: Path | None = None
-) -> Job:
+) -> StreamJob:
     checkpoints = checkpoints_location(config.checkpoints_url)
     durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
-    return Job(
+    return StreamJob(
         spec=spec.resolve() if spec else None,
         aggregation=aggregation,
         source=source,
@@ -241,7 +241,7 @@ def backlog_line(total: int, done: int, elapsed_s: float) -> str:
     return f"backlog: {done:,} of {total:,} records ({share:.0f} %), {rate:,.0f} records/s{left}"
 
 
-def resume_line(job: Job) -> str | None:
+def resume_line(job: StreamJob) -> str | None:
     """What a (re)started driver resumes from, or None on a fresh checkpoint."""
 
     batches = open_batches(job.checkpoint)
@@ -263,7 +263,7 @@ def resume_line(job: Job) -> str | None:
 
 def run(
     spark: Any,
-    job: Job,
+    job: StreamJob,
     *,
     once: bool = False,
     max_records: int | None = None,
@@ -342,7 +342,7 @@ def run(
             query.stop()
 
 
-def status(job: Job) -> dict[str, Any]:
+def status(job: StreamJob) -> dict[str, Any]:
     """Batches, input, late and malformed counts, watermark, lag per log partition."""
     return status_of(manifest(job))
 

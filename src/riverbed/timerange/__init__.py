@@ -18,7 +18,7 @@ from riverbed.timerange.errors import (
     SpecError,
     TimeRangeError,
 )
-from riverbed.timerange.output import Output
+from riverbed.timerange.output import Output, TimeRangeOutput
 from riverbed.timerange.plan import Progress, format_time, parse_time
 from riverbed.timerange.spec import (
     Cumulative,
@@ -55,6 +55,7 @@ __all__ = [
     "Rows",
     "SpecError",
     "TimeRangeError",
+    "TimeRangeOutput",
     "TimeRangeSpec",
     "TopicInput",
     "Tumbling",

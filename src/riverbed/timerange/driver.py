@@ -44,7 +44,7 @@ from riverbed.timerange.errors import (
     RangeError,
     raised_by_us,
 )
-from riverbed.timerange.output import Output
+from riverbed.timerange.output import TimeRangeOutput
 from riverbed.timerange.plan import (
     Progress,
     Shape,
@@ -171,7 +171,7 @@ class Driver:
         self.spill = spill
         self._bytes_per_chunk: float | None = None  # what a chunk's query returned
         self.keys = Keys(self.job.name)
-        self.output = Output(self.job.output)
+        self.output = TimeRangeOutput(self.job.output)
         self.on_event = on_event or (lambda event: None)
         self.identity = f"{host_name()}:{os.getpid()}"
 

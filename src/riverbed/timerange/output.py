@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from riverbed.storage import ObjectStore
 
-__all__ = ["Output"]
+__all__ = ["Output", "TimeRangeOutput"]
 
 META = "_riverbed/"
 STAGING = f"{META}staging/"
@@ -52,13 +52,13 @@ SUCCESS = "_SUCCESS"  # what Spark writes last, once a job's files are all in pl
 PART = "part.parquet"
 
 
-class Output:
+class TimeRangeOutput:
     def __init__(self, root: str | Path) -> None:
         self.location = str(location(root))
         self._store: ObjectStore | None = None
 
     def __repr__(self) -> str:
-        return f"Output({self.location!r})"
+        return f"TimeRangeOutput({self.location!r})"
 
     @property
     def local(self) -> bool:
@@ -210,6 +210,9 @@ class Output:
             return pa.table({})
         tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in keys]
         return pa.concat_tables(tables, promote_options="default")
+
+
+Output = TimeRangeOutput  # the name it had (riverbed.timerange.Output)
 
 
 def _parquet(table: pa.Table) -> bytes:
