@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
@@ -224,7 +225,9 @@ def start(
     """
     table, extra = split_sinks(sinks, output, sql, topic)
     checkpoint, output = location(checkpoint), location(table)
-    opened = as_source(source).open(spark, spec, str(checkpoint), log_url)
+    opened = as_source(source).open(
+        spark, spec, str(checkpoint), log_url, lambda: load_config().log_url
+    )
     options, log_url = opened.options, opened.log_url
     if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there

@@ -23,7 +23,7 @@ names — the engine asks nothing else of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -68,8 +68,17 @@ class Opened:
 class Source(Protocol):
     """Where an aggregation's events come from."""
 
-    def open(self, spark: Any, spec: Aggregation, checkpoint: str, log_url: str | None) -> Opened:
-        """Check the source against the checkpoint and say how the engine reads it."""
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
+        """Check the source against the checkpoint and say how the engine reads it
+        (``log_url``: where side topics go, if given; ``default_log()``: the configured
+        log, asked only when a source needs one and none was given)."""
         ...
 
 
@@ -83,12 +92,17 @@ class Topic:
     log: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
-    def open(self, spark: Any, spec: Aggregation, checkpoint: str, log_url: str | None) -> Opened:
-        from riverbed.config import load_config
-
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
         options = {str(k): str(v) for k, v in self.options.items()}
         options["topic"] = self.name
-        log = self.log or log_url or load_config().log_url
+        log = self.log or log_url or default_log()
         options["log"] = log
         return Opened(options=options, log_url=log_url or log)
 
@@ -104,8 +118,14 @@ class Kafka:
     def __init__(self, **options: Any) -> None:
         object.__setattr__(self, "options", dict(options))
 
-    def open(self, spark: Any, spec: Aggregation, checkpoint: str, log_url: str | None) -> Opened:
-        from riverbed.config import load_config
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
         from riverbed.stream import kafkasource as kafka
         from riverbed.stream.sparklog import read_ends
 
@@ -115,7 +135,7 @@ class Kafka:
         kafka.check(chosen, read=ends)
         if kafka.log_native(chosen) and not spark_driven:
             # the state tasks read their Kafka partitions themselves (log-native path)
-            log = log_url or load_config().log_url  # side topics: riverbed's log
+            log = log_url or default_log()  # side topics: riverbed's log
             return Opened(options=kafka.log_options(chosen), log_url=log)
         frame = kafka.frame(spark, chosen, required=[*spec.key_parts, spec.time])
         return Opened(frame=frame, log_url=log_url)
@@ -128,7 +148,14 @@ class Frame:
 
     df: Any
 
-    def open(self, spark: Any, spec: Aggregation, checkpoint: str, log_url: str | None) -> Opened:
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
         return Opened(frame=self.df, log_url=log_url)
 
 
