@@ -34,13 +34,12 @@ every backend passes.
 from __future__ import annotations
 
 import json
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from riverbed.errors import FencedError
+from riverbed.errors import FencedError, InvalidValueError
 
 if TYPE_CHECKING:
     from riverbed.control.base import Compare, ControlPlane
@@ -85,7 +84,7 @@ class Fence(ABC):
     def claim(self, term: int, holder: str, since: str | None = None) -> Term:
         """Make ``term`` the acting term (see the module's docstring)."""
         if term < 0:
-            raise ValueError(f"a term is a non-negative number, not {term}")
+            raise InvalidValueError(f"a term is a non-negative number, not {term}")
         since = since or now_text()
         if not self._record(term, holder, since):
             raise self.refused(term, self.current())
@@ -207,7 +206,9 @@ class ControlFence(Fence):
 
         value = _encoded(term) + b" " + json.dumps({"holder": holder, "since": since}).encode()
         put = [Put(self.key, value)]
-        for _ in range(100):
+        # Each failed swap means another claim moved the key: to a newer term (then this
+        # one is refused below) or an older one (then the next swap holds) — no livelock.
+        while True:
             if self.cp.txn([Compare.version(self.key) == 0], put).succeeded:
                 return True
             current = self.current()
@@ -219,8 +220,6 @@ class ControlFence(Fence):
                 return True  # claimed again: the holder of the term changes nothing
             if self.cp.txn([Compare.value(self.key) < _encoded(term)], put).succeeded:
                 return True
-            time.sleep(0.001)  # another claim moved it between the read and the swap
-        raise RuntimeError(f"could not claim term {term} of {self.key.decode()}")
 
     def current(self) -> Term | None:
         kv = self.cp.get(self.key)

@@ -181,23 +181,38 @@ def test_a_jobs_database_keeps_its_runs_and_a_worker_finishes_the_queued_one(
     # run 1 (chunks 2-4) done; run 5 (chunks 6-8) waiting for a worker
     assert runs() == {1: "DONE", 5: "MASTER"}
     assert chunks() == [(1, "DONE")] * 3 + [(5, "PENDING")] * 3
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "riverbed.cli.main", "worker"],
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # the worker's log goes to a file: a pipe nobody reads while the test waits would
+    # block a worker that logs more than the pipe holds, and look like a hang
+    log = tmp_path / "worker.log"
+    with open(log, "w") as err:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "riverbed.cli.main", "worker"],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while runs()[5] != "DONE":
-            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
-            assert time.monotonic() < deadline, f"run 5 is {runs()[5]} after 120 s"
+            assert worker.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, (
+                f"run 5 is {runs()[5]} after 120 s; the worker's log ends:\n"
+                + log.read_text()[-4000:]
+            )
             time.sleep(0.5)
     finally:
         worker.send_signal(signal.SIGINT)
-        worker.wait(30)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+            raise AssertionError(
+                "the worker did not stop within 60 s of SIGINT; its log ends:\n"
+                + log.read_text()[-4000:]
+            ) from None
     published = {
         p.name: p.read_text()
         for p in (work / "home" / "jobs" / "output" / "squares").glob("chunk=*/square=*.txt")
