@@ -31,7 +31,7 @@ class Duties(QueueBase):
 
     def fence(self, term: int, leader: str) -> None:
         """Make ``term`` the acting orchestrator's term; a newer one refuses it
-        (:class:`~riverbed.jobs.queuebase.SqlFence`)."""
+        (:class:`~riverbed.jobs.schema.SqlFence`)."""
         self.term_fence.claim(term, leader)
 
     def reap(

@@ -13,13 +13,13 @@ from sqlalchemy import Connection, func, select
 from riverbed.jobs.errors import NotFoundError
 from riverbed.jobs.schema import (
     Database,
+    SqlFence,
     attempts,
     chunks,
     edges,
     freshness,
     latest,
     members,
-    meta,
     schedules,
 )
 from riverbed.jobs.statements import compiled
@@ -35,6 +35,7 @@ class QueueReader:
     def __init__(self, db: Database | str) -> None:
         self.db = db if isinstance(db, Database) else Database(db)
         self.statements = compiled(self.db.dialect)
+        self.term_fence = SqlFence(self.db, self._now)  # the acting orchestrator's term
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.db.url!r})"
@@ -63,9 +64,8 @@ class QueueReader:
 
     def leader(self) -> tuple[int, str]:
         """The acting orchestrator's (term, name); (0, "") before the first one."""
-        with self.db.read() as conn:
-            row = conn.execute(select(meta.c.term, meta.c.leader).where(meta.c.id == 1)).first()
-        return (0, "") if row is None else (int(row.term), str(row.leader))
+        current = self.term_fence.current()
+        return (0, "") if current is None else (current.term, current.holder)
 
     def state(self, chunk_id: int) -> str:
         """One run's or chunk's state (the cheap poll; :meth:`get` reads everything)."""

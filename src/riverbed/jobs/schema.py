@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,11 +38,13 @@ from sqlalchemy import (
     literal_column,
     select,
     text,
+    update,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from riverbed.fencing import Fence, Term
 from riverbed.files import flocked, sqlite_path, writer_lock
-from riverbed.jobs.errors import QueueError
+from riverbed.jobs.errors import FencedError, QueueError
 
 SCHEMA_VERSION = 1
 _ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
@@ -345,3 +348,44 @@ _SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(8242277138831863137)")
 def _first_line(exc: BaseException) -> str:
     msg = str(getattr(exc, "orig", None) or exc).strip()
     return msg.splitlines()[0] if msg else type(exc).__name__
+
+
+class SqlFence(Fence):
+    """The acting orchestrator's term as the jobs database's one meta row
+    (:mod:`riverbed.fencing`): a claim is one ``UPDATE … WHERE term <= :term``, and
+    :meth:`check_in` checks inside the transaction of the write it guards (PostgreSQL:
+    under a share lock of the row, so a claim waits for the writes of the older term
+    in flight)."""
+
+    def __init__(self, db: Database, now: Callable[[Connection], float]) -> None:
+        super().__init__("the orchestrator", FencedError)
+        self.db, self.now = db, now
+
+    def _record(self, term: int, holder: str, since: str) -> bool:
+        with self.db.write() as conn:
+            done = conn.execute(
+                update(meta)
+                .where(meta.c.id == 1, meta.c.term <= term)
+                .values(term=term, leader=holder, since=self.now(conn))
+            ).rowcount
+            return bool(done)
+
+    def _row(self, conn: Connection, lock: bool = False) -> Term | None:
+        q = select(meta.c.term, meta.c.leader, meta.c.since).where(meta.c.id == 1)
+        if lock and self.db.dialect == "postgresql":
+            q = q.with_for_update(read=True)
+        term, leader, since = conn.execute(q).one()
+        if int(term) == 0 and not leader:
+            return None  # no orchestrator has acted yet
+        when = datetime.fromtimestamp(float(since), UTC).isoformat(timespec="seconds")
+        return Term(int(term), str(leader), when)
+
+    def current(self) -> Term | None:
+        with self.db.read() as conn:
+            return self._row(conn)
+
+    def check_in(self, conn: Connection, term: int) -> None:
+        """:meth:`check`, inside the transaction of ``conn``."""
+        current = self._row(conn, lock=True)
+        if current is None or current.term != term:
+            raise self.refused(term, current)
