@@ -165,11 +165,11 @@ def as_source(source: Any) -> Source:
     if isinstance(source, Source) and not isinstance(source, Mapping):
         return source
     if isinstance(source, Mapping):
-        if "kafka" in source:
+        from riverbed.stream import kafkasource as kafka
+
+        if kafka.is_kafka(source):
             raw = source["kafka"]
             if not isinstance(raw, Mapping):
-                from riverbed.stream import kafkasource as kafka
-
                 kafka.parse(source)  # names what a Kafka source takes
             return Kafka(**{str(k): v for k, v in raw.items()})
         options = {str(k): v for k, v in source.items()}
