@@ -135,12 +135,9 @@ class StoreFence(Fence):
 
     def terms(self) -> list[int]:
         """The recorded terms, oldest first (one LIST)."""
-        out = []
-        for info in self.store.list(self.prefix):
-            digits = info.key[len(self.prefix) :].removesuffix(".json")
-            if info.key.endswith(".json") and digits.isdigit():
-                out.append(int(digits))
-        return sorted(out)
+        from riverbed.storage.base import numbered
+
+        return numbered([i.key for i in self.store.list(self.prefix)], self.prefix, ".json")
 
     def _record(self, term: int, holder: str, since: str) -> bool:
         body = json.dumps({"term": term, "driver": holder, "since": since}).encode()

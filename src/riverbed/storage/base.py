@@ -48,6 +48,17 @@ class ObjectInfo:
     modified: float = 0.0  # seconds since the epoch, as the store records it
 
 
+def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:
+    """The numbers of keys ``<prefix><digits><suffix>``, sorted."""
+    out = []
+    for key in keys:
+        if key.startswith(prefix) and key.endswith(suffix):
+            middle = key[len(prefix) : len(key) - len(suffix)]
+            if middle.isdigit():
+                out.append(int(middle))
+    return sorted(out)
+
+
 def check_key(key: str) -> str:
     """A key as every backend accepts it: relative, ``/``-separated, no empty, ``.``
     or ``..`` segment."""

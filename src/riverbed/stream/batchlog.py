@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from riverbed.state.errors import CorruptStateError
+from riverbed.storage.base import numbered
 from riverbed.stream.layout import (
     BATCHES,
     COMMITS,
@@ -26,7 +27,6 @@ from riverbed.stream.layout import (
     batch_key,
     checkpoint_store,
     commit_key,
-    numbered,
     side_key,
 )
 

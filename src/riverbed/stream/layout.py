@@ -102,17 +102,6 @@ def commit_key(batch_id: int) -> str:
     return f"{COMMITS}{batch_id:012d}.json"
 
 
-def numbered(keys: list[str], prefix: str, suffix: str) -> list[int]:
-    """The numbers of keys ``<prefix><digits><suffix>``, sorted."""
-    out = []
-    for key in keys:
-        if key.startswith(prefix) and key.endswith(suffix):
-            middle = key[len(prefix) : len(key) - len(suffix)]
-            if middle.isdigit():
-                out.append(int(middle))
-    return sorted(out)
-
-
 SPARK = "spark"  # Spark's own offset and commit logs under a checkpoint
 SPARK_COMMITS = f"{SPARK}/commits/"  # Spark's commit of batch <b>: the object <b>
 
