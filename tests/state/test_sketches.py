@@ -206,3 +206,15 @@ def test_ids_past_32_bits_or_negative_take_the_general_way() -> None:
     assert ExactIds.bytes_of(np.array(["a"], dtype=object)) is None
     big = ExactIds().update(np.array([1, 2**40], dtype=np.uint64))
     assert ExactIds.from_bytes(big.to_bytes()).ids() == [1, 2**40]
+
+
+def test_an_empty_exact_set_takes_either_kind_after_a_round_trip() -> None:
+    """A partial of only NULLs is an empty set, stored as an empty bitmap: it says
+    nothing of the ids' kind, so strings merge into it and it into strings."""
+    empty = ExactIds.from_bytes(ExactIds().to_bytes())
+    assert empty.merge(ExactIds().update(["a"])).ids() == ["a"]
+    assert ExactIds().update(["b"]).merge(ExactIds.from_bytes(ExactIds().to_bytes())).ids() == ["b"]
+    again = ExactIds.from_bytes(ExactIds().to_bytes()).update(["c", "d"])
+    assert again.ids() == ["c", "d"]
+    ints = ExactIds.from_bytes(ExactIds().to_bytes()).update(np.array([], dtype=object))
+    assert ints.update([3]).ids() == [3]

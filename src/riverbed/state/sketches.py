@@ -213,6 +213,10 @@ class ExactIds:
         self._items = items
 
     def update(self, ids: Ids) -> ExactIds:
+        if isinstance(ids, np.ndarray) and len(ids) == 0:  # no ids say nothing of their kind
+            return self
+        if self._bitmap is not None and not self._bitmap:
+            self._bitmap = None  # empty (as an empty set is stored): no kind yet
         if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and self._items is None:
             if self._bitmap is None:
                 self._bitmap = pyroaring.BitMap64()
@@ -243,6 +247,12 @@ class ExactIds:
         return self
 
     def merge(self, other: ExactIds) -> ExactIds:
+        # an empty bitmap (how an empty set is stored: a partial of only NULLs) says
+        # nothing of the ids' kind
+        if self._bitmap is not None and not self._bitmap and other._items is not None:
+            self._bitmap = None
+        if other._bitmap is not None and not other._bitmap:
+            return self
         if other._bitmap is not None:
             if self._items is not None:
                 raise StateValueError("cannot merge integer ids into a set of string ids")
