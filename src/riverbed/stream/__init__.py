@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         SqlTable,
         Topic,
     )
+    from riverbed.stream.joins import Lookup
     from riverbed.stream.metrics import (
         Aggregator,
         ArgMax,
@@ -62,6 +63,7 @@ _WHERE = {
     "ArgMin": "metrics",
     "First": "metrics",
     "Last": "metrics",
+    "Lookup": "joins",
     "Aggregation": "aggregation",
     "Count": "metrics",
     "Custom": "metrics",
@@ -96,6 +98,7 @@ __all__ = [
     "Hopping",
     "Kafka",
     "Last",
+    "Lookup",
     "Max",
     "Mean",
     "Min",

@@ -9,6 +9,7 @@ from typing import Literal
 
 from riverbed.durations import duration_ms
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.joins import Lookup
 from riverbed.stream.metrics import Metric, where_column
 from riverbed.windows import WINDOWS, Session, Window
 
@@ -32,6 +33,10 @@ class Aggregation:
     checkpoint; changing it later is refused). ``output``: ``update`` emits every
     window a batch changed; ``final`` emits a window once, when the watermark closes it.
 
+    ``lookups`` enrich each event from tables keyed by one of its columns
+    (:class:`~riverbed.stream.lookups.Lookup`); their columns are there for everything
+    below as the events' own fields are.
+
     ``columns`` derives columns from each event and ``where`` keeps the events it is
     true for, both in Spark SQL (``columns={"dollars": "price * 0.908"}``,
     ``where="price > 100 AND channel <> 'spam'"``); derived columns are evaluated in
@@ -50,6 +55,8 @@ class Aggregation:
     keep_closed: str = "0s"  # keep closed windows this long past the watermark (queries)
     where: str | None = None  # Spark SQL: the events to count
     columns: Mapping[str, str] = field(default_factory=dict)  # name -> Spark SQL expression
+    # tables each event is enriched from before anything else (riverbed.stream.lookups)
+    lookups: tuple[Lookup, ...] = ()
     # the result types (Spark DDL names) of the columns whose values results carry —
     # a composite key's parts, the values First/Last/ArgMax/ArgMin return — resolved at
     # start from the source's schema (riverbed.stream.keys.resolved); "string" until then
@@ -106,6 +113,16 @@ class Aggregation:
                 raise StreamValueError(f"derived column name {name!r}: letters, digits, '_'")
             if not isinstance(text, str) or not text.strip():
                 raise StreamValueError(f"columns[{name!r}] must be a Spark SQL expression")
+        if isinstance(self.lookups, Lookup):
+            object.__setattr__(self, "lookups", (self.lookups,))
+        if not isinstance(self.lookups, list | tuple) or not all(
+            isinstance(x, Lookup) for x in self.lookups
+        ):
+            raise StreamValueError(
+                "lookups must be a list of Lookup(...) (riverbed.stream.Lookup), not "
+                f"{self.lookups!r}"
+            )
+        object.__setattr__(self, "lookups", tuple(self.lookups))
         object.__setattr__(self, "metrics", dict(self.metrics))  # a private copy
         object.__setattr__(self, "columns", dict(self.columns))
 
@@ -118,7 +135,9 @@ class Aggregation:
         return duration_ms(self.keep_closed)
 
     def __hash__(self) -> int:  # metrics and columns are dicts: hash what names them
-        return hash((self.name, self.key, self.time, self.where, tuple(self.columns.items())))
+        return hash(
+            (self.name, self.key, self.time, self.where, tuple(self.columns.items()), self.lookups)
+        )
 
     @property
     def key_parts(self) -> tuple[str, ...]:
@@ -154,10 +173,11 @@ class Aggregation:
 
     @property
     def derives(self) -> bool:
-        """Whether the spec has derived columns, a ``where``, a metric's ``where``, or a
+        """Whether the spec has lookups, derived columns, a ``where``, a metric's ``where``, or a
         composite key (its column is derived from its parts)."""
         return (
             bool(self.columns)
+            or bool(self.lookups)
             or self.where is not None
             or self.composite
             or any(m.where is not None for m in self.metrics.values())

@@ -187,6 +187,8 @@ def finish_batch(
         )
     for c in COUNTS:
         totals[c] = int(totals.get(c, 0)) + record.counted(c)
+    if record.unmatched is not None:  # only aggregations with lookups count it
+        totals["unmatched"] = int(totals.get("unmatched", 0)) + record.unmatched
     totals["batches"] = int(totals.get("batches", 0)) + 1
     term = config.term if config.term is not None else record.term  # which driver ran it
     batches.put(batch_id, replace(record, term=term, done=True, totals=totals))

@@ -51,10 +51,14 @@ class BatchRecord:
     # the Spark-driven loop ran (their offsets are in Spark's offset log)
     slices: dict[str, list[int]] | None = None
     co_located: bool | None = None
+    # the plan's version of each lookup table (lookups.Snapshot.to_json), so a re-run
+    # joins with the same rows
+    lookups: list[dict[str, Any]] | None = None
     input: int | None = None  # records read from the source, malformed ones included
     late: int | None = None
     malformed: int | None = None
-    filtered: int | None = None  # events the spec's ``where`` did not keep
+    filtered: int | None = None  # events the spec's ``where`` (or an inner lookup) did not keep
+    unmatched: int | None = None  # events a lookup found no row for (lookups.py)
     helped: int | None = None  # records read for another task's partition (steal.py)
     side_outputs_written: bool = False
     ms: dict[str, int] = field(default_factory=dict)  # where the batch's time went

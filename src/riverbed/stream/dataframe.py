@@ -16,6 +16,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
+from riverbed.stream import lookups
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -26,6 +27,7 @@ from riverbed.stream.batch import (
 from riverbed.stream.batchlog import Batches, next_record, open_batches
 from riverbed.stream.derive import (
     KEPT,
+    UNMATCHED,
     Derivation,
     compile_for,
     input_types,
@@ -45,6 +47,7 @@ from riverbed.stream.layout import (
     spark_location,
     state_root,
 )
+from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.metrics import Custom
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
@@ -99,10 +102,17 @@ def foreach_batch(config: EngineConfig) -> Any:
         record = batches.get(batch_id)
         if record is None:  # first run of this batch: fix its watermark from earlier ones
             record = next_record(batches, batch_id, spec.watermark_ms)
+            # and the version of each lookup table it joins with (lookups.py)
+            record.lookups = lookups.planned(config, batches.previous(batch_id))
         watermark = record.watermark_ms
-        derived = _derivation(spec, df.schema)
+        engine = lookups.running(config, batches, batch_id, record)
+        tables = lookup_tables(config.checkpoint, engine.lookups)
+        derived = _derivation(spec, df.schema, tables)
         if derived is not None:  # the spec's columns and where, as the tasks evaluate them
-            df = df.mapInArrow(map_in_arrow(spec), spark_schema(derived, df.schema))
+            df = df.mapInArrow(
+                map_in_arrow(spec, config.checkpoint, engine.lookups),
+                spark_schema(derived, df.schema),
+            )
         # an event the aggregation cannot count is malformed (validity.py), beside what
         # the source found malformed itself (its _error column, when it has one)
         unusable = spark_reason(spec, df.schema)
@@ -110,7 +120,7 @@ def foreach_batch(config: EngineConfig) -> Any:
         # Read the source once: every step below (stats, side outputs, partials) uses it.
         df = df.withColumn("_error", error).cache()
         kept = F.col(KEPT) if KEPT in df.columns else F.lit(True)
-        whole = df.filter(F.col("_error").isNull() & kept).drop("_error", KEPT)
+        whole = df.filter(F.col("_error").isNull() & kept).drop("_error", KEPT, UNMATCHED)
         # the event time as epoch ms from here on: pandas' nanoseconds (toPandas,
         # mapInPandas) end in 2262, the calendar in 9999 (validity.py)
         good = whole.select(
@@ -133,6 +143,8 @@ def foreach_batch(config: EngineConfig) -> Any:
                 record.malformed = df.filter(F.col("_error").isNotNull()).count()
             if record.filtered is None:
                 record.filtered = df.filter(F.col("_error").isNull() & ~kept).count()
+            if record.unmatched is None and spec.lookups:
+                record.unmatched = df.filter(F.col("_error").isNull() & F.col(UNMATCHED)).count()
             batches.put(batch_id, record)
             _side_outputs(config, df, late, batch_id, batches)
 
@@ -162,14 +174,19 @@ def foreach_batch(config: EngineConfig) -> Any:
     return run
 
 
-def _derivation(spec: Aggregation, schema: Any) -> Derivation | None:
-    """The spec's columns and where over a DataFrame of ``schema`` (a Spark StructType),
-    compiled (and so refused, if it cannot be evaluated) on the driver."""
+def _derivation(spec: Aggregation, schema: Any, tables: Sequence[Any] = ()) -> Derivation | None:
+    """The spec's lookups, columns and where over a DataFrame of ``schema`` (a Spark
+    StructType) and lookup snapshots ``tables``, compiled (and so refused, if it cannot
+    be evaluated) on the driver."""
     if not spec.derives:
         return None
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
+    return compile_for(
+        spec,
+        input_types(to_arrow_schema(schema, timezone="UTC")),
+        [t.schema for t in tables],
+    )
 
 
 def _utc(frame: pd.DataFrame) -> pd.DataFrame:
@@ -187,7 +204,13 @@ def _side_outputs(
     if config.log_url is None or side_outputs_written(batches, batch_id):
         return
     # through Arrow: its pandas keeps microseconds (toPandas' nanoseconds end in 2262)
-    dlq = df.filter("_error IS NOT NULL").drop(KEPT).limit(SIDE_LIMIT).toArrow().to_pandas()
+    dlq = (
+        df.filter("_error IS NOT NULL")
+        .drop(KEPT, UNMATCHED)
+        .limit(SIDE_LIMIT)
+        .toArrow()
+        .to_pandas()
+    )
     side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toArrow().to_pandas())
 
 
@@ -243,15 +266,20 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+    # the lookup tables' columns (read now, or the last batch's snapshots while a table
+    # is away): what the spec is compiled against
+    schemas = lookups.at_start(spec.lookups, str(checkpoint))
     if options is None:  # the types of the values results carry, from the DataFrame's
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from riverbed.stream.derive import column_types
         from riverbed.stream.keys import resolved
 
-        types = column_types(spec, to_arrow_schema(opened.frame.schema, timezone="UTC"))
-        spec = resolved(spec, types)
-    config = EngineConfig(spec, state, str(checkpoint), str(output), log_url, extra, term=term)
+        arrow = to_arrow_schema(opened.frame.schema, timezone="UTC")
+        spec = resolved(spec, column_types(spec, arrow, schemas))
+    config = EngineConfig(
+        spec, state, str(checkpoint), str(output), log_url, extra, term=term, lookup_schemas=schemas
+    )
     for sink in extra:
         sink.start(config)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
@@ -261,7 +289,10 @@ def start(
 
         return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
     frame = opened.frame
-    _derivation(spec, frame.schema)  # a where or columns that cannot be: refused now
+    if spec.derives:  # lookups, a where or columns that cannot be: refused now
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        compile_for(spec, input_types(to_arrow_schema(frame.schema, timezone="UTC")), schemas)
     clear_unfinished_start(spark_location(checkpoint))
     writer = (
         frame.writeStream.foreachBatch(foreach_batch(config))

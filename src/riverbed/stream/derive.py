@@ -17,9 +17,9 @@ driver compiles first, so a spec that cannot be evaluated is refused at start.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,11 +34,34 @@ from riverbed.stream.expressions import (
     compile_expression,
     spark_type,
 )
+from riverbed.stream.joins import Lookup
+from riverbed.stream.lookups import join, key_types_match
 from riverbed.stream.metrics import where_column
 
-__all__ = ["KEPT", "Derivation", "compile_for", "derivation", "map_in_arrow", "spark_schema"]
+__all__ = [
+    "KEPT",
+    "UNMATCHED",
+    "Applied",
+    "Derivation",
+    "compile_for",
+    "derivation",
+    "map_in_arrow",
+    "spark_schema",
+]
 
 KEPT = "_kept"  # the DataFrame path's flag: the event passed ``where``
+UNMATCHED = "_unmatched"  # the DataFrame path's flag: a lookup found no row for the event
+
+
+class Applied(NamedTuple):
+    """A batch through a :class:`Derivation`: the events with the lookups' and the
+    derived columns (row for row), why each failed (null: it did not), whether each was
+    kept (``where``, and an inner lookup's match), whether a lookup missed it."""
+
+    table: pa.Table
+    why: pa.Array
+    kept: pa.Array
+    unmatched: pa.Array | None = None
 
 
 @dataclass(frozen=True)
@@ -49,26 +72,37 @@ class Derivation:
     where: Compiled | None
     before_where: frozenset[str] = frozenset()  # the derived columns ``where`` needs
     key_parts: tuple[str, ...] = ()  # a composite key's parts: its column is derived last
+    lookups: tuple[Lookup, ...] = ()  # joined first, in order (lookups.py)
+    lookup_types: tuple[tuple[str, SqlType], ...] = ()  # the columns they add
 
     @property
     def types(self) -> dict[str, SqlType]:
         return {name: compiled.type for name, compiled in self.columns}
 
-    def apply(self, batch: pa.RecordBatch | pa.Table) -> tuple[pa.Table, pa.Array, pa.Array]:
-        """``batch`` with the derived columns added; why each row failed (null: it did
-        not); whether each row passed ``where`` (true also where there is none)."""
+    def apply(self, batch: pa.RecordBatch | pa.Table, tables: Sequence[pa.Table] = ()) -> Applied:
+        """``batch`` joined with the lookups' ``tables`` (their snapshots, in order) and
+        the derived columns added (see :class:`Applied`)."""
         table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
         why = pa.nulls(table.num_rows, pa.string())
+        kept = pa.repeat(pa.scalar(True), table.num_rows)
+        unmatched = None
+        for lookup, rows in zip(self.lookups, tables, strict=True):
+            table, found = join(table, lookup, rows)
+            missed = pc.invert(found)
+            unmatched = missed if unmatched is None else pc.or_(unmatched, missed)
+            if lookup.how == "inner":
+                kept = pc.and_(kept, found)
         for name, compiled in self.columns:
             if name in self.before_where:
                 values, failed = compiled.evaluate(table)
+                # an event an inner lookup dropped is not there to fail (as in SQL)
+                failed = pc.if_else(kept, failed, pa.scalar(None, pa.string()))
                 why = pc.coalesce(why, _named(failed, f"columns[{name!r}]"))
                 table = table.append_column(name, values)
-        kept = pa.repeat(pa.scalar(True), table.num_rows)
         if self.where is not None:
             passed, failed = self.where.evaluate(table)
             why = pc.coalesce(why, _named(failed, "where"))
-            kept = pc.fill_null(passed, False)
+            kept = pc.and_(kept, pc.fill_null(passed, False))
         for name, compiled in self.columns:
             if name not in self.before_where:
                 values, failed = compiled.evaluate(table)
@@ -76,11 +110,11 @@ class Derivation:
                 failed = pc.if_else(kept, failed, pa.scalar(None, pa.string()))
                 why = pc.coalesce(why, _named(failed, f"columns[{name!r}]"))
                 table = table.append_column(name, values)
-        order = [n for n, _ in self.columns]
+        order = [n for n, _ in self.lookup_types] + [n for n, _ in self.columns]
         if self.key_parts:  # the composite key's column, from its parts (keys.py)
             table = table.append_column(KEY, keys.encode(table, self.key_parts))
             order.append(KEY)
-        return _ordered(table, order), why, kept
+        return Applied(_ordered(table, order), why, kept, unmatched)
 
 
 def _ordered(table: pa.Table, derived: list[str]) -> pa.Table:
@@ -97,13 +131,20 @@ def _named(failed: pa.Array, where: str) -> pa.Array:
     return pc.binary_join_element_wise(pa.scalar(f"{where}: "), failed, "")
 
 
-def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | None:
-    """The spec's derivation over input columns of ``schema``; ``None`` when it has no
-    ``columns``, ``where``, metric ``where`` or composite key.
+def compile_for(
+    spec: Aggregation,
+    schema: dict[str, SqlType],
+    lookup_schemas: Sequence[pa.Schema] = (),
+) -> Derivation | None:
+    """The spec's derivation over input columns of ``schema`` (and the columns of its
+    lookups' tables, ``lookup_schemas``: their snapshots'); ``None`` when it has no
+    lookups, ``columns``, ``where``, metric ``where`` or composite key.
     :class:`ExpressionError` names what cannot be evaluated."""
     if not spec.derives:
         return None
     known = dict(schema)
+    added = _lookup_columns(spec, schema, lookup_schemas)
+    known.update(added)
     compiled: list[tuple[str, Compiled]] = []
     for name, text in spec.columns.items():
         if name in known:
@@ -157,14 +198,69 @@ def compile_for(spec: Aggregation, schema: dict[str, SqlType]) -> Derivation | N
         if name in needed:
             needed |= expression.references
     before = frozenset(n for n, _ in compiled if n in needed)
-    return Derivation(tuple(compiled), where, before, spec.key_parts if spec.composite else ())
+    return Derivation(
+        tuple(compiled),
+        where,
+        before,
+        spec.key_parts if spec.composite else (),
+        spec.lookups,
+        tuple(added.items()),
+    )
 
 
-def column_types(spec: Aggregation, arrow_schema: pa.Schema) -> dict[str, SqlType]:
-    """The Spark SQL types of the events' fields and of the spec's derived columns."""
+def _lookup_columns(
+    spec: Aggregation, schema: dict[str, SqlType], lookup_schemas: Sequence[pa.Schema]
+) -> dict[str, SqlType]:
+    """The columns the lookups add, with their types; each lookup's key checked against
+    the events' column it joins on."""
+    if len(lookup_schemas) != len(spec.lookups):
+        raise ExpressionError(
+            f"aggregation {spec.name!r}: {len(spec.lookups)} lookup(s) but "
+            f"{len(lookup_schemas)} table(s) to join with"
+        )
+    added: dict[str, SqlType] = {}
+    for lookup, table in zip(spec.lookups, lookup_schemas, strict=True):
+        what = f"aggregation {spec.name!r}, lookup {lookup.label}"
+        on = lookup.event_column
+        if on not in schema:
+            raise ExpressionError(
+                f"{what}: on={on!r} is not a field of the events ({', '.join(schema)}); a "
+                "lookup joins on a field the events have"
+            )
+        key_type = spark_type(table.field(lookup.table_column).type)
+        if key_type is None or not key_types_match(schema[on], key_type):
+            raise ExpressionError(
+                f"{what}: the events' {on!r} is {schema[on]} but the table's "
+                f"{lookup.table_column!r} is {key_type}: a key must be the same type on "
+                "both sides (integers of any width match)"
+            )
+        for f in table:
+            if f.name == lookup.table_column:
+                continue
+            if f.name in schema or f.name in added:
+                raise ExpressionError(
+                    f"{what}: column {f.name!r} is already "
+                    + ("a field of the events" if f.name in schema else "another lookup's")
+                    + '; rename it with columns={"new_name": "'
+                    + f.name
+                    + '"}'
+                )
+            t = spark_type(f.type)
+            assert t is not None  # lookups.normalized carries only these
+            added[f.name] = t
+    return added
+
+
+def column_types(
+    spec: Aggregation, arrow_schema: pa.Schema, lookup_schemas: Sequence[pa.Schema] = ()
+) -> dict[str, SqlType]:
+    """The Spark SQL types of the events' fields, the lookups' columns and the spec's
+    derived columns."""
     types = input_types(arrow_schema)
-    derived = compile_for(spec, types)
-    return types | (derived.types if derived is not None else {})
+    derived = compile_for(spec, types, lookup_schemas)
+    if derived is None:
+        return types
+    return types | dict(derived.lookup_types) | derived.types
 
 
 def input_types(arrow_schema: pa.Schema) -> dict[str, SqlType]:
@@ -178,13 +274,20 @@ def input_types(arrow_schema: pa.Schema) -> dict[str, SqlType]:
 
 
 @functools.lru_cache(maxsize=64)
-def _cached(spec: Aggregation, schema: tuple[tuple[str, SqlType], ...]) -> Derivation | None:
-    return compile_for(spec, dict(schema))
+def _cached(
+    spec: Aggregation,
+    schema: tuple[tuple[str, SqlType], ...],
+    lookup_schemas: tuple[pa.Schema, ...],
+) -> Derivation | None:
+    return compile_for(spec, dict(schema), lookup_schemas)
 
 
-def derivation(spec: Aggregation, arrow_schema: pa.Schema) -> Derivation | None:
-    """:func:`compile_for` for a batch's schema, compiled once per process."""
-    return _cached(spec, tuple(input_types(arrow_schema).items()))
+def derivation(
+    spec: Aggregation, arrow_schema: pa.Schema, tables: Sequence[pa.Table] = ()
+) -> Derivation | None:
+    """:func:`compile_for` for a batch's schema and the lookups' snapshots ``tables``,
+    compiled once per process."""
+    return _cached(spec, tuple(input_types(arrow_schema).items()), tuple(t.schema for t in tables))
 
 
 def spark_schema(derived: Derivation, given: Any) -> Any:
@@ -217,29 +320,40 @@ def spark_schema(derived: Derivation, given: Any) -> Any:
         }[t.name]
 
     fields = list(given.fields)
+    fields += [StructField(name, spark(t)) for name, t in derived.lookup_types]
     fields += [StructField(name, spark(c.type)) for name, c in derived.columns]
     if derived.key_parts:
         fields.append(StructField(KEY, StringType()))
     if "_error" not in given.fieldNames():
         fields.append(StructField("_error", StringType()))
-    return StructType([*fields, StructField(KEPT, BooleanType(), False)])
+    flags = [StructField(KEPT, BooleanType(), False)]
+    if derived.lookups:
+        flags.append(StructField(UNMATCHED, BooleanType(), False))
+    return StructType([*fields, *flags])
 
 
-def map_in_arrow(spec: Aggregation) -> Any:
-    """The DataFrame path's ``mapInArrow`` function: each batch with the derived columns,
-    :data:`KEPT`, and the failures in ``_error`` (beside the source's own)."""
+def map_in_arrow(spec: Aggregation, checkpoint: str = "", lookups: Sequence[str] = ()) -> Any:
+    """The DataFrame path's ``mapInArrow`` function: each batch joined with the
+    snapshots ``lookups`` of ``checkpoint``'s lookup tables, with the derived columns,
+    :data:`KEPT`, :data:`UNMATCHED` (with lookups) and the failures in ``_error``
+    (beside the source's own)."""
+    from riverbed.stream.lookups import tables as snapshot_tables
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tables = snapshot_tables(checkpoint, lookups) if lookups else ()
         for batch in batches:
-            derived = derivation(spec, batch.schema)
+            derived = derivation(spec, batch.schema, tables)
             assert derived is not None  # only a spec that derives something maps
-            table, why, kept = derived.apply(batch)
+            table, why, kept, unmatched = derived.apply(batch, tables)
             if "_error" in table.column_names:
                 at = table.schema.get_field_index("_error")
                 table = table.set_column(at, "_error", pc.coalesce(table.column("_error"), why))
             else:
                 table = table.append_column("_error", why)
             table = table.append_column(KEPT, kept)
+            if spec.lookups:
+                assert unmatched is not None
+                table = table.append_column(UNMATCHED, unmatched)
             yield from table.to_batches()
 
     return run

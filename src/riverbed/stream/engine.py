@@ -85,6 +85,10 @@ class EngineConfig:
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
     fault: str | None = field(default_factory=lambda: inherited("RIVERBED_FAULT") or None)
     term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
+    # the lookups' tables: their columns, fixed at start, and the snapshots the batch
+    # being run joins with (its plan's, set per batch by the driver; lookups.py)
+    lookup_schemas: tuple[Any, ...] = ()
+    lookups: tuple[str, ...] = ()
     # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
     # token: secrets, never printed), applied where a task runs and its process has
     # none (see __setstate__)

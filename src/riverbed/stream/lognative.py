@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from riverbed.errors import RiverbedError
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import openpool
+from riverbed.stream import lookups
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     Maintenance,
@@ -62,6 +63,7 @@ from riverbed.stream.engine import (
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
 from riverbed.stream.layout import handoff_dir
+from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.results import empty_rows
@@ -83,7 +85,8 @@ class Side:
     input: int = 0
     late: int = 0
     malformed: int = 0
-    filtered: int = 0  # events the spec's ``where`` did not keep
+    filtered: int = 0  # events the spec's ``where`` (or an inner lookup) did not keep
+    unmatched: int = 0  # events a lookup found no row for
     max_event_ms: int | None = None
     helped: int = 0  # records read for another task's state partition (steal.py)
     late_rows: list[pd.DataFrame] = field(default_factory=list)
@@ -99,6 +102,7 @@ class Side:
         self.late += other.late
         self.malformed += other.malformed
         self.filtered += other.filtered
+        self.unmatched += other.unmatched
         self.helped += other.helped
         self.saw(other.max_event_ms)
         self.late_rows += other.late_rows
@@ -111,13 +115,16 @@ def _events(
     """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
     the rest is counted in ``side``. ``topic_log``: an open log to read through."""
     spec = cfg.engine.spec
+    tables = lookup_tables(cfg.engine.checkpoint, cfg.engine.lookups) if spec.lookups else ()
     for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
         side.input += batch.num_rows
         errors = batch.column("_error")
-        derived = derivation(spec, batch.schema)
-        if derived is not None:  # the spec's columns and where (derive.py)
-            table, why, kept = derived.apply(batch)
-            errors = pc.coalesce(errors, why)
+        derived = derivation(spec, batch.schema, tables)
+        if derived is not None:  # the spec's lookups, columns and where (derive.py)
+            table, why, kept, unmatched = derived.apply(batch, tables)
+            errors = pc.coalesce(table.column("_error"), why)
+            if unmatched is not None:
+                side.unmatched += int(pc.sum(pc.and_(unmatched, pc.is_null(errors))).as_py() or 0)
             dropped = pc.and_(pc.invert(kept), pc.is_null(errors))
             side.filtered += int(pc.sum(dropped).as_py() or 0)
             table = table.set_column(table.schema.get_field_index("_error"), "_error", errors)
@@ -449,12 +456,16 @@ def run_planned(
         raise StreamValueError(f"batch {batch_id} has no recorded plan to run")
     slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record.slices.items()]
     slices.sort(key=lambda s: s.partition)
+    if cfg.engine.spec.lookups:  # the lookup tables as the plan recorded them
+        cfg = replace(cfg, engine=lookups.running(cfg.engine, batches, batch_id, record))
     rows, side = run_batch(spark, cfg, batch_id, record, slices)
     merged = time.perf_counter()
     if side.max_event_ms is not None:
         record.max_event_ms = max(record.max_event_ms, side.max_event_ms)
     record.late, record.malformed, record.helped = side.late, side.malformed, side.helped
     record.filtered = side.filtered
+    if cfg.engine.spec.lookups:
+        record.unmatched = side.unmatched
     late = pd.concat(side.late_rows) if side.late_rows else None
     dlq = pd.concat(side.dlq_rows) if side.dlq_rows else None
     if late is not None or dlq is not None:

@@ -38,6 +38,7 @@ from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state import uploads
 from riverbed.state.errors import CorruptStateError
 from riverbed.state.openpool import keep_open
+from riverbed.stream import lookups
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
 from riverbed.stream.layout import Checkpoint
@@ -219,7 +220,16 @@ class DirectQuery:
         )
         if not has_input(slices):
             return None
-        record = replace(base, slices=slices, co_located=self._co_located(slices))
+        record = replace(
+            base,
+            slices=slices,
+            co_located=self._co_located(slices),
+            # which version of each lookup table it joins with (lookups.py)
+            lookups=lookups.planned(
+                self.cfg.engine,
+                newest if newest is None or newest.done else self.batches.previous(batch_id),
+            ),
+        )
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
         return batch_id, record
 

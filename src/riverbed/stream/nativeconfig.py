@@ -7,7 +7,7 @@ driver, once per start (:func:`prepare`), pickled to the tasks as a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from riverbed.spark.source import open_log
 from riverbed.stream.aggregation import KEY
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.lookups import added_columns
 from riverbed.stream.metrics import VALUE_METRICS
 from riverbed.stream.steal import PIECE
 
@@ -48,7 +49,9 @@ class DirectConfig:
     driver_records: int = DRIVER_BATCH_RECORDS
 
 
-def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bool:
+def decide_co_location(
+    topic_log: Log, options: dict[str, str], spec: Any, added: Sequence[str] = ()
+) -> bool:
     """Co-locate when asked (``co_locate``: auto | true | false) and the topic fits: one
     log partition per state partition, its records keyed by the aggregation key and
     placed by the key's CRC-32 (riverbed's key-hash partitioner — and librdkafka's
@@ -61,12 +64,13 @@ def decide_co_location(topic_log: Log, options: dict[str, str], spec: Any) -> bo
         raise StreamValueError(f"co_locate must be auto, true or false, not {choice!r}")
     if choice == "false":
         return False
-    if spec.composite or spec.key in spec.columns:  # no producer placed records by it
+    if spec.composite or spec.key in spec.columns or spec.key in added:
+        # no producer placed records by it
         if choice == "true":
             raise StreamValueError(
-                f"co_locate=true: the key {spec.key!r} is derived (a derived column, or a "
-                "composite key's text), which no producer placed the topic's records by; "
-                "leave co_locate at auto"
+                f"co_locate=true: the key {spec.key!r} is derived (a derived column, a "
+                "lookup's column, or a composite key's text), which no producer placed "
+                "the topic's records by; leave co_locate at auto"
             )
         return False
     topic = topic_log.topic(options["topic"])
@@ -127,7 +131,8 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
                 f"with `riverbed topic create {options['topic']} --partitions "
                 f"{config.spec.state_partitions}`"
             )
-        co_located = decide_co_location(topic_log, options, config.spec)
+        added = added_columns(config.lookup_schemas, config.spec.lookups)
+        co_located = decide_co_location(topic_log, options, config.spec, added)
     finally:
         topic_log.close()
     values = value_schema(lowered)
@@ -136,9 +141,10 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     if not isinstance(parsed, StructType):
         raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
     schema = StructType(list(parsed.fields) + META_FIELDS)
-    derived = _derived_names(config.spec, schema)
+    derived = _derived_names(config, schema)
     config = _with_column_types(config, schema)
-    missing = [c for c in config.spec.reads() if c not in schema.fieldNames() + derived]
+    known = schema.fieldNames() + derived + added
+    missing = [c for c in config.spec.reads() if c not in known]
     if missing:
         raise StreamValueError(
             f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
@@ -156,16 +162,19 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     )
 
 
-def _derived_names(spec: Any, schema: Any) -> list[str]:
-    """The spec's derived columns, compiled here against the source's schema so that a
-    ``where`` or ``columns`` that cannot be evaluated is refused at start."""
+def _derived_names(config: EngineConfig, schema: Any) -> list[str]:
+    """The spec's derived columns, compiled here against the source's schema (and the
+    lookups' tables) so that a ``where`` or ``columns`` that cannot be evaluated is
+    refused at start."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from riverbed.stream.derive import compile_for, input_types
 
+    spec = config.spec
     if not spec.derives:
         return []
-    derived = compile_for(spec, input_types(to_arrow_schema(schema, timezone="UTC")))
+    types = input_types(to_arrow_schema(schema, timezone="UTC"))
+    derived = compile_for(spec, types, config.lookup_schemas)
     names = [name for name, _ in derived.columns] if derived is not None else []
     return [*names, KEY] if spec.composite else names
 
@@ -181,7 +190,8 @@ def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:
     from riverbed.stream.derive import column_types
     from riverbed.stream.keys import resolved
 
-    types = column_types(config.spec, to_arrow_schema(schema, timezone="UTC"))
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    types = column_types(config.spec, arrow, config.lookup_schemas)
     return dataclasses.replace(config, spec=resolved(config.spec, types))
 
 
