@@ -101,7 +101,9 @@ def test_each_batch_joins_with_its_recorded_version_through_kills(
         for p, (start, end) in record.slices.items():
             for r in log.read("events", int(p), start, end - start):
                 rows.append(r.value)
-        frame = pd.DataFrame(rows).assign(ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601"))
+        frame = pd.DataFrame(rows).assign(
+            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+        )
         parts.append(frame.merge(versions[snapshot["id"]], on="flag", how=how))
     log.close()
     assert len(used) >= 3, used  # the batches did join with several versions

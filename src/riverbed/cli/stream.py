@@ -327,11 +327,17 @@ def _status(args: argparse.Namespace) -> int:
         "late",
         "malformed",
         "filtered",
+        "unmatched",
         "input_rate",
         "watermark",
         "state_bytes",
     ):
+        if key == "unmatched" and key not in info:  # only aggregations with lookups
+            continue
         out.print(f"{key:>14}: {info.get(key, '-')}")
+    for at, snapshot in enumerate(info.get("lookups") or []):
+        read = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snapshot["at_ms"] / 1000))
+        out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}, read {read}")
     out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info.get("lag", {}).items()))
     driver = info.get("driver")
     if driver:

@@ -218,9 +218,11 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
     rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
     filtered = record.counted("filtered")
     kept_out = f", {filtered} filtered" if filtered else ""  # only specs with a where
+    # only specs with lookups count events a table had no row for
+    missed = f", {record.unmatched} unmatched" if record.unmatched else ""
     return (
         f"batch {batch_id}: {record.counted('input')} records, {record.counted('late')} late, "
-        f"{record.counted('malformed')} malformed{kept_out}{rate}"
+        f"{record.counted('malformed')} malformed{kept_out}{missed}{rate}"
     )
 
 
@@ -402,6 +404,13 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         "late": totals["late"],
         "malformed": totals["malformed"],
         "filtered": int(totals.get("filtered", 0)),  # events the spec's where dropped
+        # with lookups: events a table had no row for, and the versions the newest
+        # batch joined with (content hash, when the table was read)
+        **(
+            {"unmatched": int(totals.get("unmatched", 0)), "lookups": head.lookups}
+            if head is not None and head.lookups is not None
+            else {}
+        ),
         "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
