@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import riverbed.log
 from riverbed.stream import Aggregation, Count, Distinct, Lookup, Max, Sum, Tumbling
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import start
@@ -155,3 +156,43 @@ def test_a_lookup_that_cannot_start_is_refused_at_start(
                       output=tmp_path / f"o-{path}", log_url=log_url,
                       trigger={"availableNow": True})  # fmt: skip
             assert says in str(refused.value), (path, str(refused.value))
+
+
+@pytest.mark.parametrize("path", ["spark", "colocated"])
+def test_a_topic_of_the_aggregations_log_is_a_lookup_table(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """Owners per flag as a keyed topic beside the events (newest value per key): the
+    aggregation counts events and owners per flag."""
+    log = riverbed.log.open(log_url)
+    log.create_topic("owners", 1)
+    send = log.producer("owners").send
+    for flag, owner in [("f0", "ann"), ("f1", "bob"), ("f0", "cy"), ("f2", "dee")]:
+        send({"flag": flag, "owner": owner}, key=flag)
+    log.close()
+    events = make_events(600, hours=2, seed=3)
+    write_events(log_url, events)
+    spec = Aggregation(
+        name="owned",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        lookups=[Lookup(topic="owners", on="flag", how="inner")],
+        metrics={"events": Count(), "owners": Distinct("owner")},
+        state_partitions=3,
+    )
+    got = run_to_end(spark, spec, log_url, tmp_path, path)
+    owners = pd.DataFrame({"flag": ["f0", "f1", "f2"], "owner": ["cy", "bob", "dee"]})
+    rows = events.merge(owners, on="flag")
+    want = (
+        rows.assign(window_start=rows["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(events=("ts", "size"), owners=("owner", "nunique"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+    columns = ["window_start", "key", "events", "owners"]
+    got = got.sort_values(["window_start", "key"])[columns].reset_index(drop=True)
+    want = want.sort_values(["window_start", "key"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)

@@ -4,6 +4,7 @@ merge on generated events and tables."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import riverbed.log
 from riverbed.storage import open_store
 from riverbed.stream import Aggregation, Count, Lookup, Tumbling
 from riverbed.stream.derive import compile_for, input_types
@@ -30,6 +32,7 @@ from riverbed.stream.lookups import (
     read_table,
     tables,
 )
+from riverbed.testing.kafkaserver import KafkaServer
 
 EVENTS = pa.schema(
     [("cid", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")), ("_error", pa.string())]
@@ -303,3 +306,46 @@ def test_a_lookup_equals_pandas_merge(
     assert list(chosen["double"]) == [int(b) * 2 for b in merged.sort_values("row")["budget"]]
     missing = [k is None or k not in table_keys for k in keys]
     assert unmatched is not None and unmatched.to_pylist() == missing
+
+
+# -- a topic as the table ---------------------------------------------------------------
+
+
+def test_a_topic_is_a_table_of_the_newest_value_per_key(tmp_path: Path) -> None:
+    """A compacted topic's reading: the newest value per key wins, a record without a
+    value deletes its key; without a location the aggregation's log is read."""
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("owners", 2)
+    send = log.producer("owners").send
+    send({"id": 1, "owner": "a"}, key="1")
+    send({"id": 2, "owner": "b"}, key="2")
+    send({"id": 1, "owner": "a2"}, key="1")  # newer: wins
+    send({"id": 3, "owner": "c"}, key="3")
+    send(None, key="3")  # a tombstone
+    log.close()
+    lookup = Lookup(topic="owners", on=("cid", "id"))
+    got = read_table(lookup, log_url=url)
+    assert got.to_pydict() == {"id": [1, 2], "owner": ["a2", "b"]}
+    assert read_table(Lookup(url, topic="owners", on="id")).num_rows == 2
+    with pytest.raises(LookupTableError, match="topic nope: no such topic in the log"):
+        read_table(Lookup(topic="nope", on="id"), log_url=url)
+    with pytest.raises(LookupTableError, match="no log to read it from"):
+        read_table(lookup)
+    with pytest.raises(StreamValueError, match="not a SQL database"):
+        Lookup("sqlite:///x.db", topic="owners", on="id")
+
+
+@pytest.mark.kafka
+def test_a_kafka_topic_is_a_table(kafka_server: KafkaServer, kafka_topic: str) -> None:
+    from confluent_kafka import Producer
+
+    kafka_server.create_topic(kafka_topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap, "acks": "all"})
+    for key, value in [("7", {"owner": "x"}), ("8", {"owner": "y"}), ("7", {"owner": "z"})]:
+        producer.produce(kafka_topic, key=key, value=json.dumps(value))
+    producer.produce(kafka_topic, key="8", value=None)  # Kafka's tombstone
+    assert producer.flush(60) == 0
+    url = f"kafka://{kafka_server.bootstrap}?serde=json"
+    got = read_table(Lookup(url, topic=kafka_topic, on="id"))  # the key: the record's
+    assert got.to_pydict() == {"id": ["7"], "owner": ["z"]}

@@ -268,7 +268,7 @@ def start(
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
     # the lookup tables' columns (read now, or the last batch's snapshots while a table
     # is away): what the spec is compiled against
-    schemas = lookups.at_start(spec.lookups, str(checkpoint))
+    schemas = lookups.at_start(spec.lookups, str(checkpoint), log_url)
     if options is None:  # the types of the values results carry, from the DataFrame's
         from pyspark.sql.pandas.types import to_arrow_schema
 

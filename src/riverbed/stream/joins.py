@@ -25,24 +25,38 @@ _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 class Lookup:
     """A table each event is enriched from (see the module doc).
 
-    ``location``: a Parquet file or directory (path, ``file://``, ``s3://``) or a SQL
-    database URL (``sqlite:///x.db``, ``postgresql://user@host/db``) with ``table``.
+    ``location``: a Parquet file or directory (path, ``file://``, ``s3://``), a SQL
+    database URL (``sqlite:///x.db``, ``postgresql://user@host/db``) with ``table``, or
+    with ``topic`` a log's URL (``None``: the aggregation's log; ``kafka://…`` for a
+    Kafka topic), whose newest value per key is the table.
     ``on``: the events' column, or ``(events' column, table's column)``. ``columns``:
     the table's columns to add (all but the key when ``None``), or ``{"new name":
     "table column"}``. ``how``: ``"left"`` or ``"inner"``. ``refresh``: ``"batch"`` or
     a duration."""
 
-    location: str
-    on: str | tuple[str, str]
+    location: str | None = None
+    on: str | tuple[str, str] = ""
     columns: Sequence[str] | Mapping[str, str] | None = None
     how: Literal["left", "inner"] = "left"
     refresh: str = "batch"
     table: str | None = None
+    topic: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.location, str | Path) or not str(self.location).strip():
-            raise StreamValueError(f"a lookup needs a table's location, not {self.location!r}")
-        object.__setattr__(self, "location", str(self.location))
+        if self.topic is not None:
+            if not isinstance(self.topic, str) or not self.topic:
+                raise StreamValueError(f"lookup topic={self.topic!r}: a topic's name")
+            if self.location is not None and urlsplit(str(self.location)).scheme in SQL_SCHEMES:
+                raise StreamValueError(
+                    f"lookup topic={self.topic!r}: the location is a log's URL (or none: "
+                    "the aggregation's log), not a SQL database"
+                )
+        elif not isinstance(self.location, str | Path) or not str(self.location).strip():
+            raise StreamValueError(
+                f"a lookup needs a table's location (or topic=), not {self.location!r}"
+            )
+        if self.location is not None:
+            object.__setattr__(self, "location", str(self.location))
         on = self.on
         if isinstance(on, list | tuple):
             if len(on) != 2 or not all(isinstance(c, str) and c for c in on):
@@ -50,7 +64,7 @@ class Lookup:
                     f"lookup on={on!r}: name one column, or (events' column, table's column)"
                 )
             on = (on[0], on[1]) if on[0] != on[1] else on[0]
-        elif not isinstance(on, str) or not on:
+        elif not isinstance(on, str) or not on:  # (its default only keeps the order)
             raise StreamValueError(
                 f"lookup on={on!r}: name one column, or (events' column, table's column)"
             )
@@ -66,7 +80,7 @@ class Lookup:
                     f"lookup refresh={self.refresh!r}: 'batch' (read the table for every "
                     "batch) or a duration such as '5m'"
                 ) from None
-        sql = urlsplit(self.location).scheme in SQL_SCHEMES
+        sql = self.location is not None and urlsplit(self.location).scheme in SQL_SCHEMES
         if sql and not self.table:
             raise StreamValueError(
                 f"lookup {self.label}: a SQL database needs table=, the table to read"
@@ -77,7 +91,8 @@ class Lookup:
             )
         if not sql and self.table:
             raise StreamValueError(
-                f"lookup {self.label}: table= names a SQL table; a Parquet location is read whole"
+                f"lookup {self.label}: table= names a SQL table; a Parquet location is "
+                "read whole, a topic is topic="
             )
         columns = self.columns
         if columns is not None:
@@ -96,6 +111,9 @@ class Lookup:
     @property
     def label(self) -> str:
         """The table, as errors and status name it (never a password)."""
+        if self.topic is not None:
+            return f"topic {self.topic}"
+        assert self.location is not None
         where = self.location.split("@")[-1] if "://" in self.location else self.location
         return f"{where}#{self.table}" if self.table else where
 
@@ -113,4 +131,4 @@ class Lookup:
         return 0 if self.refresh == "batch" else duration_ms(self.refresh)
 
     def __hash__(self) -> int:
-        return hash((self.location, self.on, self.how, self.refresh, self.table))
+        return hash((self.location, self.on, self.how, self.refresh, self.table, self.topic))

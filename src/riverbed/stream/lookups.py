@@ -87,13 +87,18 @@ class LookupTableError(StreamError):
 # -- reading a table ----------------------------------------------------------------------
 
 
-def read_table(lookup: Lookup) -> pa.Table:
+def read_table(lookup: Lookup, log_url: str | None = None) -> pa.Table:
     """The table as it is now: its key (named as the table names it) and the columns
     the lookup adds (under their new names), normalized (:func:`normalized`) and
-    checked to be keyed. :class:`LookupTableError` names what is wrong."""
-    scheme = urlsplit(lookup.location).scheme
+    checked to be keyed. ``log_url``: the aggregation's log, for a topic without a
+    location. :class:`LookupTableError` names what is wrong."""
     try:
-        raw = _read_sql(lookup) if scheme in SQL_SCHEMES else _read_parquet(lookup)
+        if lookup.topic is not None:
+            raw = _read_topic(lookup, lookup.location or log_url)
+        elif urlsplit(str(lookup.location)).scheme in SQL_SCHEMES:
+            raw = _read_sql(lookup)
+        else:
+            raw = _read_parquet(lookup)
     except LookupTableError:
         raise
     except Exception as exc:  # a table away or unreadable: named, never a deep traceback
@@ -108,12 +113,62 @@ def _short(exc: BaseException) -> str:
     return text.split("@")[-1] if "://" in text else text
 
 
+def _read_topic(lookup: Lookup, log_url: str | None) -> pa.Table:
+    """A topic as a table (a compacted topic's reading): for each key, the newest value
+    — records in offset order, a key's records in one partition as producers keyed by it
+    place them; a record without a value (a tombstone) deletes its key. The key is the
+    value's field ``on`` names (the table's side), else the record's key as text."""
+    import riverbed.log
+
+    if log_url is None:
+        raise LookupTableError(f"lookup {lookup.label}: no log to read it from (location=)")
+    assert lookup.topic is not None
+    key = lookup.table_column
+    newest: dict[tuple[str, Any], dict[str, Any]] = {}
+    log = riverbed.log.open(log_url)
+    try:
+        if lookup.topic not in log.topics():
+            raise LookupTableError(f"lookup {lookup.label}: no such topic in the log")
+        for part in log.offsets(lookup.topic):
+            offset = part.start
+            while offset < part.end:
+                records = log.read(lookup.topic, part.partition, offset, 10_000)
+                if not records:
+                    break
+                for r in records:
+                    value = r.value
+                    text = r.key.decode("utf-8", "replace") if r.key is not None else None
+                    if value is None:  # a tombstone: compaction's delete of its record key
+                        newest.pop(("record", text), None)
+                        continue
+                    if not isinstance(value, Mapping):
+                        raise LookupTableError(
+                            f"lookup {lookup.label}: record {part.partition}@{r.offset} is "
+                            "not an object of fields (JSON or a typed topic)"
+                        )
+                    row = dict(value)
+                    if row.get(key) is None:
+                        row[key] = text
+                    # compacted by the record's key, as Kafka compacts; by the field
+                    # for records without one
+                    slot = ("record", text) if text is not None else ("field", row[key])
+                    newest.pop(slot, None)  # the newest goes last
+                    newest[slot] = row
+                offset = records[-1].offset + 1
+    finally:
+        log.close()
+    rows = list(newest.values())
+    names = list(dict.fromkeys(n for row in rows for n in row)) or [key]
+    return pa.table({n: pa.array([row.get(n) for row in rows]) for n in names})
+
+
 def _read_parquet(lookup: Lookup) -> pa.Table:
     """The one object the location names (``….parquet``), or every ``.parquet`` object
     under it (a directory or a bucket prefix; hidden and underscore-prefixed files,
     such as Spark's ``_SUCCESS``, left out)."""
     from riverbed.storage import open_store
 
+    assert lookup.location is not None
     parent, _, name = lookup.location.rstrip("/").rpartition("/")
     if name.endswith(".parquet"):
         folder = open_store(parent or ".")
@@ -137,7 +192,7 @@ def _read_parquet(lookup: Lookup) -> pa.Table:
 def _read_sql(lookup: Lookup) -> pa.Table:
     from riverbed.stream.sinks import _ident
 
-    assert lookup.table is not None
+    assert lookup.table is not None and lookup.location is not None
     query = f"SELECT * FROM {_ident(lookup.table)}"  # noqa: S608 - a validated name, quoted
     parts = urlsplit(lookup.location)
     if parts.scheme == "sqlite":
@@ -276,8 +331,9 @@ def plan_snapshots(
     previous: Sequence[Snapshot] | None,
     store: ObjectStore,
     now_ms: int | None = None,
-    read: Callable[[Lookup], pa.Table] = read_table,
+    read: Callable[[Lookup], pa.Table] | None = None,
     schemas: Sequence[pa.Schema] | None = None,
+    log_url: str | None = None,
 ) -> list[Snapshot]:
     """The snapshot of each lookup for a new batch: the previous batch's while it is
     fresh enough, else the table read now, written once per content. A table that
@@ -294,7 +350,7 @@ def plan_snapshots(
             out.append(was)
             continue
         try:
-            table = read(lookup)
+            table = read(lookup) if read is not None else read_table(lookup, log_url)
             if schemas is not None and table.schema != schemas[len(out)]:
                 raise LookupTableError(
                     f"lookup {lookup.label}: the table's columns changed since the stream "
@@ -347,7 +403,10 @@ def _snapshot(checkpoint: str, snapshot_id: str) -> pa.Table:
 
 
 def start_schemas(
-    lookups: Sequence[Lookup], checkpoint: str, recorded: Sequence[Snapshot] | None
+    lookups: Sequence[Lookup],
+    checkpoint: str,
+    recorded: Sequence[Snapshot] | None,
+    log_url: str | None = None,
 ) -> tuple[pa.Schema, ...]:
     """The columns of each lookup's table, which the spec is compiled against at start:
     the table's as it is now, or, while it cannot be read, the newest batch's snapshot's
@@ -356,7 +415,7 @@ def start_schemas(
     out = []
     for at, lookup in enumerate(lookups):
         try:
-            out.append(read_table(lookup).schema)
+            out.append(read_table(lookup, log_url).schema)
         except LookupTableError as exc:
             if not recorded or len(recorded) != len(lookups):
                 raise
@@ -365,7 +424,9 @@ def start_schemas(
     return tuple(out)
 
 
-def at_start(lookups: Sequence[Lookup], checkpoint: str) -> tuple[pa.Schema, ...]:
+def at_start(
+    lookups: Sequence[Lookup], checkpoint: str, log_url: str | None = None
+) -> tuple[pa.Schema, ...]:
     """:func:`start_schemas`, with the newest batch's snapshots as the fallback."""
     if not lookups:
         return ()
@@ -374,7 +435,8 @@ def at_start(lookups: Sequence[Lookup], checkpoint: str) -> tuple[pa.Schema, ...
     batches = open_batches(checkpoint)
     ids = batches.ids()
     newest = batches.get(ids[-1]) if ids else None
-    return start_schemas(lookups, checkpoint, recorded(newest.lookups) if newest else None)
+    before = recorded(newest.lookups) if newest else None
+    return start_schemas(lookups, checkpoint, before, log_url)
 
 
 def added_columns(schemas: Sequence[pa.Schema], lookups: Sequence[Lookup]) -> list[str]:
@@ -402,7 +464,11 @@ def planned(config: EngineConfig, previous: BatchRecord | None) -> list[dict[str
     store = checkpoint_store(config.checkpoint)
     before = recorded(previous.lookups) if previous is not None else None
     snapshots = plan_snapshots(
-        config.spec.lookups, before, store, schemas=config.lookup_schemas or None
+        config.spec.lookups,
+        before,
+        store,
+        schemas=config.lookup_schemas or None,
+        log_url=config.log_url,
     )
     now = {s.id for s in snapshots}
     was = {s.id for s in before or ()}
