@@ -349,3 +349,20 @@ def test_a_kafka_topic_is_a_table(kafka_server: KafkaServer, kafka_topic: str) -
     url = f"kafka://{kafka_server.bootstrap}?serde=json"
     got = read_table(Lookup(url, topic=kafka_topic, on="id"))  # the key: the record's
     assert got.to_pydict() == {"id": ["7"], "owner": ["z"]}
+
+
+@pytest.mark.parametrize("small_text", [0, 250_000])
+def test_text_keys_join_the_same_through_either_index(
+    small_text: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text keys of small tables go through Arrow's index_in, of big ones through a
+    pandas index built once (benchmarks/lookups.py): both give the same rows."""
+    from riverbed.stream import lookups
+
+    monkeypatch.setattr(lookups._KeyIndex, "SMALL_TEXT", small_text)
+    monkeypatch.setattr(lookups, "_INDEXES", {})
+    table = pa.table({"k": ["b", "a", "é", ""], "v": [2, 1, 3, 0]})
+    events = pa.table({"k": pa.array(["a", None, "é", "zz", "", "b"])})
+    joined, found = join(events, Lookup("t.parquet", on="k"), table)
+    assert joined.column("v").to_pylist() == [1, None, 3, None, 0, 2]
+    assert found.to_pylist() == [True, False, True, False, True, True]

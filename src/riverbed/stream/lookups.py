@@ -38,6 +38,7 @@ import hashlib
 import io
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -505,18 +508,67 @@ def join(events: pa.Table, lookup: Lookup, table: pa.Table) -> tuple[pa.Table, p
         values = values.combine_chunks()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    keys = table.column(key)
-    if pa.types.is_integer(values.type):  # any integers: compared as 64-bit
-        values, keys = values.cast(pa.int64()), keys.cast(pa.int64())
-    elif keys.type != values.type:
-        keys = keys.cast(values.type)  # strings both (checked at start: derive.compile_for)
-    at = pc.index_in(values, value_set=keys)
+    at = _index(table, key).positions(values)
     found = pc.is_valid(at)
     for name in table.column_names:
         if name == key:
             continue
         events = events.append_column(name, table.column(name).take(at))
     return events, found
+
+
+class _KeyIndex:
+    """A table's key, hashed once per snapshot where that pays (a task joins every piece
+    of every batch with it; ``pc.index_in`` hashes the table again each time: 104 ms a
+    50,000-event piece against a million integer keys, here 11): integers as 64-bit in
+    a pandas index; text keys of small tables by ``index_in`` (Arrow hashes 100,000
+    strings faster than pandas probes 50,000 Python ones), of big ones by a pandas
+    index (benchmarks/lookups.py)."""
+
+    SMALL_TEXT = 250_000  # text keys up to this many: index_in
+
+    def __init__(self, keys: pa.Array) -> None:
+        self.integral = pa.types.is_integer(keys.type)
+        self.keys = keys
+        self.index: pd.Index | None = None
+        if self.integral:
+            self.index = pd.Index(keys.cast(pa.int64()).to_numpy())
+        elif len(keys) > self.SMALL_TEXT:
+            self.index = pd.Index(keys.to_numpy(zero_copy_only=False))
+
+    def positions(self, values: pa.Array) -> pa.Array:
+        """Each value's row in the table (NULL: none, or a NULL value)."""
+        if self.index is None:
+            keys = self.keys if self.keys.type == values.type else self.keys.cast(values.type)
+            return pc.index_in(values, value_set=keys).cast(pa.int64())
+        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+        if self.integral:
+            probe = pc.fill_null(values.cast(pa.int64()), 0).to_numpy()
+        else:
+            probe = values.to_numpy(zero_copy_only=False)
+        rows = self.index.get_indexer(probe)
+        hit = (rows >= 0) & valid
+        return pa.array(np.where(hit, rows, 0), pa.int64(), mask=~hit)
+
+
+_INDEXES: dict[tuple[int, str], tuple[pa.Table, _KeyIndex]] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def _index(table: pa.Table, key: str) -> _KeyIndex:
+    """The key index of ``table`` (kept for the few snapshots a process joins with; the
+    table is held beside it, so its id is not reused meanwhile)."""
+    with _INDEXES_LOCK:
+        held = _INDEXES.get((id(table), key))
+        if held is not None:
+            return held[1]
+    keys = table.column(key).combine_chunks()
+    index = _KeyIndex(keys)
+    with _INDEXES_LOCK:
+        if len(_INDEXES) >= 16:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        _INDEXES[(id(table), key)] = (table, index)
+    return index
 
 
 def key_types_match(event: SqlType, table: SqlType) -> bool:
