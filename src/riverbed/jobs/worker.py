@@ -1,8 +1,10 @@
 """Workers: claim chunks, run them in warm executor processes, record what happened.
 
-(Over 600 lines: the I/O shell of one worker — its executors, its pipes, its session
-and its database calls share the slots, so they stay in one class; every decision it
-takes is a pure function of :mod:`riverbed.jobs.decisions`, tested there.)
+The worker is an I/O shell — executors, pipes, its session, the database, the
+publication — around a state machine, :class:`riverbed.jobs.workerstate.WorkerState`:
+every event (claimed, answered, died, heartbeat, session lost) goes in, the
+instructions it returns (start, kill, record, flush, cancel, release) come out and are
+carried out here; each decision is a pure function of :mod:`riverbed.jobs.decisions`.
 
 A worker's life:
 
@@ -44,10 +46,8 @@ import random
 import secrets
 import shutil
 import signal
-import sqlite3
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -57,21 +57,35 @@ from typing import Any
 from riverbed.config import Config, inherited
 from riverbed.control import ControlError, ControlPlane, Registry, Session
 from riverbed.control.processes import announce, host_name
-from riverbed.jobs.decisions import (
-    Fail,
-    Fenced,
-    Succeed,
-    claims_wanted,
-    defers,
-    ending,
-    flush_due,
-    stop_reason,
-    wait_time,
-)
+from riverbed.jobs.decisions import Fail, Fenced, Succeed, wait_time
 from riverbed.jobs.errors import FencedError, JobsValueError, QueueError
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import staging_dir
 from riverbed.jobs.queue import Claim, JobQueue
+from riverbed.jobs.waker import Waker
+from riverbed.jobs.workerstate import (
+    Answer,
+    Answered,
+    CancelHeld,
+    Claimed,
+    Event,
+    ExecutorDied,
+    Flush,
+    FlushTime,
+    Heartbeat,
+    Instruction,
+    Kill,
+    Record,
+    RecordFailed,
+    Release,
+    RetryUnrecorded,
+    SessionLost,
+    Slot,
+    SlotsFree,
+    Start,
+    Stopping,
+    WorkerState,
+)
 from riverbed.processes import SessionStillAliveError, kill_session
 from riverbed.storage import StorageError
 
@@ -84,82 +98,10 @@ def log_path(home: Path, chunk_id: int, attempt: int) -> Path:
     return home / "jobs" / "logs" / f"{chunk_id}-{attempt}.log"
 
 
-class Waker:
-    """A readable fd that becomes ready when the jobs database may have new work."""
-
-    def __init__(self, queue: JobQueue, poll: float = 0.01) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        self._stop = threading.Event()
-        self._poll = poll
-        self._queue = queue
-        self._thread = threading.Thread(target=self._run, name="riverbed-jobs-waker", daemon=True)
-        self._thread.start()
-
-    def _signal(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._write_fd, b"!")
-
-    def drain(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.read_fd, 4096):
-                pass
-
-    def _run(self) -> None:
-        backoff = 0.25
-        while not self._stop.is_set():
-            try:
-                self._listen()
-            except Exception as exc:  # the database is away: listen again when it is back
-                log.warning("jobs waker: %s; listening again in %.2fs", exc, backoff)
-                self._signal()  # meanwhile the worker looks for itself
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    def _listen(self) -> None:
-        db = self._queue.db
-        if db.dialect == "sqlite" and db.path is not None:
-            conn = sqlite3.connect(db.path)
-            try:
-                last = conn.execute("PRAGMA data_version").fetchone()[0]
-                while not self._stop.wait(self._poll):
-                    now = conn.execute("PRAGMA data_version").fetchone()[0]
-                    if now != last:
-                        last = now
-                        self._signal()
-            finally:
-                conn.close()
-            return
-        import psycopg
-
-        dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
-        with psycopg.connect(dsn, autocommit=True) as pg:
-            pg.execute("LISTEN rb_jobs")
-            self._signal()  # anything sent while nobody listened
-            while not self._stop.is_set():
-                for _ in pg.notifies(timeout=0.5, stop_after=1):
-                    self._signal()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        os.close(self.read_fd)
-        os.close(self._write_fd)
-
-
 @dataclass
 class _Executor:
     proc: Any
     conn: Connection
-
-
-@dataclass
-class _Slot:
-    claim: Claim
-    executor: _Executor
-    started: float
-    stopping: str | None = None  # why it is being stopped (cancel, lost, timeout)
-    retries: int = 0  # times recording its end failed on a database error
 
 
 @dataclass
@@ -243,21 +185,16 @@ class Worker:
         self.registry = Registry(cp, WORKERS)
         self.id = ""
         self.stats = WorkerStats()
+        # what runs where, what is held, deferred, unrecorded: every decision there
+        self.state = WorkerState(concurrency, prefetch, prefetch_below)
         self._idle: list[_Executor] = []
-        self._slots: dict[int, _Slot] = {}
-        self._held: deque[Claim] = deque()  # claimed ahead, not started yet
-        # Ended chunks whose recording failed on a database error, retried each loop
-        # (still heartbeated, so they are not reaped while the database is away).
-        self._unrecorded: list[tuple[_Slot, dict[str, Any] | None]] = []
-        self._short = False  # the last chunk finished under prefetch_below seconds
-        # Short chunks that succeeded, recorded together at the next flush (prefetch ≥ 2).
-        self._deferred: list[tuple[_Slot, dict[str, Any]]] = []
-        self._deferred_since = 0.0
+        self._running: dict[int, _Executor] = {}  # the executor of each running chunk
         self._mp = multiprocessing.get_context("spawn")
         self._fault = fault if fault is not None else Fault.from_env()
 
     def __repr__(self) -> str:
-        return f"Worker({self.id or 'unregistered'}, slots={len(self._slots)}/{self.concurrency})"
+        running = len(self.state.slots)
+        return f"Worker({self.id or 'unregistered'}, slots={running}/{self.concurrency})"
 
     # -- executors ----------------------------------------------------------------------
 
@@ -294,18 +231,41 @@ class Worker:
         ex.proc.join(timeout=5)
         ex.conn.close()
 
-    def _want(self) -> int:
-        """How many more chunks to claim: free slots, plus one held ahead while short."""
-        return claims_wanted(
-            self.concurrency, len(self._slots), len(self._held), self.prefetch, self._short
-        )
+    # -- carrying out the state machine's instructions ------------------------------------
 
-    def _take(self, claim: Claim) -> None:
-        """Start a claimed chunk on a free slot, or hold it until one frees."""
-        if len(self._slots) < self.concurrency:
-            self._start(claim)
-        else:
-            self._held.append(claim)
+    def _handle(self, event: Event) -> int:
+        """Hand an event to the state machine and carry out what it says (and what that
+        leads to: the chunks a success claimed in its transaction). Returns how many
+        chunks were claimed meanwhile."""
+        claimed = 0
+        todo = list(self.state.handle(event))
+        while todo:
+            instruction = todo.pop(0)
+            more = self._do(instruction)
+            if more:
+                claimed += len(more)
+                todo[:0] = self.state.handle(Claimed(tuple(more), self.clock()))
+        return claimed
+
+    def _do(self, instruction: Instruction) -> list[Claim]:
+        if isinstance(instruction, Start):
+            self._start(instruction.claim)
+        elif isinstance(instruction, Kill):
+            ex = self._running.pop(instruction.chunk, None)
+            if ex is not None:
+                self._kill(ex)
+        elif isinstance(instruction, Record):
+            return self._recorded(instruction)
+        elif isinstance(instruction, Flush):
+            return self._flush(instruction)
+        elif isinstance(instruction, CancelHeld):
+            claim = instruction.claim
+            with contextlib.suppress(FencedError):
+                self.queue.fail(claim.id, claim.attempt, "cancelled by request", cancelled=True)
+        elif isinstance(instruction, Release):
+            with contextlib.suppress(FencedError, QueueError):
+                self.queue.release(instruction.claim.id, instruction.claim.attempt)
+        return []
 
     def _start(self, claim: Claim) -> None:
         ex = self._idle.pop() if self._idle else self._spawn()
@@ -325,36 +285,30 @@ class Worker:
             self._kill(ex)
             ex = self._spawn()
             ex.conn.send(req)
-        self._slots[claim.id] = _Slot(claim, ex, self.clock())
+        self._running[claim.id] = ex
 
     # -- results ------------------------------------------------------------------------
 
-    def _finish(
-        self, slot: _Slot, answer: dict[str, Any] | None, claim_more: bool = False
-    ) -> list[Claim]:
-        """Record how a slot's chunk ended; after a success, with ``claim_more``, claim
-        chunks for the free slots in the same transaction (returned, to be started)."""
-        claim = slot.claim
-        self._slots.pop(claim.id, None)
+    def _recorded(self, record: Record) -> list[Claim]:
+        """Record how a chunk ended; a database or bucket away: retried later."""
         try:
-            return self._record(slot, answer, claim_more)
+            return self._record(record)
         except (QueueError, StorageError) as exc:  # the database or the bucket: away
-            slot.retries += 1
-            self._unrecorded.append((slot, answer))
-            log.warning("chunk %s: recording its end failed (%s); retrying", claim.id, exc)
+            self.state.handle(RecordFailed(((record.slot, record.answer),)))
+            log.warning(
+                "chunk %s: recording its end failed (%s); retrying", record.slot.claim.id, exc
+            )
             return []
 
-    def _record(self, slot: _Slot, answer: dict[str, Any] | None, claim_more: bool) -> list[Claim]:
+    def _record(self, record: Record) -> list[Claim]:
+        slot, end = record.slot, record.end
         claim = slot.claim
         staged = staging_dir(self.home, claim.id, claim.attempt)
-        end = ending(answer, slot.stopping, claim.timeout)
         try:
             if isinstance(end, Succeed):
-                self._short = self.clock() - slot.started < self.prefetch_below
-                more = self._want() if claim_more else 0
                 self._publish(claim, end.output)
                 claims = self.queue.succeed_and_claim(
-                    claim, end.output, self.id, self.host, more, self.kinds
+                    claim, end.output, self.id, self.host, record.more, self.kinds
                 )
                 self.stats.done += 1
                 self.stats.ids.append(claim.id)
@@ -375,7 +329,7 @@ class Worker:
                 state,
             )
         except FencedError as exc:
-            if slot.retries and self._recorded_before(slot, answer):
+            if slot.retries and self._recorded_before(slot, record.answer):
                 return []
             self.stats.fenced += 1
             self.publication.retract(claim.job, claim.id, claim.attempt)
@@ -392,32 +346,20 @@ class Worker:
             self.publication.retract(claim.job, claim.id, claim.attempt - 1)
         self._fault.between_publish_and_done()
 
-    def _defers(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
-        """Whether this ended chunk's success waits for a batch (see the module doc)."""
-        ran_for = self.clock() - slot.started
-        return defers(self.prefetch, answer, slot.stopping, ran_for, self.prefetch_below)
-
-    def _flush(self, claim_more: bool) -> list[Claim]:
+    def _flush(self, flush: Flush) -> list[Claim]:
         """Record the deferred successes in one transaction and claim the next chunks."""
-        batch, self._deferred = self._deferred, []
-        if not batch:
-            return []
-        self._short = True
-        more = self._want() if claim_more else 0
-        ended = [(slot.claim, bool(answer.get("output"))) for slot, answer in batch]
+        ended = [(slot.claim, bool(answer and answer.get("output"))) for slot, answer in flush.ends]
         try:
             for claim, output in ended:
                 self._publish(claim, output)
             fenced, claims = self.queue.succeed_many_and_claim(
-                ended, self.id, self.host, more, self.kinds
+                ended, self.id, self.host, flush.more, self.kinds
             )
         except (QueueError, StorageError) as exc:  # retried one by one, as any unrecorded end
-            for slot, answer in batch:
-                slot.retries += 1
-                self._unrecorded.append((slot, answer))
-            log.warning("recording %d chunks failed (%s); retrying", len(batch), exc)
+            self.state.handle(RecordFailed(flush.ends))
+            log.warning("recording %d chunks failed (%s); retrying", len(flush.ends), exc)
             return []
-        for slot, _answer in batch:
+        for slot, _answer in flush.ends:
             claim = slot.claim
             if claim.id in fenced:
                 self.stats.fenced += 1
@@ -433,7 +375,7 @@ class Worker:
             self.stats.ids.append(claim.id)
         return claims
 
-    def _recorded_before(self, slot: _Slot, answer: dict[str, Any] | None) -> bool:
+    def _recorded_before(self, slot: Slot, answer: Answer) -> bool:
         """After a database error, the first attempt to record a success may have
         committed after all (its output was published before): then it counts as done
         instead of being discarded."""
@@ -447,34 +389,9 @@ class Worker:
         self.stats.ids.append(claim.id)
         return True
 
-    def _retry_unrecorded(self) -> None:
-        pending, self._unrecorded = self._unrecorded, []
-        for slot, answer in pending:
-            self._finish(slot, answer)
-
     def _beat(self) -> None:
-        held = [(cid, s.claim.attempt) for cid, s in self._slots.items() if s.stopping is None]
-        held += [(c.id, c.attempt) for c in self._held]
-        held += [(s.claim.id, s.claim.attempt) for s, _ in self._unrecorded]
-        held += [(s.claim.id, s.claim.attempt) for s, _ in self._deferred]
-        statuses = self.queue.heartbeat(self.id, held)
-        for claim in list(self._held):
-            status = statuses.get(claim.id, "ok")
-            if status == "ok":
-                continue
-            self._held.remove(claim)
-            if status == "cancel":
-                with contextlib.suppress(FencedError):
-                    self.queue.fail(claim.id, claim.attempt, "cancelled by request", cancelled=True)
-        now = self.clock()
-        for cid, slot in list(self._slots.items()):
-            if slot.stopping is not None:
-                continue
-            reason = stop_reason(statuses.get(cid, "ok"), slot.started, now, slot.claim.timeout)
-            if reason is not None:
-                slot.stopping = reason
-                self._kill(slot.executor)
-                self._finish(slot, None)
+        statuses = self.queue.heartbeat(self.id, self.state.holding())
+        self._handle(Heartbeat(statuses, self.clock()))
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -502,6 +419,7 @@ class Worker:
         stop = stop or threading.Event()
         waker = Waker(self.queue)
         session = Session(self.cp, ttl=self.ttl)
+        state = self.state
         try:
             self._register(session)
             next_beat = self.clock() + self.heartbeat
@@ -511,12 +429,7 @@ class Worker:
                 try:
                     if not session.alive:
                         log.warning("worker %s lost its session; stopping its chunks", self.id)
-                        for slot in list(self._slots.values()):
-                            slot.stopping = "lost"
-                            self._kill(slot.executor)
-                            self._finish(slot, None)
-                        self._held.clear()  # ours no longer: the orchestrator reaps them
-                        self._deferred.clear()  # likewise: reaped and rerun
+                        self._handle(SessionLost())
                         session.close(revoke=False)
                         fresh = Session(self.cp, ttl=self.ttl)
                         try:
@@ -525,72 +438,44 @@ class Worker:
                             fresh.close()
                             raise
                         session = fresh
-                    if self._unrecorded:
-                        self._retry_unrecorded()
-                    while self._held and len(self._slots) < self.concurrency:
-                        self._start(self._held.popleft())
-                    want = self._want()
-                    if self.prefetch >= 2 and self._held:
-                        want = 0  # work in hand: topped up in batches, when successes flush
-                    claimed = 0
+                    if state.unrecorded:
+                        self._handle(RetryUnrecorded(self.clock()))
+                    self._handle(SlotsFree(self.clock()))
+                    want = state.want()
                     # After a claim that found work, claim again straight away; otherwise
                     # look first (a read) so idle workers do not queue for the write lock.
                     if want > 0 and (hot or self.queue.has_work(self.kinds)):
-                        for claim in self.queue.claim(self.id, self.host, want, self.kinds):
-                            self._take(claim)
-                            claimed += 1
-                        hot = claimed > 0
-                    if (
-                        until is not None
-                        and not self._slots
-                        and not self._held
-                        and not self._deferred
-                        and until()
-                    ):
+                        claims = self.queue.claim(self.id, self.host, want, self.kinds)
+                        self._handle(Claimed(tuple(claims), self.clock()))
+                        hot = len(claims) > 0
+                    if until is not None and state.idle() and until():
                         break
-                    free = self.concurrency - len(self._slots)
+                    free = state.free()
                     wait_for = wait_time(
                         self.clock(),
                         next_beat,
                         free,
                         self.queue.next_retry() if free > 0 else None,
-                        self._deferred_since if self._deferred else None,
+                        state.deferred_since if state.deferred else None,
                     )
-                    pipes = {s.executor.conn: s for s in self._slots.values()}
+                    pipes = {self._running[cid].conn: cid for cid in state.slots}
                     ready = wait([*pipes, waker.read_fd], timeout=wait_for)
                     waker.drain()
                     for conn in ready:
-                        slot = pipes.get(conn)  # type: ignore[call-overload]
-                        if slot is None:
+                        cid = pipes.get(conn)  # type: ignore[call-overload]
+                        if cid is None or cid not in state.slots:
                             continue
                         try:
-                            answer = slot.executor.conn.recv()
+                            answer = self._running[cid].conn.recv()
                         except (EOFError, OSError):
-                            self._kill(slot.executor)
-                            self._finish(slot, None)
+                            self._handle(ExecutorDied(cid, self.clock()))
                             continue
-                        self._idle.append(slot.executor)
-                        self._slots.pop(slot.claim.id, None)
-                        if self._held:  # start the held chunk first, record while it runs
-                            self._start(self._held.popleft())
-                        if self._defers(slot, answer):
-                            if not self._deferred:
-                                self._deferred_since = self.clock()
-                            self._deferred.append((slot, answer))
-                            if self._held and len(self._deferred) < self.prefetch:
-                                continue  # work in hand: record with the next ones
-                            claims = self._flush(claim_more=not stop.is_set())
-                        else:
-                            claims = self._finish(slot, answer, claim_more=not stop.is_set())
-                        for claim in claims:
-                            self._take(claim)
+                        self._idle.append(self._running.pop(cid))
+                        event = Answered(cid, answer, self.clock(), claim_more=not stop.is_set())
+                        if self._handle(event):
                             hot = True
-                    if flush_due(
-                        len(self._deferred), len(self._held), self._deferred_since, self.clock()
-                    ):
-                        for claim in self._flush(claim_more=not stop.is_set()):
-                            self._take(claim)
-                            hot = True
+                    if self._handle(FlushTime(self.clock(), claim_more=not stop.is_set())):
+                        hot = True
                     if self.clock() >= next_beat:
                         self._beat()
                         next_beat = self.clock() + self.heartbeat
@@ -605,21 +490,13 @@ class Worker:
                     log.warning("%s error (%s); retrying in %.2fs", what, exc, backoff)
                     stop.wait(backoff)
         finally:
-            if self._deferred:  # what still fails is reaped and rerun
+            if state.deferred:  # what still fails is reaped and rerun
                 with contextlib.suppress(QueueError):
-                    self._flush(claim_more=False)
-            for slot in list(self._slots.values()):
-                self._kill(slot.executor)
-                with contextlib.suppress(FencedError, QueueError):
-                    self.queue.release(slot.claim.id, slot.claim.attempt)
-            self._slots.clear()
-            while self._held:
-                claim = self._held.popleft()
-                with contextlib.suppress(FencedError, QueueError):
-                    self.queue.release(claim.id, claim.attempt)
-            if self._unrecorded:  # one last try; what still fails is reaped and rerun
+                    self._handle(FlushTime(self.clock(), claim_more=False, force=True))
+            self._handle(Stopping())
+            if state.unrecorded:  # one last try; what still fails is reaped and rerun
                 with contextlib.suppress(QueueError):
-                    self._retry_unrecorded()
+                    self._handle(RetryUnrecorded(self.clock()))
             for ex in self._idle:
                 with contextlib.suppress(OSError):
                     ex.conn.send(None)
