@@ -15,28 +15,16 @@ batch of each and riverbed's speed relative to each (above 1: riverbed is faster
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
-from collections.abc import Callable
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from expressions import median_ms  # beside this script: warm once, then the median (ms)
 from riverbed.stream import Lookup
 from riverbed.stream.lookups import join
-
-
-def median_ms(run: Callable[[], object], rounds: int) -> float:
-    run()  # warm: the snapshot's index, DuckDB's plan cache
-    times = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - began) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:
