@@ -19,8 +19,7 @@ import riverbed.log
 from riverbed.stream import Aggregation, Count, Distinct, Lookup, Max, Sum, Tumbling
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import start
-from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lookups import SNAPSHOTS
+from riverbed.stream.layout import LOOKUPS, checkpoint_store
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, run_to_end, source_for
 
@@ -131,8 +130,8 @@ def test_lookups_equal_pandas_on_every_path_as_of_each_batch(
     # run is kept in the checkpoint
     versions = {tuple(d["id"] for d in r.lookups) for r in records}
     assert len(versions) == 2, versions
-    kept = {i.key for i in checkpoint_store(str(tmp_path / "ckpt")).list(SNAPSHOTS)}
-    newest = {f"{SNAPSHOTS}{d['id']}.arrow" for d in records[-1].lookups}
+    kept = {i.key for i in checkpoint_store(str(tmp_path / "ckpt")).list(LOOKUPS)}
+    newest = {f"{LOOKUPS}{d['id']}.arrow" for d in records[-1].lookups}
     assert newest <= kept and len(kept) <= 4, kept  # older versions are pruned
 
 

@@ -22,8 +22,8 @@ from riverbed.stream import Aggregation, Count, Lookup, Tumbling
 from riverbed.stream.derive import compile_for, input_types
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.expressions import ExpressionError
+from riverbed.stream.layout import LOOKUPS
 from riverbed.stream.lookups import (
-    SNAPSHOTS,
     LookupTableError,
     Snapshot,
     join,
@@ -191,10 +191,10 @@ def test_snapshots_follow_refresh_and_are_written_once_per_content(tmp_path: Pat
     store = open_store(f"memory://snapshots-{tmp_path.name}")
     first = plan_snapshots([every, slow], None, store, now_ms=0)
     assert len({s.id for s in first}) == 2 and [s.at_ms for s in first] == [0, 0]
-    assert len(store.list(SNAPSHOTS)) == 2
+    assert len(store.list(LOOKUPS)) == 2
     # the table unchanged: read again for `every`, same content, no new object
     again = plan_snapshots([every, slow], first, store, now_ms=1000)
-    assert again == [Snapshot(first[0].id, 1000), first[1]] and len(store.list(SNAPSHOTS)) == 2
+    assert again == [Snapshot(first[0].id, 1000), first[1]] and len(store.list(LOOKUPS)) == 2
     campaigns(path, [(1, "z", 1.0)])
     changed = plan_snapshots([every, slow], again, store, now_ms=2000)
     assert changed[0].id != first[0].id and changed[1] == first[1]  # `slow`: not yet
@@ -203,7 +203,7 @@ def test_snapshots_follow_refresh_and_are_written_once_per_content(tmp_path: Pat
     (new,) = tables(f"memory://snapshots-{tmp_path.name}", [later[1].id])
     assert new.to_pydict() == {"id": [1], "owner": ["z"]}
     assert prune_snapshots(store, {s.id for s in later}) == 2
-    assert {i.key for i in store.list(SNAPSHOTS)} == {f"{SNAPSHOTS}{s.id}.arrow" for s in later}
+    assert {i.key for i in store.list(LOOKUPS)} == {f"{LOOKUPS}{s.id}.arrow" for s in later}
 
 
 def test_a_table_that_breaks_keeps_the_version_before_and_a_first_is_refused(

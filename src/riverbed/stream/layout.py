@@ -74,6 +74,7 @@ TERMS = "riverbed/terms/"
 LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
 MANIFEST = "riverbed/job.json"
+LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
 
 
 def checkpoints_location(url: str) -> str | Path:

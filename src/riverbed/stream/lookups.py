@@ -8,8 +8,9 @@
         metrics={"clicks": Count()},
     )
 
-A table is a Parquet file or directory (a path, ``file://`` or ``s3://``) or a table of
-a SQL database (``sqlite:///path.db`` or ``postgresql://…``, with ``table=``). It is
+A table is a Parquet file or directory (a path, ``file://`` or ``s3://``), a table of
+a SQL database (``sqlite:///path.db`` or ``postgresql://…``, with ``table=``), or a
+keyed topic (``topic=``: riverbed's or Kafka's, its newest value per key). It is
 keyed: one row per key (a table with a key twice is refused — at start, and at a
 refresh, where the stream keeps joining with the version before and says why).
 
@@ -55,6 +56,7 @@ import pyarrow.parquet as pq
 from riverbed.stream.errors import StreamError
 from riverbed.stream.expressions import SqlType
 from riverbed.stream.joins import SQL_SCHEMES, Lookup
+from riverbed.stream.layout import LOOKUPS, checkpoint_store
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -79,8 +81,6 @@ __all__ = [
     "start_schemas",
     "tables",
 ]
-
-SNAPSHOTS = "riverbed/lookups/"  # a checkpoint's lookup snapshots: <content hash>.arrow
 
 
 class LookupTableError(StreamError):
@@ -367,7 +367,7 @@ def plan_snapshots(
             out.append(was)
             continue
         digest, data = encoded(table)
-        store.put_if_absent(f"{SNAPSHOTS}{digest}.arrow", data)
+        store.put_if_absent(f"{LOOKUPS}{digest}.arrow", data)
         out.append(Snapshot(digest, now_ms))
     return out
 
@@ -381,8 +381,8 @@ def prune_snapshots(store: ObjectStore, keep: set[str]) -> int:
     newest batches' plans); how many went."""
     gone = [
         i.key
-        for i in store.list(SNAPSHOTS)
-        if i.key.endswith(".arrow") and i.key[len(SNAPSHOTS) : -len(".arrow")] not in keep
+        for i in store.list(LOOKUPS)
+        if i.key.endswith(".arrow") and i.key[len(LOOKUPS) : -len(".arrow")] not in keep
     ]
     store.delete_many(gone)
     return len(gone)
@@ -395,9 +395,7 @@ def tables(checkpoint: str, ids: Sequence[str]) -> tuple[pa.Table, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _snapshot(checkpoint: str, snapshot_id: str) -> pa.Table:
-    from riverbed.stream.layout import checkpoint_store
-
-    data = checkpoint_store(checkpoint).get(f"{SNAPSHOTS}{snapshot_id}.arrow")
+    data = checkpoint_store(checkpoint).get(f"{LOOKUPS}{snapshot_id}.arrow")
     with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
         return reader.read_all()
 
@@ -462,8 +460,6 @@ def planned(config: EngineConfig, previous: BatchRecord | None) -> list[dict[str
     ``previous`` batch's; snapshots no batch that can still run names are pruned."""
     if not config.spec.lookups:
         return None
-    from riverbed.stream.layout import checkpoint_store
-
     store = checkpoint_store(config.checkpoint)
     before = recorded(previous.lookups) if previous is not None else None
     snapshots = plan_snapshots(
