@@ -46,6 +46,14 @@ def add_parsers(sub: Any) -> None:
         "or kafka://BOOTSTRAP/TOPIC (a Kafka transaction per batch)",
     )
     c.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="delta:PATH",
+        help="also commit each batch's results to a lakehouse table, upserted by window and "
+        "key: delta:PATH (a directory, file:///path or s3://bucket/prefix); repeatable",
+    )
+    c.add_argument(
         "--no-standby",
         action="store_true",
         help="if another driver runs this aggregation, fail instead of standing by",
@@ -197,6 +205,7 @@ def _run(args: argparse.Namespace) -> int:
                         max_records=args.max_records_per_batch,
                         sql=args.sql,
                         topic=args.topic,
+                        tables=args.table,
                         on_progress=progress,
                         lease=lease,
                     )

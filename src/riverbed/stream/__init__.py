@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
     from riverbed.stream.doors import (
+        Delta,
         Frame,
         Kafka,
         ResultsTopic,
@@ -67,6 +68,7 @@ _WHERE = {
     "Aggregation": "aggregation",
     "Count": "metrics",
     "Custom": "metrics",
+    "Delta": "doors",
     "Distinct": "metrics",
     "Max": "metrics",
     "Mean": "metrics",
@@ -92,6 +94,7 @@ __all__ = [
     "ArgMin",
     "Count",
     "Custom",
+    "Delta",
     "Distinct",
     "First",
     "Frame",

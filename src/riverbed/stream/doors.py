@@ -11,6 +11,7 @@ Sinks::
 
     ResultTable("out/")                 # the Parquet result table (every aggregation has one)
     SqlTable("postgresql://…/db")       # upserted per batch
+    Delta("s3://lake/clicks")           # a Delta table: one upserting commit per batch
     ResultsTopic("click-counts")        # appended to a riverbed topic of the log
     ResultsTopic("kafka://broker:9092/click-counts")   # or a Kafka topic, exactly once
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
 
 __all__ = [
+    "Delta",
     "Frame",
     "Kafka",
     "Opened",
@@ -47,6 +49,7 @@ __all__ = [
     "Topic",
     "as_source",
     "split_sinks",
+    "table_sink",
 ]
 
 
@@ -279,6 +282,45 @@ class ResultsTopic:
             sink.close()
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A Delta Lake table (a path, ``file://`` or ``s3://``): each batch one commit that
+    upserts its rows by (window, key) and carries the batch id, so readers see one row
+    per window and key and a re-run batch commits nothing (:mod:`riverbed.stream.
+    lakehouse`)."""
+
+    location: str | Path
+
+    def start(self, config: Running) -> None:
+        from riverbed.stream.lakehouse import DeltaSink
+
+        DeltaSink(self.location).committed(config.spec.name)  # readable, or named now
+
+    def write(self, config: Running, batch_id: int, rows: pd.DataFrame) -> None:
+        from riverbed.stream.lakehouse import DeltaSink
+        from riverbed.stream.results import output_arrow_schema
+
+        if rows.empty:
+            return
+        schema = output_arrow_schema(config.spec)
+        sink = DeltaSink(self.location)
+        if sink.write(config.spec.name, batch_id, rows, schema) and batch_id % 100 == 99:
+            # between this batch's commit and the next, in the driver's one writer: a
+            # compaction beside a batch's MERGE would make one of them lose the
+            # table's concurrency check
+            sink.compact()
+
+
+def table_sink(text: str) -> Sink:
+    """``--table``'s value as a sink: ``delta:PATH_OR_URL``."""
+    kind, sep, where = text.partition(":")
+    if not sep or not where or kind != "delta":
+        raise StreamValueError(
+            f"--table {text!r}: write delta:PATH (a directory, file:///path or s3://bucket/prefix)"
+        )
+    return Delta(where)
+
+
 _KAFKA_SINKS: dict[tuple[str, str], Any] = {}
 
 
@@ -317,7 +359,8 @@ def split_sinks(
             continue
         if not isinstance(sink, Sink):
             raise StreamValueError(
-                f"{sink!r} is not a sink: give ResultTable(…), SqlTable(url) or ResultsTopic(name)"
+                f"{sink!r} is not a sink: give ResultTable(…), SqlTable(url), "
+                "ResultsTopic(name) or Delta(location)"
             )
         others.append(sink)
     if sql is not None:

@@ -25,7 +25,7 @@ import re
 import runpy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,14 +271,17 @@ def run(
     max_records: int | None = None,
     sql: str | None = None,
     topic: str | None = None,
+    tables: Sequence[str] = (),
     on_progress: Callable[[int, BatchRecord], None] | None = None,
     lease: DriverLease | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
     finished batch's id and its record (input, late, malformed, watermark). With an
     acquired ``lease`` every write is fenced by its term and the query stops the moment
-    the lease is lost (see :mod:`riverbed.stream.leader`)."""
+    the lease is lost (see :mod:`riverbed.stream.leader`). ``tables``: ``--table``'s
+    lakehouse tables (``delta:PATH``)."""
     from riverbed.stream.dataframe import start
+    from riverbed.stream.doors import table_sink
     from riverbed.stream.fencing import DriverFencedError
 
     write_manifest(job)
@@ -299,6 +302,7 @@ def run(
         log_url=job.log_url,
         sql=sql,
         topic=topic,
+        sinks=[table_sink(t) for t in tables],
         trigger=trigger,
         term=lease.term if lease is not None else None,
     )

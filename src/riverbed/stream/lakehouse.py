@@ -1,0 +1,182 @@
+"""Results as a Delta Lake table: one commit per batch that upserts by (window, key).
+
+Readers see one row per window and key — no de-duplication by ``batch_id`` as the
+Parquet result table asks of them. Each batch is one ``MERGE`` (delta-rs, through the
+``deltalake`` package) that inserts new (window, key) rows, replaces the ones the batch
+changed, and deletes a session merged away (its tombstone row). The commit carries the
+batch id as the aggregation's *application transaction* (Delta's ``txn`` action:
+``appId`` = ``riverbed:<name>``, ``version`` = the batch id), in the same atomic commit
+as the rows, so a batch run again after a crash finds its commit and writes nothing,
+and a stale driver's older batch is never committed over a newer one. (The engine's
+fence stops a replaced driver before it writes at all; this is the table's own guard.)
+
+Maintenance: :meth:`DeltaSink.compact` (delta-rs ``optimize``, then ``vacuum`` of the
+files no version of the last week needs), every 100th batch right after its commit — by
+the one writer, so it never races a batch's ``MERGE`` for the table's concurrency check.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.stream.aggregation import DELETED
+from riverbed.stream.errors import StreamError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DeltaSink", "DeltaSinkError", "app_id"]
+
+
+class DeltaSinkError(StreamError):
+    """A Delta table riverbed cannot write its results to."""
+
+
+def app_id(name: str) -> str:
+    """The application id an aggregation's commits carry (Delta's ``txn.appId``)."""
+    return f"riverbed:{name}"
+
+
+class DeltaSink:
+    """The Delta table at ``location`` (a path, ``file://`` or ``s3://``)."""
+
+    def __init__(self, location: str | Path) -> None:
+        try:
+            import deltalake  # noqa: F401
+        except ImportError:
+            raise DeltaSinkError(
+                "Delta tables need the deltalake package: pip install 'riverbed[delta]'"
+            ) from None
+        text = str(location)
+        self.uri = text[len("file://") :] if text.startswith("file://") else text
+        self.options = _storage_options(self.uri)
+
+    def _table(self) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, storage_options=self.options)
+        except TableNotFoundError:
+            return None
+
+    def committed(self, name: str) -> int | None:
+        """The newest batch id of aggregation ``name`` the table holds (None: none)."""
+        table = self._table()
+        if table is None:
+            return None
+        version = table.transaction_version(app_id(name))
+        return None if version is None else int(version)
+
+    def write(self, name: str, batch_id: int, rows: pd.DataFrame, schema: pa.Schema) -> bool:
+        """Commit batch ``batch_id``'s rows (``schema``: the result table's, from the
+        spec, so a first commit of no rows still types every column). Whether this call
+        committed: False when the table already holds this batch or a newer one."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        done = self.committed(name)
+        if done is not None and done >= batch_id:
+            log.info("delta %s: batch %s of %s already committed", self.uri, batch_id, name)
+            return False
+        gone = (
+            rows[DELETED].fillna(False).astype(bool).to_numpy() if DELETED in rows.columns else None
+        )
+        columns = [f.name for f in schema if f.name != DELETED]
+        kept = rows if gone is None else rows[~gone]
+        source = pa.Table.from_pandas(
+            kept[columns],
+            schema=pa.schema([schema.field(c) for c in columns]),
+            preserve_index=False,
+        )
+        commit = CommitProperties(app_transactions=[Transaction(app_id(name), batch_id)])
+        table = self._table()
+        if table is None:  # the first commit creates the table
+            write_deltalake(
+                self.uri,
+                source,
+                mode="append",
+                storage_options=self.options,
+                commit_properties=commit,
+            )
+            return True
+        deleted = None
+        if gone is not None and gone.any():
+            deleted = pa.Table.from_pandas(
+                rows[gone][["window_start", "key"]],
+                schema=pa.schema([schema.field("window_start"), schema.field("key")]),
+                preserve_index=False,
+            )
+        # one MERGE: the batch's rows (a tombstone's too, flagged) against the table
+        merged = source.append_column(DELETED, pa.repeat(pa.scalar(False), source.num_rows))
+        if deleted is not None:
+            filler = {
+                c: pa.nulls(deleted.num_rows, schema.field(c).type)
+                for c in columns
+                if c not in ("window_start", "key")
+            }
+            tomb = pa.table(
+                {
+                    **{c: deleted.column(c) for c in ("window_start", "key")},
+                    **filler,
+                    DELETED: pa.repeat(pa.scalar(True), deleted.num_rows),
+                }
+            ).select([*columns, DELETED])
+            merged = pa.concat_tables([merged, tomb.cast(merged.schema)])
+        updates = {c: f"s.`{c}`" for c in columns}
+        (
+            table.merge(
+                merged,
+                predicate="t.window_start = s.window_start AND t.key = s.key",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=commit,
+            )
+            .when_matched_delete(predicate=f"s.`{DELETED}` = true")
+            .when_matched_update(updates=updates, predicate=f"s.`{DELETED}` = false")
+            .when_not_matched_insert(updates=updates, predicate=f"s.`{DELETED}` = false")
+            .execute()
+        )
+        return True
+
+    def read(self) -> pd.DataFrame:
+        """The table's rows (tests and ``riverbed query``'s readers use their own)."""
+        table = self._table()
+        if table is None:
+            raise DeltaSinkError(f"no Delta table at {self.uri}")
+        return table.to_pyarrow_table().to_pandas()
+
+    def compact(self, retention_hours: int = 168) -> None:
+        """Rewrite small files into fewer (``optimize``), then delete the files no
+        version younger than ``retention_hours`` needs (``vacuum``)."""
+        table = self._table()
+        if table is None:
+            return
+        table.optimize.compact()
+        table.vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+        )
+
+
+def _storage_options(uri: str) -> dict[str, str] | None:
+    """delta-rs's object-store settings for a bucket, from riverbed's (the AWS chain):
+    the endpoint, the keys, and plain HTTP for a server on loopback. Conditional puts
+    (``If-None-Match``) make a commit create-only, as riverbed's own checkpoint writes
+    are, so no lock service is needed."""
+    if not uri.startswith("s3://"):
+        return None
+    from riverbed.storage import storage_environment
+
+    env = storage_environment()
+    out = {k: v for k, v in env.items() if k.startswith("AWS_")}
+    endpoint = out.get("AWS_ENDPOINT_URL_S3") or out.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    out.setdefault("AWS_REGION", out.get("AWS_DEFAULT_REGION", "us-east-1"))
+    out["conditional_put"] = "etag"
+    return out
