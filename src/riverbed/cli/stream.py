@@ -49,9 +49,10 @@ def add_parsers(sub: Any) -> None:
         "--table",
         action="append",
         default=[],
-        metavar="delta:PATH",
+        metavar="TABLE",
         help="also commit each batch's results to a lakehouse table, upserted by window and "
-        "key: delta:PATH (a directory, file:///path or s3://bucket/prefix); repeatable",
+        "key: delta:PATH (a directory, file:///path or s3://bucket/prefix) or "
+        "iceberg:sqlite:///catalog.db#namespace.table; repeatable",
     )
     c.add_argument(
         "--no-standby",

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from riverbed.stream.doors import (
         Delta,
         Frame,
+        Iceberg,
         Kafka,
         ResultsTopic,
         ResultTable,
@@ -69,6 +70,7 @@ _WHERE = {
     "Count": "metrics",
     "Custom": "metrics",
     "Delta": "doors",
+    "Iceberg": "doors",
     "Distinct": "metrics",
     "Max": "metrics",
     "Mean": "metrics",
@@ -99,6 +101,7 @@ __all__ = [
     "First",
     "Frame",
     "Hopping",
+    "Iceberg",
     "Kafka",
     "Last",
     "Lookup",

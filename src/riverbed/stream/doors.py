@@ -12,6 +12,7 @@ Sinks::
     ResultTable("out/")                 # the Parquet result table (every aggregation has one)
     SqlTable("postgresql://…/db")       # upserted per batch
     Delta("s3://lake/clicks")           # a Delta table: one upserting commit per batch
+    Iceberg("sqlite:///catalog.db", "results.clicks")   # an Iceberg table, the same
     ResultsTopic("click-counts")        # appended to a riverbed topic of the log
     ResultsTopic("kafka://broker:9092/click-counts")   # or a Kafka topic, exactly once
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Delta",
     "Frame",
+    "Iceberg",
     "Kafka",
     "Opened",
     "ResultTable",
@@ -311,14 +313,49 @@ class Delta:
             sink.compact()
 
 
+@dataclass(frozen=True)
+class Iceberg:
+    """An Apache Iceberg table ``table`` (``namespace.table``) of a SQL catalog
+    (``sqlite:///catalog.db`` or ``postgresql://…``), its files in ``warehouse`` (beside
+    a SQLite catalog when not given): each batch one catalog commit that upserts its
+    rows by (window, key) and records the batch id (:mod:`riverbed.stream.lakehouse`)."""
+
+    catalog: str
+    table: str
+    warehouse: str | Path | None = None
+
+    def _sink(self) -> Any:
+        from riverbed.stream.lakehouse import IcebergSink
+
+        return IcebergSink(self.catalog, self.table, self.warehouse)
+
+    def start(self, config: Running) -> None:
+        self._sink().committed(config.spec.name)  # reachable, or named now
+
+    def write(self, config: Running, batch_id: int, rows: pd.DataFrame) -> None:
+        from riverbed.stream.results import output_arrow_schema
+
+        if rows.empty:
+            return
+        self._sink().write(config.spec.name, batch_id, rows, output_arrow_schema(config.spec))
+
+
+_TABLE_SPELLINGS = (
+    "delta:PATH (a directory, file:///path or s3://bucket/prefix) or "
+    "iceberg:CATALOG#namespace.table (a SQL catalog: sqlite:///catalog.db, files beside it)"
+)
+
+
 def table_sink(text: str) -> Sink:
-    """``--table``'s value as a sink: ``delta:PATH_OR_URL``."""
+    """``--table``'s value as a sink: ``delta:PATH_OR_URL`` or
+    ``iceberg:CATALOG_URL#namespace.table``."""
     kind, sep, where = text.partition(":")
-    if not sep or not where or kind != "delta":
-        raise StreamValueError(
-            f"--table {text!r}: write delta:PATH (a directory, file:///path or s3://bucket/prefix)"
-        )
-    return Delta(where)
+    if sep and where and kind == "delta":
+        return Delta(where)
+    catalog, hash_, table = where.rpartition("#")
+    if sep and kind == "iceberg" and hash_ and catalog and table:
+        return Iceberg(catalog, table)
+    raise StreamValueError(f"--table {text.split('@')[-1]!r}: write {_TABLE_SPELLINGS}")
 
 
 _KAFKA_SINKS: dict[tuple[str, str], Any] = {}
@@ -360,7 +397,7 @@ def split_sinks(
         if not isinstance(sink, Sink):
             raise StreamValueError(
                 f"{sink!r} is not a sink: give ResultTable(…), SqlTable(url), "
-                "ResultsTopic(name) or Delta(location)"
+                "ResultsTopic(name), Delta(location) or Iceberg(catalog, table)"
             )
         others.append(sink)
     if sql is not None:

@@ -1,7 +1,7 @@
-"""Results as a Delta table: one upserting commit per batch, carrying the batch id —
-readers see one row per window and key, equal to the result table's current rows; a
-re-run batch commits nothing; sessions merged away are deleted. Read back by delta-rs
-and by Polars; through `stream run --table` with SIGKILLs mid-batch."""
+"""Results as a Delta or an Iceberg table: one upserting commit per batch, carrying the
+batch id — readers see one row per window and key, equal to the result table's current
+rows; a re-run batch commits nothing; sessions merged away are deleted. Read back by
+delta-rs / pyiceberg and by Polars; through `stream run --table` with SIGKILLs."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from riverbed.stream import Aggregation, Count, Delta, Distinct, Session, Sum, Tumbling
+from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.lakehouse import DeltaSink, app_id
+from riverbed.stream.lakehouse import DeltaSink, DeltaSinkError, IcebergSink, app_id
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.results import current, output_arrow_schema
 from tests.stream.conftest import make_events, write_events
@@ -59,6 +59,21 @@ def table_rows(path: Path) -> dict[str, int]:
     return dict(zip(frame["key"], frame["n"], strict=True))
 
 
+def read_table(kind: str, where: Path) -> pd.DataFrame:
+    """A table's rows, as its own library reads them."""
+    if kind == "delta":
+        return DeltaTable(str(where / "delta")).to_pyarrow_table().to_pandas()
+    return IcebergSink(f"sqlite:///{where / 'catalog.db'}", "rb.results").read()
+
+
+def polars_read(kind: str, where: Path) -> pd.DataFrame:
+    """The same table, read by Polars."""
+    if kind == "delta":
+        return pl.read_delta(str(where / "delta")).to_pandas()
+    sink = IcebergSink(f"sqlite:///{where / 'catalog.db'}", "rb.results")
+    return pl.scan_iceberg(sink.catalog.load_table("rb.results")).collect().to_pandas()
+
+
 def test_each_batch_is_one_commit_once(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path / "t")
     assert sink.committed("agg") is None
@@ -77,20 +92,43 @@ def test_each_batch_is_one_commit_once(tmp_path: Path) -> None:
     assert table_rows(tmp_path / "t") == {"a": 5, "c": 7, "o": 1}
 
 
-def test_bad_table_arguments_are_named() -> None:
+def test_an_iceberg_batch_is_one_commit_once(tmp_path: Path) -> None:
+    sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
+    assert sink.committed("agg") is None
+    assert sink.write("agg", 0, rows(0, {"a": 1, "b": 2}), SCHEMA)
+    assert not sink.write("agg", 0, rows(0, {"a": 99}), SCHEMA)  # a re-run: nothing
+    assert sink.write("agg", 1, rows(1, {"a": 5, "c": 7}, deleted=("b",)), SCHEMA)
+    assert not sink.write("agg", 0, rows(0, {"z": 1}), SCHEMA)  # older than the table's
+    assert sink.write("other", 0, rows(0, {"o": 1}), SCHEMA)  # another's batches: its own
+    assert sink.write("agg", 2, rows(2, {}, deleted=("c",)), SCHEMA)  # only a deletion
+    got = sink.read()
+    assert dict(zip(got["key"], got["n"], strict=True)) == {"a": 5, "o": 1}
+    assert "deleted" not in got.columns
+    assert sink.committed("agg") == 2 and sink.committed("other") == 0
+    assert (tmp_path / "warehouse").is_dir()  # beside the SQLite catalog
+
+
+def test_bad_table_arguments_are_named(tmp_path: Path) -> None:
     from riverbed.stream.doors import table_sink
 
     assert table_sink("delta:/x/y") == Delta("/x/y")
-    for bad in ("/x/y", "iceberg:x", "delta:"):
-        with pytest.raises(StreamValueError, match="write delta:PATH"):
+    assert table_sink("iceberg:sqlite:///c.db#ns.t") == Iceberg("sqlite:///c.db", "ns.t")
+    for bad in ("/x/y", "iceberg:x", "delta:", "iceberg:sqlite:///c.db"):
+        with pytest.raises(StreamValueError, match=r"write delta:PATH .* or iceberg:CATALOG"):
             table_sink(bad)
+    with pytest.raises(DeltaSinkError, match=r"name it namespace\.table"):
+        IcebergSink(f"sqlite:///{tmp_path / 'c.db'}", "plain")
+    with pytest.raises(DeltaSinkError, match="give warehouse=") as refused:
+        IcebergSink("postgresql://rb:s3cret@db/cat", "ns.t")
+    assert "s3cret" not in str(refused.value)
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
 @pytest.mark.parametrize("path", ["spark", "colocated"])
 @pytest.mark.parametrize("window", ["tumbling", "session"])
-def test_a_delta_table_holds_the_current_rows_one_per_window_and_key(
-    spark: Any, log_url: str, tmp_path: Path, path: str, window: str
+def test_a_table_holds_the_current_rows_one_per_window_and_key(
+    spark: Any, log_url: str, tmp_path: Path, path: str, window: str, kind: str
 ) -> None:
     events = (
         make_events(1500, hours=3, seed=5)
@@ -113,7 +151,11 @@ def test_a_delta_table_holds_the_current_rows_one_per_window_and_key(
         source_for(spark, log_url, path, max_records=300),
         checkpoint=tmp_path / "ckpt",
         output=tmp_path / "out",
-        sinks=[Delta(f"file://{tmp_path / 'delta'}")],
+        sinks=[
+            Delta(f"file://{tmp_path / 'delta'}")
+            if kind == "delta"
+            else Iceberg(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results")
+        ],
         log_url=log_url,
         trigger={"availableNow": True},
     )
@@ -122,16 +164,17 @@ def test_a_delta_table_holds_the_current_rows_one_per_window_and_key(
     want = current(read_results(tmp_path / "out"))
     columns = [f.name for f in output_arrow_schema(spec) if f.name != "deleted"]
     want = want[columns].sort_values(["window_start", "key"]).reset_index(drop=True)
-    for reader in (
-        lambda: DeltaTable(str(tmp_path / "delta")).to_pyarrow_table().to_pandas(),
-        lambda: pl.read_delta(str(tmp_path / "delta")).to_pandas(),
-    ):
-        got = reader()[columns].sort_values(["window_start", "key"]).reset_index(drop=True)
-        pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    for read in (read_table, polars_read):
+        got = read(kind, tmp_path)[columns].sort_values(["window_start", "key"])
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
     batches = len(list((tmp_path / "ckpt" / "riverbed" / "batches").glob("*.json")))
-    table = DeltaTable(str(tmp_path / "delta"))
-    assert table.transaction_version(app_id("to_delta")) == batches - 1
-    assert table.version() <= batches - 1  # one commit a batch with rows, at most
+    if kind == "delta":
+        table = DeltaTable(str(tmp_path / "delta"))
+        assert table.transaction_version(app_id("to_delta")) == batches - 1
+        assert table.version() <= batches - 1  # one commit a batch with rows, at most
+    else:
+        sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results")
+        assert sink.committed("to_delta") == batches - 1
 
 
 SPEC = """
@@ -147,8 +190,9 @@ aggregation = Aggregation(
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_a_delta_table_through_kills_holds_the_oracle(
-    tmp_path: Path, subprocess_env: dict[str, str]
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_table_through_kills_holds_the_oracle(
+    tmp_path: Path, subprocess_env: dict[str, str], kind: str
 ) -> None:
     home = tmp_path / "home"
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
@@ -157,10 +201,14 @@ def test_a_delta_table_through_kills_holds_the_oracle(
     slices = backlogs(events, kills + 1)
     spec = tmp_path / "spec.py"
     spec.write_text(SPEC)
-    delta = tmp_path / "lake"
+    table = (
+        f"delta:{tmp_path / 'lake'}"
+        if kind == "delta"
+        else f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.results"
+    )
     command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
                "--max-records-per-batch", "200", "--ttl", "3",
-               "--table", f"delta:{delta}"]  # fmt: skip
+               "--table", table]  # fmt: skip
     aimed = kill_mid_batch(
         command,
         env,
@@ -185,7 +233,12 @@ def test_a_delta_table_through_kills_holds_the_oracle(
         .sort_values(["window_start", "key"])
         .reset_index(drop=True)
     )
-    got = pl.read_delta(str(delta)).to_pandas()[["window_start", "key", "users", "events"]]
+    read = (
+        pl.read_delta(str(tmp_path / "lake")).to_pandas()
+        if kind == "delta"
+        else (IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results").read())
+    )
+    got = read[["window_start", "key", "users", "events"]]
     got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
