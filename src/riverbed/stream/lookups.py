@@ -41,7 +41,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -334,7 +334,6 @@ def plan_snapshots(
     previous: Sequence[Snapshot] | None,
     store: ObjectStore,
     now_ms: int | None = None,
-    read: Callable[[Lookup], pa.Table] | None = None,
     schemas: Sequence[pa.Schema] | None = None,
     log_url: str | None = None,
 ) -> list[Snapshot]:
@@ -353,7 +352,7 @@ def plan_snapshots(
             out.append(was)
             continue
         try:
-            table = read(lookup) if read is not None else read_table(lookup, log_url)
+            table = read_table(lookup, log_url)
             if schemas is not None and table.schema != schemas[len(out)]:
                 raise LookupTableError(
                     f"lookup {lookup.label}: the table's columns changed since the stream "
