@@ -9,7 +9,9 @@ bucket's checkpoints is :func:`output_url`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "output_in_bucket",
     "output_url",
     "parse",
+    "shown",
+    "shown_repr",
 ]
 
 OUTPUT = "output"  # results under a bucket's checkpoint location (output/<name>)
@@ -38,6 +42,29 @@ def local_path(location: str | Path) -> Path:
         return location
     parts = urlsplit(location)
     return Path(parts.path if parts.scheme == "file" else location)
+
+
+def shown(url: str | Path) -> str:
+    """A location or database URL as output may show it: the user and password of
+    ``scheme://user:secret@host/…`` left out (the one owner of that rule)."""
+    text = str(url)
+    parts = urlsplit(text) if "://" in text else None
+    if parts is None or "@" not in parts.netloc:
+        return text
+    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
+def shown_repr(obj: Any, *urls: str) -> str:
+    """A dataclass's repr with the fields named in ``urls`` passed through :func:`shown`
+    (an engine's configuration is printed in logs; a database password is not)."""
+    parts = []
+    for f in dataclasses.fields(obj):
+        if f.repr:
+            value = getattr(obj, f.name)
+            if f.name in urls and isinstance(value, str):
+                value = shown(value)
+            parts.append(f"{f.name}={value!r}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
 
 
 def location(value: str | Path) -> str | Path:

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.lakehouse import DeltaSink, DeltaSinkError, IcebergSink, app_id
+from riverbed.stream.lakehouse import DeltaSink, TableSinkError, IcebergSink, app_id
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.results import current, output_arrow_schema
 from tests.stream.conftest import make_events, write_events
@@ -116,9 +116,9 @@ def test_bad_table_arguments_are_named(tmp_path: Path) -> None:
     for bad in ("/x/y", "iceberg:x", "delta:", "iceberg:sqlite:///c.db"):
         with pytest.raises(StreamValueError, match=r"write delta:PATH .* or iceberg:CATALOG"):
             table_sink(bad)
-    with pytest.raises(DeltaSinkError, match=r"name it namespace\.table"):
+    with pytest.raises(TableSinkError, match=r"name it namespace\.table"):
         IcebergSink(f"sqlite:///{tmp_path / 'c.db'}", "plain")
-    with pytest.raises(DeltaSinkError, match="give warehouse=") as refused:
+    with pytest.raises(TableSinkError, match="give warehouse=") as refused:
         IcebergSink("postgresql://rb:s3cret@db/cat", "ns.t")
     assert "s3cret" not in str(refused.value)
 

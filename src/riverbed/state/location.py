@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from riverbed.locations import shown
 from riverbed.state.durable import DurableStorage
 from riverbed.state.errors import StateError, StateValueError
 from riverbed.state.objects import ObjectStorage
@@ -27,7 +28,7 @@ def open_storage(url: str | Path) -> DurableStorage:
         raise StateError(f"durable location {url!r} has no path; e.g. file:///data/state")
     if parts.scheme not in ("", "file", "s3", "memory"):
         raise StateError(
-            f"unsupported durable location {url.split('@')[-1]!r}; use a path, file:///path, "
+            f"unsupported durable location {shown(url)!r}; use a path, file:///path, "
             "s3://bucket/prefix or memory://name"
         )
     try:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from riverbed.locations import shown
 from riverbed.storage.base import ObjectInfo, ObjectStore
 from riverbed.storage.errors import (
     ObjectNotFoundError,
@@ -76,7 +77,7 @@ def open_store(url: str | Path) -> ObjectStore:
 
         return S3ObjectStore(text)
     raise StorageValueError(
-        f"unknown storage scheme {scheme!r} in {text.split('@')[-1]!r}: use "
+        f"unknown storage scheme {scheme!r} in {shown(text)!r}: use "
         "s3://bucket/prefix, file:///path or memory://name"
     )
 

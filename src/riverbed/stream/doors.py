@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from riverbed.locations import shown_repr
 from riverbed.stream.errors import StreamValueError
 
 if TYPE_CHECKING:
@@ -236,6 +237,9 @@ class SqlTable:
 
     url: str
 
+    def __repr__(self) -> str:
+        return shown_repr(self, "url")
+
     def __post_init__(self) -> None:
         from riverbed.stream.sinks import SqlSink
 
@@ -323,6 +327,9 @@ class Iceberg:
     catalog: str
     table: str
     warehouse: str | Path | None = None
+
+    def __repr__(self) -> str:
+        return shown_repr(self, "catalog")
 
     def _sink(self) -> Any:
         from riverbed.stream.lakehouse import IcebergSink

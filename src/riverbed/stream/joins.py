@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from riverbed.durations import duration_ms
 from riverbed.errors import DurationError
+from riverbed.locations import shown, shown_repr
 from riverbed.stream.errors import StreamValueError
 
 __all__ = ["SQL_SCHEMES", "Lookup"]
@@ -41,6 +42,9 @@ class Lookup:
     refresh: str = "batch"
     table: str | None = None
     topic: str | None = None
+
+    def __repr__(self) -> str:
+        return shown_repr(self, "location")
 
     def __post_init__(self) -> None:
         if self.topic is not None:
@@ -114,7 +118,7 @@ class Lookup:
         if self.topic is not None:
             return f"topic {self.topic}"
         assert self.location is not None
-        where = self.location.split("@")[-1] if "://" in self.location else self.location
+        where = shown(self.location)
         return f"{where}#{self.table}" if self.table else where
 
     @property

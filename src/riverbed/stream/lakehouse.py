@@ -24,16 +24,17 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.locations import shown
 from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeltaSink", "DeltaSinkError", "IcebergSink", "app_id"]
+__all__ = ["DeltaSink", "TableSinkError", "IcebergSink", "app_id"]
 
 
-class DeltaSinkError(StreamError):
-    """A Delta table riverbed cannot write its results to."""
+class TableSinkError(StreamError):
+    """A Delta or Iceberg table riverbed cannot write its results to."""
 
 
 def app_id(name: str) -> str:
@@ -48,7 +49,7 @@ class DeltaSink:
         try:
             import deltalake  # noqa: F401
         except ImportError:
-            raise DeltaSinkError(
+            raise TableSinkError(
                 "Delta tables need the deltalake package: pip install 'riverbed[delta]'"
             ) from None
         text = str(location)
@@ -64,9 +65,10 @@ class DeltaSink:
         except TableNotFoundError:
             return None
 
-    def committed(self, name: str) -> int | None:
-        """The newest batch id of aggregation ``name`` the table holds (None: none)."""
-        table = self._table()
+    def committed(self, name: str, table: Any = None) -> int | None:
+        """The newest batch id of aggregation ``name`` the table holds (None: none);
+        ``table``: the table already opened (one open a batch)."""
+        table = self._table() if table is None else table
         if table is None:
             return None
         version = table.transaction_version(app_id(name))
@@ -78,7 +80,8 @@ class DeltaSink:
         committed: False when the table already holds this batch or a newer one."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        done = self.committed(name)
+        table = self._table()
+        done = self.committed(name, table)
         if done is not None and done >= batch_id:
             log.info("delta %s: batch %s of %s already committed", self.uri, batch_id, name)
             return False
@@ -93,7 +96,6 @@ class DeltaSink:
             preserve_index=False,
         )
         commit = CommitProperties(app_transactions=[Transaction(app_id(name), batch_id)])
-        table = self._table()
         if table is None:  # the first commit creates the table
             write_deltalake(
                 self.uri,
@@ -146,7 +148,7 @@ class DeltaSink:
         """The table's rows (tests and ``riverbed query``'s readers use their own)."""
         table = self._table()
         if table is None:
-            raise DeltaSinkError(f"no Delta table at {self.uri}")
+            raise TableSinkError(f"no Delta table at {self.uri}")
         return table.to_pyarrow_table().to_pandas()
 
     def compact(self, retention_hours: int = 168) -> None:
@@ -200,12 +202,12 @@ class IcebergSink:
         try:
             from pyiceberg.catalog.sql import SqlCatalog
         except ImportError:
-            raise DeltaSinkError(
+            raise TableSinkError(
                 "Iceberg tables need pyiceberg: pip install 'riverbed[iceberg]'"
             ) from None
         namespace, dot, table = identifier.rpartition(".")
         if not dot or not namespace or not table:
-            raise DeltaSinkError(
+            raise TableSinkError(
                 f"Iceberg table {identifier!r}: name it namespace.table, e.g. results.clicks"
             )
         self.identifier = identifier
@@ -215,8 +217,8 @@ class IcebergSink:
             uri = "postgresql+psycopg://" + uri.split("://", 1)[1]
         if warehouse is None:
             if not uri.startswith("sqlite:///"):
-                raise DeltaSinkError(
-                    f"Iceberg catalog {catalog.split('@')[-1]!r}: give warehouse=, where the "
+                raise TableSinkError(
+                    f"Iceberg catalog {shown(catalog)!r}: give warehouse=, where the "
                     "table's files go (beside a SQLite catalog by default)"
                 )
             warehouse = Path(uri[len("sqlite:///") :]).resolve().parent / "warehouse"
@@ -236,9 +238,10 @@ class IcebergSink:
         self.catalog.create_namespace_if_not_exists(self.namespace)
         return self.catalog.create_table_if_not_exists(self.identifier, schema=schema)
 
-    def committed(self, name: str) -> int | None:
-        """The newest batch id of aggregation ``name`` the table holds (None: none)."""
-        table = self._table()
+    def committed(self, name: str, table: Any = None) -> int | None:
+        """The newest batch id of aggregation ``name`` the table holds (None: none);
+        ``table``: the table already loaded (one load a batch)."""
+        table = self._table() if table is None else table
         if table is None:
             return None
         prop = f"riverbed.batch.{name}"
@@ -257,7 +260,8 @@ class IcebergSink:
 
         ex: Any = importlib.import_module("pyiceberg.expressions")  # pydantic-typed: loose here
 
-        done = self.committed(name)
+        table = self._table()
+        done = self.committed(name, table)
         if done is not None and done >= batch_id:
             return False
         columns = [f.name for f in schema if f.name != DELETED]
@@ -267,7 +271,8 @@ class IcebergSink:
         )
         kept = rows if gone is None else rows[~gone]
         source = pa.Table.from_pandas(kept[columns], schema=typed, preserve_index=False)
-        table = self._table(typed)
+        if table is None:  # the first batch creates it
+            table = self._table(typed)
         props = {f"riverbed.batch.{name}": str(batch_id)}
         with table.transaction() as tx:
             if gone is not None and gone.any():
@@ -290,5 +295,5 @@ class IcebergSink:
     def read(self) -> pd.DataFrame:
         table = self._table()
         if table is None:
-            raise DeltaSinkError(f"no Iceberg table {self.identifier}")
+            raise TableSinkError(f"no Iceberg table {self.identifier}")
         return table.scan().to_arrow().to_pandas()
