@@ -47,3 +47,17 @@ def duration_seconds(value: str | float | timedelta) -> float:
             raise DurationError(f"duration {value!r} is negative")
         return ms / 1000
     raise DurationError(f"cannot read duration {value!r}; write e.g. '10m', '1h', 30 (seconds)")
+
+
+_LARGEST_FIRST = ("d", "h", "m", "s")
+
+
+def duration_text(ms: int) -> str:
+    """``ms`` as :func:`duration_ms` reads it back, in the largest unit it is a whole
+    number of (``7200000`` → ``"2h"``, ``90000`` → ``"90s"``, ``0`` → ``"0s"``)."""
+    if ms == 0:
+        return "0s"
+    for unit in _LARGEST_FIRST:
+        if ms % _UNITS[unit] == 0:
+            return f"{ms // _UNITS[unit]}{unit}"
+    return f"{ms}ms"

@@ -308,7 +308,7 @@ def test_state_partition_count_is_fixed_at_first_start(
         metrics={"events": Count()},
         state_partitions=4,
     )
-    with pytest.raises(ValueError, match="cannot change to 4"):
+    with pytest.raises(ValueError, match="state partitions 2 → 4: state is placed by key hash"):
         start(
             spark,
             changed,
@@ -320,7 +320,7 @@ def test_state_partition_count_is_fixed_at_first_start(
     # checkpoint keeps what it recorded (no batch ran)
     sessions = dataclasses.replace(spec, window=Session("5m"))
     batches = sorted(p.name for p in (tmp_path / "ckpt").rglob("*.json"))
-    refused = r"started with fixed windows .* cannot change to sessions"
+    refused = r"window Tumbling\(.*\) → Session\(.*\): fixed windows and sessions keep"
     with pytest.raises(ValueError, match=refused):
         start(
             spark,

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.lakehouse import DeltaSink, TableSinkError, IcebergSink, app_id
+from riverbed.stream.lakehouse import DeltaSink, IcebergSink, TableSinkError, app_id
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.results import current, output_arrow_schema
 from tests.stream.conftest import make_events, write_events

@@ -86,6 +86,15 @@ def add_parsers(sub: Any) -> None:
         help="start each line with the time: for a driver's log kept by a service manager",
     )
     c.set_defaults(func=_run, spark_noise="stream-run")
+    c = cmds.add_parser(
+        "plan",
+        help="what `stream run SPEC` would do with a changed spec: kept, applied, or refused "
+        "(writes nothing; exit 1 when run would refuse)",
+    )
+    c.add_argument("spec")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.set_defaults(func=_plan)
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
     c.add_argument("--json", action="store_true")
@@ -139,11 +148,13 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
     from riverbed.stream.specjob import batch_line, resume_line, run
+    from riverbed.stream.specrecord import check
     from riverbed.stream.warmup import warm_up_in_background
 
     say = _sayer(args.timestamps)
     config = config_of(args)
     job = _job(args.spec, config)
+    check(job.checkpoint, job.aggregation)  # a change the state cannot carry: refused now
     job = replace(
         job,
         state=replace(
@@ -310,6 +321,18 @@ class Backlog:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from riverbed.stream.specrecord import plan_start
+
+    job = _job(args.spec, config_of(args))
+    decided = plan_start(job.checkpoint, job.aggregation)
+    if args.json:
+        print(json.dumps(decided.to_json()))
+    else:
+        out.print(decided.text(), markup=False)
+    return 1 if decided.refused else 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -30,7 +30,9 @@ class Aggregation:
         )
 
     ``state_partitions`` is fixed when the query first runs (it is recorded in the
-    checkpoint; changing it later is refused). ``output``: ``update`` emits every
+    checkpoint; changing it later is refused — ``riverbed stream plan`` says which
+    changes of a running aggregation are applied and which refused:
+    :mod:`riverbed.stream.changes`). ``output``: ``update`` emits every
     window a batch changed; ``final`` emits a window once, when the watermark closes it.
 
     ``lookups`` enrich each event from tables keyed by one of its columns

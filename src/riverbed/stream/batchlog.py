@@ -54,6 +54,9 @@ class BatchRecord:
     # the plan's version of each lookup table (lookups.Snapshot.to_json), so a re-run
     # joins with the same rows
     lookups: list[dict[str, Any]] | None = None
+    # the hash of the spec's shape the batch was planned with (changes.py; the shape
+    # itself: layout.spec_key) — what `stream plan` compares a changed spec with
+    spec: str | None = None
     input: int | None = None  # records read from the source, malformed ones included
     late: int | None = None
     malformed: int | None = None

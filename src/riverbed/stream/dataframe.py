@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
-from riverbed.stream import lookups
+from riverbed.stream import lookups, specrecord
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -38,7 +37,6 @@ from riverbed.stream.doors import as_source, split_sinks
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
-    SPEC,
     Checkpoint,
     checkpoint_store,
     is_local,
@@ -56,41 +54,6 @@ from riverbed.windows import late_column
 log = logging.getLogger(__name__)
 
 
-def _check_partitions(checkpoint: str | Path, spec: Aggregation) -> None:
-    """The state partition count, and whether state holds fixed windows or sessions
-    (their layouts differ: riverbed.state.keys), are fixed on first start; refuse a
-    change."""
-    fixed = {
-        "name": spec.name,
-        "state_partitions": spec.state_partitions,
-        "windows": _layout(spec),
-    }
-    store = checkpoint_store(checkpoint)
-    if not store.put_if_absent(SPEC, json.dumps(fixed).encode()):
-        _same_partitions(json.loads(store.get(SPEC)), spec)
-
-
-def _layout(spec: Aggregation) -> str:
-    return "sessions" if spec.sessions else "fixed"
-
-
-def _same_partitions(recorded: dict[str, Any], spec: Aggregation) -> None:
-    was = recorded.get("windows", "fixed")  # checkpoints from before sessions: fixed
-    if was != _layout(spec):
-        kinds = {"fixed": "fixed windows (Tumbling, Hopping, Sliding)", "sessions": "sessions"}
-        raise StreamValueError(
-            f"aggregation '{spec.name}' was started with {kinds[was]}; it cannot change to "
-            f"{kinds[_layout(spec)]} (their state is stored differently, and the result "
-            "table would mix both). Use a new name or a new checkpoint."
-        )
-    if recorded["state_partitions"] != spec.state_partitions:
-        raise StreamValueError(
-            f"aggregation '{spec.name}' was started with {recorded['state_partitions']} "
-            f"state partitions; it cannot change to {spec.state_partitions} (state is "
-            "placed by key hash). Use the recorded count or a new checkpoint."
-        )
-
-
 def foreach_batch(config: EngineConfig) -> Any:
     """The ``foreachBatch`` function for ``config``."""
     spec = config.spec
@@ -102,6 +65,7 @@ def foreach_batch(config: EngineConfig) -> Any:
         record = batches.get(batch_id)
         if record is None:  # first run of this batch: fix its watermark from earlier ones
             record = next_record(batches, batch_id, spec.watermark_ms)
+            record.spec = config.shape
             # and the version of each lookup table it joins with (lookups.py)
             record.lookups = lookups.planned(config, batches.previous(batch_id))
         watermark = record.watermark_ms
@@ -254,7 +218,8 @@ def start(
     options, log_url = opened.options, opened.log_url
     if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
-    _check_partitions(checkpoint, spec)
+    # the spec against what the checkpoint ran with: refused as `stream plan` says
+    shape = specrecord.start(checkpoint, spec)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
         if isinstance(metric, Custom):
             metric.check_shippable(name)
@@ -278,7 +243,15 @@ def start(
         arrow = to_arrow_schema(opened.frame.schema, timezone="UTC")
         spec = resolved(spec, column_types(spec, arrow, schemas))
     config = EngineConfig(
-        spec, state, str(checkpoint), str(output), log_url, extra, term=term, lookup_schemas=schemas
+        spec,
+        state,
+        str(checkpoint),
+        str(output),
+        log_url,
+        extra,
+        term=term,
+        lookup_schemas=schemas,
+        shape=shape,
     )
     for sink in extra:
         sink.start(config)

@@ -89,6 +89,8 @@ class EngineConfig:
     # being run joins with (its plan's, set per batch by the driver; lookups.py)
     lookup_schemas: tuple[Any, ...] = ()
     lookups: tuple[str, ...] = ()
+    # the hash of the spec's shape, recorded in every batch it plans (changes.py)
+    shape: str | None = None
     # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
     # token: secrets, never printed), applied where a task runs and its process has
     # none (see __setstate__)

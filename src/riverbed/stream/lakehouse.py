@@ -30,7 +30,7 @@ from riverbed.stream.errors import StreamError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeltaSink", "TableSinkError", "IcebergSink", "app_id"]
+__all__ = ["DeltaSink", "IcebergSink", "TableSinkError", "app_id"]
 
 
 class TableSinkError(StreamError):
@@ -112,11 +112,14 @@ class DeltaSink:
                 schema=pa.schema([schema.field("window_start"), schema.field("key")]),
                 preserve_index=False,
             )
+        # a column the spec no longer has is null in the rows written from now on
+        source = _with_table_columns(source, pa.schema(table.schema().to_arrow()))
+        columns = source.column_names
         # one MERGE: the batch's rows (a tombstone's too, flagged) against the table
         merged = source.append_column(DELETED, pa.repeat(pa.scalar(False), source.num_rows))
         if deleted is not None:
             filler = {
-                c: pa.nulls(deleted.num_rows, schema.field(c).type)
+                c: pa.nulls(deleted.num_rows, source.schema.field(c).type)
                 for c in columns
                 if c not in ("window_start", "key")
             }
@@ -161,6 +164,19 @@ class DeltaSink:
         table.vacuum(
             retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
         )
+
+
+def _with_table_columns(source: pa.Table, target: pa.Schema) -> pa.Table:
+    """``source`` with every column of the table, in the table's order: one the spec no
+    longer has (a metric removed from a running aggregation, stream/changes.py) is
+    null in the new rows, as in the Parquet result table (Iceberg's upsert wants the
+    table's columns; Delta's MERGE would leave it stale)."""
+    missing = [f for f in target if f.name not in source.column_names]
+    if not missing:
+        return source
+    for f in missing:
+        source = source.append_column(f, pa.nulls(source.num_rows, f.type))
+    return source.select([f.name for f in target if f.name in source.column_names])
 
 
 def _storage_options(uri: str) -> dict[str, str] | None:
@@ -273,6 +289,8 @@ class IcebergSink:
         source = pa.Table.from_pandas(kept[columns], schema=typed, preserve_index=False)
         if table is None:  # the first batch creates it
             table = self._table(typed)
+        else:
+            source = _with_table_columns(source, table.schema().as_arrow())
         props = {f"riverbed.batch.{name}": str(batch_id)}
         with table.transaction() as tx:
             if gone is not None and gone.any():

@@ -10,6 +10,7 @@
             riverbed/commits/<batch:012d>.json   the done record: the batch's commit, created once
             riverbed/terms/<term:020d>.json      one record per elected driver; the newest rules
             riverbed/spec.json           the state partition count, fixed on first start
+            riverbed/specs/<hash>.json   a spec's shape, once; batch records name theirs
             riverbed/job.json            the manifest: what the console reads
             riverbed/handoff/<run>/      work-stealing boards of running batches (steal.py)
             spark/offsets/<batch>        Spark's offset and commit logs (DataFrame path,
@@ -61,6 +62,7 @@ __all__ = [
     "output_url",
     "side_key",
     "spark_location",
+    "spec_key",
     "state_root",
     "state_url",
 ]
@@ -73,8 +75,14 @@ COMMITS = "riverbed/commits/"
 TERMS = "riverbed/terms/"
 LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
+SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
+
+
+def spec_key(shape_hash: str) -> str:
+    """Where a spec's shape is stored (:mod:`riverbed.stream.changes`), by its hash."""
+    return f"{SPECS}{shape_hash}.json"
 
 
 def checkpoints_location(url: str) -> str | Path:

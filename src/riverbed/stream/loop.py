@@ -224,6 +224,7 @@ class DirectQuery:
             base,
             slices=slices,
             co_located=self._co_located(slices),
+            spec=base.spec or self.cfg.engine.shape,  # the shape it runs (changes.py)
             # which version of each lookup table it joins with (lookups.py)
             lookups=lookups.planned(
                 self.cfg.engine,

@@ -133,9 +133,31 @@ def read_table(output: str | Path) -> pa.Table | None:
     if not keys:
         return None
     tables = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
-    first = tables[0].schema
-    return pa.concat_tables(
-        [t if t.schema == first else t.select(first.names).cast(first) for t in tables]
+    # every column any file has, typed as the first file that has it: a metric removed
+    # from a running aggregation (stream/changes.py) is in older files only
+    fields: dict[str, pa.Field] = {}
+    for t in tables:
+        for f in t.schema:
+            fields.setdefault(f.name, f)
+    schema = pa.schema(list(fields.values()))
+    return pa.concat_tables([conformed(t, schema) for t in tables])
+
+
+def conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns, in its order: cast (files older versions
+    wrote: INT96, naive UTC), and nulls where the file has no such column."""
+    if table.schema == schema:
+        return table
+    return pa.table(
+        {
+            f.name: (
+                table.column(f.name).cast(f.type)
+                if f.name in table.column_names
+                else pa.nulls(table.num_rows, f.type)
+            )
+            for f in schema
+        },
+        schema=schema,
     )
 
 
@@ -172,10 +194,7 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
 
     def read(batch_keys: list[str]) -> list[pa.Table]:
         # Spark-written batches of older versions: INT96, naive UTC -- cast reads them
-        return [
-            pq.read_table(io.BytesIO(store.get(k))).select(schema.names).cast(schema)
-            for k in batch_keys
-        ]
+        return [conformed(pq.read_table(io.BytesIO(store.get(k))), schema) for k in batch_keys]
 
     folded = {f"batch_id={b}/" for b in older}
     old_keys = [k for k in keys if k.split("/", 1)[0] + "/" in folded]

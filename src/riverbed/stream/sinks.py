@@ -110,7 +110,6 @@ class SqlSink:
                 raise StreamValueError(f"result rows need a {required!r} column")
         names = [_ident(c) for c in columns]
         target = _ident(table)
-        mark = "%s" if self.postgres else "?"
         ddl = (
             f"CREATE TABLE IF NOT EXISTS {target} ("
             + ", ".join(
@@ -119,28 +118,48 @@ class SqlSink:
             )
             + ', PRIMARY KEY ("window_start", "key"))'
         )
-        updates = ", ".join(
-            f"{n} = excluded.{n}"
-            for n, c in zip(names, columns, strict=True)
-            if c not in ("window_start", "key")
-        )
-        dml = (
-            f"INSERT INTO {target} ({', '.join(names)}) VALUES ({', '.join([mark] * len(names))}) "  # noqa: S608 - identifiers validated by _ident, values are parameters
-            f'ON CONFLICT ("window_start", "key") DO UPDATE SET {updates} '
-            f'WHERE {target}."batch_id" <= excluded."batch_id"'
-        )
         rows = [
             tuple(_value(v, self.postgres) for v in row)
             for row in frame.itertuples(index=False, name=None)
         ]
         with self._connect() as conn:
             conn.execute(ddl)
+            # a column the rows lack (a metric removed from the running aggregation,
+            # stream/changes.py) is null in the rows written from now on, as in the
+            # Parquet result table — never a stale value beside newer counts
+            gone = [c for c in self._columns(conn, table) if c not in columns]
+            sets = [
+                f"{n} = excluded.{n}"
+                for n, c in zip(names, columns, strict=True)
+                if c not in ("window_start", "key")
+            ] + [f"{_ident(c)} = NULL" for c in gone]
+            dml = self._dml(target, names, ", ".join(sets))
             if self.postgres:
                 with conn.cursor() as cur:
                     cur.executemany(dml, rows)
             else:
                 conn.executemany(dml, rows)
         return len(rows)
+
+    def _dml(self, target: str, names: list[str], updates: str) -> str:
+        mark = "%s" if self.postgres else "?"
+        return (
+            f"INSERT INTO {target} ({', '.join(names)}) VALUES ({', '.join([mark] * len(names))}) "  # noqa: S608 - identifiers validated by _ident, values are parameters
+            f'ON CONFLICT ("window_start", "key") DO UPDATE SET {updates} '
+            f'WHERE {target}."batch_id" <= excluded."batch_id"'
+        )
+
+    def _columns(self, conn: Any, table: str) -> list[str]:
+        """The columns the table has now."""
+        if self.postgres:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_name = %s AND table_schema = current_schema()",
+                    (table,),
+                )
+                return [r[0] for r in cur.fetchall()]
+        return [r[1] for r in conn.execute(f"PRAGMA table_info({_ident(table)})")]
 
     def _delete(self, table: str, frame: pd.DataFrame) -> int:
         mark = "%s" if self.postgres else "?"

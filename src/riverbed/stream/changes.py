@@ -1,0 +1,328 @@
+"""What changing a running aggregation's spec does — the pure decision core.
+
+A checkpoint records the *shape* of the spec each batch ran with (:func:`shape`: every
+part of an :class:`~riverbed.stream.aggregation.Aggregation` that decides its results,
+in one canonical JSON form, stored once under its hash: :mod:`riverbed.stream.layout`'s
+``riverbed/specs/<hash>.json``, the hash in each batch record). ``riverbed stream plan``
+and ``riverbed stream run`` both ask :func:`compare` what starting the new spec on that
+checkpoint does, change by change, so ``run`` does exactly what ``plan`` said and
+refuses with the same words:
+
+* **kept** — nothing of it changed;
+* **applied** — it takes effect from the next batch on, and windows already counted
+  keep what they counted (Spark's rule for a changed filter or projection): the
+  watermark, ``keep_closed``, ``output``, ``where``, derived ``columns``, lookups, a
+  metric removed (its state dropped as windows are next written);
+* **refused** — the state cannot carry it, and the reason with the way out: a new or
+  redefined metric (the state holds no value of it for the events already counted),
+  another key, time column or window, the state partition count.
+
+The table of every change is in docs/stream.md, "Changing an aggregation".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from riverbed.durations import duration_text
+
+if TYPE_CHECKING:
+    from riverbed.stream.aggregation import Aggregation
+
+SHAPE_VERSION = 1  # the format of a shape; a newer one is compared as far as it is known
+
+Action = Literal["kept", "applied", "refused"]
+
+__all__ = ["Change", "Plan", "compare", "legacy_shape", "shape", "shape_hash"]
+
+
+def _window(window: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": type(window).__name__}
+    for f in dataclasses.fields(window):
+        out[f"{f.name}_ms"] = int(getattr(window, f"{f.name}_ms"))
+    return out
+
+
+def _value(value: Any) -> Any:
+    """A metric's or lookup's parameter as JSON: plain values as they are, a function
+    or class by its qualified name, anything else by its repr."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _value(v) for k, v in value.items()}
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    return repr(value)
+
+
+def _described(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": type(obj).__name__}
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name not in leave_out:
+                out[f.name] = _value(getattr(obj, f.name))
+    return out
+
+
+def shape(spec: Aggregation) -> dict[str, Any]:
+    """Everything of ``spec`` that decides its results or its state, canonical: two
+    specs that count the same way have equal shapes ("1h" and "60m" are one window)."""
+    from riverbed.locations import shown
+
+    return {
+        "version": SHAPE_VERSION,
+        "name": spec.name,
+        "key": list(spec.key_parts),
+        "time": spec.time,
+        "window": _window(spec.window),
+        "watermark_ms": int(spec.watermark_ms),
+        "output": spec.output,
+        "keep_closed_ms": int(spec.keep_closed_ms),
+        "state_partitions": int(spec.state_partitions),
+        "where": spec.where,
+        "columns": dict(spec.columns),
+        "lookups": [
+            {**_described(lk, ("location",)), "location": shown(lk.location or "")}
+            for lk in spec.lookups
+        ],
+        "metrics": {name: _described(m) for name, m in spec.metrics.items()},
+    }
+
+
+def shape_hash(value: Mapping[str, Any]) -> str:
+    """The name a shape is stored under: its canonical JSON's SHA-256 (16 hex digits)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def legacy_shape(spec_record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint from before shapes recorded (``riverbed/spec.json``: the name,
+    the state partition count, fixed windows or sessions), as a partial shape."""
+    return {
+        "name": spec_record.get("name"),
+        "state_partitions": spec_record.get("state_partitions"),
+        "layout": spec_record.get("windows", "fixed"),
+    }
+
+
+@dataclass(frozen=True)
+class Change:
+    """One part of the spec, what it was and is, and what running it does."""
+
+    part: str  # "metric 'spent'", "where", "state partitions", …
+    was: Any
+    now: Any
+    action: Action
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        if self.action == "kept":
+            return f"  kept      {self.part}"
+        mark = {"applied": "applied", "refused": "REFUSED"}[self.action]
+        what = f"{self.part}: {_shown(self.was, self.part)} → {_shown(self.now, self.part)}"
+        return f"  {mark:<9} {what}\n{'':12}{self.why}"
+
+
+def _shown(value: Any, part: str = "") -> str:
+    """A part's value as ``plan`` prints it: durations as durations, metrics and
+    windows as they are written in a spec."""
+    if value is None:
+        return "(none)"
+    if part in ("watermark", "keep_closed") and isinstance(value, int):
+        return duration_text(value)
+    if isinstance(value, dict) and "kind" in value:
+        params = ", ".join(
+            f"{k[:-3]}={duration_text(v)}" if k.endswith("_ms") else f"{k}={v!r}"
+            for k, v in value.items()
+            if k != "kind" and not (k == "where" and v is None)
+        )
+        return f"{value['kind']}({params})"
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What starting a spec on a checkpoint does: ``first`` (nothing recorded: a new
+    aggregation), else one :class:`Change` per part that changed, or that is kept."""
+
+    name: str
+    first: bool
+    changes: tuple[Change, ...]
+    since_batch: int | None = None  # the batch whose record named the compared shape
+
+    @property
+    def refused(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.action == "refused")
+
+    @property
+    def changed(self) -> tuple[Change, ...]:
+        return tuple(c for c in self.changes if c.action != "kept")
+
+    def refusal(self) -> str | None:
+        """The one message ``stream run`` refuses with (None: it runs)."""
+        if not self.refused:
+            return None
+        said = "; ".join(
+            f"{c.part} {_shown(c.was, c.part)} → {_shown(c.now, c.part)}: {c.why}"
+            for c in self.refused
+        )
+        return f"aggregation '{self.name}' cannot start on its checkpoint: {said}"
+
+    def text(self) -> str:
+        if self.first:
+            return f"aggregation '{self.name}': no checkpoint yet — `stream run` starts it"
+        head = f"aggregation '{self.name}'"
+        if self.since_batch is not None:
+            head += f", compared with the spec of batch {self.since_batch}"
+        if not self.changed:
+            return f"{head}: nothing changed — `stream run` resumes it as it is"
+        lines = [f"{head}:"]
+        lines += [c.line() for c in self.changes if c.action != "kept"]
+        kept = [c.part for c in self.changes if c.action == "kept"]
+        if kept:
+            lines.append(f"  kept      {', '.join(kept)}")
+        if self.refused:
+            lines.append("`stream run` refuses to start (nothing was written)")
+        else:
+            lines.append("`stream run` resumes with the changes above")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "first": self.first,
+            "since_batch": self.since_batch,
+            "runs": not self.refused,
+            "changes": [c.to_json() for c in self.changes],
+        }
+
+
+_NEW_CHECKPOINT = "use a new name (or a new checkpoint) to compute it from the start"
+_WHY = {
+    "key": "results are keyed by it and the state is placed by it; " + _NEW_CHECKPOINT,
+    "time": "windows were assigned by the old time column; " + _NEW_CHECKPOINT,
+    "window": "the state holds the old windows' partial results; " + _NEW_CHECKPOINT,
+    "layout": (
+        "fixed windows and sessions keep their state differently, and the result table "
+        "would mix both; " + _NEW_CHECKPOINT
+    ),
+    "state_partitions": (
+        "state is placed by key hash over the recorded count; use the recorded count, "
+        "or " + _NEW_CHECKPOINT
+    ),
+    "metric_new": (
+        "the state holds no value of it for the events already counted, so its windows "
+        "would be wrong; " + _NEW_CHECKPOINT
+    ),
+    "metric_changed": (
+        "the state holds the old definition's partial results under this name; give "
+        "the new definition a new name in a new aggregation, or " + _NEW_CHECKPOINT
+    ),
+}
+_APPLIED = {
+    "watermark_ms": "from the next batch on (events already dropped as late stay dropped)",
+    "output": "from the next batch on",
+    "keep_closed_ms": "from the next batch on",
+    "where": "events from the next batch on; windows already counted keep what they counted",
+    "columns": "events from the next batch on; windows already counted keep what they counted",
+    "lookups": "events from the next batch on; windows already counted keep what they counted",
+    "metric_gone": "left out of results from the next batch on; its state is dropped as "
+    "each window is next written (rows already in the result table keep the column)",
+}
+_PARTS = {
+    "key": "key",
+    "time": "time column",
+    "window": "window",
+    "state_partitions": "state partitions",
+    "watermark_ms": "watermark",
+    "output": "output",
+    "keep_closed_ms": "keep_closed",
+    "where": "where",
+    "columns": "columns",
+    "lookups": "lookups",
+}
+
+
+def _layout(window: Mapping[str, Any] | None) -> str | None:
+    if window is None:
+        return None
+    return "sessions" if window.get("kind") == "Session" else "fixed"
+
+
+def compare(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[Change]:
+    """What running shape ``now`` on a checkpoint that recorded ``recorded`` does, part
+    by part (``recorded``: a :func:`shape`, a :func:`legacy_shape`, or None — nothing
+    recorded: no changes). Parts ``recorded`` does not hold (an older riverbed's) are
+    taken as unchanged."""
+    if recorded is None:
+        return []
+    out: list[Change] = []
+
+    def part(field: str, refused: bool) -> None:
+        if field not in recorded:
+            return
+        was, is_now = recorded[field], now.get(field)
+        name = _PARTS[field]
+        if was == is_now:
+            out.append(Change(name, was, is_now, "kept", ""))
+        elif refused:
+            out.append(Change(name, was, is_now, "refused", _WHY[field]))
+        else:
+            out.append(Change(name, was, is_now, "applied", _APPLIED[field]))
+
+    # a legacy record knows only fixed windows vs sessions
+    if "layout" in recorded and "window" not in recorded:
+        was_layout, now_layout = recorded["layout"], _layout(now.get("window"))
+        action: Action = "kept" if was_layout == now_layout else "refused"
+        out.append(
+            Change(
+                "window",
+                was_layout,
+                now_layout,
+                action,
+                _WHY["layout"] if action == "refused" else "",
+            )
+        )
+    elif "window" in recorded:
+        was_w, now_w = recorded["window"], now.get("window")
+        if was_w == now_w:
+            out.append(Change("window", was_w, now_w, "kept", ""))
+        else:
+            why = _WHY["layout"] if _layout(was_w) != _layout(now_w) else _WHY["window"]
+            out.append(Change("window", was_w, now_w, "refused", why))
+    for field in ("key", "time", "state_partitions"):
+        part(field, refused=True)
+    for field in ("watermark_ms", "keep_closed_ms", "output", "where", "columns", "lookups"):
+        part(field, refused=False)
+    if "metrics" in recorded:
+        was_m: Mapping[str, Any] = recorded["metrics"]
+        now_m: Mapping[str, Any] = now.get("metrics", {})
+        for name in sorted(set(was_m) | set(now_m)):
+            label = f"metric '{name}'"
+            a, b = was_m.get(name), now_m.get(name)
+            if a == b:
+                out.append(Change(label, a, b, "kept", ""))
+            elif a is None:
+                out.append(Change(label, None, b, "refused", _WHY["metric_new"]))
+            elif b is None:
+                out.append(Change(label, a, None, "applied", _APPLIED["metric_gone"]))
+            else:
+                out.append(Change(label, a, b, "refused", _WHY["metric_changed"]))
+    return out
+
+
+def plan(
+    name: str, recorded: Mapping[str, Any] | None, now: Mapping[str, Any], since: int | None
+) -> Plan:
+    """The :class:`Plan` of starting shape ``now`` (``recorded`` None: a first start)."""
+    return Plan(name, recorded is None, tuple(compare(recorded, now)), since)
