@@ -106,7 +106,7 @@ def test_an_aggregation_takes_lookups_and_refuses_other_things() -> None:
                     lookups="c.parquet")  # type: ignore[arg-type]  # fmt: skip
     # a password in a SQL URL is never in a label (errors, status)
     secret = Lookup("postgresql://rb:s3cret@db:5432/app", on="cid", table="campaigns")
-    assert "s3cret" not in secret.label and secret.label == "db:5432/app#campaigns"
+    assert "s3cret" not in secret.label and secret.label == "postgresql://db:5432/app#campaigns"
 
 
 # -- reading a table --------------------------------------------------------------------
