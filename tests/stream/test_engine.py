@@ -287,9 +287,10 @@ def test_final_mode_emits_each_window_once_when_closed(
     assert (merged["events"] == merged["events_oracle"]).all()
 
 
-def test_state_partition_count_is_fixed_at_first_start(
+def test_a_switch_between_fixed_windows_and_sessions_is_refused(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:
+    """(A changed partition count moves the state instead: tests/stream/test_rescale.py.)"""
     write_events(log_url, make_events(10, hours=1))
     spec = Aggregation(
         name="flags",
@@ -300,22 +301,6 @@ def test_state_partition_count_is_fixed_at_first_start(
         state_partitions=2,
     )
     run_to_end(spark, spec, log_url, tmp_path)
-    changed = Aggregation(
-        name="flags",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        metrics={"events": Count()},
-        state_partitions=4,
-    )
-    with pytest.raises(ValueError, match="state partitions 2 → 4: state is placed by key hash"):
-        start(
-            spark,
-            changed,
-            source(spark, log_url),
-            checkpoint=tmp_path / "ckpt",
-            output=tmp_path / "out",
-        )
     # fixed windows and sessions keep state differently: a switch is refused, and the
     # checkpoint keeps what it recorded (no batch ran)
     sessions = dataclasses.replace(spec, window=Session("5m"))

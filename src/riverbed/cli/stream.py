@@ -154,7 +154,10 @@ def _run(args: argparse.Namespace) -> int:
     say = _sayer(args.timestamps)
     config = config_of(args)
     job = _job(args.spec, config)
-    check(job.checkpoint, job.aggregation)  # a change the state cannot carry: refused now
+    # a change the state cannot carry is refused now; the others are said, then applied
+    decided = check(job.checkpoint, job.aggregation)
+    for change in decided.changed:
+        say(f"spec changed since batch {decided.since_batch}: {change.short()} ({change.why})")
     job = replace(
         job,
         state=replace(
@@ -405,7 +408,7 @@ def _query(args: argparse.Namespace) -> int:
             )
         job = _job(name, config)
         name = job.aggregation.name
-        frame = read_live(job.aggregation, job.state, args.batch)
+        frame = read_live(job.aggregation, job.state, args.batch, job.checkpoint)
     else:
         if name.endswith(".py"):
             name = _job(name, config).aggregation.name

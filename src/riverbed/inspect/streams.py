@@ -176,7 +176,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
         "rows": [],
     }
     try:
-        frame = read_live(aggregation, state, batch)
+        frame = read_live(aggregation, state, batch, info.get("checkpoint"))
     except ValueError as exc:  # no batch has committed state yet: nothing to plot, no error
         return {**answer, "note": str(exc)}
     answer["rows"] = [

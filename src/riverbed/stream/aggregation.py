@@ -29,10 +29,10 @@ class Aggregation:
             watermark="10m", metrics={"users": Distinct("user_id"), "events": Count()},
         )
 
-    ``state_partitions`` is fixed when the query first runs (it is recorded in the
-    checkpoint; changing it later is refused — ``riverbed stream plan`` says which
-    changes of a running aggregation are applied and which refused:
-    :mod:`riverbed.stream.changes`). ``output``: ``update`` emits every
+    ``state_partitions`` is recorded when the query first runs; changing it later
+    moves the state to the new count at the next start (:mod:`riverbed.stream.rescale`).
+    ``riverbed stream plan`` says which changes of a running aggregation are applied and
+    which refused (:mod:`riverbed.stream.changes`). ``output``: ``update`` emits every
     window a batch changed; ``final`` emits a window once, when the watermark closes it.
 
     ``lookups`` enrich each event from tables keyed by one of its columns

@@ -209,7 +209,7 @@ def sweep_state(config: EngineConfig) -> None:
     try:
         provider = StateProvider(config.state)
         for partition in range(config.spec.state_partitions):
-            provider.sweep(config.spec.name, partition)
+            provider.sweep(config.namespace, partition)
     except Exception as exc:  # maintenance must not stop the query
         log.warning("sweep of %s failed (retried next round): %s", config.spec.name, exc)
 
@@ -231,7 +231,7 @@ def maintain(config: EngineConfig, batches: Batches, batch_id: int, sweep: bool 
     try:
         provider = StateProvider(config.state)
         for partition in range(spec.state_partitions):
-            provider.purge(spec.name, partition, sweep_after=3600.0 if sweep else None)
+            provider.purge(config.namespace, partition, sweep_after=3600.0 if sweep else None)
         batches.prune(batch_id + 1 - config.state.retain_versions)
         if batch_id > 0:  # the batch before this one is committed: fold the table into it
             compact_output(config.output, spec, batch_id - 1)

@@ -12,10 +12,11 @@ refuses with the same words:
 * **applied** — it takes effect from the next batch on, and windows already counted
   keep what they counted (Spark's rule for a changed filter or projection): the
   watermark, ``keep_closed``, ``output``, ``where``, derived ``columns``, lookups, a
-  metric removed (its state dropped as windows are next written);
+  metric removed (its state dropped as windows are next written); the state partition
+  count (the state moved to the new count at start: :mod:`riverbed.stream.rescale`);
 * **refused** — the state cannot carry it, and the reason with the way out: a new or
   redefined metric (the state holds no value of it for the events already counted),
-  another key, time column or window, the state partition count.
+  another key, time column or window.
 
 The table of every change is in docs/stream.md, "Changing an aggregation".
 """
@@ -125,12 +126,15 @@ class Change:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def short(self) -> str:
+        """``part: was → now``, as ``plan`` shows the values."""
+        return f"{self.part}: {_shown(self.was, self.part)} → {_shown(self.now, self.part)}"
+
     def line(self) -> str:
         if self.action == "kept":
             return f"  kept      {self.part}"
         mark = {"applied": "applied", "refused": "REFUSED"}[self.action]
-        what = f"{self.part}: {_shown(self.was, self.part)} → {_shown(self.now, self.part)}"
-        return f"  {mark:<9} {what}\n{'':12}{self.why}"
+        return f"  {mark:<9} {self.short()}\n{'':12}{self.why}"
 
 
 def _shown(value: Any, part: str = "") -> str:
@@ -216,10 +220,6 @@ _WHY = {
         "fixed windows and sessions keep their state differently, and the result table "
         "would mix both; " + _NEW_CHECKPOINT
     ),
-    "state_partitions": (
-        "state is placed by key hash over the recorded count; use the recorded count, "
-        "or " + _NEW_CHECKPOINT
-    ),
     "metric_new": (
         "the state holds no value of it for the events already counted, so its windows "
         "would be wrong; " + _NEW_CHECKPOINT
@@ -236,6 +236,9 @@ _APPLIED = {
     "where": "events from the next batch on; windows already counted keep what they counted",
     "columns": "events from the next batch on; windows already counted keep what they counted",
     "lookups": "events from the next batch on; windows already counted keep what they counted",
+    "state_partitions": "the state is moved to the new count when the run starts, each key "
+    "to its partition by the new count (a kill during the move is safe: the old partitions "
+    "stay current until it is done)",
     "metric_gone": "left out of results from the next batch on; its state is dropped as "
     "each window is next written (rows already in the result table keep the column)",
 }
@@ -300,9 +303,17 @@ def compare(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[
         else:
             why = _WHY["layout"] if _layout(was_w) != _layout(now_w) else _WHY["window"]
             out.append(Change("window", was_w, now_w, "refused", why))
-    for field in ("key", "time", "state_partitions"):
+    for field in ("key", "time"):
         part(field, refused=True)
-    for field in ("watermark_ms", "keep_closed_ms", "output", "where", "columns", "lookups"):
+    for field in (
+        "state_partitions",
+        "watermark_ms",
+        "keep_closed_ms",
+        "output",
+        "where",
+        "columns",
+        "lookups",
+    ):
         part(field, refused=False)
     if "metrics" in recorded:
         was_m: Mapping[str, Any] = recorded["metrics"]

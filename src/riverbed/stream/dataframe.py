@@ -15,7 +15,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
-from riverbed.stream import lookups, specrecord
+from riverbed.stream import lookups, rescale, specrecord
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -52,6 +52,27 @@ from riverbed.stream.validity import spark_reason
 from riverbed.windows import late_column
 
 log = logging.getLogger(__name__)
+
+
+def _generation(
+    checkpoint: str | Path, spec: Aggregation, state: StateConfig, term: int | None
+) -> rescale.Generation:
+    """The state generation batches use: the current one, or — ``state_partitions``
+    changed, as ``stream plan`` said — a new one the state is moved to now."""
+    from riverbed.stream.fencing import check_term
+
+    now = rescale.current(checkpoint, spec.state_partitions)
+    if now.partitions == spec.state_partitions:
+        return now
+    return rescale.move(
+        checkpoint,
+        state,
+        spec.name,
+        spec.sessions,
+        now,
+        spec.state_partitions,
+        lambda: check_term(str(checkpoint), term, spec.name),
+    )
 
 
 def foreach_batch(config: EngineConfig) -> Any:
@@ -231,6 +252,7 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+    generation = _generation(checkpoint, spec, state, term)
     # the lookup tables' columns (read now, or the last batch's snapshots while a table
     # is away): what the spec is compiled against
     schemas = lookups.at_start(spec.lookups, str(checkpoint), log_url)
@@ -252,6 +274,7 @@ def start(
         term=term,
         lookup_schemas=schemas,
         shape=shape,
+        state_namespace=generation.namespace(spec.name),
     )
     for sink in extra:
         sink.start(config)
@@ -342,7 +365,12 @@ def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.Data
     return frame
 
 
-def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None) -> pd.DataFrame:
+def read_live(
+    spec: Aggregation,
+    state: StateConfig,
+    batch_id: int | None = None,
+    checkpoint: str | Path | None = None,
+) -> pd.DataFrame:
     """Results answered from the state store instead of the result table: every window
     the state still holds (open ones, and closed ones within ``keep_closed``), as of
     the end of ``batch_id`` (default: the newest committed batch), per partition.
@@ -356,11 +384,15 @@ def read_live(spec: Aggregation, state: StateConfig, batch_id: int | None = None
     from riverbed.stream.results import empty_rows
 
     provider = StateProvider(state)
-    if not provider.partitions(spec.name):
-        raise StreamValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
     version = None if batch_id is None else batch_id + 1
+    namespace = spec.name  # the generation holding that version (rescale.py)
+    if checkpoint is not None:
+        gens = rescale.generations(checkpoint, spec.state_partitions)
+        namespace = rescale.for_version(gens, version).namespace(spec.name)
+    if not provider.partitions(namespace):
+        raise StreamValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
     frames = []
-    for batch in read_state(provider, spec.name, version):
+    for batch in read_state(provider, namespace, version):
         values = dict(
             zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True)
         )

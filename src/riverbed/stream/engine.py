@@ -91,6 +91,8 @@ class EngineConfig:
     lookups: tuple[str, ...] = ()
     # the hash of the spec's shape, recorded in every batch it plans (changes.py)
     shape: str | None = None
+    # the state namespace of the current generation (rescale.py); None: the name
+    state_namespace: str | None = None
     # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
     # token: secrets, never printed), applied where a task runs and its process has
     # none (see __setstate__)
@@ -103,6 +105,11 @@ class EngineConfig:
         Hadoop settings for ``s3a://`` to executors."""
         self.__dict__.update(state)
         adopt(state.get("reach_env", {}))
+
+    @property
+    def namespace(self) -> str:
+        """The state namespace the engine reads and writes (:mod:`riverbed.stream.rescale`)."""
+        return self.state_namespace or self.spec.name
 
     def fence(self) -> None:
         """Raise DriverFencedError if a newer driver took over (before every write)."""
@@ -309,7 +316,7 @@ def merge_partition(
     the rows to emit."""
     spec = config.spec
     provider = StateProvider(config.state)
-    store = provider.load(spec.name, partition, version=batch_id)
+    store = provider.load(config.namespace, partition, version=batch_id)
     if spec.sessions:
         try:
             emitted_sessions, removed = _merge_sessions(

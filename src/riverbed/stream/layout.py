@@ -3,7 +3,8 @@
 ::
 
     <checkpoints>/                       RIVERBED_CHECKPOINTS (default <home>/checkpoints)
-        state/<name>/<partition>/...     durable state: changelogs and snapshots (state/)
+        state/<name>/<partition>/...     durable state: changelogs and snapshots (state/);
+        state/<name>.g<G>.<M>/...          after a rescale, generation G's M partitions
         <name>/                          one aggregation's checkpoint
             riverbed/batches/<batch:012d>.json   the batch's plan, created once; re-runs read it
             riverbed/batches/<batch:012d>.side   its late/malformed records are in their topics
@@ -11,6 +12,7 @@
             riverbed/terms/<term:020d>.json      one record per elected driver; the newest rules
             riverbed/spec.json           the state partition count, fixed on first start
             riverbed/specs/<hash>.json   a spec's shape, once; batch records name theirs
+            riverbed/generations/<G>.json  a state generation: its partition count, once
             riverbed/job.json            the manifest: what the console reads
             riverbed/handoff/<run>/      work-stealing boards of running batches (steal.py)
             spark/offsets/<batch>        Spark's offset and commit logs (DataFrame path,
@@ -55,6 +57,7 @@ __all__ = [
     "checkpoints_location",
     "child",
     "commit_key",
+    "generation_key",
     "handoff_dir",
     "is_local",
     "local_path",
@@ -75,9 +78,15 @@ COMMITS = "riverbed/commits/"
 TERMS = "riverbed/terms/"
 LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
+GENERATIONS = "riverbed/generations/"  # state generations: <G>.json (rescale.py)
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
+
+
+def generation_key(number: int) -> str:
+    """Where state generation ``number`` is recorded (:mod:`riverbed.stream.rescale`)."""
+    return f"{GENERATIONS}{number:06d}.json"
 
 
 def spec_key(shape_hash: str) -> str:

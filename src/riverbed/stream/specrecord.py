@@ -47,7 +47,12 @@ def recorded(checkpoint: str | Path) -> tuple[dict[str, Any] | None, int | None]
 
 def plan_start(checkpoint: str | Path, spec: Aggregation) -> Plan:
     """What starting ``spec`` on ``checkpoint`` does; reads only."""
+    from riverbed.stream import rescale
+
     was, since = recorded(checkpoint)
+    if was is not None and "state_partitions" in was:  # the state's count: its generation's
+        now = rescale.current(checkpoint, int(was["state_partitions"]))
+        was = {**was, "state_partitions": now.partitions}
     return plan(spec.name, was, shape(spec), since)
 
 

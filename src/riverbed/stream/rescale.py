@@ -1,0 +1,196 @@
+"""Rescaling an aggregation's state: ``state_partitions`` from N to M on a checkpoint.
+
+State partition *p* holds the keys with ``crc32(key) % N == p``
+(:func:`riverbed.stream.engine.state_partition_of`). A change of N is a **move**: the
+state as of one version is read from every old partition, each entry routed by its key
+to one of M new partitions, and written there as that same version — in a new *state
+generation*, a namespace of its own (:func:`namespace`: ``<name>`` for the first,
+``<name>.g<G>.<M>`` after), so the old generation is never touched. The move ends with
+one create-only record, ``riverbed/generations/<G>.json`` (:func:`~riverbed.stream.
+layout.generation_key`): before it, every reader and the next batch use the old
+generation; after it, the new one. A kill at any moment of the move leaves the old
+generation current and whatever the new one holds unused; the next start moves again,
+skipping the new partitions already written (each is one atomic commit of the version).
+
+Which version moves: the state after the newest committed batch (a batch planned and
+not committed runs next, on the new generation — co-location is then decided at run
+time, since its plan recorded the old count). The move runs in the driver that holds
+the aggregation's fence, at start, after ``stream plan`` said so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from riverbed.config import inherited
+from riverbed.state import StateConfig, StateProvider
+from riverbed.storage.base import numbered
+from riverbed.stream.batchlog import open_batches
+from riverbed.stream.errors import StreamError
+from riverbed.stream.layout import GENERATIONS, SPEC, checkpoint_store, generation_key
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Generation", "current", "generations", "key_bytes", "move", "partition_of"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One state generation: its number, partition count and first state version."""
+
+    number: int
+    partitions: int
+    from_version: int = 0
+
+    def namespace(self, name: str) -> str:
+        return namespace(name, self.number, self.partitions)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generation": self.number,
+            "state_partitions": self.partitions,
+            "from_version": self.from_version,
+        }
+
+
+def namespace(name: str, generation: int, partitions: int) -> str:
+    """The state namespace of an aggregation's generation (the one owner of the name)."""
+    return name if generation == 0 else f"{name}.g{generation}.{partitions}"
+
+
+def generations(checkpoint: str | Path, default_partitions: int) -> list[Generation]:
+    """Every generation of the checkpoint's state, oldest first; the first one's
+    partition count is the one ``riverbed/spec.json`` recorded (``default_partitions``
+    when nothing is recorded yet)."""
+    store = checkpoint_store(checkpoint)
+    first = default_partitions
+    if store.exists(SPEC):
+        first = int(json.loads(store.get(SPEC))["state_partitions"])
+    out = [Generation(0, first, 0)]
+    keys = [i.key for i in store.list(GENERATIONS)]
+    for number in sorted(numbered(keys, GENERATIONS, ".json")):
+        data = json.loads(store.get(generation_key(number)))
+        out.append(Generation(number, int(data["state_partitions"]), int(data["from_version"])))
+    return out
+
+
+def current(checkpoint: str | Path, default_partitions: int) -> Generation:
+    return generations(checkpoint, default_partitions)[-1]
+
+
+def for_version(gens: list[Generation], version: int | None) -> Generation:
+    """The generation that holds state ``version`` (None: the newest)."""
+    if version is None:
+        return gens[-1]
+    return [g for g in gens if g.from_version <= version][-1]
+
+
+# -- the pure core: which new partition an entry goes to -------------------------------
+
+
+def key_bytes(state_key: bytes, sessions: bool) -> bytes:
+    """The aggregation key inside a state key (:mod:`riverbed.state.keys`): after the
+    8-byte window start; for sessions after the ``0x01`` prefix, or ``0x02`` + end +
+    start (an index entry)."""
+    if not sessions:
+        return state_key[8:]
+    if state_key[:1] == b"\x01":
+        return state_key[1:]
+    if state_key[:1] == b"\x02":
+        return state_key[17:]
+    raise StreamError(f"state key {state_key[:24]!r} is not a session key or index entry")
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The state partition of a key (bytes of its text): as the engine places it."""
+    return zlib.crc32(key) % partitions
+
+
+# -- the move ---------------------------------------------------------------------------
+
+
+def _failpoint(at: str) -> None:
+    """``RIVERBED_FAULT=kill_in_move:<n>`` (tests): SIGKILL this process once ``n`` new
+    partitions are written; ``kill_in_move:switch``: before the switch is recorded."""
+    fault = inherited("RIVERBED_FAULT") or ""
+    if fault == f"kill_in_move:{at}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def version_to_move(checkpoint: str | Path) -> int:
+    """The state version after the newest committed batch (0: none committed)."""
+    batches = open_batches(checkpoint)
+    done = [b for b in batches.ids() if (r := batches.get(b)) is not None and r.done]
+    return done[-1] + 1 if done else 0
+
+
+def move(
+    checkpoint: str | Path,
+    state: StateConfig,
+    name: str,
+    sessions: bool,
+    old: Generation,
+    partitions: int,
+    fence: Callable[[], None],
+    say: Callable[[str], None] = log.info,
+    version: int | None = None,
+) -> Generation:
+    """Move the state of generation ``old`` to ``partitions`` partitions as a new
+    generation, and make it current (see the module doc); returns it. ``version``:
+    the state version to move (default: the one after the newest committed batch)."""
+    version = version_to_move(checkpoint) if version is None else version
+    new = Generation(old.number + 1, partitions, version)
+    provider = StateProvider(state)
+    started = time.monotonic()
+    moved = [[] for _ in range(partitions)]  # type: list[list[tuple[bytes, bytes]]]
+    nbytes = 0
+    if version > 0:
+        source = old.namespace(name)
+        for p in range(old.partitions):
+            if not provider.versions(source, p):
+                continue
+            store = provider.load(source, p, version)
+            try:
+                for k, v in store.scan():
+                    moved[partition_of(key_bytes(k, sessions), partitions)].append((k, v))
+                    nbytes += len(k) + len(v)
+            finally:
+                store.abort()
+    target = new.namespace(name)
+    for q in range(partitions):
+        if version == 0 or version in provider.versions(target, q):
+            continue  # nothing to move, or written before a kill
+        fence()  # a replaced driver writes nothing
+        store = provider.load(target, q, None)
+        try:
+            for k, v in sorted(moved[q]):
+                store.put(k, v)
+            store.commit(version)
+        except BaseException:
+            store.abort()
+            raise
+        _failpoint(str(q + 1))
+    _failpoint("switch")  # every new partition written, the switch not yet recorded
+    fence()
+    record = json.dumps(new.to_json() | {"was": old.to_json()}).encode()
+    if not checkpoint_store(checkpoint).put_if_absent(generation_key(new.number), record):
+        raise StreamError(
+            f"aggregation {name!r}: another driver rescaled its state meanwhile (generation "
+            f"{new.number} exists); start it again"
+        )
+    entries = sum(len(m) for m in moved)
+    say(
+        f"state of {name} moved from {old.partitions} to {partitions} partitions: "
+        f"{entries:,} entries, {nbytes / 1e6:.1f} MB at version {version} in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    return new

@@ -1,0 +1,228 @@
+"""Rescaling a running aggregation's state (stream/rescale.py): the routing core as
+properties, then 3 → 5 → 2 partitions through every path, results equal to the oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.cli.main import main
+from riverbed.state.keys import session_end_key, session_key, window_key
+from riverbed.stream import Aggregation, Count, Distinct, Session, Sum, Tumbling
+from riverbed.stream.batchlog import open_batches
+from riverbed.stream.dataframe import read_results, start
+from riverbed.stream.engine import state_partition_of
+from riverbed.stream.rescale import generations, key_bytes, namespace, partition_of
+from tests.stream.conftest import make_events, write_events
+from tests.stream.test_cli import SPEC
+from tests.stream.test_engine import run_to_end, source_for
+
+keys = st.text(min_size=1, max_size=20)
+
+
+@given(keys, st.integers(1, 64))
+def test_an_entry_goes_where_the_engine_places_its_key(key: str, n: int) -> None:
+    assert partition_of(key.encode(), n) == state_partition_of(pd.Series([key]), n)[0]
+
+
+@given(keys, st.integers(0, 2**40), st.integers(0, 2**40))
+def test_the_key_is_found_in_every_kind_of_state_key(key: str, start: int, end: int) -> None:
+    k = key.encode()
+    assert key_bytes(window_key(start, k), sessions=False) == k
+    assert key_bytes(session_key(k), sessions=True) == k
+    assert key_bytes(session_end_key(end, start, k), sessions=True) == k
+
+
+def _oracle(events: pd.DataFrame) -> pd.DataFrame:
+    e = events.assign(window_start=events["ts"].dt.floor("1h"))
+    return (
+        e.groupby(["window_start", "flag"])
+        .agg(events=("user_id", "size"), users=("user_id", "nunique"), total=("amount", "sum"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+
+
+def _run(spark: Any, spec: Aggregation, url: str, root: Path, path: str) -> pd.DataFrame:
+    """``spec`` over what the topic holds; the batches this run planned are co-located
+    exactly when the log-native path reads a topic of as many partitions (3)."""
+    before = set(open_batches(str(root / "ckpt")).ids())
+    query = start(
+        spark,
+        spec,
+        source_for(spark, url, path),
+        checkpoint=root / "ckpt",
+        output=root / "out",
+        log_url=url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    if path != "spark":
+        batches = open_batches(str(root / "ckpt"))
+        plans = {batches.get(b).co_located for b in set(batches.ids()) - before}
+        assert plans == {path == "colocated" and spec.state_partitions == 3}, plans
+    return read_results(root / "out")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("path", ["spark", "colocated", "shuffled"])
+def test_rescaling_3_to_5_to_2_equals_the_oracle(
+    spark: Any, log_url: str, tmp_path: Path, path: str
+) -> None:
+    """Three runs over three parts of the events, each with another partition count;
+    the state moves at each start and the results equal one computation over all."""
+    events = make_events(2400, hours=4)
+    parts = np.array_split(np.arange(len(events)), 3)
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+        state_partitions=3,
+    )
+    for part, count in zip(parts, [3, 5, 2], strict=True):
+        write_events(log_url, events.iloc[part])
+        got = _run(
+            spark, dataclasses.replace(spec, state_partitions=count), log_url, tmp_path, path
+        )
+    want = _oracle(events)
+    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
+    assert len(merged) == len(want) == len(got)
+    for column in ("events", "users", "total"):
+        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    gens = generations(tmp_path / "ckpt", 3)
+    assert [(g.number, g.partitions) for g in gens] == [(0, 3), (1, 5), (2, 2)]
+    state = tmp_path / "ckpt" / "state"
+    for g in gens:  # every generation's state is where its namespace says
+        held = sorted(
+            p.name for p in (state / namespace("flags", g.number, g.partitions)).iterdir()
+        )
+        assert held == [str(p) for p in range(g.partitions)], (g, held)
+    ckpt = tmp_path / "ckpt" / "riverbed"
+    record = json.loads((ckpt / "generations" / "000002.json").read_text())
+    assert record["was"]["state_partitions"] == 5 and record["from_version"] == gens[2].from_version
+
+
+@pytest.mark.spark
+def test_rescaling_sessions(spark: Any, log_url: str, tmp_path: Path) -> None:
+    events = make_events(1500, hours=3)
+    half = len(events) // 2
+    spec = Aggregation(
+        name="sess",
+        key="flag",
+        time="ts",
+        window=Session("5m"),
+        watermark="10h",
+        metrics={"events": Count()},
+        state_partitions=3,
+    )
+    write_events(log_url, events.iloc[:half])
+    run_to_end(spark, spec, log_url, tmp_path, "shuffled")
+    write_events(log_url, events.iloc[half:])
+    got = run_to_end(
+        spark, dataclasses.replace(spec, state_partitions=4), log_url, tmp_path, "shuffled"
+    )
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    want = run_to_end(
+        spark, dataclasses.replace(spec, state_partitions=4), log_url, fresh, "shuffled"
+    )
+    cols = ["window_start", "window_end", "key", "events"]
+    a = got[cols].sort_values(cols).reset_index(drop=True)
+    b = want[cols].sort_values(cols).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b)
+
+
+def _cli_spec(path: Path, partitions: int) -> None:
+    path.write_text(SPEC.replace("state_partitions=3", f"state_partitions={partitions}"))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("place", ["directory", "bucket"])
+def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
+    place: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`stream run` after `state_partitions` 3 → 5 → 2, SIGKILLed while the state
+    moves (after some new partitions, and before the switch), then run again: every
+    window equals the oracle over all events, and the plan said what happened."""
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    where: list[str] = []
+    if place == "bucket":
+        s3_url = request.getfixturevalue("s3_url")
+        env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+        where = ["--checkpoints", f"{s3_url}/ck"]
+    monkeypatch.setenv("RIVERBED_HOME", str(home))
+    for k, v in env.items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    events = make_events(1200, hours=3)
+    thirds = np.array_split(np.arange(len(events)), 3)
+    log = f"file://{home / 'log'}"
+    spec = tmp_path / "flags.py"
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec), "--once"]
+
+    def run(fault: str | None = None) -> subprocess.CompletedProcess[str]:
+        with_fault = {**env, "RIVERBED_FAULT": fault} if fault else env
+        return subprocess.run(
+            [*command, *where], env=with_fault, capture_output=True, text=True, check=False
+        )
+
+    previous = 3
+    for third, (count, kills) in zip(
+        thirds,
+        [(3, []), (5, ["kill_in_move:2", "kill_in_move:switch"]), (2, ["kill_in_move:1"])],
+        strict=True,
+    ):
+        write_events(log, events.iloc[third], partitions=3)
+        _cli_spec(spec, count)
+        if kills:
+            assert main(["stream", "plan", str(spec), *where]) == 0
+            said = capsys.readouterr().out
+            assert "applied   state partitions:" in said and f"→ {count}" in said, said
+        for fault in kills:
+            killed = run(fault)
+            assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        done = run()
+        assert done.returncode == 0, done.stderr[-2000:]
+        if kills:
+            said = f"state partitions: {previous} → {count} (the state is moved"
+            assert said in done.stderr, done.stderr[-2000:]
+        previous = count
+    assert main(["query", "flags", "--json", *where]) == 0
+    rows = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
+    rows["window_start"] = pd.to_datetime(rows["window_start"], utc=True)
+    want = _oracle(events)
+    merged = rows.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
+    assert len(merged) == len(want) == len(rows)
+    for column in ("events", "users"):
+        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    # and live from the state's newest generation
+    assert main(["query", str(spec), "--from-state", "--json", *where]) == 0
+    live = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
+    assert int(live["events"].sum()) == int(
+        merged.loc[
+            merged["window_start"].isin(pd.to_datetime(live["window_start"], utc=True)),
+            "events",
+        ].sum()
+    )
