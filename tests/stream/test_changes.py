@@ -126,6 +126,6 @@ def test_plan_prints_durations_and_metrics_as_a_spec_writes_them() -> None:
     assert "compared with the spec of batch 7" in text
     assert "watermark: 1h → 2h" in text
     assert "REFUSED   metric 's': (none) → Sum(column='amount')" in text
-    assert "metric 's' (none) → Sum(column='amount'): the state holds no value" in (
+    assert "metric 's': (none) → Sum(column='amount'): the state holds no value" in (
         plan("x", shape(a), shape(b), 7).refusal() or ""
     )

@@ -305,7 +305,7 @@ def test_a_switch_between_fixed_windows_and_sessions_is_refused(
     # checkpoint keeps what it recorded (no batch ran)
     sessions = dataclasses.replace(spec, window=Session("5m"))
     batches = sorted(p.name for p in (tmp_path / "ckpt").rglob("*.json"))
-    refused = r"window Tumbling\(.*\) → Session\(.*\): fixed windows and sessions keep"
+    refused = r"window: Tumbling\(.*\) → Session\(.*\): fixed windows and sessions keep"
     with pytest.raises(ValueError, match=refused):
         start(
             spark,

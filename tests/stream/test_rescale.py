@@ -217,6 +217,11 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
     assert len(merged) == len(want) == len(rows)
     for column in ("events", "users"):
         assert (merged[column] == merged[f"{column}_o"]).all(), column
+    assert main(["stream", "status", str(spec), "--json", *where]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["state"]["partitions"] == 2 and status["state"]["generation"] == 2
+    assert main(["stream", "status", str(spec), *where]) == 0
+    assert "state: 2 partitions (generation 2, since state version" in capsys.readouterr().out
     # and live from the state's newest generation
     assert main(["query", str(spec), "--from-state", "--json", *where]) == 0
     live = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])

@@ -79,7 +79,7 @@ def test_plan_then_run_refuses_or_applies_as_planned(
     assert [c["part"] for c in planned["changes"] if c["action"] == "refused"] == ["metric 'top'"]
     refused = stream_run()
     assert refused.returncode == 2
-    assert "metric 'top' (none) → Max(column='amount'): the state holds no value" in refused.stderr
+    assert "metric 'top': (none) → Max(column='amount'): the state holds no value" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert _files(home / "checkpoints") == before  # nothing written
 

@@ -374,6 +374,12 @@ def _status(args: argparse.Namespace) -> int:
     for at, snapshot in enumerate(info.get("lookups") or []):
         read = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snapshot["at_ms"] / 1000))
         out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}, read {read}")
+    state = info.get("state")
+    if state:  # rescaled: which generation, since which state version
+        moved = f" (generation {state['generation']}, since state version {state['from_version']})"
+        out.print(
+            f"{'state':>14}: {state['partitions']} partitions{moved if state['generation'] else ''}"
+        )
     out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info.get("lag", {}).items()))
     driver = info.get("driver")
     if driver:

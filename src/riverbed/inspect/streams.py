@@ -81,6 +81,7 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     out["checkpoint"] = str(checkpoint)  # a directory or an s3:// URL: never a credential
     recorded = recorded_driver(checkpoint)
     out["term"] = recorded.get("term") if recorded else None
+    out["state"] = _state_generation(checkpoint)
     now_ms = time.time() * 1000
     wm = out.get("watermark_ms") or 0
     out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None
@@ -92,6 +93,18 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
         rows = [(b, batches.get(b)) for b in reversed(ids[-ledger:])]
         out["ledger"] = [_batch_row(checkpoint, b, r) for b, r in rows if r is not None]
     return out
+
+
+def _state_generation(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The state's partition count and generation (stream/rescale.py); None before the
+    aggregation's first start recorded one."""
+    from riverbed.stream.rescale import generations
+
+    gens = generations(checkpoint, 0)
+    if gens[-1].partitions == 0:
+        return None
+    g = gens[-1]
+    return {"partitions": g.partitions, "generation": g.number, "from_version": g.from_version}
 
 
 def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> dict[str, Any]:

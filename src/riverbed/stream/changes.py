@@ -176,10 +176,7 @@ class Plan:
         """The one message ``stream run`` refuses with (None: it runs)."""
         if not self.refused:
             return None
-        said = "; ".join(
-            f"{c.part} {_shown(c.was, c.part)} → {_shown(c.now, c.part)}: {c.why}"
-            for c in self.refused
-        )
+        said = "; ".join(f"{c.short()}: {c.why}" for c in self.refused)
         return f"aggregation '{self.name}' cannot start on its checkpoint: {said}"
 
     def text(self) -> str:
