@@ -79,7 +79,7 @@ def main() -> None:
             started = time.perf_counter()
             shutil.copytree(root / "durable" / "bench", root / f"copy-{r}")
             copies.append(time.perf_counter() - started)
-            shutil.rmtree(root / "durable" / "bench.g1.5")
+            shutil.rmtree(root / "durable" / "bench.g1.5.v1")
             shutil.rmtree(root / f"copy-{r}")
         m, c = statistics.median(moves), statistics.median(copies)
         print(f"{'move (riverbed)':<18} {m:7.2f} s  {m / gb:8.1f} s/GB")

@@ -4,7 +4,7 @@
 
     <checkpoints>/                       RIVERBED_CHECKPOINTS (default <home>/checkpoints)
         state/<name>/<partition>/...     durable state: changelogs and snapshots (state/);
-        state/<name>.g<G>.<M>/...          after a rescale, generation G's M partitions
+        state/<name>.g<G>.<M>.v<V>/...     after a rescale, generation G's M partitions
         <name>/                          one aggregation's checkpoint
             riverbed/batches/<batch:012d>.json   the batch's plan, created once; re-runs read it
             riverbed/batches/<batch:012d>.side   its late/malformed records are in their topics

@@ -5,7 +5,7 @@ State partition *p* holds the keys with ``crc32(key) % N == p``
 state as of one version is read from every old partition, each entry routed by its key
 to one of M new partitions, and written there as that same version — in a new *state
 generation*, a namespace of its own (:func:`namespace`: ``<name>`` for the first,
-``<name>.g<G>.<M>`` after), so the old generation is never touched. The move ends with
+``<name>.g<G>.<M>.v<version>`` after), so the old generation is never touched. The move ends with
 one create-only record, ``riverbed/generations/<G>.json`` (:func:`~riverbed.stream.
 layout.generation_key`): before it, every reader and the next batch use the old
 generation; after it, the new one. A kill at any moment of the move leaves the old
@@ -52,7 +52,7 @@ class Generation:
     from_version: int = 0
 
     def namespace(self, name: str) -> str:
-        return namespace(name, self.number, self.partitions)
+        return namespace(name, self.number, self.partitions, self.from_version)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,9 +62,13 @@ class Generation:
         }
 
 
-def namespace(name: str, generation: int, partitions: int) -> str:
-    """The state namespace of an aggregation's generation (the one owner of the name)."""
-    return name if generation == 0 else f"{name}.g{generation}.{partitions}"
+def namespace(name: str, generation: int, partitions: int, from_version: int) -> str:
+    """The state namespace of an aggregation's generation (the one owner of the name).
+    The count and the version are in it, so what a move abandoned by a kill left (the
+    count then changed back and batches ran on) is never mixed into a later move."""
+    if generation == 0:
+        return name
+    return f"{name}.g{generation}.{partitions}.v{from_version}"
 
 
 def generations(checkpoint: str | Path, default_partitions: int) -> list[Generation]:
