@@ -133,8 +133,11 @@ def _failpoint(at: str) -> None:
 def version_to_move(checkpoint: str | Path) -> int:
     """The state version after the newest committed batch (0: none committed)."""
     batches = open_batches(checkpoint)
-    done = [b for b in batches.ids() if (r := batches.get(b)) is not None and r.done]
-    return done[-1] + 1 if done else 0
+    for b in reversed(batches.ids()):  # newest first: one read, or two (a batch in flight)
+        record = batches.get(b)
+        if record is not None and record.done:
+            return b + 1
+    return 0
 
 
 def move(
