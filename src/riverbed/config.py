@@ -205,8 +205,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RIVERBED_FAULT",
         None,
         "none",
-        "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>` or "
-        "`kill_in_move:switch`: SIGKILL during a state rescale)",
+        "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>`, "
+        "`read`, `switch` or `done`: SIGKILL during a state rescale or backfill)",
         inherited=True,
         who="tests",
     ),

@@ -19,7 +19,7 @@ from riverbed.stream import (
     Sum,
     Tumbling,
 )
-from riverbed.stream.changes import compare, legacy_shape, plan, shape, shape_hash
+from riverbed.stream.changes import Replay, compare, legacy_shape, plan, shape, shape_hash
 from riverbed.stream.specrecord import legacy_spec
 
 METRICS = {
@@ -55,24 +55,36 @@ specs = st.builds(
 REFUSED_PARTS = {"key", "time column", "window"}
 
 
-def _expected(part: str, was: Any, now: Any) -> str:
+def _expected(part: str, was: Any, now: Any, spec: Aggregation, replayed: bool) -> str:
     if was == now:
         return "kept"
     if part in REFUSED_PARTS:
         return "refused"
+    if part.startswith("metric ") and now is None:
+        return "applied"  # removed
+    if part.startswith("metric ") and was is None:  # added: read again from the source
+        return "backfilled" if replayed and not spec.sessions else "refused"
     if part.startswith("metric "):
-        return "applied" if now is None else "refused"  # removed; added or redefined
+        return "refused"  # redefined
     return "applied"
 
 
-@given(specs, specs)
-def test_every_change_gets_the_action_its_rule_says(a: Aggregation, b: Aggregation) -> None:
-    changes = compare(shape(a), shape(b))
+@given(specs, specs, st.booleans())
+def test_every_change_gets_the_action_its_rule_says(
+    a: Aggregation, b: Aggregation, replayed: bool
+) -> None:
+    source = None if replayed else "the source cannot be read again"
+    changes = compare(shape(a), shape(b), source)
     assert {c.part for c in changes} >= REFUSED_PARTS | {"watermark", "where", "state partitions"}
     for c in changes:
-        assert c.action == _expected(c.part, c.was, c.now), c
+        assert c.action == _expected(c.part, c.was, c.now, b, replayed), c
         assert bool(c.why) == (c.action != "kept")
-    decided = plan("agg", shape(a), shape(b), 3)
+        if c.action == "refused" and c.was is None:  # an added metric: says why not
+            assert ("cannot be read again" if not replayed else "session") in c.why
+    decided = plan("agg", shape(a), shape(b), 3, source)
+    assert set(decided.backfilled) == {
+        c.part.split("'")[1] for c in changes if c.action == "backfilled"
+    }
     refused = [c for c in changes if c.action == "refused"]
     assert (decided.refusal() is None) == (not refused)
     for c in refused:  # the refusal names every refused part and why
@@ -125,7 +137,15 @@ def test_plan_prints_durations_and_metrics_as_a_spec_writes_them() -> None:
     text = plan("x", shape(a), shape(b), 7).text()
     assert "compared with the spec of batch 7" in text
     assert "watermark: 1h → 2h" in text
-    assert "REFUSED   metric 's': (none) → Sum(column='amount')" in text
-    assert "metric 's': (none) → Sum(column='amount'): the state holds no value" in (
-        plan("x", shape(a), shape(b), 7).refusal() or ""
+    assert "backfill  metric 's': (none) → Sum(column='amount')" in text
+    replay = Replay({0: (0, 1200), 1: (40, 900)}, gone=40, seconds=2.4)
+    text = dataclasses.replace(plan("x", shape(a), shape(b), 7), replay=replay).text()
+    assert "reads 2,060 records (partition: offsets 0: 0..1200, 1: 40..900), about 2 s" in text
+    assert "40 records before them are gone (retention)" in text
+    frame = "riverbed cannot read a DataFrame source's events again"
+    refused = plan("x", shape(a), shape(b), 7, frame)
+    assert "REFUSED   metric 's': (none) → Sum(column='amount')" in refused.text()
+    assert (
+        "metric 's': (none) → Sum(column='amount'): the state holds no value of it for the "
+        f"events already counted, and {frame}" in (refused.refusal() or "")
     )

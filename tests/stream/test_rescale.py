@@ -182,8 +182,12 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
 
     def run(fault: str | None = None) -> subprocess.CompletedProcess[str]:
         with_fault = {**env, "RIVERBED_FAULT": fault} if fault else env
-        return subprocess.run(
-            [*command, *where], env=with_fault, capture_output=True, text=True, check=False
+        return subprocess.run(  # a killed driver's lease ends 3 s after its last renewal
+            [*command, "--ttl", "3", *where],
+            env=with_fault,
+            capture_output=True,
+            text=True,
+            check=False,
         )
 
     previous = 3

@@ -66,20 +66,24 @@ def test_plan_then_run_refuses_or_applies_as_planned(
     assert main(["stream", "plan", str(spec)]) == 0
     assert "nothing changed" in capsys.readouterr().out
 
-    # a metric added: the state has no value of it for the 600 events counted -> refused
-    _spec(spec, V1["metrics"] + ', "top": Max("amount")')
+    # a metric redefined: the state holds the old definition's partials -> refused
+    # (a metric added is backfilled: test_backfill.py)
+    _spec(spec, V1["metrics"].replace('Sum("amount")', 'Sum("user_id")'))
     before = _files(home / "checkpoints")
     assert main(["stream", "plan", str(spec)]) == 1
     said = capsys.readouterr().out
-    assert "REFUSED   metric 'top': (none) → Max(column='amount')" in said, said
+    assert "REFUSED   metric 'spent': Sum(column='amount') → Sum(column='user_id')" in said, said
     assert "`stream run` refuses to start (nothing was written)" in said
     assert main(["stream", "plan", str(spec), "--json"]) == 1
     planned = json.loads(capsys.readouterr().out)
     assert planned["runs"] is False and planned["since_batch"] == 0
-    assert [c["part"] for c in planned["changes"] if c["action"] == "refused"] == ["metric 'top'"]
+    assert [c["part"] for c in planned["changes"] if c["action"] == "refused"] == ["metric 'spent'"]
     refused = stream_run()
     assert refused.returncode == 2
-    assert "metric 'top': (none) → Max(column='amount'): the state holds no value" in refused.stderr
+    assert (
+        "metric 'spent': Sum(column='amount') → Sum(column='user_id'): the state holds the old"
+        in refused.stderr
+    )
     assert "Traceback" not in refused.stderr
     assert _files(home / "checkpoints") == before  # nothing written
 

@@ -147,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.leader import DriverLease
-    from riverbed.stream.specjob import batch_line, resume_line, run
+    from riverbed.stream.specjob import batch_line, log_options, resume_line, run
     from riverbed.stream.specrecord import check
     from riverbed.stream.warmup import warm_up_in_background
 
@@ -155,9 +155,11 @@ def _run(args: argparse.Namespace) -> int:
     config = config_of(args)
     job = _job(args.spec, config)
     # a change the state cannot carry is refused now; the others are said, then applied
-    decided = check(job.checkpoint, job.aggregation)
+    decided = check(job.checkpoint, job.aggregation, log_options(job))
     for change in decided.changed:
         say(f"spec changed since batch {decided.since_batch}: {change.short()} ({change.why})")
+    if decided.backfilled and decided.replay is not None:
+        say(" ".join(decided.replay.text().split()))
     job = replace(
         job,
         state=replace(
@@ -327,10 +329,11 @@ class Backlog:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from riverbed.stream.specjob import log_options
     from riverbed.stream.specrecord import plan_start
 
     job = _job(args.spec, config_of(args))
-    decided = plan_start(job.checkpoint, job.aggregation)
+    decided = plan_start(job.checkpoint, job.aggregation, log_options(job))
     if args.json:
         print(json.dumps(decided.to_json()))
     else:

@@ -14,9 +14,14 @@ refuses with the same words:
   watermark, ``keep_closed``, ``output``, ``where``, derived ``columns``, lookups, a
   metric removed (its state dropped as windows are next written); the state partition
   count (the state moved to the new count at start: :mod:`riverbed.stream.rescale`);
-* **refused** — the state cannot carry it, and the reason with the way out: a new or
-  redefined metric (the state holds no value of it for the events already counted),
-  another key, time column or window.
+* **backfilled** — a metric added: computed from the records the source still holds
+  up to where the newest batch ended, merged into the state and into the result
+  rows already written, when the run starts (:mod:`riverbed.stream.backfill`); the
+  other metrics keep their state and values;
+* **refused** — the state cannot carry it, and the reason with the way out: a
+  redefined metric (the state holds the old definition's partials under its name), a
+  new one where it cannot be backfilled (a source riverbed cannot re-read, sessions,
+  lookups), another key, time column or window.
 
 The table of every change is in docs/stream.md, "Changing an aggregation".
 """
@@ -37,9 +42,18 @@ if TYPE_CHECKING:
 
 SHAPE_VERSION = 1  # the format of a shape; a newer one is compared as far as it is known
 
-Action = Literal["kept", "applied", "refused"]
+Action = Literal["kept", "applied", "backfilled", "refused"]
 
-__all__ = ["Change", "Plan", "compare", "legacy_shape", "shape", "shape_hash"]
+__all__ = [
+    "Change",
+    "Plan",
+    "Replay",
+    "compare",
+    "legacy_shape",
+    "shape",
+    "shape_hash",
+    "unreplayable",
+]
 
 
 def _window(window: Any) -> dict[str, Any]:
@@ -133,7 +147,7 @@ class Change:
     def line(self) -> str:
         if self.action == "kept":
             return f"  kept      {self.part}"
-        mark = {"applied": "applied", "refused": "REFUSED"}[self.action]
+        mark = {"applied": "applied", "backfilled": "backfill", "refused": "REFUSED"}[self.action]
         return f"  {mark:<9} {self.short()}\n{'':12}{self.why}"
 
 
@@ -155,6 +169,42 @@ def _shown(value: Any, part: str = "") -> str:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """What a backfill reads: per source partition, from which offset to which (the
+    newest batch's end), how many records that is, how many before them retention
+    deleted, and about how long reading them takes (None: no batch measured yet)."""
+
+    ranges: Mapping[int, tuple[int, int]]
+    gone: int = 0
+    seconds: float | None = None
+
+    @property
+    def records(self) -> int:
+        return sum(max(0, e - s) for s, e in self.ranges.values())
+
+    def text(self) -> str:
+        spans = ", ".join(f"{p}: {s}..{e}" for p, (s, e) in sorted(self.ranges.items()))
+        line = f"  backfill  reads {self.records:,} records (partition: offsets {spans})"
+        if self.seconds is not None:
+            took = f"about {self.seconds:.0f} s" if self.seconds >= 1 else "under a second"
+            line += f", {took} at the recent batches' rate"
+        if self.gone:
+            line += (
+                f"\n{'':12}{self.gone:,} records before them are gone (retention): the "
+                "windows they fell in get the added metrics without them"
+            )
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranges": {str(p): list(se) for p, se in sorted(self.ranges.items())},
+            "records": self.records,
+            "gone": self.gone,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     """What starting a spec on a checkpoint does: ``first`` (nothing recorded: a new
     aggregation), else one :class:`Change` per part that changed, or that is kept."""
@@ -163,6 +213,12 @@ class Plan:
     first: bool
     changes: tuple[Change, ...]
     since_batch: int | None = None  # the batch whose record named the compared shape
+    replay: Replay | None = None  # what backfilling the added metrics reads
+
+    @property
+    def backfilled(self) -> tuple[str, ...]:
+        """The metrics the run backfills (their names)."""
+        return tuple(_metric_of(c.part) for c in self.changes if c.action == "backfilled")
 
     @property
     def refused(self) -> tuple[Change, ...]:
@@ -190,6 +246,8 @@ class Plan:
         lines = [f"{head}:"]
         lines += [c.line() for c in self.changes if c.action != "kept"]
         kept = [c.part for c in self.changes if c.action == "kept"]
+        if self.replay is not None and self.backfilled:
+            lines.append(self.replay.text())
         if kept:
             lines.append(f"  kept      {', '.join(kept)}")
         if self.refused:
@@ -205,6 +263,9 @@ class Plan:
             "since_batch": self.since_batch,
             "runs": not self.refused,
             "changes": [c.to_json() for c in self.changes],
+            "backfill": (
+                self.replay.to_json() if self.replay is not None and self.backfilled else None
+            ),
         }
 
 
@@ -218,8 +279,8 @@ _WHY = {
         "would mix both; " + _NEW_CHECKPOINT
     ),
     "metric_new": (
-        "the state holds no value of it for the events already counted, so its windows "
-        "would be wrong; " + _NEW_CHECKPOINT
+        "the state holds no value of it for the events already counted, and {why}, so "
+        "its windows would be wrong; " + _NEW_CHECKPOINT
     ),
     "metric_changed": (
         "the state holds the old definition's partial results under this name; give "
@@ -236,6 +297,9 @@ _APPLIED = {
     "state_partitions": "the state is moved to the new count when the run starts, each key "
     "to its partition by the new count (a kill during the move is safe: the old partitions "
     "stay current until it is done)",
+    "metric_new": "computed from the source's retained records up to where the newest "
+    "batch ended, when the run starts — into the open windows' state and the result rows "
+    "already written (the other metrics' values are kept as they are)",
     "metric_gone": "left out of results from the next batch on; its state is dropped as "
     "each window is next written (rows already in the result table keep the column)",
 }
@@ -253,17 +317,42 @@ _PARTS = {
 }
 
 
+def _metric_label(name: str) -> str:
+    return f"metric '{name}'"
+
+
+def _metric_of(label: str) -> str:
+    """The metric's name in a change's part (:func:`_metric_label`)."""
+    return label[len("metric '") : -1]
+
+
 def _layout(window: Mapping[str, Any] | None) -> str | None:
     if window is None:
         return None
     return "sessions" if window.get("kind") == "Session" else "fixed"
 
 
-def compare(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[Change]:
+def unreplayable(now: Mapping[str, Any], source: str | None) -> str | None:
+    """Why a metric added to shape ``now`` cannot be backfilled (None: it can).
+    ``source``: why the source's records cannot be read again (None: they can — a
+    riverbed topic or a Kafka topic, by offsets)."""
+    if source is not None:
+        return source
+    if _layout(now.get("window")) == "sessions":
+        return "backfilling session windows is not supported yet"
+    if now.get("lookups"):
+        return "backfilling an aggregation with lookups is not supported yet"
+    return None
+
+
+def compare(
+    recorded: Mapping[str, Any] | None, now: Mapping[str, Any], source: str | None = None
+) -> list[Change]:
     """What running shape ``now`` on a checkpoint that recorded ``recorded`` does, part
     by part (``recorded``: a :func:`shape`, a :func:`legacy_shape`, or None — nothing
     recorded: no changes). Parts ``recorded`` does not hold (an older riverbed's) are
-    taken as unchanged."""
+    taken as unchanged. ``source``: why the source cannot be read again from its
+    retained offsets, if it cannot (:func:`unreplayable`)."""
     if recorded is None:
         return []
     out: list[Change] = []
@@ -316,12 +405,17 @@ def compare(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[
         was_m: Mapping[str, Any] = recorded["metrics"]
         now_m: Mapping[str, Any] = now.get("metrics", {})
         for name in sorted(set(was_m) | set(now_m)):
-            label = f"metric '{name}'"
+            label = _metric_label(name)
             a, b = was_m.get(name), now_m.get(name)
             if a == b:
                 out.append(Change(label, a, b, "kept", ""))
             elif a is None:
-                out.append(Change(label, None, b, "refused", _WHY["metric_new"]))
+                cannot = unreplayable(now, source)
+                if cannot is None:
+                    out.append(Change(label, None, b, "backfilled", _APPLIED["metric_new"]))
+                else:
+                    refusal = _WHY["metric_new"].format(why=cannot)
+                    out.append(Change(label, None, b, "refused", refusal))
             elif b is None:
                 out.append(Change(label, a, None, "applied", _APPLIED["metric_gone"]))
             else:
@@ -330,7 +424,12 @@ def compare(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[
 
 
 def plan(
-    name: str, recorded: Mapping[str, Any] | None, now: Mapping[str, Any], since: int | None
+    name: str,
+    recorded: Mapping[str, Any] | None,
+    now: Mapping[str, Any],
+    since: int | None,
+    source: str | None = None,
 ) -> Plan:
-    """The :class:`Plan` of starting shape ``now`` (``recorded`` None: a first start)."""
-    return Plan(name, recorded is None, tuple(compare(recorded, now)), since)
+    """The :class:`Plan` of starting shape ``now`` (``recorded`` None: a first start;
+    ``source``: as :func:`compare` takes it)."""
+    return Plan(name, recorded is None, tuple(compare(recorded, now, source)), since)

@@ -15,7 +15,7 @@ from riverbed.config import load_config
 from riverbed.spark import s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
-from riverbed.stream import lookups, rescale, specrecord
+from riverbed.stream import backfill, lookups, rescale, specrecord
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -240,7 +240,7 @@ def start(
     if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     # the spec against what the checkpoint ran with: refused as `stream plan` says
-    shape = specrecord.start(checkpoint, spec)
+    shape, decided = specrecord.start(checkpoint, spec, options)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
         if isinstance(metric, Custom):
             metric.check_shippable(name)
@@ -252,7 +252,10 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
-    generation = _generation(checkpoint, spec, state, term)
+    if decided.backfilled:  # the backfill moves the state (to the new count too), below
+        generation = rescale.current(checkpoint, spec.state_partitions)
+    else:
+        generation = _generation(checkpoint, spec, state, term)
     # the lookup tables' columns (read now, or the last batch's snapshots while a table
     # is away): what the spec is compiled against
     schemas = lookups.at_start(spec.lookups, str(checkpoint), log_url)
@@ -283,7 +286,26 @@ def start(
         from riverbed.stream.nativeconfig import prepare
         from riverbed.stream.plan import parse_trigger
 
-        return DirectQuery(spark, prepare(config, options), parse_trigger(trigger))
+        direct = prepare(config, options)
+        if decided.backfilled:
+            from riverbed.stream.fencing import check_term
+
+            moved = backfill.run(
+                spark,
+                direct,
+                decided,
+                shape,
+                generation,
+                lambda: check_term(str(checkpoint), term, spec.name),
+            )
+            direct = replace(
+                direct, engine=replace(direct.engine, state_namespace=moved.namespace(spec.name))
+            )
+            generation = moved
+        pending = backfill.pending(checkpoint, generation)
+        if pending is not None:  # the first batch after a backfill writes its rows
+            direct = replace(direct, engine=replace(direct.engine, backfill_rows=pending))
+        return DirectQuery(spark, direct, parse_trigger(trigger))
     frame = opened.frame
     if spec.derives:  # lookups, a where or columns that cannot be: refused now
         from pyspark.sql.pandas.types import to_arrow_schema

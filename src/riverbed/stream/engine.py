@@ -93,6 +93,9 @@ class EngineConfig:
     shape: str | None = None
     # the state namespace of the current generation (rescale.py); None: the name
     state_namespace: str | None = None
+    # (the batch that writes them, their generation): the result rows a backfill
+    # rewrote, written with that batch's own (backfill.py)
+    backfill_rows: tuple[int, int] | None = None
     # how the driver reaches a bucket and the log (AWS_* settings, the log servers'
     # token: secrets, never printed), applied where a task runs and its process has
     # none (see __setstate__)

@@ -113,7 +113,9 @@ class DeltaSink:
                 preserve_index=False,
             )
         # a column the spec no longer has is null in the rows written from now on
-        source = _with_table_columns(source, pa.schema(table.schema().to_arrow()))
+        target = pa.schema(table.schema().to_arrow())
+        grows = bool(_added(source, target))
+        source = _with_table_columns(source, target)
         columns = source.column_names
         # one MERGE: the batch's rows (a tombstone's too, flagged) against the table
         merged = source.append_column(DELETED, pa.repeat(pa.scalar(False), source.num_rows))
@@ -138,6 +140,7 @@ class DeltaSink:
                 predicate="t.window_start = s.window_start AND t.key = s.key",
                 source_alias="s",
                 target_alias="t",
+                merge_schema=grows,
                 commit_properties=commit,
             )
             .when_matched_delete(predicate=f"s.`{DELETED}` = true")
@@ -167,16 +170,25 @@ class DeltaSink:
 
 
 def _with_table_columns(source: pa.Table, target: pa.Schema) -> pa.Table:
-    """``source`` with every column of the table, in the table's order: one the spec no
-    longer has (a metric removed from a running aggregation, stream/changes.py) is
-    null in the new rows, as in the Parquet result table (Iceberg's upsert wants the
-    table's columns; Delta's MERGE would leave it stale)."""
-    missing = [f for f in target if f.name not in source.column_names]
-    if not missing:
-        return source
-    for f in missing:
-        source = source.append_column(f, pa.nulls(source.num_rows, f.type))
-    return source.select([f.name for f in target if f.name in source.column_names])
+    """``source`` with every column of the table, in the table's order, then the ones
+    the table lacks (a metric added: :func:`_added`): one the spec no longer has (a
+    metric removed from a running aggregation, stream/changes.py) is null in the new
+    rows, as in the Parquet result table (Iceberg's upsert wants the table's columns;
+    Delta's MERGE would leave it stale)."""
+    for f in target:
+        if f.name not in source.column_names:
+            source = source.append_column(f, pa.nulls(source.num_rows, f.type))
+    known = {f.name for f in target}
+    order = [f.name for f in target] + [c for c in source.column_names if c not in known]
+    return source.select(order)
+
+
+def _added(source: pa.Table, target: pa.Schema) -> list[pa.Field]:
+    """The columns of ``source`` the table does not have yet (a metric added to the
+    running aggregation and backfilled: stream/backfill.py) — the table's schema grows
+    by them, as the Parquet result table's files do."""
+    known = {f.name for f in target}
+    return [f for f in source.schema if f.name not in known]
 
 
 def _storage_options(uri: str) -> dict[str, str] | None:
@@ -290,6 +302,18 @@ class IcebergSink:
         if table is None:  # the first batch creates it
             table = self._table(typed)
         else:
+            new = _added(source, table.schema().as_arrow())
+            if new:  # its own commits before the batch's (a re-run finds them made)
+                with table.update_schema() as update:
+                    update.union_by_name(pa.schema(new))
+                table = table.refresh()
+            snapshot = table.current_snapshot()
+            if snapshot is not None and snapshot.schema_id != table.schema().schema_id:
+                # a snapshot of the new schema: pyiceberg's upsert reads the rows it
+                # updates with the schema of the branch's snapshot (0.12), which would
+                # still be the old one
+                table.append(table.schema().as_arrow().empty_table())
+                table = table.refresh()
             source = _with_table_columns(source, table.schema().as_arrow())
         props = {f"riverbed.batch.{name}": str(batch_id)}
         with table.transaction() as tx:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Checkpoint",
     "aggregations",
+    "backfill_key",
     "batch_key",
     "checkpoint_store",
     "checkpoints_location",
@@ -79,6 +80,7 @@ TERMS = "riverbed/terms/"
 LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
 GENERATIONS = "riverbed/generations/"  # state generations: <G>.json (rescale.py)
+BACKFILLS = "riverbed/backfills/"  # rows a backfill rewrote: <G>.parquet (backfill.py)
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
@@ -87,6 +89,12 @@ LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow 
 def generation_key(number: int) -> str:
     """Where state generation ``number`` is recorded (:mod:`riverbed.stream.rescale`)."""
     return f"{GENERATIONS}{number:06d}.json"
+
+
+def backfill_key(generation: int) -> str:
+    """Where the result rows a backfill rewrote wait for the first batch of state
+    generation ``generation`` to write them (:mod:`riverbed.stream.backfill`)."""
+    return f"{BACKFILLS}{generation:06d}.parquet"
 
 
 def spec_key(shape_hash: str) -> str:

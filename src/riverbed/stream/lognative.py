@@ -66,7 +66,7 @@ from riverbed.stream.layout import handoff_dir
 from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import balanced_groups
-from riverbed.stream.results import empty_rows
+from riverbed.stream.results import empty_rows, with_backfilled
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
 from riverbed.windows import late as window_late
@@ -109,7 +109,7 @@ class Side:
         self.dlq_rows += other.dlq_rows
 
 
-def _events(
+def events(
     cfg: DirectConfig, piece: LogSlice, watermark_ms: int, side: Side, topic_log: Any = None
 ) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
     """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
@@ -207,7 +207,7 @@ def colocated_task(
     def compute(topic_log: Any, piece: LogSlice) -> tuple[list[Partial], Side]:
         side = Side()
         partials: list[Partial] = []
-        for pdf, ts in _events(cfg, piece, watermark_ms, side, topic_log):
+        for pdf, ts in events(cfg, piece, watermark_ms, side, topic_log):
             # each distinct key once (a batch has few): not a partition per event
             keys = pd.Series(pdf[spec.key_column].unique())
             owners = state_partition_of(keys, n)
@@ -283,7 +283,7 @@ def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
     def run(piece: LogSlice) -> list[tuple[int, Any]]:
         side = Side()
         out: list[tuple[int, Any]] = []
-        for pdf, ts in _events(cfg, piece, watermark_ms, side):
+        for pdf, ts in events(cfg, piece, watermark_ms, side):
             partials = partials_of(spec, pdf, watermark_ms, ts)
             if partials:
                 owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
@@ -461,6 +461,9 @@ def run_planned(
     if cfg.engine.spec.lookups:  # the lookup tables as the plan recorded them
         cfg = replace(cfg, engine=lookups.running(cfg.engine, batches, batch_id, record))
     rows, side = run_batch(spark, cfg, batch_id, record, slices)
+    pending = cfg.engine.backfill_rows
+    if pending is not None and pending[0] == batch_id:  # a backfill's rows (backfill.py)
+        rows = with_backfilled(cfg.engine.checkpoint, pending[1], rows)
     merged = time.perf_counter()
     if side.max_event_ms is not None:
         record.max_event_ms = max(record.max_event_ms, side.max_event_ms)

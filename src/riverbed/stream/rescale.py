@@ -27,9 +27,9 @@ import signal
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from riverbed.config import inherited
 from riverbed.state import StateConfig, StateProvider
@@ -40,7 +40,7 @@ from riverbed.stream.layout import GENERATIONS, SPEC, checkpoint_store, generati
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Generation", "current", "generations", "key_bytes", "move", "partition_of"]
+__all__ = ["Change", "Generation", "current", "generations", "key_bytes", "move", "partition_of"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +50,34 @@ class Generation:
     number: int
     partitions: int
     from_version: int = 0
+    # the shape (changes.py) the state was moved for, when the move changed what it
+    # holds (metrics backfilled: backfill.py) — what `stream plan` compares with until
+    # a batch planned after it names its own
+    spec: str | None = None
+    backfilled: tuple[str, ...] = ()
 
     def namespace(self, name: str) -> str:
         return namespace(name, self.number, self.partitions, self.from_version)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "generation": self.number,
             "state_partitions": self.partitions,
             "from_version": self.from_version,
         }
+        if self.spec is not None:
+            out |= {"spec": self.spec, "backfilled": list(self.backfilled)}
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Generation:
+        return cls(
+            int(data["generation"]),
+            int(data["state_partitions"]),
+            int(data["from_version"]),
+            data.get("spec"),
+            tuple(data.get("backfilled", ())),
+        )
 
 
 def namespace(name: str, generation: int, partitions: int, from_version: int) -> str:
@@ -82,8 +100,7 @@ def generations(checkpoint: str | Path, default_partitions: int) -> list[Generat
     out = [Generation(0, first, 0)]
     keys = [i.key for i in store.list(GENERATIONS)]
     for number in sorted(numbered(keys, GENERATIONS, ".json")):
-        data = json.loads(store.get(generation_key(number)))
-        out.append(Generation(number, int(data["state_partitions"]), int(data["from_version"])))
+        out.append(Generation.from_json(json.loads(store.get(generation_key(number)))))
     return out
 
 
@@ -122,9 +139,26 @@ def partition_of(key: bytes, partitions: int) -> int:
 # -- the move ---------------------------------------------------------------------------
 
 
+class Change(Protocol):
+    """What a move does besides placing entries (:mod:`riverbed.stream.backfill`)."""
+
+    spec: str  # the shape hash the new generation holds
+    backfilled: tuple[str, ...]
+
+    def value(self, key: bytes, value: bytes) -> bytes:
+        """An entry's new value."""
+        ...
+
+    def before_switch(self, new: Generation) -> None:
+        """Write what must exist before the new generation is current (idempotent)."""
+        ...
+
+
 def _failpoint(at: str) -> None:
     """``RIVERBED_FAULT=kill_in_move:<n>`` (tests): SIGKILL this process once ``n`` new
-    partitions are written; ``kill_in_move:switch``: before the switch is recorded."""
+    partitions are written; ``kill_in_move:read``: once the old state is read (and a
+    backfill's partials computed), before anything is written; ``kill_in_move:switch``:
+    before the switch is recorded; ``kill_in_move:done``: right after it."""
     fault = inherited("RIVERBED_FAULT") or ""
     if fault == f"kill_in_move:{at}":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -150,12 +184,16 @@ def move(
     fence: Callable[[], None],
     say: Callable[[str], None] = log.info,
     version: int | None = None,
+    change: Change | None = None,
 ) -> Generation:
     """Move the state of generation ``old`` to ``partitions`` partitions as a new
     generation, and make it current (see the module doc); returns it. ``version``:
-    the state version to move (default: the one after the newest committed batch)."""
+    the state version to move (default: the one after the newest committed batch).
+    ``change``: what else the move does to the state (metrics backfilled)."""
     version = version_to_move(checkpoint) if version is None else version
     new = Generation(old.number + 1, partitions, version)
+    if change is not None:
+        new = replace(new, spec=change.spec, backfilled=change.backfilled)
     provider = StateProvider(state)
     started = time.monotonic()
     moved = [[] for _ in range(partitions)]  # type: list[list[tuple[bytes, bytes]]]
@@ -168,10 +206,13 @@ def move(
             store = provider.load(source, p, version)
             try:
                 for k, v in store.scan():
+                    if change is not None:
+                        v = change.value(k, v)
                     moved[partition_of(key_bytes(k, sessions), partitions)].append((k, v))
                     nbytes += len(k) + len(v)
             finally:
                 store.abort()
+    _failpoint("read")
     target = new.namespace(name)
     for q in range(partitions):
         if version == 0 or version in provider.versions(target, q):
@@ -186,6 +227,8 @@ def move(
             store.abort()
             raise
         _failpoint(str(q + 1))
+    if change is not None:
+        change.before_switch(new)
     _failpoint("switch")  # every new partition written, the switch not yet recorded
     fence()
     record = json.dumps(new.to_json() | {"was": old.to_json()}).encode()
@@ -194,9 +237,11 @@ def move(
             f"aggregation {name!r}: another driver rescaled its state meanwhile (generation "
             f"{new.number} exists); start it again"
         )
+    _failpoint("done")
     entries = sum(len(m) for m in moved)
+    what = f" with {', '.join(new.backfilled)} backfilled" if new.backfilled else ""
     say(
-        f"state of {name} moved from {old.partitions} to {partitions} partitions: "
+        f"state of {name} moved from {old.partitions} to {partitions} partitions{what}: "
         f"{entries:,} entries, {nbytes / 1e6:.1f} MB at version {version} in "
         f"{time.monotonic() - started:.1f} s"
     )

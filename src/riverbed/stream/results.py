@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.stream.aggregation import DELETED, Aggregation
-from riverbed.stream.layout import checkpoint_store
+from riverbed.stream.layout import backfill_key, checkpoint_store
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -218,3 +218,18 @@ def _folded(old: pa.Table, own: pa.Table, upto: int) -> pd.DataFrame:
     frame = frame[~pd.MultiIndex.from_frame(frame[["window_start", "key"]]).isin(mine)]
     frame["batch_id"] = upto
     return frame
+
+
+def with_backfilled(checkpoint: str, generation: int, rows: pd.DataFrame) -> pd.DataFrame:
+    """A batch's ``rows`` with the result rows a backfill rewrote before state
+    generation ``generation`` (:mod:`riverbed.stream.backfill`), less the windows and
+    keys the batch wrote itself (its own rows are newer)."""
+    import pyarrow.parquet as pq
+
+    data = checkpoint_store(checkpoint).get(backfill_key(generation))
+    rewritten = pq.read_table(io.BytesIO(data)).to_pandas()
+    if rows.empty:
+        return rewritten
+    own = pd.MultiIndex.from_frame(rows[["window_start", "key"]])
+    keep = ~pd.MultiIndex.from_frame(rewritten[["window_start", "key"]]).isin(own)
+    return pd.concat([rows, rewritten[keep]], ignore_index=True)

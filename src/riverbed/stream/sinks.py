@@ -124,10 +124,17 @@ class SqlSink:
         ]
         with self._connect() as conn:
             conn.execute(ddl)
+            have = self._columns(conn, table)
+            # a column the table lacks (a metric added and backfilled: stream/
+            # backfill.py) is added to it, as the Parquet result table's files grow
+            for n, c in zip(names, columns, strict=True):
+                if c not in have:
+                    kind = _sql_type(frame[c].dtype, self.postgres)
+                    conn.execute(f"ALTER TABLE {target} ADD COLUMN {n} {kind}")
             # a column the rows lack (a metric removed from the running aggregation,
             # stream/changes.py) is null in the rows written from now on, as in the
             # Parquet result table — never a stale value beside newer counts
-            gone = [c for c in self._columns(conn, table) if c not in columns]
+            gone = [c for c in have if c not in columns]
             sets = [
                 f"{n} = excluded.{n}"
                 for n, c in zip(names, columns, strict=True)

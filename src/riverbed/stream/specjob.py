@@ -211,6 +211,16 @@ def job_for(
     )
 
 
+def log_options(job: StreamJob) -> dict[str, str] | None:
+    """The options that open the job's source as a log (its retained records can be
+    read again: ``stream plan``'s backfill estimate), or None: a Kafka source Spark
+    reads (Avro, pinned offsets)."""
+    if kafka.is_kafka(job.source):
+        parsed = kafka.parse(job.source)
+        return kafka.log_options(parsed) if kafka.log_native(parsed) else None
+    return {"log": str(job.log_url), **{str(k): str(v) for k, v in job.source.items()}}
+
+
 def batch_line(batch_id: int, record: BatchRecord) -> str:
     """How ``stream run`` (and the demo) report a finished batch, from its record."""
 

@@ -12,6 +12,8 @@ start and never replaced).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +29,21 @@ if TYPE_CHECKING:
 __all__ = ["check", "plan_start", "recorded", "start"]
 
 
-def recorded(checkpoint: str | Path) -> tuple[dict[str, Any] | None, int | None]:
+def recorded(
+    checkpoint: str | Path, default_partitions: int = 1
+) -> tuple[dict[str, Any] | None, int | None]:
     """The shape the checkpoint's newest batch ran with, and that batch (``(None,
-    None)``: nothing recorded — a first start)."""
+    None)``: nothing recorded — a first start) — or the shape the current state
+    generation was moved for (:mod:`riverbed.stream.backfill`), when no batch was
+    planned after that move."""
+    from riverbed.stream import rescale
+
     store = checkpoint_store(checkpoint)
     batches = open_batches(checkpoint)
     ids = batches.ids()
+    moved = rescale.current(checkpoint, default_partitions)
+    if moved.spec is not None and (not ids or moved.from_version >= ids[-1]):
+        return json.loads(store.get(spec_key(moved.spec))), (ids[-1] if ids else None)
     if ids:
         newest = batches.get(ids[-1])
         if newest is not None and newest.spec:
@@ -45,38 +56,60 @@ def recorded(checkpoint: str | Path) -> tuple[dict[str, Any] | None, int | None]
     return None, None
 
 
-def plan_start(checkpoint: str | Path, spec: Aggregation) -> Plan:
-    """What starting ``spec`` on ``checkpoint`` does; reads only."""
-    from riverbed.stream import rescale
+NOT_REPLAYED = "riverbed cannot read a DataFrame source's events again"
 
-    was, since = recorded(checkpoint)
+
+def plan_start(
+    checkpoint: str | Path, spec: Aggregation, source: Mapping[str, str] | None = None
+) -> Plan:
+    """What starting ``spec`` on ``checkpoint`` does; reads only. ``source``: the
+    options of the source's log (a riverbed or Kafka topic, whose retained records a
+    backfill reads again; None: a source that cannot be read again)."""
+    from riverbed.stream import backfill, rescale
+
+    was, since = recorded(checkpoint, spec.state_partitions)
     if was is not None and "state_partitions" in was:  # the state's count: its generation's
         now = rescale.current(checkpoint, int(was["state_partitions"]))
         was = {**was, "state_partitions": now.partitions}
-    return plan(spec.name, was, shape(spec), since)
+    decided = plan(spec.name, was, shape(spec), since, None if source else NOT_REPLAYED)
+    if decided.backfilled and source is not None and not decided.refused:
+        from riverbed.spark.source import open_log
+
+        topic_log = open_log(dict(source))
+        try:
+            retained = {o.partition: (o.start, o.end) for o in topic_log.offsets(source["topic"])}
+        finally:
+            topic_log.close()
+        decided = replace(decided, replay=backfill.estimate(checkpoint, retained))
+    return decided
 
 
-def check(checkpoint: str | Path, spec: Aggregation) -> Plan:
+def check(
+    checkpoint: str | Path, spec: Aggregation, source: Mapping[str, str] | None = None
+) -> Plan:
     """The plan of starting ``spec``, or :class:`StreamValueError` with the plan's words
     when it refuses (nothing is written either way)."""
-    decided = plan_start(checkpoint, spec)
+    decided = plan_start(checkpoint, spec, source)
     refusal = decided.refusal()
     if refusal is not None:
         raise StreamValueError(f"{refusal} (`riverbed stream plan SPEC` shows every change)")
     return decided
 
 
-def start(checkpoint: str | Path, spec: Aggregation) -> str:
+def start(
+    checkpoint: str | Path, spec: Aggregation, source: Mapping[str, str] | None = None
+) -> tuple[str, Plan]:
     """Check ``spec`` against the checkpoint (:func:`check`: refused as ``stream plan``
-    says), then record its shape and return the hash new batch records carry."""
-    check(checkpoint, spec)
+    says), then record its shape; returns the hash new batch records carry, and the
+    plan."""
+    decided = check(checkpoint, spec, source)
     now = shape(spec)
     digest = shape_hash(now)
     store = checkpoint_store(checkpoint)
     store.put_if_absent(spec_key(digest), json.dumps(now, indent=1, sort_keys=True).encode())
     # the first start also fixes the partition count and layout older readers check
     store.put_if_absent(SPEC, json.dumps(legacy_spec(spec)).encode())
-    return digest
+    return digest, decided
 
 
 def legacy_spec(spec: Aggregation) -> dict[str, Any]:

@@ -1,0 +1,355 @@
+"""Backfilling metrics added to a running aggregation.
+
+``stream plan`` says a metric added to a spec is *backfilled* (:mod:`riverbed.stream.
+changes`): when the run starts, before its first batch, the added metrics are computed
+from the records the source still holds, up to where the newest committed batch ended
+(the *cut*), and
+
+* merged into every window the state holds (open ones, and closed ones kept by
+  ``keep_closed``), by a state move (:func:`riverbed.stream.rescale.move`: a new state
+  generation, written beside the old one and made current by one create-only record —
+  the same move that changes the partition count, so both happen in one pass);
+* added to every row the result table holds, as rewritten rows (the other metrics'
+  values copied as they are), stored before the switch at
+  :func:`~riverbed.stream.layout.backfill_key` and written by the first batch after
+  the switch with its own rows (:func:`riverbed.stream.results.with_backfilled`) —
+  so every sink gets them exactly once, as it gets any batch (that batch runs even
+  when the source has nothing new).
+
+**What the backfill counts** is what the batches counted: the records are read again in
+the slices the retained batch records planned, each slice against its batch's
+watermark, so an event that batch dropped as late is dropped again (:func:`replay`,
+the pure core). Records older than the oldest retained batch record are read as a
+first batch would read them (watermark 0). Records retention deleted are not there:
+the plan and the run say how many.
+
+A kill at any moment before the switch leaves the old generation current; the next
+start computes the same partials again (the same slices, the same watermarks) and
+finishes the move. After the switch, the generation's record names the new shape
+(:func:`riverbed.stream.specrecord.recorded` compares with it), so a restart never
+backfills twice.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.state.keys import window_key
+from riverbed.stream.aggregation import Aggregation
+from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches
+from riverbed.stream.changes import Plan, Replay
+from riverbed.stream.layout import backfill_key, checkpoint_store
+from riverbed.stream.metrics import VALUE_METRICS
+from riverbed.stream.rescale import Generation
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Piece", "estimate", "pending", "replay", "run"]
+
+FIRST_WATERMARK = 0  # the watermark a checkpoint's first batch runs with (batchlog.py)
+
+
+# -- the pure core: which records are read again, against which watermark ---------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Records ``[start, end)`` of source partition ``partition``, read against
+    ``watermark_ms`` (the watermark of the batch that read them)."""
+
+    partition: int
+    start: int
+    end: int
+    watermark_ms: int
+
+
+def replay(
+    planned: Sequence[tuple[Mapping[str, Sequence[int]], int]],
+    first: Mapping[int, int],
+    cut: Mapping[int, int],
+) -> list[Piece]:
+    """The pieces a backfill reads: every offset of ``[first[p], cut[p])`` of every
+    partition once, against the watermark of the batch whose slice held it
+    (``planned``: committed batches' (slices, watermark), in any order), or
+    :data:`FIRST_WATERMARK` where no retained record planned it."""
+    out: list[Piece] = []
+    for p, end in sorted(cut.items()):
+        at = min(first.get(p, end), end)
+        spans = sorted(
+            (int(slices[str(p)][0]), int(slices[str(p)][1]), int(wm))
+            for slices, wm in planned
+            if str(p) in slices
+        )
+        for s, e, wm in spans:
+            s, e = max(s, at), min(e, end)
+            if e <= s:
+                continue
+            if s > at:
+                out.append(Piece(p, at, s, FIRST_WATERMARK))
+            out.append(Piece(p, s, e, wm))
+            at = e
+        if at < end:
+            out.append(Piece(p, at, end, FIRST_WATERMARK))
+    return out
+
+
+def split_pieces(pieces: Sequence[Piece], size: int) -> list[Piece]:
+    """``pieces`` cut to at most ``size`` records each (Spark's tasks)."""
+    out = []
+    for piece in pieces:
+        for start in range(piece.start, piece.end, size):
+            out.append(replace(piece, start=start, end=min(start + size, piece.end)))
+    return out
+
+
+# -- what is read: from the batch records and the source -------------------------------
+
+
+def _committed(checkpoint: str | Path) -> tuple[int | None, list[BatchRecord]]:
+    """The newest committed batch and every retained committed record of the log-native
+    path (with slices), oldest first."""
+    batches = open_batches(checkpoint)
+    records = [(b, batches.get(b)) for b in batches.ids()]
+    done = [(b, r) for b, r in records if r is not None and r.done]
+    if not done:
+        return None, []
+    return done[-1][0], [r for _, r in done if r.slices is not None]
+
+
+def _cut(records: list[BatchRecord]) -> dict[int, int]:
+    newest = records[-1]
+    assert newest.slices is not None
+    return {int(p): int(se[1]) for p, se in newest.slices.items()}
+
+
+def estimate(checkpoint: str | Path, retained: Mapping[int, tuple[int, int]]) -> Replay | None:
+    """What backfilling reads (``retained``: each source partition's (first retained,
+    end) offsets), or None when no batch has run (nothing to backfill)."""
+    newest, records = _committed(checkpoint)
+    if newest is None or not records:
+        return None
+    cut = _cut(records)
+    first = {p: first for p, (first, _) in retained.items()}
+    ranges = {p: (min(first.get(p, end), end), end) for p, end in cut.items()}
+    gone = sum(min(first.get(p, 0), end) for p, end in cut.items())
+    rates = [r for r in (input_rate(x) for x in records[-20:]) if r]
+    replay_ = Replay(ranges, gone)
+    seconds = replay_.records / (sum(rates) / len(rates)) if rates else None
+    return replace(replay_, seconds=seconds)
+
+
+# -- the move -----------------------------------------------------------------------------
+
+
+def empty_partial(metric: Any) -> Any:
+    """A metric's partial over no events."""
+    nothing = np.empty(0, dtype=np.float64)
+    if isinstance(metric, VALUE_METRICS):
+        return metric.partial(nothing, 0, nothing)
+    return metric.partial(nothing, 0)
+
+
+class _Added:
+    """The move's :class:`~riverbed.stream.rescale.Change`: each state entry gets the
+    added metrics' partials (a removed metric's partial goes); the result rows are
+    rewritten before the switch."""
+
+    def __init__(
+        self,
+        spec: Aggregation,
+        shape: str,
+        added: tuple[str, ...],
+        partials: dict[bytes, dict[str, Any]],
+        rows: Callable[[Generation], None],
+    ) -> None:
+        self.spec, self.backfilled, self.partials, self._rows = shape, added, partials, rows
+        self._metrics = spec.metrics
+        self._empty = {n: empty_partial(spec.metrics[n]) for n in added}
+
+    def value(self, key: bytes, value: bytes) -> bytes:
+        held = msgpack.unpackb(value, raw=False)
+        found = self.partials.get(key, self._empty)
+        # an added metric's partial is the backfill's even if the entry holds one under
+        # its name (a metric removed before, and not written over since)
+        out = {n: found[n] if n in self.backfilled else held[n] for n in self._metrics}
+        return bytes(msgpack.packb(out, use_bin_type=True))
+
+    def before_switch(self, new: Generation) -> None:
+        self._rows(new)
+
+
+def _tasks(direct: Any, spec: Aggregation) -> Callable[[Piece], tuple[list[Any], int]]:
+    """A Spark task: the added metrics' partials over one piece (``spec`` holds only
+    them), and the records it read."""
+    from riverbed.spark.source import LogSlice
+    from riverbed.stream.engine import partials_of
+    from riverbed.stream.lognative import Side, events
+
+    def run(piece: Piece) -> tuple[list[Any], int]:
+        side = Side()
+        out: list[Any] = []
+        wm = piece.watermark_ms
+        for pdf, ts in events(direct, LogSlice(piece.partition, piece.start, piece.end), wm, side):
+            out += partials_of(spec, pdf, wm, ts)
+        return out, side.input
+
+    return run
+
+
+def _combined(spec: Aggregation, found: Iterator[list[Any]]) -> dict[bytes, dict[str, Any]]:
+    out: dict[bytes, dict[str, Any]] = {}
+    for partials in found:
+        for start, key, partial in partials:
+            k = window_key(start, key.encode())
+            if k in out:
+                out[k] = {n: m.merge(out[k][n], partial[n]) for n, m in spec.metrics.items()}
+            else:
+                out[k] = partial
+    return out
+
+
+def _rewritten(
+    spec: Aggregation,
+    added: tuple[str, ...],
+    output: str,
+    partials: dict[bytes, dict[str, Any]],
+    batch_id: int,
+) -> pa.Table | None:
+    """The result table's current rows with the added metrics' columns (from
+    ``partials``; a window with none: over no events), as batch ``batch_id``'s."""
+    from riverbed.stream.results import conformed, current, output_arrow_schema, read_table
+
+    table = read_table(output)
+    if table is None or table.num_rows == 0:
+        return None
+    frame = current(table.to_pandas())
+    schema = output_arrow_schema(spec)
+    if frame.empty:
+        return None
+    starts = pd.to_datetime(frame["window_start"], utc=True).dt.as_unit("ms").astype("int64")
+    columns: dict[str, list[Any]] = {}
+    for start, key in zip(starts.tolist(), frame["key"].tolist(), strict=True):
+        found = partials.get(window_key(int(start), str(key).encode()))
+        for name in added:
+            metric = spec.metrics[name]
+            value = found[name] if found is not None else empty_partial(metric)
+            for suffix, result in metric.result(value).items():
+                columns.setdefault(name + suffix, []).append(result)
+    for column, values in columns.items():
+        frame[column] = values
+    frame["batch_id"] = batch_id
+    have = pa.Table.from_pandas(frame, preserve_index=False)
+    return conformed(have.select([n for n in schema.names if n in have.column_names]), schema)
+
+
+def run(
+    spark: Any,
+    direct: Any,
+    plan: Plan,
+    shape: str,
+    old: Generation,
+    fence: Callable[[], None],
+    say: Callable[[str], None] = log.info,
+) -> Generation:
+    """Backfill ``plan``'s added metrics (see the module doc), moving the state of
+    generation ``old`` to the spec's partition count on the way; returns the new
+    generation (``old`` when no batch has run: nothing to backfill)."""
+    from riverbed.spark.source import open_log
+    from riverbed.stream import rescale
+
+    engine = direct.engine
+    spec: Aggregation = engine.spec
+    added = plan.backfilled
+    newest, records = _committed(engine.checkpoint)
+    if newest is None:
+        return old
+    topic_log = open_log(direct.options)
+    try:
+        retained = {
+            o.partition: (o.start, o.end) for o in topic_log.offsets(direct.options["topic"])
+        }
+    finally:
+        topic_log.close()
+    cut = _cut(records)
+    pieces = replay(
+        [(r.slices, r.watermark_ms) for r in records if r.slices is not None],
+        {p: first for p, (first, _) in retained.items()},
+        cut,
+    )
+    work = split_pieces(pieces, max(direct.piece_records, 1))
+    only = replace(spec, metrics={n: spec.metrics[n] for n in added})
+    began = time.monotonic()
+    say(
+        f"backfilling {', '.join(added)} of {spec.name}: "
+        f"{sum(p.end - p.start for p in work):,} records up to batch {newest}"
+    )
+    found: list[tuple[list[Any], int]] = []
+    if work:
+        sc = spark.sparkContext
+        sc.setJobDescription(f"riverbed {spec.name} backfill of {', '.join(added)}")
+        found = sc.parallelize(work, len(work)).map(_tasks(direct, only)).collect()
+    partials = _combined(only, iter(f for f, _ in found))
+    read = sum(n for _, n in found)
+    version = newest + 1
+
+    def rows(new: Generation) -> None:
+        store = checkpoint_store(engine.checkpoint)
+        key = backfill_key(new.number)
+        if store.exists(key):  # written before a kill: the same rows
+            return
+        table = _rewritten(spec, added, engine.output, partials, version)
+        if table is None:
+            return
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        fence()
+        store.put_if_absent(key, sink.getvalue())
+
+    change = _Added(spec, shape, added, partials, rows)
+    new = rescale.move(
+        engine.checkpoint,
+        engine.state,
+        spec.name,
+        spec.sessions,
+        old,
+        spec.state_partitions,
+        fence,
+        say,
+        version=version,
+        change=change,
+    )
+    say(
+        f"backfilled {', '.join(added)} of {spec.name} from {read:,} records "
+        f"({len(partials):,} windows and keys) in {time.monotonic() - began:.1f} s"
+    )
+    return new
+
+
+# -- the rows the first batch after it writes ---------------------------------------------
+
+
+def pending(checkpoint: str | Path, generation: Generation) -> tuple[int, int] | None:
+    """(the batch that still has to write ``generation``'s backfilled rows, the
+    generation), or None: none has to — no backfill, no rows, or that batch is
+    committed."""
+    if not generation.backfilled:
+        return None
+    if not checkpoint_store(checkpoint).exists(backfill_key(generation.number)):
+        return None
+    record = open_batches(checkpoint).get(generation.from_version)
+    if record is not None and record.done:
+        return None
+    return generation.from_version, generation.number
