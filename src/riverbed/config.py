@@ -206,7 +206,7 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "none",
         "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>`, "
-        "`read`, `switch` or `done`: SIGKILL during a state rescale or backfill)",
+        "`read`, `switch` or `done`: SIGKILL during a state rescale, backfill or restore)",
         inherited=True,
         who="tests",
     ),

@@ -85,7 +85,27 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="start each line with the time: for a driver's log kept by a service manager",
     )
+    c.add_argument(
+        "--from-savepoint",
+        metavar="[AGG:]NAME",
+        help="start from a savepoint (`stream savepoint`): of this aggregation (a rollback) "
+        "or of AGG (a fork under this spec's name); the source is read again from its cut",
+    )
     c.set_defaults(func=_run, spark_noise="stream-run")
+    c = cmds.add_parser(
+        "savepoint",
+        help="save the aggregation's newest committed batch as NAME: its state, offsets, "
+        "spec and results, kept until deleted (`stream run --from-savepoint NAME`)",
+    )
+    c.add_argument("spec")
+    c.add_argument("name")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.set_defaults(func=_savepoint)
+    c = cmds.add_parser("savepoints", help="the aggregation's savepoints")
+    c.add_argument("spec")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.set_defaults(func=_savepoints)
     c = cmds.add_parser(
         "plan",
         help="what `stream run SPEC` would do with a changed spec: kept, applied, or refused "
@@ -154,8 +174,22 @@ def _run(args: argparse.Namespace) -> int:
     say = _sayer(args.timestamps)
     config = config_of(args)
     job = _job(args.spec, config)
+    starting = None
+    if args.from_savepoint:  # compared with the savepoint's spec, and said
+        from riverbed.stream.specjob import savepoint_of
+
+        starting = savepoint_of(config, job, args.from_savepoint)
+        say(
+            f"starting from savepoint {starting[1].name} of {starting[1].aggregation} (batch "
+            f"{starting[1].batch}): the source is read again from its cut"
+        )
     # a change the state cannot carry is refused now; the others are said, then applied
-    decided = check(job.checkpoint, job.aggregation, log_options(job))
+    decided = check(
+        job.checkpoint,
+        job.aggregation,
+        log_options(job),
+        starting[1] if starting else None,
+    )
     for change in decided.changed:
         say(f"spec changed since batch {decided.since_batch}: {change.short()} ({change.why})")
     if decided.backfilled and decided.replay is not None:
@@ -225,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
                         tables=args.table,
                         on_progress=progress,
                         lease=lease,
+                        from_savepoint=(starting[0], starting[1].name) if starting else None,
                     )
                 break
             except DriverFencedError:
@@ -326,6 +361,43 @@ class Backlog:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _savepoint(args: argparse.Namespace) -> int:
+    from riverbed.stream.savepoints import take
+
+    job = _job(args.spec, config_of(args))
+    taken = take(
+        job.checkpoint,
+        job.output,
+        job.state,
+        job.aggregation.name,
+        job.aggregation.sessions,
+        args.name,
+        say=lambda text: out.print(text, markup=False),
+    )
+    out.print(
+        f"start from it: riverbed stream run {args.spec} --from-savepoint {taken.name} "
+        f"(a rollback), or another spec with --from-savepoint {taken.aggregation}:{taken.name} "
+        "(a fork)",
+        markup=False,
+    )
+    return 0
+
+
+def _savepoints(args: argparse.Namespace) -> int:
+    from riverbed.stream.savepoints import listed
+
+    job = _job(args.spec, config_of(args))
+    found = listed(job.checkpoint)
+    if args.json:
+        print(json.dumps([{k: v for k, v in s.to_json().items() if k != "shape"} for s in found]))
+        return 0
+    if not found:
+        out.print(f"{job.aggregation.name} has no savepoints", markup=False)
+    for s in found:
+        out.print(s.line(), markup=False)
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -75,6 +75,36 @@ def _generation(
     )
 
 
+def _restore(
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig,
+    spec: Aggregation,
+    options: dict[str, str] | None,
+    source: tuple[str | Path, str],
+    term: int | None,
+) -> None:
+    from riverbed.stream import savepoints
+    from riverbed.stream.fencing import check_term
+
+    if options is None:
+        raise StreamValueError(
+            "a DataFrame source cannot start from a savepoint: riverbed cannot read its "
+            "events again from the savepoint's offsets (a riverbed or Kafka topic can)"
+        )
+    home, name = source
+    savepoints.restore(
+        checkpoint,
+        output,
+        state,
+        spec.name,
+        spec.sessions,
+        home,
+        savepoints.read(home, name),
+        lambda: check_term(str(checkpoint), term, spec.name),
+    )
+
+
 def foreach_batch(config: EngineConfig) -> Any:
     """The ``foreachBatch`` function for ``config``."""
     spec = config.spec
@@ -213,6 +243,7 @@ def start(
     topic: str | None = None,
     trigger: dict[str, Any] | None = None,
     term: int | None = None,
+    from_savepoint: tuple[str | Path, str] | None = None,
 ) -> Any:
     """Start the streaming aggregation; returns its query.
 
@@ -229,7 +260,9 @@ def start(
     ``ResultTable`` (or ``output=``: the Parquet result table every aggregation has),
     and any ``SqlTable(url)`` and ``ResultsTopic(name)`` (``sql=`` and ``topic=`` say
     the same). ``term`` (the driver's election term, see :mod:`riverbed.stream.fencing`)
-    fences every write.
+    fences every write. ``from_savepoint``: (the checkpoint of the aggregation that took
+    it, its name) — start from that savepoint (:mod:`riverbed.stream.savepoints`: a
+    fork on a new checkpoint, a rollback on the aggregation's own).
     """
     table, extra = split_sinks(sinks, output, sql, topic)
     checkpoint, output = location(checkpoint), location(table)
@@ -239,11 +272,6 @@ def start(
     options, log_url = opened.options, opened.log_url
     if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
-    # the spec against what the checkpoint ran with: refused as `stream plan` says
-    shape, decided = specrecord.start(checkpoint, spec, options)
-    for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
-        if isinstance(metric, Custom):
-            metric.check_shippable(name)
     if state is None:
         if not is_local(checkpoint):
             raise StreamValueError(
@@ -252,6 +280,13 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+    if from_savepoint is not None:  # one restore batch first (savepoints.py)
+        _restore(checkpoint, output, state, spec, options, from_savepoint, term)
+    # the spec against what the checkpoint ran with: refused as `stream plan` says
+    shape, decided = specrecord.start(checkpoint, spec, options)
+    for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
+        if isinstance(metric, Custom):
+            metric.check_shippable(name)
     if decided.backfilled:  # the backfill moves the state (to the new count too), below
         generation = rescale.current(checkpoint, spec.state_partitions)
     else:

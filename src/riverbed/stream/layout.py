@@ -64,6 +64,8 @@ __all__ = [
     "local_path",
     "location",
     "output_url",
+    "savepoint_key",
+    "savepoint_rows_key",
     "side_key",
     "spark_location",
     "spec_key",
@@ -81,6 +83,7 @@ LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms
 SPEC = "riverbed/spec.json"
 GENERATIONS = "riverbed/generations/"  # state generations: <G>.json (rescale.py)
 BACKFILLS = "riverbed/backfills/"  # rows a backfill rewrote: <G>.parquet (backfill.py)
+SAVEPOINTS = "riverbed/savepoints/"  # <name>.json and .parquet (savepoints.py)
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
@@ -95,6 +98,16 @@ def backfill_key(generation: int) -> str:
     """Where the result rows a backfill rewrote wait for the first batch of state
     generation ``generation`` to write them (:mod:`riverbed.stream.backfill`)."""
     return f"{BACKFILLS}{generation:06d}.parquet"
+
+
+def savepoint_key(name: str) -> str:
+    """Where savepoint ``name``'s record is (:mod:`riverbed.stream.savepoints`)."""
+    return f"{SAVEPOINTS}{name}.json"
+
+
+def savepoint_rows_key(name: str) -> str:
+    """Where savepoint ``name``'s result rows (the result table at its cut) are."""
+    return f"{SAVEPOINTS}{name}.parquet"
 
 
 def spec_key(shape_hash: str) -> str:

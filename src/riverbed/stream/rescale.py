@@ -40,7 +40,19 @@ from riverbed.stream.layout import GENERATIONS, SPEC, checkpoint_store, generati
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Change", "Generation", "current", "generations", "key_bytes", "move", "partition_of"]
+__all__ = [
+    "Change",
+    "Generation",
+    "Place",
+    "copy",
+    "current",
+    "failpoint",
+    "generations",
+    "key_bytes",
+    "move",
+    "partition_of",
+    "switch",
+]
 
 
 @dataclass(frozen=True)
@@ -154,7 +166,7 @@ class Change(Protocol):
         ...
 
 
-def _failpoint(at: str) -> None:
+def failpoint(at: str) -> None:
     """``RIVERBED_FAULT=kill_in_move:<n>`` (tests): SIGKILL this process once ``n`` new
     partitions are written; ``kill_in_move:read``: once the old state is read (and a
     backfill's partials computed), before anything is written; ``kill_in_move:switch``:
@@ -172,6 +184,70 @@ def version_to_move(checkpoint: str | Path) -> int:
         if record is not None and record.done:
             return b + 1
     return 0
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where state is: a provider's namespace, its partition count, and the version."""
+
+    provider: StateProvider
+    namespace: str
+    partitions: int
+    version: int
+
+
+def copy(
+    source: Place,
+    target: Place,
+    sessions: bool,
+    fence: Callable[[], None],
+    value: Callable[[bytes, bytes], bytes] | None = None,
+) -> tuple[int, int]:
+    """Every entry of ``source`` (as of its version), routed by its key to one of
+    ``target``'s partitions (``value``: its new value), committed there as
+    ``target``'s version; a target partition that holds that version already (written
+    before a kill) is skipped. Returns the entries and bytes copied. The rescale's
+    move, a savepoint and a restore from one (:mod:`riverbed.stream.savepoints`)."""
+    placed = [[] for _ in range(target.partitions)]  # type: list[list[tuple[bytes, bytes]]]
+    nbytes = 0
+    for p in range(source.partitions):
+        if not source.provider.versions(source.namespace, p):
+            continue
+        store = source.provider.load(source.namespace, p, source.version)
+        try:
+            for k, v in store.scan():
+                if value is not None:
+                    v = value(k, v)
+                placed[partition_of(key_bytes(k, sessions), target.partitions)].append((k, v))
+                nbytes += len(k) + len(v)
+        finally:
+            store.abort()
+    failpoint("read")
+    for q in range(target.partitions):
+        if target.version in target.provider.versions(target.namespace, q):
+            continue  # written before a kill
+        fence()  # a replaced driver writes nothing
+        store = target.provider.load(target.namespace, q, None)
+        try:
+            for k, v in sorted(placed[q]):
+                store.put(k, v)
+            store.commit(target.version)
+        except BaseException:
+            store.abort()
+            raise
+        failpoint(str(q + 1))
+    return sum(len(m) for m in placed), nbytes
+
+
+def switch(checkpoint: str | Path, name: str, new: Generation, old: Generation) -> None:
+    """Make ``new`` the current generation: its create-only record."""
+    record = json.dumps(new.to_json() | {"was": old.to_json()}).encode()
+    if not checkpoint_store(checkpoint).put_if_absent(generation_key(new.number), record):
+        raise StreamError(
+            f"aggregation {name!r}: another driver moved its state meanwhile (generation "
+            f"{new.number} exists); start it again"
+        )
+    failpoint("done")
 
 
 def move(
@@ -196,49 +272,20 @@ def move(
         new = replace(new, spec=change.spec, backfilled=change.backfilled)
     provider = StateProvider(state)
     started = time.monotonic()
-    moved = [[] for _ in range(partitions)]  # type: list[list[tuple[bytes, bytes]]]
-    nbytes = 0
-    if version > 0:
-        source = old.namespace(name)
-        for p in range(old.partitions):
-            if not provider.versions(source, p):
-                continue
-            store = provider.load(source, p, version)
-            try:
-                for k, v in store.scan():
-                    if change is not None:
-                        v = change.value(k, v)
-                    moved[partition_of(key_bytes(k, sessions), partitions)].append((k, v))
-                    nbytes += len(k) + len(v)
-            finally:
-                store.abort()
-    _failpoint("read")
-    target = new.namespace(name)
-    for q in range(partitions):
-        if version == 0 or version in provider.versions(target, q):
-            continue  # nothing to move, or written before a kill
-        fence()  # a replaced driver writes nothing
-        store = provider.load(target, q, None)
-        try:
-            for k, v in sorted(moved[q]):
-                store.put(k, v)
-            store.commit(version)
-        except BaseException:
-            store.abort()
-            raise
-        _failpoint(str(q + 1))
+    entries = nbytes = 0
+    if version > 0:  # version 0: no batch committed, nothing to move
+        entries, nbytes = copy(
+            Place(provider, old.namespace(name), old.partitions, version),
+            Place(provider, new.namespace(name), partitions, version),
+            sessions,
+            fence,
+            change.value if change is not None else None,
+        )
     if change is not None:
         change.before_switch(new)
-    _failpoint("switch")  # every new partition written, the switch not yet recorded
+    failpoint("switch")  # every new partition written, the switch not yet recorded
     fence()
-    record = json.dumps(new.to_json() | {"was": old.to_json()}).encode()
-    if not checkpoint_store(checkpoint).put_if_absent(generation_key(new.number), record):
-        raise StreamError(
-            f"aggregation {name!r}: another driver rescaled its state meanwhile (generation "
-            f"{new.number} exists); start it again"
-        )
-    _failpoint("done")
-    entries = sum(len(m) for m in moved)
+    switch(checkpoint, name, new, old)
     what = f" with {', '.join(new.backfilled)} backfilled" if new.backfilled else ""
     say(
         f"state of {name} moved from {old.partitions} to {partitions} partitions{what}: "

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from riverbed.config import Config
 from riverbed.errors import ConfigError, RiverbedError
@@ -46,6 +46,9 @@ from riverbed.stream.layout import (
     state_url,
 )
 from riverbed.stream.leader import DriverLease
+
+if TYPE_CHECKING:
+    from riverbed.stream.savepoints import Savepoint
 
 
 class StreamFailedError(RiverbedError):
@@ -221,6 +224,20 @@ def log_options(job: StreamJob) -> dict[str, str] | None:
     return {"log": str(job.log_url), **{str(k): str(v) for k, v in job.source.items()}}
 
 
+def savepoint_of(config: Config, job: StreamJob, ref: str) -> tuple[str | Path, Savepoint]:
+    """``--from-savepoint [AGG:]NAME``: the checkpoint of the aggregation that took it
+    (AGG, else the job's own) and the savepoint."""
+    from riverbed.stream.savepoints import read
+
+    aggregation, _, name = ref.rpartition(":")
+    home = (
+        child(checkpoints_location(config.checkpoints_url), aggregation)
+        if aggregation
+        else job.checkpoint
+    )
+    return home, read(home, name)
+
+
 def batch_line(batch_id: int, record: BatchRecord) -> str:
     """How ``stream run`` (and the demo) report a finished batch, from its record."""
 
@@ -284,6 +301,7 @@ def run(
     tables: Sequence[str] = (),
     on_progress: Callable[[int, BatchRecord], None] | None = None,
     lease: DriverLease | None = None,
+    from_savepoint: tuple[str | Path, str] | None = None,
 ) -> None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
     finished batch's id and its record (input, late, malformed, watermark). With an
@@ -315,6 +333,7 @@ def run(
         sinks=[table_sink(t) for t in tables],
         trigger=trigger,
         term=lease.term if lease is not None else None,
+        from_savepoint=from_savepoint,
     )
 
     batches = open_batches(job.checkpoint)

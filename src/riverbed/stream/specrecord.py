@@ -25,6 +25,7 @@ from riverbed.stream.layout import SPEC, checkpoint_store, spec_key
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
+    from riverbed.stream.savepoints import Savepoint
 
 __all__ = ["check", "plan_start", "recorded", "start"]
 
@@ -60,13 +61,20 @@ NOT_REPLAYED = "riverbed cannot read a DataFrame source's events again"
 
 
 def plan_start(
-    checkpoint: str | Path, spec: Aggregation, source: Mapping[str, str] | None = None
+    checkpoint: str | Path,
+    spec: Aggregation,
+    source: Mapping[str, str] | None = None,
+    savepoint: Savepoint | None = None,
 ) -> Plan:
     """What starting ``spec`` on ``checkpoint`` does; reads only. ``source``: the
     options of the source's log (a riverbed or Kafka topic, whose retained records a
-    backfill reads again; None: a source that cannot be read again)."""
+    backfill reads again; None: a source that cannot be read again). ``savepoint``:
+    the savepoint the run starts from (its spec is compared with instead)."""
     from riverbed.stream import backfill, rescale
 
+    if savepoint is not None:
+        replayed = None if source else NOT_REPLAYED
+        return plan(spec.name, savepoint.shape, shape(spec), savepoint.batch, replayed)
     was, since = recorded(checkpoint, spec.state_partitions)
     if was is not None and "state_partitions" in was:  # the state's count: its generation's
         now = rescale.current(checkpoint, int(was["state_partitions"]))
@@ -85,11 +93,15 @@ def plan_start(
 
 
 def check(
-    checkpoint: str | Path, spec: Aggregation, source: Mapping[str, str] | None = None
+    checkpoint: str | Path,
+    spec: Aggregation,
+    source: Mapping[str, str] | None = None,
+    savepoint: Savepoint | None = None,
 ) -> Plan:
-    """The plan of starting ``spec``, or :class:`StreamValueError` with the plan's words
-    when it refuses (nothing is written either way)."""
-    decided = plan_start(checkpoint, spec, source)
+    """The plan of starting ``spec`` (from ``savepoint``, if given), or
+    :class:`StreamValueError` with the plan's words when it refuses (nothing is written
+    either way)."""
+    decided = plan_start(checkpoint, spec, source, savepoint)
     refusal = decided.refusal()
     if refusal is not None:
         raise StreamValueError(f"{refusal} (`riverbed stream plan SPEC` shows every change)")

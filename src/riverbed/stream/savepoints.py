@@ -1,0 +1,325 @@
+"""Savepoints: a named, consistent cut of an aggregation that retention never deletes,
+and starting an aggregation from one — a fork for a what-if, or a rollback.
+
+**Taking one** (:func:`take`, ``riverbed stream savepoint SPEC NAME``) needs no driver
+and stops none: the cut is the newest committed batch *b*. Its state version (*b* + 1)
+is copied, partition by partition, to a namespace of the savepoint's own
+(:func:`namespace`), which maintenance never purges; the result table's rows as of *b*
+are stored beside the record; then one create-only record,
+``riverbed/savepoints/<NAME>.json`` (:func:`~riverbed.stream.layout.savepoint_key`),
+makes the savepoint exist: the cut's source offsets and watermark, the spec's shape,
+the state's partition count and place, the running totals and riverbed's version. A
+kill before the record leaves no savepoint (taking it again finishes the copy).
+
+**Starting from one** (:func:`restore`, ``stream run SPEC --from-savepoint [AGG:]NAME``)
+on the aggregation's own checkpoint (a rollback) or a new one (a fork, under another
+name) is one *restore batch*, *r* = the next batch id, run before any other:
+
+1. its plan is recorded first (``restore``: which savepoint; its slices end where the
+   savepoint's cut ended, reading nothing; its watermark the cut's);
+2. the savepoint's state is copied into a new state generation as version *r* + 1 and
+   made current (:func:`riverbed.stream.rescale.switch`);
+3. the savepoint's result rows are written as batch *r*'s result table directory, and
+   the batch is committed with the savepoint's totals.
+
+The next batch then reads the source from the cut, with the watermark the cut had, on
+the savepoint's state: what ran after the cut is computed again. A kill at any step
+re-runs the restore batch (each step is idempotent). The spec is then compared with the
+savepoint's shape as with any checkpoint's (``stream plan``'s rules: a change is
+applied, backfilled or refused).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from riverbed import __version__
+from riverbed.state import StateConfig, StateProvider
+from riverbed.storage.errors import ObjectNotFoundError
+from riverbed.stream import rescale
+from riverbed.stream.batchlog import BatchRecord, open_batches
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.layout import (
+    SAVEPOINTS,
+    SPEC,
+    checkpoint_store,
+    savepoint_key,
+    savepoint_rows_key,
+    spec_key,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Savepoint", "listed", "namespace", "read", "restore", "take"]
+
+FORMAT = 1  # the savepoint record's format
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def namespace(aggregation: str, savepoint: str) -> str:
+    """The state namespace a savepoint's copy of the state lives in."""
+    return f"{aggregation}.sp.{savepoint}"
+
+
+@dataclass(frozen=True)
+class Savepoint:
+    """A savepoint's record (``riverbed/savepoints/<name>.json``)."""
+
+    name: str
+    aggregation: str
+    batch: int  # the newest committed batch at the cut
+    state_version: int
+    state_partitions: int
+    durable: str  # the durable state root its namespace is under
+    spec: str  # the shape's hash; the shape itself is in ``shape``
+    shape: dict[str, Any]
+    ends: dict[str, int]  # where the cut is in every source partition
+    watermark_ms: int
+    previous_watermark_ms: int
+    max_event_ms: int
+    totals: dict[str, int]
+    riverbed: str
+    created: str
+    rows: bool  # whether result rows are stored beside the record
+    format: int = FORMAT
+
+    @property
+    def namespace(self) -> str:
+        return namespace(self.aggregation, self.name)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Savepoint:
+        found = int(data.get("format", 1))
+        if found > FORMAT:
+            raise StreamValueError(
+                f"savepoint {data.get('name')!r} has format {found}, newer than this riverbed "
+                f"({__version__}) reads ({FORMAT}): run it with a newer riverbed"
+            )
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def line(self) -> str:
+        return (
+            f"{self.name}: {self.aggregation} at batch {self.batch} (state version "
+            f"{self.state_version}, {self.state_partitions} partitions), "
+            f"{self.totals.get('input', 0):,} records counted, taken {self.created} "
+            f"by riverbed {self.riverbed}"
+        )
+
+
+def _checked_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise StreamValueError(f"savepoint name {name!r}: letters, digits, '_' and '-' (max 64)")
+    return name
+
+
+def read(checkpoint: str | Path, name: str) -> Savepoint:
+    """Savepoint ``name`` of the aggregation whose checkpoint this is."""
+    store = checkpoint_store(checkpoint)
+    try:
+        data = json.loads(store.get(savepoint_key(_checked_name(name))))
+    except ObjectNotFoundError:
+        have = ", ".join(s.name for s in listed(checkpoint)) or "none"
+        raise StreamValueError(
+            f"no savepoint {name!r} in {checkpoint} (it has: {have}); take one with "
+            "`riverbed stream savepoint SPEC NAME`"
+        ) from None
+    return Savepoint.from_json(data)
+
+
+def listed(checkpoint: str | Path) -> list[Savepoint]:
+    """Every savepoint of the checkpoint's aggregation, oldest cut first."""
+    store = checkpoint_store(checkpoint)
+    keys = [i.key for i in store.list(SAVEPOINTS) if i.key.endswith(".json")]
+    out = [Savepoint.from_json(json.loads(store.get(k))) for k in keys]
+    return sorted(out, key=lambda s: (s.batch, s.name))
+
+
+def take(
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig,
+    aggregation: str,
+    sessions: bool,
+    name: str,
+    say: Callable[[str], None] = log.info,
+) -> Savepoint:
+    """Take savepoint ``name`` of the aggregation at its newest committed batch (see
+    the module doc)."""
+    from riverbed.stream.results import current, read_table
+
+    store = checkpoint_store(checkpoint)
+    if store.exists(savepoint_key(_checked_name(name))):
+        raise StreamValueError(
+            f"aggregation {aggregation!r} has a savepoint {name!r} already: choose another "
+            "name (`riverbed stream savepoints SPEC` lists them)"
+        )
+    batches = open_batches(checkpoint)
+    newest = next(
+        (b for b in reversed(batches.ids()) if (r := batches.get(b)) is not None and r.done),
+        None,
+    )
+    if newest is None:
+        raise StreamValueError(f"aggregation {aggregation!r} has no committed batch to save")
+    record = batches.get(newest)
+    assert record is not None
+    if record.slices is None or record.spec is None:
+        raise StreamValueError(
+            f"batch {newest} of {aggregation!r} does not record its source offsets or spec "
+            "(a DataFrame source, or a batch an older riverbed ran): savepoints need a "
+            "riverbed or Kafka topic source; run one more batch with this riverbed first"
+        )
+    began = time.monotonic()
+    version = newest + 1
+    gens = rescale.generations(checkpoint, 1)
+    gen = rescale.for_version(gens, version)
+    provider = StateProvider(state)
+    entries, nbytes = rescale.copy(
+        rescale.Place(provider, gen.namespace(aggregation), gen.partitions, version),
+        rescale.Place(provider, namespace(aggregation, name), gen.partitions, version),
+        sessions,
+        lambda: None,
+    )
+    table = read_table(output)
+    rows = False
+    if table is not None:
+        frame = table.to_pandas()
+        frame = current(frame[frame["batch_id"] <= newest])
+        if not frame.empty:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            sink = io.BytesIO()
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
+            store.put(savepoint_rows_key(name), sink.getvalue())
+            rows = True
+    savepoint = Savepoint(
+        name=name,
+        aggregation=aggregation,
+        batch=newest,
+        state_version=version,
+        state_partitions=gen.partitions,
+        durable=str(state.durable),
+        spec=record.spec,
+        shape=json.loads(store.get(spec_key(record.spec))),
+        ends={p: int(se[1]) for p, se in record.slices.items()},
+        watermark_ms=record.watermark_ms,
+        previous_watermark_ms=record.previous_watermark_ms,
+        max_event_ms=record.max_event_ms,
+        totals=dict(record.totals or {}),
+        riverbed=__version__,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        rows=rows,
+    )
+    if not store.put_if_absent(
+        savepoint_key(name), json.dumps(savepoint.to_json(), indent=1).encode()
+    ):
+        raise StreamValueError(f"savepoint {name!r} was taken meanwhile by another process")
+    say(
+        f"savepoint {name} of {aggregation}: batch {newest}, state version {version} "
+        f"({gen.partitions} partitions, {entries:,} entries, {nbytes / 1e6:.1f} MB) in "
+        f"{time.monotonic() - began:.1f} s"
+    )
+    return savepoint
+
+
+def restore(
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig,
+    aggregation: str,
+    sessions: bool,
+    home: str | Path,
+    savepoint: Savepoint,
+    fence: Callable[[], None],
+    say: Callable[[str], None] = log.info,
+) -> int | None:
+    """Start aggregation ``aggregation`` (on ``checkpoint``) from ``savepoint`` (of the
+    aggregation whose checkpoint is ``home``) with a restore batch (see the module
+    doc); returns its id, or None when the checkpoint's newest batch is that
+    savepoint's restore already (nothing ran since: a restart of the same command
+    restores once)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from riverbed.stream.results import write_rows
+
+    store = checkpoint_store(checkpoint)
+    batches = open_batches(checkpoint, fence)
+    ids = batches.ids()
+    newest = batches.get(ids[-1]) if ids else None
+    mine = {"savepoint": savepoint.name, "of": savepoint.aggregation}
+    if newest is not None and newest.extra.get("restore") == mine:
+        if newest.done:
+            say(f"{aggregation} runs from savepoint {savepoint.name} already (batch {ids[-1]})")
+            return None
+        r = ids[-1]  # a restore a kill interrupted: finish it
+    else:
+        r = ids[-1] + 1 if ids else 0
+    began = time.monotonic()
+    # the shape the restored state holds, as every checkpoint records it
+    store.put_if_absent(spec_key(savepoint.spec), json.dumps(savepoint.shape).encode())
+    store.put_if_absent(
+        SPEC,
+        json.dumps(
+            {
+                "name": aggregation,
+                "state_partitions": savepoint.state_partitions,
+                "windows": "sessions" if sessions else "fixed",
+            }
+        ).encode(),
+    )
+    plan = BatchRecord(
+        watermark_ms=savepoint.watermark_ms,
+        previous_watermark_ms=savepoint.previous_watermark_ms,
+        max_event_ms=savepoint.max_event_ms,
+        slices={p: [e, e] for p, e in savepoint.ends.items()},
+        co_located=False,
+        spec=savepoint.spec,
+        input=0,
+        extra={"restore": mine},
+    )
+    batches.put(r, plan)
+    old = rescale.current(checkpoint, savepoint.state_partitions)
+    entries = 0
+    if not (old.from_version == r + 1 and old.spec == savepoint.spec and old.number > 0):
+        new = rescale.Generation(
+            old.number + 1, savepoint.state_partitions, r + 1, spec=savepoint.spec
+        )
+        source = StateProvider(replace(state, durable=savepoint.durable))
+        entries, _ = rescale.copy(
+            rescale.Place(
+                source, savepoint.namespace, savepoint.state_partitions, savepoint.state_version
+            ),
+            rescale.Place(StateProvider(state), new.namespace(aggregation), new.partitions, r + 1),
+            sessions,
+            fence,
+        )
+        rescale.failpoint("switch")
+        fence()
+        rescale.switch(checkpoint, aggregation, new, old)
+    if savepoint.rows:  # the result table as it was at the cut, as batch r's
+        data = checkpoint_store(home).get(savepoint_rows_key(savepoint.name))
+        table = pq.read_table(io.BytesIO(data))
+        at = table.schema.get_field_index("batch_id")
+        ids_ = pa.array([r] * table.num_rows, type=table.schema.field(at).type)
+        write_rows(output, r, table.set_column(at, "batch_id", ids_), fence)
+    batches.put(r, replace(plan, done=True, totals=dict(savepoint.totals)))
+    say(
+        f"{aggregation} restored from savepoint {savepoint.name} of {savepoint.aggregation} "
+        f"(batch {savepoint.batch}): {entries:,} state entries, restore batch {r}, in "
+        f"{time.monotonic() - began:.1f} s; the source is read again from the cut"
+    )
+    return r

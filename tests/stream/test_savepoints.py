@@ -1,0 +1,120 @@
+"""Savepoints, as a user runs them (stream/savepoints.py): a savepoint taken, a bad
+change run past it (and past the state's retention), a fork from the savepoint under
+another name with another filter, and a rollback of the aggregation to it — killed
+during its restore — each equal to a recomputation over the events it should count."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from riverbed.cli.main import main
+from tests.stream.conftest import make_events, write_events
+
+pytestmark = pytest.mark.spark
+
+SPEC = """
+from riverbed.stream import Aggregation, Count, Distinct, Sum, Tumbling
+
+source = {{"topic": "events", "schema": "user_id long, flag string, amount double, ts timestamp"}}
+aggregation = Aggregation(
+    name="{name}", key="flag", time="ts", window=Tumbling("1h"), watermark="30m",
+    metrics={{"events": Count(), "users": Distinct("user_id"), "spent": Sum("amount")}},
+    state_partitions=3, {extra}
+)
+"""
+
+
+def _oracle(events: pd.DataFrame) -> pd.DataFrame:
+    events = events.assign(window_start=events["ts"].dt.floor("1h"))
+    got = events.groupby(["window_start", "flag"]).agg(
+        events=("user_id", "size"), users=("user_id", "nunique"), spent=("amount", "sum")
+    )
+    return got.rename_axis(["window_start", "key"]).sort_index()
+
+
+def test_savepoint_fork_and_rollback(
+    tmp_path: Path,
+    subprocess_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    monkeypatch.setenv("RIVERBED_HOME", str(home))
+    events = make_events(1200, hours=6)  # in time order: nothing late at a 30m watermark
+    thirds = [events.iloc[:400], events.iloc[400:800], events.iloc[800:]]
+    log = f"file://{home / 'log'}"
+    flags, whatif = tmp_path / "flags.py", tmp_path / "whatif.py"
+
+    def run(spec: Path, *more: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec)]
+        # small batches, and a state that keeps only 2 versions: the savepoint's is
+        # purged from the aggregation's own history long before it is restored
+        command += ["--once", "--max-records", "100", "--ttl", "3", "--retain-versions", "2"]
+        command += ["--snapshot-every", "2", *more]
+        with_fault = {**env, "RIVERBED_FAULT": fault} if fault else env
+        return subprocess.run(command, env=with_fault, capture_output=True, text=True, check=False)
+
+    def query(name: str) -> pd.DataFrame:
+        assert main(["query", name, "--json"]) == 0
+        rows = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
+        rows["window_start"] = pd.to_datetime(rows["window_start"], utc=True).dt.as_unit("ns")
+        return rows.set_index(["window_start", "key"]).sort_index()
+
+    def equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+        columns = ["events", "users", "spent"]
+        pd.testing.assert_frame_equal(got[columns].astype(float), want[columns].astype(float))
+
+    write_events(log, thirds[0], partitions=3)
+    flags.write_text(SPEC.format(name="flags", extra=""))
+    assert run(flags).returncode == 0
+    assert main(["stream", "savepoint", str(flags), "before"]) == 0
+    said = capsys.readouterr().out
+    assert "savepoint before of flags: batch 3, state version 4 (3 partitions" in said, said
+    assert main(["stream", "savepoint", str(flags), "before"]) == 2  # a name is taken once
+    assert "has a savepoint 'before' already" in capsys.readouterr().err
+
+    # a bad change, run past the savepoint (and past the state's retention of its version)
+    flags.write_text(SPEC.format(name="flags", extra='where="amount > 90",'))
+    write_events(log, thirds[1], partitions=3)
+    done = run(flags)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from riverbed.state import StateConfig, StateProvider
+
+    provider = StateProvider(
+        StateConfig(local_dir=tmp_path / "x", durable=home / "checkpoints" / "state")
+    )
+    assert all(min(provider.versions("flags", p)) > 4 for p in range(3))  # purged
+
+    assert main(["stream", "savepoints", str(flags), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(s["name"], s["batch"], s["state_partitions"]) for s in listed] == [("before", 3, 3)]
+
+    # a fork: another name, another filter, from the savepoint
+    whatif.write_text(SPEC.format(name="whatif", extra='where="amount > 50",'))
+    done = run(whatif, "--from-savepoint", "flags:before")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "starting from savepoint before of flags (batch 3)" in done.stderr
+    assert "where: (none) → 'amount > 50'" in done.stderr
+    second = thirds[1][thirds[1]["amount"] > 50]
+    equal(query("whatif"), _oracle(pd.concat([thirds[0], second])))
+
+    # the rollback: the spec as it was, from the savepoint — killed while the state is
+    # restored, and right after the switch — then every event counted once
+    flags.write_text(SPEC.format(name="flags", extra=""))
+    write_events(log, thirds[2], partitions=3)
+    for fault in ("kill_in_move:1", "kill_in_move:done"):
+        killed = run(flags, "--from-savepoint", "before", fault=fault)
+        assert killed.returncode == -signal.SIGKILL, (fault, killed.stderr[-2000:])
+    done = run(flags, "--from-savepoint", "before")
+    assert done.returncode == 0, done.stderr[-2000:]
+    equal(query("flags"), _oracle(events))
+    # the fork is its own aggregation: untouched by the rollback
+    equal(query("whatif"), _oracle(pd.concat([thirds[0], second])))
