@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,12 @@ from tests.stream.conftest import make_events, write_events
 pytestmark = pytest.mark.spark
 
 SPEC = """
-from riverbed.stream import Aggregation, Count, Distinct, Sum, Tumbling
+from riverbed.stream import Aggregation, Count, Distinct, Max, Sum, Tumbling
 
 source = {{"topic": "events", "schema": "user_id long, flag string, amount double, ts timestamp"}}
 aggregation = Aggregation(
     name="{name}", key="flag", time="ts", window=Tumbling("1h"), watermark="30m",
-    metrics={{"events": Count(), "users": Distinct("user_id"), "spent": Sum("amount")}},
+    metrics={{"events": Count(), "users": Distinct("user_id"), "spent": Sum("amount"){more}}},
     state_partitions=3, {extra}
 )
 """
@@ -34,7 +35,10 @@ aggregation = Aggregation(
 def _oracle(events: pd.DataFrame) -> pd.DataFrame:
     events = events.assign(window_start=events["ts"].dt.floor("1h"))
     got = events.groupby(["window_start", "flag"]).agg(
-        events=("user_id", "size"), users=("user_id", "nunique"), spent=("amount", "sum")
+        events=("user_id", "size"),
+        users=("user_id", "nunique"),
+        spent=("amount", "sum"),
+        top=("amount", "max"),
     )
     return got.rename_axis(["window_start", "key"]).sort_index()
 
@@ -59,6 +63,8 @@ def test_savepoint_fork_and_rollback(
         # purged from the aggregation's own history long before it is restored
         command += ["--once", "--max-records", "100", "--ttl", "3", "--retain-versions", "2"]
         command += ["--snapshot-every", "2", *more]
+        if spec == flags:  # and its results in SQL: restored rows reach every sink
+            command += ["--sql", f"sqlite:///{tmp_path / 'r.db'}"]
         with_fault = {**env, "RIVERBED_FAULT": fault} if fault else env
         return subprocess.run(command, env=with_fault, capture_output=True, text=True, check=False)
 
@@ -69,11 +75,12 @@ def test_savepoint_fork_and_rollback(
         return rows.set_index(["window_start", "key"]).sort_index()
 
     def equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
+        assert list(got.index) == list(want.index)
         columns = ["events", "users", "spent"]
         pd.testing.assert_frame_equal(got[columns].astype(float), want[columns].astype(float))
 
     write_events(log, thirds[0], partitions=3)
-    flags.write_text(SPEC.format(name="flags", extra=""))
+    flags.write_text(SPEC.format(name="flags", extra="", more=""))
     assert run(flags).returncode == 0
     assert main(["stream", "savepoint", str(flags), "before"]) == 0
     said = capsys.readouterr().out
@@ -82,7 +89,7 @@ def test_savepoint_fork_and_rollback(
     assert "has a savepoint 'before' already" in capsys.readouterr().err
 
     # a bad change, run past the savepoint (and past the state's retention of its version)
-    flags.write_text(SPEC.format(name="flags", extra='where="amount > 90",'))
+    flags.write_text(SPEC.format(name="flags", extra='where="amount > 90",', more=""))
     write_events(log, thirds[1], partitions=3)
     done = run(flags)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -97,24 +104,35 @@ def test_savepoint_fork_and_rollback(
     listed = json.loads(capsys.readouterr().out)
     assert [(s["name"], s["batch"], s["state_partitions"]) for s in listed] == [("before", 3, 3)]
 
-    # a fork: another name, another filter, from the savepoint
-    whatif.write_text(SPEC.format(name="whatif", extra='where="amount > 50",'))
+    # a fork: another name, another filter and a metric more (backfilled from the
+    # savepoint's cut back), from the savepoint
+    whatif.write_text(
+        SPEC.format(name="whatif", extra='where="amount > 50",', more=', "top": Max("amount")')
+    )
     done = run(whatif, "--from-savepoint", "flags:before")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "starting from savepoint before of flags (batch 3)" in done.stderr
     assert "where: (none) → 'amount > 50'" in done.stderr
+    assert "metric 'top': (none) → Max(column='amount')" in done.stderr
     second = thirds[1][thirds[1]["amount"] > 50]
-    equal(query("whatif"), _oracle(pd.concat([thirds[0], second])))
+    fork = _oracle(pd.concat([thirds[0], second]))
+    equal(query("whatif"), fork)
+    assert (query("whatif")["top"] == fork["top"]).all()
 
     # the rollback: the spec as it was, from the savepoint — killed while the state is
     # restored, and right after the switch — then every event counted once
-    flags.write_text(SPEC.format(name="flags", extra=""))
+    flags.write_text(SPEC.format(name="flags", extra="", more=""))
     write_events(log, thirds[2], partitions=3)
     for fault in ("kill_in_move:1", "kill_in_move:done"):
         killed = run(flags, "--from-savepoint", "before", fault=fault)
         assert killed.returncode == -signal.SIGKILL, (fault, killed.stderr[-2000:])
     done = run(flags, "--from-savepoint", "before")
     assert done.returncode == 0, done.stderr[-2000:]
-    equal(query("flags"), _oracle(events))
+    rolled_back = query("flags")
+    equal(rolled_back, _oracle(events))
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        in_sql = pd.read_sql("SELECT * FROM flags", conn)
+    in_sql["window_start"] = pd.to_datetime(in_sql["window_start"], utc=True).dt.as_unit("ns")
+    equal(in_sql.set_index(["window_start", "key"]).sort_index(), rolled_back)
     # the fork is its own aggregation: untouched by the rollback
     equal(query("whatif"), _oracle(pd.concat([thirds[0], second])))

@@ -225,15 +225,20 @@ def _rewritten(
     output: str,
     partials: dict[bytes, dict[str, Any]],
     batch_id: int,
+    waiting: pd.DataFrame | None,
 ) -> pa.Table | None:
-    """The result table's current rows with the added metrics' columns (from
-    ``partials``; a window with none: over no events), as batch ``batch_id``'s."""
+    """The result table's current rows — with ``waiting``, rows no batch wrote yet
+    (a restore's: newer) — with the added metrics' columns (from ``partials``; a window
+    with none: over no events), as batch ``batch_id``'s."""
     from riverbed.stream.results import conformed, current, output_arrow_schema, read_table
 
     table = read_table(output)
-    if table is None or table.num_rows == 0:
+    frames = [] if table is None else [table.to_pandas()]
+    if waiting is not None:
+        frames.append(waiting)
+    if not frames or sum(len(f) for f in frames) == 0:
         return None
-    frame = current(table.to_pandas())
+    frame = current(pd.concat(frames, ignore_index=True))
     schema = output_arrow_schema(spec)
     if frame.empty:
         return None
@@ -308,7 +313,7 @@ def run(
         key = backfill_key(new.number)
         if store.exists(key):  # written before a kill: the same rows
             return
-        table = _rewritten(spec, added, engine.output, partials, version)
+        table = _rewritten(spec, added, engine.output, partials, version, waiting)
         if table is None:
             return
         import pyarrow.parquet as pq
@@ -318,6 +323,14 @@ def run(
         fence()
         store.put_if_absent(key, sink.getvalue())
 
+    # rows the old generation's first batch was to write (a restore's) and did not yet:
+    # this generation's rows replace them, so they are part of the table rewritten
+    due = pending(engine.checkpoint, old)
+    waiting = None
+    if due is not None and due[0] == version:
+        from riverbed.stream.results import with_backfilled
+
+        waiting = with_backfilled(engine.checkpoint, old.number, pd.DataFrame())
     change = _Added(spec, shape, added, partials, rows)
     new = rescale.move(
         engine.checkpoint,
@@ -342,10 +355,11 @@ def run(
 
 
 def pending(checkpoint: str | Path, generation: Generation) -> tuple[int, int] | None:
-    """(the batch that still has to write ``generation``'s backfilled rows, the
-    generation), or None: none has to — no backfill, no rows, or that batch is
-    committed."""
-    if not generation.backfilled:
+    """(the batch that still has to write the result rows a backfill rewrote — or a
+    restore from a savepoint brought, :mod:`riverbed.stream.savepoints` — when
+    ``generation`` was made, the generation), or None: none has to — no such rows, or
+    that batch is committed."""
+    if generation.number == 0:
         return None
     if not checkpoint_store(checkpoint).exists(backfill_key(generation.number)):
         return None

@@ -105,17 +105,6 @@ def write_output(
     return table
 
 
-def write_rows(
-    output: str | Path, batch_id: int, table: pa.Table, fence: Callable[[], None] | None = None
-) -> None:
-    """Rows of any spec's columns (a savepoint's: :mod:`riverbed.stream.savepoints`) as
-    batch ``batch_id``'s directory of the result table, replaced whole by a re-run."""
-    data = _parquet(table)
-    if fence is not None:
-        fence()
-    checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
-
-
 def _parquet(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 

@@ -19,8 +19,10 @@ name) is one *restore batch*, *r* = the next batch id, run before any other:
    savepoint's cut ended, reading nothing; its watermark the cut's);
 2. the savepoint's state is copied into a new state generation as version *r* + 1 and
    made current (:func:`riverbed.stream.rescale.switch`);
-3. the savepoint's result rows are written as batch *r*'s result table directory, and
-   the batch is committed with the savepoint's totals.
+3. the batch is committed with the savepoint's totals; the savepoint's result rows,
+   stored with the new generation before its switch, are written by the next batch
+   with its own (:func:`riverbed.stream.backfill.pending`: as a backfill's rows), so
+   every sink gets them exactly once (that batch runs even with nothing new to read).
 
 The next batch then reads the source from the cut, with the watermark the cut had, on
 the savepoint's state: what ran after the cut is computed again. A kill at any step
@@ -51,6 +53,7 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
     SAVEPOINTS,
     SPEC,
+    backfill_key,
     checkpoint_store,
     savepoint_key,
     savepoint_rows_key,
@@ -254,8 +257,6 @@ def restore(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from riverbed.stream.results import write_rows
-
     store = checkpoint_store(checkpoint)
     batches = open_batches(checkpoint, fence)
     ids = batches.ids()
@@ -307,15 +308,18 @@ def restore(
             sessions,
             fence,
         )
+        if savepoint.rows:  # the result table at the cut: written by batch r + 1
+            data = checkpoint_store(home).get(savepoint_rows_key(savepoint.name))
+            table = pq.read_table(io.BytesIO(data))
+            at = table.schema.get_field_index("batch_id")
+            ids_ = pa.array([r + 1] * table.num_rows, type=table.schema.field(at).type)
+            sink = io.BytesIO()
+            pq.write_table(table.set_column(at, "batch_id", ids_), sink)
+            fence()
+            store.put_if_absent(backfill_key(new.number), sink.getvalue())
         rescale.failpoint("switch")
         fence()
         rescale.switch(checkpoint, aggregation, new, old)
-    if savepoint.rows:  # the result table as it was at the cut, as batch r's
-        data = checkpoint_store(home).get(savepoint_rows_key(savepoint.name))
-        table = pq.read_table(io.BytesIO(data))
-        at = table.schema.get_field_index("batch_id")
-        ids_ = pa.array([r] * table.num_rows, type=table.schema.field(at).type)
-        write_rows(output, r, table.set_column(at, "batch_id", ids_), fence)
     batches.put(r, replace(plan, done=True, totals=dict(savepoint.totals)))
     say(
         f"{aggregation} restored from savepoint {savepoint.name} of {savepoint.aggregation} "
