@@ -11,6 +11,7 @@ Messages name the thing, the cause and the fix.
     ├── FencedError                 a writer whose term is over tried to write
     │                               (jobs', time ranges', a stream driver's)
     ├── ConfigError                 bad riverbed.toml / RIVERBED_* value
+    ├── NewerFormatError            stored data a newer riverbed wrote (riverbed.formats)
     ├── InvalidValueError           a value a caller gave is malformed or out of range;
     │   │                           also a ValueError. Each package has its own:
     │   ├── DurationError           "1h30m" and friends
@@ -54,6 +55,11 @@ class FencedError(RiverbedError):
 
 class ConfigError(RiverbedError):
     """A configuration value is missing or malformed."""
+
+
+class NewerFormatError(RiverbedError):
+    """Stored data is in a format newer than this riverbed reads (:mod:`riverbed.formats`):
+    nothing is read or written past it."""
 
 
 class InvalidValueError(RiverbedError, ValueError):

@@ -44,9 +44,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from riverbed.fencing import Fence, Term
 from riverbed.files import flocked, sqlite_path, writer_lock
+from riverbed.formats import CURRENT, check
 from riverbed.jobs.errors import FencedError, QueueError
+from riverbed.locations import shown
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = CURRENT["jobs database"]
 _ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 
 metadata = MetaData()
@@ -258,7 +260,7 @@ class Database:
         return engine
 
     def __repr__(self) -> str:
-        return f"Database({self.url!r})"
+        return f"Database({shown(self.url)!r})"
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
@@ -267,7 +269,7 @@ class Database:
             with self._flock(), self.engine.begin() as conn:
                 yield conn
         except self.errors as exc:
-            raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
+            raise QueueError(f"jobs database {shown(self.url)}: {_first_line(exc)}") from exc
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -275,7 +277,7 @@ class Database:
             with self.reader.begin() as conn:
                 yield conn
         except self.errors as exc:
-            raise QueueError(f"jobs database {self.url}: {_first_line(exc)}") from exc
+            raise QueueError(f"jobs database {shown(self.url)}: {_first_line(exc)}") from exc
 
     @contextlib.contextmanager
     def _flock(self) -> Iterator[None]:
@@ -323,8 +325,9 @@ class Database:
                     )
                 )
             elif row[0] != SCHEMA_VERSION:
+                check("jobs database", row[0], f"jobs database {shown(self.url)}")
                 raise QueueError(
-                    f"jobs database {self.url} has schema version {row[0]}, this riverbed "
+                    f"jobs database {shown(self.url)} has schema version {row[0]}, this riverbed "
                     f"uses {SCHEMA_VERSION}; point RIVERBED_JOBS_DB at a new database"
                 )
 

@@ -112,6 +112,10 @@ class TopicConfig:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TopicConfig:
+        from riverbed.formats import check
+
+        data = dict(data)
+        check("topic", data.pop("format", None), f"topic {data.get('name')!r}")
         skipped = tuple(SkippedRange(**s) for s in data.get("skipped", ()))
         return TopicConfig(**{**data, "skipped": skipped})
 
@@ -140,6 +144,9 @@ class TopicConfig:
             del data["skipped"]  # topic.json stays as it was for healthy topics
         if self.schema is None:
             del data["schema"]  # and for untyped ones
+        from riverbed.formats import CURRENT
+
+        data["format"] = CURRENT["topic"]
         return data
 
 

@@ -18,6 +18,13 @@ class Partitioner(Protocol):
     def partition(self, key: bytes | None, partitions: int) -> int: ...
 
 
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a key: CRC-32 of its bytes mod N — the one rule a keyed topic
+    places records by and an aggregation places its state by (co-location needs both
+    the same: :func:`riverbed.stream.rescale.partition_of`)."""
+    return zlib.crc32(key) % partitions
+
+
 class KeyHashPartitioner:
     """CRC32 of the key bytes mod N: the same on every process, machine and Python
     version (unlike ``hash()``). Records without a key are spread round-robin."""
@@ -30,7 +37,7 @@ class KeyHashPartitioner:
     def partition(self, key: bytes | None, partitions: int) -> int:
         if key is None:
             return self._fallback.partition(None, partitions)
-        return zlib.crc32(key) % partitions
+        return key_partition(key, partitions)
 
     def spread(self, n: int, partitions: int) -> np.ndarray:
         """The partitions of ``n`` records without a key, in order: what ``n`` calls of

@@ -19,10 +19,11 @@ from functools import cached_property
 import msgpack
 
 from riverbed.checksum import crc32
+from riverbed.formats import CURRENT, check
 from riverbed.state.base import Op
 from riverbed.state.errors import CorruptStateError
 
-_MAGIC = b"RBCL\x02"
+_MAGIC = b"RBCL" + bytes([CURRENT["state changelog"]])
 _HEADER = struct.Struct(">QQI")
 HEAD_SIZE = len(_MAGIC) + _HEADER.size
 TAIL_SIZE = 4
@@ -38,6 +39,8 @@ class Header:
 
 def peek(head: bytes, tail: bytes, where: str = "changelog") -> Header:
     """The header and tag from the first HEAD_SIZE and last TAIL_SIZE bytes of a changelog."""
+    if head.startswith(_MAGIC[:4]) and len(head) > 4:  # the byte after RBCL: its format
+        check("state changelog", head[4], where)
     if len(head) < HEAD_SIZE or not head.startswith(_MAGIC) or len(tail) != TAIL_SIZE:
         raise CorruptStateError(f"{where} is not a riverbed changelog")
     version, base, base_tag = _HEADER.unpack_from(head, len(_MAGIC))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed.checksum import crc32
+from riverbed.formats import CURRENT, check
 from riverbed.state.durable import MANIFEST, DurableStorage, file_crc
 from riverbed.state.errors import CorruptStateError, StateError, StateValueError
 from riverbed.storage import ObjectNotFoundError, ObjectStore, StorageValueError
@@ -143,7 +144,12 @@ class ObjectStorage(DurableStorage):
                 pass
         self.stats.uploaded_files += len(todo)
         self.stats.uploaded_bytes += sum(size for _, _, size in todo)
-        manifest = {"files": files, "crc32": crcs, "objects": objects}
+        manifest = {
+            "format": CURRENT["state snapshot"],
+            "files": files,
+            "crc32": crcs,
+            "objects": objects,
+        }
         # create-only: a complete snapshot of this name that exists already wins
         self.store.put_if_absent(f"{name}/{MANIFEST}", json.dumps(manifest).encode())
 
@@ -154,6 +160,8 @@ class ObjectStorage(DurableStorage):
         except (ObjectNotFoundError, ValueError) as exc:
             problem = str(exc)
         else:
+            if isinstance(manifest, dict):
+                check("state snapshot", manifest.get("format"), f"snapshot {self.url}/{name}")
             if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
                 problem = "no file list"
             elif "objects" not in manifest:  # a full copy, from before shared files
@@ -243,6 +251,8 @@ class ObjectStorage(DurableStorage):
                     manifest = json.loads(self.store.get(info.key))
                 except (ObjectNotFoundError, ValueError):
                     continue  # deleted meanwhile, or unreadable: its files age out below
+                # a newer riverbed's snapshot may name its files otherwise: sweep nothing
+                check("state snapshot", manifest.get("format"), f"snapshot {info.key}")
                 referenced.update(manifest.get("objects", {}).values())
         cutoff = time.time() - older_than
         garbage = [o.key for o in files if o.key not in referenced and o.modified < cutoff]

@@ -25,6 +25,7 @@ from riverbed.stream.layout import (
     RIVERBED,
     SPARK_COMMITS,
     batch_key,
+    check_format,
     checkpoint_store,
     commit_key,
     side_key,
@@ -252,7 +253,9 @@ Batches = BatchLog  # (the name callers type with)
 
 
 def open_batches(checkpoint: str | Path, fence: Callable[[], None] | None = None) -> BatchLog:
-    """The batch records of the checkpoint at ``checkpoint`` (a directory or a bucket)."""
+    """The batch records of the checkpoint at ``checkpoint`` (a directory or a bucket);
+    refused when a newer riverbed wrote the checkpoint (:mod:`riverbed.formats`)."""
+    check_format(checkpoint)
     return BatchLog(checkpoint_store(checkpoint), fence)
 
 

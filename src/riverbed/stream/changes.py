@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.durations import duration_text
+from riverbed.formats import CURRENT
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
 
-SHAPE_VERSION = 1  # the format of a shape; a newer one is compared as far as it is known
 
 Action = Literal["kept", "applied", "backfilled", "refused"]
 
@@ -92,7 +92,7 @@ def shape(spec: Aggregation) -> dict[str, Any]:
     from riverbed.locations import shown
 
     return {
-        "version": SHAPE_VERSION,
+        "version": CURRENT["spec shape"],
         "name": spec.name,
         "key": list(spec.key_parts),
         "time": spec.time,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +58,7 @@ from riverbed.stream import keys, sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
+from riverbed.stream.rescale import partition_of
 from riverbed.stream.results import empty_rows, output_arrow_schema
 from riverbed.windows import Session
 
@@ -120,8 +120,10 @@ class EngineConfig:
 
 
 def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:
+    """Each key's state partition, by :func:`riverbed.stream.rescale.partition_of` (the
+    one owner of the rule: a rescale moves entries by it)."""
     uniques = keys.unique()
-    mapping = {k: zlib.crc32(str(k).encode()) % n for k in uniques}
+    mapping = {k: partition_of(str(k).encode(), n) for k in uniques}
     out: np.ndarray = keys.map(mapping).to_numpy(dtype=np.int32)
     return out
 

@@ -54,6 +54,7 @@ __all__ = [
     "aggregations",
     "backfill_key",
     "batch_key",
+    "check_format",
     "checkpoint_store",
     "checkpoints_location",
     "child",
@@ -64,6 +65,7 @@ __all__ = [
     "local_path",
     "location",
     "output_url",
+    "record_format",
     "savepoint_key",
     "savepoint_rows_key",
     "side_key",
@@ -81,12 +83,46 @@ COMMITS = "riverbed/commits/"
 TERMS = "riverbed/terms/"
 LEGACY_DRIVER = "riverbed/driver.json"  # a directory's term record before terms/
 SPEC = "riverbed/spec.json"
+FORMAT = "riverbed/format.json"  # the checkpoint's format version (riverbed.formats)
 GENERATIONS = "riverbed/generations/"  # state generations: <G>.json (rescale.py)
 BACKFILLS = "riverbed/backfills/"  # rows a backfill rewrote: <G>.parquet (backfill.py)
 SAVEPOINTS = "riverbed/savepoints/"  # <name>.json and .parquet (savepoints.py)
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
+
+
+_FORMAT_CHECKED: set[str] = set()
+
+
+def check_format(checkpoint: str | Path) -> None:
+    """Refuse a checkpoint a newer riverbed wrote (:mod:`riverbed.formats`; one read per
+    checkpoint and process)."""
+    import json
+
+    from riverbed.formats import check
+    from riverbed.locations import shown
+    from riverbed.storage.errors import ObjectNotFoundError
+
+    if str(checkpoint) in _FORMAT_CHECKED:
+        return
+    try:
+        found = json.loads(checkpoint_store(checkpoint).get(FORMAT)).get("format")
+    except ObjectNotFoundError:
+        found = None  # written before checkpoints recorded it, or not started yet
+    check("checkpoint", found, f"checkpoint {shown(str(checkpoint))}")
+    _FORMAT_CHECKED.add(str(checkpoint))
+
+
+def record_format(checkpoint: str | Path) -> None:
+    """Record the checkpoint's format, once (its first start with this riverbed)."""
+    import json
+
+    from riverbed import __version__
+    from riverbed.formats import CURRENT
+
+    data = {"format": CURRENT["checkpoint"], "written_by": __version__}
+    checkpoint_store(checkpoint).put_if_absent(FORMAT, json.dumps(data).encode())
 
 
 def generation_key(number: int) -> str:

@@ -25,13 +25,13 @@ import logging
 import os
 import signal
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from riverbed.config import inherited
+from riverbed.log.partitioners import key_partition
 from riverbed.state import StateConfig, StateProvider
 from riverbed.storage.base import numbered
 from riverbed.stream.batchlog import open_batches
@@ -145,7 +145,7 @@ def key_bytes(state_key: bytes, sessions: bool) -> bytes:
 
 def partition_of(key: bytes, partitions: int) -> int:
     """The state partition of a key (bytes of its text): as the engine places it."""
-    return zlib.crc32(key) % partitions
+    return key_partition(key, partitions)
 
 
 # -- the move ---------------------------------------------------------------------------

@@ -105,12 +105,32 @@ def write_output(
     return table
 
 
+FORMAT_KEY = b"riverbed.format"  # the result table's format version in each file
+
+
 def _parquet(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 
+    from riverbed.formats import CURRENT
+
+    meta = {**(table.schema.metadata or {}), FORMAT_KEY: str(CURRENT["result table"]).encode()}
     buffer = io.BytesIO()
-    pq.write_table(table, buffer)
+    pq.write_table(table.replace_schema_metadata(meta), buffer)
     return buffer.getvalue()
+
+
+def read_file(data: bytes, where: str) -> pa.Table:
+    """One Parquet file of the result table (refused when a newer riverbed wrote it:
+    :mod:`riverbed.formats`), without riverbed's own metadata."""
+    import pyarrow.parquet as pq
+
+    from riverbed.formats import check
+
+    table = pq.read_table(io.BytesIO(data))
+    meta = dict(table.schema.metadata or {})
+    found = meta.pop(FORMAT_KEY, None)
+    check("result table", int(found) if found is not None else None, where)
+    return table.replace_schema_metadata(meta or None)
 
 
 def _parquet_keys(store: ObjectStore) -> list[str]:
@@ -126,13 +146,12 @@ def read_table(output: str | Path) -> pa.Table | None:
     """Every row file of the result table, as one table (None when there is none).
     Files of older versions (Spark-written: INT96, naive UTC) are cast to the first's
     schema, as a directory dataset would."""
-    import pyarrow.parquet as pq
 
     store = checkpoint_store(output)
     keys = _parquet_keys(store)
     if not keys:
         return None
-    tables = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
+    tables = [read_file(store.get(k), f"result table {store.url}/{k}") for k in keys]
     # every column any file has, typed as the first file that has it: a metric removed
     # from a running aggregation (stream/changes.py) is in older files only
     fields: dict[str, pa.Field] = {}
@@ -181,7 +200,6 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
     between leaves older rows that lose to the compacted ones: readers that keep the
     highest ``batch_id`` per (window_start, key) see the same table at every step.
     """
-    import pyarrow.parquet as pq
 
     store = checkpoint_store(output)
     keys = _parquet_keys(store)
@@ -194,7 +212,10 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
 
     def read(batch_keys: list[str]) -> list[pa.Table]:
         # Spark-written batches of older versions: INT96, naive UTC -- cast reads them
-        return [conformed(pq.read_table(io.BytesIO(store.get(k))), schema) for k in batch_keys]
+        return [
+            conformed(read_file(store.get(k), f"result table {store.url}/{k}"), schema)
+            for k in batch_keys
+        ]
 
     folded = {f"batch_id={b}/" for b in older}
     old_keys = [k for k in keys if k.split("/", 1)[0] + "/" in folded]

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from riverbed import __version__
+from riverbed.formats import CURRENT, check
 from riverbed.state import StateConfig, StateProvider
 from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream import rescale
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Savepoint", "listed", "namespace", "read", "restore", "take"]
 
-FORMAT = 1  # the savepoint record's format
+FORMAT = CURRENT["savepoint"]
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -104,12 +105,7 @@ class Savepoint:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Savepoint:
-        found = int(data.get("format", 1))
-        if found > FORMAT:
-            raise StreamValueError(
-                f"savepoint {data.get('name')!r} has format {found}, newer than this riverbed "
-                f"({__version__}) reads ({FORMAT}): run it with a newer riverbed"
-            )
+        check("savepoint", data.get("format"), f"savepoint {data.get('name')!r}")
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 

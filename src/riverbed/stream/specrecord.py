@@ -21,13 +21,23 @@ from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.changes import Plan, legacy_shape, plan, shape, shape_hash
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.layout import SPEC, checkpoint_store, spec_key
+from riverbed.stream.layout import SPEC, checkpoint_store, record_format, spec_key
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.savepoints import Savepoint
 
 __all__ = ["check", "plan_start", "recorded", "start"]
+
+
+def _shape(store: Any, digest: str, where: str | Path) -> dict[str, Any]:
+    """The stored shape ``digest`` (refused when a newer riverbed wrote it)."""
+    from riverbed.formats import check
+    from riverbed.locations import shown
+
+    value: dict[str, Any] = json.loads(store.get(spec_key(digest)))
+    check("spec shape", value.get("version"), f"spec {digest} of checkpoint {shown(str(where))}")
+    return value
 
 
 def recorded(
@@ -44,12 +54,12 @@ def recorded(
     ids = batches.ids()
     moved = rescale.current(checkpoint, default_partitions)
     if moved.spec is not None and (not ids or moved.from_version >= ids[-1]):
-        return json.loads(store.get(spec_key(moved.spec))), (ids[-1] if ids else None)
+        return _shape(store, moved.spec, checkpoint), (ids[-1] if ids else None)
     if ids:
         newest = batches.get(ids[-1])
         if newest is not None and newest.spec:
             try:
-                return json.loads(store.get(spec_key(newest.spec))), ids[-1]
+                return _shape(store, newest.spec, checkpoint), ids[-1]
             except ObjectNotFoundError:
                 pass  # (a shape is written before any batch names it; never absent)
     if store.exists(SPEC):
@@ -115,6 +125,7 @@ def start(
     says), then record its shape; returns the hash new batch records carry, and the
     plan."""
     decided = check(checkpoint, spec, source)
+    record_format(checkpoint)
     now = shape(spec)
     digest = shape_hash(now)
     store = checkpoint_store(checkpoint)
