@@ -25,6 +25,20 @@ def make_events(n: int, hours: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
+def hourly(events: pd.DataFrame) -> pd.DataFrame:
+    """The oracle of an hourly aggregation of :func:`make_events`' events by flag, every
+    metric the tests use, indexed by (window_start, key)."""
+    events = events.assign(window_start=events["ts"].dt.floor("1h"))
+    got = events.groupby(["window_start", "flag"]).agg(
+        events=("user_id", "size"),
+        users=("user_id", "nunique"),
+        spent=("amount", "sum"),
+        total=("amount", "sum"),
+        top=("amount", "max"),
+    )
+    return got.rename_axis(["window_start", "key"]).sort_index()
+
+
 def write_events(
     url: str, events: pd.DataFrame, partitions: int = 3, key_field: str = "flag"
 ) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from riverbed.cli.main import main
 from riverbed.stream.backfill import FIRST_WATERMARK, replay, split_pieces
-from tests.stream.conftest import make_events, write_events
+from tests.stream.conftest import hourly, make_events, write_events
 
 
 @st.composite
@@ -79,18 +79,6 @@ aggregation = Aggregation(
 """
 BEFORE = '"events": Count(), "spent": Sum("amount")'
 ADDED = BEFORE + ', "users": Distinct("user_id"), "total": Sum("amount")'
-
-
-def _oracle(events: pd.DataFrame) -> pd.DataFrame:
-    events = events.assign(window_start=events["ts"].dt.floor("1h"))
-    got = events.groupby(["window_start", "flag"]).agg(
-        events=("user_id", "size"),
-        spent=("amount", "sum"),
-        users=("user_id", "nunique"),
-        total=("amount", "sum"),
-        top=("amount", "max"),
-    )
-    return got.rename_axis(["window_start", "key"]).sort_index()
 
 
 def _files(root: Path) -> dict[str, int]:
@@ -169,14 +157,14 @@ def test_metrics_added_to_a_running_aggregation_are_backfilled_through_kills(
     assert done.returncode == 0, done.stderr[-2000:]
 
     after = query()
-    want = _oracle(events)
+    want = hourly(events)
     assert list(after.index) == list(want.index)
     for column in ("events", "spent", "users", "total"):
         assert (after[column] == want[column]).all(), column
     assert after["users_is_exact"].all()
     # the metrics that were there: the windows the new events did not reach kept their
     # values, in rows the backfill rewrote (batch 6, the first after the switch)
-    old = before.index.difference(pd.MultiIndex.from_frame(_oracle(second).index.to_frame()))
+    old = before.index.difference(pd.MultiIndex.from_frame(hourly(second).index.to_frame()))
     assert len(old) > 10
     assert after.loc[old, ["events", "spent"]].equals(before.loc[old, ["events", "spent"]])
     assert set(after.loc[old, "batch_id"]) == {6}

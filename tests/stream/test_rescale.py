@@ -25,7 +25,7 @@ from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.engine import state_partition_of
 from riverbed.stream.rescale import generations, key_bytes, partition_of
-from tests.stream.conftest import make_events, write_events
+from tests.stream.conftest import hourly, make_events, write_events
 from tests.stream.test_cli import SPEC
 from tests.stream.test_engine import run_to_end, source_for
 
@@ -46,13 +46,7 @@ def test_the_key_is_found_in_every_kind_of_state_key(key: str, start: int, end: 
 
 
 def _oracle(events: pd.DataFrame) -> pd.DataFrame:
-    e = events.assign(window_start=events["ts"].dt.floor("1h"))
-    return (
-        e.groupby(["window_start", "flag"])
-        .agg(events=("user_id", "size"), users=("user_id", "nunique"), total=("amount", "sum"))
-        .reset_index()
-        .rename(columns={"flag": "key"})
-    )
+    return hourly(events)[["events", "users", "total"]].reset_index()
 
 
 def _run(spark: Any, spec: Aggregation, url: str, root: Path, path: str) -> pd.DataFrame:

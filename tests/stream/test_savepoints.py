@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from riverbed.cli.main import main
-from tests.stream.conftest import make_events, write_events
+from tests.stream.conftest import hourly, make_events, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -30,17 +30,6 @@ aggregation = Aggregation(
     state_partitions=3, {extra}
 )
 """
-
-
-def _oracle(events: pd.DataFrame) -> pd.DataFrame:
-    events = events.assign(window_start=events["ts"].dt.floor("1h"))
-    got = events.groupby(["window_start", "flag"]).agg(
-        events=("user_id", "size"),
-        users=("user_id", "nunique"),
-        spent=("amount", "sum"),
-        top=("amount", "max"),
-    )
-    return got.rename_axis(["window_start", "key"]).sort_index()
 
 
 def test_savepoint_fork_and_rollback(
@@ -115,7 +104,7 @@ def test_savepoint_fork_and_rollback(
     assert "where: (none) → 'amount > 50'" in done.stderr
     assert "metric 'top': (none) → Max(column='amount')" in done.stderr
     second = thirds[1][thirds[1]["amount"] > 50]
-    fork = _oracle(pd.concat([thirds[0], second]))
+    fork = hourly(pd.concat([thirds[0], second]))
     equal(query("whatif"), fork)
     assert (query("whatif")["top"] == fork["top"]).all()
 
@@ -129,10 +118,10 @@ def test_savepoint_fork_and_rollback(
     done = run(flags, "--from-savepoint", "before")
     assert done.returncode == 0, done.stderr[-2000:]
     rolled_back = query("flags")
-    equal(rolled_back, _oracle(events))
+    equal(rolled_back, hourly(events))
     with sqlite3.connect(tmp_path / "r.db") as conn:
         in_sql = pd.read_sql("SELECT * FROM flags", conn)
     in_sql["window_start"] = pd.to_datetime(in_sql["window_start"], utc=True).dt.as_unit("ns")
     equal(in_sql.set_index(["window_start", "key"]).sort_index(), rolled_back)
     # the fork is its own aggregation: untouched by the rollback
-    equal(query("whatif"), _oracle(pd.concat([thirds[0], second])))
+    equal(query("whatif"), hourly(pd.concat([thirds[0], second])))

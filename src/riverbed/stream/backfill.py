@@ -35,7 +35,7 @@ from __future__ import annotations
 import io
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from riverbed.state.keys import window_key
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches
 from riverbed.stream.changes import Plan, Replay
+from riverbed.stream.engine import combined, partials_of
 from riverbed.stream.layout import backfill_key, checkpoint_store
 from riverbed.stream.metrics import VALUE_METRICS
 from riverbed.stream.rescale import Generation
@@ -193,7 +194,6 @@ def _tasks(direct: Any, spec: Aggregation) -> Callable[[Piece], tuple[list[Any],
     """A Spark task: the added metrics' partials over one piece (``spec`` holds only
     them), and the records it read."""
     from riverbed.spark.source import LogSlice
-    from riverbed.stream.engine import partials_of
     from riverbed.stream.lognative import Side, events
 
     def run(piece: Piece) -> tuple[list[Any], int]:
@@ -205,18 +205,6 @@ def _tasks(direct: Any, spec: Aggregation) -> Callable[[Piece], tuple[list[Any],
         return out, side.input
 
     return run
-
-
-def _combined(spec: Aggregation, found: Iterator[list[Any]]) -> dict[bytes, dict[str, Any]]:
-    out: dict[bytes, dict[str, Any]] = {}
-    for partials in found:
-        for start, key, partial in partials:
-            k = window_key(start, key.encode())
-            if k in out:
-                out[k] = {n: m.merge(out[k][n], partial[n]) for n, m in spec.metrics.items()}
-            else:
-                out[k] = partial
-    return out
 
 
 def _rewritten(
@@ -304,7 +292,7 @@ def run(
         sc = spark.sparkContext
         sc.setJobDescription(f"riverbed {spec.name} backfill of {', '.join(added)}")
         found = sc.parallelize(work, len(work)).map(_tasks(direct, only)).collect()
-    partials = _combined(only, iter(f for f, _ in found))
+    partials = combined(only, (p for f, _ in found for p in f))
     read = sum(n for _, n in found)
     version = newest + 1
 

@@ -337,14 +337,7 @@ def merge_partition(
     assert not isinstance(spec.window, Session)
     size = spec.window.size_ms
     try:
-        # combine this batch's partials per (window, key) (several tasks made them)
-        batch: dict[bytes, dict[str, Any]] = {}
-        for window_start, key, partial in partials:
-            k = window_key(window_start, key.encode())
-            if k in batch:
-                batch[k] = {n: m.merge(batch[k][n], partial[n]) for n, m in spec.metrics.items()}
-            else:
-                batch[k] = partial
+        batch = combined(spec, partials)  # several tasks made them
         keys = sorted(batch)
         emitted: dict[bytes, dict[str, Any]] = {}
         for k, stored in zip(keys, store.get_many(keys), strict=True):
@@ -371,6 +364,18 @@ def merge_partition(
         raise
     _failpoint(config, partition, batch_id)
     return _rows(spec, emitted, batch_id)
+
+
+def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
+    """Partials merged per (window, key), under their state keys (fixed windows)."""
+    out: dict[bytes, dict[str, Any]] = {}
+    for window_start, key, partial in partials:
+        k = window_key(window_start, key.encode())
+        if k in out:
+            out[k] = {n: m.merge(out[k][n], partial[n]) for n, m in spec.metrics.items()}
+        else:
+            out[k] = partial
+    return out
 
 
 SessionRow = tuple[str, int, int, dict[str, Any]]  # (key, start ms, end ms, partials)

@@ -291,10 +291,11 @@ def restore(
     batches.put(r, plan)
     old = rescale.current(checkpoint, savepoint.state_partitions)
     entries = 0
-    if not (old.from_version == r + 1 and old.spec == savepoint.spec and old.number > 0):
-        new = rescale.Generation(
-            old.number + 1, savepoint.state_partitions, r + 1, spec=savepoint.spec
-        )
+    # (a generation from version r + 1 on is this restore's, made before a kill: only
+    # the restore, unfinished, moves state before batch r is committed)
+    if not (old.from_version == r + 1 and old.number > 0):
+        # its spec is the restore batch's (its record names the savepoint's shape)
+        new = rescale.Generation(old.number + 1, savepoint.state_partitions, r + 1)
         source = StateProvider(replace(state, durable=savepoint.durable))
         entries, _ = rescale.copy(
             rescale.Place(
