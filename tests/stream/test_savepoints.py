@@ -123,5 +123,25 @@ def test_savepoint_fork_and_rollback(
         in_sql = pd.read_sql("SELECT * FROM flags", conn)
     in_sql["window_start"] = pd.to_datetime(in_sql["window_start"], utc=True).dt.as_unit("ns")
     equal(in_sql.set_index(["window_start", "key"]).sort_index(), rolled_back)
+    # the same command line again (a service manager's restart): restored once only
+    assert main(["stream", "status", str(flags), "--json"]) == 0
+    batches = json.loads(capsys.readouterr().out)["batches"]
+    again = run(flags, "--from-savepoint", "before")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "started from savepoint before of flags already" in again.stderr
+    assert main(["stream", "status", str(flags), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batches"] == batches  # no restore batch
+    equal(query("flags"), hourly(events))
     # the fork is its own aggregation: untouched by the rollback
     equal(query("whatif"), hourly(pd.concat([thirds[0], second])))
+
+    # deleted: the record, the rows and the state's copy go; starting from it is refused
+    assert "flags.sp.before" in provider.namespaces()
+    assert main(["stream", "savepoint", str(flags), "before", "--delete"]) == 0
+    assert "savepoint before of flags deleted" in capsys.readouterr().out
+    assert "flags.sp.before" not in provider.namespaces()
+    assert main(["stream", "savepoints", str(flags)]) == 0
+    assert "flags has no savepoints" in capsys.readouterr().out
+    refused = run(flags, "--from-savepoint", "before")
+    assert refused.returncode == 2
+    assert "no savepoint 'before'" in refused.stderr and "(it has: none)" in refused.stderr

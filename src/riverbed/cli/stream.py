@@ -99,6 +99,9 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("spec")
     c.add_argument("name")
+    c.add_argument(
+        "--delete", action="store_true", help="delete the savepoint (its state copy and rows)"
+    )
     c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     c.set_defaults(func=_savepoint)
     c = cmds.add_parser("savepoints", help="the aggregation's savepoints")
@@ -176,13 +179,24 @@ def _run(args: argparse.Namespace) -> int:
     job = _job(args.spec, config)
     starting = None
     if args.from_savepoint:  # compared with the savepoint's spec, and said
+        from riverbed.stream.savepoints import started_from
         from riverbed.stream.specjob import savepoint_of
 
         starting = savepoint_of(config, job, args.from_savepoint)
-        say(
-            f"starting from savepoint {starting[1].name} of {starting[1].aggregation} (batch "
-            f"{starting[1].batch}): the source is read again from its cut"
-        )
+        savepoint = starting[1]
+        at = started_from(job.checkpoint, savepoint)
+        if at is not None:  # a restart of the same command line: once is enough
+            say(
+                f"{job.aggregation.name} started from savepoint {savepoint.name} of "
+                f"{savepoint.aggregation} already (restore batch {at}): it runs on from "
+                "its checkpoint (fork the savepoint under a new name to start from it again)"
+            )
+            starting = None
+        else:
+            say(
+                f"starting from savepoint {savepoint.name} of {savepoint.aggregation} (batch "
+                f"{savepoint.batch}): the source is read again from its cut"
+            )
     # a change the state cannot carry is refused now; the others are said, then applied
     decided = check(
         job.checkpoint,
@@ -364,9 +378,15 @@ class Backlog:
 
 
 def _savepoint(args: argparse.Namespace) -> int:
-    from riverbed.stream.savepoints import take
+    from riverbed.stream.savepoints import delete, take
 
     job = _job(args.spec, config_of(args))
+    if args.delete:
+        if delete(job.checkpoint, job.state, job.aggregation.name, args.name):
+            out.print(f"savepoint {args.name} of {job.aggregation.name} deleted", markup=False)
+            return 0
+        out.print(f"{job.aggregation.name} has no savepoint {args.name!r}", markup=False)
+        return 1
     taken = take(
         job.checkpoint,
         job.output,

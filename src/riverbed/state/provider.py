@@ -561,6 +561,14 @@ class StateProvider:
         self.durable.sweep(self._base(namespace, partition), older_than)
         self._sweep_staging(older_than)
 
+    def drop(self, namespace: str) -> None:
+        """Delete a whole namespace — every partition's changelogs, snapshots and shared
+        files, and this machine's cache of it. Nothing may have it open (a savepoint's
+        copy, an abandoned generation)."""
+        _check_name(namespace)
+        self.durable.delete(namespace)
+        shutil.rmtree(self.local_dir / namespace, ignore_errors=True)
+
     def purge(self, namespace: str, partition: int, sweep_after: float | None = 3600.0) -> int:
         """The durable half of :meth:`maintain`: delete the snapshots and changelogs no
         retained version needs, and (unless ``sweep_after`` is None) :meth:`sweep`.

@@ -66,6 +66,7 @@ __all__ = [
     "location",
     "output_url",
     "record_format",
+    "restored_key",
     "savepoint_key",
     "savepoint_rows_key",
     "side_key",
@@ -87,6 +88,7 @@ FORMAT = "riverbed/format.json"  # the checkpoint's format version (riverbed.for
 GENERATIONS = "riverbed/generations/"  # state generations: <G>.json (rescale.py)
 BACKFILLS = "riverbed/backfills/"  # rows a backfill rewrote: <G>.parquet (backfill.py)
 SAVEPOINTS = "riverbed/savepoints/"  # <name>.json and .parquet (savepoints.py)
+RESTORED = "riverbed/restored/"  # <aggregation>.<savepoint>.json: started from it
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
@@ -139,6 +141,11 @@ def backfill_key(generation: int) -> str:
 def savepoint_key(name: str) -> str:
     """Where savepoint ``name``'s record is (:mod:`riverbed.stream.savepoints`)."""
     return f"{SAVEPOINTS}{name}.json"
+
+
+def restored_key(aggregation: str, name: str) -> str:
+    """The marker that a checkpoint started from savepoint ``name`` of ``aggregation``."""
+    return f"{RESTORED}{aggregation}.{name}.json"
 
 
 def savepoint_rows_key(name: str) -> str:

@@ -56,6 +56,7 @@ from riverbed.stream.layout import (
     SPEC,
     backfill_key,
     checkpoint_store,
+    restored_key,
     savepoint_key,
     savepoint_rows_key,
     spec_key,
@@ -63,7 +64,16 @@ from riverbed.stream.layout import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Savepoint", "listed", "namespace", "read", "restore", "take"]
+__all__ = [
+    "Savepoint",
+    "delete",
+    "listed",
+    "namespace",
+    "read",
+    "restore",
+    "started_from",
+    "take",
+]
 
 FORMAT = CURRENT["savepoint"]
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -144,6 +154,22 @@ def listed(checkpoint: str | Path) -> list[Savepoint]:
     keys = [i.key for i in store.list(SAVEPOINTS) if i.key.endswith(".json")]
     out = [Savepoint.from_json(json.loads(store.get(k))) for k in keys]
     return sorted(out, key=lambda s: (s.batch, s.name))
+
+
+def delete(checkpoint: str | Path, state: StateConfig, aggregation: str, name: str) -> bool:
+    """Delete savepoint ``name``: its record first (it stops existing at once), then its
+    result rows and its copy of the state (what a kill left of either goes at the next
+    delete of the name). Returns whether a record was there."""
+    store = checkpoint_store(checkpoint)
+    key = savepoint_key(_checked_name(name))
+    found = store.exists(key)
+    durable = state.durable
+    if found:
+        durable = read(checkpoint, name).durable
+        store.delete(key)
+    store.delete(savepoint_rows_key(name))
+    StateProvider(replace(state, durable=durable)).drop(namespace(aggregation, name))
+    return found
 
 
 def take(
@@ -234,6 +260,14 @@ def take(
     return savepoint
 
 
+def started_from(checkpoint: str | Path, savepoint: Savepoint) -> int | None:
+    """The restore batch by which ``checkpoint`` started from ``savepoint`` (None: it
+    did not)."""
+    store = checkpoint_store(checkpoint)
+    key = restored_key(savepoint.aggregation, savepoint.name)
+    return int(json.loads(store.get(key))["batch"]) if store.exists(key) else None
+
+
 def restore(
     checkpoint: str | Path,
     output: str | Path,
@@ -247,9 +281,9 @@ def restore(
 ) -> int | None:
     """Start aggregation ``aggregation`` (on ``checkpoint``) from ``savepoint`` (of the
     aggregation whose checkpoint is ``home``) with a restore batch (see the module
-    doc); returns its id, or None when the checkpoint's newest batch is that
-    savepoint's restore already (nothing ran since: a restart of the same command
-    restores once)."""
+    doc); returns its id, or None when this checkpoint started from that savepoint
+    already — a service manager restarting the same command line restores once (to go
+    back to the same savepoint twice, fork it under a new name)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -258,9 +292,17 @@ def restore(
     ids = batches.ids()
     newest = batches.get(ids[-1]) if ids else None
     mine = {"savepoint": savepoint.name, "of": savepoint.aggregation}
+    done_key = restored_key(savepoint.aggregation, savepoint.name)
+    at = started_from(checkpoint, savepoint)
+    if at is not None:
+        say(
+            f"{aggregation} started from savepoint {savepoint.name} of {savepoint.aggregation} "
+            f"already (restore batch {at}): it runs on from its checkpoint"
+        )
+        return None
     if newest is not None and newest.extra.get("restore") == mine:
-        if newest.done:
-            say(f"{aggregation} runs from savepoint {savepoint.name} already (batch {ids[-1]})")
+        if newest.done:  # committed, its marker not yet written (a kill between)
+            store.put_if_absent(done_key, json.dumps({"batch": ids[-1]}).encode())
             return None
         r = ids[-1]  # a restore a kill interrupted: finish it
     else:
@@ -318,6 +360,7 @@ def restore(
         fence()
         rescale.switch(checkpoint, aggregation, new, old)
     batches.put(r, replace(plan, done=True, totals=dict(savepoint.totals)))
+    store.put_if_absent(done_key, json.dumps({"batch": r}).encode())
     say(
         f"{aggregation} restored from savepoint {savepoint.name} of {savepoint.aggregation} "
         f"(batch {savepoint.batch}): {entries:,} state entries, restore batch {r}, in "
