@@ -67,8 +67,12 @@ def main(ctx, work_ids):
     for w in work_ids:
         path = ctx.published("{up}", f"id={{w}}.json")
         seen = json.loads(path.read_text()) if path is not None else None
-        (marks / f"read-{{ctx.job}}-{{ctx.chunk_id}}-{{ctx.attempt}}-{{w}}").write_text(
-            json.dumps(seen))
+        # atomically: a worker SIGKILLed mid-write must not leave a torn mark (an
+        # empty file read back as what the chunk saw)
+        mark = marks / f"read-{{ctx.job}}-{{ctx.chunk_id}}-{{ctx.attempt}}-{{w}}"
+        tmp = marks / f".{{mark.name}}.{{os.getpid()}}"
+        tmp.write_text(json.dumps(seen))
+        os.replace(tmp, mark)
         ctx.output.write_json(f"id={{w}}.json", {{"w": w, "v": (seen or {{}}).get("v", -1) + 1,
                                                 "chunk": ctx.chunk_id, "attempt": ctx.attempt}})
 

@@ -42,7 +42,11 @@ def main(ctx, work_ids):
     for w in work_ids:
         path = ctx.published("up", f"id={w}.json")
         seen = json.loads(path.read_text()) if path is not None else None
-        (marks / f"read-{ctx.chunk_id}-{ctx.attempt}-{w}").write_text(json.dumps(seen))
+        # atomically: a worker killed mid-write leaves no torn mark
+        mark = marks / f"read-{ctx.chunk_id}-{ctx.attempt}-{w}"
+        tmp = marks / f".{mark.name}.{os.getpid()}"
+        tmp.write_text(json.dumps(seen))
+        os.replace(tmp, mark)
     ctx.output.write_json("done.json", {"ids": work_ids})
 
 job = Job(main=main, chunk_size=2, retries=9, retry_backoff=0,
