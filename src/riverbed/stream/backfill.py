@@ -32,7 +32,6 @@ backfills twice.
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,10 +52,11 @@ from riverbed.stream.engine import combined, partials_of
 from riverbed.stream.layout import backfill_key, checkpoint_store
 from riverbed.stream.metrics import VALUE_METRICS
 from riverbed.stream.rescale import Generation
+from riverbed.stream.results import store_backfilled
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Piece", "estimate", "pending", "replay", "run"]
+__all__ = ["Piece", "estimate", "pending", "replay", "retained", "run"]
 
 FIRST_WATERMARK = 0  # the watermark a checkpoint's first batch runs with (batchlog.py)
 
@@ -134,14 +134,25 @@ def _cut(records: list[BatchRecord]) -> dict[int, int]:
     return {int(p): int(se[1]) for p, se in newest.slices.items()}
 
 
-def estimate(checkpoint: str | Path, retained: Mapping[int, tuple[int, int]]) -> Replay | None:
-    """What backfilling reads (``retained``: each source partition's (first retained,
-    end) offsets), or None when no batch has run (nothing to backfill)."""
+def retained(options: Mapping[str, str]) -> dict[int, tuple[int, int]]:
+    """(first retained, end) offset of every partition of the source's topic."""
+    from riverbed.spark.source import open_log
+
+    topic_log = open_log(dict(options))
+    try:
+        return {o.partition: (o.start, o.end) for o in topic_log.offsets(options["topic"])}
+    finally:
+        topic_log.close()
+
+
+def estimate(checkpoint: str | Path, options: Mapping[str, str]) -> Replay | None:
+    """What backfilling reads from the source (``options`` open its log), or None when
+    no batch has run (nothing to backfill)."""
     newest, records = _committed(checkpoint)
     if newest is None or not records:
         return None
     cut = _cut(records)
-    first = {p: first for p, (first, _) in retained.items()}
+    first = {p: first for p, (first, _) in retained(options).items()}
     ranges = {p: (min(first.get(p, end), end), end) for p, end in cut.items()}
     gone = sum(min(first.get(p, 0), end) for p, end in cut.items())
     rates = [r for r in (input_rate(x) for x in records[-20:]) if r]
@@ -258,7 +269,6 @@ def run(
     """Backfill ``plan``'s added metrics (see the module doc), moving the state of
     generation ``old`` to the spec's partition count on the way; returns the new
     generation (``old`` when no batch has run: nothing to backfill)."""
-    from riverbed.spark.source import open_log
     from riverbed.stream import rescale
 
     engine = direct.engine
@@ -267,17 +277,10 @@ def run(
     newest, records = _committed(engine.checkpoint)
     if newest is None:
         return old
-    topic_log = open_log(direct.options)
-    try:
-        retained = {
-            o.partition: (o.start, o.end) for o in topic_log.offsets(direct.options["topic"])
-        }
-    finally:
-        topic_log.close()
     cut = _cut(records)
     pieces = replay(
         [(r.slices, r.watermark_ms) for r in records if r.slices is not None],
-        {p: first for p, (first, _) in retained.items()},
+        {p: first for p, (first, _) in retained(direct.options).items()},
         cut,
     )
     work = split_pieces(pieces, max(direct.piece_records, 1))
@@ -297,19 +300,11 @@ def run(
     version = newest + 1
 
     def rows(new: Generation) -> None:
-        store = checkpoint_store(engine.checkpoint)
-        key = backfill_key(new.number)
-        if store.exists(key):  # written before a kill: the same rows
-            return
+        if checkpoint_store(engine.checkpoint).exists(backfill_key(new.number)):
+            return  # written before a kill: the same rows
         table = _rewritten(spec, added, engine.output, partials, version, waiting)
-        if table is None:
-            return
-        import pyarrow.parquet as pq
-
-        sink = io.BytesIO()
-        pq.write_table(table, sink)
-        fence()
-        store.put_if_absent(key, sink.getvalue())
+        if table is not None:
+            store_backfilled(engine.checkpoint, new.number, table, fence)
 
     # rows the old generation's first batch was to write (a restore's) and did not yet:
     # this generation's rows replace them, so they are part of the table rewritten

@@ -49,6 +49,7 @@ __all__ = [
     "Plan",
     "Replay",
     "compare",
+    "legacy_record",
     "legacy_shape",
     "shape",
     "shape_hash",
@@ -115,6 +116,17 @@ def shape_hash(value: Mapping[str, Any]) -> str:
     """The name a shape is stored under: its canonical JSON's SHA-256 (16 hex digits)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def legacy_record(name: str, partitions: int, sessions: bool) -> dict[str, Any]:
+    """``riverbed/spec.json``'s object, which riverbed before shapes wrote and read (the
+    name, the state partition count, fixed windows or sessions); :func:`legacy_shape`
+    reads it."""
+    return {
+        "name": name,
+        "state_partitions": partitions,
+        "windows": "sessions" if sessions else "fixed",
+    }
 
 
 def legacy_shape(spec_record: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from riverbed.stream.derive import (
 from riverbed.stream.doors import as_source, split_sinks
 from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggregate
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.fencing import check_term
 from riverbed.stream.layout import (
     Checkpoint,
     checkpoint_store,
@@ -55,12 +57,10 @@ log = logging.getLogger(__name__)
 
 
 def _generation(
-    checkpoint: str | Path, spec: Aggregation, state: StateConfig, term: int | None
+    checkpoint: str | Path, spec: Aggregation, state: StateConfig, fence: Callable[[], None]
 ) -> rescale.Generation:
     """The state generation batches use: the current one, or — ``state_partitions``
     changed, as ``stream plan`` said — a new one the state is moved to now."""
-    from riverbed.stream.fencing import check_term
-
     now = rescale.current(checkpoint, spec.state_partitions)
     if now.partitions == spec.state_partitions:
         return now
@@ -71,7 +71,7 @@ def _generation(
         spec.sessions,
         now,
         spec.state_partitions,
-        lambda: check_term(str(checkpoint), term, spec.name),
+        fence,
     )
 
 
@@ -82,10 +82,9 @@ def _restore(
     spec: Aggregation,
     options: dict[str, str] | None,
     source: tuple[str | Path, str],
-    term: int | None,
+    fence: Callable[[], None],
 ) -> None:
     from riverbed.stream import savepoints
-    from riverbed.stream.fencing import check_term
 
     if options is None:
         raise StreamValueError(
@@ -101,7 +100,7 @@ def _restore(
         spec.sessions,
         home,
         savepoints.read(home, name),
-        lambda: check_term(str(checkpoint), term, spec.name),
+        fence,
     )
 
 
@@ -280,8 +279,10 @@ def start(
             )
         local = local_path(checkpoint)
         state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+    # what every write at start checks (EngineConfig.fence, before there is one)
+    fence = functools.partial(check_term, str(checkpoint), term, spec.name)
     if from_savepoint is not None:  # one restore batch first (savepoints.py)
-        _restore(checkpoint, output, state, spec, options, from_savepoint, term)
+        _restore(checkpoint, output, state, spec, options, from_savepoint, fence)
     # the spec against what the checkpoint ran with: refused as `stream plan` says
     shape, decided = specrecord.start(checkpoint, spec, options)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
@@ -290,7 +291,7 @@ def start(
     if decided.backfilled:  # the backfill moves the state (to the new count too), below
         generation = rescale.current(checkpoint, spec.state_partitions)
     else:
-        generation = _generation(checkpoint, spec, state, term)
+        generation = _generation(checkpoint, spec, state, fence)
     # the lookup tables' columns (read now, or the last batch's snapshots while a table
     # is away): what the spec is compiled against
     schemas = lookups.at_start(spec.lookups, str(checkpoint), log_url)
@@ -323,16 +324,7 @@ def start(
 
         direct = prepare(config, options)
         if decided.backfilled:
-            from riverbed.stream.fencing import check_term
-
-            moved = backfill.run(
-                spark,
-                direct,
-                decided,
-                shape,
-                generation,
-                lambda: check_term(str(checkpoint), term, spec.name),
-            )
+            moved = backfill.run(spark, direct, decided, shape, generation, fence)
             direct = replace(
                 direct, engine=replace(direct.engine, state_namespace=moved.namespace(spec.name))
             )

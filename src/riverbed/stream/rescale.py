@@ -239,8 +239,13 @@ def copy(
     return sum(len(m) for m in placed), nbytes
 
 
-def switch(checkpoint: str | Path, name: str, new: Generation, old: Generation) -> None:
-    """Make ``new`` the current generation: its create-only record."""
+def switch(
+    checkpoint: str | Path, name: str, new: Generation, old: Generation, fence: Callable[[], None]
+) -> None:
+    """Make ``new`` the current generation, every partition of it written: its
+    create-only record (a replaced driver records nothing)."""
+    failpoint("switch")  # every new partition written, the switch not yet recorded
+    fence()
     record = json.dumps(new.to_json() | {"was": old.to_json()}).encode()
     if not checkpoint_store(checkpoint).put_if_absent(generation_key(new.number), record):
         raise StreamError(
@@ -283,9 +288,7 @@ def move(
         )
     if change is not None:
         change.before_switch(new)
-    failpoint("switch")  # every new partition written, the switch not yet recorded
-    fence()
-    switch(checkpoint, name, new, old)
+    switch(checkpoint, name, new, old, fence)
     what = f" with {', '.join(new.backfilled)} backfilled" if new.backfilled else ""
     say(
         f"state of {name} moved from {old.partitions} to {partitions} partitions{what}: "

@@ -98,7 +98,7 @@ def write_output(
         table = rows.select(schema.names).cast(schema)
     else:
         table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
-    data = _parquet(table)
+    data = encode_file(table)
     if fence is not None:
         fence()
     checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
@@ -108,7 +108,8 @@ def write_output(
 FORMAT_KEY = b"riverbed.format"  # the result table's format version in each file
 
 
-def _parquet(table: pa.Table) -> bytes:
+def encode_file(table: pa.Table) -> bytes:
+    """A result file's bytes: Parquet with the result table's format version."""
     import pyarrow.parquet as pq
 
     from riverbed.formats import CURRENT
@@ -224,7 +225,7 @@ def compact_output(output: str, spec: Aggregation, upto: int) -> int:
     frame = _folded(old, own, upto)
     table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
     # the compacted object is stored (one write) before the folded ones are deleted
-    store.put(f"{prefix}compacted-{uuid.uuid4().hex}.parquet", _parquet(table))
+    store.put(f"{prefix}compacted-{uuid.uuid4().hex}.parquet", encode_file(table))
     store.delete_many(old_keys)
     log.info("compacted %d result batches of %s into batch %d", len(older), spec.name, upto)
     return len(older)
@@ -241,14 +242,23 @@ def _folded(old: pa.Table, own: pa.Table, upto: int) -> pd.DataFrame:
     return frame
 
 
-def with_backfilled(checkpoint: str, generation: int, rows: pd.DataFrame) -> pd.DataFrame:
-    """A batch's ``rows`` with the result rows a backfill rewrote before state
-    generation ``generation`` (:mod:`riverbed.stream.backfill`), less the windows and
-    keys the batch wrote itself (its own rows are newer)."""
-    import pyarrow.parquet as pq
+def store_backfilled(
+    checkpoint: str | Path, generation: int, table: pa.Table, fence: Callable[[], None]
+) -> None:
+    """Store the result rows the first batch of state generation ``generation`` writes
+    with its own (a backfill's or a restore's), create-only: before the generation's
+    switch, so a re-run after a kill keeps the first."""
+    data = encode_file(table)
+    fence()
+    checkpoint_store(checkpoint).put_if_absent(backfill_key(generation), data)
 
-    data = checkpoint_store(checkpoint).get(backfill_key(generation))
-    rewritten = pq.read_table(io.BytesIO(data)).to_pandas()
+
+def with_backfilled(checkpoint: str, generation: int, rows: pd.DataFrame) -> pd.DataFrame:
+    """A batch's ``rows`` with the result rows stored for state generation
+    ``generation`` (:func:`store_backfilled`), less the windows and keys the batch wrote
+    itself (its own rows are newer)."""
+    key = backfill_key(generation)
+    rewritten = read_file(checkpoint_store(checkpoint).get(key), key).to_pandas()
     if rows.empty:
         return rewritten
     own = pd.MultiIndex.from_frame(rows[["window_start", "key"]])

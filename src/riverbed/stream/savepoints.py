@@ -33,7 +33,6 @@ applied, backfilled or refused).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
@@ -50,11 +49,11 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream import rescale
 from riverbed.stream.batchlog import BatchRecord, open_batches
+from riverbed.stream.changes import legacy_record
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import (
     SAVEPOINTS,
     SPEC,
-    backfill_key,
     checkpoint_store,
     restored_key,
     savepoint_key,
@@ -183,7 +182,7 @@ def take(
 ) -> Savepoint:
     """Take savepoint ``name`` of the aggregation at its newest committed batch (see
     the module doc)."""
-    from riverbed.stream.results import current, read_table
+    from riverbed.stream.results import current, encode_file, read_table
 
     store = checkpoint_store(checkpoint)
     if store.exists(savepoint_key(_checked_name(name))):
@@ -191,14 +190,11 @@ def take(
             f"aggregation {aggregation!r} has a savepoint {name!r} already: choose another "
             "name (`riverbed stream savepoints SPEC` lists them)"
         )
-    batches = open_batches(checkpoint)
-    newest = next(
-        (b for b in reversed(batches.ids()) if (r := batches.get(b)) is not None and r.done),
-        None,
-    )
-    if newest is None:
+    version = rescale.version_to_move(checkpoint)  # the state after the newest commit
+    if version == 0:
         raise StreamValueError(f"aggregation {aggregation!r} has no committed batch to save")
-    record = batches.get(newest)
+    newest = version - 1
+    record = open_batches(checkpoint).get(newest)
     assert record is not None
     if record.slices is None or record.spec is None:
         raise StreamValueError(
@@ -207,7 +203,6 @@ def take(
             "riverbed or Kafka topic source; run one more batch with this riverbed first"
         )
     began = time.monotonic()
-    version = newest + 1
     gens = rescale.generations(checkpoint, 1)
     gen = rescale.for_version(gens, version)
     provider = StateProvider(state)
@@ -224,11 +219,9 @@ def take(
         frame = current(frame[frame["batch_id"] <= newest])
         if not frame.empty:
             import pyarrow as pa
-            import pyarrow.parquet as pq
 
-            sink = io.BytesIO()
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
-            store.put(savepoint_rows_key(name), sink.getvalue())
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            store.put(savepoint_rows_key(name), encode_file(table))
             rows = True
     savepoint = Savepoint(
         name=name,
@@ -285,7 +278,8 @@ def restore(
     already — a service manager restarting the same command line restores once (to go
     back to the same savepoint twice, fork it under a new name)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from riverbed.stream.results import read_file, store_backfilled
 
     store = checkpoint_store(checkpoint)
     batches = open_batches(checkpoint, fence)
@@ -310,16 +304,8 @@ def restore(
     began = time.monotonic()
     # the shape the restored state holds, as every checkpoint records it
     store.put_if_absent(spec_key(savepoint.spec), json.dumps(savepoint.shape).encode())
-    store.put_if_absent(
-        SPEC,
-        json.dumps(
-            {
-                "name": aggregation,
-                "state_partitions": savepoint.state_partitions,
-                "windows": "sessions" if sessions else "fixed",
-            }
-        ).encode(),
-    )
+    record = legacy_record(aggregation, savepoint.state_partitions, sessions)
+    store.put_if_absent(SPEC, json.dumps(record).encode())
     plan = BatchRecord(
         watermark_ms=savepoint.watermark_ms,
         previous_watermark_ms=savepoint.previous_watermark_ms,
@@ -348,17 +334,12 @@ def restore(
             fence,
         )
         if savepoint.rows:  # the result table at the cut: written by batch r + 1
-            data = checkpoint_store(home).get(savepoint_rows_key(savepoint.name))
-            table = pq.read_table(io.BytesIO(data))
+            key = savepoint_rows_key(savepoint.name)
+            table = read_file(checkpoint_store(home).get(key), key)
             at = table.schema.get_field_index("batch_id")
             ids_ = pa.array([r + 1] * table.num_rows, type=table.schema.field(at).type)
-            sink = io.BytesIO()
-            pq.write_table(table.set_column(at, "batch_id", ids_), sink)
-            fence()
-            store.put_if_absent(backfill_key(new.number), sink.getvalue())
-        rescale.failpoint("switch")
-        fence()
-        rescale.switch(checkpoint, aggregation, new, old)
+            store_backfilled(checkpoint, new.number, table.set_column(at, "batch_id", ids_), fence)
+        rescale.switch(checkpoint, aggregation, new, old, fence)
     batches.put(r, replace(plan, done=True, totals=dict(savepoint.totals)))
     store.put_if_absent(done_key, json.dumps({"batch": r}).encode())
     say(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream.batchlog import open_batches
-from riverbed.stream.changes import Plan, legacy_shape, plan, shape, shape_hash
+from riverbed.stream.changes import Plan, legacy_record, legacy_shape, plan, shape, shape_hash
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import SPEC, checkpoint_store, record_format, spec_key
 
@@ -75,11 +75,14 @@ def plan_start(
     spec: Aggregation,
     source: Mapping[str, str] | None = None,
     savepoint: Savepoint | None = None,
+    estimated: bool = True,
 ) -> Plan:
     """What starting ``spec`` on ``checkpoint`` does; reads only. ``source``: the
     options of the source's log (a riverbed or Kafka topic, whose retained records a
     backfill reads again; None: a source that cannot be read again). ``savepoint``:
-    the savepoint the run starts from (its spec is compared with instead)."""
+    the savepoint the run starts from (its spec is compared with instead).
+    ``estimated``: say what a backfill reads (every retained batch record and the
+    topic's offsets are read for it; the run itself reads them once, in the backfill)."""
     from riverbed.stream import backfill, rescale
 
     if savepoint is not None:
@@ -90,15 +93,8 @@ def plan_start(
         now = rescale.current(checkpoint, int(was["state_partitions"]))
         was = {**was, "state_partitions": now.partitions}
     decided = plan(spec.name, was, shape(spec), since, None if source else NOT_REPLAYED)
-    if decided.backfilled and source is not None and not decided.refused:
-        from riverbed.spark.source import open_log
-
-        topic_log = open_log(dict(source))
-        try:
-            retained = {o.partition: (o.start, o.end) for o in topic_log.offsets(source["topic"])}
-        finally:
-            topic_log.close()
-        decided = replace(decided, replay=backfill.estimate(checkpoint, retained))
+    if estimated and decided.backfilled and source is not None and not decided.refused:
+        decided = replace(decided, replay=backfill.estimate(checkpoint, source))
     return decided
 
 
@@ -107,11 +103,12 @@ def check(
     spec: Aggregation,
     source: Mapping[str, str] | None = None,
     savepoint: Savepoint | None = None,
+    estimated: bool = True,
 ) -> Plan:
     """The plan of starting ``spec`` (from ``savepoint``, if given), or
     :class:`StreamValueError` with the plan's words when it refuses (nothing is written
     either way)."""
-    decided = plan_start(checkpoint, spec, source, savepoint)
+    decided = plan_start(checkpoint, spec, source, savepoint, estimated)
     refusal = decided.refusal()
     if refusal is not None:
         raise StreamValueError(f"{refusal} (`riverbed stream plan SPEC` shows every change)")
@@ -123,8 +120,8 @@ def start(
 ) -> tuple[str, Plan]:
     """Check ``spec`` against the checkpoint (:func:`check`: refused as ``stream plan``
     says), then record its shape; returns the hash new batch records carry, and the
-    plan."""
-    decided = check(checkpoint, spec, source)
+    plan (without the backfill's estimate: the run reads what it said)."""
+    decided = check(checkpoint, spec, source, estimated=False)
     record_format(checkpoint)
     now = shape(spec)
     digest = shape_hash(now)
@@ -137,8 +134,4 @@ def start(
 
 def legacy_spec(spec: Aggregation) -> dict[str, Any]:
     """``riverbed/spec.json``'s object (what riverbed before shapes read)."""
-    return {
-        "name": spec.name,
-        "state_partitions": spec.state_partitions,
-        "windows": "sessions" if spec.sessions else "fixed",
-    }
+    return legacy_record(spec.name, spec.state_partitions, spec.sessions)
