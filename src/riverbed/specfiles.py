@@ -17,7 +17,7 @@ from types import ModuleType
 
 from riverbed.errors import SpecError
 
-__all__ = ["NAME", "code_version", "git_sha", "import_file"]
+__all__ = ["NAME", "code_version", "git_sha", "import_file", "source_of"]
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")  # a spec's name: its file's stem
 
@@ -71,6 +71,16 @@ def code_version(source: bytes, git: str | None) -> str:
     """What a run records as the code's version: the git SHA and the source's hash."""
     digest = hashlib.sha256(source).hexdigest()[:12]
     return f"git:{git} src:{digest}" if git else f"src:{digest}"
+
+
+def source_of(version: str) -> str:
+    """The source hash part (``src:…``) of a :func:`code_version`; ``""`` when the
+    version is unknown (recorded before riverbed kept it). Staleness compares this part:
+    the git SHA moves with every commit of the repository, related to the job or not."""
+    for part in version.split():
+        if part.startswith("src:"):
+            return part
+    return ""
 
 
 def _where(exc: BaseException, path: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,86 @@ def test_a_broken_module_and_a_cycle_are_named(env: dict[str, str]) -> None:
     (jobs / "E.py").write_text(MODULE.format(spec='Job(main=main, dependencies=[Dependency("A")])'))
     out = run(env, "jobs", "plan", "A")
     assert "A → B → E → A" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_code_change_makes_chunks_stale_and_submit_stale_reruns_only_those(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A job edited after its runs: ``jobs plan`` names every chunk whose last success ran
+    the old source, ``--stale`` keeps what the new source already ran, and a dependency
+    fresh within its max_lag runs again once its own source changed."""
+    jobs = Path(env["RIVERBED_JOBS_DIR"])
+    ran = tmp_path / "ran.log"
+    module = (
+        "from riverbed.jobs import Dependency, Job\n\n"
+        "def main(ctx, work_ids, **kwargs):\n"
+        f"    with open({str(ran)!r}, 'a') as f:\n"
+        "        f.write(f'{{ctx.job}} v{version} {{work_ids}}\\n')\n\n"
+        "job = {spec}\n"
+    )
+
+    def write(name: str, version: int, spec: str) -> None:
+        (jobs / f"{name}.py").write_text(module.format(version=version, spec=spec))
+
+    def ran_lines() -> list[str]:
+        lines = ran.read_text().splitlines()
+        ran.write_text("")
+        return sorted(lines)
+
+    top = 'Job(main=main, chunk_size=2, dependencies=[Dependency("base", max_lag="1h")])'
+    write("top", 1, top)
+    write("base", 1, "Job(main=main, chunk_size=6)")
+    assert run(env, "jobs", "run", "top", "--work-ids", "1-6").returncode == 0
+    assert ran_lines() == [
+        "base v1 [1, 2, 3, 4, 5, 6]",
+        "top v1 [1, 2]",
+        "top v1 [3, 4]",
+        "top v1 [5, 6]",
+    ]
+
+    def plan(*extra: str) -> dict[str, Any]:
+        out = run(env, "jobs", "plan", "top", "--work-ids", "1-6", "--json", *extra)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert [r["why"] for r in plan()["rows"][1:]] == ["submitted"] * 3  # base: fresh, same code
+    nothing = plan("--stale")
+    assert nothing["rows"][1:] == []
+    assert [(p[1], p[2]) for p in nothing["pruned"]] == [
+        ([1, 2], "kept: its last success ran this code"),
+        ([3, 4], "kept: its last success ran this code"),
+        ([5, 6], "kept: its last success ran this code"),
+    ]
+
+    write("top", 2, top)  # the user fixes the job
+    table = run({**env, "COLUMNS": "250"}, "jobs", "plan", "top", "--work-ids", "1-6")
+    assert table.stdout.count("code changed (src:") == 3, table.stdout
+    assert "3 chunk(s) of top last ran other code" in table.stdout
+    assert "jobs submit top --stale" in table.stdout
+    # one chunk re-run by hand with the new code; --stale then runs the two others only
+    assert run(env, "jobs", "run", "top", "--work-ids", "3-4").returncode == 0
+    assert ran_lines() == ["top v2 [3, 4]"]
+    (fresh,) = json.loads(run(env, "jobs", "freshness", "top", "--json").stdout)
+    assert sorted(fresh["code_versions"].values()) == [2, 4]  # 3-4 on v2, the rest on v1
+    stale = plan("--stale")
+    assert [(r["work_ids"], r["why"].split(" (")[0]) for r in stale["rows"][1:]] == [
+        ([1, 2], "code changed"),
+        ([5, 6], "code changed"),
+    ]
+    out = run(env, "jobs", "run", "top", "--work-ids", "1-6", "--stale")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ran_lines() == ["top v2 [1, 2]", "top v2 [5, 6]"]
+    assert plan("--stale")["rows"][1:] == []
+    out = run(env, "jobs", "submit", "top", "--work-ids", "1-6", "--stale")
+    assert "0 chunk(s) queued, 0 reused, 3 kept (their last success ran this code)" in out.stdout
+
+    write("base", 2, "Job(main=main, chunk_size=6)")  # a dependency's code changed
+    rows = plan()["rows"]
+    (base,) = [r for r in rows if r["job"] == "base"]
+    assert base["why"].startswith("code changed (src:")
+    # work ids that never ran are stale too: with new ones, --stale runs only theirs
+    stale = plan("--stale", "--work-ids", "1-8")
+    assert [(r["job"], r["work_ids"], r["why"]) for r in stale["rows"][1:]] == [
+        ("top", [7, 8], "work id 7 never succeeded"),
+        ("base", [7, 8], "work id 7 never succeeded"),
+    ]

@@ -277,3 +277,79 @@ def test_cycles_are_found_exactly(specs: dict[str, Job]) -> None:
         assert cycle[0] == cycle[-1]
         for x, y in itertools.pairwise(cycle):
             assert y in {d.job for d in specs[x].dependencies}
+
+
+# -- code versions: staleness by a change of the job's source ----------------------------
+
+VERSIONS = ["", "git:aaa src:111", "git:bbb src:111", "git:ccc src:222"]  # "": not recorded
+
+
+def _source(v: str) -> str:
+    return v.split("src:")[1] if "src:" in v else ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.lists(st.integers(0, 15), unique=True, min_size=1, max_size=15),
+    st.dictionaries(st.integers(0, 15), st.sampled_from(VERSIONS)),
+    st.sampled_from(VERSIONS[1:]),
+)
+def test_stale_only_runs_exactly_the_chunks_the_current_source_has_not_run(
+    size: int, ids: list[int], ran: dict[int, str], current: str
+) -> None:
+    specs = {"A": job("A", size)}
+    fresh = Freshness()
+    for w, v in ran.items():
+        fresh.record("A", "{}", [w], 10.0 + w, v)
+    plan = resolve(specs, "A", ids, {}, fresh, now=100.0, code={"A": current}, stale_only=True)
+    runs = {c.work_ids: c.why for c in plan.chunks}
+    kept = {p[1] for p in plan.pruned}
+    ordered = sorted(ids)
+    for lo in range(0, len(ordered), size):
+        chunk = tuple(ordered[lo : lo + size])
+        never = [w for w in chunk if w not in ran]
+        # a commit elsewhere in the repository (same src:) changes nothing; no record: current
+        changed = [w for w in chunk if _source(ran.get(w, "")) not in ("", _source(current))]
+        assert (chunk in runs) == bool(never or changed), (chunk, ran, current)
+        assert (chunk in kept) != (chunk in runs)
+        if changed and chunk in runs and "code changed" in runs[chunk]:
+            assert f"src:{_source(current)}" in runs[chunk]
+        elif chunk in runs:
+            assert "never succeeded" in runs[chunk] or "code changed" in runs[chunk]
+    # without stale_only every root chunk runs, saying when its code changed
+    full = resolve(specs, "A", ids, {}, fresh, now=100.0, code={"A": current})
+    assert sorted(w for c in full.chunks for w in c.work_ids) == ordered
+    for c in full.chunks:
+        changed = any(_source(ran.get(w, "")) not in ("", _source(current)) for w in c.work_ids)
+        assert ("code changed" in c.why) == changed
+        assert c.why.startswith("submitted")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 10), unique=True, min_size=1, max_size=10),
+    st.dictionaries(st.integers(0, 10), st.sampled_from(VERSIONS)),
+    st.sampled_from(VERSIONS[1:]),
+    st.booleans(),
+)
+def test_a_dependency_fresh_within_max_lag_runs_again_when_its_source_changed(
+    ids: list[int], ran: dict[int, str], current: str, allow_missing: bool
+) -> None:
+    specs = {
+        "A": job("A", None, Dependency("B", max_lag="1h", allow_missing_work_ids=allow_missing)),
+        "B": job("B", None),
+    }
+    fresh = Freshness()
+    for w, v in sorted(ran.items()):
+        fresh.record("B", "{}", [w], 50.0 + w, v)
+    plan = resolve(specs, "A", ids, {}, fresh, now=100.0, code={"A": "src:x", "B": current})
+    b = [c for c in plan.chunks if c.job == "B"]
+    if allow_missing:  # only whether B ran at all, and the newest success's code
+        newest = ran[max(ran)] if ran else None
+        stale = newest is None or _source(newest) not in ("", _source(current))
+    else:
+        stale = any(w not in ran or _source(ran[w]) not in ("", _source(current)) for w in ids)
+    assert bool(b) == stale, (ran, current)
+    if b and ran and all(w in ran for w in ids) and not allow_missing:
+        assert b[0].why.startswith("code changed")

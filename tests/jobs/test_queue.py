@@ -107,6 +107,38 @@ def test_a_graph_runs_in_dependency_order_and_records_freshness(queue: JobQueue)
     assert sorted(by_job(queue, again)) == ["A"]
 
 
+def test_a_success_records_the_code_version_it_ran_and_a_later_one_replaces_it(
+    queue: JobQueue,
+) -> None:
+    """Both success paths (one chunk; a batch with a claim) keep each work id's code
+    version beside its time, and a run without work ids keeps the job's; a submission
+    reads them back (``inputs``) for the resolver's staleness by code."""
+    specs = {"A": job("A", None, Dependency("B")), "B": job("B", 2), "N": job("N", None)}
+    old = {"A": Policy(code_version="git:1 src:old"), "B": Policy(code_version="git:1 src:old")}
+    submit(queue, specs, "A", [1, 2, 3, 4], old)
+    b1, b2 = sorted(queue.claim("w1", "h", limit=2), key=lambda c: c.id)
+    queue.succeed(b1.id, b1.attempt)
+    (a,) = queue.succeed_and_claim(b2, False, "w1", "h", limit=5)
+    queue.succeed_many_and_claim([(a, False)], "w1", "h", limit=1)
+    submit(queue, {"B": specs["B"]}, "B", [3, 4], {"B": Policy(code_version="git:2 src:new")})
+    (b,) = queue.claim("w1", "h")
+    queue.succeed_many_and_claim([(b, False)], "w1", "h", limit=1)
+    submit(queue, {"N": specs["N"]}, "N", [], {"N": Policy(code_version="src:n1")})
+    (n,) = queue.claim("w1", "h")
+    queue.succeed(n.id, n.attempt)
+    with queue.db.read() as conn:
+        fresh, _ = queue.inputs(conn, [("B", "{}"), ("A", "{}"), ("N", "{}")], lock=False)
+    assert fresh.code_by_id[("B", "{}")] == {
+        1: "git:1 src:old",
+        2: "git:1 src:old",
+        3: "git:2 src:new",
+        4: "git:2 src:new",
+    }
+    assert fresh.code_by_id[("A", "{}")] == dict.fromkeys([1, 2, 3, 4], "git:1 src:old")
+    assert fresh.latest_code[("N", "{}")] == "src:n1"
+    assert fresh.latest_code[("B", "{}")] == "git:2 src:new"
+
+
 def test_a_dependency_counts_only_when_it_succeeded(queue: JobQueue) -> None:
     master = submit(queue, SEED, "A", [1, 2, 3, 4, 5, 6])
     order = drain(queue, fail_if=lambda c: c.job == "E")

@@ -47,6 +47,12 @@ def _graph_args(c: argparse.ArgumentParser) -> None:
         metavar="K=V",
         help="keyword argument for main (V is JSON, else a string); repeatable",
     )
+    c.add_argument(
+        "--stale",
+        action="store_true",
+        help="only the chunks the job's current code has not run: a work id that never "
+        "succeeded, or whose last success ran another source of the job",
+    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -230,6 +236,7 @@ def _plan_rows(plan: Any) -> list[dict[str, Any]]:
                 "kwargs": c.kwargs,
                 "work_ids": list(c.work_ids),
                 "dependencies": [u + 1 for u in c.upstream],
+                "why": c.why,
             }
         )
     return rows
@@ -238,13 +245,20 @@ def _plan_rows(plan: Any) -> list[dict[str, Any]]:
 def _plan(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import plan
 
-    result = plan(env.catalog, env.queue, args.job, args.work_ids, _kwargs(args.kwarg))
+    result = plan(
+        env.catalog,
+        env.queue,
+        args.job,
+        args.work_ids,
+        _kwargs(args.kwarg),
+        stale_only=args.stale,
+    )
     rows = _plan_rows(result)
     if args.json:
         _print_json({"rows": rows, "pruned": [list(p) for p in result.pruned]})
         return 0
     table = Table(title=f"plan for {args.job} ({len(result.work_ids)} work ids)")
-    for col in ("id", "job", "status", "kwargs", "work ids", "dependencies"):
+    for col in ("id", "job", "status", "kwargs", "work ids", "dependencies", "why"):
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -254,24 +268,43 @@ def _plan(env: _Env, args: argparse.Namespace) -> int:
             json.dumps(r["kwargs"]) if r["kwargs"] else "",
             _ids(r["work_ids"]),
             json.dumps(r["dependencies"]) if r["dependencies"] else "",
+            r.get("why", ""),
         )
     out.print(table)
     for job, ids, why in result.pruned:
         out.print(f"pruned {job} {_ids(ids)}: {why}")
+    changed = [c for c in result.chunks if c.job == args.job and "code changed" in c.why]
+    if changed and not args.stale:
+        out.print(
+            f"{len(changed)} chunk(s) of {args.job} last ran other code; "
+            f"`riverbed jobs submit {args.job} --stale` runs only the chunks its current "
+            "code has not run"
+        )
     return 0
 
 
 def _submit(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import submit
 
-    master, plan = submit(env.catalog, env.queue, args.job, args.work_ids, _kwargs(args.kwarg))
+    master, plan = submit(
+        env.catalog,
+        env.queue,
+        args.job,
+        args.work_ids,
+        _kwargs(args.kwarg),
+        stale_only=args.stale,
+    )
     new = len(plan.new_chunks)
     reused = len(plan.chunks) - new
     if not args.wait:
+        kept = sum(1 for p in plan.pruned if p[2].startswith("kept"))
         if args.json:
-            _print_json({"run": master, "chunks": new, "reused": reused})
+            _print_json({"run": master, "chunks": new, "reused": reused, "kept": kept})
         else:
-            out.print(f"run {master}: {new} chunk(s) queued, {reused} reused")
+            out.print(
+                f"run {master}: {new} chunk(s) queued, {reused} reused"
+                + (f", {kept} kept (their last success ran this code)" if args.stale else "")
+            )
         return 0
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     while True:
@@ -294,7 +327,14 @@ def _run(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import submit
     from riverbed.jobs.worker import run_here
 
-    master, plan = submit(env.catalog, env.queue, args.job, args.work_ids, _kwargs(args.kwarg))
+    master, plan = submit(
+        env.catalog,
+        env.queue,
+        args.job,
+        args.work_ids,
+        _kwargs(args.kwarg),
+        stale_only=args.stale,
+    )
     if not args.json:
         out.print(f"run {master}: {len(plan.new_chunks)} chunk(s); running them here")
 
@@ -438,7 +478,7 @@ def _freshness(env: _Env, args: argparse.Namespace) -> int:
         out.print(f"job '{args.job}' has never succeeded")
         return 0
     table = Table(title=f"freshness of {args.job}")
-    for col in ("kwargs", "work ids", "oldest success", "newest success", "age of oldest"):
+    for col in ("kwargs", "work ids", "oldest success", "newest success", "age of oldest", "code"):
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -447,6 +487,9 @@ def _freshness(env: _Env, args: argparse.Namespace) -> int:
             _ts(r["oldest"], short=True),
             _ts(r["newest"], short=True),
             f"{r['now'] - r['oldest']:.1f}s",
+            ", ".join(
+                f"{code or 'not recorded'} ({n})" for code, n in sorted(r["code_versions"].items())
+            ),
         )
     out.print(table)
     return 0

@@ -128,15 +128,17 @@ class Claims(QueueBase):
         published one) — only for the current attempt."""
         with self.db.write() as conn:
             row = conn.execute(
-                select(chunks.c.job, chunks.c.kwargs, chunks.c.work_ids).where(
-                    chunks.c.id == chunk_id
-                )
+                select(
+                    chunks.c.job, chunks.c.kwargs, chunks.c.work_ids, chunks.c.code_version
+                ).where(chunks.c.id == chunk_id)
             ).first()
             if row is None:
                 raise NotFoundError(f"no chunk {chunk_id}")
-            self._succeed(
-                conn, chunk_id, attempt, output, row.job, row.kwargs, json.loads(row.work_ids)
+            ids = json.loads(row.work_ids)
+            claim = Claim(
+                chunk_id, None, row.job, "", {}, ids, attempt, None, row.code_version, row.kwargs
             )
+            self._succeed(conn, claim, output)
 
     def succeed_and_claim(
         self,
@@ -153,14 +155,7 @@ class Claims(QueueBase):
         is no longer ours."""
         with self.db.write() as conn:
             return self._succeed(
-                conn,
-                claim.id,
-                claim.attempt,
-                output,
-                claim.job,
-                claim.kwargs_json,
-                claim.work_ids,
-                (worker, host, limit, kinds) if limit > 0 else None,
+                conn, claim, output, (worker, host, limit, kinds) if limit > 0 else None
             )
 
     def succeed_many_and_claim(
@@ -184,19 +179,14 @@ class Claims(QueueBase):
     def _succeed(
         self,
         conn: Connection,
-        chunk_id: int,
-        attempt: int,
+        claim: Claim,
         output: bool,
-        job: str,
-        kwargs_json: str,
-        work_ids: Sequence[int],
         then_claim: tuple[str, str, int, Sequence[str]] | None = None,
     ) -> list[Claim]:
-        claim = Claim(chunk_id, None, job, "", {}, list(work_ids), attempt, None, "", kwargs_json)
         (ok,), claimed = self._record_successes(conn, [(claim, output)], then_claim)
         if not ok:  # nothing was changed; the transaction is rolled back all the same
             raise FencedError(
-                f"chunk {chunk_id} attempt {attempt} is no longer running under this "
+                f"chunk {claim.id} attempt {claim.attempt} is no longer running under this "
                 "claim (reclaimed, cancelled or already recorded); its result is discarded"
             )
         return self._claimed(conn, claimed) if claimed else []
@@ -226,6 +216,7 @@ class Claims(QueueBase):
                             "b_kwargs": c.kwargs_json,
                             "b_output": c.attempt if output else None,
                             "b_work_ids": list(c.work_ids),
+                            "b_code_version": c.code_version,
                         },
                     )
                     for c, output in ended
@@ -241,7 +232,11 @@ class Claims(QueueBase):
         else:  # SQLite answers each statement at once: check the fence first
             for c, output in ended:
                 ids = {"b_id": c.id, "b_attempt": c.attempt}
-                key = {"b_job": c.job, "b_kwargs": c.kwargs_json}
+                key = {
+                    "b_job": c.job,
+                    "b_kwargs": c.kwargs_json,
+                    "b_code_version": c.code_version,
+                }
                 if not sql.succeed(conn, {**ids, "b_output": c.attempt if output else None}):
                     oks.append(False)
                     continue

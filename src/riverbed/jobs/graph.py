@@ -11,12 +11,18 @@ Given the specs, the root (master) job, its work ids and kwargs, what succeeded 
 2. **Chunks**: every node splits the graph's sorted work ids by its own chunk size;
    chunk *i* of a node covers ranks ``[i·size, (i+1)·size)``. No work ids: one chunk
    with none.
-3. **Top-down pruning, per chunk**: every root chunk runs. A dependency chunk runs
+3. **Top-down pruning, per chunk**: every root chunk runs (with ``stale_only``, only
+   the root chunks the current code has not run: some work id never succeeded, or its
+   newest success ran another source of the job). A dependency chunk runs
    when it intersects a running chunk of a parent *and* is stale for that edge: some
    work id in it never succeeded with these kwargs, or succeeded ``max_lag`` or more
    ago (ages are differences of the database's own timestamps; ``max_lag=0`` always
-   runs). ``allow_missing_work_ids`` asks only whether the job succeeded at all within
-   ``max_lag``. A pruned chunk prunes everything below it that only it needed.
+   runs), or its newest success ran another source of the job than the current one
+   (``code``: job → :func:`~riverbed.specfiles.code_version`; the ``src:`` parts are
+   compared, :func:`~riverbed.specfiles.source_of`; a success recorded without a
+   version is taken as current). ``allow_missing_work_ids`` asks only whether the job
+   succeeded at all within ``max_lag``. A pruned chunk prunes everything below it that
+   only it needed. Each chunk says why it runs (``PlannedChunk.why``).
 4. **Links** exactly where work ids intersect: a running chunk waits for every running
    chunk of its dependencies that shares a work id with it.
 5. **Reuse**: a chunk whose every work id is already covered by queued or running
@@ -31,12 +37,14 @@ from typing import Any
 
 from riverbed.jobs.errors import CycleError, SpecError
 from riverbed.jobs.spec import Dependency, Job, canonical_kwargs
+from riverbed.specfiles import source_of
 
 __all__ = [
     "ActiveChunk",
     "Freshness",
     "Plan",
     "PlannedChunk",
+    "code_changed",
     "find_cycle",
     "node_keys",
     "resolve",
@@ -58,17 +66,24 @@ class ActiveChunk:
 @dataclass
 class Freshness:
     """When each (job, kwargs) last succeeded, per work id and overall (database clock,
-    seconds)."""
+    seconds), and which code version that success ran (``""``: not recorded)."""
 
     by_id: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
     latest: dict[tuple[str, str], float] = field(default_factory=dict)
+    code_by_id: dict[tuple[str, str], dict[int, str]] = field(default_factory=dict)
+    latest_code: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def record(self, job: str, kwargs: str, work_ids: Sequence[int], at: float) -> None:
-        ids = self.by_id.setdefault((job, kwargs), {})
-        for w in work_ids:
-            ids[w] = max(at, ids.get(w, at))
+    def record(
+        self, job: str, kwargs: str, work_ids: Sequence[int], at: float, code: str = ""
+    ) -> None:
         key = (job, kwargs)
-        self.latest[key] = max(at, self.latest.get(key, at))
+        ids = self.by_id.setdefault(key, {})
+        codes = self.code_by_id.setdefault(key, {})
+        for w in work_ids:
+            if w not in ids or at >= ids[w]:
+                ids[w], codes[w] = at, code
+        if key not in self.latest or at >= self.latest[key]:
+            self.latest[key], self.latest_code[key] = at, code
 
 
 @dataclass
@@ -82,6 +97,7 @@ class PlannedChunk:
     work_ids: tuple[int, ...]
     upstream: list[int] = field(default_factory=list)  # indices into Plan.chunks
     reuse: int | None = None
+    why: str = ""  # why it runs: "submitted", "code changed (src:… → src:…)", …
 
 
 @dataclass
@@ -203,6 +219,36 @@ def _overlapping(lo: int, hi: int, size: int | None, n: int) -> range:
     return range(lo // step, (hi - 1) // step + 1)
 
 
+def code_changed(
+    job: str, kwargs: str, ids: Sequence[int], fresh: Freshness, current: str | None
+) -> str | None:
+    """``code changed (src:a → src:b)`` when the newest success of a work id of the chunk
+    (of the job, for a chunk without work ids) ran another source than ``current``;
+    None when it ran this one, never ran, or recorded no version."""
+    now = source_of(current or "")
+    if not now:
+        return None
+    if ids:
+        codes = fresh.code_by_id.get((job, kwargs), {})
+        ran = [source_of(codes.get(w, "")) for w in ids]
+    else:
+        ran = [source_of(fresh.latest_code.get((job, kwargs), ""))]
+    for old in ran:
+        if old and old != now:
+            return f"code changed ({old} → {now})"
+    return None
+
+
+def _never(job: str, kwargs: str, ids: Sequence[int], fresh: Freshness) -> str | None:
+    if not ids:
+        return None if (job, kwargs) in fresh.latest else "never succeeded"
+    by_id = fresh.by_id.get((job, kwargs), {})
+    for w in ids:
+        if w not in by_id:
+            return f"work id {w} never succeeded"
+    return None
+
+
 def _stale(
     dep: Dependency,
     job: str,
@@ -210,6 +256,7 @@ def _stale(
     ids: Sequence[int],
     fresh: Freshness,
     now: float,
+    current: str | None,
 ) -> str | None:
     """Why the chunk must run for this edge, or None when it is fresh."""
     lag = dep.max_lag_seconds
@@ -219,7 +266,9 @@ def _stale(
         last = fresh.latest.get((job, kwargs))
         if last is None:
             return "never succeeded"
-        return None if now - last < lag else "older than max_lag"
+        if now - last >= lag:
+            return "older than max_lag"
+        return code_changed(job, kwargs, (), fresh, current)
     by_id = fresh.by_id.get((job, kwargs), {})
     for w in ids:
         at = by_id.get(w)
@@ -227,7 +276,7 @@ def _stale(
             return f"work id {w} never succeeded"
         if now - at >= lag:
             return f"work id {w} older than max_lag"
-    return None
+    return code_changed(job, kwargs, ids, fresh, current)
 
 
 def resolve(
@@ -238,8 +287,11 @@ def resolve(
     freshness: Freshness | None = None,
     active: Sequence[ActiveChunk] = (),
     now: float = 0.0,
+    code: Mapping[str, str] | None = None,
+    stale_only: bool = False,
 ) -> Plan:
     """Resolve ``root`` over ``work_ids`` into a :class:`Plan` (see the module doc)."""
+    code = code or {}
     if root not in specs:
         raise SpecError(f"no job '{root}' among the loaded specs")
     fresh = freshness or Freshness()
@@ -276,7 +328,14 @@ def resolve(
             parents: list[int] = []
             why: str | None = None
             if key == topo[0]:
-                why = "submitted"
+                changed = code_changed(key[0], key[1], chunk_ids, fresh, code.get(key[0]))
+                if not stale_only:
+                    why = f"submitted; {changed}" if changed else "submitted"
+                else:
+                    why = changed or _never(key[0], key[1], chunk_ids, fresh)
+                    if why is None:
+                        pruned.append((key[0], chunk_ids, "kept: its last success ran this code"))
+                        continue
             else:
                 for parent_key, dep in node.parents:
                     p_size = nodes[parent_key].job.chunk_size
@@ -288,7 +347,7 @@ def resolve(
                     ]
                     if not hits:
                         continue
-                    reason = _stale(dep, key[0], key[1], chunk_ids, fresh, now)
+                    reason = _stale(dep, key[0], key[1], chunk_ids, fresh, now, code.get(key[0]))
                     parents.extend(hits)
                     if reason is not None and why is None:
                         why = reason
@@ -310,13 +369,14 @@ def resolve(
                                 key[1],
                                 by_id[chunk_id].work_ids,
                                 reuse=chunk_id,
+                                why=why,
                             )
                         )
                     indices.append(reused[chunk_id])
             else:
                 indices = [len(chunks)]
                 chunks.append(
-                    PlannedChunk(len(chunks), key[0], dict(node.kwargs), key[1], chunk_ids)
+                    PlannedChunk(len(chunks), key[0], dict(node.kwargs), key[1], chunk_ids, why=why)
                 )
                 expand[key].add(pos)
             placed[key][pos] = indices

@@ -163,7 +163,8 @@ class QueueReader:
             return [_row(r) for r in conn.execute(q.order_by(chunks.c.id.desc()).limit(limit))]
 
     def freshness(self, job: str) -> list[dict[str, Any]]:
-        """Per kwargs: work ids known, oldest and newest success (database clock)."""
+        """Per kwargs: work ids known, oldest and newest success (database clock), and
+        how many work ids' newest success ran each code version (``""``: not recorded)."""
         with self.db.read() as conn:
             now = self._now(conn)
             rows = conn.execute(
@@ -186,9 +187,20 @@ class QueueReader:
                 }
                 for kw, n, lo, hi in rows
             ]
+            codes: dict[str, dict[str, int]] = {}
+            for kw, code, n in conn.execute(
+                select(freshness.c.kwargs, freshness.c.code_version, func.count())
+                .where(freshness.c.job == job)
+                .group_by(freshness.c.kwargs, freshness.c.code_version)
+            ):
+                codes.setdefault(kw, {})[code] = int(n)
+            for o in out:
+                o["code_versions"] = codes.get(o["kwargs"], {})
             seen = {o["kwargs"] for o in out}
-            for kw, at in conn.execute(
-                select(latest.c.kwargs, latest.c.succeeded_at).where(latest.c.job == job)
+            for kw, at, code in conn.execute(
+                select(latest.c.kwargs, latest.c.succeeded_at, latest.c.code_version).where(
+                    latest.c.job == job
+                )
             ):
                 if kw not in seen:
                     out.append(
@@ -198,6 +210,7 @@ class QueueReader:
                             "oldest": float(at),
                             "newest": float(at),
                             "now": now,
+                            "code_versions": {code: 1},
                         }
                     )
             return out

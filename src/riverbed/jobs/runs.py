@@ -52,14 +52,22 @@ def policies(catalog: Catalog, specs: Mapping[str, Job]) -> dict[str, Policy]:
     return out
 
 
+def code_versions(catalog: Catalog, specs: Mapping[str, Job]) -> dict[str, str]:
+    """Each job's current code version (what a chunk submitted now would run)."""
+    return {name: catalog.get(name).code_version for name in specs}
+
+
 def plan(
     catalog: Catalog,
     queue: JobQueue | None,
     job: str,
     work_ids: Sequence[int] | str | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    *,
+    stale_only: bool = False,
 ) -> Plan:
-    """Resolve without writing anything (freshness and active chunks from ``queue``)."""
+    """Resolve without writing anything (freshness and active chunks from ``queue``);
+    ``stale_only``: the root's chunks only where the current code has not run them."""
     kwargs = dict(kwargs or {})
     specs = catalog.closure(job)
     ids = work_ids_for(catalog, job, work_ids, kwargs)
@@ -68,7 +76,8 @@ def plan(
         with queue.db.read() as conn:
             fresh, active = queue.inputs(conn, node_keys(specs, job, kwargs), lock=False)
             now = queue._now(conn)
-    return resolve(specs, job, ids, kwargs, fresh, active, now)
+    code = code_versions(catalog, specs)
+    return resolve(specs, job, ids, kwargs, fresh, active, now, code, stale_only)
 
 
 def submit(
@@ -82,15 +91,18 @@ def submit(
     schedule: str | None = None,
     fire_time: float | None = None,
     parent: int | None = None,
+    stale_only: bool = False,
 ) -> tuple[int, Plan]:
-    """Resolve and queue a run in one transaction; returns (master id, plan)."""
+    """Resolve and queue a run in one transaction; returns (master id, plan).
+    ``stale_only``: the root's chunks only where the current code has not run them."""
     kwargs = dict(kwargs or {})
     specs = catalog.closure(job)
     ids = work_ids_for(catalog, job, work_ids, kwargs)
     nodes = node_keys(specs, job, kwargs)
+    code = code_versions(catalog, specs)
 
     def plan_for(fresh: Freshness, active: Sequence[ActiveChunk], now: float) -> Plan:
-        return resolve(specs, job, ids, kwargs, fresh, active, now)
+        return resolve(specs, job, ids, kwargs, fresh, active, now, code, stale_only)
 
     return queue.submit(
         nodes,
@@ -119,9 +131,10 @@ def rerun(catalog: Catalog, queue: JobQueue, run_or_chunk: int) -> int:
     spec = catalog.get(row["job"]).spec
     single = {row["job"]: _without_dependencies(spec)}
     nodes = node_keys(single, row["job"], kwargs)
+    code = code_versions(catalog, single)
 
     def plan_for(fresh: Freshness, active: Sequence[ActiveChunk], now: float) -> Plan:
-        return resolve(single, row["job"], ids, kwargs, fresh, (), now)
+        return resolve(single, row["job"], ids, kwargs, fresh, (), now, code)
 
     master, _ = queue.submit(nodes, plan_for, policies(catalog, single), parent=run_or_chunk)
     return master

@@ -144,6 +144,9 @@ freshness = Table(
     Column("kwargs", Text, primary_key=True),
     Column("work_id", BigInteger, primary_key=True),
     Column("succeeded_at", Float, nullable=False),
+    # the code version that success ran (riverbed.specfiles.code_version); added after
+    # version 1 (older rows: "", taken as the current code)
+    Column("code_version", Text, nullable=False, server_default=""),
 )
 
 # The last success of a (job, kwargs) run without work ids; with work ids, the last
@@ -155,6 +158,7 @@ latest = Table(
     Column("job", Text, primary_key=True),
     Column("kwargs", Text, primary_key=True),
     Column("succeeded_at", Float, nullable=False),
+    Column("code_version", Text, nullable=False, server_default=""),  # added after version 1
 )
 
 schedules = Table(
@@ -308,15 +312,18 @@ class Database:
                 for index in table.indexes:
                     index.create(conn, checkfirst=True)
             conn.execute(text("DROP INDEX IF EXISTS rb_jobs_claim"))
-            # Columns added since (create_all adds none to an existing table).
-            have = {c["name"] for c in inspect(conn).get_columns("rb_jobs_schedules")}
-            if "catchup" not in have:
-                conn.execute(
-                    text(
-                        "ALTER TABLE rb_jobs_schedules "
-                        "ADD COLUMN catchup TEXT NOT NULL DEFAULT 'all'"
+            # Columns added since (create_all adds none to an existing table): each one
+            # has a default, so a riverbed of the same schema version without it still
+            # writes rows.
+            for added_to, column, default in _ADDED:
+                have = {c["name"] for c in inspect(conn).get_columns(added_to)}
+                if column not in have:
+                    conn.execute(
+                        text(
+                            f"ALTER TABLE {added_to} ADD COLUMN {column} TEXT NOT NULL "
+                            f"DEFAULT '{default}'"
+                        )
                     )
-                )
             row = conn.execute(select(meta.c.schema_version).where(meta.c.id == 1)).first()
             if row is None:
                 conn.execute(
@@ -342,6 +349,12 @@ class Database:
             self.reader.dispose()
 
 
+# (table, column, default) of the TEXT columns added after a schema version's first release
+_ADDED = (
+    ("rb_jobs_schedules", "catchup", "all"),
+    ("rb_jobs_freshness", "code_version", ""),
+    ("rb_jobs_latest", "code_version", ""),
+)
 _NOTIFY = text("SELECT pg_notify('rb_jobs', '')")
 # One advisory lock key for schema changes of this database (any constant works; this
 # one spells "rbschema" in ASCII so it is recognisable in pg_locks).

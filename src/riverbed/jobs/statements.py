@@ -40,11 +40,13 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from riverbed.jobs.schema import attempts, chunks, db_now, edges, freshness, latest, members
 
 
-def upsert(dialect: str, table: Any, keys: list[str], col: str) -> Any:
-    """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col (both dialects)."""
+def upsert(dialect: str, table: Any, keys: list[str], *cols: str) -> Any:
+    """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col, … (both dialects)."""
     mod = pg_dialect if dialect == "postgresql" else sqlite_dialect
     stmt = mod.insert(table)
-    return stmt.on_conflict_do_update(index_elements=keys, set_={col: getattr(stmt.excluded, col)})
+    return stmt.on_conflict_do_update(
+        index_elements=keys, set_={col: getattr(stmt.excluded, col) for col in cols}
+    )
 
 
 def _compiler(dialect: str) -> Any:
@@ -198,17 +200,23 @@ class Statements:
             dialect,
         )
         self.fresh = Raw(
-            upsert(dialect, freshness, ["job", "kwargs", "work_id"], "succeeded_at").values(
+            upsert(
+                dialect, freshness, ["job", "kwargs", "work_id"], "succeeded_at", "code_version"
+            ).values(
                 job=bindparam("b_job"),
                 kwargs=bindparam("b_kwargs"),
                 work_id=bindparam("b_work_id"),
                 succeeded_at=now,
+                code_version=bindparam("b_code_version"),
             ),
             dialect,
         )
         self.latest = Raw(
-            upsert(dialect, latest, ["job", "kwargs"], "succeeded_at").values(
-                job=bindparam("b_job"), kwargs=bindparam("b_kwargs"), succeeded_at=now
+            upsert(dialect, latest, ["job", "kwargs"], "succeeded_at", "code_version").values(
+                job=bindparam("b_job"),
+                kwargs=bindparam("b_kwargs"),
+                succeeded_at=now,
+                code_version=bindparam("b_code_version"),
             ),
             dialect,
         )
@@ -381,15 +389,17 @@ WITH clock AS (
         error = NULL
     WHERE chunk = %(b_id)s AND attempt = %(b_attempt)s AND EXISTS (SELECT FROM done)
 ), fresh AS (
-    INSERT INTO rb_jobs_freshness (job, kwargs, work_id, succeeded_at)
-    SELECT %(b_job)s, %(b_kwargs)s, w, (SELECT now FROM clock)
+    INSERT INTO rb_jobs_freshness (job, kwargs, work_id, succeeded_at, code_version)
+    SELECT %(b_job)s, %(b_kwargs)s, w, (SELECT now FROM clock), %(b_code_version)s
     FROM unnest(%(b_work_ids)s::bigint[]) AS w WHERE EXISTS (SELECT FROM done)
-    ON CONFLICT (job, kwargs, work_id) DO UPDATE SET succeeded_at = excluded.succeeded_at
+    ON CONFLICT (job, kwargs, work_id) DO UPDATE SET succeeded_at = excluded.succeeded_at,
+        code_version = excluded.code_version
 ), latest AS (
-    INSERT INTO rb_jobs_latest (job, kwargs, succeeded_at)
-    SELECT %(b_job)s, %(b_kwargs)s, (SELECT now FROM clock)
+    INSERT INTO rb_jobs_latest (job, kwargs, succeeded_at, code_version)
+    SELECT %(b_job)s, %(b_kwargs)s, (SELECT now FROM clock), %(b_code_version)s
     WHERE cardinality(%(b_work_ids)s::bigint[]) = 0 AND EXISTS (SELECT FROM done)
-    ON CONFLICT (job, kwargs) DO UPDATE SET succeeded_at = excluded.succeeded_at
+    ON CONFLICT (job, kwargs) DO UPDATE SET succeeded_at = excluded.succeeded_at,
+        code_version = excluded.code_version
 ), linked AS (
     SELECT ARRAY(SELECT downstream FROM rb_jobs_edges WHERE upstream = %(b_id)s) AS down,
            ARRAY(SELECT master FROM rb_jobs_members WHERE chunk = %(b_id)s) AS runs

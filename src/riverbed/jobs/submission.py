@@ -35,18 +35,19 @@ class Submission(QueueBase):
         active: list[ActiveChunk] = []
         for job, kw in set(nodes):
             rows = conn.execute(
-                select(freshness.c.work_id, freshness.c.succeeded_at).where(
-                    freshness.c.job == job, freshness.c.kwargs == kw
-                )
+                select(
+                    freshness.c.work_id, freshness.c.succeeded_at, freshness.c.code_version
+                ).where(freshness.c.job == job, freshness.c.kwargs == kw)
             ).all()
             last = conn.execute(
-                select(latest.c.succeeded_at).where(latest.c.job == job, latest.c.kwargs == kw)
-            ).scalar()
-            if rows:
-                fresh.by_id[(job, kw)] = by_id = {int(w): float(t) for w, t in rows}
-                last = max(max(by_id.values()), float(last or 0.0))
+                select(latest.c.succeeded_at, latest.c.code_version).where(
+                    latest.c.job == job, latest.c.kwargs == kw
+                )
+            ).first()
             if last is not None:
-                fresh.latest[(job, kw)] = float(last)
+                fresh.record(job, kw, (), float(last[0]), last[1])
+            for w, at, code in rows:
+                fresh.record(job, kw, (int(w),), float(at), code)
             q = select(chunks.c.id, chunks.c.work_ids).where(
                 chunks.c.job == job,
                 chunks.c.kwargs == kw,
