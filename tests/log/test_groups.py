@@ -138,6 +138,48 @@ def test_run_retries_in_order_and_dead_letters_poison_records(flog: Log, cp: Con
     assert dead[0].headers["source"].startswith(b"ev/")
 
 
+@pytest.mark.parametrize("workers", [4, 1])
+def test_run_processes_its_partitions_at_once_each_in_order(
+    flog: Log, cp: ControlPlane, workers: int
+) -> None:
+    """One member owning four partitions: with ``max_workers=4`` its handler is inside
+    all four at the same moment (a barrier every partition's first record waits at —
+    it breaks unless they run at once), and each partition's records are handled in
+    offset order, every one once. With one worker the partitions take turns: the
+    barrier of two is never met (the check that the barrier can fail)."""
+    fill(flog, "ev", 400, partitions=4)
+    meet = threading.Barrier(workers if workers > 1 else 2, timeout=10 if workers > 1 else 0.5)
+    seen: dict[int, list[int]] = {p: [] for p in range(4)}
+    threads: set[str] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    broke: list[int] = []
+
+    def handler(record: Record) -> None:
+        with lock:
+            first = not seen[record.partition]
+            seen[record.partition].append(record.offset)
+            threads.add(threading.current_thread().name)
+            if sum(map(len, seen.values())) == 400:
+                stop.set()
+        if first:
+            try:
+                meet.wait()
+            except threading.BrokenBarrierError:
+                broke.append(record.partition)
+
+    with flog.consumer(cp, "g", "ev", session_ttl=5) as consumer:
+        until(lambda: len(consumer.assignment()) == 4)  # claimed by its watch thread
+        consumer.run(handler, max_workers=workers, retries=0, stop=stop)
+    for p, offsets in seen.items():
+        assert offsets == list(range(len(offsets))), p  # in order, none twice, none skipped
+    assert sum(map(len, seen.values())) == 400
+    if workers > 1:
+        assert broke == [] and len(threads) == 4
+    else:
+        assert broke and len(threads) == 1
+
+
 def test_run_without_dead_letter_raises_after_retries(flog: Log, cp: ControlPlane) -> None:
     fill(flog, "ev", 5, partitions=1)
 
