@@ -241,7 +241,7 @@ def test_a_bad_storage_wait_is_named(text: str) -> None:
 
 def test_secrets_are_marked() -> None:
     secret = {s.env for s in SETTINGS if s.secret}
-    assert secret == {"RIVERBED_LOG_TOKEN", "RIVERBED_UI_TOKEN"}
+    assert secret == {"RIVERBED_ALERT_WEBHOOK", "RIVERBED_LOG_TOKEN", "RIVERBED_UI_TOKEN"}
 
 
 def test_a_configuration_pickles_as_a_worker_hands_it_to_its_executors(tmp_path: Path) -> None:

@@ -167,6 +167,13 @@ SETTINGS: tuple[Setting, ...] = (
         handed=True,
     ),
     Setting(
+        "RIVERBED_ALERT_WEBHOOK",
+        None,
+        "none",
+        "the webhook riverbed alerts watch sends to (its URL is a credential)",
+        secret=True,
+    ),
+    Setting(
         "RIVERBED_UI_TOKEN",
         None,
         "none",

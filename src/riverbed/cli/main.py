@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from riverbed import __version__
+from riverbed.cli import alerts as alerts_cli
 from riverbed.cli import chaos as chaos_cli
 from riverbed.cli import control as control_cli
 from riverbed.cli import jobs as jobs_cli
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cli.add_parsers(sub)
     timerange_cli.add_parsers(sub)
     ui_cli.add_parsers(sub)
+    alerts_cli.add_parsers(sub)
     chaos_cli.add_parser(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument(
