@@ -229,7 +229,9 @@ def test_a_sweep_removes_what_killed_writes_left_once_old_enough(store: ObjectSt
         folder = Path(store.locate("p"))
         (folder / ".kept.0123.tmp").write_bytes(b"half")  # a put killed before its rename
         os.symlink(".attempts/a-1", folder / ".view.0123.tmp")  # a show() killed likewise
+        (folder / "snapshot" / "v9").mkdir(parents=True)  # killed before its first file
         assert store.sweep_partial("p", older_than=3600) == 0  # young: may be under way
+        assert (folder / "snapshot" / "v9").is_dir()
         assert store.sweep_partial("p", older_than=0) == 2
         assert sorted(q.name for q in folder.iterdir()) == [".attempts", "kept"]
         lone = Path(store.locate("q"))  # a folder only a killed write was in goes with it

@@ -204,8 +204,8 @@ class FileStore(ObjectStore):
             tmp.unlink(missing_ok=True)
 
     def sweep_partial(self, prefix: str, older_than: float) -> int:
-        """Temporary files of writes a crash interrupted (``.<name>.<uuid>.tmp``), and
-        the temporary symlinks of views a crash interrupted."""
+        """Temporary files of writes a crash interrupted (``.<name>.<uuid>.tmp``), the
+        temporary symlinks of views a crash interrupted, and folders left empty."""
         root = self.root / prefix if prefix else self.root
         cutoff = time.time() - older_than
         removed = 0
@@ -226,6 +226,15 @@ class FileStore(ObjectStore):
                     entry.unlink(missing_ok=True)
                     self._prune_dirs(entry.parent)  # a folder it alone was in goes too
                     removed += 1
+        # a writer killed between creating a folder and its temporary file leaves the
+        # folder empty: no object, but clutter (a write that finds it pruned retries)
+        for parent, dirs, files in os.walk(root, topdown=False):
+            folder = Path(parent)
+            if files or dirs or folder == self.root:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if folder.lstat().st_mtime < cutoff and not any(folder.iterdir()):
+                    self._prune_dirs(folder)
         return removed
 
     def local_file(self, key: str) -> Path | None:
