@@ -199,6 +199,78 @@ def test_cron_fires_once_per_fire_time_across_an_orchestrator_failover(cluster: 
         assert conn.execute(select(meta.c.leader)).scalar_one() == "o2"  # o2 fired the second
 
 
+SEVERAL = """
+import os, pathlib
+from riverbed.jobs import Job
+
+def main(ctx, work_ids, who):
+    (pathlib.Path(os.environ["MARKS"]) / f"{ctx.job}-{who}-{ctx.chunk_id}").touch()
+
+job = Job(main=main, schedule=[
+    {"every": "3s", "name": "fast", "kwargs": {"who": "fast"}, "work_ids": "1-2"},
+    {"every": "5s", "name": "slow", "kwargs": {"who": "slow"}},  # ids: _work_ids.py
+])
+"""
+DEFAULT_IDS = """
+def default_work_ids(job, **kwargs):
+    return [40, 41, 42] if kwargs.get("who") == "slow" else [0]
+"""
+
+
+@on("postgres")
+def test_several_interval_schedules_of_a_job_each_fire_once_per_period_across_a_failover(
+    cluster: Cluster,
+) -> None:
+    """One job, two schedules (every 3s with its own work ids; every 5s taking the
+    directory's default work ids): each fire of each schedule runs once with that
+    schedule's kwargs, at the whole multiples of its period, through an orchestrator
+    SIGKILLed between fires (its standby catches up what fell due meanwhile)."""
+    (cluster.tmp / "jobs" / "pair.py").write_text(SEVERAL)
+    (cluster.tmp / "jobs" / "_work_ids.py").write_text(DEFAULT_IDS)
+
+    def fired() -> dict[str, list[tuple[float, str, str]]]:
+        with cluster.queue.db.read() as conn:
+            rows = conn.execute(
+                select(chunks.c.schedule, chunks.c.fire_time, chunks.c.kwargs, chunks.c.work_ids)
+                .where(chunks.c.kind == "master", chunks.c.job == "pair")
+                .order_by(chunks.c.fire_time)
+            ).all()
+        out: dict[str, list[tuple[float, str, str]]] = {"pair:fast": [], "pair:slow": []}
+        for key, at, kwargs, ids in rows:
+            out[key].append((float(at), kwargs, ids))
+        return out
+
+    first = cluster.orchestrator("o1")
+    cluster.worker()
+    until(lambda: all(fired().values()), 30, "o1 to fire both schedules")
+    standby = cluster.orchestrator("o2")
+    os.kill(first.pid, signal.SIGKILL)
+    until(lambda: all(len(v) >= 4 for v in fired().values()), 90, "o2 to fire on")
+    runs = fired()
+    for key, period, ids in (("pair:fast", 3.0, "[1, 2]"), ("pair:slow", 5.0, "[40, 41, 42]")):
+        times = [t for t, _, _ in runs[key]]
+        assert times[0] % period == 0, (key, times)  # whole multiples of the period
+        assert times == [times[0] + period * i for i in range(len(times))], (key, times)
+        who = key.split(":")[1]
+        assert {(kw, w) for _, kw, w in runs[key]} == {(f'{{"who":"{who}"}}', ids)}
+    with cluster.queue.db.read() as conn:
+        recorded = conn.execute(
+            select(fires.c.job, func.count()).group_by(fires.c.job).order_by(fires.c.job)
+        ).all()
+    assert [(k, n) for k, n in recorded] == [(k, len(v)) for k, v in sorted(runs.items())]
+    listed = subprocess.run(
+        [sys.executable, "-m", "riverbed.cli.main", "schedule", "list", "--json"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    shown = {r["schedule"]: r for r in json.loads(listed.stdout)["schedules"]}
+    assert shown["pair:fast"]["cron"] == "@every 3s" and shown["pair:fast"]["work_ids"] == [1, 2]
+    assert shown["pair:slow"]["work_ids"] is None and shown["pair:slow"]["stored"]
+    assert standby.poll() is None
+
+
 CATCHING_UP = """
 import os, pathlib
 from riverbed.jobs import Job

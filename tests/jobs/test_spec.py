@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,8 @@ from riverbed.jobs.cron import (
     next_fire,
     parse_cron,
 )
+from riverbed.jobs.runs import work_ids_for
+from riverbed.jobs.spec import schedule_job
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -135,14 +138,38 @@ def test_cron_refuses_bad_expressions() -> None:
         parse_cron("* * *")
     with pytest.raises(ValueError, match="61"):
         parse_cron("61 * * * *")
+    with pytest.raises(ValueError, match="at least one second"):
+        parse_cron("@every 0s")
+    with pytest.raises(ValueError, match="interval 'soon'"):
+        parse_cron("@every soon")
+
+
+def test_an_interval_fires_at_whole_multiples_of_its_period() -> None:
+    t = 1_800_000_000.0  # a multiple of 15 minutes
+    assert next_fire("@every 15m", t) == t + 900
+    assert next_fire("@every 15m", t - 0.5) == t
+    assert latest_fire("@every 15m", t + 899.9) == t
+    assert due_fires("@every 15m", t - 1800, t + 10, 600) == [t]  # t - 900: past its grace
+    assert missed_fires("@every 15m", t - 1800, t + 10, 600) == (1, t - 900)
 
 
 MINUTE = 60.0
+TRIGGERS = [
+    "* * * * *",
+    "*/5 * * * *",
+    "0 * * * *",
+    "30 2 * * *",
+    "0 0 * * 1",
+    "@every 45s",
+    "@every 15m",
+    "@every 1h30m",
+    "@every 7d",
+]
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.sampled_from(["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "0 0 * * 1"]),
+    st.sampled_from(TRIGGERS),
     st.floats(1.7e9, 1.8e9),
     st.one_of(st.none(), st.floats(0, 5e5)),
     st.floats(0, 3600),
@@ -174,7 +201,7 @@ def _every_fire(expr: str, after: float, upto: float) -> list[float]:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.sampled_from(["* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *", "0 0 * * 1"]),
+    st.sampled_from(TRIGGERS),
     st.floats(1.7e9, 1.8e9),
     st.one_of(st.none(), st.floats(0, 5e4)),
     st.floats(0, 7200),
@@ -223,3 +250,62 @@ def test_a_schedule_may_be_a_dict_and_a_bad_one_is_named() -> None:
 
 def _noop_main(ctx: object, work_ids: list[int]) -> None:
     pass
+
+
+def test_a_job_may_have_several_schedules_named_and_by_interval() -> None:
+    job = Job(
+        main=_noop_main,
+        name="r",
+        schedule=[
+            "0 6 * * *",
+            {"every": "15m", "name": "often", "kwargs": {"fast": True}},
+            Schedule(every=90, name="odd"),
+        ],
+    )
+    assert [(s.key("r"), s.trigger) for s in job.schedules] == [
+        ("r", "0 6 * * *"),
+        ("r:often", "@every 15m"),
+        ("r:odd", "@every 90.0s"),
+    ]
+    assert schedule_job("r:often") == "r" and schedule_job("r") == "r"
+    assert Job(main=_noop_main, schedule="0 6 * * *").schedules[0].cron == "0 6 * * *"
+    assert Job(main=_noop_main).schedules == ()
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ([{"every": "1h"}, {"every": "2h"}], "need distinct names"),
+        ({"every": "1h", "cron": "* * * * *"}, "one of them, not both"),
+        ({"name": "x"}, "takes cron or every"),
+        ({"every": "0s"}, "at least one second"),
+        ({"every": "1h", "name": "no spaces"}, "letters, digits"),
+        ([6], "schedule must be a cron string"),
+    ],
+)
+def test_a_bad_schedule_is_named(schedule: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        Job(main=_noop_main, name="r", schedule=schedule)
+
+
+def test_the_directory_default_work_ids_serve_jobs_without_select_work(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text(
+        "from riverbed.jobs import Job\n\n"
+        "def main(ctx, work_ids):\n    pass\n\n"
+        "job = Job(main=main)\n"
+    )
+    catalog = Catalog(tmp_path)
+    assert work_ids_for(catalog, "plain", None, {}) == []  # no _work_ids.py: none
+    (tmp_path / "_work_ids.py").write_text(
+        "def default_work_ids(job, day=None):\n    return [int(day or 7), 3]\n"
+    )
+    catalog = Catalog(tmp_path)
+    assert catalog.names() == ["plain"]  # _work_ids.py is no job
+    assert work_ids_for(catalog, "plain", None, {"day": 9}) == [3, 9]
+    assert work_ids_for(catalog, "plain", "1-2", {}) == [1, 2]  # given ids win
+    (tmp_path / "_work_ids.py").write_text("def work_ids():\n    return []\n")
+    with pytest.raises(SpecError, match="no function default_work_ids"):
+        work_ids_for(Catalog(tmp_path), "plain", None, {})
+    (tmp_path / "_work_ids.py").write_text("def default_work_ids(job):\n    return 1 / 0\n")
+    with pytest.raises(WorkIdsError, match=r"default_work_ids\('plain'\) failed: ZeroDivision"):
+        work_ids_for(Catalog(tmp_path), "plain", None, {})

@@ -115,7 +115,7 @@ def add_parsers(sub: Any) -> None:
     o.add_argument("--name", help="this orchestrator's name (default host-pid)")
     o.set_defaults(func=_orchestrator)
 
-    s = sub.add_parser("schedule", help="cron schedules found in the job specs")
+    s = sub.add_parser("schedule", help="schedules (cron or every) found in the job specs")
     sc = Subcommands(
         s.add_subparsers(dest="schedule_command", metavar="COMMAND", required=True),
         shared_options(s, JOBS_OPTS, DIR_OPTS, JSON_OPTS),
@@ -497,38 +497,41 @@ def _freshness(env: _Env, args: argparse.Namespace) -> int:
 
 def _schedule_list(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.cron import next_fire
-    from riverbed.jobs.spec import Schedule
 
     stored = {r["job"]: r for r in env.queue.schedules()}
     jobs, errors = env.catalog.load_all()
     now = env.queue.now()
     rows = []
     for loaded in jobs:
-        sched = loaded.spec.schedule
-        if not isinstance(sched, Schedule):
-            continue
-        last = stored.get(loaded.name, {}).get("last_fire")
-        rows.append(
-            {
-                "job": loaded.name,
-                "cron": sched.cron,
-                "kwargs": dict(sched.kwargs),
-                "last_fire": last,
-                "next_fire": next_fire(sched.cron, now),
-                "stored": loaded.name in stored,
-            }
-        )
+        for sched in loaded.spec.schedules:
+            key = sched.key(loaded.name)
+            last = stored.get(key, {}).get("last_fire")
+            rows.append(
+                {
+                    "job": loaded.name,
+                    "schedule": key,
+                    "name": sched.name,
+                    "cron": sched.trigger,  # a cron expression, or "@every <duration>"
+                    "kwargs": dict(sched.kwargs),
+                    "work_ids": None if sched.work_ids is None else list(sched.work_ids),
+                    "last_fire": last,
+                    "next_fire": next_fire(sched.trigger, now),
+                    "stored": key in stored,
+                }
+            )
     if args.json:
         _print_json({"schedules": rows, "errors": [str(e) for e in errors]})
         return 0
     table = Table(title="schedules (UTC)")
-    for col in ("job", "cron", "kwargs", "last fire", "next fire"):
+    for col in ("job", "schedule", "when", "kwargs", "work ids", "last fire", "next fire"):
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["job"],
+            r["name"] or "",
             r["cron"],
             json.dumps(r["kwargs"]) if r["kwargs"] else "",
+            _ids(r["work_ids"]) if r["work_ids"] is not None else "select_work",
             _ts(r["last_fire"]),
             _ts(r["next_fire"]),
         )

@@ -63,15 +63,15 @@ def jobs(src: Sources, state: str | None = None, limit: int = 100) -> dict[str, 
 
 
 def _schedule(row: dict[str, Any], now: float) -> dict[str, Any]:
-    from datetime import UTC, datetime
-
-    from cronsim import CronSim
+    from riverbed.jobs.cron import next_fire
+    from riverbed.jobs.spec import schedule_job
 
     out = dict(row)
+    out["schedule"] = row["job"]  # the schedule's key: the job, or job:name of several
+    out["job"] = schedule_job(row["job"])
     try:
-        sim = CronSim(row["cron"], datetime.fromtimestamp(now, tz=UTC))
-        out["next_fire"] = next(sim).timestamp()
-    except Exception:
+        out["next_fire"] = next_fire(row["cron"], now)
+    except ValueError:
         out["next_fire"] = None
     return out
 

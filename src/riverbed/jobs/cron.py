@@ -17,32 +17,62 @@ orchestrator records and logs them as missed. Each fire is recorded under a uniq
 (schedule, fire time) key in the same transaction as its submission, so no fire runs
 twice across any number of failovers. A schedule never fired before starts with the
 latest fire only (it does not backfill its past).
+
+A trigger is a five-field cron expression (UTC) or an interval, ``@every 15m`` (any
+duration of :mod:`riverbed.durations`, at least a second): it fires at the whole
+multiples of its period since the epoch (``@every 15m`` at :00, :15, :30, :45), so
+every orchestrator computes the same fire times — which is what keeps a fire once
+across failovers.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 from cronsim import CronSim, CronSimError
 
+from riverbed.durations import duration_seconds
 from riverbed.jobs.errors import JobsValueError
 
 __all__ = [
     "CATCHUP",
     "due_fire",
     "due_fires",
+    "every",
     "latest_fire",
     "missed_fires",
     "next_fire",
     "parse_cron",
 ]
 
+EVERY = "@every "  # an interval trigger: "@every 15m"
+
+
+def every(expr: str) -> float | None:
+    """The period of an interval trigger (``@every 15m``) in seconds; None for cron."""
+    if not isinstance(expr, str) or not expr.startswith(EVERY):
+        return None
+    text = expr[len(EVERY) :].strip()
+    try:
+        period = duration_seconds(text)
+    except ValueError as exc:
+        raise JobsValueError(f"interval {text!r}: {exc}") from None
+    if not math.isfinite(period) or period < 1:
+        raise JobsValueError(f"interval {text!r} must be at least one second (e.g. '15m')")
+    return float(period)
+
+
 CATCHUP = ("all", "latest")  # the catch-up policies (see the module doc)
 MAX_CATCHUP = 1000  # fires submitted by one catch-up at most (a tiny period, a long grace)
 
 
-def parse_cron(expr: str) -> CronSim:
-    """Validate a five-field cron expression (UTC); ValueError names the problem."""
+def parse_cron(expr: str) -> CronSim | float:
+    """Validate a trigger — a five-field cron expression (UTC), or ``@every <duration>``
+    (returns its period); ValueError names the problem."""
+    period = every(expr)
+    if period is not None:
+        return float(period)
     if not isinstance(expr, str) or len(expr.split()) != 5:
         raise JobsValueError(
             f"cron expression {expr!r} must have five fields: minute hour day month weekday "
@@ -58,15 +88,30 @@ def _at(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
+def _multiple_at_or_before(t: float, period: float) -> float:
+    """The largest whole multiple of ``period`` at or before ``t`` (the division rounds:
+    the answer is checked against ``t`` itself)."""
+    k = math.floor(t / period)
+    while k * period > t:
+        k -= 1
+    while (k + 1) * period <= t:
+        k += 1
+    return k * period
+
+
 def next_fire(expr: str, after: float) -> float:
     """The first fire time strictly after ``after``."""
-    parse_cron(expr)
+    period = parse_cron(expr)
+    if isinstance(period, float):
+        return _multiple_at_or_before(after, period) + period
     return next(CronSim(expr, _at(after))).timestamp()
 
 
 def latest_fire(expr: str, at_or_before: float) -> float:
     """The last fire time at or before ``at_or_before``."""
-    parse_cron(expr)
+    period = parse_cron(expr)
+    if isinstance(period, float):
+        return _multiple_at_or_before(at_or_before, period)
     # CronSim in reverse yields times strictly before its start; start one second later
     # so a fire exactly at ``at_or_before`` counts (cron has minute resolution).
     return next(CronSim(expr, _at(int(at_or_before) + 1), reverse=True)).timestamp()

@@ -14,6 +14,7 @@ from riverbed.jobs.schema import (
     fires,
     schedules,
 )
+from riverbed.jobs.spec import schedule_job
 
 
 class Reaped(NamedTuple):
@@ -135,7 +136,7 @@ class Duties(QueueBase):
                 return None
             master: int | None = None
             note = None
-            running = self._active_run(conn, job)
+            running = self._active_run(conn, schedule_job(job))  # a run of the job, any schedule's
             if running is not None and not allow_multiple:
                 note = f"skipped: run {running[0]} still active (allow_multiple_jobs=False)"
             else:

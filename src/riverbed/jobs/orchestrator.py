@@ -48,7 +48,7 @@ from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
-from riverbed.jobs.spec import Catalog, Schedule, canonical_kwargs
+from riverbed.jobs.spec import Catalog, canonical_kwargs, schedule_job
 from riverbed.jobs.worker import WORKERS
 from riverbed.storage import StorageError
 
@@ -209,12 +209,11 @@ class Orchestrator:
             log.error("job module not loaded: %s", exc)
         wanted = []
         for loaded in jobs:
-            sched = loaded.spec.schedule
-            if isinstance(sched, Schedule):
+            for sched in loaded.spec.schedules:
                 wanted.append(
                     {
-                        "job": loaded.name,
-                        "cron": sched.cron,
+                        "job": sched.key(loaded.name),  # the schedule's key (spec.Schedule.key)
+                        "cron": sched.trigger,
                         "kwargs": canonical_kwargs(sched.kwargs),
                         "work_ids": None
                         if sched.work_ids is None
@@ -230,11 +229,11 @@ class Orchestrator:
         master, _ = submit(
             self.catalog,
             self.queue,
-            row["job"],
+            schedule_job(row["job"]),
             ids,
             json.loads(row["kwargs"]),
             conn=conn,
-            schedule=row["cron"],
+            schedule=row["job"],  # the schedule's key: which of the job's schedules fired
             fire_time=fire_time,
         )
         return master
@@ -247,7 +246,8 @@ class Orchestrator:
             return
         now = self.queue.now()
         for row in rows:
-            job, expr, last, grace = row["job"], row["cron"], row["last_fire"], row["grace"]
+            key, expr, last, grace = row["job"], row["cron"], row["last_fire"], row["grace"]
+            job = schedule_job(key)
             missed, newest_missed = cron.missed_fires(expr, last, now, grace)
             if newest_missed is not None:
                 note = (
@@ -255,8 +255,8 @@ class Orchestrator:
                     f"{_utc(newest_missed)} fell due while no orchestrator ran and are "
                     f"older than the grace ({grace:.0f}s)"
                 )
-                if self.queue.missed(term, job, newest_missed, note):
-                    log.warning("schedule of job '%s': %s", job, note)
+                if self.queue.missed(term, key, newest_missed, note):
+                    log.warning("schedule %s: %s", key, note)
             for fire_time in cron.due_fires(expr, last, now, grace, row["catchup"]):
                 try:
                     spec = self.catalog.get(job).spec
@@ -268,7 +268,7 @@ class Orchestrator:
                         break  # one run at a time: this fire waits (inside its grace)
                     master = self.queue.fire(
                         term,
-                        job,
+                        key,
                         fire_time,
                         spec.allow_multiple_jobs,
                         functools.partial(self._submit_fire, row, fire_time),
@@ -276,11 +276,11 @@ class Orchestrator:
                 except FencedError:
                     raise
                 except JobsError as exc:
-                    log.error("schedule of job '%s' could not fire: %s", job, exc)
+                    log.error("schedule %s could not fire: %s", key, exc)
                     break
                 if master is not None:
                     self.stats.fired += 1
-                    log.info("cron fired %s at %s → run %s", job, _utc(fire_time), master)
+                    log.info("schedule %s fired at %s → run %s", key, _utc(fire_time), master)
 
 
 def _utc(ts: float) -> str:

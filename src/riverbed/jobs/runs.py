@@ -22,18 +22,23 @@ def work_ids_for(
     catalog: Catalog, job: str, explicit: Sequence[int] | str | None, kwargs: Mapping[str, Any]
 ) -> list[int]:
     """The run's work ids: given, else the root job's ``select_work(**kwargs)``, else
+    the jobs directory's ``default_work_ids(job, **kwargs)`` (``_work_ids.py``), else
     none (each job then runs as one chunk without work ids)."""
     if explicit is not None:
         return parse_work_ids(explicit)
     spec = catalog.get(job).spec
-    if spec.select_work is None:
+    default = catalog.default_work_ids() if spec.select_work is None else None
+    if spec.select_work is None and default is None:
         return []
+    what = f"select_work() of job '{job}'" if default is None else f"default_work_ids('{job}')"
     try:
-        chosen = spec.select_work(**kwargs)
+        if spec.select_work is not None:
+            chosen = spec.select_work(**kwargs)
+        else:
+            assert default is not None
+            chosen = default(job, **kwargs)
     except Exception as exc:
-        raise WorkIdsError(
-            f"select_work() of job '{job}' failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise WorkIdsError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
     return parse_work_ids(chosen)
 
 

@@ -164,6 +164,8 @@ latest = Table(
 schedules = Table(
     "rb_jobs_schedules",
     metadata,
+    # the schedule's key (riverbed.jobs.spec.Schedule.key): the job's name for its one
+    # unnamed schedule, else "job:name" — and so in rb_jobs_fires and a run's `schedule`
     Column("job", Text, primary_key=True),
     Column("cron", Text, nullable=False),
     Column("kwargs", Text, nullable=False),

@@ -20,6 +20,7 @@ is a :class:`~riverbed.jobs.errors.SpecError` naming the file and the line.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -41,6 +42,7 @@ __all__ = [
     "code_version",
     "import_file",
     "parse_work_ids",
+    "schedule_job",
 ]
 
 Duration = str | float | timedelta
@@ -98,30 +100,47 @@ class Dependency:
         return None if self.max_lag is None else duration_seconds(self.max_lag)
 
 
+SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SCHEDULE_FIELDS = ("cron", "every", "name", "kwargs", "work_ids", "grace", "catchup")
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """When cron submits the job: a five-field cron expression (UTC), the kwargs and
-    work ids of each fire, how late a missed fire may still run (``grace``), and which
-    missed fires run after an outage (``catchup``: ``"all"`` — each once, oldest
-    first — or ``"latest"`` only; see :mod:`riverbed.jobs.cron`)."""
+    """When the job is submitted by itself: a five-field cron expression (UTC) *or* an
+    interval (``every="15m"``: at the whole multiples of the period since the epoch), the
+    kwargs and work ids of each fire, how late a missed fire may still run (``grace``),
+    and which missed fires run after an outage (``catchup``: ``"all"`` — each once,
+    oldest first — or ``"latest"`` only; see :mod:`riverbed.jobs.cron`). A job may have
+    several (``schedule=[…]``), each with its own ``name``."""
 
-    cron: str
+    cron: str | None = None
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     work_ids: Sequence[int] | None = None
     grace: Duration = "10m"
     catchup: str = "all"
+    every: Duration | None = None
+    name: str = ""
 
     def __post_init__(self) -> None:
         from riverbed.jobs.cron import CATCHUP, parse_cron
 
+        if (self.cron is None) == (self.every is None):
+            raise SpecError(
+                "a schedule takes cron='…' (five fields, UTC) or every='15m' — one of them"
+                + (f", not both ({self.cron!r}, {self.every!r})" if self.cron else "")
+            )
+        if self.name and not SCHEDULE_NAME.match(str(self.name)):
+            raise SpecError(
+                f"schedule name {self.name!r}: letters, digits, '_' and '-' only (64 at most)"
+            )
         try:
-            parse_cron(self.cron)
+            parse_cron(self.trigger)
             duration_seconds(self.grace)
         except ValueError as exc:
-            raise SpecError(f"schedule {self.cron!r}: {exc}") from None
+            raise SpecError(f"schedule {self.trigger!r}: {exc}") from None
         if self.catchup not in CATCHUP:
             raise SpecError(
-                f"schedule {self.cron!r}: catchup must be 'all' (every missed fire inside "
+                f"schedule {self.trigger!r}: catchup must be 'all' (every missed fire inside "
                 f"the grace runs once) or 'latest' (only the newest), not {self.catchup!r}"
             )
         object.__setattr__(self, "kwargs", _frozen(self.kwargs))
@@ -129,8 +148,62 @@ class Schedule:
             object.__setattr__(self, "work_ids", tuple(parse_work_ids(self.work_ids)))
 
     @property
+    def trigger(self) -> str:
+        """What fires it, as :mod:`riverbed.jobs.cron` reads it: the cron expression, or
+        ``@every <duration>``."""
+        if self.cron is not None:
+            return self.cron
+        every = self.every
+        text = every if isinstance(every, str) else f"{duration_seconds(every)}s"  # type: ignore[arg-type]
+        return f"@every {text}"
+
+    @property
     def grace_seconds(self) -> float:
         return duration_seconds(self.grace)
+
+    def key(self, job: str) -> str:
+        """The schedule's key in the jobs database: the job's name for an unnamed one,
+        else ``job:name`` (:func:`schedule_job` reads the job back)."""
+        return f"{job}:{self.name}" if self.name else job
+
+
+def schedule_job(key: str) -> str:
+    """The job a schedule's key (:meth:`Schedule.key`) submits."""
+    return key.partition(":")[0]
+
+
+def _schedules(where: str, value: Any) -> tuple[Schedule, ...]:
+    """A job's ``schedule`` as Schedules: a cron string, a Schedule, a dict, or a list
+    of them; their keys distinct."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            item = Schedule(item)
+        elif isinstance(item, Mapping):
+            unknown = set(item) - set(SCHEDULE_FIELDS)
+            if unknown or not ({"cron", "every"} & set(item)):
+                raise SpecError(
+                    f"{where}: a schedule takes cron or every, and name, kwargs, work_ids, "
+                    "grace and catchup" + (f", not {', '.join(sorted(unknown))}" if unknown else "")
+                )
+            try:
+                item = Schedule(**item)
+            except SpecError as exc:
+                raise SpecError(f"{where}: {exc}") from None
+        elif not isinstance(item, Schedule):
+            raise SpecError(
+                f"{where}: schedule must be a cron string, Schedule(...), a dict or a list of "
+                f"them, not {item!r}"
+            )
+        out.append(item)
+    names = [sched.name for sched in out]
+    if len(set(names)) != len(names):
+        raise SpecError(
+            f"{where}: its {len(out)} schedules need distinct names (name='hourly', "
+            "name='nightly', …; one may have none)"
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -146,7 +219,7 @@ class Job:
     retry_backoff: Duration = "5s"
     timeout: Duration | None = None
     select_work: Callable[..., Iterable[int]] | None = None
-    schedule: Schedule | Mapping[str, Any] | str | None = None
+    schedule: Schedule | Mapping[str, Any] | str | Sequence[Any] | None = None
     kind: Kind = "python"
     bisect: bool = False
     description: str = ""
@@ -174,22 +247,17 @@ class Job:
             if not isinstance(dep, Dependency):
                 raise SpecError(f"{where}: dependencies must be Dependency(...), got {dep!r}")
         object.__setattr__(self, "dependencies", deps)
-        sched = self.schedule
-        if isinstance(sched, str):
-            sched = Schedule(sched)
-        elif isinstance(sched, Mapping):
-            unknown = set(sched) - {"cron", "kwargs", "work_ids", "grace", "catchup"}
-            if unknown or "cron" not in sched:
-                raise SpecError(
-                    f"{where}: schedule takes cron (required), kwargs, work_ids, grace and catchup"
-                    + (f", not {', '.join(sorted(unknown))}" if unknown else "")
-                )
-            sched = Schedule(**sched)
-        elif sched is not None and not isinstance(sched, Schedule):
-            raise SpecError(
-                f"{where}: schedule must be a cron string, Schedule(...) or a dict, not {sched!r}"
-            )
-        object.__setattr__(self, "schedule", sched)
+        if self.schedule is None:
+            return
+        scheds = _schedules(where, self.schedule)
+        object.__setattr__(self, "schedule", scheds[0] if len(scheds) == 1 else scheds)
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """Every schedule of the job (``schedule`` holds one, or a tuple of several)."""
+        if self.schedule is None:
+            return ()
+        return self.schedule if isinstance(self.schedule, tuple) else (self.schedule,)
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -268,6 +336,9 @@ def parse_work_ids(value: str | Iterable[int]) -> list[int]:
     return sorted(out)
 
 
+DEFAULTS = "_work_ids"  # <jobs dir>/_work_ids.py: default_work_ids(job, **kwargs)
+
+
 class Catalog:
     """The jobs of one directory, imported on first use and kept."""
 
@@ -306,6 +377,24 @@ class Catalog:
         loaded = self._import(name, path)
         self._jobs[name] = loaded
         return loaded
+
+    def default_work_ids(self) -> Callable[..., Iterable[int]] | None:
+        """The directory's default work-id function — ``default_work_ids(job, **kwargs)``
+        in ``<dir>/_work_ids.py`` — for a submitted job without ``select_work``; None
+        without the module. A module without the function is a SpecError naming it."""
+        if not hasattr(self, "_defaults"):
+            path = self.directory / f"{DEFAULTS}.py"
+            function = None
+            if path.exists():
+                module = import_file(path, f"riverbed_jobs_{DEFAULTS}", f"module {DEFAULTS!r}")
+                function = getattr(module, "default_work_ids", None)
+                if not callable(function):
+                    raise SpecError(
+                        f"{path} has no function default_work_ids(job, **kwargs); define it "
+                        "(returning the work ids of a job without select_work) or remove the file"
+                    )
+            self._defaults = function
+        return self._defaults
 
     def load_all(self) -> tuple[list[LoadedJob], list[SpecError]]:
         """Every job of the directory; modules that fail are returned as errors."""
