@@ -10,15 +10,18 @@ import re
 import sqlite3
 from pathlib import Path
 
+import msgpack
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import riverbed.log
 from riverbed import __version__
+from riverbed.checksum import crc32
 from riverbed.errors import NewerFormatError
 from riverbed.formats import CURRENT
 from riverbed.state.changelog import Changelog
+from riverbed.state.errors import CorruptStateError
 from riverbed.state.objects import ObjectStorage
 from riverbed.storage import open_store
 from riverbed.stream import Aggregation, Count, Tumbling, layout, specrecord
@@ -87,6 +90,25 @@ def test_a_newer_state_changelog_is_refused_not_taken_for_damage() -> None:
     newer = raw[:4] + bytes([CURRENT["state changelog"] + 1]) + raw[5:]
     with pytest.raises(NewerFormatError, match=_newer("state changelog")):
         Changelog.decode(newer, "ns/0/changelog/3")
+
+
+def test_a_changelog_is_compressed_and_one_written_before_is_still_read() -> None:
+    """Format 3 compresses the body (zstd); format 2 — what riverbed wrote before — is
+    the same header over the plain msgpack body, and still decodes."""
+    ops = [("put", f"window|{i % 7}".encode(), b"x" * 40) for i in range(500)]
+    new = Changelog(9, 8, 77, ops).encode()
+    assert new[4] == CURRENT["state changelog"] == 3
+    packed = msgpack.packb([list(op) for op in ops])
+    assert len(new) < len(packed) / 5  # repetitive state compresses
+    body = b"RBCL\x02" + new[5 : len(b"RBCL") + 1 + 20] + packed
+    old = body + crc32(body).to_bytes(4, "big")
+    for raw in (new, old):
+        back = Changelog.decode(raw)
+        assert (back.version, back.base, back.base_tag, back.ops) == (9, 8, 77, ops)
+        assert back.tag == int.from_bytes(raw[-4:], "big")  # the file's own tag, kept
+    torn = new[:30] + bytes([new[30] ^ 0xFF]) + new[31:]
+    with pytest.raises(CorruptStateError, match="checksum"):
+        Changelog.decode(torn)
 
 
 def test_a_newer_snapshot_manifest_is_refused_and_stops_the_sweep(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ format                     where its version is
 ``spec shape``             ``version`` of each ``riverbed/specs/<hash>.json``
 ``savepoint``              ``format`` of each ``riverbed/savepoints/<name>.json``
 ``result table``           ``riverbed.format`` in each Parquet file's key-value metadata
-``state changelog``        the byte after ``RBCL`` in each changelog's header
+``state changelog``        the byte after ``RBCL`` in each changelog's header (3: its
+                           body zstd-compressed; 2, read still: not compressed)
 ``state snapshot``         ``format`` of each snapshot's ``MANIFEST.riverbed.json``
 ``topic``                  ``format`` of a topic's configuration (``topic.json``, the
                            diskless catalog, the log server's answers)
@@ -40,7 +41,7 @@ CURRENT: dict[str, int] = {
     "spec shape": 1,
     "savepoint": 1,
     "result table": 1,
-    "state changelog": 2,
+    "state changelog": 3,
     "state snapshot": 1,
     "topic": 1,
     "jobs database": 1,

@@ -35,6 +35,7 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     Checkpoint,
+    DBCompressionType,
     Options,
     Rdict,
     WriteBatch,
@@ -86,6 +87,10 @@ def _options(memory: Budget | None = None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
+    # RocksDB's own advice: LZ4 where data is rewritten often, zstd for the bottommost
+    # level, where most bytes end up — and what a snapshot uploads (benchmarks/compression.py)
+    options.set_compression_type(DBCompressionType.lz4())
+    options.set_bottommost_compression_type(DBCompressionType.zstd())
     if memory is not None:
         memory.apply(options)
     return options

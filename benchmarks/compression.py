@@ -1,0 +1,162 @@
+"""What compressing riverbed's stored bytes saves, and what it costs per batch.
+
+Runs the stream demo's aggregation (``riverbed demo --events N``, in a temporary home),
+then takes what it stored and measures each kind of file both ways, on the same bytes:
+
+* **changelogs** (one per batch and state partition): msgpack as before (format 2)
+  against msgpack + zstd level 3 (format 3, today's) — bytes, and CPU to encode;
+* **state files** (RocksDB SSTs: what a snapshot uploads): every key and value of each
+  partition's state written into a fresh database and compacted, with no compression,
+  with Snappy (RocksDB's default, what riverbed used before) and with riverbed's LZ4 +
+  zstd for the bottommost level — bytes on disk, and seconds to write and compact;
+* **result files** (Parquet, one per batch): Snappy (before) against zstd (today's).
+
+    .venv/bin/python benchmarks/compression.py [--events 200000]
+
+Prints, per kind, the bytes and time of each way and the ratio against the way before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import pyarrow.parquet as pq
+from rocksdict import AccessType, DBCompressionType, Options, Rdict
+
+from riverbed.state.changelog import Changelog
+
+
+def _demo(home: Path, events: int) -> None:
+    env = {**os.environ, "RIVERBED_HOME": str(home)}
+    cmd = [sys.executable, "-m", "riverbed.cli.main", "demo", "--events", str(events)]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def changelogs(root: Path) -> tuple[list[str], list[list[object]]]:
+    files = sorted(root.rglob("*.rbcl"))
+    plain_bytes = zstd_bytes = 0
+    plain_s = zstd_s = 0.0
+    for f in files:
+        raw = f.read_bytes()
+        log = Changelog.decode(raw)
+        rows = [list(op) for op in log.ops]
+        t = time.perf_counter()
+        packed = msgpack.packb(rows)
+        plain_s += time.perf_counter() - t
+        plain_bytes += len(packed) + 29
+        t = time.perf_counter()
+        again = Changelog(log.version, log.base, log.base_tag, log.ops).encode()
+        zstd_s += time.perf_counter() - t
+        zstd_bytes += len(again)
+    n = max(1, len(files))
+    head = ["changelogs", f"{len(files)} files"]
+    return head, [
+        ["msgpack (format 2, before)", plain_bytes, plain_bytes / n, plain_s / n * 1e3, 1.0],
+        [
+            "msgpack + zstd 3 (today)",
+            zstd_bytes,
+            zstd_bytes / n,
+            zstd_s / n * 1e3,
+            zstd_bytes / plain_bytes,
+        ],
+    ]
+
+
+def _sst_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.sst"))
+
+
+def state_files(state: Path, scratch: Path) -> tuple[list[str], list[list[object]]]:
+    parts = [p for p in sorted(state.rglob("CURRENT")) if (p.parent / "IDENTITY").exists()]
+    items: list[tuple[bytes, bytes]] = []
+    for current in parts:
+        db = Rdict(str(current.parent), Options(raw_mode=True), access_type=AccessType.read_only())
+        items += list(db.items())
+        db.close()
+    ways = {
+        "none": (DBCompressionType.none(), DBCompressionType.none()),
+        "snappy (RocksDB's default, before)": (
+            DBCompressionType.snappy(),
+            DBCompressionType.snappy(),
+        ),
+        "lz4 + zstd bottommost (today)": (DBCompressionType.lz4(), DBCompressionType.zstd()),
+    }
+    out: list[list[object]] = []
+    base = None
+    for name, (most, bottom) in ways.items():
+        path = scratch / name.split()[0]
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_compression_type(most)
+        options.set_bottommost_compression_type(bottom)
+        t = time.perf_counter()
+        db = Rdict(str(path), options)
+        for k, v in items:
+            db[k] = v
+        db.flush()
+        db.compact_range(None, None)
+        db.close()
+        seconds = time.perf_counter() - t
+        size = _sst_bytes(path)
+        base = size if name.startswith("snappy") else base
+        out.append([name, size, len(items), seconds * 1e3, size])
+    for row in out:
+        row[4] = float(row[1]) / float(base or 1)  # type: ignore[arg-type]
+    return ["state files (SSTs)", f"{len(parts)} partitions, {len(items)} entries"], out
+
+
+def results(output: Path) -> tuple[list[str], list[list[object]]]:
+    files = sorted(output.rglob("*.parquet"))
+    out: list[list[object]] = []
+    sizes: dict[str, int] = {}
+    for codec in ("snappy", "zstd"):
+        total, seconds = 0, 0.0
+        for f in files:
+            table = pq.read_table(f)
+            buffer = io.BytesIO()
+            t = time.perf_counter()
+            pq.write_table(table, buffer, compression=codec)
+            seconds += time.perf_counter() - t
+            total += buffer.tell()
+        sizes[codec] = total
+        label = "snappy (before)" if codec == "snappy" else "zstd (today)"
+        n = max(1, len(files))
+        out.append([label, total, total / n, seconds / n * 1e3, total / max(1, sizes["snappy"])])
+    return ["result files (Parquet)", f"{len(files)} files"], out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="rb-compression-"))
+    try:
+        _demo(home, args.events)
+        print(f"the stream demo's aggregation over {args.events:,} events, then its stored files:")
+        reports = [
+            changelogs(home / "checkpoints" / "state"),
+            state_files(home / "state", home / "scratch"),
+            results(home / "output"),
+        ]
+        for (kind, what), rows in reports:
+            print(f"\n{kind} — {what}")
+            per = "entries" if kind.startswith("state") else "bytes/file"
+            unit = "ms (all)" if kind.startswith("state") else "ms/file"
+            print(f"  {'way':40} {'bytes':>12} {per:>12} {unit:>10} {'vs before':>10}")
+            for name, total, each, ms, ratio in rows:
+                print(f"  {name:40} {total:>12,} {each:>12,.0f} {ms:>10.2f} {ratio:>9.2f}x")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
