@@ -1,14 +1,18 @@
 """What compressing riverbed's stored bytes saves, and what it costs per batch.
 
-Runs the stream demo's aggregation (``riverbed demo --events N``, in a temporary home),
-then takes what it stored and measures each kind of file both ways, on the same bytes:
+Runs the stream demo's aggregation (``riverbed demo --events N``, in a temporary home:
+its state is Distinct sketches — dense bytes — over a few keys), then takes what it
+stored and measures each kind of file both ways, on the same bytes; then the same for a
+state of many keys with counts, sums and a few ids (``--keys``, the rescale benchmark's
+state):
 
 * **changelogs** (one per batch and state partition): msgpack as before (format 2)
   against msgpack + zstd level 3 (format 3, today's) — bytes, and CPU to encode;
 * **state files** (RocksDB SSTs: what a snapshot uploads): every key and value of each
   partition's state written into a fresh database and compacted, with no compression,
-  with Snappy (RocksDB's default, what riverbed used before) and with riverbed's LZ4 +
-  zstd for the bottommost level — bytes on disk, and seconds to write and compact;
+  with Snappy (RocksDB's default, what riverbed used before), with LZ4 + zstd for the
+  bottommost level (RocksDB's advice) and with zstd (today's) — bytes on disk, and
+  seconds to write and compact;
 * **result files** (Parquet, one per batch): Snappy (before) against zstd (today's).
 
     .venv/bin/python benchmarks/compression.py [--events 200000]
@@ -38,10 +42,10 @@ from riverbed.state.changelog import Changelog
 def _demo(home: Path, events: int) -> None:
     env = {**os.environ, "RIVERBED_HOME": str(home)}
     cmd = [sys.executable, "-m", "riverbed.cli.main", "demo", "--events", str(events)]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
 
 
-def changelogs(root: Path) -> tuple[list[str], list[list[object]]]:
+def changelogs(root: Path) -> tuple[tuple[str, str], list[list[object]]]:
     files = sorted(root.rglob("*.rbcl"))
     plain_bytes = zstd_bytes = 0
     plain_s = zstd_s = 0.0
@@ -58,7 +62,7 @@ def changelogs(root: Path) -> tuple[list[str], list[list[object]]]:
         zstd_s += time.perf_counter() - t
         zstd_bytes += len(again)
     n = max(1, len(files))
-    head = ["changelogs", f"{len(files)} files"]
+    head = ("changelogs", f"{len(files)} files")
     return head, [
         ["msgpack (format 2, before)", plain_bytes, plain_bytes / n, plain_s / n * 1e3, 1.0],
         [
@@ -75,7 +79,7 @@ def _sst_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.sst"))
 
 
-def state_files(state: Path, scratch: Path) -> tuple[list[str], list[list[object]]]:
+def state_files(state: Path, scratch: Path) -> tuple[tuple[str, str], list[list[object]]]:
     parts = [p for p in sorted(state.rglob("CURRENT")) if (p.parent / "IDENTITY").exists()]
     items: list[tuple[bytes, bytes]] = []
     for current in parts:
@@ -88,12 +92,16 @@ def state_files(state: Path, scratch: Path) -> tuple[list[str], list[list[object
             DBCompressionType.snappy(),
             DBCompressionType.snappy(),
         ),
-        "lz4 + zstd bottommost (today)": (DBCompressionType.lz4(), DBCompressionType.zstd()),
+        "lz4 + zstd bottommost (RocksDB's advice)": (
+            DBCompressionType.lz4(),
+            DBCompressionType.zstd(),
+        ),
+        "zstd (today)": (DBCompressionType.zstd(), DBCompressionType.zstd()),
     }
     out: list[list[object]] = []
     base = None
     for name, (most, bottom) in ways.items():
-        path = scratch / name.split()[0]
+        path = scratch / name.split()[0] / name.split()[-1].strip("()'")
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_compression_type(most)
@@ -111,10 +119,10 @@ def state_files(state: Path, scratch: Path) -> tuple[list[str], list[list[object
         out.append([name, size, len(items), seconds * 1e3, size])
     for row in out:
         row[4] = float(row[1]) / float(base or 1)  # type: ignore[arg-type]
-    return ["state files (SSTs)", f"{len(parts)} partitions, {len(items)} entries"], out
+    return ("state files (SSTs)", f"{len(parts)} partitions, {len(items)} entries"), out
 
 
-def results(output: Path) -> tuple[list[str], list[list[object]]]:
+def results(output: Path) -> tuple[tuple[str, str], list[list[object]]]:
     files = sorted(output.rglob("*.parquet"))
     out: list[list[object]] = []
     sizes: dict[str, int] = {}
@@ -131,26 +139,39 @@ def results(output: Path) -> tuple[list[str], list[list[object]]]:
         label = "snappy (before)" if codec == "snappy" else "zstd (today)"
         n = max(1, len(files))
         out.append([label, total, total / n, seconds / n * 1e3, total / max(1, sizes["snappy"])])
-    return ["result files (Parquet)", f"{len(files)} files"], out
+    return ("result files (Parquet)", f"{len(files)} files"), out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--keys", type=int, default=200_000)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="rb-compression-"))
     try:
         _demo(home, args.events)
         print(f"the stream demo's aggregation over {args.events:,} events, then its stored files:")
+        demo = home / "demo"  # where `riverbed demo` keeps its stream
         reports = [
-            changelogs(home / "checkpoints" / "state"),
-            state_files(home / "state", home / "scratch"),
-            results(home / "output"),
+            changelogs(demo / "checkpoints" / "state"),
+            state_files(demo / "state", home / "scratch"),
+            results(demo / "output"),
+        ]
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from rescale import build  # a sibling benchmark's state
+
+        build(home / "keys", args.keys)
+        reports += [
+            (("many keys: " + head[0], head[1]), rows)
+            for head, rows in (
+                changelogs(home / "keys" / "durable"),
+                state_files(home / "keys" / "local", home / "scratch-keys"),
+            )
         ]
         for (kind, what), rows in reports:
             print(f"\n{kind} — {what}")
-            per = "entries" if kind.startswith("state") else "bytes/file"
-            unit = "ms (all)" if kind.startswith("state") else "ms/file"
+            per = "entries" if "state files" in kind else "bytes/file"
+            unit = "ms (all)" if "state files" in kind else "ms/file"
             print(f"  {'way':40} {'bytes':>12} {per:>12} {unit:>10} {'vs before':>10}")
             for name, total, each, ms, ratio in rows:
                 print(f"  {name:40} {total:>12,} {each:>12,.0f} {ms:>10.2f} {ratio:>9.2f}x")
