@@ -23,6 +23,7 @@ from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
 from riverbed.cli import timerange as timerange_cli
 from riverbed.cli import ui as ui_cli
+from riverbed.cli import workers as workers_cli
 from riverbed.cli._common import UsageError
 from riverbed.errors import InvalidValueError, RiverbedError
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     log_cli.add_parsers(sub)
     stream_cli.add_parsers(sub)
     jobs_cli.add_parsers(sub)
+    workers_cli.add_parsers(sub)
     timerange_cli.add_parsers(sub)
     ui_cli.add_parsers(sub)
     alerts_cli.add_parsers(sub)
