@@ -231,14 +231,20 @@ def _log_serve(args: argparse.Namespace) -> int:
     keep_freed_memory()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from riverbed.control.processes import Presence
+    from riverbed.log.discovery import ROLE
     from riverbed.log.diskless import DisklessLogStorage
 
-    presence = None
-    if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
-        from riverbed.control.processes import Presence
+    # on the control plane: the console's hosts view (this host serves the log), and
+    # riverbed:// clients find this server there (riverbed.log.discovery)
+    if isinstance(log.storage, DisklessLogStorage):
+        control, own = log.storage.control, None
+    else:
+        from riverbed.control import connect
 
-        # the console's hosts view: this host serves the log
-        presence = Presence(log.storage.control, "log-server", {"url": server.url})
+        control = own = connect(load_config().control_url)
+    presence = Presence(control, ROLE, {"url": server.url, "log": log.url})
+    if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
         threading.Thread(
             target=_maintain,
             args=(log, log.storage, stop),
@@ -253,8 +259,9 @@ def _log_serve(args: argparse.Namespace) -> int:
             pass
     except KeyboardInterrupt:
         pass
-    if presence is not None:
-        presence.close()
+    presence.close()
+    if own is not None:
+        own.close()
     server.shutdown()
     log.close()
     return 0

@@ -70,7 +70,8 @@ def open(
     kafka: Mapping[str, Any] | None = None,
 ) -> Log:
     """``file:///path`` (or a plain path), ``memory://``, ``flight://host:port`` — a
-    log server (``riverbed log serve``) on this or another machine —
+    log server (``riverbed log serve``) on this or another machine; ``riverbed://``: the
+    log servers the control plane at ``control`` knows (:mod:`riverbed.log.discovery`) —
     ``s3://bucket/prefix``: diskless topics (:mod:`riverbed.log.diskless`), their
     records in the bucket and their offsets in the control plane at ``control``
     (default: riverbed's configured one, ``RIVERBED_CONTROL``), appends sharing an object
@@ -109,9 +110,18 @@ def open(
         from riverbed.log.flight import FlightLogStorage
 
         return Log(FlightLogStorage(str(url)))
+    if parts.scheme == "riverbed":  # the log servers the control plane knows
+        from riverbed.config import load_config
+        from riverbed.log.discovery import discovered, resolver
+        from riverbed.log.flight import FlightLogStorage
+
+        plane = control or load_config().control_url
+        servers = FlightLogStorage(discovered(str(url), plane), resolve=resolver(str(url), plane))
+        return Log(servers)
     raise LogError(
         f"unknown log URL {url!r}; use file:///path, memory://, s3://bucket/prefix "
-        "(diskless topics), flight://host:port (a `riverbed log serve`) or "
+        "(diskless topics), flight://host:port (a `riverbed log serve`), riverbed:// (the "
+        "log servers the control plane knows) or "
         "kafka://host:9092 (a Kafka cluster's topics, read-only)"
     )
 

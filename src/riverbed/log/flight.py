@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import random
 import threading
 import time
@@ -102,12 +103,19 @@ def _not_reached(exc: BaseException) -> bool:
     )
 
 
+log = logging.getLogger(__name__)
+
+
 class FlightLogStorage(LogStorage):
     waits = True
     columnar = True  # a produced batch goes as columns on the wire anyway
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, resolve: Callable[[], list[str]] | None = None) -> None:
+        """``resolve``: where the servers are now (``host:port``), asked when none of the
+        list could be reached (``riverbed://``, :mod:`riverbed.log.discovery`)."""
         parts = urlsplit(url)
+        self._resolve = resolve
+        self._grpc = "grpc+tls" if parts.scheme == "flight+tls" else "grpc+tcp"
         if parts.scheme not in SCHEMES:
             raise LogError(f"not a log server URL: {url!r}; e.g. flight://host:8815")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -162,6 +170,22 @@ class FlightLogStorage(LogStorage):
         with contextlib.suppress(Exception):  # closing a broken connection may fail too
             client.close()
 
+    def _rediscover(self) -> None:
+        """Ask where the servers are now (``resolve``), when none answered: a server
+        moved or replaced is found without a new URL."""
+        if self._resolve is None:
+            return
+        try:
+            servers = self._resolve()
+        except Exception as exc:  # the control plane out of reach too: keep the list
+            log.debug("log servers not rediscovered: %s", exc)
+            return
+        with self._lock:
+            self._locations = [f"{self._grpc}://{server}" for server in servers]
+            self._current = random.randrange(len(self._locations))  # noqa: S311
+            self._client = None
+            self.url = f"{urlsplit(self.url).scheme}://{','.join(servers)}"
+
     def _options(self, timeout: float | None = None) -> flight.FlightCallOptions:
         return flight.FlightCallOptions(headers=self._headers, timeout=timeout)
 
@@ -194,6 +218,7 @@ class FlightLogStorage(LogStorage):
                 if attempt % len(self._locations) == 0:  # every server tried: back off
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
+                    self._rediscover()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _act(self, kind: str, request: dict[str, Any] | None = None, timeout: float = 60) -> Any:
