@@ -4,9 +4,6 @@ them again when the ones they used are gone and others serve the log elsewhere."
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +16,7 @@ import riverbed.log
 from riverbed.log import LogError
 from riverbed.log.discovery import ROLE, choose
 from tests.cli import run_cli
+from tests.log.servers import Server
 
 
 def test_choose_takes_the_live_servers_of_one_log_and_names_what_is_ambiguous() -> None:
@@ -37,32 +35,6 @@ def test_choose_takes_the_live_servers_of_one_log_and_names_what_is_ambiguous() 
     tls = {**b, "url": "flight+tls://h2:8815"}
     with pytest.raises(LogError, match="mix flight and flight\\+tls"):
         choose([a, tls], None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``riverbed log serve --store s3://…`` in its own process."""
-
-    def __init__(self, home: Path, store: str, env: dict[str, str]) -> None:
-        self.port = _free_port()
-        command = [sys.executable, "-m", "riverbed.cli.main", "log", "serve", "--store",
-                   store, "--port", str(self.port)]  # fmt: skip
-        home.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            command, env={**env, "RIVERBED_HOME": str(home)}, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert "serving" in line, line
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
 
 
 def _registered(env: dict[str, str]) -> list[str]:
@@ -99,6 +71,8 @@ def test_clients_find_servers_through_the_control_plane_and_follow_them_when_rep
     }
     store = f"{s3_url}/discovery"
     first = [Server(tmp_path / f"s{n}", store, env) for n in range(2)]
+    for server in first:
+        server.start()
     servers = lambda: _registered(env)  # noqa: E731
     _until(lambda: len(servers()) == 2, "both servers registered")
     assert servers() == sorted(f"flight://127.0.0.1:{s.port}" for s in first)
@@ -118,6 +92,8 @@ def test_clients_find_servers_through_the_control_plane_and_follow_them_when_rep
         assert sum(p.end for p in log.offsets("ev")) == 20
         # the servers it knows are all replaced: two new ones elsewhere, the old killed
         second = [Server(tmp_path / f"t{n}", store, env) for n in range(2)]
+        for server in second:
+            server.start()
         for server in first:
             server.kill()
         _until(lambda: len(servers()) == 2, "the old servers' leases gone")

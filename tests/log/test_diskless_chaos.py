@@ -7,11 +7,7 @@ everything exactly once by its committed offsets, each partition in order."""
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +19,7 @@ import pytest
 import riverbed.log
 from riverbed.control import connect
 from riverbed.log.group.consumer import describe_group
+from tests.log.servers import Server
 
 pytestmark = pytest.mark.slow
 
@@ -55,37 +52,6 @@ with log.consumer(connect(sys.argv[2]), "chaos", "chaos", member_id=sys.argv[3],
                   session_ttl=10) as consumer:
     consumer.run(handle, max_records=50)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``riverbed log serve --store s3://…`` in its own process and directory."""
-
-    def __init__(self, home: Path, store: str, env: dict[str, str]) -> None:
-        self.home, self.store, self.env = home, store, env
-        self.port = _free_port()
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "riverbed.cli.main", "log", "serve", "--store",
-                   self.store, "--port", str(self.port)]  # fmt: skip
-        env = {**self.env, "RIVERBED_HOME": str(self.home)}
-        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert "serving" in line, line
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        shutil.rmtree(self.home, ignore_errors=True)  # the machine's disk is gone too
 
 
 def test_three_servers_killed_twice_each_and_s3_stopped_lose_and_duplicate_nothing(

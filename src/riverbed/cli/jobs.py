@@ -188,6 +188,18 @@ def _print_json(value: Any) -> None:
 # -- commands -------------------------------------------------------------------------
 
 
+def _resolved(fn: Any, env: _Env, args: argparse.Namespace) -> Any:
+    """``runs.plan`` or ``runs.submit`` of the job, work ids, kwargs and --stale given."""
+    return fn(
+        env.catalog,
+        env.queue,
+        args.job,
+        args.work_ids,
+        _kwargs(args.kwarg),
+        stale_only=args.stale,
+    )
+
+
 def _plan_rows(plan: Any) -> list[dict[str, Any]]:
     rows = [
         {
@@ -217,14 +229,7 @@ def _plan_rows(plan: Any) -> list[dict[str, Any]]:
 def _plan(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import plan
 
-    result = plan(
-        env.catalog,
-        env.queue,
-        args.job,
-        args.work_ids,
-        _kwargs(args.kwarg),
-        stale_only=args.stale,
-    )
+    result = _resolved(plan, env, args)
     rows = _plan_rows(result)
     if args.json:
         _print_json({"rows": rows, "pruned": [list(p) for p in result.pruned]})
@@ -258,14 +263,7 @@ def _plan(env: _Env, args: argparse.Namespace) -> int:
 def _submit(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import submit
 
-    master, plan = submit(
-        env.catalog,
-        env.queue,
-        args.job,
-        args.work_ids,
-        _kwargs(args.kwarg),
-        stale_only=args.stale,
-    )
+    master, plan = _resolved(submit, env, args)
     new = len(plan.new_chunks)
     reused = len(plan.chunks) - new
     if not args.wait:
@@ -299,14 +297,7 @@ def _run(env: _Env, args: argparse.Namespace) -> int:
     from riverbed.jobs.runs import submit
     from riverbed.jobs.worker import run_here
 
-    master, plan = submit(
-        env.catalog,
-        env.queue,
-        args.job,
-        args.work_ids,
-        _kwargs(args.kwarg),
-        stale_only=args.stale,
-    )
+    master, plan = _resolved(submit, env, args)
     if not args.json:
         out.print(f"run {master}: {len(plan.new_chunks)} chunk(s); running them here")
 
