@@ -44,10 +44,16 @@ class Submission(QueueBase):
                     latest.c.job == job, latest.c.kwargs == kw
                 )
             ).first()
-            if last is not None:
-                fresh.record(job, kw, (), float(last[0]), last[1])
-            for w, at, code in rows:
-                fresh.record(job, kw, (int(w),), float(at), code)
+            # one row per work id (its newest success); the job's newest of all of them
+            # and its run without work ids (100k work ids: dicts, not a call per row)
+            key = (job, kw)
+            if rows:
+                fresh.by_id[key] = {int(w): float(at) for w, at, _ in rows}
+                fresh.code_by_id[key] = {int(w): code for w, _, code in rows}
+                _, at, code = max(rows, key=lambda r: float(r[1]))
+                fresh.latest[key], fresh.latest_code[key] = float(at), code
+            if last is not None and (key not in fresh.latest or last[0] >= fresh.latest[key]):
+                fresh.latest[key], fresh.latest_code[key] = float(last[0]), last[1]
             q = select(chunks.c.id, chunks.c.work_ids).where(
                 chunks.c.job == job,
                 chunks.c.kwargs == kw,
