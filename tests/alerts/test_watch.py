@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from riverbed.alerts import Alert, Notice, Webhook
+from riverbed.alerts.webhook import RefusedError, SendError
 from riverbed.control import connect
 from riverbed.control.processes import hosts_of
 from riverbed.processes import kill_session
@@ -27,13 +29,13 @@ SECRET = "T000/B000/s3cr3t-webhook-path"
 
 
 class Receiver:
-    """A webhook receiver on loopback: keeps every JSON body; answers 503 to the first
-    ``refuse`` requests (a receiver having a bad moment)."""
+    """A webhook receiver on loopback: keeps every JSON body; answers ``status`` (503: a
+    receiver having a bad moment) to the first ``refuse`` requests."""
 
-    def __init__(self, refuse: int = 0) -> None:
+    def __init__(self, refuse: int = 0, status: int = 503) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.paths: list[str] = []
-        self.refuse = refuse
+        self.refuse, self.status = refuse, status
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,7 +44,7 @@ class Receiver:
                 receiver.paths.append(self.path)
                 if receiver.refuse > 0:
                     receiver.refuse -= 1
-                    self.send_response(503)
+                    self.send_response(receiver.status)
                     self.end_headers()
                     return
                 receiver.bodies.append(json.loads(data))
@@ -121,6 +123,24 @@ def holding(env: dict[str, str], *extra: str) -> dict[str, str]:
 
 def sent(receiver: Receiver) -> list[tuple[str, str]]:
     return sorted((b["status"], b["key"]) for b in receiver.take())
+
+
+def test_a_send_is_retried_through_a_bad_moment_and_not_when_refused() -> None:
+    notice = Notice("firing", 1.0, Alert("k", "host.down", "error", "host h", "down"))
+    flaky, refusing = Receiver(refuse=5), Receiver(refuse=1, status=400)
+    try:
+        with pytest.raises(SendError) as raised:
+            Webhook(flaky.url, backoff=0.01).send(notice)
+        assert not isinstance(raised.value, RefusedError) and len(flaky.paths) == 3
+        assert SECRET not in str(raised.value) and "HTTP 503" in str(raised.value)
+        with pytest.raises(RefusedError, match="HTTP 400"):
+            Webhook(refusing.url, backoff=0.01).send(notice)
+        assert len(refusing.paths) == 1  # a refusal is not sent again
+        Webhook(flaky.url, backoff=0.01).send(notice)  # the bad moment over
+        assert flaky.take()[0]["key"] == "k"
+    finally:
+        flaky.close()
+        refusing.close()
 
 
 def test_failed_chunks_and_a_lost_host_are_sent_once_and_a_host_back_is_resolved(

@@ -5,7 +5,9 @@ Its gate (:mod:`~riverbed.
 alerts.gate`) is stored on the control plane under ``riverbed/alerts/<name>`` after
 each round's sends, so a watcher that restarts — here or on another host — neither
 repeats what was sent nor forgets a condition it reported. A notice whose send failed
-is not remembered as sent: the next round tries it again (at least once).
+is not remembered as sent: the next round tries it again (at least once) — unless the
+receiver refused it (a 4xx other than 429: it would refuse it again), which is logged
+and dropped.
 
 A watcher that starts with no stored gate takes the failures already recorded as
 history (it says how many in its log) and reports what happens from then on.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from riverbed.alerts.checks import Thresholds, current
 from riverbed.alerts.gate import Alert, Gate, Notice
-from riverbed.alerts.webhook import SendError, Webhook
+from riverbed.alerts.webhook import RefusedError, SendError, Webhook
 from riverbed.inspect.sources import Sources
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,10 @@ class Watcher:
         sent: list[Notice] = []
         try:
             for notice in notices:
-                self.webhook.send(notice)
+                try:
+                    self.webhook.send(notice)
+                except RefusedError as exc:  # it would be refused forever: log it, go on
+                    log.warning("alerts %s: %s; this notice is dropped", self.name, exc)
                 sent.append(notice)
         except SendError as exc:
             log.warning("alerts %s: %s; trying again next round", self.name, exc)

@@ -22,7 +22,7 @@ from riverbed.errors import InvalidValueError, RiverbedError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "AlertValueError", "SendError", "Webhook", "body"]
+__all__ = ["FORMATS", "AlertValueError", "RefusedError", "SendError", "Webhook", "body"]
 
 FORMATS = ("json", "slack")
 _ICON = {"firing": "🔴", "repeat": "🔁", "resolved": "✅", "summary": "⏸"}
@@ -34,6 +34,11 @@ class AlertValueError(InvalidValueError):
 
 class SendError(RiverbedError):
     """A notice could not be delivered after every attempt."""
+
+
+class RefusedError(SendError):
+    """The receiver answered the notice with a 4xx (other than 429): it will refuse it
+    again, so it is not sent again."""
 
 
 def body(notice: Notice, fmt: str) -> dict[str, Any]:
@@ -83,7 +88,7 @@ class Webhook:
         """POST ``notice``; raises :class:`SendError` (naming the host only) when every
         attempt failed."""
         data = json.dumps(body(notice, self.fmt)).encode()
-        why = ""
+        why, refused = "", False
         for attempt in range(self.attempts):
             request = urllib.request.Request(  # noqa: S310 (http/https only: __post_init__)
                 self.url, data=data, headers={"Content-Type": "application/json"}, method="POST"
@@ -95,10 +100,12 @@ class Webhook:
             except urllib.error.HTTPError as exc:
                 why = f"HTTP {exc.code}"
                 if exc.code < 500 and exc.code != 429:
-                    break  # the receiver refuses this message: sending it again won't help
+                    refused = True  # the receiver refuses this message: again won't help
+                    break
             except (urllib.error.URLError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
                 why = type(reason).__name__ if not isinstance(reason, str) else reason
             if attempt + 1 < self.attempts:
                 time.sleep(self.backoff * 2**attempt)
-        raise SendError(f"the alerts webhook {self.shown} did not take a notice: {why}")
+        error = RefusedError if refused else SendError
+        raise error(f"the alerts webhook {self.shown} did not take a notice: {why}")
