@@ -237,13 +237,21 @@ def _log_serve(args: argparse.Namespace) -> int:
 
     # on the control plane: the console's hosts view (this host serves the log), and
     # riverbed:// clients find this server there (riverbed.log.discovery)
+    presence, own = None, None
     if isinstance(log.storage, DisklessLogStorage):
-        control, own = log.storage.control, None
-    else:
+        presence = Presence(log.storage.control, ROLE, {"url": server.url, "log": log.url})
+    else:  # a file log needs no control plane to serve: announcing is best effort
         from riverbed.control import connect
+        from riverbed.errors import RiverbedError
 
-        control = own = connect(load_config().control_url)
-    presence = Presence(control, ROLE, {"url": server.url, "log": log.url})
+        try:
+            own = connect(load_config().control_url)
+            presence = Presence(own, ROLE, {"url": server.url, "log": log.url})
+        except RiverbedError as exc:  # a control plane out of reach, or misconfigured
+            print(  # stderr: the first line of stdout says where it serves
+                f"not announced on the control plane ({exc}): riverbed:// will not find it",
+                file=sys.stderr,
+            )
     if isinstance(log.storage, DisklessLogStorage):  # diskless topics: any server tidies
         threading.Thread(
             target=_maintain,
@@ -259,7 +267,8 @@ def _log_serve(args: argparse.Namespace) -> int:
             pass
     except KeyboardInterrupt:
         pass
-    presence.close()
+    if presence is not None:
+        presence.close()
     if own is not None:
         own.close()
     server.shutdown()
