@@ -437,10 +437,14 @@ class LogStorage(ABC):
 
 
 class Sender(Protocol):
-    """What a consumer needs of a producer (the dead-letter topic's)."""
+    """What a consumer needs of a producer (the dead-letter topic's; a transform's
+    output, :mod:`riverbed.log.group.transform`)."""
 
     @property
     def topic(self) -> str: ...
+
+    @property
+    def typed(self) -> bool: ...
 
     def send(
         self,
@@ -449,6 +453,10 @@ class Sender(Protocol):
         key: bytes | str | int | None = None,
         headers: Mapping[str, bytes] | None = None,
     ) -> Any: ...
+
+    def batches(
+        self, values: Sequence[Any], key_field: str | None = None
+    ) -> list[tuple[int, ColumnBatch]]: ...
 
 
 class TopicLog(Protocol):

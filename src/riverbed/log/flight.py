@@ -283,12 +283,36 @@ class FlightLogStorage(LogStorage):
         check_column_values(self.topic_config(topic), batch.values)
         return self._send(topic, partition, columns_batch(batch))
 
-    def _send(self, topic: str, partition: int, batch: pa.RecordBatch) -> int:
-        """One produced wire batch to the server; the base offset it acknowledges."""
-        request: dict[str, Any] = {"op": "append", "topic": topic, "partition": partition}
+    @property
+    def idempotent(self) -> bool:  # type: ignore[override]
+        """Whether the servers recognise a retried batch (servers of diskless topics)."""
         if self._idempotent is None:
             self._idempotent = bool(self.hello().get("idempotent"))
-        if self._idempotent:
+        return self._idempotent
+
+    def append_once(
+        self, topic: str, partition: int, batch: ColumnBatch, producer: str, sequence: int
+    ) -> int:
+        if not self.idempotent:
+            return super().append_once(topic, partition, batch, producer, sequence)
+        if not len(batch):
+            raise LogValueError("cannot append an empty batch")
+        check_column_values(self.topic_config(topic), batch.values)
+        return self._send(topic, partition, columns_batch(batch), (producer, sequence))
+
+    def _send(
+        self,
+        topic: str,
+        partition: int,
+        batch: pa.RecordBatch,
+        once: tuple[str, int] | None = None,
+    ) -> int:
+        """One produced wire batch to the server; the base offset it acknowledges.
+        ``once``: the caller's (producer, sequence) instead of this client's own."""
+        request: dict[str, Any] = {"op": "append", "topic": topic, "partition": partition}
+        if once is not None:
+            request |= {"producer": once[0], "sequence": once[1]}
+        elif self.idempotent:
             request |= {"producer": self._producer, "sequence": next(self._sequences)}
         descriptor = flight.FlightDescriptor.for_command(encode(request))
 
@@ -307,7 +331,7 @@ class FlightLogStorage(LogStorage):
             base: int = decode(ack.to_pybytes(), "an acknowledgement")["base"]
             return base
 
-        return self._call(run, idempotent=self._idempotent)
+        return self._call(run, idempotent=self.idempotent)
 
     def read(
         self, topic: str, partition: int, offset: int, max_records: int, wait: float = 0

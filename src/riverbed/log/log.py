@@ -496,6 +496,23 @@ class Producer:
             items.append(self.record(value, key, ts, None, None, checked=True))
         return items, typed
 
+    @property
+    def typed(self) -> bool:
+        """Whether the topic is typed (a schema of fields) rather than serde bytes."""
+        return self._schema is not None
+
+    def batches(
+        self, values: Sequence[Any], key_field: str | None = None
+    ) -> list[tuple[int, ColumnBatch]]:
+        """``values`` as this producer would append them — checked, encoded, placed by
+        the topic's partitioner — one batch per partition, not appended (a caller that
+        appends them its own way: :mod:`riverbed.log.group.transform`). Untyped topics."""
+        if self.typed:
+            raise LogValueError(f"batches() of the typed topic {self.topic!r} is not built")
+        items, typed = self._items(values, key_field, None)
+        _, parts = self._parts(items, typed)
+        return [(p, ColumnBatch.from_rows(rows)) for p, rows, _ in parts]
+
     def _parts(
         self, items: Sequence[tuple[int, RawRecord]], typed: Any
     ) -> tuple[dict[int, list[int]], list[tuple[int, list[RawRecord], Any]]]:

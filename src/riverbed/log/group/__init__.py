@@ -2,6 +2,7 @@
 
 from riverbed.log.group.assignors import ASSIGNORS, Assignor, TopicPartition
 from riverbed.log.group.consumer import Consumer, GroupDescription, PartitionState, describe_group
+from riverbed.log.group.transform import transform
 
 __all__ = [
     "ASSIGNORS",
@@ -11,4 +12,5 @@ __all__ = [
     "PartitionState",
     "TopicPartition",
     "describe_group",
+    "transform",
 ]

@@ -105,6 +105,9 @@ class _Owned:
     position: int
     committed: int
     busy: bool = False  # a run() task is processing it
+    # a transform's batch [committed, pending) planned and maybe produced, not committed
+    # (riverbed.log.group.transform): the next owner produces exactly that batch again
+    pending: int | None = None
 
 
 @dataclass(frozen=True)
@@ -267,30 +270,46 @@ class Consumer:
         if not result.succeeded:
             return  # still held by the previous owner; retried when it is released
         committed_kv = self.cp.get(self.keys.offset(tp))
+        pending = None
         if committed_kv is not None:
-            committed = int(json.loads(committed_kv.value)["offset"])
+            recorded = json.loads(committed_kv.value)
+            committed, pending = int(recorded["offset"]), recorded.get("pending")
         else:
             start, end = self.log.storage.offsets(*tp)
             committed = start if self.start_from == "earliest" else end
         with self._cond:
-            self._owned[tp] = _Owned(result.revision, committed, committed)
+            self._owned[tp] = _Owned(
+                result.revision,
+                committed,
+                committed,
+                pending=None if pending is None else int(pending),
+            )
             log.info("consumer %s claimed %s at offset %d", self.member_id, tp, committed)
             self._cond.notify_all()
 
     # -- commits and releases --------------------------------------------------------------
-    def _commit_one(self, tp: TopicPartition, owned: _Owned, offset: int) -> bool:
-        if offset <= owned.committed:
+    def _commit_one(
+        self, tp: TopicPartition, owned: _Owned, offset: int, pending: int | None = None
+    ) -> bool:
+        """Commit ``offset`` (fenced by the claim); with ``pending``, record the batch
+        [offset, pending) as planned (a transform's write-ahead) at the same time."""
+        if offset <= owned.committed and pending is None:
             return True
-        value = json.dumps(
-            {"offset": offset, "member": self.member_id, "generation": self._generation}
-        )
+        record: dict[str, object] = {
+            "offset": offset,
+            "member": self.member_id,
+            "generation": self._generation,
+        }
+        if pending is not None:
+            record["pending"] = pending
+        value = json.dumps(record)
         claim = self.keys.claim(tp)
         ok = self.cp.txn(
             [Compare.create(claim) == owned.claim_revision, Compare.value(claim) == self.member_id],
             [Put.of(self.keys.offset(tp), value)],
         ).succeeded
         if ok:
-            owned.committed = offset
+            owned.committed, owned.pending = offset, pending
         else:
             log.warning("consumer %s lost its claim on %s; commit rejected", self.member_id, tp)
             with self._cond:
