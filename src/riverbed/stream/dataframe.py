@@ -394,6 +394,13 @@ def _initialization_failure(query: Any, timeout: float) -> str | None:
         time.sleep(0.1)
     if query.isActive:
         return None
+    # ended: wait for its termination to complete before asking why — its state turns
+    # TERMINATED before everything of its end is in place, and a query asked in between
+    # said it had no exception (a failed start then went unretried: a fresh-clone run)
+    try:
+        query.awaitTermination(60)
+    except Exception as exc:  # the StreamingQueryException it died of
+        return str(exc)
     error = query.exception()
     return None if error is None else str(error)
 
