@@ -9,8 +9,7 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from riverbed.control import connect
 from riverbed.control.processes import hosts_of
 from riverbed.processes import kill_session
 from tests.cli import run_cli
+from tests.jobs.cluster import until
 from tests.stream.conftest import make_events, write_events
 
 SECRET = "T000/B000/s3cr3t-webhook-path"
@@ -108,13 +108,6 @@ def cli(env: dict[str, str], *args: str, seen: list[str] | None = None) -> str:
     return out.stdout
 
 
-def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout}s"
-        time.sleep(0.2)
-
-
 def holding(env: dict[str, str], *extra: str) -> dict[str, str]:
     """What ``alerts check`` says holds now: key → kind."""
     lines = cli(env, "alerts", "check", "--json", *extra).splitlines()
@@ -162,10 +155,10 @@ def test_failed_chunks_and_a_lost_host_are_sent_once_and_a_host_back_is_resolved
     cmd = [sys.executable, "-m", "riverbed.cli.main", "worker", "--ttl", "1"]
     worker = subprocess.Popen(cmd, env=worker_env, start_new_session=True)
     try:
-        until(lambda: _h9(env) == "up", "h9 up")
+        until(lambda: _h9(env) == "up", 60, "h9 up")
     finally:
         kill_session(worker.pid)
-    until(lambda: "host:h9:down" in holding(env), "h9 down after its worker's lease")
+    until(lambda: "host:h9:down" in holding(env), 60, "h9 down after its worker's lease")
 
     cli(env, *watch, seen=printed)  # the receiver refuses the first POST: retried
     bodies = receiver.take()
@@ -189,7 +182,7 @@ def test_failed_chunks_and_a_lost_host_are_sent_once_and_a_host_back_is_resolved
     assert set(body) == {"text"} and body["text"].startswith("🔴 *host.down* host h9 runs no")
     worker = subprocess.Popen(cmd, env=worker_env, start_new_session=True)
     try:
-        until(lambda: _h9(env) == "up", "h9 up again")
+        until(lambda: _h9(env) == "up", 60, "h9 up again")
         cli(env, *watch, seen=printed)
         assert sent(receiver) == [("resolved", "host:h9:down")]
         cli(env, *slack, seen=printed)
@@ -200,7 +193,7 @@ def test_failed_chunks_and_a_lost_host_are_sent_once_and_a_host_back_is_resolved
         assert receiver.take() == []  # resolved once
     finally:
         kill_session(worker.pid)
-    until(lambda: "host:h9:down" in holding(env), "h9 down again")
+    until(lambda: "host:h9:down" in holding(env), 60, "h9 down again")
 
     # skipped kinds are not reported; a bad kind and a missing webhook are one line each
     assert "host:h9:down" not in holding(env, "--skip", "host.down")
@@ -285,7 +278,7 @@ def test_a_stream_stopped_lagging_replaced_and_killed_is_reported_as_it_happens(
     )
     try:
         up = lambda: set(holding(env, *opts).values()) == {"stream.replaced"}  # noqa: E731
-        until(up, "the driver up and caught up", 240)
+        until(up, 240, "the driver up and caught up")
         cli(env, *watch)
         (new,) = [k for k, kind in holding(env, *opts).items() if kind == "stream.replaced"]
         assert new != term
@@ -296,6 +289,6 @@ def test_a_stream_stopped_lagging_replaced_and_killed_is_reported_as_it_happens(
         ]
     finally:
         kill_session(driver.pid)
-    until(lambda: "stream:flags:stopped" in holding(env), "the killed driver's lease gone")
+    until(lambda: "stream:flags:stopped" in holding(env), 60, "the killed driver's lease gone")
     cli(env, *watch)
     assert sent(receiver) == [("firing", "stream:flags:stopped")]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,6 +14,7 @@ import riverbed.log
 from riverbed.log import LogError
 from riverbed.log.discovery import ROLE, choose
 from tests.cli import run_cli
+from tests.jobs.cluster import until
 from tests.log.servers import Server
 
 
@@ -38,25 +37,14 @@ def test_choose_takes_the_live_servers_of_one_log_and_names_what_is_ambiguous() 
 
 
 def _registered(env: dict[str, str]) -> list[str]:
-    from riverbed.control import Registry, connect
-    from riverbed.control.processes import PROCESSES
+    from riverbed.control import connect
+    from riverbed.control.processes import processes
 
     cp = connect(env["RIVERBED_CONTROL"])
     try:
-        return sorted(
-            str(m.metadata["url"])
-            for m in Registry(cp, PROCESSES).members()
-            if m.metadata.get("role") == ROLE
-        )
+        return sorted(str(p["url"]) for p in processes(cp) if p.get("role") == ROLE)
     finally:
         cp.close()
-
-
-def _until(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 @pytest.mark.s3
@@ -74,7 +62,7 @@ def test_clients_find_servers_through_the_control_plane_and_follow_them_when_rep
     for server in first:
         server.start()
     servers = lambda: _registered(env)  # noqa: E731
-    _until(lambda: len(servers()) == 2, "both servers registered")
+    until(lambda: len(servers()) == 2, 30, "both servers registered")
     assert servers() == sorted(f"flight://127.0.0.1:{s.port}" for s in first)
 
     # the CLI as a user runs it, with no server's address anywhere
@@ -96,7 +84,7 @@ def test_clients_find_servers_through_the_control_plane_and_follow_them_when_rep
             server.start()
         for server in first:
             server.kill()
-        _until(lambda: len(servers()) == 2, "the old servers' leases gone")
+        until(lambda: len(servers()) == 2, 30, "the old servers' leases gone")
         assert servers() == sorted(f"flight://127.0.0.1:{s.port}" for s in second)
         log.producer("ev").send_batch([{"i": i} for i in range(20, 30)])
         assert sum(p.end for p in log.offsets("ev")) == 30
@@ -108,7 +96,7 @@ def test_clients_find_servers_through_the_control_plane_and_follow_them_when_rep
         log.close()
         for server in second:
             server.kill()
-    _until(lambda: servers() == [], "every lease gone")
+    until(lambda: servers() == [], 30, "every lease gone")
     gone = run_cli("topic", "list", env=env)
     assert gone.returncode != 0 and "no log server is registered" in gone.stderr
     assert "Traceback" not in gone.stderr

@@ -65,28 +65,19 @@ def _chunks(src: Sources, thresholds: Thresholds) -> list[Alert]:
         attempts = int(row.get("attempt") or 1)
         ids = row.get("work_ids") or "[]"
         subject = f"job {row['job']} chunk {row['id']}"
-        if attempts > 1:
-            out.append(
-                Alert(
-                    f"chunk:{row['id']}:failed",
-                    "job.retried_out",
-                    "error",
-                    subject,
-                    f"{subject} (work ids {ids}) failed all {attempts} attempts: {last}",
-                    event=True,
-                )
+        retried = attempts > 1
+        out.append(
+            Alert(
+                f"chunk:{row['id']}:failed",
+                "job.retried_out" if retried else "chunk.failed",
+                "error",
+                subject,
+                f"{subject} (work ids {ids}) failed"
+                + (f" all {attempts} attempts" if retried else "")
+                + f": {last}",
+                event=True,
             )
-        else:
-            out.append(
-                Alert(
-                    f"chunk:{row['id']}:failed",
-                    "chunk.failed",
-                    "error",
-                    subject,
-                    f"{subject} (work ids {ids}) failed: {last}",
-                    event=True,
-                )
-            )
+        )
     return out
 
 

@@ -32,7 +32,16 @@ from riverbed.control.errors import ControlError
 from riverbed.control.registry import Registry
 from riverbed.control.session import Session
 
-__all__ = ["PROCESSES", "SEEN", "Presence", "announce", "host_name", "host_states", "hosts_of"]
+__all__ = [
+    "PROCESSES",
+    "SEEN",
+    "Presence",
+    "announce",
+    "host_name",
+    "host_states",
+    "hosts_of",
+    "processes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +120,11 @@ def host_states(
     return [rows[h] for h in sorted(rows)]
 
 
+def processes(cp: ControlPlane) -> list[dict[str, Any]]:
+    """What every live riverbed process announced (host, role, pid, since, its detail)."""
+    return [dict(m.metadata) for m in Registry(cp, PROCESSES).members()]
+
+
 def hosts_of(cp: ControlPlane) -> list[dict[str, Any]]:
     """The hosts riverbed has seen and what runs on each now (:func:`host_states`)."""
     seen: dict[str, Mapping[str, Any]] = {}
@@ -122,8 +136,7 @@ def hosts_of(cp: ControlPlane) -> list[dict[str, Any]]:
         seen[kv.key[len(SEEN) :].decode("utf-8", "replace")] = (
             value if isinstance(value, dict) else {}
         )
-    live = [dict(m.metadata) for m in Registry(cp, PROCESSES).members()]
-    return host_states(seen, live)
+    return host_states(seen, processes(cp))
 
 
 class Presence:

@@ -59,12 +59,12 @@ def choose(announced: Iterable[Mapping[str, Any]], log: str | None) -> tuple[str
 
 
 def _announced(control: str) -> list[dict[str, Any]]:
-    from riverbed.control import Registry, connect
-    from riverbed.control.processes import PROCESSES
+    from riverbed.control import connect
+    from riverbed.control.processes import processes
 
     cp = connect(control)
     try:
-        return [dict(m.metadata) for m in Registry(cp, PROCESSES).members()]
+        return processes(cp)
     finally:
         cp.close()
 
