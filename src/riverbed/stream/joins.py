@@ -1,6 +1,8 @@
-"""The declarative joins of an aggregation's spec (light: no Arrow, no Spark, so a spec
-file and Spark's source process import it cheaply). How a lookup is read, snapshotted
-and joined: :mod:`riverbed.stream.lookups`."""
+"""The declarative joins (light: no Arrow, no Spark, so a spec file and Spark's source
+process import it cheaply): a :class:`Lookup` enriches an aggregation's events from a
+table (read, snapshotted and joined by :mod:`riverbed.stream.lookups`); a :class:`Join`
+pairs the events of two streams in a window or an interval (the pairing rules:
+:mod:`riverbed.stream.pairing`; run by :mod:`riverbed.stream.streamjoin`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from riverbed.durations import duration_ms
@@ -16,7 +18,7 @@ from riverbed.errors import DurationError
 from riverbed.locations import shown, shown_repr
 from riverbed.stream.errors import StreamValueError
 
-__all__ = ["SQL_SCHEMES", "Lookup"]
+__all__ = ["SQL_SCHEMES", "Join", "Lookup"]
 
 SQL_SCHEMES = ("sqlite", "postgresql", "postgres")  # a lookup table in a SQL database
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -136,3 +138,150 @@ class Lookup:
 
     def __hash__(self) -> int:
         return hash((self.location, self.on, self.how, self.refresh, self.table, self.topic))
+
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+def _pair(value: Any, what: str) -> tuple[str, str]:
+    """One column name for both sides, or ``(left's, right's)``."""
+    if isinstance(value, str) and value:
+        return value, value
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(c, str) and c for c in value)
+    ):
+        return value[0], value[1]
+    raise StreamValueError(f"join {what}={value!r}: name one column, or (left's, right's)")
+
+
+def _side(value: Any, which: str) -> tuple[str, str | None, dict[str, str]]:
+    """(topic, log URL or None, reader options) of a side given as a topic's name or a
+    ``Topic(name, log=…, options=…)``."""
+    if isinstance(value, str) and value:
+        return value, None, {}
+    name, log, options = (getattr(value, a, None) for a in ("name", "log", "options"))
+    if isinstance(name, str) and name and (log is None or isinstance(log, str)):
+        return name, log, {str(k): str(v) for k, v in dict(options or {}).items()}
+    raise StreamValueError(
+        f"join {which}={value!r}: a topic's name, or Topic(name, log=...) (a Kafka topic: "
+        'Topic("orders", log="kafka://host:9092"))'
+    )
+
+
+@dataclass(frozen=True)
+class Join:
+    """Two streams joined on a key, within a window or an interval of event time::
+
+        Join(name="paid", left="orders", right="payments", on="order_id",
+             within=("0s", "1h"), how="left", watermark="5m")
+
+    ``left`` / ``right``: a topic's name (the configured log) or ``Topic(name, log=…)``
+    (a Kafka topic too). ``on``: the key column of both, or ``(left's, right's)``;
+    ``time``: the event-time column of both, or ``(left's, right's)`` (``"timestamp"``:
+    the record's own time). Exactly one of ``window`` (both events in the same tumbling
+    window of this size) or ``within=(before, after)`` (the right event's time is at
+    most ``before`` earlier and ``after`` later than the left's). ``how``: ``"inner"``,
+    or ``"left"`` (a left event no right one matched is emitted once, with nulls, when
+    the watermark passes its interval). ``watermark``: how late events may arrive
+    (the join's watermark is the smaller of the sides' newest event times less it);
+    ``idle_timeout``: a side with no new records for this long stops holding the
+    watermark back. ``topic``: a topic the joined rows are appended to, exactly once
+    (an aggregation can read it). ``state_partitions``: fixed at the first start."""
+
+    name: str
+    left: Any
+    right: Any
+    on: str | tuple[str, str]
+    time: str | tuple[str, str] = "timestamp"
+    window: str | None = None
+    within: tuple[str, str] | None = None
+    how: Literal["inner", "left"] = "inner"
+    watermark: str = "0s"
+    idle_timeout: str | None = "1m"
+    state_partitions: int = 4
+    topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise StreamValueError(f"join name {self.name!r}: letters, digits, '_' (max 64)")
+        _side(self.left, "left")
+        _side(self.right, "right")
+        _pair(self.on, "on")
+        _pair(self.time, "time")
+        if (self.window is None) == (self.within is None):
+            raise StreamValueError(
+                f"join {self.name}: give window= (both events in the same window, e.g. "
+                "'10s') or within=(before, after) (an interval around the left event's "
+                "time, e.g. ('0s', '1h')), one of the two"
+            )
+        if self.window is not None and _ms(self.window, "window") <= 0:
+            raise StreamValueError(f"join {self.name}: window={self.window!r} must be positive")
+        if self.within is not None:
+            if not isinstance(self.within, list | tuple) or len(self.within) != 2:
+                raise StreamValueError(
+                    f"join {self.name}: within={self.within!r} is (before, after), e.g. "
+                    "('0s', '1h'): the right event at most 0s before and 1h after the left one"
+                )
+            object.__setattr__(self, "within", (self.within[0], self.within[1]))
+            for d in self.within:
+                _ms(d, "within")
+        if self.how not in ("inner", "left"):
+            raise StreamValueError(f"join how={self.how!r}: 'inner' or 'left'")
+        _ms(self.watermark, "watermark")
+        if self.idle_timeout is not None and _ms(self.idle_timeout, "idle_timeout") <= 0:
+            raise StreamValueError(
+                f"join idle_timeout={self.idle_timeout!r}: a positive duration, or None "
+                "(a side without new records holds the watermark back for good)"
+            )
+        parts = self.state_partitions
+        if not isinstance(parts, int) or isinstance(parts, bool) or parts < 1:
+            raise StreamValueError(f"join state_partitions={parts!r}: a whole number, at least 1")
+        if self.topic is not None and (not isinstance(self.topic, str) or not self.topic):
+            raise StreamValueError(f"join topic={self.topic!r}: a topic's name")
+
+    @property
+    def sides(self) -> tuple[tuple[str, str | None, dict[str, str]], ...]:
+        """(topic, log or None, reader options) of the left, then the right side."""
+        return _side(self.left, "left"), _side(self.right, "right")
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        return _pair(self.on, "on")
+
+    @property
+    def times(self) -> tuple[str, str]:
+        return _pair(self.time, "time")
+
+    @property
+    def watermark_ms(self) -> int:
+        return _ms(self.watermark, "watermark")
+
+    @property
+    def idle_ms(self) -> int | None:
+        return None if self.idle_timeout is None else _ms(self.idle_timeout, "idle_timeout")
+
+    @property
+    def window_ms(self) -> int | None:
+        return None if self.window is None else _ms(self.window, "window")
+
+    @property
+    def bounds_ms(self) -> tuple[int, int]:
+        """(lower, upper): a pair matches when right time - left time is in [lower, upper]
+        (an interval join; a window join has none)."""
+        if self.within is None:
+            return 0, 0
+        return -_ms(self.within[0], "within"), _ms(self.within[1], "within")
+
+
+def _ms(value: Any, what: str) -> int:
+    try:
+        ms = duration_ms(value)
+    except (DurationError, TypeError, AttributeError):
+        raise StreamValueError(
+            f"join {what}={value!r}: a duration such as '10s', '5m' or '1h'"
+        ) from None
+    if ms < 0:
+        raise StreamValueError(f"join {what}={value!r}: not negative")
+    return ms
