@@ -52,6 +52,13 @@ class BatchRecord:
     # the Spark-driven loop ran (their offsets are in Spark's offset log)
     slices: dict[str, list[int]] | None = None
     co_located: bool | None = None
+    # a stream-stream join's plan (streamjoin.py): each side's slices {"left": {...},
+    # "right": {...}}, the newest event time each side had shown before it, and when
+    # (wall-clock ms) each side last had new records — its idle timeout's clock
+    sources: dict[str, dict[str, list[int]]] | None = None
+    source_max_ms: dict[str, int] | None = None
+    source_moved_ms: dict[str, int] | None = None
+    joined: int | None = None  # pairs a join emitted (its unmatched left events: unmatched)
     # the plan's version of each lookup table (lookups.Snapshot.to_json), so a re-run
     # joins with the same rows
     lookups: list[dict[str, Any]] | None = None
@@ -237,7 +244,7 @@ class BatchLog:
 
 def _plan(record: BatchRecord) -> tuple[Any, ...]:
     """What must be the same in every run of a batch."""
-    return (record.slices, record.watermark_ms, record.co_located)
+    return (record.slices, record.watermark_ms, record.co_located, record.sources)
 
 
 def _legacy(recorded: BatchRecord, record: BatchRecord) -> bool:

@@ -91,6 +91,7 @@ SAVEPOINTS = "riverbed/savepoints/"  # <name>.json and .parquet (savepoints.py)
 RESTORED = "riverbed/restored/"  # <aggregation>.<savepoint>.json: started from it
 SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (changes.py)
 MANIFEST = "riverbed/job.json"
+JOIN = "riverbed/join.json"  # a stream-stream join's shape, fixed at first start (streamjoin.py)
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
 
 

@@ -124,9 +124,9 @@ def step(
     outer = how == "left"
     old_right = _buffered(store, RIGHT, left[KEY].unique(), rcols)
     old_left = _buffered(store, LEFT, right[KEY].unique(), lcols)
-    fresh = _pairs(rule, left, pd.concat([old_right, right[IDS + rcols]], ignore_index=True))
+    fresh = _pairs(rule, left, _concat([old_right, right[IDS + rcols]]))
     late_found = _pairs(rule, old_left, right)
-    pairs = pd.concat([fresh, late_found], ignore_index=True)
+    pairs = _concat([fresh, late_found])
     unmatched: list[pd.DataFrame] = []
     matched_new = np.zeros(len(left), dtype=bool)
     if outer:
@@ -180,6 +180,15 @@ def step(
         pd.concat(unmatched, ignore_index=True) if unmatched else pd.DataFrame(columns=IDS + lcols)
     )
     return Paired(pairs=pairs, unmatched=alone_frame.rename(columns=_left_ids))
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Frames one under the other (the empty ones left out: their columns' types
+    would not decide the result's)."""
+    full = [f for f in frames if len(f)]
+    if not full:
+        return frames[0]
+    return full[0] if len(full) == 1 else pd.concat(full, ignore_index=True)
 
 
 def _left_ids(name: str) -> str:

@@ -219,13 +219,14 @@ class TopicSink:
         if topic not in self.log.topics():
             self.log.create_topic(topic, partitions)
 
-    def write(self, batch_id: int, rows: pd.DataFrame) -> int:
-        """Append the batch's rows; returns how many records were written now."""
+    def write(self, batch_id: int, rows: pd.DataFrame, keys: list[str] | None = None) -> int:
+        """Append the batch's rows (keyed by their ``key`` column, or by ``keys``);
+        returns how many records were written now."""
         from riverbed.log.records import RawRecord
 
         producer = self.log.producer(self.topic)
         by_partition: dict[int, list[RawRecord]] = {}
-        for key, value in result_records(batch_id, rows):
+        for key, value in result_records(batch_id, rows, keys):
             partition, raw = producer.record(value, key=key)  # stamped now: see the module
             by_partition.setdefault(partition, []).append(raw)
         written = 0
@@ -489,18 +490,21 @@ def _reason(exc: BaseException) -> str:
     return str(text)[:200]
 
 
-def result_records(batch_id: int, rows: pd.DataFrame) -> list[tuple[str, dict[str, Any]]]:
+def result_records(
+    batch_id: int, rows: pd.DataFrame, keys: list[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """The batch's rows as results-topic records (riverbed's or Kafka's): key = the
-    aggregation key, value = the row as JSON-friendly values (:func:`plain`'s) with its
-    ``batch_id`` (its timestamp is the time it is written: see the module). Built
-    column by column — a batch's timestamps are a few windows, each formatted once;
-    numbers as Python's — about three times as fast as row by row (the q5 run of
-    benchmarks/nexmark.py wrote 30,000 rows a batch)."""
+    aggregation key (or ``keys``, one per row), value = the row as JSON-friendly values
+    (:func:`plain`'s) with its ``batch_id`` (its timestamp is the time it is written:
+    see the module). Built column by column — a batch's timestamps are a few windows,
+    each formatted once; numbers as Python's — about three times as fast as row by row
+    (the q5 run of benchmarks/nexmark.py wrote 30,000 rows a batch)."""
     if rows.empty:
         return []
     names = list(rows.columns)
     columns = [_plain_column(rows[name]) for name in names]
-    keys = [str(k) for k in rows["key"].tolist()]
+    if keys is None:
+        keys = [str(k) for k in rows["key"].tolist()]
     values = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
     for value in values:
         value["batch_id"] = batch_id

@@ -1,0 +1,842 @@
+"""Stream-stream joins on the log-native path: two topics, one plan per batch, exactly once.
+
+A :class:`~riverbed.stream.joins.Join` runs as riverbed's own trigger loop on a driver
+thread (like a log-native aggregation, :mod:`riverbed.stream.loop`):
+
+1. **plan** batch *b*: each side's slices (from where *b - 1* ended to the topic's end,
+   at most ``maxRecordsPerBatch`` per side) and the watermark — the smaller of the
+   sides' newest event times seen *before* *b*, less the join's ``watermark`` delay; a
+   side with no new records for ``idle_timeout`` stops holding it back — written
+   durably before anything of *b* (a re-run reads both sides' same slices and the same
+   watermark);
+2. **read** (one task per piece of a slice): events decoded, malformed ones (no key, no
+   time, a bad record) and late ones (:meth:`~riverbed.stream.pairing.Rule.late`) set
+   aside and counted, the rest sent to their state partition (``crc32(key) %
+   state_partitions``, keys compared as text);
+3. **pair** (one task per state partition, every partition every batch: the watermark
+   drops buffered events there too): state version *b* loaded, the batch's events
+   paired and buffered (:func:`riverbed.stream.pairing.step`), version *b + 1*
+   committed;
+4. **finish** on the driver: the joined rows (in one order: by key and the events'
+   times and offsets) replace ``<output>/batch_id=b/part-00000.parquet``, go to the
+   join's ``topic`` (once per batch and partition, :class:`~riverbed.stream.sinks.
+   TopicSink`), malformed and late events to ``<name>.dlq`` / ``<name>.late``; then the
+   batch is recorded done — the commit.
+
+A small batch (a local master) runs its tasks in the driver's threads instead of as a
+Spark job. A killed driver's next start re-runs its newest unfinished plan exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.config import adopt
+from riverbed.locations import is_local, local_path, location
+from riverbed.log import reach_environment
+from riverbed.spark import tasks_in_this_process
+from riverbed.spark.offsets import batch_ends, begin_offsets, capped, source_limits
+from riverbed.spark.source import META_FIELDS, LogSlice, open_log, read_slice
+from riverbed.state import StateConfig, StateProvider, openpool, uploads
+from riverbed.state.openpool import keep_open
+from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
+from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord, open_batches
+from riverbed.stream.engine import event_millis, state_partition_of
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.fencing import check_term
+from riverbed.stream.joins import Join
+from riverbed.stream.layout import JOIN, Checkpoint, checkpoint_store, state_root
+from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
+from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS
+from riverbed.stream.pairing import IDS, KEY, OFF, PART, TS, Rule, buffered_count, step
+from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
+from riverbed.stream.results import PART as RESULT_FILE
+from riverbed.stream.results import encode_file, read_table
+
+log = logging.getLogger(__name__)
+
+SIDES = ("left", "right")
+_PREFIX = {"left": "l.", "right": "r."}
+WINDOW_START = "window_start"
+
+
+@dataclass(frozen=True)
+class JoinSide:
+    """One side as the tasks read it (fixed at start)."""
+
+    options: dict[str, str]  # the topic reader's: topic, log, schema, ...
+    schema: Any  # StructType: the value fields and the source's metadata columns
+    key: str
+    time: str
+    columns: tuple[str, ...]  # the columns it keeps (its time too), stored per event
+    times: tuple[str, ...]  # of those, timestamps: stored as ms, given back as times
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """Everything a join's tasks need; pickled to executors."""
+
+    join: Join
+    sides: tuple[JoinSide, JoinSide]
+    state: StateConfig
+    checkpoint: str
+    output: str
+    log_url: str | None
+    names: tuple[tuple[str, str], ...]  # (internal column, output column), in order
+    output_schema: pa.Schema
+    term: int | None = None
+    max_records: int | None = None
+    driver_records: int = DRIVER_BATCH_RECORDS
+    reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """As :class:`~riverbed.stream.engine.EngineConfig`'s: the driver's reach
+        settings fill in what a worker's environment lacks."""
+        self.__dict__.update(state)
+        adopt(state.get("reach_env", {}))
+
+    @property
+    def spec(self) -> Join:  # (side_outputs reads the name from it)
+        return self.join
+
+    @property
+    def namespace(self) -> str:
+        return self.join.name
+
+    @property
+    def rule(self) -> Rule:
+        return Rule.of(self.join)
+
+    def fence(self) -> None:
+        check_term(self.checkpoint, self.term, self.join.name)
+
+    def columns(self, which: str) -> list[str]:
+        side = self.sides[SIDES.index(which)]
+        return [_PREFIX[which] + c for c in side.columns]
+
+
+@dataclass
+class Counts:
+    """What the read tasks saw, per batch (summed on the driver)."""
+
+    input: int = 0
+    late: int = 0
+    malformed: int = 0
+    max_ms: dict[str, int] = field(default_factory=dict)
+    late_rows: list[pd.DataFrame] = field(default_factory=list)
+    dlq_rows: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, other: Counts) -> None:
+        self.input += other.input
+        self.late += other.late
+        self.malformed += other.malformed
+        for side, ms in other.max_ms.items():
+            self.max_ms[side] = max(self.max_ms.get(side, ms), ms)
+        self.late_rows += other.late_rows
+        self.dlq_rows += other.dlq_rows
+
+
+# -- start: both sides checked, the output's columns decided -------------------------------
+
+
+def prepare(
+    join: Join,
+    *,
+    checkpoint: str,
+    output: str,
+    state: StateConfig,
+    log_url: str | None,
+    term: int | None = None,
+) -> JoinConfig:
+    """Check both sides against their topics (on the driver, with a Spark session:
+    DDL schemas are parsed by it) and decide the output's columns."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from riverbed.spark.source import value_schema
+
+    sides = []
+    max_records: int | None = None
+    for which, (topic, side_log, reader), key, time_column in zip(
+        SIDES, join.sides, join.keys, join.times, strict=True
+    ):
+        url = side_log or log_url
+        if url is None:
+            raise StreamValueError(
+                f"join {join.name}: the {which} side's topic {topic!r} needs a log: "
+                "configure one (riverbed.toml's log) or give Topic(name, log=...)"
+            )
+        options = {**reader, "topic": topic, "log": url}
+        lowered = {k.lower(): v for k, v in options.items()}
+        limit, _ = source_limits(lowered)
+        max_records = limit if max_records is None else max_records if limit is None else limit
+        opened = open_log(options)
+        try:
+            if topic not in opened.topics():
+                raise StreamValueError(
+                    f"join {join.name}: the {which} side's topic {topic!r} does not exist in "
+                    f"{url}; create it with `riverbed topic create {topic} --partitions "
+                    f"{join.state_partitions}`"
+                )
+        finally:
+            opened.close()
+        values = value_schema(lowered)
+        parsed = StructType.fromDDL(values) if isinstance(values, str) else values
+        if not isinstance(parsed, StructType):
+            raise StreamValueError(f"join {join.name}: the {which} side's schema must be fields")
+        schema = StructType(list(parsed.fields) + META_FIELDS)
+        fields = [f.name for f in parsed.fields]
+        for what, column in (("on", key), ("time", time_column)):
+            if column not in fields and not (what == "time" and column == "timestamp"):
+                raise StreamValueError(
+                    f"join {join.name}: {what}={column!r} is not a field of the {which} "
+                    f"side's topic {topic!r} (its fields: {', '.join(fields) or 'none'}); "
+                    "name one of them, or give the topic a schema option"
+                )
+        kept = fields + ([time_column] if time_column not in fields else [])
+        arrow = to_arrow_schema(schema, timezone="UTC")
+        # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
+        # as times
+        times = tuple(
+            c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column
+        )
+        sides.append(JoinSide(options, schema, key, time_column, tuple(kept), times))
+    names, out_schema = _output(join, sides, to_arrow_schema)
+    return JoinConfig(
+        join=join,
+        sides=(sides[0], sides[1]),
+        state=state,
+        checkpoint=checkpoint,
+        output=output,
+        log_url=log_url,
+        names=tuple(names),
+        output_schema=out_schema,
+        term=term,
+        max_records=max_records,
+    )
+
+
+def _output(
+    join: Join, sides: list[JoinSide], to_arrow: Any
+) -> tuple[list[tuple[str, str]], pa.Schema]:
+    """(internal, output) column names and the output's Arrow schema: the window's start
+    (window joins), the left side's columns, the right side's (one named like a left
+    column gets ``right_``; the right key, when it has the left key's name, is left out:
+    it is the same value), ``batch_id``."""
+    names: list[tuple[str, str]] = []
+    types: list[pa.Field] = []
+    if join.window is not None:
+        names.append((WINDOW_START, WINDOW_START))
+        types.append(pa.field(WINDOW_START, pa.timestamp("us", tz="UTC")))
+    taken = {WINDOW_START, "batch_id"}
+    for which, side in zip(SIDES, sides, strict=True):
+        arrow = to_arrow(side.schema, timezone="UTC")
+        for c in side.columns:
+            if which == "right" and c == side.key == sides[0].key:
+                continue
+            name = c if c not in taken else f"right_{c}"
+            if name in taken:
+                raise StreamValueError(
+                    f"join {join.name}: both sides have a column {c!r} and the right side "
+                    f"also has {name!r}; rename one (a schema option on the topic)"
+                )
+            taken.add(name)
+            kind = arrow.field(c).type
+            if c in side.times:
+                kind = pa.timestamp("us", tz="UTC")
+            elif pa.types.is_decimal(kind):
+                kind = pa.float64()  # as aggregations compute with them
+            names.append((_PREFIX[which] + c, name))
+            types.append(pa.field(name, kind))
+    types.append(pa.field("batch_id", pa.int64()))
+    return names, pa.schema(types)
+
+
+# -- the tasks -------------------------------------------------------------------------------
+
+
+def _read(
+    cfg: JoinConfig, which: str, piece: LogSlice, watermark_ms: int, counts: Counts
+) -> Iterator[pd.DataFrame]:
+    """The on-time events of one piece of a side, as :mod:`~riverbed.stream.pairing`
+    takes them; the rest counted (and kept, up to SIDE_LIMIT) in ``counts``."""
+    side = cfg.sides[SIDES.index(which)]
+    rule = cfg.rule
+    for batch in read_slice(side.options, side.schema, piece):
+        counts.input += batch.num_rows
+        pdf = batch.to_pandas()
+        why = pdf["_error"].copy()
+        why[why.isna() & pdf[side.key].isna()] = f"no {side.key} to join on"
+        why[why.isna() & pdf[side.time].isna()] = f"no event time ({side.time})"
+        if pdf[side.time].dtype == object:  # text: ISO 8601, or the event is malformed
+            parsed = pd.to_datetime(pdf[side.time], utc=True, format="ISO8601", errors="coerce")
+            why[why.isna() & pdf[side.time].notna() & parsed.isna()] = (
+                f"event time ({side.time}) is not an ISO 8601 time"
+            )
+            pdf[side.time] = parsed
+        ok = why.isna().to_numpy()
+        ts = np.full(len(pdf), -1, dtype=np.int64)
+        if ok.any():
+            ts[ok] = event_millis(pdf.loc[ok, side.time])
+        before = ok & (ts < 0)
+        if before.any():
+            why[before] = f"event time ({side.time}) before 1970"
+            ok &= ~before
+        bad = ~ok
+        if bad.any():
+            counts.malformed += int(bad.sum())
+            if sum(map(len, counts.dlq_rows)) < SIDE_LIMIT:
+                counts.dlq_rows.append(pdf.loc[bad].assign(_error=why[bad], side=which))
+        if not ok.any():
+            continue
+        good, ts = pdf.loc[ok], ts[ok]
+        counts.max_ms[which] = max(counts.max_ms.get(which, int(ts.max())), int(ts.max()))
+        late = rule.late(ts, watermark_ms)
+        if late.any():
+            counts.late += int(late.sum())
+            if sum(map(len, counts.late_rows)) < SIDE_LIMIT:
+                counts.late_rows.append(good.loc[late].drop(columns=["_error"]).assign(side=which))
+            good, ts = good.loc[~late], ts[~late]
+        if not len(good):
+            continue
+        frame = pd.DataFrame(
+            {
+                KEY: good[side.key].astype(str).to_numpy(),
+                TS: ts,
+                PART: good["partition"].to_numpy(dtype=np.int64),
+                OFF: good["offset"].to_numpy(dtype=np.int64),
+            }
+        )
+        for c in side.columns:
+            frame[_PREFIX[which] + c] = _stored(good[c], c in side.times)
+        yield frame
+
+
+def _stored(column: pd.Series, is_time: bool) -> Any:
+    """A column as buffered events keep it: times as ms (None for no time), decimals as
+    doubles, anything else as it is."""
+    if is_time:
+        present = column.notna().to_numpy()
+        out = np.full(len(column), None, dtype=object)
+        if present.any():
+            out[present] = event_millis(column[present]).tolist()
+        return out
+    if len(column) and column.dtype == object and column.map(_is_decimal).any():
+        return pd.Series(decimal_doubles(pa.array(column)).to_numpy(zero_copy_only=False))
+    return column.to_numpy()
+
+
+def _is_decimal(value: Any) -> bool:
+    from decimal import Decimal
+
+    return isinstance(value, Decimal)
+
+
+def read_task(cfg: JoinConfig, watermark_ms: int) -> Any:
+    """Stage 1: a (side, piece) read into (state partition, (side, events)) pairs, and
+    one (n, Counts) pair for the driver."""
+    n = cfg.join.state_partitions
+
+    def run(item: tuple[str, LogSlice]) -> list[tuple[int, Any]]:
+        which, piece = item
+        counts = Counts()
+        out: list[tuple[int, Any]] = []
+        if piece.end > piece.start:
+            for frame in _read(cfg, which, piece, watermark_ms, counts):
+                owners = state_partition_of(frame[KEY], n)
+                for p in np.unique(owners):
+                    out.append((int(p), (which, frame.loc[owners == p])))
+        out.append((n, counts))
+        return out
+
+    return run
+
+
+def pair_task(cfg: JoinConfig, batch_id: int, watermark_ms: int) -> Any:
+    """Stage 2: one state partition's events paired (every partition, every batch)."""
+
+    def run(partition: int, items: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+        frames = {}
+        for which in SIDES:
+            got = [f for w, f in items if w == which]
+            frames[which] = (
+                pd.concat(got, ignore_index=True)
+                if got
+                else pd.DataFrame(columns=IDS + cfg.columns(which))
+            )
+        store = StateProvider(cfg.state).load(cfg.namespace, partition, version=batch_id)
+        try:
+            out = step(
+                store,
+                cfg.rule,
+                cfg.join.how,
+                frames["left"],
+                frames["right"],
+                watermark_ms,
+                (cfg.columns("left"), cfg.columns("right")),
+            )
+            cfg.fence()  # a replaced driver's task must not commit a version
+            store.commit(batch_id + 1)
+        except BaseException:
+            store.abort()
+            raise
+        parts = [f for f in (out.pairs, out.unmatched) if len(f)]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    return run
+
+
+def run_batch(
+    spark: Any, cfg: JoinConfig, batch_id: int, record: BatchRecord
+) -> tuple[pd.DataFrame, Counts]:
+    """Run one planned batch's tasks; returns the joined rows (internal columns) and the
+    read counts."""
+    n = cfg.join.state_partitions
+    sc = spark.sparkContext
+    sc.setJobDescription(f"riverbed join {cfg.join.name} batch {batch_id}")
+    work: list[tuple[str, LogSlice]] = []
+    total = 0
+    for which in SIDES:
+        slices = [
+            LogSlice(int(p), int(se[0]), int(se[1]))
+            for p, se in sorted(
+                (record.sources or {}).get(which, {}).items(), key=lambda x: int(x[0])
+            )
+            if int(se[1]) > int(se[0])
+        ]
+        total += sum(s.end - s.start for s in slices)
+        work += [(which, s) for s in pieces(slices, sc.defaultParallelism)]
+    read, pair = read_task(cfg, record.watermark_ms), pair_task(cfg, batch_id, record.watermark_ms)
+    counts = Counts()
+    frames: list[pd.DataFrame] = []
+    # a small batch (also one with no input: the watermark moved) in the driver's threads
+    if (
+        total <= cfg.driver_records
+        and (total == 0 or in_driver(total, cfg.driver_records, sc.master))
+        and tasks_in_this_process(sc.master)
+    ):
+        routed: dict[int, list[Any]] = {p: [] for p in range(n)}
+        for item in work:
+            for p, value in read(item):
+                if p == n:
+                    counts.add(value)
+                else:
+                    routed[p].append(value)
+        with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-join") as pool:
+            frames = list(pool.map(lambda p: pair(p, routed[p]), range(n)))
+    else:
+        openpool.let_go()  # the job's tasks, in other processes, open the partitions
+        stage1 = sc.parallelize(work or [("left", LogSlice(0, 0, 0))], max(1, len(work)))
+        shuffled = stage1.flatMap(read).partitionBy(n + 1, lambda p: p)
+
+        def merge(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+            if index == n:
+                yield ("counts", [c for _, c in items])
+                return
+            yield ("rows", pair(index, [v for _, v in items]))
+
+        for kind, value in shuffled.mapPartitionsWithIndex(merge).collect():
+            if kind == "rows":
+                frames.append(value)
+            else:
+                for c in value:
+                    counts.add(c)
+    full = [f for f in frames if len(f)]
+    return (pd.concat(full, ignore_index=True) if full else pd.DataFrame()), counts
+
+
+def output_rows(cfg: JoinConfig, batch_id: int, joined: pd.DataFrame) -> pa.Table:
+    """The batch's joined rows in the output's columns and one order (by key, then the
+    left and the right events' times and log positions)."""
+    schema = cfg.output_schema
+    if not len(joined):
+        return schema.empty_table()
+    order = [KEY, "l" + TS, "l" + PART, "l" + OFF, "r" + TS, "r" + PART, "r" + OFF]
+    for c in order:
+        if c not in joined:
+            joined[c] = np.nan
+    joined = joined.sort_values(order, na_position="first", kind="stable").reset_index(drop=True)
+    arrays = []
+    for internal, name in cfg.names:
+        kind = schema.field(name).type
+        if internal == WINDOW_START:
+            rule = cfg.rule
+            start = rule.window_start(joined["l" + TS].to_numpy(dtype=np.int64))
+            arrays.append(pa.array(start * 1000, pa.int64()).cast(kind))
+            continue
+        column = joined[internal] if internal in joined else pd.Series([None] * len(joined))
+        if pa.types.is_timestamp(kind):
+            ms = pd.array(column.astype(object).where(column.notna(), None), dtype="Int64")
+            arrays.append(pa.array(ms * 1000, pa.int64()).cast(kind))
+        else:
+            values = column.astype(object).where(column.notna(), None).tolist()
+            arrays.append(pa.array(values, kind))
+    arrays.append(pa.array(np.full(len(joined), batch_id, dtype=np.int64)))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def watermark_of(
+    join: Join, previous: BatchRecord | None, moved: dict[str, int], now_ms: int
+) -> int:
+    """A batch's watermark, from the batches before it only (``previous``: the newest,
+    done) and when each side last had new records (``moved``, this plan's): the
+    smaller of the active sides' newest event times less the delay — a side idle for
+    ``idle_timeout`` is not waited for; a side that never had an event holds it back
+    until then. Never lower than the previous batch's."""
+    before = previous.watermark_ms if previous is not None else 0
+    seen = dict(previous.source_max_ms or {}) if previous is not None else {}
+    idle = join.idle_ms
+    active = [s for s in SIDES if idle is None or now_ms - moved.get(s, now_ms) < idle]
+    if any(s not in seen for s in active):
+        return before  # a side still to show its first event
+    times = [seen[s] for s in active] or list(seen.values())
+    if not times:
+        return before
+    return max(before, min(times) - join.watermark_ms)
+
+
+class JoinQuery:
+    """A stream-stream join running on a driver thread (the parts of Spark's
+    ``StreamingQuery`` riverbed's loop has: :class:`riverbed.stream.loop.DirectQuery`)."""
+
+    def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.trigger = trigger
+        self.name = cfg.join.name
+        self.id = str(uuid.uuid4())
+        self.batches = open_batches(cfg.checkpoint, cfg.fence)
+        self._group = f"riverbed-join-{self.name}-{self.id}"
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._idle = threading.Event()
+        self._exception: BaseException | None = None
+        self._progress: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._run, name=f"riverbed join {self.name}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    @property
+    def isActive(self) -> bool:
+        return not self._done.is_set()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        ended = self._done.wait(timeout)
+        if ended and self._exception is not None:
+            raise self._exception
+        return ended if timeout is not None else None
+
+    def processAllAvailable(self) -> None:
+        self._idle.clear()
+        while not self._idle.wait(0.05):
+            if self._done.is_set():
+                break
+        if self._exception is not None:
+            raise self._exception
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelJobGroup(self._group)
+            self._thread.join()
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        return list(self._progress)
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self._progress[-1] if self._progress else None
+
+    def _run(self) -> None:
+        logs: dict[str, Any] = {}
+        try:
+            self.spark.sparkContext.setJobGroup(self._group, f"riverbed join {self.name}", True)
+            for which, side in zip(SIDES, self.cfg.sides, strict=True):
+                logs[which] = open_log(side.options)
+            with keep_open(), uploads.in_background():
+                self._loop(logs)
+        except BaseException as exc:
+            if not self._stop.is_set():
+                self._exception = exc
+                log.error("join %s stopped: %s", self.name, exc)
+        finally:
+            for opened in logs.values():
+                with contextlib.suppress(Exception):
+                    opened.close()
+            self._idle.set()
+            self._done.set()
+
+    def _retained(self, logs: dict[str, Any], which: str) -> dict[int, tuple[int, int]]:
+        topic = self.cfg.sides[SIDES.index(which)].options["topic"]
+        return {o.partition: (o.start, o.end) for o in logs[which].offsets(topic)}
+
+    def _loop(self, logs: dict[str, Any]) -> None:
+        target = None
+        if self.trigger.available_now:
+            target = {w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in SIDES}
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            planned = self._next(logs, target)
+            if planned is None:
+                self._idle.set()
+                if self.trigger.available_now:
+                    return
+                self._stop.wait(max(self.trigger.interval_s, 0.01))
+                continue
+            batch_id, record = planned
+            if self._stop.is_set():
+                return
+            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
+            self._progress.append(
+                {
+                    "name": self.name,
+                    "batchId": batch_id,
+                    "numInputRows": done.counted("input"),
+                    "joined": int(done.joined or 0),
+                    "watermarkMs": done.watermark_ms,
+                    "durationMs": {"triggerExecution": round((time.perf_counter() - began) * 1000)},
+                }
+            )
+            del self._progress[:-100]
+            if not self.trigger.available_now:
+                rest = self.trigger.interval_s - (time.perf_counter() - began)
+                if rest > 0:
+                    self._stop.wait(rest)
+
+    def _next(
+        self, logs: dict[str, Any], target: dict[str, dict[int, int]] | None
+    ) -> tuple[int, BatchRecord] | None:
+        """The batch to run: the newest again if it did not finish, else a new plan
+        recorded durably; None when there is nothing to do."""
+        ids = self.batches.ids()
+        newest = self.batches.get(ids[-1]) if ids else None
+        if newest is not None and not newest.done:
+            return ids[-1], newest  # re-run exactly what was planned
+        batch_id = ids[-1] + 1 if ids else 0
+        now = int(time.time() * 1000)
+        sources: dict[str, dict[str, list[int]]] = {}
+        moved: dict[str, int] = {}
+        for which in SIDES:
+            retained = self._retained(logs, which)
+            before = None
+            if newest is not None and newest.sources is not None:
+                before = ends_of(newest.sources.get(which, {}))
+            begin = begin_offsets(retained, before, "earliest")
+            ends = batch_ends(
+                begin,
+                capped(retained, None if target is None else target[which]),
+                self.cfg.max_records,
+            )
+            sources[which] = slices_json(begin, ends)
+            was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
+            moved[which] = now if has_input(sources[which]) or was is None else int(was)
+        watermark = watermark_of(self.cfg.join, newest, moved, now)
+        previous = newest.watermark_ms if newest is not None else 0
+        if not any(has_input(s) for s in sources.values()) and watermark <= previous:
+            return None
+        record = BatchRecord(
+            watermark_ms=watermark,
+            previous_watermark_ms=previous,
+            max_event_ms=newest.max_event_ms if newest is not None else 0,
+            sources=sources,
+            source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
+            source_moved_ms=moved,
+        )
+        self.batches.put(batch_id, record)  # durable: the plan comes before any write
+        return batch_id, record
+
+
+def run_planned(
+    spark: Any, cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchRecord
+) -> BatchRecord:
+    """Run a planned batch (its record written durably before this call) and commit it:
+    the same record run again commits the same state version and replaces the same
+    output. Returns the finished record."""
+    began = time.perf_counter()
+    joined, counts = run_batch(spark, cfg, batch_id, record)
+    merged = time.perf_counter()
+    table = output_rows(cfg, batch_id, joined)
+    seen = dict(record.source_max_ms or {})
+    for which, ms in counts.max_ms.items():
+        seen[which] = max(seen.get(which, ms), ms)
+    record.source_max_ms = seen
+    if seen:
+        record.max_event_ms = max(record.max_event_ms, *seen.values())
+    record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
+    record.filtered = 0
+    pairs = int(joined["r" + TS].notna().sum()) if len(joined) else 0
+    record.joined, record.unmatched = pairs, len(joined) - pairs
+    late = pd.concat(counts.late_rows) if counts.late_rows else None
+    dlq = pd.concat(counts.dlq_rows) if counts.dlq_rows else None
+    if late is not None or dlq is not None:
+        batches.put(batch_id, record)
+        side_outputs(cast(Any, cfg), batch_id, batches, dlq, late)
+        record.side_outputs_written = side_outputs_written(batches, batch_id)
+    cfg.fence()
+    data = encode_file(table)
+    cfg.fence()
+    checkpoint_store(cfg.output).put(f"batch_id={batch_id}/{RESULT_FILE}", data)
+    if cfg.join.topic is not None and cfg.log_url is not None and table.num_rows:
+        _to_topic(cfg, batch_id, table)
+    record.ms = {
+        "state_job": round((merged - began) * 1000),
+        "outputs": round((time.perf_counter() - merged) * 1000),
+    }
+    _commit(cfg, batches, batch_id, record)
+    return record
+
+
+def _to_topic(cfg: JoinConfig, batch_id: int, table: pa.Table) -> None:
+    """The joined rows appended to the join's topic, keyed by the join key (exactly
+    once per batch and partition: :class:`~riverbed.stream.sinks.TopicSink`)."""
+    from riverbed.stream.sinks import TopicSink
+
+    rows = table.to_pandas()
+    keys = [str(k) for k in rows[cfg.sides[0].key].tolist()]
+    sink = TopicSink(cfg.log_url or "", cfg.join.topic or "", cfg.join.state_partitions)
+    try:
+        cfg.fence()
+        sink.write(batch_id, rows, keys=keys)
+    finally:
+        sink.close()
+
+
+def _commit(cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchRecord) -> None:
+    """The batch recorded done with running totals (the commit); every
+    ``snapshot_every`` batches, old state history and batch records purged."""
+    prev = batches.previous(batch_id)
+    totals = dict(prev.totals) if prev is not None and prev.totals is not None else {}
+    for c in (*COUNTS, "joined", "unmatched"):
+        totals[c] = int(totals.get(c, 0)) + int(getattr(record, c) or 0)
+    totals["batches"] = int(totals.get("batches", 0)) + 1
+    batches.put(batch_id, replace(record, term=cfg.term, done=True, totals=totals))
+    if (batch_id + 1) % cfg.state.snapshot_every == 0:
+        try:
+            provider = StateProvider(cfg.state)
+            for partition in range(cfg.join.state_partitions):
+                provider.purge(cfg.namespace, partition, sweep_after=3600.0)
+            batches.prune(batch_id + 1 - cfg.state.retain_versions)
+        except Exception as exc:  # maintenance must not stop the join
+            log.warning("maintenance of join %s failed (retried later): %s", cfg.join.name, exc)
+
+
+# -- the entry points ----------------------------------------------------------------------
+
+
+def _shape(join: Join) -> dict[str, Any]:
+    """What a join's state depends on: fixed at its first start."""
+    return {
+        "state_partitions": join.state_partitions,
+        "on": list(join.keys),
+        "window_ms": join.window_ms,
+        "bounds_ms": list(join.bounds_ms),
+        "how": join.how,
+    }
+
+
+def _check_shape(checkpoint: str, join: Join) -> None:
+    store = checkpoint_store(checkpoint)
+    shape = json.dumps(_shape(join), sort_keys=True).encode()
+    if store.put_if_absent(JOIN, shape):
+        return
+    recorded = json.loads(store.get(JOIN))
+    if recorded != _shape(join):
+        changed = [k for k, v in _shape(join).items() if recorded.get(k) != v]
+        raise StreamValueError(
+            f"join {join.name}: its checkpoint {checkpoint} ran with "
+            + ", ".join(f"{k}={recorded.get(k)!r}" for k in changed)
+            + f", not {', '.join(f'{k}={_shape(join)[k]!r}' for k in changed)}: the buffered "
+            "events were placed and kept by those; start on a new checkpoint (and output) "
+            "to run the changed join"
+        )
+
+
+def start_join(
+    spark: Any,
+    join: Join,
+    *,
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig | None = None,
+    log_url: str | None = None,
+    trigger: dict[str, Any] | None = None,
+    term: int | None = None,
+) -> JoinQuery:
+    """Start a stream-stream join; returns its query (see the module doc). ``log_url``:
+    the log of sides given by name (default: the configured one), where ``<name>.dlq``
+    / ``.late`` and the join's ``topic`` go. Spark's ``trigger`` keywords
+    (``availableNow=True``, ``processingTime="2 seconds"``)."""
+    from riverbed.config import load_config
+    from riverbed.stream.layout import record_format
+
+    if not isinstance(join, Join):
+        raise StreamValueError(f"start_join takes a Join, not {type(join).__name__}")
+    parsed = parse_trigger(trigger)
+    checkpoint, output = location(checkpoint), location(output)
+    if state is None:
+        if not is_local(checkpoint):
+            raise StreamValueError(
+                f"checkpoint {checkpoint} is in a bucket: pass state=StateConfig(local_dir=…, "
+                "durable=…) so the local state cache is a directory of this machine"
+            )
+        local = local_path(checkpoint)
+        state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+    if log_url is None and any(side_log is None for _, side_log, _ in join.sides):
+        log_url = load_config().log_url
+    check_term(str(checkpoint), term, join.name)
+    cfg = prepare(  # both sides checked before the checkpoint records anything
+        join,
+        checkpoint=str(checkpoint),
+        output=str(output),
+        state=state,
+        log_url=log_url,
+        term=term,
+    )
+    record_format(checkpoint)
+    _check_shape(str(checkpoint), join)
+    return JoinQuery(spark, cfg, parsed)
+
+
+def read_joined(output: str | Path) -> pd.DataFrame:
+    """Every joined row written so far (each once: a re-run batch replaced its file)."""
+    table = read_table(location(output))
+    return pd.DataFrame() if table is None else table.to_pandas()
+
+
+def held(cfg: JoinConfig) -> dict[str, int]:
+    """How many events each side holds in the state now (``stream status``)."""
+    out = {"left": 0, "right": 0}
+    provider = StateProvider(cfg.state)
+    for partition in range(cfg.join.state_partitions):
+        store = provider.load(cfg.namespace, partition)
+        try:
+            for which, n in buffered_count(store).items():
+                out[which] += n
+        finally:
+            store.abort()
+    return out
+
+
+__all__ = ["JoinConfig", "JoinQuery", "prepare", "read_joined", "start_join", "watermark_of"]

@@ -1,0 +1,199 @@
+"""Stream-stream joins (riverbed.stream.streamjoin) on a real Spark session and real
+topics: interval and window joins, inner and left, restarted between backlogs; every
+joined row equals pandas' batch join of the events read back, each once."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import riverbed.log
+from riverbed.stream.batchlog import open_batches
+from riverbed.stream.doors import Topic
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.joins import Join
+from riverbed.stream.streamjoin import read_joined, start_join
+from tests.stream.conftest import T0
+
+pytestmark = pytest.mark.spark
+
+ORDERS = "order_id long, amount double, ts timestamp"
+PAYMENTS = "order_id long, paid double, ts timestamp"
+
+
+def orders_and_payments(n: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Orders over ~2 hours, each paid (or not) within minutes to hours, some paid twice;
+    both in roughly time order, as a log receives them."""
+    rng = np.random.default_rng(seed)
+    at = T0 + pd.to_timedelta(np.sort(rng.integers(0, 2 * 3_600_000, n)), unit="ms")
+    orders = pd.DataFrame(
+        {"order_id": np.arange(n), "amount": rng.integers(1, 500, n).astype(float), "ts": at}
+    )
+    paid = orders.sample(frac=0.8, random_state=seed)
+    twice = paid.sample(frac=0.1, random_state=seed + 1)
+    payments = pd.concat([paid, twice])
+    delay = pd.to_timedelta(rng.integers(-5 * 60_000, 90 * 60_000, len(payments)), unit="ms")
+    payments = pd.DataFrame(
+        {
+            "order_id": payments["order_id"].to_numpy(),
+            "paid": payments["amount"].to_numpy(),
+            "ts": (payments["ts"] + delay).to_numpy(),
+        }
+    ).sort_values("ts", kind="stable")
+    return orders, payments
+
+
+def send(log_url: str, topic: str, frame: pd.DataFrame, partitions: int) -> None:
+    log = riverbed.log.open(log_url)
+    if topic not in log.topics():
+        log.create_topic(topic, partitions)
+    rows = frame.astype({"ts": object}).to_dict("records")
+    log.producer(topic).send_batch(
+        [{**r, "ts": pd.Timestamp(r["ts"]).isoformat()} for r in rows], key_field="order_id"
+    )
+    log.close()
+
+
+def oracle(join: Join, orders: pd.DataFrame, payments: pd.DataFrame) -> pd.DataFrame:
+    both = orders.merge(payments, on="order_id", how="inner", suffixes=("", "_right"))
+    both = both.rename(columns={"ts_right": "right_ts"})
+    gap = (both["right_ts"] - both["ts"]).dt.total_seconds() * 1000
+    if join.window_ms is not None:
+        w = f"{join.window_ms}ms"
+        hit = both["ts"].dt.floor(w) == both["right_ts"].dt.floor(w)
+    else:
+        lo, hi = join.bounds_ms
+        hit = (gap >= lo) & (gap <= hi)
+    pairs = both.loc[hit]
+    if join.how == "left":
+        alone = orders[~orders["order_id"].isin(pairs["order_id"])]
+        pairs = pd.concat([pairs, alone], ignore_index=True)
+    return pairs
+
+
+def rows_of(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    cols = ["order_id", "amount", "ts", "paid", "right_ts"]
+    out = frame[cols].astype(object).where(frame[cols].notna(), None)
+    return sorted(
+        tuple(
+            pd.Timestamp(v).value if isinstance(v, pd.Timestamp | np.datetime64) else v for v in r
+        )
+        for r in out.itertuples(index=False)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [("within", "left"), ("within", "inner"), ("window", "inner"), ("window", "left")],
+)
+def test_a_join_over_restarts_equals_the_batch_join(
+    spark: Any, tmp_path: Path, kind: str, how: str
+) -> None:
+    log_url = f"file://{tmp_path / 'log'}"
+    shape: dict[str, Any] = {"within": ("10m", "1h")} if kind == "within" else {"window": "30m"}
+    join = Join(
+        name="paid",
+        left=Topic("orders", options={"schema": ORDERS}),
+        right=Topic("payments", options={"schema": PAYMENTS}),
+        on="order_id",
+        time="ts",
+        how=how,  # type: ignore[arg-type]
+        watermark="2h",
+        state_partitions=3,
+        **shape,
+    )
+    orders, payments = orders_and_payments(600, seed=3)
+    # three backlogs, a start for each (the state and plan carry over), then far-later
+    # events on both sides move the watermark past everything: every left row is due
+    cuts = [0, 200, 400, 600]
+    for a, b in itertools.pairwise(cuts):
+        send(log_url, "orders", orders.iloc[a:b], 3)
+        lo, hi = orders["ts"].iloc[a], orders["ts"].iloc[b - 1]
+        send(
+            log_url,
+            "payments",
+            payments[(payments["ts"] > lo) & (payments["ts"] <= hi)]
+            if a
+            else payments[payments["ts"] <= hi],
+            2,
+        )
+        query = start_join(
+            spark,
+            join,
+            checkpoint=tmp_path / "cp",
+            output=tmp_path / "out",
+            log_url=log_url,
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination()
+    rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
+    late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)
+    send(log_url, "orders", late, 3)
+    query = start_join(
+        spark,
+        join,
+        checkpoint=tmp_path / "cp",
+        output=tmp_path / "out",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination()
+    got = read_joined(tmp_path / "out")
+    got = got[got["order_id"] != 10**6]
+    want = oracle(join, orders, payments)
+    assert len(want) > 100
+    assert rows_of(got) == rows_of(want)  # every row, each once
+    batches = open_batches(tmp_path / "cp")
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.done and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    alone = int(want["paid"].isna().sum())
+    assert (newest.totals["joined"], newest.totals["unmatched"]) == (len(want) - alone + 1, alone)
+    assert (alone > 0) == (how == "left")
+
+
+def test_a_join_refuses_bad_specs_with_the_fix() -> None:
+    with pytest.raises(StreamValueError, match=r"window= .* or within="):
+        Join(name="j", left="a", right="b", on="k")
+    with pytest.raises(StreamValueError, match="one of the two"):
+        Join(name="j", left="a", right="b", on="k", window="1m", within=("0s", "1m"))
+    with pytest.raises(StreamValueError, match=r"within=.*before, after"):
+        Join(name="j", left="a", right="b", on="k", within="1h")  # type: ignore[arg-type]
+    with pytest.raises(StreamValueError, match="a duration"):
+        Join(name="j", left="a", right="b", on="k", window="soon")
+    with pytest.raises(StreamValueError, match="'inner' or 'left'"):
+        Join(name="j", left="a", right="b", on="k", window="1m", how="outer")  # type: ignore[arg-type]
+    with pytest.raises(StreamValueError, match="a topic's name"):
+        Join(name="j", left=3, right="b", on="k", window="1m")
+
+
+def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: Path) -> None:
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(10, seed=1)
+    send(log_url, "orders", orders, 3)
+    join = Join(name="j", left="orders", right="payments", on="order_id", time="ts", window="1m")
+    with pytest.raises(StreamValueError, match="riverbed topic create payments"):
+        start_join(spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
+    send(log_url, "payments", payments, 2)
+    wrong = Join(name="j", left="orders", right="payments", on="order", time="ts", window="1m")
+    with pytest.raises(StreamValueError, match="on='order' is not a field of the left"):
+        start_join(spark, wrong, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
+    start_join(
+        spark,
+        join,
+        checkpoint=tmp_path / "cp",
+        output=tmp_path / "o",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    ).awaitTermination()
+    changed = Join(name="j", left="orders", right="payments", on="order_id", time="ts", window="5m")
+    with pytest.raises(StreamValueError, match=r"window_ms=60000.*new checkpoint"):
+        start_join(
+            spark, changed, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url
+        )
