@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
+    from riverbed.stream.streamjoin import read_joined, start_join
     from riverbed.stream.doors import (
         Delta,
         Frame,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
         SqlTable,
         Topic,
     )
-    from riverbed.stream.joins import Lookup
+    from riverbed.stream.joins import Join, Lookup
     from riverbed.stream.metrics import (
         Aggregator,
         ArgMax,
@@ -65,6 +66,7 @@ _WHERE = {
     "ArgMin": "metrics",
     "First": "metrics",
     "Last": "metrics",
+    "Join": "joins",
     "Lookup": "joins",
     "Aggregation": "aggregation",
     "Count": "metrics",
@@ -81,6 +83,8 @@ _WHERE = {
     "read_live": "dataframe",
     "read_results": "dataframe",
     "start": "dataframe",
+    "read_joined": "streamjoin",
+    "start_join": "streamjoin",
     "RiverbedDataSource": "riverbed.spark.source",
     "register": "riverbed.spark.source",
     "Hopping": "riverbed.windows",
@@ -103,6 +107,7 @@ __all__ = [
     "Hopping",
     "Iceberg",
     "Kafka",
+    "Join",
     "Last",
     "Lookup",
     "Max",
@@ -121,10 +126,12 @@ __all__ = [
     "TopK",
     "Topic",
     "Tumbling",
+    "read_joined",
     "read_live",
     "read_results",
     "register",
     "start",
+    "start_join",
 ]
 
 

@@ -37,6 +37,7 @@ from riverbed.state import StateConfig
 from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches, summed_totals
+from riverbed.stream.joins import Join
 from riverbed.stream.layout import (
     MANIFEST,
     checkpoint_store,
@@ -125,18 +126,48 @@ def results_location(config: Config, name: str) -> str | Path:
     return bucket if bucket is not None else config.home.resolve() / OUTPUT / name
 
 
-def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
-    path = Path(path)
+def _namespace(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"spec file {path} does not exist")
     try:
-        namespace = runpy.run_path(str(path))
+        return runpy.run_path(str(path))
     except Exception as exc:
         raise ConfigError(f"spec file {path} failed to load: {type(exc).__name__}: {exc}") from exc
+
+
+def load_join(path: str | Path) -> Join | None:
+    """The stream-stream join a spec file defines (``join = Join(...)``), or None when
+    it defines an aggregation instead."""
+    namespace = _namespace(Path(path))
+    join = namespace.get("join")
+    if "aggregation" in namespace or join is None:
+        return None
+    if not isinstance(join, Join):
+        raise ConfigError(f"{path}: `join` must be a Join(...), not {type(join).__name__}")
+    return join
+
+
+def join_job(config: Config, join: Join) -> tuple[str | Path, str | Path, StateConfig]:
+    """Where a join's checkpoint, joined rows and state go: as an aggregation's of
+    the same name (:func:`job_for`)."""
+    checkpoints = checkpoints_location(config.checkpoints_url)
+    durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
+    state = StateConfig(
+        local_dir=config.state_dir.resolve(), durable=durable, memory_mb=config.state_memory_mb
+    )
+    return child(checkpoints, join.name), results_location(config, join.name), state
+
+
+def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
+    path = Path(path)
+    namespace = _namespace(path)
     aggregation = namespace.get("aggregation")
     source = namespace.get("source")
     if not isinstance(aggregation, Aggregation):
-        raise ConfigError(f"{path} must define `aggregation = Aggregation(...)`")
+        raise ConfigError(
+            f"{path} must define `aggregation = Aggregation(...)` (or `join = Join(...)`: "
+            "two streams joined)"
+        )
     if isinstance(source, dict) and "aggregation" in source:
         return aggregation, chained_source(path, source)
     if isinstance(source, dict) and kafka.is_kafka(source):

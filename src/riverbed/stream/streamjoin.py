@@ -543,6 +543,11 @@ class JoinQuery:
             raise self._exception
         return ended if timeout is not None else None
 
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the loop to end; whether it did (what
+        stopped it, if anything: :meth:`exception`)."""
+        return self._done.wait(timeout)
+
     def processAllAvailable(self) -> None:
         self._idle.clear()
         while not self._idle.wait(0.05):
@@ -783,11 +788,13 @@ def start_join(
     log_url: str | None = None,
     trigger: dict[str, Any] | None = None,
     term: int | None = None,
+    max_records: int | None = None,
 ) -> JoinQuery:
     """Start a stream-stream join; returns its query (see the module doc). ``log_url``:
     the log of sides given by name (default: the configured one), where ``<name>.dlq``
     / ``.late`` and the join's ``topic`` go. Spark's ``trigger`` keywords
-    (``availableNow=True``, ``processingTime="2 seconds"``)."""
+    (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
+    side's records per batch at most (else its ``maxRecordsPerBatch`` option)."""
     from riverbed.config import load_config
     from riverbed.stream.layout import record_format
 
@@ -816,7 +823,18 @@ def start_join(
     )
     record_format(checkpoint)
     _check_shape(str(checkpoint), join)
+    if max_records is not None:
+        cfg = replace(cfg, max_records=max_records)
     return JoinQuery(spark, cfg, parsed)
+
+
+def batch_line(batch_id: int, record: BatchRecord) -> str:
+    """How ``stream run`` reports a join's finished batch."""
+    alone = f", {record.unmatched} unmatched" if record.unmatched else ""
+    return (
+        f"batch {batch_id}: {record.counted('input')} records, {record.joined or 0} joined"
+        f"{alone}, {record.counted('late')} late, {record.counted('malformed')} malformed"
+    )
 
 
 def read_joined(output: str | Path) -> pd.DataFrame:
@@ -839,4 +857,12 @@ def held(cfg: JoinConfig) -> dict[str, int]:
     return out
 
 
-__all__ = ["JoinConfig", "JoinQuery", "prepare", "read_joined", "start_join", "watermark_of"]
+__all__ = [
+    "JoinConfig",
+    "JoinQuery",
+    "batch_line",
+    "prepare",
+    "read_joined",
+    "start_join",
+    "watermark_of",
+]

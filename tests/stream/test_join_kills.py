@@ -1,0 +1,117 @@
+"""A driver running a stream-stream join (`riverbed stream run join.py`) SIGKILLed in
+the middle of batches again and again while both topics are written to: after a final
+`--once` drain, the joined rows — in the result table and in the join's topic — equal
+pandas' batch join of the events read back from the log, every row once (a left join's
+unmatched orders included, each once)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import riverbed.log
+from riverbed.stream.batchlog import open_batches
+from riverbed.stream.joins import Join
+from riverbed.stream.layout import Checkpoint
+from riverbed.stream.streamjoin import read_joined
+from tests.stream.conftest import T0
+from tests.stream.crashes import kill_mid_batch
+from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SPEC = """
+from riverbed.stream import Join, Topic
+
+join = Join(
+    name="paid",
+    left=Topic("orders", options={{"schema": "order_id long, amount double, ts timestamp"}}),
+    right=Topic("payments", options={{"schema": "order_id long, paid double, ts timestamp"}}),
+    on="order_id", time="ts", how="{how}", watermark="2h", state_partitions=3,
+    topic="paid_rows", {shape},
+)
+"""
+KILLS = 4
+
+
+@pytest.mark.parametrize(
+    ("shape", "how"), [('within=("10m", "1h")', "left"), ('window="30m"', "inner")]
+)
+def test_a_join_killed_mid_batch_gives_every_row_once(
+    tmp_path: Path, subprocess_env: dict[str, str], shape: str, how: str
+) -> None:
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    log_url = f"file://{home / 'log'}"
+    orders, payments = orders_and_payments(1500, seed=5)
+    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
+
+    def release(k: int) -> None:
+        """This start's backlog: the next orders, and the payments up to their time."""
+        chunk = orders.iloc[bounds[k] : bounds[k + 1]]
+        lo = orders["ts"].iloc[bounds[k] - 1] if k else T0 - pd.Timedelta("1d")
+        hi = chunk["ts"].iloc[-1]
+        send(log_url, "orders", chunk, 3)
+        send(log_url, "payments", payments[(payments["ts"] > lo) & (payments["ts"] <= hi)], 2)
+
+    spec = tmp_path / "join.py"
+    spec.write_text(SPEC.format(how=how, shape=shape))
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", "60", "--ttl", "3"]  # fmt: skip
+    checkpoint = Checkpoint(home / "checkpoints" / "paid")
+    aimed = kill_mid_batch(command, env, checkpoint.batches, kills=KILLS, rng=random.Random(11),
+                           before_start=release, logs=tmp_path / "logs")  # fmt: skip
+    assert len(aimed) == KILLS
+    release(KILLS)
+    # the rest of the payments, and one far-later event on each side: the watermark
+    # passes every order (a left join's unmatched ones are all due)
+    rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
+    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "payments", pd.concat([rest, last.rename(columns={"amount": "paid"})]), 2)
+    send(log_url, "orders", last, 3)
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "joined" in finished.stderr  # its batches were reported
+
+    # the oracle: the events as the log holds them, read back
+    log = riverbed.log.open(log_url)
+    held = {}
+    for topic in ("orders", "payments"):
+        rows = [
+            r.value
+            for p in range(log.topic(topic).partitions)
+            for r in log.read(topic, p, 0, 10**6)
+        ]
+        held[topic] = pd.DataFrame(rows).assign(
+            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+        )
+    topic_rows = [r.value for p in range(3) for r in log.read("paid_rows", p, 0, 10**6)]
+    log.close()
+    assert len(held["orders"]) == len(orders) + 1
+    join = _join(shape, how)
+    want = oracle(join, held["orders"], held["payments"])
+    got = read_joined(home / "output" / "paid")
+    assert rows_of(got) == rows_of(want)  # every row once, through four kills
+    # the join's topic: the same rows, each once (a re-run batch wrote none twice)
+    published = pd.DataFrame(topic_rows).assign(
+        ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601"),
+        right_ts=lambda f: pd.to_datetime(f["right_ts"], utc=True, format="ISO8601"),
+    )
+    assert rows_of(published) == rows_of(got)
+    batches = open_batches(checkpoint.root)
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+
+
+def _join(shape: str, how: str) -> Any:
+    kind = {"within": ("10m", "1h")} if shape.startswith("within") else {"window": "30m"}
+    return Join(name="paid", left="orders", right="payments", on="order_id", how=how, **kind)  # type: ignore[arg-type]
