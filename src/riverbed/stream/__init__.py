@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from riverbed.spark.source import RiverbedDataSource, register
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
-    from riverbed.stream.streamjoin import read_joined, start_join
     from riverbed.stream.doors import (
         Delta,
         Frame,
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
         Sum,
         TopK,
     )
+    from riverbed.stream.streamjoin import read_joined, start_join
     from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
@@ -106,8 +106,8 @@ __all__ = [
     "Frame",
     "Hopping",
     "Iceberg",
-    "Kafka",
     "Join",
+    "Kafka",
     "Last",
     "Lookup",
     "Max",
