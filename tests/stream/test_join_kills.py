@@ -17,9 +17,9 @@ import pytest
 
 import riverbed.log
 from riverbed.stream.batchlog import open_batches
+from riverbed.stream.joinquery import read_joined
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import Checkpoint
-from riverbed.stream.streamjoin import read_joined
 from tests.stream.conftest import T0
 from tests.stream.crashes import kill_mid_batch
 from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send

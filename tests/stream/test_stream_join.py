@@ -16,8 +16,8 @@ import riverbed.log
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Topic
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.joinquery import read_joined, start_join
 from riverbed.stream.joins import Join
-from riverbed.stream.streamjoin import read_joined, start_join
 from tests.stream.conftest import T0
 
 pytestmark = pytest.mark.spark

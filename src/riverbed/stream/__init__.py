@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         SqlTable,
         Topic,
     )
+    from riverbed.stream.joinquery import read_joined, start_join
     from riverbed.stream.joins import Join, Lookup
     from riverbed.stream.metrics import (
         Aggregator,
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
         Sum,
         TopK,
     )
-    from riverbed.stream.streamjoin import read_joined, start_join
     from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
@@ -83,8 +83,8 @@ _WHERE = {
     "read_live": "dataframe",
     "read_results": "dataframe",
     "start": "dataframe",
-    "read_joined": "streamjoin",
-    "start_join": "streamjoin",
+    "read_joined": "joinquery",
+    "start_join": "joinquery",
     "RiverbedDataSource": "riverbed.spark.source",
     "register": "riverbed.spark.source",
     "Hopping": "riverbed.windows",

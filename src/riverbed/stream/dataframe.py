@@ -39,13 +39,10 @@ from riverbed.stream.engine import PARTIAL_SCHEMA, EngineConfig, merger, preaggr
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.layout import (
-    Checkpoint,
     checkpoint_store,
-    is_local,
-    local_path,
+    default_state,
     location,
     spark_location,
-    state_root,
 )
 from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.metrics import Custom
@@ -272,13 +269,7 @@ def start(
     if options is None:
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     if state is None:
-        if not is_local(checkpoint):
-            raise StreamValueError(
-                f"checkpoint {checkpoint} is in a bucket: pass state=StateConfig(local_dir=…, "
-                "durable=…) so the local state cache is a directory of this machine"
-            )
-        local = local_path(checkpoint)
-        state = StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
+        state = default_state(checkpoint)
     # what every write at start checks (EngineConfig.fence, before there is one)
     fence = functools.partial(check_term, str(checkpoint), term, spec.name)
     if from_savepoint is not None:  # one restore batch first (savepoints.py)

@@ -47,6 +47,7 @@ from riverbed.locations import OUTPUT, child, is_local, local_path, location, ou
 from riverbed.spark import tasks_on_this_machine
 
 if TYPE_CHECKING:
+    from riverbed.state import StateConfig
     from riverbed.storage import ObjectStore
 
 __all__ = [
@@ -198,6 +199,22 @@ def spark_location(checkpoint: str | Path) -> str:
 def state_root(checkpoints: Path) -> Path:
     """The durable state of every aggregation under ``checkpoints``."""
     return checkpoints / STATE
+
+
+def default_state(checkpoint: str | Path) -> StateConfig:
+    """The state of a query started without a ``StateConfig``: its local cache and
+    durable tier in its checkpoint's directory. A checkpoint in a bucket needs one (the
+    local cache is a directory of this machine)."""
+    from riverbed.state import StateConfig
+    from riverbed.stream.errors import StreamValueError
+
+    if not is_local(checkpoint):
+        raise StreamValueError(
+            f"checkpoint {checkpoint} is in a bucket: pass state=StateConfig(local_dir=…, "
+            "durable=…) so the local state cache is a directory of this machine"
+        )
+    local = local_path(checkpoint)
+    return StateConfig(local_dir=Checkpoint(local).local_state, durable=state_root(local))
 
 
 def state_url(checkpoints: str) -> str:

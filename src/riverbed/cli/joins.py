@@ -1,0 +1,72 @@
+"""``riverbed stream run`` of a spec file that defines ``join = Join(...)``: a
+stream-stream join (:mod:`riverbed.stream.joinquery`) run by one active driver."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from riverbed.config import Config
+
+
+def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> int:
+    """``stream run`` of a spec file that defines ``join = Join(...)``: one active
+    driver per join (the control plane's lease, as an aggregation's; a second one
+    stands by), every write fenced by its term."""
+    from dataclasses import replace
+
+    from riverbed.spark import session
+    from riverbed.stream.fencing import DriverFencedError
+    from riverbed.stream.joinquery import batch_line, start_join
+    from riverbed.stream.leader import DriverLease
+    from riverbed.stream.specjob import StreamFailedError, join_job, root_cause
+
+    checkpoint, output, state = join_job(config, join)
+    state = replace(state, retain_versions=args.retain_versions, snapshot_every=args.snapshot_every)
+    lease = DriverLease(args.control or config.control_url, join.name, checkpoint, args.ttl)
+    try:
+        if args.no_standby:
+            lease.acquire(standby=False)
+        spark_config = replace(config.spark, master=args.master) if args.master else config.spark
+        spark = session(spark_config)
+        if lease.term is None:
+            lease.acquire(on_standby=say)
+        say(lease.describe())
+        say(f"running join [bold]{join.name}[/bold]: joined rows in {output}")
+        query = start_join(
+            spark,
+            join,
+            checkpoint=checkpoint,
+            output=output,
+            state=state,
+            log_url=config.log_url,
+            trigger={"availableNow": True} if args.once else {"processingTime": "1 second"},
+            term=lease.term,
+            max_records=args.max_records_per_batch,
+        )
+        shown = -1  # the newest batch reported
+        try:
+            while query.isActive:
+                query.wait(0.5)
+                for done in query.recentProgress:
+                    record = query.batches.get(done["batchId"])
+                    if done["batchId"] > shown and record is not None:
+                        say(batch_line(done["batchId"], record))
+                        shown = done["batchId"]
+                if not lease.still_leading():
+                    query.stop()
+                    raise DriverFencedError(
+                        f"this driver lost the lead of join '{join.name}' (its lease expired: "
+                        "was it paused or cut off from the control plane?); it stopped, and "
+                        "the active driver carries on from the checkpoint"
+                    )
+            failed = query.exception()
+            if failed is not None:
+                raise StreamFailedError(f"join {join.name!r} stopped: {root_cause(failed)}")
+        finally:
+            if query.isActive:
+                query.stop()
+    finally:
+        lease.close()
+    spark.stop()
+    return 0

@@ -1,0 +1,331 @@
+"""A stream-stream join's trigger loop and entry points: :class:`JoinQuery` plans each
+batch over both topics and runs it (:mod:`riverbed.stream.streamjoin`), as riverbed's
+loop does for a log-native aggregation (:mod:`riverbed.stream.loop`); :func:`start_join`
+checks a :class:`~riverbed.stream.joins.Join` against its topics and its checkpoint and
+starts it; :func:`read_joined` reads the joined rows back."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from riverbed.locations import location
+from riverbed.spark.offsets import batch_ends, begin_offsets, capped
+from riverbed.spark.source import open_log
+from riverbed.state import StateConfig, StateProvider, uploads
+from riverbed.state.openpool import keep_open
+from riverbed.stream.batchlog import BatchRecord, open_batches
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.fencing import check_term
+from riverbed.stream.joins import Join
+from riverbed.stream.layout import JOIN, checkpoint_store, default_state
+from riverbed.stream.pairing import buffered_count
+from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
+from riverbed.stream.results import read_table
+from riverbed.stream.streamjoin import SIDES, JoinConfig, prepare, run_planned
+
+log = logging.getLogger(__name__)
+
+
+def watermark_of(
+    join: Join, previous: BatchRecord | None, moved: dict[str, int], now_ms: int
+) -> int:
+    """A batch's watermark, from the batches before it only (``previous``: the newest,
+    done) and when each side last had new records (``moved``, this plan's): the
+    smaller of the active sides' newest event times less the delay — a side idle for
+    ``idle_timeout`` is not waited for; a side that never had an event holds it back
+    until then. Never lower than the previous batch's."""
+    before = previous.watermark_ms if previous is not None else 0
+    seen = dict(previous.source_max_ms or {}) if previous is not None else {}
+    idle = join.idle_ms
+    active = [s for s in SIDES if idle is None or now_ms - moved.get(s, now_ms) < idle]
+    if any(s not in seen for s in active):
+        return before  # a side still to show its first event
+    times = [seen[s] for s in active] or list(seen.values())
+    if not times:
+        return before
+    return max(before, min(times) - join.watermark_ms)
+
+
+class JoinQuery:
+    """A stream-stream join running on a driver thread (the parts of Spark's
+    ``StreamingQuery`` riverbed's loop has: :class:`riverbed.stream.loop.DirectQuery`)."""
+
+    def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.trigger = trigger
+        self.name = cfg.join.name
+        self.id = str(uuid.uuid4())
+        self.batches = open_batches(cfg.checkpoint, cfg.fence)
+        self._group = f"riverbed-join-{self.name}-{self.id}"
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._idle = threading.Event()
+        self._exception: BaseException | None = None
+        self._progress: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._run, name=f"riverbed join {self.name}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    @property
+    def isActive(self) -> bool:
+        return not self._done.is_set()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:
+        ended = self._done.wait(timeout)
+        if ended and self._exception is not None:
+            raise self._exception
+        return ended if timeout is not None else None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the loop to end; whether it did (what
+        stopped it, if anything: :meth:`exception`)."""
+        return self._done.wait(timeout)
+
+    def processAllAvailable(self) -> None:
+        self._idle.clear()
+        while not self._idle.wait(0.05):
+            if self._done.is_set():
+                break
+        if self._exception is not None:
+            raise self._exception
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.spark.sparkContext.cancelJobGroup(self._group)
+            self._thread.join()
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        return list(self._progress)
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self._progress[-1] if self._progress else None
+
+    def _run(self) -> None:
+        logs: dict[str, Any] = {}
+        try:
+            self.spark.sparkContext.setJobGroup(self._group, f"riverbed join {self.name}", True)
+            for which, side in zip(SIDES, self.cfg.sides, strict=True):
+                logs[which] = open_log(side.options)
+            with keep_open(), uploads.in_background():
+                self._loop(logs)
+        except BaseException as exc:
+            if not self._stop.is_set():
+                self._exception = exc
+                log.error("join %s stopped: %s", self.name, exc)
+        finally:
+            for opened in logs.values():
+                with contextlib.suppress(Exception):
+                    opened.close()
+            self._idle.set()
+            self._done.set()
+
+    def _retained(self, logs: dict[str, Any], which: str) -> dict[int, tuple[int, int]]:
+        topic = self.cfg.sides[SIDES.index(which)].options["topic"]
+        return {o.partition: (o.start, o.end) for o in logs[which].offsets(topic)}
+
+    def _loop(self, logs: dict[str, Any]) -> None:
+        target = None
+        if self.trigger.available_now:
+            target = {w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in SIDES}
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            planned = self._next(logs, target)
+            if planned is None:
+                self._idle.set()
+                if self.trigger.available_now:
+                    return
+                self._stop.wait(max(self.trigger.interval_s, 0.01))
+                continue
+            batch_id, record = planned
+            if self._stop.is_set():
+                return
+            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
+            self._progress.append(
+                {
+                    "name": self.name,
+                    "batchId": batch_id,
+                    "numInputRows": done.counted("input"),
+                    "joined": int(done.joined or 0),
+                    "watermarkMs": done.watermark_ms,
+                    "durationMs": {"triggerExecution": round((time.perf_counter() - began) * 1000)},
+                }
+            )
+            del self._progress[:-100]
+            if not self.trigger.available_now:
+                rest = self.trigger.interval_s - (time.perf_counter() - began)
+                if rest > 0:
+                    self._stop.wait(rest)
+
+    def _next(
+        self, logs: dict[str, Any], target: dict[str, dict[int, int]] | None
+    ) -> tuple[int, BatchRecord] | None:
+        """The batch to run: the newest again if it did not finish, else a new plan
+        recorded durably; None when there is nothing to do."""
+        ids = self.batches.ids()
+        newest = self.batches.get(ids[-1]) if ids else None
+        if newest is not None and not newest.done:
+            return ids[-1], newest  # re-run exactly what was planned
+        batch_id = ids[-1] + 1 if ids else 0
+        now = int(time.time() * 1000)
+        sources: dict[str, dict[str, list[int]]] = {}
+        moved: dict[str, int] = {}
+        for which in SIDES:
+            retained = self._retained(logs, which)
+            before = None
+            if newest is not None and newest.sources is not None:
+                before = ends_of(newest.sources.get(which, {}))
+            begin = begin_offsets(retained, before, "earliest")
+            ends = batch_ends(
+                begin,
+                capped(retained, None if target is None else target[which]),
+                self.cfg.max_records,
+            )
+            sources[which] = slices_json(begin, ends)
+            was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
+            moved[which] = now if has_input(sources[which]) or was is None else int(was)
+        watermark = watermark_of(self.cfg.join, newest, moved, now)
+        previous = newest.watermark_ms if newest is not None else 0
+        if not any(has_input(s) for s in sources.values()) and watermark <= previous:
+            return None
+        record = BatchRecord(
+            watermark_ms=watermark,
+            previous_watermark_ms=previous,
+            max_event_ms=newest.max_event_ms if newest is not None else 0,
+            sources=sources,
+            source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
+            source_moved_ms=moved,
+        )
+        self.batches.put(batch_id, record)  # durable: the plan comes before any write
+        return batch_id, record
+
+
+# -- the entry points ----------------------------------------------------------------------
+
+
+def _shape(join: Join) -> dict[str, Any]:
+    """What a join's state depends on: fixed at its first start."""
+    return {
+        "state_partitions": join.state_partitions,
+        "on": list(join.keys),
+        "window_ms": join.window_ms,
+        "bounds_ms": list(join.bounds_ms),
+        "how": join.how,
+    }
+
+
+def _check_shape(checkpoint: str, join: Join) -> None:
+    store = checkpoint_store(checkpoint)
+    shape = json.dumps(_shape(join), sort_keys=True).encode()
+    if store.put_if_absent(JOIN, shape):
+        return
+    recorded = json.loads(store.get(JOIN))
+    if recorded != _shape(join):
+        changed = [k for k, v in _shape(join).items() if recorded.get(k) != v]
+        raise StreamValueError(
+            f"join {join.name}: its checkpoint {checkpoint} ran with "
+            + ", ".join(f"{k}={recorded.get(k)!r}" for k in changed)
+            + f", not {', '.join(f'{k}={_shape(join)[k]!r}' for k in changed)}: the buffered "
+            "events were placed and kept by those; start on a new checkpoint (and output) "
+            "to run the changed join"
+        )
+
+
+def start_join(
+    spark: Any,
+    join: Join,
+    *,
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig | None = None,
+    log_url: str | None = None,
+    trigger: dict[str, Any] | None = None,
+    term: int | None = None,
+    max_records: int | None = None,
+) -> JoinQuery:
+    """Start a stream-stream join; returns its query (see the module doc). ``log_url``:
+    the log of sides given by name (default: the configured one), where ``<name>.dlq``
+    / ``.late`` and the join's ``topic`` go. Spark's ``trigger`` keywords
+    (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
+    side's records per batch at most (else its ``maxRecordsPerBatch`` option)."""
+    from riverbed.config import load_config
+    from riverbed.stream.layout import record_format
+
+    if not isinstance(join, Join):
+        raise StreamValueError(f"start_join takes a Join, not {type(join).__name__}")
+    parsed = parse_trigger(trigger)
+    checkpoint, output = location(checkpoint), location(output)
+    if state is None:
+        state = default_state(checkpoint)
+    if log_url is None and any(side_log is None for _, side_log, _ in join.sides):
+        log_url = load_config().log_url
+    check_term(str(checkpoint), term, join.name)
+    cfg = prepare(  # both sides checked before the checkpoint records anything
+        join,
+        checkpoint=str(checkpoint),
+        output=str(output),
+        state=state,
+        log_url=log_url,
+        term=term,
+    )
+    record_format(checkpoint)
+    _check_shape(str(checkpoint), join)
+    if max_records is not None:
+        cfg = replace(cfg, max_records=max_records)
+    return JoinQuery(spark, cfg, parsed)
+
+
+def batch_line(batch_id: int, record: BatchRecord) -> str:
+    """How ``stream run`` reports a join's finished batch."""
+    alone = f", {record.unmatched} unmatched" if record.unmatched else ""
+    return (
+        f"batch {batch_id}: {record.counted('input')} records, {record.joined or 0} joined"
+        f"{alone}, {record.counted('late')} late, {record.counted('malformed')} malformed"
+    )
+
+
+def read_joined(output: str | Path) -> pd.DataFrame:
+    """Every joined row written so far (each once: a re-run batch replaced its file)."""
+    table = read_table(location(output))
+    return pd.DataFrame() if table is None else table.to_pandas()
+
+
+def held(cfg: JoinConfig) -> dict[str, int]:
+    """How many events each side holds in the state now (``stream status``)."""
+    out = {"left": 0, "right": 0}
+    provider = StateProvider(cfg.state)
+    for partition in range(cfg.join.state_partitions):
+        store = provider.load(cfg.namespace, partition)
+        try:
+            for which, n in buffered_count(store).items():
+                out[which] += n
+        finally:
+            store.abort()
+    return out
+
+
+__all__ = [
+    "JoinQuery",
+    "batch_line",
+    "held",
+    "read_joined",
+    "start_join",
+    "watermark_of",
+]
