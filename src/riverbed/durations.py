@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from riverbed.errors import DurationError
 
-__all__ = ["duration_ms", "duration_seconds", "epoch_ms"]
+__all__ = ["duration_ms", "duration_seconds", "epoch_ms", "iso_ms"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -18,6 +18,11 @@ def epoch_ms(when: datetime) -> int:
     casts): ``int(when.timestamp() * 1000)`` goes through a float and comes out 1 ms
     short for some microsecond values (64.335 s → 64334)."""
     return (when - _EPOCH) // _MS
+
+
+def iso_ms(ms: int) -> str:
+    """Milliseconds since the epoch as status shows a time: ``2026-12-01T10:09:00Z``."""
+    return (_EPOCH + ms * _MS).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 _UNITS = {"ms": 1, "s": 1000, "min": 60_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -16,7 +16,8 @@ import riverbed.log
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Topic
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.joinquery import read_joined, start_join
+from riverbed.stream.joinquery import read_joined, start_join, status
+from riverbed.stream.layout import default_state
 from riverbed.stream.joins import Join
 from tests.stream.conftest import T0
 
@@ -153,6 +154,13 @@ def test_a_join_over_restarts_equals_the_batch_join(
     newest = batches.get(batches.ids()[-1])
     assert newest is not None and newest.done and newest.totals is not None
     assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    # status: the watermark passed every event but the two far-later ones, still held
+    info = status(join, tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
+    assert {w: (s["held"], s["lag"]) for w, s in info["sides"].items()} == {
+        "left": (1, 0),
+        "right": (1, 0),
+    }
+    assert info["watermark"] == "2026-11-23T22:00:00Z"  # the last events' time less 2h
     alone = int(want["paid"].isna().sum())
     assert (newest.totals["joined"], newest.totals["unmatched"]) == (len(want) - alone + 1, alone)
     assert (alone > 0) == (how == "left")

@@ -70,3 +70,29 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
         lease.close()
     spark.stop()
     return 0
+
+
+def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
+    """``stream status join.py``: the join's totals and watermark, and each side's
+    topic, newest event time, lag and held events (``--json``: as one object)."""
+    import json
+
+    from riverbed.cli.stream import out
+    from riverbed.stream.joinquery import status
+    from riverbed.stream.specjob import join_job
+
+    checkpoint, _, state = join_job(config, join)
+    info = status(join, checkpoint, state, config.log_url)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    for key in ("join", "batches", "input_records", "joined", "unmatched", "late", "malformed"):
+        out.print(f"{key:>14}: {info[key]}")
+    out.print(f"{'watermark':>14}: {info['watermark'] or '-'}")
+    for which, side in info["sides"].items():
+        out.print(
+            f"{which:>14}: topic {side['topic']}, newest event {side['newest_event'] or '-'}, "
+            f"lag {side['lag'] if side['lag'] is not None else '-'} records, "
+            f"{side['held']} events held"
+        )
+    return 0

@@ -445,6 +445,14 @@ def _status(args: argparse.Namespace) -> int:
     from riverbed.stream.specjob import status
 
     config = config_of(args)
+    if args.spec.endswith(".py"):
+        from riverbed.stream.specjob import load_join
+
+        join = load_join(args.spec)
+        if join is not None:  # a stream-stream join: its sides' lag and held events
+            from riverbed.cli.joins import join_status
+
+            return join_status(args, config, join)
     job = _job(args.spec, config) if args.spec.endswith(".py") else None
     sources = Sources(config)
     try:  # what the console's stream page shows, once the aggregation has run

@@ -307,12 +307,57 @@ def read_joined(output: str | Path) -> pd.DataFrame:
     return pd.DataFrame() if table is None else table.to_pandas()
 
 
-def held(cfg: JoinConfig) -> dict[str, int]:
-    """How many events each side holds in the state now (``stream status``)."""
+def status(
+    join: Join, checkpoint: str | Path, state: StateConfig, log_url: str | None
+) -> dict[str, Any]:
+    """What ``riverbed stream status`` shows of a join: its totals and watermark, and
+    for each side its topic, the newest event time it has shown, the records not read
+    yet (lag) and the events its state holds."""
+    from riverbed.durations import iso_ms
+
+    batches = open_batches(checkpoint)
+    ids = batches.ids()
+    done = next((r for b in reversed(ids) if (r := batches.get(b)) is not None and r.done), None)
+    totals = dict(done.totals or {}) if done is not None else {}
+    info: dict[str, Any] = {
+        "join": join.name,
+        "batches": totals.get("batches", 0),
+        "input_records": totals.get("input", 0),
+        "joined": totals.get("joined", 0),
+        "unmatched": totals.get("unmatched", 0),
+        "late": totals.get("late", 0),
+        "malformed": totals.get("malformed", 0),
+        "watermark": iso_ms(done.watermark_ms) if done is not None else None,
+        "sides": {},
+    }
+    holding = _held(join, state)
+    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
+        url = side_log or log_url
+        read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
+        lag = None
+        if url is not None:
+            opened = open_log({**reader, "topic": topic, "log": url})
+            try:
+                ends = {o.partition: o.end for o in opened.offsets(topic)}
+                lag = sum(max(0, end - read.get(p, 0)) for p, end in ends.items())
+            finally:
+                opened.close()
+        newest = (done.source_max_ms or {}).get(which) if done is not None else None
+        info["sides"][which] = {
+            "topic": topic,
+            "newest_event": iso_ms(newest) if newest is not None else None,
+            "lag": lag,
+            "held": holding[which],
+        }
+    return info
+
+
+def _held(join: Join, state: StateConfig) -> dict[str, int]:
+    """How many events each side holds in the state (its newest version)."""
     out = {"left": 0, "right": 0}
-    provider = StateProvider(cfg.state)
-    for partition in range(cfg.join.state_partitions):
-        store = provider.load(cfg.namespace, partition)
+    provider = StateProvider(state)
+    for partition in range(join.state_partitions):
+        store = provider.load(join.name, partition)
         try:
             for which, n in buffered_count(store).items():
                 out[which] += n
@@ -324,8 +369,8 @@ def held(cfg: JoinConfig) -> dict[str, int]:
 __all__ = [
     "JoinQuery",
     "batch_line",
-    "held",
     "read_joined",
     "start_join",
+    "status",
     "watermark_of",
 ]

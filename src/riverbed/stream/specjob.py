@@ -24,13 +24,13 @@ import json
 import re
 import runpy
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from riverbed.config import Config
+from riverbed.durations import iso_ms
 from riverbed.errors import ConfigError, RiverbedError
 from riverbed.locations import OUTPUT, output_in_bucket
 from riverbed.state import StateConfig
@@ -475,7 +475,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
             if head is not None and head.lookups is not None
             else {}
         ),
-        "watermark": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(watermark / 1000)),
+        "watermark": iso_ms(watermark),
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
         "last_batch_ms": last.ms if last else None,
