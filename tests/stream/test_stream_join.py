@@ -17,8 +17,8 @@ from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Topic
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.joinquery import read_joined, start_join, status
-from riverbed.stream.layout import default_state
 from riverbed.stream.joins import Join
+from riverbed.stream.layout import default_state
 from tests.stream.conftest import T0
 
 pytestmark = pytest.mark.spark
