@@ -205,3 +205,63 @@ def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: P
         start_join(
             spark, changed, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url
         )
+
+
+def test_joined_rows_feed_an_aggregation_through_the_joins_topic(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Enrich, then count: an aggregation reads the join's topic (``topic=``) as its
+    events — paid orders and the sum paid per hour — equal to the joined rows grouped."""
+    from riverbed.stream import Aggregation, Count, Sum, Tumbling, read_results, start
+
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(400, seed=8)
+    send(log_url, "orders", orders, 3)
+    send(log_url, "payments", payments, 2)
+    join = Join(
+        name="paid",
+        left=Topic("orders", options={"schema": ORDERS}),
+        right=Topic("payments", options={"schema": PAYMENTS}),
+        on="order_id",
+        time="ts",
+        within=("10m", "1h"),
+        topic="paid_rows",
+        state_partitions=2,
+    )
+    start_join(
+        spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url,
+        trigger={"availableNow": True},
+    ).awaitTermination()  # fmt: skip
+    hourly = Aggregation(
+        name="paid_hourly",
+        key="all",
+        columns={"all": "'all'"},
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="3h",
+        metrics={"pairs": Count(), "paid": Sum("paid")},
+        state_partitions=1,
+    )
+    schema = "order_id long, amount double, ts timestamp, paid double, right_ts timestamp"
+    query = start(
+        spark,
+        hourly,
+        Topic("paid_rows", log=log_url, options={"schema": schema}),
+        checkpoint=tmp_path / "agg-cp",
+        output=tmp_path / "agg-out",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination()
+    joined = read_joined(tmp_path / "out")
+    assert len(joined) > 100
+    want = (
+        joined.assign(window_start=joined["ts"].dt.floor("1h"))
+        .groupby("window_start")
+        .agg(pairs=("paid", "size"), paid=("paid", "sum"))
+        .reset_index()
+    )
+    got = read_results(tmp_path / "agg-out")[["window_start", "pairs", "paid"]]
+    assert got["pairs"].tolist() == want["pairs"].tolist()
+    assert got["window_start"].tolist() == want["window_start"].tolist()
+    assert np.allclose(got["paid"], want["paid"])
