@@ -5,6 +5,7 @@ joined row equals pandas' batch join of the events read back, each once."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,55 @@ def test_joined_rows_feed_an_aggregation_through_the_joins_topic(
     assert got["pairs"].tolist() == want["pairs"].tolist()
     assert got["window_start"].tolist() == want["window_start"].tolist()
     assert np.allclose(got["paid"], want["paid"])
+
+
+@pytest.mark.kafka
+def test_one_side_in_kafka_joins_as_a_riverbed_topic_does(
+    spark: Any, tmp_path: Path, kafka_server: Any, kafka_topic: str
+) -> None:
+    """Orders in a riverbed topic, payments in a Kafka topic (JSON values, keyed by the
+    order): the joined rows are pandas' join, and a malformed Kafka record goes to the
+    join's .dlq, counted."""
+    import json
+
+    from confluent_kafka import Producer
+
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(300, seed=9)
+    send(log_url, "orders", orders, 3)
+    kafka_server.create_topic(kafka_topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap, "acks": "all"})
+    for row in payments.astype({"ts": object}).to_dict("records"):
+        value = {**row, "ts": pd.Timestamp(row["ts"]).isoformat()}
+        producer.produce(kafka_topic, key=str(row["order_id"]), value=json.dumps(value))
+    producer.produce(kafka_topic, key="x", value=b"{not json")
+    assert producer.flush(30) == 0
+    join = Join(
+        name="paid",
+        left=Topic("orders", options={"schema": ORDERS}),
+        right=Topic(
+            kafka_topic,
+            log=f"kafka://{kafka_server.bootstrap}?serde=json",
+            options={"schema": PAYMENTS},
+        ),
+        on="order_id",
+        time="ts",
+        within=("10m", "1h"),
+        how="left",
+        watermark="3h",
+    )
+    start_join(
+        spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url,
+        trigger={"availableNow": True},
+    ).awaitTermination()  # fmt: skip
+    got = read_joined(tmp_path / "out")
+    inner = oracle(replace(join, how="inner"), orders, payments)
+    assert len(inner) > 100
+    assert rows_of(got[got["paid"].notna()]) == rows_of(inner)
+    batches = open_batches(tmp_path / "cp")
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None and totals["malformed"] == 1
+    log = riverbed.log.open(log_url)
+    (dlq,) = [r.value for r in log.read("paid.dlq", 0, 0, 10)]
+    log.close()
+    assert dlq["side"] == "right" and dlq["_error"]

@@ -40,6 +40,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from riverbed.config import adopt
 from riverbed.log import reach_environment
@@ -271,7 +272,10 @@ def _read(
     rule = cfg.rule
     for batch in read_slice(side.options, side.schema, piece):
         counts.input += batch.num_rows
-        pdf = batch.to_pandas()
+        # integers stay integers beside a null (pandas would make them floats: a key
+        # 5 would read "5.0" in a batch with a malformed record)
+        pdf = batch.to_pandas(types_mapper=_nullable)
+        pdf[_KEY_TEXT] = pc.cast(batch.column(side.key), pa.string()).to_pandas()
         why = pdf["_error"].copy()
         why[why.isna() & pdf[side.key].isna()] = f"no {side.key} to join on"
         why[why.isna() & pdf[side.time].isna()] = f"no event time ({side.time})"
@@ -308,7 +312,7 @@ def _read(
             continue
         frame = pd.DataFrame(
             {
-                KEY: good[side.key].astype(str).to_numpy(),
+                KEY: good[_KEY_TEXT].to_numpy(),
                 TS: ts,
                 PART: good["partition"].to_numpy(dtype=np.int64),
                 OFF: good["offset"].to_numpy(dtype=np.int64),
@@ -317,6 +321,19 @@ def _read(
         for c in side.columns:
             frame[_PREFIX[which] + c] = _stored(good[c], c in side.times)
         yield frame
+
+
+_KEY_TEXT = "\x00key"  # the join key as text, beside the columns while a piece is read
+_INTEGERS = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+}
+
+
+def _nullable(kind: pa.DataType) -> Any:
+    return _INTEGERS.get(kind)
 
 
 def _stored(column: pd.Series, is_time: bool) -> Any:
