@@ -16,10 +16,11 @@ their state is found by key, and expired by end:
 A stream-stream join (:mod:`riverbed.stream.pairing`) buffers each side's events until
 the watermark passes the last time a partner could arrive:
 
-* ``0x03 + side + key length (4 bytes) + key + time + log partition (4 bytes) + offset``
-  — one buffered event (its columns), found by key: a prefix per (side, key);
-* ``0x04 + side + expiry time + the same rest`` — an index entry by when the watermark
-  drops it, so the dropped ones are one range scan and their index one range delete.
+* ``0x03 + side + key`` — the key's buffered events of that side (one value: a batch
+  reads every key it pairs in one multi-get);
+* ``0x04 + side + expiry time + time + log partition + offset + key`` — an index entry
+  per event by when the watermark drops it, so the dropped ones are one range scan and
+  their index one range delete.
 
 A window key's first byte is 0 for every window start before the year 2,280,000, so
 the five layouts never meet.
@@ -96,38 +97,26 @@ def session_ends(lo: int, hi: int) -> tuple[bytes, bytes]:
     return SESSION_ENDS + _TS.pack(max(lo, 0)), SESSION_ENDS + _TS.pack(max(hi, 0))
 
 
-JOIN_ROWS = b"\x03"  # + side + key length + key + time + partition + offset -> the event
-JOIN_EXPIRY = b"\x04"  # + side + expiry time + (the rest of the row's key) -> b""
-_LEN = struct.Struct(">I")
-_ID = struct.Struct(">QIQ")  # time, log partition, offset
+JOIN_ROWS = b"\x03"  # + side + join key -> the key's buffered events of that side
+JOIN_EXPIRY = b"\x04"  # + side + expiry + time + partition + offset + join key -> b""
+_EXPIRY = struct.Struct(">QQIQ")  # expiry, time, log partition, offset
 
 
-def join_key_prefix(side: bytes, key: bytes) -> bytes:
-    """Every buffered event of ``side`` (one byte) with join key ``key``."""
-    return JOIN_ROWS + side + _LEN.pack(len(key)) + key
+def join_rows_key(side: bytes, key: bytes) -> bytes:
+    """The buffered events of ``side`` (one byte) with join key ``key``."""
+    return JOIN_ROWS + side + key
 
 
-def join_row_key(side: bytes, key: bytes, ts: int, partition: int, offset: int) -> bytes:
-    return join_key_prefix(side, key) + _ID.pack(to_millis(ts), partition, offset)
+def join_expiry_key(side: bytes, expires_ms: int, ts: int, partition: int, offset: int,
+                    key: bytes) -> bytes:  # fmt: skip
+    """The index entry of one buffered event, dropped at ``expires_ms``."""
+    return JOIN_EXPIRY + side + _EXPIRY.pack(max(expires_ms, 0), ts, partition, offset) + key
 
 
-def split_join_row_key(data: bytes) -> tuple[bytes, bytes, int, int, int]:
-    """(side, key, time, partition, offset) of a :func:`join_row_key`."""
-    side = data[1:2]
-    (n,) = _LEN.unpack_from(data, 2)
-    key = data[6 : 6 + n]
-    ts, partition, offset = _ID.unpack_from(data, 6 + n)
-    return side, key, int(ts), int(partition), int(offset)
-
-
-def join_expiry_key(expires_ms: int, row_key: bytes) -> bytes:
-    """The index entry of the buffered event ``row_key``, dropped at ``expires_ms``."""
-    return JOIN_EXPIRY + row_key[1:2] + _TS.pack(max(expires_ms, 0)) + row_key[2:]
-
-
-def join_row_of(expiry_key: bytes) -> bytes:
-    """The buffered event's key an index entry points at."""
-    return JOIN_ROWS + expiry_key[1:2] + expiry_key[2 + _TS.size :]
+def split_join_expiry_key(data: bytes) -> tuple[int, int, int, bytes]:
+    """(time, partition, offset, join key) of a :func:`join_expiry_key`."""
+    _, ts, partition, offset = _EXPIRY.unpack_from(data, 2)
+    return int(ts), int(partition), int(offset), data[2 + _EXPIRY.size :]
 
 
 def join_expiring(side: bytes, upto_ms: int) -> tuple[bytes, bytes]:

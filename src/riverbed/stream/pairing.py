@@ -35,12 +35,11 @@ import numpy as np
 import pandas as pd
 
 from riverbed.state.keys import (
+    JOIN_ROWS,
     join_expiring,
     join_expiry_key,
-    join_key_prefix,
-    join_row_key,
-    join_row_of,
-    split_join_row_key,
+    join_rows_key,
+    split_join_expiry_key,
 )
 
 LEFT, RIGHT = b"L", b"R"
@@ -119,67 +118,131 @@ def step(
     :data:`IDS` columns and the sides' ``columns``, times in ms, keys as text) with
     each other and with the buffered ones in ``store`` (an open state store), buffer
     them, and drop (emitting unmatched left events for ``how="left"``) what the
-    watermark passed. The caller commits the store."""
-    lcols, rcols = list(columns[0]), list(columns[1])
+    watermark passed. The caller commits the store.
+
+    Each (side, key) holds one list of events (``[time, partition, offset, matched,
+    *columns]``), so the keys a batch pairs are one multi-get per side."""
+    cols = {LEFT: list(columns[0]), RIGHT: list(columns[1])}
     outer = how == "left"
-    old_right = _buffered(store, RIGHT, left[KEY].unique(), rcols)
-    old_left = _buffered(store, LEFT, right[KEY].unique(), lcols)
-    fresh = _pairs(rule, left, _concat([old_right, right[IDS + rcols]]))
+    new_keys = {LEFT: set(left[KEY].tolist()), RIGHT: set(right[KEY].tolist())}
+    held: dict[tuple[bytes, str], list[list[Any]]] = {}
+    _fetch(store, held, sorted(new_keys[LEFT] | new_keys[RIGHT]))
+    old_right = _frame(held, RIGHT, new_keys[LEFT], cols[RIGHT])
+    old_left = _frame(held, LEFT, new_keys[RIGHT], cols[LEFT])
+    fresh = _pairs(rule, left, _concat([old_right, right[IDS + cols[RIGHT]]]))
     late_found = _pairs(rule, old_left, right)
     pairs = _concat([fresh, late_found])
+    changed: set[tuple[bytes, str]] = set()
     unmatched: list[pd.DataFrame] = []
     matched_new = np.zeros(len(left), dtype=bool)
     if outer:
         if len(fresh):
-            seen = set(zip(fresh["l" + PART], fresh["l" + OFF], strict=True))
+            seen = set(zip(fresh["l" + PART].tolist(), fresh["l" + OFF].tolist(), strict=True))
             matched_new = np.fromiter(
-                ((p, o) in seen for p, o in zip(left[PART], left[OFF], strict=True)),
+                (ids in seen for ids in zip(left[PART].tolist(), left[OFF].tolist(), strict=True)),
                 dtype=bool,
                 count=len(left),
             )
         if len(late_found):  # buffered left events paired for the first time
-            first = old_left[~old_left[_MATCHED].astype(bool)]
-            seen = set(zip(late_found["l" + PART], late_found["l" + OFF], strict=True))
-            for row in first.itertuples(index=False):
-                got = dict(zip(first.columns, row, strict=True))
-                if (got[PART], got[OFF]) in seen:
-                    _put(store, LEFT, got, lcols, True, None)
-    for side, frame, cols in ((LEFT, left, lcols), (RIGHT, right, rcols)):
+            seen = set(
+                zip(late_found["l" + PART].tolist(), late_found["l" + OFF].tolist(), strict=True)
+            )
+            for key in new_keys[RIGHT]:
+                for event in held.get((LEFT, key), ()):
+                    if not event[3] and (event[1], event[2]) in seen:
+                        event[3] = True
+                        changed.add((LEFT, key))
+    for side, frame in ((LEFT, left), (RIGHT, right)):
         if not len(frame):
             continue
-        expires = rule.expires(side, frame[TS].to_numpy(dtype=np.int64))
+        ts = frame[TS].to_numpy(dtype=np.int64)
+        expires = rule.expires(side, ts)
         kept = expires > watermark_ms
-        for at, row in enumerate(frame.itertuples(index=False)):
-            got = dict(zip(frame.columns, row, strict=True))
-            if kept[at]:
-                matched = bool(matched_new[at]) if side == LEFT else False
-                _put(store, side, got, cols, matched, int(expires[at]))
+        values = list(zip(*(_values(frame[c]) for c in cols[side]), strict=True)) or [()] * len(
+            frame
+        )
+        flags = matched_new.tolist() if side == LEFT else [False] * len(frame)
+        rows = zip(
+            frame[KEY].tolist(),
+            ts.tolist(),
+            frame[PART].tolist(),
+            frame[OFF].tolist(),
+            expires.tolist(),
+            kept.tolist(),
+            flags,
+            values,
+            strict=True,
+        )
+        for key, t, part, off, expiry, keep, flag, vals in rows:
+            if keep:
+                held.setdefault((side, key), []).append([t, part, off, flag, *vals])
+                changed.add((side, key))
+                store.put(join_expiry_key(side, expiry, t, part, off, key.encode()), b"")
         if side == LEFT and outer:  # dropped at once, never paired: emitted now
             gone = ~kept & ~matched_new
             if gone.any():
-                unmatched.append(frame.loc[gone, IDS + lcols])
-    for side, cols in ((LEFT, lcols), (RIGHT, rcols)):
+                unmatched.append(frame.loc[gone, IDS + cols[LEFT]])
+    for side in (LEFT, RIGHT):
         lo, hi = join_expiring(side, watermark_ms)
-        entries = [k for k, _ in store.scan(start=lo, end=hi)]
-        if not entries:
+        dropped: dict[str, set[tuple[int, int]]] = {}
+        for entry, _ in store.scan(start=lo, end=hi):
+            _, part, off, key = split_join_expiry_key(entry)
+            dropped.setdefault(key.decode(), set()).add((part, off))
+        if not dropped:
             continue
-        rows = [join_row_of(k) for k in entries]
-        if side == LEFT and outer:
-            values = store.get_many(rows)
-            alone = [
-                _decoded(k, v, cols)
-                for k, v in zip(rows, values, strict=True)
-                if v is not None and not msgpack.unpackb(v, raw=False).get("m")
-            ]
-            if alone:
-                unmatched.append(pd.DataFrame(alone, columns=IDS + cols + [_MATCHED])[IDS + cols])
-        for k in rows:
-            store.delete(k)
+        _fetch(store, held, sorted(k for k in dropped if (side, k) not in held), (side,))
+        alone = []
+        for key, ids in dropped.items():
+            events = held.get((side, key), [])
+            if outer and side == LEFT:
+                alone += [[key, *e[:3], *e[4:]] for e in events if (e[1], e[2]) in ids and not e[3]]
+            held[side, key] = [e for e in events if (e[1], e[2]) not in ids]
+            changed.add((side, key))
+        if alone:
+            unmatched.append(pd.DataFrame(alone, columns=IDS + cols[LEFT]))
         store.delete_range(lo, hi)
-    alone_frame = (
-        pd.concat(unmatched, ignore_index=True) if unmatched else pd.DataFrame(columns=IDS + lcols)
-    )
+    for side, key in changed:
+        where = join_rows_key(side, key.encode())
+        if held[side, key]:
+            store.put(where, msgpack.packb(held[side, key], use_bin_type=True))
+        else:
+            store.delete(where)
+    alone_frame = _concat(unmatched) if unmatched else pd.DataFrame(columns=IDS + cols[LEFT])
     return Paired(pairs=pairs, unmatched=alone_frame.rename(columns=_left_ids))
+
+
+def _fetch(
+    store: Any,
+    held: dict[tuple[bytes, str], list[list[Any]]],
+    keys: list[str],
+    sides: tuple[bytes, ...] = (b"L", b"R"),
+) -> None:
+    """The buffered events of ``keys`` on ``sides``, into ``held`` (one multi-get a side)."""
+    for side in sides:
+        blobs = store.get_many([join_rows_key(side, k.encode()) for k in keys])
+        for key, blob in zip(keys, blobs, strict=True):
+            if blob is not None:
+                held[side, key] = msgpack.unpackb(blob, raw=False)
+
+
+def _frame(
+    held: dict[tuple[bytes, str], list[list[Any]]], side: bytes, keys: set[str], cols: list[str]
+) -> pd.DataFrame:
+    """The buffered events of ``side`` with one of ``keys``, as a frame (with their
+    matched flags)."""
+    rows = [[key, *e[:3], *e[4:], e[3]] for key in keys for e in held.get((side, key), ())]
+    frame = pd.DataFrame(rows, columns=IDS + cols + [_MATCHED])
+    for c in (TS, PART, OFF):
+        frame[c] = frame[c].astype(np.int64)
+    return frame
+
+
+def _values(column: pd.Series) -> list[Any]:
+    """A column's values as Python's (a null as None)."""
+    if column.dtype == object or isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
+        return [_plain(v) for v in column.tolist()]
+    plain: list[Any] = column.tolist()
+    return plain
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -212,24 +275,6 @@ def _pairs(rule: Rule, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
     return both.loc[keep].reset_index(drop=True)
 
 
-def _put(
-    store: Any,
-    side: bytes,
-    row: dict[str, Any],
-    cols: list[str],
-    matched: bool,
-    expires: int | None,
-) -> None:
-    """Buffer one event (``expires``: its index entry's time; None: it has one already)."""
-    key = join_row_key(side, str(row[KEY]).encode(), int(row[TS]), int(row[PART]), int(row[OFF]))
-    value: dict[str, Any] = {"v": [_plain(row[c]) for c in cols]}
-    if matched:
-        value["m"] = True
-    store.put(key, msgpack.packb(value, use_bin_type=True))
-    if expires is not None:
-        store.put(join_expiry_key(expires, key), b"")
-
-
 def _plain(value: Any) -> Any:
     if value is None or value is pd.NA or value is pd.NaT:
         return None
@@ -238,32 +283,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _decoded(row_key: bytes, value: bytes, cols: list[str]) -> list[Any]:
-    _, key, ts, part, off = split_join_row_key(row_key)
-    got = msgpack.unpackb(value, raw=False)
-    return [key.decode(), ts, part, off, *got["v"], bool(got.get("m"))]
-
-
-def _buffered(store: Any, side: bytes, keys: Any, cols: list[str]) -> pd.DataFrame:
-    """The buffered events of ``side`` with one of ``keys``."""
-    rows = [
-        _decoded(k, v, cols)
-        for key in sorted(str(k) for k in keys)
-        for k, v in store.scan(join_key_prefix(side, key.encode()))
-    ]
-    frame = pd.DataFrame(rows, columns=IDS + cols + [_MATCHED])
-    for c in (TS, PART, OFF):
-        frame[c] = frame[c].astype(np.int64)
-    return frame
-
-
 def buffered_count(store: Any) -> dict[str, int]:
     """How many events each side holds in a state partition (``stream status``)."""
-    from riverbed.state.keys import JOIN_ROWS
-
     out = {"left": 0, "right": 0}
-    for k, _ in store.scan(JOIN_ROWS):
-        out["left" if k[1:2] == LEFT else "right"] += 1
+    for k, v in store.scan(JOIN_ROWS):
+        out["left" if k[1:2] == LEFT else "right"] += len(msgpack.unpackb(v, raw=False))
     return out
 
 

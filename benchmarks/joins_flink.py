@@ -1,0 +1,90 @@
+"""One join of ``benchmarks/joins.py`` as a Flink SQL job, run in Flink's own
+virtualenv (it imports PyFlink, never riverbed).
+
+    .venv-flink/bin/python benchmarks/joins_flink.py ORDERS_CSV PAYMENTS_CSV QUERY WATERMARK_S
+
+Flink's settings as ``nexmark_flink.py``'s (parallelism 2, heap state); the orders and
+payments are CSV files (one per source task, each in time order) with a watermark of
+WATERMARK_S seconds; the job ends with its input, which closes every window and
+interval. Prints one JSON line: the job's seconds (submission to its end; its rows go to
+CSV files inside Flink, read afterwards) and its rows: (order, its time, the payment's
+time or empty), times in epoch ms.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SQL = {
+    # each order with its payments 10 minutes before to 1 hour after it, unpaid ones too
+    "interval": """SELECT o.order_id, o.ts, p.ts
+                   FROM orders o LEFT JOIN payments p ON o.order_id = p.order_id
+                   AND p.ts BETWEEN o.ts - INTERVAL '10' MINUTE AND o.ts + INTERVAL '1' HOUR""",
+    # orders and payments of one customer in the same 10-minute window (a window join)
+    "window": """SELECT L.order_id, L.ts, R.ts FROM
+                   (SELECT * FROM TABLE(TUMBLE(TABLE orders, DESCRIPTOR(ts),
+                                               INTERVAL '10' MINUTES))) L
+                 JOIN
+                   (SELECT * FROM TABLE(TUMBLE(TABLE payments, DESCRIPTOR(ts),
+                                               INTERVAL '10' MINUTES))) R
+                 ON L.customer = R.customer AND L.window_start = R.window_start
+                    AND L.window_end = R.window_end""",
+}
+
+
+def _ms(text: str) -> Any:
+    if not text:
+        return ""
+    moment = datetime.fromisoformat(text.replace(" ", "T")).replace(tzinfo=UTC)
+    return round(moment.timestamp() * 1000)
+
+
+def main() -> None:
+    from pyflink.table import EnvironmentSettings, Schema, TableDescriptor, TableEnvironment
+
+    from flink_conf import configure  # beside this script
+
+    orders, payments, query, watermark_s = sys.argv[1:5]
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    configure(env.get_config(), "hashmap", True)
+    for name, path, value in (("orders", orders, "amount"), ("payments", payments, "paid")):
+        env.execute_sql(
+            f"""CREATE TABLE {name} (
+                  customer BIGINT, order_id BIGINT, {value} DOUBLE, ts TIMESTAMP(3),
+                  WATERMARK FOR ts AS ts - INTERVAL '{int(watermark_s)}' SECOND
+                ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
+        )
+    out_dir = tempfile.mkdtemp(prefix="flink-out-")
+    table = env.sql_query(SQL[query])
+    env.create_temporary_table(
+        "sink",
+        TableDescriptor.for_connector("filesystem")
+        .schema(
+            Schema.new_builder().from_row_data_type(table.get_schema().to_row_data_type()).build()
+        )
+        .option("path", out_dir)
+        .format("csv")
+        .build(),
+    )
+    began = time.perf_counter()
+    table.execute_insert("sink").wait()
+    seconds = time.perf_counter() - began
+    rows = []
+    for path in sorted(Path(out_dir).rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            with open(path, newline="") as f:
+                rows += [[int(o), _ms(t), _ms(r)] for o, t, r in csv.reader(f)]
+    shutil.rmtree(out_dir, ignore_errors=True)
+    print(json.dumps({"seconds": seconds, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
