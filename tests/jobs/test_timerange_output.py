@@ -123,3 +123,16 @@ def test_where_an_output_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert "very-secret" not in str(bad.value) and "AKIA" not in str(bad.value)
     with pytest.raises(ConfigError, match="output 'gs://b/q'"):
         output_location("gs://b/q", "job", "")
+
+
+def test_a_token_with_only_a_killed_writers_temporary_file_is_forgotten(tmp_path: Path) -> None:
+    """A driver SIGKILLed while it wrote a staged file leaves only the hidden temporary
+    file under its token (no object: the token is no entry of the store); the next
+    driver's forget deletes it all the same (a fresh-clone run found one left)."""
+    out = Output(tmp_path / "out")
+    staged = tmp_path / "out" / "_riverbed" / "staging" / "dead" / ".rows.parquet.1f2e.tmp"
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"half a file")
+    assert out.store.entries("_riverbed/staging/") == []  # no object there
+    assert out.forget(set(), None) == 1
+    assert not (tmp_path / "out" / "_riverbed" / "staging").exists()

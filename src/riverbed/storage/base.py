@@ -108,11 +108,13 @@ class ObjectStore(abc.ABC):
             raise ObjectNotFoundError(f"no object {key!r} in {self.url}")
         return self.get_range(key, 0, n), info.size
 
-    def entries(self, prefix: str = "") -> builtins.list[str]:
+    def entries(self, prefix: str = "", *, with_partial: bool = False) -> builtins.list[str]:
         """The names directly below ``prefix`` (a "directory": ``""`` or ending in
         ``/``): objects and the first segment of deeper keys, sorted, each once —
         except hidden ones (starting with ``.``, such as a set-aside snapshot), which
-        :meth:`list` still returns."""
+        :meth:`list` still returns. ``with_partial``: also a name under which there is
+        only what interrupted writes left (a directory's temporary files; a bucket has
+        none: an upload is whole or absent), so its owner can delete it."""
         names = {info.key[len(prefix) :].split("/", 1)[0] for info in self.list(prefix)}
         return sorted(n for n in names if not n.startswith("."))
 

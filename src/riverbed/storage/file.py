@@ -150,14 +150,19 @@ class FileStore(ObjectStore):
                         out.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
         return sorted(out, key=lambda o: o.key)
 
-    def entries(self, prefix: str = "") -> builtins.list[str]:
+    def entries(self, prefix: str = "", *, with_partial: bool = False) -> builtins.list[str]:
         path = self.root / prefix if prefix else self.root
         try:
             children = [p for p in path.iterdir() if not p.name.startswith(".")]
         except (FileNotFoundError, NotADirectoryError):
             return []
-        # a directory whose objects were all deleted is no entry (as in a bucket)
-        return sorted(p.name for p in children if _holds_an_object(p))
+        # a directory whose objects were all deleted is no entry (as in a bucket); one
+        # with only a killed writer's temporary file is, when asked for
+        return sorted(
+            p.name
+            for p in children
+            if _holds_an_object(p) or (with_partial and p.is_dir() and not p.is_symlink())
+        )
 
     def move(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)

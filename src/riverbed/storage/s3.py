@@ -312,7 +312,7 @@ class S3ObjectStore(ObjectStore):
 
         return sorted(self._call("list", prefix, listing), key=lambda o: o.key)
 
-    def entries(self, prefix: str = "") -> builtins.list[str]:
+    def entries(self, prefix: str = "", *, with_partial: bool = False) -> builtins.list[str]:
         # one delimited listing: the server answers with the "directories" themselves
         where = prefix.rstrip("/") or None
         listed = self._call(

@@ -175,7 +175,7 @@ class TimeRangeOutput:
         for kind in (STAGING, CARRY, SPILL):
             gone = [
                 t
-                for t in self.store.entries(kind)
+                for t in self.store.entries(kind, with_partial=True)  # a killed write's too
                 if t != pending and not (kind == CARRY and t in keep)
             ]
             for token in gone:
