@@ -176,10 +176,12 @@ def duckdb_answer(query: str, orders: pd.DataFrame, payments: pd.DataFrame) -> p
 
 def _pairs(frame: pd.DataFrame) -> list[tuple[int, int, int]]:
     """(order, its time, the payment's time or -1), as ms, sorted."""
-    ts = pd.to_datetime(frame["ts"], utc=True).astype("int64") // 1_000_000
-    right = pd.to_datetime(frame["right_ts"], utc=True)
-    rts = np.where(right.isna(), -1, right.astype("int64") // 1_000_000)
-    return sorted(zip(frame["order_id"].astype(int), ts, rts, strict=True))
+    ts = pd.to_datetime(frame["ts"], utc=True).dt.as_unit("ms").astype("int64")
+    right = pd.to_datetime(frame["right_ts"], utc=True).dt.as_unit("ms")
+    rts = np.where(right.isna(), -1, right.fillna(pd.Timestamp(0, tz="UTC")).astype("int64"))
+    return sorted(
+        zip(frame["order_id"].astype(int).tolist(), ts.tolist(), rts.tolist(), strict=True)
+    )
 
 
 def compare(got: pd.DataFrame, want: pd.DataFrame) -> str:

@@ -25,11 +25,13 @@ from typing import Any
 
 SQL = {
     # each order with its payments 10 minutes before to 1 hour after it, unpaid ones too
-    "interval": """SELECT o.order_id, o.ts, p.ts
+    # (times cast to plain timestamps: a sink takes one rowtime column at most)
+    "interval": """SELECT o.order_id, CAST(o.ts AS TIMESTAMP(3)), CAST(p.ts AS TIMESTAMP(3))
                    FROM orders o LEFT JOIN payments p ON o.order_id = p.order_id
                    AND p.ts BETWEEN o.ts - INTERVAL '10' MINUTE AND o.ts + INTERVAL '1' HOUR""",
     # orders and payments of one customer in the same 10-minute window (a window join)
-    "window": """SELECT L.order_id, L.ts, R.ts FROM
+    "window": """SELECT L.order_id, CAST(L.ts AS TIMESTAMP(3)), CAST(R.ts AS TIMESTAMP(3))
+                 FROM
                    (SELECT * FROM TABLE(TUMBLE(TABLE orders, DESCRIPTOR(ts),
                                                INTERVAL '10' MINUTES))) L
                  JOIN
@@ -53,13 +55,15 @@ def main() -> None:
     from flink_conf import configure  # beside this script
 
     orders, payments, query, watermark_s = sys.argv[1:5]
+    seconds = int(watermark_s)  # as h:mm:ss (Flink's SECOND precision stops at 99)
+    delay = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     configure(env.get_config(), "hashmap", True)
     for name, path, value in (("orders", orders, "amount"), ("payments", payments, "paid")):
         env.execute_sql(
             f"""CREATE TABLE {name} (
                   customer BIGINT, order_id BIGINT, {value} DOUBLE, ts TIMESTAMP(3),
-                  WATERMARK FOR ts AS ts - INTERVAL '{int(watermark_s)}' SECOND
+                  WATERMARK FOR ts AS ts - INTERVAL '{delay}' HOUR TO SECOND
                 ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
         )
     out_dir = tempfile.mkdtemp(prefix="flink-out-")
