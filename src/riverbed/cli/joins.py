@@ -77,7 +77,9 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
     topic, newest event time, lag and held events (``--json``: as one object)."""
     import json
 
-    from riverbed.cli.stream import out
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=True)
     from riverbed.stream.joinquery import status
     from riverbed.stream.specjob import join_job
 

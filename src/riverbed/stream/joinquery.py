@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,7 @@ import pandas as pd
 from riverbed.locations import location
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.spark.source import open_log
-from riverbed.state import StateConfig, StateProvider, uploads
-from riverbed.state.openpool import keep_open
+from riverbed.state import StateConfig, StateProvider
 from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
@@ -32,6 +29,7 @@ from riverbed.stream.pairing import buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
 from riverbed.stream.streamjoin import SIDES, JoinConfig, prepare, run_planned
+from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)
 
@@ -56,86 +54,30 @@ def watermark_of(
     return max(before, min(times) - join.watermark_ms)
 
 
-class JoinQuery:
-    """A stream-stream join running on a driver thread (the parts of Spark's
-    ``StreamingQuery`` riverbed's loop has: :class:`riverbed.stream.loop.DirectQuery`)."""
+class JoinQuery(ThreadQuery):
+    """A stream-stream join running on a driver thread; constructing it starts the loop
+    and returns at once (the ``StreamingQuery`` part: :class:`~riverbed.stream.
+    threadquery.ThreadQuery`)."""
+
+    kind = "join"
 
     def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
-        self.spark = spark
+        super().__init__(spark, cfg.join.name, f"riverbed-join-{cfg.join.name}")
         self.cfg = cfg
         self.trigger = trigger
-        self.name = cfg.join.name
-        self.id = str(uuid.uuid4())
         self.batches = open_batches(cfg.checkpoint, cfg.fence)
-        self._group = f"riverbed-join-{self.name}-{self.id}"
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._idle = threading.Event()
-        self._exception: BaseException | None = None
-        self._progress: list[dict[str, Any]] = []
-        self._thread = threading.Thread(target=self._run, name=f"riverbed join {self.name}")
-        self._thread.daemon = True
-        self._thread.start()
+        self._start()
 
-    @property
-    def isActive(self) -> bool:
-        return not self._done.is_set()
-
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:
-        ended = self._done.wait(timeout)
-        if ended and self._exception is not None:
-            raise self._exception
-        return ended if timeout is not None else None
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the loop to end; whether it did (what
-        stopped it, if anything: :meth:`exception`)."""
-        return self._done.wait(timeout)
-
-    def processAllAvailable(self) -> None:
-        self._idle.clear()
-        while not self._idle.wait(0.05):
-            if self._done.is_set():
-                break
-        if self._exception is not None:
-            raise self._exception
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            with contextlib.suppress(Exception):
-                self.spark.sparkContext.cancelJobGroup(self._group)
-            self._thread.join()
-
-    def exception(self) -> BaseException | None:
-        return self._exception
-
-    @property
-    def recentProgress(self) -> list[dict[str, Any]]:
-        return list(self._progress)
-
-    @property
-    def lastProgress(self) -> dict[str, Any] | None:
-        return self._progress[-1] if self._progress else None
-
-    def _run(self) -> None:
+    def _body(self) -> None:
         logs: dict[str, Any] = {}
         try:
-            self.spark.sparkContext.setJobGroup(self._group, f"riverbed join {self.name}", True)
             for which, side in zip(SIDES, self.cfg.sides, strict=True):
                 logs[which] = open_log(side.options)
-            with keep_open(), uploads.in_background():
-                self._loop(logs)
-        except BaseException as exc:
-            if not self._stop.is_set():
-                self._exception = exc
-                log.error("join %s stopped: %s", self.name, exc)
+            self._loop(logs)
         finally:
             for opened in logs.values():
                 with contextlib.suppress(Exception):
                     opened.close()
-            self._idle.set()
-            self._done.set()
 
     def _retained(self, logs: dict[str, Any], which: str) -> dict[int, tuple[int, int]]:
         topic = self.cfg.sides[SIDES.index(which)].options["topic"]
@@ -158,7 +100,7 @@ class JoinQuery:
             if self._stop.is_set():
                 return
             done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
-            self._progress.append(
+            self._add_progress(
                 {
                     "name": self.name,
                     "batchId": batch_id,
@@ -168,7 +110,6 @@ class JoinQuery:
                     "durationMs": {"triggerExecution": round((time.perf_counter() - began) * 1000)},
                 }
             )
-            del self._progress[:-100]
             if not self.trigger.available_now:
                 rest = self.trigger.interval_s - (time.perf_counter() - began)
                 if rest > 0:

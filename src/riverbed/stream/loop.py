@@ -27,17 +27,13 @@ users call: ``isActive``, ``awaitTermination``, ``stop``, ``exception``,
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
-from riverbed.state import uploads
 from riverbed.state.errors import CorruptStateError
-from riverbed.state.openpool import keep_open
 from riverbed.stream import lookups
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
@@ -47,110 +43,42 @@ from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
 from riverbed.stream.slowbatch import SlowBatchWatch
 from riverbed.stream.sparklog import spark_ends, spark_slices
+from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)
 
-PROGRESS_KEPT = 100  # like spark.sql.streaming.numRecentProgressUpdates
 # how often an idle query with processingTime 0 looks at the topic again: new input is
 # seen within this, and an idle driver does not spin on the log's offsets
 IDLE_POLL_S = 0.01
 
 
-class DirectQuery:
+class DirectQuery(ThreadQuery):
     """One log-native aggregation running on a driver thread (see the module doc);
     constructing it starts the loop and returns at once, like ``writeStream.start()``."""
 
+    kind = "aggregation"
+
     def __init__(self, spark: Any, cfg: DirectConfig, trigger: Trigger) -> None:
-        self.spark = spark
+        super().__init__(spark, cfg.engine.spec.name, f"riverbed-{cfg.engine.spec.name}")
         self.cfg = cfg
         self.trigger = trigger
-        self.name = cfg.engine.spec.name
-        self.id = str(uuid.uuid4())
         self.batches = open_batches(cfg.engine.checkpoint, cfg.engine.fence)
-        self._group = f"riverbed-{self.name}-{self.id}"
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._idle = threading.Event()  # set while no input is waiting
-        self._exception: BaseException | None = None
-        self._progress: list[dict[str, Any]] = []
         self._maintenance = Maintenance(self.name)
         self._watch = SlowBatchWatch(spark, self.name, self._group)
-        self._thread = threading.Thread(target=self._run, name=f"riverbed {self.name}")
-        self._thread.daemon = True
-        self._thread.start()
-
-    # -- StreamingQuery ---------------------------------------------------------------
-
-    @property
-    def isActive(self) -> bool:
-        return not self._done.is_set()
-
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:
-        """Wait for the loop to end (``timeout`` seconds at most: then ``True`` if it
-        ended); raise what stopped it, as Spark's does."""
-        ended = self._done.wait(timeout)
-        if ended and self._exception is not None:
-            raise self._exception
-        return ended if timeout is not None else None
-
-    def processAllAvailable(self) -> None:
-        """Block until every record in the topic now has been processed (or the loop
-        ended: then raise what stopped it)."""
-        self._idle.clear()
-        while not self._idle.wait(0.05):
-            if self._done.is_set():
-                break
-        if self._exception is not None:
-            raise self._exception
-
-    def stop(self) -> None:
-        """Stop: the running batch's Spark job is cancelled (it runs again, from its
-        record, at the next start) and the loop ends."""
-        self._stop.set()
-        if self._thread.is_alive():
-            try:
-                self.spark.sparkContext.cancelJobGroup(self._group)
-            except Exception as exc:  # a stopped SparkContext has no jobs to cancel
-                log.debug("cancelling %s: %s", self._group, exc)
-            self._thread.join()
-
-    def exception(self) -> BaseException | None:
-        return self._exception
-
-    @property
-    def recentProgress(self) -> list[dict[str, Any]]:
-        return list(self._progress)
-
-    @property
-    def lastProgress(self) -> dict[str, Any] | None:
-        return self._progress[-1] if self._progress else None
+        self._start()
 
     # -- the loop ---------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _body(self) -> None:
         from riverbed.spark.source import open_log
 
+        topic_log = open_log(self.cfg.options)
         try:
-            sc = self.spark.sparkContext
-            sc.setJobGroup(self._group, f"riverbed {self.name}", interruptOnCancel=True)
-            topic_log = open_log(self.cfg.options)
-            try:
-                # the partitions of batches run here stay open between them (a Spark
-                # job's batch lets them go first); all are closed when the loop ends.
-                # Their snapshots upload off the batch's thread; the loop's end waits.
-                with keep_open(), uploads.in_background():
-                    self._loop(topic_log)
-            finally:
-                self._watch.close()
-                self._maintenance.wait()
-                topic_log.close()
-        except BaseException as exc:
-            if not self._stop.is_set():  # a cancelled job is how stop() ends a batch
-                self._exception = exc
-                log.error("aggregation %s stopped: %s", self.name, exc)
+            self._loop(topic_log)
         finally:
-            self._idle.set()
-            self._done.set()
+            self._watch.close()
+            self._maintenance.wait()
+            topic_log.close()
 
     def _retained(self, topic_log: Any) -> dict[int, tuple[int, int]]:
         """(first retained, end) offset of every partition of the topic."""
@@ -261,7 +189,7 @@ class DirectQuery:
         elapsed = time.perf_counter() - began
         total = round(elapsed * 1000)
         started = datetime.fromtimestamp(time.time() - elapsed, UTC)
-        self._progress.append(
+        self._add_progress(
             {
                 "id": self.id,
                 "name": self.name,
@@ -278,7 +206,6 @@ class DirectQuery:
                 },
             }
         )
-        del self._progress[:-PROGRESS_KEPT]
 
 
 __all__ = ["DirectQuery"]
