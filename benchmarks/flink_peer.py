@@ -96,18 +96,19 @@ def write_csv(events: pd.DataFrame, directory: Path, files: int = 2) -> Path:
     return directory
 
 
-def run_job(python: Path, csv: Path, query: str, state: str) -> dict[str, Any]:
-    """One Flink job; its seconds and final rows, or its error's last line."""
+def run_script(python: Path, script: Path, *args: str, timeout: float = 3600) -> dict[str, Any]:
+    """A Flink job script of the benchmarks run in Flink's virtualenv: the JSON object it
+    prints last (with ``wall``: its process's seconds), or its error's last line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK"))}
     env["JAVA_TOOL_OPTIONS"] = "-XX:+UseParallelGC"
     began = time.perf_counter()
     out = subprocess.run(
-        [str(python), str(JOB), str(csv), query, state],
+        [str(python), str(script), *args],
         capture_output=True,
         text=True,
         env=env,
         check=False,
-        timeout=1800,
+        timeout=timeout,
     )
     wall = time.perf_counter() - began
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -121,6 +122,11 @@ def run_job(python: Path, csv: Path, query: str, state: str) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(lines[-1])
     result["wall"] = wall
     return result
+
+
+def run_job(python: Path, csv: Path, query: str, state: str) -> dict[str, Any]:
+    """One Flink job; its seconds and final rows, or its error's last line."""
+    return run_script(python, JOB, str(csv), query, state, timeout=1800)
 
 
 def exact_answer(events: pd.DataFrame) -> pd.DataFrame:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -200,21 +198,10 @@ def write_csv(frame: pd.DataFrame, directory: Path, files: int = 2) -> Path:
 
 
 def run_flink(python: Path, orders: Path, payments: Path, query: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK"))}
-    env["JAVA_TOOL_OPTIONS"] = "-XX:+UseParallelGC"
-    watermark_s = int(pd.Timedelta(WATERMARK).total_seconds())
-    out = subprocess.run(
-        [str(python), str(HERE / "joins_flink.py"), str(orders), str(payments), query,
-         str(watermark_s)],
-        capture_output=True, text=True, env=env, check=False, timeout=3600,
-    )  # fmt: skip
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        text = (out.stderr + out.stdout).splitlines()
-        cause = [line for line in text if line.startswith("Caused by:")] or text[-3:]
-        return {"error": cause[-1].removeprefix("Caused by:").strip()[:300]}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    from flink_peer import run_script
+
+    delay = str(int(pd.Timedelta(WATERMARK).total_seconds()))
+    return run_script(python, HERE / "joins_flink.py", str(orders), str(payments), query, delay)
 
 
 def flink_check(rows: list[list[Any]], want: pd.DataFrame) -> str:

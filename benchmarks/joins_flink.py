@@ -13,14 +13,9 @@ time or empty), times in epoch ms.
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 import sys
-import tempfile
-import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 SQL = {
@@ -42,17 +37,19 @@ SQL = {
 }
 
 
-def _ms(text: str) -> Any:
-    if not text:
-        return ""
+def _field(text: str) -> Any:
+    """An order id as a number, a time as epoch ms (Flink's TIMESTAMP is zone-less: UTC
+    here), no payment's time as ``""``."""
+    if not text or text.lstrip("-").isdigit():
+        return int(text) if text else ""
     moment = datetime.fromisoformat(text.replace(" ", "T")).replace(tzinfo=UTC)
     return round(moment.timestamp() * 1000)
 
 
 def main() -> None:
-    from pyflink.table import EnvironmentSettings, Schema, TableDescriptor, TableEnvironment
+    from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    from flink_conf import configure  # beside this script
+    from flink_conf import configure, run_to_csv  # beside this script
 
     orders, payments, query, watermark_s = sys.argv[1:5]
     seconds = int(watermark_s)  # as h:mm:ss (Flink's SECOND precision stops at 99)
@@ -66,27 +63,7 @@ def main() -> None:
                   WATERMARK FOR ts AS ts - INTERVAL '{delay}' HOUR TO SECOND
                 ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
         )
-    out_dir = tempfile.mkdtemp(prefix="flink-out-")
-    table = env.sql_query(SQL[query])
-    env.create_temporary_table(
-        "sink",
-        TableDescriptor.for_connector("filesystem")
-        .schema(
-            Schema.new_builder().from_row_data_type(table.get_schema().to_row_data_type()).build()
-        )
-        .option("path", out_dir)
-        .format("csv")
-        .build(),
-    )
-    began = time.perf_counter()
-    table.execute_insert("sink").wait()
-    seconds = time.perf_counter() - began
-    rows = []
-    for path in sorted(Path(out_dir).rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
-            with open(path, newline="") as f:
-                rows += [[int(o), _ms(t), _ms(r)] for o, t, r in csv.reader(f)]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    seconds, rows = run_to_csv(env, SQL[query], _field)
     print(json.dumps({"seconds": seconds, "rows": rows}))
 
 

@@ -43,8 +43,6 @@ what differs. Prints events/s per query per system and riverbed / Flink.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -387,25 +385,9 @@ def write_csv(bids: pd.DataFrame, directory: Path, files: int = 2) -> Path:
 
 
 def run_flink(python: Path, csv: Path, query: str, watermark_s: int) -> dict[str, Any]:
-    import os
+    from flink_peer import run_script
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "SPARK"))}
-    env["JAVA_TOOL_OPTIONS"] = "-XX:+UseParallelGC"
-    out = subprocess.run(
-        [str(python), str(HERE / "nexmark_flink.py"), str(csv), query, str(watermark_s)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=3600,
-    )
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        text = (out.stderr + out.stdout).splitlines()
-        cause = [line for line in text if line.startswith("Caused by:")] or text[-3:]
-        return {"error": cause[-1].removeprefix("Caused by:").strip()[:300]}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    return run_script(python, HERE / "nexmark_flink.py", str(csv), query, str(watermark_s))
 
 
 def flink_check(query: str, rows: list[list[Any]], want: pd.DataFrame) -> str:

@@ -14,14 +14,9 @@ inside Flink, read afterwards) and its rows.
 
 from __future__ import annotations
 
-import csv
 import json
-import shutil
 import sys
-import tempfile
-import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 RANKS = """count(*) FILTER (WHERE price < 10000),
@@ -87,9 +82,9 @@ def plain(text: str) -> Any:
 
 
 def main() -> None:
-    from pyflink.table import EnvironmentSettings, Schema, TableDescriptor, TableEnvironment
+    from pyflink.table import EnvironmentSettings, TableEnvironment
 
-    from flink_conf import configure  # beside this script
+    from flink_conf import configure, run_to_csv  # beside this script
 
     csv_dir, query, watermark_s = sys.argv[1], sys.argv[2], int(sys.argv[3])
     tuned = len(sys.argv) <= 4 or sys.argv[4] != "plain"
@@ -104,27 +99,7 @@ def main() -> None:
     )
     # the rows go to CSV files inside Flink (a Python client collecting them takes
     # ~1-2 ms a row through py4j: most of a job's time at 10,000 rows), read after
-    out_dir = tempfile.mkdtemp(prefix="flink-out-")
-    table = env.sql_query(SQL[query])
-    env.create_temporary_table(
-        "sink",
-        TableDescriptor.for_connector("filesystem")
-        .schema(
-            Schema.new_builder().from_row_data_type(table.get_schema().to_row_data_type()).build()
-        )
-        .option("path", out_dir)
-        .format("csv")
-        .build(),
-    )
-    began = time.perf_counter()
-    table.execute_insert("sink").wait()
-    seconds = time.perf_counter() - began
-    rows = []
-    for path in sorted(Path(out_dir).rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
-            with open(path, newline="") as f:
-                rows += [[plain(v) for v in row] for row in csv.reader(f)]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    seconds, rows = run_to_csv(env, SQL[query], plain)
     print(json.dumps({"seconds": seconds, "rows": sorted(rows, key=str)}))
 
 

@@ -61,6 +61,18 @@ def send(log_url: str, topic: str, frame: pd.DataFrame, partitions: int) -> None
     log.close()
 
 
+def drain(spark: Any, join: Join, tmp_path: Path, log_url: str) -> None:
+    """Run ``join`` over what its topics hold (checkpoint ``cp``, joined rows ``out``)."""
+    start_join(
+        spark,
+        join,
+        checkpoint=tmp_path / "cp",
+        output=tmp_path / "out",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    ).awaitTermination()
+
+
 def oracle(join: Join, orders: pd.DataFrame, payments: pd.DataFrame) -> pd.DataFrame:
     both = orders.merge(payments, on="order_id", how="inner", suffixes=("", "_right"))
     both = both.rename(columns={"ts_right": "right_ts"})
@@ -124,28 +136,12 @@ def test_a_join_over_restarts_equals_the_batch_join(
             else payments[payments["ts"] <= hi],
             2,
         )
-        query = start_join(
-            spark,
-            join,
-            checkpoint=tmp_path / "cp",
-            output=tmp_path / "out",
-            log_url=log_url,
-            trigger={"availableNow": True},
-        )
-        query.awaitTermination()
+        drain(spark, join, tmp_path, log_url)
     rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
     late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
     send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)
     send(log_url, "orders", late, 3)
-    query = start_join(
-        spark,
-        join,
-        checkpoint=tmp_path / "cp",
-        output=tmp_path / "out",
-        log_url=log_url,
-        trigger={"availableNow": True},
-    )
-    query.awaitTermination()
+    drain(spark, join, tmp_path, log_url)
     got = read_joined(tmp_path / "out")
     got = got[got["order_id"] != 10**6]
     want = oracle(join, orders, payments)
@@ -229,10 +225,7 @@ def test_joined_rows_feed_an_aggregation_through_the_joins_topic(
         topic="paid_rows",
         state_partitions=2,
     )
-    start_join(
-        spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url,
-        trigger={"availableNow": True},
-    ).awaitTermination()  # fmt: skip
+    drain(spark, join, tmp_path, log_url)
     hourly = Aggregation(
         name="paid_hourly",
         key="all",
@@ -303,10 +296,7 @@ def test_one_side_in_kafka_joins_as_a_riverbed_topic_does(
         how="left",
         watermark="3h",
     )
-    start_join(
-        spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url,
-        trigger={"availableNow": True},
-    ).awaitTermination()  # fmt: skip
+    drain(spark, join, tmp_path, log_url)
     got = read_joined(tmp_path / "out")
     inner = oracle(replace(join, how="inner"), orders, payments)
     assert len(inner) > 100
