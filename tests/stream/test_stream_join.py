@@ -197,6 +197,16 @@ def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: P
         log_url=log_url,
         trigger={"availableNow": True},
     ).awaitTermination()
+    clash = Join(
+        name="j",
+        left=Topic("orders", options={"schema": "order_id long, batch_id long, ts timestamp"}),
+        right="payments",
+        on="order_id",
+        time="ts",
+        window="1m",
+    )
+    with pytest.raises(StreamValueError, match="column 'batch_id' has the name of a column"):
+        start_join(spark, clash, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
     changed = Join(name="j", left="orders", right="payments", on="order_id", time="ts", window="5m")
     with pytest.raises(StreamValueError, match=r"window_ms=60000.*new checkpoint"):
         start_join(

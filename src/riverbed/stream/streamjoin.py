@@ -164,7 +164,7 @@ def prepare(
     from riverbed.spark.source import value_schema
 
     sides = []
-    max_records: int | None = None
+    limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
     for which, (topic, side_log, reader), key, time_column in zip(
         SIDES, join.sides, join.keys, join.times, strict=True
     ):
@@ -177,7 +177,7 @@ def prepare(
         options = {**reader, "topic": topic, "log": url}
         lowered = {k.lower(): v for k, v in options.items()}
         limit, _ = source_limits(lowered)
-        max_records = limit if max_records is None else max_records if limit is None else limit
+        limits += [limit] if limit is not None else []
         opened = open_log(options)
         try:
             if topic not in opened.topics():
@@ -220,7 +220,7 @@ def prepare(
         names=tuple(names),
         output_schema=out_schema,
         term=term,
-        max_records=max_records,
+        max_records=min(limits) if limits else None,
     )
 
 
@@ -242,6 +242,11 @@ def _output(
         for c in side.columns:
             if which == "right" and c == side.key == sides[0].key:
                 continue
+            if which == "left" and c in taken:
+                raise StreamValueError(
+                    f"join {join.name}: the left side's column {c!r} has the name of a column "
+                    "riverbed adds to the joined rows; rename it (a schema option on the topic)"
+                )
             name = c if c not in taken else f"right_{c}"
             if name in taken:
                 raise StreamValueError(
