@@ -6,7 +6,9 @@ unmatched orders included, each once)."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +117,74 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
 def _join(shape: str, how: str) -> Any:
     kind = {"within": ("10m", "1h")} if shape.startswith("within") else {"window": "30m"}
     return Join(name="paid", left="orders", right="payments", on="order_id", how=how, **kind)  # type: ignore[arg-type]
+
+
+def test_a_standby_join_driver_takes_over_from_a_killed_one(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Two `stream run join.py` drivers: one leads, the other stands by; the leader is
+    SIGKILLed while it works and the standby takes over (a newer term) and carries on;
+    after a drain every row is there once, and batches were committed under both terms."""
+    from riverbed.stream.fencing import recorded_driver
+    from tests.jobs.cluster import until
+
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[1]"}
+    env.pop("RIVERBED_CONTROL", None)
+    log_url = f"file://{home / 'log'}"
+    orders, payments = orders_and_payments(900, seed=6)
+    half = len(orders) // 2
+    cut = orders["ts"].iloc[half - 1]
+    send(log_url, "orders", orders.iloc[:half], 3)
+    send(log_url, "payments", payments[payments["ts"] <= cut], 2)
+    spec = tmp_path / "join.py"
+    spec.write_text(SPEC.format(how="left", shape='within=("10m", "1h")'))
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", "40", "--ttl", "3"]  # fmt: skip
+    root = Checkpoint(home / "checkpoints" / "paid").root
+
+    def leader() -> tuple[int, int] | None:
+        """(term, pid) of the driver the checkpoint records as active."""
+        record = recorded_driver(root)
+        if record is None:
+            return None
+        return int(record["term"]), int(record["driver"].rpartition(":")[2])
+
+    def committed_terms() -> set[int | None]:
+        batches = open_batches(root)
+        return {r.term for b in batches.ids() if (r := batches.get(b)) is not None and r.done}
+
+    procs = [
+        subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        for _ in range(2)
+    ]  # fmt: skip
+    try:
+        until(lambda: leader() is not None and committed_terms(), 120, "the leader's batches")
+        first = leader()
+        assert first is not None
+        (killed,) = [p for p in procs if p.pid == first[1]]
+        os.killpg(killed.pid, signal.SIGKILL)  # the second half comes after: the standby's
+        killed.wait()
+        send(log_url, "orders", orders.iloc[half:], 3)
+        send(log_url, "payments", payments[payments["ts"] > cut], 2)
+        until(lambda: (now := leader()) is not None and now[0] != first[0], 90, "a takeover")
+        second = leader()
+        assert second is not None and second[1] != first[1]
+        until(lambda: second[0] in committed_terms(), 90, "a batch of the new leader")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "payments", last.rename(columns={"amount": "paid"}), 2)
+    send(log_url, "orders", last, 3)
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    want = oracle(_join('within=("10m", "1h")', "left"), orders, payments)
+    got = read_joined(home / "output" / "paid")
+    assert rows_of(got[got["order_id"] != 10**6]) == rows_of(want)  # every row once
+    assert {first[0], second[0]} <= committed_terms()
