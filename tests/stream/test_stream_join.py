@@ -318,3 +318,27 @@ def test_one_side_in_kafka_joins_as_a_riverbed_topic_does(
     (dlq,) = [r.value for r in log.read("paid.dlq", 0, 0, 10)]
     log.close()
     assert dlq["side"] == "right" and dlq["_error"]
+
+
+def test_a_join_is_no_aggregation_to_the_commands_that_take_one(tmp_path: Path) -> None:
+    """A join's checkpoint is not listed among the aggregations (the console, status by
+    name) but among the joins; a command that takes an aggregation says what a join
+    spec file is for."""
+    from riverbed.errors import ConfigError
+    from riverbed.stream.layout import JOIN, MANIFEST, aggregations, joins
+    from riverbed.stream.specjob import load_spec
+
+    root = tmp_path / "checkpoints"
+    for name, marker in (("paid", JOIN), ("counts", MANIFEST)):
+        (root / name / marker).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / marker).write_text("{}")
+        (root / name / "riverbed" / "batches").mkdir(parents=True, exist_ok=True)
+        (root / name / "riverbed" / "batches" / "000000000000.json").write_text("{}")
+    assert aggregations(root) == ["counts"] and joins(root) == ["paid"]
+    spec = tmp_path / "paid.py"
+    spec.write_text(
+        "from riverbed.stream import Join\n"
+        'join = Join(name="paid", left="o", right="p", on="k", window="1m")\n'
+    )
+    with pytest.raises(ConfigError, match=r"defines a stream-stream join .* `riverbed stream run`"):
+        load_spec(spec)

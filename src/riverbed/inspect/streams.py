@@ -10,7 +10,7 @@ from typing import Any
 from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
 from riverbed.stream.batchlog import BatchRecord, open_batches
-from riverbed.stream.layout import aggregations
+from riverbed.stream.layout import aggregations, joins
 
 NOTHING_KNOWN: dict[str, Any] = {
     "batches": 0,
@@ -36,6 +36,11 @@ def _manifest(src: Sources, name: str) -> dict[str, Any]:
 
     checkpoint = src.place(name)
     manifest = read_manifest(checkpoint)
+    if name in joins(src.checkpoints):
+        raise QueryError(
+            f"'{name}' is a stream-stream join, not an aggregation: `riverbed stream status "
+            "<its spec file>` shows it (its sides' lag, the events it holds)"
+        )
     if manifest is None and not open_batches(checkpoint).ids():
         known = ", ".join(stream_names(src)) or "none"
         raise QueryError(f"no aggregation '{name}' in {src.checkpoints} (aggregations: {known})")

@@ -288,11 +288,19 @@ def handoff_dir(checkpoint: str, local_cache: Path, name: str, spark_master: str
 
 
 def aggregations(checkpoints: str | Path) -> list[str]:
-    """The names of the aggregations that have run under ``checkpoints``."""
+    """The names of the aggregations that have run under ``checkpoints`` (not the
+    stream-stream joins: :func:`joins`)."""
     store = checkpoint_store(checkpoints)
     return [
         n
         for n in store.entries()
         if n not in (OUTPUT, STATE)
         and (store.exists(f"{n}/{MANIFEST}") or store.entries(f"{n}/{BATCHES}"))
+        and not store.exists(f"{n}/{JOIN}")
     ]
+
+
+def joins(checkpoints: str | Path) -> list[str]:
+    """The names of the stream-stream joins that have started under ``checkpoints``."""
+    store = checkpoint_store(checkpoints)
+    return [n for n in store.entries() if n not in (OUTPUT, STATE) and store.exists(f"{n}/{JOIN}")]

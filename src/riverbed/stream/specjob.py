@@ -163,6 +163,11 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
     namespace = _namespace(path)
     aggregation = namespace.get("aggregation")
     source = namespace.get("source")
+    if aggregation is None and isinstance(namespace.get("join"), Join):
+        raise ConfigError(
+            f"{path} defines a stream-stream join (`join = Join(...)`): `riverbed stream run` "
+            "and `riverbed stream status` take it; this command takes an aggregation"
+        )
     if not isinstance(aggregation, Aggregation):
         raise ConfigError(
             f"{path} must define `aggregation = Aggregation(...)` (or `join = Join(...)`: "
