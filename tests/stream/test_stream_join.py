@@ -61,16 +61,19 @@ def send(log_url: str, topic: str, frame: pd.DataFrame, partitions: int) -> None
     log.close()
 
 
-def drain(spark: Any, join: Join, tmp_path: Path, log_url: str) -> None:
-    """Run ``join`` over what its topics hold (checkpoint ``cp``, joined rows ``out``)."""
-    start_join(
+def drain(spark: Any, join: Join, tmp_path: Path, log_url: str) -> int:
+    """Run ``join`` over what its topics hold (checkpoint ``cp``, joined rows ``out``);
+    returns how many Spark jobs its batches ran (0: all in the driver's threads)."""
+    query = start_join(
         spark,
         join,
         checkpoint=tmp_path / "cp",
         output=tmp_path / "out",
         log_url=log_url,
         trigger={"availableNow": True},
-    ).awaitTermination()
+    )
+    query.awaitTermination()
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(query._group))
 
 
 def oracle(join: Join, orders: pd.DataFrame, payments: pd.DataFrame) -> pd.DataFrame:
@@ -102,18 +105,26 @@ def rows_of(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "how"),
-    [("within", "left"), ("within", "inner"), ("window", "inner"), ("window", "left")],
+    ("kind", "how", "in_driver"),
+    [
+        ("within", "left", True),
+        ("within", "inner", True),
+        ("window", "inner", True),
+        ("window", "left", True),
+        # every batch a Spark job: its read tasks' events shuffled to the pair tasks
+        ("within", "left", False),
+    ],
 )
 def test_a_join_over_restarts_equals_the_batch_join(
-    spark: Any, tmp_path: Path, kind: str, how: str
+    spark: Any, tmp_path: Path, kind: str, how: str, in_driver: bool
 ) -> None:
     log_url = f"file://{tmp_path / 'log'}"
     shape: dict[str, Any] = {"within": ("10m", "1h")} if kind == "within" else {"window": "30m"}
+    jobs = {} if in_driver else {"driverBatchRecords": "0"}
     join = Join(
         name="paid",
-        left=Topic("orders", options={"schema": ORDERS}),
-        right=Topic("payments", options={"schema": PAYMENTS}),
+        left=Topic("orders", options={"schema": ORDERS, **jobs}),
+        right=Topic("payments", options={"schema": PAYMENTS, **jobs}),
         on="order_id",
         time="ts",
         how=how,  # type: ignore[arg-type]
@@ -136,7 +147,8 @@ def test_a_join_over_restarts_equals_the_batch_join(
             else payments[payments["ts"] <= hi],
             2,
         )
-        drain(spark, join, tmp_path, log_url)
+        jobs_ran = drain(spark, join, tmp_path, log_url)
+        assert (jobs_ran == 0) == in_driver  # small batches in the driver, or Spark jobs
     rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
     late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
     send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)

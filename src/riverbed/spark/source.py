@@ -163,6 +163,17 @@ def value_schema(options: dict[str, str]) -> StructType | str:
     return StructType([StructField(n, t) for n, t in fields.items()])
 
 
+def reader_schema(options: dict[str, str]) -> StructType:
+    """What a topic's reader yields: its value fields (:func:`value_schema`; options'
+    keys in lower case) and the source's metadata columns. On the driver, with a Spark
+    session: a DDL string is parsed here, as executors cannot parse DDL."""
+    values = value_schema(options)
+    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
+    if not isinstance(parsed, StructType):
+        raise SourceOptionError(f"schema {options.get('schema')!r} must be a list of fields")
+    return StructType(list(parsed.fields) + META_FIELDS)
+
+
 @dataclass(frozen=True)
 class LogSlice(InputPartition):
     """Records [start, end) of one log partition."""

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -305,6 +305,40 @@ def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
     return out
 
 
+def channel_job(
+    sc: Any,
+    work: list[Any],
+    nothing: Any,
+    stage1: Callable[[Any], list[tuple[int, Any]]],
+    n: int,
+    merge: Callable[[int, Iterator[Any]], Any],
+) -> tuple[list[Any], list[Any]]:
+    """A shuffled Spark job of two stages: ``stage1`` maps each piece of ``work``
+    (``nothing`` when there is none: the second stage runs all the same) to (state
+    partition, value) pairs and one (``n``, report) pair; the pairs are shuffled to
+    ``n + 1`` partitions by that index (an RDD ``partitionBy``: AQE never coalesces it,
+    and every partition gets a task, also one without values), partition *p* < ``n``
+    merged by ``merge(p, values)`` and partition ``n`` the driver's channel. Returns
+    the merges' results and every report."""
+    stage = sc.parallelize(work or [nothing], max(1, len(work)))
+    shuffled = stage.flatMap(stage1).partitionBy(n + 1, lambda p: p)
+
+    def second(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, Any]]:
+        if index == n:  # the driver's channel
+            yield ("reports", [v for _, v in items])
+            return
+        yield ("merged", merge(index, (v for _, v in items)))
+
+    merged: list[Any] = []
+    reports: list[Any] = []
+    for kind, value in shuffled.mapPartitionsWithIndex(second).collect():
+        if kind == "merged":
+            merged.append(value)
+        else:
+            reports += value
+    return merged, reports
+
+
 def in_driver(records: int, limit: int, master: str) -> bool:
     """Whether a co-located batch of ``records`` runs in the driver process: at most
     ``limit`` records (0: never) and a ``local``/``local[…]`` master, whose tasks run in
@@ -413,24 +447,16 @@ def run_batch(
     else:
         openpool.let_go()
         work = pieces([s for s in slices if s.end > s.start], sc.defaultParallelism)
-        stage1 = sc.parallelize(work or [LogSlice(0, 0, 0)], max(1, len(work)))
-        shuffled = stage1.flatMap(shuffle_tasks(cfg, watermark)).partitionBy(n + 1, lambda p: p)
 
-        def merge(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[Any]:
-            if index == n:  # the driver's channel: every task's Side
-                yield ("side", [s for _, s in items])
-                return
-            rows = merge_partition(
-                cfg.engine, index, batch_id, watermark, previous, (p for _, p in items)
-            )
-            yield ("rows", rows)
+        def merge(index: int, partials: Iterator[Any]) -> pd.DataFrame:
+            return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
-        for kind, value in shuffled.mapPartitionsWithIndex(merge).collect():
-            if kind == "rows":
-                frames.append(value)
-            else:
-                for s in value:
-                    side.add(s)
+        merged, sides = channel_job(
+            sc, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
+        )
+        frames += merged
+        for s in sides:
+            side.add(s)
     full = [f for f in frames if len(f)]
     if not full:
         return empty_rows(spec), side

@@ -24,7 +24,13 @@ from riverbed.stream.steal import PIECE
 if TYPE_CHECKING:
     from riverbed.log import Log
 
-__all__ = ["DRIVER_BATCH_RECORDS", "DirectConfig", "decide_co_location", "prepare"]
+__all__ = [
+    "DRIVER_BATCH_RECORDS",
+    "DirectConfig",
+    "count_option",
+    "decide_co_location",
+    "prepare",
+]
 
 # Co-located batches up to this many records can run in the driver process (local
 # masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
@@ -110,10 +116,8 @@ _KEY_HASH = KeyHashPartitioner()
 def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     """Check a topic source's options against the topic and the aggregation, and decide
     co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
-    from pyspark.sql.types import StructType
-
     from riverbed.spark.offsets import source_limits
-    from riverbed.spark.source import META_FIELDS, value_schema
+    from riverbed.spark.source import reader_schema
 
     if "topic" not in options:
         raise StreamValueError('a riverbed source needs {"topic": NAME, ...}')
@@ -122,7 +126,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     steal = str(options.get("steal", "true")).lower()
     if steal not in ("true", "false"):
         raise StreamValueError(f"steal must be true or false, not {steal!r}")
-    driver_records = _count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
+    driver_records = count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
     topic_log = open_log(options)
     try:
         if options["topic"] not in topic_log.topics():
@@ -135,12 +139,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         co_located = decide_co_location(topic_log, options, config.spec, added)
     finally:
         topic_log.close()
-    values = value_schema(lowered)
-    # a DDL string is parsed here, on the driver: executors cannot parse DDL
-    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
-    if not isinstance(parsed, StructType):
-        raise StreamValueError(f"schema {options.get('schema')!r} must be a list of fields")
-    schema = StructType(list(parsed.fields) + META_FIELDS)
+    schema = reader_schema(lowered)
     derived = _derived_names(config, schema)
     config = _with_column_types(config, schema)
     known = schema.fieldNames() + derived + added
@@ -195,7 +194,7 @@ def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:
     return dataclasses.replace(config, spec=resolved(config.spec, types))
 
 
-def _count_option(lowered: Mapping[str, str], name: str, default: int) -> int:
+def count_option(lowered: Mapping[str, str], name: str, default: int) -> int:
     """A non-negative whole-number source option (``lowered``: the options with their
     names in lower case)."""
     given = lowered.get(name.lower())

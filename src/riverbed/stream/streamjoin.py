@@ -46,7 +46,7 @@ from riverbed.config import adopt
 from riverbed.log import reach_environment
 from riverbed.spark import tasks_in_this_process
 from riverbed.spark.offsets import source_limits
-from riverbed.spark.source import META_FIELDS, LogSlice, open_log, read_slice
+from riverbed.spark.source import META_NAMES, LogSlice, open_log, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
@@ -55,8 +55,8 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
-from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS
+from riverbed.stream.lognative import channel_job, decimal_doubles, in_driver, pieces
+from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
 from riverbed.stream.pairing import IDS, KEY, OFF, PART, TS, Rule, step
 from riverbed.stream.results import PART as RESULT_FILE
 from riverbed.stream.results import encode_file
@@ -159,12 +159,12 @@ def prepare(
     """Check both sides against their topics (on the driver, with a Spark session:
     DDL schemas are parsed by it) and decide the output's columns."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
 
-    from riverbed.spark.source import value_schema
+    from riverbed.spark.source import reader_schema
 
     sides = []
     limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
+    in_driver_up_to = DRIVER_BATCH_RECORDS  # the sides' driverBatchRecords: the smaller
     for which, (topic, side_log, reader), key, time_column in zip(
         SIDES, join.sides, join.keys, join.times, strict=True
     ):
@@ -178,6 +178,9 @@ def prepare(
         lowered = {k.lower(): v for k, v in options.items()}
         limit, _ = source_limits(lowered)
         limits += [limit] if limit is not None else []
+        in_driver_up_to = min(
+            in_driver_up_to, count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
+        )
         opened = open_log(options)
         try:
             if topic not in opened.topics():
@@ -188,12 +191,8 @@ def prepare(
                 )
         finally:
             opened.close()
-        values = value_schema(lowered)
-        parsed = StructType.fromDDL(values) if isinstance(values, str) else values
-        if not isinstance(parsed, StructType):
-            raise StreamValueError(f"join {join.name}: the {which} side's schema must be fields")
-        schema = StructType(list(parsed.fields) + META_FIELDS)
-        fields = [f.name for f in parsed.fields]
+        schema = reader_schema(lowered)
+        fields = [f.name for f in schema.fields if f.name not in META_NAMES]
         for what, column in (("on", key), ("time", time_column)):
             if column not in fields and not (what == "time" and column == "timestamp"):
                 raise StreamValueError(
@@ -221,6 +220,7 @@ def prepare(
         output_schema=out_schema,
         term=term,
         max_records=min(limits) if limits else None,
+        driver_records=in_driver_up_to,
     )
 
 
@@ -439,10 +439,8 @@ def run_batch(
     counts = Counts()
     frames: list[pd.DataFrame] = []
     # a small batch (also one with no input: the watermark moved) in the driver's threads
-    if (
-        total <= cfg.driver_records
-        and (total == 0 or in_driver(total, cfg.driver_records, sc.master))
-        and tasks_in_this_process(sc.master)
+    if in_driver(total, cfg.driver_records, sc.master) or (
+        total == 0 and tasks_in_this_process(sc.master)
     ):
         routed: dict[int, list[Any]] = {p: [] for p in range(n)}
         for item in work:
@@ -455,21 +453,11 @@ def run_batch(
             frames = list(pool.map(lambda p: pair(p, routed[p]), range(n)))
     else:
         openpool.let_go()  # the job's tasks, in other processes, open the partitions
-        stage1 = sc.parallelize(work or [("left", LogSlice(0, 0, 0))], max(1, len(work)))
-        shuffled = stage1.flatMap(read).partitionBy(n + 1, lambda p: p)
-
-        def merge(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[Any]:
-            if index == n:
-                yield ("counts", [c for _, c in items])
-                return
-            yield ("rows", pair(index, [v for _, v in items]))
-
-        for kind, value in shuffled.mapPartitionsWithIndex(merge).collect():
-            if kind == "rows":
-                frames.append(value)
-            else:
-                for c in value:
-                    counts.add(c)
+        frames, reports = channel_job(
+            sc, work, ("left", LogSlice(0, 0, 0)), read, n, lambda p, v: pair(p, list(v))
+        )
+        for c in reports:
+            counts.add(c)
     full = [f for f in frames if len(f)]
     return (pd.concat(full, ignore_index=True) if full else pd.DataFrame()), counts
 
