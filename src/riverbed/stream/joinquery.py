@@ -62,9 +62,8 @@ class JoinQuery(ThreadQuery):
     kind = "join"
 
     def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
-        super().__init__(spark, cfg.join.name, f"riverbed-join-{cfg.join.name}")
+        super().__init__(spark, cfg.join.name, f"riverbed-join-{cfg.join.name}", trigger)
         self.cfg = cfg
-        self.trigger = trigger
         self.batches = open_batches(cfg.checkpoint, cfg.fence)
         self._start()
 
@@ -85,20 +84,10 @@ class JoinQuery(ThreadQuery):
 
     def _loop(self, logs: dict[str, Any]) -> None:
         target = None
-        if self.trigger.available_now:
+        if self.trigger.available_now:  # what the topics hold now, and no more
             target = {w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in SIDES}
-        while not self._stop.is_set():
-            began = time.perf_counter()
-            planned = self._next(logs, target)
-            if planned is None:
-                self._idle.set()
-                if self.trigger.available_now:
-                    return
-                self._stop.wait(max(self.trigger.interval_s, 0.01))
-                continue
-            batch_id, record = planned
-            if self._stop.is_set():
-                return
+
+        def run(batch_id: int, record: BatchRecord, began: float) -> None:
             done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
             self._add_progress(
                 {
@@ -110,10 +99,8 @@ class JoinQuery(ThreadQuery):
                     "durationMs": {"triggerExecution": round((time.perf_counter() - began) * 1000)},
                 }
             )
-            if not self.trigger.available_now:
-                rest = self.trigger.interval_s - (time.perf_counter() - began)
-                if rest > 0:
-                    self._stop.wait(rest)
+
+        self._triggered(lambda: self._next(logs, target), run)
 
     def _next(
         self, logs: dict[str, Any], target: dict[str, dict[int, int]] | None

@@ -47,10 +47,6 @@ from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)
 
-# how often an idle query with processingTime 0 looks at the topic again: new input is
-# seen within this, and an idle driver does not spin on the log's offsets
-IDLE_POLL_S = 0.01
-
 
 class DirectQuery(ThreadQuery):
     """One log-native aggregation running on a driver thread (see the module doc);
@@ -59,9 +55,8 @@ class DirectQuery(ThreadQuery):
     kind = "aggregation"
 
     def __init__(self, spark: Any, cfg: DirectConfig, trigger: Trigger) -> None:
-        super().__init__(spark, cfg.engine.spec.name, f"riverbed-{cfg.engine.spec.name}")
+        super().__init__(spark, cfg.engine.spec.name, f"riverbed-{cfg.engine.spec.name}", trigger)
         self.cfg = cfg
-        self.trigger = trigger
         self.batches = open_batches(cfg.engine.checkpoint, cfg.engine.fence)
         self._maintenance = Maintenance(self.name)
         self._watch = SlowBatchWatch(spark, self.name, self._group)
@@ -88,28 +83,16 @@ class DirectQuery(ThreadQuery):
         target = None
         if self.trigger.available_now:  # what the topic holds now, and no more
             target = {p: end for p, (_, end) in self._retained(topic_log).items()}
-        while not self._stop.is_set():
-            began = time.perf_counter()
-            planned = self._next(topic_log, target)
-            if planned is None:  # nothing to read
-                self._idle.set()
-                if self.trigger.available_now:
-                    return
-                self._stop.wait(max(self.trigger.interval_s, IDLE_POLL_S))
-                continue
-            batch_id, record = planned
-            if self._stop.is_set():  # stopped while planning: the plan waits for the next start
-                return
+
+        def run(batch_id: int, record: BatchRecord, began: float) -> None:
             plan_ms = round((time.perf_counter() - began) * 1000)
             with self._watch.batch(batch_id):
                 done = run_planned(
                     self.spark, self.cfg, self.batches, batch_id, record, plan_ms, self._maintenance
                 )
             self._report(batch_id, done, began, plan_ms)
-            if not self.trigger.available_now:
-                rest = self.trigger.interval_s - (time.perf_counter() - began)
-                if rest > 0:
-                    self._stop.wait(rest)
+
+        self._triggered(lambda: self._next(topic_log, target), run)
 
     def _next(
         self, topic_log: Any, target: dict[int, int] | None

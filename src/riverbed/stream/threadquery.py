@@ -5,24 +5,33 @@ DirectQuery`) and a stream-stream join's (:class:`riverbed.stream.joinquery.Join
 A subclass sets itself up, then calls :meth:`ThreadQuery._start`; its :meth:`_body`
 runs on the thread inside a Spark job group (so :meth:`stop` can cancel the running
 batch's job) with the state partitions kept open between batches and snapshot uploads
-off the batch's thread; it sets ``_idle`` while no input waits and reports each batch
-(:meth:`_add_progress`). What stopped the loop (unless :meth:`stop` did) is kept and
-raised by :meth:`awaitTermination`, as Spark's is.
+off the batch's thread, and drives :meth:`_triggered` — the trigger loop: plan, run,
+wait — reporting each batch (:meth:`_add_progress`). What stopped the loop (unless
+:meth:`stop` did) is kept and raised by :meth:`awaitTermination`, as Spark's is.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from riverbed.state import uploads
 from riverbed.state.openpool import keep_open
 
+if TYPE_CHECKING:
+    from riverbed.stream.batchlog import BatchRecord
+    from riverbed.stream.plan import Trigger
+
 log = logging.getLogger(__name__)
 
 PROGRESS_KEPT = 100  # like spark.sql.streaming.numRecentProgressUpdates
+# how often an idle query with processingTime 0 looks at its input again: new input is
+# seen within this, and an idle driver does not spin on the log's offsets
+IDLE_POLL_S = 0.01
 
 
 class ThreadQuery:
@@ -30,9 +39,10 @@ class ThreadQuery:
 
     kind = "query"  # how errors name it: "aggregation", "join"
 
-    def __init__(self, spark: Any, name: str, group: str) -> None:
+    def __init__(self, spark: Any, name: str, group: str, trigger: Trigger) -> None:
         self.spark = spark
         self.name = name
+        self.trigger = trigger
         self.id = str(uuid.uuid4())
         self._group = f"{group}-{self.id}"
         self._stop = threading.Event()
@@ -66,6 +76,33 @@ class ThreadQuery:
         finally:
             self._idle.set()
             self._done.set()
+
+    def _triggered(
+        self,
+        plan: Callable[[], tuple[int, BatchRecord] | None],
+        run: Callable[[int, BatchRecord, float], None],
+    ) -> None:
+        """The trigger loop: ``plan()`` the next batch (the newest again if it did not
+        finish; ``None``: no input — with ``availableNow`` the loop ends, else it waits a
+        trigger interval) and ``run`` it (its id, record and when the trigger began),
+        one batch per ``processingTime`` interval at most, until stopped. A stop while
+        planning leaves the plan for the next start."""
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            planned = plan()
+            if planned is None:  # nothing to read
+                self._idle.set()
+                if self.trigger.available_now:
+                    return
+                self._stop.wait(max(self.trigger.interval_s, IDLE_POLL_S))
+                continue
+            if self._stop.is_set():  # stopped while planning: the plan waits for the next start
+                return
+            run(*planned, began)
+            if not self.trigger.available_now:
+                rest = self.trigger.interval_s - (time.perf_counter() - began)
+                if rest > 0:
+                    self._stop.wait(rest)
 
     def _add_progress(self, entry: dict[str, Any]) -> None:
         self._progress.append(entry)
@@ -123,4 +160,4 @@ class ThreadQuery:
         return self._progress[-1] if self._progress else None
 
 
-__all__ = ["PROGRESS_KEPT", "ThreadQuery"]
+__all__ = ["IDLE_POLL_S", "PROGRESS_KEPT", "ThreadQuery"]
