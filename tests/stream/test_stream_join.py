@@ -196,19 +196,16 @@ def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: P
     send(log_url, "orders", orders, 3)
     join = Join(name="j", left="orders", right="payments", on="order_id", time="ts", window="1m")
     with pytest.raises(StreamValueError, match="riverbed topic create payments"):
-        start_join(spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
+        start_join(
+            spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url
+        )
     send(log_url, "payments", payments, 2)
     wrong = Join(name="j", left="orders", right="payments", on="order", time="ts", window="1m")
     with pytest.raises(StreamValueError, match="on='order' is not a field of the left"):
-        start_join(spark, wrong, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
-    start_join(
-        spark,
-        join,
-        checkpoint=tmp_path / "cp",
-        output=tmp_path / "o",
-        log_url=log_url,
-        trigger={"availableNow": True},
-    ).awaitTermination()
+        start_join(
+            spark, wrong, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url
+        )
+    drain(spark, join, tmp_path, log_url)
     clash = Join(
         name="j",
         left=Topic("orders", options={"schema": "order_id long, batch_id long, ts timestamp"}),
@@ -218,7 +215,9 @@ def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: P
         window="1m",
     )
     with pytest.raises(StreamValueError, match="column 'batch_id' has the name of a column"):
-        start_join(spark, clash, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
+        start_join(
+            spark, clash, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url
+        )
     changed = Join(name="j", left="orders", right="payments", on="order_id", time="ts", window="5m")
     with pytest.raises(StreamValueError, match=r"window_ms=60000.*new checkpoint"):
         start_join(

@@ -19,9 +19,9 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.joinquery import batch_line, start_join
     from riverbed.stream.leader import DriverLease
-    from riverbed.stream.specjob import StreamFailedError, join_job, root_cause
+    from riverbed.stream.specjob import StreamFailedError, locations, root_cause
 
-    checkpoint, output, state = join_job(config, join)
+    checkpoint, output, state = locations(config, join.name)
     state = replace(state, retain_versions=args.retain_versions, snapshot_every=args.snapshot_every)
     lease = DriverLease(args.control or config.control_url, join.name, checkpoint, args.ttl)
     try:
@@ -81,9 +81,9 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
 
     out = Console(highlight=False, soft_wrap=True)
     from riverbed.stream.joinquery import status
-    from riverbed.stream.specjob import join_job
+    from riverbed.stream.specjob import locations
 
-    checkpoint, _, state = join_job(config, join)
+    checkpoint, _, state = locations(config, join.name)
     info = status(join, checkpoint, state, config.log_url)
     if args.json:
         print(json.dumps(info))

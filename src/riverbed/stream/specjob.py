@@ -147,15 +147,15 @@ def load_join(path: str | Path) -> Join | None:
     return join
 
 
-def join_job(config: Config, join: Join) -> tuple[str | Path, str | Path, StateConfig]:
-    """Where a join's checkpoint, joined rows and state go: as an aggregation's of
-    the same name (:func:`job_for`)."""
+def locations(config: Config, name: str) -> tuple[str | Path, str | Path, StateConfig]:
+    """Where the stream ``name`` (an aggregation or a join) keeps its checkpoint, its
+    result rows and its state, by the configuration's defaults."""
     checkpoints = checkpoints_location(config.checkpoints_url)
     durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
     state = StateConfig(
         local_dir=config.state_dir.resolve(), durable=durable, memory_mb=config.state_memory_mb
     )
-    return child(checkpoints, join.name), results_location(config, join.name), state
+    return child(checkpoints, name), results_location(config, name), state
 
 
 def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
@@ -233,19 +233,14 @@ def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
 def job_for(
     config: Config, aggregation: Aggregation, source: dict[str, Any], spec: Path | None = None
 ) -> StreamJob:
-    checkpoints = checkpoints_location(config.checkpoints_url)
-    durable = state_url(checkpoints) if isinstance(checkpoints, str) else state_root(checkpoints)
+    checkpoint, output, state = locations(config, aggregation.name)
     return StreamJob(
         spec=spec.resolve() if spec else None,
         aggregation=aggregation,
         source=source,
-        checkpoint=child(checkpoints, aggregation.name),
-        output=results_location(config, aggregation.name),
-        state=StateConfig(
-            local_dir=config.state_dir.resolve(),
-            durable=durable,
-            memory_mb=config.state_memory_mb,
-        ),
+        checkpoint=checkpoint,
+        output=output,
+        state=state,
         log_url=source.get("log") or config.log_url,
     )
 
