@@ -189,14 +189,6 @@ def compare(got: pd.DataFrame, want: pd.DataFrame) -> str:
     return f"DIFFERENT: {len(a)} rows, DuckDB {len(b)}"
 
 
-def write_csv(frame: pd.DataFrame, directory: Path, files: int = 2) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    text = frame.assign(ts=frame["ts"].dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3])
-    for i in range(files):
-        text.iloc[i::files].to_csv(directory / f"part-{i}.csv", header=False, index=False)
-    return directory
-
-
 def run_flink(python: Path, orders: Path, payments: Path, query: str) -> dict[str, Any]:
     from flink_peer import run_script
 
@@ -222,12 +214,10 @@ def main() -> None:
     orders, payments = generate(args.orders)
     events = len(orders) + len(payments)
     print(f"{len(orders):,} orders, {len(payments):,} payments", flush=True)
-    flink = None
-    if not args.no_flink:
-        sys.path.insert(0, str(HERE))
-        from flink_peer import flink_python
+    sys.path.insert(0, str(HERE))
+    from flink_peer import flink_python, write_csv
 
-        flink = flink_python()
+    flink = None if args.no_flink else flink_python()
     spark = session(SparkConfig(master="local[2]", app_name="riverbed-bench-joins"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="rb-joins-") as tmp:

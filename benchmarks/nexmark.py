@@ -374,16 +374,6 @@ def compare(query: str, got: list[pd.DataFrame], want: pd.DataFrame) -> str:
 
 
 # -- Flink ---------------------------------------------------------------------------------
-def write_csv(bids: pd.DataFrame, directory: Path, files: int = 2) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    frame = bids.assign(
-        ts=bids["ts"].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3]
-    )
-    for i in range(files):
-        frame.iloc[i::files].to_csv(directory / f"part-{i}.csv", header=False, index=False)
-    return directory
-
-
 def run_flink(python: Path, csv: Path, query: str, watermark_s: int) -> dict[str, Any]:
     from flink_peer import run_script
 
@@ -454,7 +444,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rb-nexmark-") as tmp:
         root = Path(tmp)
         if not args.no_flink:
-            from flink_peer import flink_python
+            from flink_peer import flink_python, write_csv
 
             python = flink_python()
             csv = write_csv(bids, root / "csv")
