@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import pandas as pd
 import pyarrow as pa
@@ -27,8 +28,21 @@ log = logging.getLogger(__name__)
 SIDE_LIMIT = 100_000  # late / malformed records written per batch to the side topics
 
 
+class SideTopics(Protocol):
+    """What writing a query's side topics needs of it: an aggregation's
+    :class:`~riverbed.stream.engine.EngineConfig`, a join's ``JoinConfig``."""
+
+    @property
+    def name(self) -> str: ...  # the topics are <name>.dlq and <name>.late
+
+    @property
+    def log_url(self) -> str | None: ...
+
+    def fence(self) -> None: ...
+
+
 def side_outputs(
-    config: EngineConfig,
+    config: SideTopics,
     batch_id: int,
     batches: Batches,
     dlq: pd.DataFrame | None,
@@ -47,7 +61,7 @@ def side_outputs(
         for suffix, frame in ((".dlq", dlq), (".late", late)):
             if frame is None or frame.empty:
                 continue
-            topic = config.spec.name + suffix
+            topic = config.name + suffix
             if topic not in log_.topics():
                 log_.create_topic(topic, 1)
             log_.producer(topic).send_batch(

@@ -110,6 +110,10 @@ class EngineConfig:
         adopt(state.get("reach_env", {}))
 
     @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
     def namespace(self) -> str:
         """The state namespace the engine reads and writes (:mod:`riverbed.stream.rescale`)."""
         return self.state_namespace or self.spec.name

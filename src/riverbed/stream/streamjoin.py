@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,8 +104,8 @@ class JoinConfig:
         adopt(state.get("reach_env", {}))
 
     @property
-    def spec(self) -> Join:  # (side_outputs reads the name from it)
-        return self.join
+    def name(self) -> str:
+        return self.join.name
 
     @property
     def namespace(self) -> str:
@@ -516,7 +516,7 @@ def run_planned(
     dlq = pd.concat(counts.dlq_rows) if counts.dlq_rows else None
     if late is not None or dlq is not None:
         batches.put(batch_id, record)
-        side_outputs(cast(Any, cfg), batch_id, batches, dlq, late)
+        side_outputs(cfg, batch_id, batches, dlq, late)
         record.side_outputs_written = side_outputs_written(batches, batch_id)
     cfg.fence()
     data = encode_file(table)
