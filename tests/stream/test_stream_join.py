@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import riverbed.log
+from riverbed.log.records import RawRecord, now_ms
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Topic
 from riverbed.stream.errors import StreamValueError
@@ -353,3 +354,43 @@ def test_a_join_is_no_aggregation_to_the_commands_that_take_one(tmp_path: Path) 
     )
     with pytest.raises(ConfigError, match=r"defines a stream-stream join .* `riverbed stream run`"):
         load_spec(spec)
+
+
+def test_hostile_records_on_a_side_are_counted_and_sent_to_the_dlq(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A record without the key, one without a time, one whose time is no time, one
+    before 1970 and bytes that are no JSON: each counted as malformed and sent to the
+    join's .dlq with its reason; the good events still join, and the join goes on."""
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(60, seed=4)
+    send(log_url, "orders", orders, 2)
+    send(log_url, "payments", payments, 2)
+    log = riverbed.log.open(log_url)
+    bad = [
+        {"order_id": None, "amount": 1.0, "ts": "2026-11-21T00:00:00Z"},
+        {"order_id": 7, "amount": 1.0},
+        {"order_id": 8, "amount": 1.0, "ts": "yesterday"},
+        {"order_id": 9, "amount": 1.0, "ts": "1960-01-01T00:00:00Z"},
+    ]
+    log.producer("orders").send_batch(bad)
+    log.storage.append("orders", 0, [RawRecord(now_ms(), None, b"{not json", {})])
+    log.close()
+    join = Join(
+        name="paid", left="orders", right="payments", on="order_id", time="ts",
+        within=("10m", "1h"), watermark="3h",
+    )  # fmt: skip
+    drain(spark, join, tmp_path, log_url)
+    got = read_joined(tmp_path / "out")
+    assert rows_of(got) == rows_of(oracle(join, orders, payments))
+    batches = open_batches(tmp_path / "cp")
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None and totals["malformed"] == 5
+    log = riverbed.log.open(log_url)
+    reasons = sorted(str(r.value["_error"]) for r in log.read("paid.dlq", 0, 0, 100))
+    log.close()
+    assert len(reasons) == 5
+    assert any("no order_id to join on" in r for r in reasons)
+    assert any("no event time (ts)" in r for r in reasons)
+    assert any("before 1970" in r for r in reasons)
+    assert any("is not an ISO 8601 time" in r for r in reasons)
