@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check the system programs riverbed's tests need; install them with apt where we may.
-#   usage: check_system.sh [java] [etcd] [postgres] [chromium] [s3]
+#   usage: check_system.sh [java] [etcd] [postgres] [mariadb] [chromium] [s3]
 set -uo pipefail
 
 can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
@@ -41,6 +41,8 @@ for need in "$@"; do
             "Install etcd 3.4+ (Debian: apt-get install etcd-server) so 'etcd' is on PATH." || status=1 ;;
         postgres) ensure "PostgreSQL server" pg_ok postgresql \
             "Install PostgreSQL 13+ (Debian: apt-get install postgresql); tests start their own throwaway server." || status=1 ;;
+        mariadb) ensure "MariaDB server" "command -v mariadbd && command -v mariadb-install-db" mariadb-server \
+            "Install MariaDB 10.6+ (Debian: apt-get install mariadb-server); tests start their own throwaway server." || status=1 ;;
         chromium) ensure "Chromium" "test -x /usr/bin/chromium" chromium \
             "Install Debian's chromium (apt-get install chromium): the console's browser tests drive it with Playwright." || status=1 ;;
         s3) ensure "Ceph RGW (the tests' S3 server)" "command -v radosgw && command -v ceph-osd && command -v ceph-mon && command -v monmaptool && command -v uuidgen" \

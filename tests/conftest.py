@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from riverbed.spark import TEST_CONF
-from riverbed.testing import CephS3Server, EtcdCluster, EtcdServer, KafkaServer, PostgresServer
+from riverbed.testing import (
+    CephS3Server,
+    EtcdCluster,
+    EtcdServer,
+    KafkaServer,
+    MariaDBServer,
+    PostgresServer,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +73,20 @@ def postgres_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
 def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
     """DSN of a fresh database (from the template) for one test."""
     with postgres_server.database() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(request: pytest.FixtureRequest) -> Iterator[MariaDBServer]:
+    _no_servers_in_a_quick_run(request, "MariaDB")
+    with MariaDBServer() as server:
+        yield server
+
+
+@pytest.fixture
+def mariadb_db(mariadb_server: MariaDBServer) -> Iterator[str]:
+    """DSN of a fresh, empty database for one test."""
+    with mariadb_server.database() as dsn:
         yield dsn
 
 
@@ -187,6 +208,7 @@ SERVER_FIXTURES = {
     "spark": {"spark"},
     "etcd": {"etcd_server", "etcd_cluster"},
     "postgres": {"postgres_server", "postgres_db"},
+    "mariadb": {"mariadb_server", "mariadb_db"},
     "s3": {"s3_server", "s3_url"},
     "kafka": {"kafka_server"},
 }

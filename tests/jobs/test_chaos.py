@@ -1,7 +1,7 @@
 """The jobs layer as people deploy it, under fire.
 
 A supervisor starts two orchestrators, three workers and the submitting client at the
-same moment on a fresh PostgreSQL database; a DAG of three jobs with dependent chunks,
+same moment on a fresh PostgreSQL or MariaDB database; a DAG of three jobs with dependent chunks,
 poison ids and ids that hang on their first attempt runs while workers are SIGKILLed
 every few seconds (and restarted, as a supervisor would), the leading orchestrator is
 SIGKILLed once, and one worker is SIGSTOPped past its lease and resumed. Then:
@@ -34,7 +34,7 @@ from riverbed.jobs.worker import log_path
 from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, run_state
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow]
 
 IDS = 60
 POISON = {7, 41}
@@ -89,10 +89,17 @@ def outputs(c: Cluster, job: str) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
-def test_jobs_hold_under_chaos_on_a_fresh_postgres(
-    tmp_path: Any, subprocess_env: dict[str, str], postgres_db: str
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
+def test_jobs_hold_under_chaos_on_a_fresh_database(
+    tmp_path: Any, subprocess_env: dict[str, str], request: pytest.FixtureRequest, kind: str
 ) -> None:
-    c = Cluster(tmp_path, subprocess_env, db=postgres_db)
+    c = Cluster(tmp_path, subprocess_env, db=request.getfixturevalue(f"{kind}_db"))
     try:
         _chaos(c)
     finally:

@@ -56,7 +56,8 @@ job = Job(main=main, chunk_size=2, retries=9, retry_backoff=0,
 IDS = 16
 
 
-@on("postgres", "s3")  # s3 is SQLite with outputs in a bucket: both databases, both backends
+# s3 is SQLite with outputs in a bucket: every database, both backends
+@on("postgres", "mariadb", "s3")
 def test_every_dependent_read_finds_published_upstream_output(cluster: Cluster) -> None:
     in_bucket = cluster.checkpoints is not None
     run, machines = _dependents_read_what_is_published(cluster, lose_machines=in_bucket)

@@ -6,6 +6,7 @@ both, and what a scenario tests is how workers and orchestrators recover."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from tests.jobs.conftest import on
 pytestmark = pytest.mark.slow
 
 
-@on("postgres")
+@on("postgres", "mariadb")
 def test_a_worker_killed_mid_chunk_is_reaped_and_the_effect_published_once(
     cluster: Cluster,
 ) -> None:
@@ -88,7 +89,7 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
         assert store.entries(f"effect/.published/chunk={chunk['id']}/") == [f"{2:020d}"]
 
 
-@on("postgres")
+@on("postgres", "mariadb")
 def test_a_killed_orchestrator_is_replaced_and_the_new_one_grooms(cluster: Cluster) -> None:
     first = cluster.orchestrator("o1")
 
@@ -282,7 +283,7 @@ job = Job(main=main, schedule={SCHEDULE})
 """
 
 
-@on("postgres")
+@on("mariadb")
 def test_fires_missed_while_no_orchestrator_ran_are_caught_up_once_or_counted(
     cluster: Cluster,
 ) -> None:
@@ -350,7 +351,11 @@ def test_fires_missed_while_no_orchestrator_ran_are_caught_up_once_or_counted(
 @pytest.mark.parametrize(
     ("cluster", "prefetch"),
     # prefetching workers hold claims ahead: on PostgreSQL's concurrent connections
-    [("sqlite", "0"), pytest.param("postgres", "8", marks=pytest.mark.postgres)],
+    [
+        ("sqlite", "0"),
+        pytest.param("postgres", "8", marks=pytest.mark.postgres),
+        pytest.param("mariadb", "8", marks=pytest.mark.mariadb),
+    ],
     indirect=["cluster"],
 )
 def test_three_workers_run_every_chunk_once_and_isolate_a_poison_id(
@@ -399,7 +404,7 @@ def test_a_batching_worker_killed_with_unrecorded_successes_loses_no_effect(
     assert any(r["attempt"] == 2 for r in rows)  # some were rerun after the kill
 
 
-@on("postgres")
+@on("postgres", "mariadb")
 def test_cancel_stops_the_running_code(cluster: Cluster) -> None:
     cluster.worker()
     run = cluster.cli("submit", "patient")["run"]
@@ -476,25 +481,54 @@ def test_spark_chunks_share_one_warm_session_and_cancel_ends_their_python_worker
     until(lambda: not is_alive(pid), 15, f"the chunk's Python worker {pid} to be killed")
 
 
-@pytest.mark.postgres
+def _drop_connections(server: Any, kind: str, dbname: str) -> None:
+    """The database server ends every connection to ``dbname`` (but the asker's)."""
+    if kind == "postgres":
+        server.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
+        )
+        return
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM information_schema.PROCESSLIST WHERE db = %s AND id <> "
+                "CONNECTION_ID()",
+                (dbname,),
+            )
+            for (thread,) in cur.fetchall():
+                with contextlib.suppress(pymysql.Error):  # ended meanwhile
+                    cur.execute(f"KILL CONNECTION {int(thread)}")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
 def test_workers_ride_out_lost_database_connections(
-    tmp_path: Path, subprocess_env: dict[str, str], postgres_server: Any, postgres_db: str
+    tmp_path: Path, subprocess_env: dict[str, str], request: pytest.FixtureRequest, kind: str
 ) -> None:
-    """PostgreSQL drops every connection of the jobs database, twice, mid-run: the
-    worker and the orchestrator keep going, and every chunk is recorded and published
-    once, by its first attempt."""
-    c = Cluster(tmp_path, subprocess_env, db=postgres_db)
+    """The database server drops every connection of the jobs database, twice, mid-run:
+    the worker and the orchestrator keep going, and every chunk is recorded and
+    published once, by its first attempt."""
+    server, db = request.getfixturevalue(f"{kind}_server"), request.getfixturevalue(f"{kind}_db")
+    c = Cluster(tmp_path, subprocess_env, db=db)
     try:
         c.orchestrator("o1")
         worker = c.worker()
         run = c.cli("submit", "effect", "--work-ids", "1-8", "--kwarg", "sleep=0.5")["run"]
-        dbname = postgres_db.rsplit("/", 1)[1].split("?")[0]
+        dbname = db.rsplit("/", 1)[1].split("?")[0]
         for n in (1, 3):
             until(lambda: len(c.marks_of("start")) >= n, 60, f"chunk {n} to start")  # noqa: B023
-            postgres_server.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                f"WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
-            )
+            _drop_connections(server, kind, dbname)
         until(lambda: run_state(c, run) != "MASTER", 90, "the run to end")
         assert run_state(c, run) == "DONE"
         assert worker.poll() is None  # still working
@@ -573,7 +607,7 @@ def test_a_time_range_job_runs_under_the_orchestrator_and_resumes(
     assert_same(got, pandas_rows(spec.job, frame), exact=False)
 
 
-@on("postgres")
+@on("mariadb")
 def test_an_executor_whose_worker_was_killed_stops_quietly(cluster: Cluster) -> None:
     """SIGKILL a worker mid-chunk: its executor (own process group, so not killed with
     it) stops its chunk at once and exits with one log line — no traceback anywhere."""

@@ -1,4 +1,4 @@
-"""The queue's contract, on SQLite and on a real PostgreSQL server."""
+"""The queue's contract, on SQLite and on real PostgreSQL and MariaDB servers."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from riverbed.jobs import Dependency, FencedError, Job
+from riverbed.jobs import Dependency, FencedError, Job, QueueError
 from riverbed.jobs.graph import node_keys, resolve
 from riverbed.jobs.queue import JobQueue, Policy
-from riverbed.jobs.schema import chunks, edges, members
+from riverbed.jobs.schema import chunks, edges, latest, members
 
 
 def _main(ctx: Any, work_ids: list[int], **kwargs: Any) -> None:
@@ -27,12 +27,18 @@ def job(name: str, chunk: int | None, *deps: Dependency) -> Job:
     return Job(main=_main, name=name, chunk_size=chunk, dependencies=deps)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ]
+)
 def queue(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JobQueue]:
     if request.param == "sqlite":
         q = JobQueue(f"sqlite:///{tmp_path / 'jobs.db'}")
     else:
-        q = JobQueue(request.getfixturevalue("postgres_db"))
+        q = JobQueue(request.getfixturevalue(f"{request.param}_db"))
     yield q
     q.close()
 
@@ -407,3 +413,30 @@ def test_a_cron_fire_is_recorded_once_and_skipped_while_a_run_is_active(queue: J
     assert queue.fire(1, "X", 660.0, False, fire) is None  # skipped: run still active
     assert queue.fire(1, "X", 720.0, True, fire) is not None  # allow_multiple_jobs
     assert len(queue.runs()) == 2
+
+
+def test_keys_are_exact_and_a_key_too_long_for_the_database_is_refused(
+    queue: JobQueue,
+) -> None:
+    """Freshness is keyed by (job, kwargs) byte for byte: kwargs differing only in case
+    or a trailing space are different runs (MariaDB's default collations would fold
+    them). Kwargs longer than the database keeps (MariaDB: 2,048 characters of JSON)
+    are refused naming the job and the way out, and nothing is written."""
+    specs = {"A": job("A", None)}
+    variants = [{"x": "a"}, {"x": "A"}, {"x": "a "}]
+    for kw in variants:
+        submit(queue, specs, "A", [], kwargs=kw)
+        drain(queue)
+    with queue.db.read() as conn:
+        fresh = sorted(json.loads(k)["x"] for k in conn.execute(select(latest.c.kwargs)).scalars())
+    assert fresh == sorted(v["x"] for v in variants)
+
+    before = len(queue.runs())
+    big = {"x": "y" * 3000}
+    if queue.db.dialect == "mariadb":
+        with pytest.raises(QueueError, match=r"job 'A': its keyword arguments are 3008 .*2048"):
+            submit(queue, specs, "A", [], kwargs=big)
+        assert len(queue.runs()) == before
+    else:  # the others keep any length
+        submit(queue, specs, "A", [], kwargs=big)
+        assert drain(queue)

@@ -27,7 +27,10 @@ out = Console(highlight=False, soft_wrap=True)
 
 JOBS_OPTS = (
     "--db",
-    {"help": "jobs database URL (sqlite:///… or postgresql://…); default RIVERBED_JOBS_DB"},
+    {
+        "help": "jobs database URL (sqlite:///…, postgresql://… or mysql://… for MariaDB); "
+        "default RIVERBED_JOBS_DB"
+    },
 )
 DIR_OPTS = ("--jobs-dir", {"help": "directory of job modules; default RIVERBED_JOBS_DIR or ./jobs"})
 JSON_OPTS = ("--json", {"action": "store_true", "help": "machine-readable output"})

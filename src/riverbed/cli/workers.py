@@ -23,6 +23,7 @@ from riverbed.cli.jobs import (
     _ts,
     out,
 )
+from riverbed.locations import shown
 
 
 def add_parsers(sub: Any) -> None:
@@ -126,7 +127,7 @@ def _worker(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         out.print(
-            f"worker on {env.db_url} (jobs in {env.jobs_dir}, concurrency "
+            f"worker on {shown(env.db_url)} (jobs in {env.jobs_dir}, concurrency "
             f"{args.concurrency}); Ctrl-C to stop"
         )
         worker.run(stop)
@@ -153,7 +154,7 @@ def _orchestrator(args: argparse.Namespace) -> int:
         checkpoints=env.checkpoints,
     )
     try:
-        out.print(f"orchestrator {orch.name} campaigning on {env.config.control_url}")
+        out.print(f"orchestrator {orch.name} campaigning on {shown(env.config.control_url)}")
         orch.run()
     except KeyboardInterrupt:
         pass

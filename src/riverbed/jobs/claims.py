@@ -14,7 +14,7 @@ from riverbed.jobs.queuebase import Claim, QueueBase, _Settled
 from riverbed.jobs.schema import (
     chunks,
 )
-from riverbed.jobs.statements import Pending, pipeline
+from riverbed.jobs.statements import Pending, pipeline, update_returning
 
 
 class Claims(QueueBase):
@@ -110,16 +110,17 @@ class Claims(QueueBase):
             return {}
         with self.db.write() as conn:
             now = self._now(conn)
-            rows = conn.execute(
-                update(chunks)
-                .where(
+            rows = update_returning(
+                conn,
+                chunks,
+                [
                     tuple_(chunks.c.id, chunks.c.attempt).in_(list(held)),
                     chunks.c.state == "RUNNING",
                     chunks.c.worker == worker,
-                )
-                .values(heartbeat_at=now)
-                .returning(chunks.c.id, chunks.c.cancel_requested)
-            ).all()
+                ],
+                {"heartbeat_at": now},
+                [chunks.c.id, chunks.c.cancel_requested],
+            )
         status = {int(i): ("cancel" if c else "ok") for i, c in rows}
         return {cid: status.get(cid, "lost") for cid, _ in held}
 

@@ -15,6 +15,7 @@ from riverbed.jobs.schema import (
     schedules,
 )
 from riverbed.jobs.spec import schedule_job
+from riverbed.jobs.statements import update_returning
 
 
 class Reaped(NamedTuple):
@@ -78,21 +79,23 @@ class Duties(QueueBase):
         with self.db.write() as conn:
             self._check_term(conn, term)
             now = self._now(conn)
-            rows = conn.execute(
-                update(chunks)
-                .where(
+            rows = update_returning(
+                conn,
+                chunks,
+                [
                     chunks.c.state == "RUNNING",
                     chunks.c.timeout.is_not(None),
                     chunks.c.cancel_requested.is_(False),
                     chunks.c.started_at + chunks.c.timeout + grace < now,
-                )
-                .values(cancel_requested=True, error="timed out")
-                .returning(chunks.c.id)
-            ).all()
+                ],
+                {"cancel_requested": True, "error": "timed out"},
+                [chunks.c.id],
+            )
             return [int(r[0]) for r in rows]
 
     def sync_schedules(self, term: int, wanted: Sequence[dict[str, Any]]) -> None:
         """Store the schedules found in the job specs (the specs are the truth)."""
+        self.db.keys_fit((w["job"], w["kwargs"]) for w in wanted)
         with self.db.write() as conn:
             self._check_term(conn, term)
             now = self._now(conn)

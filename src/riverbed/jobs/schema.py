@@ -1,4 +1,4 @@
-"""The jobs database: one schema (SQLAlchemy Core) for SQLite and PostgreSQL.
+"""The jobs database: one schema (SQLAlchemy Core) for SQLite, PostgreSQL and MariaDB.
 
 Times are seconds since the epoch taken from **the database's clock**
 (:func:`db_now`), so every process compares timestamps from one clock.
@@ -7,14 +7,20 @@ SQLite (the embedded default, many processes on one machine): WAL,
 ``synchronous=NORMAL``, and every write transaction is ``BEGIN IMMEDIATE`` under an
 ``flock`` on ``<db>.lock`` (SQLite's busy handler can starve one process for seconds;
 the flock queues writers fairly — the control plane measured the same). PostgreSQL:
-claims use ``FOR UPDATE SKIP LOCKED``; ``NOTIFY rb_jobs`` wakes workers.
+claims use ``FOR UPDATE SKIP LOCKED``; ``NOTIFY rb_jobs`` wakes workers. MariaDB
+(10.6+, the orchestrator document's MySQL): ``SKIP LOCKED`` claims too; it has no
+``UPDATE … RETURNING``, so :mod:`riverbed.jobs.statements` locks the rows, updates them
+and reads them back in the same transaction; each session runs READ COMMITTED (as
+PostgreSQL), in UTC, with ``SIMULTANEOUS_ASSIGNMENT`` (``SET`` expressions read the row's
+old values, as on the other two); workers poll for new work (no ``NOTIFY``). Its keys
+are ``VARCHAR`` (InnoDB indexes no ``TEXT``) compared byte for byte (``*_nopad_bin``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Connection,
+    Double,
     Engine,
     Float,
     Index,
@@ -40,6 +47,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import SQLAlchemyError
 
 from riverbed.fencing import Fence, Term
@@ -50,6 +58,23 @@ from riverbed.locations import shown
 
 SCHEMA_VERSION = CURRENT["jobs database"]
 _ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+# The dialects of the databases with row locks (SELECT … FOR UPDATE); SQLite serializes
+# every write transaction instead.
+ROW_LOCKS = ("postgresql", "mariadb")
+# MariaDB: FLOAT is single precision (epoch seconds need DOUBLE); TEXT is at most 64 KB
+# (a chunk's work ids, an error's traceback: LONGTEXT) and cannot be a key — keys are
+# VARCHAR, sized so a key of them fits InnoDB's 3072 bytes. Kwargs are canonical JSON,
+# ASCII (json.dumps escapes the rest): one byte a character.
+_NOPAD = "utf8mb4_nopad_bin"
+_ASCII = "ascii_nopad_bin"
+_FLOAT = Float().with_variant(Double(), "mariadb")
+_TEXT = Text().with_variant(mysql.LONGTEXT(collation=_NOPAD), "mariadb")
+NAME_MAX, KWARGS_MAX = 191, 2048  # the characters of a key MariaDB keeps (see keys_fit)
+_NAME = Text().with_variant(mysql.VARCHAR(NAME_MAX, collation=_NOPAD), "mariadb")  # job names
+_KWARGS = Text().with_variant(
+    mysql.VARCHAR(KWARGS_MAX, charset="ascii", collation=_ASCII), "mariadb"
+)
+_STATE = Text().with_variant(mysql.VARCHAR(32, charset="ascii", collation=_ASCII), "mariadb")
 
 metadata = MetaData()
 
@@ -59,8 +84,8 @@ meta = Table(
     Column("id", Integer, primary_key=True),
     Column("schema_version", Integer, nullable=False),
     Column("term", BigInteger, nullable=False),  # the acting orchestrator's election term
-    Column("leader", Text, nullable=False),
-    Column("since", Float, nullable=False),
+    Column("leader", _TEXT, nullable=False),
+    Column("since", _FLOAT, nullable=False),
 )
 
 chunks = Table(
@@ -68,35 +93,35 @@ chunks = Table(
     metadata,
     Column("id", _ID, primary_key=True, autoincrement=True),
     Column("master", BigInteger),  # the run that created it (None for a master row)
-    Column("job", Text, nullable=False),
-    Column("kind", Text, nullable=False),  # master | python | spark
-    Column("state", Text, nullable=False),
-    Column("kwargs", Text, nullable=False),  # canonical JSON
-    Column("work_ids", Text, nullable=False),  # JSON list
+    Column("job", _NAME, nullable=False),
+    Column("kind", _TEXT, nullable=False),  # master | python | spark
+    Column("state", _STATE, nullable=False),
+    Column("kwargs", _KWARGS, nullable=False),  # canonical JSON
+    Column("work_ids", _TEXT, nullable=False),  # JSON list
     Column("n_ids", Integer, nullable=False),
     Column("deps_left", Integer, nullable=False, default=0),
     Column("active_left", Integer, nullable=False, default=0),  # masters: members not ended
     Column("failed", Integer, nullable=False, default=0),  # masters: members failed
     Column("attempt", Integer, nullable=False, default=0),
     Column("max_attempts", Integer, nullable=False, default=1),
-    Column("backoff", Float, nullable=False, default=5.0),
-    Column("timeout", Float),
+    Column("backoff", _FLOAT, nullable=False, default=5.0),
+    Column("timeout", _FLOAT),
     Column("bisect", Boolean, nullable=False, default=False),
-    Column("not_before", Float, nullable=False, default=0.0),
-    Column("created_at", Float, nullable=False),
-    Column("started_at", Float),
-    Column("heartbeat_at", Float),
-    Column("finished_at", Float),
-    Column("worker", Text),
-    Column("host", Text),
-    Column("code_version", Text, nullable=False, default=""),
-    Column("error", Text),
+    Column("not_before", _FLOAT, nullable=False, default=0.0),
+    Column("created_at", _FLOAT, nullable=False),
+    Column("started_at", _FLOAT),
+    Column("heartbeat_at", _FLOAT),
+    Column("finished_at", _FLOAT),
+    Column("worker", _TEXT),
+    Column("host", _TEXT),
+    Column("code_version", _TEXT, nullable=False, default=""),
+    Column("error", _TEXT),
     Column("cancel_requested", Boolean, nullable=False, default=False),
     Column("output_attempt", Integer),
     Column("materialized", Boolean, nullable=False, default=False),
     Column("parent", BigInteger),  # bisected from / rerun of
-    Column("schedule", Text),
-    Column("fire_time", Float),
+    Column("schedule", _TEXT),
+    Column("fire_time", _FLOAT),
 )
 # Claims pick the lowest PENDING ids: a partial index of just the pending chunks, in id
 # order, answers ``ORDER BY id LIMIT n`` by reading n entries, however many chunks are
@@ -104,6 +129,8 @@ chunks = Table(
 # chunk; the primary key, every done one before them).
 _PENDING = chunks.c.state == "PENDING"
 Index("rb_jobs_pending", chunks.c.id, postgresql_where=_PENDING, sqlite_where=_PENDING)
+# MariaDB has no partial index: the pending ones are the (state='PENDING', id) range.
+Index("rb_jobs_by_state", chunks.c.state, chunks.c.id).ddl_if(dialect="mariadb")
 Index("rb_jobs_by_master", chunks.c.master)
 Index("rb_jobs_by_job", chunks.c.job, chunks.c.kwargs, chunks.c.state)
 
@@ -128,25 +155,25 @@ attempts = Table(
     metadata,
     Column("chunk", BigInteger, primary_key=True),
     Column("attempt", Integer, primary_key=True),
-    Column("worker", Text, nullable=False),
-    Column("host", Text, nullable=False),
-    Column("code_version", Text, nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("finished_at", Float),
-    Column("state", Text, nullable=False),
-    Column("error", Text),
+    Column("worker", _TEXT, nullable=False),
+    Column("host", _TEXT, nullable=False),
+    Column("code_version", _TEXT, nullable=False),
+    Column("started_at", _FLOAT, nullable=False),
+    Column("finished_at", _FLOAT),
+    Column("state", _STATE, nullable=False),
+    Column("error", _TEXT),
 )
 
 freshness = Table(
     "rb_jobs_freshness",
     metadata,
-    Column("job", Text, primary_key=True),
-    Column("kwargs", Text, primary_key=True),
+    Column("job", _NAME, primary_key=True),
+    Column("kwargs", _KWARGS, primary_key=True),
     Column("work_id", BigInteger, primary_key=True),
-    Column("succeeded_at", Float, nullable=False),
+    Column("succeeded_at", _FLOAT, nullable=False),
     # the code version that success ran (riverbed.specfiles.code_version); added after
     # version 1 (older rows: "", taken as the current code)
-    Column("code_version", Text, nullable=False, server_default=""),
+    Column("code_version", _TEXT, nullable=False, server_default=""),
 )
 
 # The last success of a (job, kwargs) run without work ids; with work ids, the last
@@ -155,10 +182,10 @@ freshness = Table(
 latest = Table(
     "rb_jobs_latest",
     metadata,
-    Column("job", Text, primary_key=True),
-    Column("kwargs", Text, primary_key=True),
-    Column("succeeded_at", Float, nullable=False),
-    Column("code_version", Text, nullable=False, server_default=""),  # added after version 1
+    Column("job", _NAME, primary_key=True),
+    Column("kwargs", _KWARGS, primary_key=True),
+    Column("succeeded_at", _FLOAT, nullable=False),
+    Column("code_version", _TEXT, nullable=False, server_default=""),  # added after version 1
 )
 
 schedules = Table(
@@ -166,30 +193,42 @@ schedules = Table(
     metadata,
     # the schedule's key (riverbed.jobs.spec.Schedule.key): the job's name for its one
     # unnamed schedule, else "job:name" — and so in rb_jobs_fires and a run's `schedule`
-    Column("job", Text, primary_key=True),
-    Column("cron", Text, nullable=False),
-    Column("kwargs", Text, nullable=False),
-    Column("work_ids", Text),
-    Column("grace", Float, nullable=False),
-    Column("catchup", Text, nullable=False, server_default="all"),  # added after version 1
-    Column("last_fire", Float),
-    Column("updated_at", Float, nullable=False),
+    Column("job", _NAME, primary_key=True),
+    Column("cron", _TEXT, nullable=False),
+    Column("kwargs", _KWARGS, nullable=False),
+    Column("work_ids", _TEXT),
+    Column("grace", _FLOAT, nullable=False),
+    Column("catchup", _TEXT, nullable=False, server_default="all"),  # added after version 1
+    Column("last_fire", _FLOAT),
+    Column("updated_at", _FLOAT, nullable=False),
 )
 
 fires = Table(
     "rb_jobs_fires",
     metadata,
-    Column("job", Text, primary_key=True),
-    Column("fire_time", Float, primary_key=True),
+    Column("job", _NAME, primary_key=True),
+    Column("fire_time", _FLOAT, primary_key=True),
     Column("master", BigInteger),  # None: skipped (previous run still active)
-    Column("note", Text),
+    Column("note", _TEXT),
 )
+
+# MariaDB only (the others have advisory locks and NOTIFY): the row submissions lock, one
+# at a time, and the counter notify() counts up and idle workers poll.
+signals = Table(
+    "rb_jobs_signals",
+    metadata,
+    Column("name", _NAME, primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+SUBMISSIONS, WAKES = "submissions", "wakes"
 
 
 def db_now(dialect: str) -> Any:
     """An SQL expression for the database's clock, in epoch seconds."""
     if dialect == "sqlite":
         return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+    if dialect == "mariadb":  # SYSDATE: the moment it runs (NOW: the statement's start)
+        return literal_column("(UNIX_TIMESTAMP(SYSDATE(6)) + 0e0)")
     return literal_column("extract(epoch from clock_timestamp())::double precision")
 
 
@@ -233,10 +272,39 @@ class Database:
             # Reads (the CLI, the console, an idle worker's look) ping first: a read
             # is safe to retry, so a dropped connection costs nobody an error.
             self.reader = create_engine(sa_url, pool_size=2, max_overflow=4, pool_pre_ping=True)
+        elif parts.scheme in MARIADB_SCHEMES:
+            try:
+                import pymysql
+            except ImportError:
+                raise QueueError(
+                    "a MariaDB jobs database needs PyMySQL: pip install 'riverbed[mariadb]'"
+                ) from None
+            self.dialect = "mariadb"
+            self.path = None
+            sa_url = "mariadb+pymysql://" + url.split("://", 1)[1]
+            # READ COMMITTED as on PostgreSQL (a locking read sees the latest commit,
+            # a plain one too); the session in UTC for SYSDATE (db_now).
+            self.engine = create_engine(
+                sa_url,
+                pool_size=4,
+                max_overflow=4,
+                pool_reset_on_return=None,
+                isolation_level="READ COMMITTED",
+            )
+            self.reader = create_engine(
+                sa_url,
+                pool_size=2,
+                max_overflow=4,
+                pool_pre_ping=True,
+                isolation_level="READ COMMITTED",
+            )
+            for engine in (self.engine, self.reader):
+                event.listen(engine, "connect", _mariadb_session)
         else:
             raise QueueError(
-                f"unsupported jobs database {url!r}; use sqlite:///path/jobs.db or "
-                "postgresql://user@host:port/db (RIVERBED_JOBS_DB)"
+                f"unsupported jobs database {shown(url)!r}; use sqlite:///path/jobs.db, "
+                "postgresql://user@host:port/db or mysql://user@host:port/db (MariaDB 10.6+) "
+                "(RIVERBED_JOBS_DB)"
             )
         self.now = db_now(self.dialect)
         # The hot path (riverbed.jobs.statements) runs on the DBAPI cursor: its errors too.
@@ -245,6 +313,8 @@ class Database:
             import psycopg
 
             self.errors = (SQLAlchemyError, psycopg.Error)
+        elif self.dialect == "mariadb":
+            self.errors = (SQLAlchemyError, pymysql.Error)
 
     @staticmethod
     def _sqlite_engine(path: Path, immediate: bool) -> Engine:
@@ -304,16 +374,19 @@ class Database:
         there (each check runs after the lock, on a fresh snapshot). On SQLite the
         write transaction (``BEGIN IMMEDIATE`` under the flock) serializes already.
         """
-        with self.write() as conn:
-            if self.dialect == "postgresql":
-                conn.execute(_SCHEMA_LOCK)
+        with self.write() as conn, self._schema_lock(conn):
             metadata.create_all(conn)
             # Indexes added since a database was created (create_all makes a table's
             # indexes only with the table); the claim index they replace goes.
             for table in metadata.tables.values():
                 for index in table.indexes:
                     index.create(conn, checkfirst=True)
-            conn.execute(text("DROP INDEX IF EXISTS rb_jobs_claim"))
+            conn.execute(
+                text(
+                    "DROP INDEX IF EXISTS rb_jobs_claim"
+                    + (" ON rb_jobs_chunks" if self.dialect == "mariadb" else "")
+                )
+            )
             # Columns added since (create_all adds none to an existing table): each one
             # has a default, so a riverbed of the same schema version without it still
             # writes rows.
@@ -339,11 +412,72 @@ class Database:
                     f"jobs database {shown(self.url)} has schema version {row[0]}, this riverbed "
                     f"uses {SCHEMA_VERSION}; point RIVERBED_JOBS_DB at a new database"
                 )
+            if self.dialect == "mariadb":
+                present = set(conn.execute(select(signals.c.name)).scalars())
+                for name in (SUBMISSIONS, WAKES):
+                    if name not in present:
+                        conn.execute(signals.insert().values(name=name, value=0))
+
+    @contextlib.contextmanager
+    def _schema_lock(self, conn: Connection) -> Iterator[None]:
+        """Schema changes one process at a time: PostgreSQL's transaction-level advisory
+        lock; MariaDB's named lock of this database (a session's, since each DDL
+        statement commits by itself), released at the end; SQLite's write transaction."""
+        if self.dialect == "postgresql":
+            conn.execute(_SCHEMA_LOCK)
+        if self.dialect != "mariadb":
+            yield
+            return
+        got = conn.execute(text(f"SELECT GET_LOCK({_MARIADB_LOCK}, 120)")).scalar()
+        if got != 1:
+            raise QueueError(
+                f"jobs database {shown(self.url)}: another process held the schema lock "
+                "for 2 minutes; is a riverbed upgrading it? Try again when it is done"
+            )
+        try:
+            yield
+        finally:
+            conn.execute(text(f"DO RELEASE_LOCK({_MARIADB_LOCK})"))
+
+    def keys_fit(self, nodes: Iterable[tuple[str, str]]) -> None:
+        """Refuse (job, canonical kwargs) keys longer than the database keeps (MariaDB:
+        VARCHAR keys), naming the job and the way out, before anything is written."""
+        if self.dialect != "mariadb":
+            return
+        for job, kwargs in nodes:
+            if len(job) > NAME_MAX:
+                raise QueueError(
+                    f"job name {job[:40]!r}… is {len(job)} characters; a MariaDB jobs "
+                    f"database keeps names of at most {NAME_MAX}: shorten it"
+                )
+            if len(kwargs) > KWARGS_MAX:
+                raise QueueError(
+                    f"job {job!r}: its keyword arguments are {len(kwargs)} characters of "
+                    f"JSON; a MariaDB jobs database keeps at most {KWARGS_MAX}: pass a "
+                    "reference (a path, a table name) instead of the data, or use "
+                    "PostgreSQL or SQLite"
+                )
+
+    def one_submission(self, conn: Connection) -> None:
+        """Submissions resolve against each other's chunks: one at a time, until the
+        transaction ends (PostgreSQL: an advisory lock; MariaDB, whose named locks are
+        the session's: a row of ``rb_jobs_signals``; SQLite: its write lock)."""
+        if self.dialect == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7201)")
+        elif self.dialect == "mariadb":
+            conn.execute(
+                select(signals.c.value).where(signals.c.name == SUBMISSIONS).with_for_update()
+            )
 
     def notify(self, conn: Connection) -> None:
-        """Wake waiting workers when the transaction commits (PostgreSQL)."""
+        """Wake waiting workers when the transaction commits (PostgreSQL: ``NOTIFY``;
+        MariaDB: a counter in ``rb_jobs_signals``, which workers poll)."""
         if self.dialect == "postgresql":
             conn.execute(_NOTIFY)
+        elif self.dialect == "mariadb":
+            conn.execute(
+                update(signals).where(signals.c.name == WAKES).values(value=signals.c.value + 1)
+            )
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -358,9 +492,48 @@ _ADDED = (
     ("rb_jobs_latest", "code_version", ""),
 )
 _NOTIFY = text("SELECT pg_notify('rb_jobs', '')")
+# The URL schemes of a MariaDB jobs database (MySQL's protocol; MySQL itself lacks
+# INSERT … RETURNING, which submissions use, and is refused by name at connect).
+MARIADB_SCHEMES = ("mysql", "mariadb", "mysql+pymysql", "mariadb+pymysql")
+MARIADB_MIN = (10, 6)  # SKIP LOCKED
+
+
+def mariadb_refusal(version: str) -> str | None:
+    """Why a server answering ``SELECT VERSION()`` with ``version`` cannot hold a jobs
+    database (None: it can)."""
+    numbers: list[int] = []
+    # "5.5.5-" is what MariaDB 10+ put before its version for old MySQL clients
+    for part in version.removeprefix("5.5.5-").split("-")[0].split(".")[:2]:
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    if "mariadb" in version.lower() and tuple(numbers) >= MARIADB_MIN:
+        return None
+    return (
+        f"the jobs database's server is {version}; riverbed's queue on the MySQL protocol "
+        "needs MariaDB 10.6 or newer (SKIP LOCKED, INSERT … RETURNING)"
+    )
+
+
+def _mariadb_session(dbapi: Any, _record: Any) -> None:
+    """Every new MariaDB connection: refuse a server that is not MariaDB 10.6+; UTC;
+    standard ``SET`` (each expression reads the row's old values)."""
+    with dbapi.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        refusal = mariadb_refusal(str(cur.fetchone()[0]))
+        if refusal:
+            raise QueueError(refusal)
+        cur.execute(
+            "SET time_zone = '+00:00', "
+            "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES,SIMULTANEOUS_ASSIGNMENT')"
+        )
+
+
 # One advisory lock key for schema changes of this database (any constant works; this
 # one spells "rbschema" in ASCII so it is recognisable in pg_locks).
 _SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(8242277138831863137)")
+# MariaDB's named locks are the server's: the name holds the database's.
+_MARIADB_LOCK = "CONCAT('riverbed_jobs_schema.', DATABASE())"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -390,7 +563,7 @@ class SqlFence(Fence):
 
     def _row(self, conn: Connection, lock: bool = False) -> Term | None:
         q = select(meta.c.term, meta.c.leader, meta.c.since).where(meta.c.id == 1)
-        if lock and self.db.dialect == "postgresql":
+        if lock and self.db.dialect in ROW_LOCKS:
             q = q.with_for_update(read=True)
         term, leader, since = conn.execute(q).one()
         if int(term) == 0 and not leader:

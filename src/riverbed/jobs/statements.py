@@ -3,10 +3,14 @@
 Building a SQLAlchemy Core statement, its cache key and its execution context costs far
 more than running it on SQLite: a worker that built ~16 statements per no-op chunk spent
 90 % of its time inside SQLAlchemy. The hot statements are therefore written once with
-SQLAlchemy (so both dialects stay one definition), compiled once per dialect, and run
+SQLAlchemy (so the dialects stay one definition), compiled once per dialect, and run
 on the transaction's own DBAPI cursor — same connection, same transaction, none of the
 per-call machinery. Cold paths (submission, grooming, the CLI's reads) keep using
 SQLAlchemy directly.
+
+MariaDB has no ``UPDATE … RETURNING``: there an update that returns rows is a
+:class:`Locked` — lock the rows its ``WHERE`` names, update those ids, read them back,
+in the one transaction (:func:`update_returning` for the cold paths).
 
 Bound parameters are named ``b_*`` so they never collide with column names. The
 database clock is read inside the first statement of a transaction (``RETURNING``) and
@@ -34,6 +38,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import mysql as mysql_dialect
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
@@ -41,7 +46,11 @@ from riverbed.jobs.schema import attempts, chunks, db_now, edges, freshness, lat
 
 
 def upsert(dialect: str, table: Any, keys: list[str], *cols: str) -> Any:
-    """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col, … (both dialects)."""
+    """INSERT … ON CONFLICT (keys) DO UPDATE SET col = excluded.col, … (MariaDB: ON
+    DUPLICATE KEY UPDATE — its only keys are the ones named)."""
+    if dialect == "mariadb":
+        ins = mysql_dialect.insert(table)
+        return ins.on_duplicate_key_update({col: ins.inserted[col] for col in cols})
     mod = pg_dialect if dialect == "postgresql" else sqlite_dialect
     stmt = mod.insert(table)
     return stmt.on_conflict_do_update(
@@ -54,7 +63,67 @@ def _compiler(dialect: str) -> Any:
         from sqlalchemy.dialects.postgresql import psycopg
 
         return psycopg.dialect()  # type: ignore[no-untyped-call]
+    if dialect == "mariadb":
+        from sqlalchemy.dialects.mysql import pymysql
+
+        return pymysql.dialect(is_mariadb=True, paramstyle="pyformat")
     return sqlite_dialect.pysqlite.dialect(paramstyle="named")
+
+
+class Locked:
+    """``UPDATE table SET values WHERE where RETURNING returning`` on a database without
+    it (MariaDB): ``SELECT id … FOR UPDATE`` (optionally the ``limit`` lowest ids,
+    skipping rows others hold), ``UPDATE … WHERE id IN (those)``, then ``SELECT
+    returning`` of them — in the caller's transaction, so the locked rows still match
+    ``where`` when they are updated and read back with their new values. Runs through
+    SQLAlchemy (bound parameters ``b_*`` by name); the same interface as :class:`Raw`."""
+
+    def __init__(
+        self,
+        table: Any,
+        where: Sequence[Any],
+        values: Mapping[str, Any],
+        returning: Sequence[Any],
+        *,
+        limit: Any = None,
+        skip_locked: bool = False,
+    ) -> None:
+        pick = select(table.c.id).where(*where)
+        if limit is not None:
+            pick = pick.order_by(table.c.id).limit(limit)
+        self._pick = pick.with_for_update(skip_locked=skip_locked)
+        self._table, self._values, self._returning = table, dict(values), list(returning)
+
+    def __call__(self, conn: Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
+        params = dict(params or {})
+        ids = [int(i) for i in conn.execute(self._pick, params).scalars()]
+        if not ids:
+            return []
+        table = self._table
+        conn.execute(update(table).where(table.c.id.in_(ids)).values(self._values), params)
+        if not self._returning:
+            return [(i,) for i in ids]
+        return list(
+            conn.execute(
+                select(*self._returning).where(table.c.id.in_(ids)).order_by(table.c.id), params
+            )
+        )
+
+    def send(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Pending:
+        return Pending(self, rows=self(conn, params))  # type: ignore[arg-type]
+
+
+def update_returning(
+    conn: Connection,
+    table: Any,
+    where: Sequence[Any],
+    values: Mapping[str, Any],
+    returning: Sequence[Any],
+) -> list[Any]:
+    """``UPDATE … RETURNING`` on every database (a :class:`Locked` on MariaDB)."""
+    if conn.dialect.name == "mariadb":
+        return Locked(table, where, values, returning)(conn)
+    return list(conn.execute(update(table).where(*where).values(values).returning(*returning)))
 
 
 class Pending:
@@ -169,21 +238,17 @@ class Statements:
             ),
             dialect,
         )
-        self.succeed = Raw(
-            update(chunks)
-            .where(
-                chunks.c.id == _b_id, chunks.c.attempt == _b_attempt, chunks.c.state == "RUNNING"
-            )
-            .values(
-                state="DONE",
-                finished_at=now,
-                error=None,
-                output_attempt=bindparam("b_output"),
+        self.succeed = self._updating(
+            [chunks.c.id == _b_id, chunks.c.attempt == _b_attempt, chunks.c.state == "RUNNING"],
+            {
+                "state": "DONE",
+                "finished_at": now,
+                "error": None,
+                "output_attempt": bindparam("b_output"),
                 # its output was published before this (riverbed.jobs.publication)
-                materialized=bindparam("b_output", type_=Integer).is_not(None),
-            )
-            .returning(chunks.c.id),
-            dialect,
+                "materialized": bindparam("b_output", type_=Integer).is_not(None),
+            },
+            [chunks.c.id],
         )
         self.end_attempt = Raw(
             update(attempts)
@@ -223,34 +288,30 @@ class Statements:
         # Only a success counts down a dependent's deps_left; one at zero starts now
         # (SET expressions read the row's old values on both databases).
         starts = and_(chunks.c.deps_left == 1, chunks.c.state == "QUEUED")
-        self.deps_done = Raw(
-            update(chunks)
-            .where(
+        self.deps_done = self._updating(
+            [
                 self._id_in(
                     select(edges.c.downstream).where(edges.c.upstream == _b_id).scalar_subquery()
                 )
-            )
-            .values(
-                deps_left=chunks.c.deps_left - 1,
-                state=case((starts, "PENDING"), else_=chunks.c.state),
-                not_before=case((starts, now), else_=chunks.c.not_before),
-            )
-            .returning(chunks.c.id, chunks.c.state, chunks.c.deps_left),
-            dialect,
+            ],
+            {
+                "deps_left": chunks.c.deps_left - 1,
+                "state": case((starts, "PENDING"), else_=chunks.c.state),
+                "not_before": case((starts, now), else_=chunks.c.not_before),
+            },
+            [chunks.c.id, chunks.c.state, chunks.c.deps_left],
         )
-        self.settle = Raw(
-            update(chunks)
-            .where(
+        self.settle = self._updating(
+            [
                 self._id_in(
                     select(members.c.master).where(members.c.chunk == _b_id).scalar_subquery()
                 )
-            )
-            .values(
-                active_left=chunks.c.active_left - 1,
-                failed=chunks.c.failed + bindparam("b_failed"),
-            )
-            .returning(chunks.c.id, chunks.c.active_left),
-            dialect,
+            ],
+            {
+                "active_left": chunks.c.active_left - 1,
+                "failed": chunks.c.failed + bindparam("b_failed"),
+            },
+            [chunks.c.id, chunks.c.active_left],
         )
 
         if dialect == "postgresql":
@@ -260,6 +321,14 @@ class Statements:
 
     def __repr__(self) -> str:
         return f"Statements({self.dialect!r})"
+
+    def _updating(
+        self, where: Sequence[Any], values: Mapping[str, Any], returning: Sequence[Any]
+    ) -> Raw | Locked:
+        """``UPDATE rb_jobs_chunks … RETURNING``, compiled (a :class:`Locked` on MariaDB)."""
+        if self.dialect == "mariadb":
+            return Locked(chunks, where, values, returning)
+        return Raw(update(chunks).where(*where).values(values).returning(*returning), self.dialect)
 
     def _id_in(self, ids: Any) -> Any:
         """``chunks.id IN (ids)`` that stays an index lookup. PostgreSQL plans ``IN
@@ -287,53 +356,55 @@ class Statements:
         )
 
     @functools.cache  # noqa: B019
-    def claim(self, kinds: tuple[str, ...], in_run: bool) -> Raw:
+    def claim(self, kinds: tuple[str, ...], in_run: bool) -> Raw | Locked:
         now = self._now_sql
-        pick = (
-            select(chunks.c.id)
-            .where(chunks.c.state == "PENDING", chunks.c.not_before <= now, self._kinds(kinds))
-            .order_by(chunks.c.id)
-            .limit(bindparam("b_limit"))
-        )
+        where = [chunks.c.state == "PENDING", chunks.c.not_before <= now, self._kinds(kinds)]
         if in_run:
-            pick = pick.where(
+            where.append(
                 chunks.c.id.in_(
                     select(members.c.chunk)
                     .where(members.c.master == bindparam("b_master"))
                     .scalar_subquery()
                 )
             )
+        worker: BindParameter[Any] = bindparam("b_worker")
+        host: BindParameter[Any] = bindparam("b_host")
+        values = {
+            "state": "RUNNING",
+            "attempt": chunks.c.attempt + 1,
+            "worker": worker,
+            "host": host,
+            "started_at": now,
+            "heartbeat_at": now,
+            "cancel_requested": False,
+        }
+        returning = [
+            chunks.c.id,
+            chunks.c.master,
+            chunks.c.job,
+            chunks.c.kind,
+            chunks.c.kwargs,
+            chunks.c.work_ids,
+            chunks.c.attempt,
+            chunks.c.timeout,
+            chunks.c.code_version,
+            chunks.c.started_at,
+        ]
+        if self.dialect == "mariadb":  # the attempts are inserted next (start_attempts)
+            return Locked(
+                chunks, where, values, returning, limit=bindparam("b_limit"), skip_locked=True
+            )
+        pick = select(chunks.c.id).where(*where).order_by(chunks.c.id).limit(bindparam("b_limit"))
         if self.dialect == "postgresql":
             pick = pick.with_for_update(skip_locked=True)
         # A materialized CTE: PostgreSQL may re-run an ``IN (SELECT … LIMIT n)``
         # subquery per row and claim more than ``limit`` chunks.
         picked = pick.cte("picked").prefix_with("MATERIALIZED")
-        worker: BindParameter[Any] = bindparam("b_worker")
-        host: BindParameter[Any] = bindparam("b_host")
         claim = (
             update(chunks)
             .where(chunks.c.id == picked.c.id, chunks.c.state == "PENDING")
-            .values(
-                state="RUNNING",
-                attempt=chunks.c.attempt + 1,
-                worker=worker,
-                host=host,
-                started_at=now,
-                heartbeat_at=now,
-                cancel_requested=False,
-            )
-            .returning(
-                chunks.c.id,
-                chunks.c.master,
-                chunks.c.job,
-                chunks.c.kind,
-                chunks.c.kwargs,
-                chunks.c.work_ids,
-                chunks.c.attempt,
-                chunks.c.timeout,
-                chunks.c.code_version,
-                chunks.c.started_at,
-            )
+            .values(values)
+            .returning(*returning)
         )
         if self.dialect != "postgresql":
             return Raw(claim, self.dialect)  # the attempts are inserted next (start_attempts)

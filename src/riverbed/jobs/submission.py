@@ -13,6 +13,7 @@ from riverbed.jobs.errors import NotFoundError
 from riverbed.jobs.graph import ActiveChunk, Freshness, Plan
 from riverbed.jobs.queuebase import ACTIVE, ANALYZE_AFTER, Policy, QueueBase
 from riverbed.jobs.schema import (
+    ROW_LOCKS,
     chunks,
     edges,
     freshness,
@@ -60,7 +61,7 @@ class Submission(QueueBase):
                 chunks.c.state.in_(ACTIVE),
                 chunks.c.kind != "master",
             )
-            if lock and self.db.dialect == "postgresql":
+            if lock and self.db.dialect in ROW_LOCKS:
                 q = q.with_for_update()
             for cid, ids in conn.execute(q).all():
                 active.append(ActiveChunk(int(cid), job, kw, tuple(json.loads(ids))))
@@ -97,9 +98,9 @@ class Submission(QueueBase):
                 with self.db.write() as own:
                     own.exec_driver_sql("ANALYZE rb_jobs_chunks, rb_jobs_edges, rb_jobs_members")
             return written
-        if self.db.dialect == "postgresql":
-            # Submissions resolve against each other's chunks: one at a time.
-            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7201)")
+        nodes = list(nodes)
+        self.db.keys_fit(nodes)
+        self.db.one_submission(conn)
         now = self._now(conn)
         fresh, active = self.inputs(conn, nodes)
         plan = plan_for(fresh, active, now)

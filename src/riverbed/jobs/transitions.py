@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from riverbed.jobs.errors import FencedError
-from riverbed.jobs.schema import Database, chunks, edges, members
-from riverbed.jobs.statements import compiled
+from riverbed.jobs.schema import ROW_LOCKS, Database, chunks, edges, members
+from riverbed.jobs.statements import compiled, update_returning
 
 FAILURES = ("FAILED", "UPSTREAM_FAILED")
 
@@ -44,7 +44,7 @@ class Transitions:
         q = select(chunks).where(
             chunks.c.id == chunk_id, chunks.c.attempt == attempt, chunks.c.state == "RUNNING"
         )
-        if self.db.dialect == "postgresql":
+        if self.db.dialect in ROW_LOCKS:
             q = q.with_for_update()
         row = conn.execute(q).first()
         if row is None:
@@ -186,9 +186,10 @@ class Transitions:
         )
         frontier = [chunk_id]
         while frontier:
-            downs = conn.execute(
-                update(chunks)
-                .where(
+            downs = update_returning(
+                conn,
+                chunks,
+                [
                     chunks.c.id.in_(
                         select(edges.c.downstream)
                         .where(edges.c.upstream.in_(frontier))
@@ -196,10 +197,10 @@ class Transitions:
                     ),
                     chunks.c.state.in_(("QUEUED", "PENDING")),
                     chunks.c.kind != "master",
-                )
-                .values(state=state, finished_at=now, error=why)
-                .returning(chunks.c.id)
-            ).all()
+                ],
+                {"state": state, "finished_at": now, "error": why},
+                [chunks.c.id],
+            )
             frontier = [int(d) for (d,) in downs]
             for d in frontier:
                 self.settle(conn, d, failed=state in FAILURES, now=now)

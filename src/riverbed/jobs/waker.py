@@ -1,6 +1,7 @@
 """A readable fd that becomes ready when the jobs database may have new work: PostgreSQL's
-``LISTEN``, SQLite's ``PRAGMA data_version`` polled. A worker waits on it beside its
-executors' pipes."""
+``LISTEN``, SQLite's ``PRAGMA data_version`` polled, MariaDB's wake counter polled (a
+primary-key read; :meth:`Database.notify` counts up in the notifying transaction, so a
+change is seen once it commits). A worker waits on it beside its executors' pipes."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import os
 import sqlite3
 import threading
 
+from sqlalchemy import select
+
 from riverbed.jobs.queue import JobQueue
+from riverbed.jobs.schema import WAKES, Database, signals
 
 log = logging.getLogger(__name__)
+MARIADB_POLL_S = 0.05  # a round trip to MariaDB every 50 ms per idle worker
 
 
 class Waker:
@@ -61,6 +66,9 @@ class Waker:
             finally:
                 conn.close()
             return
+        if db.dialect == "mariadb":
+            self._poll_mariadb(db)
+            return
         import psycopg
 
         dsn = db.url.replace("postgresql+psycopg://", "postgresql://")
@@ -69,6 +77,20 @@ class Waker:
             self._signal()  # anything sent while nobody listened
             while not self._stop.is_set():
                 for _ in pg.notifies(timeout=0.5, stop_after=1):
+                    self._signal()
+
+    def _poll_mariadb(self, db: Database) -> None:
+        poll = max(self._poll, MARIADB_POLL_S)
+        count = select(signals.c.value).where(signals.c.name == WAKES)
+        with db.reader.connect() as conn:
+            last = conn.execute(count).scalar()
+            conn.rollback()
+            self._signal()  # anything sent before the first reading
+            while not self._stop.wait(poll):
+                now = conn.execute(count).scalar()
+                conn.rollback()  # the next reading in a new snapshot
+                if now != last:
+                    last = now
                     self._signal()
 
     def close(self) -> None:

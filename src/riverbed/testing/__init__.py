@@ -8,7 +8,13 @@ managers; pytest fixtures in ``tests/conftest.py`` wrap them).
 from riverbed.testing.kafkaserver import KafkaCluster, KafkaServer
 from riverbed.testing.logserver import log_server_process
 from riverbed.testing.s3 import CephS3Server
-from riverbed.testing.servers import EtcdCluster, EtcdServer, PostgresServer, free_port
+from riverbed.testing.servers import (
+    EtcdCluster,
+    EtcdServer,
+    MariaDBServer,
+    PostgresServer,
+    free_port,
+)
 
 __all__ = [
     "CephS3Server",
@@ -16,6 +22,7 @@ __all__ = [
     "EtcdServer",
     "KafkaCluster",
     "KafkaServer",
+    "MariaDBServer",
     "PostgresServer",
     "free_port",
     "log_server_process",

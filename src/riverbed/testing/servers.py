@@ -1,4 +1,4 @@
-"""Real etcd and PostgreSQL servers for tests and benchmarks."""
+"""Real etcd, PostgreSQL and MariaDB servers for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -394,4 +394,108 @@ class PostgresServer(_Server):
         if (self.data / "postmaster.pid").exists():
             with contextlib.suppress(ServerError):
                 self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------- MariaDB
+class MariaDBServer(_Server):
+    """A throwaway MariaDB server on loopback (Debian's ``mariadb-server``): its own data
+    directory (``mariadb-install-db``), ``root`` without a password over TCP, durability
+    off (no doublewrite, the log flushed once a second, no binary log) like the
+    PostgreSQL one's ``fsync=off``. :meth:`database` gives each test a fresh database."""
+
+    def __init__(self) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="riverbed-mariadb-"))
+        self.data = self._tmp / "data"
+        self.port = free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._counter = 0
+
+    @property
+    def directory(self) -> Path:
+        return self._tmp
+
+    def dsn(self, dbname: str = "mysql") -> str:
+        return f"mysql://root@127.0.0.1:{self.port}/{dbname}"
+
+    def start(self) -> Self:
+        install = _require("mariadb-install-db", "mariadb-server")
+        server = _require("mariadbd", "mariadb-server")
+        result = subprocess.run(
+            [
+                install,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                *(["--user=root"] if os.geteuid() == 0 else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServerError(f"mariadb-install-db failed:\n{result.stdout}\n{result.stderr}")
+        log = self._tmp / "mariadb.log"
+        self._proc = subprocess.Popen(
+            [
+                server,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                *(["--user=root"] if os.geteuid() == 0 else []),
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self._tmp / 'mariadb.sock'}",
+                f"--pid-file={self._tmp / 'mariadb.pid'}",
+                f"--log-error={log}",
+                "--skip-log-bin",
+                "--innodb-flush-log-at-trx-commit=0",
+                "--innodb-doublewrite=0",
+                "--innodb-buffer-pool-size=128M",
+                "--max-connections=500",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def ready() -> bool:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise ServerError(f"mariadbd exited:\n{log.read_text(errors='replace')[-2000:]}")
+            try:
+                self.execute("SELECT 1")
+            except Exception:  # not accepting connections yet
+                return False
+            return True
+
+        _wait_until(ready, 60, "MariaDB", log)
+        return self
+
+    def execute(self, sql: str, dbname: str | None = None) -> None:
+        import pymysql
+
+        conn = pymysql.connect(
+            host="127.0.0.1", port=self.port, user="root", database=dbname, autocommit=True
+        )
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def database(self) -> Iterator[str]:
+        """A fresh, empty database; yields its DSN, drops it after."""
+        self._counter += 1
+        name = f"test_{os.getpid()}_{self._counter}"
+        self.execute(f"CREATE DATABASE {name}")
+        try:
+            yield self.dsn(name)
+        finally:
+            self.execute(f"DROP DATABASE IF EXISTS {name}")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
         shutil.rmtree(self._tmp, ignore_errors=True)
