@@ -3,13 +3,15 @@
     .venv/bin/python benchmarks/jobs.py [--chunks 5000] [--chains 10] [--ids 100000]
 
 1. **Throughput**: no-op chunks claimed → run (in a worker's executor process) →
-   recorded DONE, per second, with 1, 2 and 4 worker processes, on SQLite and on
-   PostgreSQL — workers as started by default (``--prefetch 0``: each success recorded
+   recorded DONE, per second, with 1, 2 and 4 worker processes, on SQLite, PostgreSQL
+   and MariaDB — workers as started by default (``--prefetch 0``: each success recorded
    on its own, with the next claim) and with ``--prefetch 16`` (short chunks held ahead,
    successes recorded in batches). **Baseline**: a bare claim loop on the same
    database with the same number of processes — ``UPDATE … WHERE id = (SELECT …
    FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING`` then ``UPDATE … SET state = 'done'``
-   (SQLite: the same inside ``BEGIN IMMEDIATE``), nothing else.
+   (SQLite: the same inside ``BEGIN IMMEDIATE``; MariaDB, without ``UPDATE …
+   RETURNING``: ``SELECT id … FOR UPDATE SKIP LOCKED LIMIT 1`` and the ``UPDATE`` of
+   it in one transaction), nothing else.
 2. **Per-level latency**: a chain of 10 dependent jobs, one chunk each, one worker:
    the time from a chunk's DONE to its dependent's start, from the database's own
    timestamps (one clock). Targets: p50 ≤ 0.3 s, p99 ≤ 1 s.
@@ -38,7 +40,7 @@ from riverbed.jobs import Catalog
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.worker import Worker
-from riverbed.testing import PostgresServer
+from riverbed.testing import MariaDBServer, PostgresServer
 
 NOOP = "from riverbed.jobs import Job\n\ndef main(ctx, work_ids):\n    pass\n\n"
 
@@ -72,6 +74,10 @@ def bare_setup(queue: JobQueue, n: int) -> None:
         conn.execute(text("DROP TABLE IF EXISTS bench_q"))
         if queue.db.dialect == "postgresql":
             conn.execute(text("CREATE TABLE bench_q (id BIGSERIAL PRIMARY KEY, state TEXT)"))
+        elif queue.db.dialect == "mariadb":
+            conn.execute(
+                text("CREATE TABLE bench_q (id BIGINT AUTO_INCREMENT PRIMARY KEY, state CHAR(8))")
+            )
         else:
             conn.execute(text("CREATE TABLE bench_q (id INTEGER PRIMARY KEY, state TEXT)"))
         conn.execute(text("CREATE INDEX bench_q_state ON bench_q (state, id)"))
@@ -81,15 +87,22 @@ def bare_setup(queue: JobQueue, n: int) -> None:
 def bare_loop(url: str, ready: Any) -> None:
     queue = JobQueue(url, create=False)
     ready.wait()
-    lock = " FOR UPDATE SKIP LOCKED" if queue.db.dialect == "postgresql" else ""
+    lock = " FOR UPDATE SKIP LOCKED" if queue.db.dialect != "sqlite" else ""
     claim = text(
         "UPDATE bench_q SET state = 'running' WHERE id = (SELECT id FROM bench_q "
         f"WHERE state = 'pending' ORDER BY id LIMIT 1{lock}) RETURNING id"
     )
+    pick = text(f"SELECT id FROM bench_q WHERE state = 'pending' ORDER BY id LIMIT 1{lock}")
+    running = text("UPDATE bench_q SET state = 'running' WHERE id = :id")
     done = text("UPDATE bench_q SET state = 'done' WHERE id = :id")
     while True:
         with queue.db.write() as conn:
-            row = conn.execute(claim).first()
+            if queue.db.dialect == "mariadb":
+                row = conn.execute(pick).first()
+                if row is not None:
+                    conn.execute(running, {"id": row[0]})
+            else:
+                row = conn.execute(claim).first()
         if row is None:
             break
         with queue.db.write() as conn:
@@ -286,20 +299,25 @@ def main() -> None:
         default=16,
         help="chunks held ahead per worker, measured beside prefetch 0 (≥ 2: batched records)",
     )
-    parser.add_argument("--only", choices=("sqlite", "postgresql"))
+    parser.add_argument("--only", choices=("sqlite", "postgresql", "mariadb"))
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only != "postgresql":
+        if args.only in (None, "sqlite"):
             root = Path(tmp) / "sqlite"
             root.mkdir()
             results["sqlite"] = bench("SQLite", f"sqlite:///{root / 'jobs.db'}", root, args)
-        if args.only != "sqlite":
+        if args.only in (None, "postgresql"):
             with PostgresServer() as server, server.database() as dsn:
                 root = Path(tmp) / "pg"
                 root.mkdir()
                 results["postgresql"] = bench("PostgreSQL", dsn, root, args)
+        if args.only in (None, "mariadb"):
+            with MariaDBServer() as mserver, mserver.database() as dsn:
+                root = Path(tmp) / "mariadb"
+                root.mkdir()
+                results["mariadb"] = bench("MariaDB", dsn, root, args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

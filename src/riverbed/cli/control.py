@@ -107,6 +107,16 @@ def add_parser(sub: Any) -> None:
     c = cmds.add_parser("hosts", help="which host runs what (riverbed's processes), which are down")
     c.set_defaults(run=_hosts)
 
+    c = cmds.add_parser(
+        "spark-master",
+        help="announce a Spark standalone master while it answers (RIVERBED_SPARK_MASTER="
+        "riverbed finds it); run beside each master until killed",
+    )
+    c.add_argument("master", help="the master's URL, e.g. spark://10.0.0.1:7077")
+    c.add_argument("--ui", help="its web UI (default: http://<its host>:8080)")
+    c.add_argument("--ttl", type=int, default=10, help="session lease TTL (default 10)")
+    c.set_defaults(run=_spark_master)
+
     c = cmds.add_parser("members", help="list (or --watch) live members of a registry group")
     c.add_argument("--group", default="workers")
     c.add_argument("--register", metavar="ID", help="join as ID and stay until killed")
@@ -320,6 +330,22 @@ def _hosts(cp: ControlPlane, args: argparse.Namespace) -> int:
             for p in row["processes"]
         )
         out.print(f"{row['host']}: {row['state']}" + (f" — {what}" if what else ""))
+    return 0
+
+
+def _spark_master(cp: ControlPlane, args: argparse.Namespace) -> int:
+    from urllib.parse import urlsplit
+
+    from riverbed.errors import InvalidValueError
+    from riverbed.spark.discovery import MasterPresence
+
+    ui = args.ui or f"http://{urlsplit(args.master).hostname}:8080"
+    try:
+        presence = MasterPresence(cp, args.master, ui, ttl=args.ttl)
+    except InvalidValueError as exc:
+        raise UsageError(str(exc)) from None
+    out.print(f"announcing the Spark master {args.master} (its UI {ui}) while it answers")
+    presence.run()
     return 0
 
 

@@ -15,7 +15,8 @@ settings that matter are set once:
   2 shuffle partitions, no AQE, a C1-only serial-GC driver JVM).
 
 The master comes from :class:`~riverbed.config.SparkConfig` (``local[*]`` by default,
-``RIVERBED_SPARK_MASTER`` or ``[spark] master`` in riverbed.toml for a cluster).
+``RIVERBED_SPARK_MASTER`` or ``[spark] master`` in riverbed.toml for a cluster;
+``riverbed``: the masters the control plane knows, :mod:`riverbed.spark.discovery`).
 """
 
 from __future__ import annotations
@@ -149,7 +150,14 @@ def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSe
     from pyspark.sql import SparkSession
 
     _accumulator_errors_to_fd2()
-    builder = SparkSession.builder.master(config.master).appName(config.app_name)
+    master = config.master
+    from riverbed.spark.discovery import DISCOVERED, resolve
+
+    if master in DISCOVERED:
+        from riverbed.config import load_config
+
+        master = resolve(master, load_config().control)
+    builder = SparkSession.builder.master(master).appName(config.app_name)
     conf = {**BASE_CONF, **(TEST_CONF if test else {}), **config.conf}
     from riverbed.spark.cds import java_options  # here: `python -m riverbed.spark.cds`
 
