@@ -1,8 +1,9 @@
 """``riverbed demo cluster``: lose a whole host under a running aggregation, lose nothing.
 
 1. a test bed of three hosts (``testbed``) and riverbed's cluster on it (``cluster``):
-   etcd, a Spark standalone worker and a diskless log server on each host, the Spark
-   master on h1, S3 at the gateway;
+   etcd, ZooKeeper, a Spark standalone worker and a diskless log server on each host,
+   the Spark master on h1 and a standby master on h2 (elected through ZooKeeper), S3
+   at the gateway;
 2. the flag aggregation of ``riverbed demo`` runs on the Spark cluster — active driver
    on h2, hot standby on h3 — with its checkpoints, state and results in the bucket,
    reading a diskless topic that a producer keeps writing through the log servers;
@@ -12,7 +13,11 @@
    active driver's host, is cut off for 20 s: the driver stops writing by itself before
    its lease can expire (self-fencing), the standby on h2 takes over, and nothing the
    cut-off driver wrote becomes current; healed, it comes back as the standby;
-5. when the producer is done and the stream has caught up, the results are compared
+5. h1, the active Spark master's host, is killed mid-stream (the master, a worker, a log
+   server, an etcd and a ZooKeeper member): the standby master on h2 is elected and
+   recovers the workers and the running application, the driver on h2 goes on with
+   its executors on h2 and h3, and h1 comes back empty with its master as the standby;
+6. when the producer is done and the stream has caught up, the results are compared
    with one pass of pandas over the topic as read back: every window and flag, exact
    distinct users and counts — IDENTICAL — and a timeline shows what failed when and
    how long each part took to recover.
@@ -26,6 +31,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +67,9 @@ class Outcome:
     partition_takeover_s: float | None = None  # cut → first batch by the standby
     partition_batches: int = 0  # batches the new driver committed until the heal
     fenced_ok: bool = False  # no batch of the cut-off driver's term after the takeover
+    master_s: float | None = None  # the Spark master's host killed → the standby leads
+    master_batch_s: float | None = None  # … → the first batch run wholly after the kill
+    master_ok: bool = False  # the same application and the live workers on the new master
     timeline: list[tuple[float, str]] = field(default_factory=list)
     jobs: JobsOutcome | None = None  # phase 2, the jobs pipeline
 
@@ -121,7 +130,7 @@ def run_cluster_demo(home: Path, events: int = 40_000) -> int:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     out = run_cluster_scenario(root, events, console, bed_dir=home / "testbed")
-    ok = out.identical and out.complete and out.fenced_ok
+    ok = out.identical and out.complete and out.fenced_ok and out.master_ok
     jobs = out.jobs
     ok = ok and jobs is not None and jobs.exactly_once and jobs.counts_ok
     ok = ok and jobs is not None and jobs.tr_once and jobs.tr_rows_ok
@@ -155,8 +164,13 @@ def run_cluster_scenario(
         log_url = cluster.start_log_servers(control)
         put({"RIVERBED_LOG_TOKEN": cluster.token, "RIVERBED_CONTROL": control})
         clock("log servers on h1 h2 h3: diskless topics in the bucket, offsets in etcd")
-        master = cluster.start_spark(cores=2, memory="2g")
-        clock(f"Spark standalone: master {master} on h1, a worker on each host")
+        # h1 leads the ensemble: h2's loss and h3's cut take only followers, so the
+        # Spark masters' sessions (each with its own host's member) ride them out
+        cluster.start_zookeeper(leader="h1")
+        clock("ZooKeeper: a member on each of h1 h2 h3 (h1's leads the ensemble)")
+        master = cluster.start_spark(cores=2, memory="2g", standby="h2", control=control)
+        clock(f"Spark standalone: master on h1, standby master on h2 ({master}, announced in "
+              "the control plane), a worker on each host")  # fmt: skip
 
         data = generate(events, flags=20, users=max(events // 4, 1))
         log = riverbed.log.open(log_url)
@@ -169,16 +183,18 @@ def run_cluster_scenario(
         clock(f"{first:,} of {len(rows):,} events produced into diskless topic clicks")
         produced = threading.Event()
         chaos_over = threading.Event()
-        # the rest goes in three parts, the second from the kill of h2 on and the third
-        # from the cut of h3 on: each takeover has input to show it in, however long
-        # the steps before it took (on a slow host the producer used to be done before
-        # the cut, and the standby on h2 had no batch to run: CI of 2026-11-28)
-        killing, cutting = threading.Event(), threading.Event()
-        third = (len(rows) - first) // 3
+        # the rest goes in four parts, the second from the kill of h2 on, the third
+        # from the cut of h3 on and the last from the kill of h1 on: each failure has
+        # input to show it in, however long the steps before it took (on a slow host the
+        # producer used to be done before the cut, and the standby on h2 had no batch to
+        # run: CI of 2026-11-28)
+        killing, cutting, unmastering = threading.Event(), threading.Event(), threading.Event()
+        quarter = (len(rows) - first) // 4
         parts = [
-            (None, first, first + third),
-            (killing, first + third, first + 2 * third),
-            (cutting, first + 2 * third, len(rows)),
+            (None, first, first + quarter),
+            (killing, first + quarter, first + 2 * quarter),
+            (cutting, first + 2 * quarter, first + 3 * quarter),
+            (unmastering, first + 3 * quarter, len(rows)),
         ]
         failures: list[BaseException] = []
 
@@ -207,7 +223,7 @@ def run_cluster_scenario(
             env = {
                 **cluster.process_env(host, control, log_url),
                 "RIVERBED_CHECKPOINTS": checkpoints,
-                "RIVERBED_SPARK_MASTER": master,
+                "RIVERBED_SPARK_MASTER": "riverbed",  # the masters the control plane knows
                 "RIVERBED_SPARK_CONF": json.dumps(conf),
             }
             argv = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
@@ -242,8 +258,9 @@ def run_cluster_scenario(
         mark = _size(bed.service("h2", "driver").log)
         bed.restart_host("h2")
         cluster.wait_etcd()
-        clock("h2 restarted with an empty disk: its etcd member rejoined, its Spark worker "
-              "and log server are back")  # fmt: skip
+        cluster.wait_zookeeper()  # h3's cut must leave a quorum: h1 and h2
+        clock("h2 restarted with an empty disk: its etcd and ZooKeeper members rejoined, its "
+              "Spark worker, standby master and log server are back")  # fmt: skip
         _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, warmup.WARM), 300)
         clock("the driver on h2 is the hot standby now (its executors warm)")
 
@@ -273,6 +290,7 @@ def run_cluster_scenario(
         # driver's first on was committed by a newer term
         done = _done()
         out.fenced_ok = all((done[b].term or 0) > h3_term for b in done if b >= first[0])
+        _lose_the_master(bed, cluster, clock, _done, unmastering, out)
 
         produced.wait(timeout=600)
         if failures:
@@ -305,6 +323,63 @@ def run_cluster_scenario(
         cluster.stop()
         scope.close()
     return out
+
+
+def _lose_the_master(
+    bed: TestBed,
+    cluster: Cluster,
+    clock: _Clock,
+    committed: Any,
+    released: threading.Event,
+    out: Outcome,
+) -> None:
+    """Kill the active Spark master's host mid-stream: the standby master leads, the
+    running application and the live workers are its, batches go on; then the host comes
+    back empty and its master stands by."""
+    cluster.wait_zookeeper()  # all three serve: h1's loss leaves a quorum of two
+    _wait("the master on h1 to lead", lambda: cluster.active_master() == "h1", 60)
+    # the whole cluster first: h3's worker, given up during its cut, registered again
+    # (else the new master would not know it, and it would ask again only a minute on)
+    cluster.wait_spark_workers("h1", 3)
+    apps = {a["id"] for a in cluster.spark_apps("h1") if a.get("state") == "RUNNING"}
+    released.set()  # the producer's last part: input for the batches after the kill
+    newest = max(committed())
+    killed = clock(
+        "[bold red]kill-host h1[/bold red]: the active Spark master, a Spark worker, a log "
+        "server, an etcd and a ZooKeeper member SIGKILLed; its disk deleted"
+    )
+    bed.kill_host("h1")
+    # batch newest + 1 may have been running at the kill; newest + 2 began after it
+    steps: dict[str, Callable[[], bool]] = {
+        "leads": lambda: cluster.master_status("h2") == "ALIVE",
+        "batch": lambda: max(committed()) >= newest + 2,
+    }
+    said = {
+        "leads": "the standby Spark master on h2 leads: elected through ZooKeeper, it "
+        "recovered the workers and applications",
+        "batch": "first batch begun after the master's loss committed",
+    }
+    at: dict[str, float] = {}  # when each was first seen (the clock's reading)
+
+    def both() -> bool:
+        for k, ok in steps.items():
+            if k not in at and ok():
+                at[k] = clock(said[k])
+        return len(at) == 2
+
+    _wait("the standby master to lead and a batch begun after the kill", both, 120)
+    out.master_s, out.master_batch_s = at["leads"] - killed, at["batch"] - killed
+    moved = {a["id"] for a in cluster.spark_apps("h2") if a.get("state") == "RUNNING"}
+    alive = [w for w in cluster.spark_workers("h2") if w.get("state") == "ALIVE"]
+    out.master_ok = bool(apps) and apps <= moved and len(alive) >= 2
+    cluster.wait_etcd(["h2", "h3"])
+    bed.restart_host("h1")
+    cluster.wait_etcd()
+    cluster.wait_zookeeper()
+    cluster.wait_spark_workers("h2", 3)
+    _wait("h1's master to stand by", lambda: cluster.master_status("h1") == "STANDBY", 120)
+    clock("h1 restarted with an empty disk: its master is the standby now, its worker "
+          "registered with the master on h2")  # fmt: skip
 
 
 def _last_words(bed: TestBed, console: Console, lines: int = 12) -> None:
@@ -350,6 +425,11 @@ def _verdict(
     table.add_column("recovered")
     table.add_row("stream (active driver on h2 lost)",
                   f"first batch by the standby {out.takeover_s:.1f}s after the kill")  # fmt: skip
+    table.add_row(
+        "Spark master on h1 lost (its host killed)",
+        f"the standby master on h2 led {out.master_s:.1f}s after the kill; the first batch "
+        f"begun after it committed {out.master_batch_s:.1f}s after it",
+    )
     table.add_row("active driver on h3 cut off (partition)",
                   f"it stopped writing {out.fenced_s:.1f}s after the cut (lease TTL {TTL}s); "
                   f"first batch by the standby on h2 {out.partition_takeover_s:.1f}s after "
@@ -359,6 +439,11 @@ def _verdict(
         "fencing: "
         + ("no batch of the cut-off driver after the takeover" if out.fenced_ok
            else "[bold red]a batch of the cut-off driver's term after the takeover[/bold red]")
+    )  # fmt: skip
+    console.print(
+        "Spark master: "
+        + ("the application and the live workers moved to the standby on h2" if out.master_ok
+           else "[bold red]the application or the workers did not move to h2[/bold red]")
     )  # fmt: skip
     console.print(
         f"topic clicks: {out.events:,} events for {len(sent):,} produced — "

@@ -172,6 +172,7 @@ def run_jobs_phase(
         cluster.wait_etcd(["h1", "h3"])
         bed.restart_host("h2")
         cluster.wait_etcd()
+        cluster.wait_zookeeper()  # the Spark masters' quorum outlives h3's cut too
         clock("h2 restarted with an empty disk: its worker, log server, etcd member back")
 
         term, leader = queue.leader()

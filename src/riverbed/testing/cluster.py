@@ -3,8 +3,12 @@
 Layout (what a three-machine deployment runs, docs/cluster.md):
 
 * **on every host** ``hN``: an etcd member (client ``:2379``, peer ``:2380``), a Spark
-  standalone worker, a log server on the diskless topics (``:8815``);
-* **on the first host**: the Spark standalone master (``:7077``);
+  standalone worker, a log server on the diskless topics (``:8815``), and — for a
+  standby Spark master — a ZooKeeper member (``:2181``, quorum ``:2888``/``:3888``);
+* **on the first host**: the Spark standalone master (``:7077``); with ``standby=``,
+  a second master on that host, the two elected through ZooKeeper
+  (``spark.deploy.recoveryMode=ZOOKEEPER``, Spark's own high availability): workers and
+  drivers are given both (``spark://h1:7077,h2:7077``) and follow the leader;
 * **at the gateway** (the bridge's address, outside every host — the managed services
   of a real deployment, which a host's loss does not take): the S3 server and
   PostgreSQL.
@@ -36,6 +40,13 @@ __all__ = ["ETCD_CLIENT", "LOG_PORT", "SPARK_PORT", "Cluster"]
 
 ETCD_CLIENT, ETCD_PEER = 2379, 2380
 SPARK_PORT, SPARK_UI, WORKER_UI = 7077, 8080, 8081
+ZK_CLIENT, ZK_QUORUM, ZK_ELECTION = 2181, 2888, 3888
+# ZooKeeper's session timeout is how soon a standby master sees the active one is gone:
+# Spark's Curator asks 60 s, a ZooKeeper server grants at most maxSessionTimeout
+ZK_TICK_MS, ZK_SESSION_MAX_MS = 250, 4000
+# with a standby master: how soon a master gives up on a silent worker (Spark: 60 s) —
+# a recovering master waits this long for a worker lost with the old master's host
+WORKER_TIMEOUT_S = 10
 LOG_PORT = 8815
 BUCKET = "riverbed"
 GATEWAY_FILE = "gateway.json"  # the gateway's servers, for whoever destroys the bed
@@ -93,6 +104,8 @@ class Cluster:
         self.s3: CephS3Server | None = None
         self.postgres: PostgresServer | None = None
         self.token = ""
+        self.zookeeper: list[str] = []  # the hosts of the ensemble
+        self.masters: list[str] = []  # the Spark masters' hosts, the first one first
 
     def address(self, host: str) -> str:
         return self.bed.host(host).address
@@ -203,33 +216,174 @@ class Cluster:
         workers: list[str] | None = None,
         cores: int = 1,
         memory: str = "2g",
+        standby: str | None = None,
+        control: str | None = None,
     ) -> str:
-        """The standalone master on ``master`` and a worker on each host; its URL."""
-        home = spark_home()
-        url = self.spark_master_url(master)
-        self.bed.spawn(
-            master,
-            "spark-master",
-            [
-                str(home / "bin" / "spark-class"),
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                self.address(master),
-                "--port",
-                str(SPARK_PORT),
-                "--webui-port",
-                str(SPARK_UI),
-            ],
-            env=self.spark_env(master),
-            kind="spark-master",
-        )
+        """The standalone master on ``master`` (and, with ``standby``, a second one
+        there, elected through the ZooKeeper ensemble :meth:`start_zookeeper` started)
+        and a worker on each host; the masters' URL. With ``control``, beside each
+        master a ``riverbed control spark-master`` announcing it there (drivers given
+        the master ``riverbed`` find them: :mod:`riverbed.spark.discovery`)."""
+        self.masters = [master] if standby is None else [master, standby]
+        if standby is not None and not self.zookeeper:
+            raise ServerError("start_zookeeper() before a standby Spark master")
+        url = self.spark_master_url()
+        for m in self.masters:
+            extra = [] if standby is None else ["--properties-file", str(self._spark_ha_conf(m))]
+            self.bed.spawn(
+                m,
+                "spark-master",
+                [
+                    str(spark_home() / "bin" / "spark-class"),
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    self.address(m),
+                    "--port",
+                    str(SPARK_PORT),
+                    "--webui-port",
+                    str(SPARK_UI),
+                    *extra,
+                ],
+                env=self.spark_env(m),
+                kind="spark-master",
+            )
+            if control is not None:
+                announcer = [
+                    sys.executable, "-m", "riverbed.cli.main", "control", "--url", control,
+                    "spark-master", self.spark_master_url(m),
+                    "--ui", f"http://{self.address(m)}:{SPARK_UI}", "--ttl", "5",
+                ]  # fmt: skip
+                env = {**self.spark_env(m), "PYTHONUNBUFFERED": "1"}
+                self.bed.spawn(m, "spark-master-presence", announcer, env=env, kind="presence")
+            if m == master:  # the first one leads: the other waits as the standby
+                self._wait(lambda: self.master_status(master) == "ALIVE", 90, "the Spark master")
         for h in workers or self.hosts:
             self.start_spark_worker(h, url, cores, memory)
         self.wait_spark_workers(master, len(workers or self.hosts))
         return url
 
-    def spark_master_url(self, master: str = "h1") -> str:
-        return f"spark://{self.address(master)}:{SPARK_PORT}"
+    def _spark_ha_conf(self, host: str) -> Path:
+        """Spark's high availability through ZooKeeper: the properties file of the
+        master on ``host``. It talks to its own host's ZooKeeper member only: Spark's
+        masters give up leadership (and exit) the moment their ZooKeeper connection
+        is suspended, so a master connected to another host's member was lost with
+        that member's partition (measured: the cut of h3 took the leader on h1 with
+        it). ``spark.worker.timeout``: :data:`WORKER_TIMEOUT_S`, the workers' too."""
+        conf = self.bed.root / "conf" / f"spark-ha-{host}.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        own = host in self.zookeeper
+        conf.write_text(
+            "spark.deploy.recoveryMode ZOOKEEPER\n"
+            "spark.deploy.zookeeper.url "
+            f"{f'{self.address(host)}:{ZK_CLIENT}' if own else self.zookeeper_url()}\n"
+            "spark.deploy.zookeeper.dir /riverbed-spark\n"
+            f"spark.worker.timeout {WORKER_TIMEOUT_S}\n"
+        )
+        return conf
+
+    def spark_master_url(self, master: str | None = None) -> str:
+        """``spark://`` of ``master``, else of every master started (the standby too:
+        workers and drivers find the leader among them)."""
+        hosts = [master] if master else self.masters or ["h1"]
+        return "spark://" + ",".join(f"{self.address(h)}:{SPARK_PORT}" for h in hosts)
+
+    def master_status(self, host: str) -> str | None:
+        """ALIVE (leading), STANDBY, RECOVERING …, or None when it does not answer."""
+        try:
+            r = httpx.get(f"http://{self.address(host)}:{SPARK_UI}/json/", timeout=2)
+            status = r.json().get("status")
+            return str(status) if status else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def active_master(self) -> str | None:
+        """The host of the leading Spark master, if one leads."""
+        return next((m for m in self.masters if self.master_status(m) == "ALIVE"), None)
+
+    def spark_apps(self, master: str) -> list[dict[str, Any]]:
+        """The applications ``master`` runs (its JSON page)."""
+        try:
+            r = httpx.get(f"http://{self.address(master)}:{SPARK_UI}/json/", timeout=2)
+            apps: list[dict[str, Any]] = r.json().get("activeapps", [])
+            return apps
+        except (httpx.HTTPError, ValueError):
+            return []
+
+    # ------------------------------------------------------------------ zookeeper
+    def start_zookeeper(self, hosts: list[str] | None = None, leader: str | None = None) -> str:
+        """A ZooKeeper ensemble, a member on each host (ZooKeeper 3.9 from PySpark's own
+        jars); its connect string once a quorum serves. A member's data goes with its
+        host; restarted empty, it syncs from the leader (the wrapper writes its
+        ``myid`` again). ``leader``'s member is made the ensemble's leader: it gets the
+        highest id and starts with one other (of equal data, the highest id wins the
+        election), the rest join them — a scenario that cuts a host off chooses which
+        member's loss forces an election (one suspends every Spark master's session)."""
+        hosts = list(hosts or self.hosts)
+        if leader is not None:  # the leader last: the highest id
+            hosts = [h for h in hosts if h != leader] + [leader]
+        self.zookeeper = hosts
+        conf = self.bed.root / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        servers = "".join(
+            f"server.{i}={self.address(h)}:{ZK_QUORUM}:{ZK_ELECTION}\n"
+            for i, h in enumerate(hosts, 1)
+        )
+        jars = f"{spark_home() / 'jars'}/*"
+        first = hosts[-2:] if leader is not None and len(hosts) > 2 else hosts
+        members = {h: i for i, h in enumerate(hosts, 1)}
+        for h in [*first, *(h for h in hosts if h not in first)]:
+            i = members[h]
+            cfg = conf / f"zookeeper-{h}.cfg"
+            cfg.write_text(
+                f"tickTime={ZK_TICK_MS}\ninitLimit=40\nsyncLimit=20\n"
+                "dataDir=zookeeper\n"  # under the host's data directory (its cwd)
+                f"clientPortAddress={self.address(h)}\nclientPort={ZK_CLIENT}\n"
+                f"maxSessionTimeout={ZK_SESSION_MAX_MS}\nminSessionTimeout={ZK_TICK_MS * 2}\n"
+                "admin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n" + servers
+            )
+            script = (
+                f"mkdir -p zookeeper && echo {i} > zookeeper/myid && exec java -Xmx128m "
+                f"-cp '{jars}' org.apache.zookeeper.server.quorum.QuorumPeerMain '{cfg}'"
+            )
+            self.bed.spawn(h, "zookeeper", ["sh", "-c", script], kind="zookeeper")
+            if h == first[-1]:  # the first ones elected their leader before the others
+                self.wait_zookeeper(first)
+        self.wait_zookeeper(hosts)
+        if leader is not None and self.zookeeper_mode(leader) != "leader":
+            raise ServerError(f"ZooKeeper on {leader} did not become the ensemble's leader")
+        return self.zookeeper_url()
+
+    def zookeeper_url(self) -> str:
+        return ",".join(f"{self.address(h)}:{ZK_CLIENT}" for h in self.zookeeper)
+
+    def zookeeper_mode(self, host: str) -> str | None:
+        """``leader``, ``follower``, or None (not serving: no quorum, or not up)."""
+        import socket
+
+        try:
+            with socket.create_connection((self.address(host), ZK_CLIENT), timeout=2) as s:
+                s.sendall(b"srvr")
+                answer = b""
+                while chunk := s.recv(4096):
+                    answer += chunk
+        except OSError:
+            return None
+        for line in answer.decode(errors="replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def wait_zookeeper(self, hosts: list[str] | None = None, timeout: float = 90) -> None:
+        """Until every one of ``hosts`` (default: the ensemble, if any) serves in the
+        quorum."""
+        hosts = hosts or self.zookeeper
+        if not hosts:
+            return
+        self._wait(
+            lambda: all(self.zookeeper_mode(h) in ("leader", "follower") for h in hosts),
+            timeout,
+            f"ZooKeeper on {' '.join(hosts)}",
+        )
 
     def start_spark_worker(self, host: str, url: str, cores: int = 1, memory: str = "2g") -> None:
         self.bed.spawn(
@@ -249,13 +403,24 @@ class Cluster:
                 str(WORKER_UI),
                 "--work-dir",
                 "spark-work",  # under the host's data directory
+                *(["--properties-file", str(self._worker_conf())] if len(self.masters) > 1 else []),
             ],
             env=self.spark_env(host),
             kind="spark-worker",
         )
 
+    def _worker_conf(self) -> Path:
+        """The workers' side of the masters' ``spark.worker.timeout``: a worker
+        heartbeats every quarter of its own setting — with Spark's 60 s every 15 s, and
+        a master expecting one within 10 s removed workers (and told their applications
+        their executors were lost) every other heartbeat."""
+        conf = self.bed.root / "conf" / "spark-worker.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(f"spark.worker.timeout {WORKER_TIMEOUT_S}\n")
+        return conf
+
     def spark_workers(self, master: str = "h1") -> list[dict[str, Any]]:
-        """The master's view of its workers (its JSON page)."""
+        """``master``'s view of its workers (its JSON page)."""
         try:
             r = httpx.get(f"http://{self.address(master)}:{SPARK_UI}/json/", timeout=2)
             workers: list[dict[str, Any]] = r.json().get("workers", [])
@@ -270,10 +435,11 @@ class Cluster:
             f"{count} Spark workers",
         )
 
-    def driver_conf(self, host: str, master: str = "h1") -> dict[str, str]:
-        """Spark settings of a driver running on ``host`` against the cluster."""
+    def driver_conf(self, host: str) -> dict[str, str]:
+        """Spark settings of a driver running on ``host`` against the cluster (every
+        master: with a standby, the driver follows the leader)."""
         return {
-            "spark.master": self.spark_master_url(master),
+            "spark.master": self.spark_master_url(),
             "spark.driver.host": self.address(host),
             "spark.driver.bindAddress": self.address(host),
             "spark.executor.cores": "1",
