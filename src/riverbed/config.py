@@ -113,14 +113,15 @@ SETTINGS: tuple[Setting, ...] = (
         "RIVERBED_JOBS_DB",
         "jobs_db",
         "SQLite under home",
-        "the jobs queue's database: sqlite:///path or postgresql://…",
+        "the jobs queue's database: sqlite:///path, postgresql://… or mysql://… (MariaDB)",
     ),
     Setting("RIVERBED_JOBS_DIR", "jobs_dir", "jobs", "the directory of job modules"),
     Setting(
         "RIVERBED_SPARK_MASTER",
         "spark.master",
         "local[*]",
-        "the Spark master of riverbed's sessions",
+        "the Spark master of riverbed's sessions; `riverbed`: every master the control "
+        "plane knows (announced by `riverbed control spark-master`, [cluster.md](cluster.md))",
     ),
     Setting(
         "RIVERBED_SPARK_CONF",
