@@ -34,6 +34,14 @@ def cluster(
     c.stop()
 
 
+# the jobs databases that are servers, each with the marker of its fixture: for tests
+# parametrized by ``kind`` that ask for ``<kind>_server`` / ``<kind>_db`` themselves
+SERVERS = [
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+]
+
+
 def on(*databases: str) -> pytest.MarkDecorator:
     """Run a ``cluster`` test on these jobs databases only (the default is all three;
     ``s3`` is SQLite with outputs in a bucket). The queue's contract suite runs every

@@ -33,6 +33,7 @@ from riverbed.jobs.schema import chunks, meta
 from riverbed.jobs.worker import log_path
 from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, run_state
+from tests.jobs.conftest import SERVERS
 
 pytestmark = [pytest.mark.slow]
 
@@ -89,13 +90,7 @@ def outputs(c: Cluster, job: str) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-    ],
-)
+@pytest.mark.parametrize("kind", SERVERS)
 def test_jobs_hold_under_chaos_on_a_fresh_database(
     tmp_path: Any, subprocess_env: dict[str, str], request: pytest.FixtureRequest, kind: str
 ) -> None:

@@ -28,7 +28,7 @@ from riverbed.processes import is_alive
 from riverbed.storage import open_store
 from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, published, run_state, until
-from tests.jobs.conftest import on
+from tests.jobs.conftest import SERVERS, on
 
 pytestmark = pytest.mark.slow
 
@@ -506,13 +506,7 @@ def _drop_connections(server: Any, kind: str, dbname: str) -> None:
         conn.close()
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("mariadb", marks=pytest.mark.mariadb),
-    ],
-)
+@pytest.mark.parametrize("kind", SERVERS)
 def test_workers_ride_out_lost_database_connections(
     tmp_path: Path, subprocess_env: dict[str, str], request: pytest.FixtureRequest, kind: str
 ) -> None:

@@ -19,12 +19,9 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from riverbed.jobs.schema import SCHEMA_VERSION, Database, meta, metadata
+from tests.jobs.conftest import SERVERS
 
 pytestmark = [pytest.mark.slow]
-SERVERS = [
-    pytest.param("postgres", marks=pytest.mark.postgres),
-    pytest.param("mariadb", marks=pytest.mark.mariadb),
-]
 
 PROCESSES = 6
 ROUNDS = 10  # a fresh database each; without the lock 25 of 120 starts failed (c952c1b)
