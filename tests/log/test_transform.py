@@ -18,7 +18,7 @@ import pytest
 from riverbed.control import connect
 from riverbed.log import Log
 from riverbed.log.diskless import DisklessLogStorage
-from riverbed.log.errors import LogValueError
+from riverbed.log.errors import LogValueError, RecordRejectedError
 from riverbed.log.group import transform
 from riverbed.storage import open_store
 
@@ -198,3 +198,65 @@ def test_through_a_log_server_of_diskless_topics_a_replayed_append_is_written_on
     finally:
         files.shutdown()
         files.storage.close()
+
+
+def test_a_typed_output_topic_gets_checked_columns_once_through_a_replayed_batch(
+    tmp_path: Path,
+) -> None:
+    """Outputs to a typed topic go as its columns; a member that died after one of a
+    batch's appends leaves the plan, and the batch replayed by the next one writes only
+    what was missing. A value that does not fit the schema stops the transform before
+    anything of its batch is written."""
+    cp = connect(f"sqlite:///{tmp_path / 'control.db'}")
+    storage = DisklessLogStorage(open_store(f"file://{tmp_path / 'bucket'}"), cp, flush_ms=5)
+    log = Log(storage)
+    log.create_topic("in", 1)
+    log.create_topic("out", 2, schema="i long, part long, k string")
+    log.producer("in").send_batch([{"i": i} for i in range(40)])
+
+    def handler(record: object) -> list[dict[str, object]]:
+        i = record.value["i"]  # type: ignore[attr-defined]
+        return [{"i": i, "part": n, "k": f"o{(i * 7 + n) % 11}"} for n in range(i % 3)]
+
+    once, appends = storage.append_once, [0]
+
+    def dies_after_the_first(*args: object, **kwargs: object) -> int:
+        if appends[0] == 1:
+            raise RuntimeError("the member dies here")
+        appends[0] += 1
+        return once(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.append_once = dies_after_the_first  # type: ignore[method-assign]
+    with log.consumer(cp, "xf", "in", session_ttl=2) as consumer, pytest.raises(RuntimeError):
+        transform(consumer, handler, "out", key_field="k", max_records=100)
+    first = sorted((r.value["i"], r.value["part"]) for p in range(2) for r in log.read("out", p))
+    assert 0 < len(first) < len(expected(40))  # one of the two partitions' appends landed
+    storage.append_once = once  # type: ignore[method-assign]
+    stop = threading.Event()
+    with log.consumer(cp, "xf", "in", session_ttl=2) as consumer:
+        worker = threading.Thread(
+            target=transform,
+            args=(consumer, handler, "out"),
+            kwargs={"key_field": "k", "stop": stop},
+        )
+        worker.start()
+        deadline = time.monotonic() + 30
+        while len([r for p in range(2) for r in log.read("out", p)]) < len(expected(40)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # the transform's thread's progress: nothing to wait on
+        time.sleep(1)  # anything written twice would show now (the transform still runs)
+        stop.set()
+        worker.join()
+    records = [r for p in range(2) for r in log.read("out", p)]
+    assert sorted((r.value["i"], r.value["part"]) for r in records) == expected(40)
+    assert all(isinstance(r.value["i"], int) and r.value["k"].startswith("o") for r in records)
+
+    log.producer("in").send_batch([{"i": 41}])  # its output does not fit: part is no long
+    with (
+        log.consumer(cp, "xf", "in", session_ttl=2) as consumer,
+        pytest.raises(RecordRejectedError, match="field 'part' is 'x'"),
+    ):
+        transform(consumer, lambda r: [{"i": 1, "part": "x", "k": "o"}], "out")
+    assert len([r for p in range(2) for r in log.read("out", p)]) == len(expected(40))
+    log.close()
+    cp.close()

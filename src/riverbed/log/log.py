@@ -23,6 +23,7 @@ from riverbed.log.records import (
     RawRecord,
     Record,
     RecordMetadata,
+    as_struct,
     now_ms,
 )
 from riverbed.log.schema import schema_of
@@ -506,12 +507,20 @@ class Producer:
     ) -> list[tuple[int, ColumnBatch]]:
         """``values`` as this producer would append them — checked, encoded, placed by
         the topic's partitioner — one batch per partition, not appended (a caller that
-        appends them its own way: :mod:`riverbed.log.group.transform`). Untyped topics."""
-        if self.typed:
-            raise LogValueError(f"batches() of the typed topic {self.topic!r} is not built")
+        appends them its own way: :mod:`riverbed.log.group.transform`). A typed topic's
+        values go as the checked columns (a struct of its fields), as its appends do."""
         items, typed = self._items(values, key_field, None)
         _, parts = self._parts(items, typed)
-        return [(p, ColumnBatch.from_rows(rows)) for p, rows, _ in parts]
+        out = []
+        for p, rows, checked in parts:
+            if checked is None:
+                out.append((p, ColumnBatch.from_rows(rows)))
+                continue
+            stamps = np.array([r.timestamp_ms for r in rows], dtype=np.int64)
+            keys = pa.array([r.key for r in rows], pa.binary())
+            headers = [dict(r.headers) for r in rows] if any(r.headers for r in rows) else None
+            out.append((p, ColumnBatch(stamps, keys, as_struct(checked), headers)))
+        return out
 
     def _parts(
         self, items: Sequence[tuple[int, RawRecord]], typed: Any

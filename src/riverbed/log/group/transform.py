@@ -21,7 +21,9 @@ So every output is written once and none is lost — **provided the handler give
 outputs for the same records** (no clock, no randomness in what it returns): the batch
 replayed after a crash must be the batch that was partly written. The output topic must
 be one whose log recognises retried appends: diskless topics (``s3://…``, or servers of
-them); typed output topics are not supported yet.
+them), typed or not (a typed topic's outputs are checked against its schema before
+anything of the batch is produced: a value that does not fit stops the transform with
+the error, nothing of that batch written).
 """
 
 from __future__ import annotations
@@ -70,11 +72,6 @@ def transform(
             f"topics (s3://bucket/prefix, or their log servers); {storage.url} does not"
         )
     out = consumer.log.producer(output)
-    if out.typed:
-        raise LogValueError(
-            f"exactly-once output to the typed topic {output!r} is not supported yet; "
-            "write to an untyped (JSON) topic"
-        )
     stop = stop or threading.Event()
     while not stop.is_set():
         consumer._check()
