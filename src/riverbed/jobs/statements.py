@@ -286,7 +286,8 @@ class Statements:
             dialect,
         )
         # Only a success counts down a dependent's deps_left; one at zero starts now
-        # (SET expressions read the row's old values on both databases).
+        # (SET expressions read the row's old values on every database: MariaDB under
+        # SIMULTANEOUS_ASSIGNMENT, which each session sets).
         starts = and_(chunks.c.deps_left == 1, chunks.c.state == "QUEUED")
         self.deps_done = self._updating(
             [
