@@ -27,7 +27,7 @@ from riverbed.control.errors import ControlError
 from riverbed.control.processes import announce, processes
 from riverbed.errors import InvalidValueError
 
-__all__ = ["DISCOVERED", "ROLE", "MasterPresence", "master_url", "resolve"]
+__all__ = ["DISCOVERED", "ROLE", "MasterPresence", "master_page", "master_url", "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +85,22 @@ def resolve(master: str, control_url: str) -> str:
     return found
 
 
-def _status(ui: str) -> str | None:
-    """The master's status from its web UI's JSON (``ALIVE``, ``STANDBY``,
-    ``RECOVERING`` …), None when it does not answer."""
+def master_page(ui: str) -> dict[str, Any] | None:
+    """A standalone master's JSON page at its web UI ``ui`` (``status``: ``ALIVE``,
+    ``STANDBY``, ``RECOVERING`` …; ``workers``, ``activeapps``), None when it does not
+    answer."""
     import httpx
 
     try:
-        r = httpx.get(f"{ui.rstrip('/')}/json/", timeout=2)
-        status = r.json().get("status")
-    except (httpx.HTTPError, ValueError, AttributeError):
+        page = httpx.get(f"{ui.rstrip('/')}/json/", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
         return None
+    return page if isinstance(page, dict) else None
+
+
+def _status(ui: str) -> str | None:
+    """The master's status, None when it does not answer (:func:`master_page`)."""
+    status = (master_page(ui) or {}).get("status")
     return str(status) if status else None
 
 

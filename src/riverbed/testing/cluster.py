@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from riverbed.spark.discovery import master_page
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import PostgresServer, ServerError, etcd_argv, etcd_healthy
 from riverbed.testing.testbed import Service, TestBed, TestBedError
@@ -287,14 +288,14 @@ class Cluster:
         hosts = [master] if master else self.masters or ["h1"]
         return "spark://" + ",".join(f"{self.address(h)}:{SPARK_PORT}" for h in hosts)
 
+    def _master_page(self, host: str) -> dict[str, Any]:
+        """The master on ``host``'s JSON page ({} when it does not answer)."""
+        return master_page(f"http://{self.address(host)}:{SPARK_UI}") or {}
+
     def master_status(self, host: str) -> str | None:
         """ALIVE (leading), STANDBY, RECOVERING …, or None when it does not answer."""
-        try:
-            r = httpx.get(f"http://{self.address(host)}:{SPARK_UI}/json/", timeout=2)
-            status = r.json().get("status")
-            return str(status) if status else None
-        except (httpx.HTTPError, ValueError):
-            return None
+        status = self._master_page(host).get("status")
+        return str(status) if status else None
 
     def active_master(self) -> str | None:
         """The host of the leading Spark master, if one leads."""
@@ -302,12 +303,8 @@ class Cluster:
 
     def spark_apps(self, master: str) -> list[dict[str, Any]]:
         """The applications ``master`` runs (its JSON page)."""
-        try:
-            r = httpx.get(f"http://{self.address(master)}:{SPARK_UI}/json/", timeout=2)
-            apps: list[dict[str, Any]] = r.json().get("activeapps", [])
-            return apps
-        except (httpx.HTTPError, ValueError):
-            return []
+        apps: list[dict[str, Any]] = self._master_page(master).get("activeapps", [])
+        return apps
 
     # ------------------------------------------------------------------ zookeeper
     def start_zookeeper(self, hosts: list[str] | None = None, leader: str | None = None) -> str:
@@ -421,12 +418,8 @@ class Cluster:
 
     def spark_workers(self, master: str = "h1") -> list[dict[str, Any]]:
         """``master``'s view of its workers (its JSON page)."""
-        try:
-            r = httpx.get(f"http://{self.address(master)}:{SPARK_UI}/json/", timeout=2)
-            workers: list[dict[str, Any]] = r.json().get("workers", [])
-            return workers
-        except (httpx.HTTPError, ValueError):
-            return []
+        workers: list[dict[str, Any]] = self._master_page(master).get("workers", [])
+        return workers
 
     def wait_spark_workers(self, master: str, count: int, timeout: float = 90) -> None:
         self._wait(
