@@ -16,6 +16,7 @@ from riverbed.stream.dataframe import (
     START_ATTEMPTS,
     read_results,
     start,
+    start_phase,
     transient_start_failure,
 )
 from riverbed.windows import Tumbling
@@ -58,6 +59,27 @@ def test_only_a_python_worker_too_slow_to_connect_back_is_retried(
     failure: str, transient: bool
 ) -> None:
     assert transient_start_failure(failure) is transient
+
+
+@pytest.mark.parametrize(
+    ("active", "message", "phase"),
+    [
+        (True, "Initializing StreamExecution", "initializing"),
+        (True, "Initializing sources", "initializing"),
+        (True, "Waiting for data to arrive", "running"),
+        (True, "Getting offsets from riverbed", "running"),
+        # the moment a start fails, the status says so while the query is still active
+        # (stopping its sources): taken for running, a failed start went unretried (CI)
+        (True, "Terminated with exception: Python worker failed to connect back.", "ending"),
+        (True, "Stopped", "ending"),
+        (False, "Initializing sources", "ending"),
+        (False, None, "ending"),
+    ],
+)
+def test_a_query_failing_to_start_is_seen_ending_before_it_turns_inactive(
+    active: bool, message: str | None, phase: str
+) -> None:
+    assert start_phase(active, message) == phase
 
 
 @pytest.mark.spark

@@ -375,15 +375,31 @@ def _start(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+# The status a query's thread sets the moment it fails or is stopped, before it stops its
+# sources and turns TERMINATED: a query seen between the two is ending, not initialized
+# (taken for initialized, a failed start went unretried: CI, stop 65).
+_ENDING = ("Terminated with exception", "Stopped")
+
+
+def start_phase(active: bool, message: object) -> str:
+    """Where a starting query is, from its ``isActive`` and status message:
+    ``initializing`` its sources, ``running`` (initialized), or ``ending`` — ended, or
+    failed or stopped and still stopping its sources (active, its message already set)."""
+    text = str(message or "")
+    if not active or text.startswith(_ENDING):
+        return "ending"
+    return "initializing" if text.startswith("Initializing") else "running"
+
+
 def _initialization_failure(query: Any, timeout: float) -> str | None:
     """The text of the exception a query died of while initializing its sources, or None
     once they are initialized (or after ``timeout`` s: the caller watches it from then)."""
     deadline = time.monotonic() + timeout
-    while query.isActive and time.monotonic() < deadline:
-        if not str(query.status.get("message", "")).startswith("Initializing"):
+    while (phase := start_phase(query.isActive, query.status.get("message"))) == "initializing":
+        if time.monotonic() > deadline:
             return None
         time.sleep(0.1)
-    if query.isActive:
+    if phase == "running":
         return None
     # ended: wait for its termination to complete before asking why — its state turns
     # TERMINATED before everything of its end is in place, and a query asked in between
