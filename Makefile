@@ -31,12 +31,15 @@ compile:
 spark-archive:
 	@$(BIN)/python -m riverbed.spark.cds
 
-# The JVM jars Spark drivers add to PySpark's own (scripts/jars/pom.xml: Hadoop's S3A
-# connector for s3a://, with the AWS SDK bundle, at PySpark's Hadoop version; Spark's
-# Kafka connector), from Maven Central into $(VENV)/jars, and the tests' Kafka broker
-# (scripts/jars/kafka/pom.xml) into $(VENV)/kafka; once (~750 MB, ~35 s here), then a no-op.
+# The JVM jars Spark drivers add to PySpark's own — Hadoop's S3A connector with the AWS
+# SDK bundle at PySpark's Hadoop version, Spark's Kafka and Avro connectors — resolved
+# from Maven Central by Spark's own Ivy into $(VENV)/jars (`riverbed setup jars`, what a
+# pip-installed riverbed runs too: riverbed.spark.jars), and the tests' Kafka broker
+# (scripts/jars/kafka-broker.pom.xml, Maven) into $(VENV)/kafka; once (~750 MB), then a
+# no-op.
 jars: $(STAMP)
-	@bash scripts/fetch_jars.sh "$(VENV)"
+	@$(BIN)/riverbed setup jars
+	@bash scripts/fetch_kafka.sh "$(VENV)"
 
 demo: $(STAMP) compile
 	@bash scripts/check_system.sh java

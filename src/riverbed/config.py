@@ -185,7 +185,7 @@ SETTINGS: tuple[Setting, ...] = (
         "RIVERBED_JARS",
         None,
         ".venv/jars",
-        "the jar cache Spark reads (S3A, Kafka, Delta…), filled by make",
+        "the jar cache Spark reads (S3A, Kafka, Avro), filled by `riverbed setup jars`",
         inherited=True,
     ),
     Setting(

@@ -58,3 +58,23 @@ def test_the_session_maps_the_archive_make_built(spark: Any) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_jars_fetched_again_name_another_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM maps an archive only over the very jars it was built with (their size and
+    modification time): a jar cache filled again must not reuse the old archive, which
+    would be ignored silently and every Spark start slower."""
+    import os
+
+    from riverbed.spark import jars
+
+    monkeypatch.delenv(cds.ENV, raising=False)
+    monkeypatch.setenv(jars.ENV, str(tmp_path))
+    jar = tmp_path / "hadoop-aws-3.5.0.jar"
+    jar.write_bytes(b"PK")
+    first = cds.archive()
+    assert first == cds.archive()  # the same jars, the same archive
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 10**9))
+    assert cds.archive() != first

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from riverbed.spark import s3a
+from riverbed.spark import jars, s3a
 from riverbed.storage.errors import StorageValueError
 
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE1234", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG"}
@@ -20,18 +20,18 @@ def test_the_jar_cache_has_hadoop_aws_at_pysparks_hadoop_version() -> None:
     bundled = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
     assert bundled, "PySpark bundles no hadoop-client-api jar"
     version = bundled[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
-    names = [p.name for p in s3a.jars()]
+    names = [p.name for p in jars.jars()]
     assert f"hadoop-aws-{version}.jar" in names, names
     assert any(n.startswith("bundle-") for n in names), "no AWS SDK bundle beside hadoop-aws"
 
 
-def test_without_hadoop_aws_a_bucket_asks_for_make_jars(
+def test_without_hadoop_aws_a_bucket_asks_for_setup_jars(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "other.jar").write_bytes(b"")
-    monkeypatch.setenv(s3a.ENV, str(tmp_path))
-    assert s3a.jars() == []
-    with pytest.raises(s3a.S3AUnavailableError, match="make jars"):
+    monkeypatch.setenv(jars.ENV, str(tmp_path))
+    assert jars.jars() == []
+    with pytest.raises(s3a.S3AUnavailableError, match="riverbed setup jars"):
         s3a.require()
 
 

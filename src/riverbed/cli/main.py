@@ -19,6 +19,7 @@ from riverbed.cli import chaos as chaos_cli
 from riverbed.cli import control as control_cli
 from riverbed.cli import jobs as jobs_cli
 from riverbed.cli import log as log_cli
+from riverbed.cli import setup as setup_cli
 from riverbed.cli import state as state_cli
 from riverbed.cli import stream as stream_cli
 from riverbed.cli import timerange as timerange_cli
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui_cli.add_parsers(sub)
     alerts_cli.add_parsers(sub)
     chaos_cli.add_parser(sub)
+    setup_cli.add_parsers(sub)
     demo = sub.add_parser("demo", help="run the end-to-end demo on embedded defaults")
     demo.add_argument(
         "which",

@@ -9,8 +9,9 @@ settings that matter are set once:
 * UTC session time zone (no naive datetimes anywhere);
 * the driver JVM maps Spark's classes from a class-data archive when ``make`` built one
   (:mod:`riverbed.spark.cds`: ~40 % off a session's start on 2 slow cores);
-* Spark's own ``s3a://`` connector is on the class path and set from the AWS settings
-  chain when ``make jars`` fetched it (:mod:`riverbed.spark.s3a`);
+* the jar cache (:mod:`riverbed.spark.jars`: Spark's own ``s3a://``, Kafka and Avro
+  connectors, filled by ``riverbed setup jars``) is on the class path, and S3A is set
+  from the AWS settings chain (:mod:`riverbed.spark.s3a`);
 * ``test=True`` adds the fast settings measured for ``local[2]`` test runs (no UI,
   2 shuffle partitions, no AQE, a C1-only serial-GC driver JVM).
 
@@ -124,11 +125,12 @@ def _accumulator_errors_to_fd2() -> None:
 
 
 def _s3a_conf() -> dict[str, str]:
-    """The jar cache's S3A jars and S3A's settings, when ``make jars`` fetched them
+    """The jar cache's jars and S3A's settings, when ``riverbed setup jars`` filled it
     (the jars must be at the same path where executors run)."""
     from riverbed.spark import s3a
+    from riverbed.spark.jars import jars
 
-    found = s3a.jars()
+    found = jars()
     if not found:
         return {}
     # on the JVMs' class path (ahead of Spark's, where the class-data archive built with

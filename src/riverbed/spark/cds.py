@@ -65,12 +65,13 @@ def archive() -> Path | None:
 
     import pyspark
 
-    from riverbed.spark.s3a import jars
+    from riverbed.spark.jars import jars
 
     # next to the PySpark it was built from: a new PySpark is a new virtualenv's or a new
-    # name; so is another set of jars ahead of Spark's on the class path (an archive maps
-    # only where the class path it was built with is a prefix of the JVM's)
-    extra = ",".join(p.name for p in jars())
+    # name; so is another set of jars ahead of Spark's on the class path, or the same jars
+    # fetched again (an archive maps only where the class path it was built with is a
+    # prefix of the JVM's, each jar of the same size and modification time)
+    extra = ",".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars())
     suffix = f"-{hashlib.sha256(extra.encode()).hexdigest()[:8]}" if extra else ""
     return Path(sys.prefix) / f"riverbed-spark-{pyspark.__version__}{suffix}.jsa"
 
@@ -145,6 +146,9 @@ def main() -> int:
         print(f"    skipped, Spark will start without it: {exc}", file=sys.stderr)  # noqa: T201
         return 0
     print(f"    built in {seconds:.0f} s ({path.stat().st_size / 2**20:.0f} MiB)")  # noqa: T201
+    for old in path.parent.glob("riverbed-spark-*.jsa"):  # built for jars or a PySpark gone
+        if old != path:
+            old.unlink(missing_ok=True)
     return 0
 
 

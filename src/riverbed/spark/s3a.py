@@ -3,8 +3,8 @@
 riverbed moves its own objects through :mod:`riverbed.storage`; where *Spark* writes to
 a bucket — the offset and commit logs of a Structured Streaming query whose checkpoint
 is in a bucket — it does so through Hadoop's S3A connector (``hadoop-aws`` and the AWS
-SDK v2 bundle), not through anything riverbed wrote. The bootstrap fetches those jars
-from Maven Central into a jar cache (``make jars``: ``scripts/fetch_jars.sh``, at the
+SDK v2 bundle), not through anything riverbed wrote. ``riverbed setup jars`` fetches
+those jars from Maven Central into the jar cache (:mod:`riverbed.spark.jars`, at the
 Hadoop version PySpark bundles); :func:`riverbed.spark.session` puts them on the
 driver's class path and sets S3A from the same AWS settings chain riverbed's own
 storage reads (:func:`riverbed.storage.s3.settings_from_env`).
@@ -16,20 +16,17 @@ through its credential providers.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from riverbed.config import inherited
 from riverbed.errors import RiverbedError
 from riverbed.locations import is_local
+from riverbed.spark.jars import ENV, jar_dir, jars
 from riverbed.storage.s3 import settings_from_env
 
-__all__ = ["S3AUnavailableError", "conf", "configure", "jar_dir", "jars", "require", "to_s3a"]
-
-ENV = "RIVERBED_JARS"
+__all__ = ["S3AUnavailableError", "conf", "configure", "require", "to_s3a"]
 
 # where S3A looks for credentials, in order: keys :func:`configure` set on a running
 # session (from the chain riverbed's storage reads), the same places that chain reads
@@ -51,26 +48,14 @@ class S3AUnavailableError(RiverbedError):
     """Spark was asked to use a bucket and the S3A jars are not in the jar cache."""
 
 
-def jar_dir() -> Path:
-    """The jar cache: ``RIVERBED_JARS``, or ``jars/`` in the virtualenv riverbed runs in."""
-    chosen = inherited(ENV)
-    return Path(chosen) if chosen else Path(sys.prefix) / "jars"
-
-
-def jars(directory: Path | None = None) -> list[Path]:
-    """The jars of the cache (sorted), or [] when it has no ``hadoop-aws``."""
-    directory = jar_dir() if directory is None else directory
-    found = sorted(directory.glob("*.jar")) if directory.is_dir() else []
-    return found if any(p.name.startswith("hadoop-aws-") for p in found) else []
-
-
 def require() -> None:
     """Raise :class:`S3AUnavailableError` (naming the fix) when the cache has no S3A."""
     if not jars():
         raise S3AUnavailableError(
             f"Spark needs Hadoop's S3A connector to use a bucket, and the jar cache "
-            f"{jar_dir()} has no hadoop-aws jar: run `make jars` (Maven fetches hadoop-aws "
-            f"and the AWS SDK bundle), or set {ENV} to a directory that has them"
+            f"{jar_dir()} has no hadoop-aws jar: run `riverbed setup jars` (it fetches "
+            f"hadoop-aws and the AWS SDK bundle from Maven Central), or set {ENV} to a "
+            "directory that has them"
         )
 
 

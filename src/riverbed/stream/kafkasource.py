@@ -428,12 +428,12 @@ CORRUPT = "_corrupt_record"  # where from_json puts a value it cannot parse
 
 def _require_spark_avro() -> None:
     """:class:`KafkaSourceError` naming the fix when the jar cache has no spark-avro."""
-    from riverbed.spark.s3a import jar_dir, jars
+    from riverbed.spark.jars import jar_dir, jars
 
     if not any(p.name.startswith("spark-avro_") for p in jars()):
         raise KafkaSourceError(
             f"an Avro Kafka source needs Spark's spark-avro jar, and the jar cache "
-            f"{jar_dir()} has none: run `make jars` (Maven fetches it from Maven Central)"
+            f"{jar_dir()} has none: run `riverbed setup jars` (it fetches it from Maven Central)"
         )
 
 

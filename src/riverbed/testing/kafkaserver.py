@@ -2,7 +2,7 @@
 and controller in one JVM, no ZooKeeper), on 127.0.0.1, keeping its log under its data
 directory across restarts.
 
-Its jars come from Maven Central (``make jars``: ``scripts/jars/kafka/pom.xml`` into
+Its jars come from Maven Central (``make jars``: ``scripts/jars/kafka-broker.pom.xml`` into
 ``.venv/kafka``, or ``RIVERBED_KAFKA_JARS``); nothing is downloaded here. Ready in ~10 s
 on this machine (measured by :attr:`KafkaServer.ready_after`).
 """

@@ -1,0 +1,45 @@
+"""``riverbed setup jars``: fill the jar cache with the JVM connectors PySpark lacks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+out = Console(highlight=False, soft_wrap=True)
+
+
+def add_parsers(sub: Any) -> None:
+    setup = sub.add_parser("setup", help="install what riverbed needs beside its Python packages")
+    what = setup.add_subparsers(dest="setup_command", metavar="WHAT", required=True)
+    j = what.add_parser(
+        "jars",
+        help="fetch Spark's S3A, Kafka and Avro connectors (at PySpark's versions) from Maven "
+        "Central into the jar cache Spark drivers use; once, then a no-op",
+    )
+    j.add_argument(
+        "--dir",
+        type=Path,
+        help="the jar cache to fill (default: RIVERBED_JARS, or jars/ in this virtualenv)",
+    )
+    j.add_argument(
+        "--repository",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a Maven repository to try before Maven Central (a mirror); repeatable",
+    )
+    j.set_defaults(func=_jars)
+
+
+def _jars(args: argparse.Namespace) -> int:
+    from riverbed.spark.jars import fetch
+
+    done = fetch(args.dir, repositories=args.repository, say=lambda line: out.print(f"==> {line}"))
+    if done.fetched:
+        out.print(f"jar cache {done.directory}: {len(done.jars)} jars ({done.seconds:.0f} s)")
+    else:
+        out.print(f"jar cache {done.directory}: already filled ({len(done.jars)} jars)")
+    return 0
