@@ -3,7 +3,7 @@
 1. Write two weeks of per-customer usage events to a riverbed log topic (``usage``).
 2. Start two orchestrators (one is elected, one stands by) and three workers, each a
    separate process (``riverbed orchestrator`` / ``riverbed worker``).
-3. Submit ``usage_report`` for the two weeks. The jobs are in ``examples/jobs/``:
+3. Submit ``usage_report`` for the two weeks. The jobs are in ``riverbed/demo/jobs_examples/``:
    ``usage_daily`` (Spark, two days a chunk) → ``customer_features`` (a week a
    chunk) → ``usage_report`` (one chunk); riverbed resolves the graph into chunks.
 4. SIGKILL the worker running the first daily chunk, mid-chunk. Its lease expires,
@@ -46,7 +46,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-import riverbed
 from riverbed.config import Config, child_environment
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication, staging_root
@@ -60,14 +59,8 @@ FIRST_DAY = date(2026, 11, 1)
 
 
 def examples_dir() -> Path:
-    """``examples/jobs`` of the checkout riverbed runs from."""
-    root = Path(riverbed.__file__).resolve().parents[2] / "examples" / "jobs"
-    if not (root / "usage_daily.py").exists():
-        raise FileNotFoundError(
-            f"the example jobs are not at {root}; run the demo from a riverbed checkout "
-            "(pip install -e . there, as make bootstrap does)"
-        )
-    return root
+    """The demo's jobs, shipped inside the package (``riverbed/demo/jobs_examples``)."""
+    return Path(__file__).resolve().parent / "jobs_examples"
 
 
 def day_id(d: date) -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pandas as pd
 
 from riverbed.jobs import Dependency, Job
+from riverbed.jobs.context import Context
 
 
-def main(ctx, work_ids):
+def main(ctx: Context, work_ids: list[int]) -> None:
     first, last = min(work_ids), max(work_ids)
     weeks = [
         pd.read_parquet(path)

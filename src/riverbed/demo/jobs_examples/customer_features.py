@@ -9,9 +9,10 @@ from __future__ import annotations
 import pandas as pd
 
 from riverbed.jobs import Dependency, Job
+from riverbed.jobs.context import Context
 
 
-def main(ctx, work_ids):
+def main(ctx: Context, work_ids: list[int]) -> None:
     frames = []
     for day in work_ids:
         path = ctx.published("usage_daily", f"day={day}.parquet")

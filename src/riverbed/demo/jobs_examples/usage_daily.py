@@ -14,6 +14,7 @@ import time
 import riverbed.log
 from riverbed.config import load_config
 from riverbed.jobs import Job
+from riverbed.jobs.context import Context
 
 
 def usage_log() -> str:
@@ -21,7 +22,7 @@ def usage_log() -> str:
     return load_config().log_url
 
 
-def main(ctx, work_ids):
+def main(ctx: Context, work_ids: list[int]) -> None:
     days = set(work_ids)
     log = riverbed.log.open(usage_log())
     rows = [
