@@ -78,3 +78,17 @@ def test_jars_fetched_again_name_another_archive(
     assert first == cds.archive()  # the same jars, the same archive
     os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 10**9))
     assert cds.archive() != first
+
+
+def test_setup_spark_archive_builds_it_once(tmp_path: Path) -> None:
+    """``riverbed setup spark-archive`` (what a pip-installed riverbed runs) leaves an
+    archive that is there alone; ``make`` built this virtualenv's."""
+    from tests.cli import run_cli
+
+    path = cds.archive()
+    assert path is not None and path.is_file(), f"no archive at {path}: `make test` builds it"
+    before = path.stat().st_mtime_ns
+    done = run_cli("setup", "spark-archive")
+    assert done.returncode == 0, done.stderr
+    assert f"class-data archive {path}: already built" in done.stdout
+    assert path.stat().st_mtime_ns == before

@@ -126,13 +126,14 @@ def build(path: Path, timeout: float = 900.0) -> float:
     return time.monotonic() - began
 
 
-def main() -> int:
-    """``python -m riverbed.spark.cds [--force]``: build the archive unless it is there."""
+def main(force: bool = False) -> int:
+    """``python -m riverbed.spark.cds [--force]`` (``riverbed setup spark-archive``):
+    build the archive unless it is there."""
     path = archive()
     if path is None:
         print(f"{ENV}=off: no class-data archive")  # noqa: T201
         return 0
-    if path.is_file() and "--force" not in sys.argv[1:]:
+    if path.is_file() and not force:
         return 0
     print(  # noqa: T201
         f"==> building a class-data archive of Spark's JVM classes (faster Spark starts; "
@@ -153,4 +154,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(force="--force" in sys.argv[1:]))
