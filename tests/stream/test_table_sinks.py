@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from deltalake import DeltaTable
 from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.lakehouse import DeltaSink, IcebergSink, TableSinkError, app_id
+from riverbed.stream.lakehouse import (
+    DeltaSink,
+    IcebergSink,
+    TableSinkError,
+    app_id,
+    read_with_spark,
+)
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.results import current, output_arrow_schema
 from tests.stream.conftest import make_events, write_events
@@ -64,6 +71,17 @@ def read_table(kind: str, where: Path) -> pd.DataFrame:
     if kind == "delta":
         return DeltaTable(str(where / "delta")).to_pyarrow_table().to_pandas()
     return IcebergSink(f"sqlite:///{where / 'catalog.db'}", "rb.results").read()
+
+
+def spark_read(spark: Any, kind: str, where: Path) -> pd.DataFrame:
+    """The same table, read by Spark (its own Parquet reader over the files the table's
+    log names: no Delta or Iceberg connector is published for this Spark)."""
+    sink: DeltaSink | IcebergSink = (
+        DeltaSink(where / "delta")
+        if kind == "delta"
+        else IcebergSink(f"sqlite:///{where / 'catalog.db'}", "rb.results")
+    )
+    return read_with_spark(spark, sink).toPandas()
 
 
 def polars_read(kind: str, where: Path) -> pd.DataFrame:
@@ -164,7 +182,7 @@ def test_a_table_holds_the_current_rows_one_per_window_and_key(
     want = current(read_results(tmp_path / "out"))
     columns = [f.name for f in output_arrow_schema(spec) if f.name != "deleted"]
     want = want[columns].sort_values(["window_start", "key"]).reset_index(drop=True)
-    for read in (read_table, polars_read):
+    for read in (read_table, polars_read, partial(spark_read, spark)):
         got = read(kind, tmp_path)[columns].sort_values(["window_start", "key"])
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
     batches = len(list((tmp_path / "ckpt" / "riverbed" / "batches").glob("*.json")))
@@ -289,3 +307,25 @@ def test_a_delta_table_in_a_bucket(s3_url: str) -> None:
     got = pl.read_delta(url, storage_options=options).to_pandas()
     assert dict(zip(got["key"], got["n"], strict=True)) == {"a": 5}
     assert DeltaTable(url, storage_options=options).transaction_version(app_id("agg")) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"configuration": {"delta.enableDeletionVectors": "true"}}, "deletion vectors"),
+        ({"partition_by": ["key"]}, "partition columns"),
+    ],
+)
+def test_a_delta_table_whose_rows_are_not_whole_files_is_not_read_as_files(
+    tmp_path: Path, options: dict[str, Any], problem: str
+) -> None:
+    """Spark's Parquet reader over the table's files is right only for whole files (what
+    riverbed writes); a table written otherwise is refused, naming why and what to use."""
+    from deltalake import write_deltalake
+
+    data = pa.table({"key": ["a", "b"], "n": [1, 2]})
+    write_deltalake(str(tmp_path / "t"), data, **options)
+    with pytest.raises(TableSinkError, match=f"uses {problem}.*read it with a Delta reader"):
+        DeltaSink(tmp_path / "t").data_files()
+    write_deltalake(str(tmp_path / "plain"), data)
+    assert len(DeltaSink(tmp_path / "plain").data_files()) == 1

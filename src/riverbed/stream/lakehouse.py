@@ -30,7 +30,7 @@ from riverbed.stream.errors import StreamError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeltaSink", "IcebergSink", "TableSinkError", "app_id"]
+__all__ = ["DeltaSink", "IcebergSink", "TableSinkError", "app_id", "read_with_spark"]
 
 
 class TableSinkError(StreamError):
@@ -156,6 +156,32 @@ class DeltaSink:
         if table is None:
             raise TableSinkError(f"no Delta table at {self.uri}")
         return table.to_pyarrow_table().to_pandas()
+
+    def data_files(self) -> list[str]:
+        """The Parquet files holding the table's current rows, as its log lists them —
+        whole files, nothing in them deleted since (riverbed's tables are written
+        copy-on-write: no deletion vectors, no partitions, no column mapping; a table
+        with any of those is refused, naming it)."""
+        table = self._table()
+        if table is None:
+            raise TableSinkError(f"no Delta table at {self.uri}")
+        features = set(table.protocol().writer_features or [])
+        config = table.metadata().configuration
+        problems = [
+            *(["deletion vectors"] if "deletionVectors" in features else []),
+            *(["partition columns"] if table.metadata().partition_columns else []),
+            *(
+                ["column mapping"]
+                if config.get("delta.columnMapping.mode", "none") != "none"
+                else []
+            ),
+        ]
+        if problems:
+            raise TableSinkError(
+                f"Delta table {self.uri} uses {', '.join(problems)}: its rows are not whole "
+                "Parquet files; read it with a Delta reader (deltalake, Polars, DuckDB)"
+            )
+        return [str(uri) for uri in table.file_uris()]
 
     def compact(self, retention_hours: int = 168) -> None:
         """Rewrite small files into fewer (``optimize``), then delete the files no
@@ -339,3 +365,35 @@ class IcebergSink:
         if table is None:
             raise TableSinkError(f"no Iceberg table {self.identifier}")
         return table.scan().to_arrow().to_pandas()
+
+    def data_files(self) -> list[str]:
+        """The Parquet files holding the table's current snapshot's rows — whole files:
+        riverbed's commits are copy-on-write; a file a delete file applies to is refused."""
+        table = self._table()
+        if table is None:
+            raise TableSinkError(f"no Iceberg table {self.identifier}")
+        files = []
+        for task in table.scan().plan_files():
+            if task.delete_files:
+                raise TableSinkError(
+                    f"Iceberg table {self.identifier} has delete files: its rows are not "
+                    "whole Parquet files; read it with an Iceberg reader (pyiceberg, Polars)"
+                )
+            files.append(str(task.file.file_path))
+        return files
+
+
+def read_with_spark(spark: Any, table: DeltaSink | IcebergSink) -> Any:
+    """A riverbed Delta or Iceberg table as a Spark DataFrame, read by Spark's own Parquet
+    reader from the files the table's log names as current — for a Spark that has no
+    Delta or Iceberg connector made for it (none is published for Spark 4.3 yet:
+    docs/stream.md, "Results as tables"). Columns a later batch added are null in the
+    files written before (``mergeSchema``)."""
+    from riverbed.spark.s3a import configure_for, to_s3a
+
+    files = table.data_files()
+    if not files:
+        raise TableSinkError("the table has no rows yet")
+    configure_for(spark, files[0])
+    paths = [to_s3a(f if "://" in f else f"file://{f}") for f in files]
+    return spark.read.option("mergeSchema", "true").parquet(*paths)
