@@ -214,7 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "none",
         "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>`, "
-        "`read`, `switch` or `done`: SIGKILL during a state rescale, backfill or restore)",
+        "`read`, `switch` or `done`: SIGKILL during a state rescale, backfill or restore; "
+        "`table_commit:<before|after>:<batch>`: SIGKILL around a lakehouse table's commit)",
         inherited=True,
         who="tests",
     ),

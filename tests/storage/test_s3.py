@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -277,3 +278,24 @@ def test_the_state_commands_read_state_in_a_bucket(
     assert wrong.returncode != 0
     assert "the bucket 'no-such-bucket-cli' does not exist" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "preset", "want"),
+    [
+        ("http://127.0.0.1:7480", None, "WHEN_REQUIRED"),  # a server of one's own
+        ("https://s3.eu-west-3.amazonaws.com", None, None),  # AWS: the SDKs' default
+        (None, None, None),
+        ("http://127.0.0.1:7480", "WHEN_SUPPORTED", "WHEN_SUPPORTED"),  # the user's, kept
+    ],
+)
+def test_sdk_checksums_are_asked_only_where_required_of_a_server_of_ones_own(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str | None, preset: str | None, want: str | None
+) -> None:
+    from riverbed.storage.awschain import CHECKSUMS, S3Settings, checksums_when_required
+
+    monkeypatch.setenv(CHECKSUMS, preset or "")  # restored (removed) when the test ends
+    if preset is None:
+        monkeypatch.delenv(CHECKSUMS)
+    checksums_when_required(S3Settings(endpoint=endpoint, region="us-east-1"))
+    assert os.environ.get(CHECKSUMS) == want

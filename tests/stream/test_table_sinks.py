@@ -19,6 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
+from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results, start
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.lakehouse import (
@@ -131,7 +132,10 @@ def test_bad_table_arguments_are_named(tmp_path: Path) -> None:
 
     assert table_sink("delta:/x/y") == Delta("/x/y")
     assert table_sink("iceberg:sqlite:///c.db#ns.t") == Iceberg("sqlite:///c.db", "ns.t")
-    for bad in ("/x/y", "iceberg:x", "delta:", "iceberg:sqlite:///c.db"):
+    assert table_sink("iceberg:sqlite:///c.db#ns.t@s3://b/wh") == Iceberg(
+        "sqlite:///c.db", "ns.t", "s3://b/wh"
+    )
+    for bad in ("/x/y", "iceberg:x", "delta:", "iceberg:sqlite:///c.db", "iceberg:c#ns.t@"):
         with pytest.raises(StreamValueError, match=r"write delta:PATH .* or iceberg:CATALOG"):
             table_sink(bad)
     with pytest.raises(TableSinkError, match=r"name it namespace\.table"):
@@ -329,3 +333,74 @@ def test_a_delta_table_whose_rows_are_not_whole_files_is_not_read_as_files(
         DeltaSink(tmp_path / "t").data_files()
     write_deltalake(str(tmp_path / "plain"), data)
     assert len(DeltaSink(tmp_path / "plain").data_files()) == 1
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_the_oracle(
+    s3_url: str, tmp_path: Path, subprocess_env: dict[str, str], kind: str
+) -> None:
+    """``stream run --table`` into the S3 server's bucket, SIGKILLed right before batch
+    1's table commit (the batch runs again and commits) and right after batch 2's (the
+    commit landed, the batch record did not: the batch runs again and commits nothing),
+    then run to the end: the table holds the oracle's rows, one per window and key, and
+    each batch's commit once."""
+    import os
+
+    from riverbed.stream.lakehouse import _storage_options
+
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}  # the bucket's
+    events = make_events(3000, hours=5, seed=31)
+    write_events(f"file://{home / 'log'}", events, partitions=3)
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    table = (
+        f"delta:{s3_url}/lake"
+        if kind == "delta"
+        else f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.results@{s3_url}/warehouse"
+    )
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", "500", "--once", "--table", table]  # fmt: skip
+    batches = open_batches(home / "checkpoints" / "lake")
+    sink: DeltaSink | IcebergSink = (
+        DeltaSink(f"{s3_url}/lake")
+        if kind == "delta"
+        else IcebergSink(
+            f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results", f"{s3_url}/warehouse"
+        )
+    )
+    for fault, committed in (("table_commit:before:1", 0), ("table_commit:after:2", 2)):
+        killed = subprocess.run(
+            command, env={**env, "RIVERBED_FAULT": fault}, capture_output=True, text=True,
+            check=False, timeout=600,
+        )  # fmt: skip
+        assert killed.returncode == -9, (fault, killed.returncode, killed.stderr[-2000:])
+        assert sink.committed("lake") == committed, fault
+        newest = batches.get(max(batches.ids()))
+        assert newest is not None and not newest.done, fault  # died inside the batch
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    last = max(batches.ids())
+    assert last >= 5 and sink.committed("lake") == last
+    if kind == "delta":  # one table version a batch: batch 2's second run committed nothing
+        assert (
+            DeltaTable(
+                f"{s3_url}/lake", storage_options=_storage_options(f"{s3_url}/lake")
+            ).version()
+            == last
+        )
+    want = (
+        events.assign(window_start=events["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+        .sort_values(["window_start", "key"])
+        .reset_index(drop=True)
+    )
+    got = sink.read()[["window_start", "key", "users", "events"]]
+    got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from riverbed.config import inherited, inherited_environment
 from riverbed.storage.errors import StorageValueError
 
-__all__ = ["S3Settings", "bucket_environment", "settings_from_env"]
+__all__ = ["S3Settings", "bucket_environment", "checksums_when_required", "settings_from_env"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,18 @@ def bucket_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 _BUCKET_SETTINGS = ("RIVERBED_S3_ADDRESSING", "RIVERBED_STORAGE_WAIT")
+
+
+CHECKSUMS = "AWS_REQUEST_CHECKSUM_CALCULATION"
+
+
+def checksums_when_required(settings: S3Settings) -> None:
+    """For a server of one's own (an endpoint that is not AWS): ask the AWS SDKs in this
+    process for request checksums only where an operation requires them. Their default
+    since 2025 — every upload ``aws-chunked`` with a trailing CRC — is refused by servers
+    older than it (Ceph RGW 16 answers each part upload of pyarrow's S3 client, behind
+    pyiceberg, with ``411 MissingContentLength``). ``AWS_REQUEST_CHECKSUM_CALCULATION`` is
+    the SDKs' own setting: one the user set is kept."""
+    endpoint = settings.endpoint or ""
+    if endpoint and ".amazonaws.com" not in endpoint:
+        os.environ.setdefault(CHECKSUMS, "WHEN_REQUIRED")

@@ -25,11 +25,14 @@ names — the engine asks nothing else of it.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from riverbed.config import inherited
 from riverbed.locations import shown_repr
 from riverbed.stream.errors import StreamValueError
 
@@ -288,6 +291,13 @@ class ResultsTopic:
             sink.close()
 
 
+def table_failpoint(at: str, batch_id: int) -> None:
+    """``RIVERBED_FAULT=table_commit:<before|after>:<batch>`` (tests): SIGKILL this
+    process right before, or right after, batch ``batch``'s commit to a lakehouse table."""
+    if (inherited("RIVERBED_FAULT") or "") == f"table_commit:{at}:{batch_id}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 @dataclass(frozen=True)
 class Delta:
     """A Delta Lake table (a path, ``file://`` or ``s3://``): each batch one commit that
@@ -310,7 +320,10 @@ class Delta:
             return
         schema = output_arrow_schema(config.spec)
         sink = DeltaSink(self.location)
-        if sink.write(config.spec.name, batch_id, rows, schema) and batch_id % 100 == 99:
+        table_failpoint("before", batch_id)
+        committed = sink.write(config.spec.name, batch_id, rows, schema)
+        table_failpoint("after", batch_id)
+        if committed and batch_id % 100 == 99:
             # between this batch's commit and the next, in the driver's one writer: a
             # compaction beside a batch's MERGE would make one of them lose the
             # table's concurrency check
@@ -344,24 +357,28 @@ class Iceberg:
 
         if rows.empty:
             return
+        table_failpoint("before", batch_id)
         self._sink().write(config.spec.name, batch_id, rows, output_arrow_schema(config.spec))
+        table_failpoint("after", batch_id)
 
 
 _TABLE_SPELLINGS = (
     "delta:PATH (a directory, file:///path or s3://bucket/prefix) or "
-    "iceberg:CATALOG#namespace.table (a SQL catalog: sqlite:///catalog.db, files beside it)"
+    "iceberg:CATALOG#namespace.table[@WAREHOUSE] (a SQL catalog: sqlite:///catalog.db, "
+    "its files beside it unless @WAREHOUSE names a directory or s3://bucket/prefix)"
 )
 
 
 def table_sink(text: str) -> Sink:
     """``--table``'s value as a sink: ``delta:PATH_OR_URL`` or
-    ``iceberg:CATALOG_URL#namespace.table``."""
+    ``iceberg:CATALOG_URL#namespace.table[@WAREHOUSE]``."""
     kind, sep, where = text.partition(":")
     if sep and where and kind == "delta":
         return Delta(where)
     catalog, hash_, table = where.rpartition("#")
-    if sep and kind == "iceberg" and hash_ and catalog and table:
-        return Iceberg(catalog, table)
+    table, at, warehouse = table.partition("@")
+    if sep and kind == "iceberg" and hash_ and catalog and table and (warehouse or not at):
+        return Iceberg(catalog, table, warehouse or None)
     raise StreamValueError(f"--table {text.split('@')[-1]!r}: write {_TABLE_SPELLINGS}")
 
 

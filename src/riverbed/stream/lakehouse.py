@@ -241,6 +241,35 @@ def _storage_options(uri: str) -> dict[str, str] | None:
 # -- Apache Iceberg ---------------------------------------------------------------------
 
 
+def _iceberg_io(warehouse: str) -> dict[str, str]:
+    """pyiceberg's file-IO settings for a warehouse in a bucket, from riverbed's AWS
+    settings chain (endpoint, region, addressing, keys); none for a directory. Held by
+    the catalog object only: never printed (:class:`IcebergSink`'s repr leaves it out)."""
+    if not warehouse.startswith("s3://"):
+        return {}
+    from riverbed.storage.awschain import checksums_when_required, settings_from_env
+
+    s = settings_from_env()
+    checksums_when_required(s)  # pyarrow's S3 client, under pyiceberg
+    out = {
+        "s3.region": s.region,
+        "s3.force-virtual-addressing": str(not s.path_style).lower(),
+    }
+    if s.endpoint:
+        out["s3.endpoint"] = s.endpoint
+    if s.anonymous:
+        out["s3.anonymous"] = "true"
+    for key, value in (
+        ("s3.access-key-id", s.access_key),
+        ("s3.secret-access-key", s.secret_key),
+        ("s3.session-token", s.session_token),
+    ):
+        if value:
+            out[key] = value
+    return out
+
+
+
 class IcebergSink:
     """The Iceberg table ``identifier`` (``namespace.table``) of a SQL catalog
     (pyiceberg's: SQLite, ``sqlite:///catalog.db``, or PostgreSQL), its files under
@@ -279,7 +308,7 @@ class IcebergSink:
         where = str(warehouse)
         if "://" not in where:
             where = f"file://{Path(where).resolve()}"
-        self.catalog = SqlCatalog("riverbed", uri=uri, warehouse=where)
+        self.catalog = SqlCatalog("riverbed", uri=uri, warehouse=where, **_iceberg_io(where))
 
     def _table(self, schema: pa.Schema | None = None) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
