@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
@@ -123,6 +124,7 @@ def fingerprint(s: dict[str, Any]) -> dict[str, str]:
         checkpoint(s) / "state",
         Path(s["home"]) / "output" / "duo",
         Path(s["home"]) / "log",
+        Path(s["home"]) / "lake",  # the Delta table, where a test's drivers write one
     ]
     return {
         str(p): f"{hashlib.sha1(p.read_bytes()).hexdigest()} inode {p.stat().st_ino}"
@@ -171,8 +173,9 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
     if control == "etcd":
         setup["env"]["RIVERBED_CONTROL"] = request.getfixturevalue("etcd_server").url
     nodename = os.uname().nodename
+    lake = ("--table", f"delta:{setup['home'] / 'lake'}")  # results as a Delta table too
     # A ends when it loses its lead (it does not stand by again): the zombie's exit
-    a = driver(setup, "--no-standby", continuous=True)
+    a = driver(setup, "--no-standby", *lake, continuous=True)
     wait_for(lambda: term(setup) is not None, 120, "the first driver's term")
     if control == "sqlite":  # refusing to stand by happens before Spark starts: cheap
         refused = driver(setup, "--no-standby")
@@ -180,7 +183,7 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         assert refused.returncode == 1
         assert f"aggregation 'duo' is already running: active driver {nodename}:{a.pid}" in err
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
-    b, c = driver(setup, continuous=True), driver(setup, continuous=True)
+    b, c = driver(setup, *lake, continuous=True), driver(setup, *lake, continuous=True)
     try:
         for standby in (b, c):  # each says it stands by, and who leads, once Spark is up
             line = standby_line(standby)
@@ -222,6 +225,10 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         assert set(terms) <= {first_term, second_term, third_term} and third_term in terms
         assert first_term < second_term < third_term
         check(setup["home"], setup["events"])
+        table = DeltaTable(str(setup["home"] / "lake")).to_pyarrow_table().to_pandas()
+        merged = oracle(setup["events"]).merge(table, on=["window_start", "key"], how="outer")
+        assert len(merged) == len(table) == len(oracle(setup["events"]))  # one row each
+        assert (merged["events_x"] == merged["events_y"]).all(), "the table's counts"
         before = fingerprint(setup)
     finally:
         os.killpg(a.pid, signal.SIGCONT)

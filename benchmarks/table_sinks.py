@@ -1,0 +1,111 @@
+"""What committing a batch's results to a lakehouse table costs, beside the Parquet
+result table every aggregation writes.
+
+A stream of batches, each changing ``--rows`` (window, key) rows of a table that grows
+to ``--batches`` x ``--rows`` / 2 rows (half of each batch's rows are new windows, half
+update rows an earlier batch wrote — what an hourly aggregation's batches do). Each
+sink gets the same batches, in a directory of this machine:
+
+* the Parquet result table (``results.write_output``: one file a batch, readers take
+  each (window, key)'s newest row) — the baseline;
+* a Delta table (``DeltaSink.write``: one delta-rs MERGE by (window, key) a batch, the
+  batch id in the same commit);
+* an Iceberg table (``IcebergSink.write``: one pyiceberg transaction a batch, upserting
+  by (window, key), on a SQLite catalog).
+
+    .venv/bin/python benchmarks/table_sinks.py [--rows 2000] [--batches 30]
+
+Prints the median and the last-five median milliseconds per batch of each, and each
+table's cost as a multiple of the Parquet result table's (below 1 would be cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from riverbed.stream import Aggregation, Count, Distinct, Sum, Tumbling
+from riverbed.stream.lakehouse import DeltaSink, IcebergSink
+from riverbed.stream.results import output_arrow_schema, write_output
+
+SPEC = Aggregation(
+    name="bench", key="flag", time="ts", window=Tumbling("1h"), watermark="2h",
+    metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+)  # fmt: skip
+T0 = pd.Timestamp("2026-11-01", tz="UTC")
+
+
+def batches(rows: int, count: int) -> list[pd.DataFrame]:
+    """``count`` batches of ``rows`` result rows: half new windows, half updates."""
+    rng = np.random.default_rng(7)
+    keys = [f"flag-{i:04d}" for i in range(rows // 2)]
+    out = []
+    for b in range(count):
+        hours = [b] * (rows // 2) + [max(0, b - 1)] * (rows - rows // 2)
+        start = [T0 + pd.Timedelta(hours=h) for h in hours]
+        out.append(
+            pd.DataFrame(
+                {
+                    "window_start": start,
+                    "window_end": [s + pd.Timedelta(hours=1) for s in start],
+                    "key": keys + keys[: rows - rows // 2],
+                    "events": rng.integers(1, 1000, rows),
+                    "users": rng.integers(1, 500, rows),
+                    "total": rng.random(rows) * 100,
+                    "batch_id": b,
+                }
+            )
+        )
+    return out
+
+
+def timed(write: Callable[[int, pd.DataFrame], object], frames: list[pd.DataFrame]) -> list[float]:
+    ms = []
+    for b, frame in enumerate(frames):
+        began = time.perf_counter()
+        write(b, frame)
+        ms.append((time.perf_counter() - began) * 1000)
+    return ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2000, help="result rows a batch changes")
+    parser.add_argument("--batches", type=int, default=30)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    frames = batches(args.rows, args.batches)
+    schema = output_arrow_schema(SPEC)
+    with tempfile.TemporaryDirectory(prefix="rb-table-sinks-") as scratch:
+        root = Path(scratch)
+        delta = DeltaSink(root / "delta")
+        iceberg = IcebergSink(f"sqlite:///{root / 'catalog.db'}", "bench.results")
+        sinks: dict[str, Callable[[int, pd.DataFrame], object]] = {
+            "parquet result table": lambda b, f: write_output(str(root / "out"), SPEC, b, f),
+            "delta": lambda b, f: delta.write("bench", b, f, schema),
+            "iceberg": lambda b, f: iceberg.write("bench", b, f, schema),
+        }
+        results = {name: timed(write, frames) for name, write in sinks.items()}
+        rows = len(delta.read())
+    base = results["parquet result table"]
+    print(
+        f"{args.batches} batches of {args.rows:,} result rows (half new, half updated); "
+        f"the tables end with {rows:,} rows"
+    )
+    print(f"{'sink':<22} {'median ms':>10} {'last 5 ms':>10} {'x parquet':>10}")
+    for name, ms in results.items():
+        median, tail = statistics.median(ms), statistics.median(ms[-5:])
+        ratio = median / statistics.median(base)
+        print(f"{name:<22} {median:>10.1f} {tail:>10.1f} {ratio:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
