@@ -17,6 +17,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from riverbed.stream import Aggregation, Count, Delta, Distinct, Iceberg, Session, Sum, Tumbling
 from riverbed.stream.batchlog import open_batches
@@ -404,3 +406,62 @@ def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_
     got = sink.read()[["window_start", "key", "users", "events"]]
     got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
+pairs = st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", "c", "d", "e"]))
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batches=st.lists(
+        st.tuples(
+            st.dictionaries(pairs, st.integers(0, 99), max_size=8),  # rows written
+            st.sets(pairs, max_size=3),  # sessions merged away (deleted)
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_both_tables_hold_what_the_batches_upserted_and_deleted(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[tuple[dict[tuple[int, str], int], set[tuple[int, str]]]],
+) -> None:
+    """Any batches of rows and deletions over a few windows and keys: each table holds
+    the model's rows — a (window, key) once, with its newest value, none deleted."""
+    where = tmp_path_factory.mktemp("model")
+    sinks: list[DeltaSink | IcebergSink] = [
+        DeltaSink(where / "delta"),
+        IcebergSink(f"sqlite:///{where / 'catalog.db'}", "m.t"),
+    ]
+    model: dict[tuple[int, str], int] = {}
+    for b, (written, gone) in enumerate(batches):
+        gone = gone - written.keys()  # a batch writes a (window, key) or deletes it
+        keys = [*written, *gone]
+        if not keys:
+            continue  # (the sinks are not called for a batch without rows: doors.py)
+        frame = pd.DataFrame(
+            {
+                "window_start": [T0 + pd.Timedelta(hours=h) for h, _ in keys],
+                "window_end": [T0 + pd.Timedelta(hours=h + 1) for h, _ in keys],
+                "key": [k for _, k in keys],
+                "n": [*written.values(), *([None] * len(gone))],
+                "deleted": [False] * len(written) + [True] * len(gone),
+                "batch_id": [b] * len(keys),
+            }
+        )
+        for sink in sinks:
+            sink.write("m", b, frame, SCHEMA)
+        model.update(written)
+        for pair in gone:
+            model.pop(pair, None)
+    for sink in sinks:
+        got = sink.read() if sink.committed("m") is not None else pd.DataFrame()
+        held = {
+            (int((pd.Timestamp(w) - T0) / pd.Timedelta(hours=1)), k): int(n)
+            for w, k, n in zip(
+                got.get("window_start", []), got.get("key", []), got.get("n", []), strict=True
+            )
+        }
+        assert held == model, type(sink).__name__
