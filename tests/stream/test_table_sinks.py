@@ -267,7 +267,10 @@ def test_a_table_through_kills_holds_the_oracle(
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
-def test_every_hundredth_batch_compacts_the_table_after_its_commit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_every_hundredth_batch_compacts_the_table_after_its_commit(
+    tmp_path: Path, kind: str
+) -> None:
     from dataclasses import dataclass
 
     @dataclass
@@ -276,8 +279,16 @@ def test_every_hundredth_batch_compacts_the_table_after_its_commit(tmp_path: Pat
         log_url: str | None = None
 
     spec = Aggregation(name="many", key="k", window=Tumbling("1h"), metrics={"n": Count()})
-    sink = Delta(tmp_path / "t")
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
+    sink = Delta(tmp_path / "t") if kind == "delta" else Iceberg(catalog, "c.t")
     schema = output_arrow_schema(spec)
+    iceberg = IcebergSink(catalog, "c.t")
+
+    def files() -> int:
+        if kind == "delta":
+            return len(DeltaTable(str(tmp_path / "t")).file_uris())
+        return len(iceberg.data_files())
+
     for b in range(100):
         frame = pd.DataFrame(
             {
@@ -290,11 +301,16 @@ def test_every_hundredth_batch_compacts_the_table_after_its_commit(tmp_path: Pat
         )[schema.names]
         sink.write(Running(spec), b, frame)
         if b == 98:
-            assert len(DeltaTable(str(tmp_path / "t")).file_uris()) == 99  # a file a batch
-    table = DeltaTable(str(tmp_path / "t"))
-    assert len(table.file_uris()) == 1  # compacted after batch 99's commit
-    assert table.transaction_version(app_id("many")) == 99
-    assert sorted(table.to_pyarrow_table().column("n").to_pylist()) == list(range(100))
+            assert files() == 99  # a file a batch
+    assert files() == 1  # compacted after batch 99's commit
+    if kind == "delta":
+        table = DeltaTable(str(tmp_path / "t"))
+        assert table.transaction_version(app_id("many")) == 99
+        got = table.to_pyarrow_table().column("n").to_pylist()
+    else:
+        assert iceberg.committed("many") == 99
+        got = iceberg.read()["n"].tolist()
+    assert sorted(got) == list(range(100))
 
 
 @pytest.mark.s3
@@ -465,3 +481,29 @@ def test_both_tables_hold_what_the_batches_upserted_and_deleted(
             )
         }
         assert held == model, type(sink).__name__
+
+
+def test_an_iceberg_compaction_keeps_every_aggregations_batch_id_and_expires_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Compacted with no retention, the table keeps only its newest snapshots; the batch
+    ids of both aggregations writing it are still found (the rewrite's snapshot carries
+    them), so an older batch run again still commits nothing."""
+    sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
+    for b in range(4):
+        assert sink.write("agg", b, rows(b, {f"k{b}": b, "a": b}), SCHEMA)
+    assert sink.write("other", 7, rows(7, {"o": 7}), SCHEMA)
+    before = len(sink.catalog.load_table("rb.t").snapshots())
+    assert len(sink.data_files()) > 1
+    sink.compact(retention_hours=0)
+    table = sink.catalog.load_table("rb.t")
+    assert len(table.snapshots()) < before and len(sink.data_files()) == 1
+    on_disk = {f"file://{p}" for p in (tmp_path / "warehouse").rglob("*.parquet")}
+    live = {f if f.startswith("file://") else f"file://{f}" for f in sink.data_files()}
+    assert on_disk == live  # the expired snapshots' files are gone too
+    assert sink.committed("agg") == 3 and sink.committed("other") == 7
+    assert not sink.write("agg", 2, rows(2, {"a": 99}), SCHEMA)  # older: nothing
+    got = sink.read()
+    assert dict(zip(got["key"], got["n"], strict=True)) == {
+        "k0": 0, "k1": 1, "k2": 2, "k3": 3, "a": 3, "o": 7,
+    }  # fmt: skip

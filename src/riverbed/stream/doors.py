@@ -357,9 +357,12 @@ class Iceberg:
 
         if rows.empty:
             return
+        sink = self._sink()
         table_failpoint("before", batch_id)
-        self._sink().write(config.spec.name, batch_id, rows, output_arrow_schema(config.spec))
+        committed = sink.write(config.spec.name, batch_id, rows, output_arrow_schema(config.spec))
         table_failpoint("after", batch_id)
+        if committed and batch_id % 100 == 99:  # as Delta's: by the one writer, after it
+            sink.compact()
 
 
 _TABLE_SPELLINGS = (

@@ -326,15 +326,30 @@ class IcebergSink:
         table = self._table() if table is None else table
         if table is None:
             return None
-        prop = f"riverbed.batch.{name}"
-        by_id = {s.snapshot_id: s for s in table.snapshots()}
-        snapshot = table.current_snapshot()
-        while snapshot is not None:  # the newest of this aggregation's, back the lineage
-            if snapshot.summary is not None and snapshot.summary.get(prop) is not None:
-                return int(snapshot.summary[prop])
-            parent = snapshot.parent_snapshot_id
-            snapshot = by_id.get(parent) if parent is not None else None
-        return None
+        found = _batch_ids(table).get(f"{_BATCH}{name}")
+        return None if found is None else int(found)
+
+    def compact(self, retention_hours: int = 168) -> None:
+        """Rewrite the table's current rows into as few files as one write makes (each
+        batch adds files, and its delete rewrites the files holding the rows it
+        replaces), expire the snapshots older than ``retention_hours``, and delete the
+        data files older than that which no snapshot left refers to (pyiceberg's expiry
+        leaves them). The rewrite's snapshots carry every aggregation's newest batch id,
+        so the lineage that :meth:`committed` walks never loses one."""
+        from datetime import UTC, datetime, timedelta
+
+        table = self._table()
+        if table is None:
+            return
+        props = _batch_ids(table)
+        table.overwrite(table.scan().to_arrow(), snapshot_properties=props)
+        table = table.refresh()
+        cutoff = datetime.now(UTC) - timedelta(hours=retention_hours)
+        current = table.current_snapshot()
+        if current is not None and current.timestamp_ms <= cutoff.timestamp() * 1000:
+            cutoff = datetime.fromtimestamp((current.timestamp_ms - 1) / 1000, UTC)
+        table.maintenance.expire_snapshots().older_than(cutoff).commit()
+        _delete_unreferenced(table.refresh(), cutoff.timestamp())
 
     def write(self, name: str, batch_id: int, rows: pd.DataFrame, schema: pa.Schema) -> bool:
         """Commit batch ``batch_id``'s rows; whether this call committed."""
@@ -369,7 +384,7 @@ class IcebergSink:
                 table.append(table.schema().as_arrow().empty_table())
                 table = table.refresh()
             source = _with_table_columns(source, table.schema().as_arrow())
-        props = {f"riverbed.batch.{name}": str(batch_id)}
+        props = {f"{_BATCH}{name}": str(batch_id)}
         with table.transaction() as tx:
             # an upsert as a delete of every (window, key) the batch touches — its rows
             # and its sessions merged away — then an append of its rows: one commit.
@@ -401,6 +416,49 @@ class IcebergSink:
                 )
             files.append(str(task.file.file_path))
         return files
+
+
+_BATCH = "riverbed.batch."  # a snapshot summary's key: + the aggregation's name
+
+
+def _delete_unreferenced(table: Any, older_than: float) -> int:
+    """Delete the table's data files that no snapshot refers to and that were written
+    before ``older_than`` (seconds since the epoch: a file younger than the retention
+    may belong to a commit in flight); how many."""
+    from riverbed.storage import open_store
+
+    kept: set[str] = set()
+    for snapshot in table.snapshots():
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            kept.add(task.file.file_path)
+            kept.update(d.file_path for d in task.delete_files)
+    data = f"{table.location().rstrip('/')}/data"
+    store = open_store(data)
+    gone = [
+        info.key
+        for info in store.list()
+        if info.key.endswith(".parquet")
+        and f"{data}/{info.key}" not in kept
+        and info.modified < older_than
+    ]
+    store.delete_many(gone)
+    return len(gone)
+
+
+def _batch_ids(table: Any) -> dict[str, str]:
+    """Each aggregation's newest batch id in the table (its summary key → the id), the
+    first found walking the current snapshot's lineage back."""
+    by_id = {s.snapshot_id: s for s in table.snapshots()}
+    found: dict[str, str] = {}
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        summary = snapshot.summary  # (its Mapping iteration is broken in pyiceberg 0.12)
+        for key, value in (summary.additional_properties if summary is not None else {}).items():
+            if key.startswith(_BATCH):
+                found.setdefault(key, value)
+        parent = snapshot.parent_snapshot_id
+        snapshot = by_id.get(parent) if parent is not None else None
+    return found
 
 
 def _pairs_filter(ex: Any, rows: pd.DataFrame) -> Any:
