@@ -38,6 +38,7 @@ __all__ = [
     "SourceOptionError",
     "SparkUnavailableError",
     "driver_heap_bytes",
+    "is_connect",
     "session",
     "tasks_in_this_process",
     "tasks_on_this_machine",
@@ -65,6 +66,12 @@ class SparkUnavailableError(RiverbedError):
 
 class SourceOptionError(InvalidValueError):
     """A riverbed source option (topic, schema, …) that cannot be used."""
+
+
+def is_connect(spark: object) -> bool:
+    """Whether ``spark`` is a Spark Connect session: a client of a server elsewhere, with
+    no SparkContext, RDDs or JVM of its own (docs/stream.md, "Spark Connect")."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def tasks_on_this_machine(master: str) -> bool:
@@ -159,6 +166,10 @@ def session(config: SparkConfig | None = None, *, test: bool = False) -> SparkSe
         from riverbed.config import load_config
 
         master = resolve(master, load_config().control)
+    if master.startswith("sc://"):  # a Spark Connect server: its own Spark, its settings
+        remote: SparkSession = SparkSession.builder.remote(master).getOrCreate()
+        remote.conf.set("spark.sql.session.timeZone", "UTC")
+        return remote
     builder = SparkSession.builder.master(master).appName(config.app_name)
     conf = {**BASE_CONF, **(TEST_CONF if test else {}), **config.conf}
     from riverbed.spark.cds import java_options  # here: `python -m riverbed.spark.cds`

@@ -382,7 +382,14 @@ def register(spark: Any) -> None:
     """Make ``format("riverbed")`` available on this session. The Python workers that
     plan and read it get this process's way to a log in a bucket (:func:`reach`): Spark
     hands a data source's workers the context's environment as it is at registration,
-    and they may have started before these were set."""
+    and they may have started before these were set. Over Spark Connect there is no
+    context to hand them: the workers run on the server, with its environment (set the
+    log's and bucket's settings where it runs, as on a cluster's executors)."""
+    from riverbed.spark import is_connect
+
+    if is_connect(spark):
+        spark.dataSource.register(RiverbedDataSource)
+        return
     environment = spark.sparkContext.environment
     now = reach()
     for name in [n for n in environment if n not in now and _reaching(n)]:

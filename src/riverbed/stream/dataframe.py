@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from riverbed.config import load_config
-from riverbed.spark import s3a
+from riverbed.spark import is_connect, s3a
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import StateConfig
 from riverbed.stream import backfill, lookups, rescale, specrecord
@@ -266,7 +266,14 @@ def start(
         spark, spec, str(checkpoint), log_url, lambda: load_config().log_url
     )
     options, log_url = opened.options, opened.log_url
-    if options is None:
+    if options is not None and is_connect(spark):
+        raise StreamValueError(
+            "over Spark Connect a topic is aggregated through Spark's micro-batch engine: "
+            "give the source as Frame(spark.readStream.format('riverbed').option('topic', "
+            "…).load()); riverbed's own trigger loop (the log-native path) runs its tasks "
+            "as RDDs, which need classic PySpark"
+        )
+    if options is None and not is_connect(spark):
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     if state is None:
         state = default_state(checkpoint)

@@ -171,6 +171,15 @@ class Frame:
 def as_source(source: Any) -> Source:
     """A :class:`Source` from what ``start`` was given: a Source, a dict of a riverbed
     topic's options, ``{"kafka": {...}}``, or a streaming DataFrame."""
+    from pyspark.sql import DataFrame
+
+    if isinstance(source, DataFrame):  # first: a Spark Connect DataFrame answers any
+        if source.isStreaming:  # attribute with a column, so it passes for a Source
+            return Frame(source)
+        raise StreamValueError(
+            "a DataFrame source must be a streaming one (spark.readStream…), not a batch "
+            "DataFrame"
+        )
     if isinstance(source, Source) and not isinstance(source, Mapping):
         return source
     if isinstance(source, Mapping):
