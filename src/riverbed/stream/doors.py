@@ -177,8 +177,7 @@ def as_source(source: Any) -> Source:
         if source.isStreaming:  # attribute with a column, so it passes for a Source
             return Frame(source)
         raise StreamValueError(
-            "a DataFrame source must be a streaming one (spark.readStream…), not a batch "
-            "DataFrame"
+            "a DataFrame source must be a streaming one (spark.readStream…), not a batch DataFrame"
         )
     if isinstance(source, Source) and not isinstance(source, Mapping):
         return source
