@@ -21,6 +21,7 @@ from riverbed.spark import TEST_CONF
 from riverbed.stream.dataframe import read_results
 from riverbed.testing import KafkaServer
 from tests.stream.conftest import make_events
+from tests.stream.test_kafka_source import AVRO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,16 +38,6 @@ aggregation = Aggregation(
     state_partitions=2,
 )
 """
-AVRO = {
-    "type": "record",
-    "name": "Click",
-    "fields": [
-        {"name": "user_id", "type": "long"},
-        {"name": "flag", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    ],
-}
 
 
 def _run(command: list[str], *, env: dict[str, str], cwd: Path, timeout: float) -> str:

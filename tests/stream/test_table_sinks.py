@@ -212,6 +212,23 @@ aggregation = Aggregation(
 """
 
 
+def assert_holds(table: pd.DataFrame, events: pd.DataFrame) -> None:
+    """A table read back holds the hourly oracle of ``events``: one row per window and
+    key, with its users and events (what SPEC aggregates)."""
+    want = (
+        events.assign(window_start=events["ts"].dt.floor("1h"))
+        .groupby(["window_start", "flag"])
+        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+        .sort_values(["window_start", "key"])
+        .reset_index(drop=True)
+    )
+    got = table[["window_start", "key", "users", "events"]]
+    got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -224,7 +241,7 @@ def test_a_table_through_kills_holds_the_oracle(
     kills = 4
     slices = backlogs(events, kills + 1)
     spec = tmp_path / "spec.py"
-    spec.write_text(SPEC)
+    spec.write_text(SPEC)  # (both kill tests)
     table = (
         f"delta:{tmp_path / 'lake'}"
         if kind == "delta"
@@ -248,23 +265,12 @@ def test_a_table_through_kills_holds_the_oracle(
         [*command, "--once"], env=env, capture_output=True, text=True, check=False
     )
     assert finished.returncode == 0, finished.stderr[-2000:]
-    want = (
-        events.assign(window_start=events["ts"].dt.floor("1h"))
-        .groupby(["window_start", "flag"])
-        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
-        .reset_index()
-        .rename(columns={"flag": "key"})
-        .sort_values(["window_start", "key"])
-        .reset_index(drop=True)
-    )
-    read = (
+    assert_holds(
         pl.read_delta(str(tmp_path / "lake")).to_pandas()
         if kind == "delta"
-        else (IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results").read())
+        else IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results").read(),
+        events,
     )
-    got = read[["window_start", "key", "users", "events"]]
-    got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
@@ -374,7 +380,7 @@ def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_
     events = make_events(3000, hours=5, seed=31)
     write_events(f"file://{home / 'log'}", events, partitions=3)
     spec = tmp_path / "spec.py"
-    spec.write_text(SPEC)
+    spec.write_text(SPEC)  # (both kill tests)
     table = (
         f"delta:{s3_url}/lake"
         if kind == "delta"
@@ -410,18 +416,7 @@ def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_
             ).version()
             == last
         )
-    want = (
-        events.assign(window_start=events["ts"].dt.floor("1h"))
-        .groupby(["window_start", "flag"])
-        .agg(users=("user_id", "nunique"), events=("user_id", "size"))
-        .reset_index()
-        .rename(columns={"flag": "key"})
-        .sort_values(["window_start", "key"])
-        .reset_index(drop=True)
-    )
-    got = sink.read()[["window_start", "key", "users", "events"]]
-    got = got.sort_values(["window_start", "key"]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert_holds(sink.read(), events)
 
 
 pairs = st.tuples(st.integers(0, 3), st.sampled_from(["a", "b", "c", "d", "e"]))
