@@ -126,3 +126,13 @@ def test_setup_jars_fills_a_cache_once_with_what_pyspark_lacks(tmp_path: Path) -
     assert again.returncode == 0, again.stderr
     assert "already filled" in again.stdout
     assert {p.name: p.stat().st_ino for p in cache.glob("*.jar")} == inodes
+
+
+def test_setup_jars_never_replaces_a_directory_it_did_not_fill(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "my-udfs-1.0.jar").write_bytes(b"PK")
+    done = run_cli("setup", "jars", "--dir", str(mine))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "did not put there" in done.stderr and "nothing was changed" in done.stderr
+    assert [p.name for p in mine.iterdir()] == ["my-udfs-1.0.jar"]

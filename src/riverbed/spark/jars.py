@@ -229,6 +229,7 @@ def fetch(
     stamp = directory / _stamp(coords, repositories)
     if stamp.is_file():
         return Fetched(directory, [p.name for p in jars(directory)], False, 0.0)
+    _refuse_foreign(directory)
     home = ivy_home()
     with _locked(home / ".lock"):
         if stamp.is_file():  # another process filled it meanwhile
@@ -253,6 +254,22 @@ def fetch(
     names = sorted(chosen.values())
     say(f"{len(names)} jars in {directory}: {', '.join(names)}")
     return Fetched(directory, names, True, time.monotonic() - started)
+
+
+def _refuse_foreign(directory: Path) -> None:
+    """A cache is replaced whole when filled again: refuse a directory that holds files
+    a fill did not put there (no ``.fetched-*`` stamp), rather than delete them."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise JarFetchError(f"the jar cache {directory} is a file; give a directory")
+    entries = list(directory.iterdir())
+    if entries and not any(p.name.startswith(".fetched-") for p in entries):
+        raise JarFetchError(
+            f"{directory} holds {len(entries)} files riverbed setup jars did not put there; "
+            "it replaces the cache whole when it fills it, so give an empty or new directory "
+            "(--dir) — nothing was changed"
+        )
 
 
 def _place(source: Path, target: Path) -> None:
