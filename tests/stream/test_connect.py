@@ -6,6 +6,7 @@ and exactly-once restarts as a classic session."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,20 +23,31 @@ from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import oracle, session_events, session_oracle, source
 
-pytestmark = pytest.mark.spark  # a Spark Connect server (Spark, started by the fixture)
+# a Spark Connect server (Spark, started by the fixture), in the scenario group: one
+# worker runs these one after another, never beside its own classic session's tests
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+MODE = "SPARK_CONNECT_MODE_ENABLED"
 
 
 @pytest.fixture(scope="module")
 def connect() -> Iterator[Any]:
-    """A Spark Connect server for the module, and a client session of it."""
+    """A Spark Connect server for the module, and a client session of it. PySpark puts a
+    whole process in Connect mode (``SPARK_CONNECT_MODE_ENABLED``: its functions and
+    builders then speak Connect); the mode is taken back after, so this worker's classic
+    sessions work again."""
     from pyspark.sql import SparkSession
 
+    before = os.environ.get(MODE)
     with ConnectServer() as server:
         spark = SparkSession.builder.remote(server.url).getOrCreate()
         try:
             yield spark
         finally:
             spark.stop()
+            if before is None:
+                os.environ.pop(MODE, None)
+            else:
+                os.environ[MODE] = before
 
 
 def _run(spark: Any, spec: Aggregation, log_url: str, root: Path) -> None:
@@ -47,7 +59,6 @@ def _run(spark: Any, spec: Aggregation, log_url: str, root: Path) -> None:
     assert query.exception() is None, query.exception()
 
 
-@pytest.mark.slow
 def test_an_aggregation_over_spark_connect_equals_the_oracle_across_a_restart(
     connect: Any, tmp_path: Path
 ) -> None:
@@ -72,7 +83,6 @@ def test_an_aggregation_over_spark_connect_equals_the_oracle_across_a_restart(
     assert ((merged["total"] - merged["total_oracle"]).abs() < 1e-6).all()
 
 
-@pytest.mark.slow
 def test_sessions_over_spark_connect_equal_their_definition(connect: Any, tmp_path: Path) -> None:
     log_url = f"file://{tmp_path / 'log'}"
     events = session_events(1500, seed=62)

@@ -168,13 +168,19 @@ class Frame:
         return Opened(frame=self.df, log_url=log_url)
 
 
+def _is_dataframe(source: Any) -> bool:
+    from pyspark.sql import DataFrame
+
+    return isinstance(source, DataFrame)
+
+
 def as_source(source: Any) -> Source:
     """A :class:`Source` from what ``start`` was given: a Source, a dict of a riverbed
     topic's options, ``{"kafka": {...}}``, or a streaming DataFrame."""
-    from pyspark.sql import DataFrame
-
-    if isinstance(source, DataFrame):  # first: a Spark Connect DataFrame answers any
-        if source.isStreaming:  # attribute with a column, so it passes for a Source
+    # first: a Spark Connect DataFrame answers any attribute with a column, so it passes
+    # for a Source (and only a pyspark object can be a DataFrame: no import otherwise)
+    if type(source).__module__.startswith("pyspark.") and _is_dataframe(source):
+        if source.isStreaming:
             return Frame(source)
         raise StreamValueError(
             "a DataFrame source must be a streaming one (spark.readStream…), not a batch DataFrame"
