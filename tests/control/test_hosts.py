@@ -10,7 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.control import Session
-from riverbed.control.processes import Presence, announce, host_name, host_states, hosts_of
+from riverbed.control.processes import (
+    PROCESSES,
+    Presence,
+    announce,
+    host_name,
+    host_states,
+    hosts_of,
+)
+from riverbed.control.processes import (
+    SEEN as SEEN_PREFIX,
+)
+from riverbed.control.registry import Registry
 
 HOSTS = st.sampled_from(["h1", "h2", "h3", "db", "edge-7"])
 ROLES = st.sampled_from(["log-server", "stream-driver", "jobs-worker", "orchestrator"])
@@ -58,6 +69,23 @@ def test_a_host_is_up_while_its_process_lives_and_down_after(cp, monkeypatch):
     gone = row()
     assert gone["state"] == "down" and gone["processes"] == []
     assert gone["first_seen"] == first and gone["last_seen"] >= first
+
+
+def test_the_host_is_recorded_before_its_process_so_a_kill_between_leaves_it_down(cp, monkeypatch):
+    """A process SIGKILLed between its two announce writes must not leave a host that
+    shows up while the process's lease lives and then vanishes (a CI failure: the
+    alerts test killed its worker there and waited for "h9 down" forever)."""
+    host = f"host-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("RIVERBED_HOST", host)
+    session = Session(cp, ttl=5)
+    try:
+        member = announce(session, "jobs-worker")
+        seen = cp.get(SEEN_PREFIX + host.encode())
+        proc = cp.get(Registry(cp, PROCESSES).prefix + member.encode())
+        assert seen is not None and proc is not None
+        assert seen.mod_revision < proc.mod_revision
+    finally:
+        session.close()
 
 
 def test_presence_announces_again_after_its_lease_was_lost(cp, monkeypatch):

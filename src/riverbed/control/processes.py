@@ -78,9 +78,9 @@ def _announce(
     pid = os.getpid()
     member = f"{host}:{pid}:{role}"
     now = time.time()
-    Registry(session.cp, PROCESSES).register(
-        session, member, {**(detail or {}), "host": host, "role": role, "pid": pid, "since": now}
-    )
+    # The host first, then the process: a process killed between the two writes must
+    # leave its host shown as down, not a live-looking process whose host vanishes
+    # from the view when its lease ends.
     key = SEEN + host.encode()
     seen = session.cp.get(key)
     first = now
@@ -90,6 +90,9 @@ def _announce(
         except (ValueError, TypeError, AttributeError):
             first = now
     session.cp.put(key, json.dumps({"first_seen": first, "last_seen": now}).encode())
+    Registry(session.cp, PROCESSES).register(
+        session, member, {**(detail or {}), "host": host, "role": role, "pid": pid, "since": now}
+    )
     return member
 
 
