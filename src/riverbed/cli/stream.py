@@ -91,6 +91,12 @@ def add_parsers(sub: Any) -> None:
         help="start from a savepoint (`stream savepoint`): of this aggregation (a rollback) "
         "or of AGG (a fork under this spec's name); the source is read again from its cut",
     )
+    c.add_argument(
+        "--new-version",
+        action="store_true",
+        help="compute the changed spec as a new version from the oldest records the source "
+        "holds, beside the running one, and switch readers to it once it has caught up",
+    )
     c.set_defaults(func=_run, spark_noise="stream-run")
     c = cmds.add_parser(
         "savepoint",
@@ -117,6 +123,11 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("spec")
     c.add_argument("--json", action="store_true")
     c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.add_argument(
+        "--new-version",
+        action="store_true",
+        help="what `stream run SPEC --new-version` would compute, beside the running version",
+    )
     c.set_defaults(func=_plan)
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
@@ -141,11 +152,36 @@ def add_parsers(sub: Any) -> None:
     query.set_defaults(func=_query)
 
 
-def _job(spec: str, config: Config) -> Any:
+def _job(spec: str, config: Config, version: bool = True) -> Any:
+    """The stream job of a spec file: of its aggregation's current version (a version
+    switched in by ``stream run --new-version``), unless ``version`` is False (the
+    aggregation under the spec's own name)."""
+    from dataclasses import replace
+
+    from riverbed.stream.layout import checkpoints_location
     from riverbed.stream.specjob import job_for, load_spec
+    from riverbed.stream.versions import resolve
 
     aggregation, source = load_spec(spec)
+    if version:
+        now = resolve(checkpoints_location(config.checkpoints_url), aggregation.name)
+        if now.aggregation != aggregation.name:
+            aggregation = replace(aggregation, name=now.aggregation)
     return job_for(config, aggregation, source, spec=Path(spec))
+
+
+def _new_version(spec: str, config: Config) -> tuple[Any, Any]:
+    """The job of ``stream run SPEC --new-version``, and the version plan it runs."""
+    from dataclasses import replace
+
+    from riverbed.stream.layout import checkpoints_location
+    from riverbed.stream.specjob import job_for
+    from riverbed.stream.versions import plan_new_version
+
+    base = _job(spec, config, version=False)
+    planned = plan_new_version(checkpoints_location(config.checkpoints_url), base.aggregation)
+    aggregation = replace(base.aggregation, name=planned.aggregation)
+    return job_for(config, aggregation, base.source, spec=Path(spec)), planned
 
 
 def _sayer(timestamps: bool) -> Any:
@@ -169,9 +205,13 @@ def _run(args: argparse.Namespace) -> int:
     from riverbed.spark import session
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
+    from riverbed.stream.layout import checkpoints_location
     from riverbed.stream.leader import DriverLease
+    from riverbed.stream.plan import ends_of
+    from riverbed.stream.sparklog import read_ends
     from riverbed.stream.specjob import batch_line, log_options, resume_line, run
     from riverbed.stream.specrecord import check
+    from riverbed.stream.versions import replaced, try_switch
     from riverbed.stream.warmup import warm_up_in_background
 
     say = _sayer(args.timestamps)
@@ -183,7 +223,17 @@ def _run(args: argparse.Namespace) -> int:
         from riverbed.cli.joins import run_join
 
         return run_join(args, config, join, say)
-    job = _job(args.spec, config)
+    planned = None
+    if args.new_version:
+        if args.from_savepoint:
+            raise ConfigError(
+                "--new-version starts from the source's oldest records: drop "
+                "--from-savepoint (or fork the savepoint under a new name)"
+            )
+        job, planned = _new_version(args.spec, config)
+        say(planned.text())
+    else:
+        job = _job(args.spec, config)
     starting = None
     if args.from_savepoint:  # compared with the savepoint's spec, and said
         from riverbed.stream.savepoints import started_from
@@ -255,9 +305,39 @@ def _run(args: argparse.Namespace) -> int:
 
     backlog = Backlog(_backlog(job) if args.once else None, err)
 
+    checkpoints = checkpoints_location(config.checkpoints_url)
+    switched = planned is None or planned.is_current
+
+    def switch_if_caught_up(record: BatchRecord | None) -> None:
+        nonlocal switched
+        if switched or planned is None:
+            return
+        mine = ends_of(record.slices) if record is not None and record.slices else None
+        ruling = try_switch(checkpoints, planned, mine or read_ends(job.checkpoint)[0] or {})
+        if ruling is None:
+            return
+        switched = True
+        if ruling.number == planned.number:
+            say(
+                f"[green]version {planned.number} of {planned.name} is current now[/green]: "
+                f"readers read {planned.aggregation} (it had caught up with version "
+                f"{planned.current.number}, {planned.current.aggregation}, which stops)"
+            )
+
     def progress(batch_id: int, record: BatchRecord) -> None:
         say(batch_line(batch_id, record))
         backlog.advance(record.counted("input"))
+        switch_if_caught_up(record)
+
+    def replaced_by() -> str | None:
+        newer = replaced(checkpoints, job.aggregation.name)
+        if newer is None:
+            return None
+        return (
+            f"[yellow]{job.aggregation.name} was replaced: version {newer.number} of "
+            f"{newer.name} ({newer.aggregation}) is current, so this driver stops (its "
+            "checkpoint and results are kept)[/yellow]"
+        )
 
     # a long-running driver that loses its lead stands by again (its Spark session
     # warm); a run of the backlog (--once), or one told not to stand by, ends instead
@@ -268,9 +348,13 @@ def _run(args: argparse.Namespace) -> int:
             resuming = resume_line(job)
             if resuming is not None:
                 say(resuming)
+            gone = replaced_by()
+            if gone is not None:
+                say(gone)
+                break
             try:
                 with backlog:
-                    run(
+                    stopped = run(
                         spark,
                         job,
                         once=args.once,
@@ -281,6 +365,18 @@ def _run(args: argparse.Namespace) -> int:
                         on_progress=progress,
                         lease=lease,
                         from_savepoint=(starting[0], starting[1].name) if starting else None,
+                        stop_when=replaced_by,
+                    )
+                if stopped is not None:
+                    say(stopped)
+                    break
+                switch_if_caught_up(None)
+                if not switched and planned is not None:
+                    say(
+                        f"[yellow]version {planned.number} of {planned.name} has not caught up "
+                        f"with version {planned.current.number} yet (it has read less of the "
+                        "source): run it again, or without --once, and it switches when it "
+                        "has[/yellow]"
                     )
                 break
             except DriverFencedError:
@@ -431,7 +527,15 @@ def _plan(args: argparse.Namespace) -> int:
     from riverbed.stream.specjob import log_options
     from riverbed.stream.specrecord import plan_start
 
-    job = _job(args.spec, config_of(args))
+    config = config_of(args)
+    if args.new_version:
+        job, planned = _new_version(args.spec, config)
+        if args.json:
+            print(json.dumps(planned.to_json()))
+        else:
+            out.print(planned.text(), markup=False)
+        return 0
+    job = _job(args.spec, config)
     decided = plan_start(job.checkpoint, job.aggregation, log_options(job))
     if args.json:
         print(json.dumps(decided.to_json()))
@@ -443,6 +547,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
     from riverbed.stream.specjob import status
+    from riverbed.stream.versions import resolve
 
     config = config_of(args)
     if args.spec.endswith(".py"):
@@ -455,8 +560,11 @@ def _status(args: argparse.Namespace) -> int:
             return join_status(args, config, join)
     job = _job(args.spec, config) if args.spec.endswith(".py") else None
     sources = Sources(config)
+    # a name is read as its current version (riverbed.stream.versions); name a version
+    # (<name>-v<N>) to see that one
+    name = job.aggregation.name if job else resolve(sources.checkpoints, args.spec).aggregation
     try:  # what the console's stream page shows, once the aggregation has run
-        info = stream(sources, job.aggregation.name if job else args.spec, ledger=10)
+        info = stream(sources, name, ledger=10)
     except QueryError:
         if job is None:
             raise
@@ -481,6 +589,15 @@ def _status(args: argparse.Namespace) -> int:
         if key == "unmatched" and key not in info:  # only aggregations with lookups
             continue
         out.print(f"{key:>14}: {info.get(key, '-')}")
+    version = info.get("version")
+    if version:  # riverbed.stream.versions
+        cur = version["current"]
+        said = f"{version['version']} of {version['name']}, {version['state']}"
+        if version["state"] == "catching up":
+            said += f": {version['behind']:,} records behind version {cur['version']}"
+        elif version["state"] == "replaced":
+            said += f" by version {cur['version']} ({cur['aggregation']})"
+        out.print(f"{'version':>14}: {said}")
     for at, snapshot in enumerate(info.get("lookups") or []):
         read = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snapshot["at_ms"] / 1000))
         out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}, read {read}")
@@ -528,6 +645,11 @@ def _query(args: argparse.Namespace) -> int:
     else:
         if name.endswith(".py"):
             name = _job(name, config).aggregation.name
+        else:  # its current version's results (riverbed.stream.versions)
+            from riverbed.stream.layout import checkpoints_location
+            from riverbed.stream.versions import resolve
+
+            name = resolve(checkpoints_location(config.checkpoints_url), name).aggregation
         root = results_location(config, name)
         frame = read_results(root)
         if frame.empty and "window_start" not in frame:

@@ -11,6 +11,7 @@ from riverbed.errors import RiverbedError
 from riverbed.inspect.sources import QueryError, Sources, jsonable
 from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.layout import aggregations, joins
+from riverbed.stream.versions import version_status
 
 NOTHING_KNOWN: dict[str, Any] = {
     "batches": 0,
@@ -87,6 +88,7 @@ def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     recorded = recorded_driver(checkpoint)
     out["term"] = recorded.get("term") if recorded else None
     out["state"] = _state_generation(checkpoint)
+    out["version"] = version_status(src.checkpoints, name)
     now_ms = time.time() * 1000
     wm = out.get("watermark_ms") or 0
     out["watermark_gap_s"] = round((now_ms - wm) / 1000, 1) if wm else None

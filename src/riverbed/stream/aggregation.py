@@ -14,6 +14,29 @@ from riverbed.stream.metrics import Metric, where_column
 from riverbed.windows import WINDOWS, Session, Window
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+# version N >= 2 of aggregation <name>, which riverbed computes beside it under this name
+# (riverbed.stream.versions): '-' is in no name a user gives, so none can collide
+_VERSIONED = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9_]{0,63})-v(?P<n>[2-9]|[1-9][0-9]+)$")
+
+
+def version_name(name: str, number: int) -> str:
+    """The aggregation that computes version ``number`` of ``name`` (1: ``name``)."""
+    if number < 1:
+        raise StreamValueError(f"a version number starts at 1, not {number}")
+    return name if number == 1 else f"{name}-v{number}"
+
+
+def base_of(aggregation: str) -> tuple[str, int]:
+    """``(name, number)`` of a version's aggregation: ``flags-v3`` → ``("flags", 3)``;
+    an aggregation that names no version is version 1 of itself."""
+    found = _VERSIONED.match(aggregation)
+    return (found["base"], int(found["n"])) if found else (aggregation, 1)
+
+
+def is_version_name(aggregation: str) -> bool:
+    return _VERSIONED.match(aggregation) is not None
+
+
 KEY = "_key"  # a composite key's column in a batch: its parts' values as JSON text
 DELETED = "deleted"  # a session's tombstone in the results (riverbed.stream.sessions)
 # the result table's own columns (riverbed.stream.results): no metric or key part's name
@@ -77,7 +100,7 @@ class Aggregation:
         if KEY in self.key_parts:
             raise StreamValueError(f"a key cannot be named {KEY!r} (riverbed's own column)")
         object.__setattr__(self, "column_types", dict(self.column_types))
-        if not _NAME.match(self.name):
+        if not _NAME.match(self.name) and not is_version_name(self.name):
             raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
         if not isinstance(self.window, WINDOWS):
             raise StreamValueError(

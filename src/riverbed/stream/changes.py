@@ -245,7 +245,11 @@ class Plan:
         if not self.refused:
             return None
         said = "; ".join(f"{c.short()}: {c.why}" for c in self.refused)
-        return f"aggregation '{self.name}' cannot start on its checkpoint: {said}"
+        return (
+            f"aggregation '{self.name}' cannot start on its checkpoint: {said} — or run it "
+            "as a new version, computed from the log beside this one: stream run SPEC "
+            "--new-version"
+        )
 
     def text(self) -> str:
         if self.first:
@@ -263,7 +267,10 @@ class Plan:
         if kept:
             lines.append(f"  kept      {', '.join(kept)}")
         if self.refused:
-            lines.append("`stream run` refuses to start (nothing was written)")
+            lines.append(
+                "`stream run` refuses to start (nothing was written); `stream run SPEC "
+                "--new-version` computes it from the log beside the running version"
+            )
         else:
             lines.append("`stream run` resumes with the changes above")
         return "\n".join(lines)

@@ -14,6 +14,7 @@
             riverbed/specs/<hash>.json   a spec's shape, once; batch records name theirs
             riverbed/generations/<G>.json  a state generation: its partition count, once
             riverbed/job.json            the manifest: what the console reads
+            riverbed/versions/<N>.json   version N is current from here on (versions.py)
             riverbed/handoff/<run>/      work-stealing boards of running batches (steal.py)
             spark/offsets/<batch>        Spark's offset and commit logs (DataFrame path,
             spark/commits/<batch>          and checkpoints of the Spark-driven loop)
@@ -75,6 +76,7 @@ __all__ = [
     "spec_key",
     "state_root",
     "state_url",
+    "version_key",
 ]
 
 
@@ -94,6 +96,7 @@ SPECS = "riverbed/specs/"  # the shapes batches ran with: <shape hash>.json (cha
 MANIFEST = "riverbed/job.json"
 JOIN = "riverbed/join.json"  # a stream-stream join's shape, fixed at first start (streamjoin.py)
 LOOKUPS = "riverbed/lookups/"  # lookup tables' snapshots: <content hash>.arrow (lookups.py)
+VERSIONS = "riverbed/versions/"  # <N>.json: version N is current from here on (versions.py)
 
 
 _FORMAT_CHECKED: set[str] = set()
@@ -153,6 +156,11 @@ def restored_key(aggregation: str, name: str) -> str:
 def savepoint_rows_key(name: str) -> str:
     """Where savepoint ``name``'s result rows (the result table at its cut) are."""
     return f"{SAVEPOINTS}{name}.parquet"
+
+
+def version_key(number: int) -> str:
+    """Where the record that made version ``number`` current is (:mod:`.versions`)."""
+    return f"{VERSIONS}{number:06d}.json"
 
 
 def spec_key(shape_hash: str) -> str:

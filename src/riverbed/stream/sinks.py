@@ -40,7 +40,7 @@ from riverbed.stream.errors import StreamValueError
 
 log = logging.getLogger(__name__)
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")  # quoted: a version's "flags-v2" too
 
 
 def _ident(name: str) -> str:

@@ -24,6 +24,7 @@ import json
 import re
 import runpy
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -321,6 +322,10 @@ def resume_line(job: StreamJob) -> str | None:
     )
 
 
+# How often a running driver asks whether it should stop (a newer version current).
+STOP_CHECK_S = 2.0
+
+
 def run(
     spark: Any,
     job: StreamJob,
@@ -333,12 +338,15 @@ def run(
     on_progress: Callable[[int, BatchRecord], None] | None = None,
     lease: DriverLease | None = None,
     from_savepoint: tuple[str | Path, str] | None = None,
-) -> None:
+    stop_when: Callable[[], str | None] | None = None,
+) -> str | None:
     """Run until the backlog is processed (``once``) or forever. ``on_progress`` gets each
     finished batch's id and its record (input, late, malformed, watermark). With an
     acquired ``lease`` every write is fenced by its term and the query stops the moment
     the lease is lost (see :mod:`riverbed.stream.leader`). ``tables``: ``--table``'s
-    lakehouse tables (``delta:PATH``)."""
+    lakehouse tables (``delta:PATH``). ``stop_when`` is asked every
+    :data:`STOP_CHECK_S` whether to stop (a newer version was switched in: its text);
+    what it said is returned, or None when the run ended otherwise."""
     from riverbed.stream.dataframe import start
     from riverbed.stream.doors import table_sink
     from riverbed.stream.fencing import DriverFencedError
@@ -389,6 +397,7 @@ def run(
         "paused or cut off from the control plane?); it stopped, and the active driver "
         "carries on from the checkpoint"
     )
+    asked = time.monotonic()
     try:
         while query.isActive:
             query.awaitTermination(0.5)
@@ -396,6 +405,13 @@ def run(
                 query.stop()
                 raise fenced
             report()
+            if stop_when is not None and time.monotonic() - asked >= STOP_CHECK_S:
+                asked = time.monotonic()
+                said = stop_when()
+                if said is not None:
+                    query.stop()
+                    report()
+                    return said
         if lease is not None and not lease.still_leading():
             raise fenced  # stopped by the lease's watch
         report()
@@ -403,6 +419,7 @@ def run(
             raise StreamFailedError(
                 f"aggregation {job.aggregation.name!r} stopped: {root_cause(query.exception())}"
             )
+        return None
     finally:
         if query.isActive:
             query.stop()

@@ -1,0 +1,266 @@
+"""A new version of a running aggregation (stream/versions.py): computed from the log
+beside the running one, switched in by one create-only record.
+
+The pure decisions first (when a version has caught up, which number a run computes,
+which record rules), then the record on every store, then the whole of it as a user
+runs it: a filter added to a running aggregation as a new version, its driver
+SIGKILLed while it catches up and started again, readers polling through the switch
+(never a mix of the two versions), the old driver stopping by itself."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from riverbed.config import Config
+from riverbed.inspect import Sources, stream
+from riverbed.processes import kill_session
+from riverbed.stream.aggregation import _NAME, base_of, is_version_name, version_name
+from riverbed.stream.dataframe import read_results
+from riverbed.stream.versions import (
+    Version,
+    caught_up,
+    current,
+    newest,
+    next_number,
+    read_versions,
+    switch,
+)
+from tests.conftest import LOCATIONS, location_of
+from tests.stream.conftest import make_events, write_events
+
+ENDS = st.dictionaries(st.integers(0, 5), st.integers(0, 1000), max_size=6)
+NAMES = st.from_regex(_NAME, fullmatch=True)
+
+
+@given(ENDS, ENDS, st.dictionaries(st.integers(0, 5), st.integers(0, 50)))
+def test_caught_up_means_at_or_past_every_partition_the_current_version_read(
+    theirs: dict[int, int], mine: dict[int, int], more: dict[int, int]
+) -> None:
+    assert caught_up(theirs, theirs)
+    behind = any(mine.get(p, 0) < end for p, end in theirs.items())
+    assert caught_up(theirs, mine) is not behind
+    if caught_up(theirs, mine):  # reading on never un-catches it
+        further = {p: mine.get(p, 0) + more.get(p, 0) for p in {*mine, *more}}
+        assert caught_up(theirs, further)
+
+
+@given(
+    st.integers(1, 20),
+    st.dictionaries(st.integers(2, 30), st.sampled_from(["a", "b", "c", None]), max_size=6),
+    st.sampled_from(["a", "b", "c"]),
+)
+def test_a_run_resumes_its_own_unswitched_version_else_takes_a_new_number(
+    switched: int, shadows: dict[int, str | None], spec: str
+) -> None:
+    number, resumed = next_number(switched, shadows, spec)
+    assert number > switched
+    if resumed:
+        assert shadows[number] == spec
+    else:
+        assert number not in shadows and all(number > n for n in shadows)
+        assert not any(n > switched and s == spec for n, s in shadows.items())
+
+
+@given(NAMES, st.integers(1, 10_000))
+def test_a_version_name_round_trips_and_no_user_name_is_one(name: str, number: int) -> None:
+    assert base_of(version_name(name, number)) == (name, number)
+    assert is_version_name(version_name(name, number)) is (number > 1)
+    assert base_of(name) == (name, 1)  # '-' is in no name a user can give
+
+
+@given(st.lists(st.integers(2, 50), unique=True))
+def test_the_highest_switched_version_rules(numbers: list[int]) -> None:
+    records = [Version(n, f"a-v{n}", None, 0.0, {}, {}) for n in numbers]
+    ruling = newest(records)
+    assert (ruling.number if ruling else None) == (max(numbers) if numbers else None)
+
+
+@pytest.mark.parametrize("kind", LOCATIONS)
+def test_the_switch_record_is_created_once_on_every_store(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    base = location_of(kind, request, tmp_path, "checkpoints") + "/flags"
+    assert current(base, "flags").aggregation == "flags"  # nothing switched: version 1
+    first = Version(2, "flags-v2", "abc", 1.0, {0: 10, 1: 5}, {0: 9, 1: 5})
+    assert switch(base, first) == first
+    late = Version(2, "flags-v2", "abc", 2.0, {0: 12, 1: 5}, {0: 12, 1: 5})
+    assert switch(base, late) == first  # the first writer's record stays
+    assert current(base, "flags").aggregation == "flags-v2"
+    switch(base, Version(3, "flags-v3", "def", 3.0, {0: 20}, {0: 20}))
+    assert [v.number for v in sorted(read_versions(base), key=lambda v: v.number)] == [2, 3]
+    assert current(base, "flags").number == 3
+
+
+SPEC = """
+from riverbed.stream import Aggregation, Count, Sum, Tumbling
+
+source = {{"topic": "events", "schema": "user_id long, flag string, amount double, ts timestamp"}}
+aggregation = Aggregation(
+    name="flags", key="flag", time="ts", window=Tumbling("1h"), watermark="5h",
+    metrics={{"events": Count(), "spent": Sum("amount")}}, {extra}
+)
+"""
+
+
+def _oracle(events: pd.DataFrame) -> pd.DataFrame:
+    events = events.assign(window_start=events["ts"].dt.floor("1h"))
+    got = events.groupby(["window_start", "flag"]).agg(
+        events=("user_id", "size"), spent=("amount", "sum")
+    )
+    return got.rename_axis(["window_start", "key"]).sort_index()
+
+
+def _rows(out: str | pd.DataFrame) -> pd.DataFrame:
+    """Result rows — ``query --json``'s lines, or a frame — by (window_start, key)."""
+    rows = out if isinstance(out, pd.DataFrame) else pd.DataFrame(map(json.loads, out.splitlines()))
+    rows["window_start"] = pd.to_datetime(rows["window_start"], utc=True).dt.as_unit("ns")
+    return rows.set_index(["window_start", "key"]).sort_index()[["events", "spent"]]
+
+
+def _same(rows: pd.DataFrame, oracle: pd.DataFrame) -> bool:
+    return list(rows.index) == list(oracle.index) and bool(
+        (rows["events"].astype(int) == oracle["events"]).all()
+        and (rows["spent"].astype(float) == oracle["spent"]).all()
+    )
+
+
+@pytest.mark.spark
+def test_a_filter_added_as_a_new_version_switches_readers_in_one_step(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[1]"}
+    events = make_events(1500, hours=5)
+    write_events(f"file://{home / 'log'}", events, partitions=3)
+    spec = tmp_path / "flags.py"
+    spec.write_text(SPEC.format(extra=""))
+    cli = [sys.executable, "-m", "riverbed.cli.main"]
+
+    def riverbed(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    done = riverbed("stream", "run", str(spec), "--once", "--ttl", "3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    v1, v2 = _oracle(events), _oracle(events[events["amount"] > 50])
+    assert _same(_rows(riverbed("query", "flags", "--json").stdout), v1)
+
+    # version 1 keeps running (a long-running driver), while the spec is edited
+    old_log = open(tmp_path / "v1.log", "w")  # noqa: SIM115 (the driver's whole life)
+    old = subprocess.Popen(
+        [*cli, "stream", "run", str(spec), "--ttl", "3"],
+        env=env,
+        stdout=old_log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    spec.write_text(SPEC.format(extra='where="amount > 50",'))
+    planned = riverbed("stream", "plan", str(spec), "--new-version", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout) == {
+        "name": "flags",
+        "version": 2,
+        "aggregation": "flags-v2",
+        "current": {"version": 1, "aggregation": "flags"},
+        "resumed": False,
+        "is_current": False,
+    }
+    assert not (home / "checkpoints" / "flags-v2").exists()  # plan writes nothing
+
+    # readers poll the whole time: each read is version 1's answer or version 2's
+    reads: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            got = riverbed("query", "flags", "--json", timeout=120)
+            if got.returncode == 0:
+                rows = _rows(got.stdout)
+                reads.append("v1" if _same(rows, v1) else "v2" if _same(rows, v2) else "mix")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # the new version's driver, SIGKILLed after its second batch committed: nothing
+        # switched, and the same command again resumes version 2 (not a version 3)
+        commits = home / "checkpoints" / "flags-v2" / "riverbed" / "commits"
+        new_version = [*cli, "stream", "run", str(spec), "--new-version", "--once"]
+        new_version += ["--max-records-per-batch", "300", "--ttl", "3"]
+        killed = subprocess.Popen(
+            new_version, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        deadline = time.monotonic() + 240
+        while not (commits.exists() and len(list(commits.glob("*.json"))) >= 2):
+            assert killed.poll() is None, killed.stderr.read() if killed.stderr else ""
+            assert time.monotonic() < deadline, "the new version committed no second batch"
+            time.sleep(0.1)
+        kill_session(killed.pid)
+        assert killed.wait() == -signal.SIGKILL
+        assert not (home / "checkpoints" / "flags" / "riverbed" / "versions").exists()
+        status = json.loads(riverbed("stream", "status", "flags-v2", "--json").stdout)
+        assert status["version"]["state"] == "catching up" and status["version"]["behind"] > 0
+        deadline = time.monotonic() + 120
+        while "v1" not in reads:  # (a read takes a second or two)
+            assert time.monotonic() < deadline, reads
+            time.sleep(0.2)
+
+        again = riverbed(*new_version[3:])
+        assert again.returncode == 0, again.stderr[-3000:]
+        said = " ".join(again.stderr.split())
+        assert "new version 2 (flags-v2) resumed" in said, said
+        assert "version 2 of flags is current now: readers read flags-v2" in said, said
+        deadline = time.monotonic() + 120
+        while "v2" not in reads[-1:]:
+            assert time.monotonic() < deadline, reads[-5:]
+            time.sleep(0.2)
+        # the old driver saw the record and stopped by itself
+        assert old.wait(timeout=120) == 0
+    finally:
+        stop.set()
+        reader.join(timeout=180)
+        if old.poll() is None:
+            kill_session(old.pid)
+        old_log.close()
+    said = " ".join((tmp_path / "v1.log").read_text().split())
+    assert "flags was replaced: version 2 of flags (flags-v2) is current, so this driver" in said
+    assert "mix" not in reads and "v1" in reads and "v2" in reads
+    assert reads.index("v2") > max(i for i, r in enumerate(reads) if r == "v1")
+
+    # after the switch: the name is version 2 everywhere; version 1's results are kept
+    assert _same(_rows(riverbed("query", "flags", "--json").stdout), v2)
+    assert _same(_rows(riverbed("query", str(spec), "--json").stdout), v2)
+    status = json.loads(riverbed("stream", "status", "flags", "--json").stdout)
+    assert status["aggregation"] == "flags-v2"
+    assert status["version"] == {
+        "name": "flags",
+        "version": 2,
+        "current": {"version": 2, "aggregation": "flags-v2"},
+        "behind": None,
+        "state": "current",
+    }
+    # the console lists both: version 1 as replaced, its results as they were
+    sources = Sources(Config(home=home))
+    try:
+        assert stream(sources, "flags")["version"]["state"] == "replaced"
+    finally:
+        sources.close()
+    assert _same(_rows(read_results(home / "output" / "flags")), v1)
+    assert _same(_rows(riverbed("query", "flags-v2", "--json").stdout), v2)
+    plan = riverbed("stream", "plan", str(spec))
+    assert "aggregation 'flags-v2'" in plan.stdout and "nothing changed" in plan.stdout
+    rerun = riverbed("stream", "run", str(spec), "--new-version", "--once", "--ttl", "3")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "computes this spec and is the current one: it runs on" in " ".join(rerun.stderr.split())
