@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.testclient import TestClient
 
 from riverbed.config import Config
 from riverbed.inspect import Sources, stream
@@ -36,6 +37,8 @@ from riverbed.stream.versions import (
     read_versions,
     switch,
 )
+from riverbed.ui.app import create_app
+from riverbed.ui.console import Console
 from tests.conftest import LOCATIONS, location_of
 from tests.stream.conftest import make_events, write_events
 
@@ -255,6 +258,12 @@ def test_a_filter_added_as_a_new_version_switches_readers_in_one_step(
     sources = Sources(Config(home=home))
     try:
         assert stream(sources, "flags")["version"]["state"] == "replaced"
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            listed = client.get("/streams").text
+            assert "v2 current</span>" in listed and "v1 replaced</span>" in listed
+            page = client.get("/streams/flags").text
+            assert 'replaced by <a href="/streams/flags-v2">version 2</a>' in page
+            assert "2 of flags</p>" in client.get("/streams/flags-v2").text
     finally:
         sources.close()
     assert _same(_rows(read_results(home / "output" / "flags")), v1)
