@@ -4,8 +4,11 @@ A state of fixed-window entries (8-byte window start + a text key, a msgpack par
 ~100 bytes: what a Count/Sum/Distinct aggregation keeps) is written into 3 partitions of
 a directory's durable state; then it is moved to 5 partitions (``rescale.move``: every
 old partition loaded and scanned, each entry routed, every new partition committed as
-one version). Beside it, on the same bytes: a raw copy of the durable state directory
-(``shutil.copytree``: what any move must at least read and write).
+one version) — in the driver, one partition after another, and as Spark tasks on a
+``local[2]`` session (one task per old partition reads and routes, one per new
+partition writes: what ``stream run`` does). Beside them, on the same bytes: a raw copy
+of the durable state directory (``shutil.copytree``: what any move must at least read
+and write).
 
     .venv/bin/python benchmarks/rescale.py [--entries 400000] [--rounds 3]
 
@@ -25,6 +28,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from riverbed.config import SparkConfig
+from riverbed.spark import session
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import window_key
 from riverbed.stream.engine import state_partition_of
@@ -65,26 +70,31 @@ def main() -> None:
         nbytes = _size(root / "durable" / "bench")
         gb = nbytes / 1e9
         print(f"state: {args.entries:,} entries, {nbytes / 1e6:.1f} MB durable, 3 → 5 partitions")
-        moves, copies = [], []
+        spark = session(SparkConfig(master="local[2]", app_name="rescale-bench"))
+        moves, tasks, copies = [], [], []
         for r in range(args.rounds):
-            ckpt = root / f"ckpt-{r}"
-            ckpt.mkdir()
-            # a fresh local cache each round: the move loads every old partition from
-            # durable storage, as a driver on another machine would
-            shutil.rmtree(root / "local", ignore_errors=True)
-            started = time.perf_counter()
-            move(ckpt, state, "bench", False, Generation(0, 3), 5, lambda: None,
-                 say=lambda _: None, version=1)  # fmt: skip
-            moves.append(time.perf_counter() - started)
+            for on, times in ((None, moves), (spark, tasks)):
+                ckpt = root / f"ckpt-{r}-{len(times)}-{on is None}"
+                ckpt.mkdir()
+                # a fresh local cache each round: the move loads every old partition
+                # from durable storage, as a driver on another machine would
+                shutil.rmtree(root / "local", ignore_errors=True)
+                started = time.perf_counter()
+                move(ckpt, state, "bench", False, Generation(0, 3), 5, lambda: None,
+                     say=lambda _: None, version=1, spark=on)  # fmt: skip
+                times.append(time.perf_counter() - started)
+                shutil.rmtree(root / "durable" / "bench.g1.5.v1")
             started = time.perf_counter()
             shutil.copytree(root / "durable" / "bench", root / f"copy-{r}")
             copies.append(time.perf_counter() - started)
-            shutil.rmtree(root / "durable" / "bench.g1.5.v1")
             shutil.rmtree(root / f"copy-{r}")
-        m, c = statistics.median(moves), statistics.median(copies)
-        print(f"{'move (riverbed)':<18} {m:7.2f} s  {m / gb:8.1f} s/GB")
-        print(f"{'raw copy':<18} {c:7.2f} s  {c / gb:8.1f} s/GB")
-        print(f"move / raw copy: {m / c:.1f}x")
+        spark.stop()
+        m, t = statistics.median(moves), statistics.median(tasks)
+        c = statistics.median(copies)
+        print(f"{'move (driver)':<22} {m:7.2f} s  {m / gb:8.1f} s/GB")
+        print(f"{'move (Spark tasks)':<22} {t:7.2f} s  {t / gb:8.1f} s/GB")
+        print(f"{'raw copy':<22} {c:7.2f} s  {c / gb:8.1f} s/GB")
+        print(f"Spark tasks / driver: {t / m:.2f}x; Spark tasks / raw copy: {t / c:.1f}x")
 
 
 if __name__ == "__main__":

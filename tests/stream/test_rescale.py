@@ -174,10 +174,11 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
     spec = tmp_path / "flags.py"
     command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec), "--once"]
 
-    def run(fault: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(fault: str | None = None, verbose: bool = False) -> subprocess.CompletedProcess[str]:
         with_fault = {**env, "RIVERBED_FAULT": fault} if fault else env
+        said = [*command[:3], "-v", *command[3:]] if verbose else command  # the move's line
         return subprocess.run(  # a killed driver's lease ends 3 s after its last renewal
-            [*command, "--ttl", "3", *where],
+            [*said, "--ttl", "3", *where],
             env=with_fault,
             capture_output=True,
             text=True,
@@ -199,11 +200,13 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
         for fault in kills:
             killed = run(fault)
             assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-        done = run()
+        done = run(verbose=bool(kills))
         assert done.returncode == 0, done.stderr[-2000:]
         if kills:
             said = f"state partitions: {previous} → {count} (the state is moved"
             assert said in done.stderr, done.stderr[-2000:]
+            moved = f"moved from {previous} to {count} partitions"
+            assert moved in done.stderr and "(Spark tasks)" in done.stderr, done.stderr[-2000:]
         previous = count
     assert main(["query", "flags", "--json", *where]) == 0
     rows = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
@@ -267,3 +270,56 @@ def test_a_move_abandoned_before_its_switch_never_leaks_into_a_later_one(tmp_pat
         held.update(dict(store.scan()))
         store.abort()
     assert held == {window_key(3_600_000, k.encode()): b"v5" for k in keys}
+
+
+@pytest.mark.spark
+def test_the_move_as_spark_tasks_writes_what_the_driver_would(spark: Any, tmp_path: Path) -> None:
+    """The same state moved 3 → 5 in the driver and as Spark tasks: every new partition
+    holds the same entries, each where the engine places its key; a partition already
+    written (before a kill) is kept, not written again."""
+    from riverbed.state import StateConfig, StateProvider
+    from riverbed.stream.rescale import Generation, move
+
+    state = StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable")
+    provider = StateProvider(state)
+    keys = [f"user-{i}" for i in range(500)]
+    for p in range(3):
+        store = provider.load("agg", p, None)
+        for k in keys:
+            if partition_of(k.encode(), 3) == p:
+                for hour in range(3):
+                    store.put(window_key(hour * 3_600_000, k.encode()), f"{k}/{hour}".encode())
+        store.commit(4)
+
+    def held(namespace: str) -> list[dict[bytes, bytes]]:
+        out = []
+        for q in range(5):
+            store = provider.load(namespace, q, 4)
+            out.append(dict(store.scan()))
+            store.abort()
+        return out
+
+    driver, tasks = tmp_path / "driver", tmp_path / "tasks"
+    driver.mkdir()
+    tasks.mkdir()
+    by_driver = move(driver, state, "agg", False, Generation(0, 3), 5, lambda: None, version=4)
+    want = held(by_driver.namespace("agg"))
+    # the Spark move writes the same namespace: the driver's copy moved aside first
+    (tmp_path / "durable" / by_driver.namespace("agg")).rename(tmp_path / "durable" / "aside")
+    (tmp_path / "local").rename(tmp_path / "local-aside")
+    by_tasks = move(tasks, state, "agg", False, Generation(0, 3), 5, lambda: None, version=4,
+                    spark=spark)  # fmt: skip
+    assert by_tasks == by_driver
+    got = held(by_tasks.namespace("agg"))
+    assert got == want and sum(map(len, got)) == 1500
+    for q, entries in enumerate(got):
+        assert all(partition_of(key_bytes(k, False), 5) == q for k in entries)
+    # moved again (a start after a kill before the switch): the partitions are kept
+    written = sorted(p.stat().st_mtime_ns for p in (tmp_path / "durable").rglob("*") if p.is_file())
+    again = tmp_path / "again"
+    again.mkdir()
+    move(again, state, "agg", False, Generation(0, 3), 5, lambda: None, version=4, spark=spark)
+    assert (
+        sorted(p.stat().st_mtime_ns for p in (tmp_path / "durable").rglob("*") if p.is_file())
+        == written
+    )

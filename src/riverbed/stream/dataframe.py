@@ -54,10 +54,15 @@ log = logging.getLogger(__name__)
 
 
 def _generation(
-    checkpoint: str | Path, spec: Aggregation, state: StateConfig, fence: Callable[[], None]
+    spark: Any,
+    checkpoint: str | Path,
+    spec: Aggregation,
+    state: StateConfig,
+    fence: Callable[[], None],
 ) -> rescale.Generation:
     """The state generation batches use: the current one, or — ``state_partitions``
-    changed, as ``stream plan`` said — a new one the state is moved to now."""
+    changed, as ``stream plan`` said — a new one the state is moved to now (in Spark
+    tasks on a classic session)."""
     now = rescale.current(checkpoint, spec.state_partitions)
     if now.partitions == spec.state_partitions:
         return now
@@ -69,6 +74,7 @@ def _generation(
         now,
         spec.state_partitions,
         fence,
+        spark=None if is_connect(spark) else spark,
     )
 
 
@@ -289,7 +295,7 @@ def start(
     if decided.backfilled:  # the backfill moves the state (to the new count too), below
         generation = rescale.current(checkpoint, spec.state_partitions)
     else:
-        generation = _generation(checkpoint, spec, state, fence)
+        generation = _generation(spark, checkpoint, spec, state, fence)
     # the lookup tables' columns (read now, or the last batch's snapshots while a table
     # is away): what the spec is compiled against
     schemas = lookups.at_start(spec.lookups, str(checkpoint), log_url)

@@ -14,8 +14,11 @@ skipping the new partitions already written (each is one atomic commit of the ve
 
 Which version moves: the state after the newest committed batch (a batch planned and
 not committed runs next, on the new generation — co-location is then decided at run
-time, since its plan recorded the old count). The move runs in the driver that holds
-the aggregation's fence, at start, after ``stream plan`` said so.
+time, since its plan recorded the old count). The move is started by the driver that
+holds the aggregation's fence, at start, after ``stream plan`` said so, and runs as
+Spark tasks (one per old partition reads and routes, one per new partition writes;
+each write fenced) — or in the driver itself without a classic Spark session, and when
+the move also changes values (a backfill's; :mod:`riverbed.stream.backfill`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from riverbed.config import inherited
+from riverbed.config import adopt, inherited
+from riverbed.log import reach_environment
 from riverbed.log.partitioners import key_partition
 from riverbed.state import StateConfig, StateProvider
 from riverbed.storage.base import numbered
@@ -166,14 +170,15 @@ class Change(Protocol):
         ...
 
 
-def failpoint(at: str) -> None:
-    """``RIVERBED_FAULT=kill_in_move:<n>`` (tests): SIGKILL this process once ``n`` new
+def failpoint(at: str, driver: int | None = None) -> None:
+    """``RIVERBED_FAULT=kill_in_move:<n>`` (tests): SIGKILL the driver once ``n`` new
     partitions are written; ``kill_in_move:read``: once the old state is read (and a
     backfill's partials computed), before anything is written; ``kill_in_move:switch``:
-    before the switch is recorded; ``kill_in_move:done``: right after it."""
+    before the switch is recorded; ``kill_in_move:done``: right after it. ``driver``:
+    its pid, when a Spark task of the move (another process) reaches the point."""
     fault = inherited("RIVERBED_FAULT") or ""
     if fault == f"kill_in_move:{at}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(driver or os.getpid(), signal.SIGKILL)
 
 
 def version_to_move(checkpoint: str | Path) -> int:
@@ -196,18 +201,104 @@ class Place:
     version: int
 
 
+@dataclass
+class _SparkMove:
+    """A move as Spark tasks: one per old partition reads and routes its entries, one
+    per new partition sorts and commits what was routed to it (picklable: the state's
+    configuration, the fence and the driver's reach of a bucket travel to the tasks)."""
+
+    state: StateConfig
+    source: str  # namespaces
+    target: str
+    partitions: tuple[int, int]  # old, new
+    version: int
+    sessions: bool
+    fence: Callable[[], None]
+    driver: int  # the driver's pid: the failpoints kill it, as the in-driver move does
+    reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        adopt(state.get("reach_env", {}))
+
+    def read(self, p: int) -> Iterator[tuple[int, tuple[bytes, bytes]]]:
+        provider = StateProvider(self.state)
+        if not provider.versions(self.source, p):
+            return
+        store = provider.load(self.source, p, self.version)
+        try:
+            for k, v in store.scan():
+                yield partition_of(key_bytes(k, self.sessions), self.partitions[1]), (k, v)
+        finally:
+            store.abort()
+
+    def write(
+        self, q: int, routed: Iterable[tuple[int, tuple[bytes, bytes]]]
+    ) -> Iterator[tuple[int, int]]:
+        entries = sorted(kv for _, kv in routed)
+        failpoint("read", self.driver)  # every old partition read: nothing written yet
+        provider = StateProvider(self.state)
+        if self.version not in provider.versions(self.target, q):  # else: before a kill
+            self.fence()  # a replaced driver's task writes nothing
+            store = provider.load(self.target, q, None)
+            try:
+                for k, v in entries:
+                    store.put(k, v)
+                store.commit(self.version)
+            except BaseException:
+                store.abort()
+                raise
+            failpoint(str(q + 1), self.driver)
+        yield len(entries), sum(len(k) + len(v) for k, v in entries)
+
+
+def _copy_on_spark(
+    spark: Any, source: Place, target: Place, sessions: bool, fence: Callable[[], None]
+) -> tuple[int, int]:
+    task = _SparkMove(
+        source.provider.config,
+        source.namespace,
+        target.namespace,
+        (source.partitions, target.partitions),
+        target.version,
+        sessions,
+        fence,
+        os.getpid(),
+    )
+    fence()
+    sc = spark.sparkContext
+    sc.setJobDescription(
+        f"riverbed: state {source.namespace} moved to {target.partitions} partitions"
+    )
+    counts = (
+        sc.parallelize(range(source.partitions), source.partitions)
+        .flatMap(task.read)
+        .partitionBy(target.partitions, lambda q: q)
+        .mapPartitionsWithIndex(task.write)
+        .collect()
+    )
+    return sum(n for n, _ in counts), sum(b for _, b in counts)
+
+
 def copy(
     source: Place,
     target: Place,
     sessions: bool,
     fence: Callable[[], None],
     value: Callable[[bytes, bytes], bytes] | None = None,
+    spark: Any = None,
 ) -> tuple[int, int]:
     """Every entry of ``source`` (as of its version), routed by its key to one of
     ``target``'s partitions (``value``: its new value), committed there as
     ``target``'s version; a target partition that holds that version already (written
     before a kill) is skipped. Returns the entries and bytes copied. The rescale's
-    move, a savepoint and a restore from one (:mod:`riverbed.stream.savepoints`)."""
+    move, a savepoint and a restore from one (:mod:`riverbed.stream.savepoints`).
+    ``spark`` (a classic session; not with ``value``): in parallel Spark tasks, one per
+    old partition and one per new one, else in this process, one partition after
+    another. ``fence`` is called where each new partition is written: with ``spark``,
+    in a task (so it must pickle: :func:`riverbed.stream.fencing.check_term`)."""
+    if spark is not None and value is None:
+        return _copy_on_spark(spark, source, target, sessions, fence)
     placed = [[] for _ in range(target.partitions)]  # type: list[list[tuple[bytes, bytes]]]
     nbytes = 0
     for p in range(source.partitions):
@@ -266,11 +357,13 @@ def move(
     say: Callable[[str], None] = log.info,
     version: int | None = None,
     change: Change | None = None,
+    spark: Any = None,
 ) -> Generation:
     """Move the state of generation ``old`` to ``partitions`` partitions as a new
     generation, and make it current (see the module doc); returns it. ``version``:
     the state version to move (default: the one after the newest committed batch).
-    ``change``: what else the move does to the state (metrics backfilled)."""
+    ``change``: what else the move does to the state (metrics backfilled). ``spark``:
+    a classic session to move it in parallel tasks (:func:`copy`)."""
     version = version_to_move(checkpoint) if version is None else version
     new = Generation(old.number + 1, partitions, version)
     if change is not None:
@@ -285,14 +378,16 @@ def move(
             sessions,
             fence,
             change.value if change is not None else None,
+            spark,
         )
     if change is not None:
         change.before_switch(new)
     switch(checkpoint, name, new, old, fence)
     what = f" with {', '.join(new.backfilled)} backfilled" if new.backfilled else ""
+    how = "Spark tasks" if spark is not None and change is None else "the driver"
     say(
         f"state of {name} moved from {old.partitions} to {partitions} partitions{what}: "
         f"{entries:,} entries, {nbytes / 1e6:.1f} MB at version {version} in "
-        f"{time.monotonic() - started:.1f} s"
+        f"{time.monotonic() - started:.1f} s ({how})"
     )
     return new
