@@ -6,6 +6,7 @@ unmatched orders included, each once)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -16,12 +17,18 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from starlette.testclient import TestClient
 
 import riverbed.log
+from riverbed.config import Config
+from riverbed.inspect import Sources
+from riverbed.inspect import join as inspect_join
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.joinquery import read_joined
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import Checkpoint
+from riverbed.ui.app import create_app
+from riverbed.ui.console import Console
 from tests.stream.conftest import T0
 from tests.stream.crashes import kill_mid_batch
 from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send
@@ -112,6 +119,30 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
     newest = batches.get(batches.ids()[-1])
     assert newest is not None and newest.totals is not None
     assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+
+    # the console shows what `stream status join.py` says, from the checkpoint alone
+    status = subprocess.run(
+        [*command[:3], "stream", "status", str(spec), "--json"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr[-2000:]
+    said = json.loads(status.stdout)
+    assert said["joined"] == len(got) - said["unmatched"] and said["sides"]["left"]["lag"] == 0
+    sources = Sources(Config(home=home))
+    try:
+        shown = inspect_join(sources, "paid")
+        keys = ("batches", "input_records", "joined", "unmatched", "late", "watermark", "sides")
+        assert {k: shown[k] for k in keys} == {k: said[k] for k in keys}
+        assert shown["spec"] == str(spec.resolve()) and shown["how"] == how
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            listed = client.get("/streams").text
+            assert 'id="joins"' in listed and 'href="/streams/paid"' in listed
+            page = client.get("/streams/paid").text
+            assert "<h1>Join paid</h1>" in page and 'id="sides"' in page
+            assert f"riverbed stream status {spec.resolve()} --json" in page
+            assert client.get("/api/streams/paid").json()["joined"] == said["joined"]
+    finally:
+        sources.close()
 
 
 def _join(shape: str, how: str) -> Any:

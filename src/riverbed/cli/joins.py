@@ -4,6 +4,7 @@ stream-stream join (:mod:`riverbed.stream.joinquery`) run by one active driver."
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from riverbed.config import Config
@@ -43,6 +44,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
             trigger={"availableNow": True} if args.once else {"processingTime": "1 second"},
             term=lease.term,
             max_records=args.max_records_per_batch,
+            spec=Path(args.spec).resolve(),
         )
         shown = -1  # the newest batch reported
         try:

@@ -10,7 +10,8 @@ into a private directory, jobs with plain SELECTs. One module per part::
     sources.py   Sources (the configured log, control plane, state, jobs db), QueryError
     topics.py    topics, topic, browse (the record browser's filters), objects (diskless)
     groups.py    consumer groups and their lag
-    streams.py   aggregations: driver, batches, ledger, lag, live results from state
+    streams.py   aggregations: driver, batches, ledger, lag, live results from state;
+                 stream-stream joins: sides' lag, newest events, events held
     state.py     namespaces, partitions, versions, keys
     control.py   leaders, locks, registrations
     hosts.py     which host runs what, which are down
@@ -27,7 +28,16 @@ from riverbed.inspect.jobs import chunk, chunk_log, jobs, run
 from riverbed.inspect.overview import disk
 from riverbed.inspect.sources import QueryError, Sources, du, jsonable
 from riverbed.inspect.state import state, state_keys
-from riverbed.inspect.streams import live, newest_batch, stream, stream_names, streams
+from riverbed.inspect.streams import (
+    join,
+    join_names,
+    joins_status,
+    live,
+    newest_batch,
+    stream,
+    stream_names,
+    streams,
+)
 from riverbed.inspect.topics import browse, objects, parse_where, topic, topics
 
 __all__ = [
@@ -46,6 +56,9 @@ __all__ = [
     "groups",
     "hosts",
     "jobs",
+    "join",
+    "join_names",
+    "joins_status",
     "jsonable",
     "live",
     "newest_batch",

@@ -145,6 +145,53 @@ def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> di
     }
 
 
+def join_names(src: Sources) -> list[str]:
+    """Stream-stream joins with a checkpoint under the checkpoints root."""
+    return joins(src.checkpoints)
+
+
+def join(src: Sources, name: str) -> dict[str, Any]:
+    """Status of one stream-stream join, from what its checkpoint recorded (its
+    manifest): totals, watermark, and per side its topic, newest event, lag and the
+    events its state holds; its driver; its shape."""
+    from riverbed.state import StateConfig
+    from riverbed.stream.joinquery import status_of
+    from riverbed.stream.specjob import read_manifest
+
+    checkpoint = src.place(name)
+    info = read_manifest(checkpoint)
+    if name not in join_names(src) or info is None or info.get("kind") != "join":
+        known = ", ".join(join_names(src)) or "none"
+        raise QueryError(
+            f"no join '{name}' with a manifest in {src.checkpoints} (joins: {known}; a join "
+            "records one when it starts with this version of riverbed)"
+        )
+    sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
+        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items()
+    }
+    state = StateConfig(local_dir=src.config.state_dir, durable=info["state_durable"])
+    out: dict[str, Any] = {"name": name, "kind": "join", "spec": info.get("spec")}
+    try:
+        out.update(status_of(name, sides, int(info["state_partitions"]), checkpoint, state))
+    except RiverbedError as exc:
+        out["error"] = str(exc)
+    out["driver"] = _driver(src, name)
+    out["checkpoint"] = str(checkpoint)
+    for key in ("how", "window_ms", "bounds_ms", "state_partitions", "output"):
+        out[key] = info.get(key)
+    return out
+
+
+def joins_status(src: Sources) -> list[dict[str, Any]]:
+    out = []
+    for name in join_names(src):
+        try:
+            out.append(join(src, name))
+        except QueryError:
+            continue  # started before joins recorded a manifest: `stream status` shows it
+    return out
+
+
 def newest_batch(src: Sources, name: str) -> str | None:
     """The newest batch's id and whether it is done (a cheap listing that changes when
     a batch starts or commits: records are created once, never replaced)."""

@@ -24,7 +24,7 @@ from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
-from riverbed.stream.layout import JOIN, checkpoint_store, default_state
+from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_state
 from riverbed.stream.pairing import buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
@@ -187,12 +187,14 @@ def start_join(
     trigger: dict[str, Any] | None = None,
     term: int | None = None,
     max_records: int | None = None,
+    spec: str | Path | None = None,
 ) -> JoinQuery:
     """Start a stream-stream join; returns its query (see the module doc). ``log_url``:
     the log of sides given by name (default: the configured one), where ``<name>.dlq``
     / ``.late`` and the join's ``topic`` go. Spark's ``trigger`` keywords
     (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
-    side's records per batch at most (else its ``maxRecordsPerBatch`` option)."""
+    side's records per batch at most (else its ``maxRecordsPerBatch`` option).
+    ``spec``: the spec file it came from (the console names it)."""
     from riverbed.config import load_config
     from riverbed.stream.layout import record_format
 
@@ -215,6 +217,9 @@ def start_join(
     )
     record_format(checkpoint)
     _check_shape(str(checkpoint), join)
+    store = checkpoint_store(checkpoint)
+    described = manifest(join, checkpoint, output, state, log_url, spec)
+    store.put(MANIFEST, json.dumps(described, indent=1).encode())
     if max_records is not None:
         cfg = replace(cfg, max_records=max_records)
     return JoinQuery(spark, cfg, parsed)
@@ -235,20 +240,68 @@ def read_joined(output: str | Path) -> pd.DataFrame:
     return pd.DataFrame() if table is None else table.to_pandas()
 
 
+def manifest(
+    join: Join,
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig,
+    log_url: str | None,
+    spec: str | Path | None = None,
+) -> dict[str, Any]:
+    """What a join's checkpoint says about it (``riverbed/job.json``), so the console
+    can show it without the spec file: its sides' topics and logs (not their reader
+    options, which may hold a Kafka client's secrets), its shape and locations."""
+    return {
+        "kind": "join",
+        "name": join.name,
+        "spec": str(spec) if spec else None,
+        "sides": {
+            which: {"topic": topic, "log": side_log or log_url}
+            for which, (topic, side_log, _) in zip(SIDES, join.sides, strict=True)
+        },
+        "how": join.how,
+        "window_ms": join.window_ms,
+        "bounds_ms": list(join.bounds_ms),
+        "state_partitions": join.state_partitions,
+        "checkpoint": str(checkpoint),
+        "output": str(output),
+        "state_dir": str(state.local_dir),
+        "state_durable": str(state.durable),
+    }
+
+
 def status(
     join: Join, checkpoint: str | Path, state: StateConfig, log_url: str | None
 ) -> dict[str, Any]:
     """What ``riverbed stream status`` shows of a join: its totals and watermark, and
     for each side its topic, the newest event time it has shown, the records not read
     yet (lag) and the events its state holds."""
+    sides = {
+        which: (topic, side_log or log_url, reader)
+        for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True)
+    }
+    return status_of(join.name, sides, join.state_partitions, checkpoint, state)
+
+
+def status_of(
+    name: str,
+    sides: dict[str, tuple[str, str | None, dict[str, str]]],
+    partitions: int,
+    checkpoint: str | Path,
+    state: StateConfig,
+) -> dict[str, Any]:
+    """:func:`status` from what it needs: each side's (topic, log, reader options), the
+    state's partition count. A side whose log cannot be read now has no lag (``None``)
+    and says why (``lag_error``)."""
     from riverbed.durations import iso_ms
+    from riverbed.errors import RiverbedError
 
     batches = open_batches(checkpoint)
     ids = batches.ids()
     done = next((r for b in reversed(ids) if (r := batches.get(b)) is not None and r.done), None)
     totals = dict(done.totals or {}) if done is not None else {}
     info: dict[str, Any] = {
-        "join": join.name,
+        "join": name,
         "batches": totals.get("batches", 0),
         "input_records": totals.get("input", 0),
         "joined": totals.get("joined", 0),
@@ -258,18 +311,20 @@ def status(
         "watermark": iso_ms(done.watermark_ms) if done is not None else None,
         "sides": {},
     }
-    holding = _held(join, state)
-    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
-        url = side_log or log_url
+    holding = _held(name, partitions, state)
+    for which, (topic, url, reader) in sides.items():
         read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
-        lag = None
+        lag, why = None, None
         if url is not None:
-            opened = open_log({**reader, "topic": topic, "log": url})
             try:
-                ends = {o.partition: o.end for o in opened.offsets(topic)}
-                lag = sum(max(0, end - read.get(p, 0)) for p, end in ends.items())
-            finally:
-                opened.close()
+                opened = open_log({**reader, "topic": topic, "log": url})
+                try:
+                    ends = {o.partition: o.end for o in opened.offsets(topic)}
+                    lag = sum(max(0, end - read.get(p, 0)) for p, end in ends.items())
+                finally:
+                    opened.close()
+            except (RiverbedError, OSError) as exc:
+                why = str(exc)
         newest = (done.source_max_ms or {}).get(which) if done is not None else None
         info["sides"][which] = {
             "topic": topic,
@@ -277,15 +332,17 @@ def status(
             "lag": lag,
             "held": holding[which],
         }
+        if why is not None:
+            info["sides"][which]["lag_error"] = why
     return info
 
 
-def _held(join: Join, state: StateConfig) -> dict[str, int]:
+def _held(name: str, partitions: int, state: StateConfig) -> dict[str, int]:
     """How many events each side holds in the state (its newest version)."""
     out = {"left": 0, "right": 0}
     provider = StateProvider(state)
-    for partition in range(join.state_partitions):
-        store = provider.load(join.name, partition)
+    for partition in range(partitions):
+        store = provider.load(name, partition)
         try:
             for which, n in buffered_count(store).items():
                 out[which] += n
@@ -297,8 +354,10 @@ def _held(join: Join, state: StateConfig) -> dict[str, int]:
 __all__ = [
     "JoinQuery",
     "batch_line",
+    "manifest",
     "read_joined",
     "start_join",
     "status",
+    "status_of",
     "watermark_of",
 ]

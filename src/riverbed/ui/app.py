@@ -351,7 +351,7 @@ class ConsoleApp:
         s = self.console.latest()
         return self.page(
             request, "streams.html", "Streams", "riverbed stream status --json",
-            streams=s["streams"], at=s["at"],
+            streams=s["streams"], joins=s.get("joins", []), at=s["at"],
         )  # fmt: skip
 
     def api_streams(self, request: Request) -> Response:
@@ -359,6 +359,12 @@ class ConsoleApp:
 
     def stream(self, request: Request) -> Response:
         name = request.path_params["name"]
+        if name in q.join_names(self.src):  # a stream-stream join: its sides
+            joined = q.join(self.src, name)
+            return self.page(
+                request, "join.html", f"Join {name}",
+                f"riverbed stream status {joined['spec'] or name + '.py'} --json", j=joined,
+            )  # fmt: skip
         info = q.stream(self.src, name, ledger=30)
         return self.page(
             request, "stream.html", f"Stream {name}",
@@ -367,7 +373,10 @@ class ConsoleApp:
         )  # fmt: skip
 
     def api_stream(self, request: Request) -> Response:
-        return JSONResponse(_plain(q.stream(self.src, request.path_params["name"], ledger=100)))
+        name = request.path_params["name"]
+        if name in q.join_names(self.src):
+            return JSONResponse(_plain(q.join(self.src, name)))
+        return JSONResponse(_plain(q.stream(self.src, name, ledger=100)))
 
     def api_live(self, request: Request) -> Response:
         """Live values, restored from durable state: cached per (aggregation, batch asked,

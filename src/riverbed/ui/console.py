@@ -63,6 +63,7 @@ class Console:
         topics = attempt("topics", lambda: q.topics(src), [])
         groups = attempt("consumer groups", lambda: q.groups(src), [])
         streams = attempt("streams", lambda: q.streams(src), [])
+        joins = attempt("joins", lambda: q.joins_status(src), [])
         jobs = attempt("jobs", lambda: q.jobs(src, limit=20), {"runs": [], "counts": {}})
         disk = attempt("disk", lambda: q.disk(src), {})
         objects = attempt("the log's objects", lambda: q.objects(src), None)
@@ -100,6 +101,7 @@ class Console:
                 "topics": topics,
                 "groups": groups,
                 "streams": streams,
+                "joins": joins,
                 "jobs": jobs,
                 "disk": disk,
                 "objects": objects,
