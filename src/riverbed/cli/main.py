@@ -135,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # -v is riverbed's story, not a line per HTTP request to etcd or a webhook
+    for library in ("httpx", "httpcore"):
+        logging.getLogger(library).setLevel(logging.WARNING)
     # SIGTERM unwinds like Ctrl-C, so sessions revoke their leases on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     noisy = getattr(args, "spark_noise", None)

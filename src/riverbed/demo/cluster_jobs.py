@@ -121,7 +121,8 @@ def run_jobs_phase(
         return _chunks_published(cp)
 
     def orchestrator(host: str) -> None:
-        argv = cli("orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{host}")
+        # -v: its log says when it stood by, behind whom, and when it led
+        argv = cli("-v", "orchestrator", "--ttl", str(JOBS_TTL), "--name", f"orchestrator-{host}")
         bed.spawn(host, "orchestrator", argv, env=env(host), kind="orchestrator")
 
     try:

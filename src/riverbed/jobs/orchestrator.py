@@ -96,6 +96,7 @@ class Orchestrator:
         self._swept_at: float | None = None
         self.registry = Registry(cp, WORKERS)
         self.stats = OrchestratorStats(terms=[])
+        self._waiting_behind: str | None = None
 
     def __repr__(self) -> str:
         return f"Orchestrator({self.name})"
@@ -129,9 +130,16 @@ class Orchestrator:
             election = Election(self.cp, ELECTION, session)
             try:
                 term = election.campaign(self.name, timeout=0.5)
-            except LockTimeoutError:
+            except LockTimeoutError as exc:
                 election.resign()
+                # a standby says once whom it waits behind (not each half-second round):
+                # what its log needs to tell a healthy standby from a stuck one
+                ahead = str(exc).rsplit("first is ", 1)[-1]
+                if ahead != self._waiting_behind:
+                    self._waiting_behind = ahead
+                    log.info("orchestrator %s stands by: %s", self.name, exc)
                 return
+            self._waiting_behind = None
             try:
                 self._lead(term, session, stop)
             except FencedError as exc:
