@@ -273,3 +273,32 @@ def test_a_filter_added_as_a_new_version_switches_readers_in_one_step(
     rerun = riverbed("stream", "run", str(spec), "--new-version", "--once", "--ttl", "3")
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "computes this spec and is the current one: it runs on" in " ".join(rerun.stderr.split())
+
+
+def test_a_new_version_killed_before_its_first_batch_is_resumed_not_begun_again(
+    tmp_path: Path,
+) -> None:
+    """A ``--new-version`` run records its spec's shape (and manifest) before its first
+    batch; killed there, the same command resumes that version instead of beginning the
+    next one — and another spec begins the next."""
+    from dataclasses import replace
+
+    from riverbed.stream import Aggregation, Count, Tumbling
+    from riverbed.stream.layout import MANIFEST, checkpoint_store
+    from riverbed.stream.specrecord import start
+    from riverbed.stream.versions import plan_new_version
+
+    checkpoints = tmp_path / "checkpoints"
+    v1 = Aggregation(name="flags", key="flag", time="ts", window=Tumbling("1h"),
+                     metrics={"events": Count()})  # fmt: skip
+    start(checkpoints / "flags", v1)  # version 1 has run (its shape recorded)
+    v2 = replace(v1, where="amount > 50")
+    planned = plan_new_version(checkpoints, v2)
+    assert (planned.number, planned.resumed, planned.is_current) == (2, False, False)
+    # what the run writes before its first batch, then the kill
+    start(checkpoints / "flags-v2", replace(v2, name="flags-v2"))
+    checkpoint_store(checkpoints / "flags-v2").put(MANIFEST, b'{"name": "flags-v2"}')
+    again = plan_new_version(checkpoints, v2)
+    assert (again.number, again.aggregation, again.resumed) == (2, "flags-v2", True)
+    other = plan_new_version(checkpoints, replace(v1, where="amount > 10"))
+    assert (other.number, other.resumed) == (3, False)

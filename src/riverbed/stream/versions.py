@@ -214,6 +214,22 @@ class Plan:
         }
 
 
+def _begun_with(checkpoint: str | Path, name: str) -> set[str]:
+    """The (version-free) hashes of every spec shape a version's checkpoint recorded —
+    the one it starts with is recorded before its first batch, so a run killed before
+    any batch is still recognized and resumed."""
+    from riverbed.stream.layout import SPECS
+
+    store = checkpoint_store(checkpoint)
+    out = set()
+    for entry in store.entries(SPECS):
+        if entry.endswith(".json"):
+            digest = _spec_hash(json.loads(store.get(f"{SPECS}{entry}")), name)
+            if digest is not None:
+                out.add(digest)
+    return out
+
+
 def plan_new_version(checkpoints: str | Path, spec: Any) -> Plan:
     """The version a new-version run of ``spec`` computes (reads only)."""
     from riverbed.locations import child
@@ -240,7 +256,8 @@ def plan_new_version(checkpoints: str | Path, spec: Any) -> Plan:
     for aggregation in aggregations(checkpoints):
         base, number = base_of(aggregation)
         if base == name and number > 1:
-            shadows[number] = _spec_hash(recorded(child(checkpoints, aggregation))[0], name)
+            began = _begun_with(child(checkpoints, aggregation), name)
+            shadows[number] = mine if mine in began else next(iter(sorted(began)), None)
     number, resumed = next_number(now.number, shadows, mine)
     return Plan(name, number, version_name(name, number), now, resumed, False, mine)
 
