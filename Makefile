@@ -35,11 +35,12 @@ spark-archive:
 # SDK bundle at PySpark's Hadoop version, Spark's Kafka and Avro connectors — resolved
 # from Maven Central by Spark's own Ivy into $(VENV)/jars (`riverbed setup jars`, what a
 # pip-installed riverbed runs too: riverbed.spark.jars), and the tests' Kafka broker
-# (scripts/jars/kafka-broker.pom.xml, Maven) into $(VENV)/kafka; once (~750 MB), then a
+# (scripts/jars/kafka-broker.pom.xml, Maven) into $(VENV)/kafka and Iceberg's REST catalog
+# server (scripts/jars/iceberg-rest.pom.xml) into $(VENV)/iceberg-rest; once (~830 MB), then a
 # no-op.
 jars: $(STAMP)
 	@$(BIN)/riverbed setup jars
-	@bash scripts/fetch_kafka.sh "$(VENV)"
+	@bash scripts/fetch_test_servers.sh "$(VENV)"
 
 demo: $(STAMP) compile
 	@bash scripts/check_system.sh java
@@ -61,7 +62,7 @@ test: $(STAMP) system-test compile jars spark-archive lint
 # The quick loop while working (docs/testing.md): lint, types, import layers and every
 # test that needs no server, no Spark and no multi-process scenario; `make test` runs
 # everything and is what CI runs.
-QUICK := not (spark or etcd or postgres or mariadb or s3 or kafka or slow or browser)
+QUICK := not (spark or etcd or postgres or mariadb or s3 or kafka or rest_catalog or slow or browser)
 check: $(STAMP) compile lint
 	RIVERBED_TESTS_QUICK=1 $(BIN)/pytest -n 2 -q -m "$(QUICK)" --durations=10
 

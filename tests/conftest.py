@@ -17,6 +17,7 @@ from riverbed.testing import (
     CephS3Server,
     EtcdCluster,
     EtcdServer,
+    IcebergRestServer,
     KafkaServer,
     MariaDBServer,
     PostgresServer,
@@ -137,6 +138,14 @@ def kafka_server(request: pytest.FixtureRequest) -> Iterator[KafkaServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def iceberg_rest(request: pytest.FixtureRequest) -> Iterator[IcebergRestServer]:
+    """One Iceberg REST catalog for the whole run (tests isolate by namespace)."""
+    _no_servers_in_a_quick_run(request, "the Iceberg REST catalog")
+    with IcebergRestServer() as server:
+        yield server
+
+
 @pytest.fixture
 def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> str:
     """A fresh topic name for one test (created by the test, with its partitions)."""
@@ -211,6 +220,7 @@ SERVER_FIXTURES = {
     "mariadb": {"mariadb_server", "mariadb_db"},
     "s3": {"s3_server", "s3_url"},
     "kafka": {"kafka_server"},
+    "rest_catalog": {"iceberg_rest"},
 }
 
 # modules whose slow tests start Spark drivers in processes of their own (the ``spark``

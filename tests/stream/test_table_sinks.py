@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,19 @@ def test_each_batch_is_one_commit_once(tmp_path: Path) -> None:
     assert table_rows(tmp_path / "t") == {"a": 5, "c": 7, "o": 1}
 
 
-def test_an_iceberg_batch_is_one_commit_once(tmp_path: Path) -> None:
-    sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
+REST = pytest.param("rest", marks=pytest.mark.rest_catalog)  # Iceberg's own REST server
+
+
+@pytest.mark.parametrize("catalog", ["sqlite", REST])
+def test_an_iceberg_batch_is_one_commit_once(
+    tmp_path: Path, catalog: str, request: pytest.FixtureRequest
+) -> None:
+    if catalog == "rest":  # Iceberg's own REST catalog server: it places the files
+        server = request.getfixturevalue("iceberg_rest")
+        namespace = f"rb_{uuid.uuid4().hex[:8]}"  # the server is shared by the run
+        sink = IcebergSink(server.uri, f"{namespace}.t")
+    else:
+        sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
     assert sink.committed("agg") is None
     assert sink.write("agg", 0, rows(0, {"a": 1, "b": 2}), SCHEMA)
     assert not sink.write("agg", 0, rows(0, {"a": 99}), SCHEMA)  # a re-run: nothing
@@ -126,7 +138,13 @@ def test_an_iceberg_batch_is_one_commit_once(tmp_path: Path) -> None:
     assert dict(zip(got["key"], got["n"], strict=True)) == {"a": 5, "o": 1}
     assert "deleted" not in got.columns
     assert sink.committed("agg") == 2 and sink.committed("other") == 0
-    assert (tmp_path / "warehouse").is_dir()  # beside the SQLite catalog
+    if catalog == "rest":  # the catalog's own warehouse, and another client agrees
+        location = sink.catalog.load_table(sink.identifier).metadata_location
+        assert location.startswith(f"file:{server.warehouse}/{namespace}/t/metadata/")
+        again = IcebergSink(server.uri, sink.identifier).read()
+        assert dict(zip(again["key"], again["n"], strict=True)) == {"a": 5, "o": 1}
+    else:
+        assert (tmp_path / "warehouse").is_dir()  # beside the SQLite catalog
 
 
 def test_bad_table_arguments_are_named(tmp_path: Path) -> None:
@@ -144,6 +162,12 @@ def test_bad_table_arguments_are_named(tmp_path: Path) -> None:
         IcebergSink(f"sqlite:///{tmp_path / 'c.db'}", "plain")
     with pytest.raises(TableSinkError, match="give warehouse=") as refused:
         IcebergSink("postgresql://rb:s3cret@db/cat", "ns.t")
+    assert "s3cret" not in str(refused.value)
+    assert table_sink("iceberg:http://127.0.0.1:8181#ns.t") == Iceberg(
+        "http://127.0.0.1:8181", "ns.t"
+    )
+    with pytest.raises(TableSinkError, match="PYICEBERG_CATALOG__RIVERBED__TOKEN") as refused:
+        IcebergSink("https://rb:s3cret@catalog.example/api", "ns.t")  # refused before a call
     assert "s3cret" not in str(refused.value)
 
 
@@ -231,9 +255,11 @@ def assert_holds(table: pd.DataFrame, events: pd.DataFrame) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+@pytest.mark.parametrize(
+    "kind", ["delta", "iceberg", pytest.param("iceberg-rest", marks=pytest.mark.rest_catalog)]
+)
 def test_a_table_through_kills_holds_the_oracle(
-    tmp_path: Path, subprocess_env: dict[str, str], kind: str
+    tmp_path: Path, subprocess_env: dict[str, str], kind: str, request: pytest.FixtureRequest
 ) -> None:
     home = tmp_path / "home"
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
@@ -242,11 +268,11 @@ def test_a_table_through_kills_holds_the_oracle(
     slices = backlogs(events, kills + 1)
     spec = tmp_path / "spec.py"
     spec.write_text(SPEC)  # (both kill tests)
-    table = (
-        f"delta:{tmp_path / 'lake'}"
-        if kind == "delta"
-        else f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.results"
-    )
+    catalog, identifier = f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results"
+    if kind == "iceberg-rest":  # a REST catalog: Iceberg's own server (shared by the run)
+        catalog = request.getfixturevalue("iceberg_rest").uri
+        identifier = f"rb_{uuid.uuid4().hex[:8]}.results"
+    table = f"delta:{tmp_path / 'lake'}" if kind == "delta" else f"iceberg:{catalog}#{identifier}"
     command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
                "--max-records-per-batch", "200", "--ttl", "3",
                "--table", table]  # fmt: skip
@@ -268,7 +294,7 @@ def test_a_table_through_kills_holds_the_oracle(
     assert_holds(
         pl.read_delta(str(tmp_path / "lake")).to_pandas()
         if kind == "delta"
-        else IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results").read(),
+        else IcebergSink(catalog, identifier).read(),
         events,
     )
 

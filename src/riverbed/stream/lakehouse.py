@@ -272,7 +272,8 @@ def _iceberg_io(warehouse: str) -> dict[str, str]:
 class IcebergSink:
     """The Iceberg table ``identifier`` (``namespace.table``) of a SQL catalog
     (pyiceberg's: SQLite, ``sqlite:///catalog.db``, or PostgreSQL), its files under
-    ``warehouse`` (a directory or ``file://``; beside a SQLite catalog by default).
+    ``warehouse`` (a directory or ``file://``; beside a SQLite catalog by default) — or
+    of a REST catalog (``http(s)://host:port[/prefix]``), which places the files itself.
 
     Each batch is one catalog commit (a pyiceberg transaction: the sessions merged away
     deleted, then an upsert by (window_start, key)) whose snapshots carry the batch id
@@ -282,6 +283,7 @@ class IcebergSink:
 
     def __init__(self, catalog: str, identifier: str, warehouse: str | Path | None = None):
         try:
+            from pyiceberg.catalog import load_catalog
             from pyiceberg.catalog.sql import SqlCatalog
         except ImportError:
             raise TableSinkError(
@@ -295,6 +297,19 @@ class IcebergSink:
         self.identifier = identifier
         self.namespace = namespace
         uri = catalog
+        if uri.startswith(("http://", "https://")):  # a REST catalog: it places the files
+            if "@" in uri.split("://", 1)[1].split("/", 1)[0]:
+                raise TableSinkError(
+                    "an Iceberg REST catalog's URL carries no credentials: give its token "
+                    "as PYICEBERG_CATALOG__RIVERBED__TOKEN (pyiceberg's setting, never printed)"
+                )
+            where = None if warehouse is None else str(warehouse)
+            props = {"type": "rest", "uri": uri}
+            if where is not None:  # the warehouse the catalog serves (some serve several)
+                props |= {"warehouse": where, **_iceberg_io(where)}
+            # pyiceberg adds its PYICEBERG_CATALOG__RIVERBED__* settings (a token, S3 IO)
+            self.catalog = load_catalog("riverbed", **props)
+            return
         if uri.startswith(("postgresql://", "postgres://")):
             uri = "postgresql+psycopg://" + uri.split("://", 1)[1]
         if warehouse is None:

@@ -5,6 +5,7 @@ loopback ports in a private temporary directory and always stops it (context
 managers; pytest fixtures in ``tests/conftest.py`` wrap them).
 """
 
+from riverbed.testing.icebergrest import IcebergRestServer
 from riverbed.testing.kafkaserver import KafkaCluster, KafkaServer
 from riverbed.testing.logserver import log_server_process
 from riverbed.testing.s3 import CephS3Server
@@ -20,6 +21,7 @@ __all__ = [
     "CephS3Server",
     "EtcdCluster",
     "EtcdServer",
+    "IcebergRestServer",
     "KafkaCluster",
     "KafkaServer",
     "MariaDBServer",

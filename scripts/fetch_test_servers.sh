@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fill .venv/kafka with an Apache Kafka broker for the tests and benchmarks
-# (scripts/jars/kafka-broker.pom.xml), from Maven Central. Idempotent: nothing to do for a
-# set fetched from the same pom. (The jars Spark drivers use come from `riverbed setup
-# jars`, which needs no Maven: riverbed.spark.jars.)
-#   usage: fetch_kafka.sh [venv]
+# (scripts/jars/kafka-broker.pom.xml) and .venv/iceberg-rest with Apache Iceberg's REST
+# catalog server (scripts/jars/iceberg-rest.pom.xml), from Maven Central. Idempotent:
+# nothing to do for a set fetched from the same pom. (The jars Spark drivers use come
+# from `riverbed setup jars`, which needs no Maven: riverbed.spark.jars.)
+#   usage: fetch_test_servers.sh [venv]
 set -euo pipefail
 venv="${1:-.venv}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,7 +17,7 @@ ensure_maven() {
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
         fi
         if ! command -v mvn >/dev/null 2>&1; then
-            echo "error: Maven (mvn) is needed to fetch the tests' Kafka broker; install it (Debian: apt-get install maven) and retry." >&2
+            echo "error: Maven (mvn) is needed to fetch the tests' Kafka broker and Iceberg REST catalog; install it (Debian: apt-get install maven) and retry." >&2
             exit 1
         fi
     fi
@@ -36,9 +37,9 @@ fetch() {
     rm -rf "$dest.partial"
     if ! mvn -q -B -f "$pom" "$@" \
         dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$(realpath -m "$dest.partial")" \
-        >"$venv/fetch-kafka.log" 2>&1; then
-        echo "error: Maven could not fetch $what (see $venv/fetch-kafka.log); check that Maven Central is reachable and retry." >&2
-        tail -5 "$venv/fetch-kafka.log" >&2
+        >"$venv/fetch-test-servers.log" 2>&1; then
+        echo "error: Maven could not fetch $what (see $venv/fetch-test-servers.log); check that Maven Central is reachable and retry." >&2
+        tail -5 "$venv/fetch-test-servers.log" >&2
         exit 1
     fi
     rm -rf "$dest"
@@ -47,3 +48,4 @@ fetch() {
 }
 
 fetch "$here/jars/kafka-broker.pom.xml" "$venv/kafka" "an Apache Kafka broker for the tests (~45 MB)"
+fetch "$here/jars/iceberg-rest.pom.xml" "$venv/iceberg-rest" "Apache Iceberg's REST catalog server for the tests (~75 MB)"
