@@ -266,8 +266,24 @@ def test_a_filter_added_as_a_new_version_switches_readers_in_one_step(
             assert "2 of flags</p>" in client.get("/streams/flags-v2").text
     finally:
         sources.close()
-    assert _same(_rows(read_results(home / "output" / "flags")), v1)
+    assert _same(_rows(read_results(home / "output" / "flags")), v1)  # kept, until deleted
     assert _same(_rows(riverbed("query", "flags-v2", "--json").stdout), v2)
+    # the versions listed; the current one cannot be deleted, the replaced one can
+    listed = json.loads(riverbed("stream", "versions", "flags", "--json").stdout)
+    assert [(v["version"], v["state"]) for v in listed] == [(1, "replaced"), (2, "current")]
+    assert listed[0]["switched_at"] is None and listed[1]["switched_at"] > 0
+    refused = riverbed("stream", "versions", "flags", "--delete", "2")
+    assert refused.returncode == 2 and "is the current version of 'flags'" in refused.stderr
+    deleted = riverbed("stream", "versions", str(spec), "--delete", "1")
+    assert deleted.returncode == 0, deleted.stderr[-2000:]
+    assert "version 1 of flags (flags) is deleted" in " ".join(deleted.stderr.split())
+    assert not (home / "output" / "flags").exists() and not (home / "state" / "flags").exists()
+    assert sorted(p.name for p in (home / "checkpoints" / "flags").rglob("*.json")) == [
+        "000002.json"  # only the switch record: every reader of 'flags' needs it
+    ]
+    listed = json.loads(riverbed("stream", "versions", "flags", "--json").stdout)
+    assert [(v["version"], v["state"]) for v in listed] == [(1, "deleted"), (2, "current")]
+    assert _same(_rows(riverbed("query", "flags", "--json").stdout), v2)
     plan = riverbed("stream", "plan", str(spec))
     assert "aggregation 'flags-v2'" in plan.stdout and "nothing changed" in plan.stdout
     rerun = riverbed("stream", "run", str(spec), "--new-version", "--once", "--ttl", "3")
@@ -302,3 +318,30 @@ def test_a_new_version_killed_before_its_first_batch_is_resumed_not_begun_again(
     assert (again.number, again.aggregation, again.resumed) == (2, "flags-v2", True)
     other = plan_new_version(checkpoints, replace(v1, where="amount > 10"))
     assert (other.number, other.resumed) == (3, False)
+
+
+def test_a_version_a_driver_runs_is_not_deleted(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """`stream versions NAME --delete N` while a driver holds version N's lease: refused,
+    naming the driver, nothing deleted."""
+    from riverbed.stream.leader import DriverLease
+    from tests.cli import run_cli
+
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home)}
+    control = f"sqlite:///{home / 'control.db'}"
+    home.mkdir()
+    checkpoint = home / "checkpoints" / "flags-v2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "kept").write_text("x")
+    lease = DriverLease(control, "flags-v2", checkpoint, ttl=5)
+    try:
+        lease.acquire(standby=False)
+        refused = run_cli("stream", "versions", "flags", "--delete", "2",
+                          env={**env, "RIVERBED_CONTROL": control})  # fmt: skip
+        assert refused.returncode == 1, refused.stderr  # the world's state, not bad input
+        assert "a driver runs version 2 (flags-v2) now" in " ".join(refused.stderr.split())
+        assert (checkpoint / "kept").read_text() == "x"
+    finally:
+        lease.close()

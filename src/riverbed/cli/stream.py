@@ -129,6 +129,22 @@ def add_parsers(sub: Any) -> None:
         help="what `stream run SPEC --new-version` would compute, beside the running version",
     )
     c.set_defaults(func=_plan)
+    c = cmds.add_parser(
+        "versions",
+        help="an aggregation's versions (`stream run --new-version`): which is current, "
+        "which replaced; --delete N deletes a replaced or abandoned one for good",
+    )
+    c.add_argument("spec", help="the aggregation's name, or its spec file")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
+    c.add_argument(
+        "--delete",
+        type=positive_int,
+        metavar="N",
+        help="delete version N (not the current one, nor one a driver runs): its state, "
+        "results and checkpoint",
+    )
+    c.set_defaults(func=_versions)
     c = cmds.add_parser("status", help="batches, input, late, malformed, lag, state size")
     c.add_argument("spec", help="the aggregation's name, or its spec file")
     c.add_argument("--json", action="store_true")
@@ -542,6 +558,50 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         out.print(decided.text(), markup=False)
     return 1 if decided.refused else 0
+
+
+def _versions(args: argparse.Namespace) -> int:
+    from riverbed.inspect import Sources, active_driver
+    from riverbed.stream.aggregation import base_of, version_name
+    from riverbed.stream.layout import checkpoints_location
+    from riverbed.stream.specjob import locations
+    from riverbed.stream.versions import delete, listed
+
+    config = config_of(args)
+    checkpoints = checkpoints_location(config.checkpoints_url)
+    if args.spec.endswith(".py"):
+        name = _job(args.spec, config, version=False).aggregation.name
+    else:
+        name = base_of(args.spec)[0]
+    if args.delete is not None:
+        doomed = version_name(name, args.delete)
+        sources = Sources(config)
+        try:
+            running = active_driver(sources, doomed)
+        finally:
+            sources.close()
+        if running is not None:
+            raise ConfigError(
+                f"a driver runs version {args.delete} ({doomed}) now: {running}; stop it, "
+                "then delete the version"
+            )
+        _, output, state = locations(config, doomed)
+        for line in delete(checkpoints, name, args.delete, output, state):
+            err.print(f"deleted {line}")
+        err.print(f"version {args.delete} of {name} ({doomed}) is deleted")
+    rows = listed(checkpoints, name)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title=f"versions of {name}")
+    for column in ("version", "aggregation", "state", "switched in"):
+        table.add_column(column)
+    for row in rows:
+        at = row["switched_at"]
+        when = time.strftime(STAMP, time.gmtime(at)) + " UTC" if at else "—"
+        table.add_row(str(row["version"]), row["aggregation"], row["state"], when)
+    out.print(table)
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from riverbed.inspect.overview import disk
 from riverbed.inspect.sources import QueryError, Sources, du, jsonable
 from riverbed.inspect.state import state, state_keys
 from riverbed.inspect.streams import (
+    active_driver,
     join,
     join_names,
     joins_status,
@@ -43,6 +44,7 @@ from riverbed.inspect.topics import browse, objects, parse_where, topic, topics
 __all__ = [
     "QueryError",
     "Sources",
+    "active_driver",
     "browse",
     "chunk",
     "chunk_log",

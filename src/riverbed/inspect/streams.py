@@ -66,6 +66,12 @@ def _driver(src: Sources, name: str) -> dict[str, Any]:
     }
 
 
+def active_driver(src: Sources, name: str) -> str | None:
+    """The driver running aggregation ``name`` now (host:pid …), or None."""
+    active: str | None = _driver(src, name)["active"]
+    return active
+
+
 def stream(src: Sources, name: str, ledger: int = 0) -> dict[str, Any]:
     """Status of one aggregation; with ``ledger`` its newest batches, newest first."""
     from riverbed.stream.fencing import recorded_driver

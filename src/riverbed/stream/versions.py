@@ -26,6 +26,7 @@ Hypothesis-tested); the I/O around them reads the base aggregation's checkpoint.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ __all__ = [
     "Version",
     "caught_up",
     "current",
+    "delete",
+    "listed",
     "newest",
     "next_number",
     "plan_new_version",
@@ -325,3 +328,87 @@ def version_status(checkpoints: str | Path, aggregation: str) -> dict[str, Any] 
         mine = read_ends(child(checkpoints, aggregation))[0] or {}
         out["behind"] = sum(max(0, end - mine.get(p, 0)) for p, end in theirs.items())
     return out
+
+
+def listed(checkpoints: str | Path, name: str) -> list[dict[str, Any]]:
+    """Every version of ``name`` that has a checkpoint or a switch record, oldest
+    first: number, aggregation, state (current / replaced / catching up), and when it
+    was switched in (None: version 1, or never)."""
+    from riverbed.locations import child
+    from riverbed.stream.layout import aggregations
+
+    base_checkpoint = child(checkpoints, name)
+    now = current(base_checkpoint, name)
+    records = {v.number: v for v in read_versions(base_checkpoint)}
+    present = {base_of(a)[1] for a in aggregations(checkpoints) if base_of(a)[0] == name}
+    numbers = set(records) | present | {1}
+    out = []
+    for number in sorted(numbers):
+        state = "current" if number == now.number else "replaced"
+        if number > now.number:
+            state = "catching up"
+        if number not in present and number != now.number:
+            state = "deleted"  # (`stream versions NAME --delete N`)
+        switched = records.get(number)
+        out.append(
+            {
+                "version": number,
+                "aggregation": version_name(name, number),
+                "state": state,
+                "switched_at": switched.at if switched else None,
+            }
+        )
+    return out
+
+
+def delete(
+    checkpoints: str | Path, name: str, number: int, output: str | Path, state: Any
+) -> list[str]:
+    """Delete version ``number`` of ``name`` — a replaced one, or one never switched in
+    (abandoned) — for good: every state generation of it, its result table, and its
+    checkpoint (version 1's but for the switch records it holds, which every reader of
+    ``name`` needs). The current version is refused, and so is a version with
+    savepoints (they outlive their aggregation until deleted themselves). Returns what
+    was deleted (to say so). The caller makes sure no driver runs it."""
+    from riverbed.locations import child, shown
+    from riverbed.state import StateProvider
+    from riverbed.stream import rescale, savepoints
+    from riverbed.stream.layout import RIVERBED
+
+    now = current(child(checkpoints, name), name)
+    aggregation = version_name(name, number)
+    if number == now.number:
+        raise StreamValueError(
+            f"version {number} ({aggregation}) is the current version of '{name}': readers "
+            "read it; switch another one in first (`stream run SPEC --new-version`)"
+        )
+    checkpoint = child(checkpoints, aggregation)
+    kept = savepoints.listed(checkpoint)
+    if kept:
+        names = ", ".join(s.name for s in kept)
+        raise StreamValueError(
+            f"version {number} ({aggregation}) has savepoints ({names}), which are kept until "
+            "deleted themselves: delete them first, or keep this version"
+        )
+    provider = StateProvider(state)
+    held = set(provider.namespaces())
+    gone = []
+    for generation in rescale.generations(checkpoint, 0):
+        namespace = generation.namespace(aggregation)
+        if namespace in held or (provider.local_dir / namespace).exists():
+            provider.drop(namespace)
+            gone.append(f"state {namespace}")
+    results = checkpoint_store(output)
+    if results.list(""):
+        results.delete_prefix("")
+        gone.append(f"results {shown(str(output))}")
+    store = checkpoint_store(checkpoint)
+    doomed = [i.key for i in store.list("") if number > 1 or not i.key.startswith(VERSIONS)]
+    if doomed:
+        store.delete_many(doomed)
+        what = "checkpoint" if number > 1 else f"checkpoint (all but {RIVERBED}versions/)"
+        gone.append(f"{what} {shown(str(checkpoint))}")
+    for where in (output, checkpoint) if number > 1 else (output,):  # empty folders too
+        if isinstance(where, Path):
+            shutil.rmtree(where, ignore_errors=True)
+    return gone
