@@ -4,6 +4,7 @@ properties, then 3 → 5 → 2 partitions through every path, results equal to t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -323,3 +324,43 @@ def test_the_move_as_spark_tasks_writes_what_the_driver_would(spark: Any, tmp_pa
         sorted(p.stat().st_mtime_ns for p in (tmp_path / "durable").rglob("*") if p.is_file())
         == written
     )
+
+
+@given(st.lists(st.integers(0, 50), max_size=5), st.integers(-5, 60))
+def test_a_generation_retires_once_no_retained_version_lives_in_it(
+    starts: list[int], keep_from: int
+) -> None:
+    from riverbed.stream.rescale import Generation, for_version, retired
+
+    gens = [Generation(i, 3, v) for i, v in enumerate([0, *sorted(starts)])]
+    gone = {g.number for g in retired(gens, keep_from)}
+    assert gens[-1].number not in gone  # the current one never
+    needed = {for_version(gens, v).number for v in range(max(keep_from, 0), 60)}
+    assert not needed & gone  # no retained version loses its state
+    for g, after in itertools.pairwise(gens):  # and one whose versions are all older goes
+        assert (g.number in gone) is (after.from_version <= keep_from)
+
+
+def test_retention_deletes_a_rescales_old_generation_once_past_it(tmp_path: Path) -> None:
+    """The retention pass deletes an old generation's state — every partition, and the
+    local cache — once no retained version lives in it, and keeps it until then."""
+    from riverbed.state import StateConfig, StateProvider
+    from riverbed.stream.layout import checkpoint_store, generation_key
+    from riverbed.stream.rescale import Generation, retire
+
+    state = StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "durable")
+    provider = StateProvider(state)
+    ckpt = tmp_path / "ckpt"
+    old, new = Generation(0, 2), Generation(1, 3, 40)
+    for generation in (old, new):
+        for p in range(generation.partitions):
+            store = provider.load(generation.namespace("agg"), p, None)
+            store.put(b"k", b"v")
+            store.commit(generation.from_version + 1)
+    checkpoint_store(ckpt).put(generation_key(1), json.dumps(new.to_json()).encode())
+    assert retire(ckpt, provider, "agg", keep_from=39) == []  # version 39: the old one's
+    assert "agg" in provider.namespaces()
+    assert retire(ckpt, provider, "agg", keep_from=40) == ["agg"]
+    assert provider.namespaces() == [new.namespace("agg")]
+    assert not (tmp_path / "local" / "agg").exists()
+    assert retire(ckpt, provider, "agg", keep_from=400) == []  # once

@@ -20,6 +20,7 @@ from riverbed.state import StateProvider
 from riverbed.stream.batchlog import COUNTS, Batches, BatchRecord, summed_totals
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.fencing import DriverFencedError
+from riverbed.stream.rescale import retire
 from riverbed.stream.results import compact_output, write_output
 from riverbed.stream.sinks import plain
 
@@ -247,6 +248,13 @@ def maintain(config: EngineConfig, batches: Batches, batch_id: int, sweep: bool 
         for partition in range(spec.state_partitions):
             provider.purge(config.namespace, partition, sweep_after=3600.0 if sweep else None)
         batches.prune(batch_id + 1 - config.state.retain_versions)
+        # a rescale's old state generation, once no retained version lives in it
+        for space in retire(
+            config.checkpoint, provider, spec.name, batch_id + 1 - config.state.retain_versions
+        ):
+            log.info(
+                "state of %s: old generation %s deleted (retention passed it)", spec.name, space
+            )
         if batch_id > 0:  # the batch before this one is committed: fold the table into it
             compact_output(config.output, spec, batch_id - 1)
     except Exception as exc:  # maintenance must not stop the query

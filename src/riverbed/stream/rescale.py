@@ -23,6 +23,7 @@ the move also changes values (a backfill's; :mod:`riverbed.stream.backfill`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -55,6 +56,8 @@ __all__ = [
     "key_bytes",
     "move",
     "partition_of",
+    "retire",
+    "retired",
     "switch",
 ]
 
@@ -129,6 +132,28 @@ def for_version(gens: list[Generation], version: int | None) -> Generation:
     if version is None:
         return gens[-1]
     return [g for g in gens if g.from_version <= version][-1]
+
+
+def retired(gens: list[Generation], keep_from: int) -> list[Generation]:
+    """The generations no retained state version lives in any more: generation *i*
+    holds the versions from its ``from_version`` up to the next one's, so once the next
+    begins at or before ``keep_from`` (the oldest version retention keeps) nothing
+    loads it. The current generation is never retired."""
+    return [g for g, after in itertools.pairwise(gens) if after.from_version <= keep_from]
+
+
+def retire(checkpoint: str | Path, provider: StateProvider, name: str, keep_from: int) -> list[str]:
+    """Delete the state of every :func:`retired` generation of ``name`` that is still
+    there (the retention pass calls it: a rescale's old generation goes once retention
+    has moved past it); the namespaces deleted."""
+    held = set(provider.namespaces())
+    gone = []
+    for generation in retired(generations(checkpoint, 0), keep_from):
+        space = generation.namespace(name)
+        if space in held:
+            provider.drop(space)
+            gone.append(space)
+    return gone
 
 
 # -- the pure core: which new partition an entry goes to -------------------------------
