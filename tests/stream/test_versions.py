@@ -80,6 +80,7 @@ def test_a_version_name_round_trips_and_no_user_name_is_one(name: str, number: i
     assert base_of(version_name(name, number)) == (name, number)
     assert is_version_name(version_name(name, number)) is (number > 1)
     assert base_of(name) == (name, 1)  # '-' is in no name a user can give
+    assert base_of(f"{name}-v1") == (name, 1) and not is_version_name(f"{name}-v1")
 
 
 @given(st.lists(st.integers(2, 50), unique=True))
@@ -254,6 +255,8 @@ def test_a_filter_added_as_a_new_version_switches_readers_in_one_step(
         "behind": None,
         "state": "current",
     }
+    said = riverbed("stream", "status", "flags-v1", "--json")  # version 1, named so
+    assert json.loads(said.stdout)["version"]["state"] == "replaced", said.stderr[-2000:]
     # the console lists both: version 1 as replaced, its results as they were
     sources = Sources(Config(home=home))
     try:

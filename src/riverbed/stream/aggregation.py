@@ -16,7 +16,7 @@ from riverbed.windows import WINDOWS, Session, Window
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 # version N >= 2 of aggregation <name>, which riverbed computes beside it under this name
 # (riverbed.stream.versions): '-' is in no name a user gives, so none can collide
-_VERSIONED = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9_]{0,63})-v(?P<n>[2-9]|[1-9][0-9]+)$")
+_VERSIONED = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9_]{0,63})-v(?P<n>[1-9][0-9]*)$")
 
 
 def version_name(name: str, number: int) -> str:
@@ -28,13 +28,16 @@ def version_name(name: str, number: int) -> str:
 
 def base_of(aggregation: str) -> tuple[str, int]:
     """``(name, number)`` of a version's aggregation: ``flags-v3`` → ``("flags", 3)``;
-    an aggregation that names no version is version 1 of itself."""
+    an aggregation that names no version is version 1 of itself (``flags-v1`` too: a
+    reader may name version 1 so)."""
     found = _VERSIONED.match(aggregation)
     return (found["base"], int(found["n"])) if found else (aggregation, 1)
 
 
 def is_version_name(aggregation: str) -> bool:
-    return _VERSIONED.match(aggregation) is not None
+    """Whether ``aggregation`` is the name version 2 or later runs under."""
+    found = _VERSIONED.match(aggregation)
+    return found is not None and int(found["n"]) >= 2
 
 
 KEY = "_key"  # a composite key's column in a batch: its parts' values as JSON text

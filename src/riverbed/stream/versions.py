@@ -269,9 +269,9 @@ def resolve(checkpoints: str | Path, name: str) -> Current:
     """What ``name`` means to a reader or a run now: its current version."""
     from riverbed.locations import child
 
-    base, _ = base_of(name)
-    if base != name:  # a version named outright: that one
-        return Current(base, base_of(name)[1], name)
+    base, number = base_of(name)
+    if base != name:  # a version named outright (flags-v1 is flags): that one
+        return Current(base, number, version_name(base, number))
     return current(child(checkpoints, name), name)
 
 
