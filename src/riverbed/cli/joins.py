@@ -98,5 +98,6 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
             f"{which:>14}: topic {side['topic']}, newest event {side['newest_event'] or '-'}, "
             f"lag {side['lag'] if side['lag'] is not None else '-'} records, "
             f"{side['held']} events held"
+            + (f" (lag unknown: {side['lag_error']})" if side.get("lag_error") else "")
         )
     return 0
