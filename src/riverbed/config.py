@@ -269,6 +269,13 @@ SETTINGS: tuple[Setting, ...] = (
         "the Kafka broker's jars the tests start",
         who="tests",
     ),
+    Setting(
+        "RIVERBED_ICEBERG_REST_JARS",
+        None,
+        ".venv/iceberg-rest",
+        "the Iceberg REST catalog server's jars the tests start",
+        who="tests",
+    ),
 )
 _BY_NAME = {s.env: s for s in SETTINGS}
 
