@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Self
 
 import httpx
 
-from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port
+from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port, jar_dir
 
 __all__ = ["IcebergRestServer", "iceberg_rest_jars"]
 
@@ -32,15 +31,9 @@ MAIN = "org.apache.iceberg.rest.RESTCatalogServer"
 
 def iceberg_rest_jars() -> Path:
     """The server's jar directory; :class:`ServerError` naming the fix when it is empty."""
-    chosen = os.environ.get(ENV, "")
-    directory = Path(chosen) if chosen else Path(sys.prefix) / "iceberg-rest"
-    if not any(directory.glob("iceberg-open-api-*-test-fixtures.jar")):
-        raise ServerError(
-            f"no Iceberg REST catalog jars in {directory}: run `make jars` (Maven fetches "
-            f"Apache Iceberg's REST catalog server from Maven Central), or set {ENV} to a "
-            "directory that has them"
-        )
-    return directory
+    return jar_dir(
+        ENV, "iceberg-rest", "iceberg-open-api-*-test-fixtures.jar", "Iceberg's REST catalog"
+    )
 
 
 class IcebergRestServer(_Server):

@@ -15,14 +15,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Self
 
-from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port
+from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port, jar_dir
 
 __all__ = ["KafkaCluster", "KafkaServer", "kafka_jars"]
 
@@ -31,14 +30,7 @@ ENV = "RIVERBED_KAFKA_JARS"
 
 def kafka_jars() -> Path:
     """The broker's jar directory; :class:`ServerError` naming the fix when it is empty."""
-    chosen = os.environ.get(ENV, "")
-    directory = Path(chosen) if chosen else Path(sys.prefix) / "kafka"
-    if not any(directory.glob("kafka_2.13-*.jar")):
-        raise ServerError(
-            f"no Kafka broker jars in {directory}: run `make jars` (Maven fetches Apache "
-            f"Kafka from Maven Central), or set {ENV} to a directory that has them"
-        )
-    return directory
+    return jar_dir(ENV, "kafka", "kafka_2.13-*.jar", "Apache Kafka")
 
 
 def new_cluster_id() -> str:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -62,6 +63,20 @@ def _require(binary: str, package: str) -> str:
             f"(apt-get install -y {package}) or run `make test`, which does it"
         )
     return path
+
+
+def jar_dir(env: str, default: str, pattern: str, what: str) -> Path:
+    """A test server's jar directory — ``env`` when set, else ``<venv>/<default>`` (where
+    ``make jars`` puts it) — or :class:`ServerError` naming the fix when it holds no
+    ``pattern`` jar (the Kafka broker's, the Iceberg REST catalog's)."""
+    chosen = os.environ.get(env, "")
+    directory = Path(chosen) if chosen else Path(sys.prefix) / default
+    if not any(directory.glob(pattern)):
+        raise ServerError(
+            f"no {what} jars in {directory}: run `make jars` (Maven fetches {what} from "
+            f"Maven Central), or set {env} to a directory that has them"
+        )
+    return directory
 
 
 def _wait_until(check: object, timeout: float, what: str, log: Path | None = None) -> None:
