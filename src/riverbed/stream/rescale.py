@@ -295,13 +295,16 @@ def _copy_on_spark(
     sc.setJobDescription(
         f"riverbed: state {source.namespace} moved to {target.partitions} partitions"
     )
-    counts = (
-        sc.parallelize(range(source.partitions), source.partitions)
-        .flatMap(task.read)
-        .partitionBy(target.partitions, lambda q: q)
-        .mapPartitionsWithIndex(task.write)
-        .collect()
-    )
+    try:
+        counts = (
+            sc.parallelize(range(source.partitions), source.partitions)
+            .flatMap(task.read)
+            .partitionBy(target.partitions, lambda q: q)
+            .mapPartitionsWithIndex(task.write)
+            .collect()
+        )
+    finally:
+        sc.setJobDescription(None)  # the batches' jobs after it describe themselves
     return sum(n for n, _ in counts), sum(b for _, b in counts)
 
 
