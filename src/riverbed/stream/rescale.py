@@ -146,9 +146,12 @@ def retire(checkpoint: str | Path, provider: StateProvider, name: str, keep_from
     """Delete the state of every :func:`retired` generation of ``name`` that is still
     there (the retention pass calls it: a rescale's old generation goes once retention
     has moved past it); the namespaces deleted."""
+    old = retired(generations(checkpoint, 0), keep_from)
+    if not old:  # (most aggregations, every round: no listing of the durable state)
+        return []
     held = set(provider.namespaces())
     gone = []
-    for generation in retired(generations(checkpoint, 0), keep_from):
+    for generation in old:
         space = generation.namespace(name)
         if space in held:
             provider.drop(space)

@@ -292,10 +292,11 @@ def try_switch(checkpoints: str | Path, plan: Plan, mine: Mapping[int, int]) -> 
     from riverbed.stream.sparklog import read_ends
 
     base_checkpoint = child(checkpoints, plan.name)
-    now = current(base_checkpoint, plan.name)
-    if now.number >= plan.number:
-        return newest(read_versions(base_checkpoint))
-    theirs = read_ends(child(checkpoints, now.aggregation))[0] or {}
+    ruling = newest(read_versions(base_checkpoint))
+    if ruling is not None and ruling.number >= plan.number:
+        return ruling
+    now = plan.name if ruling is None else ruling.aggregation  # what readers read now
+    theirs = read_ends(child(checkpoints, now))[0] or {}
     if not caught_up(theirs, mine):
         return None
     return switch(base_checkpoint, record(plan.number, plan.aggregation, plan.spec, mine, theirs))
