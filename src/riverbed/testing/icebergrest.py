@@ -21,7 +21,14 @@ from typing import Self
 
 import httpx
 
-from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port, jar_dir
+from riverbed.testing.servers import (
+    ServerError,
+    _require,
+    _Server,
+    _wait_until,
+    free_port,
+    jar_dir,
+)
 
 __all__ = ["IcebergRestServer", "iceberg_rest_jars"]
 
@@ -57,9 +64,7 @@ class IcebergRestServer(_Server):
         return self.data / "warehouse"
 
     def start(self) -> Self:
-        java = shutil.which("java")
-        if java is None:
-            raise ServerError("'java' is not installed; the Iceberg REST catalog needs Java 17")
+        java = _require("java", "openjdk-17-jre-headless")
         self.warehouse.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         env = {

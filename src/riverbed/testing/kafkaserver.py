@@ -21,7 +21,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Self
 
-from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port, jar_dir
+from riverbed.testing.servers import (
+    ServerError,
+    _require,
+    _Server,
+    _wait_until,
+    free_port,
+    jar_dir,
+)
 
 __all__ = ["KafkaCluster", "KafkaServer", "kafka_jars"]
 
@@ -112,12 +119,7 @@ class KafkaServer(_Server):
         return path
 
     def _java(self, main: str, *args: str) -> list[str]:
-        java = shutil.which("java")
-        if java is None:
-            raise ServerError(
-                "'java' is not installed; the Kafka broker needs Java 17 "
-                "(apt-get install -y openjdk-17-jre-headless)"
-            )
+        java = _require("java", "openjdk-17-jre-headless")
         return [
             java,
             f"-Xmx{self.heap}",
