@@ -133,9 +133,14 @@ def test_a_newer_snapshot_manifest_is_refused_and_stops_the_sweep(tmp_path: Path
 def test_a_newer_topic_is_refused(tmp_path: Path) -> None:
     log = riverbed.log.open(tmp_path)
     log.create_topic("t", 1)
+    config = json.loads((tmp_path / "t" / "topic.json").read_text())
+    # a topic never altered is written as version 1 (the riverbed before alters reads it)
+    assert config["format"] == 1 and "epochs" not in config
+    log.alter_partitions("t", 2)
     log.close()
     config = json.loads((tmp_path / "t" / "topic.json").read_text())
-    assert config["format"] == CURRENT["topic"]
+    assert config["format"] == CURRENT["topic"] == 2
+    assert config["epochs"] == [{"partitions": 2, "starts": [0]}]
     config["format"] = CURRENT["topic"] + 1
     (tmp_path / "t" / "topic.json").write_text(json.dumps(config))
     log = riverbed.log.open(tmp_path)

@@ -43,7 +43,7 @@ CURRENT: dict[str, int] = {
     "result table": 1,
     "state changelog": 3,
     "state snapshot": 1,
-    "topic": 1,
+    "topic": 2,  # 2: the placement epochs of `topic alter` (written only by altered topics)
     "jobs database": 1,
 }
 

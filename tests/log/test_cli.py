@@ -67,7 +67,7 @@ def test_topic_produce_consume_group(tmp_path: Path) -> None:
     group = json.loads(run(tmp_path, "group", "describe", "g", "--json").stdout)
     assert sum(p["lag"] for p in group["partitions"]) == 0
     assert run(tmp_path, "group", "list").stdout.split() == ["g"]
-    assert run(tmp_path, "topic", "add-partitions", "clicks", "--partitions", "5").returncode == 0
+    assert run(tmp_path, "topic", "alter", "clicks", "--partitions", "5").returncode == 0
     assert (
         len(json.loads(run(tmp_path, "topic", "describe", "clicks", "--json").stdout)["offsets"])
         == 5

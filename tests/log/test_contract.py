@@ -131,6 +131,65 @@ def test_partitions_can_be_added_never_removed(log: Log) -> None:
         log.add_partitions("t", 3)
 
 
+def test_an_alter_records_where_the_new_placement_begins(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`topic alter`: the ends at the alter are recorded; every record before them was
+    placed by the old count — also with producers appending all along, which follow the
+    new count within REFRESH_S (a stale one may still place by the old count past the
+    boundary: readers that rely on placement check, see placed_at's users)."""
+    import threading
+
+    import riverbed.log.log as log_module
+    from riverbed.log.base import next_boundary, placed_at, placed_by
+
+    monkeypatch.setattr(log_module, "REFRESH_S", 0.05)
+    log.create_topic("t", 2)
+    hashing = KeyHashPartitioner()
+    stop = threading.Event()
+
+    def produce(worker: int) -> None:
+        producer = log.producer("t")
+        i = 0
+        while not stop.is_set() or i < 200:
+            producer.send_batch([{"k": f"{worker}-{i + j}"} for j in range(5)], key_field="k")
+            i += 5
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    while sum(o.end for o in log.offsets("t")) < 100:
+        pass
+    config = log.alter_partitions("t", 5)
+    stop.set()
+    for t in threads:
+        t.join()
+    (epoch,) = config.epochs
+    assert epoch.partitions == 5 and len(epoch.starts) == 2 and sum(epoch.starts) >= 100
+    assert log.topic("t").epochs == config.epochs  # as stored, read back
+    late = log.producer("t")
+    late.send_batch([{"k": f"late-{i}"} for i in range(50)], key_field="k")
+    for p in range(5):
+        records = list(log.iter_records("t", p))
+        for r in records:
+            count = placed_at(config, p, r.offset)
+            assert count == (2 if p < 2 and r.offset < epoch.starts[p] else 5)
+            if count == 2:
+                assert hashing.partition(r.key, 2) == p  # nothing placed by 5 before
+        assert any(r.key.startswith(b"late-") for r in records)  # the new count
+        for r in records:
+            if r.key.startswith(b"late-"):
+                assert hashing.partition(r.key, 5) == p
+        if p < 2:
+            end = log.offsets("t")[p].end
+            assert next_boundary(config, p, 0) == (epoch.starts[p] or None)
+            assert placed_by(config, p, epoch.starts[p], end) == 5
+            if epoch.starts[p]:
+                assert placed_by(config, p, 0, epoch.starts[p]) == 2
+                assert placed_by(config, p, 0, end) is None
+    assert log.alter_partitions("t", 5) == log.topic("t")  # the same count: no new epoch
+
+
 def test_user_defined_serde_and_partitioner_live_on_the_log_object(log: Log) -> None:
     class Upper:
         name = "upper"

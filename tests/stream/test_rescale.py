@@ -141,6 +141,93 @@ def test_rescaling_sessions(spark: Any, log_url: str, tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(a, b)
 
 
+def _send(producer: Any, events: pd.DataFrame) -> None:
+    producer.send_batch(
+        [
+            {"user_id": int(u), "flag": f, "amount": a, "ts": t.isoformat()}
+            for u, f, a, t in events[["user_id", "flag", "amount", "ts"]].itertuples(index=False)
+        ],
+        key_field="flag",
+    )
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("where", ["driver", "spark-job"])
+def test_a_topic_altered_3_to_5_and_the_aggregation_follows(
+    spark: Any,
+    log_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+) -> None:
+    """`topic alter --partitions 5` under a co-located aggregation of 3: the next run
+    with 5 state partitions reads what was placed by 3 through the shuffle (its batch
+    ends where the placement changes), is co-located again from there, and a producer
+    that placed records by 3 after the alter (it had not seen it yet) costs its batches
+    the co-location, never a result — whether its tasks ran in the driver or as a Spark
+    job (whose failure reaches the driver as text). Every window equals the oracle."""
+    import riverbed.log
+    import riverbed.log.log as log_module
+
+    events = make_events(3000, hours=4, seed=5)
+    first, before, stale, after = np.array_split(np.arange(len(events)), [900, 1300, 1700])
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+        state_partitions=3,
+    )
+    write_events(log_url, events.iloc[first])
+    _run(spark, spec, log_url, tmp_path, "colocated")
+    log = riverbed.log.open(log_url)
+    monkeypatch.setattr(log_module, "REFRESH_S", 3600.0)  # a producer that never looks
+    old = log.producer("events")
+    _send(old, events.iloc[before])  # placed by 3, read by nobody yet
+    config = log.alter_partitions("events", 5)
+    (epoch,) = config.epochs
+    _send(old, events.iloc[stale])  # still placed by 3: past the boundary
+    stale_ends = [o.end for o in log.offsets("events")]
+    _send(log.producer("events"), events.iloc[after])  # placed by 5
+    log.close()
+    assert all(stale_ends[p] > epoch.starts[p] for p in range(3))
+
+    begun = set(open_batches(str(tmp_path / "ckpt")).ids())
+    query = start(
+        spark,
+        dataclasses.replace(spec, state_partitions=5),
+        source_for(spark, log_url, "colocated", max_records=300)
+        | {"driverBatchRecords": "1000000" if where == "driver" else "0"},
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        log_url=log_url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    batches = open_batches(str(tmp_path / "ckpt"))
+    records = [batches.get(b) for b in sorted(set(batches.ids()) - begun)]
+    slices = [{int(p): se for p, se in r.slices.items()} for r in records]
+    # the batches before the boundary end exactly on it, and go through the shuffle
+    ended = [i for i, sl in enumerate(slices) if all(sl[p][1] == epoch.starts[p] for p in range(3))]
+    assert ended and all(not records[i].co_located for i in range(ended[0] + 1))
+    for record, sl in zip(records, slices, strict=True):
+        holds_stale = any(sl[p][0] < stale_ends[p] and sl[p][1] > epoch.starts[p] for p in range(3))
+        if holds_stale:  # planned co-located, run shuffled, and recorded so
+            assert not record.co_located
+    assert any(r.co_located for r in records)  # the new placement, co-located again
+    assert "running the batch shuffled" in caplog.text
+    got = read_results(tmp_path / "out")
+    want = _oracle(events)
+    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
+    assert len(merged) == len(want) == len(got)
+    for column in ("events", "users", "total"):
+        assert (merged[column] == merged[f"{column}_o"]).all(), column
+
+
 def _cli_spec(path: Path, partitions: int) -> None:
     path.write_text(SPEC.replace("state_partitions=3", f"state_partitions={partitions}"))
 

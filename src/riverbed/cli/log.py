@@ -29,7 +29,7 @@ from riverbed.config import load_config
 if TYPE_CHECKING:  # the log's modules load numpy and pyarrow: only commands that use them pay
     from riverbed.control import ControlPlane
     from riverbed.log import Log, Record
-    from riverbed.log.base import Damage, PartitionReport
+    from riverbed.log.base import Damage, PartitionReport, Placement
     from riverbed.log.diskless import DisklessLogStorage
 
 out = Console(highlight=False, soft_wrap=True)
@@ -66,7 +66,7 @@ def _duration_ms(text: str) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    topic = sub.add_parser("topic", help="create, list, describe topics; add partitions")
+    topic = sub.add_parser("topic", help="create, list, describe, alter topics")
     common = shared_options(topic, LOG_OPTS, JSON_OPTS)
     cmds = Subcommands(
         topic.add_subparsers(dest="topic_command", metavar="COMMAND", required=True), common
@@ -116,10 +116,14 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("end", type=int, help="first offset after the damage")
     c.add_argument("--reason", required=True, help="why, for whoever reads describe later")
     c.set_defaults(func=_topic_skip)
-    c = cmds.add_parser("add-partitions", help="grow a topic to N partitions")
-    c.add_argument("name")
-    c.add_argument("--partitions", type=int, required=True)
-    c.set_defaults(func=_topic_add)
+    for name, help_ in (
+        ("alter", "grow a topic to N partitions; new records are placed by N from now on"),
+        ("add-partitions", "the same as alter (its older name)"),
+    ):
+        c = cmds.add_parser(name, help=help_)
+        c.add_argument("name")
+        c.add_argument("--partitions", type=int, required=True, help="the new count")
+        c.set_defaults(func=_topic_alter)
 
     produce = sub.add_parser("produce", help="append JSON lines from stdin to a topic")
     produce.add_argument("topic")
@@ -378,6 +382,8 @@ def _topic_describe(args: argparse.Namespace) -> int:
     for o in offsets:
         table.add_row(str(o.partition), str(o.start), str(o.end), str(o.end - o.start))
     out.print(table)
+    for epoch in config.epochs:
+        out.print(_placement_line(epoch))
     for skip in config.skipped:
         out.print(
             f"skipped: partition {skip.partition} offsets {skip.start}..{skip.end - 1} "
@@ -479,13 +485,28 @@ def _topic_skip(args: argparse.Namespace) -> int:
     return 0
 
 
-def _topic_add(args: argparse.Namespace) -> int:
-    config = _log(args).add_partitions(args.name, args.partitions)
+def _topic_alter(args: argparse.Namespace) -> int:
+    log = _log(args)
+    before = log.topic(args.name)
+    config = log.alter_partitions(args.name, args.partitions)
     if args.json:
         print(json.dumps(config.to_dict()))
+    elif config.partitions == before.partitions:
+        out.print(f"topic {config.name} has {config.partitions} partitions already; nothing changed")
     else:
-        out.print(f"topic {config.name} now has {config.partitions} partitions")
+        out.print(f"topic {config.name}: {before.partitions} → {config.partitions} partitions")
+        out.print(_placement_line(config.epochs[-1]))
     return 0
+
+
+def _placement_line(epoch: Placement) -> str:
+    from riverbed.log.log import REFRESH_S
+
+    starts = " ".join(f"{p}:{o}" for p, o in enumerate(epoch.starts))
+    return (
+        f"  placed by {epoch.partitions} from offsets {starts} on (partition:offset; "
+        f"producers follow within {REFRESH_S:g} s)"
+    )
 
 
 def _produce(args: argparse.Namespace) -> int:

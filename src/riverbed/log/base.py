@@ -97,6 +97,58 @@ class SkippedRange:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """One ``riverbed topic alter --partitions``: from offset ``starts[p]`` of each
+    partition ``p`` the topic had before (the ends at the alter, read under the
+    appends' locks), records are placed by ``partitions`` partitions; the partitions it
+    added hold only records placed by it or a later alter. A producer picks the new
+    count up within :data:`~riverbed.log.log.REFRESH_S`; a record a stale producer
+    placed by the old count after ``starts`` is still found by the reader that relies
+    on placement (a co-located aggregation checks every key and runs that batch
+    shuffled), so a boundary is where placement changes, not a promise about every
+    record past it."""
+
+    partitions: int
+    starts: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partitions": self.partitions, "starts": list(self.starts)}
+
+
+def placed_at(config: TopicConfig, partition: int, offset: int) -> int:
+    """The partition count by which the record at ``offset`` of ``partition`` was placed."""
+    count = len(config.epochs[0].starts) if config.epochs else config.partitions
+    for epoch in config.epochs:
+        if partition < len(epoch.starts):
+            if offset < epoch.starts[partition]:
+                break  # written before this alter (and so before every later one)
+            count = epoch.partitions
+        elif partition < epoch.partitions:
+            count = epoch.partitions  # a partition this alter added
+    return count
+
+
+def placed_by(config: TopicConfig, partition: int, start: int, end: int) -> int | None:
+    """The one partition count that placed records [start, end) of ``partition``; None
+    when an alter's boundary lies inside (or the range is empty)."""
+    if end <= start:
+        return None
+    first = placed_at(config, partition, start)
+    return first if placed_at(config, partition, end - 1) == first else None
+
+
+def next_boundary(config: TopicConfig, partition: int, offset: int) -> int | None:
+    """The first offset past ``offset`` of ``partition`` where placement changes (so a
+    reader can end a batch there); None: none recorded."""
+    later = [
+        e.starts[partition]
+        for e in config.epochs
+        if partition < len(e.starts) and e.starts[partition] > offset
+    ]
+    return min(later) if later else None
+
+
+@dataclass(frozen=True)
 class TopicConfig:
     name: str
     partitions: int
@@ -109,6 +161,7 @@ class TopicConfig:
     fsync_interval_ms: int = 1000
     skipped: tuple[SkippedRange, ...] = ()
     schema: str | None = None  # a typed topic's fields, e.g. "user_id long, ts timestamp"
+    epochs: tuple[Placement, ...] = ()  # each `topic alter --partitions`, oldest first
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TopicConfig:
@@ -117,7 +170,11 @@ class TopicConfig:
         data = dict(data)
         check("topic", data.pop("format", None), f"topic {data.get('name')!r}")
         skipped = tuple(SkippedRange(**s) for s in data.get("skipped", ()))
-        return TopicConfig(**{**data, "skipped": skipped})
+        epochs = tuple(
+            Placement(int(e["partitions"]), tuple(int(o) for o in e["starts"]))
+            for e in data.get("epochs", ())
+        )
+        return TopicConfig(**{**data, "skipped": skipped, "epochs": epochs})
 
     def __post_init__(self) -> None:
         check_topic_name(self.name)
@@ -144,10 +201,33 @@ class TopicConfig:
             del data["skipped"]  # topic.json stays as it was for healthy topics
         if self.schema is None:
             del data["schema"]  # and for untyped ones
-        from riverbed.formats import CURRENT
-
-        data["format"] = CURRENT["topic"]
+        # version 2 only where it says more than version 1 could: a topic never altered
+        # stays readable by the riverbed before alters were recorded
+        data["format"] = 1
+        if self.epochs:
+            data["epochs"] = [e.to_dict() for e in self.epochs]
+            data["format"] = 2
+        else:
+            del data["epochs"]
         return data
+
+    def grown(self, partitions: int, ends: Sequence[int]) -> TopicConfig:
+        """This topic altered to ``partitions`` partitions, ``ends`` (one per partition
+        it has) the offsets where the new placement begins. Fewer partitions are
+        refused: a key's records would be split between where the old count and the
+        new one put them, and readers' positions would name partitions gone."""
+        if partitions < self.partitions:
+            raise LogValueError(
+                f"topic '{self.name}' has {self.partitions} partitions; partitions can be "
+                "added, never removed"
+            )
+        if partitions == self.partitions:
+            return self
+        from dataclasses import replace
+
+        epoch = Placement(partitions, tuple(int(e) for e in ends))
+        assert len(epoch.starts) == self.partitions
+        return replace(self, partitions=partitions, epochs=(*self.epochs, epoch))
 
 
 def check_values(topic: str, ddl: str | None, values: Sequence[Any], scope: str) -> Any:

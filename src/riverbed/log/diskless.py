@@ -597,18 +597,26 @@ class DisklessLogStorage(LogStorage):
             if kv is None:
                 raise TopicNotFoundError(name)
             config = TopicConfig.from_dict(json.loads(kv.value))
-            if partitions < config.partitions:
-                raise LogValueError(
-                    f"topic '{name}' has {config.partitions} partitions; partitions can be "
-                    "added, never removed"
-                )
-            grown = replace(config, partitions=partitions)
+            config.grown(partitions, [0] * config.partitions)  # refuse before reading
+            if partitions == config.partitions:
+                return config
+            # the ends where the new placement begins: no flush may commit between
+            # reading them and this transaction (it moves an end key: a conflict)
+            compares = [Compare.mod(key) == kv.mod_revision]
+            ends = []
+            for p in range(config.partitions):
+                end = self.control.get(self.layout.end(name, p))
+                if end is None:
+                    raise CorruptLogError(f"topic '{name}' has no end key for partition {p}")
+                ends.append(Head.decode(end.value).end)
+                compares.append(Compare.mod(self.layout.end(name, p)) == end.mod_revision)
+            grown = config.grown(partitions, ends)
             puts = [Put.of(key, json.dumps(grown.to_dict()))]
             puts += [
                 Put.of(self.layout.end(name, p), Head().encode())
                 for p in range(config.partitions, partitions)
             ]
-            if self.control.txn([Compare.mod(key) == kv.mod_revision], puts).succeeded:
+            if self.control.txn(compares, puts).succeeded:
                 self._configs[name] = grown
                 return grown
 

@@ -163,14 +163,18 @@ class FileLogStorage(LogStorage):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             config = self.topic_config(name)
-            if partitions < config.partitions:
-                raise LogValueError(
-                    f"topic '{name}' has {config.partitions} partitions; partitions can be "
-                    "added, never removed"
-                )
-            for p in range(config.partitions, partitions):
-                (directory / str(p)).mkdir(exist_ok=True)
-            return self._write_config(replace(config, partitions=partitions))
+            config.grown(partitions, [0] * config.partitions)  # refuse before locking
+            if partitions == config.partitions:
+                return config
+            with contextlib.ExitStack() as held:
+                # every partition's append lock, in order (an append takes one): the
+                # ends read here are where the new placement begins, exactly
+                for p in range(config.partitions):
+                    held.enter_context(self._locked(self._writer(name, p)))
+                ends = [self.offsets(name, p)[1] for p in range(config.partitions)]
+                for p in range(config.partitions, partitions):
+                    (directory / str(p)).mkdir(exist_ok=True)
+                return self._write_config(config.grown(partitions, ends))
         finally:
             os.close(fd)
 

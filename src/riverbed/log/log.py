@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -135,9 +136,13 @@ class Log:
     def topics(self) -> list[str]:
         return self.storage.list_topics()
 
-    def add_partitions(self, name: str, partitions: int) -> TopicConfig:
-        """Grow ``name`` to ``partitions`` partitions (never fewer)."""
+    def alter_partitions(self, name: str, partitions: int) -> TopicConfig:
+        """Grow ``name`` to ``partitions`` partitions (never fewer), recording where in
+        each partition the new count begins to place records (:class:`~riverbed.log.
+        base.Placement`); producers follow within :data:`REFRESH_S`."""
         return self.storage.set_partitions(name, partitions)
+
+    add_partitions = alter_partitions
 
     def offsets(self, topic: str) -> list[PartitionOffsets]:
         config = self.topic(topic)
@@ -231,6 +236,11 @@ def _decode(topic: str, partition: int, offset: int, raw: RawRecord, serde: Serd
     )
 
 
+# how long a producer places records by a partition count before it reads the topic's
+# again (a `topic alter --partitions` elsewhere is followed within this)
+REFRESH_S = 1.0
+
+
 class Producer:
     """Appends records to one topic with its partitioner and serde.
 
@@ -246,6 +256,7 @@ class Producer:
         self._serde = log.serde(config.serde)
         self._partitioner = log.partitioner(config.partitioner)
         self._partitions = config.partitions
+        self._refresh_at = time.monotonic() + REFRESH_S
         self._pending: list[tuple[int, RawRecord]] = []
         self._schema = config.schema  # a typed topic's fields, else None
 
@@ -272,7 +283,7 @@ class Producer:
             self.check([value])
         kb = _key_bytes(key)
         if partition is None:
-            partition = self._partitioner.partition(kb, self._partitions)
+            partition = self._partitioner.partition(kb, self._count())
         # a typed topic's value is stored as columns by the storage (a copy: a buffered
         # value may be changed by the caller before the flush); others as serde bytes
         stored = dict(value) if self._schema is not None else self._serde.serialize(value)
@@ -282,6 +293,14 @@ class Producer:
     def refresh(self) -> None:
         """Pick up partitions added since this producer was created."""
         self._partitions = self.log.topic(self.topic).partitions
+        self._refresh_at = time.monotonic() + REFRESH_S
+
+    def _count(self) -> int:
+        """The partition count to place records by: the topic's, read again every
+        :data:`REFRESH_S`."""
+        if time.monotonic() >= self._refresh_at:
+            self.refresh()
+        return self._partitions
 
     def send(
         self,
@@ -394,8 +413,9 @@ class Producer:
         # the partitioner runs once per distinct key, as the row path would per record
         encoded = pc.dictionary_encode(keys)
         distinct = [_key_bytes(k) for k in encoded.dictionary.to_pylist()]
+        count = self._count()
         parts = np.array(
-            [self._partitioner.partition(k, self._partitions) for k in distinct], np.int64
+            [self._partitioner.partition(k, count) for k in distinct], np.int64
         )
         indices = encoded.indices
         batch = ColumnBatch(
@@ -430,7 +450,7 @@ class Producer:
             pa.array(values, pa.binary()),
             None,
         )
-        return spread(n, self._partitions), batch
+        return spread(n, self._count()), batch
 
     def _append_columns(self, partitions: np.ndarray, batch: ColumnBatch) -> list[RecordMetadata]:
         """Append ``batch`` as one batch per partition; its rows' coordinates in order."""

@@ -47,12 +47,8 @@ class MemoryLogStorage(LogStorage):
     def set_partitions(self, name: str, partitions: int) -> TopicConfig:
         with self._lock:
             config = self.topic_config(name)
-            if partitions < config.partitions:
-                raise LogValueError(
-                    f"topic '{name}' has {config.partitions} partitions; partitions can be "
-                    "added, never removed"
-                )
-            self._topics[name] = replace(config, partitions=partitions)
+            ends = [self._end((name, p)) for p in range(config.partitions)]
+            self._topics[name] = config.grown(partitions, ends)
             return self._topics[name]
 
     def _check(self, topic: str, partition: int) -> None:

@@ -360,8 +360,8 @@ def _attempted(task: Any, index: int, attempts: int) -> Any:
     for attempt in range(1, attempts + 1):
         try:
             return task(index)
-        except DriverFencedError:
-            raise
+        except (DriverFencedError, NotCoLocatedError):
+            raise  # a retry would find the same key where it is
         except Exception as exc:
             if attempt == attempts:
                 raise
@@ -463,6 +463,16 @@ def run_batch(
     return pd.concat(full, ignore_index=True), side
 
 
+def _stray(cfg: DirectConfig, exc: BaseException) -> bool:
+    """Whether a co-located batch failed only on a key placed elsewhere, where the
+    user left co-location to riverbed (``co_locate=auto``)."""
+    if str(cfg.options.get("co_locate", "auto")).lower() != "auto":
+        return False  # co_locate=true: the user said every key is in place
+    if isinstance(exc, NotCoLocatedError):
+        return True  # a task that ran in the driver
+    return f"{NotCoLocatedError.__name__}:" in str(exc)  # one of a Spark job
+
+
 def run_planned(
     spark: Any,
     cfg: DirectConfig,
@@ -486,7 +496,27 @@ def run_planned(
     slices.sort(key=lambda s: s.partition)
     if cfg.engine.spec.lookups:  # the lookup tables as the plan recorded them
         cfg = replace(cfg, engine=lookups.running(cfg.engine, batches, batch_id, record))
-    rows, side = run_batch(spark, cfg, batch_id, record, slices)
+    try:
+        rows, side = run_batch(spark, cfg, batch_id, record, slices)
+    except Exception as exc:
+        if not (record.co_located and _stray(cfg, exc)):
+            raise
+        # co_locate=auto and a key in another state partition's log partition: a
+        # producer placed it by an older partition count (it had not yet seen a `topic
+        # alter`), or the topic is not keyed as sampled. The same slices, shuffled, give
+        # the same results
+        log.warning(
+            "batch %d of %s: a log partition holds a key of another state partition "
+            "(placed by an older partition count, or the topic is not keyed by %r); "
+            "running the batch shuffled",
+            batch_id,
+            cfg.engine.spec.name,
+            cfg.engine.spec.key,
+        )
+        shuffled = True  # the plan stays as recorded: a re-run tries it, and falls back
+        rows, side = run_batch(spark, cfg, batch_id, replace(record, co_located=False), slices)
+    else:
+        shuffled = False
     pending = cfg.engine.backfill_rows
     if pending is not None and pending[0] == batch_id:  # a backfill's rows (backfill.py)
         rows = with_backfilled(cfg.engine.checkpoint, pending[1], rows)
@@ -509,6 +539,8 @@ def run_planned(
         "state_job": round((merged - began) * 1000),
     }
     record.input = side.input
+    if shuffled:
+        record.co_located = False  # what it ran as, in the commit
     finish(
         cfg.engine, batches, batch_id, record, rows, outputs_from=merged, maintenance=maintenance
     )

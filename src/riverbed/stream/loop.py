@@ -40,7 +40,14 @@ from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lognative import run_planned
 from riverbed.stream.nativeconfig import DirectConfig
-from riverbed.stream.plan import Trigger, ends_of, has_input, slices_json
+from riverbed.stream.plan import (
+    Trigger,
+    co_located,
+    ends_of,
+    has_input,
+    slices_json,
+    within_placement,
+)
 from riverbed.stream.slowbatch import SlowBatchWatch
 from riverbed.stream.sparklog import spark_ends, spark_slices
 from riverbed.stream.threadquery import ThreadQuery
@@ -110,7 +117,7 @@ class DirectQuery(ThreadQuery):
             if legacy is not None:
                 newest.slices = legacy
                 if newest.co_located is None:
-                    newest.co_located = self._co_located(legacy)
+                    newest.co_located = self._co_located(topic_log, legacy)
                 self.batches.put(ids[-1], newest)
                 return ids[-1], newest
             # a first batch the Spark-driven loop never planned: plan it below, with
@@ -126,9 +133,10 @@ class DirectQuery(ThreadQuery):
                 previous_ends = self._ends(ids[-1], newest)
         retained = self._retained(topic_log)
         begin = begin_offsets(retained, previous_ends, self.cfg.starting)
-        slices = slices_json(
-            begin, batch_ends(begin, capped(retained, target), self.cfg.max_records)
-        )
+        latest = capped(retained, target)
+        if self.cfg.co_located:  # a batch in one placement of an altered topic
+            latest = within_placement(topic_log.topic(self.cfg.options["topic"]), begin, latest)
+        slices = slices_json(begin, batch_ends(begin, latest, self.cfg.max_records))
         # the first batch after a backfill runs even with nothing new: it writes the
         # result rows the backfill rewrote (backfill.py)
         due = self.cfg.engine.backfill_rows
@@ -137,7 +145,7 @@ class DirectQuery(ThreadQuery):
         record = replace(
             base,
             slices=slices,
-            co_located=self._co_located(slices),
+            co_located=self._co_located(topic_log, slices),
             spec=base.spec or self.cfg.engine.shape,  # the shape it runs (changes.py)
             # which version of each lookup table it joins with (lookups.py)
             lookups=lookups.planned(
@@ -148,8 +156,11 @@ class DirectQuery(ThreadQuery):
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
         return batch_id, record
 
-    def _co_located(self, slices: dict[str, list[int]]) -> bool:
-        return self.cfg.co_located and len(slices) == self.cfg.engine.spec.state_partitions
+    def _co_located(self, topic_log: Any, slices: dict[str, list[int]]) -> bool:
+        n = self.cfg.engine.spec.state_partitions
+        if not self.cfg.co_located:
+            return False
+        return co_located(topic_log.topic(self.cfg.options["topic"]), slices, n)
 
     def _ends(self, batch_id: int, record: BatchRecord) -> dict[int, int]:
         """Where a finished batch ended in every partition: its plan, or for a batch of

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from riverbed.log.base import TopicConfig, next_boundary, placed_by
 from riverbed.spark.offsets import TriggerError
 
 K = TypeVar("K")
@@ -99,6 +100,34 @@ def ends_of(slices: Mapping[str, list[int]]) -> dict[int, int]:
     return {int(p): int(se[1]) for p, se in slices.items()}
 
 
+def within_placement(
+    config: TopicConfig, begin: Mapping[int, int], latest: Mapping[int, int]
+) -> dict[int, int]:
+    """``latest`` offsets no further than the next place where the topic's placement
+    changes (``topic alter --partitions``) past ``begin``: a batch then lies in one
+    placement in every partition, and once the aggregation's state has the topic's new
+    count, its batches are co-located again from there (:func:`co_located`)."""
+    out = dict(latest)
+    for p, end in latest.items():
+        boundary = next_boundary(config, p, begin.get(p, 0))
+        if boundary is not None:
+            out[p] = min(end, boundary)
+    return out
+
+
+def co_located(config: TopicConfig, slices: Mapping[str, Sequence[int]], state: int) -> bool:
+    """Whether a batch's ``slices`` can run co-located with ``state`` state partitions:
+    one slice per state partition, each with its records placed by that many partitions
+    (records from before an alter to another count go through the shuffle)."""
+    if len(slices) != state:
+        return False
+    for p, (start, end) in slices.items():
+        count = placed_by(config, int(p), int(start), int(end))
+        if int(end) > int(start) and count != state:
+            return False
+    return True
+
+
 def has_input(slices: Mapping[str, list[int]]) -> bool:
     return any(int(e) > int(s) for s, e in slices.values())
 
@@ -107,8 +136,10 @@ __all__ = [
     "Trigger",
     "TriggerError",
     "balanced_groups",
+    "co_located",
     "ends_of",
     "has_input",
     "parse_trigger",
     "slices_json",
+    "within_placement",
 ]
