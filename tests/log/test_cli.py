@@ -67,11 +67,18 @@ def test_topic_produce_consume_group(tmp_path: Path) -> None:
     group = json.loads(run(tmp_path, "group", "describe", "g", "--json").stdout)
     assert sum(p["lag"] for p in group["partitions"]) == 0
     assert run(tmp_path, "group", "list").stdout.split() == ["g"]
-    assert run(tmp_path, "topic", "alter", "clicks", "--partitions", "5").returncode == 0
-    assert (
-        len(json.loads(run(tmp_path, "topic", "describe", "clicks", "--json").stdout)["offsets"])
-        == 5
-    )
+    before = json.loads(run(tmp_path, "topic", "describe", "clicks", "--json").stdout)
+    ends = [o["end"] for o in before["offsets"]]
+    altered = run(tmp_path, "topic", "alter", "clicks", "--partitions", "5")
+    assert altered.returncode == 0 and "→ 5 partitions" in altered.stdout
+    starts = " ".join(f"{p}:{e}" for p, e in enumerate(ends))
+    assert f"placed by 5 from offsets {starts} on" in altered.stdout
+    described = json.loads(run(tmp_path, "topic", "describe", "clicks", "--json").stdout)
+    assert len(described["offsets"]) == 5
+    assert described["epochs"] == [{"partitions": 5, "starts": ends}]
+    assert f"from offsets {starts}" in run(tmp_path, "topic", "describe", "clicks").stdout
+    again = run(tmp_path, "topic", "add-partitions", "clicks", "--partitions", "5")
+    assert again.returncode == 0 and "nothing changed" in again.stdout
 
 
 def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
@@ -83,7 +90,7 @@ def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "riverbed topic create nope" in missing.stderr
     exists = run(tmp_path, "topic", "create", "t", "--partitions", "1")
     assert exists.returncode == 1 and "already exists" in exists.stderr
-    shrink = run(tmp_path, "topic", "add-partitions", "t", "--partitions", "0")
+    shrink = run(tmp_path, "topic", "alter", "t", "--partitions", "0")
     assert shrink.returncode != 0 and "never removed" in shrink.stderr
     for out in (bad, missing, exists, shrink):
         assert "Traceback" not in out.stderr

@@ -228,6 +228,57 @@ def test_a_topic_altered_3_to_5_and_the_aggregation_follows(
         assert (merged[column] == merged[f"{column}_o"]).all(), column
 
 
+@pytest.mark.spark
+def test_a_running_aggregation_reads_the_partitions_an_alter_adds(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """The driver keeps running through `topic alter`: its next batch reads the new
+    partitions (shuffled: 5 log partitions, 3 state partitions)."""
+    import riverbed.log
+
+    events = make_events(1200, hours=3, seed=7)
+    half = len(events) // 2
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="10h",
+        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+        state_partitions=3,
+    )
+    write_events(log_url, events.iloc[:half])
+    query = start(
+        spark,
+        spec,
+        source_for(spark, log_url, "colocated"),
+        checkpoint=tmp_path / "ckpt",
+        output=tmp_path / "out",
+        log_url=log_url,
+        trigger={"processingTime": "0.2 seconds"},
+    )
+    try:
+        query.processAllAvailable()
+        log = riverbed.log.open(log_url)
+        log.alter_partitions("events", 5)
+        _send(log.producer("events"), events.iloc[half:])
+        assert sum(o.end for o in log.offsets("events")[3:]) > 0
+        log.close()
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    batches = open_batches(str(tmp_path / "ckpt"))
+    newest = batches.get(batches.ids()[-1])
+    assert set(newest.slices) == {"0", "1", "2", "3", "4"} and not newest.co_located
+    got = read_results(tmp_path / "out")
+    want = _oracle(events)
+    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
+    assert len(merged) == len(want) == len(got)
+    for column in ("events", "users", "total"):
+        assert (merged[column] == merged[f"{column}_o"]).all(), column
+
+
 def _cli_spec(path: Path, partitions: int) -> None:
     path.write_text(SPEC.replace("state_partitions=3", f"state_partitions={partitions}"))
 

@@ -492,7 +492,9 @@ def _topic_alter(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(config.to_dict()))
     elif config.partitions == before.partitions:
-        out.print(f"topic {config.name} has {config.partitions} partitions already; nothing changed")
+        out.print(
+            f"topic {config.name} has {config.partitions} partitions already; nothing changed"
+        )
     else:
         out.print(f"topic {config.name}: {before.partitions} → {config.partitions} partitions")
         out.print(_placement_line(config.epochs[-1]))

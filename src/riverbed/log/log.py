@@ -414,9 +414,7 @@ class Producer:
         encoded = pc.dictionary_encode(keys)
         distinct = [_key_bytes(k) for k in encoded.dictionary.to_pylist()]
         count = self._count()
-        parts = np.array(
-            [self._partitioner.partition(k, count) for k in distinct], np.int64
-        )
+        parts = np.array([self._partitioner.partition(k, count) for k in distinct], np.int64)
         indices = encoded.indices
         batch = ColumnBatch(
             stamps,
