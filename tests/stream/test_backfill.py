@@ -8,6 +8,7 @@ with kills during the backfill, equal to a recomputation."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -21,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.cli.main import main
-from riverbed.stream.backfill import FIRST_WATERMARK, replay, split_pieces
+from riverbed.stream.backfill import FIRST_WATERMARK, deleted_bound, replay, split_pieces
 from tests.stream.conftest import hourly, make_events, write_events
 
 
@@ -83,6 +84,33 @@ ADDED = BEFORE + ', "users": Distinct("user_id"), "total": Sum("amount")'
 
 def _files(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+@given(st.data())
+def test_the_deleted_records_event_times_are_bounded(data: st.DataObject) -> None:
+    """Every record retention deleted, of those the batches counted, has an event time
+    at or before the bound; None exactly when none was deleted."""
+    partitions = data.draw(st.integers(1, 3))
+    times: dict[int, list[int]] = {p: [] for p in range(partitions)}  # offset -> time
+    planned = []
+    newest = 0
+    for _ in range(data.draw(st.integers(1, 6))):
+        slices = {}
+        for p in range(partitions):
+            new = data.draw(st.lists(st.integers(0, 10_000), max_size=5))
+            slices[str(p)] = [len(times[p]), len(times[p]) + len(new)]
+            times[p] += new
+            newest = max([newest, *new])
+        planned.append((slices, newest))  # the cumulative max, as batch records keep it
+    kept = planned[data.draw(st.integers(0, len(planned) - 1)) :]
+    cut = {int(p): se[1] for p, se in kept[-1][0].items()}
+    first = {p: data.draw(st.integers(0, cut[p])) for p in range(partitions)}
+    deleted = [t for p in range(partitions) for t in times[p][: first[p]]]
+    bound = deleted_bound(kept, first, cut)
+    assert (bound is None) == (not deleted)
+    if deleted:
+        assert bound is not None and bound >= max(deleted)
+        assert bound <= newest
 
 
 @pytest.mark.spark
@@ -197,3 +225,96 @@ def test_metrics_added_to_a_running_aggregation_are_backfilled_through_kills(
     again = query()
     assert (again["top"] == want["top"]).all()
     assert again[["events", "users", "total"]].equals(after[["events", "users", "total"]])
+
+
+@pytest.mark.spark
+def test_a_metric_added_after_retention_says_which_windows_miss_events(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Retention deleted the oldest events before a Sum was added: the windows they
+    may have fallen in carry `total_since` (the newest time a deleted event can have),
+    their totals count what is left; every window after it equals the oracle, with no
+    mark; the metric that was there is untouched; the next start reads the mark back."""
+    import dataclasses
+
+    import riverbed.log
+    from riverbed.stream import Aggregation, Count, Sum, Tumbling
+    from riverbed.stream.backfill import since
+    from riverbed.stream.dataframe import read_results
+    from tests.stream.test_engine import run_to_end
+
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("events", 3, segment_bytes=2048, retention_ms=86_400_000)
+    log.close()
+    events = make_events(1500, hours=6)  # in time order: nothing late at 30m
+    for at in range(0, 900, 60):  # many small appends: many segments
+        write_events(url, events.iloc[at : at + 60])
+    spec = Aggregation(
+        name="flags",
+        key="flag",
+        time="ts",
+        window=Tumbling("1h"),
+        watermark="30m",
+        metrics={"events": Count()},
+        state_partitions=3,
+    )
+    run_to_end(spark, spec, url, tmp_path, "colocated")
+    log = riverbed.log.open(url)
+    stamps = {
+        (r.partition, r.offset): pd.Timestamp(r.value["ts"])
+        for p in range(3)
+        for r in log.iter_records("events", p)
+    }
+    # two days pass for the oldest segments of each partition: retention takes them
+    for p in range(3):
+        segments = sorted((tmp_path / "log" / "events" / str(p)).glob("*.log"))
+        for path in segments[: len(segments) // 2]:
+            old = path.stat().st_mtime - 2 * 86_400
+            os.utime(path, (old, old))
+    assert log.storage.enforce_retention("events") > 0
+    first = {o.partition: o.start for o in log.offsets("events")}
+    log.close()
+    deleted = [t for (p, o), t in stamps.items() if o < first[p]]
+    assert deleted and len(deleted) < 900
+
+    write_events(url, events.iloc[900:])
+    added = dataclasses.replace(spec, metrics={"events": Count(), "total": Sum("amount")})
+    from riverbed.stream.dataframe import start
+    from riverbed.stream.doors import Delta, ResultTable, SqlTable
+    from riverbed.stream.lakehouse import DeltaSink
+    from tests.stream.test_engine import source_for
+
+    sql, lake = f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "lake"
+    query = start(  # the result table, SQL and Delta: every sink gets the column
+        spark,
+        added,
+        source_for(spark, url, "colocated"),
+        checkpoint=tmp_path / "ckpt",
+        sinks=[ResultTable(tmp_path / "out"), SqlTable(sql), Delta(lake)],
+        log_url=url,
+        trigger={"availableNow": True},
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    got = read_results(tmp_path / "out")
+    got["window_start"] = pd.to_datetime(got["window_start"], utc=True).dt.as_unit("ns")
+    got = got.set_index(["window_start", "key"]).sort_index()
+    want = hourly(events).reindex(got.index)
+    assert len(got) == len(hourly(events))
+    assert (got["events"].to_numpy() == want["events"].to_numpy()).all()  # as counted
+    marked = got["total_since"].notna().to_numpy()
+    bound = got["total_since"][marked].unique()
+    assert len(bound) == 1 and bound[0] >= max(deleted)  # one mark, past every deleted
+    starts = got.index.get_level_values("window_start")
+    assert (marked == (starts <= bound[0])).all()
+    total, oracle = got["total"].to_numpy(), want["total"].to_numpy()
+    assert (~marked).sum() > 5 and (total[~marked] == oracle[~marked]).all()  # every event
+    assert (total[marked] < oracle[marked]).any()  # the marked ones did miss events
+    assert (total[marked] <= oracle[marked]).all()
+    held = since(tmp_path / "ckpt", added, (), None)
+    assert held == {"total": pd.Timestamp(bound[0]).value // 1_000_000}
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        in_sql = pd.read_sql("SELECT * FROM flags", conn)
+    for table in (in_sql, DeltaSink(lake).read()):
+        assert len(table) == len(got) and table["total_since"].notna().sum() == marked.sum()

@@ -89,6 +89,11 @@ class Aggregation:
     # a composite key's parts, the values First/Last/ArgMax/ArgMin return — resolved at
     # start from the source's schema (riverbed.stream.keys.resolved); "string" until then
     column_types: Mapping[str, str] = field(default_factory=dict)
+    # metrics backfilled after retention had deleted events the aggregation counted:
+    # per metric, the newest event time those events can have (ms) — resolved at start
+    # from the checkpoint (riverbed.stream.backfill.since); results then carry
+    # `<metric>_since` on the windows that may miss some (riverbed.stream.results)
+    since: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.key, list | tuple):
@@ -103,6 +108,7 @@ class Aggregation:
         if KEY in self.key_parts:
             raise StreamValueError(f"a key cannot be named {KEY!r} (riverbed's own column)")
         object.__setattr__(self, "column_types", dict(self.column_types))
+        object.__setattr__(self, "since", {m: int(t) for m, t in self.since.items()})
         if not _NAME.match(self.name) and not is_version_name(self.name):
             raise StreamValueError(f"aggregation name {self.name!r}: letters, digits, '_' (max 64)")
         if not isinstance(self.window, WINDOWS):

@@ -56,7 +56,7 @@ from riverbed.stream.results import store_backfilled
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Piece", "estimate", "pending", "replay", "retained", "run"]
+__all__ = ["Piece", "deleted_bound", "estimate", "pending", "replay", "retained", "run", "since"]
 
 FIRST_WATERMARK = 0  # the watermark a checkpoint's first batch runs with (batchlog.py)
 
@@ -105,6 +105,77 @@ def replay(
     return out
 
 
+def counted_from(records: Sequence[BatchRecord], oldest: int) -> dict[int, int]:
+    """Where the aggregation began counting in each partition: batch 0's slices when
+    its record is retained (``oldest``: the oldest retained batch id), else 0 (not
+    known: every offset may have been counted)."""
+    if oldest != 0 or not records or records[0].slices is None:
+        return {}
+    return {int(p): int(se[0]) for p, se in records[0].slices.items()}
+
+
+def gone_counted(
+    first: Mapping[int, int], cut: Mapping[int, int], begun: Mapping[int, int]
+) -> dict[int, int]:
+    """Per partition, how many records retention deleted that the aggregation had
+    counted: offsets from where it began (``begun``; 0 when not known) to the oldest
+    retained (``first``), up to the ``cut``."""
+    return {p: max(0, min(first.get(p, 0), end) - begun.get(p, 0)) for p, end in cut.items()}
+
+
+def deleted_bound(
+    planned: Sequence[tuple[Mapping[str, Sequence[int]], int]],
+    first: Mapping[int, int],
+    cut: Mapping[int, int],
+    begun: Mapping[int, int] | None = None,
+) -> int | None:
+    """The newest event time a record retention deleted can have, among the records
+    the aggregation counted — None when it deleted none (``planned``: the retained
+    committed batches' (slices, cumulative ``max_event_ms``), oldest first; ``first``:
+    each partition's oldest retained offset; ``cut``: where the newest batch ended).
+    A batch's ``max_event_ms`` is the newest event time read up to and including it,
+    so the newest retained batch that read a deleted offset bounds them all; when no
+    retained batch did, the oldest retained one does (every deleted record was read
+    before it). ``begun``: where counting began (:func:`counted_from`); records
+    before it were never counted, and their deletion changes nothing."""
+    if not any(gone_counted(first, cut, begun or {}).values()) or not planned:
+        return None
+    reading = [
+        newest
+        for slices, newest in planned
+        if any(
+            int(se[0]) < first.get(int(p), 0) and int(se[1]) > int(se[0])
+            for p, se in slices.items()
+        )
+    ]
+    return int(reading[-1] if reading else planned[0][1])
+
+
+def since(
+    checkpoint: str | Path,
+    spec: Aggregation,
+    added: Sequence[str],
+    options: Mapping[str, str] | None,
+) -> dict[str, int]:
+    """``spec.since`` at start: per metric, the bound :func:`deleted_bound` recorded
+    when it was backfilled (the newest generation that backfilled it says), and for the
+    ``added`` metrics this start backfills, the bound now (``options`` open the source's
+    log). Metrics no longer in the spec, or backfilled with nothing deleted, have none."""
+    from riverbed.stream import rescale
+
+    held: dict[str, int | None] = {}
+    for generation in rescale.generations(checkpoint, spec.state_partitions):
+        held.update(dict(generation.since))
+    if added and options is not None:
+        newest, records, begun = _committed(checkpoint)
+        if newest is not None and records:
+            first = {p: f for p, (f, _) in retained(options).items()}
+            planned = [(r.slices, r.max_event_ms) for r in records if r.slices is not None]
+            bound = deleted_bound(planned, first, _cut(records), begun)
+            held.update(dict.fromkeys(added, bound))
+    return {m: t for m, t in held.items() if t is not None and m in spec.metrics}
+
+
 def split_pieces(pieces: Sequence[Piece], size: int) -> list[Piece]:
     """``pieces`` cut to at most ``size`` records each (Spark's tasks)."""
     out = []
@@ -117,15 +188,16 @@ def split_pieces(pieces: Sequence[Piece], size: int) -> list[Piece]:
 # -- what is read: from the batch records and the source -------------------------------
 
 
-def _committed(checkpoint: str | Path) -> tuple[int | None, list[BatchRecord]]:
-    """The newest committed batch and every retained committed record of the log-native
-    path (with slices), oldest first."""
+def _committed(checkpoint: str | Path) -> tuple[int | None, list[BatchRecord], dict[int, int]]:
+    """The newest committed batch, every retained committed record of the log-native
+    path (with slices), oldest first, and where counting began (:func:`counted_from`)."""
     batches = open_batches(checkpoint)
     records = [(b, batches.get(b)) for b in batches.ids()]
     done = [(b, r) for b, r in records if r is not None and r.done]
     if not done:
-        return None, []
-    return done[-1][0], [r for _, r in done if r.slices is not None]
+        return None, [], {}
+    begun = counted_from([r for _, r in done], done[0][0])
+    return done[-1][0], [r for _, r in done if r.slices is not None], begun
 
 
 def _cut(records: list[BatchRecord]) -> dict[int, int]:
@@ -148,13 +220,13 @@ def retained(options: Mapping[str, str]) -> dict[int, tuple[int, int]]:
 def estimate(checkpoint: str | Path, options: Mapping[str, str]) -> Replay | None:
     """What backfilling reads from the source (``options`` open its log), or None when
     no batch has run (nothing to backfill)."""
-    newest, records = _committed(checkpoint)
+    newest, records, begun = _committed(checkpoint)
     if newest is None or not records:
         return None
     cut = _cut(records)
     first = {p: first for p, (first, _) in retained(options).items()}
     ranges = {p: (min(first.get(p, end), end), end) for p, end in cut.items()}
-    gone = sum(min(first.get(p, 0), end) for p, end in cut.items())
+    gone = sum(gone_counted(first, cut, begun).values())
     rates = [r for r in (input_rate(x) for x in records[-20:]) if r]
     replay_ = Replay(ranges, gone)
     seconds = replay_.records / (sum(rates) / len(rates)) if rates else None
@@ -184,8 +256,10 @@ class _Added:
         added: tuple[str, ...],
         partials: dict[bytes, dict[str, Any]],
         rows: Callable[[Generation], None],
+        bound: int | None,
     ) -> None:
         self.spec, self.backfilled, self.partials, self._rows = shape, added, partials, rows
+        self.since = tuple((n, bound) for n in added)
         self._metrics = spec.metrics
         self._empty = {n: empty_partial(spec.metrics[n]) for n in added}
 
@@ -229,7 +303,13 @@ def _rewritten(
     """The result table's current rows — with ``waiting``, rows no batch wrote yet
     (a restore's: newer) — with the added metrics' columns (from ``partials``; a window
     with none: over no events), as batch ``batch_id``'s."""
-    from riverbed.stream.results import conformed, current, output_arrow_schema, read_table
+    from riverbed.stream.results import (
+        conformed,
+        current,
+        output_arrow_schema,
+        read_table,
+        since_values,
+    )
 
     table = read_table(output)
     frames = [] if table is None else [table.to_pandas()]
@@ -252,6 +332,8 @@ def _rewritten(
                 columns.setdefault(name + suffix, []).append(result)
     for column, values in columns.items():
         frame[column] = values
+    for column, since in since_values(spec, starts.to_numpy()).items():
+        frame[column] = since  # every since, also the earlier backfills' (held already)
     frame["batch_id"] = batch_id
     have = pa.Table.from_pandas(frame, preserve_index=False)
     return conformed(have.select([n for n in schema.names if n in have.column_names]), schema)
@@ -274,15 +356,28 @@ def run(
     engine = direct.engine
     spec: Aggregation = engine.spec
     added = plan.backfilled
-    newest, records = _committed(engine.checkpoint)
+    newest, records, begun = _committed(engine.checkpoint)
     if newest is None:
         return old
     cut = _cut(records)
+    first = {p: f for p, (f, _) in retained(direct.options).items()}
     pieces = replay(
-        [(r.slices, r.watermark_ms) for r in records if r.slices is not None],
-        {p: first for p, (first, _) in retained(direct.options).items()},
-        cut,
+        [(r.slices, r.watermark_ms) for r in records if r.slices is not None], first, cut
     )
+    bound = deleted_bound(
+        [(r.slices, r.max_event_ms) for r in records if r.slices is not None], first, cut, begun
+    )
+    if bound is not None and any(spec.since.get(n) != bound for n in added):
+        # retention deleted more since the start read the bound (since()): this run's
+        # rows carry the start's; the generation records this one, which the next
+        # start reads
+        log.warning(
+            "retention deleted records of %s's source while it started: %s marked "
+            "`_since` up to %d ms (the next start uses it)",
+            spec.name,
+            ", ".join(added),
+            bound,
+        )
     work = split_pieces(pieces, max(direct.piece_records, 1))
     only = replace(spec, metrics={n: spec.metrics[n] for n in added})
     began = time.monotonic()
@@ -314,7 +409,7 @@ def run(
         from riverbed.stream.results import with_backfilled
 
         waiting = with_backfilled(engine.checkpoint, old.number, pd.DataFrame())
-    change = _Added(spec, shape, added, partials, rows)
+    change = _Added(spec, shape, added, partials, rows, bound)
     new = rescale.move(
         engine.checkpoint,
         engine.state,

@@ -292,6 +292,9 @@ def start(
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
         if isinstance(metric, Custom):
             metric.check_shippable(name)
+    # metrics backfilled after retention deleted events they never counted: results
+    # say so per window (`<metric>_since`)
+    spec = replace(spec, since=backfill.since(checkpoint, spec, decided.backfilled, options))
     if decided.backfilled:  # the backfill moves the state (to the new count too), below
         generation = rescale.current(checkpoint, spec.state_partitions)
     else:

@@ -59,7 +59,7 @@ from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.rescale import partition_of
-from riverbed.stream.results import empty_rows, output_arrow_schema
+from riverbed.stream.results import empty_rows, output_arrow_schema, since_values
 from riverbed.windows import Session
 
 if TYPE_CHECKING:
@@ -497,6 +497,7 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
     columns["window_start"] = _utc_us(start_ms)
+    columns.update(since_values(spec, start_ms))  # a metric backfilled past retention
     assert not isinstance(spec.window, Session)
     columns["window_end"] = _utc_us(start_ms + spec.window.size_ms)
     columns["batch_id"] = [batch_id] * len(starts)

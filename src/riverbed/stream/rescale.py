@@ -74,6 +74,9 @@ class Generation:
     # a batch planned after it names its own
     spec: str | None = None
     backfilled: tuple[str, ...] = ()
+    # per metric backfilled: the newest event time retention may have deleted before
+    # it was counted (None: nothing was), riverbed.stream.backfill.since
+    since: tuple[tuple[str, int | None], ...] = ()
 
     def namespace(self, name: str) -> str:
         return namespace(name, self.number, self.partitions, self.from_version)
@@ -86,6 +89,8 @@ class Generation:
         }
         if self.spec is not None:
             out |= {"spec": self.spec, "backfilled": list(self.backfilled)}
+        if self.since:
+            out["since"] = dict(self.since)
         return out
 
     @classmethod
@@ -96,6 +101,7 @@ class Generation:
             int(data["from_version"]),
             data.get("spec"),
             tuple(data.get("backfilled", ())),
+            tuple((m, None if t is None else int(t)) for m, t in data.get("since", {}).items()),
         )
 
 
@@ -188,6 +194,7 @@ class Change(Protocol):
 
     spec: str  # the shape hash the new generation holds
     backfilled: tuple[str, ...]
+    since: tuple[tuple[str, int | None], ...]
 
     def value(self, key: bytes, value: bytes) -> bytes:
         """An entry's new value."""
@@ -398,7 +405,7 @@ def move(
     version = version_to_move(checkpoint) if version is None else version
     new = Generation(old.number + 1, partitions, version)
     if change is not None:
-        new = replace(new, spec=change.spec, backfilled=change.backfilled)
+        new = replace(new, spec=change.spec, backfilled=change.backfilled, since=change.since)
     provider = StateProvider(state)
     started = time.monotonic()
     entries = nbytes = 0

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -39,9 +40,29 @@ def output_columns(spec: Aggregation) -> list[tuple[str, str]]:
         cols += [(part, spec.column_types.get(part, "string")) for part in spec.key_parts]
     for name, metric in spec.metrics.items():
         cols += [(name + suffix, kind) for suffix, kind in metric.outputs(spec.column_types)]
+        if name in spec.since:  # backfilled after retention deleted some of its events
+            cols.append((name + SINCE, "timestamp"))
     if spec.sessions:  # a tombstone: the session that started here was merged away
         cols.append((DELETED, "boolean"))
     return [*cols, ("batch_id", "long")]
+
+
+SINCE = "_since"
+
+
+def since_values(spec: Aggregation, starts_ms: np.ndarray) -> dict[str, pd.DatetimeIndex]:
+    """The ``<metric>_since`` column of each metric in ``spec.since``, for windows
+    starting at ``starts_ms``: where a window starts at or before the newest event time
+    retention may have deleted before the metric was backfilled, that time (the window
+    may miss events it never counted: windows after it count every event); else null."""
+    out = {}
+    for name, bound in spec.since.items():
+        if name not in spec.metrics:
+            continue
+        mask = starts_ms <= bound
+        at = np.where(mask, bound, 0).astype("datetime64[ms]")
+        out[name + SINCE] = pd.to_datetime(at, utc=True).as_unit("us").where(mask)
+    return out
 
 
 def current(frame: pd.DataFrame) -> pd.DataFrame:

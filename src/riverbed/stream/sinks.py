@@ -194,6 +194,8 @@ class SqlSink:
 
 
 def _value(v: Any, postgres: bool) -> Any:
+    if v is pd.NaT:  # a missing time (a `<metric>_since` where nothing is missing)
+        return None
     if isinstance(v, pd.Timestamp):
         return v.to_pydatetime() if postgres else v.isoformat()
     if isinstance(v, list | tuple | dict | np.ndarray):
