@@ -195,6 +195,15 @@ def test_a_topic_altered_3_to_5_and_the_aggregation_follows(
     log.close()
     assert all(stale_ends[p] > epoch.starts[p] for p in range(3))
 
+    from riverbed.stream.specrecord import plan_start
+
+    starts = " ".join(f"{p}:{o}" for p, o in enumerate(epoch.starts))
+    options = source_for(spark, log_url, "colocated")
+    said = plan_start(tmp_path / "ckpt", spec, options).text()  # still 3: it says how
+    assert "batches shuffle partials; with state_partitions=5 they can be co-located" in said
+    said = plan_start(tmp_path / "ckpt", dataclasses.replace(spec, state_partitions=5), options)
+    assert "state partitions: 3 → 5" in said.text()
+    assert f"can be co-located from offsets {starts} on" in said.text(), said.text()
     begun = set(open_batches(str(tmp_path / "ckpt")).ids())
     query = start(
         spark,

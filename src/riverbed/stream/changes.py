@@ -203,7 +203,8 @@ class Replay:
         if self.gone:
             line += (
                 f"\n{'':12}{self.gone:,} records before them are gone (retention): the "
-                "windows they fell in get the added metrics without them"
+                "windows they may have fallen in get the added metrics without them, "
+                "marked by <metric>_since"
             )
         return line
 
@@ -226,6 +227,7 @@ class Plan:
     changes: tuple[Change, ...]
     since_batch: int | None = None  # the batch whose record named the compared shape
     replay: Replay | None = None  # what backfilling the added metrics reads
+    notes: tuple[str, ...] = ()  # what else running it does (the source's placement)
 
     @property
     def backfilled(self) -> tuple[str, ...]:
@@ -258,7 +260,8 @@ class Plan:
         if self.since_batch is not None:
             head += f", compared with the spec of batch {self.since_batch}"
         if not self.changed:
-            return f"{head}: nothing changed — `stream run` resumes it as it is"
+            said = "".join(f"\n  note      {n}" for n in self.notes)
+            return f"{head}: nothing changed — `stream run` resumes it as it is{said}"
         lines = [f"{head}:"]
         lines += [c.line() for c in self.changes if c.action != "kept"]
         kept = [c.part for c in self.changes if c.action == "kept"]
@@ -266,6 +269,7 @@ class Plan:
             lines.append(self.replay.text())
         if kept:
             lines.append(f"  kept      {', '.join(kept)}")
+        lines += [f"  note      {n}" for n in self.notes]
         if self.refused:
             lines.append(
                 "`stream run` refuses to start (nothing was written); `stream run SPEC "
@@ -285,6 +289,7 @@ class Plan:
             "backfill": (
                 self.replay.to_json() if self.replay is not None and self.backfilled else None
             ),
+            "notes": list(self.notes),
         }
 
 

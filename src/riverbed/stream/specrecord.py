@@ -95,7 +95,42 @@ def plan_start(
     decided = plan(spec.name, was, shape(spec), since, None if source else NOT_REPLAYED)
     if estimated and decided.backfilled and source is not None and not decided.refused:
         decided = replace(decided, replay=backfill.estimate(checkpoint, source))
+    if estimated and source is not None and not decided.first:
+        decided = replace(decided, notes=placement_notes(source, spec.state_partitions))
     return decided
+
+
+def placement_notes(source: Mapping[str, str], state: int) -> tuple[str, ...]:
+    """What a ``topic alter --partitions`` of the source means for a state of ``state``
+    partitions (nothing for a topic never altered, or one riverbed cannot open)."""
+    from riverbed.log import LogError
+    from riverbed.spark.source import open_log
+
+    if "topic" not in source:
+        return ()
+    try:
+        topic_log = open_log(dict(source))
+        try:
+            config = topic_log.topic(source["topic"])
+        finally:
+            topic_log.close()
+    except (LogError, OSError):
+        return ()
+    if not config.epochs:
+        return ()
+    epoch = config.epochs[-1]
+    starts = " ".join(f"{p}:{o}" for p, o in enumerate(epoch.starts))
+    if epoch.partitions == state:
+        return (
+            f"topic '{config.name}' was altered to {epoch.partitions} partitions: batches "
+            f"can be co-located from offsets {starts} on (what was placed before goes "
+            "through the shuffle)",
+        )
+    return (
+        f"topic '{config.name}' has {config.partitions} partitions, the state {state}: "
+        f"batches shuffle partials; with state_partitions={config.partitions} they can "
+        f"be co-located again from offsets {starts} on",
+    )
 
 
 def check(
