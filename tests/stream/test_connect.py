@@ -78,10 +78,31 @@ def test_sessions_over_spark_connect_equal_their_definition(
     assert list(got["events"]) == list(want["events"])
 
 
-def test_the_log_native_path_over_spark_connect_is_refused_naming_the_way(
-    connect_url: str, tmp_path: Path, subprocess_env: dict[str, str]
+@pytest.mark.parametrize("path", ["native", "native-shuffled"])
+def test_the_log_native_path_over_spark_connect_equals_the_oracle_across_a_restart(
+    connect_url: str, tmp_path: Path, subprocess_env: dict[str, str], path: str
 ) -> None:
-    done = _drive(connect_url, f"file://{tmp_path / 'log'}", tmp_path, "native", subprocess_env)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "Frame(spark.readStream.format('riverbed')" in done.stderr
-    assert not (tmp_path / "out").exists()
+    """riverbed's own trigger loop in a Connect client: its co-located and shuffled
+    tasks run as DataFrame jobs on the server (riverbed.spark.tasks), batch after batch
+    and again after a restart, with the oracle's results."""
+    from riverbed.stream.batchlog import open_batches
+
+    log_url = f"file://{tmp_path / 'log'}"
+    events = make_events(2400, hours=4, seed=23)
+    write_events(log_url, events.iloc[:1500], partitions=3)
+    first = _drive(connect_url, log_url, tmp_path, path, subprocess_env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    write_events(log_url, events.iloc[1500:], partitions=3)
+    second = _drive(connect_url, log_url, tmp_path, path, subprocess_env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    batches = open_batches(str(tmp_path / "ckpt"))
+    records = [batches.get(b) for b in batches.ids()]
+    assert len(records) >= 6 and all(r.done for r in records)
+    assert {r.co_located for r in records} == {path == "native"}
+    got = read_results(tmp_path / "out")
+    want = oracle(events, Tumbling("1h"))
+    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
+    assert len(merged) == len(want) == len(got)
+    assert (merged["events"] == merged["events_oracle"]).all(), "double or missing counts"
+    assert (merged["users"] == merged["users_oracle"]).all()
+    assert ((merged["total"] - merged["total_oracle"]).abs() < 1e-6).all()

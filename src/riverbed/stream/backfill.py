@@ -387,9 +387,10 @@ def run(
     )
     found: list[tuple[list[Any], int]] = []
     if work:
-        sc = spark.sparkContext
-        sc.setJobDescription(f"riverbed {spec.name} backfill of {', '.join(added)}")
-        found = sc.parallelize(work, len(work)).map(_tasks(direct, only)).collect()
+        from riverbed.spark import tasks
+
+        tasks.describe(spark, f"riverbed {spec.name} backfill of {', '.join(added)}")
+        found = tasks.map_items(spark, work, _tasks(direct, only))
     partials = combined(only, (p for f, _ in found for p in f))
     read = sum(n for _, n in found)
     version = newest + 1

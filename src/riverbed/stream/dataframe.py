@@ -272,13 +272,6 @@ def start(
         spark, spec, str(checkpoint), log_url, lambda: load_config().log_url
     )
     options, log_url = opened.options, opened.log_url
-    if options is not None and is_connect(spark):
-        raise StreamValueError(
-            "over Spark Connect a topic is aggregated through Spark's micro-batch engine: "
-            "give the source as Frame(spark.readStream.format('riverbed').option('topic', "
-            "…).load()); riverbed's own trigger loop (the log-native path) runs its tasks "
-            "as RDDs, which need classic PySpark"
-        )
     if options is None and not is_connect(spark):
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     if state is None:

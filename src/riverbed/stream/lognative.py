@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
-from riverbed.spark import tasks_in_this_process
+from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import openpool
 from riverbed.stream import lookups
@@ -306,37 +306,20 @@ def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
 
 
 def channel_job(
-    sc: Any,
+    spark: Any,
     work: list[Any],
     nothing: Any,
     stage1: Callable[[Any], list[tuple[int, Any]]],
     n: int,
     merge: Callable[[int, Iterator[Any]], Any],
 ) -> tuple[list[Any], list[Any]]:
-    """A shuffled Spark job of two stages: ``stage1`` maps each piece of ``work``
+    """A shuffled Spark job of two stages (:func:`riverbed.spark.tasks.shuffle_job`, on a
+    classic session or over Spark Connect): ``stage1`` maps each piece of ``work``
     (``nothing`` when there is none: the second stage runs all the same) to (state
-    partition, value) pairs and one (``n``, report) pair; the pairs are shuffled to
-    ``n + 1`` partitions by that index (an RDD ``partitionBy``: AQE never coalesces it,
-    and every partition gets a task, also one without values), partition *p* < ``n``
-    merged by ``merge(p, values)`` and partition ``n`` the driver's channel. Returns
-    the merges' results and every report."""
-    stage = sc.parallelize(work or [nothing], max(1, len(work)))
-    shuffled = stage.flatMap(stage1).partitionBy(n + 1, lambda p: p)
-
-    def second(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, Any]]:
-        if index == n:  # the driver's channel
-            yield ("reports", [v for _, v in items])
-            return
-        yield ("merged", merge(index, (v for _, v in items)))
-
-    merged: list[Any] = []
-    reports: list[Any] = []
-    for kind, value in shuffled.mapPartitionsWithIndex(second).collect():
-        if kind == "merged":
-            merged.append(value)
-        else:
-            reports += value
-    return merged, reports
+    partition, value) pairs and one (``n``, report) pair; every partition *p* < ``n``
+    is merged by ``merge(p, values)``, also one without values, and partition ``n`` is
+    the driver's channel. Returns the merges' results and every report."""
+    return tasks.shuffle_job(spark, work, nothing, stage1, n, merge)
 
 
 def in_driver(records: int, limit: int, master: str) -> bool:
@@ -370,7 +353,7 @@ def _attempted(task: Any, index: int, attempts: int) -> Any:
 
 
 def _colocated_job(
-    sc: Any,
+    spark: Any,
     cfg: DirectConfig,
     batch_id: int,
     watermark: int,
@@ -383,14 +366,15 @@ def _colocated_job(
     board = None
     # the board is a directory every task reaches (none: tasks on other machines
     # with a bucket's checkpoint)
-    handoff = handoff_dir(cfg.engine.checkpoint, cfg.engine.state.local_dir, spec.name, sc.master)
+    where = tasks.master(spark)
+    handoff = handoff_dir(cfg.engine.checkpoint, cfg.engine.state.local_dir, spec.name, where)
     if cfg.steal and lopsided(groups) and handoff is not None:
         cfg.engine.fence()  # a replaced driver writes nothing, not even a board
         board = Board.create(handoff, batch_id)
     task = colocated_task(cfg, batch_id, watermark, previous, groups, board)
     try:
-        results: list[list[tuple[pd.DataFrame, Side]]] = (
-            sc.parallelize(range(len(groups)), len(groups)).map(task).collect()
+        results: list[list[tuple[pd.DataFrame, Side]]] = tasks.map_items(
+            spark, range(len(groups)), task
         )
     finally:
         if board is not None:
@@ -412,8 +396,8 @@ def run_batch(
     spec = cfg.engine.spec
     n = spec.state_partitions
     watermark, previous = record.watermark_ms, record.previous_watermark_ms
-    sc = spark.sparkContext
-    sc.setJobDescription(f"riverbed {spec.name} batch {batch_id}")
+    tasks.describe(spark, f"riverbed {spec.name} batch {batch_id}")
+    where, parallelism = tasks.master(spark), tasks.parallelism(spark)
     side = Side()
     frames = []
     # a plan recorded before a rescale (rescale.py) co-located N log partitions with N
@@ -426,33 +410,33 @@ def run_batch(
         # twice a core. The partitions are spread by size, biggest first
         # (longest-processing-time), each task merges its partitions in turn, and a
         # task done early reads pieces of the others' slices for them (steal.py).
-        groups = balanced_groups(work, lambda s: s.end - s.start, sc.defaultParallelism)
-        if in_driver(sum(s.end - s.start for s in work), cfg.driver_records, sc.master):
+        groups = balanced_groups(work, lambda s: s.end - s.start, parallelism)
+        if in_driver(sum(s.end - s.start for s in work), cfg.driver_records, where):
             # a small batch: a Spark job's own cost (~100 ms here, docs/stream.md) would
             # be most of its time; the same tasks run here, a thread each (their time is
             # mostly RocksDB and fsync, which let go of the GIL), with no board
             task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
-            attempts = task_attempts(sc.master)
+            attempts = task_attempts(where)
             with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
                 results = list(
                     pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
                 )
         else:
             openpool.let_go()  # the job's tasks, in other processes, open the partitions
-            results = _colocated_job(sc, cfg, batch_id, watermark, previous, groups)
+            results = _colocated_job(spark, cfg, batch_id, watermark, previous, groups)
         for group_rows in results:
             for rows, part_side in group_rows:
                 frames.append(rows)
                 side.add(part_side)
     else:
         openpool.let_go()
-        work = pieces([s for s in slices if s.end > s.start], sc.defaultParallelism)
+        work = pieces([s for s in slices if s.end > s.start], parallelism)
 
         def merge(index: int, partials: Iterator[Any]) -> pd.DataFrame:
             return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
         merged, sides = channel_job(
-            sc, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
+            spark, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
         )
         frames += merged
         for s in sides:

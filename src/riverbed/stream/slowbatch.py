@@ -160,6 +160,10 @@ class SlowBatchWatch:
             log.warning(line)
 
     def _spark(self) -> tuple[list[StageProgress], dict[str, int]]:
+        from riverbed.spark import is_connect
+
+        if is_connect(self.spark):
+            return [], {}  # Connect has no status tracker: the line says where it waits
         sc = self.spark.sparkContext
         tracker = sc.statusTracker()
         stages = []

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from riverbed.config import adopt
 from riverbed.log import reach_environment
-from riverbed.spark import tasks_in_this_process
+from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.offsets import source_limits
 from riverbed.spark.source import META_NAMES, LogSlice, open_log, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
@@ -421,8 +421,8 @@ def run_batch(
     """Run one planned batch's tasks; returns the joined rows (internal columns) and the
     read counts."""
     n = cfg.join.state_partitions
-    sc = spark.sparkContext
-    sc.setJobDescription(f"riverbed join {cfg.join.name} batch {batch_id}")
+    tasks.describe(spark, f"riverbed join {cfg.join.name} batch {batch_id}")
+    where, parallelism = tasks.master(spark), tasks.parallelism(spark)
     work: list[tuple[str, LogSlice]] = []
     total = 0
     for which in SIDES:
@@ -434,14 +434,12 @@ def run_batch(
             if int(se[1]) > int(se[0])
         ]
         total += sum(s.end - s.start for s in slices)
-        work += [(which, s) for s in pieces(slices, sc.defaultParallelism)]
+        work += [(which, s) for s in pieces(slices, parallelism)]
     read, pair = read_task(cfg, record.watermark_ms), pair_task(cfg, batch_id, record.watermark_ms)
     counts = Counts()
     frames: list[pd.DataFrame] = []
     # a small batch (also one with no input: the watermark moved) in the driver's threads
-    if in_driver(total, cfg.driver_records, sc.master) or (
-        total == 0 and tasks_in_this_process(sc.master)
-    ):
+    if in_driver(total, cfg.driver_records, where) or (total == 0 and tasks_in_this_process(where)):
         routed: dict[int, list[Any]] = {p: [] for p in range(n)}
         for item in work:
             for p, value in read(item):
@@ -454,7 +452,7 @@ def run_batch(
     else:
         openpool.let_go()  # the job's tasks, in other processes, open the partitions
         frames, reports = channel_job(
-            sc, work, ("left", LogSlice(0, 0, 0)), read, n, lambda p, v: pair(p, list(v))
+            spark, work, ("left", LogSlice(0, 0, 0)), read, n, lambda p, v: pair(p, list(v))
         )
         for c in reports:
             counts.add(c)

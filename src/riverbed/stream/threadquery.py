@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from riverbed.spark import tasks
 from riverbed.state import uploads
 from riverbed.state.openpool import keep_open
 
@@ -61,9 +62,7 @@ class ThreadQuery:
 
     def _main(self) -> None:
         try:
-            self.spark.sparkContext.setJobGroup(
-                self._group, f"riverbed {self.name}", interruptOnCancel=True
-            )
+            tasks.tag(self.spark, self._group, f"riverbed {self.name}")
             # the partitions of batches run here stay open between them (a Spark job's
             # batch lets them go first); all are closed when the loop ends. Their
             # snapshots upload off the batch's thread; the loop's end waits.
@@ -143,7 +142,7 @@ class ThreadQuery:
         self._stop.set()
         if self._thread.is_alive():
             try:
-                self.spark.sparkContext.cancelJobGroup(self._group)
+                tasks.interrupt(self.spark, self._group)
             except Exception as exc:  # a stopped SparkContext has no jobs to cancel
                 log.debug("cancelling %s: %s", self._group, exc)
             self._thread.join()

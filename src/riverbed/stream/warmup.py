@@ -57,7 +57,14 @@ def _import_task_modules(index: int) -> int:
 
 def warm_up(spark: Any, wait_s: float = WAIT_S) -> int:
     """Wait (up to ``wait_s``) for the executors the session asked for, then run one
-    task per core importing riverbed's task modules; returns how many did."""
+    task per core importing riverbed's task modules; returns how many did (over Spark
+    Connect: one task a core, without waiting for executors — the server has them)."""
+    from riverbed.spark import is_connect, tasks
+
+    if is_connect(spark):
+        tasks.tag(spark, GROUP, "")
+        n = tasks.parallelism(spark)
+        return int(sum(tasks.map_items(spark, list(range(n)), _import_task_modules)))
     sc = spark.sparkContext
     expected = expected_executors(dict(sc.getConf().getAll()))
     if expected is not None:
