@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(file), or a bucket (s3: the tests' S3 server on loopback unless AWS_ENDPOINT_URL "
         "names one), losing the killed driver's or worker's whole machine directory",
     )
+    demo.add_argument(
+        "--master",
+        help="stream demo: the Spark its drivers use, e.g. sc://host:15002 (a Spark "
+        "Connect server) or spark://host:7077 (default: local[*])",
+    )
     demo.set_defaults(func=_demo, spark_noise="demo")
     return parser
 
@@ -86,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _demo(args: argparse.Namespace) -> int:
     from riverbed.config import load_config
 
+    if args.master and args.which != "stream":
+        raise UsageError(
+            f"--master is for the stream demo; the {args.which} demo starts its own Spark "
+            "(leave --master out)"
+        )
     if args.durable != "file" and args.which not in ("stream", "jobs"):
         raise UsageError(
             f"--durable {args.durable} is for the stream and jobs demos; the {args.which} "
@@ -114,7 +124,9 @@ def _demo(args: argparse.Namespace) -> int:
         return run_cluster_demo(load_config().home, events=args.events or 40_000)
     from riverbed.demo.stream import run_demo_stream
 
-    return run_demo_stream(load_config(), events=args.events or 200_000, durable=args.durable)
+    return run_demo_stream(
+        load_config(), events=args.events or 200_000, durable=args.durable, master=args.master
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,10 +84,15 @@ TOPIC_SCHEMA = "user_id long, flag string, ts timestamp"
 
 
 def run_demo_stream(
-    config: Config, events: int = 200_000, seed: int = 7, durable: str = "file"
+    config: Config,
+    events: int = 200_000,
+    seed: int = 7,
+    durable: str = "file",
+    master: str | None = None,
 ) -> int:
     """The demo (see the module doc); ``durable``: ``file`` (checkpoints on this disk)
-    or ``s3`` (in a bucket, and the driver's machine directory deleted after the kill)."""
+    or ``s3`` (in a bucket, and the driver's machine directory deleted after the kill);
+    ``master``: the drivers' Spark (``sc://…``: they are Spark Connect clients)."""
     home = config.home.resolve() / "demo"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
@@ -95,8 +100,8 @@ def run_demo_stream(
         from riverbed.testing.s3 import demo_bucket
 
         with demo_bucket(home, console.print) as checkpoints:
-            return _run(home, events, seed, checkpoints)
-    return _run(home, events, seed)
+            return _run(home, events, seed, checkpoints, master)
+    return _run(home, events, seed, master=master)
 
 
 def _run(
@@ -104,6 +109,7 @@ def _run(
     events: int,
     seed: int,
     checkpoints: str | None = None,
+    master: str | None = None,
 ) -> int:
     env = child_environment(
         {"RIVERBED_HOME": str(home), "PYTHONUNBUFFERED": "1"}
@@ -125,6 +131,8 @@ def _run(
     spec_path.write_text(SPEC)
     console.rule("[bold]riverbed demo: hourly unique users per feature flag")
     console.print(f"working in {home}")
+    if master is not None:
+        console.print(f"drivers use the Spark at {master}")
     if checkpoints is not None:
         console.print(f"checkpoints, state and results in {checkpoints}")
     console.print()
@@ -179,6 +187,7 @@ def _run(
         str(max(1, events // 10)),
         "--ttl",  # the restarted driver waits out the killed one's lease: keep it short
         "4",
+        *(["--master", master] if master else []),
     ]
     checkpoint: str | Path = (
         f"{checkpoints}/flags_hourly" if checkpoints else home / "checkpoints" / "flags_hourly"
