@@ -159,7 +159,11 @@ def spark(request: pytest.FixtureRequest) -> Iterator[object]:
     from riverbed.config import SparkConfig
     from riverbed.spark import session
 
-    s = session(SparkConfig(master="local[2,2]", app_name="riverbed-tests"), test=True)
+    # the engine's tests again over Spark Connect (tests/stream/test_connect.py runs them
+    # in a process of their own: a process is a Connect client or a classic driver)
+    remote = os.environ.get("RIVERBED_TEST_SPARK_REMOTE")
+    master = remote or "local[2,2]"
+    s = session(SparkConfig(master=master, app_name="riverbed-tests"), test=remote is None)
     yield s
     s.stop()
 

@@ -7,6 +7,7 @@ and exactly-once restarts as a classic session. Each driver is a process of its 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -125,3 +126,24 @@ def test_the_demo_runs_over_spark_connect(
     assert f"drivers use the Spark at {connect_url}" in said
     assert "SIGKILL the driver" in said or "finished before it could be killed" in said
     assert "exact distinct users: IDENTICAL to the independent answer" in said
+
+
+def test_the_engine_tests_pass_over_spark_connect(
+    connect_url: str, subprocess_env: dict[str, str]
+) -> None:
+    """tests/stream/test_engine.py — every path (Spark's micro-batches, co-located and
+    shuffled log-native batches), restarts, purges, every window kind and metric —
+    again with its ``spark`` fixture a Connect client of the server (a process of its
+    own: a process is a Connect client or a classic driver)."""
+    env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "tests/stream/test_engine.py"],
+        env={**env, "RIVERBED_TEST_SPARK_REMOTE": connect_url}, cwd=ROOT,
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    tail = done.stdout[-4000:]
+    assert done.returncode == 0, tail + done.stderr[-2000:]
+    assert re.search(r"\b50 passed\b", tail) and "failed" not in tail and "skipped" not in tail, (
+        tail
+    )

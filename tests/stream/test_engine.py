@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import json
 from pathlib import Path
@@ -394,7 +396,11 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
     assert len(ids) <= 4 and ids == list(range(ids[-1] - len(ids) + 1, ids[-1] + 1))
     totals = batches.get(ids[-1]).totals
     assert totals["batches"] == ids[-1] + 1
-    assert sweeps and not [n for n in sweeps if n.startswith("riverbed-maintain")], sweeps
+    # over Spark Connect the DataFrame path's foreachBatch runs in the server's Python
+    # workers: this process's watch and its smaller COMPACT_AFTER do not reach there
+    here = not (path == "spark" and os.environ.get("RIVERBED_TEST_SPARK_REMOTE"))
+    if here:
+        assert sweeps and not [n for n in sweeps if n.startswith("riverbed-maintain")], sweeps
     assert totals["input"] == len(first)
     for partition in range(3):
         base = tmp_path / "durable" / "flags" / str(partition)
@@ -404,8 +410,9 @@ def test_long_runs_keep_a_bounded_checkpoint_and_restart_after_purges(
         assert purged > 0 and changelogs[0] > purged and snapshots[0] == purged
         assert len(changelogs) <= 4 and len(snapshots) <= 3, (changelogs, snapshots)
     out = tmp_path / "out"
-    assert len(list(out.glob("batch_id=*"))) <= 6
-    assert list(out.glob("batch_id=*/compacted-*.parquet"))
+    if here:
+        assert len(list(out.glob("batch_id=*"))) <= 6
+        assert list(out.glob("batch_id=*/compacted-*.parquet"))
 
     # a new machine: no local state; the purged history must not be needed
     shutil.rmtree(tmp_path / "local")
