@@ -276,6 +276,13 @@ SETTINGS: tuple[Setting, ...] = (
         "the Iceberg REST catalog server's jars the tests start",
         who="tests",
     ),
+    Setting(
+        "RIVERBED_TEST_SPARK_REMOTE",
+        None,
+        "(unset: a local[2,2] session)",
+        "the tests' `spark` fixture as a Spark Connect client of this server (sc://…)",
+        who="tests",
+    ),
 )
 _BY_NAME = {s.env: s for s in SETTINGS}
 
