@@ -7,6 +7,7 @@ and exactly-once restarts as a classic session. Each driver is a process of its 
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -34,6 +35,15 @@ def connect_url() -> Iterator[str]:
         yield server.url
 
 
+def _equals_oracle(got: pd.DataFrame, events: pd.DataFrame) -> None:
+    want = oracle(events, Tumbling("1h"))
+    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
+    assert len(merged) == len(want) == len(got)
+    assert (merged["events"] == merged["events_oracle"]).all(), "double or missing counts"
+    assert (merged["users"] == merged["users_oracle"]).all()
+    assert ((merged["total"] - merged["total_oracle"]).abs() < 1e-6).all()
+
+
 def _drive(
     url: str, log_url: str, root: Path, window: str, env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
@@ -55,13 +65,7 @@ def test_an_aggregation_over_spark_connect_equals_the_oracle_across_a_restart(
     write_events(log_url, events.iloc[1800:], partitions=3)  # more, then again
     second = _drive(connect_url, log_url, tmp_path, "tumbling", subprocess_env)
     assert second.returncode == 0, second.stderr[-3000:]
-    got = read_results(tmp_path / "out")
-    want = oracle(events, Tumbling("1h"))
-    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
-    assert len(merged) == len(want) == len(got)
-    assert (merged["events"] == merged["events_oracle"]).all(), "double or missing counts"
-    assert (merged["users"] == merged["users_oracle"]).all()
-    assert ((merged["total"] - merged["total_oracle"]).abs() < 1e-6).all()
+    _equals_oracle(read_results(tmp_path / "out"), events)
 
 
 def test_sessions_over_spark_connect_equal_their_definition(
@@ -100,13 +104,7 @@ def test_the_log_native_path_over_spark_connect_equals_the_oracle_across_a_resta
     records = [batches.get(b) for b in batches.ids()]
     assert len(records) >= 6 and all(r.done for r in records)
     assert {r.co_located for r in records} == {path == "native"}
-    got = read_results(tmp_path / "out")
-    want = oracle(events, Tumbling("1h"))
-    merged = want.merge(got, on=["window_start", "key"], suffixes=("_oracle", ""))
-    assert len(merged) == len(want) == len(got)
-    assert (merged["events"] == merged["events_oracle"]).all(), "double or missing counts"
-    assert (merged["users"] == merged["users_oracle"]).all()
-    assert ((merged["total"] - merged["total_oracle"]).abs() < 1e-6).all()
+    _equals_oracle(read_results(tmp_path / "out"), events)
 
 
 def test_the_demo_runs_over_spark_connect(
@@ -128,22 +126,40 @@ def test_the_demo_runs_over_spark_connect(
     assert "exact distinct users: IDENTICAL to the independent answer" in said
 
 
+SHARDS = 3  # each well inside the suite's per-test timeout on a busy 2-core host
+
+
+@functools.cache
+def _engine_test_ids(env: tuple[tuple[str, str], ...]) -> list[str]:
+    """The node ids of tests/stream/test_engine.py, as pytest collects them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/stream/test_engine.py"],
+        env=dict(env), cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    return [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+
+
+@pytest.mark.parametrize("shard", range(SHARDS))
 def test_the_engine_tests_pass_over_spark_connect(
-    connect_url: str, subprocess_env: dict[str, str]
+    connect_url: str, subprocess_env: dict[str, str], shard: int
 ) -> None:
     """tests/stream/test_engine.py — every path (Spark's micro-batches, co-located and
     shuffled log-native batches), restarts, purges, every window kind and metric —
     again with its ``spark`` fixture a Connect client of the server (a process of its
-    own: a process is a Connect client or a classic driver)."""
+    own: a process is a Connect client or a classic driver); in shards, every test in
+    one of them."""
     env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
+    ids = _engine_test_ids(tuple(sorted(env.items())))
+    assert len(ids) >= 50  # the whole module was collected
+    mine = ids[shard::SHARDS]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "tests/stream/test_engine.py"],
+         *mine],
         env={**env, "RIVERBED_TEST_SPARK_REMOTE": connect_url}, cwd=ROOT,
         capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     tail = done.stdout[-4000:]
     assert done.returncode == 0, tail + done.stderr[-2000:]
-    assert re.search(r"\b50 passed\b", tail) and "failed" not in tail and "skipped" not in tail, (
-        tail
-    )
+    passed = re.search(rf"\b{len(mine)} passed\b", tail)
+    assert passed and "failed" not in tail and "skipped" not in tail, tail

@@ -50,6 +50,30 @@ def _oracle(events: pd.DataFrame) -> pd.DataFrame:
     return hourly(events)[["events", "users", "total"]].reset_index()
 
 
+# hourly events, exact users and totals per flag: what the rescale tests aggregate
+FLAGS = Aggregation(
+    name="flags",
+    key="flag",
+    time="ts",
+    window=Tumbling("1h"),
+    watermark="10h",
+    metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
+    state_partitions=3,
+)
+
+
+def _equals_oracle(
+    got: pd.DataFrame, events: pd.DataFrame, columns: tuple[str, ...] = ("events", "users", "total")
+) -> None:
+    """Every window and key of ``got`` (result rows) has the oracle's ``columns``, and
+    there are no others."""
+    want = _oracle(events)
+    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
+    assert len(merged) == len(want) == len(got)
+    for column in columns:
+        assert (merged[column] == merged[f"{column}_o"]).all(), column
+
+
 def _run(spark: Any, spec: Aggregation, url: str, root: Path, path: str) -> pd.DataFrame:
     """``spec`` over what the topic holds; the batches this run planned are co-located
     exactly when the log-native path reads a topic of as many partitions (3)."""
@@ -81,25 +105,13 @@ def test_rescaling_3_to_5_to_2_equals_the_oracle(
     the state moves at each start and the results equal one computation over all."""
     events = make_events(2400, hours=4)
     parts = np.array_split(np.arange(len(events)), 3)
-    spec = Aggregation(
-        name="flags",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="10h",
-        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
-        state_partitions=3,
-    )
+    spec = FLAGS
     for part, count in zip(parts, [3, 5, 2], strict=True):
         write_events(log_url, events.iloc[part])
         got = _run(
             spark, dataclasses.replace(spec, state_partitions=count), log_url, tmp_path, path
         )
-    want = _oracle(events)
-    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
-    assert len(merged) == len(want) == len(got)
-    for column in ("events", "users", "total"):
-        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    _equals_oracle(got, events)
     gens = generations(tmp_path / "ckpt", 3)
     assert [(g.number, g.partitions) for g in gens] == [(0, 3), (1, 5), (2, 2)]
     state = tmp_path / "ckpt" / "state"
@@ -172,15 +184,7 @@ def test_a_topic_altered_3_to_5_and_the_aggregation_follows(
 
     events = make_events(3000, hours=4, seed=5)
     first, before, stale, after = np.array_split(np.arange(len(events)), [900, 1300, 1700])
-    spec = Aggregation(
-        name="flags",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="10h",
-        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
-        state_partitions=3,
-    )
+    spec = FLAGS
     write_events(log_url, events.iloc[first])
     _run(spark, spec, log_url, tmp_path, "colocated")
     log = riverbed.log.open(log_url)
@@ -230,11 +234,7 @@ def test_a_topic_altered_3_to_5_and_the_aggregation_follows(
     assert any(r.co_located for r in records)  # the new placement, co-located again
     assert "running the batch shuffled" in caplog.text
     got = read_results(tmp_path / "out")
-    want = _oracle(events)
-    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
-    assert len(merged) == len(want) == len(got)
-    for column in ("events", "users", "total"):
-        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    _equals_oracle(got, events)
 
 
 @pytest.mark.spark
@@ -247,15 +247,7 @@ def test_a_running_aggregation_reads_the_partitions_an_alter_adds(
 
     events = make_events(1200, hours=3, seed=7)
     half = len(events) // 2
-    spec = Aggregation(
-        name="flags",
-        key="flag",
-        time="ts",
-        window=Tumbling("1h"),
-        watermark="10h",
-        metrics={"events": Count(), "users": Distinct("user_id"), "total": Sum("amount")},
-        state_partitions=3,
-    )
+    spec = FLAGS
     write_events(log_url, events.iloc[:half])
     query = start(
         spark,
@@ -281,11 +273,7 @@ def test_a_running_aggregation_reads_the_partitions_an_alter_adds(
     newest = batches.get(batches.ids()[-1])
     assert set(newest.slices) == {"0", "1", "2", "3", "4"} and not newest.co_located
     got = read_results(tmp_path / "out")
-    want = _oracle(events)
-    merged = got.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
-    assert len(merged) == len(want) == len(got)
-    for column in ("events", "users", "total"):
-        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    _equals_oracle(got, events)
 
 
 def _cli_spec(path: Path, partitions: int) -> None:
@@ -359,11 +347,7 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
     assert main(["query", "flags", "--json", *where]) == 0
     rows = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
     rows["window_start"] = pd.to_datetime(rows["window_start"], utc=True)
-    want = _oracle(events)
-    merged = rows.merge(want, on=["window_start", "key"], suffixes=("", "_o"), how="outer")
-    assert len(merged) == len(want) == len(rows)
-    for column in ("events", "users"):
-        assert (merged[column] == merged[f"{column}_o"]).all(), column
+    _equals_oracle(rows, events, ("events", "users"))
     assert main(["stream", "status", str(spec), "--json", *where]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["state"]["partitions"] == 2 and status["state"]["generation"] == 2
@@ -372,9 +356,9 @@ def test_a_rescale_killed_at_any_moment_of_the_move_is_exactly_once(
     # and live from the state's newest generation
     assert main(["query", str(spec), "--from-state", "--json", *where]) == 0
     live = pd.DataFrame([json.loads(x) for x in capsys.readouterr().out.splitlines()])
-    assert int(live["events"].sum()) == int(
-        merged.loc[
-            merged["window_start"].isin(pd.to_datetime(live["window_start"], utc=True)),
+    assert int(live["events"].sum()) == int(  # (rows equal the oracle: checked above)
+        rows.loc[
+            rows["window_start"].isin(pd.to_datetime(live["window_start"], utc=True)),
             "events",
         ].sum()
     )

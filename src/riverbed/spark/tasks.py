@@ -142,9 +142,41 @@ def shuffle_job(
     row per partition so every one is merged; a task merges each partition it holds
     (AQE may give one task several)."""
     if not is_connect(spark):
-        return _rdd_shuffle(spark.sparkContext, work, nothing, stage1, n, merge)
+        shuffled = (
+            spark.sparkContext.parallelize(work or [nothing], max(1, len(work)))
+            .flatMap(stage1)
+            .partitionBy(n + 1, lambda p: p)
+        )
+
+        def by_index(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, Any]]:
+            if index == n:  # the driver's channel
+                yield ("reports", [v for _, v in items])
+            else:
+                yield ("merged", merge(index, (v for _, v in items)))
+
+        found = shuffled.mapPartitionsWithIndex(by_index).collect()
+    else:
+        found = _connect_shuffle(spark, work, nothing, stage1, n, merge)
+    merged: list[Any] = []
+    reports: list[Any] = []
+    for kind, value in found:
+        if kind == "merged":
+            merged.append(value)
+        else:
+            reports += value
+    return merged, reports
+
+
+def _connect_shuffle(
+    spark: Any,
+    work: list[Any],
+    nothing: Any,
+    stage1: Callable[[Any], list[tuple[int, Any]]],
+    n: int,
+    merge: Callable[[int, Iterator[Any]], Any],
+) -> list[tuple[str, Any]]:
+    """:func:`shuffle_job` over Connect: its (kind, value) results."""
     pickle = _pickle()
-    pairs = [("p", "long"), ("v", "binary")]
 
     def first(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -186,41 +218,6 @@ def shuffle_job(
             schema=pa.schema([("kind", pa.string()), ("out", pa.binary())]),
         )
 
-    schema = ", ".join(f"{name} {kind}" for name, kind in pairs)
-    staged = _items_frame(spark, work or [nothing]).mapInArrow(first, schema)
+    staged = _items_frame(spark, work or [nothing]).mapInArrow(first, "p long, v binary")
     rows = staged.repartition(n + 1, "p").mapInArrow(second, "kind string, out binary").collect()
-    merged: list[Any] = []
-    reports: list[Any] = []
-    for row in rows:
-        if row["kind"] == "merged":
-            merged.append(pickle.loads(row["out"]))
-        else:
-            reports += pickle.loads(row["out"])
-    return merged, reports
-
-
-def _rdd_shuffle(
-    sc: Any,
-    work: list[Any],
-    nothing: Any,
-    stage1: Callable[[Any], list[tuple[int, Any]]],
-    n: int,
-    merge: Callable[[int, Iterator[Any]], Any],
-) -> tuple[list[Any], list[Any]]:
-    stage = sc.parallelize(work or [nothing], max(1, len(work)))
-    shuffled = stage.flatMap(stage1).partitionBy(n + 1, lambda p: p)
-
-    def second(index: int, items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, Any]]:
-        if index == n:  # the driver's channel
-            yield ("reports", [v for _, v in items])
-            return
-        yield ("merged", merge(index, (v for _, v in items)))
-
-    merged: list[Any] = []
-    reports: list[Any] = []
-    for kind, value in shuffled.mapPartitionsWithIndex(second).collect():
-        if kind == "merged":
-            merged.append(value)
-        else:
-            reports += value
-    return merged, reports
+    return [(row["kind"], pickle.loads(row["out"])) for row in rows]

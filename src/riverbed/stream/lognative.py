@@ -29,7 +29,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -305,23 +305,6 @@ def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
     return out
 
 
-def channel_job(
-    spark: Any,
-    work: list[Any],
-    nothing: Any,
-    stage1: Callable[[Any], list[tuple[int, Any]]],
-    n: int,
-    merge: Callable[[int, Iterator[Any]], Any],
-) -> tuple[list[Any], list[Any]]:
-    """A shuffled Spark job of two stages (:func:`riverbed.spark.tasks.shuffle_job`, on a
-    classic session or over Spark Connect): ``stage1`` maps each piece of ``work``
-    (``nothing`` when there is none: the second stage runs all the same) to (state
-    partition, value) pairs and one (``n``, report) pair; every partition *p* < ``n``
-    is merged by ``merge(p, values)``, also one without values, and partition ``n`` is
-    the driver's channel. Returns the merges' results and every report."""
-    return tasks.shuffle_job(spark, work, nothing, stage1, n, merge)
-
-
 def in_driver(records: int, limit: int, master: str) -> bool:
     """Whether a co-located batch of ``records`` runs in the driver process: at most
     ``limit`` records (0: never) and a ``local``/``local[…]`` master, whose tasks run in
@@ -435,7 +418,7 @@ def run_batch(
         def merge(index: int, partials: Iterator[Any]) -> pd.DataFrame:
             return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
-        merged, sides = channel_job(
+        merged, sides = tasks.shuffle_job(
             spark, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
         )
         frames += merged

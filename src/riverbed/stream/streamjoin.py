@@ -55,7 +55,7 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import channel_job, decimal_doubles, in_driver, pieces
+from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
 from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
 from riverbed.stream.pairing import IDS, KEY, OFF, PART, TS, Rule, step
 from riverbed.stream.results import PART as RESULT_FILE
@@ -451,7 +451,7 @@ def run_batch(
             frames = list(pool.map(lambda p: pair(p, routed[p]), range(n)))
     else:
         openpool.let_go()  # the job's tasks, in other processes, open the partitions
-        frames, reports = channel_job(
+        frames, reports = tasks.shuffle_job(
             spark, work, ("left", LogSlice(0, 0, 0)), read, n, lambda p, v: pair(p, list(v))
         )
         for c in reports:
