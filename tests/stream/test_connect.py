@@ -126,7 +126,7 @@ def test_the_demo_runs_over_spark_connect(
     assert "exact distinct users: IDENTICAL to the independent answer" in said
 
 
-SHARDS = 3  # each well inside the suite's per-test timeout on a busy 2-core host
+SHARDS = 5  # each well inside the suite's per-test timeout on a busy 2-core host
 
 
 @functools.cache
