@@ -504,9 +504,8 @@ def _topic_alter(args: argparse.Namespace) -> int:
 def _placement_line(epoch: Placement) -> str:
     from riverbed.log.log import REFRESH_S
 
-    starts = " ".join(f"{p}:{o}" for p, o in enumerate(epoch.starts))
     return (
-        f"  placed by {epoch.partitions} from offsets {starts} on (partition:offset; "
+        f"  placed by {epoch.partitions} from offsets {epoch.starts_text()} on (partition:offset; "
         f"producers follow within {REFRESH_S:g} s)"
     )
 

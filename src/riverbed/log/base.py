@@ -6,7 +6,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -114,6 +114,10 @@ class Placement:
     def to_dict(self) -> dict[str, Any]:
         return {"partitions": self.partitions, "starts": list(self.starts)}
 
+    def starts_text(self) -> str:
+        """``0:4120 1:3988 2:4031`` — partition:offset, as the CLI and plans show it."""
+        return " ".join(f"{p}:{o}" for p, o in enumerate(self.starts))
+
 
 def placed_at(config: TopicConfig, partition: int, offset: int) -> int:
     """The partition count by which the record at ``offset`` of ``partition`` was placed."""
@@ -211,20 +215,23 @@ class TopicConfig:
             del data["epochs"]
         return data
 
-    def grown(self, partitions: int, ends: Sequence[int]) -> TopicConfig:
-        """This topic altered to ``partitions`` partitions, ``ends`` (one per partition
-        it has) the offsets where the new placement begins. Fewer partitions are
-        refused: a key's records would be split between where the old count and the
-        new one put them, and readers' positions would name partitions gone."""
+    def check_growth(self, partitions: int) -> None:
+        """Refuse fewer partitions: a key's records would be split between where the old
+        count and the new one put them, and readers' positions would name partitions
+        gone."""
         if partitions < self.partitions:
             raise LogValueError(
                 f"topic '{self.name}' has {self.partitions} partitions; partitions can be "
                 "added, never removed"
             )
+
+    def grown(self, partitions: int, ends: Sequence[int]) -> TopicConfig:
+        """This topic altered to ``partitions`` partitions (:meth:`check_growth`),
+        ``ends`` (one per partition it has) the offsets where the new placement
+        begins."""
+        self.check_growth(partitions)
         if partitions == self.partitions:
             return self
-        from dataclasses import replace
-
         epoch = Placement(partitions, tuple(int(e) for e in ends))
         assert len(epoch.starts) == self.partitions
         return replace(self, partitions=partitions, epochs=(*self.epochs, epoch))

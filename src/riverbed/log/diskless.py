@@ -597,7 +597,7 @@ class DisklessLogStorage(LogStorage):
             if kv is None:
                 raise TopicNotFoundError(name)
             config = TopicConfig.from_dict(json.loads(kv.value))
-            config.grown(partitions, [0] * config.partitions)  # refuse before reading
+            config.check_growth(partitions)  # refuse before reading
             if partitions == config.partitions:
                 return config
             # the ends where the new placement begins: no flush may commit between

@@ -163,7 +163,7 @@ class FileLogStorage(LogStorage):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             config = self.topic_config(name)
-            config.grown(partitions, [0] * config.partitions)  # refuse before locking
+            config.check_growth(partitions)  # refuse before locking
             if partitions == config.partitions:
                 return config
             with contextlib.ExitStack() as held:

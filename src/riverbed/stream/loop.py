@@ -32,6 +32,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from riverbed.log.base import TopicConfig
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
 from riverbed.state.errors import CorruptStateError
 from riverbed.stream import lookups
@@ -117,7 +118,7 @@ class DirectQuery(ThreadQuery):
             if legacy is not None:
                 newest.slices = legacy
                 if newest.co_located is None:
-                    newest.co_located = self._co_located(topic_log, legacy)
+                    newest.co_located = self._co_located(self._placement(topic_log), legacy)
                 self.batches.put(ids[-1], newest)
                 return ids[-1], newest
             # a first batch the Spark-driven loop never planned: plan it below, with
@@ -134,8 +135,9 @@ class DirectQuery(ThreadQuery):
         retained = self._retained(topic_log)
         begin = begin_offsets(retained, previous_ends, self.cfg.starting)
         latest = capped(retained, target)
-        if self.cfg.co_located:  # a batch in one placement of an altered topic
-            latest = within_placement(topic_log.topic(self.cfg.options["topic"]), begin, latest)
+        placement = self._placement(topic_log)
+        if placement is not None:  # a batch in one placement of an altered topic
+            latest = within_placement(placement, begin, latest)
         slices = slices_json(begin, batch_ends(begin, latest, self.cfg.max_records))
         # the first batch after a backfill runs even with nothing new: it writes the
         # result rows the backfill rewrote (backfill.py)
@@ -145,7 +147,7 @@ class DirectQuery(ThreadQuery):
         record = replace(
             base,
             slices=slices,
-            co_located=self._co_located(topic_log, slices),
+            co_located=self._co_located(placement, slices),
             spec=base.spec or self.cfg.engine.shape,  # the shape it runs (changes.py)
             # which version of each lookup table it joins with (lookups.py)
             lookups=lookups.planned(
@@ -156,11 +158,15 @@ class DirectQuery(ThreadQuery):
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
         return batch_id, record
 
-    def _co_located(self, topic_log: Any, slices: dict[str, list[int]]) -> bool:
-        n = self.cfg.engine.spec.state_partitions
-        if not self.cfg.co_located:
+    def _placement(self, topic_log: Any) -> TopicConfig | None:
+        """The topic's configuration (its placement epochs) when batches may be
+        co-located; None when they never are (it is not read then)."""
+        return topic_log.topic(self.cfg.options["topic"]) if self.cfg.co_located else None
+
+    def _co_located(self, placement: TopicConfig | None, slices: dict[str, list[int]]) -> bool:
+        if placement is None:
             return False
-        return co_located(topic_log.topic(self.cfg.options["topic"]), slices, n)
+        return co_located(placement, slices, self.cfg.engine.spec.state_partitions)
 
     def _ends(self, batch_id: int, record: BatchRecord) -> dict[int, int]:
         """Where a finished batch ended in every partition: its plan, or for a batch of

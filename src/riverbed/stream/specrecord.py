@@ -118,7 +118,7 @@ def placement_notes(source: Mapping[str, str], state: int) -> tuple[str, ...]:
     if not config.epochs:
         return ()
     epoch = config.epochs[-1]
-    starts = " ".join(f"{p}:{o}" for p, o in enumerate(epoch.starts))
+    starts = epoch.starts_text()
     if epoch.partitions == state:
         return (
             f"topic '{config.name}' was altered to {epoch.partitions} partitions: batches "
