@@ -19,6 +19,7 @@ from riverbed.jobs.timerange import (
     TimeRangeJob,
     TimeRangeMain,
     TopicInput,
+    Tumbling,
     load_spec,
 )
 from riverbed.timerange.plan import parse_time
@@ -90,3 +91,22 @@ def test_a_spec_is_placed_by_the_settings_it_is_loaded_with(tmp_path: Path) -> N
 def test_a_topic_input_without_a_log_is_named_not_guessed() -> None:
     with pytest.raises(SpecError, match=r"TopicInput\('r'\) names no log; give log="):
         _log_url(TopicInput("r"))
+
+
+def test_tables_name_datasets_the_job_writes_in_a_table_spelling() -> None:
+    def job(**tables: str) -> TimeRangeJob:
+        return TimeRangeJob(
+            input=ParquetInput("in"),
+            key="sensor",
+            time="ts",
+            metrics=[Rolling("1h", "v")],
+            tumbling=[Tumbling("30m", "v")],
+            tables=tables,
+        )
+
+    assert job().datasets() == ["rows", "windows_30m"]
+    assert job(rows="delta:s3://b/rows").tables == {"rows": "delta:s3://b/rows"}
+    with pytest.raises(SpecError, match=r"dataset 'windows_1h'; the job writes \['rows', 'win"):
+        job(windows_1h="delta:/x")
+    with pytest.raises(SpecError, match=r"tables\['rows'\] 'x.parquet': write delta:PATH"):
+        job(rows="x.parquet")

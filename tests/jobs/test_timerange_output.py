@@ -136,3 +136,34 @@ def test_a_token_with_only_a_killed_writers_temporary_file_is_forgotten(tmp_path
     assert out.store.entries("_riverbed/staging/") == []  # no object there
     assert out.forget(set(), None) == 1
     assert not (tmp_path / "out" / "_riverbed" / "staging").exists()
+
+
+def test_a_chunk_published_to_a_table_replaces_its_partition_before_its_file_moves(
+    tmp_path: Path,
+) -> None:
+    """A dataset with a table: its chunk's partition is replaced (at the record's
+    revision) before the file moves, so a publisher killed between the two leaves the
+    file staged and the next one finds the commit made and only moves it; a staged
+    chunk older than what the table holds is another control plane's, named."""
+    from riverbed.tables import partition_table
+    from riverbed.timerange.errors import RangeError
+
+    output = Output(str(tmp_path / "out"))
+    tables = {"rows": partition_table(f"delta:{tmp_path / 'lake'}", "sensors")}
+    output.stage("t1", "rows", rows(1, 2))
+    output.stage("t1", "windows_1h", rows(3))
+    label = "20260101T000000Z"
+    tables["rows"].replace(label, rows(1, 2), 40)  # the killed publisher's commit
+    assert output.publish("t1", T0, tables, 40) == 2
+    table = tables["rows"].read()
+    assert sorted(table.column("sensor").to_pylist()) == [1, 2]
+    assert output.read("rows").column("sensor").to_pylist() == [1, 2]
+    output.stage("t2", "rows", rows(5))  # a rerun of the chunk
+    assert output.publish("t2", T0, tables, 57) == 1
+    assert tables["rows"].read().column("sensor").to_pylist() == [5]
+    assert tables["rows"].version(label) == 57
+    output.stage("t3", "rows", rows(6))  # recorded by a control plane that restarted
+    with pytest.raises(RangeError, match="another control plane"):
+        output.publish("t3", T0, tables, 3)
+    assert tables["rows"].read().column("sensor").to_pylist() == [5]
+    assert output.read("rows").column("sensor").to_pylist() == [5]  # nothing moved

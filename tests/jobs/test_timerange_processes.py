@@ -1,5 +1,8 @@
 """Time-range drivers as real processes: SIGKILL at random points, a standby that takes
-over, and a SIGSTOPped driver that wakes up after losing its term."""
+over, and a SIGSTOPped driver that wakes up after losing its term. The job also
+publishes its datasets to lakehouse tables (rows to Delta, windows to Iceberg), a chunk
+a partition: through the kills each table holds exactly the published files' rows, and
+the woken driver commits nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pytest
 
 from riverbed.control import connect
 from riverbed.jobs.timerange import load_spec
+from riverbed.tables import PARTITION, partition_table
 from riverbed.testing.signals import stop_outside_writes
 from riverbed.timerange.compute import one_pass
 from riverbed.timerange.oracle import pandas_rows
@@ -27,6 +31,8 @@ from riverbed.timerange.plan import parse_time
 from tests.jobs.test_timerange_spark import assert_same, write_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+CLI = [sys.executable, "-m", "riverbed.cli.main"]
 
 START = pd.Timestamp("2026-01-01", tz="UTC")
 HOURS = 6
@@ -41,6 +47,7 @@ job = TimeRangeJob(
              Cumulative("value", ["sum", "count"])],
     tumbling=[Tumbling("30min", "value", ["mean"])],
     output={output!r}, chunk="30m",
+    tables={{"rows": {delta!r}, "windows_30m": {iceberg!r}}},
 )
 """
 
@@ -61,7 +68,14 @@ def setup(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, Any]:
         part = frame[(frame.ts >= lo) & (frame.ts < lo + pd.Timedelta(hours=1))]
         write_input(tmp_path / "in" / f"hour={lo:%Y-%m-%dT%H}", part)
     spec = tmp_path / "sensors.py"
-    spec.write_text(SPEC.format(input=str(tmp_path / "in"), output=str(tmp_path / "out")))
+    spec.write_text(
+        SPEC.format(
+            input=str(tmp_path / "in"),
+            output=str(tmp_path / "out"),
+            delta=f"delta:{tmp_path / 'lake'}",
+            iceberg=f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.windows",
+        )
+    )
     env = {
         **subprocess_env,
         "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'control.db'}",
@@ -146,7 +160,27 @@ def check_output(s: dict[str, Any], spark: Any, hours: int = HOURS) -> None:
     assert_same(got, whole.rows.toPandas(), exact=True)
     published = [kv.version for kv in records(s)]
     assert published == [1] * (hours * 2), "a chunk was published more than once"
+    for dataset, text in spec.job.tables.items():  # each table: the published rows, once
+        table = partition_table(text, spec.name).read().to_pandas()
+        files = sorted((s["tmp"] / "out" / dataset).glob("*/part.parquet"))
+        want = pd.concat(
+            pq.read_table(f).to_pandas().assign(chunk=f.parent.name.removeprefix("chunk="))
+            for f in files
+        )
+        assert want[PARTITION].nunique() == hours * 2, dataset
+        pd.testing.assert_frame_equal(
+            in_order(table[want.columns]), in_order(want), check_dtype=False, obj=dataset
+        )
     assert not list((s["tmp"] / "out" / "_riverbed" / "staging").glob("*"))
+
+
+def in_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` sorted by every column, its times in UTC, its index dropped."""
+    frame = frame.copy()
+    for col in frame.columns:
+        if pd.api.types.is_datetime64_any_dtype(frame[col]):
+            frame[col] = pd.to_datetime(frame[col], utc=True).astype("datetime64[us, UTC]")
+    return frame.sort_values(list(frame.columns)).reset_index(drop=True)
 
 
 def test_sigkill_at_random_points_then_resume_equals_one_pass(
@@ -186,6 +220,17 @@ def test_sigkill_at_random_points_then_resume_equals_one_pass(
     check_output(setup, spark)
 
 
+def table_commits(s: dict[str, Any]) -> tuple[int, int]:
+    """The Delta table's version and the Iceberg table's current snapshot."""
+    from deltalake import DeltaTable
+
+    spec = load_spec(s["spec"])
+    iceberg = partition_table(spec.job.tables["windows_30m"], spec.name)
+    return DeltaTable(
+        str(s["tmp"] / "lake")
+    ).version(), iceberg._table().current_snapshot().snapshot_id  # type: ignore[attr-defined]
+
+
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -213,6 +258,7 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
         assert second.returncode == 0, err2
         assert "standby" in err2
         files = {p: p.stat().st_mtime_ns for p in (setup["tmp"] / "out").glob("*/*/part.parquet")}
+        commits = table_commits(setup)
     finally:
         first.send_signal(signal.SIGCONT)
     _, err1 = first.communicate(timeout=120)
@@ -220,6 +266,7 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     assert "lost the lead" in err1, err1
     after = {p: p.stat().st_mtime_ns for p in (setup["tmp"] / "out").glob("*/*/part.parquet")}
     assert after == files, "the woken driver published something"
+    assert table_commits(setup) == commits, "the woken driver committed to a table"
     check_output(setup, spark, hours)
     info = json.loads(
         subprocess.run(
@@ -240,3 +287,14 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     )
     rows = int((setup["frame"].ts < START + pd.Timedelta(hours=hours)).sum())
     assert (info["chunks_done"], info["chunks_total"], info["rows"]) == (6, 6, rows)
+    reset = subprocess.run(
+        [*CLI, "timerange", "reset", str(setup["spec"]), "--output"],
+        env=setup["env"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "2 table(s) dropped" in reset.stdout, reset.stdout
+    spec = load_spec(setup["spec"])
+    for text in spec.job.tables.values():
+        assert partition_table(text, spec.name).read().num_rows == 0

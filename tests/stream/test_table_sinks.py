@@ -350,7 +350,7 @@ def test_a_delta_table_in_a_bucket(s3_url: str) -> None:
     """The same commits in a bucket (the S3 server keeps objects on disk): delta-rs
     reaches it with riverbed's bucket settings, commits create-only (conditional puts),
     and Polars reads it back."""
-    from riverbed.stream.lakehouse import _storage_options
+    from riverbed.tables import delta_options as _storage_options
 
     url = f"{s3_url}/lake"
     sink = DeltaSink(url)
@@ -398,7 +398,7 @@ def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_
     each batch's commit once."""
     import os
 
-    from riverbed.stream.lakehouse import _storage_options
+    from riverbed.tables import delta_options as _storage_options
 
     home = tmp_path / "home"
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}

@@ -63,7 +63,9 @@ def add_parsers(sub: Any) -> None:
     c.set_defaults(run=_status)
     c = cmds.add_parser("reset", help="forget the job's progress (and with --output, its files)")
     c.add_argument("spec")
-    c.add_argument("--output", action="store_true", help="also delete the output folder")
+    c.add_argument(
+        "--output", action="store_true", help="also delete the output folder (and drop its tables)"
+    )
     c.set_defaults(run=_reset)
     p.set_defaults(func=lambda args: args.run(args))
 
@@ -231,6 +233,10 @@ def _reset(args: argparse.Namespace) -> int:
     removed = reset(_control(args), spec)
     if args.output:
         Output(spec.job.output).remove()
+        from riverbed.tables import partition_table
+
+        for text in spec.job.tables.values():
+            partition_table(text, spec.name).drop()
     if args.json:
         print(
             json.dumps({"job": spec.name, "keys_removed": removed, "output_removed": args.output})
@@ -240,6 +246,7 @@ def _reset(args: argparse.Namespace) -> int:
             f"{spec.name}: progress forgotten ({removed} records)"
             + (
                 f", {spec.job.output} deleted"
+                + (f" and {len(spec.job.tables)} table(s) dropped" if spec.job.tables else "")
                 if args.output
                 else f"; its output stays in {spec.job.output}"
             )

@@ -379,24 +379,17 @@ class Iceberg:
             sink.compact()
 
 
-_TABLE_SPELLINGS = (
-    "delta:PATH (a directory, file:///path or s3://bucket/prefix) or "
-    "iceberg:CATALOG#namespace.table[@WAREHOUSE] (a SQL catalog: sqlite:///catalog.db, "
-    "its files beside it unless @WAREHOUSE names a directory or s3://bucket/prefix)"
-)
-
-
 def table_sink(text: str) -> Sink:
-    """``--table``'s value as a sink: ``delta:PATH_OR_URL`` or
-    ``iceberg:CATALOG_URL#namespace.table[@WAREHOUSE]``."""
-    kind, sep, where = text.partition(":")
-    if sep and where and kind == "delta":
-        return Delta(where)
-    catalog, hash_, table = where.rpartition("#")
-    table, at, warehouse = table.partition("@")
-    if sep and kind == "iceberg" and hash_ and catalog and table and (warehouse or not at):
-        return Iceberg(catalog, table, warehouse or None)
-    raise StreamValueError(f"--table {text.split('@')[-1]!r}: write {_TABLE_SPELLINGS}")
+    """``--table``'s value as a sink (:func:`riverbed.tables.parse_table`)."""
+    from riverbed.tables import TableNameError, parse_table
+
+    try:
+        name = parse_table(text)
+    except TableNameError as exc:
+        raise StreamValueError(str(exc)) from None
+    if name.kind == "delta":
+        return Delta(name.where)
+    return Iceberg(name.where, name.table, name.warehouse)
 
 
 _KAFKA_SINKS: dict[tuple[str, str], Any] = {}

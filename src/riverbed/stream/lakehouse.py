@@ -24,16 +24,16 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from riverbed.locations import shown
 from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamError
+from riverbed.tables import TableError, delta_location, delta_options, iceberg_catalog
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DeltaSink", "IcebergSink", "TableSinkError", "app_id", "read_with_spark"]
 
 
-class TableSinkError(StreamError):
+class TableSinkError(StreamError, TableError):
     """A Delta or Iceberg table riverbed cannot write its results to."""
 
 
@@ -52,9 +52,8 @@ class DeltaSink:
             raise TableSinkError(
                 "Delta tables need the deltalake package: pip install 'riverbed[delta]'"
             ) from None
-        text = str(location)
-        self.uri = text[len("file://") :] if text.startswith("file://") else text
-        self.options = _storage_options(self.uri)
+        self.uri = delta_location(location)
+        self.options = delta_options(self.uri)
 
     def _table(self) -> Any:
         from deltalake import DeltaTable
@@ -217,56 +216,7 @@ def _added(source: pa.Table, target: pa.Schema) -> list[pa.Field]:
     return [f for f in source.schema if f.name not in known]
 
 
-def _storage_options(uri: str) -> dict[str, str] | None:
-    """delta-rs's object-store settings for a bucket, from riverbed's (the AWS chain):
-    the endpoint, the keys, and plain HTTP for a server on loopback. Conditional puts
-    (``If-None-Match``) make a commit create-only, as riverbed's own checkpoint writes
-    are, so no lock service is needed."""
-    if not uri.startswith("s3://"):
-        return None
-    from riverbed.storage import storage_environment
-
-    env = storage_environment()
-    out = {k: v for k, v in env.items() if k.startswith("AWS_")}
-    endpoint = out.get("AWS_ENDPOINT_URL_S3") or out.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        out["AWS_ENDPOINT_URL"] = endpoint
-        if endpoint.startswith("http://"):
-            out["AWS_ALLOW_HTTP"] = "true"
-    out.setdefault("AWS_REGION", out.get("AWS_DEFAULT_REGION", "us-east-1"))
-    out["conditional_put"] = "etag"
-    return out
-
-
 # -- Apache Iceberg ---------------------------------------------------------------------
-
-
-def _iceberg_io(warehouse: str) -> dict[str, str]:
-    """pyiceberg's file-IO settings for a warehouse in a bucket, from riverbed's AWS
-    settings chain (endpoint, region, addressing, keys); none for a directory. Held by
-    the catalog object only: never printed (:class:`IcebergSink`'s repr leaves it out)."""
-    if not warehouse.startswith("s3://"):
-        return {}
-    from riverbed.storage.awschain import checksums_when_required, settings_from_env
-
-    s = settings_from_env()
-    checksums_when_required(s)  # pyarrow's S3 client, under pyiceberg
-    out = {
-        "s3.region": s.region,
-        "s3.force-virtual-addressing": str(not s.path_style).lower(),
-    }
-    if s.endpoint:
-        out["s3.endpoint"] = s.endpoint
-    if s.anonymous:
-        out["s3.anonymous"] = "true"
-    for key, value in (
-        ("s3.access-key-id", s.access_key),
-        ("s3.secret-access-key", s.secret_key),
-        ("s3.session-token", s.session_token),
-    ):
-        if value:
-            out[key] = value
-    return out
 
 
 class IcebergSink:
@@ -282,13 +232,6 @@ class IcebergSink:
     optimistic check, never both commit."""
 
     def __init__(self, catalog: str, identifier: str, warehouse: str | Path | None = None):
-        try:
-            from pyiceberg.catalog import load_catalog
-            from pyiceberg.catalog.sql import SqlCatalog
-        except ImportError:
-            raise TableSinkError(
-                "Iceberg tables need pyiceberg: pip install 'riverbed[iceberg]'"
-            ) from None
         namespace, dot, table = identifier.rpartition(".")
         if not dot or not namespace or not table:
             raise TableSinkError(
@@ -296,33 +239,7 @@ class IcebergSink:
             )
         self.identifier = identifier
         self.namespace = namespace
-        uri = catalog
-        if uri.startswith(("http://", "https://")):  # a REST catalog: it places the files
-            if "@" in uri.split("://", 1)[1].split("/", 1)[0]:
-                raise TableSinkError(
-                    "an Iceberg REST catalog's URL carries no credentials: give its token "
-                    "as PYICEBERG_CATALOG__RIVERBED__TOKEN (pyiceberg's setting, never printed)"
-                )
-            where = None if warehouse is None else str(warehouse)
-            props = {"type": "rest", "uri": uri}
-            if where is not None:  # the warehouse the catalog serves (some serve several)
-                props |= {"warehouse": where, **_iceberg_io(where)}
-            # pyiceberg adds its PYICEBERG_CATALOG__RIVERBED__* settings (a token, S3 IO)
-            self.catalog = load_catalog("riverbed", **props)
-            return
-        if uri.startswith(("postgresql://", "postgres://")):
-            uri = "postgresql+psycopg://" + uri.split("://", 1)[1]
-        if warehouse is None:
-            if not uri.startswith("sqlite:///"):
-                raise TableSinkError(
-                    f"Iceberg catalog {shown(catalog)!r}: give warehouse=, where the "
-                    "table's files go (beside a SQLite catalog by default)"
-                )
-            warehouse = Path(uri[len("sqlite:///") :]).resolve().parent / "warehouse"
-        where = str(warehouse)
-        if "://" not in where:
-            where = f"file://{Path(where).resolve()}"
-        self.catalog = SqlCatalog("riverbed", uri=uri, warehouse=where, **_iceberg_io(where))
+        self.catalog = iceberg_catalog(catalog, warehouse, TableSinkError)
 
     def _table(self, schema: pa.Schema | None = None) -> Any:
         from pyiceberg.exceptions import NoSuchTableError

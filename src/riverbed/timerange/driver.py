@@ -55,11 +55,13 @@ from riverbed.timerange.plan import (
     plan_request,
 )
 from riverbed.timerange.plan import advance as advance_progress
-from riverbed.timerange.spec import LoadedSpec, TimeRangeSpec, label
+from riverbed.timerange.spec import LoadedSpec, TimeRangeSpec, label, window_dataset
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+
+    from riverbed.tables import PartitionTable
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +174,7 @@ class Driver:
         self._bytes_per_chunk: float | None = None  # what a chunk's query returned
         self.keys = Keys(self.job.name)
         self.output = TimeRangeOutput(self.job.output)
+        self._tables: dict[str, PartitionTable] | None = None
         self.on_event = on_event or (lambda event: None)
         self.identity = f"{host_name()}:{os.getpid()}"
 
@@ -180,6 +183,18 @@ class Driver:
         if self._spark is None:
             self._spark = self._spark_factory()
         return self._spark
+
+    @property
+    def tables(self) -> dict[str, PartitionTable]:
+        """The lakehouse tables the job's datasets are published to, chunk by chunk
+        (its spec's ``tables``; opened on first use)."""
+        if self._tables is None:
+            from riverbed.tables import partition_table
+
+            self._tables = {
+                d: partition_table(t, self.job.name) for d, t in self.job.tables.items()
+            }
+        return self._tables
 
     @property
     def _can_spill(self) -> bool:
@@ -290,7 +305,13 @@ class Driver:
                 f"riverbed timerange reset {self.spec.path} --output"
             )
         if progress is not None and progress.pending_token and progress.pending_start is not None:
-            moved = self.output.publish(progress.pending_token, progress.pending_start)
+            pending = self.cp.get(self.keys.chunk(progress.pending_start))
+            moved = self.output.publish(
+                progress.pending_token,
+                progress.pending_start,
+                self.tables,
+                pending.mod_revision if pending is not None else revision,
+            )
             if moved:
                 log.info("moved %d file(s) of the last published chunk into place", moved)
         self.output.forget(self._tokens(), progress.pending_token if progress else None)
@@ -321,7 +342,7 @@ class Driver:
                     for unpublished in batch[i:]:  # named by no record: nobody will use them
                         self.output.discard(unpublished.token)
                     raise
-                self.output.publish(record.token, record.start)
+                self.output.publish(record.token, record.start, self.tables, revision)
                 progress = advanced
                 self.on_event(Event("chunk", progress=progress, record=record))
         self.on_event(Event("done", progress=progress))
@@ -435,7 +456,7 @@ class Driver:
             rows = frames.rows if frames.carrying is None else frames.carrying
             wanted["rows"] = (rows, self.job.time)
         for size, df in frames.windows.items():
-            wanted[f"windows_{size}"] = (df, "window_start")
+            wanted[window_dataset(size)] = (df, "window_start")
         # The outputs of a batch are Spark jobs over one cached input: run them side by
         # side (Spark schedules concurrent jobs; much of a job's cost is latency, not work).
         spill = self._spills(count)

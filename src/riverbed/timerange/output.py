@@ -35,12 +35,16 @@ from typing import TYPE_CHECKING
 
 from riverbed.locations import is_local, location
 from riverbed.storage import ObjectNotFoundError, shared_store
+from riverbed.timerange.errors import RangeError
 from riverbed.timerange.plan import chunk_label
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import pyarrow as pa
 
     from riverbed.storage import ObjectStore
+    from riverbed.tables import PartitionTable
 
 __all__ = ["Output", "TimeRangeOutput"]
 
@@ -145,23 +149,57 @@ class TimeRangeOutput:
         """Delete batch ``token``'s spill (read, or never to be)."""
         self._drop(SPILL, token)
 
-    def publish(self, token: str, start: int) -> int:
+    def publish(
+        self,
+        token: str,
+        start: int,
+        tables: Mapping[str, PartitionTable] | None = None,
+        version: int = 0,
+    ) -> int:
         """Move chunk ``start``'s staged files into place; returns how many were moved.
 
         Idempotent and race-free: each staged file is moved at most once by whoever gets
-        there first; the others find it gone.
+        there first; the others find it gone. A dataset with a table in ``tables`` has
+        its chunk's partition replaced first, at ``version`` (the revision of the chunk's
+        record: :mod:`riverbed.tables`), so a file that was moved had its table commit
+        made: a publisher killed in between leaves the file staged, and the next one
+        finds the commit made and moves it.
         """
         moved = 0
         for info in self.store.list(f"{STAGING}{token}/"):
             name = info.key.rsplit("/", 1)[1]
             if not name.endswith(".parquet"):
                 continue
+            dataset = name[: -len(".parquet")]
+            table = (tables or {}).get(dataset)
             try:
-                self.store.move(info.key, self.final_key(name[: -len(".parquet")], start))
+                if table is not None:
+                    self._replace(table, dataset, start, self.store.get(info.key), version)
+                self.store.move(info.key, self.final_key(dataset, start))
             except ObjectNotFoundError:
                 continue
             moved += 1
         return moved
+
+    def _replace(
+        self, table: PartitionTable, dataset: str, start: int, data: bytes, version: int
+    ) -> None:
+        import pyarrow.parquet as pq
+
+        partition = chunk_label(start)
+        if table.replace(partition, pq.read_table(io.BytesIO(data)), version):
+            return
+        held = table.version(partition)
+        if held is not None and held > version:
+            # a staged file is the chunk's newest run (a newer one moves it first), so
+            # the table was written under another control plane, or before a reset
+            raise RangeError(
+                f"table {table!r} holds chunk {partition} of dataset {dataset!r} at revision "
+                f"{held}, newer than this control plane's record of it ({version}): it was "
+                "written under another control plane. Point RIVERBED_CONTROL at that one, "
+                "or start over with riverbed timerange reset SPEC --output (it empties the "
+                "tables too)"
+            )
 
     def discard(self, token: str) -> None:
         """Delete the staged files and carried state of a token that was never published."""

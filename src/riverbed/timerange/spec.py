@@ -96,6 +96,12 @@ def label(us: int) -> str:
     return f"{us // 1000}ms"
 
 
+def window_dataset(size: str) -> str:
+    """The dataset of the tumbling aggregates of one window size (its :func:`label`):
+    ``windows_30m``."""
+    return f"windows_{size}"
+
+
 def _aggs(aggs: str | Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
     out = (aggs,) if isinstance(aggs, str) else tuple(aggs)
     bad = [a for a in out if a not in allowed]
@@ -364,6 +370,7 @@ class TimeRangeSpec:
     chunk: Duration = "1h"
     name: str = ""
     description: str = ""
+    tables: Mapping[str, str] = field(default_factory=dict)
     keys: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -403,6 +410,36 @@ class TimeRangeSpec:
         if dupes:
             raise SpecError(f"{where}: metrics produce the same column twice: {dupes}")
         _us(self.chunk, f"{where}: chunk")
+        self._check_tables(where)
+
+    def _check_tables(self, where: str) -> None:
+        """``tables``: each dataset the job writes → a lakehouse table its chunks are
+        partitions of (:mod:`riverbed.tables`), spelled as ``--table`` is."""
+        if not isinstance(self.tables, Mapping):
+            raise SpecError(
+                f"{where}: tables maps a dataset to a table, e.g. {{'rows': 'delta:…'}}"
+            )
+        if not self.tables:
+            return
+        from riverbed.tables import TableNameError, parse_table
+
+        known = self.datasets()
+        for dataset, text in self.tables.items():
+            if dataset not in known:
+                raise SpecError(
+                    f"{where}: tables names dataset {dataset!r}; the job writes {known}"
+                )
+            try:
+                parse_table(text, f"tables[{dataset!r}]")
+            except TableNameError as exc:
+                raise SpecError(f"{where}: {exc}") from None
+        object.__setattr__(self, "tables", dict(self.tables))
+
+    def datasets(self) -> list[str]:
+        """The datasets the job writes, each a folder of the output: ``rows`` (when it
+        has metrics) and one per tumbling window size (:func:`window_dataset`)."""
+        sizes = sorted({t.size_us for t in self.tumbling})
+        return ["rows"] * bool(self.metrics) + [window_dataset(label(s)) for s in sizes]
 
     @property
     def chunk_us(self) -> int:
