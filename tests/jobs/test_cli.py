@@ -289,3 +289,34 @@ def test_on_mariadb_with_a_password_nothing_shows_it(
     seen.append(listed.stdout + listed.stderr)
     assert "worker on mysql://127.0.0.1" in banner
     assert not [s for s in seen if password in s]
+
+
+def test_a_jobs_chunks_are_published_to_its_table_too(env: dict[str, str], tmp_path: Path) -> None:
+    """``Job(table="delta:…")``: each chunk's Parquet output is a partition of the table
+    (``chunk`` = the chunk id), equal to the chunk's published files; a table spelled
+    wrong is one line naming the spellings."""
+    from deltalake import DeltaTable
+
+    jobs = Path(env["RIVERBED_JOBS_DIR"])
+    lake = tmp_path / "lake"
+    (jobs / "T.py").write_text(
+        "import pyarrow as pa\n"
+        "from riverbed.jobs import Job\n\n"
+        "def main(ctx, work_ids, **kwargs):\n"
+        "    ctx.output.write_parquet('ids.parquet', pa.table({'id': work_ids}))\n\n"
+        f"job = Job(main=main, chunk_size=2, table={f'delta:{lake}'!r})\n"
+    )
+    out = run(env, "jobs", "run", "T", "--work-ids", "1-6", "--json")
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(
+        run(env, "jobs", "show", str(json.loads(out.stdout)["run"]), "--json").stdout
+    )
+    chunks = {g["id"]: json.loads(g["work_ids"]) for g in shown["graph"]}
+    got = DeltaTable(str(lake)).to_pyarrow_table().to_pydict()
+    assert sorted(zip(got["chunk"], got["id"], strict=True)) == sorted(
+        (str(c), i) for c, ids in chunks.items() for i in ids
+    )
+    (jobs / "T.py").write_text((jobs / "T.py").read_text().replace("delta:", "deltalake:"))
+    bad = run(env, "jobs", "run", "T", "--work-ids", "1-2")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "write delta:PATH" in bad.stderr, bad.stderr

@@ -142,6 +142,56 @@ def test_publication_follows_its_model(make: Any, ops: list[tuple[str, int]]) ->
         assert p.kept() == ([] if current is None else [f"chunk=1-{current}"])
 
 
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.tuples(st.sampled_from(["publish", "retract"]), st.integers(1, 4)), max_size=8),
+    st.sampled_from(["delta", "iceberg"]),
+)
+def test_a_jobs_table_follows_its_model(
+    make: Any, tmp_path: Path, ops: list[tuple[str, int]], kind: str
+) -> None:
+    """A job with a table: each chunk's partition holds the Parquet rows of the newest
+    attempt published, or none once it is retracted — never an older attempt's rows
+    back (the table's versions: 2·attempt published, 2·attempt + 1 retracted)."""
+    import pyarrow as pa
+
+    from riverbed.tables import PARTITION
+
+    p = make()
+    where = Path(tempfile.mkdtemp(dir=tmp_path))
+    spelled = (
+        f"delta:{where / 'lake'}"
+        if kind == "delta"
+        else f"iceberg:sqlite:///{where / 'catalog.db'}#jobs.out"
+    )
+    p.pub.bind_table(JOB, spelled)
+    table = p.pub.table(JOB)
+    assert table is not None
+    version, rows = -1, 0  # the model: the partition's version and its attempt's rows
+    staged: set[int] = set()
+    for op, attempt in ops:
+        if op == "publish":
+            if attempt in staged:
+                continue
+            staged.add(attempt)
+            out = Output(staging_dir(p.home, 1, attempt))
+            out.write_parquet("rows.parquet", pa.table({"attempt": [attempt] * attempt}))
+            if p.pub.publish(JOB, 1, attempt) and 2 * attempt > version:
+                version, rows = 2 * attempt, attempt
+        else:
+            p.pub.retract(JOB, 1, attempt)
+            if 2 * attempt + 1 > version:
+                version, rows = 2 * attempt + 1, 0
+        got = table.read().to_pydict()
+        assert got.get(PARTITION, []) == ["1"] * rows
+        assert got.get("attempt", []) == [rows] * rows
+        assert table.version("1") == (None if version < 0 else version)
+    p.pub.bind_table(JOB, None)
+    assert p.pub.table(JOB) is None
+
+
 def test_readers_find_chunks_and_files_by_pattern(make: Any) -> None:
     p = make()
     for chunk in (3, 12):

@@ -23,10 +23,11 @@ import pytest
 from riverbed.control import connect
 from riverbed.jobs.timerange import Driver, ParquetInput, load_spec
 from riverbed.storage import open_store
+from riverbed.tables import PARTITION, partition_table
 from riverbed.timerange.compute import one_pass
 from riverbed.timerange.errors import MissingInputError, SpecError
 from riverbed.timerange.plan import parse_time
-from tests.jobs.test_timerange_processes import SPEC, setup
+from tests.jobs.test_timerange_processes import setup, spec_text
 from tests.jobs.test_timerange_spark import assert_same
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.s3]
@@ -40,10 +41,13 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
     setup: dict[str, Any], s3_url: str, spark: Any
 ) -> None:
     s = setup
-    # no output= in the spec: it follows the checkpoints into the bucket
-    s["spec"].write_text(
-        SPEC.format(input=str(s["tmp"] / "in"), output="").replace("output='', ", "")
-    )
+    # no output= in the spec: it follows the checkpoints into the bucket; its datasets
+    # are published to tables in the bucket too
+    tables = {
+        "rows": f"delta:{s3_url}/lake",
+        "windows_30m": f"iceberg:sqlite:///{s['tmp'] / 'catalog.db'}#rb.w@{s3_url}/warehouse",
+    }
+    s["spec"].write_text(spec_text(str(s["tmp"] / "in"), "", tables))
     cp = connect(s["env"]["RIVERBED_CONTROL"])
     end = "2026-01-01T03:00"
     first = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
@@ -66,6 +70,12 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
     assert_same(got, whole.rows.toPandas(), exact=True)  # cumulative values carried over
     published = [kv.version for kv in cp.get_prefix(b"riverbed/timerange/sensors/chunks/")]
     assert published == [1] * CHUNKS, "a chunk was published more than once"
+    lake = partition_table(tables["rows"], "sensors")
+    assert_same(lake.read().to_pandas().drop(columns=PARTITION), got, exact=True)
+    windows = partition_table(tables["windows_30m"], "sensors").read()
+    assert windows.num_rows == sum(
+        pq.read_metadata(io.BytesIO(store.get(i.key))).num_rows for i in store.list("windows_30m/")
+    )
 
     env = {**s["env"], **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
@@ -90,8 +100,8 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
         f"{s3_url}/output/sensors",
     )
     reset = cli("reset", str(s["spec"]), "--output", "--checkpoints", s3_url)
-    assert f"{s3_url}/output/sensors deleted" in reset.stdout
-    assert store.list("") == []
+    assert f"{s3_url}/output/sensors deleted and 2 table(s) dropped" in reset.stdout
+    assert store.list("") == [] and open_store(f"{s3_url}/lake").list("") == []
 
 
 def test_a_job_reads_its_hourly_input_from_the_bucket_through_s3a(
@@ -106,7 +116,7 @@ def test_a_job_reads_its_hourly_input_from_the_bucket_through_s3a(
     for path in sorted(local.rglob("*")):
         if path.is_file():
             store.put(path.relative_to(local).as_posix(), path.read_bytes())
-    s["spec"].write_text(SPEC.format(input=f"{s3_url}/in", output="").replace("output='', ", ""))
+    s["spec"].write_text(spec_text(f"{s3_url}/in", ""))
     cp = connect(s["env"]["RIVERBED_CONTROL"])
     driver = Driver(load_spec(s["spec"], s3_url), cp, lambda: spark, ttl=5)
     assert driver.run("2026-01-01", "2026-01-01T02:00").done == 4

@@ -47,9 +47,15 @@ job = TimeRangeJob(
              Cumulative("value", ["sum", "count"])],
     tumbling=[Tumbling("30min", "value", ["mean"])],
     output={output!r}, chunk="30m",
-    tables={{"rows": {delta!r}, "windows_30m": {iceberg!r}}},
+    tables={tables!r},
 )
 """
+
+
+def spec_text(input: str, output: str, tables: dict[str, str] | None = None) -> str:
+    """The job's spec file: ``output`` "" for none (it follows the checkpoints)."""
+    text = SPEC.format(input=input, output=output, tables=tables or {})
+    return text.replace("output='', ", "")
 
 
 @pytest.fixture
@@ -68,14 +74,11 @@ def setup(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, Any]:
         part = frame[(frame.ts >= lo) & (frame.ts < lo + pd.Timedelta(hours=1))]
         write_input(tmp_path / "in" / f"hour={lo:%Y-%m-%dT%H}", part)
     spec = tmp_path / "sensors.py"
-    spec.write_text(
-        SPEC.format(
-            input=str(tmp_path / "in"),
-            output=str(tmp_path / "out"),
-            delta=f"delta:{tmp_path / 'lake'}",
-            iceberg=f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.windows",
-        )
-    )
+    tables = {
+        "rows": f"delta:{tmp_path / 'lake'}",
+        "windows_30m": f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.windows",
+    }
+    spec.write_text(spec_text(str(tmp_path / "in"), str(tmp_path / "out"), tables))
     env = {
         **subprocess_env,
         "RIVERBED_CONTROL": f"sqlite:///{tmp_path / 'control.db'}",

@@ -76,6 +76,7 @@ class ChunkRunner:
         self.spark_config = spark_config
         self.catalog = Catalog(jobs_dir)
         self._spark: Any = None
+        self._bound: dict[str, str | None] = {}  # each job's table, as last recorded
 
     def spark(self) -> Any:
         if self._spark is None:
@@ -94,6 +95,9 @@ class ChunkRunner:
                 for name in [n for n in sys.modules if n == f"riverbed_jobs_{req['job']}"]:
                     del sys.modules[name]
                 loaded = self.catalog.get(req["job"])
+            if self._bound.get(req["job"], "") != loaded.spec.table:  # once per change
+                self.publication.bind_table(req["job"], loaded.spec.table)
+                self._bound[req["job"]] = loaded.spec.table
             ctx = Context(
                 chunk_id=chunk_id,
                 attempt=attempt,

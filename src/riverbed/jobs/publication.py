@@ -10,6 +10,8 @@ checkpoints are in a bucket (:mod:`riverbed.jobs.outputs` picks it)::
                                                      file; the body lists them
     <job>/chunk=<chunk>                              a view of the published attempt
                                                      (a symlink, on a directory only)
+    <job>/.table                                     the table the chunks are published
+                                                     to too, when the job names one
 
 and on the worker's own disk, under ``<home>/jobs``::
 
@@ -30,6 +32,17 @@ newer one's; :meth:`Publication.sweep` deletes what attempts older than the publ
 one left. Publishing is idempotent: any number of callers may publish the same attempt
 at once (the worker after a database error, an orchestrator finishing a crashed
 worker's leftovers); each returns whether that attempt is published.
+
+**A table.** A job with ``table="delta:…"`` or ``"iceberg:…"`` (:mod:`riverbed.tables`)
+has each chunk's published Parquet files as one partition (``chunk`` = the chunk id) of
+that table, replaced whole right after the marker makes the attempt current — so before
+DONE, like the files. The commit is fenced by the attempt number as the files are: it
+carries :func:`publish_version` (``2·attempt``), and a retraction empties the partition
+at :func:`retract_version` (``2·attempt + 1``); a table never goes back to a lower
+version, so a zombie's older attempt, or one retracted, cannot put its rows back. The
+executor records the job's table under ``<job>/.table`` before a chunk runs, so every
+publisher (a worker, an orchestrator finishing leftovers, a reaper retracting) finds it
+without loading the job's code.
 
 **Views.** On a directory, ``chunk=<id>`` shows the published attempt (the store's
 view: a symlink replaced by one rename), so readers outside riverbed globbing
@@ -54,13 +67,18 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import io
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from riverbed.storage import ObjectNotFoundError, ObjectStore
+
+if TYPE_CHECKING:
+    from riverbed.tables import PartitionTable
 
 __all__ = [
     "ATTEMPTS",
@@ -83,6 +101,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = ".attempts"  # hidden: globs of chunk=*, Spark and DuckDB readers skip it
 PUBLISHED = ".published"  # the create-only markers
+TABLE = ".table"  # the table the job's chunks are published to: riverbed.tables' spelling
 LAYOUT_STAMP = ".layout-markers"  # written once old-layout chunks have their markers
 
 
@@ -125,6 +144,24 @@ def markers_prefix(job: str, chunk_id: int) -> str:
 def marker_key(job: str, chunk_id: int, attempt: int) -> str:
     """An attempt's publication marker: its number, zero-padded, so names sort."""
     return f"{markers_prefix(job, chunk_id)}{attempt:020d}"
+
+
+def table_key(job: str) -> str:
+    """Where the table a job's chunks are published to is named (hidden, like
+    ``.attempts``)."""
+    return f"{job}/{TABLE}"
+
+
+def publish_version(attempt: int) -> int:
+    """The version a chunk's partition is replaced at when ``attempt`` publishes: above
+    every older attempt's retraction, below this attempt's."""
+    return 2 * attempt
+
+
+def retract_version(attempt: int) -> int:
+    """The version a chunk's partition is emptied at when ``attempt`` (and those before
+    it) is retracted: above its publication, below every newer attempt's."""
+    return 2 * attempt + 1
 
 
 def staging_root(home: Path) -> Path:
@@ -319,8 +356,15 @@ class Publication:
     def publish(self, job: str, chunk_id: int, attempt: int) -> bool:
         """Make attempt ``attempt``'s staged output the chunk's published output. True if
         it is the published one when this returns (its view in place, where the store
-        keeps views); False if it staged nothing or a newer attempt published first (then
-        its own objects are removed)."""
+        keeps views, and its partition in the job's table, where the job has one); False
+        if it staged nothing or a newer attempt published first (then its own objects
+        are removed)."""
+        published = self._publish_files(job, chunk_id, attempt)
+        if published:
+            self._to_table(job, chunk_id, attempt)
+        return published
+
+    def _publish_files(self, job: str, chunk_id: int, attempt: int) -> bool:
         current = self.published_attempt(job, chunk_id)
         if current is not None and current >= attempt:
             if current > attempt:
@@ -374,7 +418,60 @@ class Publication:
             self._show(job, chunk_id)  # before the objects go: a reader's view never dangles
         for older in retracted:
             self._drop_objects(job, chunk_id, older)
+        table = self.table(job)
+        if table is not None:  # emptied, so a stale publisher of these attempts cannot win
+            import pyarrow as pa
+
+            table.replace(str(chunk_id), pa.table({}), retract_version(attempt))
         shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
+
+    # -- the job's table ----------------------------------------------------------------
+
+    def bind_table(self, job: str, table: str | None) -> None:
+        """Record the table ``job``'s chunks are published to (its spec's ``table``;
+        None: none), where every publisher reads it (:meth:`table`) — the executor that
+        runs a chunk of the job records it before the chunk runs."""
+        key = table_key(job)
+        if table is None:
+            if self.store.exists(key):
+                self.store.delete(key)
+            return
+        try:
+            if self.store.get(key).decode() == table:
+                return
+        except ObjectNotFoundError:
+            pass
+        self.store.put(key, table.encode())
+
+    def table(self, job: str) -> PartitionTable | None:
+        """The table ``job``'s chunks are published to, or None."""
+        try:
+            text = self.store.get(table_key(job)).decode()
+        except ObjectNotFoundError:
+            return None
+        from riverbed.tables import partition_table
+
+        return partition_table(text, job)
+
+    def _to_table(self, job: str, chunk_id: int, attempt: int) -> None:
+        """Replace the chunk's partition of the job's table by the Parquet files of its
+        published attempt, at :func:`publish_version` (a re-publication, or an older
+        attempt after a newer one, writes nothing)."""
+        table = self.table(job)
+        if table is None:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        names = self._names(job, chunk_id, attempt) or []
+        prefix = attempt_prefix(job, chunk_id, attempt)
+        parts = [
+            pq.read_table(io.BytesIO(self.store.get(prefix + n)))
+            for n in names
+            if n.endswith(".parquet")
+        ]
+        rows = pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
+        table.replace(str(chunk_id), rows, publish_version(attempt))
 
     def sweep(self, job: str) -> int:
         """Delete the objects of attempts older than their chunk's published attempt

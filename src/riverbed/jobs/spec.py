@@ -223,9 +223,17 @@ class Job:
     kind: Kind = "python"
     bisect: bool = False
     description: str = ""
+    table: str | None = None
 
     def __post_init__(self) -> None:
         where = f"job '{self.name}'" if self.name else "job"
+        if self.table is not None:  # each chunk's Parquet files: a partition of it
+            from riverbed.tables import TableNameError, parse_table
+
+            try:
+                parse_table(self.table, "table")
+            except TableNameError as exc:
+                raise SpecError(f"{where}: {exc}") from None
         if not callable(self.main):
             raise SpecError(f"{where}: main must be a function main(ctx, work_ids, **kwargs)")
         if self.chunk_size is not None and (
