@@ -152,14 +152,38 @@ def test_the_engine_tests_pass_over_spark_connect(
     env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
     ids = _engine_test_ids(tuple(sorted(env.items())))
     assert len(ids) >= 50  # the whole module was collected
-    mine = ids[shard::SHARDS]
+    _pass_over_connect(connect_url, env, ids[shard::SHARDS])
+
+
+def test_a_rescale_over_spark_connect_moves_the_state_in_spark_tasks(
+    connect_url: str, subprocess_env: dict[str, str]
+) -> None:
+    """The rescale tests that move state as Spark tasks, with their ``spark`` fixture a
+    Connect client: the move (riverbed.spark.tasks.shuffle_job over Connect) writes
+    what the driver would, and aggregations rescaled 3 → 5 → 2 equal the oracle."""
+    env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
+    module = "tests/stream/test_rescale.py"
+    _pass_over_connect(
+        connect_url,
+        env,
+        [
+            f"{module}::test_the_move_as_spark_tasks_writes_what_the_driver_would",
+            f"{module}::test_rescaling_3_to_5_to_2_equals_the_oracle[colocated]",
+            f"{module}::test_rescaling_3_to_5_to_2_equals_the_oracle[shuffled]",
+        ],
+    )
+
+
+def _pass_over_connect(url: str, env: dict[str, str], ids: list[str]) -> None:
+    """Run the tests ``ids`` in a process of their own whose ``spark`` fixture is a
+    Connect client of ``url``; every one of them must pass."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         *mine],
-        env={**env, "RIVERBED_TEST_SPARK_REMOTE": connect_url}, cwd=ROOT,
+         *ids],
+        env={**env, "RIVERBED_TEST_SPARK_REMOTE": url}, cwd=ROOT,
         capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     tail = done.stdout[-4000:]
     assert done.returncode == 0, tail + done.stderr[-2000:]
-    passed = re.search(rf"\b{len(mine)} passed\b", tail)
+    passed = re.search(rf"\b{len(ids)} passed\b", tail)
     assert passed and "failed" not in tail and "skipped" not in tail, tail

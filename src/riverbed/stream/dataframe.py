@@ -62,7 +62,7 @@ def _generation(
 ) -> rescale.Generation:
     """The state generation batches use: the current one, or — ``state_partitions``
     changed, as ``stream plan`` said — a new one the state is moved to now (in Spark
-    tasks on a classic session)."""
+    tasks)."""
     now = rescale.current(checkpoint, spec.state_partitions)
     if now.partitions == spec.state_partitions:
         return now
@@ -74,7 +74,7 @@ def _generation(
         now,
         spec.state_partitions,
         fence,
-        spark=None if is_connect(spark) else spark,
+        spark=spark,
     )
 
 

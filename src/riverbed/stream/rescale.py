@@ -301,20 +301,25 @@ def _copy_on_spark(
         os.getpid(),
     )
     fence()
-    sc = spark.sparkContext
-    sc.setJobDescription(
-        f"riverbed: state {source.namespace} moved to {target.partitions} partitions"
+    from riverbed.spark import tasks
+
+    def merge(q: int, values: Iterator[tuple[bytes, bytes]]) -> tuple[int, int]:
+        return next(task.write(q, ((q, kv) for kv in values)))
+
+    tasks.describe(
+        spark, f"riverbed: state {source.namespace} moved to {target.partitions} partitions"
     )
     try:
-        counts = (
-            sc.parallelize(range(source.partitions), source.partitions)
-            .flatMap(task.read)
-            .partitionBy(target.partitions, lambda q: q)
-            .mapPartitionsWithIndex(task.write)
-            .collect()
+        counts, _ = tasks.shuffle_job(
+            spark,
+            list(range(source.partitions)),
+            None,
+            lambda p: [] if p is None else list(task.read(p)),
+            target.partitions,
+            merge,
         )
     finally:
-        sc.setJobDescription(None)  # the batches' jobs after it describe themselves
+        tasks.describe(spark, None)  # the batches' jobs after it describe themselves
     return sum(n for n, _ in counts), sum(b for _, b in counts)
 
 
@@ -331,7 +336,7 @@ def copy(
     ``target``'s version; a target partition that holds that version already (written
     before a kill) is skipped. Returns the entries and bytes copied. The rescale's
     move, a savepoint and a restore from one (:mod:`riverbed.stream.savepoints`).
-    ``spark`` (a classic session; not with ``value``): in parallel Spark tasks, one per
+    ``spark`` (a classic or Connect session; not with ``value``): in parallel Spark tasks, one per
     old partition and one per new one, else in this process, one partition after
     another. ``fence`` is called where each new partition is written: with ``spark``,
     in a task (so it must pickle: :func:`riverbed.stream.fencing.check_term`)."""
