@@ -17,6 +17,13 @@ sink gets the same batches, in a directory of this machine:
 
 Prints the median and the last-five median milliseconds per batch of each, and each
 table's cost as a multiple of the Parquet result table's (below 1 would be cheaper).
+
+Then the same for **chunks published as partitions** (a time-range job's ``tables=``,
+a job's ``table=``: ``riverbed.tables``): ``--batches`` chunks of ``--rows`` rows, each
+published as a time-range output publishes it (a Parquet file staged, then moved into
+place — the baseline), and as one partition replaced whole in a Delta table and in an
+Iceberg table (the chunk's version in the same commit); the last fifth of the chunks are
+reruns of earlier ones (a partition replaced, not added).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import pandas as pd
 from riverbed.stream import Aggregation, Count, Max, Sum, Tumbling
 from riverbed.stream.lakehouse import DeltaSink, IcebergSink
 from riverbed.stream.results import output_arrow_schema, write_output
+from riverbed.tables import partition_table
+from riverbed.timerange.output import TimeRangeOutput
 
 SPEC = Aggregation(
     name="bench", key="flag", time="ts", window=Tumbling("1h"), watermark="2h",
@@ -105,6 +114,57 @@ def main() -> None:
         median, tail = statistics.median(ms), statistics.median(ms[-5:])
         ratio = median / statistics.median(base)
         print(f"{name:<22} {median:>10.1f} {tail:>10.1f} {ratio:>10.1f}")
+    chunk_partitions(args.rows, args.batches)
+
+
+def chunk_partitions(rows: int, count: int) -> None:
+    """Each chunk's cost as a file publication, a Delta and an Iceberg partition."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(11)
+    hour = 3_600_000_000
+    starts = [h * hour for h in range(count - count // 5)] + [h * hour for h in range(count // 5)]
+    tables = [
+        pa.table(
+            {
+                "sensor": rng.integers(0, 500, rows),
+                "ts": pa.array(
+                    [pd.Timestamp(start, unit="us", tz="UTC")] * rows, pa.timestamp("us", "UTC")
+                ),
+                "value_mean": rng.random(rows),
+            }
+        )
+        for start in starts
+    ]
+    with tempfile.TemporaryDirectory(prefix="rb-chunk-tables-") as scratch:
+        root = Path(scratch)
+        output = TimeRangeOutput(str(root / "out"))
+        delta = partition_table(f"delta:{root / 'lake'}", "bench")
+        iceberg = partition_table(f"iceberg:sqlite:///{root / 'catalog.db'}#bench.rows", "bench")
+        from riverbed.timerange.plan import chunk_label
+
+        def publish(i: int, table: pa.Table) -> None:
+            output.stage(f"t{i}", "rows", table)
+            output.publish(f"t{i}", starts[i])
+
+        ways: dict[str, Callable[[int, pa.Table], object]] = {
+            "file (stage + move)": publish,
+            "delta partition": lambda i, t: delta.replace(chunk_label(starts[i]), t, i + 1),
+            "iceberg partition": lambda i, t: iceberg.replace(chunk_label(starts[i]), t, i + 1),
+        }
+        results = {name: timed(way, tables) for name, way in ways.items()}
+        held = delta.read().num_rows, iceberg.read().num_rows
+    assert held[0] == held[1] == (count - count // 5) * rows, held
+    base = statistics.median(results["file (stage + move)"])
+    print()
+    print(
+        f"{count} chunks of {rows:,} rows published (the last {count // 5} reruns); "
+        f"the tables end with {held[0]:,} rows"
+    )
+    print(f"{'chunk published as':<22} {'median ms':>10} {'last 5 ms':>10} {'x file':>10}")
+    for name, ms in results.items():
+        median, tail = statistics.median(ms), statistics.median(ms[-5:])
+        print(f"{name:<22} {median:>10.1f} {tail:>10.1f} {median / base:>10.1f}")
 
 
 if __name__ == "__main__":
