@@ -418,6 +418,70 @@ def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
 
 @pytest.mark.kafka
 @pytest.mark.spark
+def test_avro_values_in_a_registrys_framing_aggregate_as_plain_ones(
+    kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
+) -> None:
+    """Values as a schema registry's Avro serializer writes them (Confluent's wire
+    format: a zero byte, the schema id in 4 bytes big-endian, the datum — framed here by
+    hand around fastavro's datum), read with ``schema_id`` and the schema registered
+    under it: the same windows as plain values; one framed with another id, one not
+    framed and a header alone are malformed."""
+    import io
+    import struct
+
+    import fastavro
+    from confluent_kafka import Producer
+
+    spec = _hourly("framed_clicks")
+    events = make_events(1500, hours=3, seed=13)
+    kafka_server.create_topic(kafka_topic, partitions=3)
+    parsed = fastavro.parse_schema(AVRO)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap})
+    epoch_ms = events["ts"].astype("int64") // 1_000_000
+    datum = b""
+    for i, (u, f, a, ms) in enumerate(
+        zip(events["user_id"], events["flag"], events["amount"], epoch_ms, strict=True)
+    ):
+        out = io.BytesIO()
+        record = {"user_id": int(u), "flag": f, "amount": float(a), "ts": int(ms)}
+        fastavro.schemaless_writer(out, parsed, record)
+        datum = out.getvalue()
+        framed = struct.pack(">bI", 0, 300) + datum
+        producer.produce(kafka_topic, key=f, value=framed, partition=i % 3)
+    for bad in (struct.pack(">bI", 0, 301) + datum, datum, struct.pack(">bI", 0, 300)):
+        producer.produce(kafka_topic, value=bad, partition=1)
+    assert producer.flush(30) == 0
+
+    source = {
+        "kafka": {
+            "bootstrap": kafka_server.bootstrap,
+            "topic": kafka_topic,
+            "format": "avro",
+            "schema": AVRO,
+            "schema_id": 300,
+            "options": {"maxOffsetsPerTrigger": "700"},
+        }
+    }
+    _run_once(spark, spec, source, tmp_path)
+    _assert_results(tmp_path / "out", events)
+    batches = open_batches(tmp_path / "ckpt")
+    records = [batches.get(b) for b in batches.ids()]
+    assert sum(r.malformed or 0 for r in records if r is not None) == 3
+    assert sum(r.input or 0 for r in records if r is not None) == len(events) + 3
+
+
+def test_a_schema_id_is_for_avro_values_and_a_whole_number() -> None:
+    framed = parse({"kafka": {**GOOD, "format": "avro", "schema": AVRO, "schema_id": 7}})
+    assert framed.schema_id == 7
+    with pytest.raises(KafkaSourceError, match="it needs format 'avro'"):
+        parse({"kafka": {**GOOD, "schema_id": 7}})
+    for bad in (-1, "7", True, 1.5):
+        with pytest.raises(KafkaSourceError, match="is not a registry's schema id"):
+            parse({"kafka": {**GOOD, "format": "avro", "schema": AVRO, "schema_id": bad}})
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
 def test_a_checkpoint_the_dataframe_path_started_stays_on_it(
     kafka_server: KafkaServer, kafka_topic: str, spark: Any, tmp_path: Path
 ) -> None:

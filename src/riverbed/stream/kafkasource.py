@@ -35,8 +35,11 @@ or the time) is *malformed*: counted, and sent to the aggregation's ``.dlq`` top
 Avro values are single Avro datums in Avro's binary encoding, read with the writer's
 schema given as ``schema`` (Avro's JSON, as text or a dict) by Spark's own ``from_avro``
 (``spark-avro`` from the jar cache); ``timestamp-millis``/``-micros`` fields are
-timestamps. Values framed for a schema registry (Confluent's 5-byte header) are not
-read: the schema would have to come from the registry.
+timestamps. Values framed for a schema registry (Confluent's wire format: a zero byte,
+the schema id in 4 bytes, then the datum) are read with ``"schema_id": N`` and the
+schema registered under N given as ``schema``: a value framed with another id, or not
+framed, is malformed. riverbed does not fetch schemas from a registry (none can run
+where it is tested: docs/kafka.md).
 
 :func:`parse` is the pure part (every bad option is one :class:`KafkaSourceError` that
 names the fix); :func:`frame` builds the streaming DataFrame; :func:`check` asks the
@@ -77,7 +80,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("json", "avro", "raw")
 SCHEME = "kafka://"  # a Kafka source's label: kafka://<bootstrap>/<topic>
-_KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options"}
+_KNOWN = {"bootstrap", "topic", "schema", "format", "startingOffsets", "options", "schema_id"}
 # options riverbed sets itself: a user's would silently change what a batch reads
 _OWNED = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers"}
 
@@ -94,6 +97,7 @@ class KafkaSource:
     format: str = "json"
     starting_offsets: str = "earliest"
     options: Mapping[str, str] = field(default_factory=dict)
+    schema_id: int | None = None  # avro: values in a registry's framing, of this schema id
 
     @property
     def label(self) -> str:
@@ -221,6 +225,18 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
             "a raw Kafka source has the columns key, value and ts (Kafka's timestamp); "
             "drop 'schema', or use format 'json'"
         )
+    schema_id = raw.get("schema_id")
+    if schema_id is not None:
+        if fmt != "avro":
+            raise KafkaSourceError(
+                "'schema_id' reads Avro values framed for a schema registry (Confluent's "
+                "magic byte and schema id ahead of the datum): it needs format 'avro'"
+            )
+        if isinstance(schema_id, bool) or not isinstance(schema_id, int) or schema_id < 0:
+            raise KafkaSourceError(
+                f"'schema_id' {schema_id!r} is not a registry's schema id: give the whole "
+                "number the registry gave the schema (its writers frame each value with it)"
+            )
     options = raw.get("options", {})
     if not isinstance(options, Mapping):
         raise KafkaSourceError("Kafka 'options' must be a dict of Spark Kafka options")
@@ -237,6 +253,7 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
         format=fmt,
         starting_offsets=str(raw.get("startingOffsets", "earliest")),
         options={str(k): str(v) for k, v in options.items()},
+        schema_id=schema_id,
     )
 
 
@@ -462,7 +479,13 @@ def frame(spark: Any, source: KafkaSource, required: list[str] | None = None) ->
         _require_spark_avro()
         from pyspark.sql.avro.functions import from_avro
 
-        decoded = from_avro(F.col("value"), source.schema, {"mode": "PERMISSIVE"})
+        datum = F.col("value")
+        if source.schema_id is not None:  # magic byte 0, the id (4 bytes, big-endian)
+            framed = (F.length(datum) >= 5) & (
+                F.hex(F.substring(datum, 1, 5)) == f"00{source.schema_id:08X}"
+            )
+            datum = F.when(framed, F.expr("substring(value, 6)"))
+        decoded = from_avro(datum, source.schema, {"mode": "PERMISSIVE"})
         fields = [f["name"] for f in json.loads(source.schema)["fields"]]
         columns = records.select(
             F.base64("value").alias("_value"), decoded.alias("_parsed"), *meta
