@@ -318,3 +318,27 @@ def test_a_metric_added_after_retention_says_which_windows_miss_events(
         in_sql = pd.read_sql("SELECT * FROM flags", conn)
     for table in (in_sql, DeltaSink(lake).read()):
         assert len(table) == len(got) and table["total_since"].notna().sum() == marked.sum()
+
+    # a fork from a savepoint keeps the mark: its windows say what the original's say
+    from riverbed.state import StateConfig
+    from riverbed.stream import savepoints
+
+    state = StateConfig(local_dir=tmp_path / "local", durable=tmp_path / "ckpt" / "state")
+    saved = savepoints.take(tmp_path / "ckpt", tmp_path / "out", state, "flags", False, "cut")
+    assert saved.since == held
+    fork = start(
+        spark,
+        dataclasses.replace(added, name="fork"),
+        source_for(spark, url, "colocated"),
+        checkpoint=tmp_path / "fork",
+        output=tmp_path / "fork-out",
+        log_url=url,
+        trigger={"availableNow": True},
+        from_savepoint=(tmp_path / "ckpt", "cut"),
+    )
+    fork.awaitTermination(300)
+    assert fork.exception() is None, fork.exception()
+    forked = read_results(tmp_path / "fork-out")
+    assert len(forked) == len(got)
+    assert forked["total_since"].notna().sum() == marked.sum()
+    assert since(tmp_path / "fork", dataclasses.replace(added, name="fork"), (), None) == held

@@ -38,7 +38,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,9 @@ class Savepoint:
     riverbed: str
     created: str
     rows: bool  # whether result rows are stored beside the record
+    # per backfilled metric, the newest event time retention may have deleted before it
+    # was counted (riverbed.stream.backfill.since): a fork's `<metric>_since` keeps it
+    since: dict[str, int] = field(default_factory=dict)
     format: int = FORMAT
 
     @property
@@ -240,6 +243,7 @@ def take(
         riverbed=__version__,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         rows=rows,
+        since={m: t for g in gens for m, t in g.since if t is not None},
     )
     if not store.put_if_absent(
         savepoint_key(name), json.dumps(savepoint.to_json(), indent=1).encode()
@@ -323,7 +327,9 @@ def restore(
     # the restore, unfinished, moves state before batch r is committed)
     if not (old.from_version == r + 1 and old.number > 0):
         # its spec is the restore batch's (its record names the savepoint's shape)
-        new = rescale.Generation(old.number + 1, savepoint.state_partitions, r + 1)
+        new = rescale.Generation(
+            old.number + 1, savepoint.state_partitions, r + 1, since=tuple(savepoint.since.items())
+        )
         source = StateProvider(replace(state, durable=savepoint.durable))
         entries, _ = rescale.copy(
             rescale.Place(
