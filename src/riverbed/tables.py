@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,6 +106,17 @@ def delta_location(location: str | Path) -> str:
     """What delta-rs opens: a path as given, ``file://`` dropped."""
     text = str(location)
     return text[len("file://") :] if text.startswith("file://") else text
+
+
+def open_delta(uri: str, options: dict[str, str] | None) -> Any:
+    """The Delta table at ``uri`` (delta-rs), or None when there is none yet."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(uri, storage_options=options)
+    except TableNotFoundError:
+        return None
 
 
 def delta_options(uri: str) -> dict[str, str] | None:
@@ -233,6 +245,25 @@ def partition_table(text: str, owner: str) -> PartitionTable:
     return IcebergPartitions(name.where, name.table, name.warehouse, owner)
 
 
+def _decided(
+    attempt: Callable[[], bool],
+    conflicts: tuple[type[Exception], ...],
+    table: str,
+    partition: str,
+) -> bool:
+    """``attempt()`` (read the table, decide, commit) until it does not lose the table's
+    optimistic check to another writer: then it reads again and decides again."""
+    for _ in range(COMMIT_TRIES):
+        try:
+            return attempt()
+        except conflicts as exc:
+            log.info("%s: partition %s: %s; reading again", table, partition, exc)
+    raise TableError(
+        f"{table}: partition {partition} lost the table's concurrency check "
+        f"{COMMIT_TRIES} times in a row; is another job writing it?"
+    )
+
+
 def _with_partition(rows: pa.Table, partition: str) -> pa.Table:
     if PARTITION in rows.column_names:
         raise TableError(
@@ -272,13 +303,7 @@ class DeltaPartitions:
         return f"riverbed:{self.owner}:{partition}"
 
     def _table(self) -> Any:
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.uri, storage_options=self.options)
-        except TableNotFoundError:
-            return None
+        return open_delta(self.uri, self.options)
 
     def version(self, partition: str, table: Any = None) -> int | None:
         table = self._table() if table is None else table
@@ -293,30 +318,25 @@ class DeltaPartitions:
 
         data = _with_partition(rows, partition)
         commit = CommitProperties(app_transactions=[Transaction(self._app(partition), version)])
-        for _ in range(COMMIT_TRIES):
+
+        def attempt() -> bool:
             table = self._table()
             held = self.version(partition, table)
             if held is not None and held >= version:
                 return False
-            try:
-                write_deltalake(
-                    self.uri if table is None else table,  # its version: what it read
-                    data,
-                    partition_by=[PARTITION],
-                    mode="overwrite",
-                    predicate=_literal(partition),
-                    schema_mode="merge" if table is not None else None,
-                    storage_options=self.options,
-                    commit_properties=commit,
-                )
-            except CommitFailedError as exc:  # another writer committed first: decide again
-                log.info("delta %s: partition %s: %s; reading again", self.uri, partition, exc)
-                continue
+            write_deltalake(
+                self.uri if table is None else table,  # its version: what it read
+                data,
+                partition_by=[PARTITION],
+                mode="overwrite",
+                predicate=_literal(partition),
+                schema_mode="merge" if table is not None else None,
+                storage_options=self.options,
+                commit_properties=commit,
+            )
             return True
-        raise TableError(
-            f"Delta table {shown(self.uri)}: partition {partition} lost the table's "
-            f"concurrency check {COMMIT_TRIES} times in a row; is another job writing it?"
-        )
+
+        return _decided(attempt, (CommitFailedError,), f"Delta table {shown(self.uri)}", partition)
 
     def read(self) -> pa.Table:
         table = self._table()
@@ -390,7 +410,8 @@ class IcebergPartitions:
 
         _literal(partition)
         data = _with_partition(rows, partition)
-        for _ in range(COMMIT_TRIES):
+
+        def attempt() -> bool:
             table = self._table(data.schema)
             held = self.version(partition, table)
             if held is not None and held >= version:
@@ -401,23 +422,18 @@ class IcebergPartitions:
                 with table.update_schema() as update:
                     update.union_by_name(pa.schema(new))
                 table = table.refresh()
-            try:
-                with warnings.catch_warnings(), table.transaction() as tx:
-                    # a partition replaced for the first time: "did not match any records"
-                    warnings.simplefilter("ignore", UserWarning)
-                    tx.set_properties({self._key(partition): str(version)})
-                    tx.overwrite(
-                        _as_table_columns(data, table.schema().as_arrow()),
-                        overwrite_filter=ex.EqualTo(PARTITION, partition),
-                    )
-            except (CommitFailedException, ValidationException) as exc:
-                log.info("iceberg %s: partition %s: %s; again", self.identifier, partition, exc)
-                continue
+            with warnings.catch_warnings(), table.transaction() as tx:
+                # a partition replaced for the first time: "did not match any records"
+                warnings.simplefilter("ignore", UserWarning)
+                tx.set_properties({self._key(partition): str(version)})
+                tx.overwrite(
+                    _as_table_columns(data, table.schema().as_arrow()),
+                    overwrite_filter=ex.EqualTo(PARTITION, partition),
+                )
             return True
-        raise TableError(
-            f"Iceberg table {self.identifier}: partition {partition} lost the catalog's "
-            f"concurrency check {COMMIT_TRIES} times in a row; is another job writing it?"
-        )
+
+        conflicts = (CommitFailedException, ValidationException)
+        return _decided(attempt, conflicts, f"Iceberg table {self.identifier}", partition)
 
     def read(self) -> pa.Table:
         table = self._table()

@@ -377,43 +377,9 @@ def test_an_aggregation_of_avro_values_equals_pandas_and_counts_the_undecodable(
 ) -> None:
     """Values encoded by fastavro (not by Spark) with the writer's schema; a value that
     is not a datum of it is malformed, not a failed batch."""
-    import io
-
-    import fastavro
-    from confluent_kafka import Producer
-
-    spec = _hourly("avro_clicks")
-    events = make_events(2000, hours=4, seed=11)
-    kafka_server.create_topic(kafka_topic, partitions=3)
-    parsed = fastavro.parse_schema(AVRO)
-    producer = Producer({"bootstrap.servers": kafka_server.bootstrap})
-    epoch_ms = events["ts"].astype("int64") // 1_000_000
-    for i, (u, f, a, ms) in enumerate(
-        zip(events["user_id"], events["flag"], events["amount"], epoch_ms, strict=True)
-    ):
-        out = io.BytesIO()
-        record = {"user_id": int(u), "flag": f, "amount": float(a), "ts": int(ms)}
-        fastavro.schemaless_writer(out, parsed, record)
-        producer.produce(kafka_topic, key=f, value=out.getvalue(), partition=i % 3)
-    for bad in (b"", b"\xff"):  # nothing to decode; a varint cut short
-        producer.produce(kafka_topic, value=bad, partition=0)
-    assert producer.flush(30) == 0
-
-    source = {
-        "kafka": {
-            "bootstrap": kafka_server.bootstrap,
-            "topic": kafka_topic,
-            "format": "avro",
-            "schema": json.dumps(AVRO),
-            "options": {"maxOffsetsPerTrigger": "800"},
-        }
-    }
-    _run_once(spark, spec, source, tmp_path)
-    _assert_results(tmp_path / "out", events)
-    batches = open_batches(tmp_path / "ckpt")
-    records = [batches.get(b) for b in batches.ids()]
-    assert sum(r.malformed or 0 for r in records if r is not None) == 2
-    assert sum(r.input or 0 for r in records if r is not None) == len(events) + 2
+    source = {"format": "avro", "schema": json.dumps(AVRO)}
+    bad = [b"", b"\xff"]  # nothing to decode; a varint cut short
+    _avro_run(kafka_server, kafka_topic, spark, tmp_path, source, lambda d: d, bad)
 
 
 @pytest.mark.kafka
@@ -426,48 +392,63 @@ def test_avro_values_in_a_registrys_framing_aggregate_as_plain_ones(
     hand around fastavro's datum), read with ``schema_id`` and the schema registered
     under it: the same windows as plain values; one framed with another id, one not
     framed and a header alone are malformed."""
-    import io
     import struct
 
+    def framed(datum: bytes, schema_id: int = 300) -> bytes:
+        return struct.pack(">bI", 0, schema_id) + datum
+
+    datum = _avro_datum({"user_id": 1, "flag": "x", "amount": 1.5, "ts": 0})
+    bad = [framed(datum, 301), datum, framed(b"")]
+    source = {"format": "avro", "schema": AVRO, "schema_id": 300}
+    _avro_run(kafka_server, kafka_topic, spark, tmp_path, source, framed, bad)
+
+
+def _avro_datum(record: dict[str, Any]) -> bytes:
+    """``record`` as one Avro datum of :data:`AVRO`, encoded by fastavro (not Spark)."""
+    import io
+
     import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(AVRO), record)
+    return out.getvalue()
+
+
+def _avro_run(
+    kafka_server: KafkaServer,
+    topic: str,
+    spark: Any,
+    tmp_path: Path,
+    source: dict[str, Any],
+    frame: Any,
+    bad: list[bytes],
+) -> None:
+    """Events as Avro datums (each ``frame``d) and the ``bad`` values, aggregated from
+    the topic through ``source``: every window equals pandas', each bad value is
+    malformed (counted), none fails a batch."""
     from confluent_kafka import Producer
 
-    spec = _hourly("framed_clicks")
-    events = make_events(1500, hours=3, seed=13)
-    kafka_server.create_topic(kafka_topic, partitions=3)
-    parsed = fastavro.parse_schema(AVRO)
+    spec = _hourly("avro_clicks")
+    events = make_events(1500, hours=3, seed=11)
+    kafka_server.create_topic(topic, partitions=3)
     producer = Producer({"bootstrap.servers": kafka_server.bootstrap})
     epoch_ms = events["ts"].astype("int64") // 1_000_000
-    datum = b""
     for i, (u, f, a, ms) in enumerate(
         zip(events["user_id"], events["flag"], events["amount"], epoch_ms, strict=True)
     ):
-        out = io.BytesIO()
         record = {"user_id": int(u), "flag": f, "amount": float(a), "ts": int(ms)}
-        fastavro.schemaless_writer(out, parsed, record)
-        datum = out.getvalue()
-        framed = struct.pack(">bI", 0, 300) + datum
-        producer.produce(kafka_topic, key=f, value=framed, partition=i % 3)
-    for bad in (struct.pack(">bI", 0, 301) + datum, datum, struct.pack(">bI", 0, 300)):
-        producer.produce(kafka_topic, value=bad, partition=1)
+        producer.produce(topic, key=f, value=frame(_avro_datum(record)), partition=i % 3)
+    for value in bad:
+        producer.produce(topic, value=value, partition=1)
     assert producer.flush(30) == 0
-
-    source = {
-        "kafka": {
-            "bootstrap": kafka_server.bootstrap,
-            "topic": kafka_topic,
-            "format": "avro",
-            "schema": AVRO,
-            "schema_id": 300,
-            "options": {"maxOffsetsPerTrigger": "700"},
-        }
-    }
-    _run_once(spark, spec, source, tmp_path)
+    read = {"bootstrap": kafka_server.bootstrap, "topic": topic, **source}
+    read["options"] = {"maxOffsetsPerTrigger": "700"}
+    _run_once(spark, spec, {"kafka": read}, tmp_path)
     _assert_results(tmp_path / "out", events)
     batches = open_batches(tmp_path / "ckpt")
     records = [batches.get(b) for b in batches.ids()]
-    assert sum(r.malformed or 0 for r in records if r is not None) == 3
-    assert sum(r.input or 0 for r in records if r is not None) == len(events) + 3
+    assert sum(r.malformed or 0 for r in records if r is not None) == len(bad)
+    assert sum(r.input or 0 for r in records if r is not None) == len(events) + len(bad)
 
 
 def test_a_schema_id_is_for_avro_values_and_a_whole_number() -> None:

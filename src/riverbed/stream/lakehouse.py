@@ -26,7 +26,13 @@ import pyarrow as pa
 
 from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamError
-from riverbed.tables import TableError, delta_location, delta_options, iceberg_catalog
+from riverbed.tables import (
+    TableError,
+    delta_location,
+    delta_options,
+    iceberg_catalog,
+    open_delta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +62,7 @@ class DeltaSink:
         self.options = delta_options(self.uri)
 
     def _table(self) -> Any:
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            return DeltaTable(self.uri, storage_options=self.options)
-        except TableNotFoundError:
-            return None
+        return open_delta(self.uri, self.options)
 
     def committed(self, name: str, table: Any = None) -> int | None:
         """The newest batch id of aggregation ``name`` the table holds (None: none);
