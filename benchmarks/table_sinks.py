@@ -104,16 +104,11 @@ def main() -> None:
         }
         results = {name: timed(write, frames) for name, write in sinks.items()}
         rows = len(delta.read())
-    base = results["parquet result table"]
     print(
         f"{args.batches} batches of {args.rows:,} result rows (half new, half updated); "
         f"the tables end with {rows:,} rows"
     )
-    print(f"{'sink':<22} {'median ms':>10} {'last 5 ms':>10} {'x parquet':>10}")
-    for name, ms in results.items():
-        median, tail = statistics.median(ms), statistics.median(ms[-5:])
-        ratio = median / statistics.median(base)
-        print(f"{name:<22} {median:>10.1f} {tail:>10.1f} {ratio:>10.1f}")
+    report(results, "sink", "parquet result table", "x parquet")
     chunk_partitions(args.rows, args.batches)
 
 
@@ -155,13 +150,18 @@ def chunk_partitions(rows: int, count: int) -> None:
         results = {name: timed(way, tables) for name, way in ways.items()}
         held = delta.read().num_rows, iceberg.read().num_rows
     assert held[0] == held[1] == (count - count // 5) * rows, held
-    base = statistics.median(results["file (stage + move)"])
     print()
     print(
         f"{count} chunks of {rows:,} rows published (the last {count // 5} reruns); "
         f"the tables end with {held[0]:,} rows"
     )
-    print(f"{'chunk published as':<22} {'median ms':>10} {'last 5 ms':>10} {'x file':>10}")
+    report(results, "chunk published as", "file (stage + move)", "x file")
+
+
+def report(results: dict[str, list[float]], what: str, baseline: str, ratio: str) -> None:
+    """Each way's median and last-five median ms, and its median over the baseline's."""
+    base = statistics.median(results[baseline])
+    print(f"{what:<22} {'median ms':>10} {'last 5 ms':>10} {ratio:>10}")
     for name, ms in results.items():
         median, tail = statistics.median(ms), statistics.median(ms[-5:])
         print(f"{name:<22} {median:>10.1f} {tail:>10.1f} {median / base:>10.1f}")
