@@ -456,7 +456,7 @@ def test_a_schema_id_is_for_avro_values_and_a_whole_number() -> None:
     assert framed.schema_id == 7
     with pytest.raises(KafkaSourceError, match="it needs format 'avro'"):
         parse({"kafka": {**GOOD, "schema_id": 7}})
-    for bad in (-1, "7", True, 1.5):
+    for bad in (-1, 2**32, "7", True, 1.5):
         with pytest.raises(KafkaSourceError, match="is not a registry's schema id"):
             parse({"kafka": {**GOOD, "format": "avro", "schema": AVRO, "schema_id": bad}})
 

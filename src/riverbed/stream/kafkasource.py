@@ -232,7 +232,11 @@ def parse(source: Mapping[str, Any]) -> KafkaSource:
                 "'schema_id' reads Avro values framed for a schema registry (Confluent's "
                 "magic byte and schema id ahead of the datum): it needs format 'avro'"
             )
-        if isinstance(schema_id, bool) or not isinstance(schema_id, int) or schema_id < 0:
+        if (
+            isinstance(schema_id, bool)
+            or not isinstance(schema_id, int)
+            or not 0 <= schema_id < 2**32  # the framing's 4 bytes
+        ):
             raise KafkaSourceError(
                 f"'schema_id' {schema_id!r} is not a registry's schema id: give the whole "
                 "number the registry gave the schema (its writers frame each value with it)"
