@@ -96,6 +96,21 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_an_error_shows_its_brackets(tmp_path: Path) -> None:
+    """The console prints an error's text as text: a bracket in it (``[@WAREHOUSE]``,
+    ``['rows', …]``) is not taken for markup and dropped."""
+    spec = tmp_path / "job.py"
+    spec.write_text(
+        "from riverbed.jobs.timerange import ParquetInput, Rolling, TimeRangeJob\n"
+        "job = TimeRangeJob(input=ParquetInput('in'), key='k', time='ts',\n"
+        "    metrics=[Rolling('1h', 'v')], tables={'rows': 'delt:x'})\n"
+    )
+    out = run("timerange", "status", str(spec))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "tables['rows'] 'delt:x': write delta:PATH" in out.stderr, out.stderr
+    assert "namespace.table[@WAREHOUSE]" in out.stderr, out.stderr
+
+
 def test_corrupt_control_database_is_reported_and_left_alone(tmp_path: Path) -> None:
     bad = tmp_path / "control.db"
     bad.write_bytes(b"this is not sqlite" * 100)

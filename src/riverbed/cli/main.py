@@ -168,18 +168,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _call(args: argparse.Namespace, logfile: Path | None) -> int:
-    where = f" (Spark's and Java's output: {logfile})" if logfile else ""
+    from rich.markup import escape  # a message's own brackets are text, not markup
+
+    where = escape(f" (Spark's and Java's output: {logfile})") if logfile else ""
     try:
         code: int = args.func(args)
         return code
     except InvalidValueError as exc:  # the caller's input: exit 2, as for argparse
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except RiverbedError as exc:
-        err.print(f"[red]error:[/red] {exc}{where}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}{where}")
         return 1
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -193,7 +195,7 @@ def _call(args: argparse.Namespace, logfile: Path | None) -> int:
 
         with open(logfile, "a", encoding="utf-8") as f:
             traceback.print_exception(exc, file=f)
-        err.print(f"[red]error:[/red] {root_cause(exc)} (full trace: {logfile})")
+        err.print(f"[red]error:[/red] {escape(f'{root_cause(exc)} (full trace: {logfile})')}")
         return 1
 
 

@@ -221,7 +221,10 @@ def _status(args: argparse.Namespace) -> int:
         out.print(f"  rerun     {info['rerun'][0]} → {info['rerun'][1]} in progress")
     if info["last_error"]:
         e = info["last_error"]
-        out.print(f"  [red]last error[/red] {e['error']} (driver {e['driver']})")
+        from rich.markup import escape
+
+        said = escape(f"{e['error']} (driver {e['driver']})")
+        out.print(f"  [red]last error[/red] {said}")
     return 0
 
 
