@@ -402,6 +402,43 @@ def test_a_move_abandoned_before_its_switch_never_leaks_into_a_later_one(tmp_pat
         held.update(dict(store.scan()))
         store.abort()
     assert held == {window_key(3_600_000, k.encode()): b"v5" for k in keys}
+    # the abandoned attempt's partitions are deleted by the next retention pass, once
+    from riverbed.stream.rescale import Generation as G
+    from riverbed.stream.rescale import retire
+
+    left = G(1, 3, 3).namespace("agg")  # the killed move's (from version 3)
+    assert left in provider.namespaces() and left != new.namespace("agg")
+    assert retire(ckpt, provider, "agg", 0) == [left]
+    assert left not in provider.namespaces() and new.namespace("agg") in provider.namespaces()
+    assert "agg" in provider.namespaces()  # generation 0 still holds retained versions
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(1, 9)), min_size=1, max_size=4, unique=True),
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 9), st.integers(0, 9)), max_size=12),
+)
+def test_only_moves_killed_before_their_switch_are_abandoned(
+    recorded: list[tuple[int, int]], found: list[tuple[int, int, int]]
+) -> None:
+    """Of the namespaces in the state store: one of a recorded generation, a
+    savepoint's, another aggregation's or one of a number past the current one (a move
+    under way) is never abandoned; every other of this aggregation's is."""
+    from riverbed.stream.rescale import Generation, abandoned
+
+    gens = [Generation(0, 2)] + [
+        Generation(i + 1, parts, 10 * (i + 1)) for i, (parts, _) in enumerate(recorded)
+    ]
+    current = gens[-1].number
+    spaces = {g.namespace("agg") for g in gens} | {"agg.sp.before", "other.g1.2.v3", "agg2"}
+    spaces |= {Generation(n, p, v).namespace("agg") for n, p, v in found if n > 0}
+    got = set(abandoned(gens, "agg", spaces))
+    recorded_spaces = {g.namespace("agg") for g in gens}
+    want = {
+        Generation(n, p, v).namespace("agg")
+        for n, p, v in found
+        if 0 < n <= current and Generation(n, p, v).namespace("agg") not in recorded_spaces
+    }
+    assert got == want
 
 
 @pytest.mark.spark

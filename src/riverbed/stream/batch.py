@@ -248,12 +248,15 @@ def maintain(config: EngineConfig, batches: Batches, batch_id: int, sweep: bool 
         for partition in range(spec.state_partitions):
             provider.purge(config.namespace, partition, sweep_after=3600.0 if sweep else None)
         batches.prune(batch_id + 1 - config.state.retain_versions)
-        # a rescale's old state generation, once no retained version lives in it
+        # a rescale's old state generation, once no retained version lives in it, and
+        # what a move killed before its switch left
         for space in retire(
             config.checkpoint, provider, spec.name, batch_id + 1 - config.state.retain_versions
         ):
             log.info(
-                "state of %s: old generation %s deleted (retention passed it)", spec.name, space
+                "state of %s: old generation %s deleted (no retained version needs it)",
+                spec.name,
+                space,
             )
         if batch_id > 0:  # the batch before this one is committed: fold the table into it
             compact_output(config.output, spec, batch_id - 1)

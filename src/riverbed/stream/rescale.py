@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -49,6 +50,7 @@ __all__ = [
     "Change",
     "Generation",
     "Place",
+    "abandoned",
     "copy",
     "current",
     "failpoint",
@@ -148,20 +150,45 @@ def retired(gens: list[Generation], keep_from: int) -> list[Generation]:
     return [g for g, after in itertools.pairwise(gens) if after.from_version <= keep_from]
 
 
+def abandoned(gens: list[Generation], name: str, spaces: Iterable[str]) -> list[str]:
+    """The namespaces among ``spaces`` that a move of ``name`` began and never switched
+    to: of a generation number up to the current one's, yet no recorded generation's
+    (the move was killed before its switch, and the start after it moved to another
+    count or from a later version). A namespace of a number past the current one may be
+    a move under way, and is not among them."""
+    recorded = {g.namespace(name) for g in gens}
+    current = gens[-1].number
+    pattern = re.compile(rf"{re.escape(name)}\.g(\d+)\.\d+\.v\d+")
+    return sorted(
+        space
+        for space in spaces
+        if (found := pattern.fullmatch(space)) is not None
+        and int(found.group(1)) <= current
+        and space not in recorded
+    )
+
+
+_SWEPT: set[tuple[str, str, int]] = set()  # (checkpoint, name, generation) looked at
+
+
 def retire(checkpoint: str | Path, provider: StateProvider, name: str, keep_from: int) -> list[str]:
     """Delete the state of every :func:`retired` generation of ``name`` that is still
     there (the retention pass calls it: a rescale's old generation goes once retention
-    has moved past it); the namespaces deleted."""
-    old = retired(generations(checkpoint, 0), keep_from)
-    if not old:  # (most aggregations, every round: no listing of the durable state)
-        return []
+    has moved past it), and, once per process and generation, what a move killed before
+    its switch left (:func:`abandoned`); the namespaces deleted."""
+    gens = generations(checkpoint, 0)
+    old = retired(gens, keep_from)
+    seen = (str(checkpoint), name, gens[-1].number)
+    if not old and (gens[-1].number == 0 or seen in _SWEPT):
+        return []  # (most aggregations, every round: no listing of the durable state)
     held = set(provider.namespaces())
     gone = []
-    for generation in old:
-        space = generation.namespace(name)
+    for space in [g.namespace(name) for g in old] + abandoned(gens, name, held):
         if space in held:
             provider.drop(space)
+            held.discard(space)
             gone.append(space)
+    _SWEPT.add(seen)
     return gone
 
 
