@@ -110,3 +110,11 @@ def test_tables_name_datasets_the_job_writes_in_a_table_spelling() -> None:
         job(windows_1h="delta:/x")
     with pytest.raises(SpecError, match=r"tables\['rows'\] 'x.parquet': write delta:PATH"):
         job(rows="x.parquet")
+    with pytest.raises(SpecError, match="a column is named 'chunk'"):
+        TimeRangeJob(
+            input=ParquetInput("in"),
+            key="chunk",
+            time="ts",
+            metrics=[Rolling("1h", "v")],
+            tables={"rows": "delta:/x"},
+        )

@@ -421,8 +421,19 @@ class TimeRangeSpec:
             )
         if not self.tables:
             return
-        from riverbed.tables import TableNameError, parse_table
+        from riverbed.tables import PARTITION, TableNameError, parse_table
 
+        columns = [*self.keys, self.time] + [
+            n
+            for m in (*self.metrics, *self.tumbling)
+            if not isinstance(m, Custom)
+            for _, n in m.names()
+        ]
+        if PARTITION in columns:
+            raise SpecError(
+                f"{where}: a column is named {PARTITION!r}, the partition column of the "
+                "tables a job publishes to: rename it"
+            )
         known = self.datasets()
         for dataset, text in self.tables.items():
             if dataset not in known:
