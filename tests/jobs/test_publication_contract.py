@@ -192,6 +192,35 @@ def test_a_jobs_table_follows_its_model(
     assert p.pub.table(JOB) is None
 
 
+def test_a_table_that_cannot_be_written_now_is_a_storage_error_and_publishing_again_heals(
+    make: Any, tmp_path: Path
+) -> None:
+    """The job's table away (here: its catalog's directory cannot be opened): publishing
+    says so as a StorageError — what workers and the orchestrator retry — naming no
+    credential; the files are published all the same, and publishing the attempt again
+    once the table is back makes its commit."""
+    import pyarrow as pa
+
+    from riverbed.storage import StorageError
+
+    p = make()
+    away = tmp_path / "away"
+    p.pub.bind_table(JOB, f"iceberg:sqlite:///{away / 'catalog.db'}#jobs.out@{tmp_path / 'wh'}")
+    out = Output(staging_dir(p.home, 3, 1))
+    out.write_parquet("rows.parquet", pa.table({"x": [1, 2]}))
+    with pytest.raises(StorageError, match="the table of job 'j' cannot be written now"):
+        p.pub.publish(JOB, 3, 1)
+    assert p.pub.published_attempt(JOB, 3) == 1  # the files: published
+    away.mkdir()  # the table is back
+    assert p.pub.publish(JOB, 3, 1) is True
+    table = p.pub.table(JOB)
+    assert table is not None and table.read().column("x").to_pylist() == [1, 2]
+    p.pub.bind_table(JOB, "iceberg:postgresql://rb:s3cret@127.0.0.1:1/cat#jobs.out@/tmp/wh")
+    with pytest.raises(StorageError) as refused:
+        p.pub.retract(JOB, 3, 1)
+    assert "s3cret" not in str(refused.value)
+
+
 def test_readers_find_chunks_and_files_by_pattern(make: Any) -> None:
     p = make()
     for chunk in (3, 12):

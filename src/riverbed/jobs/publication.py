@@ -65,17 +65,20 @@ is written last). The contract every store passes is
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import io
 import json
 import logging
 import os
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from riverbed.storage import ObjectNotFoundError, ObjectStore
+from riverbed.storage import ObjectNotFoundError, ObjectStore, StorageError
 
 if TYPE_CHECKING:
     from riverbed.tables import PartitionTable
@@ -177,6 +180,22 @@ def staging_dir(home: Path, chunk_id: int, attempt: int) -> Path:
 def cache_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
     """Where this machine keeps its copy of an attempt's output read from a bucket."""
     return home / "jobs" / "cache" / job / attempt_name(chunk_id, attempt)
+
+
+@contextlib.contextmanager
+def _table_away(job: str) -> Iterator[None]:
+    """A job's table that cannot be written now (its catalog or bucket away, another
+    writer winning its check every time) is a :class:`StorageError`: the worker records
+    the chunk's end again later and publishes again (idempotent: the files are
+    published, the table commit is made then), the orchestrator retries at its next
+    round — neither stops."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        said = re.sub(r"(\w[\w+.-]*://)[^/@\s]+@", r"\1", str(exc))  # no credentials
+        raise StorageError(f"the table of job {job!r} cannot be written now: {said}") from exc
 
 
 def adopt_old_layout(store: ObjectStore) -> int:
@@ -418,12 +437,15 @@ class Publication:
             self._show(job, chunk_id)  # before the objects go: a reader's view never dangles
         for older in retracted:
             self._drop_objects(job, chunk_id, older)
-        table = self.table(job)
-        if table is not None:  # emptied, so a stale publisher of these attempts cannot win
-            import pyarrow as pa
-
-            table.replace(str(chunk_id), pa.table({}), retract_version(attempt))
         shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
+        if not self.store.exists(table_key(job)):  # (most jobs: one lookup, no table)
+            return
+        with _table_away(job):
+            table = self.table(job)
+            if table is not None:  # emptied: a stale publisher of these attempts cannot win
+                import pyarrow as pa
+
+                table.replace(str(chunk_id), pa.table({}), retract_version(attempt))
 
     # -- the job's table ----------------------------------------------------------------
 
@@ -457,8 +479,7 @@ class Publication:
         """Replace the chunk's partition of the job's table by the Parquet files of its
         published attempt, at :func:`publish_version` (a re-publication, or an older
         attempt after a newer one, writes nothing)."""
-        table = self.table(job)
-        if table is None:
+        if not self.store.exists(table_key(job)):  # (most jobs: one lookup, no table)
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -471,7 +492,10 @@ class Publication:
             if n.endswith(".parquet")
         ]
         rows = pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
-        table.replace(str(chunk_id), rows, publish_version(attempt))
+        with _table_away(job):
+            table = self.table(job)
+            if table is not None:
+                table.replace(str(chunk_id), rows, publish_version(attempt))
 
     def sweep(self, job: str) -> int:
         """Delete the objects of attempts older than their chunk's published attempt
