@@ -54,6 +54,7 @@ __all__ = [
     "iceberg_catalog",
     "parse_table",
     "partition_table",
+    "read_files_with_spark",
     "read_with_spark",
 ]
 
@@ -461,19 +462,26 @@ def read_with_spark(spark: Any, table: PartitionTable) -> Any:
     for this Spark yet: docs/stream.md, "Results as tables"). Delta keeps a partition's
     value in the files' folder names (``chunk=…/``), which Spark reads from below the
     table's root; Iceberg's files hold it."""
-    from riverbed.spark.s3a import configure_for, to_s3a
-
     root, files = table.files()
     if not files:
         raise TableError(f"{table!r} has no rows yet")
+    return read_files_with_spark(spark, files, root if isinstance(table, DeltaPartitions) else None)
+
+
+def read_files_with_spark(spark: Any, files: list[str], base: str | None = None) -> Any:
+    """A table's current Parquet ``files`` (paths or URLs) as one Spark DataFrame, by
+    Spark's own reader through s3a for a bucket; columns a later commit added are null
+    in the files written before (``mergeSchema``); ``base``: the root below which the
+    files' folder names are partition values."""
+    from riverbed.spark.s3a import configure_for, to_s3a
 
     def url(where: str) -> str:
         return to_s3a(where if "://" in where else f"file://{where}")
 
     configure_for(spark, files[0])
     reader = spark.read.option("mergeSchema", "true")
-    if isinstance(table, DeltaPartitions):
-        reader = reader.option("basePath", url(root))
+    if base is not None:
+        reader = reader.option("basePath", url(base))
     return reader.parquet(*(url(f) for f in files))
 
 

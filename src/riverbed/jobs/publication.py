@@ -182,6 +182,14 @@ def cache_dir(home: Path, job: str, chunk_id: int, attempt: int) -> Path:
     return home / "jobs" / "cache" / job / attempt_name(chunk_id, attempt)
 
 
+def _open(table: str, job: str) -> PartitionTable:
+    """The table spelled ``table`` (:func:`riverbed.tables.partition_table`), written by
+    ``job``."""
+    from riverbed.tables import partition_table
+
+    return partition_table(table, job)
+
+
 @contextlib.contextmanager
 def _table_away(job: str) -> Iterator[None]:
     """A job's table that cannot be written now (its catalog or bucket away, another
@@ -438,14 +446,13 @@ class Publication:
         for older in retracted:
             self._drop_objects(job, chunk_id, older)
         shutil.rmtree(staging_dir(self.home, chunk_id, attempt), ignore_errors=True)
-        if not self.store.exists(table_key(job)):  # (most jobs: one lookup, no table)
+        bound = self._bound(job)  # (most jobs: one read, no table)
+        if bound is None:
             return
-        with _table_away(job):
-            table = self.table(job)
-            if table is not None:  # emptied: a stale publisher of these attempts cannot win
-                import pyarrow as pa
+        import pyarrow as pa
 
-                table.replace(str(chunk_id), pa.table({}), retract_version(attempt))
+        with _table_away(job):  # emptied: a stale publisher of these attempts cannot win
+            _open(bound, job).replace(str(chunk_id), pa.table({}), retract_version(attempt))
 
     # -- the job's table ----------------------------------------------------------------
 
@@ -453,33 +460,32 @@ class Publication:
         """Record the table ``job``'s chunks are published to (its spec's ``table``;
         None: none), where every publisher reads it (:meth:`table`) — the executor that
         runs a chunk of the job records it before the chunk runs."""
-        key = table_key(job)
-        if table is None:
-            if self.store.exists(key):
-                self.store.delete(key)
+        bound = self._bound(job)
+        if bound == table:
             return
+        if table is None:
+            self.store.delete(table_key(job))
+        else:
+            self.store.put(table_key(job), table.encode())
+
+    def _bound(self, job: str) -> str | None:
+        """The spelling of the table ``job``'s chunks are published to, or None."""
         try:
-            if self.store.get(key).decode() == table:
-                return
+            return self.store.get(table_key(job)).decode()
         except ObjectNotFoundError:
-            pass
-        self.store.put(key, table.encode())
+            return None
 
     def table(self, job: str) -> PartitionTable | None:
         """The table ``job``'s chunks are published to, or None."""
-        try:
-            text = self.store.get(table_key(job)).decode()
-        except ObjectNotFoundError:
-            return None
-        from riverbed.tables import partition_table
-
-        return partition_table(text, job)
+        bound = self._bound(job)
+        return None if bound is None else _open(bound, job)
 
     def _to_table(self, job: str, chunk_id: int, attempt: int) -> None:
         """Replace the chunk's partition of the job's table by the Parquet files of its
         published attempt, at :func:`publish_version` (a re-publication, or an older
         attempt after a newer one, writes nothing)."""
-        if not self.store.exists(table_key(job)):  # (most jobs: one lookup, no table)
+        bound = self._bound(job)  # (most jobs: one read, no table)
+        if bound is None:
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -493,9 +499,7 @@ class Publication:
         ]
         rows = pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
         with _table_away(job):
-            table = self.table(job)
-            if table is not None:
-                table.replace(str(chunk_id), rows, publish_version(attempt))
+            _open(bound, job).replace(str(chunk_id), rows, publish_version(attempt))
 
     def sweep(self, job: str) -> int:
         """Delete the objects of attempts older than their chunk's published attempt

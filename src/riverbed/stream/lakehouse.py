@@ -32,6 +32,7 @@ from riverbed.tables import (
     delta_options,
     iceberg_catalog,
     open_delta,
+    read_files_with_spark,
 )
 
 log = logging.getLogger(__name__)
@@ -421,11 +422,7 @@ def read_with_spark(spark: Any, table: DeltaSink | IcebergSink) -> Any:
     Delta or Iceberg connector made for it (none is published for Spark 4.3 yet:
     docs/stream.md, "Results as tables"). Columns a later batch added are null in the
     files written before (``mergeSchema``)."""
-    from riverbed.spark.s3a import configure_for, to_s3a
-
     files = table.data_files()
     if not files:
         raise TableSinkError("the table has no rows yet")
-    configure_for(spark, files[0])
-    paths = [to_s3a(f if "://" in f else f"file://{f}") for f in files]
-    return spark.read.option("mergeSchema", "true").parquet(*paths)
+    return read_files_with_spark(spark, files)

@@ -174,20 +174,20 @@ class TimeRangeOutput:
             table = (tables or {}).get(dataset)
             try:
                 if table is not None:
-                    self._replace(table, dataset, start, self.store.get(info.key), version)
+                    self._replace(table, dataset, start, self._readable(info.key), version)
                 self.store.move(info.key, self.final_key(dataset, start))
-            except ObjectNotFoundError:
+            except (FileNotFoundError, ObjectNotFoundError):  # moved by another publisher
                 continue
             moved += 1
         return moved
 
     def _replace(
-        self, table: PartitionTable, dataset: str, start: int, data: bytes, version: int
+        self, table: PartitionTable, dataset: str, start: int, data: Path | io.BytesIO, version: int
     ) -> None:
         import pyarrow.parquet as pq
 
         partition = chunk_label(start)
-        if table.replace(partition, pq.read_table(io.BytesIO(data)), version):
+        if table.replace(partition, pq.read_table(data), version):
             return
         held = table.version(partition)
         if held is not None and held > version:
