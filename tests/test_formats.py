@@ -173,6 +173,29 @@ def test_a_newer_jobs_database_is_refused_without_its_password(tmp_path: Path) -
     assert "secret" not in repr(Database("postgresql://rb:secret@db:5432/jobs"))
 
 
+def test_a_join_records_its_state_format_reads_an_older_one_and_refuses_a_newer(
+    tmp_path: Path,
+) -> None:
+    from riverbed.stream.joinquery import _check_shape
+    from riverbed.stream.joins import Join
+
+    join = Join(name="j", left="a", right="b", on="k", window="1m")
+    checkpoint = tmp_path / "ck"
+    _check_shape(str(checkpoint), join)
+    shape_file = checkpoint / layout.JOIN
+    recorded = json.loads(shape_file.read_text())
+    assert recorded["format"] == CURRENT["join state"] == 2
+    # format 1 (no number: before the Arrow segments) is read, the record raised
+    shape_file.write_text(json.dumps({k: v for k, v in recorded.items() if k != "format"}))
+    _check_shape(str(checkpoint), join)
+    assert json.loads(shape_file.read_text()) == recorded
+    shape_file.write_text(json.dumps({**recorded, "format": CURRENT["join state"] + 1}))
+    before = shape_file.read_text()
+    with pytest.raises(NewerFormatError, match=_newer("join state")):
+        _check_shape(str(checkpoint), join)
+    assert shape_file.read_text() == before
+
+
 def test_every_format_has_a_positive_version() -> None:
     assert CURRENT and all(isinstance(v, int) and v >= 1 for v in CURRENT.values())
     assert pa is not None

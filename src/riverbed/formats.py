@@ -22,6 +22,9 @@ format                     where its version is
 ``topic``                  ``format`` of a topic's configuration (``topic.json``, the
                            diskless catalog, the log server's answers)
 ``jobs database``          ``schema_version`` in the jobs database's ``rb_jobs_meta``
+``join state``             ``format`` of a join checkpoint's ``riverbed/join.json`` (2:
+                           a batch's events of a side as one Arrow segment; 1, read
+                           still: a msgpack list per key, rewritten by the next batch)
 =========================  ============================================================
 
 Changing a format means raising its number here, writing the new one, and reading
@@ -45,6 +48,7 @@ CURRENT: dict[str, int] = {
     "state snapshot": 1,
     "topic": 2,  # 2: the placement epochs of `topic alter` (written only by altered topics)
     "jobs database": 1,
+    "join state": 2,  # 2: Arrow segments (riverbed.stream.pairing)
 }
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from riverbed.state import StateConfig, StateProvider
+from riverbed.state.keys import JOIN_WATERMARK
 from riverbed.stream.pairing import IDS, LEFT, RIGHT, Rule, buffered_count, step
 
 Event = tuple[str, int, int]  # key, time, batch
@@ -96,8 +97,9 @@ def test_every_on_time_pair_once_whatever_the_batches(
         assert sorted(got_pairs) == sorted(want_pairs)  # each once: no duplicates
         assert sorted(got_alone) == sorted(want_alone)
         store = provider.load("j", 0)
-        assert buffered_count(store) == {"left": 0, "right": 0}  # the watermark passed all
-        assert list(store.scan(b"")) == []  # nor any index entry
+        assert buffered_count(store, rule) == {"left": 0, "right": 0}  # the watermark passed all
+        # nor any segment or paired rows: only the watermark
+        assert [k for k, _ in store.scan(b"")] == [JOIN_WATERMARK]
         store.abort()
 
 
@@ -113,16 +115,60 @@ def test_state_holds_only_what_a_partner_could_still_reach() -> None:
         left = pd.DataFrame([("a", 100, 0, 0, "x")], columns=[*IDS, "lv"])
         right = pd.DataFrame([("a", 100, 1, 0, "y")], columns=[*IDS, "rv"])
         step(store, rule, "left", left, right, 0, (["lv"], ["rv"]))
-        assert buffered_count(store) == {"left": 1, "right": 1}
+        assert buffered_count(store, rule) == {"left": 1, "right": 1}
         nothing = pd.DataFrame(columns=[*IDS, "lv"]), pd.DataFrame(columns=[*IDS, "rv"])
         # right at 100 can meet a left up to 105 (lower -5): kept while W <= 105
         out = step(store, rule, "left", *nothing, 105, (["lv"], ["rv"]))
-        assert buffered_count(store) == {"left": 1, "right": 1}
+        assert buffered_count(store, rule) == {"left": 1, "right": 1}
         out = step(store, rule, "left", *nothing, 106, (["lv"], ["rv"]))
-        assert buffered_count(store) == {"left": 1, "right": 0}
+        assert buffered_count(store, rule) == {"left": 1, "right": 0}
         # left at 100 can meet a right up to 110: dropped at 111, matched: not emitted
         out = step(store, rule, "left", *nothing, 111, (["lv"], ["rv"]))
-        assert buffered_count(store) == {"left": 0, "right": 0}
+        assert buffered_count(store, rule) == {"left": 0, "right": 0}
         assert out.unmatched.empty
         store.abort()
     assert LEFT != RIGHT
+
+
+def test_a_partition_of_join_state_format_1_is_rewritten_by_its_next_batch() -> None:
+    """State a riverbed before the segments wrote (a msgpack list of events per side and
+    key, with a paired flag, and an index entry per event) is read by the next batch:
+    its events pair, its flags hold, and only segments are left."""
+    import msgpack
+
+    from riverbed.state.keys import JOIN_EXPIRY, JOIN_ROWS, join_expiry_key, join_rows_key
+
+    rule = Rule(lower_ms=-5, upper_ms=10)
+    with tempfile.TemporaryDirectory() as tmp:
+        provider = StateProvider(
+            StateConfig(local_dir=Path(tmp) / "l", durable=str(Path(tmp) / "d"), engine="memory")
+        )
+        store = provider.load("j", 0, version=0)
+        left = [[100, 0, 0, False, "x0"], [101, 0, 1, True, "x1"]]  # x1 paired before
+        right = [[103, 1, 0, False, "y0"]]
+        for side, events in ((LEFT, left), (RIGHT, right)):
+            store.put(join_rows_key(side, b"a"), msgpack.packb(events, use_bin_type=True))
+            for t, part, off, _, _ in events:
+                expiry = int(rule.expires(side, np.array([t]))[0])
+                store.put(join_expiry_key(side, expiry, t, part, off, b"a"), b"")
+        store.commit(1)
+
+        store = provider.load("j", 0, version=1)
+        new_left = pd.DataFrame([("a", 110, 0, 2, "x2")], columns=[*IDS, "lv"])
+        new_right = pd.DataFrame([("a", 112, 1, 1, "y1")], columns=[*IDS, "rv"])
+        out = step(store, rule, "left", new_left, new_right, 50, (["lv"], ["rv"]))
+        store.commit(2)
+        # x2 meets y1 (gap 2) and y0? no: 103 - 110 = -7 < -5; x0, x1 meet no new one
+        assert sorted(zip(out.pairs["lv"], out.pairs["rv"], strict=True)) == [("x2", "y1")]
+        assert out.unmatched.empty
+        store = provider.load("j", 0, version=2)
+        assert not list(store.scan(JOIN_ROWS)) and not list(store.scan(JOIN_EXPIRY))
+        assert buffered_count(store, rule) == {"left": 3, "right": 2}
+        nothing = pd.DataFrame(columns=[*IDS, "lv"]), pd.DataFrame(columns=[*IDS, "rv"])
+        out = step(store, rule, "left", *nothing, 500, (["lv"], ["rv"]))
+        store.commit(3)
+        # x1's flag from format 1 held: only x0 was never paired
+        assert list(out.unmatched["lv"]) == ["x0"]
+        store = provider.load("j", 0, version=3)
+        assert [k for k, _ in store.scan(b"")] == [JOIN_WATERMARK]
+        store.abort()

@@ -162,6 +162,7 @@ def join(src: Sources, name: str) -> dict[str, Any]:
     events its state holds; its driver; its shape."""
     from riverbed.state import StateConfig
     from riverbed.stream.joinquery import status_of
+    from riverbed.stream.pairing import Rule
     from riverbed.stream.specjob import read_manifest
 
     checkpoint = src.place(name)
@@ -178,7 +179,10 @@ def join(src: Sources, name: str) -> dict[str, Any]:
     state = StateConfig(local_dir=src.config.state_dir, durable=info["state_durable"])
     out: dict[str, Any] = {"name": name, "kind": "join", "spec": info.get("spec")}
     try:
-        out.update(status_of(name, sides, int(info["state_partitions"]), checkpoint, state))
+        lower, upper = info["bounds_ms"]
+        rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
+        partitions = int(info["state_partitions"])
+        out.update(status_of(name, sides, partitions, checkpoint, state, rule))
     except RiverbedError as exc:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)

@@ -14,16 +14,23 @@ their state is found by key, and expired by end:
   their index one range delete.
 
 A stream-stream join (:mod:`riverbed.stream.pairing`) buffers each side's events until
-the watermark passes the last time a partner could arrive:
+the watermark passes the last time a partner could arrive — a batch's events of a side
+in a state partition as one immutable segment:
 
-* ``0x03 + side + key`` — the key's buffered events of that side (one value: a batch
-  reads every key it pairs in one multi-get);
-* ``0x04 + side + expiry time + time + log partition + offset + key`` — an index entry
-  per event by when the watermark drops it, so the dropped ones are one range scan and
-  their index one range delete.
+* ``0x05 + side + max expiry + batch + n`` — an Arrow IPC stream of the events (by the
+  latest time the watermark keeps one of them, so the segments it passed are one range
+  delete);
+* ``0x06 + a left segment's (max expiry + batch + n) + batch`` — the row numbers of that
+  segment's events paired by that batch (a left join emits the others, unmatched);
+* ``0x07`` — the watermark of the batch that wrote this version.
+
+Join state format 1 (riverbed before the segments) kept ``0x03 + side + key`` — the
+key's events as one msgpack list — and ``0x04 + side + expiry + time + partition +
+offset + key`` — an index entry per event; a partition still holding them is rewritten
+as segments by its next batch (:func:`riverbed.stream.pairing.step`).
 
 A window key's first byte is 0 for every window start before the year 2,280,000, so
-the five layouts never meet.
+the layouts never meet.
 """
 
 from __future__ import annotations
@@ -97,28 +104,50 @@ def session_ends(lo: int, hi: int) -> tuple[bytes, bytes]:
     return SESSION_ENDS + _TS.pack(max(lo, 0)), SESSION_ENDS + _TS.pack(max(hi, 0))
 
 
-JOIN_ROWS = b"\x03"  # + side + join key -> the key's buffered events of that side
-JOIN_EXPIRY = b"\x04"  # + side + expiry + time + partition + offset + join key -> b""
+JOIN_ROWS = b"\x03"  # format 1: + side + join key -> the key's buffered events (msgpack)
+JOIN_EXPIRY = b"\x04"  # format 1: + side + expiry + time + partition + offset + key -> b""
+JOIN_SEGMENTS = b"\x05"  # + side + max expiry + batch + n -> a side's events (Arrow IPC)
+JOIN_MATCHED = b"\x06"  # + left segment id + batch -> its rows paired then (int32s)
+JOIN_WATERMARK = b"\x07"  # -> the watermark (ms) of the batch that wrote this version
 _EXPIRY = struct.Struct(">QQIQ")  # expiry, time, log partition, offset
+_SEGMENT = struct.Struct(">QQB")  # max expiry, batch, n
+
+
+def join_segment_key(side: bytes, max_expiry_ms: int, batch: int, n: int) -> bytes:
+    """Where a segment of ``side`` (one byte) written by ``batch`` lives; its id is the
+    key less the first two bytes."""
+    return JOIN_SEGMENTS + side + _SEGMENT.pack(max(max_expiry_ms, 0), batch, n)
+
+
+def split_join_segment_key(data: bytes) -> tuple[int, bytes]:
+    """(max expiry, segment id) of a :func:`join_segment_key`."""
+    (max_expiry,) = _TS.unpack_from(data, 2)
+    return int(max_expiry), data[2:]
+
+
+def join_segments_until(side: bytes, upto_ms: int) -> tuple[bytes, bytes]:
+    """The range of ``side``'s segments whose every event expires at or before
+    ``upto_ms``."""
+    return JOIN_SEGMENTS + side, JOIN_SEGMENTS + side + _TS.pack(max(upto_ms + 1, 0))
+
+
+def join_matched_key(segment: bytes, batch: int) -> bytes:
+    """The rows of left segment ``segment`` (its id) that ``batch`` paired."""
+    return JOIN_MATCHED + segment + _TS.pack(batch)
+
+
+def join_matched_until(upto_ms: int) -> tuple[bytes, bytes]:
+    """The range of the matched rows of left segments whose max expiry is at or before
+    ``upto_ms``."""
+    return JOIN_MATCHED, JOIN_MATCHED + _TS.pack(max(upto_ms + 1, 0))
 
 
 def join_rows_key(side: bytes, key: bytes) -> bytes:
-    """The buffered events of ``side`` (one byte) with join key ``key``."""
+    """Format 1: the buffered events of ``side`` (one byte) with join key ``key``."""
     return JOIN_ROWS + side + key
 
 
 def join_expiry_key(side: bytes, expires_ms: int, ts: int, partition: int, offset: int,
                     key: bytes) -> bytes:  # fmt: skip
-    """The index entry of one buffered event, dropped at ``expires_ms``."""
+    """Format 1: the index entry of one buffered event, dropped at ``expires_ms``."""
     return JOIN_EXPIRY + side + _EXPIRY.pack(max(expires_ms, 0), ts, partition, offset) + key
-
-
-def split_join_expiry_key(data: bytes) -> tuple[int, int, int, bytes]:
-    """(time, partition, offset, join key) of a :func:`join_expiry_key`."""
-    _, ts, partition, offset = _EXPIRY.unpack_from(data, 2)
-    return int(ts), int(partition), int(offset), data[2 + _EXPIRY.size :]
-
-
-def join_expiring(side: bytes, upto_ms: int) -> tuple[bytes, bytes]:
-    """The range of index entries of ``side`` that expire at or before ``upto_ms``."""
-    return JOIN_EXPIRY + side + _TS.pack(0), JOIN_EXPIRY + side + _TS.pack(max(upto_ms + 1, 0))

@@ -25,7 +25,7 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_state
-from riverbed.stream.pairing import buffered_count
+from riverbed.stream.pairing import Rule, buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
 from riverbed.stream.streamjoin import SIDES, JoinConfig, prepare, run_planned
@@ -160,12 +160,19 @@ def _shape(join: Join) -> dict[str, Any]:
 
 
 def _check_shape(checkpoint: str, join: Join) -> None:
+    """Record the join's shape and its state's format at the first start; refuse a
+    changed shape, or state a newer riverbed wrote. State of an older format is read
+    (each partition rewritten by its next batch), so the record is raised to this one."""
+    from riverbed.formats import CURRENT, check
+
     store = checkpoint_store(checkpoint)
-    shape = json.dumps(_shape(join), sort_keys=True).encode()
-    if store.put_if_absent(JOIN, shape):
+    current = CURRENT["join state"]
+    shape = {**_shape(join), "format": current}
+    if store.put_if_absent(JOIN, json.dumps(shape, sort_keys=True).encode()):
         return
     recorded = json.loads(store.get(JOIN))
-    if recorded != _shape(join):
+    check("join state", recorded.get("format"), f"join {join.name} ({checkpoint})")
+    if {k: v for k, v in recorded.items() if k != "format"} != _shape(join):
         changed = [k for k, v in _shape(join).items() if recorded.get(k) != v]
         raise StreamValueError(
             f"join {join.name}: its checkpoint {checkpoint} ran with "
@@ -174,6 +181,8 @@ def _check_shape(checkpoint: str, join: Join) -> None:
             "events were placed and kept by those; start on a new checkpoint (and output) "
             "to run the changed join"
         )
+    if recorded.get("format") != current:
+        store.put(JOIN, json.dumps(shape, sort_keys=True).encode())
 
 
 def start_join(
@@ -280,7 +289,7 @@ def status(
         which: (topic, side_log or log_url, reader)
         for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True)
     }
-    return status_of(join.name, sides, join.state_partitions, checkpoint, state)
+    return status_of(join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join))
 
 
 def status_of(
@@ -289,10 +298,11 @@ def status_of(
     partitions: int,
     checkpoint: str | Path,
     state: StateConfig,
+    rule: Rule,
 ) -> dict[str, Any]:
     """:func:`status` from what it needs: each side's (topic, log, reader options), the
-    state's partition count. A side whose log cannot be read now has no lag (``None``)
-    and says why (``lag_error``)."""
+    state's partition count, its pairing rule. A side whose log cannot be read now has
+    no lag (``None``) and says why (``lag_error``)."""
     from riverbed.durations import iso_ms
     from riverbed.errors import RiverbedError
 
@@ -311,7 +321,7 @@ def status_of(
         "watermark": iso_ms(done.watermark_ms) if done is not None else None,
         "sides": {},
     }
-    holding = _held(name, partitions, state)
+    holding = _held(name, partitions, state, rule)
     for which, (topic, url, reader) in sides.items():
         read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
         lag, why = None, None
@@ -337,14 +347,15 @@ def status_of(
     return info
 
 
-def _held(name: str, partitions: int, state: StateConfig) -> dict[str, int]:
-    """How many events each side holds in the state (its newest version)."""
+def _held(name: str, partitions: int, state: StateConfig, rule: Rule) -> dict[str, int]:
+    """How many events each side holds in the state (its newest version) that a partner
+    can still reach."""
     out = {"left": 0, "right": 0}
     provider = StateProvider(state)
     for partition in range(partitions):
         store = provider.load(name, partition)
         try:
-            for which, n in buffered_count(store).items():
+            for which, n in buffered_count(store, rule).items():
                 out[which] += n
         finally:
             store.abort()

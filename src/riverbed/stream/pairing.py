@@ -20,12 +20,24 @@ state holds only what the watermark has not passed. With ``how="left"``, a left 
 that was never paired is emitted once, with nulls, when it is dropped: no right event
 that arrives afterwards is on time and could match it.
 
+**State.** A batch's buffered events of a side in a state partition are one immutable
+Arrow segment (:mod:`riverbed.state.keys`), keyed by the latest expiry among them: the
+watermark drops whole segments, with one range delete. An event whose expiry the
+watermark passed may stay in its segment a while: it cannot pair with anything on time
+any more (an on-time right event has time >= W; see :meth:`Rule.expires`), and the
+unmatched left events due are those with ``W_prev < expiry <= W`` (``W_prev`` stored
+with the state), so each is emitted once. A left segment's paired rows are recorded per
+batch beside it (a segment is never rewritten). Pairing is Arrow's hash join of the
+batch's events with the other side's live segments, then the rule's time filter: no
+per-event Python.
+
 The result over any sequence of batches is the batch join of the on-time events
 (``tests/stream/test_pairing.py`` checks it against pandas with Hypothesis).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,20 +45,29 @@ from typing import Any
 import msgpack
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from riverbed.state.keys import (
+    JOIN_EXPIRY,
+    JOIN_MATCHED,
     JOIN_ROWS,
-    join_expiring,
-    join_expiry_key,
-    join_rows_key,
-    split_join_expiry_key,
+    JOIN_SEGMENTS,
+    JOIN_WATERMARK,
+    join_matched_key,
+    join_matched_until,
+    join_segment_key,
+    join_segments_until,
+    split_join_segment_key,
 )
+from riverbed.state.store import prefix_end
 
 LEFT, RIGHT = b"L", b"R"
 # the columns every side's frame carries besides its own (its values: l.<name> / r.<name>)
 KEY, TS, PART, OFF = "_key", "_ts", "_part", "_off"
 IDS = [KEY, TS, PART, OFF]
-_MATCHED = "_m"
+_ID_TYPES = {KEY: pa.string(), TS: pa.int64(), PART: pa.int64(), OFF: pa.int64()}
+_MIGRATED, _BATCH = 0, 1  # the n of a segment's key: rewritten from format 1 / a batch's
+_W = struct.Struct(">q")
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,13 @@ class Paired:
     unmatched: pd.DataFrame
 
 
+@dataclass
+class _Segment:
+    id: bytes  # its key less the prefix and side
+    max_expiry: int
+    events: pa.Table
+
+
 def step(
     store: Any,
     rule: Rule,
@@ -116,178 +144,227 @@ def step(
 ) -> Paired:
     """Pair one batch's on-time events of a state partition (``left``, ``right``: the
     :data:`IDS` columns and the sides' ``columns``, times in ms, keys as text) with
-    each other and with the buffered ones in ``store`` (an open state store), buffer
-    them, and drop (emitting unmatched left events for ``how="left"``) what the
-    watermark passed. The caller commits the store.
-
-    Each (side, key) holds one list of events (``[time, partition, offset, matched,
-    *columns]``), so the keys a batch pairs are one multi-get per side."""
+    each other and with the buffered ones in ``store`` (an open state store loaded at
+    the batch's version), buffer them, and drop (emitting unmatched left events for
+    ``how="left"``) what the watermark passed. The caller commits the store."""
     cols = {LEFT: list(columns[0]), RIGHT: list(columns[1])}
     outer = how == "left"
-    new_keys = {LEFT: set(left[KEY].tolist()), RIGHT: set(right[KEY].tolist())}
-    held: dict[tuple[bytes, str], list[list[Any]]] = {}
-    _fetch(store, held, sorted(new_keys[LEFT] | new_keys[RIGHT]))
-    old_right = _frame(held, RIGHT, new_keys[LEFT], cols[RIGHT])
-    old_left = _frame(held, LEFT, new_keys[RIGHT], cols[LEFT])
-    fresh = _pairs(rule, left, _concat([old_right, right[IDS + cols[RIGHT]]]))
-    late_found = _pairs(rule, old_left, right)
-    pairs = _concat([fresh, late_found])
-    changed: set[tuple[bytes, str]] = set()
-    unmatched: list[pd.DataFrame] = []
-    matched_new = np.zeros(len(left), dtype=bool)
-    if outer:
-        if len(fresh):
-            seen = set(zip(fresh["l" + PART].tolist(), fresh["l" + OFF].tolist(), strict=True))
-            matched_new = np.fromiter(
-                (ids in seen for ids in zip(left[PART].tolist(), left[OFF].tolist(), strict=True)),
-                dtype=bool,
-                count=len(left),
-            )
-        if len(late_found):  # buffered left events paired for the first time
-            seen = set(
-                zip(late_found["l" + PART].tolist(), late_found["l" + OFF].tolist(), strict=True)
-            )
-            for key in new_keys[RIGHT]:
-                for event in held.get((LEFT, key), ()):
-                    if not event[3] and (event[1], event[2]) in seen:
-                        event[3] = True
-                        changed.add((LEFT, key))
-    for side, frame in ((LEFT, left), (RIGHT, right)):
-        if not len(frame):
-            continue
-        ts = frame[TS].to_numpy(dtype=np.int64)
-        expires = rule.expires(side, ts)
-        kept = expires > watermark_ms
-        values = list(zip(*(_values(frame[c]) for c in cols[side]), strict=True)) or [()] * len(
-            frame
-        )
-        flags = matched_new.tolist() if side == LEFT else [False] * len(frame)
-        rows = zip(
-            frame[KEY].tolist(),
-            ts.tolist(),
-            frame[PART].tolist(),
-            frame[OFF].tolist(),
-            expires.tolist(),
-            kept.tolist(),
-            flags,
-            values,
-            strict=True,
-        )
-        for key, t, part, off, expiry, keep, flag, vals in rows:
-            if keep:
-                held.setdefault((side, key), []).append([t, part, off, flag, *vals])
-                changed.add((side, key))
-                store.put(join_expiry_key(side, expiry, t, part, off, key.encode()), b"")
-        if side == LEFT and outer:  # dropped at once, never paired: emitted now
-            gone = ~kept & ~matched_new
-            if gone.any():
-                unmatched.append(frame.loc[gone, IDS + cols[LEFT]])
+    batch = int(store.version or 0)
+    w = watermark_ms
+    blob = store.get(JOIN_WATERMARK)
+    w_prev = _W.unpack(blob)[0] if blob is not None else None
+    live = {side: _segments(store, side) for side in (LEFT, RIGHT)}
+    if next(iter(store.scan(JOIN_ROWS)), None) is not None:  # format 1, rewritten once
+        _migrate(store, rule, cols, live, batch)
+    new = {LEFT: _arrow(left, cols[LEFT]), RIGHT: _arrow(right, cols[RIGHT])}
+    old = {side: _concat([s.events for s in live[side]], new[side].schema) for side in new}
+
+    # every pair with one event of this batch: new left x (old + new right), old left x new right
+    right_all = _concat([old[RIGHT], new[RIGHT]], new[RIGHT].schema)
+    li, ri = _pairs(rule, new[LEFT], right_all)
+    oli, ori = _pairs(rule, old[LEFT], new[RIGHT])
+    fresh = _joined(new[LEFT], li, right_all, ri, cols)
+    pairs = _concat([fresh, _joined(old[LEFT], oli, new[RIGHT], ori, cols)], None)
+
+    unmatched: list[pa.Table] = []
+    paired_now = np.zeros(new[LEFT].num_rows, dtype=bool)
+    paired_now[li] = True
+    if outer and live[LEFT]:  # buffered left events due now and never paired
+        sizes = [s.events.num_rows for s in live[LEFT]]
+        starts = np.cumsum([0, *sizes])
+        for i, segment in enumerate(live[LEFT]):
+            expiry = rule.expires(LEFT, _times(segment.events))
+            due = expiry <= w if w_prev is None else (expiry > w_prev) & (expiry <= w)
+            if not due.any():
+                continue
+            seen = _paired_rows(store, segment)
+            mine = oli[(oli >= starts[i]) & (oli < starts[i + 1])] - starts[i]
+            due[seen] = False
+            due[mine] = False
+            if due.any():
+                unmatched.append(segment.events.filter(pa.array(due)))
+
+    # drop what the watermark passed, whole segments at a time
     for side in (LEFT, RIGHT):
-        lo, hi = join_expiring(side, watermark_ms)
-        dropped: dict[str, set[tuple[int, int]]] = {}
-        for entry, _ in store.scan(start=lo, end=hi):
-            _, part, off, key = split_join_expiry_key(entry)
-            dropped.setdefault(key.decode(), set()).add((part, off))
-        if not dropped:
+        if any(s.max_expiry <= w for s in live[side]):
+            store.delete_range(*join_segments_until(side, w))
+    if outer and any(s.max_expiry <= w for s in live[LEFT]):
+        store.delete_range(*join_matched_until(w))
+    # buffer this batch's events a partner can still reach
+    for side in (LEFT, RIGHT):
+        events = new[side]
+        if not events.num_rows:
             continue
-        _fetch(store, held, sorted(k for k in dropped if (side, k) not in held), (side,))
-        alone = []
-        for key, ids in dropped.items():
-            events = held.get((side, key), [])
-            if outer and side == LEFT:
-                alone += [[key, *e[:3], *e[4:]] for e in events if (e[1], e[2]) in ids and not e[3]]
-            held[side, key] = [e for e in events if (e[1], e[2]) not in ids]
-            changed.add((side, key))
-        if alone:
-            unmatched.append(pd.DataFrame(alone, columns=IDS + cols[LEFT]))
-        store.delete_range(lo, hi)
-    for side, key in changed:
-        where = join_rows_key(side, key.encode())
-        if held[side, key]:
-            store.put(where, msgpack.packb(held[side, key], use_bin_type=True))
-        else:
-            store.delete(where)
-    alone_frame = _concat(unmatched) if unmatched else pd.DataFrame(columns=IDS + cols[LEFT])
-    return Paired(pairs=pairs, unmatched=alone_frame.rename(columns=_left_ids))
+        expiry = rule.expires(side, _times(events))
+        kept = expiry > w
+        if side == LEFT and outer:  # dropped at once, never paired: emitted now
+            gone = ~kept & ~paired_now
+            if gone.any():
+                unmatched.append(events.filter(pa.array(gone)))
+        if not kept.any():
+            continue
+        latest = int(expiry[kept].max())
+        key = join_segment_key(side, latest, batch, _BATCH)
+        store.put(key, _encode(events.filter(pa.array(kept)) if not kept.all() else events))
+        if side == LEFT and outer and paired_now[kept].any():
+            rows = np.flatnonzero(paired_now[kept])
+            store.put(join_matched_key(key[2:], batch), rows.astype(np.int32).tobytes())
+    if outer and len(oli):  # buffered left events paired for the first time by this batch
+        sizes = [s.events.num_rows for s in live[LEFT]]
+        owner = np.searchsorted(np.cumsum(sizes), oli, side="right")
+        starts = np.cumsum([0, *sizes])
+        for i in np.unique(owner).tolist():
+            segment = live[LEFT][i]
+            if segment.max_expiry > w:
+                rows = np.unique(oli[owner == i] - starts[i]).astype(np.int32)
+                store.put(join_matched_key(segment.id, batch), rows.tobytes())
+    store.put(JOIN_WATERMARK, _W.pack(w))
+
+    left_ids = {TS: "l" + TS, PART: "l" + PART, OFF: "l" + OFF}
+    alone = _concat(unmatched, new[LEFT].schema) if unmatched else None
+    return Paired(
+        pairs=_pandas(pairs, _pair_schema(new[LEFT].schema, new[RIGHT].schema, cols)),
+        unmatched=_pandas(alone, new[LEFT].schema).rename(columns=left_ids),
+    )
 
 
-def _fetch(
-    store: Any,
-    held: dict[tuple[bytes, str], list[list[Any]]],
-    keys: list[str],
-    sides: tuple[bytes, ...] = (b"L", b"R"),
-) -> None:
-    """The buffered events of ``keys`` on ``sides``, into ``held`` (one multi-get a side)."""
-    for side in sides:
-        blobs = store.get_many([join_rows_key(side, k.encode()) for k in keys])
-        for key, blob in zip(keys, blobs, strict=True):
-            if blob is not None:
-                held[side, key] = msgpack.unpackb(blob, raw=False)
+def _segments(store: Any, side: bytes) -> list[_Segment]:
+    """``side``'s live segments, oldest expiry first."""
+    out = []
+    for key, blob in store.scan(JOIN_SEGMENTS + side):
+        max_expiry, segment = split_join_segment_key(key)
+        out.append(_Segment(segment, max_expiry, pa.ipc.open_stream(blob).read_all()))
+    return out
 
 
-def _frame(
-    held: dict[tuple[bytes, str], list[list[Any]]], side: bytes, keys: set[str], cols: list[str]
-) -> pd.DataFrame:
-    """The buffered events of ``side`` with one of ``keys``, as a frame (with their
-    matched flags)."""
-    rows = [[key, *e[:3], *e[4:], e[3]] for key in keys for e in held.get((side, key), ())]
-    frame = pd.DataFrame(rows, columns=IDS + cols + [_MATCHED])
-    for c in (TS, PART, OFF):
-        frame[c] = frame[c].astype(np.int64)
-    return frame
+def _paired_rows(store: Any, segment: _Segment) -> np.ndarray:
+    """The rows of a left segment some earlier batch paired."""
+    prefix = JOIN_MATCHED + segment.id
+    found = [np.frombuffer(v, dtype=np.int32) for _, v in store.scan(prefix)]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int32)
 
 
-def _values(column: pd.Series) -> list[Any]:
-    """A column's values as Python's (a null as None)."""
-    if column.dtype == object or isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
-        return [_plain(v) for v in column.tolist()]
-    plain: list[Any] = column.tolist()
-    return plain
+def _arrow(frame: pd.DataFrame, cols: list[str]) -> pa.Table:
+    """A side's events as an Arrow table: the ids typed, the columns as they come."""
+    arrays = [pa.array(frame[c].to_numpy(dtype=object) if c == KEY else frame[c], _ID_TYPES[c],
+                       from_pandas=True) for c in IDS]  # fmt: skip
+    arrays += [pa.array(frame[c], from_pandas=True) for c in cols]
+    return pa.Table.from_arrays(arrays, names=IDS + cols)
 
 
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Frames one under the other (the empty ones left out: their columns' types
-    would not decide the result's)."""
-    full = [f for f in frames if len(f)]
+def _times(events: pa.Table) -> np.ndarray:
+    times: np.ndarray = events.column(TS).to_numpy()
+    return times
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema | None) -> pa.Table:
+    """Tables one under the other (a column all nulls in one takes the others' type)."""
+    full = [t for t in tables if t.num_rows]
     if not full:
-        return frames[0]
-    return full[0] if len(full) == 1 else pd.concat(full, ignore_index=True)
+        return schema.empty_table() if schema is not None else tables[0]
+    if len(full) == 1:
+        return full[0]
+    return pa.concat_tables(full, promote_options="permissive")
 
 
-def _left_ids(name: str) -> str:
-    return "l" + name if name in (TS, PART, OFF) else name
+def _pairs(rule: Rule, left: pa.Table, right: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The row numbers of every matching (left, right) pair of two tables, same key."""
+    none = np.zeros(0, dtype=np.int64)
+    if not left.num_rows or not right.num_rows:
+        return none, none
+    a = pa.table({KEY: left.column(KEY), "_l": pa.array(np.arange(left.num_rows))})
+    b = pa.table({KEY: right.column(KEY), "_r": pa.array(np.arange(right.num_rows))})
+    both = a.join(b, keys=KEY, join_type="inner")
+    if not both.num_rows:
+        return none, none
+    li, ri = both.column("_l").to_numpy(), both.column("_r").to_numpy()
+    keep = rule.matches(_times(left)[li], _times(right)[ri])
+    return li[keep], ri[keep]
 
 
-def _pairs(rule: Rule, left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
-    """Every matching (left, right) pair of two frames with the same key."""
-    lf = left.drop(columns=[_MATCHED], errors="ignore").rename(
-        columns={TS: "l" + TS, PART: "l" + PART, OFF: "l" + OFF}
-    )
-    rf = right.drop(columns=[_MATCHED], errors="ignore").rename(
-        columns={TS: "r" + TS, PART: "r" + PART, OFF: "r" + OFF}
-    )
-    if not len(lf) or not len(rf):
-        return pd.DataFrame(columns=list(dict.fromkeys([*lf.columns, *rf.columns])))
-    both = lf.merge(rf, on=KEY, how="inner")
-    keep = rule.matches(
-        both["l" + TS].to_numpy(dtype=np.int64), both["r" + TS].to_numpy(dtype=np.int64)
-    )
-    return both.loc[keep].reset_index(drop=True)
+def _joined(
+    left: pa.Table, li: np.ndarray, right: pa.Table, ri: np.ndarray, cols: dict[bytes, list[str]]
+) -> pa.Table:
+    """The pairs' rows: the key, each side's ids (prefixed) and columns."""
+    lt, rt = left.take(pa.array(li)), right.take(pa.array(ri))
+    arrays = [lt.column(KEY)]
+    names = [KEY]
+    for prefix, t, side in (("l", lt, LEFT), ("r", rt, RIGHT)):
+        arrays += [t.column(c) for c in (TS, PART, OFF)]
+        names += [prefix + c for c in (TS, PART, OFF)]
+        arrays += [t.column(c) for c in cols[side]]
+        names += cols[side]
+    return pa.Table.from_arrays(arrays, names=names)
 
 
-def _plain(value: Any) -> Any:
-    if value is None or value is pd.NA or value is pd.NaT:
-        return None
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value
+def _pair_schema(left: pa.Schema, right: pa.Schema, cols: dict[bytes, list[str]]) -> pa.Schema:
+    fields = [left.field(KEY)]
+    for prefix, schema, side in (("l", left, LEFT), ("r", right, RIGHT)):
+        fields += [schema.field(c).with_name(prefix + c) for c in (TS, PART, OFF)]
+        fields += [schema.field(c) for c in cols[side]]
+    return pa.schema(fields)
 
 
-def buffered_count(store: Any) -> dict[str, int]:
-    """How many events each side holds in a state partition (``stream status``)."""
-    out = {"left": 0, "right": 0}
-    for k, v in store.scan(JOIN_ROWS):
-        out["left" if k[1:2] == LEFT else "right"] += len(msgpack.unpackb(v, raw=False))
+def _nullable(kind: pa.DataType) -> Any:
+    """Integers stay integers beside a null (pandas would make them floats)."""
+    return pd.Int64Dtype() if pa.types.is_integer(kind) else None
+
+
+def _pandas(table: pa.Table | None, schema: pa.Schema) -> pd.DataFrame:
+    if table is None or not table.num_rows:
+        table = schema.empty_table()
+    return table.to_pandas(types_mapper=_nullable)
+
+
+def _encode(events: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, events.schema) as writer:
+        writer.write_table(events)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def _migrate(
+    store: Any, rule: Rule, cols: dict[bytes, list[str]], live: dict[bytes, list[_Segment]],
+    batch: int,
+) -> None:  # fmt: skip
+    """Rewrite a partition's join state of format 1 (a msgpack list of events per side
+    and key, an index entry per event) as one segment a side, in this batch's version:
+    a crash before the commit leaves format 1, read again by the re-run."""
+    rows: dict[bytes, list[list[Any]]] = {LEFT: [], RIGHT: []}
+    for key, value in store.scan(JOIN_ROWS):
+        side, user_key = key[1:2], key[2:].decode()
+        rows[side] += [[user_key, *e] for e in msgpack.unpackb(value, raw=False)]
+    for side, events in rows.items():
+        if not events:
+            continue
+        frame = pd.DataFrame(events, columns=[*IDS, "\x00matched", *cols[side]])
+        table = _arrow(frame, cols[side])
+        latest = int(rule.expires(side, _times(table)).max())
+        key = join_segment_key(side, latest, batch, _MIGRATED)
+        store.put(key, _encode(table))
+        matched = np.flatnonzero(frame["\x00matched"].to_numpy(dtype=bool))
+        if side == LEFT and len(matched):
+            store.put(join_matched_key(key[2:], batch), matched.astype(np.int32).tobytes())
+        segment = _Segment(key[2:], latest, table)
+        live[side] = sorted([*live[side], segment], key=lambda s: s.id)
+    for prefix in (JOIN_ROWS, JOIN_EXPIRY):
+        store.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
+
+
+def buffered_count(store: Any, rule: Rule) -> dict[str, int]:
+    """How many events each side holds in a state partition that a partner can still
+    reach (``stream status``): the watermark has not passed them. (Its segments may
+    hold a few more, those it passed, until it passes their last.)"""
+    blob = store.get(JOIN_WATERMARK)
+    w = _W.unpack(blob)[0] if blob is not None else None
+    out = {}
+    for side, name in ((LEFT, "left"), (RIGHT, "right")):
+        out[name] = sum(
+            int((rule.expires(side, _times(s.events)) > w).sum()) if w is not None
+            else s.events.num_rows
+            for s in _segments(store, side)
+        )  # fmt: skip
     return out
 
 
