@@ -174,6 +174,22 @@ def test_a_rescale_over_spark_connect_moves_the_state_in_spark_tasks(
     )
 
 
+def test_a_join_of_two_dataframes_over_spark_connect_equals_the_batch_join(
+    connect_url: str, subprocess_env: dict[str, str]
+) -> None:
+    """Stream-stream joins on the DataFrame path with their ``spark`` fixture a Connect
+    client: the union of both sides is one streaming query on the server, whose
+    ``foreachBatch`` (server-side Python) runs the read and pair tasks as DataFrame jobs
+    (riverbed.spark.tasks.frame_shuffle) — every joined row once over restarts."""
+    env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
+    test = "tests/stream/test_stream_join.py::test_a_join_of_two_dataframes_over_restarts_"
+    _pass_over_connect(
+        connect_url,
+        env,
+        [f"{test}equals_the_batch_join[within-left]", f"{test}equals_the_batch_join[window-inner]"],
+    )
+
+
 def _pass_over_connect(url: str, env: dict[str, str], ids: list[str]) -> None:
     """Run the tests ``ids`` in a process of their own whose ``spark`` fixture is a
     Connect client of ``url``; every one of them must pass."""

@@ -219,3 +219,76 @@ def test_a_standby_join_driver_takes_over_from_a_killed_one(
     got = read_joined(home / "output" / "paid")
     assert rows_of(got[got["order_id"] != 10**6]) == rows_of(want)  # every row once
     assert {first[0], second[0]} <= committed_terms()
+
+
+FRAMES_DRIVER = Path(__file__).with_name("join_frames_driver.py")
+
+
+def test_a_join_of_dataframes_killed_mid_batch_gives_every_row_once(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The DataFrame path (both sides streaming DataFrames, one Spark streaming query
+    over their union: tests/stream/join_frames_driver.py) SIGKILLed mid-batch 4 times
+    while both topics are written: Spark's checkpoint gives a re-run micro-batch the same
+    events, riverbed's record the same watermark — every joined row once, a left join's
+    unmatched orders each once. (The window join's shape runs on this path in
+    test_stream_join.py.)"""
+    shape, how = "within", "left"
+    root = Path(__file__).resolve().parents[2]
+    env = {**subprocess_env, "PYTHONPATH": str(root)}
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(1500, seed=7)
+    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
+
+    def release(k: int) -> None:
+        chunk = orders.iloc[bounds[k] : bounds[k + 1]]
+        lo = orders["ts"].iloc[bounds[k] - 1] if k else T0 - pd.Timedelta("1d")
+        hi = chunk["ts"].iloc[-1]
+        send(log_url, "orders", chunk, 3)
+        send(log_url, "payments", payments[(payments["ts"] > lo) & (payments["ts"] <= hi)], 2)
+
+    checkpoint, output = tmp_path / "cp", tmp_path / "out"
+    command = [sys.executable, str(FRAMES_DRIVER), log_url, str(checkpoint), str(output),
+               shape, how]  # fmt: skip
+    aimed = kill_mid_batch(command, env, Checkpoint(checkpoint).batches, kills=KILLS,
+                           rng=random.Random(13), before_start=release,
+                           logs=tmp_path / "logs")  # fmt: skip
+    assert len(aimed) == KILLS
+    release(KILLS)
+    send(log_url, "payments", payments[payments["ts"] > orders["ts"].iloc[-1]], 2)
+    # then, once the rest is read (sent with it, a far-later event read early from one
+    # log partition would make the other partitions' last events late: the watermark is
+    # the newest event time seen), one far-later event on each side, twice: a micro-batch
+    # runs only with new events, and its watermark comes from the batches before it
+    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    for _ in range(3):
+        finished = subprocess.run(
+            [*command, "--once"], env=env, capture_output=True, text=True, check=False,
+            cwd=root,
+        )  # fmt: skip
+        assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-3000:]
+        send(log_url, "payments", last.rename(columns={"amount": "paid"}), 2)
+        send(log_url, "orders", last, 3)
+        last = last.assign(order_id=last["order_id"] + 1, ts=last["ts"] + pd.Timedelta("1d"))
+    log = riverbed.log.open(log_url)
+    held = {}
+    for topic in ("orders", "payments"):
+        rows = [
+            r.value
+            for p in range(log.topic(topic).partitions)
+            for r in log.read(topic, p, 0, 10**6)
+        ]
+        held[topic] = pd.DataFrame(rows).assign(
+            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+        )
+    log.close()
+    want = oracle(_join(shape, how), held["orders"], held["payments"])
+    want = want[want["order_id"] < 10**6]
+    got = read_joined(output)
+    got = got[got["order_id"] < 10**6]
+    assert len(want) > 500 and want["paid"].isna().any()  # unmatched orders among them
+    assert rows_of(got) == rows_of(want)  # every row once, through four kills
+    batches = open_batches(checkpoint)
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0

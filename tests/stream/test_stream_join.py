@@ -394,3 +394,100 @@ def test_hostile_records_on_a_side_are_counted_and_sent_to_the_dlq(
     assert any("no event time (ts)" in r for r in reasons)
     assert any("before 1970" in r for r in reasons)
     assert any("is not an ISO 8601 time" in r for r in reasons)
+
+
+def _frame(spark: Any, log_url: str, topic: str, schema: str) -> Any:
+    """A riverbed topic as a streaming DataFrame (Spark's source of riverbed topics)."""
+    from riverbed.stream import register
+
+    register(spark)
+    return (
+        spark.readStream.format("riverbed")
+        .option("topic", topic)
+        .option("log", log_url)
+        .option("schema", schema)
+        .option("maxRecordsPerBatch", 150)
+        .load()
+    )
+
+
+@pytest.mark.parametrize(("kind", "how"), [("within", "left"), ("window", "inner")])
+def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
+    spark: Any, tmp_path: Path, kind: str, how: str
+) -> None:
+    """The DataFrame path (both sides Frame(df): one Spark streaming query over their
+    union): restarted between backlogs, every row once, as on the log-native path."""
+    from riverbed.stream.doors import Frame
+
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(600, seed=4)
+    shape: dict[str, Any] = {"within": ("10m", "1h")} if kind == "within" else {"window": "30m"}
+
+    def join() -> Join:
+        return Join(
+            name="paid",
+            left=Frame(_frame(spark, log_url, "orders", ORDERS)),
+            right=Frame(_frame(spark, log_url, "payments", PAYMENTS)),
+            on="order_id",
+            time="ts",
+            how=how,  # type: ignore[arg-type]
+            watermark="2h",
+            state_partitions=3,
+            **shape,
+        )
+
+    def drain_frames() -> None:
+        query = start_join(
+            spark, join(), checkpoint=tmp_path / "cp", output=tmp_path / "out",
+            log_url=log_url, trigger={"availableNow": True},
+        )  # fmt: skip
+        query.awaitTermination()
+        assert query.exception() is None
+
+    cuts = [0, 200, 400, 600]
+    for a, b in itertools.pairwise(cuts):
+        send(log_url, "orders", orders.iloc[a:b], 3)
+        lo, hi = orders["ts"].iloc[a], orders["ts"].iloc[b - 1]
+        chunk = payments[(payments["ts"] > lo) & (payments["ts"] <= hi)] if a else None
+        send(log_url, "payments", payments[payments["ts"] <= hi] if chunk is None else chunk, 2)
+        drain_frames()
+    rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
+    late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)
+    send(log_url, "orders", late, 3)
+    drain_frames()
+    # a micro-batch only runs with new events: one more on each side moves the watermark
+    # past the far-later ones' predecessors (the left join's unmatched orders are due)
+    later = late.assign(order_id=10**6 + 1, ts=T0 + pd.Timedelta("4d"))
+    send(log_url, "orders", later, 3)
+    send(log_url, "payments", later.rename(columns={"amount": "paid"}), 2)
+    drain_frames()
+    got = read_joined(tmp_path / "out")
+    got = got[got["order_id"] < 10**6]
+    want = oracle(join(), orders, payments)
+    assert len(want) > 100
+    assert rows_of(got) == rows_of(want)  # every row, each once
+    batches = open_batches(tmp_path / "cp")
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.done and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    assert newest.sources is None  # Spark's checkpoint holds the sources' offsets
+    info = status(join(), tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
+    assert info["sides"]["left"]["topic"] == "(a DataFrame)"
+    assert info["sides"]["left"]["lag"] is None and "lag_error" not in info["sides"]["left"]
+
+
+def test_a_dataframe_side_beside_a_topic_is_refused_with_the_fix(
+    spark: Any, tmp_path: Path
+) -> None:
+    from riverbed.stream.doors import Frame
+
+    log_url = f"file://{tmp_path / 'log'}"
+    send(log_url, "orders", orders_and_payments(5, seed=1)[0], 3)
+    join = Join(
+        name="j", left=Frame(_frame(spark, log_url, "orders", ORDERS)), right="payments",
+        on="order_id", time="ts", window="1m",
+    )  # fmt: skip
+    with pytest.raises(StreamValueError, match=r"give both as Frame\(df\)"):
+        start_join(spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
+    assert not (tmp_path / "cp").exists()  # refused before the checkpoint records anything

@@ -157,6 +157,11 @@ def shuffle_job(
         found = shuffled.mapPartitionsWithIndex(by_index).collect()
     else:
         found = _connect_shuffle(spark, work, nothing, stage1, n, merge)
+    return _split(found)
+
+
+def _split(found: list[tuple[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """The merges' results and every report, from a shuffle's (kind, value) results."""
     merged: list[Any] = []
     reports: list[Any] = []
     for kind, value in found:
@@ -193,6 +198,18 @@ def _connect_shuffle(
                     {"p": [p for p, _ in out], "v": [v for _, v in out]}, schema=schema
                 )
 
+    staged = _items_frame(spark, work or [nothing]).mapInArrow(first, "p long, v binary")
+    return _by_partition(staged, n, merge)
+
+
+def _by_partition(
+    staged: Any, n: int, merge: Callable[[int, Iterator[Any]], Any]
+) -> list[tuple[str, Any]]:
+    """The second stage of a shuffle over DataFrames: ``staged``'s (p, pickled value)
+    rows — every partition 0..n among them at least once, a null value for none —
+    brought together by partition and merged; partition ``n``'s values are reports."""
+    pickle = _pickle()
+
     def second(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -218,6 +235,19 @@ def _connect_shuffle(
             schema=pa.schema([("kind", pa.string()), ("out", pa.binary())]),
         )
 
-    staged = _items_frame(spark, work or [nothing]).mapInArrow(first, "p long, v binary")
     rows = staged.repartition(n + 1, "p").mapInArrow(second, "kind string, out binary").collect()
     return [(row["kind"], pickle.loads(row["out"])) for row in rows]
+
+
+def frame_shuffle(
+    spark: Any,
+    staged: Any,
+    n: int,
+    merge: Callable[[int, Iterator[Any]], Any],
+) -> tuple[list[Any], list[Any]]:
+    """:func:`shuffle_job` whose first stage is a DataFrame's own (``staged``: (p long,
+    v binary) rows, each value pickled — a ``mapInArrow`` over the DataFrame's rows):
+    every partition *p* < ``n`` is merged, values or not; partition ``n``'s values are
+    the reports. Classic and Connect alike."""
+    every = spark.createDataFrame([(p, None) for p in range(n + 1)], "p long, v binary")
+    return _split(_by_partition(staged.unionByName(every), n, merge))

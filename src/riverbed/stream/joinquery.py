@@ -23,35 +23,22 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
-from riverbed.stream.joins import Join
+from riverbed.stream.joins import DATAFRAME, Join
 from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_state
 from riverbed.stream.pairing import Rule, buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
-from riverbed.stream.streamjoin import SIDES, JoinConfig, prepare, run_planned
+from riverbed.stream.streamjoin import (
+    SIDES,
+    JoinConfig,
+    prepare,
+    prepare_frames,
+    run_planned,
+    watermark_of,
+)
 from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)
-
-
-def watermark_of(
-    join: Join, previous: BatchRecord | None, moved: dict[str, int], now_ms: int
-) -> int:
-    """A batch's watermark, from the batches before it only (``previous``: the newest,
-    done) and when each side last had new records (``moved``, this plan's): the
-    smaller of the active sides' newest event times less the delay — a side idle for
-    ``idle_timeout`` is not waited for; a side that never had an event holds it back
-    until then. Never lower than the previous batch's."""
-    before = previous.watermark_ms if previous is not None else 0
-    seen = dict(previous.source_max_ms or {}) if previous is not None else {}
-    idle = join.idle_ms
-    active = [s for s in SIDES if idle is None or now_ms - moved.get(s, now_ms) < idle]
-    if any(s not in seen for s in active):
-        return before  # a side still to show its first event
-    times = [seen[s] for s in active] or list(seen.values())
-    if not times:
-        return before
-    return max(before, min(times) - join.watermark_ms)
 
 
 class JoinQuery(ThreadQuery):
@@ -197,8 +184,10 @@ def start_join(
     term: int | None = None,
     max_records: int | None = None,
     spec: str | Path | None = None,
-) -> JoinQuery:
-    """Start a stream-stream join; returns its query (see the module doc). ``log_url``:
+) -> Any:
+    """Start a stream-stream join; returns its query (see the module doc: a
+    :class:`JoinQuery` over topics; a Spark ``StreamingQuery`` when both sides are
+    ``Frame(df)``, :mod:`riverbed.stream.joinframes`). ``log_url``:
     the log of sides given by name (default: the configured one), where ``<name>.dlq``
     / ``.late`` and the join's ``topic`` go. Spark's ``trigger`` keywords
     (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
@@ -216,7 +205,15 @@ def start_join(
     if log_url is None and any(side_log is None for _, side_log, _ in join.sides):
         log_url = load_config().log_url
     check_term(str(checkpoint), term, join.name)
-    cfg = prepare(  # both sides checked before the checkpoint records anything
+    on_frames = bool(join.frames)
+    if on_frames and max_records is not None:
+        raise StreamValueError(
+            f"join {join.name}: max_records limits a topic side's batches; a DataFrame's "
+            "source has its own limit (Kafka's maxOffsetsPerTrigger, a riverbed topic's "
+            "maxRecordsPerBatch, files' maxFilesPerTrigger)"
+        )
+    # both sides checked before the checkpoint records anything
+    cfg = (prepare_frames if on_frames else prepare)(
         join,
         checkpoint=str(checkpoint),
         output=str(output),
@@ -229,6 +226,10 @@ def start_join(
     store = checkpoint_store(checkpoint)
     described = manifest(join, checkpoint, output, state, log_url, spec)
     store.put(MANIFEST, json.dumps(described, indent=1).encode())
+    if on_frames:  # one Spark streaming query over both (stream/joinframes.py)
+        from riverbed.stream import joinframes
+
+        return joinframes.start(cfg, trigger)
     if max_records is not None:
         cfg = replace(cfg, max_records=max_records)
     return JoinQuery(spark, cfg, parsed)
@@ -265,7 +266,7 @@ def manifest(
         "name": join.name,
         "spec": str(spec) if spec else None,
         "sides": {
-            which: {"topic": topic, "log": side_log or log_url}
+            which: {"topic": topic, "log": None if topic == DATAFRAME else side_log or log_url}
             for which, (topic, side_log, _) in zip(SIDES, join.sides, strict=True)
         },
         "how": join.how,
@@ -286,7 +287,7 @@ def status(
     for each side its topic, the newest event time it has shown, the records not read
     yet (lag) and the events its state holds."""
     sides = {
-        which: (topic, side_log or log_url, reader)
+        which: (topic, None if topic == DATAFRAME else side_log or log_url, reader)
         for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True)
     }
     return status_of(join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join))

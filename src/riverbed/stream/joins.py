@@ -18,7 +18,9 @@ from riverbed.errors import DurationError
 from riverbed.locations import shown, shown_repr
 from riverbed.stream.errors import StreamValueError
 
-__all__ = ["SQL_SCHEMES", "Join", "Lookup"]
+__all__ = ["DATAFRAME", "SQL_SCHEMES", "Join", "Lookup"]
+
+DATAFRAME = "(a DataFrame)"  # what a side given as Frame(df) shows for its topic
 
 SQL_SCHEMES = ("sqlite", "postgresql", "postgres")  # a lookup table in a SQL database
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -156,17 +158,29 @@ def _pair(value: Any, what: str) -> tuple[str, str]:
     raise StreamValueError(f"join {what}={value!r}: name one column, or (left's, right's)")
 
 
+def _frame(value: Any) -> Any:
+    """The DataFrame of a side given as ``Frame(df)`` (:class:`riverbed.stream.doors.
+    Frame`: anything holding a PySpark DataFrame in ``df``), else None. (Looked at, not
+    imported: doors' sources import the aggregation spec, which imports this module.)"""
+    if isinstance(value, str):
+        return None
+    df = getattr(value, "df", None)
+    return df if type(df).__module__.startswith("pyspark.") else None
+
+
 def _side(value: Any, which: str) -> tuple[str, str | None, dict[str, str]]:
     """(topic, log URL or None, reader options) of a side given as a topic's name or a
-    ``Topic(name, log=…, options=…)``."""
+    ``Topic(name, log=…, options=…)``; a ``Frame(df)``: :data:`DATAFRAME`."""
     if isinstance(value, str) and value:
         return value, None, {}
+    if _frame(value) is not None:
+        return DATAFRAME, None, {}
     name, log, options = (getattr(value, a, None) for a in ("name", "log", "options"))
     if isinstance(name, str) and name and (log is None or isinstance(log, str)):
         return name, log, {str(k): str(v) for k, v in dict(options or {}).items()}
     raise StreamValueError(
-        f"join {which}={value!r}: a topic's name, or Topic(name, log=...) (a Kafka topic: "
-        'Topic("orders", log="kafka://host:9092"))'
+        f"join {which}={value!r}: a topic's name, Topic(name, log=...) (a Kafka topic: "
+        'Topic("orders", log="kafka://host:9092")), or Frame(df) (a streaming DataFrame)'
     )
 
 
@@ -178,7 +192,9 @@ class Join:
              within=("0s", "1h"), how="left", watermark="5m")
 
     ``left`` / ``right``: a topic's name (the configured log) or ``Topic(name, log=…)``
-    (a Kafka topic too). ``on``: the key column of both, or ``(left's, right's)``;
+    (a Kafka topic too) — the log-native path — or both ``Frame(df)``: streaming
+    DataFrames, joined through one Spark streaming query (the DataFrame path). ``on``:
+    the key column of both, or ``(left's, right's)``;
     ``time``: the event-time column of both, or ``(left's, right's)`` (``"timestamp"``:
     the record's own time). Exactly one of ``window`` (both events in the same tumbling
     window of this size) or ``within=(before, after)`` (the right event's time is at
@@ -245,6 +261,12 @@ class Join:
     def sides(self) -> tuple[tuple[str, str | None, dict[str, str]], ...]:
         """(topic, log or None, reader options) of the left, then the right side."""
         return _side(self.left, "left"), _side(self.right, "right")
+
+    @property
+    def frames(self) -> dict[str, Any]:
+        """The DataFrame of each side given as ``Frame(df)``."""
+        pairs = (("left", self.left), ("right", self.right))
+        return {which: df for which, side in pairs if (df := _frame(side)) is not None}
 
     @property
     def keys(self) -> tuple[str, str]:

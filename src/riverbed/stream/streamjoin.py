@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -158,16 +158,12 @@ def prepare(
 ) -> JoinConfig:
     """Check both sides against their topics (on the driver, with a Spark session:
     DDL schemas are parsed by it) and decide the output's columns."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from riverbed.spark.source import reader_schema
 
     sides = []
     limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
     in_driver_up_to = DRIVER_BATCH_RECORDS  # the sides' driverBatchRecords: the smaller
-    for which, (topic, side_log, reader), key, time_column in zip(
-        SIDES, join.sides, join.keys, join.times, strict=True
-    ):
+    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
         url = side_log or log_url
         if url is None:
             raise StreamValueError(
@@ -192,22 +188,75 @@ def prepare(
         finally:
             opened.close()
         schema = reader_schema(lowered)
-        fields = [f.name for f in schema.fields if f.name not in META_NAMES]
-        for what, column in (("on", key), ("time", time_column)):
-            if column not in fields and not (what == "time" and column == "timestamp"):
-                raise StreamValueError(
-                    f"join {join.name}: {what}={column!r} is not a field of the {which} "
-                    f"side's topic {topic!r} (its fields: {', '.join(fields) or 'none'}); "
-                    "name one of them, or give the topic a schema option"
-                )
-        kept = fields + ([time_column] if time_column not in fields else [])
-        arrow = to_arrow_schema(schema, timezone="UTC")
-        # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
-        # as times
-        times = tuple(
-            c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column
-        )
-        sides.append(JoinSide(options, schema, key, time_column, tuple(kept), times))
+        sides.append(
+            _side(join, which, schema, options, f"side's topic {topic!r}", "give the topic "
+                  "a schema option")
+        )  # fmt: skip
+    return _config(join, sides, checkpoint, output, state, log_url, term, limits,
+                   in_driver_up_to)  # fmt: skip
+
+
+def prepare_frames(
+    join: Join,
+    *,
+    checkpoint: str,
+    output: str,
+    state: StateConfig,
+    log_url: str | None,
+    term: int | None = None,
+) -> JoinConfig:
+    """:func:`prepare` for a join whose sides are streaming DataFrames (``Frame(df)``:
+    the DataFrame path, :mod:`riverbed.stream.joinframes`)."""
+    frames = join.frames
+    sides = []
+    for which in SIDES:
+        if which not in frames:
+            raise StreamValueError(
+                f"join {join.name}: one side is a DataFrame, the {which} side is not; give "
+                "both as Frame(df) (a riverbed topic reads as one through "
+                'spark.readStream.format("riverbed").option("topic", …)), or both as topics'
+            )
+        df = frames[which]
+        if not getattr(df, "isStreaming", False):
+            raise StreamValueError(
+                f"join {join.name}: the {which} side's DataFrame is not a streaming one "
+                "(spark.readStream…)"
+            )
+        sides.append(_side(join, which, df.schema, {}, "side's DataFrame", "select it first"))
+    return _config(join, sides, checkpoint, output, state, log_url, term, [],
+                   DRIVER_BATCH_RECORDS)  # fmt: skip
+
+
+def _side(
+    join: Join, which: str, schema: Any, options: dict[str, str], what_side: str, fix: str
+) -> JoinSide:
+    """A side from its Spark schema: its key and time columns checked, the columns it
+    keeps and which of them are times."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    key, time_column = join.keys[SIDES.index(which)], join.times[SIDES.index(which)]
+    fields = [f.name for f in schema.fields if f.name not in META_NAMES]
+    for what, column in (("on", key), ("time", time_column)):
+        if column not in fields and not (what == "time" and column == "timestamp"):
+            raise StreamValueError(
+                f"join {join.name}: {what}={column!r} is not a field of the {which} "
+                f"{what_side} (its fields: {', '.join(fields) or 'none'}); "
+                f"name one of them, or {fix}"
+            )
+    kept = fields + ([time_column] if time_column not in fields else [])
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
+    # as times
+    times = tuple(c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column)
+    return JoinSide(options, schema, key, time_column, tuple(kept), times)
+
+
+def _config(
+    join: Join, sides: list[JoinSide], checkpoint: str, output: str, state: StateConfig,
+    log_url: str | None, term: int | None, limits: list[int], in_driver_up_to: int,
+) -> JoinConfig:  # fmt: skip
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     names, out_schema = _output(join, sides, to_arrow_schema)
     return JoinConfig(
         join=join,
@@ -265,17 +314,48 @@ def _output(
     return names, pa.schema(types)
 
 
+def watermark_of(
+    join: Join, previous: BatchRecord | None, moved: dict[str, int], now_ms: int
+) -> int:
+    """A batch's watermark, from the batches before it only (``previous``: the newest,
+    done) and when each side last had new records (``moved``, this plan's): the
+    smaller of the active sides' newest event times less the delay — a side idle for
+    ``idle_timeout`` is not waited for; a side that never had an event holds it back
+    until then. Never lower than the previous batch's."""
+    before = previous.watermark_ms if previous is not None else 0
+    seen = dict(previous.source_max_ms or {}) if previous is not None else {}
+    idle = join.idle_ms
+    active = [s for s in SIDES if idle is None or now_ms - moved.get(s, now_ms) < idle]
+    if any(s not in seen for s in active):
+        return before  # a side still to show its first event
+    times = [seen[s] for s in active] or list(seen.values())
+    if not times:
+        return before
+    return max(before, min(times) - join.watermark_ms)
+
+
 # -- the tasks -------------------------------------------------------------------------------
 
 
 def _read(
     cfg: JoinConfig, which: str, piece: LogSlice, watermark_ms: int, counts: Counts
 ) -> Iterator[pd.DataFrame]:
-    """The on-time events of one piece of a side, as :mod:`~riverbed.stream.pairing`
-    takes them; the rest counted (and kept, up to SIDE_LIMIT) in ``counts``."""
+    """The on-time events of one piece of a side's topic (:func:`events`)."""
+    side = cfg.sides[SIDES.index(which)]
+    yield from events(cfg, which, read_slice(side.options, side.schema, piece), watermark_ms,
+                      counts)  # fmt: skip
+
+
+def events(
+    cfg: JoinConfig, which: str, batches: Iterable[pa.RecordBatch], watermark_ms: int,
+    counts: Counts,
+) -> Iterator[pd.DataFrame]:  # fmt: skip
+    """The on-time events of Arrow batches of a side (its fields, ``partition``,
+    ``offset`` and ``_error``), as :mod:`~riverbed.stream.pairing` takes them; the rest
+    counted (and kept, up to SIDE_LIMIT) in ``counts``."""
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
-    for batch in read_slice(side.options, side.schema, piece):
+    for batch in batches:
         counts.input += batch.num_rows
         # integers stay integers beside a null (pandas would make them floats: a key
         # 5 would read "5.0" in a batch with a malformed record)
@@ -491,13 +571,22 @@ def output_rows(cfg: JoinConfig, batch_id: int, joined: pd.DataFrame) -> pa.Tabl
 
 
 def run_planned(
-    spark: Any, cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchRecord
+    spark: Any,
+    cfg: JoinConfig,
+    batches: BatchLog,
+    batch_id: int,
+    record: BatchRecord,
+    tasks_of: Callable[[], tuple[pd.DataFrame, Counts]] | None = None,
 ) -> BatchRecord:
     """Run a planned batch (its record written durably before this call) and commit it:
     the same record run again commits the same state version and replaces the same
-    output. Returns the finished record."""
+    output. ``tasks_of``: what runs its tasks (default: :func:`run_batch` over the
+    record's slices of the sides' topics). Returns the finished record."""
     began = time.perf_counter()
-    joined, counts = run_batch(spark, cfg, batch_id, record)
+    if tasks_of is None:
+        joined, counts = run_batch(spark, cfg, batch_id, record)
+    else:
+        joined, counts = tasks_of()
     merged = time.perf_counter()
     table = output_rows(cfg, batch_id, joined)
     seen = dict(record.source_max_ms or {})
@@ -565,10 +654,15 @@ def _commit(cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchReco
 
 
 __all__ = [
+    "Counts",
     "JoinConfig",
     "JoinSide",
+    "events",
     "output_rows",
+    "pair_task",
     "prepare",
+    "prepare_frames",
     "run_batch",
     "run_planned",
+    "watermark_of",
 ]

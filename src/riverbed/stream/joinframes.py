@@ -1,0 +1,202 @@
+"""Stream-stream joins on the DataFrame path: both sides streaming DataFrames
+(``Join(left=Frame(df), right=Frame(df), …)``: any Spark source — Spark's Kafka reader,
+files, Delta, a riverbed topic through ``spark.readStream.format("riverbed")``), joined
+through **one** Spark streaming query over their union.
+
+Spark's checkpoint records both sources' offsets per micro-batch, so a batch run again
+after a crash holds the same events of both; riverbed's batch record (its watermark,
+written durably before anything of the batch) and state versions do the rest, as on the
+log-native path (:mod:`riverbed.stream.streamjoin`):
+
+1. **plan** (the first run of micro-batch *b*): which sides have events in it (one small
+   Spark job over the cached batch) and the watermark from the batches before
+   (:func:`riverbed.stream.streamjoin.watermark_of`: the smaller of the sides' newest event
+   times less the delay, an idle side not waited for), recorded;
+2. **read** (a ``mapInArrow`` over each side's rows): events decoded, malformed and late
+   ones set aside and counted (:func:`~riverbed.stream.streamjoin.events`), the rest sent
+   to their state partition;
+3. **pair** (one task per state partition, every partition every batch:
+   :func:`riverbed.spark.tasks.frame_shuffle`): :func:`~riverbed.stream.streamjoin.
+   pair_task`, version *b + 1* committed;
+4. **finish** on the driver as the log-native path does; a micro-batch riverbed recorded
+   done (Spark had not recorded it yet when the driver died) is not run again.
+
+A side's event ids are its ``partition`` and ``offset`` columns when it has them (a
+riverbed topic's, Kafka's), else the Spark partition and a row id within the batch.
+Spark runs a micro-batch only when one of the sources has new events: the watermark
+moves (and a left join emits its unmatched rows) with the next events of either side.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from riverbed.spark import s3a, tasks
+from riverbed.spark.checkpoint import clear_unfinished_start
+from riverbed.state import openpool
+from riverbed.stream.batchlog import BatchLog, BatchRecord, open_batches
+from riverbed.stream.engine import state_partition_of
+from riverbed.stream.joins import DATAFRAME
+from riverbed.stream.layout import spark_location
+from riverbed.stream.pairing import KEY
+from riverbed.stream.streamjoin import (
+    SIDES,
+    Counts,
+    JoinConfig,
+    events,
+    pair_task,
+    run_planned,
+    watermark_of,
+)
+
+_SIDE = "__side"
+_PREFIX = {"left": "__l__", "right": "__r__"}
+_META = ("partition", "offset", "_error")
+_STAGED = pa.schema([("p", pa.int64()), ("v", pa.binary())])
+
+
+def union(cfg: JoinConfig, frames: dict[str, Any]) -> Any:
+    """Both sides' streaming DataFrames as one: a side's kept columns under its prefix,
+    its event ids and ``_error`` under its prefix too, and which side a row is."""
+    from pyspark.sql import functions as F
+
+    out = None
+    for which, side in zip(SIDES, cfg.sides, strict=True):
+        df = frames[which]
+        names = set(df.columns)
+        p = _PREFIX[which]
+        meta = {
+            "partition": F.col("partition").cast("int")
+            if "partition" in names
+            else F.spark_partition_id(),
+            "offset": F.col("offset").cast("long")
+            if "offset" in names
+            else F.monotonically_increasing_id(),
+            "_error": F.col("_error").cast("string")
+            if "_error" in names
+            else F.lit(None).cast("string"),
+        }
+        selected = df.select(
+            F.lit(which).alias(_SIDE),
+            *[F.col(c).alias(p + c) for c in side.columns],
+            *[meta[m].alias(p + m) for m in _META],
+        )
+        out = selected if out is None else out.unionByName(selected, allowMissingColumns=True)
+    return out
+
+
+def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
+    """Start the join's Spark streaming query; returns it."""
+    from riverbed.stream.dataframe import _start
+
+    frames = cfg.join.frames
+    # what the batches and their tasks see: the join without its DataFrames (a task's
+    # config travels pickled; a DataFrame does not)
+    bare = replace(cfg, join=replace(cfg.join, left=DATAFRAME, right=DATAFRAME))
+    location = spark_location(cfg.checkpoint)
+    clear_unfinished_start(location)
+    writer = (
+        union(cfg, frames)
+        .writeStream.foreachBatch(foreach_batch(bare))
+        .option("checkpointLocation", s3a.to_s3a(location))
+        .queryName(cfg.join.name)
+    )
+    return _start(writer.trigger(**(trigger or {"processingTime": "1 second"})), cfg.join.name)
+
+
+def foreach_batch(cfg: JoinConfig) -> Any:
+    """The ``foreachBatch`` function of a join on the DataFrame path."""
+    batches = open_batches(cfg.checkpoint, cfg.fence)
+
+    def run(df: Any, batch_id: int) -> None:
+        record = batches.get(batch_id)
+        if record is not None and record.done:
+            return  # committed by riverbed; Spark had not recorded it when its driver died
+        df = df.cache()
+        try:
+            if record is None:
+                record = _plan(cfg, batches, batch_id, df)
+            spark = df.sparkSession
+            done = record
+
+            def tasks_of() -> tuple[pd.DataFrame, Counts]:
+                return _run_tasks(spark, cfg, df, batch_id, done.watermark_ms)
+
+            run_planned(spark, cfg, batches, batch_id, record, tasks_of)
+        finally:
+            df.unpersist()
+
+    return run
+
+
+def _plan(cfg: JoinConfig, batches: BatchLog, batch_id: int, df: Any) -> BatchRecord:
+    """Micro-batch ``batch_id``'s record, written durably before anything of it."""
+    newest = batches.previous(batch_id)
+    with_input = {row[_SIDE] for row in df.groupBy(_SIDE).count().collect()}
+    now = int(time.time() * 1000)
+    moved: dict[str, int] = {}
+    for which in SIDES:
+        was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
+        moved[which] = now if which in with_input or was is None else int(was)
+    record = BatchRecord(
+        watermark_ms=watermark_of(cfg.join, newest, moved, now),
+        previous_watermark_ms=newest.watermark_ms if newest is not None else 0,
+        max_event_ms=newest.max_event_ms if newest is not None else 0,
+        source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
+        source_moved_ms=moved,
+    )
+    batches.put(batch_id, record)
+    return record
+
+
+def _run_tasks(
+    spark: Any, cfg: JoinConfig, df: Any, batch_id: int, watermark_ms: int
+) -> tuple[pd.DataFrame, Counts]:
+    """The batch's read and pair tasks: the joined rows (internal columns), the counts."""
+    from pyspark.sql import functions as F
+
+    n = cfg.join.state_partitions
+    staged = None
+    for which, side in zip(SIDES, cfg.sides, strict=True):
+        p = _PREFIX[which]
+        rows = df.filter(F.col(_SIDE) == which).select(
+            *[F.col(p + c).alias(c) for c in (*side.columns, *_META)]
+        )
+        read = rows.mapInArrow(_reader(cfg, which, watermark_ms), "p long, v binary")
+        staged = read if staged is None else staged.unionByName(read)
+    pair = pair_task(cfg, batch_id, watermark_ms)
+    openpool.let_go()  # the tasks, maybe in this process's workers, open the partitions
+    frames, reports = tasks.frame_shuffle(spark, staged, n, lambda q, v: pair(q, list(v)))
+    counts = Counts()
+    for report in reports:
+        counts.add(report)
+    full = [f for f in frames if len(f)]
+    return (pd.concat(full, ignore_index=True) if full else pd.DataFrame()), counts
+
+
+def _reader(cfg: JoinConfig, which: str, watermark_ms: int) -> Any:
+    """A ``mapInArrow`` function: a side's rows to (state partition, its events) pairs,
+    and one (n, counts) pair for the driver — each value pickled."""
+    n = cfg.join.state_partitions
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        counts = Counts()
+        for frame in events(cfg, which, batches, watermark_ms, counts):
+            owners = state_partition_of(frame[KEY], n)
+            parts = np.unique(owners)
+            values = [pickle.dumps((which, frame.loc[owners == q])) for q in parts]
+            yield pa.RecordBatch.from_pydict({"p": parts.tolist(), "v": values}, schema=_STAGED)
+        yield pa.RecordBatch.from_pydict({"p": [n], "v": [pickle.dumps(counts)]}, schema=_STAGED)
+
+    return run
+
+
+__all__ = ["foreach_batch", "start", "union"]

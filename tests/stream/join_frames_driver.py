@@ -1,0 +1,48 @@
+"""A driver joining two riverbed topics on the DataFrame path (both sides ``Frame(df)``
+over ``spark.readStream.format("riverbed")``), as a user's process runs one:
+``python join_frames_driver.py LOG CHECKPOINT OUTPUT SHAPE HOW [--once]`` — SHAPE
+``within`` (10 minutes before to 1 hour after) or ``window`` (30 minutes); runs until
+stopped (a micro-batch a second), or with ``--once`` over what the topics hold."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(log_url: str, checkpoint: str, output: str, shape: str, how: str, once: bool) -> int:
+    from riverbed.config import SparkConfig
+    from riverbed.spark import session
+    from riverbed.stream import Frame, Join, register
+    from riverbed.stream.joinquery import start_join
+
+    spark = session(SparkConfig(master="local[2]", app_name="riverbed-join-frames"))
+    register(spark)
+
+    def side(topic: str, schema: str) -> Frame:
+        return Frame(
+            spark.readStream.format("riverbed")
+            .option("topic", topic)
+            .option("log", log_url)
+            .option("schema", schema)
+            .option("maxRecordsPerBatch", 60)
+            .load()
+        )
+
+    join = Join(
+        name="paid",
+        left=side("orders", "order_id long, amount double, ts timestamp"),
+        right=side("payments", "order_id long, paid double, ts timestamp"),
+        on="order_id", time="ts", how=how, watermark="2h", state_partitions=3,  # type: ignore[arg-type]
+        **({"within": ("10m", "1h")} if shape == "within" else {"window": "30m"}),  # type: ignore[arg-type]
+    )  # fmt: skip
+    trigger = {"availableNow": True} if once else {"processingTime": "1 second"}
+    query = start_join(
+        spark, join, checkpoint=checkpoint, output=output, log_url=log_url, trigger=trigger
+    )
+    query.awaitTermination()
+    return 0 if query.exception() is None else 1
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--once"]
+    sys.exit(main(*args[:5], once="--once" in sys.argv))
