@@ -83,6 +83,9 @@ def budget(memory_mb: int) -> Budget:
     return _BUDGETS[memory_mb]
 
 
+KEPT_INFO_LOGS = 3  # RocksDB's old info logs (LOG.old.*) a partition's directory keeps
+
+
 def _options(memory: Budget | None = None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -92,6 +95,10 @@ def _options(memory: Budget | None = None) -> Options:
     # zstd-for-the-bottommost-level measured as plain LZ4 here: the bottommost setting
     # did not take through rocksdict
     options.set_compression_type(DBCompressionType.zstd())
+    # RocksDB starts an info log (LOG) at each open and keeps 1,000 old ones by default:
+    # ~56 KB each, a partition opened every batch grew by ~45 MB in 1,000 batches while
+    # its data stayed flat (a join's state, 2026-12-03)
+    options.set_keep_log_file_num(KEPT_INFO_LOGS)
     if memory is not None:
         memory.apply(options)
     return options
