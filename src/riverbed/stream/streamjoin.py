@@ -404,7 +404,8 @@ def events(
             }
         )
         for c in side.columns:
-            frame[_PREFIX[which] + c] = _stored(good[c], c in side.times)
+            decimal = pa.types.is_decimal(batch.schema.field(c).type)
+            frame[_PREFIX[which] + c] = _stored(good[c], c in side.times, decimal)
         yield frame
 
 
@@ -421,24 +422,18 @@ def _nullable(kind: pa.DataType) -> Any:
     return _INTEGERS.get(kind)
 
 
-def _stored(column: pd.Series, is_time: bool) -> Any:
-    """A column as buffered events keep it: times as ms (None for no time), decimals as
-    doubles, anything else as it is."""
+def _stored(column: pd.Series, is_time: bool, decimal: bool) -> Any:
+    """A column as buffered events keep it: times as ms (None for no time), decimals
+    (``decimal``: the batch's type says so) as doubles, anything else as it is."""
     if is_time:
         present = column.notna().to_numpy()
-        out = np.full(len(column), None, dtype=object)
+        ms = np.zeros(len(column), dtype=np.int64)
         if present.any():
-            out[present] = event_millis(column[present]).tolist()
-        return out
-    if len(column) and column.dtype == object and column.map(_is_decimal).any():
+            ms[present] = event_millis(column[present])
+        return pd.arrays.IntegerArray(ms, ~present)
+    if decimal and len(column):
         return pd.Series(decimal_doubles(pa.array(column)).to_numpy(zero_copy_only=False))
     return column.to_numpy()
-
-
-def _is_decimal(value: Any) -> bool:
-    from decimal import Decimal
-
-    return isinstance(value, Decimal)
 
 
 def read_task(cfg: JoinConfig, watermark_ms: int) -> Any:
