@@ -28,6 +28,7 @@ aggregation engine — has no output for):
 * ``q15`` bidding statistics per day, ``q16`` per channel and day (3 filtered counts,
   8 exact distinct counts, filtered), ``q17`` per auction and day (filtered counts,
   min, max, mean, sum);
+* the join queries (q8, q9's join): ``benchmarks/nexmark_joins.py``;
 * ``topk`` (riverbed and DuckDB only): the 3 most frequent bidders per auction per
   minute, and ``last`` the last bid's price per auction per 10 s — Flink SQL's
   LAST_VALUE is by arrival, not by event time, so it is not the same question.

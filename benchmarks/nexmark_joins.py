@@ -1,0 +1,311 @@
+"""Nexmark's join queries, riverbed beside Flink SQL, each checked against DuckDB.
+
+    .venv/bin/python benchmarks/nexmark_joins.py [--events 1000000] [--only q8,q9j] [--no-flink]
+
+**Events.** ``benchmarks/nexmark.py``'s event stream whole (deterministic by
+``--seed``, one event a millisecond of event time): of every 50 events 1 person, 3
+auctions and 46 bids (the bids as ``nexmark.generate`` makes them). A person's id is
+1000 + its number; an auction's id 1000 + its number, its seller the *hot* seller (the
+newest person id rounded down to a multiple of 100) three times in four, else one of
+the 1,000 newest people; its category one of 10-14; its reserve a price.
+
+**Queries** (the ones riverbed's joins express; Nexmark's q3 and q20 are regular joins
+— no window, no interval: state kept for good — and q4, q7 join an aggregate):
+
+* ``q8`` — persons and the auctions they opened in the same 10-second window: the
+  window join of persons (``id``) and auctions (``seller``), one row per (person,
+  auction) — Nexmark's q8 then keeps each person once per window;
+* ``q9j`` — q9's join: each auction with the bids on it in its first 10 seconds (an
+  interval join, ``how="left"``: auctions without a bid kept); Nexmark's q9 bounds each
+  auction by its own ``expires`` and keeps the highest bid — riverbed's interval is
+  fixed, and the highest bid an aggregation over the joined rows.
+
+**Where they go.** Typed riverbed topics (4 partitions each), CSV files for Flink (one
+per source task, each in time order), DataFrames for DuckDB. riverbed runs from its
+topics with ``availableNow`` in ``--batches`` batches per side, then — as Flink's
+bounded input ends — one event a day later on each side closes every window and
+interval (not timed). Flink runs from submission to its last row (its fixed cost, a
+job over 1,000 events, reported beside). Prints events/s per query per system and
+riverbed / Flink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import riverbed.log
+from riverbed.stream import Join, Topic, read_joined
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from nexmark import BASE, generate  # noqa: E402
+from nexmark import SCHEMA as BIDS  # noqa: E402
+
+PERSONS = "id long, name string, state string, ts timestamp"
+AUCTIONS = "id long, seller long, category long, reserve long, ts timestamp"
+SCHEMAS = {"persons": PERSONS, "auctions": AUCTIONS, "bids": BIDS}
+KEYS = {"persons": "id", "auctions": "id", "bids": "auction"}
+SIDES = {"q8": ("persons", "auctions"), "q9j": ("auctions", "bids")}
+END = -1  # the id (and auction) of the far-later events that end the input
+
+
+def people_and_auctions(events: int, seed: int = 1, rate: int = 1000) -> dict[str, pd.DataFrame]:
+    """The persons and auctions of the event stream whose bids ``nexmark.generate`` makes."""
+    rng = np.random.default_rng(seed + 1)
+    index = np.arange(events, dtype=np.int64)
+    slot = index % 50
+
+    def times(which: np.ndarray) -> pd.Series:
+        return BASE + pd.to_timedelta(which * 1000 // rate, unit="ms")
+
+    people = index[slot == 0]
+    pid = 1000 + people // 50
+    persons = pd.DataFrame(
+        {
+            "id": pid,
+            "name": np.char.add("person-", pid.astype(str)).astype(object),
+            "state": np.array(["OR", "ID", "CA", "WA", "AZ"])[rng.integers(0, 5, len(pid))],
+            "ts": times(people),
+        }
+    )
+    persons["state"] = persons["state"].astype(object)
+    opened = index[(slot >= 1) & (slot <= 3)]
+    n = len(opened)
+    newest_person = 1000 + opened // 50  # the person of this 50 came first
+    hot = rng.integers(0, 4, n) > 0
+    other = np.maximum(newest_person - rng.integers(0, 1000, n), 1000)
+    auctions = pd.DataFrame(
+        {
+            "id": 1000 + opened // 50 * 3 + (opened % 50 - 1),
+            "seller": np.where(hot, np.maximum(newest_person // 100 * 100, 1000), other),
+            "category": 10 + rng.integers(0, 5, n),
+            "reserve": (10.0 ** (rng.random(n) * 6.0)).astype(np.int64) * 100,
+            "ts": times(opened),
+        }
+    )
+    return {"persons": persons, "auctions": auctions}
+
+
+def joins(watermark: str) -> dict[str, Join]:
+    def topic(name: str) -> Topic:
+        return Topic(name, options={"schema": SCHEMAS[name]})
+
+    return {
+        "q8": Join(
+            name="q8",
+            left=topic("persons"),
+            right=topic("auctions"),
+            on=("id", "seller"),
+            time="ts",
+            window="10s",
+            watermark=watermark,
+        ),
+        "q9j": Join(
+            name="q9j",
+            left=topic("auctions"),
+            right=topic("bids"),
+            on=("id", "auction"),
+            time="ts",
+            within=("0s", "10s"),
+            how="left",
+            watermark=watermark,
+        ),
+    }
+
+
+def fill(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, str]) -> None:
+    log = riverbed.log.open(url)
+    for name in names:
+        frame = streams[name]
+        log.create_topic(name, 4, schema=SCHEMAS[name])
+        producer = log.producer(name)
+        for i in range(0, len(frame), 100_000):
+            records = frame.iloc[i : i + 100_000].to_dict("records")
+            producer.send_batch(records, key_field=KEYS[name])
+    log.close()
+
+
+def end(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, str]) -> None:
+    """One event a day after the rest on each side, sent once the rest is joined: the
+    watermark passes every event (as the end of Flink's bounded input does). (Sent with
+    the rest, one read early from one partition would make the others' last events
+    late: the watermark is the newest event time seen.) The checks leave them out."""
+    log = riverbed.log.open(url)
+    later = max(streams[n]["ts"].max() for n in names) + pd.Timedelta("1d")
+    for name in names:
+        frame = streams[name]
+        last = frame.iloc[:1].assign(ts=later, **{KEYS[name]: END})
+        if name == "auctions":
+            last = last.assign(seller=END)
+        log.producer(name).send_batch(last.to_dict("records"), key_field=KEYS[name])
+    log.close()
+
+
+def run_riverbed(
+    spark: Any, url: str, root: Path, join: Join, batch: int, streams: dict[str, pd.DataFrame]
+) -> tuple[float, pd.DataFrame]:
+    """The join over its log, then its end: the seconds of both runs, the joined rows."""
+    from riverbed.stream.joinquery import start_join
+
+    def run() -> float:
+        began = time.perf_counter()
+        start_join(
+            spark, join, checkpoint=root / "cp" / join.name, output=root / "out" / join.name,
+            log_url=url, trigger={"availableNow": True}, max_records=batch,
+        ).awaitTermination()  # fmt: skip
+        return time.perf_counter() - began
+
+    seconds = run()
+    end(url, streams, SIDES[join.name])
+    seconds += run()
+    got = read_joined(root / "out" / join.name)
+    return seconds, got[got["id"] != END]
+
+
+def _ms(column: pd.Series) -> np.ndarray:
+    """Times as epoch ms, -1 for none."""
+    times = pd.to_datetime(column, utc=True).dt.as_unit("ms")
+    present = times.notna().to_numpy()
+    out = np.full(len(times), -1, dtype=np.int64)
+    out[present] = times[present].astype("int64").to_numpy()
+    return out
+
+
+def _ints(column: pd.Series) -> list[int]:
+    return [-1 if pd.isna(v) else int(v) for v in column.tolist()]
+
+
+def rows_of(query: str, frame: pd.DataFrame) -> list[tuple[int, ...]]:
+    """The rows both systems give, sorted: q8 (person, auction, their times); q9j
+    (auction, bidder, price, the bid's time; -1 for an auction without a bid)."""
+    if query == "q8":
+        columns = [_ints(frame["id"]), _ints(frame["right_id"])]
+        columns += [_ms(frame["ts"]).tolist(), _ms(frame["right_ts"]).tolist()]
+    else:
+        columns = [_ints(frame[c]) for c in ("id", "bidder", "price")]
+        columns.append(_ms(frame["right_ts"]).tolist())
+    return sorted(zip(*columns, strict=True))
+
+
+def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    import duckdb
+
+    con = duckdb.connect()
+    for name, frame in streams.items():
+        con.register(name, frame)
+    if query == "q8":
+        sql = """SELECT p.id, a.id AS right_id, p.ts, a.ts AS right_ts FROM persons p
+                 JOIN auctions a ON p.id = a.seller
+                 AND time_bucket(INTERVAL 10 SECOND, p.ts)
+                   = time_bucket(INTERVAL 10 SECOND, a.ts)"""
+    else:
+        sql = """SELECT a.id, b.bidder, b.price, b.ts AS right_ts FROM auctions a
+                 LEFT JOIN bids b ON a.id = b.auction
+                 AND b.ts BETWEEN a.ts AND a.ts + INTERVAL 10 SECOND"""
+    return con.execute(sql).df()
+
+
+def compare(query: str, got: pd.DataFrame, want: pd.DataFrame) -> str:
+    a, b = rows_of(query, got), rows_of(query, want)
+    return "IDENTICAL" if a == b else f"DIFFERENT: {len(a)} rows, DuckDB {len(b)}"
+
+
+def flink_check(query: str, rows: list[list[Any]], want: pd.DataFrame) -> str:
+    got = sorted(tuple(-1 if v == "" else int(v) for v in r) for r in rows)
+    truth = rows_of(query, want)
+    return "IDENTICAL" if got == truth else f"DIFFERENT: {len(got)} rows, DuckDB {len(truth)}"
+
+
+def run_flink(python: Path, csv: dict[str, Path], query: str, watermark_s: int) -> dict[str, Any]:
+    from flink_peer import run_script
+
+    paths = [str(csv[n]) for n in ("persons", "auctions", "bids")]
+    return run_script(python, HERE / "nexmark_joins_flink.py", *paths, query, str(watermark_s))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
+    parser.add_argument("--batches", type=int, default=10, help="riverbed's batches per side")
+    parser.add_argument("--watermark", type=int, default=10, help="seconds, both systems")
+    parser.add_argument("--only", default="q8,q9j")
+    parser.add_argument("--no-flink", action="store_true")
+    args = parser.parse_args()
+    from riverbed.config import SparkConfig
+    from riverbed.spark import session
+
+    streams = people_and_auctions(args.events, args.seed, args.rate)
+    streams["bids"] = generate(args.events, args.seed, args.rate)
+    print(
+        "Nexmark: "
+        + ", ".join(f"{len(f):,} {n}" for n, f in streams.items())
+        + f" over {args.events / args.rate:,.0f} s of event time",
+        flush=True,
+    )
+    from flink_peer import flink_python, write_csv
+
+    flink = None if args.no_flink else flink_python()
+    spark = session(SparkConfig(master="local[2]", app_name="riverbed-bench-nexmark-joins"))
+    rows = []
+    fixed = None
+    with tempfile.TemporaryDirectory(prefix="rb-nexmark-joins-") as tmp:
+        root = Path(tmp)
+        csv = {n: write_csv(f, root / "csv" / n) for n, f in streams.items()}
+        # a warm-up: Spark's workers and the code paths, on a small stream of its own
+        small = people_and_auctions(20_000, seed=9)
+        small["bids"] = generate(20_000, seed=9)
+        warm = f"file://{root / 'warm'}"
+        fill(warm, small, SIDES["q9j"])
+        run_riverbed(spark, warm, root / "warmup", joins("10s")["q9j"], 2_000, small)
+        if flink is not None:
+            tiny = {n: write_csv(f.head(300), root / "tiny" / n) for n, f in small.items()}
+            fixed = run_flink(flink, tiny, "q9j", args.watermark).get("seconds")
+        for name in args.only.split(","):
+            join = joins(f"{args.watermark}s")[name]
+            names = SIDES[name]
+            events = sum(len(streams[n]) for n in names)
+            per_batch = -(-max(len(streams[n]) for n in names) // args.batches)
+            want = duckdb_answer(name, streams)
+            url = f"file://{root / 'log' / name}"
+            fill(url, streams, names)
+            seconds, got = run_riverbed(spark, url, root, join, per_batch, streams)
+            row: dict[str, Any] = {
+                "query": name, "events": events, "rows": len(want), "riverbed_s": seconds,
+                "riverbed_check": compare(name, got, want),
+            }  # fmt: skip
+            if flink is not None:
+                result = run_flink(flink, csv, name, args.watermark)
+                row["flink_s"] = result.get("seconds")
+                row["flink_check"] = (
+                    flink_check(name, result["rows"], want) if "rows" in result else result["error"]
+                )
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    spark.stop()
+    print(f"\nriverbed in {args.batches} batches per side; Flink's fixed cost per job: "
+          f"{fixed if fixed is None else round(fixed, 1)} s (included)")  # fmt: skip
+    print("| query | events | rows | riverbed events/s | Flink events/s | riverbed / Flink "
+          "| checks |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        ours = r["events"] / r["riverbed_s"]
+        theirs = r["events"] / r["flink_s"] if r.get("flink_s") else None
+        ratio = f"**{ours / theirs:.2f}x**" if theirs else "-"
+        print(f"| `{r['query']}` | {r['events']:,} | {r['rows']:,} | {ours:,.0f} | "
+              f"{(f'{theirs:,.0f}' if theirs else '-')} | {ratio} | "
+              f"riverbed {r['riverbed_check']}, Flink {r.get('flink_check', '-')} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""One join query of ``benchmarks/nexmark_joins.py`` as a Flink SQL job, run in Flink's own
+virtualenv (it imports PyFlink, never riverbed).
+
+    .venv-flink/bin/python benchmarks/nexmark_joins_flink.py PERSONS AUCTIONS BIDS QUERY WATERMARK_S
+
+Flink's settings as ``nexmark_flink.py``'s (parallelism 2, heap state); each stream is
+CSV files (one per source task, each in time order) with a watermark of WATERMARK_S
+seconds; the job ends with its input, which closes every window and interval. Prints
+one JSON line: the job's seconds (submission to its end; its rows go to CSV files
+inside Flink, read afterwards) and its rows, times in epoch ms.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+SQL = {
+    # q8: persons and the auctions they opened in the same 10-second window (the window
+    # join of two TUMBLE table functions), one row per (person, auction)
+    "q8": """SELECT P.id, A.id, CAST(P.ts AS TIMESTAMP(3)), CAST(A.ts AS TIMESTAMP(3))
+             FROM (SELECT * FROM TABLE(TUMBLE(TABLE persons, DESCRIPTOR(ts),
+                                              INTERVAL '10' SECOND))) P
+             JOIN (SELECT * FROM TABLE(TUMBLE(TABLE auctions, DESCRIPTOR(ts),
+                                              INTERVAL '10' SECOND))) A
+             ON P.id = A.seller AND P.window_start = A.window_start
+                AND P.window_end = A.window_end""",
+    # q9's join: each auction with the bids of its first 10 seconds (an interval join),
+    # auctions without one kept
+    "q9j": """SELECT A.id, B.bidder, B.price, CAST(B.ts AS TIMESTAMP(3))
+              FROM auctions A LEFT JOIN bids B ON A.id = B.auction
+              AND B.ts BETWEEN A.ts AND A.ts + INTERVAL '10' SECOND""",
+}
+TABLES = {
+    "persons": "id BIGINT, name STRING, state STRING",
+    "auctions": "id BIGINT, seller BIGINT, category BIGINT, reserve BIGINT",
+    "bids": "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING",
+}
+
+
+def main() -> None:
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    from flink_conf import configure, run_to_csv  # beside this script
+    from nexmark_flink import plain
+
+    persons, auctions, bids, query, watermark_s = sys.argv[1:6]
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    configure(env.get_config(), "hashmap", True)
+    for name, path in (("persons", persons), ("auctions", auctions), ("bids", bids)):
+        env.execute_sql(
+            f"""CREATE TABLE {name} (
+                  {TABLES[name]}, ts TIMESTAMP(3),
+                  WATERMARK FOR ts AS ts - INTERVAL '{int(watermark_s)}' SECOND
+                ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
+        )
+    seconds, rows = run_to_csv(env, SQL[query], plain)
+    print(json.dumps({"seconds": seconds, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
