@@ -59,15 +59,7 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
     env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
     log_url = f"file://{home / 'log'}"
     orders, payments = orders_and_payments(1500, seed=5)
-    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
-
-    def release(k: int) -> None:
-        """This start's backlog: the next orders, and the payments up to their time."""
-        chunk = orders.iloc[bounds[k] : bounds[k + 1]]
-        lo = orders["ts"].iloc[bounds[k] - 1] if k else T0 - pd.Timedelta("1d")
-        hi = chunk["ts"].iloc[-1]
-        send(log_url, "orders", chunk, 3)
-        send(log_url, "payments", payments[(payments["ts"] > lo) & (payments["ts"] <= hi)], 2)
+    release = _backlogs(log_url, orders, payments)
 
     spec = tmp_path / "join.py"
     spec.write_text(SPEC.format(how=how, shape=shape))
@@ -92,16 +84,7 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
 
     # the oracle: the events as the log holds them, read back
     log = riverbed.log.open(log_url)
-    held = {}
-    for topic in ("orders", "payments"):
-        rows = [
-            r.value
-            for p in range(log.topic(topic).partitions)
-            for r in log.read(topic, p, 0, 10**6)
-        ]
-        held[topic] = pd.DataFrame(rows).assign(
-            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
-        )
+    held = _held(log)
     topic_rows = [r.value for p in range(3) for r in log.read("paid_rows", p, 0, 10**6)]
     log.close()
     assert len(held["orders"]) == len(orders) + 1
@@ -143,6 +126,36 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
             assert client.get("/api/streams/paid").json()["joined"] == said["joined"]
     finally:
         sources.close()
+
+
+def _backlogs(log_url: str, orders: pd.DataFrame, payments: pd.DataFrame) -> Any:
+    """``release(k)``: start k's backlog — the next orders, and the payments up to their
+    time (k = KILLS: the last orders)."""
+    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
+
+    def release(k: int) -> None:
+        chunk = orders.iloc[bounds[k] : bounds[k + 1]]
+        lo = orders["ts"].iloc[bounds[k] - 1] if k else T0 - pd.Timedelta("1d")
+        hi = chunk["ts"].iloc[-1]
+        send(log_url, "orders", chunk, 3)
+        send(log_url, "payments", payments[(payments["ts"] > lo) & (payments["ts"] <= hi)], 2)
+
+    return release
+
+
+def _held(log: Any) -> dict[str, pd.DataFrame]:
+    """The orders and payments as the log holds them, read back."""
+    held = {}
+    for topic in ("orders", "payments"):
+        rows = [
+            r.value
+            for p in range(log.topic(topic).partitions)
+            for r in log.read(topic, p, 0, 10**6)
+        ]
+        held[topic] = pd.DataFrame(rows).assign(
+            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+        )
+    return held
 
 
 def _join(shape: str, how: str) -> Any:
@@ -238,14 +251,7 @@ def test_a_join_of_dataframes_killed_mid_batch_gives_every_row_once(
     env = {**subprocess_env, "PYTHONPATH": str(root)}
     log_url = f"file://{tmp_path / 'log'}"
     orders, payments = orders_and_payments(1500, seed=7)
-    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
-
-    def release(k: int) -> None:
-        chunk = orders.iloc[bounds[k] : bounds[k + 1]]
-        lo = orders["ts"].iloc[bounds[k] - 1] if k else T0 - pd.Timedelta("1d")
-        hi = chunk["ts"].iloc[-1]
-        send(log_url, "orders", chunk, 3)
-        send(log_url, "payments", payments[(payments["ts"] > lo) & (payments["ts"] <= hi)], 2)
+    release = _backlogs(log_url, orders, payments)
 
     checkpoint, output = tmp_path / "cp", tmp_path / "out"
     command = [sys.executable, str(FRAMES_DRIVER), log_url, str(checkpoint), str(output),
@@ -271,16 +277,7 @@ def test_a_join_of_dataframes_killed_mid_batch_gives_every_row_once(
         send(log_url, "orders", last, 3)
         last = last.assign(order_id=last["order_id"] + 1, ts=last["ts"] + pd.Timedelta("1d"))
     log = riverbed.log.open(log_url)
-    held = {}
-    for topic in ("orders", "payments"):
-        rows = [
-            r.value
-            for p in range(log.topic(topic).partitions)
-            for r in log.read(topic, p, 0, 10**6)
-        ]
-        held[topic] = pd.DataFrame(rows).assign(
-            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
-        )
+    held = _held(log)
     log.close()
     want = oracle(_join(shape, how), held["orders"], held["payments"])
     want = want[want["order_id"] < 10**6]

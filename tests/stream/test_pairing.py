@@ -88,11 +88,12 @@ def test_every_on_time_pair_once_whatever_the_batches(
             store = provider.load("j", 0, version=batch)
             out = step(store, rule, how, frames[0], frames[1], int(w), (["lv"], ["rv"]))
             store.commit(batch + 1)
-            got_pairs += list(zip(out.pairs["l_off"], out.pairs["r_off"], strict=True))
-            got_alone += list(out.unmatched["l_off"])
+            pairs, alone = out.pairs.to_pydict(), out.unmatched.to_pydict()
+            got_pairs += list(zip(pairs["l_off"], pairs["r_off"], strict=True))
+            got_alone += alone["l_off"]
             # the columns travel with the ids, both sides'
-            assert list(out.pairs["lv"]) == [f"l{o}" for o in out.pairs["l_off"]]
-            assert list(out.pairs["rv"]) == [f"r{o}" for o in out.pairs["r_off"]]
+            assert pairs["lv"] == [f"l{o}" for o in pairs["l_off"]]
+            assert pairs["rv"] == [f"r{o}" for o in pairs["r_off"]]
         want_pairs, want_alone = _oracle(rule, how, pd.concat(on_time[0]), pd.concat(on_time[1]))
         assert sorted(got_pairs) == sorted(want_pairs)  # each once: no duplicates
         assert sorted(got_alone) == sorted(want_alone)
@@ -125,7 +126,7 @@ def test_state_holds_only_what_a_partner_could_still_reach() -> None:
         # left at 100 can meet a right up to 110: dropped at 111, matched: not emitted
         out = step(store, rule, "left", *nothing, 111, (["lv"], ["rv"]))
         assert buffered_count(store, rule) == {"left": 0, "right": 0}
-        assert out.unmatched.empty
+        assert out.unmatched.num_rows == 0
         store.abort()
     assert LEFT != RIGHT
 
@@ -159,8 +160,9 @@ def test_a_partition_of_join_state_format_1_is_rewritten_by_its_next_batch() -> 
         out = step(store, rule, "left", new_left, new_right, 50, (["lv"], ["rv"]))
         store.commit(2)
         # x2 meets y1 (gap 2) and y0? no: 103 - 110 = -7 < -5; x0, x1 meet no new one
-        assert sorted(zip(out.pairs["lv"], out.pairs["rv"], strict=True)) == [("x2", "y1")]
-        assert out.unmatched.empty
+        pairs = out.pairs.to_pydict()
+        assert sorted(zip(pairs["lv"], pairs["rv"], strict=True)) == [("x2", "y1")]
+        assert out.unmatched.num_rows == 0
         store = provider.load("j", 0, version=2)
         assert not list(store.scan(JOIN_ROWS)) and not list(store.scan(JOIN_EXPIRY))
         assert buffered_count(store, rule) == {"left": 3, "right": 2}
@@ -168,7 +170,7 @@ def test_a_partition_of_join_state_format_1_is_rewritten_by_its_next_batch() -> 
         out = step(store, rule, "left", *nothing, 500, (["lv"], ["rv"]))
         store.commit(3)
         # x1's flag from format 1 held: only x0 was never paired
-        assert list(out.unmatched["lv"]) == ["x0"]
+        assert out.unmatched.column("lv").to_pylist() == ["x0"]
         store = provider.load("j", 0, version=3)
         assert [k for k, _ in store.scan(b"")] == [JOIN_WATERMARK]
         store.abort()

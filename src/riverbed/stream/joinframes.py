@@ -35,24 +35,22 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from riverbed.spark import s3a, tasks
 from riverbed.spark.checkpoint import clear_unfinished_start
 from riverbed.state import openpool
 from riverbed.stream.batchlog import BatchLog, BatchRecord, open_batches
-from riverbed.stream.engine import state_partition_of
 from riverbed.stream.joins import DATAFRAME
 from riverbed.stream.layout import spark_location
-from riverbed.stream.pairing import KEY
 from riverbed.stream.streamjoin import (
     SIDES,
     Counts,
     JoinConfig,
     events,
+    joined_rows,
     pair_task,
+    route,
     run_planned,
     watermark_of,
 )
@@ -127,7 +125,7 @@ def foreach_batch(cfg: JoinConfig) -> Any:
             spark = df.sparkSession
             done = record
 
-            def tasks_of() -> tuple[pd.DataFrame, Counts]:
+            def tasks_of() -> tuple[pa.Table | None, Counts]:
                 return _run_tasks(spark, cfg, df, batch_id, done.watermark_ms)
 
             run_planned(spark, cfg, batches, batch_id, record, tasks_of)
@@ -159,7 +157,7 @@ def _plan(cfg: JoinConfig, batches: BatchLog, batch_id: int, df: Any) -> BatchRe
 
 def _run_tasks(
     spark: Any, cfg: JoinConfig, df: Any, batch_id: int, watermark_ms: int
-) -> tuple[pd.DataFrame, Counts]:
+) -> tuple[pa.Table | None, Counts]:
     """The batch's read and pair tasks: the joined rows (internal columns), the counts."""
     from pyspark.sql import functions as F
 
@@ -178,8 +176,7 @@ def _run_tasks(
     counts = Counts()
     for report in reports:
         counts.add(report)
-    full = [f for f in frames if len(f)]
-    return (pd.concat(full, ignore_index=True) if full else pd.DataFrame()), counts
+    return joined_rows(frames), counts
 
 
 def _reader(cfg: JoinConfig, which: str, watermark_ms: int) -> Any:
@@ -189,11 +186,11 @@ def _reader(cfg: JoinConfig, which: str, watermark_ms: int) -> Any:
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts = Counts()
-        for frame in events(cfg, which, batches, watermark_ms, counts):
-            owners = state_partition_of(frame[KEY], n)
-            parts = np.unique(owners)
-            values = [pickle.dumps((which, frame.loc[owners == q])) for q in parts]
-            yield pa.RecordBatch.from_pydict({"p": parts.tolist(), "v": values}, schema=_STAGED)
+        for table in events(cfg, which, batches, watermark_ms, counts):
+            routed = list(route(table, n))
+            values = [pickle.dumps((which, part)) for _, part in routed]
+            parts = [p for p, _ in routed]
+            yield pa.RecordBatch.from_pydict({"p": parts, "v": values}, schema=_STAGED)
         yield pa.RecordBatch.from_pydict({"p": [n], "v": [pickle.dumps(counts)]}, schema=_STAGED)
 
     return run

@@ -118,12 +118,13 @@ class Rule:
 
 @dataclass
 class Paired:
-    """What one batch of one state partition emits: ``pairs`` (the ids of both events —
-    ``_key``, ``_ts``/``_part``/``_off`` of each side, prefixed ``l`` / ``r`` — and
-    their columns) and, for a left join, the left events dropped ``unmatched``."""
+    """What one batch of one state partition emits (Arrow tables): ``pairs`` (the ids
+    of both events — ``_key``, ``_ts``/``_part``/``_off`` of each side, prefixed ``l`` /
+    ``r`` — and their columns) and, for a left join, the left events dropped
+    ``unmatched`` (the left ids prefixed ``l``, the left columns)."""
 
-    pairs: pd.DataFrame
-    unmatched: pd.DataFrame
+    pairs: pa.Table
+    unmatched: pa.Table
 
 
 @dataclass
@@ -137,13 +138,14 @@ def step(
     store: Any,
     rule: Rule,
     how: str,
-    left: pd.DataFrame,
-    right: pd.DataFrame,
+    left: pd.DataFrame | pa.Table,
+    right: pd.DataFrame | pa.Table,
     watermark_ms: int,
     columns: tuple[Sequence[str], Sequence[str]],
 ) -> Paired:
     """Pair one batch's on-time events of a state partition (``left``, ``right``: the
-    :data:`IDS` columns and the sides' ``columns``, times in ms, keys as text) with
+    :data:`IDS` columns and the sides' ``columns``, times in ms, keys as text; Arrow
+    tables, or pandas frames :func:`as_events` converts) with
     each other and with the buffered ones in ``store`` (an open state store loaded at
     the batch's version), buffer them, and drop (emitting unmatched left events for
     ``how="left"``) what the watermark passed. The caller commits the store."""
@@ -156,7 +158,7 @@ def step(
     live = {side: _segments(store, side) for side in (LEFT, RIGHT)}
     if next(iter(store.scan(JOIN_ROWS)), None) is not None:  # format 1, rewritten once
         _migrate(store, rule, cols, live, batch)
-    new = {LEFT: _arrow(left, cols[LEFT]), RIGHT: _arrow(right, cols[RIGHT])}
+    new = {LEFT: as_events(left, cols[LEFT]), RIGHT: as_events(right, cols[RIGHT])}
     old = {side: _concat([s.events for s in live[side]], new[side].schema) for side in new}
 
     # every pair with one event of this batch: new left x (old + new right), old left x new right
@@ -220,12 +222,11 @@ def step(
                 store.put(join_matched_key(segment.id, batch), rows.tobytes())
     store.put(JOIN_WATERMARK, _W.pack(w))
 
-    left_ids = {TS: "l" + TS, PART: "l" + PART, OFF: "l" + OFF}
-    alone = _concat(unmatched, new[LEFT].schema) if unmatched else None
-    return Paired(
-        pairs=_pandas(pairs, _pair_schema(new[LEFT].schema, new[RIGHT].schema, cols)),
-        unmatched=_pandas(alone, new[LEFT].schema).rename(columns=left_ids),
-    )
+    alone = _concat(unmatched, new[LEFT].schema)
+    if not pairs.num_rows:
+        pairs = _pair_schema(new[LEFT].schema, new[RIGHT].schema, cols).empty_table()
+    left_ids = [("l" + c if c in (TS, PART, OFF) else c) for c in alone.column_names]
+    return Paired(pairs=pairs, unmatched=alone.rename_columns(left_ids))
 
 
 def _segments(store: Any, side: bytes) -> list[_Segment]:
@@ -244,12 +245,23 @@ def _paired_rows(store: Any, segment: _Segment) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int32)
 
 
-def _arrow(frame: pd.DataFrame, cols: list[str]) -> pa.Table:
-    """A side's events as an Arrow table: the ids typed, the columns as they come."""
-    arrays = [pa.array(frame[c].to_numpy(dtype=object) if c == KEY else frame[c], _ID_TYPES[c],
-                       from_pandas=True) for c in IDS]  # fmt: skip
-    arrays += [pa.array(frame[c], from_pandas=True) for c in cols]
-    return pa.Table.from_arrays(arrays, names=IDS + cols)
+def as_events(events: pd.DataFrame | pa.Table, cols: Sequence[str]) -> pa.Table:
+    """A side's events as :func:`step` keeps them: an Arrow table of the :data:`IDS`
+    (typed) and ``cols`` (as they come)."""
+    if isinstance(events, pa.Table):
+        arrays = [events.column(c).cast(_ID_TYPES[c]) for c in IDS]
+        arrays += [events.column(c) for c in cols]
+    else:
+        arrays = [pa.array(events[c].to_numpy(dtype=object) if c == KEY else events[c],
+                           _ID_TYPES[c], from_pandas=True) for c in IDS]  # fmt: skip
+        arrays += [pa.array(events[c], from_pandas=True) for c in cols]
+    return pa.Table.from_arrays(arrays, names=IDS + list(cols))
+
+
+def no_events(cols: Sequence[str]) -> pa.Table:
+    """A side's events when a batch has none."""
+    fields = [pa.field(c, _ID_TYPES[c]) for c in IDS] + [pa.field(c, pa.null()) for c in cols]
+    return pa.schema(fields).empty_table()
 
 
 def _times(events: pa.Table) -> np.ndarray:
@@ -305,17 +317,6 @@ def _pair_schema(left: pa.Schema, right: pa.Schema, cols: dict[bytes, list[str]]
     return pa.schema(fields)
 
 
-def _nullable(kind: pa.DataType) -> Any:
-    """Integers stay integers beside a null (pandas would make them floats)."""
-    return pd.Int64Dtype() if pa.types.is_integer(kind) else None
-
-
-def _pandas(table: pa.Table | None, schema: pa.Schema) -> pd.DataFrame:
-    if table is None or not table.num_rows:
-        table = schema.empty_table()
-    return table.to_pandas(types_mapper=_nullable)
-
-
 def _encode(events: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, events.schema) as writer:
@@ -339,7 +340,7 @@ def _migrate(
         if not events:
             continue
         frame = pd.DataFrame(events, columns=[*IDS, "\x00matched", *cols[side]])
-        table = _arrow(frame, cols[side])
+        table = as_events(frame, cols[side])
         latest = int(rule.expires(side, _times(table)).max())
         key = join_segment_key(side, latest, batch, _MIGRATED)
         store.put(key, _encode(table))
@@ -368,4 +369,14 @@ def buffered_count(store: Any, rule: Rule) -> dict[str, int]:
     return out
 
 
-__all__ = ["IDS", "LEFT", "RIGHT", "Paired", "Rule", "buffered_count", "step"]
+__all__ = [
+    "IDS",
+    "LEFT",
+    "RIGHT",
+    "Paired",
+    "Rule",
+    "as_events",
+    "buffered_count",
+    "no_events",
+    "step",
+]

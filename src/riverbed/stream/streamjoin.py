@@ -57,7 +57,7 @@ from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
 from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
-from riverbed.stream.pairing import IDS, KEY, OFF, PART, TS, Rule, step
+from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, as_events, no_events, step
 from riverbed.stream.results import PART as RESULT_FILE
 from riverbed.stream.results import encode_file
 
@@ -352,7 +352,7 @@ def events(
 ) -> Iterator[pd.DataFrame]:  # fmt: skip
     """The on-time events of Arrow batches of a side (its fields, ``partition``,
     ``offset`` and ``_error``), as :mod:`~riverbed.stream.pairing` takes them; the rest
-    counted (and kept, up to SIDE_LIMIT) in ``counts``."""
+    counted (and kept, up to SIDE_LIMIT) in ``counts``. Yields Arrow tables."""
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
     for batch in batches:
@@ -406,7 +406,7 @@ def events(
         for c in side.columns:
             decimal = pa.types.is_decimal(batch.schema.field(c).type)
             frame[_PREFIX[which] + c] = _stored(good[c], c in side.times, decimal)
-        yield frame
+        yield as_events(frame, cfg.columns(which))  # Arrow from here to the output file
 
 
 _KEY_TEXT = "\x00key"  # the join key as text, beside the columns while a piece is read
@@ -446,10 +446,8 @@ def read_task(cfg: JoinConfig, watermark_ms: int) -> Any:
         counts = Counts()
         out: list[tuple[int, Any]] = []
         if piece.end > piece.start:
-            for frame in _read(cfg, which, piece, watermark_ms, counts):
-                owners = state_partition_of(frame[KEY], n)
-                for p in np.unique(owners):
-                    out.append((int(p), (which, frame.loc[owners == p])))
+            for table in _read(cfg, which, piece, watermark_ms, counts):
+                out += [(p, (which, part)) for p, part in route(table, n)]
         out.append((n, counts))
         return out
 
@@ -459,14 +457,14 @@ def read_task(cfg: JoinConfig, watermark_ms: int) -> Any:
 def pair_task(cfg: JoinConfig, batch_id: int, watermark_ms: int) -> Any:
     """Stage 2: one state partition's events paired (every partition, every batch)."""
 
-    def run(partition: int, items: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+    def run(partition: int, items: list[tuple[str, pa.Table]]) -> pa.Table | None:
         frames = {}
         for which in SIDES:
-            got = [f for w, f in items if w == which]
+            got = [t for w, t in items if w == which]
             frames[which] = (
-                pd.concat(got, ignore_index=True)
+                pa.concat_tables(got, promote_options="permissive")
                 if got
-                else pd.DataFrame(columns=IDS + cfg.columns(which))
+                else no_events(cfg.columns(which))
             )
         store = StateProvider(cfg.state).load(cfg.namespace, partition, version=batch_id)
         try:
@@ -484,17 +482,32 @@ def pair_task(cfg: JoinConfig, batch_id: int, watermark_ms: int) -> Any:
         except BaseException:
             store.abort()
             raise
-        parts = [f for f in (out.pairs, out.unmatched) if len(f)]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        return joined_rows([out.pairs, out.unmatched])
 
     return run
 
 
+def route(table: pa.Table, n: int) -> Iterator[tuple[int, pa.Table]]:
+    """A side's events by state partition (``crc32(key) % n``)."""
+    owners = state_partition_of(table.column(KEY).to_pandas(), n)
+    for p in np.unique(owners):
+        yield int(p), table.filter(pa.array(owners == p))
+
+
+def joined_rows(tables: list[Any]) -> pa.Table | None:
+    """Joined rows (pairs; a left join's unmatched rows, without the right side's
+    columns) as one table, or None for none."""
+    full = [t for t in tables if t is not None and t.num_rows]
+    if not full:
+        return None
+    return full[0] if len(full) == 1 else pa.concat_tables(full, promote_options="permissive")
+
+
 def run_batch(
     spark: Any, cfg: JoinConfig, batch_id: int, record: BatchRecord
-) -> tuple[pd.DataFrame, Counts]:
-    """Run one planned batch's tasks; returns the joined rows (internal columns) and the
-    read counts."""
+) -> tuple[pa.Table | None, Counts]:
+    """Run one planned batch's tasks; returns the joined rows (internal columns; None:
+    none) and the read counts."""
     n = cfg.join.state_partitions
     tasks.describe(spark, f"riverbed join {cfg.join.name} batch {batch_id}")
     where, parallelism = tasks.master(spark), tasks.parallelism(spark)
@@ -512,7 +525,7 @@ def run_batch(
         work += [(which, s) for s in pieces(slices, parallelism)]
     read, pair = read_task(cfg, record.watermark_ms), pair_task(cfg, batch_id, record.watermark_ms)
     counts = Counts()
-    frames: list[pd.DataFrame] = []
+    frames: list[pa.Table | None] = []
     # a small batch (also one with no input: the watermark moved) in the driver's threads
     if in_driver(total, cfg.driver_records, where) or (total == 0 and tasks_in_this_process(where)):
         routed: dict[int, list[Any]] = {p: [] for p in range(n)}
@@ -531,37 +544,37 @@ def run_batch(
         )
         for c in reports:
             counts.add(c)
-    full = [f for f in frames if len(f)]
-    return (pd.concat(full, ignore_index=True) if full else pd.DataFrame()), counts
+    return joined_rows(frames), counts
 
 
-def output_rows(cfg: JoinConfig, batch_id: int, joined: pd.DataFrame) -> pa.Table:
+def output_rows(cfg: JoinConfig, batch_id: int, joined: pa.Table | None) -> pa.Table:
     """The batch's joined rows in the output's columns and one order (by key, then the
     left and the right events' times and log positions)."""
     schema = cfg.output_schema
-    if not len(joined):
+    if joined is None or not joined.num_rows:
         return schema.empty_table()
     order = [KEY, "l" + TS, "l" + PART, "l" + OFF, "r" + TS, "r" + PART, "r" + OFF]
     for c in order:
-        if c not in joined:
-            joined[c] = np.nan
-    joined = joined.sort_values(order, na_position="first", kind="stable").reset_index(drop=True)
+        if c not in joined.column_names:  # no pairs in this batch: unmatched rows only
+            joined = joined.append_column(c, pa.nulls(joined.num_rows, pa.int64()))
+    ranked = pc.sort_indices(joined, sort_keys=[(c, "ascending", "at_start") for c in order])
+    joined = joined.take(ranked)
     arrays = []
     for internal, name in cfg.names:
         kind = schema.field(name).type
         if internal == WINDOW_START:
-            rule = cfg.rule
-            start = rule.window_start(joined["l" + TS].to_numpy(dtype=np.int64))
+            start = cfg.rule.window_start(joined.column("l" + TS).to_numpy())
             arrays.append(pa.array(start * 1000, pa.int64()).cast(kind))
             continue
-        column = joined[internal] if internal in joined else pd.Series([None] * len(joined))
-        if pa.types.is_timestamp(kind):
-            ms = pd.array(column.astype(object).where(column.notna(), None), dtype="Int64")
-            arrays.append(pa.array(ms * 1000, pa.int64()).cast(kind))
+        if internal not in joined.column_names:
+            arrays.append(pa.nulls(joined.num_rows, kind))
+            continue
+        column = joined.column(internal)
+        if pa.types.is_timestamp(kind):  # kept as ms
+            arrays.append(pc.multiply(column.cast(pa.int64()), 1000).cast(kind))
         else:
-            values = column.astype(object).where(column.notna(), None).tolist()
-            arrays.append(pa.array(values, kind))
-    arrays.append(pa.array(np.full(len(joined), batch_id, dtype=np.int64)))
+            arrays.append(column.cast(kind))
+    arrays.append(pa.array(np.full(joined.num_rows, batch_id, dtype=np.int64)))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -571,7 +584,7 @@ def run_planned(
     batches: BatchLog,
     batch_id: int,
     record: BatchRecord,
-    tasks_of: Callable[[], tuple[pd.DataFrame, Counts]] | None = None,
+    tasks_of: Callable[[], tuple[pa.Table | None, Counts]] | None = None,
 ) -> BatchRecord:
     """Run a planned batch (its record written durably before this call) and commit it:
     the same record run again commits the same state version and replaces the same
@@ -592,8 +605,13 @@ def run_planned(
         record.max_event_ms = max(record.max_event_ms, *seen.values())
     record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
     record.filtered = 0
-    pairs = int(joined["r" + TS].notna().sum()) if len(joined) else 0
-    record.joined, record.unmatched = pairs, len(joined) - pairs
+    if joined is None:
+        unmatched = 0
+    elif "r" + TS not in joined.column_names:  # a left join's unmatched rows only
+        unmatched = joined.num_rows
+    else:
+        unmatched = joined.column("r" + TS).null_count
+    record.joined, record.unmatched = table.num_rows - unmatched, unmatched
     late = pd.concat(counts.late_rows) if counts.late_rows else None
     dlq = pd.concat(counts.dlq_rows) if counts.dlq_rows else None
     if late is not None or dlq is not None:
@@ -653,10 +671,12 @@ __all__ = [
     "JoinConfig",
     "JoinSide",
     "events",
+    "joined_rows",
     "output_rows",
     "pair_task",
     "prepare",
     "prepare_frames",
+    "route",
     "run_batch",
     "run_planned",
     "watermark_of",
