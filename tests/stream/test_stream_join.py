@@ -394,6 +394,19 @@ def test_hostile_records_on_a_side_are_counted_and_sent_to_the_dlq(
     assert any("no event time (ts)" in r for r in reasons)
     assert any("before 1970" in r for r in reasons)
     assert any("is not an ISO 8601 time" in r for r in reasons)
+    # an order older than the watermark (about T0 - 1h): late — counted, sent whole to
+    # .late, not joined
+    stale = orders.iloc[:1].assign(order_id=10**5, ts=T0 - pd.Timedelta("1d"))
+    send(log_url, "orders", stale, 2)
+    drain(spark, join, tmp_path, log_url)
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None and totals["late"] == 1
+    log = riverbed.log.open(log_url)
+    (late,) = [r.value for r in log.read("paid.late", 0, 0, 10)]
+    log.close()
+    assert late["order_id"] == 10**5 and late["side"] == "left"
+    assert late["amount"] == orders["amount"].iloc[0]
+    assert 10**5 not in set(read_joined(tmp_path / "out")["order_id"])
 
 
 def _frame(spark: Any, log_url: str, topic: str, schema: str) -> Any:

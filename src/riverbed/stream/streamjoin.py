@@ -50,14 +50,14 @@ from riverbed.spark.source import META_NAMES, LogSlice, open_log, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
-from riverbed.stream.engine import event_millis, state_partition_of
+from riverbed.stream.engine import state_partition_of
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
 from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
-from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, as_events, no_events, step
+from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, no_events, step
 from riverbed.stream.results import PART as RESULT_FILE
 from riverbed.stream.results import encode_file
 
@@ -349,91 +349,99 @@ def _read(
 def events(
     cfg: JoinConfig, which: str, batches: Iterable[pa.RecordBatch], watermark_ms: int,
     counts: Counts,
-) -> Iterator[pd.DataFrame]:  # fmt: skip
+) -> Iterator[pa.Table]:  # fmt: skip
     """The on-time events of Arrow batches of a side (its fields, ``partition``,
-    ``offset`` and ``_error``), as :mod:`~riverbed.stream.pairing` takes them; the rest
-    counted (and kept, up to SIDE_LIMIT) in ``counts``. Yields Arrow tables."""
+    ``offset`` and ``_error``), as :mod:`~riverbed.stream.pairing` takes them (Arrow
+    tables: no row becomes a Python object); the rest counted (and kept, up to
+    SIDE_LIMIT) in ``counts``."""
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
     for batch in batches:
         counts.input += batch.num_rows
-        # integers stay integers beside a null (pandas would make them floats: a key
-        # 5 would read "5.0" in a batch with a malformed record)
-        pdf = batch.to_pandas(types_mapper=_nullable)
-        pdf[_KEY_TEXT] = pc.cast(batch.column(side.key), pa.string()).to_pandas()
-        why = pdf["_error"].copy()
-        why[why.isna() & pdf[side.key].isna()] = f"no {side.key} to join on"
-        why[why.isna() & pdf[side.time].isna()] = f"no event time ({side.time})"
-        if pdf[side.time].dtype == object:  # text: ISO 8601, or the event is malformed
-            parsed = pd.to_datetime(pdf[side.time], utc=True, format="ISO8601", errors="coerce")
-            why[why.isna() & pdf[side.time].notna() & parsed.isna()] = (
-                f"event time ({side.time}) is not an ISO 8601 time"
-            )
-            pdf[side.time] = parsed
-        ok = why.isna().to_numpy()
-        ts = np.full(len(pdf), -1, dtype=np.int64)
-        if ok.any():
-            ts[ok] = event_millis(pdf.loc[ok, side.time])
-        before = ok & (ts < 0)
-        if before.any():
-            why[before] = f"event time ({side.time}) before 1970"
-            ok &= ~before
-        bad = ~ok
+        ts, timeless, unparsed = _event_ms(batch.column(side.time))
+        reasons = [  # the first that holds is why a record is malformed
+            (_present(batch.column("_error")), None),
+            (_nulls(batch.column(side.key)), f"no {side.key} to join on"),
+            (timeless, f"no event time ({side.time})"),
+            (unparsed, f"event time ({side.time}) is not an ISO 8601 time"),
+            (ts < 0, f"event time ({side.time}) before 1970"),
+        ]
+        bad = np.zeros(batch.num_rows, dtype=bool)
+        for holds, _ in reasons:
+            bad |= holds
         if bad.any():
             counts.malformed += int(bad.sum())
             if sum(map(len, counts.dlq_rows)) < SIDE_LIMIT:
-                counts.dlq_rows.append(pdf.loc[bad].assign(_error=why[bad], side=which))
+                rows = batch.filter(pa.array(bad)).to_pandas()
+                why = rows["_error"].to_numpy(dtype=object)
+                for holds, text in reasons[1:]:
+                    why[pd.isna(why) & holds[bad]] = text
+                counts.dlq_rows.append(rows.assign(_error=why, side=which))
+        ok = ~bad
         if not ok.any():
             continue
-        good, ts = pdf.loc[ok], ts[ok]
-        counts.max_ms[which] = max(counts.max_ms.get(which, int(ts.max())), int(ts.max()))
-        late = rule.late(ts, watermark_ms)
+        counts.max_ms[which] = max(counts.max_ms.get(which, int(ts[ok].max())), int(ts[ok].max()))
+        late = ok & rule.late(ts, watermark_ms)
         if late.any():
             counts.late += int(late.sum())
             if sum(map(len, counts.late_rows)) < SIDE_LIMIT:
-                counts.late_rows.append(good.loc[late].drop(columns=["_error"]).assign(side=which))
-            good, ts = good.loc[~late], ts[~late]
-        if not len(good):
+                rows = batch.filter(pa.array(late)).to_pandas().drop(columns=["_error"])
+                counts.late_rows.append(rows.assign(side=which))
+        good = ok & ~late
+        if not good.any():
             continue
-        frame = pd.DataFrame(
-            {
-                KEY: good[_KEY_TEXT].to_numpy(),
-                TS: ts,
-                PART: good["partition"].to_numpy(dtype=np.int64),
-                OFF: good["offset"].to_numpy(dtype=np.int64),
-            }
-        )
+        kept = batch.filter(pa.array(good))
+        arrays = [
+            pc.cast(kept.column(side.key), pa.string()),
+            pa.array(ts[good]),
+            pc.cast(kept.column("partition"), pa.int64()),
+            pc.cast(kept.column("offset"), pa.int64()),
+        ]
         for c in side.columns:
-            decimal = pa.types.is_decimal(batch.schema.field(c).type)
-            frame[_PREFIX[which] + c] = _stored(good[c], c in side.times, decimal)
-        yield as_events(frame, cfg.columns(which))  # Arrow from here to the output file
+            arrays.append(_stored(kept.column(c), c in side.times))
+        yield pa.Table.from_arrays(arrays, names=[KEY, TS, PART, OFF, *cfg.columns(which)])
 
 
-_KEY_TEXT = "\x00key"  # the join key as text, beside the columns while a piece is read
-_INTEGERS = {
-    pa.int8(): pd.Int8Dtype(),
-    pa.int16(): pd.Int16Dtype(),
-    pa.int32(): pd.Int32Dtype(),
-    pa.int64(): pd.Int64Dtype(),
-}
+def _present(column: pa.Array) -> np.ndarray:
+    mask: np.ndarray = pc.is_valid(column).to_numpy(zero_copy_only=False)
+    return mask
 
 
-def _nullable(kind: pa.DataType) -> Any:
-    return _INTEGERS.get(kind)
+def _nulls(column: pa.Array) -> np.ndarray:
+    mask: np.ndarray = pc.is_null(column).to_numpy(zero_copy_only=False)
+    return mask
 
 
-def _stored(column: pd.Series, is_time: bool, decimal: bool) -> Any:
-    """A column as buffered events keep it: times as ms (None for no time), decimals
-    (``decimal``: the batch's type says so) as doubles, anything else as it is."""
+def _event_ms(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Event times as epoch ms (``-1`` where there is none), which have none, and which
+    are text that is not an ISO 8601 time: timestamps (naive ones are UTC), epoch ms
+    as integers, ISO 8601 text."""
+    missing = _nulls(column)
+    unparsed = np.zeros(len(column), dtype=bool)
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        ms = pc.cast(column, pa.timestamp("ms", kind.tz), safe=False).cast(pa.int64())
+    elif pa.types.is_integer(kind):
+        ms = pc.cast(column, pa.int64())
+    else:  # text, or anything else pandas reads as a time (slow path)
+        text = column.to_pandas()
+        parsed = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
+        unparsed = ~missing & parsed.isna().to_numpy()
+        ms = pa.array(parsed.dt.as_unit("ms").astype("int64").where(parsed.notna(), None),
+                      pa.int64())  # fmt: skip
+    out: np.ndarray = pc.fill_null(ms, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return out, missing, unparsed
+
+
+def _stored(column: pa.Array, is_time: bool) -> pa.Array:
+    """A column as buffered events keep it: times as epoch ms (null for none), decimals
+    as doubles (aggregations compute with them so), anything else as it is."""
     if is_time:
-        present = column.notna().to_numpy()
-        ms = np.zeros(len(column), dtype=np.int64)
-        if present.any():
-            ms[present] = event_millis(column[present])
-        return pd.arrays.IntegerArray(ms, ~present)
-    if decimal and len(column):
-        return pd.Series(decimal_doubles(pa.array(column)).to_numpy(zero_copy_only=False))
-    return column.to_numpy()
+        ms, missing, unparsed = _event_ms(column)
+        return pa.array(ms, pa.int64(), mask=missing | unparsed)
+    if pa.types.is_decimal(column.type):
+        return decimal_doubles(column)
+    return column
 
 
 def read_task(cfg: JoinConfig, watermark_ms: int) -> Any:
