@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import JOIN_WATERMARK
+from riverbed.stream import pairing
 from riverbed.stream.pairing import IDS, LEFT, RIGHT, Rule, buffered_count, step
 
 Event = tuple[str, int, int]  # key, time, batch
@@ -64,11 +65,24 @@ def _oracle(
     left=_events(0),
     right=_events(1),
     marks=st.lists(st.integers(0, 12), min_size=6, max_size=6),
+    cached=st.booleans(),
 )
 def test_every_on_time_pair_once_whatever_the_batches(
-    rule: Rule, how: str, left: list[Event], right: list[Event], marks: list[int]
+    rule: Rule, how: str, left: list[Event], right: list[Event], marks: list[int], cached: bool
 ) -> None:
+    """``cached``: the process keeps decoded segments (else every read is the store's)."""
     watermarks = list(np.cumsum(marks))  # any never-decreasing watermark per batch
+    budget = pairing._CACHE.budget
+    pairing._CACHE.budget = budget if cached else 0
+    try:
+        _pair_batches(rule, how, left, right, watermarks)
+    finally:
+        pairing._CACHE.budget = budget
+
+
+def _pair_batches(
+    rule: Rule, how: str, left: list[Event], right: list[Event], watermarks: list[int]
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         provider = StateProvider(
             StateConfig(

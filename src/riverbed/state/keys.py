@@ -17,9 +17,11 @@ A stream-stream join (:mod:`riverbed.stream.pairing`) buffers each side's events
 the watermark passes the last time a partner could arrive — a batch's events of a side
 in a state partition as one immutable segment:
 
-* ``0x05 + side + max expiry + batch + n`` — an Arrow IPC stream of the events (by the
-  latest time the watermark keeps one of them, so the segments it passed are one range
-  delete);
+* ``0x05 + side + max expiry + batch + n`` — a segment's index entry (by the latest
+  time the watermark keeps one of its events, so the segments it passed are one range
+  scan and one range delete), its value the segment's name: 16 random bytes;
+* ``0x08 + name`` — the segment's events, an Arrow IPC stream (written once, never
+  changed: a process may keep it decoded by its name);
 * ``0x06 + a left segment's (max expiry + batch + n) + batch`` — the row numbers of that
   segment's events paired by that batch (a left join emits the others, unmatched);
 * ``0x07`` — the watermark of the batch that wrote this version.
@@ -109,6 +111,7 @@ JOIN_EXPIRY = b"\x04"  # format 1: + side + expiry + time + partition + offset +
 JOIN_SEGMENTS = b"\x05"  # + side + max expiry + batch + n -> a side's events (Arrow IPC)
 JOIN_MATCHED = b"\x06"  # + left segment id + batch -> its rows paired then (int32s)
 JOIN_WATERMARK = b"\x07"  # -> the watermark (ms) of the batch that wrote this version
+JOIN_SEGMENT_DATA = b"\x08"  # + a segment's name -> its events (Arrow IPC)
 _EXPIRY = struct.Struct(">QQIQ")  # expiry, time, log partition, offset
 _SEGMENT = struct.Struct(">QQB")  # max expiry, batch, n
 
@@ -123,6 +126,11 @@ def split_join_segment_key(data: bytes) -> tuple[int, bytes]:
     """(max expiry, segment id) of a :func:`join_segment_key`."""
     (max_expiry,) = _TS.unpack_from(data, 2)
     return int(max_expiry), data[2:]
+
+
+def join_segment_data_key(name: bytes) -> bytes:
+    """Where the events of the segment named ``name`` live."""
+    return JOIN_SEGMENT_DATA + name
 
 
 def join_segments_until(side: bytes, upto_ms: int) -> tuple[bytes, bytes]:

@@ -37,7 +37,10 @@ The result over any sequence of batches is the batch join of the on-time events
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +58,7 @@ from riverbed.state.keys import (
     JOIN_WATERMARK,
     join_matched_key,
     join_matched_until,
+    join_segment_data_key,
     join_segment_key,
     join_segments_until,
     split_join_segment_key,
@@ -129,9 +133,64 @@ class Paired:
 
 @dataclass
 class _Segment:
-    id: bytes  # its key less the prefix and side
+    id: bytes  # its index entry's key less the prefix and side
     max_expiry: int
-    events: pa.Table
+    name: bytes  # where its events are (join_segment_data_key)
+    store: Any = None  # the store it is read from, until its events are
+
+    @property
+    def events(self) -> pa.Table:
+        return _decoded(self.store, self.name)
+
+
+class _Decoded:
+    """Segments' events decoded in this process, by name (a segment is written once and
+    never changed; names are random: one never names another segment's events), least
+    recently used first out past :data:`CACHE_BYTES`."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._tables: OrderedDict[bytes, pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, name: bytes) -> pa.Table | None:
+        with self._lock:
+            table = self._tables.get(name)
+            if table is not None:
+                self._tables.move_to_end(name)
+            return table
+
+    def put(self, name: bytes, table: pa.Table) -> None:
+        with self._lock:
+            if name in self._tables:
+                return
+            self._tables[name] = table
+            self._bytes += table.nbytes
+            while self._bytes > self.budget and self._tables:
+                _, old = self._tables.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def drop(self, name: bytes) -> None:
+        with self._lock:
+            table = self._tables.pop(name, None)
+            if table is not None:
+                self._bytes -= table.nbytes
+
+
+CACHE_BYTES = 256 * 2**20  # decoded segments a process keeps (the pair tasks' reads)
+_CACHE = _Decoded(CACHE_BYTES)
+
+
+def _decoded(store: Any, name: bytes) -> pa.Table:
+    table = _CACHE.get(name)
+    if table is None:
+        blob = store.get(join_segment_data_key(name))
+        if blob is None:
+            raise KeyError(f"join state: segment {name.hex()} is indexed but has no events")
+        table = pa.ipc.open_stream(blob).read_all()
+        _CACHE.put(name, table)
+    return table
 
 
 def step(
@@ -186,12 +245,6 @@ def step(
             if due.any():
                 unmatched.append(segment.events.filter(pa.array(due)))
 
-    # drop what the watermark passed, whole segments at a time
-    for side in (LEFT, RIGHT):
-        if any(s.max_expiry <= w for s in live[side]):
-            store.delete_range(*join_segments_until(side, w))
-    if outer and any(s.max_expiry <= w for s in live[LEFT]):
-        store.delete_range(*join_matched_until(w))
     # buffer this batch's events a partner can still reach
     for side in (LEFT, RIGHT):
         events = new[side]
@@ -206,8 +259,8 @@ def step(
         if not kept.any():
             continue
         latest = int(expiry[kept].max())
-        key = join_segment_key(side, latest, batch, _BATCH)
-        store.put(key, _encode(events.filter(pa.array(kept)) if not kept.all() else events))
+        buffered = events if kept.all() else events.filter(pa.array(kept))
+        key = _buffer(store, side, latest, batch, _BATCH, buffered)
         if side == LEFT and outer and paired_now[kept].any():
             rows = np.flatnonzero(paired_now[kept])
             store.put(join_matched_key(key[2:], batch), rows.astype(np.int32).tobytes())
@@ -220,6 +273,16 @@ def step(
             if segment.max_expiry > w:
                 rows = np.unique(oli[owner == i] - starts[i]).astype(np.int32)
                 store.put(join_matched_key(segment.id, batch), rows.tobytes())
+    # drop what the watermark passed, whole segments at a time (last: read above)
+    for side in (LEFT, RIGHT):
+        passed = [s for s in live[side] if s.max_expiry <= w]
+        if passed:
+            store.delete_range(*join_segments_until(side, w))
+        for segment in passed:
+            store.delete(join_segment_data_key(segment.name))
+            _CACHE.drop(segment.name)
+    if outer and any(s.max_expiry <= w for s in live[LEFT]):
+        store.delete_range(*join_matched_until(w))
     store.put(JOIN_WATERMARK, _W.pack(w))
 
     alone = _concat(unmatched, new[LEFT].schema)
@@ -230,12 +293,26 @@ def step(
 
 
 def _segments(store: Any, side: bytes) -> list[_Segment]:
-    """``side``'s live segments, oldest expiry first."""
+    """``side``'s live segments, oldest expiry first (their events read when first
+    used, from this process's decoded ones when it has them)."""
     out = []
-    for key, blob in store.scan(JOIN_SEGMENTS + side):
+    for key, name in store.scan(JOIN_SEGMENTS + side):
         max_expiry, segment = split_join_segment_key(key)
-        out.append(_Segment(segment, max_expiry, pa.ipc.open_stream(blob).read_all()))
+        out.append(_Segment(segment, max_expiry, name, store))
     return out
+
+
+def _buffer(
+    store: Any, side: bytes, max_expiry: int, batch: int, n: int, events: pa.Table
+) -> bytes:
+    """A new segment of ``events``: its events under a new name, its index entry; kept
+    decoded. Returns its index entry's key."""
+    name = os.urandom(16)
+    key = join_segment_key(side, max_expiry, batch, n)
+    store.put(join_segment_data_key(name), _encode(events))
+    store.put(key, name)
+    _CACHE.put(name, events)
+    return key
 
 
 def _paired_rows(store: Any, segment: _Segment) -> np.ndarray:
@@ -342,12 +419,11 @@ def _migrate(
         frame = pd.DataFrame(events, columns=[*IDS, "\x00matched", *cols[side]])
         table = as_events(frame, cols[side])
         latest = int(rule.expires(side, _times(table)).max())
-        key = join_segment_key(side, latest, batch, _MIGRATED)
-        store.put(key, _encode(table))
+        key = _buffer(store, side, latest, batch, _MIGRATED, table)
         matched = np.flatnonzero(frame["\x00matched"].to_numpy(dtype=bool))
         if side == LEFT and len(matched):
             store.put(join_matched_key(key[2:], batch), matched.astype(np.int32).tobytes())
-        segment = _Segment(key[2:], latest, table)
+        segment = _Segment(key[2:], latest, store.get(key), store)
         live[side] = sorted([*live[side], segment], key=lambda s: s.id)
     for prefix in (JOIN_ROWS, JOIN_EXPIRY):
         store.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
