@@ -24,18 +24,12 @@ from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import DATAFRAME, Join
+from riverbed.stream.joinsides import prepare, prepare_frames
 from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_state
 from riverbed.stream.pairing import Rule, buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
-from riverbed.stream.streamjoin import (
-    SIDES,
-    JoinConfig,
-    prepare,
-    prepare_frames,
-    run_planned,
-    watermark_of,
-)
+from riverbed.stream.streamjoin import SIDES, JoinConfig, run_planned, watermark_of
 from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)

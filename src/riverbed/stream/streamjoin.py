@@ -45,18 +45,16 @@ import pyarrow.compute as pc
 from riverbed.config import adopt
 from riverbed.log import reach_environment
 from riverbed.spark import tasks, tasks_in_this_process
-from riverbed.spark.offsets import source_limits
-from riverbed.spark.source import META_NAMES, LogSlice, open_log, read_slice
+from riverbed.spark.source import LogSlice, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
 from riverbed.stream.engine import state_partition_of
-from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
-from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
+from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS
 from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, no_events, step
 from riverbed.stream.results import PART as RESULT_FILE
 from riverbed.stream.results import encode_file
@@ -64,7 +62,7 @@ from riverbed.stream.results import encode_file
 log = logging.getLogger(__name__)
 
 SIDES = ("left", "right")
-_PREFIX = {"left": "l.", "right": "r."}
+PREFIX = {"left": "l.", "right": "r."}  # a side's columns inside the join
 WINDOW_START = "window_start"
 
 
@@ -120,7 +118,7 @@ class JoinConfig:
 
     def columns(self, which: str) -> list[str]:
         side = self.sides[SIDES.index(which)]
-        return [_PREFIX[which] + c for c in side.columns]
+        return [PREFIX[which] + c for c in side.columns]
 
 
 @dataclass
@@ -142,176 +140,6 @@ class Counts:
             self.max_ms[side] = max(self.max_ms.get(side, ms), ms)
         self.late_rows += other.late_rows
         self.dlq_rows += other.dlq_rows
-
-
-# -- start: both sides checked, the output's columns decided -------------------------------
-
-
-def prepare(
-    join: Join,
-    *,
-    checkpoint: str,
-    output: str,
-    state: StateConfig,
-    log_url: str | None,
-    term: int | None = None,
-) -> JoinConfig:
-    """Check both sides against their topics (on the driver, with a Spark session:
-    DDL schemas are parsed by it) and decide the output's columns."""
-    from riverbed.spark.source import reader_schema
-
-    sides = []
-    limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
-    in_driver_up_to = DRIVER_BATCH_RECORDS  # the sides' driverBatchRecords: the smaller
-    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
-        url = side_log or log_url
-        if url is None:
-            raise StreamValueError(
-                f"join {join.name}: the {which} side's topic {topic!r} needs a log: "
-                "configure one (riverbed.toml's log) or give Topic(name, log=...)"
-            )
-        options = {**reader, "topic": topic, "log": url}
-        lowered = {k.lower(): v for k, v in options.items()}
-        limit, _ = source_limits(lowered)
-        limits += [limit] if limit is not None else []
-        in_driver_up_to = min(
-            in_driver_up_to, count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
-        )
-        opened = open_log(options)
-        try:
-            if topic not in opened.topics():
-                raise StreamValueError(
-                    f"join {join.name}: the {which} side's topic {topic!r} does not exist in "
-                    f"{url}; create it with `riverbed topic create {topic} --partitions "
-                    f"{join.state_partitions}`"
-                )
-        finally:
-            opened.close()
-        schema = reader_schema(lowered)
-        sides.append(
-            _side(join, which, schema, options, f"side's topic {topic!r}", "give the topic "
-                  "a schema option")
-        )  # fmt: skip
-    return _config(join, sides, checkpoint, output, state, log_url, term, limits,
-                   in_driver_up_to)  # fmt: skip
-
-
-def prepare_frames(
-    join: Join,
-    *,
-    checkpoint: str,
-    output: str,
-    state: StateConfig,
-    log_url: str | None,
-    term: int | None = None,
-) -> JoinConfig:
-    """:func:`prepare` for a join whose sides are streaming DataFrames (``Frame(df)``:
-    the DataFrame path, :mod:`riverbed.stream.joinframes`)."""
-    frames = join.frames
-    sides = []
-    for which in SIDES:
-        if which not in frames:
-            raise StreamValueError(
-                f"join {join.name}: one side is a DataFrame, the {which} side is not; give "
-                "both as Frame(df) (a riverbed topic reads as one through "
-                'spark.readStream.format("riverbed").option("topic", …)), or both as topics'
-            )
-        df = frames[which]
-        if not getattr(df, "isStreaming", False):
-            raise StreamValueError(
-                f"join {join.name}: the {which} side's DataFrame is not a streaming one "
-                "(spark.readStream…)"
-            )
-        sides.append(_side(join, which, df.schema, {}, "side's DataFrame", "select it first"))
-    return _config(join, sides, checkpoint, output, state, log_url, term, [],
-                   DRIVER_BATCH_RECORDS)  # fmt: skip
-
-
-def _side(
-    join: Join, which: str, schema: Any, options: dict[str, str], what_side: str, fix: str
-) -> JoinSide:
-    """A side from its Spark schema: its key and time columns checked, the columns it
-    keeps and which of them are times."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    key, time_column = join.keys[SIDES.index(which)], join.times[SIDES.index(which)]
-    fields = [f.name for f in schema.fields if f.name not in META_NAMES]
-    for what, column in (("on", key), ("time", time_column)):
-        if column not in fields and not (what == "time" and column == "timestamp"):
-            raise StreamValueError(
-                f"join {join.name}: {what}={column!r} is not a field of the {which} "
-                f"{what_side} (its fields: {', '.join(fields) or 'none'}); "
-                f"name one of them, or {fix}"
-            )
-    kept = fields + ([time_column] if time_column not in fields else [])
-    arrow = to_arrow_schema(schema, timezone="UTC")
-    # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
-    # as times
-    times = tuple(c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column)
-    return JoinSide(options, schema, key, time_column, tuple(kept), times)
-
-
-def _config(
-    join: Join, sides: list[JoinSide], checkpoint: str, output: str, state: StateConfig,
-    log_url: str | None, term: int | None, limits: list[int], in_driver_up_to: int,
-) -> JoinConfig:  # fmt: skip
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    names, out_schema = _output(join, sides, to_arrow_schema)
-    return JoinConfig(
-        join=join,
-        sides=(sides[0], sides[1]),
-        state=state,
-        checkpoint=checkpoint,
-        output=output,
-        log_url=log_url,
-        names=tuple(names),
-        output_schema=out_schema,
-        term=term,
-        max_records=min(limits) if limits else None,
-        driver_records=in_driver_up_to,
-    )
-
-
-def _output(
-    join: Join, sides: list[JoinSide], to_arrow: Any
-) -> tuple[list[tuple[str, str]], pa.Schema]:
-    """(internal, output) column names and the output's Arrow schema: the window's start
-    (window joins), the left side's columns, the right side's (one named like a left
-    column gets ``right_``; the right key, when it has the left key's name, is left out:
-    it is the same value), ``batch_id``."""
-    names: list[tuple[str, str]] = []
-    types: list[pa.Field] = []
-    if join.window is not None:
-        names.append((WINDOW_START, WINDOW_START))
-        types.append(pa.field(WINDOW_START, pa.timestamp("us", tz="UTC")))
-    taken = {WINDOW_START, "batch_id"}
-    for which, side in zip(SIDES, sides, strict=True):
-        arrow = to_arrow(side.schema, timezone="UTC")
-        for c in side.columns:
-            if which == "right" and c == side.key == sides[0].key:
-                continue
-            if which == "left" and c in taken:
-                raise StreamValueError(
-                    f"join {join.name}: the left side's column {c!r} has the name of a column "
-                    "riverbed adds to the joined rows; rename it (a schema option on the topic)"
-                )
-            name = c if c not in taken else f"right_{c}"
-            if name in taken:
-                raise StreamValueError(
-                    f"join {join.name}: both sides have a column {c!r} and the right side "
-                    f"also has {name!r}; rename one (a schema option on the topic)"
-                )
-            taken.add(name)
-            kind = arrow.field(c).type
-            if c in side.times:
-                kind = pa.timestamp("us", tz="UTC")
-            elif pa.types.is_decimal(kind):
-                kind = pa.float64()  # as aggregations compute with them
-            names.append((_PREFIX[which] + c, name))
-            types.append(pa.field(name, kind))
-    types.append(pa.field("batch_id", pa.int64()))
-    return names, pa.schema(types)
 
 
 def watermark_of(
@@ -675,6 +503,9 @@ def _commit(cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchReco
 
 
 __all__ = [
+    "PREFIX",
+    "SIDES",
+    "WINDOW_START",
     "Counts",
     "JoinConfig",
     "JoinSide",
@@ -682,8 +513,6 @@ __all__ = [
     "joined_rows",
     "output_rows",
     "pair_task",
-    "prepare",
-    "prepare_frames",
     "route",
     "run_batch",
     "run_planned",
