@@ -155,15 +155,8 @@ def test_a_join_over_restarts_equals_the_batch_join(
     send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)
     send(log_url, "orders", late, 3)
     drain(spark, join, tmp_path, log_url)
-    got = read_joined(tmp_path / "out")
-    got = got[got["order_id"] != 10**6]
     want = oracle(join, orders, payments)
-    assert len(want) > 100
-    assert rows_of(got) == rows_of(want)  # every row, each once
-    batches = open_batches(tmp_path / "cp")
-    newest = batches.get(batches.ids()[-1])
-    assert newest is not None and newest.done and newest.totals is not None
-    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    newest = _every_row_once(tmp_path, want)
     # status: the watermark passed every event but the two far-later ones, still held
     info = status(join, tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
     assert {w: (s["held"], s["lag"]) for w, s in info["sides"].items()} == {
@@ -174,6 +167,20 @@ def test_a_join_over_restarts_equals_the_batch_join(
     alone = int(want["paid"].isna().sum())
     assert (newest.totals["joined"], newest.totals["unmatched"]) == (len(want) - alone + 1, alone)
     assert (alone > 0) == (how == "left")
+
+
+def _every_row_once(tmp_path: Path, want: pd.DataFrame) -> Any:
+    """The joined rows in ``out`` (the far-later orders, ids from 10**6, left out) are
+    ``want``, each once; none was late or malformed. Returns the newest batch record."""
+    got = read_joined(tmp_path / "out")
+    got = got[got["order_id"] < 10**6]
+    assert len(want) > 100
+    assert rows_of(got) == rows_of(want)  # every row, each once
+    batches = open_batches(tmp_path / "cp")
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.done and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    return newest
 
 
 def test_a_join_refuses_bad_specs_with_the_fix() -> None:
@@ -475,15 +482,7 @@ def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
     send(log_url, "orders", later, 3)
     send(log_url, "payments", later.rename(columns={"amount": "paid"}), 2)
     drain_frames()
-    got = read_joined(tmp_path / "out")
-    got = got[got["order_id"] < 10**6]
-    want = oracle(join(), orders, payments)
-    assert len(want) > 100
-    assert rows_of(got) == rows_of(want)  # every row, each once
-    batches = open_batches(tmp_path / "cp")
-    newest = batches.get(batches.ids()[-1])
-    assert newest is not None and newest.done and newest.totals is not None
-    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    newest = _every_row_once(tmp_path, oracle(join(), orders, payments))
     assert newest.sources is None  # Spark's checkpoint holds the sources' offsets
     info = status(join(), tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
     assert info["sides"]["left"]["topic"] == "(a DataFrame)"
