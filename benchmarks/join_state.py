@@ -9,8 +9,10 @@ order with its payments within 2 minutes (``how="left"``, watermark 30 s) runs i
 process (``local[2]``, a batch a second). Every minute it prints the events written, the
 pairs and unmatched orders the join emitted, its lag, the size of its state on disk
 (RocksDB's local files, and the durable tier: snapshots and changelogs) and the
-process's resident memory. Flat state and memory after the first minutes, while the
-counts grow, is the answer; growth, where it grows.
+process's resident memory ("local MB": the partitions' data — SST files, write-ahead
+logs, manifests; "logs MB": RocksDB's info logs beside them, rolled at 1 MiB, 3 kept).
+Flat state and memory after the first minutes, while the counts grow, is the answer;
+growth, where it grows.
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ from riverbed.stream.joinquery import start_join
 from riverbed.stream.layout import Checkpoint, state_root
 
 
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def _size(path: Path, logs: bool | None = None) -> int:
+    """Bytes of the files under ``path``; ``logs``: only RocksDB's info logs (``LOG*``,
+    True) or all but them (False)."""
+    return sum(
+        p.stat().st_size
+        for p in path.rglob("*")
+        if p.is_file() and (logs is None or p.name.startswith("LOG") == logs)
+    )
 
 
 def _rss_mb() -> float:
@@ -105,7 +113,8 @@ def main() -> None:
         batches = open_batches(root / "cp")
         began = time.time()
         print(f"{'min':>4}{'written':>11}{'joined':>11}{'unmatched':>11}{'batches':>9}"
-              f"{'local MB':>10}{'durable MB':>12}{'RSS MB':>9}", flush=True)  # fmt: skip
+              f"{'local MB':>10}{'logs MB':>9}{'durable MB':>12}{'RSS MB':>9}",
+              flush=True)  # fmt: skip
         try:
             while time.time() - began < args.minutes * 60:
                 time.sleep(60 - (time.time() - began) % 60)
@@ -114,12 +123,13 @@ def main() -> None:
                 ids = batches.ids()
                 done = next((r for b in reversed(ids) if (r := batches.get(b)) and r.done), None)
                 totals = (done.totals or {}) if done is not None else {}
-                local = _size(Checkpoint(root / "cp").local_state) / 2**20
+                local = _size(Checkpoint(root / "cp").local_state, logs=False) / 2**20
+                logs = _size(Checkpoint(root / "cp").local_state, logs=True) / 2**20
                 durable = _size(state_root(root / "cp")) / 2**20
                 print(
                     f"{(time.time() - began) / 60:>4.0f}{written[0]:>11,}"
                     f"{totals.get('joined', 0):>11,}{totals.get('unmatched', 0):>11,}"
-                    f"{totals.get('batches', 0):>9,}{local:>10.1f}{durable:>12.1f}"
+                    f"{totals.get('batches', 0):>9,}{local:>10.1f}{logs:>9.1f}{durable:>12.1f}"
                     f"{_rss_mb():>9.0f}",
                     flush=True,
                 )
