@@ -136,11 +136,7 @@ class _Segment:
     id: bytes  # its index entry's key less the prefix and side
     max_expiry: int
     name: bytes  # where its events are (join_segment_data_key)
-    store: Any = None  # the store it is read from, until its events are
-
-    @property
-    def events(self) -> pa.Table:
-        return _decoded(self.store, self.name)
+    events: pa.Table
 
 
 class _Decoded:
@@ -219,6 +215,8 @@ def step(
         _migrate(store, rule, cols, live, batch)
     new = {LEFT: as_events(left, cols[LEFT]), RIGHT: as_events(right, cols[RIGHT])}
     old = {side: _concat([s.events for s in live[side]], new[side].schema) for side in new}
+    # where each buffered left segment starts in old[LEFT]
+    starts = np.cumsum([0, *(s.events.num_rows for s in live[LEFT])])
 
     # every pair with one event of this batch: new left x (old + new right), old left x new right
     right_all = _concat([old[RIGHT], new[RIGHT]], new[RIGHT].schema)
@@ -230,18 +228,15 @@ def step(
     unmatched: list[pa.Table] = []
     paired_now = np.zeros(new[LEFT].num_rows, dtype=bool)
     paired_now[li] = True
+    owner = np.searchsorted(starts[1:], oli, side="right")  # each old[LEFT] pair's segment
     if outer and live[LEFT]:  # buffered left events due now and never paired
-        sizes = [s.events.num_rows for s in live[LEFT]]
-        starts = np.cumsum([0, *sizes])
         for i, segment in enumerate(live[LEFT]):
             expiry = rule.expires(LEFT, _times(segment.events))
             due = expiry <= w if w_prev is None else (expiry > w_prev) & (expiry <= w)
             if not due.any():
                 continue
-            seen = _paired_rows(store, segment)
-            mine = oli[(oli >= starts[i]) & (oli < starts[i + 1])] - starts[i]
-            due[seen] = False
-            due[mine] = False
+            due[_paired_rows(store, segment)] = False
+            due[oli[owner == i] - starts[i]] = False
             if due.any():
                 unmatched.append(segment.events.filter(pa.array(due)))
 
@@ -265,15 +260,12 @@ def step(
             rows = np.flatnonzero(paired_now[kept])
             store.put(join_matched_key(key[2:], batch), rows.astype(np.int32).tobytes())
     if outer and len(oli):  # buffered left events paired for the first time by this batch
-        sizes = [s.events.num_rows for s in live[LEFT]]
-        owner = np.searchsorted(np.cumsum(sizes), oli, side="right")
-        starts = np.cumsum([0, *sizes])
         for i in np.unique(owner).tolist():
             segment = live[LEFT][i]
             if segment.max_expiry > w:
                 rows = np.unique(oli[owner == i] - starts[i]).astype(np.int32)
                 store.put(join_matched_key(segment.id, batch), rows.tobytes())
-    # drop what the watermark passed, whole segments at a time (last: read above)
+    # drop what the watermark passed, whole segments at a time
     for side in (LEFT, RIGHT):
         passed = [s for s in live[side] if s.max_expiry <= w]
         if passed:
@@ -293,12 +285,12 @@ def step(
 
 
 def _segments(store: Any, side: bytes) -> list[_Segment]:
-    """``side``'s live segments, oldest expiry first (their events read when first
-    used, from this process's decoded ones when it has them)."""
+    """``side``'s live segments, oldest expiry first, with their events (this process's
+    decoded ones when it has them, else read from the state)."""
     out = []
     for key, name in store.scan(JOIN_SEGMENTS + side):
         max_expiry, segment = split_join_segment_key(key)
-        out.append(_Segment(segment, max_expiry, name, store))
+        out.append(_Segment(segment, max_expiry, name, _decoded(store, name)))
     return out
 
 
@@ -423,7 +415,7 @@ def _migrate(
         matched = np.flatnonzero(frame["\x00matched"].to_numpy(dtype=bool))
         if side == LEFT and len(matched):
             store.put(join_matched_key(key[2:], batch), matched.astype(np.int32).tobytes())
-        segment = _Segment(key[2:], latest, store.get(key), store)
+        segment = _Segment(key[2:], latest, store.get(key), table)
         live[side] = sorted([*live[side], segment], key=lambda s: s.id)
     for prefix in (JOIN_ROWS, JOIN_EXPIRY):
         store.delete_range(prefix, prefix_end(prefix) or prefix + b"\xff")
