@@ -24,7 +24,7 @@ from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import DATAFRAME, Join
-from riverbed.stream.joinsides import prepare, prepare_frames
+from riverbed.stream.joinsides import prepare
 from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_state
 from riverbed.stream.pairing import Rule, buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
@@ -206,8 +206,7 @@ def start_join(
             "source has its own limit (Kafka's maxOffsetsPerTrigger, a riverbed topic's "
             "maxRecordsPerBatch, files' maxFilesPerTrigger)"
         )
-    # both sides checked before the checkpoint records anything
-    cfg = (prepare_frames if on_frames else prepare)(
+    cfg = prepare(  # both sides checked before the checkpoint records anything
         join,
         checkpoint=str(checkpoint),
         output=str(output),

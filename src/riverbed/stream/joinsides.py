@@ -27,8 +27,13 @@ def prepare(
     term: int | None = None,
 ) -> JoinConfig:
     """Check both sides against their topics (on the driver, with a Spark session:
-    DDL schemas are parsed by it) and decide the output's columns."""
+    DDL schemas are parsed by it), or as streaming DataFrames when they are ``Frame(df)``
+    (the DataFrame path, :mod:`riverbed.stream.joinframes`), and decide the output's
+    columns."""
     from riverbed.spark.source import reader_schema
+
+    if join.frames:
+        return _prepare_frames(join, checkpoint, output, state, log_url, term)
 
     sides = []
     limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
@@ -66,17 +71,11 @@ def prepare(
                    in_driver_up_to)  # fmt: skip
 
 
-def prepare_frames(
-    join: Join,
-    *,
-    checkpoint: str,
-    output: str,
-    state: StateConfig,
-    log_url: str | None,
-    term: int | None = None,
-) -> JoinConfig:
-    """:func:`prepare` for a join whose sides are streaming DataFrames (``Frame(df)``:
-    the DataFrame path, :mod:`riverbed.stream.joinframes`)."""
+def _prepare_frames(
+    join: Join, checkpoint: str, output: str, state: StateConfig, log_url: str | None,
+    term: int | None,
+) -> JoinConfig:  # fmt: skip
+    """:func:`prepare` for a join with a side given as ``Frame(df)``: both must be."""
     frames = join.frames
     sides = []
     for which in SIDES:
@@ -184,4 +183,4 @@ def _output(
     return names, pa.schema(types)
 
 
-__all__ = ["prepare", "prepare_frames"]
+__all__ = ["prepare"]
