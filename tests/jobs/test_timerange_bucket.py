@@ -8,7 +8,6 @@ test_timerange_output.py holds to one contract on disk, memory and the bucket.)"
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -17,11 +16,11 @@ from dataclasses import replace
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 from riverbed.control import connect
 from riverbed.jobs.timerange import Driver, ParquetInput, load_spec
+from riverbed.parquetbytes import read_parquet_bytes
 from riverbed.storage import open_store
 from riverbed.tables import PARTITION, partition_table
 from riverbed.timerange.compute import one_pass
@@ -64,7 +63,7 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
     parts = [i.key for i in store.list("rows/")]
     assert len(parts) == CHUNKS and all(k.endswith("/part.parquet") for k in parts)
     assert store.list("_riverbed/staging/") == []
-    got = pd.concat(pq.read_table(io.BytesIO(store.get(k))).to_pandas() for k in parts)
+    got = pd.concat(read_parquet_bytes(store.get(k)).to_pandas() for k in parts)
     whole = one_pass(spark, second.job, parse_time("2026-01-01"), parse_time(end))
     assert whole.rows is not None
     assert_same(got, whole.rows.toPandas(), exact=True)  # cumulative values carried over
@@ -74,7 +73,7 @@ def test_a_job_in_a_bucket_resumes_elsewhere_from_the_bucket_and_equals_one_pass
     assert_same(lake.read().to_pandas().drop(columns=PARTITION), got, exact=True)
     windows = partition_table(tables["windows_30m"], "sensors").read()
     assert windows.num_rows == sum(
-        pq.read_metadata(io.BytesIO(store.get(i.key))).num_rows for i in store.list("windows_30m/")
+        read_parquet_bytes(store.get(i.key)).num_rows for i in store.list("windows_30m/")
     )
 
     env = {**s["env"], **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}

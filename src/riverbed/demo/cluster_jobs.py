@@ -31,6 +31,7 @@ from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.runs import submit
 from riverbed.jobs.spec import Catalog
+from riverbed.parquetbytes import read_parquet_bytes
 from riverbed.testing.cluster import BUCKET, Cluster
 from riverbed.testing.testbed import TestBed
 
@@ -246,8 +247,6 @@ def _start_timerange(
 
 def _timerange_verdict(cp: Any, root: Path, out: JobsOutcome, console: Console) -> None:
     """Each chunk published once, and the published rows against one pass of pandas."""
-    import io
-
     import pyarrow.parquet as pq
 
     from riverbed.demo.timerange import worst_difference
@@ -260,7 +259,7 @@ def _timerange_verdict(cp: Any, root: Path, out: JobsOutcome, console: Console) 
     out.tr_once = versions == [1] * out.tr_chunks
     store = shared_store(f"s3://{BUCKET}/timerange")
     parts = [o.key for o in store.list("rows/") if o.key.endswith("part.parquet")]
-    got = pd.concat(pq.read_table(io.BytesIO(store.get(k))).to_pandas() for k in parts)
+    got = pd.concat(read_parquet_bytes(store.get(k)).to_pandas() for k in parts)
     inputs = pd.concat(
         pq.read_table(f).to_pandas() for f in sorted((root / "readings").rglob("*.parquet"))
     )

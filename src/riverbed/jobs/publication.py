@@ -68,7 +68,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
-import io
 import json
 import logging
 import os
@@ -78,6 +77,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from riverbed.parquetbytes import read_parquet_bytes
 from riverbed.storage import ObjectNotFoundError, ObjectStore, StorageError
 
 if TYPE_CHECKING:
@@ -488,14 +488,11 @@ class Publication:
         if bound is None:
             return
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         names = self._names(job, chunk_id, attempt) or []
         prefix = attempt_prefix(job, chunk_id, attempt)
         parts = [
-            pq.read_table(io.BytesIO(self.store.get(prefix + n)))
-            for n in names
-            if n.endswith(".parquet")
+            read_parquet_bytes(self.store.get(prefix + n)) for n in names if n.endswith(".parquet")
         ]
         rows = pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
         with _table_away(job):

@@ -51,8 +51,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from riverbed.parquetbytes import read_parquet_bytes
 from riverbed.stream.errors import StreamError
 from riverbed.stream.expressions import SqlType
 from riverbed.stream.joins import SQL_SCHEMES, Lookup
@@ -176,7 +176,7 @@ def _read_parquet(lookup: Lookup) -> pa.Table:
     if name.endswith(".parquet"):
         folder = open_store(parent or ".")
         if folder.head(name) is not None:
-            return pq.read_table(io.BytesIO(folder.get(name)))
+            return read_parquet_bytes(folder.get(name))
     store = open_store(lookup.location)
     keys = [
         i.key
@@ -188,7 +188,7 @@ def _read_parquet(lookup: Lookup) -> pa.Table:
         raise LookupTableError(
             f"lookup {lookup.label}: no such file or directory, or no .parquet files there"
         )
-    parts = [pq.read_table(io.BytesIO(store.get(k))) for k in keys]
+    parts = [read_parquet_bytes(store.get(k)) for k in keys]
     return pa.concat_tables(parts, promote_options="permissive")
 
 

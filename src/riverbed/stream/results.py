@@ -10,7 +10,6 @@ highest ``batch_id`` per window and key wins), as on disk."""
 
 from __future__ import annotations
 
-import io
 import logging
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.parquetbytes import parquet_bytes, read_parquet_bytes
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.layout import backfill_key, checkpoint_store
 
@@ -131,26 +131,22 @@ FORMAT_KEY = b"riverbed.format"  # the result table's format version in each fil
 
 def encode_file(table: pa.Table) -> bytes:
     """A result file's bytes: Parquet (zstd) with the result table's format version."""
-    import pyarrow.parquet as pq
 
     from riverbed.formats import CURRENT
 
     meta = {**(table.schema.metadata or {}), FORMAT_KEY: str(CURRENT["result table"]).encode()}
-    buffer = io.BytesIO()
     # zstd: every reader of Parquet reads it (DuckDB, Spark, Polars, pyarrow); smaller than
     # snappy at about its cost on result rows (benchmarks/compression.py)
-    pq.write_table(table.replace_schema_metadata(meta), buffer, compression="zstd")
-    return buffer.getvalue()
+    return parquet_bytes(table.replace_schema_metadata(meta), compression="zstd")
 
 
 def read_file(data: bytes, where: str) -> pa.Table:
     """One Parquet file of the result table (refused when a newer riverbed wrote it:
     :mod:`riverbed.formats`), without riverbed's own metadata."""
-    import pyarrow.parquet as pq
 
     from riverbed.formats import check
 
-    table = pq.read_table(io.BytesIO(data))
+    table = read_parquet_bytes(data)
     meta = dict(table.schema.metadata or {})
     found = meta.pop(FORMAT_KEY, None)
     check("result table", int(found) if found is not None else None, where)

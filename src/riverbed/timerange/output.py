@@ -29,11 +29,11 @@ it, and the next driver forgets any a crash left.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from riverbed.locations import is_local, location
+from riverbed.parquetbytes import parquet_bytes, read_parquet_bytes
 from riverbed.storage import ObjectNotFoundError, shared_store
 from riverbed.timerange.errors import RangeError
 from riverbed.timerange.plan import chunk_label
@@ -93,21 +93,19 @@ class TimeRangeOutput:
     # -- writing -------------------------------------------------------------------
     def stage(self, token: str, dataset: str, table: pa.Table) -> None:
         """Write a chunk's ``dataset`` under its token (not yet visible to readers)."""
-        self.store.put(self.staged_key(token, dataset), _parquet(table))
+        self.store.put(self.staged_key(token, dataset), parquet_bytes(table))
 
     def stage_carry(self, token: str, name: str, table: pa.Table) -> None:
         """Write the state chunk ``token`` carries to the next one."""
-        self.store.put(self.carry_key(token, name), _parquet(table))
+        self.store.put(self.carry_key(token, name), parquet_bytes(table))
 
     def carried(self, token: str, name: str) -> pa.Table | None:
         """The state chunk ``token`` carried, or None if it carried no ``name``."""
-        import pyarrow.parquet as pq
-
         try:
             data = self.store.get(self.carry_key(token, name))
         except ObjectNotFoundError:
             return None
-        return pq.read_table(io.BytesIO(data))
+        return read_parquet_bytes(data)
 
     def spill_location(self, token: str) -> str:
         """Where Spark writes batch ``token``'s rows: a directory, or ``s3a://…``."""
@@ -121,7 +119,6 @@ class TimeRangeOutput:
         the spill is not whole (Spark's ``_SUCCESS`` is missing, a file vanished): only
         another driver, which forgets every spill when it takes over, removes it."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         try:
             listed = [i.key for i in self.store.list(f"{SPILL}{token}/")]
@@ -130,16 +127,20 @@ class TimeRangeOutput:
             keys = [  # Spark's part files, not a task attempt's under _temporary/
                 k for k in listed if k.endswith(".parquet") and k.count("/") == SPILL.count("/") + 1
             ]
-            tables = [pq.read_table(self._readable(k)) for k in sorted(keys)]
+            tables = [self._read(k) for k in sorted(keys)]
         except (FileNotFoundError, ObjectNotFoundError):
             return None
         return pa.concat_tables(tables) if tables else pa.table({})  # no file: no rows
 
-    def _readable(self, key: str) -> Path | io.BytesIO:
-        """An object to read: in place on a directory (a spill may be large), else its
-        bytes."""
+    def _read(self, key: str) -> pa.Table:
+        """A Parquet object's table: read in place on a directory (a spill may be
+        large), else from its bytes."""
+        import pyarrow.parquet as pq
+
         local = self.store.local_file(key)
-        return local if local is not None else io.BytesIO(self.store.get(key))
+        return (
+            pq.read_table(local) if local is not None else read_parquet_bytes(self.store.get(key))
+        )
 
     def spilled(self, token: str) -> bool:
         """Whether anything of spill ``token`` is there (a write cut short leaves some)."""
@@ -174,7 +175,7 @@ class TimeRangeOutput:
             table = (tables or {}).get(dataset)
             try:
                 if table is not None:
-                    self._replace(table, dataset, start, self._readable(info.key), version)
+                    self._replace(table, dataset, start, self._read(info.key), version)
                 self.store.move(info.key, self.final_key(dataset, start))
             except (FileNotFoundError, ObjectNotFoundError):  # moved by another publisher
                 continue
@@ -182,12 +183,10 @@ class TimeRangeOutput:
         return moved
 
     def _replace(
-        self, table: PartitionTable, dataset: str, start: int, data: Path | io.BytesIO, version: int
+        self, table: PartitionTable, dataset: str, start: int, rows: pa.Table, version: int
     ) -> None:
-        import pyarrow.parquet as pq
-
         partition = chunk_label(start)
-        if table.replace(partition, pq.read_table(data), version):
+        if table.replace(partition, rows, version):
             return
         held = table.version(partition)
         if held is not None and held > version:
@@ -237,7 +236,6 @@ class TimeRangeOutput:
     def read(self, dataset: str = "rows") -> pa.Table:
         """Every published chunk of ``dataset`` as one table (tests, status, the demo)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         keys = [
             i.key
@@ -246,17 +244,8 @@ class TimeRangeOutput:
         ]
         if not keys:
             return pa.table({})
-        tables = [pq.read_table(io.BytesIO(self.store.get(k))) for k in keys]
+        tables = [read_parquet_bytes(self.store.get(k)) for k in keys]
         return pa.concat_tables(tables, promote_options="default")
 
 
 Output = TimeRangeOutput  # the name it had (riverbed.timerange.Output)
-
-
-def _parquet(table: pa.Table) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    return bytes(sink.getvalue())
