@@ -196,6 +196,10 @@ def test_a_join_refuses_bad_specs_with_the_fix() -> None:
         Join(name="j", left="a", right="b", on="k", window="1m", how="outer")  # type: ignore[arg-type]
     with pytest.raises(StreamValueError, match="a topic's name"):
         Join(name="j", left=3, right="b", on="k", window="1m")
+    with pytest.raises(StreamValueError, match=r"a Spark SQL condition per side, e\.g\."):
+        Join(name="j", left="a", right="b", on="k", window="1m", where="x > 1")  # type: ignore[arg-type]
+    with pytest.raises(StreamValueError, match="a Spark SQL condition per side"):
+        Join(name="j", left="a", right="b", on="k", window="1m", where={"both": "x > 1"})
 
 
 def test_a_missing_topic_or_column_is_named_with_the_fix(spark: Any, tmp_path: Path) -> None:
@@ -436,7 +440,8 @@ def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
     spark: Any, tmp_path: Path, kind: str, how: str
 ) -> None:
     """The DataFrame path (both sides Frame(df): one Spark streaming query over their
-    union): restarted between backlogs, every row once, as on the log-native path."""
+    union): restarted between backlogs, every row once, as on the log-native path (the
+    window join with a where on its right side: the same read tasks apply it)."""
     from riverbed.stream.doors import Frame
 
     log_url = f"file://{tmp_path / 'log'}"
@@ -453,6 +458,7 @@ def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
             how=how,  # type: ignore[arg-type]
             watermark="2h",
             state_partitions=3,
+            where={"right": "paid >= 30"} if kind == "window" else None,
             **shape,
         )
 
@@ -472,7 +478,7 @@ def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
         send(log_url, "payments", payments[payments["ts"] <= hi] if chunk is None else chunk, 2)
         drain_frames()
     rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
-    late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    late = pd.DataFrame({"order_id": [10**6], "amount": [1000.0], "ts": [T0 + pd.Timedelta("3d")]})
     send(log_url, "payments", pd.concat([rest, late.rename(columns={"amount": "paid"})]), 2)
     send(log_url, "orders", late, 3)
     drain_frames()
@@ -482,7 +488,9 @@ def test_a_join_of_two_dataframes_over_restarts_equals_the_batch_join(
     send(log_url, "orders", later, 3)
     send(log_url, "payments", later.rename(columns={"amount": "paid"}), 2)
     drain_frames()
-    newest = _every_row_once(tmp_path, oracle(join(), orders, payments))
+    kept = payments[payments["paid"] >= 30] if kind == "window" else payments
+    newest = _every_row_once(tmp_path, oracle(join(), orders, kept))
+    assert (newest.totals["filtered"] > 0) == (kind == "window")
     assert newest.sources is None  # Spark's checkpoint holds the sources' offsets
     info = status(join(), tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
     assert info["sides"]["left"]["topic"] == "(a DataFrame)"
@@ -503,3 +511,65 @@ def test_a_dataframe_side_beside_a_topic_is_refused_with_the_fix(
     with pytest.raises(StreamValueError, match=r"give both as Frame\(df\)"):
         start_join(spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "o", log_url=log_url)
     assert not (tmp_path / "cp").exists()  # refused before the checkpoint records anything
+
+
+def test_each_sides_where_keeps_its_events_as_sql_would(spark: Any, tmp_path: Path) -> None:
+    """``where`` per side: an event it does not keep is never buffered nor paired (a
+    left join emits no unmatched row for it) and is counted as filtered; a row it fails
+    to evaluate (Spark's ANSI CAST error) is malformed, sent to the .dlq naming the
+    condition; one that cannot be evaluated at all is refused at start."""
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(400, seed=6)
+    rng = np.random.default_rng(6)
+    payments = payments.assign(note=rng.choice(["1", "2", "0", "oops"], len(payments),
+                                               p=[0.5, 0.3, 0.15, 0.05]))  # fmt: skip
+    schema = "order_id long, paid double, note string, ts timestamp"
+
+    def join(where: dict[str, str]) -> Join:
+        return Join(
+            name="paid", left=Topic("orders", options={"schema": ORDERS}),
+            right=Topic("payments", options={"schema": schema}), on="order_id", time="ts",
+            within=("10m", "1h"), how="left", watermark="2h", state_partitions=3, where=where,
+        )  # fmt: skip
+
+    send(log_url, "orders", orders, 3)
+    send(log_url, "payments", payments, 2)
+    for bad, why in [
+        ({"right": "nope > 1"}, r"the right side's where: .*nope"),
+        ({"left": "amount + 1"}, r"the left side's where: .* not a condition"),
+    ]:
+        with pytest.raises(StreamValueError, match=why):
+            start_join(
+                spark, join(bad), checkpoint=tmp_path / "cp", output=tmp_path / "out",
+                log_url=log_url,
+            )  # fmt: skip
+    assert not (tmp_path / "cp").exists()
+    where = {"left": "amount >= 100", "right": "CAST(note AS INT) > 0"}
+    flush = pd.DataFrame({"order_id": [10**6], "amount": [1000.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "orders", flush, 3)
+    send(log_url, "payments", flush.rename(columns={"amount": "paid"}).assign(note="1"), 2)
+    query = start_join(
+        spark, join(where), checkpoint=tmp_path / "cp", output=tmp_path / "out",
+        log_url=log_url, trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination()
+    kept_orders = orders[orders["amount"] >= 100]
+    numbers = pd.to_numeric(payments["note"], errors="coerce")
+    kept_payments = payments[numbers > 0].drop(columns=["note"])
+    want = oracle(join(where), kept_orders, kept_payments)
+    got = read_joined(tmp_path / "out")
+    got = got[got["order_id"] < 10**6]
+    assert rows_of(got) == rows_of(want)
+    assert want["paid"].isna().any() and len(want) > 50
+    batches = open_batches(tmp_path / "cp")
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None
+    assert totals["filtered"] == int((orders["amount"] < 100).sum() + (numbers == 0).sum())
+    assert totals["malformed"] == int(numbers.isna().sum()) > 0
+    info = status(join(where), tmp_path / "cp", default_state(tmp_path / "cp"), log_url)
+    assert info["filtered"] == totals["filtered"]
+    log = riverbed.log.open(log_url)
+    reasons = [str(r.value["_error"]) for r in log.read("paid.dlq", 0, 0, 1000)]
+    log.close()
+    assert len(reasons) == totals["malformed"]
+    assert all(r.startswith("where: ") and "CAST(note AS INT)" in r for r in reasons), reasons

@@ -90,7 +90,16 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
     if args.json:
         print(json.dumps(info))
         return 0
-    for key in ("join", "batches", "input_records", "joined", "unmatched", "late", "malformed"):
+    for key in (
+        "join",
+        "batches",
+        "input_records",
+        "joined",
+        "unmatched",
+        "late",
+        "malformed",
+        "filtered",
+    ):
         out.print(f"{key:>14}: {info[key]}")
     out.print(f"{'watermark':>14}: {info['watermark'] or '-'}")
     for which, side in info["sides"].items():

@@ -231,9 +231,11 @@ def start_join(
 def batch_line(batch_id: int, record: BatchRecord) -> str:
     """How ``stream run`` reports a join's finished batch."""
     alone = f", {record.unmatched} unmatched" if record.unmatched else ""
+    kept_out = f", {record.filtered} filtered" if record.filtered else ""  # (a side's where)
     return (
         f"batch {batch_id}: {record.counted('input')} records, {record.joined or 0} joined"
         f"{alone}, {record.counted('late')} late, {record.counted('malformed')} malformed"
+        f"{kept_out}"
     )
 
 
@@ -312,6 +314,7 @@ def status_of(
         "unmatched": totals.get("unmatched", 0),
         "late": totals.get("late", 0),
         "malformed": totals.get("malformed", 0),
+        "filtered": totals.get("filtered", 0),
         "watermark": iso_ms(done.watermark_ms) if done is not None else None,
         "sides": {},
     }

@@ -143,6 +143,7 @@ class Lookup:
 
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_SIDES = ("left", "right")
 
 
 def _pair(value: Any, what: str) -> tuple[str, str]:
@@ -203,8 +204,12 @@ class Join:
     the watermark passes its interval). ``watermark``: how late events may arrive
     (the join's watermark is the smaller of the sides' newest event times less it);
     ``idle_timeout``: a side with no new records for this long stops holding the
-    watermark back. ``topic``: a topic the joined rows are appended to, exactly once
-    (an aggregation can read it). ``state_partitions``: fixed at the first start."""
+    watermark back. ``where``: a Spark SQL condition per side, ``{"right": "category =
+    10"}`` — a side's events it does not keep (false or NULL) are never buffered nor
+    paired, nor move the watermark (counted as filtered; a row it fails to evaluate is
+    malformed); a change applies from the next batch. ``topic``: a topic the joined rows
+    are appended to, exactly once (an aggregation can read it). ``state_partitions``:
+    fixed at the first start."""
 
     name: str
     left: Any
@@ -218,6 +223,7 @@ class Join:
     idle_timeout: str | None = "1m"
     state_partitions: int = 4
     topic: str | None = None
+    where: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -256,6 +262,24 @@ class Join:
             raise StreamValueError(f"join state_partitions={parts!r}: a whole number, at least 1")
         if self.topic is not None and (not isinstance(self.topic, str) or not self.topic):
             raise StreamValueError(f"join topic={self.topic!r}: a topic's name")
+        if self.where is not None:
+            where = self.where
+            if isinstance(where, tuple) and all(
+                isinstance(p, tuple) and len(p) == 2 for p in where
+            ):
+                where = dict(where)  # (the form it is kept in: dataclasses.replace)
+            if (
+                not isinstance(where, Mapping)
+                or not set(where) <= set(_SIDES)
+                or not all(isinstance(v, str) and v.strip() for v in where.values())
+            ):
+                raise StreamValueError(
+                    f"join {self.name}: where={where!r} is a Spark SQL condition per side, "
+                    "e.g. {'left': \"state IN ('OR', 'CA')\", 'right': 'category = 10'}"
+                )
+            # kept as (side, condition) pairs in the sides' order: a Join stays hashable
+            pairs = tuple((s, where[s]) for s in _SIDES if s in where)
+            object.__setattr__(self, "where", pairs or None)
 
     @property
     def sides(self) -> tuple[tuple[str, str | None, dict[str, str]], ...]:
@@ -267,6 +291,12 @@ class Join:
         """The DataFrame of each side given as ``Frame(df)``."""
         pairs = (("left", self.left), ("right", self.right))
         return {which: df for which, side in pairs if (df := _frame(side)) is not None}
+
+    @property
+    def conditions(self) -> tuple[str | None, str | None]:
+        """The left side's ``where``, then the right side's (None: every event)."""
+        given = dict(self.where or ())
+        return given.get("left"), given.get("right")
 
     @property
     def keys(self) -> tuple[str, str]:

@@ -12,9 +12,17 @@ from riverbed.spark.offsets import source_limits
 from riverbed.spark.source import META_NAMES, open_log
 from riverbed.state import StateConfig
 from riverbed.stream.errors import StreamValueError
+from riverbed.stream.expressions import ExpressionError
 from riverbed.stream.joins import Join
 from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
-from riverbed.stream.streamjoin import PREFIX, SIDES, WINDOW_START, JoinConfig, JoinSide
+from riverbed.stream.streamjoin import (
+    PREFIX,
+    SIDES,
+    WINDOW_START,
+    JoinConfig,
+    JoinSide,
+    condition,
+)
 
 
 def prepare(
@@ -117,7 +125,13 @@ def _side(
     # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
     # as times
     times = tuple(c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column)
-    return JoinSide(options, schema, key, time_column, tuple(kept), times)
+    where = join.conditions[SIDES.index(which)]
+    if where is not None:  # refused now, not by the first task
+        try:
+            condition(where, arrow)
+        except ExpressionError as exc:
+            raise ExpressionError(f"join {join.name}, the {which} side's where: {exc}") from None
+    return JoinSide(options, schema, key, time_column, tuple(kept), times, where)
 
 
 def _config(

@@ -30,6 +30,7 @@ Spark job. A killed driver's next start re-runs its newest unfinished plan exact
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -49,7 +50,9 @@ from riverbed.spark.source import LogSlice, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
+from riverbed.stream.derive import input_types
 from riverbed.stream.engine import state_partition_of
+from riverbed.stream.expressions import BOOLEAN, Compiled, ExpressionError, compile_expression
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
@@ -76,6 +79,7 @@ class JoinSide:
     time: str
     columns: tuple[str, ...]  # the columns it keeps (its time too), stored per event
     times: tuple[str, ...]  # of those, timestamps: stored as ms, given back as times
+    where: str | None = None  # the side's condition (Join.where), compiled per process
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ class Counts:
     input: int = 0
     late: int = 0
     malformed: int = 0
+    filtered: int = 0  # events a side's ``where`` did not keep
     max_ms: dict[str, int] = field(default_factory=dict)
     late_rows: list[pd.DataFrame] = field(default_factory=list)
     dlq_rows: list[pd.DataFrame] = field(default_factory=list)
@@ -136,6 +141,7 @@ class Counts:
         self.input += other.input
         self.late += other.late
         self.malformed += other.malformed
+        self.filtered += other.filtered
         for side, ms in other.max_ms.items():
             self.max_ms[side] = max(self.max_ms.get(side, ms), ms)
         self.late_rows += other.late_rows
@@ -197,6 +203,20 @@ def events(
         bad = np.zeros(batch.num_rows, dtype=bool)
         for holds, _ in reasons:
             bad |= holds
+        dropped = np.zeros(batch.num_rows, dtype=bool)
+        if side.where is not None:  # a record that is not an event is not evaluated
+            kept, failed = condition(side.where, batch.schema).evaluate(batch)
+            failing = _present(failed) & ~bad
+            if failing.any():  # malformed, the reason naming the condition
+                batch = batch.set_column(
+                    batch.schema.get_field_index("_error"),
+                    "_error",
+                    pc.coalesce(batch.column("_error"), pc.binary_join_element_wise(
+                        pa.scalar("where: "), failed, "")),
+                )  # fmt: skip
+                bad |= failing
+            dropped = ~bad & ~pc.fill_null(kept, False).to_numpy(zero_copy_only=False)
+            counts.filtered += int(dropped.sum())
         if bad.any():
             counts.malformed += int(bad.sum())
             if sum(map(len, counts.dlq_rows)) < SIDE_LIMIT:
@@ -205,7 +225,7 @@ def events(
                 for holds, text in reasons[1:]:
                     why[pd.isna(why) & holds[bad]] = text
                 counts.dlq_rows.append(rows.assign(_error=why, side=which))
-        ok = ~bad
+        ok = ~bad & ~dropped
         if not ok.any():
             continue
         counts.max_ms[which] = max(counts.max_ms.get(which, int(ts[ok].max())), int(ts[ok].max()))
@@ -228,6 +248,17 @@ def events(
         for c in side.columns:
             arrays.append(_stored(kept.column(c), c in side.times))
         yield pa.Table.from_arrays(arrays, names=[KEY, TS, PART, OFF, *cfg.columns(which)])
+
+
+@functools.lru_cache(maxsize=16)
+def condition(text: str, schema: pa.Schema) -> Compiled:
+    """A side's ``where`` over batches of ``schema`` (its fields, as Spark types),
+    compiled once per process; :class:`~riverbed.stream.expressions.ExpressionError`
+    names what cannot be evaluated, and a condition that is not one."""
+    compiled = compile_expression(text, input_types(schema))
+    if compiled.type != BOOLEAN:
+        raise ExpressionError(f"{text!r} is {compiled.type}, not a condition (boolean)")
+    return compiled
 
 
 def _present(column: pa.Array) -> np.ndarray:
@@ -440,7 +471,7 @@ def run_planned(
     if seen:
         record.max_event_ms = max(record.max_event_ms, *seen.values())
     record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
-    record.filtered = 0
+    record.filtered = counts.filtered
     if joined is None:
         unmatched = 0
     elif "r" + TS not in joined.column_names:  # a left join's unmatched rows only
