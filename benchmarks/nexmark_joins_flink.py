@@ -30,6 +30,15 @@ SQL = {
     "q9j": """SELECT A.id, B.bidder, B.price, CAST(B.ts AS TIMESTAMP(3))
               FROM auctions A LEFT JOIN bids B ON A.id = B.auction
               AND B.ts BETWEEN A.ts AND A.ts + INTERVAL '10' SECOND""",
+    # q3: sellers in OR, ID or CA and their auctions of category 10 — Nexmark's regular
+    # join (no window, no interval: Flink keeps both tables' rows for good)
+    "q3": """SELECT P.id, P.name, P.state, A.id
+             FROM persons P JOIN auctions A ON P.id = A.seller
+             WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')""",
+    # q20: bids with their auction's row, for auctions of category 10 (a regular join)
+    "q20": """SELECT B.auction, B.bidder, B.price, B.channel, CAST(B.ts AS TIMESTAMP(3)),
+                     A.seller, A.reserve, CAST(A.ts AS TIMESTAMP(3))
+              FROM bids B JOIN auctions A ON B.auction = A.id WHERE A.category = 10""",
 }
 TABLES = {
     "persons": "id BIGINT, name STRING, state STRING",
