@@ -14,7 +14,7 @@ from riverbed.state import StateConfig
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.expressions import ExpressionError
 from riverbed.stream.joins import Join
-from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS, count_option
+from riverbed.stream.nativeconfig import JOIN_DRIVER_BATCH_RECORDS, count_option
 from riverbed.stream.streamjoin import (
     PREFIX,
     SIDES,
@@ -45,7 +45,7 @@ def prepare(
 
     sides = []
     limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
-    in_driver_up_to = DRIVER_BATCH_RECORDS  # the sides' driverBatchRecords: the smaller
+    in_driver: list[int] = []  # each side's driverBatchRecords (its default if not given)
     for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
         url = side_log or log_url
         if url is None:
@@ -57,9 +57,7 @@ def prepare(
         lowered = {k.lower(): v for k, v in options.items()}
         limit, _ = source_limits(lowered)
         limits += [limit] if limit is not None else []
-        in_driver_up_to = min(
-            in_driver_up_to, count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
-        )
+        in_driver.append(count_option(lowered, "driverBatchRecords", JOIN_DRIVER_BATCH_RECORDS))
         opened = open_log(options)
         try:
             if topic not in opened.topics():
@@ -75,8 +73,9 @@ def prepare(
             _side(join, which, schema, options, f"side's topic {topic!r}", "give the topic "
                   "a schema option")
         )  # fmt: skip
+    # the smaller of the two: a side may raise the default as well as lower it
     return _config(join, sides, checkpoint, output, state, log_url, term, limits,
-                   in_driver_up_to)  # fmt: skip
+                   min(in_driver))  # fmt: skip
 
 
 def _prepare_frames(
@@ -101,7 +100,7 @@ def _prepare_frames(
             )
         sides.append(_side(join, which, df.schema, {}, "side's DataFrame", "select it first"))
     return _config(join, sides, checkpoint, output, state, log_url, term, [],
-                   DRIVER_BATCH_RECORDS)  # fmt: skip
+                   JOIN_DRIVER_BATCH_RECORDS)  # fmt: skip
 
 
 def _side(

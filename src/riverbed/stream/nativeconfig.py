@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRIVER_BATCH_RECORDS",
+    "JOIN_DRIVER_BATCH_RECORDS",
     "DirectConfig",
     "count_option",
     "decide_co_location",
@@ -36,6 +37,12 @@ __all__ = [
 # masters): a PySpark job costs ~100 ms here whatever it does, more than a small batch's
 # own work. The source option driverBatchRecords sets it (0: never; docs/stream.md).
 DRIVER_BATCH_RECORDS = 50_000
+# A join's batches, likewise, up to this many records of both sides: its pairing is
+# Arrow's (the GIL let go), and as a Spark job each batch ships its events pickled
+# through a shuffle to tasks that open their partitions anew — Nexmark q20, 92,000 bids
+# a batch: ~100 ms in the driver, ~750 ms as a job (benchmarks/nexmark_joins.py,
+# 2026-12-04). Bounded so a backlog read whole does not sit in the driver's memory.
+JOIN_DRIVER_BATCH_RECORDS = 1_000_000
 
 
 @dataclass(frozen=True)

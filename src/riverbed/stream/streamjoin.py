@@ -57,7 +57,7 @@ from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
-from riverbed.stream.nativeconfig import DRIVER_BATCH_RECORDS
+from riverbed.stream.nativeconfig import JOIN_DRIVER_BATCH_RECORDS
 from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, no_events, step
 from riverbed.stream.results import PART as RESULT_FILE
 from riverbed.stream.results import encode_file
@@ -96,7 +96,7 @@ class JoinConfig:
     output_schema: pa.Schema
     term: int | None = None
     max_records: int | None = None
-    driver_records: int = DRIVER_BATCH_RECORDS
+    driver_records: int = JOIN_DRIVER_BATCH_RECORDS
     reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
