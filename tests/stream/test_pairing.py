@@ -17,12 +17,17 @@ from riverbed.state.keys import JOIN_WATERMARK
 from riverbed.stream import pairing
 from riverbed.stream.pairing import IDS, LEFT, RIGHT, Rule, buffered_count, step
 
-Event = tuple[str, int, int]  # key, time, batch
+Event = tuple[str, int, int, int | None]  # key, time, batch, until (a left event's)
 
 
 def _events(side: int) -> st.SearchStrategy[list[Event]]:
     return st.lists(
-        st.tuples(st.sampled_from("abc"), st.integers(0, 60), st.integers(0, 5)),
+        st.tuples(
+            st.sampled_from("abc"),
+            st.integers(0, 60),
+            st.integers(0, 5),
+            st.one_of(st.none(), st.integers(-5, 80)),
+        ),
         max_size=25,
     )
 
@@ -30,9 +35,10 @@ def _events(side: int) -> st.SearchStrategy[list[Event]]:
 rules = st.one_of(
     st.builds(Rule, window_ms=st.integers(1, 20)),
     st.builds(
-        lambda lo, width: Rule(lower_ms=lo, upper_ms=lo + width),
+        lambda lo, width, until: Rule(lower_ms=lo, upper_ms=lo + width, until=until),
         st.integers(-15, 10),
         st.integers(0, 15),
+        st.sampled_from([None, "lu"]),  # ``until``: each left event's own end (or none)
     ),
 )
 
@@ -40,19 +46,21 @@ rules = st.one_of(
 def _frame(events: list[Event], batch: int, part: int) -> pd.DataFrame:
     """A side's events of one batch; its column ``lv`` / ``rv`` names the event."""
     rows = [
-        (k, ts, part, offset, f"{'lr'[part]}{offset}")
-        for offset, (k, ts, b) in enumerate(events)
+        (k, ts, part, offset, f"{'lr'[part]}{offset}", until)
+        for offset, (k, ts, b, until) in enumerate(events)
         if b == batch
     ]
-    frame = pd.DataFrame(rows, columns=[*IDS, "lr"[part] + "v"])
-    return frame.astype({"_ts": "int64", "_part": "int64", "_off": "int64"})
+    frame = pd.DataFrame(rows, columns=[*IDS, "lr"[part] + "v", "lu"])
+    frame = frame.astype({"_ts": "int64", "_part": "int64", "_off": "int64", "lu": "Int64"})
+    return frame if part == 0 else frame.drop(columns=["lu"])
 
 
 def _oracle(
     rule: Rule, how: str, left: pd.DataFrame, right: pd.DataFrame
 ) -> tuple[set[tuple[int, int]], set[int]]:
     both = left.merge(right, on="_key", suffixes=("_l", "_r"))
-    hit = rule.matches(both["_ts_l"].to_numpy(), both["_ts_r"].to_numpy())
+    until = both["lu"].fillna(pairing.NO_TIME).to_numpy(dtype=np.int64)
+    hit = rule.matches(both["_ts_l"].to_numpy(), both["_ts_r"].to_numpy(), until)
     pairs = set(zip(both["_off_l"][hit], both["_off_r"][hit], strict=True))
     alone = set(left["_off"]) - {lo for lo, _ in pairs} if how == "left" else set()
     return pairs, alone
@@ -100,7 +108,7 @@ def _pair_batches(
                 frames.append(frame.loc[~late].reset_index(drop=True))
                 on_time[part].append(frames[-1])
             store = provider.load("j", 0, version=batch)
-            out = step(store, rule, how, frames[0], frames[1], int(w), (["lv"], ["rv"]))
+            out = step(store, rule, how, frames[0], frames[1], int(w), (["lv", "lu"], ["rv"]))
             store.commit(batch + 1)
             pairs, alone = out.pairs.to_pydict(), out.unmatched.to_pydict()
             got_pairs += list(zip(pairs["l_off"], pairs["r_off"], strict=True))

@@ -573,3 +573,55 @@ def test_each_sides_where_keeps_its_events_as_sql_would(spark: Any, tmp_path: Pa
     log.close()
     assert len(reasons) == totals["malformed"]
     assert all(r.startswith("where: ") and "CAST(note AS INT)" in r for r in reasons), reasons
+
+
+def test_an_interval_ended_sooner_by_a_column_of_the_left_side(spark: Any, tmp_path: Path) -> None:
+    """``until``: each order's own ``due`` time ends its interval (Nexmark q9's auction
+    ``expires``): a payment after it does not pair, one with no ``due`` pairs with
+    nothing (a left join emits it unmatched); a column that is missing or no timestamp
+    is refused at start, as is the join's shape changed under its checkpoint."""
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(500, seed=8)
+    rng = np.random.default_rng(8)
+    due = orders["ts"] + pd.to_timedelta(rng.integers(0, 50 * 60_000, len(orders)), unit="ms")
+    orders = orders.assign(due=due.where(rng.random(len(orders)) > 0.05))
+    schema = "order_id long, amount double, due timestamp, ts timestamp"
+    text = orders.assign(due=[None if pd.isna(v) else v.isoformat() for v in orders["due"]])
+    flush = pd.DataFrame(
+        {"order_id": [10**6], "amount": [0.0], "due": [None], "ts": [T0 + pd.Timedelta("3d")]}
+    )
+    send(log_url, "orders", pd.concat([text, flush]), 3)
+    send(log_url, "payments", pd.concat([payments, flush.drop(columns=["due"]).rename(
+        columns={"amount": "paid"})]), 2)  # fmt: skip
+
+    def join(until: str | None) -> Join:
+        return Join(
+            name="due", left=Topic("orders", options={"schema": schema}),
+            right=Topic("payments", options={"schema": PAYMENTS}), on="order_id", time="ts",
+            within=("10m", "1h"), until=until, how="left", watermark="2h", state_partitions=3,
+        )  # fmt: skip
+
+    def run(j: Join) -> None:
+        start_join(
+            spark, j, checkpoint=tmp_path / "cp", output=tmp_path / "out", log_url=log_url,
+            trigger={"availableNow": True},
+        ).awaitTermination()  # fmt: skip
+
+    for bad, why in [("paid_at", "not a field of the left"), ("amount", "not a timestamp")]:
+        with pytest.raises(StreamValueError, match=f"until='{bad}' is {why}"):
+            run(join(bad))
+    with pytest.raises(StreamValueError, match="give within="):
+        Join(name="j", left="a", right="b", on="k", window="1m", until="due")
+    run(join("due"))
+    both = orders.merge(payments, on="order_id", suffixes=("", "_right"))
+    both = both.rename(columns={"ts_right": "right_ts"})
+    gap = both["right_ts"] - both["ts"]
+    hit = (gap >= -pd.Timedelta("10m")) & (gap <= pd.Timedelta("1h"))
+    hit &= both["due"].notna() & (both["right_ts"] <= both["due"])
+    pairs = both.loc[hit]
+    want = pd.concat([pairs, orders[~orders["order_id"].isin(pairs["order_id"])]])
+    assert hit.sum() < (gap.between(-pd.Timedelta("10m"), pd.Timedelta("1h"))).sum()
+    got = read_joined(tmp_path / "out")
+    assert rows_of(got[got["order_id"] < 10**6]) == rows_of(want)
+    with pytest.raises(StreamValueError, match=r"until='due'.*not until=None"):
+        run(join(None))

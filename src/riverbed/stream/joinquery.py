@@ -131,13 +131,16 @@ class JoinQuery(ThreadQuery):
 
 def _shape(join: Join) -> dict[str, Any]:
     """What a join's state depends on: fixed at its first start."""
-    return {
+    shape = {
         "state_partitions": join.state_partitions,
         "on": list(join.keys),
         "window_ms": join.window_ms,
         "bounds_ms": list(join.bounds_ms),
         "how": join.how,
     }
+    if join.until is not None:  # (absent for a join without: older checkpoints match)
+        shape["until"] = join.until
+    return shape
 
 
 def _check_shape(checkpoint: str, join: Join) -> None:
@@ -153,12 +156,15 @@ def _check_shape(checkpoint: str, join: Join) -> None:
         return
     recorded = json.loads(store.get(JOIN))
     check("join state", recorded.get("format"), f"join {join.name} ({checkpoint})")
-    if {k: v for k, v in recorded.items() if k != "format"} != _shape(join):
-        changed = [k for k, v in _shape(join).items() if recorded.get(k) != v]
+    now = _shape(join)
+    if {k: v for k, v in recorded.items() if k != "format"} != now:
+        changed = [
+            k for k in sorted({*now, *recorded} - {"format"}) if recorded.get(k) != now.get(k)
+        ]
         raise StreamValueError(
             f"join {join.name}: its checkpoint {checkpoint} ran with "
             + ", ".join(f"{k}={recorded.get(k)!r}" for k in changed)
-            + f", not {', '.join(f'{k}={_shape(join)[k]!r}' for k in changed)}: the buffered "
+            + f", not {', '.join(f'{k}={now.get(k)!r}' for k in changed)}: the buffered "
             "events were placed and kept by those; start on a new checkpoint (and output) "
             "to run the changed join"
         )

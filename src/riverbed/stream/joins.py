@@ -199,7 +199,9 @@ class Join:
     ``time``: the event-time column of both, or ``(left's, right's)`` (``"timestamp"``:
     the record's own time). Exactly one of ``window`` (both events in the same tumbling
     window of this size) or ``within=(before, after)`` (the right event's time is at
-    most ``before`` earlier and ``after`` later than the left's). ``how``: ``"inner"``,
+    most ``before`` earlier and ``after`` later than the left's; ``until``: a time
+    column of the left side that ends each left event's interval sooner — an auction's
+    ``expires`` — while ``after`` still bounds how long it is kept). ``how``: ``"inner"``,
     or ``"left"`` (a left event no right one matched is emitted once, with nulls, when
     the watermark passes its interval). ``watermark``: how late events may arrive
     (the join's watermark is the smaller of the sides' newest event times less it);
@@ -224,6 +226,7 @@ class Join:
     state_partitions: int = 4
     topic: str | None = None
     where: Mapping[str, str] | None = None
+    until: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -251,6 +254,17 @@ class Join:
                 _ms(d, "within")
         if self.how not in ("inner", "left"):
             raise StreamValueError(f"join how={self.how!r}: 'inner' or 'left'")
+        if self.until is not None:
+            if not isinstance(self.until, str) or not self.until:
+                raise StreamValueError(
+                    f"join {self.name}: until={self.until!r} names a time column of the left "
+                    "side (e.g. 'expires')"
+                )
+            if self.within is None:
+                raise StreamValueError(
+                    f"join {self.name}: until= ends an interval join's interval sooner; give "
+                    "within=(before, after) too (after: the longest a left event waits)"
+                )
         _ms(self.watermark, "watermark")
         if self.idle_timeout is not None and _ms(self.idle_timeout, "idle_timeout") <= 0:
             raise StreamValueError(

@@ -124,6 +124,15 @@ def _side(
     # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
     # as times
     times = tuple(c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column)
+    if which == "left" and join.until is not None:
+        found = join.until in fields
+        if not found or not pa.types.is_timestamp(arrow.field(join.until).type):
+            raise StreamValueError(
+                f"join {join.name}: until={join.until!r} is "
+                + ("not a timestamp" if found else "not a field")
+                + f" of the left {what_side} (its fields: {', '.join(fields) or 'none'}); name "
+                f"a timestamp column of it, or {fix}"
+            )
     where = join.conditions[SIDES.index(which)]
     if where is not None:  # refused now, not by the first task
         try:

@@ -5,7 +5,11 @@ in a state partition until no partner can arrive (the pure core of a stream-stre
 A pair (left *l*, right *r*) with the same key matches when
 
 * **window**: both times fall in the same tumbling window of ``window_ms``;
-* **interval**: ``lower_ms <= r.time - l.time <= upper_ms``.
+* **interval**: ``lower_ms <= r.time - l.time <= upper_ms`` — and, with ``until`` (a
+  time column of the left events, say an auction's ``expires``), ``r.time <= l.until``
+  (no partner when it is NULL). ``upper_ms`` still bounds how long a left event is
+  kept, so a left event is kept as without ``until``: its unmatched row comes when the
+  watermark passes ``l.time + upper``.
 
 Each batch *b* has a watermark *W* (recorded in its plan, never decreasing). An event is
 **late** when it can no longer be paired exactly — its window is closed (``end <= W``;
@@ -72,6 +76,7 @@ IDS = [KEY, TS, PART, OFF]
 _ID_TYPES = {KEY: pa.string(), TS: pa.int64(), PART: pa.int64(), OFF: pa.int64()}
 _MIGRATED, _BATCH = 0, 1  # the n of a segment's key: rewritten from format 1 / a batch's
 _W = struct.Struct(">q")
+NO_TIME = np.iinfo(np.int64).min  # a left event's missing ``until``: no partner
 
 
 @dataclass(frozen=True)
@@ -81,20 +86,37 @@ class Rule:
     window_ms: int | None = None
     lower_ms: int = 0
     upper_ms: int = 0
+    until: str | None = None  # the left events' column bounding their partners' times
 
     @classmethod
-    def of(cls, join: Any) -> Rule:
-        """The rule of a :class:`~riverbed.stream.joins.Join`."""
+    def of(cls, join: Any, until: str | None = None) -> Rule:
+        """The rule of a :class:`~riverbed.stream.joins.Join` (``until``: its ``until``
+        column's name as the left events carry it)."""
         lower, upper = join.bounds_ms
-        return cls(window_ms=join.window_ms, lower_ms=lower, upper_ms=upper)
+        return cls(window_ms=join.window_ms, lower_ms=lower, upper_ms=upper, until=until)
 
-    def matches(self, left_ts: np.ndarray, right_ts: np.ndarray) -> np.ndarray:
+    def matches(
+        self, left_ts: np.ndarray, right_ts: np.ndarray, until: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Which (left, right) times pair; ``until``: the left events' ``until`` values
+        in ms (:data:`NO_TIME` for none), for a rule with one."""
         if self.window_ms is not None:
             result: np.ndarray = left_ts // self.window_ms == right_ts // self.window_ms
             return result
         gap = right_ts - left_ts
         inside: np.ndarray = (gap >= self.lower_ms) & (gap <= self.upper_ms)
+        if self.until is not None:
+            assert until is not None
+            inside &= (until != NO_TIME) & (right_ts <= until)
         return inside
+
+    def until_ms(self, events: pa.Table) -> np.ndarray | None:
+        """The ``until`` values of a left side's events (ms; :data:`NO_TIME` for none)."""
+        if self.until is None:
+            return None
+        column = events.column(self.until).cast(pa.int64())
+        out: np.ndarray = column.fill_null(NO_TIME).to_numpy()
+        return out
 
     def window_start(self, ts: np.ndarray) -> np.ndarray:
         assert self.window_ms is not None
@@ -359,7 +381,8 @@ def _pairs(rule: Rule, left: pa.Table, right: pa.Table) -> tuple[np.ndarray, np.
     if not both.num_rows:
         return none, none
     li, ri = both.column("_l").to_numpy(), both.column("_r").to_numpy()
-    keep = rule.matches(_times(left)[li], _times(right)[ri])
+    until = rule.until_ms(left)
+    keep = rule.matches(_times(left)[li], _times(right)[ri], None if until is None else until[li])
     return li[keep], ri[keep]
 
 

@@ -115,7 +115,8 @@ class JoinConfig:
 
     @property
     def rule(self) -> Rule:
-        return Rule.of(self.join)
+        until = self.join.until
+        return Rule.of(self.join, None if until is None else PREFIX["left"] + until)
 
     def fence(self) -> None:
         check_term(self.checkpoint, self.term, self.join.name)
