@@ -102,6 +102,16 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
     newest = batches.get(batches.ids()[-1])
     assert newest is not None and newest.totals is not None
     assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    # `riverbed query paid` shows the same rows (a join's name, as an aggregation's)
+    shown = subprocess.run([*command[:3], "query", "paid", "--json"], env=env,
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    queried = pd.DataFrame([json.loads(line) for line in shown.stdout.splitlines()])
+    assert len(queried) == len(read_joined(home / "output" / "paid"))
+    assert sorted(queried["order_id"]) == sorted(read_joined(home / "output" / "paid")["order_id"])
+    window = subprocess.run([*command[:3], "query", "paid", "--window", "2026-11-21"], env=env,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert window.returncode != 0 and "'paid' is a join" in window.stderr
 
     # the console shows what `stream status join.py` says, from the checkpoint alone
     status = subprocess.run(

@@ -110,3 +110,52 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
             + (f" (lag unknown: {side['lag_error']})" if side.get("lag_error") else "")
         )
     return 0
+
+
+def join_query(args: argparse.Namespace, config: Config, name: str) -> int:
+    """``riverbed query`` of a join: every joined row so far, each once (``--json``: a
+    JSON object a line); ``--key`` keeps the rows of those join keys."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from riverbed.errors import ConfigError
+    from riverbed.stream.joinquery import read_joined
+    from riverbed.stream.sinks import plain
+    from riverbed.stream.specjob import locations
+
+    for given, flag in ((args.window, "--window"), (args.from_state, "--from-state")):
+        if given:
+            raise ConfigError(
+                f"{flag} reads an aggregation's windows; '{name}' is a join — its rows are "
+                "read whole (filter them with --key, or read the table with any Parquet reader)"
+            )
+    _, output, _ = locations(config, name)
+    frame = read_joined(output)
+    if frame.empty:
+        raise ConfigError(f"no joined rows for join '{name}' in {output}; run it first")
+    if args.key:
+        key = frame.columns[1] if frame.columns[0] == "window_start" else frame.columns[0]
+        frame = frame[frame[key].astype(str).isin(args.key)]
+    if args.json:
+        for row in frame.to_dict("records"):
+            print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
+        return 0
+    table = Table(title=f"{name} ({len(frame)} rows)")
+    columns = [c for c in frame.columns if c != "batch_id"]
+    for column in columns:
+        table.add_column(column)
+    for row in frame[columns].itertuples(index=False):
+        table.add_row(
+            *(
+                ""
+                if v is None or v != v  # (None, NaN, NaT: no value)
+                else v.strftime("%Y-%m-%d %H:%M:%S")
+                if hasattr(v, "strftime")
+                else str(v)
+                for v in row
+            )
+        )
+    Console(highlight=False, soft_wrap=True).print(table)
+    return 0

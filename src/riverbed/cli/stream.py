@@ -104,8 +104,8 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     c.set_defaults(func=_status)
 
-    query = sub.add_parser("query", help="read an aggregation's results")
-    query.add_argument("name", help="aggregation name (or its spec file)")
+    query = sub.add_parser("query", help="read an aggregation's results, or a join's rows")
+    query.add_argument("name", help="aggregation or join name (or its spec file)")
     query.add_argument("--checkpoints", help=CHECKPOINTS_HELP)
     query.add_argument("--key", action="append", help="only these keys")
     query.add_argument("--window", help="only windows starting at this time (ISO, UTC)")
@@ -493,6 +493,28 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _joined_rows(args: argparse.Namespace, config: Any) -> int | None:
+    """``riverbed query`` of a join (its spec file, or a name whose checkpoint is a
+    join's): its joined rows; None for anything else."""
+    from riverbed.stream.specjob import load_join, locations
+
+    if args.name.endswith(".py"):
+        join = load_join(args.name)
+        if join is None:
+            return None
+        name = join.name
+    else:
+        from riverbed.stream.layout import JOIN, checkpoint_store
+
+        name = args.name
+        checkpoint, _, _ = locations(config, name)
+        if checkpoint_store(checkpoint).head(JOIN) is None:
+            return None
+    from riverbed.cli.joins import join_query
+
+    return join_query(args, config, name)
+
+
 def _query(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -502,6 +524,9 @@ def _query(args: argparse.Namespace) -> int:
     config = config_of(args)
     name = args.name
     job = None
+    joined = _joined_rows(args, config)
+    if joined is not None:  # a stream-stream join's rows (riverbed.cli.joins)
+        return joined
     if args.batch is not None and not args.from_state:
         raise ConfigError("--batch reads state as of a batch: add --from-state")
     if args.from_state:
