@@ -85,8 +85,12 @@ def write_csv(events: pd.DataFrame, directory: Path, files: int = 2) -> Path:
     — seen here as windows missing against DuckDB.) The Nexmark and join benchmarks
     write theirs through here too."""
     directory.mkdir(parents=True, exist_ok=True)
-    frame = events.assign(
-        ts=events["ts"].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3]
+    frame = events.assign(  # every time column so (a join's auctions have expires)
+        **{
+            c: events[c].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d %H:%M:%S.%f").str[:-3]
+            for c in events.columns
+            if isinstance(events[c].dtype, pd.DatetimeTZDtype)
+        }
     )
     for i in range(files):
         frame.iloc[i::files].to_csv(directory / f"part-{i}.csv", header=False, index=False)
