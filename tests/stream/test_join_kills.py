@@ -124,7 +124,8 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
     sources = Sources(Config(home=home))
     try:
         shown = inspect_join(sources, "paid")
-        keys = ("batches", "input_records", "joined", "unmatched", "late", "watermark", "sides")
+        keys = ("batches", "input_records", "joined", "unmatched", "late", "filtered",
+                "watermark", "sides")  # fmt: skip
         assert {k: shown[k] for k in keys} == {k: said[k] for k in keys}
         assert shown["spec"] == str(spec.resolve()) and shown["how"] == how
         with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
@@ -132,6 +133,7 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
             assert 'id="joins"' in listed and 'href="/streams/paid"' in listed
             page = client.get("/streams/paid").text
             assert "<h1>Join paid</h1>" in page and 'id="sides"' in page
+            assert "0 filtered (where)" in page
             assert f"riverbed stream status {spec.resolve()} --json" in page
             assert client.get("/api/streams/paid").json()["joined"] == said["joined"]
     finally:

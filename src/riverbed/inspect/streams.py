@@ -187,7 +187,7 @@ def join(src: Sources, name: str) -> dict[str, Any]:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)
     out["checkpoint"] = str(checkpoint)
-    for key in ("how", "window_ms", "bounds_ms", "state_partitions", "output"):
+    for key in ("how", "window_ms", "bounds_ms", "until", "where", "state_partitions", "output"):
         out[key] = info.get(key)
     return out
 

@@ -273,6 +273,8 @@ def manifest(
         "how": join.how,
         "window_ms": join.window_ms,
         "bounds_ms": list(join.bounds_ms),
+        "until": join.until,
+        "where": dict(join.where or ()),
         "state_partitions": join.state_partitions,
         "checkpoint": str(checkpoint),
         "output": str(output),
