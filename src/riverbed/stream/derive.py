@@ -46,6 +46,7 @@ __all__ = [
     "compile_for",
     "derivation",
     "map_in_arrow",
+    "named_failures",
     "spark_schema",
 ]
 
@@ -97,18 +98,18 @@ class Derivation:
                 values, failed = compiled.evaluate(table)
                 # an event an inner lookup dropped is not there to fail (as in SQL)
                 failed = pc.if_else(kept, failed, pa.scalar(None, pa.string()))
-                why = pc.coalesce(why, _named(failed, f"columns[{name!r}]"))
+                why = pc.coalesce(why, named_failures(failed, f"columns[{name!r}]"))
                 table = table.append_column(name, values)
         if self.where is not None:
             passed, failed = self.where.evaluate(table)
-            why = pc.coalesce(why, _named(failed, "where"))
+            why = pc.coalesce(why, named_failures(failed, "where"))
             kept = pc.and_(kept, pc.fill_null(passed, False))
         for name, compiled in self.columns:
             if name not in self.before_where:
                 values, failed = compiled.evaluate(table)
                 # an event the filter drops is never evaluated here: it cannot fail
                 failed = pc.if_else(kept, failed, pa.scalar(None, pa.string()))
-                why = pc.coalesce(why, _named(failed, f"columns[{name!r}]"))
+                why = pc.coalesce(why, named_failures(failed, f"columns[{name!r}]"))
                 table = table.append_column(name, values)
         order = [n for n, _ in self.lookup_types] + [n for n, _ in self.columns]
         if self.key_parts:  # the composite key's column, from its parts (keys.py)
@@ -124,8 +125,9 @@ def _ordered(table: pa.Table, derived: list[str]) -> pa.Table:
     return table.select([*fields, *derived])
 
 
-def _named(failed: pa.Array, where: str) -> pa.Array:
-    """Each failure's reason, prefixed with the part of the spec it came from."""
+def named_failures(failed: pa.Array, where: str) -> pa.Array:
+    """Each failure's reason, prefixed with the part of the spec it came from (an
+    aggregation's ``where`` or derived column, a join side's ``where``)."""
     if failed.null_count == len(failed):
         return failed
     return pc.binary_join_element_wise(pa.scalar(f"{where}: "), failed, "")

@@ -50,7 +50,7 @@ from riverbed.spark.source import LogSlice, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
-from riverbed.stream.derive import input_types
+from riverbed.stream.derive import input_types, named_failures
 from riverbed.stream.engine import state_partition_of
 from riverbed.stream.expressions import BOOLEAN, Compiled, ExpressionError, compile_expression
 from riverbed.stream.fencing import check_term
@@ -212,8 +212,7 @@ def events(
                 batch = batch.set_column(
                     batch.schema.get_field_index("_error"),
                     "_error",
-                    pc.coalesce(batch.column("_error"), pc.binary_join_element_wise(
-                        pa.scalar("where: "), failed, "")),
+                    pc.coalesce(batch.column("_error"), named_failures(failed, "where")),
                 )  # fmt: skip
                 bad |= failing
             dropped = ~bad & ~pc.fill_null(kept, False).to_numpy(zero_copy_only=False)
