@@ -66,3 +66,15 @@ def shared_options(
 
 class UsageError(InvalidValueError):
     """A command-line argument that cannot be used; the message says what to type."""
+
+
+def print_json_rows(frame: Any) -> None:
+    """A result frame's rows as JSON objects, one a line (``riverbed query --json`` of an
+    aggregation or a join): values as the topic sinks write them (times as ISO 8601,
+    TopK's pairs as a list of {value, count}, NaN as null)."""
+    import json
+
+    from riverbed.stream.sinks import plain
+
+    for row in frame.to_dict("records"):
+        print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))

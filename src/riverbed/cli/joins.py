@@ -115,14 +115,12 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
 def join_query(args: argparse.Namespace, config: Config, name: str) -> int:
     """``riverbed query`` of a join: every joined row so far, each once (``--json``: a
     JSON object a line); ``--key`` keeps the rows of those join keys."""
-    import json
-
     from rich.console import Console
     from rich.table import Table
 
+    from riverbed.cli._common import print_json_rows
     from riverbed.errors import ConfigError
     from riverbed.stream.joinquery import read_joined
-    from riverbed.stream.sinks import plain
     from riverbed.stream.specjob import locations
 
     for given, flag in ((args.window, "--window"), (args.from_state, "--from-state")):
@@ -139,8 +137,7 @@ def join_query(args: argparse.Namespace, config: Config, name: str) -> int:
         key = frame.columns[1] if frame.columns[0] == "window_start" else frame.columns[0]
         frame = frame[frame[key].astype(str).isin(args.key)]
     if args.json:
-        for row in frame.to_dict("records"):
-            print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
+        print_json_rows(frame)
         return 0
     table = Table(title=f"{name} ({len(frame)} rows)")
     columns = [c for c in frame.columns if c != "batch_id"]

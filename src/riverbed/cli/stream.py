@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
-from riverbed.cli._common import CHECKPOINTS_HELP, config_of, positive_int
+from riverbed.cli._common import CHECKPOINTS_HELP, config_of, positive_int, print_json_rows
 from riverbed.cli._quiet import WARNED
 from riverbed.cli.changes import STAMP, _job, _new_version
 from riverbed.cli.changes import add_parsers as add_change_parsers
@@ -559,10 +559,7 @@ def _query(args: argparse.Namespace) -> int:
         start = start.tz_localize("UTC") if start.tzinfo is None else start
         frame = frame[frame["window_start"] == start]
     if args.json:
-        from riverbed.stream.sinks import plain
-
-        for row in frame.to_dict("records"):  # (TopK's pairs: a list of {value, count})
-            print(json.dumps({k: plain(v) for k, v in row.items()}, default=str))
+        print_json_rows(frame)
         return 0
     table = Table(title=f"{name} ({len(frame)} rows)")
     # a session's window_end is its own; a fixed window's is its start + size, left out
