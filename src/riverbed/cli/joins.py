@@ -103,6 +103,9 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
         out.print(f"{key:>14}: {info[key]}")
     out.print(f"{'watermark':>14}: {info['watermark'] or '-'}")
     for which, side in info["sides"].items():
+        if "table" in side:  # a lookup join's right side
+            out.print(f"{which:>14}: table {side['table']}, read {side['read_at'] or '-'}")
+            continue
         out.print(
             f"{which:>14}: topic {side['topic']}, newest event {side['newest_event'] or '-'}, "
             f"lag {side['lag'] if side['lag'] is not None else '-'} records, "
@@ -115,6 +118,7 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
 def join_query(args: argparse.Namespace, config: Config, name: str) -> int:
     """``riverbed query`` of a join: every joined row so far, each once (``--json``: a
     JSON object a line); ``--key`` keeps the rows of those join keys."""
+    import pandas as pd
     from rich.console import Console
     from rich.table import Table
 
@@ -147,7 +151,7 @@ def join_query(args: argparse.Namespace, config: Config, name: str) -> int:
         table.add_row(
             *(
                 ""
-                if v is None or v != v  # (None, NaN, NaT: no value)
+                if v is None or v is pd.NA or v != v  # (None, NA, NaN, NaT: no value)
                 else v.strftime("%Y-%m-%d %H:%M:%S")
                 if hasattr(v, "strftime")
                 else str(v)

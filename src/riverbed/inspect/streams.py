@@ -174,15 +174,16 @@ def join(src: Sources, name: str) -> dict[str, Any]:
             "records one when it starts with this version of riverbed)"
         )
     sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
-        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items()
+        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items() if "topic" in s
     }
+    table = dict(info["sides"]).get("right", {}).get("table")  # a lookup join's
     state = StateConfig(local_dir=src.config.state_dir, durable=info["state_durable"])
     out: dict[str, Any] = {"name": name, "kind": "join", "spec": info.get("spec")}
     try:
         lower, upper = info["bounds_ms"]
         rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
-        partitions = int(info["state_partitions"])
-        out.update(status_of(name, sides, partitions, checkpoint, state, rule))
+        partitions = int(info["state_partitions"]) if table is None else 0  # (no state)
+        out.update(status_of(name, sides, partitions, checkpoint, state, rule, table))
     except RiverbedError as exc:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)

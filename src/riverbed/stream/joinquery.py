@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from riverbed.locations import location
 from riverbed.spark.offsets import batch_ends, begin_offsets, capped
@@ -45,13 +46,14 @@ class JoinQuery(ThreadQuery):
     def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
         super().__init__(spark, cfg.join.name, f"riverbed-join-{cfg.join.name}", trigger)
         self.cfg = cfg
+        self.streams = SIDES[: len(cfg.join.sides)]  # a lookup join's: the left one only
         self.batches = open_batches(cfg.checkpoint, cfg.fence)
         self._start()
 
     def _body(self) -> None:
         logs: dict[str, Any] = {}
         try:
-            for which, side in zip(SIDES, self.cfg.sides, strict=True):
+            for which, side in zip(self.streams, self.cfg.sides, strict=False):
                 logs[which] = open_log(side.options)
             self._loop(logs)
         finally:
@@ -66,10 +68,19 @@ class JoinQuery(ThreadQuery):
     def _loop(self, logs: dict[str, Any]) -> None:
         target = None
         if self.trigger.available_now:  # what the topics hold now, and no more
-            target = {w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in SIDES}
+            target = {
+                w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in self.streams
+            }
 
         def run(batch_id: int, record: BatchRecord, began: float) -> None:
-            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record)
+            tasks_of = None
+            if self.cfg.join.lookup is not None:
+                from riverbed.stream import lookupjoin
+
+                def tasks_of() -> Any:
+                    return lookupjoin.run_batch(self.spark, self.cfg, batch_id, record)
+
+            done = run_planned(self.spark, self.cfg, self.batches, batch_id, record, tasks_of)
             self._add_progress(
                 {
                     "name": self.name,
@@ -96,7 +107,7 @@ class JoinQuery(ThreadQuery):
         now = int(time.time() * 1000)
         sources: dict[str, dict[str, list[int]]] = {}
         moved: dict[str, int] = {}
-        for which in SIDES:
+        for which in self.streams:
             retained = self._retained(logs, which)
             before = None
             if newest is not None and newest.sources is not None:
@@ -110,7 +121,8 @@ class JoinQuery(ThreadQuery):
             sources[which] = slices_json(begin, ends)
             was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
             moved[which] = now if has_input(sources[which]) or was is None else int(was)
-        watermark = watermark_of(self.cfg.join, newest, moved, now)
+        lookup = self.cfg.join.lookup is not None  # no state, nothing late: no watermark
+        watermark = 0 if lookup else watermark_of(self.cfg.join, newest, moved, now)
         previous = newest.watermark_ms if newest is not None else 0
         if not any(has_input(s) for s in sources.values()) and watermark <= previous:
             return None
@@ -122,6 +134,10 @@ class JoinQuery(ThreadQuery):
             source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
             source_moved_ms=moved,
         )
+        if lookup:  # and the table's version it joins with
+            from riverbed.stream import lookupjoin
+
+            record.lookups = lookupjoin.plan(self.cfg, newest)
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
         return batch_id, record
 
@@ -130,7 +146,10 @@ class JoinQuery(ThreadQuery):
 
 
 def _shape(join: Join) -> dict[str, Any]:
-    """What a join's state depends on: fixed at its first start."""
+    """What a join's state depends on: fixed at its first start (a lookup join has no
+    state; its topic's rows are placed by the partition count)."""
+    if join.lookup is not None:
+        return {"kind": "lookup", "state_partitions": join.state_partitions}
     shape = {
         "state_partitions": join.state_partitions,
         "on": list(join.keys),
@@ -246,9 +265,13 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
 
 
 def read_joined(output: str | Path) -> pd.DataFrame:
-    """Every joined row written so far (each once: a re-run batch replaced its file)."""
+    """Every joined row written so far (each once: a re-run batch replaced its file);
+    integers stay integers where a row has none (a left join's, a NULL key)."""
     table = read_table(location(output))
-    return pd.DataFrame() if table is None else table.to_pandas()
+    return pd.DataFrame() if table is None else table.to_pandas(types_mapper=_NULLABLE.get)
+
+
+_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
 
 
 def manifest(
@@ -261,15 +284,19 @@ def manifest(
 ) -> dict[str, Any]:
     """What a join's checkpoint says about it (``riverbed/job.json``), so the console
     can show it without the spec file: its sides' topics and logs (not their reader
-    options, which may hold a Kafka client's secrets), its shape and locations."""
+    options, which may hold a Kafka client's secrets), its shape and locations (a
+    lookup join's right side: its table, as errors name it — never a password)."""
+    sides: dict[str, dict[str, Any]] = {
+        which: {"topic": topic, "log": None if topic == DATAFRAME else side_log or log_url}
+        for which, (topic, side_log, _) in zip(SIDES, join.sides, strict=False)
+    }
+    if join.lookup is not None:
+        sides["right"] = {"table": join.lookup.label, "refresh": join.lookup.refresh}
     return {
         "kind": "join",
         "name": join.name,
         "spec": str(spec) if spec else None,
-        "sides": {
-            which: {"topic": topic, "log": None if topic == DATAFRAME else side_log or log_url}
-            for which, (topic, side_log, _) in zip(SIDES, join.sides, strict=True)
-        },
+        "sides": sides,
         "how": join.how,
         "window_ms": join.window_ms,
         "bounds_ms": list(join.bounds_ms),
@@ -291,9 +318,11 @@ def status(
     yet (lag) and the events its state holds."""
     sides = {
         which: (topic, None if topic == DATAFRAME else side_log or log_url, reader)
-        for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True)
+        for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=False)
     }
-    return status_of(join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join))
+    table = None if join.lookup is None else join.lookup.label
+    partitions = 0 if table is not None else join.state_partitions  # (no state)
+    return status_of(join.name, sides, partitions, checkpoint, state, Rule.of(join), table)
 
 
 def status_of(
@@ -303,10 +332,12 @@ def status_of(
     checkpoint: str | Path,
     state: StateConfig,
     rule: Rule,
+    table: str | None = None,
 ) -> dict[str, Any]:
     """:func:`status` from what it needs: each side's (topic, log, reader options), the
-    state's partition count, its pairing rule. A side whose log cannot be read now has
-    no lag (``None``) and says why (``lag_error``)."""
+    state's partition count, its pairing rule; a lookup join's ``table`` (its label),
+    shown as its right side with the version the newest batch joined with. A side
+    whose log cannot be read now has no lag (``None``) and says why (``lag_error``)."""
     from riverbed.durations import iso_ms
     from riverbed.errors import RiverbedError
 
@@ -323,7 +354,8 @@ def status_of(
         "late": totals.get("late", 0),
         "malformed": totals.get("malformed", 0),
         "filtered": totals.get("filtered", 0),
-        "watermark": iso_ms(done.watermark_ms) if done is not None else None,
+        # (a lookup join has none: nothing of it waits for time)
+        "watermark": iso_ms(done.watermark_ms) if done is not None and table is None else None,
         "sides": {},
     }
     holding = _held(name, partitions, state, rule)
@@ -349,6 +381,15 @@ def status_of(
         }
         if why is not None:
             info["sides"][which]["lag_error"] = why
+    if table is not None:
+        snapshots = (done.lookups or []) if done is not None else []
+        info["sides"]["right"] = {
+            "table": table,
+            "read_at": iso_ms(int(snapshots[0]["at_ms"])) if snapshots else None,
+            "newest_event": None,
+            "lag": None,
+            "held": 0,
+        }
     return info
 
 

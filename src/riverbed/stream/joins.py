@@ -192,6 +192,12 @@ class Join:
         Join(name="paid", left="orders", right="payments", on="order_id",
              within=("0s", "1h"), how="left", watermark="5m")
 
+    or a stream's events enriched from a table, as of each batch — a *lookup join*,
+    whose rows are the events with the table's columns (no window, no state)::
+
+        Join(name="bids_named", left="bids",
+             right=Lookup("sides.parquet", on="auction", columns=["name"]))
+
     ``left`` / ``right``: a topic's name (the configured log) or ``Topic(name, log=…)``
     (a Kafka topic too) — the log-native path — or both ``Frame(df)``: streaming
     DataFrames, joined through one Spark streaming query (the DataFrame path). ``on``:
@@ -211,16 +217,23 @@ class Join:
     paired, nor move the watermark (counted as filtered; a row it fails to evaluate is
     malformed); a change applies from the next batch. ``topic``: a topic the joined rows
     are appended to, exactly once (an aggregation can read it). ``state_partitions``:
-    fixed at the first start."""
+    fixed at the first start.
+
+    A lookup join (``right`` a :class:`Lookup`): the table's key, columns and refresh
+    are the Lookup's (``on`` of the Join, if given, must be the Lookup's events' column);
+    ``how``: the Join's if given, else the Lookup's (``"left"``: an event without a row
+    keeps NULLs, counted unmatched; ``"inner"``: it is dropped, counted unmatched);
+    ``time`` only orders the rows and dates the side; no ``window``, ``within``,
+    ``until`` nor a ``where`` of the right side (the Lookup's ``columns`` choose)."""
 
     name: str
     left: Any
     right: Any
-    on: str | tuple[str, str]
+    on: str | tuple[str, str] | None = None
     time: str | tuple[str, str] = "timestamp"
     window: str | None = None
     within: tuple[str, str] | None = None
-    how: Literal["inner", "left"] = "inner"
+    how: Literal["inner", "left"] | None = None
     watermark: str = "0s"
     idle_timeout: str | None = "1m"
     state_partitions: int = 4
@@ -232,10 +245,19 @@ class Join:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise StreamValueError(f"join name {self.name!r}: letters, digits, '_' (max 64)")
         _side(self.left, "left")
-        _side(self.right, "right")
-        _pair(self.on, "on")
+        if isinstance(self.right, Lookup):
+            self._lookup_join(self.right)
+        else:
+            _side(self.right, "right")
+            if self.on is None:
+                raise StreamValueError(
+                    f"join {self.name}: on= names the key column of both sides, or (left's, "
+                    "right's)"
+                )
+            _pair(self.on, "on")
+            object.__setattr__(self, "how", "inner" if self.how is None else self.how)
         _pair(self.time, "time")
-        if (self.window is None) == (self.within is None):
+        if self.lookup is None and (self.window is None) == (self.within is None):
             raise StreamValueError(
                 f"join {self.name}: give window= (both events in the same window, e.g. "
                 "'10s') or within=(before, after) (an interval around the left event's "
@@ -254,7 +276,7 @@ class Join:
                 _ms(d, "within")
         if self.how not in ("inner", "left"):
             raise StreamValueError(f"join how={self.how!r}: 'inner' or 'left'")
-        if self.until is not None:
+        if self.until is not None and self.lookup is None:
             if not isinstance(self.until, str) or not self.until:
                 raise StreamValueError(
                     f"join {self.name}: until={self.until!r} names a time column of the left "
@@ -292,12 +314,48 @@ class Join:
                     "e.g. {'left': \"state IN ('OR', 'CA')\", 'right': 'category = 10'}"
                 )
             # kept as (side, condition) pairs in the sides' order: a Join stays hashable
+            if self.lookup is not None and "right" in where:
+                raise StreamValueError(
+                    f"join {self.name}: the right side is a table (a Lookup): it has no "
+                    "where; its columns= chooses what the events get"
+                )
             pairs = tuple((s, where[s]) for s in _SIDES if s in where)
             object.__setattr__(self, "where", pairs or None)
 
+    def _lookup_join(self, lookup: Lookup) -> None:
+        """A lookup join's own rules (see the class doc): its key is the Lookup's."""
+        if _frame(self.left) is not None:
+            raise StreamValueError(
+                f"join {self.name}: a lookup join reads its events from a topic (a riverbed "
+                'or a Kafka topic: Topic("bids", log="kafka://host:9092")), not a DataFrame; '
+                "a DataFrame's events are enriched by an aggregation's lookups="
+            )
+        if self.on is not None and _pair(self.on, "on")[0] != lookup.event_column:
+            raise StreamValueError(
+                f"join {self.name}: on={self.on!r}, but the Lookup joins on "
+                f"{lookup.event_column!r}; name the key once, in Lookup(on=...)"
+            )
+        for what in ("window", "within", "until"):
+            if getattr(self, what) is not None:
+                raise StreamValueError(
+                    f"join {self.name}: {what}= is a stream-stream join's; a lookup join "
+                    "enriches each event with the table as of its batch (no window, no "
+                    "interval)"
+                )
+        object.__setattr__(self, "on", lookup.event_column)
+        object.__setattr__(self, "how", lookup.how if self.how is None else self.how)
+
+    @property
+    def lookup(self) -> Lookup | None:
+        """The table of a lookup join (its right side), else None."""
+        return self.right if isinstance(self.right, Lookup) else None
+
     @property
     def sides(self) -> tuple[tuple[str, str | None, dict[str, str]], ...]:
-        """(topic, log or None, reader options) of the left, then the right side."""
+        """(topic, log or None, reader options) of the left, then the right side (of a
+        lookup join: the left side only)."""
+        if self.lookup is not None:
+            return (_side(self.left, "left"),)
         return _side(self.left, "left"), _side(self.right, "right")
 
     @property
@@ -314,6 +372,8 @@ class Join:
 
     @property
     def keys(self) -> tuple[str, str]:
+        if self.lookup is not None:
+            return self.lookup.event_column, self.lookup.table_column
         return _pair(self.on, "on")
 
     @property

@@ -4,6 +4,7 @@ records anything, and the joined rows' columns decided."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +47,7 @@ def prepare(
     sides = []
     limits: list[int] = []  # each side's maxRecordsPerBatch, if it has one
     in_driver: list[int] = []  # each side's driverBatchRecords (its default if not given)
-    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=True):
+    for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=False):
         url = side_log or log_url
         if url is None:
             raise StreamValueError(
@@ -73,9 +74,16 @@ def prepare(
             _side(join, which, schema, options, f"side's topic {topic!r}", "give the topic "
                   "a schema option")
         )  # fmt: skip
+    table_schema = None
+    if join.lookup is not None:  # the right side is a table: its columns as they are now
+        from riverbed.stream import lookupjoin, lookups
+
+        table_schema = lookups.at_start([join.lookup], checkpoint, log_url)[0]
+        sides.append(lookupjoin.table_side(join, sides[0], table_schema))
     # the smaller of the two: a side may raise the default as well as lower it
-    return _config(join, sides, checkpoint, output, state, log_url, term, limits,
-                   min(in_driver))  # fmt: skip
+    cfg = _config(join, sides, checkpoint, output, state, log_url, term, limits,
+                  min(in_driver))  # fmt: skip
+    return cfg if table_schema is None else replace(cfg, lookup_schema=table_schema)
 
 
 def _prepare_frames(

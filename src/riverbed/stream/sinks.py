@@ -532,6 +532,8 @@ def plain(value: Any) -> Any:
     decimals as their exact text."""
     if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
         return None
+    if value is pd.NA:  # a nullable integer's missing value
+        return None
     if isinstance(value, Decimal):
         return str(value)
     if hasattr(value, "isoformat"):

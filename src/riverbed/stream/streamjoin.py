@@ -97,6 +97,7 @@ class JoinConfig:
     term: int | None = None
     max_records: int | None = None
     driver_records: int = JOIN_DRIVER_BATCH_RECORDS
+    lookup_schema: pa.Schema | None = None  # a lookup join's table's columns at start
     reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -115,6 +116,7 @@ class JoinConfig:
 
     @property
     def rule(self) -> Rule:
+        """When events pair (a lookup join's: nothing is ever late, its watermark stays 0)."""
         until = self.join.until
         return Rule.of(self.join, None if until is None else PREFIX["left"] + until)
 
@@ -134,6 +136,7 @@ class Counts:
     late: int = 0
     malformed: int = 0
     filtered: int = 0  # events a side's ``where`` did not keep
+    unmatched: int = 0  # a lookup join's events the table had no row for
     max_ms: dict[str, int] = field(default_factory=dict)
     late_rows: list[pd.DataFrame] = field(default_factory=list)
     dlq_rows: list[pd.DataFrame] = field(default_factory=list)
@@ -143,6 +146,7 @@ class Counts:
         self.late += other.late
         self.malformed += other.malformed
         self.filtered += other.filtered
+        self.unmatched += other.unmatched
         for side, ms in other.max_ms.items():
             self.max_ms[side] = max(self.max_ms.get(side, ms), ms)
         self.late_rows += other.late_rows
@@ -191,12 +195,16 @@ def events(
     SIDE_LIMIT) in ``counts``."""
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
+    keyless_ok = cfg.join.lookup is not None  # a NULL key matches no row of a table, as in SQL
     for batch in batches:
         counts.input += batch.num_rows
         ts, timeless, unparsed = _event_ms(batch.column(side.time))
+        no_key = np.zeros(batch.num_rows, dtype=bool)
+        if not keyless_ok:
+            no_key = _nulls(batch.column(side.key))
         reasons = [  # the first that holds is why a record is malformed
             (_present(batch.column("_error")), None),
-            (_nulls(batch.column(side.key)), f"no {side.key} to join on"),
+            (no_key, f"no {side.key} to join on"),
             (timeless, f"no event time ({side.time})"),
             (unparsed, f"event time ({side.time}) is not an ISO 8601 time"),
             (ts < 0, f"event time ({side.time}) before 1970"),
@@ -246,7 +254,7 @@ def events(
             pc.cast(kept.column("offset"), pa.int64()),
         ]
         for c in side.columns:
-            arrays.append(_stored(kept.column(c), c in side.times))
+            arrays.append(stored_column(kept.column(c), c in side.times))
         yield pa.Table.from_arrays(arrays, names=[KEY, TS, PART, OFF, *cfg.columns(which)])
 
 
@@ -292,7 +300,7 @@ def _event_ms(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out, missing, unparsed
 
 
-def _stored(column: pa.Array, is_time: bool) -> pa.Array:
+def stored_column(column: pa.Array, is_time: bool) -> pa.Array:
     """A column as buffered events keep it: times as epoch ms (null for none), decimals
     as doubles (aggregations compute with them so), anything else as it is."""
     if is_time:
@@ -338,7 +346,7 @@ def pair_task(cfg: JoinConfig, batch_id: int, watermark_ms: int) -> Any:
             out = step(
                 store,
                 cfg.rule,
-                cfg.join.how,
+                str(cfg.join.how),  # (set by Join: 'inner' or 'left')
                 frames["left"],
                 frames["right"],
                 watermark_ms,
@@ -472,13 +480,17 @@ def run_planned(
         record.max_event_ms = max(record.max_event_ms, *seen.values())
     record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
     record.filtered = counts.filtered
-    if joined is None:
+    if cfg.join.lookup is not None:  # counted by the lookup tasks (inner: dropped)
+        unmatched = counts.unmatched if cfg.join.how == "left" else 0
+        record.joined, record.unmatched = table.num_rows - unmatched, counts.unmatched
+    elif joined is None:
         unmatched = 0
     elif "r" + TS not in joined.column_names:  # a left join's unmatched rows only
         unmatched = joined.num_rows
     else:
         unmatched = joined.column("r" + TS).null_count
-    record.joined, record.unmatched = table.num_rows - unmatched, unmatched
+    if cfg.join.lookup is None:
+        record.joined, record.unmatched = table.num_rows - unmatched, unmatched
     late = pd.concat(counts.late_rows) if counts.late_rows else None
     dlq = pd.concat(counts.dlq_rows) if counts.dlq_rows else None
     if late is not None or dlq is not None:
@@ -547,5 +559,6 @@ __all__ = [
     "route",
     "run_batch",
     "run_planned",
+    "stored_column",
     "watermark_of",
 ]
