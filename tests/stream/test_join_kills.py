@@ -140,6 +140,115 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
         sources.close()
 
 
+LOOKUP_SPEC = """
+from riverbed.stream import Join, Lookup, Topic
+
+join = Join(
+    name="labelled",
+    left=Topic("orders", options={{"schema": "order_id long, amount double, ts timestamp",
+                                   "driverBatchRecords": "0"}}),  # Spark jobs: kills land in them
+    right=Lookup("{table}", on="order_id", columns={{"label": "label"}}),
+    time="ts", topic="labelled_rows",
+)
+"""
+
+
+def test_a_lookup_join_killed_mid_batch_joins_each_batch_with_its_planned_table(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """A lookup join's driver SIGKILLed mid-batch while orders arrive and the table is
+    rewritten before every start: every order is in the rows once (a left join: the ones
+    the table lacks too), each with the label of the table version its batch's plan
+    recorded — and that version is one the table really had."""
+    import pyarrow as pa
+
+    from riverbed.stream.joins import Lookup
+    from riverbed.stream.lookups import encoded, normalized
+
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    log_url = f"file://{home / 'log'}"
+    orders, _ = orders_and_payments(1500, seed=7)
+    table = tmp_path / "labels"
+    table.mkdir()
+    versions: list[pd.DataFrame] = []
+
+    def rewrite(k: int) -> None:
+        """Version k of the table: orders up to 1200 labelled ``v<k>`` (the rest: none)."""
+        frame = pd.DataFrame({"order_id": range(1200), "label": [f"v{k}"] * 1200})
+        versions.append(frame)
+        frame.to_parquet(table / "part.parquet.tmp", index=False)
+        (table / "part.parquet.tmp").rename(table / "part.parquet")  # whole, or not yet
+
+    bounds = [len(orders) * i // (KILLS + 1) for i in range(KILLS + 2)]
+
+    def release(k: int) -> None:
+        rewrite(k)
+        send(log_url, "orders", orders.iloc[bounds[k] : bounds[k + 1]], 3)
+
+    spec = tmp_path / "labelled.py"
+    spec.write_text(LOOKUP_SPEC.format(table=table / "part.parquet"))
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", "60", "--ttl", "3"]  # fmt: skip
+    checkpoint = Checkpoint(home / "checkpoints" / "labelled")
+    aimed = kill_mid_batch(command, env, checkpoint.batches, kills=KILLS, rng=random.Random(12),
+                           before_start=release, logs=tmp_path / "logs")  # fmt: skip
+    assert len(aimed) == KILLS
+    release(KILLS)
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+    # the oracle: each done batch's orders, read back from the slices its plan recorded,
+    # merged with the version of the table its plan recorded (a snapshot's id is its
+    # content's hash: each version the table had is hashed here, as riverbed keeps it)
+    lookup = Lookup(str(table / "part.parquet"), on="order_id", columns={"label": "label"})
+    by_id = {encoded(normalized(lookup, pa.Table.from_pandas(v)))[0]: v for v in versions}
+    log = riverbed.log.open(log_url)
+    batches = open_batches(checkpoint.root)
+    wants, labels = [], set()
+    for b in batches.ids():
+        record = batches.get(b)
+        assert record is not None and record.done and record.lookups
+        known = by_id.get(record.lookups[0]["id"])
+        assert known is not None, f"batch {b} joined with a table that never was"
+        rows = [
+            r.value
+            for p, (start, end) in (record.sources or {})["left"].items()
+            for r in log.read("orders", int(p), int(start), int(end) - int(start))
+        ]
+        if not rows:
+            continue
+        events = pd.DataFrame(rows).assign(
+            ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+        )
+        wants.append(events.merge(known, on="order_id", how="left"))
+        labels |= set(known["label"])
+    topic_rows = [r.value for p in range(4) for r in log.read("labelled_rows", p, 0, 10**6)]
+    log.close()
+    want = pd.concat(wants, ignore_index=True)
+    assert len(labels) >= 3  # the table changed under the running join, more than once
+    got = read_joined(home / "output" / "labelled")
+    assert sorted(got["order_id"]) == sorted(orders["order_id"])  # every order once
+    cols = ["order_id", "amount", "ts", "label"]
+
+    def rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+        out = frame[cols].astype(object).where(frame[cols].notna(), None)
+        return sorted(
+            (tuple(str(v) if isinstance(v, pd.Timestamp) else v for v in r)
+             for r in out.itertuples(index=False)),
+            key=lambda r: r[0],
+        )  # fmt: skip
+
+    assert rows(got) == rows(want)  # each with its batch's planned table
+    assert got["label"].isna().sum() == (orders["order_id"] >= 1200).sum()
+    published = pd.DataFrame(topic_rows).assign(
+        ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
+    )
+    assert rows(published) == rows(got)  # the join's topic: the same rows, once
+
+
 def _backlogs(log_url: str, orders: pd.DataFrame, payments: pd.DataFrame) -> Any:
     """``release(k)``: start k's backlog — the next orders, and the payments up to their
     time (k = KILLS: the last orders)."""
