@@ -1,6 +1,7 @@
 """Nexmark's join queries, riverbed beside Flink SQL, each checked against DuckDB.
 
-    .venv/bin/python benchmarks/nexmark_joins.py [--events 1000000] [--only q8,q9j,q9i,q3,q20]
+    .venv/bin/python benchmarks/nexmark_joins.py [--events 1000000]
+                                                 [--only q8,q9j,q9i,q3,q20,q13]
                                                  [--no-flink]
 
 **Events.** ``benchmarks/nexmark.py``'s event stream whole (deterministic by
@@ -32,7 +33,15 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   auction one of the newest 100 (at most ~2 s before it: ``within=("10s", "0s")``) — and
   the check against DuckDB's *regular* join (no bound) shows the two answers equal on
   this stream. (A stream without such a rule needs its bound from the data's own
-  lifetime — Nexmark's ``expires`` — which riverbed's intervals cannot read yet.)
+  lifetime — Nexmark's ``expires``: ``until=``, as q9i.)
+* ``q13`` — each bid with its row of a side table (a lookup join: ``right=Lookup(…)``,
+  the table as of each batch; no state). Nexmark keys its side input by ``auction mod
+  10000``; a riverbed join keys on a column (a derived key is not there yet), so here
+  both systems join a side table keyed by the auction itself (one row per auction id,
+  its value Nexmark's for ``auction mod 10000``: the same rows). Flink runs it as a
+  regular join with the bounded table (its filesystem tables are no lookup source:
+  ``FOR SYSTEM_TIME AS OF`` is refused without a versioned table's primary key), so it
+  keeps the bids in state too.
 
 **Where they go.** Typed riverbed topics (4 partitions each), CSV files for Flink (one
 per source task, each in time order), DataFrames for DuckDB. riverbed runs from its
@@ -57,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 import riverbed.log
-from riverbed.stream import Join, Topic, read_joined
+from riverbed.stream import Join, Lookup, Topic, read_joined
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -74,6 +83,7 @@ SIDES = {
     "q9i": ("auctions", "bids"),
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
+    "q13": ("bids",),  # and the side table (a lookup)
 }
 END = -1  # the id (and auction) of the far-later events that end the input
 
@@ -117,7 +127,15 @@ def people_and_auctions(events: int, seed: int = 1, rate: int = 1000) -> dict[st
     return {"persons": persons, "auctions": auctions}
 
 
-def joins(watermark: str) -> dict[str, Join]:
+def side_table(bids: pd.DataFrame) -> pd.DataFrame:
+    """q13's side table: a row per auction id up to the newest bid's, its ``value``
+    Nexmark's side input's for ``auction mod 10000``."""
+    key = np.arange(int(bids["auction"].max()) + 1, dtype=np.int64)
+    value = np.char.add("side-", (key % 10_000).astype(str)).astype(object)
+    return pd.DataFrame({"key": key, "value": value})
+
+
+def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
     def topic(name: str) -> Topic:
         return Topic(name, options={"schema": SCHEMAS[name]})
 
@@ -171,10 +189,16 @@ def joins(watermark: str) -> dict[str, Join]:
             where={"right": "category = 10"},
             watermark=watermark,
         ),
+        "q13": Join(
+            name="q13",
+            left=topic("bids"),
+            right=Lookup(side, on=("auction", "key"), how="inner"),
+            time="ts",
+        ),
     }
 
 
-def fill(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, str]) -> None:
+def fill(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, ...]) -> None:
     log = riverbed.log.open(url)
     for name in names:
         frame = streams[name]
@@ -186,7 +210,7 @@ def fill(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, str]) -> 
     log.close()
 
 
-def end(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, str]) -> None:
+def end(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, ...]) -> None:
     """One event a day after the rest on each side, sent once the rest is joined: the
     watermark passes every event (as the end of Flink's bounded input does). (Sent with
     the rest, one read early from one partition would make the others' last events
@@ -222,7 +246,8 @@ def run_riverbed(
     end(url, streams, SIDES[join.name])
     seconds += run()
     got = read_joined(root / "out" / join.name)
-    return seconds, got[(got["id"] != END) & (got.get("auction", 0) != END)]
+    ended = (got.get("id", 0) == END) | (got.get("auction", 0) == END)
+    return seconds, got[~ended]
 
 
 def _ms(column: pd.Series) -> np.ndarray:
@@ -249,6 +274,9 @@ def rows_of(query: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     elif query == "q3":
         columns = [_ints(frame["id"]), frame["name"].tolist(), frame["state"].tolist()]
         columns.append(_ints(frame["right_id"]))
+    elif query == "q13":
+        columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
+        columns += [_ms(frame["ts"]).tolist(), frame["value"].tolist()]
     elif query == "q20":
         columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
         columns += [frame["channel"].tolist(), _ms(frame["ts"]).tolist()]
@@ -278,6 +306,9 @@ def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
     elif query == "q9i":
         sql = """SELECT a.id, b.bidder, b.price, b.ts AS right_ts FROM auctions a
                  JOIN bids b ON a.id = b.auction AND b.ts BETWEEN a.ts AND a.expires"""
+    elif query == "q13":
+        sql = """SELECT b.auction, b.bidder, b.price, b.ts, s.value FROM bids b
+                 JOIN side s ON b.auction = s.key"""
     elif query == "q20":
         sql = """SELECT b.auction, b.bidder, b.price, b.channel, b.ts, a.seller, a.reserve,
                         a.ts AS right_ts
@@ -314,7 +345,7 @@ def flink_check(query: str, rows: list[list[Any]], want: pd.DataFrame) -> str:
 def run_flink(python: Path, csv: dict[str, Path], query: str, watermark_s: int) -> dict[str, Any]:
     from flink_peer import run_script
 
-    paths = [str(csv[n]) for n in ("persons", "auctions", "bids")]
+    paths = [str(csv[n]) for n in ("persons", "auctions", "bids", "side")]
     return run_script(python, HERE / "nexmark_joins_flink.py", *paths, query, str(watermark_s))
 
 
@@ -325,7 +356,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
     parser.add_argument("--batches", type=int, default=10, help="riverbed's batches per side")
     parser.add_argument("--watermark", type=int, default=10, help="seconds, both systems")
-    parser.add_argument("--only", default="q8,q9j,q9i,q3,q20")
+    parser.add_argument("--only", default="q8,q9j,q9i,q3,q20,q13")
     parser.add_argument("--no-flink", action="store_true")
     args = parser.parse_args()
     from riverbed.config import SparkConfig
@@ -333,6 +364,7 @@ def main() -> None:
 
     streams = people_and_auctions(args.events, args.seed, args.rate)
     streams["bids"] = generate(args.events, args.seed, args.rate)
+    streams["side"] = side_table(streams["bids"])
     print(
         "Nexmark: "
         + ", ".join(f"{len(f):,} {n}" for n, f in streams.items())
@@ -351,6 +383,7 @@ def main() -> None:
         # a warm-up: Spark's workers and the code paths, on a small stream of its own
         small = people_and_auctions(20_000, seed=9)
         small["bids"] = generate(20_000, seed=9)
+        small["side"] = side_table(small["bids"])
         warm = f"file://{root / 'warm'}"
         fill(warm, small, SIDES["q9j"])
         run_riverbed(spark, warm, root / "warmup", joins("10s")["q9j"], 2_000, small)
@@ -358,7 +391,11 @@ def main() -> None:
             tiny = {n: write_csv(f.head(300), root / "tiny" / n) for n, f in small.items()}
             fixed = run_flink(flink, tiny, "q9j", args.watermark).get("seconds")
         for name in args.only.split(","):
-            join = joins(f"{args.watermark}s")[name]
+            side = root / "side" / "side.parquet"
+            if not side.exists():  # q13's table, read by riverbed's lookup
+                side.parent.mkdir(parents=True, exist_ok=True)
+                streams["side"].to_parquet(side, index=False)
+            join = joins(f"{args.watermark}s", str(side))[name]
             names = SIDES[name]
             events = sum(len(streams[n]) for n in names)
             per_batch = -(-max(len(streams[n]) for n in names) // args.batches)

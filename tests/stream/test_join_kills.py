@@ -247,6 +247,18 @@ def test_a_lookup_join_killed_mid_batch_joins_each_batch_with_its_planned_table(
         ts=lambda f: pd.to_datetime(f["ts"], utc=True, format="ISO8601")
     )
     assert rows(published) == rows(got)  # the join's topic: the same rows, once
+    # the console: the table as the right side, no state
+    sources = Sources(Config(home=home))
+    try:
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            page = client.get("/streams/labelled").text
+            assert "as of each batch" in page and "no state (a lookup join)" in page
+            assert f"table {table / 'part.parquet'}" in page
+            shown = client.get("/api/streams/labelled").json()
+            assert shown["joined"] == len(got) - shown["unmatched"]
+            assert shown["unmatched"] == (orders["order_id"] >= 1200).sum()
+    finally:
+        sources.close()
 
 
 def _backlogs(log_url: str, orders: pd.DataFrame, payments: pd.DataFrame) -> Any:
