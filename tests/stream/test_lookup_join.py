@@ -228,3 +228,30 @@ def test_a_lookup_join_refuses_what_it_cannot_do_with_the_fix(spark: Any, tmp_pa
     with pytest.raises(Exception, match="the table has no column 'cid' to join on"):
         drain(spark, no_key, tmp_path / "again", log_url)
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_derived_column_is_the_key_of_a_lookup(spark: Any, tmp_path: Path) -> None:
+    """Nexmark q13's shape: the table is keyed by ``customer % 50`` (a derived column of
+    the events, ``columns=``), which the rows keep; the left side's where reads it."""
+    log_url = f"file://{tmp_path / 'log'}"
+    table = tmp_path / "customers"
+    join = Join(
+        name="named",
+        left=Topic("orders", options={"schema": ORDERS}),
+        right=Lookup(str(table), on=("bucket", "id"), how="inner"),
+        time="ts",
+        columns={"left": {"bucket": "customer % 50"}},
+        where={"left": "bucket < 40"},
+    )
+    events = orders(300, seed=11)
+    write_table(table, customers(1))
+    send(log_url, "orders", events)
+    drain(spark, join, tmp_path, log_url)
+    bucket = events["customer"] % 50
+    kept = events.assign(bucket=bucket)[bucket.notna() & (bucket < 40)]
+    want = kept.merge(customers(1), left_on="bucket", right_on="id").drop(columns=["id"])
+    got = read_joined(tmp_path / "out")
+    assert rows_of(got) == rows_of(want) and len(want) > 100
+    assert (got["bucket"] == got["customer"] % 50).all()
+    with pytest.raises(StreamValueError, match="derive columns of the left side"):
+        replace(join, columns={"right": {"x": "1"}})

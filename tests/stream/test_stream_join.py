@@ -575,6 +575,94 @@ def test_each_sides_where_keeps_its_events_as_sql_would(spark: Any, tmp_path: Pa
     assert all(r.startswith("where: ") and "CAST(note AS INT)" in r for r in reasons), reasons
 
 
+def test_derived_columns_of_each_side_join_filter_and_are_kept_as_sql_would(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``columns`` per side: the payments carry their order as text (``"o-17"``); a
+    derived column casts it to the key they are joined on, another (the amount in
+    cents) is what the right side's ``where`` reads and is in the joined rows; a row a
+    derived column fails on (ANSI CAST) is malformed, the reason naming the column; one
+    that cannot be compiled, or that has a field's name, is refused at start."""
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(400, seed=9)
+    rng = np.random.default_rng(9)
+    ref = "o-" + payments["order_id"].astype(str)
+    ref[rng.random(len(ref)) < 0.04] = "o-oops"
+    payments = payments.drop(columns=["order_id"]).assign(ref=ref.to_numpy())
+    schema = "ref string, paid double, ts timestamp"
+
+    def join(columns: dict[str, dict[str, str]]) -> Join:
+        return Join(
+            name="paid", left=Topic("orders", options={"schema": ORDERS}),
+            right=Topic("payments", options={"schema": schema}), on=("order_id", "oid"),
+            time="ts", within=("10m", "1h"), how="left", watermark="2h", state_partitions=3,
+            columns=columns, where={"right": "cents >= 5000"},
+        )  # fmt: skip
+
+    send(log_url, "orders", orders, 3)
+    log = riverbed.log.open(log_url)
+    log.create_topic("payments", 2)
+    rows = payments.astype({"ts": object}).to_dict("records")
+    log.producer("payments").send_batch(
+        [{**r, "ts": pd.Timestamp(r["ts"]).isoformat()} for r in rows], key_field="ref"
+    )
+    log.close()
+    good = {
+        "right": {"oid": "CAST(substr(ref, 3) AS BIGINT)", "cents": "CAST(paid * 100 AS BIGINT)"}
+    }
+    for bad, why in [
+        ({"right": {"oid": "nope + 1", "cents": "1"}}, r"right side's columns\['oid'\]: .*nope"),
+        ({"right": {"ref": "'x'", "oid": "1", "cents": "1"}}, r"columns\['ref'\] is the name of"),
+        ({"right": {"oid": "1"}}, r"right side's where: .*cents"),
+    ]:
+        with pytest.raises(StreamValueError, match=why):
+            start_join(
+                spark, join(bad), checkpoint=tmp_path / "cp", output=tmp_path / "out",
+                log_url=log_url,
+            )  # fmt: skip
+    with pytest.raises(StreamValueError, match="maps each new column's name"):
+        join({"right": {"bad name": "1"}})
+    assert not (tmp_path / "cp").exists()
+    flush = pd.DataFrame({"order_id": [10**6], "amount": [1000.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "orders", flush, 3)
+    log = riverbed.log.open(log_url)
+    log.producer("payments").send_batch(
+        [{"ref": f"o-{10**6}", "paid": 1000.0, "ts": flush["ts"].iloc[0].isoformat()}]
+    )
+    log.close()
+    query = start_join(
+        spark, join(good), checkpoint=tmp_path / "cp", output=tmp_path / "out",
+        log_url=log_url, trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination()
+
+    oid = pd.to_numeric(payments["ref"].str[2:], errors="coerce")
+    readable = payments.assign(order_id=oid, cents=(payments["paid"] * 100).astype("int64"))
+    kept = readable[oid.notna() & (readable["cents"] >= 5000)].astype({"order_id": "int64"})
+    want = oracle(join(good), orders, kept.drop(columns=["ref", "cents"]))
+    want = want.merge(kept[["order_id", "ts", "ref", "cents"]].rename(columns={"ts": "right_ts"}),
+                      on=["order_id", "right_ts"], how="left")  # fmt: skip
+    got = read_joined(tmp_path / "out")
+    got = got[got["order_id"] < 10**6]
+    assert list(got.columns) == ["order_id", "amount", "ts", "ref", "paid", "right_ts", "oid",
+                                 "cents", "batch_id"]  # fmt: skip
+    assert rows_of(got) == rows_of(want) and len(want) > 50
+    assert (got["oid"].dropna() == got["order_id"][got["oid"].notna()]).all()
+    assert sorted(got["cents"].dropna()) == sorted(want["cents"].dropna())
+    batches = open_batches(tmp_path / "cp")
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None
+    # as in SQL, the key is derived for the events where keeps: one it drops is filtered,
+    # whatever its ref (the right side's where needs cents only)
+    assert totals["malformed"] == int((oid.isna() & (readable["cents"] >= 5000)).sum()) > 0
+    assert totals["filtered"] == int((readable["cents"] < 5000).sum())
+    log = riverbed.log.open(log_url)
+    reasons = [str(r.value["_error"]) for r in log.read("paid.dlq", 0, 0, 1000)]
+    log.close()
+    assert len(reasons) == totals["malformed"]
+    assert all(r.startswith("columns['oid']: ") for r in reasons), reasons
+
+
 def test_an_interval_ended_sooner_by_a_column_of_the_left_side(spark: Any, tmp_path: Path) -> None:
     """``until``: each order's own ``due`` time ends its interval (Nexmark q9's auction
     ``expires``): a payment after it does not pair, one with no ``due`` pairs with

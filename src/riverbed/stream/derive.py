@@ -1,4 +1,5 @@
-"""An aggregation's ``columns`` and ``where`` over a batch of events.
+"""An aggregation's ``columns`` and ``where`` over a batch of events (and a join side's:
+:func:`side_derivation`).
 
 ``where`` keeps the events for which it is true (NULL and false drop an event, as in
 SQL); derived columns are evaluated in the order given, each may use the events' fields
@@ -44,9 +45,11 @@ __all__ = [
     "Applied",
     "Derivation",
     "compile_for",
+    "compile_side",
     "derivation",
     "map_in_arrow",
     "named_failures",
+    "side_derivation",
     "spark_schema",
 ]
 
@@ -195,19 +198,72 @@ def compile_for(
                 f"aggregation {spec.name!r}: key part(s) {unknown} are neither fields of "
                 f"the events ({', '.join(schema)}) nor derived columns"
             )
-    needed: set[str] = set(where.references) if where is not None else set()
-    for name, expression in reversed(compiled):  # what the needed columns read, too
-        if name in needed:
-            needed |= expression.references
-    before = frozenset(n for n, _ in compiled if n in needed)
     return Derivation(
         tuple(compiled),
         where,
-        before,
+        _before_where(compiled, where),
         spec.key_parts if spec.composite else (),
         spec.lookups,
         tuple(added.items()),
     )
+
+
+def _before_where(compiled: list[tuple[str, Compiled]], where: Compiled | None) -> frozenset[str]:
+    """The derived columns ``where`` reads, and the ones those read (derived first)."""
+    needed: set[str] = set(where.references) if where is not None else set()
+    for name, expression in reversed(compiled):  # what the needed columns read, too
+        if name in needed:
+            needed |= expression.references
+    return frozenset(n for n, _ in compiled if n in needed)
+
+
+def compile_side(
+    columns: Sequence[tuple[str, str]], where: str | None, schema: dict[str, SqlType]
+) -> Derivation | None:
+    """A join side's derived ``columns`` (name, Spark SQL; in order) and ``where`` over
+    input columns of ``schema``; ``None`` when it has neither. :class:`ExpressionError`
+    names the part that cannot be evaluated (``columns['x']: …``, ``where: …``) and a
+    ``where`` that is no condition."""
+    if not columns and where is None:
+        return None
+    known = dict(schema)
+    compiled: list[tuple[str, Compiled]] = []
+    for name, text in columns:
+        if name in known:
+            raise ExpressionError(
+                f"columns[{name!r}] is the name of one of the events' fields; give the "
+                "derived column a name of its own"
+            )
+        try:
+            compiled.append((name, compile_expression(text, known)))
+        except ExpressionError as exc:
+            raise ExpressionError(f"columns[{name!r}]: {exc}") from None
+        known[name] = compiled[-1][1].type
+    condition = None
+    if where is not None:
+        try:
+            condition = compile_expression(where, known)
+        except ExpressionError as exc:
+            raise ExpressionError(f"where: {exc}") from None
+        if condition.type != BOOLEAN:
+            raise ExpressionError(
+                f"where: {where!r} is {condition.type}, not a condition (boolean)"
+            )
+    return Derivation(tuple(compiled), condition, _before_where(compiled, condition))
+
+
+@functools.lru_cache(maxsize=32)
+def _side_cached(
+    columns: tuple[tuple[str, str], ...], where: str | None, schema: tuple[tuple[str, SqlType], ...]
+) -> Derivation | None:
+    return compile_side(columns, where, dict(schema))
+
+
+def side_derivation(
+    columns: Sequence[tuple[str, str]], where: str | None, arrow_schema: pa.Schema
+) -> Derivation | None:
+    """:func:`compile_side` for batches of ``arrow_schema``, compiled once per process."""
+    return _side_cached(tuple(columns), where, tuple(input_types(arrow_schema).items()))
 
 
 def _lookup_columns(

@@ -215,7 +215,11 @@ class Join:
     watermark back. ``where``: a Spark SQL condition per side, ``{"right": "category =
     10"}`` — a side's events it does not keep (false or NULL) are never buffered nor
     paired, nor move the watermark (counted as filtered; a row it fails to evaluate is
-    malformed); a change applies from the next batch. ``topic``: a topic the joined rows
+    malformed); a change applies from the next batch. ``columns``: derived columns per
+    side, Spark SQL over its fields, ``{"left": {"bucket": "auction % 10000"}}`` —
+    evaluated in order before ``where``, each there for ``on``, ``time``, ``until``,
+    ``where`` and the joined rows like a field (a row one fails to evaluate is
+    malformed). ``topic``: a topic the joined rows
     are appended to, exactly once (an aggregation can read it). ``state_partitions``:
     fixed at the first start.
 
@@ -240,6 +244,7 @@ class Join:
     topic: str | None = None
     where: Mapping[str, str] | None = None
     until: str | None = None
+    columns: Mapping[str, Mapping[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -321,6 +326,40 @@ class Join:
                 )
             pairs = tuple((s, where[s]) for s in _SIDES if s in where)
             object.__setattr__(self, "where", pairs or None)
+        if self.columns is not None:
+            self._check_columns(self.columns)
+
+    def _check_columns(self, given: Any) -> None:
+        """``columns``: {side: {name: Spark SQL}}, kept as pairs (a Join stays hashable)."""
+        if isinstance(given, tuple):  # (the form it is kept in: dataclasses.replace)
+            given = {side: dict(pairs) for side, pairs in given}
+        example = "e.g. {'left': {'bucket': 'auction % 10000'}}"
+        if not isinstance(given, Mapping) or not set(given) <= set(_SIDES):
+            raise StreamValueError(
+                f"join {self.name}: columns={given!r} is derived columns per side, {example}"
+            )
+        kept = []
+        for side in _SIDES:
+            if side not in given:
+                continue
+            if side == "right" and self.lookup is not None:
+                raise StreamValueError(
+                    f"join {self.name}: the right side is a table (a Lookup): derive columns "
+                    "of the left side, which the table's are joined to"
+                )
+            named = given[side]
+            if (
+                not isinstance(named, Mapping)
+                or not named
+                or not all(isinstance(k, str) and _NAME.match(k) for k in named)
+                or not all(isinstance(v, str) and v.strip() for v in named.values())
+            ):
+                raise StreamValueError(
+                    f"join {self.name}: columns[{side!r}]={named!r} maps each new column's "
+                    f"name (letters, digits, '_') to a Spark SQL expression, {example}"
+                )
+            kept.append((side, tuple(named.items())))
+        object.__setattr__(self, "columns", tuple(kept) or None)
 
     def _lookup_join(self, lookup: Lookup) -> None:
         """A lookup join's own rules (see the class doc): its key is the Lookup's."""
@@ -369,6 +408,13 @@ class Join:
         """The left side's ``where``, then the right side's (None: every event)."""
         given = dict(self.where or ())
         return given.get("left"), given.get("right")
+
+    @property
+    def derived(self) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+        """The left side's derived columns (name, Spark SQL), in order, then the right's."""
+        kept: Any = self.columns or ()  # (side, ((name, text), ...)) pairs, once checked
+        given = dict(kept)
+        return tuple(given.get("left", ())), tuple(given.get("right", ()))
 
     @property
     def keys(self) -> tuple[str, str]:

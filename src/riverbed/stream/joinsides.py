@@ -12,8 +12,9 @@ import pyarrow as pa
 from riverbed.spark.offsets import source_limits
 from riverbed.spark.source import META_NAMES, open_log
 from riverbed.state import StateConfig
+from riverbed.stream.derive import compile_side, input_types
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.expressions import ExpressionError
+from riverbed.stream.expressions import ExpressionError, arrow_type
 from riverbed.stream.joins import Join
 from riverbed.stream.nativeconfig import JOIN_DRIVER_BATCH_RECORDS, count_option
 from riverbed.stream.streamjoin import (
@@ -22,7 +23,6 @@ from riverbed.stream.streamjoin import (
     WINDOW_START,
     JoinConfig,
     JoinSide,
-    condition,
 )
 
 
@@ -119,7 +119,17 @@ def _side(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     key, time_column = join.keys[SIDES.index(which)], join.times[SIDES.index(which)]
-    fields = [f.name for f in schema.fields if f.name not in META_NAMES]
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    derived = join.derived[SIDES.index(which)]
+    where = join.conditions[SIDES.index(which)]
+    try:  # refused now, not by the first task
+        compiled = compile_side(derived, where, input_types(arrow))
+    except ExpressionError as exc:
+        raise ExpressionError(f"join {join.name}, the {which} side's {exc}") from None
+    added = [pa.field(n, arrow_type(c.type)) for n, c in (compiled.columns if compiled else ())]
+    for f in added:
+        arrow = arrow.append(f)
+    fields = [f.name for f in schema.fields if f.name not in META_NAMES] + [f.name for f in added]
     for what, column in (("on", key), ("time", time_column)):
         if column not in fields and not (what == "time" and column == "timestamp"):
             raise StreamValueError(
@@ -128,7 +138,6 @@ def _side(
                 f"name one of them, or {fix}"
             )
     kept = fields + ([time_column] if time_column not in fields else [])
-    arrow = to_arrow_schema(schema, timezone="UTC")
     # timestamps, and a time column of text (ISO 8601, parsed): kept as ms, given back
     # as times
     times = tuple(c for c in kept if pa.types.is_timestamp(arrow.field(c).type) or c == time_column)
@@ -141,22 +150,15 @@ def _side(
                 + f" of the left {what_side} (its fields: {', '.join(fields) or 'none'}); name "
                 f"a timestamp column of it, or {fix}"
             )
-    where = join.conditions[SIDES.index(which)]
-    if where is not None:  # refused now, not by the first task
-        try:
-            condition(where, arrow)
-        except ExpressionError as exc:
-            raise ExpressionError(f"join {join.name}, the {which} side's where: {exc}") from None
-    return JoinSide(options, schema, key, time_column, tuple(kept), times, where)
+    return JoinSide(options, schema, key, time_column, tuple(kept), times, where, derived,
+                    tuple(added))  # fmt: skip
 
 
 def _config(
     join: Join, sides: list[JoinSide], checkpoint: str, output: str, state: StateConfig,
     log_url: str | None, term: int | None, limits: list[int], in_driver_up_to: int,
 ) -> JoinConfig:  # fmt: skip
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    names, out_schema = _output(join, sides, to_arrow_schema)
+    names, out_schema = _output(join, sides)
     return JoinConfig(
         join=join,
         sides=(sides[0], sides[1]),
@@ -172,9 +174,7 @@ def _config(
     )
 
 
-def _output(
-    join: Join, sides: list[JoinSide], to_arrow: Any
-) -> tuple[list[tuple[str, str]], pa.Schema]:
+def _output(join: Join, sides: list[JoinSide]) -> tuple[list[tuple[str, str]], pa.Schema]:
     """(internal, output) column names and the output's Arrow schema: the window's start
     (window joins), the left side's columns, the right side's (one named like a left
     column gets ``right_``; the right key, when it has the left key's name, is left out:
@@ -186,7 +186,7 @@ def _output(
         types.append(pa.field(WINDOW_START, pa.timestamp("us", tz="UTC")))
     taken = {WINDOW_START, "batch_id"}
     for which, side in zip(SIDES, sides, strict=True):
-        arrow = to_arrow(side.schema, timezone="UTC")
+        arrow = side.arrow
         for c in side.columns:
             if which == "right" and c == side.key == sides[0].key:
                 continue

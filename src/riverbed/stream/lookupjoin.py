@@ -49,11 +49,11 @@ def table_side(join: Join, left: JoinSide, schema: pa.Schema) -> JoinSide:
     """The right side of a lookup join from its table's columns (``schema``: the
     normalized table's, :func:`riverbed.stream.lookups.normalized`): the columns it adds,
     its timestamps; its key's type checked against the left side's key."""
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     lookup = join.lookup
     assert lookup is not None
-    event_type = to_arrow_schema(left.schema, timezone="UTC").field(left.key).type
+    event_type = left.arrow.field(left.key).type  # (the key may be a derived column)
     table_type = schema.field(lookup.table_column).type
     both_integral = pa.types.is_integer(event_type) and pa.types.is_integer(table_type)
     if not both_integral and event_type != table_type:

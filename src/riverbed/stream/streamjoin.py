@@ -30,7 +30,6 @@ Spark job. A killed driver's next start re-runs its newest unfinished plan exact
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -50,9 +49,8 @@ from riverbed.spark.source import LogSlice, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
-from riverbed.stream.derive import input_types, named_failures
+from riverbed.stream.derive import side_derivation
 from riverbed.stream.engine import state_partition_of
-from riverbed.stream.expressions import BOOLEAN, Compiled, ExpressionError, compile_expression
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
@@ -80,6 +78,18 @@ class JoinSide:
     columns: tuple[str, ...]  # the columns it keeps (its time too), stored per event
     times: tuple[str, ...]  # of those, timestamps: stored as ms, given back as times
     where: str | None = None  # the side's condition (Join.where), compiled per process
+    derived: tuple[tuple[str, str], ...] = ()  # its derived columns (Join.columns), in order
+    derived_types: tuple[pa.Field, ...] = ()  # their Arrow types (decided at start)
+
+    @property
+    def arrow(self) -> pa.Schema:
+        """Its fields' and derived columns' Arrow types (timestamps in UTC)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        out = to_arrow_schema(self.schema, timezone="UTC")
+        for derived in self.derived_types:
+            out = out.append(derived)
+        return out
 
 
 @dataclass(frozen=True)
@@ -196,35 +206,38 @@ def events(
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
     keyless_ok = cfg.join.lookup is not None  # a NULL key matches no row of a table, as in SQL
-    for batch in batches:
-        counts.input += batch.num_rows
+    for read in batches:
+        counts.input += read.num_rows
+        batch: pa.RecordBatch | pa.Table = read
+        kept_mask = None
+        derivation = side_derivation(side.derived, side.where, read.schema)
+        if derivation is not None:  # derived columns, then where (derive.Derivation)
+            applied = derivation.apply(read)
+            batch, kept_mask = applied.table, applied.kept
+            if applied.why.null_count < len(applied.why):  # malformed, naming the part
+                batch = batch.set_column(
+                    batch.schema.get_field_index("_error"), "_error",
+                    pc.coalesce(batch.column("_error"), applied.why),
+                )  # fmt: skip
         ts, timeless, unparsed = _event_ms(batch.column(side.time))
         no_key = np.zeros(batch.num_rows, dtype=bool)
         if not keyless_ok:
             no_key = _nulls(batch.column(side.key))
+        failed = _present(batch.column("_error"))  # unreadable, or an expression failed
+        dropped = np.zeros(batch.num_rows, dtype=bool)
+        if kept_mask is not None:  # the side's where: an event it drops is only filtered
+            dropped = ~failed & ~pc.fill_null(kept_mask, False).to_numpy(zero_copy_only=False)
+            counts.filtered += int(dropped.sum())
         reasons = [  # the first that holds is why a record is malformed
-            (_present(batch.column("_error")), None),
-            (no_key, f"no {side.key} to join on"),
-            (timeless, f"no event time ({side.time})"),
-            (unparsed, f"event time ({side.time}) is not an ISO 8601 time"),
-            (ts < 0, f"event time ({side.time}) before 1970"),
+            (failed, None),
+            (no_key & ~dropped, f"no {side.key} to join on"),
+            (timeless & ~dropped, f"no event time ({side.time})"),
+            (unparsed & ~dropped, f"event time ({side.time}) is not an ISO 8601 time"),
+            ((ts < 0) & ~dropped, f"event time ({side.time}) before 1970"),
         ]
         bad = np.zeros(batch.num_rows, dtype=bool)
         for holds, _ in reasons:
             bad |= holds
-        dropped = np.zeros(batch.num_rows, dtype=bool)
-        if side.where is not None:  # a record that is not an event is not evaluated
-            kept, failed = condition(side.where, batch.schema).evaluate(batch)
-            failing = _present(failed) & ~bad
-            if failing.any():  # malformed, the reason naming the condition
-                batch = batch.set_column(
-                    batch.schema.get_field_index("_error"),
-                    "_error",
-                    pc.coalesce(batch.column("_error"), named_failures(failed, "where")),
-                )  # fmt: skip
-                bad |= failing
-            dropped = ~bad & ~pc.fill_null(kept, False).to_numpy(zero_copy_only=False)
-            counts.filtered += int(dropped.sum())
         if bad.any():
             counts.malformed += int(bad.sum())
             if sum(map(len, counts.dlq_rows)) < SIDE_LIMIT:
@@ -256,17 +269,6 @@ def events(
         for c in side.columns:
             arrays.append(stored_column(kept.column(c), c in side.times))
         yield pa.Table.from_arrays(arrays, names=[KEY, TS, PART, OFF, *cfg.columns(which)])
-
-
-@functools.lru_cache(maxsize=16)
-def condition(text: str, schema: pa.Schema) -> Compiled:
-    """A side's ``where`` over batches of ``schema`` (its fields, as Spark types),
-    compiled once per process; :class:`~riverbed.stream.expressions.ExpressionError`
-    names what cannot be evaluated, and a condition that is not one."""
-    compiled = compile_expression(text, input_types(schema))
-    if compiled.type != BOOLEAN:
-        raise ExpressionError(f"{text!r} is {compiled.type}, not a condition (boolean)")
-    return compiled
 
 
 def _present(column: pa.Array) -> np.ndarray:
