@@ -34,14 +34,12 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   the check against DuckDB's *regular* join (no bound) shows the two answers equal on
   this stream. (A stream without such a rule needs its bound from the data's own
   lifetime — Nexmark's ``expires``: ``until=``, as q9i.)
-* ``q13`` — each bid with its row of a side table (a lookup join: ``right=Lookup(…)``,
-  the table as of each batch; no state). Nexmark keys its side input by ``auction mod
-  10000``; a riverbed join keys on a column (a derived key is not there yet), so here
-  both systems join a side table keyed by the auction itself (one row per auction id,
-  its value Nexmark's for ``auction mod 10000``: the same rows). Flink runs it as a
-  regular join with the bounded table (its filesystem tables are no lookup source:
-  ``FOR SYSTEM_TIME AS OF`` is refused without a versioned table's primary key), so it
-  keeps the bids in state too.
+* ``q13`` — each bid with its row of Nexmark's side input (10,000 rows keyed 0-9999),
+  on ``auction mod 10000`` (a lookup join: ``right=Lookup(…)``, the table as of each
+  batch, no state; the key a derived column, ``columns={"left": {"side_key": …}}``).
+  Flink runs it as a regular join with the bounded table (its filesystem tables are no
+  lookup source: ``FOR SYSTEM_TIME AS OF`` is refused without a versioned table's
+  primary key), so it keeps the bids in state too.
 
 **Where they go.** Typed riverbed topics (4 partitions each), CSV files for Flink (one
 per source task, each in time order), DataFrames for DuckDB. riverbed runs from its
@@ -127,12 +125,10 @@ def people_and_auctions(events: int, seed: int = 1, rate: int = 1000) -> dict[st
     return {"persons": persons, "auctions": auctions}
 
 
-def side_table(bids: pd.DataFrame) -> pd.DataFrame:
-    """q13's side table: a row per auction id up to the newest bid's, its ``value``
-    Nexmark's side input's for ``auction mod 10000``."""
-    key = np.arange(int(bids["auction"].max()) + 1, dtype=np.int64)
-    value = np.char.add("side-", (key % 10_000).astype(str)).astype(object)
-    return pd.DataFrame({"key": key, "value": value})
+def side_table() -> pd.DataFrame:
+    """q13's side input: keys 0-9999, each with a value."""
+    key = np.arange(10_000, dtype=np.int64)
+    return pd.DataFrame({"key": key, "value": np.char.add("side-", key.astype(str)).astype(object)})
 
 
 def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
@@ -192,7 +188,8 @@ def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
         "q13": Join(
             name="q13",
             left=topic("bids"),
-            right=Lookup(side, on=("auction", "key"), how="inner"),
+            right=Lookup(side, on=("side_key", "key"), how="inner"),
+            columns={"left": {"side_key": "auction % 10000"}},
             time="ts",
         ),
     }
@@ -308,7 +305,7 @@ def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
                  JOIN bids b ON a.id = b.auction AND b.ts BETWEEN a.ts AND a.expires"""
     elif query == "q13":
         sql = """SELECT b.auction, b.bidder, b.price, b.ts, s.value FROM bids b
-                 JOIN side s ON b.auction = s.key"""
+                 JOIN side s ON b.auction % 10000 = s.key"""
     elif query == "q20":
         sql = """SELECT b.auction, b.bidder, b.price, b.channel, b.ts, a.seller, a.reserve,
                         a.ts AS right_ts
@@ -364,7 +361,7 @@ def main() -> None:
 
     streams = people_and_auctions(args.events, args.seed, args.rate)
     streams["bids"] = generate(args.events, args.seed, args.rate)
-    streams["side"] = side_table(streams["bids"])
+    streams["side"] = side_table()
     print(
         "Nexmark: "
         + ", ".join(f"{len(f):,} {n}" for n, f in streams.items())
@@ -383,7 +380,7 @@ def main() -> None:
         # a warm-up: Spark's workers and the code paths, on a small stream of its own
         small = people_and_auctions(20_000, seed=9)
         small["bids"] = generate(20_000, seed=9)
-        small["side"] = side_table(small["bids"])
+        small["side"] = side_table()
         warm = f"file://{root / 'warm'}"
         fill(warm, small, SIDES["q9j"])
         run_riverbed(spark, warm, root / "warmup", joins("10s")["q9j"], 2_000, small)

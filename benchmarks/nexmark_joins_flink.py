@@ -42,11 +42,10 @@ SQL = {
              FROM persons P JOIN auctions A ON P.id = A.seller
              WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')""",
     # q20: bids with their auction's row, for auctions of category 10 (a regular join)
-    # q13: each bid with its side table's row (keyed by the auction here: see
-    # nexmark_joins.py) — a regular join with the bounded table: Flink's filesystem
-    # tables are no lookup source
+    # q13: each bid with its side input's row on auction mod 10000 — a regular join with
+    # the bounded table: Flink's filesystem tables are no lookup source
     "q13": """SELECT B.auction, B.bidder, B.price, CAST(B.ts AS TIMESTAMP(3)), S.`value`
-              FROM bids B JOIN side S ON B.auction = S.`key`""",
+              FROM bids B JOIN side S ON MOD(B.auction, 10000) = S.`key`""",
     "q20": """SELECT B.auction, B.bidder, B.price, B.channel, CAST(B.ts AS TIMESTAMP(3)),
                      A.seller, A.reserve, CAST(A.ts AS TIMESTAMP(3))
               FROM bids B JOIN auctions A ON B.auction = A.id WHERE A.category = 10""",

@@ -661,6 +661,11 @@ def test_derived_columns_of_each_side_join_filter_and_are_kept_as_sql_would(
     log.close()
     assert len(reasons) == totals["malformed"]
     assert all(r.startswith("columns['oid']: ") for r in reasons), reasons
+    # the checkpoint's manifest says what the console shows of them
+    from riverbed.stream.specjob import read_manifest
+
+    described = read_manifest(tmp_path / "cp")
+    assert described is not None and described["columns"] == good
 
 
 def test_an_interval_ended_sooner_by_a_column_of_the_left_side(spark: Any, tmp_path: Path) -> None:

@@ -188,7 +188,8 @@ def join(src: Sources, name: str) -> dict[str, Any]:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)
     out["checkpoint"] = str(checkpoint)
-    for key in ("how", "window_ms", "bounds_ms", "until", "where", "state_partitions", "output"):
+    shape = ("how", "window_ms", "bounds_ms", "until", "where", "columns", "state_partitions")
+    for key in (*shape, "output"):
         out[key] = info.get(key)
     return out
 

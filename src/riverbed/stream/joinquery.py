@@ -302,6 +302,9 @@ def manifest(
         "bounds_ms": list(join.bounds_ms),
         "until": join.until,
         "where": dict(join.where or ()),
+        "columns": {
+            side: dict(pairs) for side, pairs in zip(SIDES, join.derived, strict=True) if pairs
+        },
         "state_partitions": join.state_partitions,
         "checkpoint": str(checkpoint),
         "output": str(output),
