@@ -1,15 +1,18 @@
 """A driver joining two riverbed topics on the DataFrame path (both sides ``Frame(df)``
 over ``spark.readStream.format("riverbed")``), as a user's process runs one:
-``python join_frames_driver.py LOG CHECKPOINT OUTPUT SHAPE HOW [--once]`` — SHAPE
-``within`` (10 minutes before to 1 hour after) or ``window`` (30 minutes); runs until
-stopped (a micro-batch a second), or with ``--once`` over what the topics hold."""
+``python join_frames_driver.py LOG CHECKPOINT OUTPUT SHAPE HOW [--once] [--records N]``
+— SHAPE ``within`` (10 minutes before to 1 hour after) or ``window`` (30 minutes); runs
+until stopped (a micro-batch a second), or with ``--once`` over what the topics hold;
+each side's micro-batch at most N records (default 60)."""
 
 from __future__ import annotations
 
 import sys
 
 
-def main(log_url: str, checkpoint: str, output: str, shape: str, how: str, once: bool) -> int:
+def main(
+    log_url: str, checkpoint: str, output: str, shape: str, how: str, once: bool, records: int
+) -> int:
     from riverbed.config import SparkConfig
     from riverbed.spark import session
     from riverbed.stream import Frame, Join, register
@@ -24,7 +27,7 @@ def main(log_url: str, checkpoint: str, output: str, shape: str, how: str, once:
             .option("topic", topic)
             .option("log", log_url)
             .option("schema", schema)
-            .option("maxRecordsPerBatch", 60)
+            .option("maxRecordsPerBatch", records)
             .load()
         )
 
@@ -44,5 +47,11 @@ def main(log_url: str, checkpoint: str, output: str, shape: str, how: str, once:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--once"]
-    sys.exit(main(*args[:5], once="--once" in sys.argv))
+    given = sys.argv[1:]
+    records = 60
+    if "--records" in given:
+        at = given.index("--records")
+        records = int(given[at + 1])
+        del given[at : at + 2]
+    args = [a for a in given if a != "--once"]
+    sys.exit(main(*args[:5], once="--once" in given, records=records))
