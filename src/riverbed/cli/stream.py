@@ -350,15 +350,17 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
 
     wait, most = REJOIN_WAIT_S
     while True:
-        lease = make()
+        lease = None
         try:
+            lease = make()  # (it connects: unreachable is a ControlError too)
             lease.acquire(on_standby=say)
             return lease
         except SessionLostError:  # granted, then ran out while it waited
             lease.close()
             say(RAN_OUT)
         except ControlError as exc:
-            lease.close()
+            if lease is not None:
+                lease.close()
             say(f"the control plane does not answer yet ({exc}); trying again in {wait:.0f}s")
         time.sleep(wait)
         wait = min(wait * 2, most)
