@@ -1,7 +1,7 @@
 """Nexmark's join queries, riverbed beside Flink SQL, each checked against DuckDB.
 
     .venv/bin/python benchmarks/nexmark_joins.py [--events 1000000]
-                                                 [--only q8,q9j,q9i,q3,q20,q13]
+                                                 [--only q8,q9j,q9i,q3,q20,q13,q7]
                                                  [--no-flink]
 
 **Events.** ``benchmarks/nexmark.py``'s event stream whole (deterministic by
@@ -40,6 +40,14 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   Flink runs it as a regular join with the bounded table (its filesystem tables are no
   lookup source: ``FOR SYSTEM_TIME AS OF`` is refused without a versioned table's
   primary key), so it keeps the bids in state too.
+* ``q7`` — the highest bids: each bid whose price is the highest of a 10-second window
+  ending at most 10 s after it (Nexmark's join of the bids with their windows'
+  maximum, ``BETWEEN window_end - 10 s AND window_end``). riverbed runs it as Nexmark
+  writes it, in two drivers one after the other: an aggregation (the maximum per
+  window, ``output="final"``, to its results topic), then an interval join of the bids
+  with those results (``on=("price", "maxprice")``, the result's ``window_end`` within
+  0-10 s after the bid). Flink: its window aggregation joined with the bids (a regular
+  join: ``window_end`` is no time attribute).
 
 **Where they go.** Typed riverbed topics (4 partitions each), CSV files for Flink (one
 per source task, each in time order), DataFrames for DuckDB. riverbed runs from its
@@ -64,7 +72,16 @@ import numpy as np
 import pandas as pd
 
 import riverbed.log
-from riverbed.stream import Join, Lookup, Topic, read_joined
+from riverbed.stream import (
+    Aggregation,
+    Join,
+    Lookup,
+    Max,
+    Topic,
+    Tumbling,
+    read_joined,
+    start,
+)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -82,7 +99,9 @@ SIDES = {
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
     "q13": ("bids",),  # and the side table (a lookup)
+    "q7": ("bids",),  # and the maximum of each window (an aggregation's results topic)
 }
+Q7_RESULTS = "window_start timestamp, window_end timestamp, maxprice long, batch_id long"
 END = -1  # the id (and auction) of the far-later events that end the input
 
 
@@ -185,6 +204,15 @@ def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
             where={"right": "category = 10"},
             watermark=watermark,
         ),
+        "q7": Join(
+            name="q7",
+            left=topic("bids"),
+            right=Topic("q7_max.results", options={"schema": Q7_RESULTS}),
+            on=("price", "maxprice"),
+            time=("ts", "window_end"),
+            within=("0s", "10s"),
+            watermark="60s",
+        ),
         "q13": Join(
             name="q13",
             left=topic("bids"),
@@ -225,10 +253,40 @@ def end(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, ...]) -> N
     log.close()
 
 
+def q7_maximum(watermark: str) -> Aggregation:
+    """q7's first half: the highest price of each 10-second window of bids."""
+    return Aggregation(
+        name="q7_max", key="all", time="ts", window=Tumbling("10s"), watermark=watermark,
+        output="final", columns={"all": "'all'"}, metrics={"maxprice": Max("price")},
+        state_partitions=4,
+    )  # fmt: skip
+
+
+def run_maximum(spark: Any, url: str, root: Path, batch: int, watermark: str) -> float:
+    """q7's aggregation over the bids, to its results topic (``q7_max.results``): its
+    seconds. The bids' far-later event (:func:`end`) closes every window."""
+
+    def run() -> float:
+        began = time.perf_counter()
+        query = start(
+            spark, q7_maximum(watermark),
+            {"topic": "bids", "log": url, "schema": BIDS, "maxRecordsPerBatch": str(batch)},
+            checkpoint=root / "cp" / "q7_max", output=root / "out" / "q7_max",
+            topic="q7_max.results", log_url=url, trigger={"availableNow": True},
+        )  # fmt: skip
+        query.awaitTermination()
+        assert query.exception() is None, query.exception()
+        return time.perf_counter() - began
+
+    return run()
+
+
 def run_riverbed(
-    spark: Any, url: str, root: Path, join: Join, batch: int, streams: dict[str, pd.DataFrame]
-) -> tuple[float, pd.DataFrame]:
-    """The join over its log, then its end: the seconds of both runs, the joined rows."""
+    spark: Any, url: str, root: Path, join: Join, batch: int, streams: dict[str, pd.DataFrame],
+    watermark: str = "10s",
+) -> tuple[float, pd.DataFrame]:  # fmt: skip
+    """The join over its log, then its end: the seconds of both runs, the joined rows
+    (q7: its aggregation first, before and after the end, each time)."""
     from riverbed.stream.joinquery import start_join
 
     def run() -> float:
@@ -239,8 +297,14 @@ def run_riverbed(
         ).awaitTermination()  # fmt: skip
         return time.perf_counter() - began
 
-    seconds = run()
+    q7 = join.name == "q7"
+    seconds = run_maximum(spark, url, root, batch, watermark) if q7 else 0.0
+    seconds += run()
     end(url, streams, SIDES[join.name])
+    if q7:  # its aggregation emits a window once a batch *after* the one that closed it
+        seconds += run_maximum(spark, url, root, batch, watermark)  # ran: a second end
+        end(url, streams, SIDES[join.name])
+        seconds += run_maximum(spark, url, root, batch, watermark)
     seconds += run()
     got = read_joined(root / "out" / join.name)
     ended = (got.get("id", 0) == END) | (got.get("auction", 0) == END)
@@ -274,6 +338,9 @@ def rows_of(query: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     elif query == "q13":
         columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
         columns += [_ms(frame["ts"]).tolist(), frame["value"].tolist()]
+    elif query == "q7":
+        columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
+        columns.append(_ms(frame["ts"]).tolist())
     elif query == "q20":
         columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
         columns += [frame["channel"].tolist(), _ms(frame["ts"]).tolist()]
@@ -303,6 +370,13 @@ def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
     elif query == "q9i":
         sql = """SELECT a.id, b.bidder, b.price, b.ts AS right_ts FROM auctions a
                  JOIN bids b ON a.id = b.auction AND b.ts BETWEEN a.ts AND a.expires"""
+    elif query == "q7":
+        sql = """WITH m AS (SELECT time_bucket(INTERVAL 10 SECOND, ts) + INTERVAL 10 SECOND
+                                   AS window_end, max(price) AS maxprice
+                            FROM bids GROUP BY 1)
+                 SELECT b.auction, b.bidder, b.price, b.ts FROM bids b JOIN m
+                 ON b.price = m.maxprice
+                 AND b.ts BETWEEN m.window_end - INTERVAL 10 SECOND AND m.window_end"""
     elif query == "q13":
         sql = """SELECT b.auction, b.bidder, b.price, b.ts, s.value FROM bids b
                  JOIN side s ON b.auction % 10000 = s.key"""
@@ -353,7 +427,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
     parser.add_argument("--batches", type=int, default=10, help="riverbed's batches per side")
     parser.add_argument("--watermark", type=int, default=10, help="seconds, both systems")
-    parser.add_argument("--only", default="q8,q9j,q9i,q3,q20,q13")
+    parser.add_argument("--only", default="q8,q9j,q9i,q3,q20,q13,q7")
     parser.add_argument("--no-flink", action="store_true")
     args = parser.parse_args()
     from riverbed.config import SparkConfig
@@ -399,7 +473,8 @@ def main() -> None:
             want = duckdb_answer(name, streams)
             url = f"file://{root / 'log' / name}"
             fill(url, streams, names)
-            seconds, got = run_riverbed(spark, url, root, join, per_batch, streams)
+            seconds, got = run_riverbed(spark, url, root, join, per_batch, streams,
+                                        f"{args.watermark}s")  # fmt: skip
             row: dict[str, Any] = {
                 "query": name, "events": events, "rows": len(want), "riverbed_s": seconds,
                 "riverbed_check": compare(name, got, want),

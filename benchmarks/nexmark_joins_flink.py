@@ -46,6 +46,15 @@ SQL = {
     # the bounded table: Flink's filesystem tables are no lookup source
     "q13": """SELECT B.auction, B.bidder, B.price, CAST(B.ts AS TIMESTAMP(3)), S.`value`
               FROM bids B JOIN side S ON MOD(B.auction, 10000) = S.`key`""",
+    # q7: the bids with the highest price of a 10-second window ending at most 10 s
+    # after them (Nexmark's; a regular join: window_end is no time attribute)
+    "q7": """SELECT B.auction, B.bidder, B.price, CAST(B.ts AS TIMESTAMP(3))
+             FROM bids B JOIN (
+               SELECT MAX(price) AS maxprice, window_end
+               FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '10' SECOND))
+               GROUP BY window_start, window_end) M
+             ON B.price = M.maxprice
+             WHERE B.ts BETWEEN M.window_end - INTERVAL '10' SECOND AND M.window_end""",
     "q20": """SELECT B.auction, B.bidder, B.price, B.channel, CAST(B.ts AS TIMESTAMP(3)),
                      A.seller, A.reserve, CAST(A.ts AS TIMESTAMP(3))
               FROM bids B JOIN auctions A ON B.auction = A.id WHERE A.category = 10""",

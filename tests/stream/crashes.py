@@ -97,3 +97,37 @@ def kill_mid_batch(
             driver.wait()
         aimed.append(target)
     return aimed
+
+
+def stream_run_killed_then_drained(
+    spec: Path,
+    env: dict[str, str],
+    batches: Path,
+    *,
+    records: int,
+    kills: int,
+    seed: int,
+    release: Callable[[int], None],
+    logs: Path,
+    before_drain: Callable[[], None] | None = None,
+) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """``riverbed stream run SPEC`` (batches of ``records``, a 3 s lease) SIGKILLed mid-
+    batch ``kills`` times (:func:`kill_mid_batch`, ``release(k)`` giving start ``k`` its
+    backlog), then ``release(kills)``, ``before_drain()`` and a ``--once`` drain, which
+    must exit 0. Returns the command (its first three words start the CLI's other
+    commands) and the drain's result."""
+    import sys
+
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", str(records), "--ttl", "3"]  # fmt: skip
+    aimed = kill_mid_batch(command, env, batches, kills=kills, rng=random.Random(seed),
+                           before_start=release, logs=logs)  # fmt: skip
+    assert len(aimed) == kills
+    release(kills)
+    if before_drain is not None:
+        before_drain()
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return command, finished

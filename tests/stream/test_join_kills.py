@@ -30,7 +30,7 @@ from riverbed.stream.layout import Checkpoint
 from riverbed.ui.app import create_app
 from riverbed.ui.console import Console
 from tests.stream.conftest import T0
-from tests.stream.crashes import kill_mid_batch
+from tests.stream.crashes import kill_mid_batch, stream_run_killed_then_drained
 from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -47,6 +47,7 @@ join = Join(
 )
 """
 KILLS = 4
+LAST = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
 
 
 @pytest.mark.parametrize(
@@ -63,23 +64,19 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
 
     spec = tmp_path / "join.py"
     spec.write_text(SPEC.format(how=how, shape=shape))
-    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
-               "--max-records-per-batch", "60", "--ttl", "3"]  # fmt: skip
     checkpoint = Checkpoint(home / "checkpoints" / "paid")
-    aimed = kill_mid_batch(command, env, checkpoint.batches, kills=KILLS, rng=random.Random(11),
-                           before_start=release, logs=tmp_path / "logs")  # fmt: skip
-    assert len(aimed) == KILLS
-    release(KILLS)
-    # the rest of the payments, and one far-later event on each side: the watermark
-    # passes every order (a left join's unmatched ones are all due)
-    rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
-    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
-    send(log_url, "payments", pd.concat([rest, last.rename(columns={"amount": "paid"})]), 2)
-    send(log_url, "orders", last, 3)
-    finished = subprocess.run(
-        [*command, "--once"], env=env, capture_output=True, text=True, check=False
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
+
+    def the_rest() -> None:
+        """The rest of the payments, and one far-later event on each side: the
+        watermark passes every order (a left join's unmatched ones are all due)."""
+        rest = payments[payments["ts"] > orders["ts"].iloc[-1]]
+        send(log_url, "payments", pd.concat([rest, LAST.rename(columns={"amount": "paid"})]), 2)
+        send(log_url, "orders", LAST, 3)
+
+    command, finished = stream_run_killed_then_drained(
+        spec, env, checkpoint.batches, records=60, kills=KILLS, seed=11, release=release,
+        logs=tmp_path / "logs", before_drain=the_rest,
+    )  # fmt: skip
     assert "joined" in finished.stderr  # its batches were reported
 
     # the oracle: the events as the log holds them, read back
@@ -188,17 +185,11 @@ def test_a_lookup_join_killed_mid_batch_joins_each_batch_with_its_planned_table(
 
     spec = tmp_path / "labelled.py"
     spec.write_text(LOOKUP_SPEC.format(table=table / "part.parquet"))
-    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
-               "--max-records-per-batch", "60", "--ttl", "3"]  # fmt: skip
     checkpoint = Checkpoint(home / "checkpoints" / "labelled")
-    aimed = kill_mid_batch(command, env, checkpoint.batches, kills=KILLS, rng=random.Random(12),
-                           before_start=release, logs=tmp_path / "logs")  # fmt: skip
-    assert len(aimed) == KILLS
-    release(KILLS)
-    finished = subprocess.run(
-        [*command, "--once"], env=env, capture_output=True, text=True, check=False
-    )
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    stream_run_killed_then_drained(
+        spec, env, checkpoint.batches, records=60, kills=KILLS, seed=12, release=release,
+        logs=tmp_path / "logs",
+    )  # fmt: skip
 
     # the oracle: each done batch's orders, read back from the slices its plan recorded,
     # merged with the version of the table its plan recorded (a snapshot's id is its
@@ -354,7 +345,7 @@ def test_a_standby_join_driver_takes_over_from_a_killed_one(
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    last = LAST
     send(log_url, "payments", last.rename(columns={"amount": "paid"}), 2)
     send(log_url, "orders", last, 3)
     finished = subprocess.run(
@@ -401,7 +392,7 @@ def test_a_join_of_dataframes_killed_mid_batch_gives_every_row_once(
     # nothing left is read after a far-later event and made late); the second drain's
     # micro-batch (one runs only with new events; its watermark comes from the batches
     # before it) passes every order: the unmatched ones are emitted
-    last = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    last = LAST
     for _ in range(2):
         send(log_url, "payments", last.rename(columns={"amount": "paid"}), 2)
         send(log_url, "orders", last, 3)

@@ -6,10 +6,7 @@ log by the offsets its record names — with its recorded version."""
 
 from __future__ import annotations
 
-import random
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +19,7 @@ from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
 from riverbed.stream.lookups import encoded, read_table
 from tests.stream.conftest import make_events, write_events
-from tests.stream.crashes import backlogs, kill_mid_batch
+from tests.stream.crashes import backlogs, stream_run_killed_then_drained
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -76,17 +73,11 @@ def test_each_batch_joins_with_its_recorded_version_through_kills(
 
     spec = tmp_path / "spec.py"
     spec.write_text(SPEC.format(db=db, how=how))
-    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
-               "--max-records-per-batch", "200", "--ttl", "3"]  # fmt: skip
     checkpoint = Checkpoint(home / "checkpoints" / "joined")
-    aimed = kill_mid_batch(command, env, checkpoint.batches, kills=KILLS, rng=random.Random(7),
-                           before_start=release, logs=tmp_path / "logs")  # fmt: skip
-    assert len(aimed) == KILLS
-    release(KILLS)
-    finished = subprocess.run(
-        [*command, "--once"], env=env, capture_output=True, text=True, check=False
-    )
-    assert finished.returncode == 0, finished.stderr[-2000:]
+    stream_run_killed_then_drained(
+        spec, env, checkpoint.batches, records=200, kills=KILLS, seed=7, release=release,
+        logs=tmp_path / "logs",
+    )  # fmt: skip
 
     # the oracle: every batch's events (by its recorded offsets) with its recorded version
     batches = open_batches(str(checkpoint.root))

@@ -540,7 +540,8 @@ def _commit(cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchReco
     if (batch_id + 1) % cfg.state.snapshot_every == 0:
         try:
             provider = StateProvider(cfg.state)
-            for partition in range(cfg.join.state_partitions):
+            stateful = cfg.join.lookup is None  # (a lookup join keeps none)
+            for partition in range(cfg.join.state_partitions if stateful else 0):
                 provider.purge(cfg.namespace, partition, sweep_after=3600.0)
             batches.prune(batch_id + 1 - cfg.state.retain_versions)
         except Exception as exc:  # maintenance must not stop the join
