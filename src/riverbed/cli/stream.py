@@ -356,7 +356,8 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
             lease.acquire(on_standby=say)
             return lease
         except SessionLostError:  # granted, then ran out while it waited
-            lease.close()
+            if lease is not None:
+                lease.close()
             say(RAN_OUT)
         except ControlError as exc:
             if lease is not None:
