@@ -150,30 +150,10 @@ def compile_for(
     known = dict(schema)
     added = _lookup_columns(spec, schema, lookup_schemas)
     known.update(added)
-    compiled: list[tuple[str, Compiled]] = []
-    for name, text in spec.columns.items():
-        if name in known:
-            raise ExpressionError(
-                f"aggregation {spec.name!r}: columns[{name!r}] is the name of one of the "
-                "events' fields; give the derived column a name of its own"
-            )
-        try:
-            expression = compile_expression(text, known)
-        except ExpressionError as exc:
-            raise ExpressionError(f"aggregation {spec.name!r}, columns[{name!r}]: {exc}") from None
-        compiled.append((name, expression))
-        known[name] = expression.type
-    where = None
-    if spec.where is not None:
-        try:
-            where = compile_expression(spec.where, known)
-        except ExpressionError as exc:
-            raise ExpressionError(f"aggregation {spec.name!r}, where: {exc}") from None
-        if where.type not in (BOOLEAN,):
-            raise ExpressionError(
-                f"aggregation {spec.name!r}, where: {spec.where!r} is {where.type}, not a "
-                "condition (boolean)"
-            )
+    try:
+        compiled, where = _columns_and_where(list(spec.columns.items()), spec.where, known)
+    except ExpressionError as exc:
+        raise ExpressionError(f"aggregation {spec.name!r}, {exc}") from None
     # each metric's where: a boolean column after the others, evaluated for the events
     # kept (riverbed.stream.metrics.where_column)
     for metric_name, metric in spec.metrics.items():
@@ -226,7 +206,17 @@ def compile_side(
     ``where`` that is no condition."""
     if not columns and where is None:
         return None
-    known = dict(schema)
+    compiled, condition = _columns_and_where(columns, where, dict(schema))
+    return Derivation(tuple(compiled), condition, _before_where(compiled, condition))
+
+
+def _columns_and_where(
+    columns: Sequence[tuple[str, str]], where: str | None, known: dict[str, SqlType]
+) -> tuple[list[tuple[str, Compiled]], Compiled | None]:
+    """Derived ``columns`` (in order, each over ``known`` and the ones before it; added
+    to ``known``) and ``where`` over them all, compiled — an aggregation's or a join
+    side's. :class:`ExpressionError` names the part (``columns['x']: …``, ``where:
+    …``), a derived column with a field's name, and a ``where`` that is no condition."""
     compiled: list[tuple[str, Compiled]] = []
     for name, text in columns:
         if name in known:
@@ -239,17 +229,15 @@ def compile_side(
         except ExpressionError as exc:
             raise ExpressionError(f"columns[{name!r}]: {exc}") from None
         known[name] = compiled[-1][1].type
-    condition = None
-    if where is not None:
-        try:
-            condition = compile_expression(where, known)
-        except ExpressionError as exc:
-            raise ExpressionError(f"where: {exc}") from None
-        if condition.type != BOOLEAN:
-            raise ExpressionError(
-                f"where: {where!r} is {condition.type}, not a condition (boolean)"
-            )
-    return Derivation(tuple(compiled), condition, _before_where(compiled, condition))
+    if where is None:
+        return compiled, None
+    try:
+        condition = compile_expression(where, known)
+    except ExpressionError as exc:
+        raise ExpressionError(f"where: {exc}") from None
+    if condition.type != BOOLEAN:
+        raise ExpressionError(f"where: {where!r} is {condition.type}, not a condition (boolean)")
+    return compiled, condition
 
 
 @functools.lru_cache(maxsize=32)
