@@ -30,7 +30,6 @@ from riverbed.stream import lookups
 from riverbed.stream.batchlog import BatchRecord
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.joins import Join
-from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import in_driver, pieces
 from riverbed.stream.streamjoin import (
     PREFIX,
@@ -39,6 +38,7 @@ from riverbed.stream.streamjoin import (
     JoinSide,
     events,
     joined_rows,
+    side_slices,
     stored_column,
 )
 
@@ -75,15 +75,8 @@ def plan(cfg: JoinConfig, previous: BatchRecord | None) -> list[dict[str, Any]]:
     still run names are pruned."""
     lookup = cfg.join.lookup
     assert lookup is not None
-    store = checkpoint_store(cfg.checkpoint)
-    before = lookups.recorded(previous.lookups) if previous is not None else None
     schemas = None if cfg.lookup_schema is None else [cfg.lookup_schema]
-    snapshots = lookups.plan_snapshots([lookup], before, store, schemas=schemas,
-                                       log_url=cfg.log_url)  # fmt: skip
-    now, was = {s.id for s in snapshots}, {s.id for s in before or ()}
-    if now != was:  # only the newest batch can run again; the one before it is done
-        lookups.prune_snapshots(store, now | was)
-    return [s.to_json() for s in snapshots]
+    return lookups.plan_record([lookup], cfg.checkpoint, previous, schemas, cfg.log_url)
 
 
 def enrich_task(cfg: JoinConfig, snapshot: str) -> Any:
@@ -130,11 +123,7 @@ def run_batch(
             "it was planned by another kind of join: start on a new checkpoint"
         )
     enrich = enrich_task(cfg, str(record.lookups[0]["id"]))
-    slices = [
-        LogSlice(int(p), int(se[0]), int(se[1]))
-        for p, se in sorted((record.sources or {}).get("left", {}).items(), key=lambda x: int(x[0]))
-        if int(se[1]) > int(se[0])
-    ]
+    slices = side_slices(record, "left")
     work = pieces(slices, tasks.parallelism(spark))
     total = sum(s.end - s.start for s in slices)
     if in_driver(total, cfg.driver_records, tasks.master(spark)) or not work:

@@ -72,6 +72,7 @@ __all__ = [
     "added_columns",
     "at_start",
     "join",
+    "plan_record",
     "plan_snapshots",
     "planned",
     "prune_snapshots",
@@ -455,19 +456,28 @@ def recorded(data: Sequence[Mapping[str, Any]] | None) -> list[Snapshot] | None:
 
 
 def planned(config: EngineConfig, previous: BatchRecord | None) -> list[dict[str, Any]] | None:
-    """A new batch's ``lookups`` (its record's): :func:`plan_snapshots` after the
-    ``previous`` batch's; snapshots no batch that can still run names are pruned."""
+    """A new batch's ``lookups`` (its record's) for an aggregation: :func:`plan_record`."""
     if not config.spec.lookups:
         return None
-    store = checkpoint_store(config.checkpoint)
+    return plan_record(
+        config.spec.lookups, config.checkpoint, previous, config.lookup_schemas or None,
+        config.log_url,
+    )  # fmt: skip
+
+
+def plan_record(
+    lookups: Sequence[Lookup],
+    checkpoint: str,
+    previous: BatchRecord | None,
+    schemas: Sequence[pa.Schema] | None,
+    log_url: str | None,
+) -> list[dict[str, Any]]:
+    """A new batch's ``lookups`` (its record's) — an aggregation's, or a lookup join's
+    table: :func:`plan_snapshots` after the ``previous`` batch's; snapshots no batch
+    that can still run names are pruned."""
+    store = checkpoint_store(checkpoint)
     before = recorded(previous.lookups) if previous is not None else None
-    snapshots = plan_snapshots(
-        config.spec.lookups,
-        before,
-        store,
-        schemas=config.lookup_schemas or None,
-        log_url=config.log_url,
-    )
+    snapshots = plan_snapshots(lookups, before, store, schemas=schemas, log_url=log_url)
     now = {s.id for s in snapshots}
     was = {s.id for s in before or ()}
     if now != was:  # only the newest batch can run again; the one before it is done
