@@ -380,6 +380,16 @@ def joined_rows(tables: list[Any]) -> pa.Table | None:
     return full[0] if len(full) == 1 else pa.concat_tables(full, promote_options="permissive")
 
 
+def side_slices(record: BatchRecord, which: str) -> list[LogSlice]:
+    """The non-empty slices of side ``which``'s topic a batch's plan records, by partition."""
+    planned = (record.sources or {}).get(which, {})
+    return [
+        LogSlice(int(p), int(se[0]), int(se[1]))
+        for p, se in sorted(planned.items(), key=lambda x: int(x[0]))
+        if int(se[1]) > int(se[0])
+    ]
+
+
 def run_batch(
     spark: Any, cfg: JoinConfig, batch_id: int, record: BatchRecord
 ) -> tuple[pa.Table | None, Counts]:
@@ -391,13 +401,7 @@ def run_batch(
     work: list[tuple[str, LogSlice]] = []
     total = 0
     for which in SIDES:
-        slices = [
-            LogSlice(int(p), int(se[0]), int(se[1]))
-            for p, se in sorted(
-                (record.sources or {}).get(which, {}).items(), key=lambda x: int(x[0])
-            )
-            if int(se[1]) > int(se[0])
-        ]
+        slices = side_slices(record, which)
         total += sum(s.end - s.start for s in slices)
         work += [(which, s) for s in pieces(slices, parallelism)]
     read, pair = read_task(cfg, record.watermark_ms), pair_task(cfg, batch_id, record.watermark_ms)
@@ -482,17 +486,17 @@ def run_planned(
         record.max_event_ms = max(record.max_event_ms, *seen.values())
     record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
     record.filtered = counts.filtered
+    # unmatched: events without a partner; alone: the rows emitted without one
     if cfg.join.lookup is not None:  # counted by the lookup tasks (inner: dropped)
-        unmatched = counts.unmatched if cfg.join.how == "left" else 0
-        record.joined, record.unmatched = table.num_rows - unmatched, counts.unmatched
+        unmatched = counts.unmatched
+        alone = unmatched if cfg.join.how == "left" else 0
     elif joined is None:
-        unmatched = 0
+        alone = unmatched = 0
     elif "r" + TS not in joined.column_names:  # a left join's unmatched rows only
-        unmatched = joined.num_rows
+        alone = unmatched = joined.num_rows
     else:
-        unmatched = joined.column("r" + TS).null_count
-    if cfg.join.lookup is None:
-        record.joined, record.unmatched = table.num_rows - unmatched, unmatched
+        alone = unmatched = joined.column("r" + TS).null_count
+    record.joined, record.unmatched = table.num_rows - alone, unmatched
     late = pd.concat(counts.late_rows) if counts.late_rows else None
     dlq = pd.concat(counts.dlq_rows) if counts.dlq_rows else None
     if late is not None or dlq is not None:
@@ -562,6 +566,7 @@ __all__ = [
     "route",
     "run_batch",
     "run_planned",
+    "side_slices",
     "stored_column",
     "watermark_of",
 ]
