@@ -182,7 +182,7 @@ def join(src: Sources, name: str) -> dict[str, Any]:
     try:
         lower, upper = info["bounds_ms"]
         rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
-        partitions = int(info["state_partitions"]) if table is None else 0  # (no state)
+        partitions = int(info["state_partitions"])
         out.update(status_of(name, sides, partitions, checkpoint, state, rule, table))
     except RiverbedError as exc:
         out["error"] = str(exc)

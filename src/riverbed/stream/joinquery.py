@@ -324,8 +324,9 @@ def status(
         for which, (topic, side_log, reader) in zip(SIDES, join.sides, strict=False)
     }
     table = None if join.lookup is None else join.lookup.label
-    partitions = 0 if table is not None else join.state_partitions  # (no state)
-    return status_of(join.name, sides, partitions, checkpoint, state, Rule.of(join), table)
+    return status_of(
+        join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join), table
+    )  # fmt: skip
 
 
 def status_of(
@@ -361,7 +362,7 @@ def status_of(
         "watermark": iso_ms(done.watermark_ms) if done is not None and table is None else None,
         "sides": {},
     }
-    holding = _held(name, partitions, state, rule)
+    holding = _held(name, partitions if table is None else 0, state, rule)  # (a lookup: none)
     for which, (topic, url, reader) in sides.items():
         read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
         lag, why = None, None
