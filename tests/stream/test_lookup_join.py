@@ -20,10 +20,11 @@ import riverbed.log
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Frame, Topic
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.joinquery import read_joined, start_join, status
+from riverbed.stream.joinquery import read_joined, status
 from riverbed.stream.joins import Join, Lookup
 from riverbed.stream.layout import checkpoint_store, commit_key, default_state
 from tests.stream.conftest import T0
+from tests.stream.test_stream_join import drain
 
 pytestmark = pytest.mark.spark
 
@@ -80,16 +81,6 @@ def send(log_url: str, topic: str, frame: pd.DataFrame) -> None:
         key_field="order_id",
     )  # fmt: skip
     log.close()
-
-
-def drain(spark: Any, join: Join, tmp_path: Path, log_url: str) -> int:
-    """Run ``join`` over what its topic holds; how many Spark jobs its batches ran."""
-    query = start_join(
-        spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out",
-        log_url=log_url, trigger={"availableNow": True},
-    )  # fmt: skip
-    query.awaitTermination()
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(query._group))
 
 
 def oracle(events: pd.DataFrame, table: pd.DataFrame, how: str) -> pd.DataFrame:
