@@ -220,6 +220,44 @@ def test_first_last_argmax_argmin_pick_the_same_event_in_any_merge_order(
             assert metric.result(merged)[""] == want[name], (name, order)
 
 
+ROWS = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.integers(0, 6)),  # by (NULL: the event is not a candidate)
+        st.one_of(st.none(), st.integers(-3, 3)),  # the row's columns (NULLs kept)
+        st.one_of(st.none(), st.sampled_from(["a", "b", "c"])),
+    ),
+    max_size=20,
+)
+
+
+@given(st.lists(ROWS, min_size=1, max_size=5))
+def test_a_picked_row_is_the_same_in_any_merge_order(
+    parts: list[list[tuple[int | None, int | None, str | None]]],
+) -> None:
+    """ArgMax/ArgMin of several columns pick one event's whole row among those with a
+    `by`; ties go to the smallest row, column by column, NULL first — whatever the
+    split into batches and the merge order."""
+    from riverbed.stream.metrics import ArgMax, ArgMin
+
+    def order(row: tuple[int | None, str | None]) -> tuple[tuple[bool, object], ...]:
+        return tuple((v is not None, 0 if v is None else v) for v in row)
+
+    events = [(b, (n, t)) for part in parts for b, n, t in part if b is not None]
+    for metric, best in ((ArgMax(["n", "t"], by="b"), max), (ArgMin(["n", "t"], by="b"), min)):
+        top = best((b for b, _ in events), default=None)
+        want = min((r for b, r in events if b == top), key=order, default=(None, None))
+        for split in (parts, parts[::-1]):
+            merged = None
+            for part in split:
+                by = np.array([np.nan if b is None else b for b, _, _ in part], dtype=float)
+                n = np.array([np.nan if v is None else v for _, v, _ in part], dtype=float)
+                t = np.array([v for _, _, v in part], dtype=object)
+                partial = metric.partial([n, t], len(part), by)
+                merged = partial if merged is None else metric.merge(merged, partial)
+            got = metric.result(merged)
+            assert (got["_n"], got["_t"]) == want, (type(metric).__name__, split)
+
+
 def test_session_specs_are_checked_and_late_means_before_the_watermark() -> None:
     from riverbed.stream.errors import StreamValueError
     from riverbed.windows import Session, WindowValueError, late, span

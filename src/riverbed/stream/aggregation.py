@@ -126,6 +126,16 @@ class Aggregation:
         for metric_name in self.metrics:
             if not _NAME.match(metric_name):
                 raise StreamValueError(f"metric name {metric_name!r}: letters, digits, '_'")
+        seen: dict[str, str] = {part: "the key" for part in self.key_parts if self.composite}
+        for metric_name, metric in self.metrics.items():
+            for suffix, _ in metric.outputs({}):  # (TopK, a picked row: several columns)
+                column = metric_name + suffix
+                if column in seen or (suffix and column in RESERVED):
+                    raise StreamValueError(
+                        f"metric {metric_name!r} and {seen.get(column, 'riverbed')} both "
+                        f"name the result column {column!r}: rename one"
+                    )
+                seen[column] = f"metric {metric_name!r}"
         if self.output not in ("update", "final"):
             raise StreamValueError(f"output must be update or final, not {self.output!r}")
         if self.state_partitions < 1:
@@ -199,7 +209,9 @@ class Aggregation:
         derived): the key, the time, and the metrics' columns."""
         cols = [self.key_column, self.time]
         for metric in self.metrics.values():
-            for column in (getattr(metric, "column", None), getattr(metric, "by", None)):
+            read = getattr(metric, "column", None)
+            read = read if isinstance(read, tuple) else (read,)  # (a picked row's columns)
+            for column in (*read, getattr(metric, "by", None)):
                 if column and column not in cols:  # (ArgMax/ArgMin compare by a column)
                     cols.append(column)
         cols += [where_column(name) for name, m in self.metrics.items() if m.where is not None]

@@ -208,10 +208,14 @@ def group_partials(
     (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
     all groups at once (:func:`_vectorized`); the other metrics group by group."""
     columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
+    # a metric may return the key or the time too (a picked row: ArgMax([...], by=...))
+    columns[spec.time] = ts.astype("datetime64[ms]")
+    if spec.key_column not in columns:
+        columns[spec.key_column] = pdf[spec.key_column].to_numpy()
     firsts = np.asarray(bounds[:-1], dtype=np.int64)
     out: list[dict[str, Any]] = [{} for _ in firsts]
     for name, metric in spec.metrics.items():
-        column = columns[metric.column] if hasattr(metric, "column") else None
+        column = _column_of(metric, columns)
         # a metric's own where: the events it counts (NULL: not counted)
         counts = _counted(columns[where_column(name)]) if metric.where is not None else None
         vector = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
@@ -224,12 +228,26 @@ def group_partials(
         for partials, (a, b) in zip(out, itertools.pairwise(bounds), strict=True):
             picked = rows[a:b]
             mine = picked if counts is None else picked[counts[picked]]
-            values = column[mine] if column is not None else None
+            if isinstance(column, list):  # a whole row's columns (ArgMax([...], by=...))
+                values: Any = [c[mine] for c in column]
+            else:
+                values = column[mine] if column is not None else None
             if by is None:
                 partials[name] = metric.partial(values, len(mine))
             else:
                 partials[name] = metric.partial(values, len(mine), by[mine])  # type: ignore[call-arg]
     return out
+
+
+def _column_of(metric: Any, columns: dict[str, np.ndarray]) -> Any:
+    """What a metric reads: its column's values; a row's columns (a list) for a metric
+    that picks several; None for Count."""
+    column = getattr(metric, "column", None)
+    if column is None:
+        return None
+    if isinstance(column, tuple):
+        return [columns[c] for c in column]
+    return columns[column]
 
 
 def _vectorized(

@@ -119,7 +119,7 @@ def resolved(spec: Aggregation, types: dict[str, Any]) -> Aggregation:
     Spark SQL type, riverbed.stream.expressions.SqlType, for the source's fields and the
     derived columns), so the result table types each as its column."""
     names = list(spec.key_parts) if spec.composite else []
-    names += [m.column for m in spec.metrics.values() if isinstance(m, VALUE_METRICS)]
+    names += [c for m in spec.metrics.values() if isinstance(m, VALUE_METRICS) for c in m.columns]
     if not names:
         return spec
     found = {}

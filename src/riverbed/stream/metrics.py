@@ -361,38 +361,106 @@ def _present(column: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Picked:
-    """A metric that returns one event's value of ``column``: the event picked by
-    ``_order`` — (ordering value, value) pairs compared as tuples, the largest wins —
+    """A metric that returns one event's value of ``column`` — or, given several
+    columns (``ArgMax(["bidder", "price", "ts"], by="price")``), that event's whole row
+    of them, each under ``<metric>_<column>``: the event picked by ``_order`` —
+    (ordering value, value) pairs compared as tuples, the largest wins. One column:
     among the events whose value and ordering value are present (NULLs are skipped, as
-    Spark's ``first(col, ignoreNulls=true)``). Ties go to the smallest value (for the
-    largest ordering value) so every path and merge order picks the same one."""
+    Spark's ``first(col, ignoreNulls=true)``); several: among the events whose ordering
+    value is present (a row may hold NULLs, as Spark's ``max_by(struct(…), by)``).
+    Ties go to the smallest value — for a row, compared column by column in the order
+    given, NULL first — so every path and merge order picks the same one."""
 
-    column: str
+    column: str | tuple[str, ...]
     returns_value = True  # its result is a value of ``column`` (typed as the column)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.column, list | tuple):
+            names = tuple(self.column)
+            if not names or not all(isinstance(c, str) and c for c in names):
+                raise StreamValueError(
+                    f"{type(self).__name__}: column must be a column or a non-empty list of "
+                    f"columns: {self.column!r}"
+                )
+            if len(set(names)) != len(names):
+                raise StreamValueError(f"{type(self).__name__} names a column twice: {list(names)}")
+            object.__setattr__(self, "column", names[0] if len(names) == 1 else names)
+        elif not isinstance(self.column, str) or not self.column:
+            raise StreamValueError(
+                f"{type(self).__name__}: column must be a column or a list of columns: "
+                f"{self.column!r}"
+            )
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns it returns: one, or a row's several."""
+        return self.column if isinstance(self.column, tuple) else (self.column,)
 
     def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    def partial(self, column: np.ndarray | None, n: int, by: np.ndarray | None = None) -> Any:
+    def _value_order(self, value: Any) -> Any:
+        """A value as ties compare it: a row column by column, NULL first."""
+        if isinstance(self.column, tuple):
+            return tuple((v is not None, 0 if v is None else v) for v in value)
+        return value
+
+    def partial(
+        self, column: np.ndarray | list[np.ndarray] | None, n: int, by: np.ndarray | None = None
+    ) -> Any:
         assert column is not None and by is not None
-        keep = _present(column) & _present(by)
+        row = isinstance(self.column, tuple)
+        keep = _present(by)
+        if row:
+            values = [_nullable(c[keep]) for c in column] if len(column) else []
+            candidates = zip(_listed(by[keep]), zip(*values, strict=True), strict=True)
+        else:
+            assert isinstance(column, np.ndarray)
+            keep &= _present(column)
+            candidates = zip(_listed(by[keep]), _listed(column[keep]), strict=True)
         best: list[Any] | None = None
-        for b, v in zip(by[keep].tolist(), column[keep].tolist(), strict=True):
-            candidate = [_python(b), _python(v)]
-            if best is None or self._order(*candidate) > self._order(*best):
-                best = candidate
+        best_order: tuple[Any, ...] | None = None
+        for b, v in candidates:
+            candidate = [_python(b), [_python(x) for x in v] if row else _python(v)]
+            order = self._order(candidate[0], self._value_order(candidate[1]))
+            if best_order is None or order > best_order:
+                best, best_order = candidate, order
         return best
 
     def merge(self, a: Any, b: Any) -> Any:
         if a is None or b is None:
             return b if a is None else a
-        return a if self._order(*a) >= self._order(*b) else b
+        mine = self._order(a[0], self._value_order(a[1]))
+        theirs = self._order(b[0], self._value_order(b[1]))
+        return a if mine >= theirs else b
 
     def result(self, value: Any) -> dict[str, Any]:
+        if isinstance(self.column, tuple):
+            picked = [None] * len(self.column) if value is None else value[1]
+            return {f"_{c}": v for c, v in zip(self.column, picked, strict=True)}
         return {"": None if value is None else value[1]}
 
     def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
+        if isinstance(self.column, tuple):
+            return [(f"_{c}", types.get(c, "string")) for c in self.column]
         return [("", types.get(self.column, "string"))]
+
+
+def _listed(column: np.ndarray) -> list[Any]:
+    """A column's values as Python's: times as epoch µs (numpy's ``tolist`` gives a
+    ``datetime`` or, at ns precision, an int of ns)."""
+    if column.dtype.kind == "M":
+        column = column.astype("datetime64[us]").astype(np.int64)
+    return column.tolist()  # type: ignore[no-any-return]
+
+
+def _nullable(column: np.ndarray) -> list[Any]:
+    """A column's values with its NULLs (NaN, NaT) as None."""
+    present = _present(column)
+    values = _listed(column)
+    if present.all():
+        return values
+    return [v if ok else None for v, ok in zip(values, present.tolist(), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -425,6 +493,7 @@ class ArgMax(_Picked):
     where: str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.by:
             raise StreamValueError(f"{type(self).__name__} needs by=, the column to compare")
 
@@ -440,6 +509,7 @@ class ArgMin(_Picked):
     where: str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.by:
             raise StreamValueError(f"{type(self).__name__} needs by=, the column to compare")
 
