@@ -345,8 +345,9 @@ def _python(value: Any) -> Any:
     """A value as msgpack stores it: numpy scalars as Python, times as epoch µs."""
     if isinstance(value, np.datetime64):
         return int(value.astype("datetime64[us]").astype(np.int64))
-    if hasattr(value, "value") and hasattr(value, "tz_localize"):  # a pandas Timestamp
-        return int(value.as_unit("us").value)
+    if hasattr(value, "to_datetime64") and hasattr(value, "tz_localize"):  # a pandas Timestamp
+        # (its .value is ns whatever its unit: µs from the datetime64, UTC when aware)
+        return int(value.to_datetime64().astype("datetime64[us]").astype(np.int64))
     if hasattr(value, "item"):
         return value.item()
     return value
