@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import numpy as np
@@ -256,6 +257,46 @@ def test_a_picked_row_is_the_same_in_any_merge_order(
                 merged = partial if merged is None else metric.merge(merged, partial)
             got = metric.result(merged)
             assert (got["_n"], got["_t"]) == want, (type(metric).__name__, split)
+
+
+MAYBE = st.one_of(st.none(), st.integers(0, 3))
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), MAYBE, MAYBE, MAYBE, st.booleans()), max_size=40),
+    st.sampled_from(["First", "Last", "ArgMax", "ArgMin"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_picks_of_all_groups_at_once_are_each_groups_own(
+    events: list[tuple[int, int | None, int | None, int | None, bool]],
+    kind: str,
+    row: bool,
+    filtered: bool,
+) -> None:
+    """``group_partials`` (one sort for every group) gives each group the partial that
+    ``partial`` gives it alone — ties, NULLs and a metric's ``where`` included."""
+    import riverbed.stream.metrics as m
+
+    events = sorted(events, key=lambda e: e[0])  # grouped: group, by, value, other, counts
+    bounds = [0]
+    for i in range(1, len(events) + 1):
+        if i == len(events) or events[i][0] != events[i - 1][0]:
+            bounds.append(i)
+    bounds = sorted(set(bounds))
+    by = np.array([np.nan if e[1] is None else e[1] for e in events], dtype=float)
+    v = np.array([np.nan if e[2] is None else e[2] for e in events], dtype=float)
+    w = np.array([None if e[3] is None else f"w{e[3]}" for e in events], dtype=object)
+    counts = np.array([e[4] for e in events], dtype=bool) if filtered else None
+    cls = getattr(m, kind)
+    metric = cls(["v", "w"] if row else "v", **({"by": "b"} if kind.startswith("Arg") else {}))
+    column = [v, w] if row else v
+    rows = np.arange(len(events))
+    got = metric.group_partials(column, by, rows, bounds, counts)
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        mine = rows[a:b] if counts is None else rows[a:b][counts[a:b]]
+        values = [c[mine] for c in column] if row else v[mine]
+        assert got[i] == metric.partial(values, len(mine), by[mine]), (i, kind)
 
 
 def test_session_specs_are_checked_and_late_means_before_the_watermark() -> None:

@@ -206,7 +206,8 @@ def group_partials(
 ) -> list[dict[str, Any]]:
     """Every group's metric partials: group ``i`` is ``rows[bounds[i]:bounds[i + 1]]``
     (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
-    all groups at once (:func:`_vectorized`); the other metrics group by group."""
+    all groups at once (:func:`_vectorized`), as are the metrics that pick one event
+    (First/Last/ArgMax/ArgMin: ``group_partials``); the other metrics group by group."""
     columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
     # a metric may return the key or the time too (a picked row: ArgMax([...], by=...))
     columns[spec.time] = ts.astype("datetime64[ms]")
@@ -225,17 +226,16 @@ def group_partials(
             continue
         # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
         by = _compared(metric, columns, ts)
+        if by is not None and isinstance(metric, VALUE_METRICS):  # all groups at once
+            chosen = metric.group_partials(column, by, rows, bounds, counts)
+            for partials, value in zip(out, chosen, strict=True):
+                partials[name] = value
+            continue
         for partials, (a, b) in zip(out, itertools.pairwise(bounds), strict=True):
             picked = rows[a:b]
             mine = picked if counts is None else picked[counts[picked]]
-            if isinstance(column, list):  # a whole row's columns (ArgMax([...], by=...))
-                values: Any = [c[mine] for c in column]
-            else:
-                values = column[mine] if column is not None else None
-            if by is None:
-                partials[name] = metric.partial(values, len(mine))
-            else:
-                partials[name] = metric.partial(values, len(mine), by[mine])  # type: ignore[call-arg]
+            values = column[mine] if column is not None else None
+            partials[name] = metric.partial(values, len(mine))
     return out
 
 

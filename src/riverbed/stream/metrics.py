@@ -428,6 +428,63 @@ class _Picked:
                 best, best_order = candidate, order
         return best
 
+    largest = True  # whether the largest ordering value wins (else the smallest)
+
+    def group_partials(
+        self,
+        column: np.ndarray | list[np.ndarray],
+        by: np.ndarray,
+        rows: np.ndarray,
+        bounds: list[int],
+        counts: np.ndarray | None = None,
+    ) -> list[Any]:
+        """The partial of every group at once — group ``i`` is ``rows[bounds[i]:bounds[i +
+        1]]``, ``counts`` the events a metric's ``where`` keeps — each what ``partial``
+        gives it: one sort of the candidates by (group, ordering value); only a group
+        whose best ordering value is tied compares values, in Python."""
+        row = isinstance(self.column, tuple)
+        sizes: np.ndarray = np.diff(np.asarray(bounds, dtype=np.int64))
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        keep = _present(by[rows])
+        if counts is not None:
+            keep &= counts[rows]
+        if not row:
+            assert isinstance(column, np.ndarray)
+            keep &= _present(column[rows])
+        out: list[Any] = [None] * len(sizes)
+        at, group = rows[keep], group[keep]
+        if not len(at):
+            return out
+        ordered = by[at]
+        order = np.lexsort((ordered, group))
+        at, group, ordered = at[order], group[order], ordered[order]
+        firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        ends = np.r_[firsts[1:], len(group)]
+        best = ends - 1 if self.largest else firsts
+        beside = best - 1 if self.largest else best + 1  # the next best, if in the group
+        inside = (beside >= firsts) & (beside < ends)
+        tied = np.zeros(len(best), dtype=bool)
+        tied[inside] = ordered[beside[inside]] == ordered[best[inside]]
+        winners = at[best]
+        for i in np.flatnonzero(tied).tolist():  # the smallest value among the tied
+            run = np.arange(firsts[i], ends[i])
+            run = run[ordered[run] == ordered[best[i]]]
+            picked = self._values(column, at[run])
+            smallest = min(range(len(run)), key=lambda j: self._value_order(picked[j]))
+            winners[i] = at[run[smallest]]
+        values = self._values(column, winners)
+        for i, b, v in zip(group[firsts].tolist(), _listed(by[winners]), values, strict=True):
+            out[i] = [_python(b), v]
+        return out
+
+    def _values(self, column: np.ndarray | list[np.ndarray], at: np.ndarray) -> list[Any]:
+        """The values (a row's: a list) of the events at ``at``, as partials hold them."""
+        if isinstance(self.column, tuple):
+            parts = [[_python(v) for v in _nullable(c[at])] for c in column]
+            return [list(r) for r in zip(*parts, strict=True)]
+        assert isinstance(column, np.ndarray)
+        return [_python(v) for v in _listed(column[at])]
+
     def merge(self, a: Any, b: Any) -> Any:
         if a is None or b is None:
             return b if a is None else a
@@ -471,6 +528,8 @@ class First(_Picked):
     where: str | None = None  # Spark SQL: only the events it is true for
     by: str | None = None  # (the event time)
 
+    largest = False
+
     def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
         return (-by, _desc(value))
 
@@ -513,6 +572,8 @@ class ArgMin(_Picked):
         super().__post_init__()
         if not self.by:
             raise StreamValueError(f"{type(self).__name__} needs by=, the column to compare")
+
+    largest = False
 
     def _order(self, by: Any, value: Any) -> tuple[Any, ...]:
         return (-by if isinstance(by, int | float) else _Reverse(by), _desc(value))
