@@ -252,19 +252,26 @@ def fill(url: str, bids: pd.DataFrame) -> None:
 
 
 def run_riverbed(
-    spark: Any, url: str, root: Path, chain: list[Aggregation], batch: int
+    spark: Any,
+    url: str,
+    root: Path,
+    chain: list[Aggregation],
+    batch: int,
+    driver_records: int | None = None,
 ) -> tuple[float, list[pd.DataFrame]]:
     """The query's aggregations in turn (a chained one reads the results topic of the
     one before); seconds in all, and each one's result table."""
     tables = []
     began = time.perf_counter()
     source: dict[str, str] = {"topic": "bids", "log": url, "schema": SCHEMA}
+    # batches of up to this many records run in the driver (riverbed's default: 50,000)
+    driver = {} if driver_records is None else {"driverBatchRecords": str(driver_records)}
     for i, spec in enumerate(chain):
         chained = i + 1 < len(chain)
         query = start(
             spark,
             spec,
-            source | {"maxRecordsPerBatch": str(batch)},
+            source | {"maxRecordsPerBatch": str(batch)} | driver,
             checkpoint=root / f"ckpt-{spec.name}",
             output=root / f"out-{spec.name}",
             topic=f"{spec.name}.results" if chained else None,
@@ -280,7 +287,7 @@ def run_riverbed(
                 "topic": f"{spec.name}.results",
                 "log": url,
                 "schema": "window_start timestamp, window_end timestamp, num long, batch_id long",
-            }
+            } | driver
     seconds = time.perf_counter() - began
     for spec in chain:
         tables.append(read_results(root / f"out-{spec.name}"))
@@ -427,6 +434,10 @@ def main() -> None:
     parser.add_argument("--watermark", type=int, default=10, help="seconds, both systems")
     parser.add_argument("--only", default="q5,q11,q15,q16,q17,topk,last")
     parser.add_argument("--no-flink", action="store_true")
+    parser.add_argument(
+        "--driver-records", type=int, default=None,
+        help="riverbed's driverBatchRecords (default: its own, 50,000)",
+    )  # fmt: skip
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from stream import bench_session
@@ -465,7 +476,9 @@ def main() -> None:
         run_riverbed(spark, warm, root / "warmup", all_specs["q17"], 2_000)
         rows = []
         for query in queries:
-            seconds, tables = run_riverbed(spark, url, root / query, all_specs[query], batch)
+            seconds, tables = run_riverbed(
+                spark, url, root / query, all_specs[query], batch, args.driver_records
+            )
             want = duckdb_answer(bids, query)
             ours = compare(query, tables, want)
             theirs = flink.get(query, {})

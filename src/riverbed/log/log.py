@@ -350,6 +350,13 @@ class Producer:
         items, typed = self._items(values, key_field, timestamp_field)
         return self._append(items, typed)
 
+    def column_partitions(self, table: pa.Table, key_field: str) -> np.ndarray | None:
+        """Each row's partition when :meth:`send_batch` would write ``table`` (keyed by
+        ``key_field``) as columns — the partitions it will append to — else ``None``
+        (it would take the row path)."""
+        columns = self._columns(table, key_field, None)
+        return None if columns is None else columns[0]
+
     def _columns(
         self, values: Any, key_field: str | None, timestamp_field: str | None
     ) -> tuple[np.ndarray, ColumnBatch] | None:

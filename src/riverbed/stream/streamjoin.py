@@ -522,12 +522,11 @@ def _to_topic(cfg: JoinConfig, batch_id: int, table: pa.Table) -> None:
     once per batch and partition: :class:`~riverbed.stream.sinks.TopicSink`)."""
     from riverbed.stream.sinks import TopicSink
 
-    rows = table.to_pandas()
-    keys = [str(k) for k in rows[cfg.sides[0].key].tolist()]
-    sink = TopicSink(cfg.log_url or "", cfg.join.topic or "", cfg.join.state_partitions)
+    url, topic = cfg.log_url or "", cfg.join.topic or ""
+    sink = TopicSink.create_typed(url, topic, table.schema, cfg.join.state_partitions)
     try:
         cfg.fence()
-        sink.write(batch_id, rows, keys=keys)
+        sink.write_table(batch_id, table, cfg.sides[0].key)
     finally:
         sink.close()
 
