@@ -357,13 +357,7 @@ def run_riverbed(
         seconds += run_maximum(spark, url, root, batch, watermark)
     seconds += run()
     if join.name == "q9":  # the winners, over the joined rows
-        import os
-
-        if os.environ.get("DIFF"):
-            print("join", seconds, flush=True)
         seconds += run_winners(spark, url, root, batch)
-        if os.environ.get("DIFF"):
-            print("all", seconds, flush=True)
         won = read_results(root / "out" / "q9_win")
         return seconds, won[won["key"] != str(END)]
     got = read_joined(root / "out" / join.name)
@@ -467,10 +461,10 @@ def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def compare(query: str, got: pd.DataFrame, want: pd.DataFrame) -> str:
     a, b = rows_of(query, got), rows_of(query, want)
-    import os
-
-    if os.environ.get("DIFF") and a != b:
-        print([x for x in a if x not in set(b)][:5], [x for x in b if x not in set(a)][:5])
+    if a != b:  # a few rows of each side that the other does not have
+        ours, theirs = set(a), set(b)
+        print(f"{query}: only riverbed's {[r for r in a if r not in theirs][:3]}, "
+              f"only DuckDB's {[r for r in b if r not in ours][:3]}", flush=True)  # fmt: skip
     return "IDENTICAL" if a == b else f"DIFFERENT: {len(a)} rows, DuckDB {len(b)}"
 
 
