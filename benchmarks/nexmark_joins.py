@@ -361,7 +361,11 @@ def run_riverbed(
         won = read_results(root / "out" / "q9_win")
         return seconds, won[won["key"] != str(END)]
     got = read_joined(root / "out" / join.name)
-    ended = (got.get("id", 0) == END) | (got.get("auction", 0) == END)
+    # (a left join's unmatched row has no auction: NULL, which is not the end either)
+    ended = pd.Series(False, index=got.index)
+    for column in ("id", "auction"):
+        if column in got:
+            ended |= got[column].eq(END).fillna(False).astype(bool)
     return seconds, got[~ended]
 
 
