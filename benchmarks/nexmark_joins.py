@@ -1,7 +1,7 @@
 """Nexmark's join queries, riverbed beside Flink SQL, each checked against DuckDB.
 
     .venv/bin/python benchmarks/nexmark_joins.py [--events 1000000]
-                                                 [--only q8,q9j,q9i,q9,q3,q20,q13,q7]
+                                                 [--only q8,q9j,q9i,q9,q4,q3,q20,q13,q7]
                                                  [--no-flink]
 
 **Events.** ``benchmarks/nexmark.py``'s event stream whole (deterministic by
@@ -33,6 +33,14 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   s``, and ``B.ts <= A.expires``) with a window Top-N over the auction's time (its
   insert-only form: Nexmark's ``ROW_NUMBER()`` over a regular join updates rows, which
   a file sink cannot take);
+* ``q4`` — the average closing price per category: each auction's highest bid up to its
+  ``expires`` (q9i's join), averaged per category. riverbed: the join with its rows to
+  a topic; an aggregation of the highest price per (auction, category) in the 10 s
+  window of the auction's time (``output="final"``, to its results topic); chained to an
+  aggregation of their ``Mean`` per category over a day's window (the whole run) — three
+  drivers one after the other. Flink: the interval join, a window aggregation over the
+  auction's time (10 s), then a 1-day window aggregation over its ``window_time`` — its
+  insert-only form (Nexmark's group aggregations update rows);
 * ``q3`` — sellers in OR, ID or CA with their auctions of category 10 (a ``where`` on
   each side); ``q20`` — each bid with its auction's row, auctions of category 10.
   Nexmark's are *regular* joins: no window, no interval, so Flink keeps every row of
@@ -87,6 +95,7 @@ from riverbed.stream import (
     Join,
     Lookup,
     Max,
+    Mean,
     Topic,
     Tumbling,
     read_joined,
@@ -108,6 +117,7 @@ SIDES = {
     "q9j": ("auctions", "bids"),
     "q9i": ("auctions", "bids"),
     "q9": ("auctions", "bids"),  # and the joined rows' topic (q9_rows)
+    "q4": ("auctions", "bids"),  # and the joined rows' topic, then two aggregations
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
     "q13": ("bids",),  # and the side table (a lookup)
@@ -115,6 +125,8 @@ SIDES = {
 }
 Q7_RESULTS = "window_start timestamp, window_end timestamp, maxprice long, batch_id long"
 Q9_ROWS = "id long, bidder long, price long, ts timestamp, right_ts timestamp"
+Q4_ROWS = "id long, category long, price long, ts timestamp"
+Q4_MAX = "window_start timestamp, id long, category long, final double, batch_id long"
 END = -1  # the id (and auction) of the far-later events that end the input
 
 
@@ -207,6 +219,17 @@ def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
             until="expires",
             watermark=watermark,
             topic="q9_rows",
+        ),
+        "q4": Join(
+            name="q4",
+            left=topic("auctions"),
+            right=topic("bids"),
+            on=("id", "auction"),
+            time="ts",
+            within=("0s", "20s"),
+            until="expires",
+            watermark=watermark,
+            topic="q4_rows",
         ),
         "q3": Join(
             name="q3",
@@ -312,6 +335,42 @@ def run_winners(spark: Any, url: str, root: Path, batch: int) -> float:
     return time.perf_counter() - began
 
 
+def q4_chain() -> list[Aggregation]:
+    """q4's aggregations: each auction's closing price (the highest of its joined bids,
+    in the 10 s window of the auction's time; written once, to its results topic), then
+    their average per category over the day (the end's far-later auction left out)."""
+    return [
+        Aggregation(
+            name="q4_max", key=["id", "category"], time="ts", window=Tumbling("10s"),
+            watermark="2m", output="final", metrics={"final": Max("price")},
+            state_partitions=4,
+        ),
+        Aggregation(
+            name="q4_avg", key="category", time="window_start", window=Tumbling("1d"),
+            watermark="0s", where=f"id <> {END}", metrics={"avg": Mean("final")},
+            state_partitions=4,
+        ),
+    ]  # fmt: skip
+
+
+def run_q4_chain(spark: Any, url: str, root: Path, batch: int) -> float:
+    """q4's two aggregations in turn (the second reads the first's results topic): their
+    seconds."""
+    began = time.perf_counter()
+    sources = [(Q4_ROWS, "q4_rows"), (Q4_MAX, "q4_max.results")]
+    for spec, (schema, topic) in zip(q4_chain(), sources, strict=True):
+        query = start(
+            spark, spec,
+            {"topic": topic, "log": url, "schema": schema, "maxRecordsPerBatch": str(batch)},
+            checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
+            topic="q4_max.results" if spec.name == "q4_max" else None,
+            log_url=url, trigger={"availableNow": True},
+        )  # fmt: skip
+        query.awaitTermination()
+        assert query.exception() is None, query.exception()
+    return time.perf_counter() - began
+
+
 def run_maximum(spark: Any, url: str, root: Path, batch: int, watermark: str) -> float:
     """q7's aggregation over the bids, to its results topic (``q7_max.results``): its
     seconds. The bids' far-later event (:func:`end`) closes every window."""
@@ -336,7 +395,8 @@ def run_riverbed(
     watermark: str = "10s",
 ) -> tuple[float, pd.DataFrame]:  # fmt: skip
     """The join over its log, then its end: the seconds of both runs, the joined rows
-    (q7: its aggregation first, before and after the end, each time)."""
+    (q7: its aggregation first, before and after the end, each time; q9: the winners
+    after)."""
     from riverbed.stream.joinquery import start_join
 
     def run() -> float:
@@ -351,15 +411,16 @@ def run_riverbed(
     seconds = run_maximum(spark, url, root, batch, watermark) if q7 else 0.0
     seconds += run()
     end(url, streams, SIDES[join.name])
-    if q7:  # its aggregation emits a window once a batch *after* the one that closed it
-        seconds += run_maximum(spark, url, root, batch, watermark)  # ran: a second end
-        end(url, streams, SIDES[join.name])
+    if q7:  # the end closes the last windows (a no-data batch after it writes them)
         seconds += run_maximum(spark, url, root, batch, watermark)
     seconds += run()
     if join.name == "q9":  # the winners, over the joined rows
         seconds += run_winners(spark, url, root, batch)
         won = read_results(root / "out" / "q9_win")
         return seconds, won[won["key"] != str(END)]
+    if join.name == "q4":  # the closing prices, then their average per category
+        seconds += run_q4_chain(spark, url, root, batch)
+        return seconds, read_results(root / "out" / "q4_avg")
     got = read_joined(root / "out" / join.name)
     # (a left join's unmatched row has no auction: NULL, which is not the end either)
     ended = pd.Series(False, index=got.index)
@@ -405,6 +466,9 @@ def rows_of(query: str, frame: pd.DataFrame) -> list[tuple[Any, ...]]:
                                           "win_right_ts": "right_ts", "key": "id"})  # fmt: skip
         columns = [_ints(frame[c]) for c in ("id", "bidder", "price")]
         columns.append(_ms(frame["right_ts"]).tolist())
+    elif query == "q4":  # (category, the average to 6 decimal places)
+        frame = frame.rename(columns={"key": "category"})
+        columns = [_ints(frame["category"]), [round(float(v), 6) for v in frame["avg"]]]
     elif query == "q20":
         columns = [_ints(frame[c]) for c in ("auction", "bidder", "price")]
         columns += [frame["channel"].tolist(), _ms(frame["ts"]).tolist()]
@@ -442,6 +506,12 @@ def duckdb_answer(query: str, streams: dict[str, pd.DataFrame]) -> pd.DataFrame:
                    FROM auctions a JOIN bids b
                    ON a.id = b.auction AND b.ts BETWEEN a.ts AND a.expires)
                  WHERE n = 1"""
+    elif query == "q4":
+        sql = """SELECT category, avg(final) AS avg FROM (
+                   SELECT a.id, a.category, max(b.price) AS final FROM auctions a
+                   JOIN bids b ON a.id = b.auction AND b.ts BETWEEN a.ts AND a.expires
+                   GROUP BY a.id, a.category)
+                 GROUP BY category"""
     elif query == "q7":
         sql = """WITH m AS (SELECT time_bucket(INTERVAL 10 SECOND, ts) + INTERVAL 10 SECOND
                                    AS window_end, max(price) AS maxprice
@@ -485,6 +555,8 @@ def _cell(value: Any) -> Any:
 
 def flink_check(query: str, rows: list[list[Any]], want: pd.DataFrame) -> str:
     got = sorted(tuple(_cell(v) for v in r) for r in rows)
+    if query == "q4":  # (category, the average to 6 decimal places)
+        got = sorted((int(c), round(float(a), 6)) for c, a in rows)
     truth = rows_of(query, want)
     return "IDENTICAL" if got == truth else f"DIFFERENT: {len(got)} rows, DuckDB {len(truth)}"
 
@@ -503,7 +575,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=1000, help="events per second of event time")
     parser.add_argument("--batches", type=int, default=10, help="riverbed's batches per side")
     parser.add_argument("--watermark", type=int, default=10, help="seconds, both systems")
-    parser.add_argument("--only", default="q8,q9j,q9i,q9,q3,q20,q13,q7")
+    parser.add_argument("--only", default="q8,q9j,q9i,q9,q4,q3,q20,q13,q7")
     parser.add_argument("--no-flink", action="store_true")
     args = parser.parse_args()
     from riverbed.config import SparkConfig

@@ -45,6 +45,12 @@ SQL = {
                                             ORDER BY price DESC, bts ASC, bidder ASC) AS n
                FROM TABLE(TUMBLE(TABLE q9_joined, DESCRIPTOR(ats), INTERVAL '10' SECOND)))
              WHERE n <= 1""",
+    # q4: the average closing price per category — each auction's highest bid up to its
+    # expires (a window aggregation over the auction's time, 10 s), averaged per
+    # category over a 1-day window of its window_time (the insert-only form)
+    "q4": """SELECT category, AVG(CAST(final AS DOUBLE))
+             FROM TABLE(TUMBLE(TABLE q4_max, DESCRIPTOR(wt), INTERVAL '1' DAY))
+             GROUP BY window_start, window_end, category""",
     # q3: sellers in OR, ID or CA and their auctions of category 10 — Nexmark's regular
     # join (no window, no interval: Flink keeps both tables' rows for good)
     "q3": """SELECT P.id, P.name, P.state, A.id
@@ -97,9 +103,15 @@ def main() -> None:
     )
     env.execute_sql(
         """CREATE TEMPORARY VIEW q9_joined AS
-           SELECT A.id, A.ts AS ats, B.bidder, B.price, B.ts AS bts
+           SELECT A.id, A.category, A.ts AS ats, B.bidder, B.price, B.ts AS bts
            FROM auctions A JOIN bids B ON A.id = B.auction
            AND B.ts BETWEEN A.ts AND A.ts + INTERVAL '20' SECOND AND B.ts <= A.expires"""
+    )
+    env.execute_sql(
+        """CREATE TEMPORARY VIEW q4_max AS
+           SELECT id, category, MAX(price) AS final, window_time AS wt
+           FROM TABLE(TUMBLE(TABLE q9_joined, DESCRIPTOR(ats), INTERVAL '10' SECOND))
+           GROUP BY window_start, window_end, window_time, id, category"""
     )
     seconds, rows = run_to_csv(env, SQL[query], plain)
     print(json.dumps({"seconds": seconds, "rows": rows}))

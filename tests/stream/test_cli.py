@@ -71,7 +71,8 @@ def test_run_query_results_and_live_state(
 
     assert main(["stream", "status", str(spec), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert (status["batches"], status["input_records"], status["late"]) == (3, 900, 0)
+    # three batches of 300, then one without input: the watermark the last ones set
+    assert (status["batches"], status["input_records"], status["late"]) == (4, 900, 0)
     assert set(status["lag"].values()) == {0} and status["state_bytes"] > 0
     assert set(status["last_batch_ms"]) == {"offsets", "state_job", "outputs"}
     assert status["input_rate"] > 0
@@ -79,7 +80,7 @@ def test_run_query_results_and_live_state(
     assert "last batch: offsets" in capsys.readouterr().out
     assert main(["stream", "status", "flags", "--json"]) == 0  # by name, as the console shows
     by_name = json.loads(capsys.readouterr().out)
-    assert by_name["batches"] == 3 and by_name["driver"] == {
+    assert by_name["batches"] == 4 and by_name["driver"] == {
         "active": None,
         "standbys": 0,
         "since": None,
@@ -116,10 +117,10 @@ def _console_shows_the_run(home: Path, live: list[dict[str, object]]) -> None:
     sources = Sources(Config(home=home))
     with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
         s = client.get("/api/streams/flags").json()
-        assert [b["batch"] for b in s["ledger"]] == [2, 1, 0]
-        assert [b["state_version"] for b in s["ledger"]] == [3, 2, 1]
+        assert [b["batch"] for b in s["ledger"]] == [3, 2, 1, 0]  # 3: the no-data batch
+        assert [b["state_version"] for b in s["ledger"]] == [4, 3, 2, 1]
         read = sum(end - start for b in s["ledger"] for start, end in b["offsets"].values())
-        assert read == 900 and all(b["input"] == 300 for b in s["ledger"])
+        assert read == 900 and [b["input"] for b in s["ledger"]] == [0, 300, 300, 300]
         assert s["watermark_gap_s"] > 0 and s["term"] is not None
         values = client.get("/api/streams/flags/live").json()
         assert values["metrics"] == ["users", "events"] and values["error_bands"] == {}

@@ -210,3 +210,45 @@ def test_a_bad_trigger_is_refused_before_anything_runs(
         run(spark, log_url, tmp_path, trigger={"processingTime": "often"})
     assert not (tmp_path / "out").exists()
     assert pd.Series(open_batches(str(tmp_path / "ckpt")).ids()).empty
+
+
+def test_a_no_data_batch_closes_the_windows_the_last_events_passed(
+    spark: Any, log_url: str, tmp_path: Path
+) -> None:
+    """A final-mode aggregation run to the end of its input: the watermark the last
+    batch's events set closes windows that no later event will — a batch without input
+    runs (as Spark's engine runs a no-data batch) and writes them; a second run with
+    nothing new runs no batch."""
+    from dataclasses import replace
+
+    from riverbed.windows import Tumbling
+    from tests.stream.test_engine import oracle
+
+    events = make_events(1200, hours=3)
+    write_events(log_url, events, partitions=3, key_field="flag")
+    final = replace(spec(3), watermark="10m", output="final")
+
+    def run_final() -> None:
+        query = start(spark, final, options(log_url), checkpoint=tmp_path / "ckpt",
+                      output=tmp_path / "out", log_url=log_url,
+                      trigger={"availableNow": True})  # fmt: skip
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    run_final()
+    batches = open_batches(str(tmp_path / "ckpt"))
+    ids = batches.ids()
+    last = batches.get(ids[-1])
+    newest_ms = int(events["ts"].max().value // 1_000_000)
+    assert last.input == 0 and last.watermark_ms == newest_ms - 600_000
+    assert sum(batches.get(b).input for b in ids) == 1200
+    want = oracle(events, Tumbling("1h"))
+    ends = want["window_start"] + pd.Timedelta("1h")
+    closed = want[ends <= pd.Timestamp(last.watermark_ms, unit="ms", tz="UTC")]
+    assert len(closed) and len(closed) < len(want)  # the last hour is still open
+    got = read_results(tmp_path / "out")
+    merged = got.merge(closed, on=["window_start", "key"], suffixes=("", "_oracle"))
+    assert len(merged) == len(closed) == len(got)
+    assert (merged["events"] == merged["events_oracle"]).all()
+    run_final()  # nothing new, the watermark where it is: no batch
+    assert open_batches(str(tmp_path / "ckpt")).ids() == ids

@@ -73,7 +73,8 @@ def test_savepoint_fork_and_rollback(
     assert run(flags).returncode == 0
     assert main(["stream", "savepoint", str(flags), "before"]) == 0
     said = capsys.readouterr().out
-    assert "savepoint before of flags: batch 3, state version 4 (3 partitions" in said, said
+    # batches 0-3 of 100 events, then 4 without input (the watermark the last ones set)
+    assert "savepoint before of flags: batch 4, state version 5 (3 partitions" in said, said
     assert main(["stream", "savepoint", str(flags), "before"]) == 2  # a name is taken once
     assert "has a savepoint 'before' already" in capsys.readouterr().err
 
@@ -87,11 +88,11 @@ def test_savepoint_fork_and_rollback(
     provider = StateProvider(
         StateConfig(local_dir=tmp_path / "x", durable=home / "checkpoints" / "state")
     )
-    assert all(min(provider.versions("flags", p)) > 4 for p in range(3))  # purged
+    assert all(min(provider.versions("flags", p)) > 5 for p in range(3))  # purged
 
     assert main(["stream", "savepoints", str(flags), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [(s["name"], s["batch"], s["state_partitions"]) for s in listed] == [("before", 3, 3)]
+    assert [(s["name"], s["batch"], s["state_partitions"]) for s in listed] == [("before", 4, 3)]
 
     # a fork: another name, another filter and a metric more (backfilled from the
     # savepoint's cut back), from the savepoint
@@ -100,7 +101,7 @@ def test_savepoint_fork_and_rollback(
     )
     done = run(whatif, "--from-savepoint", "flags:before")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "starting from savepoint before of flags (batch 3)" in done.stderr
+    assert "starting from savepoint before of flags (batch 4)" in done.stderr
     assert "where: (none) → 'amount > 50'" in done.stderr
     assert "metric 'top': (none) → Max(column='amount')" in done.stderr
     second = thirds[1][thirds[1]["amount"] > 50]

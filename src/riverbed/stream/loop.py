@@ -140,9 +140,13 @@ class DirectQuery(ThreadQuery):
             latest = within_placement(placement, begin, latest)
         slices = slices_json(begin, batch_ends(begin, latest, self.cfg.max_records))
         # the first batch after a backfill runs even with nothing new: it writes the
-        # result rows the backfill rewrote (backfill.py)
+        # result rows the backfill rewrote (backfill.py); so does the first batch whose
+        # watermark the newest one's events moved — a no-data batch, as Spark's engine
+        # runs one: it closes the windows that watermark passes (a final window is
+        # written, a closed one dropped from state) without waiting for more input
         due = self.cfg.engine.backfill_rows
-        if not has_input(slices) and (due is None or due[0] != batch_id):
+        moved = newest is not None and newest.done and base.watermark_ms > newest.watermark_ms
+        if not has_input(slices) and not moved and (due is None or due[0] != batch_id):
             return None
         record = replace(
             base,

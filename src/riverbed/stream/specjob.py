@@ -444,12 +444,17 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     batches = open_batches(checkpoint)
     ids = batches.ids()
     # newest first, and only as far back as needed: the newest record (watermark), the
-    # newest with timings and the newest finished one (its running totals)
+    # newest with timings, the newest that read input (the rate) and the newest finished
+    # one (its running totals) — a no-data batch is at most one back (loop.py)
     newest_first: list[BatchRecord] = []
     for batch_id in reversed(ids):
         if (record := batches.get(batch_id)) is not None:
             newest_first.append(record)
-        if any(d.ms for d in newest_first) and any(d.done for d in newest_first):
+        if (
+            any(d.ms for d in newest_first)
+            and any(d.done for d in newest_first)
+            and (any(d.counted("input") for d in newest_first) or len(newest_first) > 2)
+        ):
             break
     committed = committed_ends(checkpoint, newest_first)
     if kafka.is_label(info["topic"]):  # a Kafka source: the brokers know the ends
@@ -468,7 +473,9 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     head = newest_first[0] if newest_first else None
     watermark = max(head.watermark_ms, head.max_event_ms - int(info["watermark_ms"])) if head else 0
     last = next((d for d in newest_first if d.ms), None)
-    rate = input_rate(last) if last else None
+    # the rate of the newest batch that read input (a no-data batch's would be 0)
+    busy = next((d for d in newest_first if d.ms and d.counted("input")), last)
+    rate = input_rate(busy) if busy else None
     # running totals of the newest finished batch: older records may have been pruned
     # (a checkpoint from before totals still has every record: sum them)
     newest = next((d for d in newest_first if d.done), None)
@@ -496,7 +503,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         "lag": lag,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
         "last_batch_ms": last.ms if last else None,
-        "input_rate": None if rate is None else round(rate),  # records/s, newest batch
+        "input_rate": None if rate is None else round(rate),  # records/s, newest with input
         "watermark_ms": watermark,
         "state_bytes": sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         if local.exists()
