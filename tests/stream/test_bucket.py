@@ -175,9 +175,10 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
     # retention: only what the newest 2 batches need is kept, in the bucket too
     store = checkpoint_store(s3_url)
     commits = [i.key for i in store.list("flags/riverbed/commits/")]
-    assert [k.rsplit("/", 1)[1] for k in commits] == [f"{b:012d}.json" for b in (1, 2)]
+    # batches 0-2 of 300 events and 3 without input (the watermark the last ones set)
+    assert [k.rsplit("/", 1)[1] for k in commits] == [f"{b:012d}.json" for b in (2, 3)]
     changelogs = {i.key.rsplit("/", 1)[1] for i in store.list("state/flags/0/changelog/")}
-    assert f"{1:020d}.rbcl" not in changelogs and f"{3:020d}.rbcl" in changelogs
+    assert f"{1:020d}.rbcl" not in changelogs and f"{4:020d}.rbcl" in changelogs
 
     monkeypatch.setenv("RIVERBED_HOME", str(home))
     monkeypatch.setenv("RIVERBED_LOG", log_url)
@@ -186,15 +187,15 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
     assert sum(r["events"] for r in rows) == 900
     assert main(["stream", "status", str(spec_file), "--checkpoints", s3_url, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert (status["batches"], status["input_records"]) == (3, 900)
+    assert (status["batches"], status["input_records"]) == (4, 900)
     assert set(status["lag"].values()) == {0}
     # by name, as the console's read model answers it: from the bucket alone
     assert main(["stream", "status", "flags", "--checkpoints", s3_url, "--json"]) == 0
     by_name = json.loads(capsys.readouterr().out)
     # the term the driver was elected with (a control-plane revision: it only grows)
     elected = int(re.search(r"active driver for flags \(term (\d+)\)", run.stderr)[1])
-    assert (by_name["batches"], by_name["input_records"], by_name["term"]) == (3, 900, elected)
-    assert [row["batch"] for row in by_name["ledger"]] == [2, 1]  # retention kept two
+    assert (by_name["batches"], by_name["input_records"], by_name["term"]) == (4, 900, elected)
+    assert [row["batch"] for row in by_name["ledger"]] == [3, 2]  # retention kept two
     assert by_name["ledger"][0]["done"] and by_name["ledger"][0]["offsets"]
     assert main(["state", "ls", "--checkpoints", s3_url, "--json"]) == 0
     assert "flags" in capsys.readouterr().out
@@ -208,8 +209,8 @@ def test_stream_run_and_query_with_checkpoints_in_a_bucket(
         check=False,
     )
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "batches up to 2 are committed; next is 3" in again.stderr
-    assert "batch 3:" not in again.stderr
+    assert "batches up to 3 are committed; next is 4" in again.stderr
+    assert "batch 4:" not in again.stderr
 
     # a control plane that is not the one the aggregation ran with is refused, by name
     other = subprocess.run(

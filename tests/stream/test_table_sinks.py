@@ -216,13 +216,16 @@ def test_a_table_holds_the_current_rows_one_per_window_and_key(
         got = read(kind, tmp_path)[columns].sort_values(["window_start", "key"])
         pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
     batches = len(list((tmp_path / "ckpt" / "riverbed" / "batches").glob("*.json")))
+    # the newest batch that wrote rows (a no-data batch at the end may write none)
+    newest = int(want["batch_id"].max())
+    assert batches - 2 <= newest <= batches - 1
     if kind == "delta":
         table = DeltaTable(str(tmp_path / "delta"))
-        assert table.transaction_version(app_id("to_delta")) == batches - 1
-        assert table.version() <= batches - 1  # one commit a batch with rows, at most
+        assert table.transaction_version(app_id("to_delta")) == newest
+        assert table.version() <= newest  # one commit a batch with rows, at most
     else:
         sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.results")
-        assert sink.committed("to_delta") == batches - 1
+        assert sink.committed("to_delta") == newest
 
 
 SPEC = """
@@ -433,7 +436,8 @@ def test_a_table_in_a_bucket_killed_right_before_and_right_after_a_commit_holds_
         assert newest is not None and not newest.done, fault  # died inside the batch
     finished = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    last = max(batches.ids())
+    # the newest batch with events (after it, a no-data batch writes no rows)
+    last = max(b for b in batches.ids() if batches.get(b).input)  # type: ignore[union-attr]
     assert last >= 5 and sink.committed("lake") == last
     if kind == "delta":  # one table version a batch: batch 2's second run committed nothing
         assert (
