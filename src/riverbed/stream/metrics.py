@@ -1,5 +1,10 @@
 """Metrics: frozen config objects plus the vectorized partial/merge/result logic.
 
+(Over 600 lines: the one catalogue of metrics the engine, the shuffle and the state
+read — each metric's partial, merge and result together — with the pick metrics'
+all-groups step beside the one-group rule a property test holds it to; the picks could
+move to a module of their own, with the value helpers both use.)
+
 A metric turns a group of events into a *partial* (per batch), merges partials into
 the stored value, and reports a result. Partials and stored values are plain
 msgpack-able data (numbers or sketch bytes), so they cross Spark and the state store.
