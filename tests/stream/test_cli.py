@@ -219,3 +219,21 @@ def test_a_backlog_line_says_the_rate_and_the_time_left() -> None:
         backlog_line(10_000, 10_000, 20.0)
         == "backlog: 10,000 of 10,000 records (100 %), 500 records/s"
     )
+
+
+def test_a_batch_line_says_what_a_no_data_batch_was_for() -> None:
+    from riverbed.stream.batchlog import BatchRecord
+    from riverbed.stream.specjob import batch_line
+
+    busy = BatchRecord(input=300, late=2, watermark_ms=1_000, ms={"state_job": 100})
+    assert batch_line(4, busy) == "batch 4: 300 records, 2 late, 0 malformed, 3,000 records/s"
+    idle = BatchRecord(watermark_ms=7_200_000, previous_watermark_ms=3_600_000,
+                       ms={"state_job": 20})  # fmt: skip
+    assert batch_line(5, idle) == (
+        "batch 5: 0 records, 0 late, 0 malformed — the watermark moved to "
+        "1970-01-01T02:00:00Z: windows before it close"
+    )
+    # nothing read and the watermark where it was (a backfill's rows): no rate of nothing
+    assert batch_line(6, BatchRecord(watermark_ms=5, previous_watermark_ms=5, ms={"x": 3})) == (
+        "batch 6: 0 records, 0 late, 0 malformed"
+    )

@@ -274,11 +274,14 @@ def batch_line(batch_id: int, record: BatchRecord) -> str:
     """How ``stream run`` (and the demo) report a finished batch, from its record."""
 
     per_second = input_rate(record)
-    rate = f", {per_second:,.0f} records/s" if per_second is not None else ""
+    rate = f", {per_second:,.0f} records/s" if per_second else ""
     filtered = record.counted("filtered")
     kept_out = f", {filtered} filtered" if filtered else ""  # only specs with a where
     # only specs with lookups count events a table had no row for
     missed = f", {record.unmatched} unmatched" if record.unmatched else ""
+    if not record.counted("input") and record.watermark_ms > record.previous_watermark_ms:
+        # a no-data batch (loop.py): what it is for, instead of a rate of nothing
+        rate = f" — the watermark moved to {iso_ms(record.watermark_ms)}: windows before it close"
     return (
         f"batch {batch_id}: {record.counted('input')} records, {record.counted('late')} late, "
         f"{record.counted('malformed')} malformed{kept_out}{missed}{rate}"
