@@ -105,7 +105,7 @@ def test_a_joins_topic_is_typed_and_written_by_column_once_per_partition(
     times = pa.array([T.value // 1000 + i for i in range(12)], pa.timestamp("us", tz="UTC"))
     table = pa.table({"id": pa.array(range(12), pa.int64()), "name": [f"n{i}" for i in range(12)],
                       "ts": times, "batch_id": pa.array([0] * 12, pa.int64())})  # fmt: skip
-    sink = TopicSink.create_typed(url, "joined", table.schema, partitions=3)
+    sink = TopicSink(url, "joined", partitions=3, schema=table.schema)
     log = open_log(url)
     assert log.topic("joined").schema == "id long, name string, ts timestamp, batch_id long"
     assert sink.write_table(0, table, "id") == 12
@@ -123,7 +123,7 @@ def test_a_joins_topic_is_typed_and_written_by_column_once_per_partition(
     sink.close()
     # a column a topic cannot carry: the topic holds JSON records, written row by row
     odd = table.append_column("tags", pa.array([["a"]] * 12, pa.list_(pa.string())))
-    sink = TopicSink.create_typed(url, "joined_json", odd.schema, partitions=2)
+    sink = TopicSink(url, "joined_json", partitions=2, schema=odd.schema)
     assert log.topic("joined_json").schema is None
     assert sink.write_table(0, odd, "id") == 12 and sink.write_table(0, odd, "id") == 0
     sink.close()

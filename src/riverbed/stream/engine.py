@@ -209,9 +209,12 @@ def group_partials(
     all groups at once (:func:`_vectorized`), as are the metrics that pick one event
     (First/Last/ArgMax/ArgMin: ``group_partials``); the other metrics group by group."""
     columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
-    # a metric may return the key or the time too (a picked row: ArgMax([...], by=...))
-    columns[spec.time] = ts.astype("datetime64[ms]")
-    if spec.key_column not in columns:
+    # a picked row may return the key or the time too (ArgMax([...], by=...)): only then
+    # are they turned into arrays here (the key of the log-native path is categorical)
+    returned = {c for m in spec.metrics.values() if isinstance(m, VALUE_METRICS) for c in m.columns}
+    if spec.time in returned:
+        columns[spec.time] = ts.astype("datetime64[ms]")
+    if spec.key_column in returned and spec.key_column not in columns:
         columns[spec.key_column] = pdf[spec.key_column].to_numpy()
     firsts = np.asarray(bounds[:-1], dtype=np.int64)
     out: list[dict[str, Any]] = [{} for _ in firsts]
@@ -224,9 +227,9 @@ def group_partials(
             for partials, value in zip(out, vector, strict=True):
                 partials[name] = value
             continue
-        # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
-        by = _compared(metric, columns, ts)
-        if by is not None and isinstance(metric, VALUE_METRICS):  # all groups at once
+        if isinstance(metric, VALUE_METRICS):  # one event of each group: all at once
+            # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
+            by = ts if metric.by is None else columns[metric.by]
             chosen = metric.group_partials(column, by, rows, bounds, counts)
             for partials, value in zip(out, chosen, strict=True):
                 partials[name] = value
@@ -273,14 +276,6 @@ def _vectorized(
     reduce = np.fmin if isinstance(metric, Min) else np.fmax  # NaN (null) only if all are
     found = reduce.reduceat(values, firsts)
     return [None if v != v else v for v in found.tolist()]
-
-
-def _compared(metric: Any, columns: dict[str, np.ndarray], ts: np.ndarray) -> np.ndarray | None:
-    """What a metric that picks one event compares: the event time for First and Last,
-    the ``by`` column for ArgMax and ArgMin; None for the others."""
-    if not isinstance(metric, VALUE_METRICS):
-        return None
-    return ts if metric.by is None else columns[metric.by]
 
 
 def _counted(condition: np.ndarray) -> np.ndarray:

@@ -214,13 +214,18 @@ class TopicSink:
     after a crash between two partitions' appends writes only what is missing.
     """
 
-    def __init__(self, log_url: str, topic: str, partitions: int = 1) -> None:
+    def __init__(
+        self, log_url: str, topic: str, partitions: int = 1, schema: pa.Schema | None = None
+    ) -> None:
+        """``schema``: a topic created here is typed with its columns and ``batch_id``
+        when every column's type is one a topic can carry (riverbed.log.schema; else it
+        holds JSON records, as without one); an existing topic is written as it is."""
         import riverbed.log
 
         self.log = riverbed.log.open(log_url)
         self.topic = topic
         if topic not in self.log.topics():
-            self.log.create_topic(topic, partitions)
+            self.log.create_topic(topic, partitions, schema=_typed(schema))
 
     def write(self, batch_id: int, rows: pd.DataFrame, keys: list[str] | None = None) -> int:
         """Append the batch's rows (keyed by their ``key`` column, or by ``keys``);
@@ -242,8 +247,8 @@ class TopicSink:
 
     def write_table(self, batch_id: int, table: pa.Table, key: str) -> int:
         """Append the batch's rows (an Arrow table, keyed by its column ``key``) — as
-        typed columns when the topic is typed with the table's columns (what
-        :meth:`create_typed` makes), without a Python object per row; else as
+        typed columns when the topic is typed with the table's columns (what a
+        ``schema`` given to the sink makes), without a Python object per row; else as
         :meth:`write` does. Exactly once per partition as :meth:`write`."""
         n = table.num_rows
         ids = pa.array(np.full(n, batch_id, dtype=np.int64))
@@ -262,29 +267,6 @@ class TopicSink:
             producer.send_batch(table.take(pa.array(rows)), key_field=key)
         return len(rows)
 
-    @classmethod
-    def create_typed(
-        cls, log_url: str, topic: str, schema: pa.Schema, partitions: int = 1
-    ) -> TopicSink:
-        """A sink to ``topic``, created typed with ``schema``'s columns and ``batch_id``
-        when it does not exist yet and every column's type is one a topic can carry
-        (riverbed.log.schema); an existing topic is written as it is."""
-        import riverbed.log
-        from riverbed.log.schema import SchemaError, schema_ddl
-
-        log = riverbed.log.open(log_url)
-        try:
-            if topic not in log.topics():
-                fields = [f for f in schema if f.name != "batch_id"]
-                try:
-                    ddl = schema_ddl(pa.schema([*fields, pa.field("batch_id", pa.int64())]))
-                except SchemaError:
-                    ddl = None  # a type a topic cannot carry: JSON records
-                log.create_topic(topic, partitions, schema=ddl)
-        finally:
-            log.close()
-        return cls(log_url, topic, partitions)
-
     def _last_batch(self, partition: int) -> int:
         start, end = self.log.storage.offsets(self.topic, partition)
         if end == start:
@@ -295,6 +277,20 @@ class TopicSink:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _typed(schema: pa.Schema | None) -> str | None:
+    """The DDL a results topic is created with: ``schema``'s columns and ``batch_id``,
+    or None (JSON records) without one or with a type a topic cannot carry."""
+    from riverbed.log.schema import SchemaError, schema_ddl
+
+    if schema is None:
+        return None
+    fields = [f for f in schema if f.name != "batch_id"]
+    try:
+        return schema_ddl(pa.schema([*fields, pa.field("batch_id", pa.int64())]))
+    except SchemaError:
+        return None
 
 
 class KafkaSinkError(StreamValueError):

@@ -523,7 +523,7 @@ def _to_topic(cfg: JoinConfig, batch_id: int, table: pa.Table) -> None:
     from riverbed.stream.sinks import TopicSink
 
     url, topic = cfg.log_url or "", cfg.join.topic or ""
-    sink = TopicSink.create_typed(url, topic, table.schema, cfg.join.state_partitions)
+    sink = TopicSink(url, topic, cfg.join.state_partitions, schema=table.schema)
     try:
         cfg.fence()
         sink.write_table(batch_id, table, cfg.sides[0].key)
