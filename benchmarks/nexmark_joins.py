@@ -25,20 +25,20 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   runs, so state stays bounded), inner — Flink runs it as a regular join with the
   time condition (``expires`` is no time attribute of its);
 * ``q9`` — q9 whole: each auction's winning bid, the highest of its bids up to its
-  ``expires`` (ties: the earliest, then the smallest bidder). riverbed: q9i's join with
-  its rows to a topic, and an aggregation over them — per auction, in the 10 s window
-  of the *auction's* time (every row of an auction in one window), the whole row of the
-  highest price (``ArgMax(["right_ts", "bidder", "price"], by="price")``) — in two
-  drivers one after the other. Flink: the interval join (``BETWEEN A.ts AND A.ts + 20
+  ``expires`` (ties: the earliest, then the smallest bidder). riverbed: q9i's join and
+  an aggregation of its rows in the same driver (``Joined(join)``) — per auction, in
+  the 10 s window of the *auction's* time (every row of an auction in one window), the
+  whole row of the highest price (``ArgMax(["right_ts", "bidder", "price"],
+  by="price")``). Flink: the interval join (``BETWEEN A.ts AND A.ts + 20
   s``, and ``B.ts <= A.expires``) with a window Top-N over the auction's time (its
   insert-only form: Nexmark's ``ROW_NUMBER()`` over a regular join updates rows, which
   a file sink cannot take);
 * ``q4`` — the average closing price per category: each auction's highest bid up to its
-  ``expires`` (q9i's join), averaged per category. riverbed: the join with its rows to
-  a topic; an aggregation of the highest price per (auction, category) in the 10 s
-  window of the auction's time (``output="final"``, to its results topic); chained to an
-  aggregation of their ``Mean`` per category over a day's window (the whole run) — three
-  drivers one after the other. Flink: the interval join, a window aggregation over the
+  ``expires`` (q9i's join), averaged per category. riverbed: the join and an
+  aggregation of its rows in one driver — the highest price per (auction, category) in
+  the 10 s window of the auction's time (``output="final"``, to its results topic);
+  chained to an aggregation of their ``Mean`` per category over a day's window (the
+  whole run) in a second driver after it. Flink: the interval join, a window aggregation over the
   auction's time (10 s), then a 1-day window aggregation over its ``window_time`` — its
   insert-only form (Nexmark's group aggregations update rows);
 * ``q3`` — sellers in OR, ID or CA with their auctions of category 10 (a ``where`` on
@@ -94,6 +94,7 @@ from riverbed.stream import (
     Aggregation,
     ArgMax,
     Join,
+    Joined,
     Lookup,
     Max,
     Mean,
@@ -117,16 +118,14 @@ SIDES = {
     "q8": ("persons", "auctions"),
     "q9j": ("auctions", "bids"),
     "q9i": ("auctions", "bids"),
-    "q9": ("auctions", "bids"),  # and the joined rows' topic (q9_rows)
-    "q4": ("auctions", "bids"),  # and the joined rows' topic, then two aggregations
+    "q9": ("auctions", "bids"),  # and an aggregation of the joined rows
+    "q4": ("auctions", "bids"),  # and two aggregations (the second: a results topic's)
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
     "q13": ("bids",),  # and the side table (a lookup)
     "q7": ("bids",),  # and the maximum of each window (an aggregation's results topic)
 }
 Q7_RESULTS = "window_start timestamp, window_end timestamp, maxprice long, batch_id long"
-Q9_ROWS = "id long, bidder long, price long, ts timestamp, right_ts timestamp"
-Q4_ROWS = "id long, category long, price long, ts timestamp"
 Q4_MAX = "window_start timestamp, id long, category long, final double, batch_id long"
 END = -1  # the id (and auction) of the far-later events that end the input
 
@@ -206,8 +205,9 @@ def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
             watermark=watermark,
         ),
         "q9i": q9i,
-        "q9": dataclasses.replace(q9i, name="q9", topic="q9_rows"),
-        "q4": dataclasses.replace(q9i, name="q4", topic="q4_rows"),
+        # q9 and q4 aggregate q9i's rows in the same driver (Joined)
+        "q9": dataclasses.replace(q9i, name="q9"),
+        "q4": dataclasses.replace(q9i, name="q4"),
         "q3": Join(
             name="q3",
             left=topic("persons"),
@@ -288,38 +288,25 @@ def q7_maximum(watermark: str) -> Aggregation:
 
 def q9_winners() -> Aggregation:
     """q9's second half: per auction, the whole row of its highest bid. The window is
-    the auction's time's (every joined row of an auction in one); the watermark covers
-    an auction's 20 s of bids and the join's own 10 s (rows of an auction arrive as its
-    bids do)."""
+    the auction's time's (every joined row of an auction in one); over the join's rows
+    in its driver, the aggregation's watermark waits for what the join may still emit
+    (an auction's rows until its 20 s are past the join's watermark): 0 s of its own."""
     return Aggregation(
-        name="q9_win", key="id", time="ts", window=Tumbling("10s"), watermark="2m",
+        name="q9_win", key="id", time="ts", window=Tumbling("10s"), watermark="0s",
         metrics={"win": ArgMax(["right_ts", "bidder", "price"], by="price")},
         state_partitions=4,
     )  # fmt: skip
 
 
-def run_winners(spark: Any, url: str, root: Path, batch: int) -> float:
-    """q9's aggregation over the joined rows' topic (``q9_rows``): its seconds."""
-    began = time.perf_counter()
-    query = start(
-        spark, q9_winners(),
-        {"topic": "q9_rows", "log": url, "schema": Q9_ROWS, "maxRecordsPerBatch": str(batch)},
-        checkpoint=root / "cp" / "q9_win", output=root / "out" / "q9_win",
-        log_url=url, trigger={"availableNow": True},
-    )  # fmt: skip
-    query.awaitTermination()
-    assert query.exception() is None, query.exception()
-    return time.perf_counter() - began
-
-
 def q4_chain() -> list[Aggregation]:
     """q4's aggregations: each auction's closing price (the highest of its joined bids,
-    in the 10 s window of the auction's time; written once, to its results topic), then
-    their average per category over the day (the end's far-later auction left out)."""
+    in the 10 s window of the auction's time, over the join's rows in its driver;
+    written once, to its results topic), then their average per category over the day
+    (the end's far-later auction left out)."""
     return [
         Aggregation(
             name="q4_max", key=["id", "category"], time="ts", window=Tumbling("10s"),
-            watermark="2m", output="final", metrics={"final": Max("price")},
+            watermark="0s", output="final", metrics={"final": Max("price")},
             state_partitions=4,
         ),
         Aggregation(
@@ -330,21 +317,35 @@ def q4_chain() -> list[Aggregation]:
     ]  # fmt: skip
 
 
-def run_q4_chain(spark: Any, url: str, root: Path, batch: int) -> float:
-    """q4's two aggregations in turn (the second reads the first's results topic): their
-    seconds."""
+def run_joined(spark: Any, url: str, root: Path, join: Join, batch: int) -> float:
+    """q9's or q4's first aggregation over the rows of its join, in one driver (q4's to
+    its results topic): its seconds."""
+    spec = q9_winners() if join.name == "q9" else q4_chain()[0]
     began = time.perf_counter()
-    sources = [(Q4_ROWS, "q4_rows"), (Q4_MAX, "q4_max.results")]
-    for spec, (schema, topic) in zip(q4_chain(), sources, strict=True):
-        query = start(
-            spark, spec,
-            {"topic": topic, "log": url, "schema": schema, "maxRecordsPerBatch": str(batch)},
-            checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
-            topic="q4_max.results" if spec.name == "q4_max" else None,
-            log_url=url, trigger={"availableNow": True},
-        )  # fmt: skip
-        query.awaitTermination()
-        assert query.exception() is None, query.exception()
+    query = start(
+        spark, spec, Joined(join, max_records=batch),
+        checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
+        topic="q4_max.results" if spec.name == "q4_max" else None,
+        log_url=url, trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
+    return time.perf_counter() - began
+
+
+def run_average(spark: Any, url: str, root: Path, batch: int) -> float:
+    """q4's average per category, over the closing prices' results topic: its seconds."""
+    spec = q4_chain()[1]
+    began = time.perf_counter()
+    query = start(
+        spark, spec,
+        {"topic": "q4_max.results", "log": url, "schema": Q4_MAX,
+         "maxRecordsPerBatch": str(batch)},
+        checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
+        log_url=url, trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
     return time.perf_counter() - began
 
 
@@ -384,6 +385,15 @@ def run_riverbed(
         ).awaitTermination()  # fmt: skip
         return time.perf_counter() - began
 
+    if join.name in ("q9", "q4"):  # the join and an aggregation of its rows, one driver
+        seconds = run_joined(spark, url, root, join, batch)
+        end(url, streams, SIDES[join.name])
+        seconds += run_joined(spark, url, root, join, batch)
+        if join.name == "q9":  # the winners
+            won = read_results(root / "out" / "q9_win")
+            return seconds, won[won["key"] != str(END)]
+        seconds += run_average(spark, url, root, batch)  # then the average per category
+        return seconds, read_results(root / "out" / "q4_avg")
     q7 = join.name == "q7"
     seconds = run_maximum(spark, url, root, batch, watermark) if q7 else 0.0
     seconds += run()
@@ -391,13 +401,6 @@ def run_riverbed(
     if q7:  # the end closes the last windows (a no-data batch after it writes them)
         seconds += run_maximum(spark, url, root, batch, watermark)
     seconds += run()
-    if join.name == "q9":  # the winners, over the joined rows
-        seconds += run_winners(spark, url, root, batch)
-        won = read_results(root / "out" / "q9_win")
-        return seconds, won[won["key"] != str(END)]
-    if join.name == "q4":  # the closing prices, then their average per category
-        seconds += run_q4_chain(spark, url, root, batch)
-        return seconds, read_results(root / "out" / "q4_avg")
     got = read_joined(root / "out" / join.name)
     # (a left join's unmatched row has no auction: NULL, which is not the end either)
     ended = pd.Series(False, index=got.index)

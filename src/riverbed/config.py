@@ -215,7 +215,9 @@ SETTINGS: tuple[Setting, ...] = (
         "none",
         "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>`, "
         "`read`, `switch` or `done`: SIGKILL during a state rescale, backfill or restore; "
-        "`table_commit:<before|after>:<batch>`: SIGKILL around a lakehouse table's commit)",
+        "`table_commit:<before|after>:<batch>`: SIGKILL around a lakehouse table's commit; "
+        "`joined:<join|planned>:<batch>`: SIGKILL between a join's batch and the "
+        "aggregation of its rows)",
         inherited=True,
         who="tests",
     ),

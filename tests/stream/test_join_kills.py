@@ -24,13 +24,14 @@ from riverbed.config import Config
 from riverbed.inspect import Sources
 from riverbed.inspect import join as inspect_join
 from riverbed.stream.batchlog import open_batches
+from riverbed.stream.dataframe import read_results
 from riverbed.stream.joinquery import read_joined
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import Checkpoint
 from riverbed.ui.app import create_app
 from riverbed.ui.console import Console
 from tests.stream.conftest import T0
-from tests.stream.crashes import kill_mid_batch, stream_run_killed_then_drained
+from tests.stream.crashes import kill_mid_batch, newest_batch, stream_run_killed_then_drained
 from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -135,6 +136,104 @@ def test_a_join_killed_mid_batch_gives_every_row_once(
             assert client.get("/api/streams/paid").json()["joined"] == said["joined"]
     finally:
         sources.close()
+
+
+BANDED = """
+from riverbed.stream import Aggregation, Count, Sum, Tumbling
+
+source = {"join": "join.py"}  # the join's rows, joined by this driver
+aggregation = Aggregation(
+    name="paid_by_band", key="band", time="ts", window=Tumbling("15m"), watermark="0s",
+    columns={"band": "CAST(amount AS BIGINT) % 5"}, output="final",
+    metrics={"paid": Sum("paid"), "rows": Count()}, state_partitions=2,
+)
+"""
+
+
+def test_an_aggregation_over_a_join_killed_mid_batch_counts_every_row_once(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The join and the aggregation of its rows in one driver (`source = {"join":
+    "join.py"}`), SIGKILLed inside the join's batches and the aggregation's after them:
+    the results equal pandas' join and group-by of the events read back, every joined
+    row counted once (a left join's unmatched orders too), none late."""
+    home = tmp_path / "home"
+    env = {**subprocess_env, "RIVERBED_HOME": str(home), "RIVERBED_SPARK_MASTER": "local[2]"}
+    log_url = f"file://{home / 'log'}"
+    orders, payments = orders_and_payments(1500, seed=7)
+    release = _backlogs(log_url, orders, payments)
+    spec = tmp_path / "banded.py"
+    (tmp_path / "join.py").write_text(SPEC.format(how="left", shape='within=("10m", "1h")')
+                                      .replace('topic="paid_rows", ', ""))  # fmt: skip
+    spec.write_text(BANDED)
+    checkpoint = Checkpoint(home / "checkpoints" / "paid_by_band")
+
+    def the_rest() -> None:
+        send(log_url, "payments", payments[payments["ts"] > orders["ts"].iloc[-1]], 2)
+
+    # the kills aim at the join's batches, then at the aggregation's (each runs right
+    # after the join batch whose rows it reads)
+    command = [sys.executable, "-m", "riverbed.cli.main", "stream", "run", str(spec),
+               "--max-records-per-batch", "60", "--ttl", "3"]  # fmt: skip
+    rng = random.Random(13)
+    for k, aimed_at in enumerate([checkpoint.root / "join", checkpoint.root]):
+        kill_mid_batch(command, env, Checkpoint(aimed_at).batches, kills=1, rng=rng,
+                       before_start=lambda _, k=k: release(k), logs=tmp_path / "logs")  # fmt: skip
+    # and at the two seams between them: a join batch committed, its rows not read yet;
+    # the aggregation's batch planned over them, not run (the failpoints SIGKILL there)
+    for k, (at, aimed_at) in enumerate([("join", "join"), ("planned", "")], start=2):
+        release(k)
+        target = newest_batch(Checkpoint(checkpoint.root / aimed_at).batches) + 2
+        died = subprocess.run(command, env={**env, "RIVERBED_FAULT": f"joined:{at}:{target}"},
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
+    release(KILLS)
+    the_rest()
+    drained = subprocess.run([*command, "--once"], env=env, capture_output=True, text=True)
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    # then one far-later event on each side, once the rest is read (read with it, one
+    # partition's would move the watermark past another's last orders: late)
+    send(log_url, "payments", LAST.rename(columns={"amount": "paid"}), 2)
+    send(log_url, "orders", LAST, 3)
+    ended = subprocess.run([*command, "--once"], env=env, capture_output=True, text=True)
+    assert ended.returncode == 0, ended.stderr[-3000:]
+
+    log = riverbed.log.open(log_url)
+    held = _held(log)
+    log.close()
+    rows = oracle(_join('within=("10m", "1h")', "left"), held["orders"], held["payments"])
+    rows = rows[rows["order_id"] < 10**6]
+    rows = rows.assign(
+        band=(rows["amount"].astype("int64") % 5).astype(str),
+        window_start=rows["ts"].dt.floor("15min"),
+    )
+    want = (
+        rows.groupby(["window_start", "band"])
+        .agg(paid=("paid", lambda v: v.sum(min_count=1)), rows=("order_id", "size"))
+        .reset_index()
+    )
+    got = read_results(home / "output" / "paid_by_band")
+    got = got[got["window_start"] < T0 + pd.Timedelta("3d")]
+    assert len(want) == 40  # 2 hours of orders, 8 quarters, 5 bands
+    assert sorted(zip(got["window_start"], got["key"], got["rows"], strict=True)) == sorted(
+        zip(want["window_start"], want["band"], want["rows"], strict=True)
+    )  # every joined row counted once, through four kills
+    paid = dict(zip(zip(got["window_start"], got["key"], strict=True), got["paid"], strict=True))
+    for w, b, v in zip(want["window_start"], want["band"], want["paid"], strict=True):
+        assert (pd.isna(v) and pd.isna(paid[(w, b)])) or abs(paid[(w, b)] - v) < 1e-6
+    joined = read_joined(checkpoint.root / "join-rows")
+    assert rows_of(joined[joined["order_id"] < 10**6]) == rows_of(rows)  # each row once
+    batches = open_batches(checkpoint.root)
+    newest = batches.get(batches.ids()[-1])
+    assert newest is not None and newest.totals is not None
+    assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    # `stream status` names the join's sides: nothing left to read, what each holds
+    status = subprocess.run([*command[:3], "stream", "status", str(spec), "--json"],
+                            env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    assert status.returncode == 0, status.stderr[-2000:]
+    said = json.loads(status.stdout)
+    assert said["lag"] == {"orders": 0, "payments": 0}
+    assert said["join"]["joined"] + said["join"]["unmatched"] == len(joined)
 
 
 LOOKUP_SPEC = """

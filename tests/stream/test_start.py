@@ -104,7 +104,7 @@ def test_a_source_worker_too_slow_to_connect_back_is_started_again(
     context.pythonExec = str(python)  # what register() hands the data source's workers
     try:
         df = source(spark, log_url)
-        with caplog.at_level("WARNING", logger="riverbed.stream.dataframe"):
+        with caplog.at_level("WARNING", logger="riverbed.stream.querystart"):
             query = start(
                 spark, AGGREGATION, df, checkpoint=tmp_path / "ckpt", output=tmp_path / "out",
                 log_url=log_url, trigger={"availableNow": True},

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import Progress, TextColumn
 from rich.table import Table
 
 from riverbed.cli._common import CHECKPOINTS_HELP, config_of, positive_int, print_json_rows
+from riverbed.cli._progress import Backlog, backlog_of
 from riverbed.cli._quiet import WARNED
 from riverbed.cli.changes import STAMP, _job, _new_version
 from riverbed.cli.changes import add_parsers as add_change_parsers
@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
         lease.close()
         raise
 
-    backlog = Backlog(_backlog(job) if args.once else None, err)
+    backlog = Backlog(backlog_of(job) if args.once else None, err)
 
     checkpoints = checkpoints_location(config.checkpoints_url)
     switched = planned is None or planned.is_current
@@ -367,59 +367,6 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
         wait = min(wait * 2, most)
 
 
-def _backlog(job: Any) -> int | None:
-    """Records of the topic not aggregated yet (None when the topic cannot tell)."""
-    from riverbed.stream.specjob import status
-
-    try:
-        lag = status(job).get("lag") or {}
-    except Exception:  # progress is a courtesy: the run goes on without it
-        return None
-    return sum(int(n) for n in lag.values()) if lag else None
-
-
-class Backlog:
-    """``stream run --once``'s progress through the backlog it started with: a bar on a
-    terminal, else a line every few seconds (:func:`riverbed.stream.specjob.backlog_line`)."""
-
-    EVERY_S = 5.0
-
-    def __init__(self, total: int | None, console: Console) -> None:
-        self.total, self.console = total, console
-        self.done = 0
-        self.began = self.said = time.monotonic()
-        self.bar: Progress | None = None
-        self.task: Any = None
-
-    def __enter__(self) -> Backlog:
-        if self.total and self.console.is_terminal:
-            self.bar = Progress(
-                *Progress.get_default_columns(), TextColumn("{task.completed:,}/{task.total:,}"),
-                console=self.console, transient=True,
-            )  # fmt: skip
-            self.task = self.bar.add_task("backlog", total=self.total)
-            self.bar.start()
-        return self
-
-    def advance(self, records: int) -> None:
-        if not self.total:
-            return
-        self.done += records
-        if self.bar is not None:
-            self.bar.update(self.task, completed=min(self.done, self.total))
-            return
-        now = time.monotonic()
-        if now - self.said >= self.EVERY_S or self.done >= self.total:
-            from riverbed.stream.specjob import backlog_line
-
-            self.console.print(backlog_line(self.total, self.done, now - self.began))
-            self.said = now
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
     from riverbed.stream.specjob import status
@@ -483,7 +430,13 @@ def _status(args: argparse.Namespace) -> int:
         out.print(
             f"{'state':>14}: {state['partitions']} partitions{moved if state['generation'] else ''}"
         )
-    out.print(f"{'lag':>14}: " + ", ".join(f"p{p}={n}" for p, n in info.get("lag", {}).items()))
+    # per partition of the topic; over a join's rows, per topic of its sides
+    lags = info.get("lag", {}).items()
+    out.print(f"{'lag':>14}: " + ", ".join(f"{'p' if p.isdigit() else ''}{p}={n}" for p, n in lags))
+    joined = info.get("join")
+    if joined:  # the join it runs: what each side's state holds
+        held = ", ".join(f"{s['topic']}={s['held']}" for s in joined.get("sides", {}).values())
+        out.print(f"{'join':>14}: {joined.get('joined', 0)} rows joined, held {held}")
     driver = info.get("driver")
     if driver:
         active = driver["active"] or "none (stopped)"

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Delta,
         Frame,
         Iceberg,
+        Joined,
         Kafka,
         ResultsTopic,
         ResultTable,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "Frame": "doors",
+    "Joined": "doors",
     "Kafka": "doors",
     "ResultTable": "doors",
     "ResultsTopic": "doors",
@@ -107,6 +109,7 @@ __all__ = [
     "Hopping",
     "Iceberg",
     "Join",
+    "Joined",
     "Kafka",
     "Last",
     "Lookup",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +45,8 @@ from riverbed.stream.layout import (
 )
 from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.metrics import Custom
+from riverbed.stream.querystart import START_ATTEMPTS, start_phase, start_query
+from riverbed.stream.querystart import transient_start_failure as transient_start_failure
 from riverbed.stream.results import current, output_schema, read_table
 from riverbed.stream.validity import spark_reason
 from riverbed.windows import late_column
@@ -278,6 +279,20 @@ def start(
         state = default_state(checkpoint)
     # what every write at start checks (EngineConfig.fence, before there is one)
     fence = functools.partial(check_term, str(checkpoint), term, spec.name)
+    joined = None
+    if opened.joined is not None:  # a join's rows, in this driver (stream/joinedagg.py)
+        from riverbed.stream import joinedagg
+
+        if from_savepoint is not None:
+            raise StreamValueError(
+                f"aggregation {spec.name!r} reads a join's rows: a savepoint holds the "
+                "aggregation's state and not the join's, so it cannot start from one"
+            )
+        source_join = opened.joined
+        joined = joinedagg.open_joined(
+            source_join.join, spec.name, checkpoint, state, log_url, term,
+            source_join.checkpoint, source_join.output, source_join.max_records,
+        )  # fmt: skip
     if from_savepoint is not None:  # one restore batch first (savepoints.py)
         _restore(checkpoint, output, state, spec, options, from_savepoint, fence)
     # the spec against what the checkpoint ran with: refused as `stream plan` says
@@ -301,7 +316,10 @@ def start(
         from riverbed.stream.derive import column_types
         from riverbed.stream.keys import resolved
 
-        arrow = to_arrow_schema(opened.frame.schema, timezone="UTC")
+        if joined is not None:  # (or the join's rows')
+            arrow = joined.output_schema
+        else:
+            arrow = to_arrow_schema(opened.frame.schema, timezone="UTC")
         spec = resolved(spec, column_types(spec, arrow, schemas))
     config = EngineConfig(
         spec,
@@ -317,6 +335,8 @@ def start(
     )
     for sink in extra:
         sink.start(config)
+    if joined is not None:
+        return _start_joined(spark, config, joined, schemas, trigger)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
         from riverbed.stream.loop import DirectQuery
         from riverbed.stream.nativeconfig import prepare
@@ -344,81 +364,39 @@ def start(
         .option("checkpointLocation", s3a.to_s3a(spark_location(checkpoint)))
         .queryName(spec.name)
     )
-    return _start(writer.trigger(**(trigger or {"processingTime": "1 second"})), spec.name)
+    return start_query(writer.trigger(**(trigger or {"processingTime": "1 second"})), spec.name)
 
 
-# Spark gives the Python process behind a Python streaming source 10 s to start and
-# connect back (hard-coded in its PythonWorkerFactory); on a machine busy enough for a
-# Python start-up to take that long the query dies before its first batch. Nothing was
-# planned yet, so starting again from the checkpoint is safe.
-START_ATTEMPTS = 5  # a CI-like host (0.4 CPU) once failed 3 in a row
-_TRANSIENT_START = (
-    "Python worker failed to connect back",
-    "Timed out while waiting for the Python worker to connect back",
-)
+def _start_joined(
+    spark: Any,
+    config: EngineConfig,
+    joined: Any,
+    schemas: Sequence[Any],
+    trigger: dict[str, Any] | None,
+) -> Any:
+    """An aggregation over a join's rows, in this driver (stream/joinedagg.py): its
+    columns checked against the join's rows, then the loop of both started."""
+    from riverbed.stream import joinedagg
+    from riverbed.stream.aggregation import KEY
+    from riverbed.stream.derive import input_types
+    from riverbed.stream.lookups import added_columns
+    from riverbed.stream.nativeconfig import DirectConfig
+    from riverbed.stream.plan import parse_trigger
 
-
-def transient_start_failure(failure: str) -> bool:
-    """Whether a query that died while initializing its sources with this failure may
-    simply be started again (a Python worker too slow to start, not a bad source)."""
-    return any(text in failure for text in _TRANSIENT_START)
-
-
-def _start(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
-    """Start the query and wait until its sources are initialized; a query that died of a
-    transient start-up failure is started again (up to :data:`START_ATTEMPTS` times)."""
-    for attempt in range(1, START_ATTEMPTS + 1):
-        query = writer.start()
-        failure = _initialization_failure(query, init_timeout)
-        if failure is None or not transient_start_failure(failure) or attempt == START_ATTEMPTS:
-            return query
-        log.warning(
-            "aggregation %r failed while starting: its source's Python worker did not "
-            "connect back within Spark's 10 s (is the machine overloaded?); starting it "
-            "again from its checkpoint (attempt %d of %d)",
-            name,
-            attempt + 1,
-            START_ATTEMPTS,
-        )
-        time.sleep(2.0 * attempt)  # let the load that starved it pass
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-# The status a query's thread sets the moment it fails or is stopped, before it stops its
-# sources and turns TERMINATED: a query seen between the two is ending, not initialized
-# (taken for initialized, a failed start went unretried: CI, stop 65).
-_ENDING = ("Terminated with exception", "Stopped")
-
-
-def start_phase(active: bool, message: object) -> str:
-    """Where a starting query is, from its ``isActive`` and status message:
-    ``initializing`` its sources, ``running`` (initialized), or ``ending`` — ended, or
-    failed or stopped and still stopping its sources (active, its message already set)."""
-    text = str(message or "")
-    if not active or text.startswith(_ENDING):
-        return "ending"
-    return "initializing" if text.startswith("Initializing") else "running"
-
-
-def _initialization_failure(query: Any, timeout: float) -> str | None:
-    """The text of the exception a query died of while initializing its sources, or None
-    once they are initialized (or after ``timeout`` s: the caller watches it from then)."""
-    deadline = time.monotonic() + timeout
-    while (phase := start_phase(query.isActive, query.status.get("message"))) == "initializing":
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.1)
-    if phase == "running":
-        return None
-    # ended: wait for its termination to complete before asking why — its state turns
-    # TERMINATED before everything of its end is in place, and a query asked in between
-    # said it had no exception (a failed start then went unretried: a fresh-clone run)
-    try:
-        query.awaitTermination(60)
-    except Exception as exc:  # the StreamingQueryException it died of
-        return str(exc)
-    error = query.exception()
-    return None if error is None else str(error)
+    spec = config.spec
+    derived: list[str] = []
+    if spec.derives:  # lookups, a where or columns that cannot be: refused now
+        compiled = compile_for(spec, input_types(joined.output_schema), schemas)
+        derived = [name for name, _ in compiled.columns] if compiled is not None else []
+    if spec.composite:
+        derived.append(KEY)  # the composite key's text
+    added = added_columns(schemas, spec.lookups)
+    joinedagg.check_columns(spec, joined, derived, list(added))
+    direct = DirectConfig(
+        config, {"join": joined.join.name}, None, co_located=False,
+        driver_records=joined.driver_records,
+    )  # fmt: skip
+    return joinedagg.JoinedQuery(spark, joined, direct, parse_trigger(trigger))
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:
@@ -483,4 +461,12 @@ def reset(checkpoint: str | Path, output: str | Path) -> None:
         store.sweep_partial("", older_than=0)  # and what interrupted writes left
 
 
-__all__ = ["read_live", "read_results", "reset", "start"]
+__all__ = [
+    "START_ATTEMPTS",
+    "read_live",
+    "read_results",
+    "reset",
+    "start",
+    "start_phase",
+    "transient_start_failure",
+]

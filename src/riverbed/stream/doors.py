@@ -6,6 +6,7 @@ Sources::
     Topic("clicks", log="s3://bucket/log")        # a riverbed topic: the log-native path
     Kafka(bootstrap="broker:9092", topic="clicks", schema="user string, ts timestamp")
     Frame(spark.readStream.format(...).load())    # any streaming DataFrame, through Spark
+    Joined(Join(...))                             # a join's rows, joined in the same driver
 
 Sinks::
 
@@ -45,6 +46,7 @@ __all__ = [
     "Delta",
     "Frame",
     "Iceberg",
+    "Joined",
     "Kafka",
     "Opened",
     "ResultTable",
@@ -71,6 +73,7 @@ class Opened:
     options: dict[str, str] | None = None
     frame: Any = None
     log_url: str | None = None
+    joined: Joined | None = None  # a join's rows (stream/joinedagg.py)
 
 
 @runtime_checkable
@@ -168,6 +171,33 @@ class Frame:
         return Opened(frame=self.df, log_url=log_url)
 
 
+@dataclass(frozen=True)
+class Joined:
+    """The rows of a :class:`~riverbed.stream.joins.Join`, aggregated as the join emits
+    them, in the same driver (:mod:`riverbed.stream.joinedagg`): the join's batches and
+    the aggregation's run in turn, each exactly once. ``checkpoint`` and ``output``: the
+    join's (default: ``join`` and ``join-rows`` inside the aggregation's checkpoint);
+    ``max_records``: each side's records per join batch at most."""
+
+    join: Any
+    checkpoint: str | Path | None = None
+    output: str | Path | None = None
+    max_records: int | None = None
+
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
+        sides = getattr(self.join, "sides", ())
+        if log_url is None and any(side_log is None for _, side_log, _ in sides):
+            log_url = default_log()  # the sides' log, and the side topics'
+        return Opened(log_url=log_url, joined=self)
+
+
 def _is_dataframe(source: Any) -> bool:
     from pyspark.sql import DataFrame
 
@@ -207,7 +237,8 @@ def as_source(source: Any) -> Source:
         return Frame(source)
     raise StreamValueError(
         f"cannot read events from {type(source).__name__}: give a source — Topic('clicks'), "
-        "Kafka(bootstrap=..., topic=..., schema=...), or Frame(a streaming DataFrame)"
+        "Kafka(bootstrap=..., topic=..., schema=...), Frame(a streaming DataFrame), or "
+        "Joined(a Join)"
     )
 
 

@@ -93,7 +93,7 @@ def union(cfg: JoinConfig, frames: dict[str, Any]) -> Any:
 
 def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
     """Start the join's Spark streaming query; returns it."""
-    from riverbed.stream.dataframe import _start
+    from riverbed.stream.querystart import start_query
 
     frames = cfg.join.frames
     # what the batches and their tasks see: the join without its DataFrames (a task's
@@ -107,7 +107,7 @@ def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
         .option("checkpointLocation", s3a.to_s3a(location))
         .queryName(cfg.join.name)
     )
-    return _start(writer.trigger(**(trigger or {"processingTime": "1 second"})), cfg.join.name)
+    return start_query(writer.trigger(**(trigger or {"processingTime": "1 second"})), cfg.join.name)
 
 
 def foreach_batch(cfg: JoinConfig) -> Any:

@@ -73,13 +73,7 @@ class JoinQuery(ThreadQuery):
             }
 
         def run(batch_id: int, record: BatchRecord, began: float) -> None:
-            tasks_of = None
-            if self.cfg.join.lookup is not None:
-                from riverbed.stream import lookupjoin
-
-                def tasks_of() -> Any:
-                    return lookupjoin.run_batch(self.spark, self.cfg, batch_id, record)
-
+            tasks_of = self._tasks_of(batch_id, record)
             done = run_planned(self.spark, self.cfg, self.batches, batch_id, record, tasks_of)
             self._add_progress(
                 {
@@ -93,6 +87,17 @@ class JoinQuery(ThreadQuery):
             )
 
         self._triggered(lambda: self._next(logs, target), run)
+
+    def _tasks_of(self, batch_id: int, record: BatchRecord) -> Any:
+        """What runs a batch's tasks: a lookup join's (None: the stream join's)."""
+        if self.cfg.join.lookup is None:
+            return None
+        from riverbed.stream import lookupjoin
+
+        def tasks_of() -> Any:
+            return lookupjoin.run_batch(self.spark, self.cfg, batch_id, record)
+
+        return tasks_of
 
     def _next(
         self, logs: dict[str, Any], target: dict[str, dict[int, int]] | None
@@ -212,25 +217,54 @@ def start_join(
     (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
     side's records per batch at most (else its ``maxRecordsPerBatch`` option).
     ``spec``: the spec file it came from (the console names it)."""
-    from riverbed.config import load_config
-    from riverbed.stream.layout import record_format
-
     if not isinstance(join, Join):
         raise StreamValueError(f"start_join takes a Join, not {type(join).__name__}")
     parsed = parse_trigger(trigger)
-    checkpoint, output = location(checkpoint), location(output)
-    if state is None:
-        state = default_state(checkpoint)
-    if log_url is None and any(side_log is None for _, side_log, _ in join.sides):
-        log_url = load_config().log_url
-    check_term(str(checkpoint), term, join.name)
-    on_frames = bool(join.frames)
-    if on_frames and max_records is not None:
+    if join.frames and max_records is not None:
         raise StreamValueError(
             f"join {join.name}: max_records limits a topic side's batches; a DataFrame's "
             "source has its own limit (Kafka's maxOffsetsPerTrigger, a riverbed topic's "
             "maxRecordsPerBatch, files' maxFilesPerTrigger)"
         )
+    cfg = open_join(
+        join, checkpoint=checkpoint, output=output, state=state, log_url=log_url, term=term,
+        spec=spec,
+    )  # fmt: skip
+    if join.frames:  # one Spark streaming query over both (stream/joinframes.py)
+        from riverbed.stream import joinframes
+
+        return joinframes.start(cfg, trigger)
+    if max_records is not None:
+        cfg = replace(cfg, max_records=max_records)
+    return JoinQuery(spark, cfg, parsed)
+
+
+def open_join(
+    join: Join,
+    *,
+    checkpoint: str | Path,
+    output: str | Path,
+    state: StateConfig | None = None,
+    log_url: str | None = None,
+    term: int | None = None,
+    spec: str | Path | None = None,
+    state_name: str | None = None,
+    fenced_by: str | None = None,
+) -> JoinConfig:
+    """A join checked against its sides and its checkpoint (its shape and manifest
+    recorded there), ready to run: what :func:`start_join` starts, and what an
+    aggregation over a join's rows runs in its own driver (:mod:`riverbed.stream.
+    joinedagg`; ``state_name``: its state's name, when not the join's; ``fenced_by``:
+    the checkpoint whose driver record fences its writes, when not its own)."""
+    from riverbed.config import load_config
+    from riverbed.stream.layout import record_format
+
+    checkpoint, output = location(checkpoint), location(output)
+    if state is None:
+        state = default_state(checkpoint)
+    if log_url is None and any(side_log is None for _, side_log, _ in join.sides):
+        log_url = load_config().log_url
+    check_term(fenced_by or str(checkpoint), term, join.name)
     cfg = prepare(  # both sides checked before the checkpoint records anything
         join,
         checkpoint=str(checkpoint),
@@ -243,14 +277,11 @@ def start_join(
     _check_shape(str(checkpoint), join)
     store = checkpoint_store(checkpoint)
     described = manifest(join, checkpoint, output, state, log_url, spec)
+    if state_name is not None:
+        described["state_name"] = state_name
+    cfg = replace(cfg, state_name=state_name, fenced_by=fenced_by)
     store.put(MANIFEST, json.dumps(described, indent=1).encode())
-    if on_frames:  # one Spark streaming query over both (stream/joinframes.py)
-        from riverbed.stream import joinframes
-
-        return joinframes.start(cfg, trigger)
-    if max_records is not None:
-        cfg = replace(cfg, max_records=max_records)
-    return JoinQuery(spark, cfg, parsed)
+    return cfg
 
 
 def batch_line(batch_id: int, record: BatchRecord) -> str:
@@ -337,11 +368,13 @@ def status_of(
     state: StateConfig,
     rule: Rule,
     table: str | None = None,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
     """:func:`status` from what it needs: each side's (topic, log, reader options), the
     state's partition count, its pairing rule; a lookup join's ``table`` (its label),
-    shown as its right side with the version the newest batch joined with. A side
-    whose log cannot be read now has no lag (``None``) and says why (``lag_error``)."""
+    shown as its right side with the version the newest batch joined with; its state's
+    name when not ``name``. A side whose log cannot be read now has no lag (``None``)
+    and says why (``lag_error``)."""
     from riverbed.durations import iso_ms
     from riverbed.errors import RiverbedError
 
@@ -362,7 +395,7 @@ def status_of(
         "watermark": iso_ms(done.watermark_ms) if done is not None and table is None else None,
         "sides": {},
     }
-    holding = _held(name, partitions if table is None else 0, state, rule)  # (a lookup: none)
+    holding = _held(namespace or name, partitions if table is None else 0, state, rule)
     for which, (topic, url, reader) in sides.items():
         read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
         lag, why = None, None

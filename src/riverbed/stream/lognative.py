@@ -29,7 +29,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -114,9 +114,23 @@ def events(
 ) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
     """Good, on-time events of ``piece`` as pandas frames with their event times (ms);
     the rest is counted in ``side``. ``topic_log``: an open log to read through."""
+    read = read_slice(cfg.options, cfg.schema, piece, topic_log)
+    yield from checked(cfg, read, watermark_ms, side)
+
+
+def checked(
+    cfg: DirectConfig,
+    read: Iterable[pa.RecordBatch | pa.Table],
+    watermark_ms: int,
+    side: Side,
+) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """Good, on-time events of ``read`` (Arrow batches with an ``_error`` column: a
+    topic slice's, or a join's rows in the same driver, :mod:`riverbed.stream.
+    joinedagg`) as pandas frames with their event times (ms); the rest is counted in
+    ``side``."""
     spec = cfg.engine.spec
     tables = lookup_tables(cfg.engine.checkpoint, cfg.engine.lookups) if spec.lookups else ()
-    for batch in read_slice(cfg.options, cfg.schema, piece, topic_log):
+    for batch in read:
         side.input += batch.num_rows
         errors = batch.column("_error")
         derived = derivation(spec, batch.schema, tables)
@@ -448,25 +462,30 @@ def run_planned(
     record: BatchRecord,
     plan_ms: int = 0,
     maintenance: Maintenance | None = None,
+    rows_of: Callable[[DirectConfig], tuple[pd.DataFrame, Side]] | None = None,
 ) -> BatchRecord:
     """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
     written durably before this call): merge into state version ``batch_id``, write the
     side topics, the result table and the sinks, and record the batch as done. A re-run
     of the same record commits the same state version and replaces the same output.
     ``plan_ms`` is what planning it took (recorded with the batch's other phases);
-    ``maintenance`` runs the periodic maintenance off the caller's thread. Returns the
-    finished record."""
+    ``maintenance`` runs the periodic maintenance off the caller's thread. ``rows_of``:
+    what computes the batch's rows instead of its slices' tasks (a join's rows in the
+    same driver: :mod:`riverbed.stream.joinedagg`). Returns the finished record."""
     began = time.perf_counter()
-    if record.slices is None:
+    if record.slices is None and rows_of is None:
         raise StreamValueError(f"batch {batch_id} has no recorded plan to run")
-    slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in record.slices.items()]
+    slices = [LogSlice(int(p), int(se[0]), int(se[1])) for p, se in (record.slices or {}).items()]
     slices.sort(key=lambda s: s.partition)
     if cfg.engine.spec.lookups:  # the lookup tables as the plan recorded them
         cfg = replace(cfg, engine=lookups.running(cfg.engine, batches, batch_id, record))
     try:
-        rows, side = run_batch(spark, cfg, batch_id, record, slices)
+        if rows_of is not None:
+            rows, side = rows_of(cfg)
+        else:
+            rows, side = run_batch(spark, cfg, batch_id, record, slices)
     except Exception as exc:
-        if not (record.co_located and _stray(cfg, exc)):
+        if rows_of is not None or not (record.co_located and _stray(cfg, exc)):
             raise
         # co_locate=auto and a key in another state partition's log partition: a
         # producer placed it by an older partition count (it had not yet seen a `topic

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 PART = "part-00000.parquet"
 
+
+def batch_key(batch_id: int) -> str:
+    """Where a batch's rows are in a result table (and a join's output)."""
+    return f"batch_id={batch_id}/{PART}"
+
+
 log = logging.getLogger(__name__)
 
 
@@ -122,7 +128,7 @@ def write_output(
     data = encode_file(table)
     if fence is not None:
         fence()
-    checkpoint_store(output).put(f"batch_id={batch_id}/{PART}", data)
+    checkpoint_store(output).put(batch_key(batch_id), data)
     return table
 
 

@@ -87,12 +87,20 @@ class StreamJob:
 def manifest(job: StreamJob) -> dict[str, Any]:
     """What a checkpoint says about its aggregation, so the console and ``status`` can
     read it without the spec file: name, source topic, log, watermark, locations."""
+    joined: dict[str, Any] = {}
+    if is_joined(job.source):  # the join's checkpoint: its own manifest says the rest
+        from riverbed.stream.joinedagg import locations as join_locations
+
+        joined = {"join": join_locations(job.checkpoint, None, None)[0]}
     return {
         "name": job.aggregation.name,
         "spec": str(job.spec) if job.spec else None,
         "topic": (
-            kafka.parse(job.source).label if kafka.is_kafka(job.source) else job.source["topic"]
+            kafka.parse(job.source).label
+            if kafka.is_kafka(job.source)
+            else job.source.get("topic")  # (None: a join's rows)
         ),
+        **joined,
         "log": job.log_url,
         "watermark_ms": job.aggregation.watermark_ms,
         "checkpoint": str(job.checkpoint),
@@ -176,6 +184,8 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
         )
     if isinstance(source, dict) and "aggregation" in source:
         return aggregation, chained_source(path, source)
+    if isinstance(source, dict) and JOINED_SOURCE in source:
+        return aggregation, joined_source(path, source)
     if isinstance(source, dict) and kafka.is_kafka(source):
         try:
             kafka.parse(source)
@@ -186,7 +196,8 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
         raise ConfigError(
             f'{path} must define `source = {{"topic": ..., "schema": ...}}` (a riverbed '
             'topic), `source = {"kafka": {"bootstrap": ..., "topic": ..., "schema": ...}}` '
-            'or `source = {"aggregation": "upstream.py"}` (another aggregation\'s results)'
+            'or `source = {"aggregation": "upstream.py"}` (another aggregation\'s results) '
+            'or `source = {"join": "join.py"}` (a join\'s rows, joined in the same driver)'
         )
     return aggregation, {str(k): str(v) for k, v in source.items()}
 
@@ -231,6 +242,36 @@ def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
     return chained
 
 
+JOINED_SOURCE = "join"  # source = {"join": "join.py"}: a join's rows, in this driver
+
+
+def joined_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
+    """``source = {"join": "join.py"}``: the rows of the join that spec file defines, as
+    this aggregation's events — the join run by this aggregation's own driver, batch by
+    batch (:mod:`riverbed.stream.joinedagg`); a path relative to this spec file's
+    directory."""
+    extra = sorted(set(source) - {JOINED_SOURCE})
+    if extra:
+        raise ConfigError(
+            f"{path}: a join source takes only the join's spec file "
+            f'(source = {{"join": "join.py"}}), not {extra}'
+        )
+    join_path = Path(str(source[JOINED_SOURCE]))
+    if not join_path.is_absolute():
+        join_path = path.parent / join_path
+    if load_join(join_path) is None:
+        raise ConfigError(
+            f"{path}: its source {join_path} must define `join = Join(...)` (the join whose "
+            "rows this aggregation reads)"
+        )
+    return {JOINED_SOURCE: str(join_path.resolve())}
+
+
+def is_joined(source: dict[str, Any]) -> bool:
+    """Whether a job's source is a join's rows (:func:`joined_source`)."""
+    return JOINED_SOURCE in source
+
+
 def job_for(
     config: Config, aggregation: Aggregation, source: dict[str, Any], spec: Path | None = None
 ) -> StreamJob:
@@ -249,7 +290,9 @@ def job_for(
 def log_options(job: StreamJob) -> dict[str, str] | None:
     """The options that open the job's source as a log (its retained records can be
     read again: ``stream plan``'s backfill estimate), or None: a Kafka source Spark
-    reads (Avro, pinned offsets)."""
+    reads (Avro, pinned offsets), or a join's rows."""
+    if is_joined(job.source):
+        return None
     if kafka.is_kafka(job.source):
         parsed = kafka.parse(job.source)
         return kafka.log_options(parsed) if kafka.log_native(parsed) else None
@@ -355,8 +398,13 @@ def run(
     from riverbed.stream.fencing import DriverFencedError
 
     write_manifest(job)
-    options = {"log": job.log_url, **job.source}
-    if max_records and kafka.is_kafka(options):
+    options: Any = {"log": job.log_url, **job.source}
+    if is_joined(job.source):  # the join runs in this driver (stream/joinedagg.py)
+        from riverbed.stream.doors import Joined
+
+        join = load_join(job.source[JOINED_SOURCE])
+        options = Joined(join, max_records=max_records)
+    elif max_records and kafka.is_kafka(options):
         options = kafka.with_max_records(options, max_records)
     elif max_records:
         options = {k: v for k, v in options.items() if k.lower() != "maxrecordsperbatch"}
@@ -433,6 +481,29 @@ def status(job: StreamJob) -> dict[str, Any]:
     return status_of(manifest(job))
 
 
+def join_status(checkpoint: str, state_dir: Path) -> dict[str, Any]:
+    """The status of the join an aggregation runs (its checkpoint: ``checkpoint``), from
+    its manifest: totals, watermark, and per side its topic, newest event, lag and the
+    events its state holds (:func:`riverbed.stream.joinquery.status_of`)."""
+    from riverbed.stream.joinquery import status_of
+    from riverbed.stream.pairing import Rule
+
+    info = read_manifest(checkpoint)
+    if info is None or info.get("kind") != "join":
+        return {"sides": {}, "error": f"no join manifest in {checkpoint} yet"}
+    sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
+        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items() if "topic" in s
+    }
+    table = dict(info["sides"]).get("right", {}).get("table")  # a lookup join's
+    lower, upper = info["bounds_ms"]
+    rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
+    state = StateConfig(local_dir=state_dir, durable=info["state_durable"])
+    return status_of(
+        str(info["name"]), sides, int(info["state_partitions"]), checkpoint, state, rule, table,
+        info.get("state_name"),
+    )  # fmt: skip
+
+
 def _done(record: BatchRecord | None) -> bool:
     return record is not None and record.done
 
@@ -460,7 +531,15 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         ):
             break
     committed = committed_ends(checkpoint, newest_first)
-    if kafka.is_label(info["topic"]):  # a Kafka source: the brokers know the ends
+    joined: dict[str, Any] = {}
+    if info.get("join"):  # a join's rows: its sides' lag, what its state holds
+        joined["join"] = join_status(str(info["join"]), Path(info["state_dir"]))
+        lag = {
+            f"{side['topic']}": side["lag"]
+            for side in joined["join"]["sides"].values()
+            if side.get("lag") is not None
+        }
+    elif kafka.is_label(info["topic"]):  # a Kafka source: the brokers know the ends
         lag = kafka.lag(info["topic"], committed)
     else:
         lag = {}
@@ -475,6 +554,8 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     # the watermark the next batch will use: from everything seen so far
     head = newest_first[0] if newest_first else None
     watermark = max(head.watermark_ms, head.max_event_ms - int(info["watermark_ms"])) if head else 0
+    if joined and head is not None:  # (held back by what the join may still emit)
+        watermark = head.watermark_ms
     last = next((d for d in newest_first if d.ms), None)
     # the rate of the newest batch that read input (a no-data batch's would be 0)
     busy = next((d for d in newest_first if d.ms and d.counted("input")), last)
@@ -504,6 +585,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
         ),
         "watermark": iso_ms(watermark),
         "lag": lag,
+        **joined,
         # where the newest batch's time went (log-native path): offsets, state_job, outputs
         "last_batch_ms": last.ms if last else None,
         "input_rate": None if rate is None else round(rate),  # records/s, newest with input

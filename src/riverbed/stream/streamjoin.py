@@ -57,8 +57,7 @@ from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
 from riverbed.stream.nativeconfig import JOIN_DRIVER_BATCH_RECORDS
 from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, no_events, step
-from riverbed.stream.results import PART as RESULT_FILE
-from riverbed.stream.results import encode_file
+from riverbed.stream.results import batch_key, encode_file
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +107,12 @@ class JoinConfig:
     max_records: int | None = None
     driver_records: int = JOIN_DRIVER_BATCH_RECORDS
     lookup_schema: pa.Schema | None = None  # a lookup join's table's columns at start
+    # its state's name in the state store (None: the join's name); a join run by an
+    # aggregation over its rows has its own (stream/joinedagg.py)
+    state_name: str | None = None
+    # the checkpoint whose driver record fences its writes (None: its own); an
+    # aggregation's, whose driver runs the join (stream/joinedagg.py)
+    fenced_by: str | None = None
     reach_env: dict[str, str] = field(default_factory=reach_environment, repr=False)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -122,7 +127,7 @@ class JoinConfig:
 
     @property
     def namespace(self) -> str:
-        return self.join.name
+        return self.state_name or self.join.name
 
     @property
     def rule(self) -> Rule:
@@ -131,7 +136,7 @@ class JoinConfig:
         return Rule.of(self.join, None if until is None else PREFIX["left"] + until)
 
     def fence(self) -> None:
-        check_term(self.checkpoint, self.term, self.join.name)
+        check_term(self.fenced_by or self.checkpoint, self.term, self.join.name)
 
     def columns(self, which: str) -> list[str]:
         side = self.sides[SIDES.index(which)]
@@ -466,11 +471,14 @@ def run_planned(
     batch_id: int,
     record: BatchRecord,
     tasks_of: Callable[[], tuple[pa.Table | None, Counts]] | None = None,
+    emitted: Callable[[pa.Table], None] | None = None,
 ) -> BatchRecord:
     """Run a planned batch (its record written durably before this call) and commit it:
     the same record run again commits the same state version and replaces the same
     output. ``tasks_of``: what runs its tasks (default: :func:`run_batch` over the
-    record's slices of the sides' topics). Returns the finished record."""
+    record's slices of the sides' topics); ``emitted``: given the batch's output rows
+    once they are written (an aggregation over them in the same driver). Returns the
+    finished record."""
     began = time.perf_counter()
     if tasks_of is None:
         joined, counts = run_batch(spark, cfg, batch_id, record)
@@ -506,7 +514,7 @@ def run_planned(
     cfg.fence()
     data = encode_file(table)
     cfg.fence()
-    checkpoint_store(cfg.output).put(f"batch_id={batch_id}/{RESULT_FILE}", data)
+    checkpoint_store(cfg.output).put(batch_key(batch_id), data)
     if cfg.join.topic is not None and cfg.log_url is not None and table.num_rows:
         _to_topic(cfg, batch_id, table)
     record.ms = {
@@ -514,6 +522,8 @@ def run_planned(
         "outputs": round((time.perf_counter() - merged) * 1000),
     }
     _commit(cfg, batches, batch_id, record)
+    if emitted is not None:
+        emitted(table)
     return record
 
 

@@ -24,7 +24,6 @@ from riverbed.state import uploads
 from riverbed.state.openpool import keep_open
 
 if TYPE_CHECKING:
-    from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.plan import Trigger
 
 log = logging.getLogger(__name__)
@@ -78,12 +77,13 @@ class ThreadQuery:
 
     def _triggered(
         self,
-        plan: Callable[[], tuple[int, BatchRecord] | None],
-        run: Callable[[int, BatchRecord, float], None],
+        plan: Callable[[], tuple[Any, ...] | None],
+        run: Callable[..., None],
     ) -> None:
         """The trigger loop: ``plan()`` the next batch (the newest again if it did not
         finish; ``None``: no input — with ``availableNow`` the loop ends, else it waits a
-        trigger interval) and ``run`` it (its id, record and when the trigger began),
+        trigger interval) and ``run`` it (what ``plan`` gave — its id and record — and
+        when the trigger began),
         one batch per ``processingTime`` interval at most, until stopped. A stop while
         planning leaves the plan for the next start."""
         while not self._stop.is_set():

@@ -1,0 +1,89 @@
+"""Starting a Spark streaming query and waiting until its sources are initialized, with
+the transient start-up failures of Python streaming sources retried: what the
+DataFrame path of an aggregation (:mod:`riverbed.stream.dataframe`) and a join of
+DataFrames (:mod:`riverbed.stream.joinframes`) start their queries with."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+# Spark gives the Python process behind a Python streaming source 10 s to start and
+# connect back (hard-coded in its PythonWorkerFactory); on a machine busy enough for a
+# Python start-up to take that long the query dies before its first batch. Nothing was
+# planned yet, so starting again from the checkpoint is safe.
+START_ATTEMPTS = 5  # a CI-like host (0.4 CPU) once failed 3 in a row
+_TRANSIENT_START = (
+    "Python worker failed to connect back",
+    "Timed out while waiting for the Python worker to connect back",
+)
+
+
+def transient_start_failure(failure: str) -> bool:
+    """Whether a query that died while initializing its sources with this failure may
+    simply be started again (a Python worker too slow to start, not a bad source)."""
+    return any(text in failure for text in _TRANSIENT_START)
+
+
+def start_query(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
+    """Start the query and wait until its sources are initialized; a query that died of a
+    transient start-up failure is started again (up to :data:`START_ATTEMPTS` times)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = writer.start()
+        failure = _initialization_failure(query, init_timeout)
+        if failure is None or not transient_start_failure(failure) or attempt == START_ATTEMPTS:
+            return query
+        log.warning(
+            "aggregation %r failed while starting: its source's Python worker did not "
+            "connect back within Spark's 10 s (is the machine overloaded?); starting it "
+            "again from its checkpoint (attempt %d of %d)",
+            name,
+            attempt + 1,
+            START_ATTEMPTS,
+        )
+        time.sleep(2.0 * attempt)  # let the load that starved it pass
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# The status a query's thread sets the moment it fails or is stopped, before it stops its
+# sources and turns TERMINATED: a query seen between the two is ending, not initialized
+# (taken for initialized, a failed start went unretried: CI, stop 65).
+_ENDING = ("Terminated with exception", "Stopped")
+
+
+def start_phase(active: bool, message: object) -> str:
+    """Where a starting query is, from its ``isActive`` and status message:
+    ``initializing`` its sources, ``running`` (initialized), or ``ending`` — ended, or
+    failed or stopped and still stopping its sources (active, its message already set)."""
+    text = str(message or "")
+    if not active or text.startswith(_ENDING):
+        return "ending"
+    return "initializing" if text.startswith("Initializing") else "running"
+
+
+def _initialization_failure(query: Any, timeout: float) -> str | None:
+    """The text of the exception a query died of while initializing its sources, or None
+    once they are initialized (or after ``timeout`` s: the caller watches it from then)."""
+    deadline = time.monotonic() + timeout
+    while (phase := start_phase(query.isActive, query.status.get("message"))) == "initializing":
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+    if phase == "running":
+        return None
+    # ended: wait for its termination to complete before asking why — its state turns
+    # TERMINATED before everything of its end is in place, and a query asked in between
+    # said it had no exception (a failed start then went unretried: a fresh-clone run)
+    try:
+        query.awaitTermination(60)
+    except Exception as exc:  # the StreamingQueryException it died of
+        return str(exc)
+    error = query.exception()
+    return None if error is None else str(error)
+
+
+__all__ = ["START_ATTEMPTS", "start_phase", "start_query", "transient_start_failure"]
