@@ -100,6 +100,7 @@ def _pair_batches(
         got_pairs: list[tuple[int, int]] = []
         got_alone: list[int] = []
         on_time: dict[int, list[pd.DataFrame]] = {0: [], 1: []}
+        previous = 0  # the watermark of the batch before
         for batch, w in enumerate([*watermarks, 10_000]):  # the last: everything closes
             frames = []
             for part, events in ((0, left), (1, right)):
@@ -113,6 +114,11 @@ def _pair_batches(
             pairs, alone = out.pairs.to_pydict(), out.unmatched.to_pydict()
             got_pairs += list(zip(pairs["l_off"], pairs["r_off"], strict=True))
             got_alone += alone["l_off"]
+            # no row comes earlier than the rule says an aggregation may wait for
+            least = rule.earliest("left", previous)
+            assert all(t >= least for t in pairs["l_ts"] + alone["l_ts"])
+            assert all(t >= rule.earliest("right", previous) for t in pairs["r_ts"])
+            previous = int(w)
             # the columns travel with the ids, both sides'
             assert pairs["lv"] == [f"l{o}" for o in pairs["l_off"]]
             assert pairs["rv"] == [f"r{o}" for o in pairs["r_off"]]

@@ -189,34 +189,19 @@ def rows_batch(
 
 def rows_bound(cfg: JoinConfig, column: str) -> Callable[[int], int] | None:
     """How early a join's rows can still be in ``column``: given the watermark of the
-    join batch before a batch (``P``), the least value of ``column`` that batch or any
-    later one emits. None when the join does not hold rows back (a lookup join's rows
-    are its events, in their order) or ``column`` is none of its times.
-
-    A pair is emitted by the batch in which its second event arrives; the first waits
-    in state until the watermark passes it (:meth:`~riverbed.stream.pairing.Rule.
-    expires`), an unmatched left event is emitted when it does. So an interval join's
-    rows of a batch after ``P`` have a left time of at least ``P - upper`` (an event
-    arriving then is not before the watermark: at least ``P``), a right time of at
-    least that plus ``lower`` (the pair's gap); a window join's, a time in the window
-    the watermark ``P`` is in, or a later one."""
+    join batch before a batch, the least value of ``column`` that batch or any later
+    one emits (:meth:`~riverbed.stream.pairing.Rule.earliest`). None when the join does
+    not hold rows back (a lookup join's rows are its events, in their order) or
+    ``column`` is none of its times."""
     if cfg.join.lookup is not None:
         return None
     left, right = cfg.sides
     internal = {name: inner for inner, name in cfg.names}.get(column)
     rule = cfg.rule
-    times = (PREFIX["left"] + left.time, PREFIX["right"] + right.time)
-    if rule.window_ms is not None:
-        window = rule.window_ms
-        if internal in (*times, WINDOW_START):
-            return lambda p: p // window * window
-        return None
-    reach = max(rule.upper_ms, 0)
-    lower = rule.lower_ms
-    if internal == times[0]:
-        return lambda p: p - reach
-    if internal == times[1]:
-        return lambda p: p - reach + lower
+    if internal == PREFIX["left"] + left.time or internal == WINDOW_START:
+        return lambda p: rule.earliest("left", p)
+    if internal == PREFIX["right"] + right.time:
+        return lambda p: rule.earliest("right", p)
     return None
 
 

@@ -131,6 +131,26 @@ class Rule:
         before: np.ndarray = ts < watermark_ms
         return before
 
+    def earliest(self, which: str, previous_ms: int) -> int:
+        """The least time of side ``which`` ("left"/"right") in any row a batch emits
+        when the batch before it ran with watermark ``previous_ms`` (or any later batch:
+        the watermark never goes back) — what an aggregation over the join's rows may
+        take for its watermark (:mod:`riverbed.stream.joinedagg`).
+
+        A pair is emitted by the batch its second event arrives in, and an unmatched
+        left event by the batch whose watermark passes it; either way each event was on
+        time when it came and still in state after the batch before. A window join's:
+        in the window ``previous_ms`` is in, or a later one. An interval join's left
+        event: at least ``previous_ms - upper`` (one still buffered then; one arriving
+        later is not before the watermark); a right event: ``lower`` or more after its
+        partner, and at least ``previous_ms + lower`` (buffered) or ``previous_ms``."""
+        if self.window_ms is not None:
+            return previous_ms // self.window_ms * self.window_ms
+        left = previous_ms - max(self.upper_ms, 0)
+        if which == "left":
+            return left
+        return max(left + self.lower_ms, previous_ms + min(self.lower_ms, 0))
+
     def expires(self, side: bytes, ts: np.ndarray) -> np.ndarray:
         """The watermark at which a buffered event of ``side`` is dropped."""
         if self.window_ms is not None:
