@@ -738,6 +738,9 @@ def test_first_last_argmax_argmin_match_pandas_on_every_path(
             "cheapest": ArgMin("user_id", by="amount"),
             # a whole row of the richest event: ties to the smallest row, column by column
             "top": ArgMax(["user_id", "flag", "at"], by="amount"),
+            # every tied event: a list of rows (at most 3), and of values; how many tied
+            "tops": ArgMax(["user_id", "at"], by="amount", ties="all", max_ties=3),
+            "lows": ArgMin("user_id", by="amount", ties="all"),
         },
         columns={"at": "ts"},  # a time that is not the event time: its own conversions
         state_partitions=3,
@@ -745,6 +748,7 @@ def test_first_last_argmax_argmin_match_pandas_on_every_path(
     got = run_to_end(spark, spec, log_url, tmp_path, path)
     assert got["first_user"].dtype == "int64" and got["last_amount"].dtype == "float64"
     assert got["top_user_id"].dtype == "int64" and str(got["top_at"].dtype) == "datetime64[us, UTC]"
+    tie_seen = [False]
     for (start_, flag), group in events.assign(window_start=events["ts"].dt.floor("1h")).groupby(
         ["window_start", "flag"]
     ):
@@ -760,6 +764,13 @@ def test_first_last_argmax_argmin_match_pandas_on_every_path(
         best = top.sort_values(["user_id", "flag", "ts"]).iloc[0]
         picked = (row["top_user_id"], row["top_flag"], row["top_at"])
         assert picked == (best["user_id"], best["flag"], best["ts"])
+        tied = top.sort_values(["user_id", "ts"])
+        listed = [(int(r["user_id"]), pd.Timestamp(r["at"])) for r in row["tops"]]
+        assert listed == list(zip(tied["user_id"], tied["ts"], strict=True))[:3]
+        assert row["tops_ties"] == len(top)
+        assert list(row["lows"]) == sorted(low["user_id"]) and row["lows_ties"] == len(low)
+        tie_seen[0] |= len(top) > 1
+    assert tie_seen[0]  # (some window had several at its highest amount)
 
 
 def session_events(n: int, seed: int) -> pd.DataFrame:

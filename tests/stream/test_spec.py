@@ -259,6 +259,55 @@ def test_a_picked_row_is_the_same_in_any_merge_order(
             assert (got["_n"], got["_t"]) == want, (type(metric).__name__, split)
 
 
+@given(st.lists(ROWS, min_size=1, max_size=5), st.integers(1, 4))
+def test_every_tied_row_is_kept_in_any_merge_order(
+    parts: list[list[tuple[int | None, int | None, str | None]]], most: int
+) -> None:
+    """``ties="all"``: every event whose `by` is the best — their rows the smallest
+    first, at most ``max_ties`` of them (the smallest), and how many there were —
+    whatever the split into batches and the merge order."""
+    from riverbed.stream.metrics import ArgMax, ArgMin, First
+
+    def order(row: tuple[int | None, str | None]) -> tuple[tuple[bool, object], ...]:
+        return tuple((v is not None, 0 if v is None else v) for v in row)
+
+    events = [(b, (n, t)) for part in parts for b, n, t in part if b is not None]
+    metrics = ((ArgMax(["n", "t"], by="b", ties="all", max_ties=most), max),
+               (ArgMin(["n", "t"], by="b", ties="all", max_ties=most), min),
+               (First(["n", "t"], ties="all", max_ties=most), min))  # fmt: skip
+    for metric, best in metrics:
+        top = best((b for b, _ in events), default=None)
+        tied = sorted((r for b, r in events if b == top), key=order)
+        want = [{"n": n, "t": t} for n, t in tied[:most]]
+        for split in (parts, parts[::-1]):
+            merged = None
+            for part in split:
+                by = np.array([np.nan if b is None else b for b, _, _ in part], dtype=float)
+                n = np.array([np.nan if v is None else v for _, v, _ in part], dtype=float)
+                t = np.array([v for _, _, v in part], dtype=object)
+                partial = metric.partial([n, t], len(part), by)
+                merged = partial if merged is None else metric.merge(merged, partial)
+            got = metric.result(merged)
+            assert got[""] == want and got["_ties"] == len(tied), (type(metric).__name__, split)
+
+
+def test_ties_all_is_refused_with_the_fix_and_types_its_list() -> None:
+    from riverbed.stream.errors import StreamValueError
+    from riverbed.stream.metrics import ArgMax
+
+    with pytest.raises(StreamValueError, match=r"ties must be 'smallest'.*or 'all'"):
+        ArgMax("v", by="b", ties="every")
+    with pytest.raises(StreamValueError, match="max_ties must be a whole number"):
+        ArgMax("v", by="b", ties="all", max_ties=0)
+    types = {"v": "long", "ts": "timestamp"}
+    assert ArgMax("v", by="b", ties="all").outputs(types) == [
+        ("", "array<long>"), ("_ties", "long")
+    ]  # fmt: skip
+    assert ArgMax(["v", "ts"], by="b", ties="all").outputs(types)[0] == (
+        "", "array<struct<v:long,ts:timestamp>>"
+    )  # fmt: skip
+
+
 MAYBE = st.one_of(st.none(), st.integers(0, 3))
 
 
@@ -267,12 +316,14 @@ MAYBE = st.one_of(st.none(), st.integers(0, 3))
     st.sampled_from(["First", "Last", "ArgMax", "ArgMin"]),
     st.booleans(),
     st.booleans(),
+    st.sampled_from(["smallest", "all"]),
 )
 def test_picks_of_all_groups_at_once_are_each_groups_own(
     events: list[tuple[int, int | None, int | None, int | None, bool]],
     kind: str,
     row: bool,
     filtered: bool,
+    ties: str,
 ) -> None:
     """``group_partials`` (one sort for every group) gives each group the partial that
     ``partial`` gives it alone — ties, NULLs and a metric's ``where`` included."""
@@ -289,7 +340,8 @@ def test_picks_of_all_groups_at_once_are_each_groups_own(
     w = np.array([None if e[3] is None else f"w{e[3]}" for e in events], dtype=object)
     counts = np.array([e[4] for e in events], dtype=bool) if filtered else None
     cls = getattr(m, kind)
-    metric = cls(["v", "w"] if row else "v", **({"by": "b"} if kind.startswith("Arg") else {}))
+    by_column = {"by": "b"} if kind.startswith("Arg") else {}
+    metric = cls(["v", "w"] if row else "v", ties=ties, max_ties=2, **by_column)
     column = [v, w] if row else v
     rows = np.arange(len(events))
     got = metric.group_partials(column, by, rows, bounds, counts)

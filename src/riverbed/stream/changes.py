@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from riverbed.durations import duration_text
 from riverbed.formats import CURRENT
+from riverbed.stream.metrics import SHAPE_IF_SET
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
@@ -82,8 +83,11 @@ def _described(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": type(obj).__name__}
     if dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.metadata.get(SHAPE_IF_SET) and value == f.default:
+                continue  # added later: a shape without it is the same
             if f.name not in leave_out:
-                out[f.name] = _value(getattr(obj, f.name))
+                out[f.name] = _value(value)
     return out
 
 

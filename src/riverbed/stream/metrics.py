@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import datasketches as ds
@@ -28,6 +28,10 @@ import numpy as np
 
 from riverbed.state.sketches import HLL, AdaptiveDistinct, ExactIds
 from riverbed.stream.errors import StreamValueError
+
+# a metric's field that is part of a spec's shape (riverbed.stream.changes) only when it
+# is not its default: one added later, so that shapes recorded before it stay equal
+SHAPE_IF_SET = "riverbed.shape_if_set"
 
 
 @dataclass(frozen=True)
@@ -375,12 +379,30 @@ class _Picked:
     Spark's ``first(col, ignoreNulls=true)``); several: among the events whose ordering
     value is present (a row may hold NULLs, as Spark's ``max_by(struct(…), by)``).
     Ties go to the smallest value — for a row, compared column by column in the order
-    given, NULL first — so every path and merge order picks the same one."""
+    given, NULL first — so every path and merge order picks the same one.
+
+    ``ties="all"``: every event tied for the pick instead (Nexmark q7: all the bids at
+    their window's highest price) — ``<metric>`` a list of their values (of several
+    columns: of rows, ``{column: value}``), the smallest first, at most ``max_ties`` of
+    them (the smallest), and ``<metric>_ties`` how many there were."""
 
     column: str | tuple[str, ...]
+    # (in a spec's shape only when set: shapes recorded before them stay equal)
+    ties: str = field(default="smallest", kw_only=True, metadata={SHAPE_IF_SET: True})
+    max_ties: int = field(default=1000, kw_only=True, metadata={SHAPE_IF_SET: True})
     returns_value = True  # its result is a value of ``column`` (typed as the column)
 
     def __post_init__(self) -> None:
+        if self.ties not in ("smallest", "all"):
+            raise StreamValueError(
+                f"{type(self).__name__}: ties must be 'smallest' (one event: the smallest "
+                f"value) or 'all' (every tied event, a list), not {self.ties!r}"
+            )
+        if not isinstance(self.max_ties, int) or self.max_ties < 1:
+            raise StreamValueError(
+                f"{type(self).__name__}: max_ties must be a whole number, 1 or more, not "
+                f"{self.max_ties!r}"
+            )
         if isinstance(self.column, list | tuple):
             names = tuple(self.column)
             if not names or not all(isinstance(c, str) and c for c in names):
@@ -424,6 +446,17 @@ class _Picked:
             assert isinstance(column, np.ndarray)
             keep &= _present(column)
             candidates = zip(_listed(by[keep]), _listed(column[keep]), strict=True)
+        if self.ties == "all":
+            tied: list[Any] | None = None
+            for raw_by, raw in candidates:
+                b = _python(raw_by)
+                v = [_python(x) for x in raw] if row else _python(raw)
+                if tied is None or self._rank(b) > self._rank(tied[0]):
+                    tied = [b, [v], 1]
+                elif self._rank(b) == self._rank(tied[0]):
+                    tied[1].append(v)
+                    tied[2] += 1
+            return None if tied is None else self._kept(tied)
         best: list[Any] | None = None
         best_order: tuple[Any, ...] | None = None
         for b, v in candidates:
@@ -432,6 +465,16 @@ class _Picked:
             if best_order is None or order > best_order:
                 best, best_order = candidate, order
         return best
+
+    def _rank(self, by: Any) -> Any:
+        """An ordering value as the pick compares it (the largest wins)."""
+        return self._order(by, 0)[0]
+
+    def _kept(self, tied: list[Any]) -> list[Any]:
+        """A ``ties="all"`` value — [ordering value, tied values, how many] — with the
+        values sorted (the smallest first) and the smallest ``max_ties`` kept."""
+        values = sorted(tied[1], key=self._value_order)[: self.max_ties]
+        return [tied[0], values, tied[2]]
 
     largest = True  # whether the largest ordering value wins (else the smallest)
 
@@ -470,6 +513,15 @@ class _Picked:
         inside = (beside >= firsts) & (beside < ends)
         tied = np.zeros(len(best), dtype=bool)
         tied[inside] = ordered[beside[inside]] == ordered[best[inside]]
+        if self.ties == "all":  # every tied event of each group
+            for i in range(len(best)):
+                run = np.arange(firsts[i], ends[i]) if tied[i] else np.array([best[i]])
+                run = run[ordered[run] == ordered[best[i]]]
+                value = self._values(column, at[run])
+                out[int(group[firsts[i]])] = self._kept(
+                    [_python(_listed(by[at[best[i] : best[i] + 1]])[0]), value, len(run)]
+                )
+            return out
         winners = at[best]
         for i in np.flatnonzero(tied).tolist():  # the smallest value among the tied
             run = np.arange(firsts[i], ends[i])
@@ -493,17 +545,32 @@ class _Picked:
     def merge(self, a: Any, b: Any) -> Any:
         if a is None or b is None:
             return b if a is None else a
+        if self.ties == "all":
+            mine, theirs = self._rank(a[0]), self._rank(b[0])
+            if mine != theirs:
+                return a if mine > theirs else b
+            return self._kept([a[0], a[1] + b[1], a[2] + b[2]])
         mine = self._order(a[0], self._value_order(a[1]))
         theirs = self._order(b[0], self._value_order(b[1]))
         return a if mine >= theirs else b
 
     def result(self, value: Any) -> dict[str, Any]:
+        if self.ties == "all":
+            values = [] if value is None else value[1]
+            if isinstance(self.column, tuple):
+                values = [dict(zip(self.column, v, strict=True)) for v in values]
+            return {"": values, "_ties": 0 if value is None else int(value[2])}
         if isinstance(self.column, tuple):
             picked = [None] * len(self.column) if value is None else value[1]
             return {f"_{c}": v for c, v in zip(self.column, picked, strict=True)}
         return {"": None if value is None else value[1]}
 
     def outputs(self, types: Mapping[str, str]) -> list[tuple[str, str]]:
+        if self.ties == "all":  # a list of values (of rows), and how many were tied
+            if isinstance(self.column, tuple):
+                fields = ",".join(f"{c}:{types.get(c, 'string')}" for c in self.column)
+                return [("", f"array<struct<{fields}>>"), ("_ties", "long")]
+            return [("", f"array<{types.get(self.column, 'string')}>"), ("_ties", "long")]
         if isinstance(self.column, tuple):
             return [(f"_{c}", types.get(c, "string")) for c in self.column]
         return [("", types.get(self.column, "string"))]

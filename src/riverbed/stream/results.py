@@ -86,20 +86,40 @@ def output_schema(spec: Aggregation) -> str:
     return ", ".join(f"{name} {kind}" for name, kind in output_columns(spec))
 
 
-_ARROW = {
+_SCALARS = {
     "timestamp": pa.timestamp("us", tz="UTC"),
     "string": pa.string(),
     "long": pa.int64(),
+    "bigint": pa.int64(),
     "double": pa.float64(),
     "boolean": pa.bool_(),
-    "array<struct<value:string,count:bigint>>": pa.list_(
-        pa.struct([("value", pa.string()), ("count", pa.int64())])
-    ),
 }
 
 
+def arrow_type(ddl: str) -> pa.DataType:
+    """A result column's Arrow type from its Spark DDL type: the scalars results carry,
+    ``array<…>`` of them (TopK's pairs, the tied values of a pick) and ``struct<name:
+    type,…>`` (a tied row)."""
+    ddl = ddl.strip()
+    if ddl in _SCALARS:
+        return _SCALARS[ddl]
+    if ddl.startswith("array<") and ddl.endswith(">"):
+        return pa.list_(arrow_type(ddl[len("array<") : -1]))
+    if ddl.startswith("struct<") and ddl.endswith(">"):
+        fields, depth, start = [], 0, 0
+        body = ddl[len("struct<") : -1]
+        for at, ch in enumerate(body + ","):
+            depth += {"<": 1, ">": -1}.get(ch, 0)
+            if ch == "," and depth == 0:
+                name, _, kind = body[start:at].partition(":")
+                fields.append((name.strip(), arrow_type(kind)))
+                start = at + 1
+        return pa.struct(fields)
+    raise ValueError(f"no Arrow type for the result column type {ddl!r}")
+
+
 def output_arrow_schema(spec: Aggregation) -> pa.Schema:
-    return pa.schema([(name, _ARROW[kind]) for name, kind in output_columns(spec)])
+    return pa.schema([(name, arrow_type(kind)) for name, kind in output_columns(spec)])
 
 
 def empty_rows(spec: Aggregation) -> pd.DataFrame:
