@@ -11,7 +11,8 @@ auctions and 46 bids (the bids as ``nexmark.generate`` makes them). A person's i
 newest person id rounded down to a multiple of 100) three times in four, else one of
 the 1,000 newest people; its category one of 10-14; its reserve a price.
 
-**Queries** (the ones riverbed's joins express; q4 and q7 join an aggregate):
+**Queries** (Nexmark's joins; q4 and q7 join an aggregate — riverbed's q4 aggregates
+the join's rows, its q7 needs no join):
 
 * ``q8`` — persons and the auctions they opened in the same 10-second window: the
   window join of persons (``id``) and auctions (``seller``), one row per (person,
@@ -59,11 +60,10 @@ the 1,000 newest people; its category one of 10-14; its reserve a price.
   primary key), so it keeps the bids in state too.
 * ``q7`` — the highest bids: each bid whose price is the highest of a 10-second window
   ending at most 10 s after it (Nexmark's join of the bids with their windows'
-  maximum, ``BETWEEN window_end - 10 s AND window_end``). riverbed runs it as Nexmark
-  writes it, in two drivers one after the other: an aggregation (the maximum per
-  window, ``output="final"``, to its results topic), then an interval join of the bids
-  with those results (``on=("price", "maxprice")``, the result's ``window_end`` within
-  0-10 s after the bid). Flink: its window aggregation joined with the bids (a regular
+  maximum, ``BETWEEN window_end - 10 s AND window_end``). riverbed: one aggregation,
+  per 10 s window every bid at its highest price — ``ArgMax(["auction", "bidder",
+  "price", "ts"], by="price", ties="all")``, a list per window, unnested for the check.
+  Flink: as Nexmark writes it, its window aggregation joined with the bids (a regular
   join: ``window_end`` is no time attribute).
 
 **Where they go.** Typed riverbed topics (4 partitions each), CSV files for Flink (one
@@ -123,9 +123,8 @@ SIDES = {
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
     "q13": ("bids",),  # and the side table (a lookup)
-    "q7": ("bids",),  # and the maximum of each window (an aggregation's results topic)
+    "q7": ("bids",),  # one aggregation: every bid at its window's highest price
 }
-Q7_RESULTS = "window_start timestamp, window_end timestamp, maxprice long, batch_id long"
 Q4_MAX = "window_start timestamp, id long, category long, final double, batch_id long"
 END = -1  # the id (and auction) of the far-later events that end the input
 
@@ -228,15 +227,6 @@ def joins(watermark: str, side: str = "side.parquet") -> dict[str, Join]:
             where={"right": "category = 10"},
             watermark=watermark,
         ),
-        "q7": Join(
-            name="q7",
-            left=topic("bids"),
-            right=Topic("q7_max.results", options={"schema": Q7_RESULTS}),
-            on=("price", "maxprice"),
-            time=("ts", "window_end"),
-            within=("0s", "10s"),
-            watermark="60s",
-        ),
         "q13": Join(
             name="q13",
             left=topic("bids"),
@@ -277,12 +267,13 @@ def end(url: str, streams: dict[str, pd.DataFrame], names: tuple[str, ...]) -> N
     log.close()
 
 
-def q7_maximum(watermark: str) -> Aggregation:
-    """q7's first half: the highest price of each 10-second window of bids."""
+def q7_highest(watermark: str) -> Aggregation:
+    """q7 in one pass: per 10-second window of bids, every bid at its highest price (a
+    window's row: the list of them, ``ties="all"``), written once the window closes."""
     return Aggregation(
-        name="q7_max", key="all", time="ts", window=Tumbling("10s"), watermark=watermark,
-        output="final", columns={"all": "'all'"}, metrics={"maxprice": Max("price")},
-        state_partitions=4,
+        name="q7", key="all", time="ts", window=Tumbling("10s"), watermark=watermark,
+        output="final", columns={"all": "'all'"}, state_partitions=4,
+        metrics={"top": ArgMax(["auction", "bidder", "price", "ts"], by="price", ties="all")},
     )  # fmt: skip
 
 
@@ -349,33 +340,44 @@ def run_average(spark: Any, url: str, root: Path, batch: int) -> float:
     return time.perf_counter() - began
 
 
-def run_maximum(spark: Any, url: str, root: Path, batch: int, watermark: str) -> float:
-    """q7's aggregation over the bids, to its results topic (``q7_max.results``): its
-    seconds. The bids' far-later event (:func:`end`) closes every window."""
+def run_highest(
+    spark: Any, url: str, root: Path, batch: int, watermark: str, driver: str | None = None
+) -> float:
+    """q7's one aggregation over the bids: its seconds."""
+    began = time.perf_counter()
+    options = {"topic": "bids", "log": url, "schema": BIDS, "maxRecordsPerBatch": str(batch)}
+    if driver is not None:
+        options["driverBatchRecords"] = driver
+    query = start(
+        spark, q7_highest(watermark), options,
+        checkpoint=root / "cp" / "q7", output=root / "out" / "q7", log_url=url,
+        trigger={"availableNow": True},
+    )  # fmt: skip
+    query.awaitTermination()
+    assert query.exception() is None, query.exception()
+    return time.perf_counter() - began
 
-    def run() -> float:
-        began = time.perf_counter()
-        query = start(
-            spark, q7_maximum(watermark),
-            {"topic": "bids", "log": url, "schema": BIDS, "maxRecordsPerBatch": str(batch)},
-            checkpoint=root / "cp" / "q7_max", output=root / "out" / "q7_max",
-            topic="q7_max.results", log_url=url, trigger={"availableNow": True},
-        )  # fmt: skip
-        query.awaitTermination()
-        assert query.exception() is None, query.exception()
-        return time.perf_counter() - began
 
-    return run()
+def q7_rows(output: Path) -> pd.DataFrame:
+    """q7's result rows as the bids they list, one row each (the end's window out)."""
+    rows = [dict(r) for listed in read_results(output)["top"] for r in listed]
+    bids = pd.DataFrame(rows, columns=["auction", "bidder", "price", "ts"])
+    return bids[bids["auction"] != END]
 
 
 def run_riverbed(
-    spark: Any, url: str, root: Path, join: Join, batch: int, streams: dict[str, pd.DataFrame],
-    watermark: str = "10s",
+    spark: Any, url: str, root: Path, name: str, join: Join | None, batch: int,
+    streams: dict[str, pd.DataFrame], watermark: str = "10s",
 ) -> tuple[float, pd.DataFrame]:  # fmt: skip
-    """The join over its log, then its end: the seconds of both runs, the joined rows
-    (q7: its aggregation first, before and after the end, each time; q9: the winners
-    after)."""
+    """The query over its log, then its end: the seconds of both runs, its rows (q9 and
+    q4: the aggregations over the join's rows; q7: one aggregation, no join)."""
     from riverbed.stream.joinquery import start_join
+
+    if join is None:  # q7: every bid at its window's highest price, in one pass
+        seconds = run_highest(spark, url, root, batch, watermark)
+        end(url, streams, SIDES[name])
+        seconds += run_highest(spark, url, root, batch, watermark)
+        return seconds, q7_rows(root / "out" / "q7")
 
     def run() -> float:
         began = time.perf_counter()
@@ -394,12 +396,8 @@ def run_riverbed(
             return seconds, won[won["key"] != str(END)]
         seconds += run_average(spark, url, root, batch)  # then the average per category
         return seconds, read_results(root / "out" / "q4_avg")
-    q7 = join.name == "q7"
-    seconds = run_maximum(spark, url, root, batch, watermark) if q7 else 0.0
-    seconds += run()
+    seconds = run()
     end(url, streams, SIDES[join.name])
-    if q7:  # the end closes the last windows (a no-data batch after it writes them)
-        seconds += run_maximum(spark, url, root, batch, watermark)
     seconds += run()
     got = read_joined(root / "out" / join.name)
     # (a left join's unmatched row has no auction: NULL, which is not the end either)
@@ -585,7 +583,7 @@ def main() -> None:
         small["side"] = side_table()
         warm = f"file://{root / 'warm'}"
         fill(warm, small, SIDES["q9j"])
-        run_riverbed(spark, warm, root / "warmup", joins("10s")["q9j"], 2_000, small)
+        run_riverbed(spark, warm, root / "warmup", "q9j", joins("10s")["q9j"], 2_000, small)
         if flink is not None:
             tiny = {n: write_csv(f.head(300), root / "tiny" / n) for n, f in small.items()}
             fixed = run_flink(flink, tiny, "q9j", args.watermark).get("seconds")
@@ -594,14 +592,14 @@ def main() -> None:
             if not side.exists():  # q13's table, read by riverbed's lookup
                 side.parent.mkdir(parents=True, exist_ok=True)
                 streams["side"].to_parquet(side, index=False)
-            join = joins(f"{args.watermark}s", str(side))[name]
+            join = joins(f"{args.watermark}s", str(side)).get(name)  # (q7: none)
             names = SIDES[name]
             events = sum(len(streams[n]) for n in names)
             per_batch = -(-max(len(streams[n]) for n in names) // args.batches)
             want = duckdb_answer(name, streams)
             url = f"file://{root / 'log' / name}"
             fill(url, streams, names)
-            seconds, got = run_riverbed(spark, url, root, join, per_batch, streams,
+            seconds, got = run_riverbed(spark, url, root, name, join, per_batch, streams,
                                         f"{args.watermark}s")  # fmt: skip
             row: dict[str, Any] = {
                 "query": name, "events": events, "rows": len(want), "riverbed_s": seconds,

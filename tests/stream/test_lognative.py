@@ -277,14 +277,20 @@ def test_partitions_kept_open_by_driver_batches_are_let_go_for_a_spark_job(
 def test_small_batches_run_in_the_driver_and_big_ones_as_a_spark_job(
     spark: Any, log_url: str, tmp_path: Path
 ) -> None:
-    """The same batches, exact either way; in the driver no Spark job is launched."""
+    """The same batches, exact either way; in the driver no Spark job is launched —
+    co-located, or shuffled (the partials routed to the state partitions by the
+    driver's threads; by default up to 1,000,000 records a batch)."""
     events = make_events(1500, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
     tracker = spark.sparkContext.statusTracker()
-    for limit, as_jobs in (("100000", False), ("0", True)):
-        options = {"topic": "events", "log": log_url, "schema": SCHEMA}
-        options |= {"maxRecordsPerBatch": "500", "driverBatchRecords": limit}
-        root = tmp_path / limit
+    cases = [("100000", "auto", False), ("0", "auto", True), (None, "false", False),
+             ("0", "false", True)]  # fmt: skip
+    for limit, co_locate, as_jobs in cases:
+        options = {"topic": "events", "log": log_url, "schema": SCHEMA, "co_locate": co_locate}
+        options |= {"maxRecordsPerBatch": "500"}
+        if limit is not None:
+            options["driverBatchRecords"] = limit
+        root = tmp_path / f"{limit}-{co_locate}"
         query = start(
             spark,
             spec(3),
@@ -298,6 +304,9 @@ def test_small_batches_run_in_the_driver_and_big_ones_as_a_spark_job(
         check(read_results(root / "out"), events)
         jobs = tracker.getJobIdsForGroup(f"riverbed-flags-{query.id}")  # the loop's group
         assert (len(jobs) >= 3) is as_jobs, (limit, jobs)  # 3 batches: a job each, or none
+        plans = {r.co_located for b in open_batches(str(root / "ckpt")).ids()
+                 if (r := open_batches(str(root / "ckpt")).get(b)) is not None}  # fmt: skip
+        assert plans == {co_locate == "auto"}
 
 
 def test_decimal_metric_columns_become_the_nearest_doubles() -> None:

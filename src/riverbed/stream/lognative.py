@@ -426,15 +426,25 @@ def run_batch(
                 frames.append(rows)
                 side.add(part_side)
     else:
-        openpool.let_go()
         work = pieces([s for s in slices if s.end > s.start], parallelism)
 
         def merge(index: int, partials: Iterator[Any]) -> pd.DataFrame:
             return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
-        merged, sides = tasks.shuffle_job(
-            spark, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
-        )
+        total = sum(s.end - s.start for s in work)
+        if in_driver(total, cfg.shuffled_driver_records, where) or (
+            total == 0 and cfg.shuffled_driver_records > 0 and tasks_in_this_process(where)
+        ):
+            # a small batch (also one with no input: the watermark moved), as a
+            # co-located one: the same two stages in the driver's threads (a Spark job's
+            # own cost, ~250 ms a batch here, would be most of it)
+            stage1 = shuffle_tasks(cfg, watermark)
+            merged, sides = _shuffled_here(work, stage1, n, merge, task_attempts(where))
+        else:
+            openpool.let_go()
+            merged, sides = tasks.shuffle_job(
+                spark, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
+            )
         frames += merged
         for s in sides:
             side.add(s)
@@ -442,6 +452,30 @@ def run_batch(
     if not full:
         return empty_rows(spec), side
     return pd.concat(full, ignore_index=True), side
+
+
+def _shuffled_here(
+    work: list[LogSlice], stage1: Any, n: int, merge: Any, attempts: int
+) -> tuple[list[pd.DataFrame], list[Side]]:
+    """:func:`tasks.shuffle_job`'s two stages in the driver's threads: each piece's
+    (state partition, partial) pairs, then each partition merged (a failed merge tried
+    ``attempts`` times, as Spark would) — the merges' rows and the pieces' side counts."""
+    routed: dict[int, list[Any]] = {p: [] for p in range(n)}
+    sides: list[Side] = []
+    with ThreadPoolExecutor(max(1, min(len(work), 4)), thread_name_prefix="riverbed-task") as pool:
+        for pairs in pool.map(stage1, work):
+            for p, value in pairs:
+                if p == n:
+                    sides.append(value)
+                else:
+                    routed[p].append(value)
+    with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
+        merged = list(
+            pool.map(
+                lambda p: _attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
+            )
+        )
+    return merged, sides
 
 
 def _stray(cfg: DirectConfig, exc: BaseException) -> bool:

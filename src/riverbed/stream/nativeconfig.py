@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRIVER_BATCH_RECORDS",
     "JOIN_DRIVER_BATCH_RECORDS",
+    "SHUFFLED_DRIVER_BATCH_RECORDS",
     "DirectConfig",
     "count_option",
     "decide_co_location",
@@ -43,6 +44,12 @@ DRIVER_BATCH_RECORDS = 50_000
 # a batch: ~100 ms in the driver, ~750 ms as a job (benchmarks/nexmark_joins.py,
 # 2026-12-04). Bounded so a backlog read whole does not sit in the driver's memory.
 JOIN_DRIVER_BATCH_RECORDS = 1_000_000
+# A shuffled aggregation batch (its key not the topic's: derived, composite, or a
+# topic keyed otherwise), likewise: as a Spark job it pays a job and a shuffle of its
+# partials whatever its size — Nexmark q7's 92,000 bids a batch (one window's key):
+# ~460 ms as a job, ~50 ms in the driver's threads (2026-12-04). Unless
+# driverBatchRecords says otherwise (it then bounds both kinds).
+SHUFFLED_DRIVER_BATCH_RECORDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class DirectConfig:
     # co-located batches of at most this many records, with a local master, run in the
     # driver process instead of as a Spark job (DRIVER_BATCH_RECORDS; 0: never)
     driver_records: int = DRIVER_BATCH_RECORDS
+    # shuffled batches of at most this many records likewise (SHUFFLED_DRIVER_BATCH_RECORDS)
+    shuffled_driver_records: int = SHUFFLED_DRIVER_BATCH_RECORDS
 
 
 def decide_co_location(
@@ -134,6 +143,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     if steal not in ("true", "false"):
         raise StreamValueError(f"steal must be true or false, not {steal!r}")
     driver_records = count_option(lowered, "driverBatchRecords", DRIVER_BATCH_RECORDS)
+    shuffled = count_option(lowered, "driverBatchRecords", SHUFFLED_DRIVER_BATCH_RECORDS)
     topic_log = open_log(options)
     try:
         if options["topic"] not in topic_log.topics():
@@ -165,6 +175,7 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
         starting,
         steal == "true",
         driver_records=driver_records,
+        shuffled_driver_records=shuffled,
     )
 
 
