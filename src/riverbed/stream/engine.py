@@ -202,6 +202,16 @@ def partials_of(
     ]
 
 
+def _array(column: pd.Series) -> np.ndarray:
+    """A column as numpy's: a time zone's times as UTC datetime64 (pandas gives an
+    object array of Timestamps, one Python object per event: 0.77 s of 2.1 for 914,000
+    joined rows of Nexmark q9)."""
+    if isinstance(column.dtype, pd.DatetimeTZDtype):
+        column = column.dt.tz_convert("UTC").dt.tz_localize(None)
+    out: np.ndarray = column.to_numpy()
+    return out
+
+
 def group_partials(
     spec: Aggregation, pdf: pd.DataFrame, ts: np.ndarray, rows: np.ndarray, bounds: list[int]
 ) -> list[dict[str, Any]]:
@@ -209,7 +219,7 @@ def group_partials(
     (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
     all groups at once (:func:`_vectorized`), as are the metrics that pick one event
     (First/Last/ArgMax/ArgMin: ``group_partials``); the other metrics group by group."""
-    columns = {c: pdf[c].to_numpy() for c in spec.reads()[2:]}
+    columns = {c: _array(pdf[c]) for c in spec.reads()[2:]}
     # a picked row may return the key or the time too (ArgMax([...], by=...)): only then
     # are they turned into arrays here (the key of the log-native path is categorical)
     returned = {c for m in spec.metrics.values() if isinstance(m, VALUE_METRICS) for c in m.columns}
