@@ -55,7 +55,7 @@ from riverbed.stream.errors import StreamValueError
 from riverbed.stream.joinquery import JoinQuery, open_join
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import Side, checked
+from riverbed.stream.lognative import Side, attempted, checked, task_attempts
 from riverbed.stream.lognative import run_planned as run_aggregation
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger
@@ -174,9 +174,13 @@ def rows_batch(
 
     # in the driver, where the rows are, unless the tasks run elsewhere (or the join's
     # sides say driverBatchRecords=0: every batch a Spark job)
-    if tasks_in_this_process(tasks.master(spark)) and cfg.driver_records > 0:
+    where = tasks.master(spark)
+    if tasks_in_this_process(where) and cfg.driver_records > 0:
+        attempts = task_attempts(where)  # a failed merge tried as often as Spark would
         with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
-            frames = list(pool.map(lambda p: merge(p, routed[p]), range(n)))
+            frames = list(
+                pool.map(lambda p: attempted(lambda i: merge(i, routed[i]), p, attempts), range(n))
+            )
     else:
         openpool.let_go()  # the job's tasks, in other processes, open the partitions
         work = [[(p, x) for x in routed[p]] for p in range(n) if routed[p]]

@@ -334,7 +334,7 @@ def task_attempts(master: str) -> int:
     return max(1, int(found.group(1))) if found else 1
 
 
-def _attempted(task: Any, index: int, attempts: int) -> Any:
+def attempted(task: Any, index: int, attempts: int) -> Any:
     """``task(index)`` run in the driver, retried as Spark retries a failed task (a
     task's work is idempotent: a retry re-commits the same state version)."""
     for attempt in range(1, attempts + 1):
@@ -415,9 +415,7 @@ def run_batch(
             task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
             attempts = task_attempts(where)
             with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
-                results = list(
-                    pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
-                )
+                results = list(pool.map(lambda i: attempted(task, i, attempts), range(len(groups))))
         else:
             openpool.let_go()  # the job's tasks, in other processes, open the partitions
             results = _colocated_job(spark, cfg, batch_id, watermark, previous, groups)
@@ -472,7 +470,7 @@ def _shuffled_here(
     with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
         merged = list(
             pool.map(
-                lambda p: _attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
+                lambda p: attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
             )
         )
     return merged, sides
