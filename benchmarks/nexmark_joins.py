@@ -63,6 +63,9 @@ the join's rows, its q7 needs no join):
   maximum, ``BETWEEN window_end - 10 s AND window_end``). riverbed: one aggregation,
   per 10 s window every bid at its highest price — ``ArgMax(["auction", "bidder",
   "price", "ts"], by="price", ties="all")``, a list per window, unnested for the check.
+  (Nexmark's ``BETWEEN`` is closed at both ends: a bid at exactly a window's end — the
+  next window's start — at that window's highest price is also one of its rows; a
+  window of riverbed's is half-open. No such bid on this stream: the check is exact.)
   Flink: as Nexmark writes it, its window aggregation joined with the bids (a regular
   join: ``window_end`` is no time attribute).
 
