@@ -137,7 +137,10 @@ def _engine_test_ids(env: tuple[tuple[str, str], ...]) -> list[str]:
          "tests/stream/test_engine.py"],
         env=dict(env), cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
-    return [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    ids = [line for line in done.stdout.splitlines() if line.startswith("tests/") and "::" in line]
+    # over Connect no task runs in the driver process: a "colocated-driver" test runs the
+    # very Spark jobs its "colocated" twin does (docs/stream.md, "Spark Connect")
+    return [i for i in ids if "colocated-driver" not in i]
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))
@@ -151,7 +154,7 @@ def test_the_engine_tests_pass_over_spark_connect(
     one of them."""
     env = {k: v for k, v in subprocess_env.items() if k != "PYTEST_ADDOPTS"}
     ids = _engine_test_ids(tuple(sorted(env.items())))
-    assert len(ids) >= 50  # the whole module was collected
+    assert len(ids) >= 40  # the whole module was collected
     _pass_over_connect(connect_url, env, ids[shard::SHARDS])
 
 
