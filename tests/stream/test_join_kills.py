@@ -234,6 +234,16 @@ def test_an_aggregation_over_a_join_killed_mid_batch_counts_every_row_once(
     said = json.loads(status.stdout)
     assert said["lag"] == {"orders": 0, "payments": 0}
     assert said["join"]["joined"] + said["join"]["unmatched"] == len(joined)
+    # the console's page of the aggregation: the join's topics' lag, the join batches
+    # each of its batches read
+    sources = Sources(Config(home=home))
+    try:
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            page = client.get("/streams/paid_by_band").text
+            assert "orders=0 payments=0" in page and "<code>join batches " in page
+            assert client.get("/streams/paid_by_band?batch=1").status_code == 200
+    finally:
+        sources.close()
 
 
 LOOKUP_SPEC = """

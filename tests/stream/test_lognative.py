@@ -279,7 +279,7 @@ def test_small_batches_run_in_the_driver_and_big_ones_as_a_spark_job(
 ) -> None:
     """The same batches, exact either way; in the driver no Spark job is launched —
     co-located, or shuffled (the partials routed to the state partitions by the
-    driver's threads; by default up to 1,000,000 records a batch)."""
+    driver's threads; by default up to 100,000 records a batch)."""
     events = make_events(1500, hours=3)
     write_events(log_url, events, partitions=3, key_field="flag")
     tracker = spark.sparkContext.statusTracker()

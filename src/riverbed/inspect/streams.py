@@ -126,8 +126,12 @@ def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> di
     ms = record.ms
     total_ms = sum(ms.values())
     offsets: dict[str, list[int]] | None
+    from riverbed.stream.joinedagg import JOINED, join_range
+
     if record.slices is not None:  # the plan the batch recorded before it ran
         offsets = {p: [int(s), int(e)] for p, (s, e) in record.slices.items()}
+    elif JOINED in (record.sources or {}):  # over a join's rows: the join batches it read
+        offsets = {"join batches": list(join_range(record))}
     else:  # a batch of the Spark-driven loop: Spark's offset log
         from riverbed.stream.plan import slices_json
         from riverbed.stream.sparklog import spark_ends
@@ -160,9 +164,7 @@ def join(src: Sources, name: str) -> dict[str, Any]:
     """Status of one stream-stream join, from what its checkpoint recorded (its
     manifest): totals, watermark, and per side its topic, newest event, lag and the
     events its state holds; its driver; its shape."""
-    from riverbed.state import StateConfig
-    from riverbed.stream.joinquery import status_of
-    from riverbed.stream.pairing import Rule
+    from riverbed.stream.joinquery import manifest_status
     from riverbed.stream.specjob import read_manifest
 
     checkpoint = src.place(name)
@@ -173,17 +175,9 @@ def join(src: Sources, name: str) -> dict[str, Any]:
             f"no join '{name}' with a manifest in {src.checkpoints} (joins: {known}; a join "
             "records one when it starts with this version of riverbed)"
         )
-    sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
-        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items() if "topic" in s
-    }
-    table = dict(info["sides"]).get("right", {}).get("table")  # a lookup join's
-    state = StateConfig(local_dir=src.config.state_dir, durable=info["state_durable"])
     out: dict[str, Any] = {"name": name, "kind": "join", "spec": info.get("spec")}
     try:
-        lower, upper = info["bounds_ms"]
-        rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
-        partitions = int(info["state_partitions"])
-        out.update(status_of(name, sides, partitions, checkpoint, state, rule, table))
+        out.update(manifest_status(info, checkpoint, Path(src.config.state_dir)))
     except RiverbedError as exc:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)

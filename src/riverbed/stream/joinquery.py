@@ -430,6 +430,25 @@ def status_of(
     return info
 
 
+def manifest_status(
+    info: dict[str, Any], checkpoint: str | Path, local_dir: Path
+) -> dict[str, Any]:
+    """:func:`status_of` from a join's manifest (:func:`manifest`, in its checkpoint) —
+    what the console and the status of an aggregation over a join's rows read; the
+    state's local copies under ``local_dir``."""
+    sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
+        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items() if "topic" in s
+    }
+    table = dict(info["sides"]).get("right", {}).get("table")  # a lookup join's
+    lower, upper = info["bounds_ms"]
+    rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
+    state = StateConfig(local_dir=local_dir, durable=info["state_durable"])
+    return status_of(
+        str(info["name"]), sides, int(info["state_partitions"]), checkpoint, state, rule, table,
+        info.get("state_name"),
+    )  # fmt: skip
+
+
 def _held(name: str, partitions: int, state: StateConfig, rule: Rule) -> dict[str, int]:
     """How many events each side holds in the state (its newest version) that a partner
     can still reach."""

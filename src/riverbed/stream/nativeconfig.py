@@ -46,10 +46,14 @@ DRIVER_BATCH_RECORDS = 50_000
 JOIN_DRIVER_BATCH_RECORDS = 1_000_000
 # A shuffled aggregation batch (its key not the topic's: derived, composite, or a
 # topic keyed otherwise), likewise: as a Spark job it pays a job and a shuffle of its
-# partials whatever its size — Nexmark q7's 92,000 bids a batch (one window's key):
-# ~460 ms as a job, ~50 ms in the driver's threads (2026-12-04). Unless
-# driverBatchRecords says otherwise (it then bounds both kinds).
-SHUFFLED_DRIVER_BATCH_RECORDS = 1_000_000
+# partials whatever its size, but its partials are Python work the driver's threads do
+# on one core (the GIL) where a job's Python workers use every core. Measured
+# (benchmarks/nexmark.py, 2 cores, 92,000-bid batches, 2026-12-04): q7's one key per
+# window ~460 ms a batch as a job, ~50 ms here; q11's sessions 5.1 → 1.9 s a run; but
+# q16's 11 metrics per channel (8 exact distincts) 16.7 → 21.1 s, and at 460,000 bids a
+# batch 43 → 69 s. So up to about q7's batches; driverBatchRecords, when given, bounds
+# both kinds.
+SHUFFLED_DRIVER_BATCH_RECORDS = 100_000
 
 
 @dataclass(frozen=True)

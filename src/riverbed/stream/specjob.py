@@ -484,24 +484,13 @@ def status(job: StreamJob) -> dict[str, Any]:
 def join_status(checkpoint: str, state_dir: Path) -> dict[str, Any]:
     """The status of the join an aggregation runs (its checkpoint: ``checkpoint``), from
     its manifest: totals, watermark, and per side its topic, newest event, lag and the
-    events its state holds (:func:`riverbed.stream.joinquery.status_of`)."""
-    from riverbed.stream.joinquery import status_of
-    from riverbed.stream.pairing import Rule
+    events its state holds."""
+    from riverbed.stream.joinquery import manifest_status
 
     info = read_manifest(checkpoint)
     if info is None or info.get("kind") != "join":
         return {"sides": {}, "error": f"no join manifest in {checkpoint} yet"}
-    sides: dict[str, tuple[str, str | None, dict[str, str]]] = {
-        w: (s["topic"], s.get("log"), {}) for w, s in dict(info["sides"]).items() if "topic" in s
-    }
-    table = dict(info["sides"]).get("right", {}).get("table")  # a lookup join's
-    lower, upper = info["bounds_ms"]
-    rule = Rule(window_ms=info["window_ms"], lower_ms=int(lower), upper_ms=int(upper))
-    state = StateConfig(local_dir=state_dir, durable=info["state_durable"])
-    return status_of(
-        str(info["name"]), sides, int(info["state_partitions"]), checkpoint, state, rule, table,
-        info.get("state_name"),
-    )  # fmt: skip
+    return manifest_status(info, checkpoint, state_dir)
 
 
 def _done(record: BatchRecord | None) -> bool:
