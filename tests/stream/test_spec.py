@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -248,15 +249,21 @@ def test_a_picked_row_is_the_same_in_any_merge_order(
         top = best((b for b, _ in events), default=None)
         want = min((r for b, r in events if b == top), key=order, default=(None, None))
         for split in (parts, parts[::-1]):
-            merged = None
-            for part in split:
-                by = np.array([np.nan if b is None else b for b, _, _ in part], dtype=float)
-                n = np.array([np.nan if v is None else v for _, v, _ in part], dtype=float)
-                t = np.array([v for _, _, v in part], dtype=object)
-                partial = metric.partial([n, t], len(part), by)
-                merged = partial if merged is None else metric.merge(merged, partial)
-            got = metric.result(merged)
+            got = _merged_rows(metric, split)
             assert (got["_n"], got["_t"]) == want, (type(metric).__name__, split)
+
+
+def _merged_rows(metric: Any, split: list[list[tuple[int | None, int | None, str | None]]]) -> Any:
+    """The result of ``metric`` over (by, n, t) events, each part a batch's partial,
+    merged in the parts' order."""
+    merged = None
+    for part in split:
+        by = np.array([np.nan if b is None else b for b, _, _ in part], dtype=float)
+        n = np.array([np.nan if v is None else v for _, v, _ in part], dtype=float)
+        t = np.array([v for _, _, v in part], dtype=object)
+        partial = metric.partial([n, t], len(part), by)
+        merged = partial if merged is None else metric.merge(merged, partial)
+    return metric.result(merged)
 
 
 @given(st.lists(ROWS, min_size=1, max_size=5), st.integers(1, 4))
@@ -280,14 +287,7 @@ def test_every_tied_row_is_kept_in_any_merge_order(
         tied = sorted((r for b, r in events if b == top), key=order)
         want = [{"n": n, "t": t} for n, t in tied[:most]]
         for split in (parts, parts[::-1]):
-            merged = None
-            for part in split:
-                by = np.array([np.nan if b is None else b for b, _, _ in part], dtype=float)
-                n = np.array([np.nan if v is None else v for _, v, _ in part], dtype=float)
-                t = np.array([v for _, _, v in part], dtype=object)
-                partial = metric.partial([n, t], len(part), by)
-                merged = partial if merged is None else metric.merge(merged, partial)
-            got = metric.result(merged)
+            got = _merged_rows(metric, split)
             assert got[""] == want and got["_ties"] == len(tied), (type(metric).__name__, split)
 
 
