@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psycopg
@@ -366,3 +367,30 @@ def test_text_keys_join_the_same_through_either_index(
     joined, found = join(events, Lookup("t.parquet", on="k"), table)
     assert joined.column("v").to_pylist() == [1, None, 3, None, 0, 2]
     assert found.to_pylist() == [True, False, True, False, True, True]
+
+
+def test_a_key_index_probed_by_many_threads_at_once_answers_each() -> None:
+    """A lookup table's key index, new, probed by four tasks' threads at once: each
+    gets every row (pandas fills an index's hash table on first use; threads that first
+    use it together saw it half-filled and failed — 163 of 200 tries before)."""
+    import threading
+
+    import numpy as np
+
+    from riverbed.stream.lookups import _KeyIndex
+
+    probe = pa.array(np.arange(0, 100_000, 3, dtype=np.int64))
+    for _ in range(20):
+        index = _KeyIndex(pa.array(np.arange(50_000, dtype=np.int64)))
+        results: list[Any] = []
+        threads = [
+            threading.Thread(target=lambda i=index, out=results: out.append(i.positions(probe)))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 4
+        for found in results:
+            assert found.null_count == len(probe) - 16_667  # the keys under 50,000 found

@@ -34,7 +34,6 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +59,12 @@ from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.rescale import partition_of
-from riverbed.stream.results import empty_rows, output_arrow_schema, since_values
+from riverbed.stream.results import (
+    empty_rows,
+    output_arrow_schema,
+    since_values,
+    with_listed_times,
+)
 from riverbed.windows import Session
 
 if TYPE_CHECKING:
@@ -503,35 +507,6 @@ def _utc_us(ms: np.ndarray) -> pd.DatetimeIndex:
     return pd.to_datetime(ms.astype("datetime64[ms]"), utc=True).as_unit("us")
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _with_listed_times(spec: Aggregation, columns: dict[str, list[Any]]) -> None:
-    """The times inside list results (``ties="all"`` of a time) as datetimes."""
-    for name, metric in spec.metrics.items():
-        for suffix, kind in metric.outputs(spec.column_types):
-            if kind.startswith("array<") and "timestamp" in kind:
-                column = columns[name + suffix]
-                columns[name + suffix] = [
-                    None if v is None else _listed_times(v, kind) for v in column
-                ]
-
-
-def _listed_times(values: list[Any], kind: str) -> list[Any]:
-    """A list result's times (epoch µs, as partials keep them) as UTC datetimes — every
-    writer of a nested time reads those alike (Spark's pandas conversion takes a bare
-    number in a struct for nanoseconds) — years 1-9999; ``kind``: its DDL type."""
-
-    def time(us: Any) -> Any:
-        return None if us is None else _EPOCH + timedelta(microseconds=int(us))
-
-    if kind == "array<timestamp>":
-        return [time(v) for v in values]
-    inner = kind[len("array<struct<") : -2]
-    timed = [f.split(":", 1)[0] for f in inner.split(",") if f.split(":", 1)[1] == "timestamp"]
-    return [{**row, **{c: time(row[c]) for c in timed}} for row in values]
-
-
 def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
     """The emitted windows as output rows (built column by column)."""
     if not emitted:  # typed empty columns (empty lists would all be float64)
@@ -546,7 +521,7 @@ def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
         for name, metric in spec.metrics.items():
             for suffix, result in metric.result(value[name]).items():
                 columns[name + suffix].append(result)
-    _with_listed_times(spec, columns)
+    with_listed_times(spec, columns)
     start_ms = np.array(starts, dtype=np.int64)
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
@@ -582,7 +557,7 @@ def session_rows(
             for suffix, _ in metric.outputs(spec.column_types):
                 columns[name + suffix].append(None)
     columns["deleted"] = [False] * len(emitted) + [True] * len(removed)
-    _with_listed_times(spec, columns)
+    with_listed_times(spec, columns)
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
     columns["window_start"] = _utc_us(np.array(columns["window_start"], dtype=np.int64))

@@ -536,10 +536,17 @@ class _KeyIndex:
         self.integral = pa.types.is_integer(keys.type)
         self.keys = keys
         self.index: pd.Index | None = None
+        self.unique = True
         if self.integral:
             self.index = pd.Index(keys.cast(pa.int64()).to_numpy())
         elif len(keys) > self.SMALL_TEXT:
             self.index = pd.Index(keys.to_numpy(zero_copy_only=False))
+        if self.index is not None:
+            # built now, before any task thread probes it: pandas fills an index's hash
+            # table on its first use, and threads that first use it together see it
+            # half-filled ("Reindexing only valid with uniquely valued Index objects":
+            # 163 of 200 tries with 4 threads; once in a fresh-clone suite run)
+            self.unique = bool(self.index.is_unique)  # (asking fills the table)
 
     def positions(self, values: pa.Array) -> pa.Array:
         """Each value's row in the table (NULL: none, or a NULL value)."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from riverbed.parquetbytes import parquet_bytes, read_parquet_bytes
 from riverbed.stream.aggregation import DELETED, Aggregation
+from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import backfill_key, checkpoint_store
 
 if TYPE_CHECKING:
@@ -115,7 +117,36 @@ def arrow_type(ddl: str) -> pa.DataType:
                 fields.append((name.strip(), arrow_type(kind)))
                 start = at + 1
         return pa.struct(fields)
-    raise ValueError(f"no Arrow type for the result column type {ddl!r}")
+    raise StreamValueError(f"no Arrow type for the result column type {ddl!r}")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def with_listed_times(spec: Aggregation, columns: dict[str, list[Any]]) -> None:
+    """The times inside list results (``ties="all"`` of a time) as datetimes."""
+    for name, metric in spec.metrics.items():
+        for suffix, kind in metric.outputs(spec.column_types):
+            if kind.startswith("array<") and "timestamp" in kind:
+                column = columns[name + suffix]
+                columns[name + suffix] = [
+                    None if v is None else listed_times(v, kind) for v in column
+                ]
+
+
+def listed_times(values: list[Any], kind: str) -> list[Any]:
+    """A list result's times (epoch µs, as partials keep them) as UTC datetimes — every
+    writer of a nested time reads those alike (Spark's pandas conversion takes a bare
+    number in a struct for nanoseconds) — years 1-9999; ``kind``: its DDL type."""
+
+    def time(us: Any) -> Any:
+        return None if us is None else _EPOCH + timedelta(microseconds=int(us))
+
+    if kind == "array<timestamp>":
+        return [time(v) for v in values]
+    inner = kind[len("array<struct<") : -2]
+    timed = [f.split(":", 1)[0] for f in inner.split(",") if f.split(":", 1)[1] == "timestamp"]
+    return [{**row, **{c: time(row[c]) for c in timed}} for row in values]
 
 
 def output_arrow_schema(spec: Aggregation) -> pa.Schema:
