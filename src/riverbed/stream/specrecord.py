@@ -67,7 +67,7 @@ def recorded(
     return None, None
 
 
-NOT_REPLAYED = "riverbed cannot read a DataFrame source's events again"
+NOT_REPLAYED = "riverbed cannot read this source's events again (a DataFrame, a join's rows)"
 
 
 def plan_start(
