@@ -273,7 +273,7 @@ def start(
         spark, spec, str(checkpoint), log_url, lambda: load_config().log_url
     )
     options, log_url = opened.options, opened.log_url
-    if options is None and not is_connect(spark):
+    if opened.frame is not None and not is_connect(spark):
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     if state is None:
         state = default_state(checkpoint)
@@ -336,7 +336,7 @@ def start(
     for sink in extra:
         sink.start(config)
     if joined is not None:
-        return _start_joined(spark, config, joined, schemas, trigger)
+        return _start_joined(spark, config, joined, trigger)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
         from riverbed.stream.loop import DirectQuery
         from riverbed.stream.nativeconfig import prepare
@@ -371,27 +371,15 @@ def _start_joined(
     spark: Any,
     config: EngineConfig,
     joined: Any,
-    schemas: Sequence[Any],
     trigger: dict[str, Any] | None,
 ) -> Any:
     """An aggregation over a join's rows, in this driver (stream/joinedagg.py): its
     columns checked against the join's rows, then the loop of both started."""
     from riverbed.stream import joinedagg
-    from riverbed.stream.aggregation import KEY
-    from riverbed.stream.derive import input_types
-    from riverbed.stream.lookups import added_columns
-    from riverbed.stream.nativeconfig import DirectConfig
+    from riverbed.stream.nativeconfig import DirectConfig, check_reads
     from riverbed.stream.plan import parse_trigger
 
-    spec = config.spec
-    derived: list[str] = []
-    if spec.derives:  # lookups, a where or columns that cannot be: refused now
-        compiled = compile_for(spec, input_types(joined.output_schema), schemas)
-        derived = [name for name, _ in compiled.columns] if compiled is not None else []
-    if spec.composite:
-        derived.append(KEY)  # the composite key's text
-    added = added_columns(schemas, spec.lookups)
-    joinedagg.check_columns(spec, joined, derived, list(added))
+    check_reads(config, joined.output_schema, f"the rows of join {joined.join.name!r}")
     direct = DirectConfig(
         config, {"join": joined.join.name}, None, co_located=False,
         driver_records=joined.driver_records,

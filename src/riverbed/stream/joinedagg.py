@@ -35,7 +35,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,12 +49,12 @@ from riverbed.state import StateConfig, openpool
 from riverbed.stream import lookups
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import BatchRecord, next_record, open_batches
-from riverbed.stream.engine import Partial, merge_partition, partials_of, state_partition_of
+from riverbed.stream.engine import Partial, merge_partition, partials_of
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.joinquery import JoinQuery, open_join
 from riverbed.stream.joins import Join
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import Side, attempted, checked, task_attempts
+from riverbed.stream.lognative import Side, checked, merged_here, owned, task_attempts
 from riverbed.stream.lognative import run_planned as run_aggregation
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger
@@ -130,17 +129,6 @@ def state_name(aggregation: str, join: str) -> str:
     return f"{aggregation}.join.{join}"
 
 
-def check_columns(spec: Any, cfg: JoinConfig, derived: list[str], added: list[str]) -> None:
-    """Refuse an aggregation reading a column the join's rows do not have."""
-    known = list(cfg.output_schema.names) + derived + added
-    missing = [c for c in spec.reads() if c not in known]
-    if missing:
-        raise StreamValueError(
-            f"aggregation {spec.name!r} reads column(s) {missing}, which the rows of join "
-            f"{cfg.join.name!r} ({', '.join(cfg.output_schema.names)}) do not have"
-        )
-
-
 def rows_batch(
     spark: Any,
     cfg: DirectConfig,
@@ -156,35 +144,25 @@ def rows_batch(
     n = spec.state_partitions
     watermark, previous = record.watermark_ms, record.previous_watermark_ms
     side = Side()
-    partials: list[Partial] = []
+    pairs: list[tuple[int, Partial]] = []
     reads = (
         t.append_column("_error", pa.nulls(t.num_rows, pa.string())) for t in tables if t.num_rows
     )
     for pdf, ts in checked(cfg, reads, watermark, side):
-        partials += partials_of(spec, pdf, watermark, ts)
-    routed: dict[int, list[Partial]] = {p: [] for p in range(n)}
-    if partials:
-        owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
-        for p, partial in zip(owners, partials, strict=True):
-            routed[int(p)].append(partial)
+        pairs += owned(partials_of(spec, pdf, watermark, ts), n)
     tasks.describe(spark, f"riverbed {spec.name} batch {batch_id}")
 
-    def merge(p: int, values: Iterator[Partial] | list[Partial]) -> pd.DataFrame:
+    def merge(p: int, values: Iterator[Partial]) -> pd.DataFrame:
         return merge_partition(cfg.engine, p, batch_id, watermark, previous, values)
 
     # in the driver, where the rows are, unless the tasks run elsewhere (or the join's
     # sides say driverBatchRecords=0: every batch a Spark job)
     where = tasks.master(spark)
     if tasks_in_this_process(where) and cfg.driver_records > 0:
-        attempts = task_attempts(where)  # a failed merge tried as often as Spark would
-        with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
-            frames = list(
-                pool.map(lambda p: attempted(lambda i: merge(i, routed[i]), p, attempts), range(n))
-            )
+        frames = merged_here(pairs, n, merge, task_attempts(where))
     else:
         openpool.let_go()  # the job's tasks, in other processes, open the partitions
-        work = [[(p, x) for x in routed[p]] for p in range(n) if routed[p]]
-        frames, _ = tasks.shuffle_job(spark, work, [], list, n, merge)
+        frames, _ = tasks.shuffle_job(spark, [pairs], [], list, n, merge)
     full = [f for f in frames if len(f)]
     if not full:
         return empty_rows(spec), side
@@ -238,11 +216,7 @@ class JoinedQuery(JoinQuery):
         self._start()
 
     def _loop(self, logs: dict[str, Any]) -> None:
-        target = None
-        if self.trigger.available_now:  # what the topics hold now, and no more
-            target = {
-                w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in self.streams
-            }
+        target = self._target(logs)
 
         def plan() -> tuple[str, int, BatchRecord] | None:
             unfinished = self._unfinished()
@@ -353,7 +327,6 @@ class JoinedQuery(JoinQuery):
 __all__ = [
     "JOINED",
     "JoinedQuery",
-    "check_columns",
     "join_range",
     "open_joined",
     "rows_batch",

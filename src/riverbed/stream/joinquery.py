@@ -65,12 +65,15 @@ class JoinQuery(ThreadQuery):
         topic = self.cfg.sides[SIDES.index(which)].options["topic"]
         return {o.partition: (o.start, o.end) for o in logs[which].offsets(topic)}
 
+    def _target(self, logs: dict[str, Any]) -> dict[str, dict[int, int]] | None:
+        """With ``availableNow``: each side's ends now (what the topics hold now, and no
+        more); else None."""
+        if not self.trigger.available_now:
+            return None
+        return {w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in self.streams}
+
     def _loop(self, logs: dict[str, Any]) -> None:
-        target = None
-        if self.trigger.available_now:  # what the topics hold now, and no more
-            target = {
-                w: {p: e for p, (_, e) in self._retained(logs, w).items()} for w in self.streams
-            }
+        target = self._target(logs)
 
         def run(batch_id: int, record: BatchRecord, began: float) -> None:
             tasks_of = self._tasks_of(batch_id, record)

@@ -298,14 +298,19 @@ def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
         side = Side()
         out: list[tuple[int, Any]] = []
         for pdf, ts in events(cfg, piece, watermark_ms, side):
-            partials = partials_of(spec, pdf, watermark_ms, ts)
-            if partials:
-                owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
-                out += [(int(p), partial) for p, partial in zip(owners, partials, strict=True)]
+            out += owned(partials_of(spec, pdf, watermark_ms, ts), n)
         out.append((n, side))
         return out
 
     return run
+
+
+def owned(partials: list[Partial], n: int) -> list[tuple[int, Partial]]:
+    """Each partial with the state partition (of ``n``) its key belongs to."""
+    if not partials:
+        return []
+    owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n)
+    return [(int(p), partial) for p, partial in zip(owners, partials, strict=True)]
 
 
 def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
@@ -334,7 +339,7 @@ def task_attempts(master: str) -> int:
     return max(1, int(found.group(1))) if found else 1
 
 
-def attempted(task: Any, index: int, attempts: int) -> Any:
+def _attempted(task: Any, index: int, attempts: int) -> Any:
     """``task(index)`` run in the driver, retried as Spark retries a failed task (a
     task's work is idempotent: a retry re-commits the same state version)."""
     for attempt in range(1, attempts + 1):
@@ -415,7 +420,9 @@ def run_batch(
             task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
             attempts = task_attempts(where)
             with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
-                results = list(pool.map(lambda i: attempted(task, i, attempts), range(len(groups))))
+                results = list(
+                    pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
+                )
         else:
             openpool.let_go()  # the job's tasks, in other processes, open the partitions
             results = _colocated_job(spark, cfg, batch_id, watermark, previous, groups)
@@ -458,22 +465,30 @@ def _shuffled_here(
     """:func:`tasks.shuffle_job`'s two stages in the driver's threads: each piece's
     (state partition, partial) pairs, then each partition merged (a failed merge tried
     ``attempts`` times, as Spark would) — the merges' rows and the pieces' side counts."""
-    routed: dict[int, list[Any]] = {p: [] for p in range(n)}
+    pairs: list[tuple[int, Any]] = []
     sides: list[Side] = []
     with ThreadPoolExecutor(max(1, min(len(work), 4)), thread_name_prefix="riverbed-task") as pool:
-        for pairs in pool.map(stage1, work):
-            for p, value in pairs:
-                if p == n:
-                    sides.append(value)
-                else:
-                    routed[p].append(value)
+        for piece in pool.map(stage1, work):
+            sides += [value for p, value in piece if p == n]
+            pairs += [(p, value) for p, value in piece if p != n]
+    return merged_here(pairs, n, merge, attempts), sides
+
+
+def merged_here(
+    pairs: list[tuple[int, Any]], n: int, merge: Any, attempts: int
+) -> list[pd.DataFrame]:
+    """Stage 2 of a shuffle in the driver's threads: every state partition ``p`` < ``n``
+    (also one without values) merged by ``merge(p, its values)``, a failed merge tried
+    ``attempts`` times as Spark would — the merges' rows."""
+    routed: dict[int, list[Any]] = {p: [] for p in range(n)}
+    for p, value in pairs:
+        routed[p].append(value)
     with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
-        merged = list(
+        return list(
             pool.map(
-                lambda p: attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
+                lambda p: _attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
             )
         )
-    return merged, sides
 
 
 def _stray(cfg: DirectConfig, exc: BaseException) -> bool:

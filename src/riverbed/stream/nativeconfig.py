@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from riverbed.log.kafkalog import PARTITIONER as KAFKA_PARTITIONER
 from riverbed.log.partitioners import KeyHashPartitioner
 from riverbed.spark.source import open_log
@@ -29,6 +31,7 @@ __all__ = [
     "JOIN_DRIVER_BATCH_RECORDS",
     "SHUFFLED_DRIVER_BATCH_RECORDS",
     "DirectConfig",
+    "check_reads",
     "count_option",
     "decide_co_location",
     "prepare",
@@ -136,6 +139,8 @@ _KEY_HASH = KeyHashPartitioner()
 def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     """Check a topic source's options against the topic and the aggregation, and decide
     co-location; on the driver, with a Spark session running (DDL is parsed by it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     from riverbed.spark.offsets import source_limits
     from riverbed.spark.source import reader_schema
 
@@ -161,15 +166,8 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     finally:
         topic_log.close()
     schema = reader_schema(lowered)
-    derived = _derived_names(config, schema)
+    check_reads(config, to_arrow_schema(schema, timezone="UTC"), "the topic's schema")
     config = _with_column_types(config, schema)
-    known = schema.fieldNames() + derived + added
-    missing = [c for c in config.spec.reads() if c not in known]
-    if missing:
-        raise StreamValueError(
-            f"aggregation {config.spec.name!r} reads column(s) {missing}, which the topic's "
-            f"schema ({', '.join(schema.fieldNames())}) does not have"
-        )
     return DirectConfig(
         config,
         options,
@@ -183,21 +181,28 @@ def prepare(config: EngineConfig, options: dict[str, str]) -> DirectConfig:
     )
 
 
-def _derived_names(config: EngineConfig, schema: Any) -> list[str]:
-    """The spec's derived columns, compiled here against the source's schema (and the
-    lookups' tables) so that a ``where`` or ``columns`` that cannot be evaluated is
-    refused at start."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
+def check_reads(config: EngineConfig, arrow: pa.Schema, source: str) -> None:
+    """The spec's derived columns compiled against the source's columns (``arrow``; and
+    the lookups' tables), so that a ``where`` or ``columns`` that cannot be evaluated is
+    refused at start — and a column the spec reads that neither the source (named by
+    ``source``), a derived column nor a lookup gives is refused too."""
     from riverbed.stream.derive import compile_for, input_types
 
     spec = config.spec
-    if not spec.derives:
-        return []
-    types = input_types(to_arrow_schema(schema, timezone="UTC"))
-    derived = compile_for(spec, types, config.lookup_schemas)
-    names = [name for name, _ in derived.columns] if derived is not None else []
-    return [*names, KEY] if spec.composite else names
+    derived: list[str] = []
+    if spec.derives:
+        compiled = compile_for(spec, input_types(arrow), config.lookup_schemas)
+        derived = [name for name, _ in compiled.columns] if compiled is not None else []
+        if spec.composite:
+            derived.append(KEY)  # the composite key's text
+    added = added_columns(config.lookup_schemas, spec.lookups)
+    known = [*arrow.names, *derived, *added]
+    missing = [c for c in spec.reads() if c not in known]
+    if missing:
+        raise StreamValueError(
+            f"aggregation {spec.name!r} reads column(s) {missing}, which {source} "
+            f"({', '.join(arrow.names)}) does not have"
+        )
 
 
 def _with_column_types(config: EngineConfig, schema: Any) -> EngineConfig:

@@ -524,7 +524,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     if info.get("join"):  # a join's rows: its sides' lag, what its state holds
         joined["join"] = join_status(str(info["join"]), Path(info["state_dir"]))
         lag = {
-            f"{side['topic']}": side["lag"]
+            side["topic"]: side["lag"]
             for side in joined["join"]["sides"].values()
             if side.get("lag") is not None
         }
