@@ -62,7 +62,7 @@ test: $(STAMP) system-test compile jars spark-archive lint
 # The quick loop while working (docs/testing.md): lint, types, import layers and every
 # test that needs no server, no Spark and no multi-process scenario; `make test` runs
 # everything and is what CI runs.
-QUICK := not (spark or etcd or postgres or mariadb or s3 or kafka or rest_catalog or slow or browser)
+QUICK := not (spark or etcd or postgres or mariadb or s3 or kafka or rest_catalog or setup or slow or browser)
 check: $(STAMP) compile lint
 	RIVERBED_TESTS_QUICK=1 $(BIN)/pytest -n 2 -q -m "$(QUICK)" --durations=10
 

@@ -80,6 +80,7 @@ def test_jars_fetched_again_name_another_archive(
     assert cds.archive() != first
 
 
+@pytest.mark.setup
 def test_setup_spark_archive_builds_it_once(tmp_path: Path) -> None:
     """``riverbed setup spark-archive`` (what a pip-installed riverbed runs) leaves an
     archive that is there alone; ``make`` built this virtualenv's."""

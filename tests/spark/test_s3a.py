@@ -16,6 +16,7 @@ from riverbed.storage.errors import StorageValueError
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE1234", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG"}
 
 
+@pytest.mark.setup
 def test_the_jar_cache_has_hadoop_aws_at_pysparks_hadoop_version() -> None:
     bundled = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
     assert bundled, "PySpark bundles no hadoop-client-api jar"

@@ -35,6 +35,7 @@ def etcd_on_a_host(tmp_path):
         yield Cluster(bed), Cluster(bed).start_etcd()
 
 
+@pytest.mark.etcd
 def test_a_driver_cut_off_from_etcd_stops_writing_before_its_lease_can_expire(
     etcd_on_a_host, tmp_path
 ):
