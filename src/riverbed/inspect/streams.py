@@ -126,12 +126,13 @@ def _batch_row(checkpoint: str | Path, batch_id: int, record: BatchRecord) -> di
     ms = record.ms
     total_ms = sum(ms.values())
     offsets: dict[str, list[int]] | None
-    from riverbed.stream.joinedagg import JOINED, join_range
+    from riverbed.stream.chain import upstream_range
 
+    read = upstream_range(record)
     if record.slices is not None:  # the plan the batch recorded before it ran
         offsets = {p: [int(s), int(e)] for p, (s, e) in record.slices.items()}
-    elif JOINED in (record.sources or {}):  # over a join's rows: the join batches it read
-        offsets = {"join batches": list(join_range(record))}
+    elif read is not None:  # over a join's or an aggregation's rows: its batches it read
+        offsets = {f"{read[0]} batches": [read[1], read[2]]}
     else:  # a batch of the Spark-driven loop: Spark's offset log
         from riverbed.stream.plan import slices_json
         from riverbed.stream.sparklog import spark_ends

@@ -161,6 +161,7 @@ def finish(
     *,
     outputs_from: float | None = None,
     maintenance: Maintenance | None = None,
+    emitted: Callable[[pa.Table], None] | None = None,
 ) -> None:
     """The end of every batch, whichever path ran it — the one place it is written:
 
@@ -173,11 +174,15 @@ def finish(
 
     With ``outputs_from`` (a ``time.perf_counter()`` reading), the time since then is
     recorded as the batch's ``ms.outputs``; with ``maintenance``, the maintenance runs
-    there, in the background."""
+    there, in the background. ``emitted`` is given the rows as the result table holds
+    them, before the commit (an aggregation reading them in the same driver:
+    :mod:`riverbed.stream.chain`)."""
     config.fence()
     written = write_output(config.output, config.spec, batch_id, rows, fence=config.fence)
     if config.sinks:
         publish(config, batch_id, rows if isinstance(rows, pd.DataFrame) else written.to_pandas())
+    if emitted is not None:
+        emitted(written)
     if outputs_from is not None:
         record.ms["outputs"] = round((time.perf_counter() - outputs_from) * 1000)
     finish_batch(config, batches, batch_id, record, maintenance)

@@ -384,7 +384,7 @@ def _start_joined(
         config, {"join": joined.join.name}, None, co_located=False,
         driver_records=joined.driver_records,
     )  # fmt: skip
-    return joinedagg.JoinedQuery(spark, joined, direct, parse_trigger(trigger))
+    return joinedagg.JoinedQuery(spark, joined, [direct], parse_trigger(trigger))
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:

@@ -90,6 +90,9 @@ class EngineConfig:
     # the RIVERBED_FAULT failpoint (tests), read on the driver: executors may not see it
     fault: str | None = field(default_factory=lambda: inherited("RIVERBED_FAULT") or None)
     term: int | None = None  # the driver's election term; None: not fenced (fencing.py)
+    # whose checkpoint holds the term that fences it, when not its own (an aggregation
+    # run by another's driver: stream/chain.py)
+    fenced_by: str | None = None
     # the lookups' tables: their columns, fixed at start, and the snapshots the batch
     # being run joins with (its plan's, set per batch by the driver; lookups.py)
     lookup_schemas: tuple[Any, ...] = ()
@@ -125,7 +128,7 @@ class EngineConfig:
 
     def fence(self) -> None:
         """Raise DriverFencedError if a newer driver took over (before every write)."""
-        check_term(self.checkpoint, self.term, self.spec.name)
+        check_term(self.fenced_by or self.checkpoint, self.term, self.spec.name)
 
 
 def state_partition_of(keys: pd.Series, n: int) -> np.ndarray:

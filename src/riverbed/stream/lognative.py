@@ -510,6 +510,7 @@ def run_planned(
     plan_ms: int = 0,
     maintenance: Maintenance | None = None,
     rows_of: Callable[[DirectConfig], tuple[pd.DataFrame, Side]] | None = None,
+    emitted: Callable[[pa.Table], None] | None = None,
 ) -> BatchRecord:
     """Run a batch whose plan is recorded (its ``slices``, watermark and co-location,
     written durably before this call): merge into state version ``batch_id``, write the
@@ -518,7 +519,9 @@ def run_planned(
     ``plan_ms`` is what planning it took (recorded with the batch's other phases);
     ``maintenance`` runs the periodic maintenance off the caller's thread. ``rows_of``:
     what computes the batch's rows instead of its slices' tasks (a join's rows in the
-    same driver: :mod:`riverbed.stream.joinedagg`). Returns the finished record."""
+    same driver: :mod:`riverbed.stream.joinedagg`); ``emitted``: given the batch's result
+    rows before it commits (an aggregation over them in the same driver:
+    :mod:`riverbed.stream.chain`). Returns the finished record."""
     began = time.perf_counter()
     if record.slices is None and rows_of is None:
         raise StreamValueError(f"batch {batch_id} has no recorded plan to run")
@@ -575,6 +578,7 @@ def run_planned(
     if shuffled:
         record.co_located = False  # what it ran as, in the commit
     finish(
-        cfg.engine, batches, batch_id, record, rows, outputs_from=merged, maintenance=maintenance
-    )
+        cfg.engine, batches, batch_id, record, rows,
+        outputs_from=merged, maintenance=maintenance, emitted=emitted,
+    )  # fmt: skip
     return record
