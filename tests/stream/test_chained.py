@@ -1,6 +1,7 @@
 """Chained aggregations: one aggregation's final results as another's events (Nexmark
 q5, "hot items": bids per auction per window, then the most bid-on auction of each
-window), through the upstream's results topic — against DuckDB over the bids."""
+window), through the upstream's results topic or in one driver — against DuckDB over
+the bids."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import riverbed.log
 from riverbed.errors import ConfigError
 from riverbed.stream.dataframe import read_results
-from riverbed.stream.specjob import load_spec
+from riverbed.stream.specsource import load_spec
 from tests.stream.test_acceptance_queries import bids
 
 COUNTS = """
@@ -41,8 +42,9 @@ aggregation = Aggregation(
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("one_driver", [False, True])
 def test_a_chained_aggregation_gives_nexmark_q5_as_duckdb_does(
-    tmp_path: Path, subprocess_env: dict[str, str]
+    tmp_path: Path, subprocess_env: dict[str, str], one_driver: bool
 ) -> None:
     import duckdb
 
@@ -56,12 +58,17 @@ def test_a_chained_aggregation_gives_nexmark_q5_as_duckdb_does(
     )
     log.close()
     (tmp_path / "counts.py").write_text(COUNTS)
-    (tmp_path / "hot.py").write_text(HOT)
     run = [sys.executable, "-m", "riverbed.cli.main", "stream", "run"]
-    for command in (
+    commands = [
         [*run, str(tmp_path / "counts.py"), "--topic", "auction_counts.results"],
         [*run, str(tmp_path / "hot.py")],
-    ):
+    ]
+    if one_driver:  # the upstream runs in hot_items' driver: no results topic
+        (tmp_path / "hot.py").write_text(HOT.replace('"aggregation"', '"chained"'))
+        commands = commands[1:]
+    else:
+        (tmp_path / "hot.py").write_text(HOT)
+    for command in commands:
         done = subprocess.run(
             [*command, "--once", "--max-records-per-batch", "500"],
             env=env,
@@ -71,7 +78,8 @@ def test_a_chained_aggregation_gives_nexmark_q5_as_duckdb_does(
         )
         assert done.returncode == 0, done.stderr[-2000:]
 
-    counts = read_results(home / "output" / "auction_counts")
+    upstream = home / "checkpoints" / "hot_items" / "upstream-results"
+    counts = read_results(upstream if one_driver else home / "output" / "auction_counts")
     got = read_results(home / "output" / "hot_items")
     closed = sorted(set(counts["window_start"]))  # the windows the upstream closed
     assert len(closed) >= 10 and list(got["window_start"]) == closed
@@ -114,3 +122,14 @@ def test_chaining_from_an_update_aggregation_is_refused_naming_the_fix(tmp_path:
         "topic": "auction_counts.results",
         "schema": "window_start timestamp, window_end timestamp, bids long, batch_id long",
     }
+    # in one driver: the upstream's spec file, checked the same way
+    (tmp_path / "hot.py").write_text(HOT.replace('"aggregation"', '"chained"'))
+    assert load_spec(tmp_path / "hot.py")[1] == {"chained": str(tmp_path / "counts.py")}
+    (tmp_path / "counts.py").write_text(COUNTS.replace('output="final"', 'output="update"'))
+    with pytest.raises(ConfigError, match=r"whose output is 'update'.*set output=\"final\""):
+        load_spec(tmp_path / "hot.py")
+    (tmp_path / "hot.py").write_text(
+        HOT.replace('"aggregation": "counts.py"', '"chained": "counts.py", "topic": "x"')
+    )
+    with pytest.raises(ConfigError, match=r"takes only the upstream aggregation's spec file"):
+        load_spec(tmp_path / "hot.py")

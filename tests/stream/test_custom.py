@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import riverbed.log
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.metrics import Custom
-from riverbed.stream.specjob import load_spec
+from riverbed.stream.specsource import load_spec
 from tests.stream.conftest import make_events
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "stddev.py"

@@ -349,7 +349,7 @@ def test_a_join_is_no_aggregation_to_the_commands_that_take_one(tmp_path: Path) 
     spec file is for."""
     from riverbed.errors import ConfigError
     from riverbed.stream.layout import JOIN, MANIFEST, aggregations, joins
-    from riverbed.stream.specjob import load_spec
+    from riverbed.stream.specsource import load_spec
 
     root = tmp_path / "checkpoints"
     for name, marker in (("paid", JOIN), ("counts", MANIFEST)):

@@ -81,7 +81,8 @@ def _job(spec: str, config: Config, version: bool = True) -> Any:
     from dataclasses import replace
 
     from riverbed.stream.layout import checkpoints_location
-    from riverbed.stream.specjob import job_for, load_spec
+    from riverbed.stream.specjob import job_for
+    from riverbed.stream.specsource import load_spec
     from riverbed.stream.versions import resolve
 
     aggregation, source = load_spec(spec)

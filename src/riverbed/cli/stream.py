@@ -153,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
 
     say = _sayer(args.timestamps)
     config = config_of(args)
-    from riverbed.stream.specjob import load_join
+    from riverbed.stream.specsource import load_join
 
     join = load_join(args.spec)
     if join is not None:  # two streams joined (riverbed.stream.streamjoin)
@@ -374,7 +374,7 @@ def _status(args: argparse.Namespace) -> int:
 
     config = config_of(args)
     if args.spec.endswith(".py"):
-        from riverbed.stream.specjob import load_join
+        from riverbed.stream.specsource import load_join
 
         join = load_join(args.spec)
         if join is not None:  # a stream-stream join: its sides' lag and held events
@@ -452,7 +452,8 @@ def _status(args: argparse.Namespace) -> int:
 def _joined_rows(args: argparse.Namespace, config: Any) -> int | None:
     """``riverbed query`` of a join (its spec file, or a name whose checkpoint is a
     join's): its joined rows; None for anything else."""
-    from riverbed.stream.specjob import load_join, locations
+    from riverbed.stream.specjob import locations
+    from riverbed.stream.specsource import load_join
 
     if args.name.endswith(".py"):
         join = load_join(args.name)

@@ -217,7 +217,7 @@ def live(src: Sources, name: str, batch: int | None = None) -> dict[str, Any]:
     default the newest), with the relative error band of approximate metrics."""
     from riverbed.stream.dataframe import read_live
     from riverbed.stream.metrics import Distinct
-    from riverbed.stream.specjob import load_spec
+    from riverbed.stream.specsource import load_spec
 
     info = _manifest(src, name)
     spec = info.get("spec")

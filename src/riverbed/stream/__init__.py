@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.dataframe import read_live, read_results, start
     from riverbed.stream.doors import (
+        Chained,
         Delta,
         Frame,
         Iceberg,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
+    "Chained": "doors",
     "Frame": "doors",
     "Joined": "doors",
     "Kafka": "doors",
@@ -100,6 +102,7 @@ __all__ = [
     "Aggregator",
     "ArgMax",
     "ArgMin",
+    "Chained",
     "Count",
     "Custom",
     "Delta",

@@ -59,7 +59,11 @@ Bound = Callable[[int], int]  # the upstream's watermark before a batch → the 
 
 
 def failpoint(fault: str) -> None:
-    """``RIVERBED_FAULT=<fault>`` (tests): SIGKILL the driver here."""
+    """``RIVERBED_FAULT=<fault>`` (tests): SIGKILL the driver here. The seams:
+    ``joined:planned:<b>`` / ``chained:<aggregation>:planned:<b>`` right after an
+    aggregation over a join's / another aggregation's rows planned its batch ``<b>``;
+    ``joined:join:<b>`` / ``chained:<head>:committed:<b>`` right after the head's batch
+    ``<b>`` committed, its rows not aggregated yet."""
     if (inherited("RIVERBED_FAULT") or "") == fault:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -75,7 +79,6 @@ class Upstream:
     # the reader's time column → how early that column can still be in the rows of its
     # batches after one with watermark P (None: not bounded)
     bound: Callable[[str], Bound | None]
-    fault: str  # the failpoints' prefix (tests): "joined", "chained:<reader>"
 
 
 def window_bound(spec: Aggregation, column: str) -> Bound | None:
@@ -179,7 +182,6 @@ class Downstream:
             batches=self.batches,
             output=self.direct.engine.output,
             bound=lambda column: window_bound(spec, column),
-            fault=f"chained:{spec.name}",
         )
 
     def hand(self, batch_id: int, table: pa.Table) -> None:
@@ -226,7 +228,10 @@ class Downstream:
             lookups=lookups.planned(engine, newest),
         )
         self.batches.put(batch_id, record)  # durable: the plan comes before any write
-        failpoint(f"{self.upstream.fault}:planned:{batch_id}")
+        joined = self.upstream.source == JOINED  # (the failpoint's older spelling)
+        failpoint(
+            f"joined:planned:{batch_id}" if joined else f"chained:{self.name}:planned:{batch_id}"
+        )
         return batch_id, record
 
     def _rows(self, upstream_batch: int) -> pa.Table:

@@ -45,6 +45,8 @@ from riverbed.stream.layout import (
 )
 from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.metrics import Custom
+from riverbed.stream.pipeline import Pipeline
+from riverbed.stream.plan import Trigger, parse_trigger
 from riverbed.stream.querystart import START_ATTEMPTS, start_phase, start_query
 from riverbed.stream.querystart import transient_start_failure as transient_start_failure
 from riverbed.stream.results import current, output_schema, read_table
@@ -268,18 +270,67 @@ def start(
     fork on a new checkpoint, a rollback on the aggregation's own).
     """
     table, extra = split_sinks(sinks, output, sql, topic)
-    checkpoint, output = location(checkpoint), location(table)
+    built = _build(
+        spark, spec, source, location(checkpoint), location(table), tuple(extra), state,
+        log_url, term, from_savepoint, trigger,
+    )  # fmt: skip
+    if isinstance(built, Pipeline):  # riverbed's own trigger loop (stream/loop.py)
+        return _launch(spark, built, parse_trigger(trigger))
+    return built
+
+
+def _launch(spark: Any, pipeline: Pipeline, trigger: Trigger) -> Any:
+    """Start the loop that runs ``pipeline`` (a thread of this driver): its query."""
+    from riverbed.stream.nativeconfig import DirectConfig
+
+    if not isinstance(pipeline.head, DirectConfig):  # a join's rows, and after them
+        from riverbed.stream.joinedagg import JoinedQuery
+
+        return JoinedQuery(spark, pipeline.head, pipeline.after, trigger)
+    if pipeline.after:  # aggregations chained after a topic's
+        from riverbed.stream.chained import ChainedQuery
+
+        return ChainedQuery(spark, pipeline.head, pipeline.after, trigger)
+    from riverbed.stream.loop import DirectQuery
+
+    return DirectQuery(spark, pipeline.head, trigger)
+
+
+def _build(
+    spark: Any,
+    spec: Aggregation,
+    source: Any,
+    checkpoint: str | Path,
+    output: str | Path,
+    extra: tuple[Any, ...],
+    state: StateConfig | None,
+    log_url: str | None,
+    term: int | None,
+    from_savepoint: tuple[str | Path, str] | None,
+    trigger: dict[str, Any] | None,
+    fenced_by: str | None = None,
+) -> Pipeline | Any:
+    """:func:`start` up to the query: the log-native path's :class:`Pipeline` (what
+    riverbed's own loop runs), or the DataFrame path's query, started. ``fenced_by``:
+    the checkpoint whose term fences this aggregation when not its own (the upstream
+    of a chain, run by the downstream's driver: stream/chained.py)."""
     opened = as_source(source).open(
         spark, spec, str(checkpoint), log_url, lambda: load_config().log_url
     )
     options, log_url = opened.options, opened.log_url
+    if opened.frame is not None and fenced_by is not None:
+        raise StreamValueError(
+            f"aggregation {spec.name!r} is chained before another, in its driver: it reads "
+            "a riverbed topic, a Kafka topic its tasks read, or a join's rows — not a "
+            "DataFrame (write its rows to a topic with ResultsTopic, and read that)"
+        )
     if opened.frame is not None and not is_connect(spark):
         s3a.configure_for(spark, checkpoint)  # Spark writes its own logs there
     if state is None:
         state = default_state(checkpoint)
     # what every write at start checks (EngineConfig.fence, before there is one)
-    fence = functools.partial(check_term, str(checkpoint), term, spec.name)
-    joined = None
+    fence = functools.partial(check_term, fenced_by or str(checkpoint), term, spec.name)
+    joined = upstream = None
     if opened.joined is not None:  # a join's rows, in this driver (stream/joinedagg.py)
         from riverbed.stream import joinedagg
 
@@ -292,7 +343,25 @@ def start(
         joined = joinedagg.open_joined(
             source_join.join, spec.name, checkpoint, state, log_url, term,
             source_join.checkpoint, source_join.output, source_join.max_records,
+            fenced_by=fenced_by,
         )  # fmt: skip
+    if opened.chained is not None:  # another aggregation's rows (stream/chained.py)
+        from riverbed.stream import chained
+
+        if from_savepoint is not None:
+            raise StreamValueError(
+                f"aggregation {spec.name!r} reads another aggregation's rows: a savepoint "
+                "holds this aggregation's state and not its upstream's, so it cannot "
+                "start from one"
+            )
+
+        def build_upstream(up: Aggregation, up_source: Any, cp: Any, out: Any, st: Any) -> Any:
+            return _build(
+                spark, up, up_source, cp, out, (), st, log_url, term, None, trigger,
+                fenced_by or str(checkpoint),
+            )  # fmt: skip
+
+        upstream = chained.upstream(opened.chained, spec, checkpoint, state, build_upstream)
     if from_savepoint is not None:  # one restore batch first (savepoints.py)
         _restore(checkpoint, output, state, spec, options, from_savepoint, fence)
     # the spec against what the checkpoint ran with: refused as `stream plan` says
@@ -318,6 +387,8 @@ def start(
 
         if joined is not None:  # (or the join's rows')
             arrow = joined.output_schema
+        elif upstream is not None:  # (or the upstream aggregation's result rows)
+            arrow = upstream.output_schema
         else:
             arrow = to_arrow_schema(opened.frame.schema, timezone="UTC")
         spec = resolved(spec, column_types(spec, arrow, schemas))
@@ -332,15 +403,16 @@ def start(
         lookup_schemas=schemas,
         shape=shape,
         state_namespace=generation.namespace(spec.name),
+        fenced_by=fenced_by,
     )
     for sink in extra:
         sink.start(config)
     if joined is not None:
-        return _start_joined(spark, config, joined, trigger)
+        return _joined(config, joined)
+    if upstream is not None:
+        return upstream.then(config)
     if options is not None:  # riverbed's own trigger loop (stream/loop.py)
-        from riverbed.stream.loop import DirectQuery
         from riverbed.stream.nativeconfig import prepare
-        from riverbed.stream.plan import parse_trigger
 
         direct = prepare(config, options)
         if decided.backfilled:
@@ -352,7 +424,7 @@ def start(
         pending = backfill.pending(checkpoint, generation)
         if pending is not None:  # the first batch after a backfill writes its rows
             direct = replace(direct, engine=replace(direct.engine, backfill_rows=pending))
-        return DirectQuery(spark, direct, parse_trigger(trigger))
+        return Pipeline(direct)
     frame = opened.frame
     if spec.derives:  # lookups, a where or columns that cannot be: refused now
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -367,24 +439,17 @@ def start(
     return start_query(writer.trigger(**(trigger or {"processingTime": "1 second"})), spec.name)
 
 
-def _start_joined(
-    spark: Any,
-    config: EngineConfig,
-    joined: Any,
-    trigger: dict[str, Any] | None,
-) -> Any:
+def _joined(config: EngineConfig, joined: Any) -> Pipeline:
     """An aggregation over a join's rows, in this driver (stream/joinedagg.py): its
-    columns checked against the join's rows, then the loop of both started."""
-    from riverbed.stream import joinedagg
+    columns checked against the join's rows."""
     from riverbed.stream.nativeconfig import DirectConfig, check_reads
-    from riverbed.stream.plan import parse_trigger
 
     check_reads(config, joined.output_schema, f"the rows of join {joined.join.name!r}")
     direct = DirectConfig(
         config, {"join": joined.join.name}, None, co_located=False,
         driver_records=joined.driver_records,
     )  # fmt: skip
-    return joinedagg.JoinedQuery(spark, joined, [direct], parse_trigger(trigger))
+    return Pipeline(joined, (direct,))
 
 
 def read_results(output: str | Path, spec: Aggregation | None = None) -> pd.DataFrame:

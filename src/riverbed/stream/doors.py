@@ -7,6 +7,7 @@ Sources::
     Kafka(bootstrap="broker:9092", topic="clicks", schema="user string, ts timestamp")
     Frame(spark.readStream.format(...).load())    # any streaming DataFrame, through Spark
     Joined(Join(...))                             # a join's rows, joined in the same driver
+    Chained(counts, Topic("bids"))                # another aggregation's final rows, likewise
 
 Sinks::
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
 
 __all__ = [
+    "Chained",
     "Delta",
     "Frame",
     "Iceberg",
@@ -74,6 +76,7 @@ class Opened:
     frame: Any = None
     log_url: str | None = None
     joined: Joined | None = None  # a join's rows (stream/joinedagg.py)
+    chained: Chained | None = None  # another aggregation's final rows (stream/chained.py)
 
 
 @runtime_checkable
@@ -198,6 +201,31 @@ class Joined:
         return Opened(log_url=log_url, joined=self)
 
 
+@dataclass(frozen=True)
+class Chained:
+    """The final rows of another aggregation (``aggregation``, with ``output="final"``,
+    reading ``source``: a topic's options, ``Topic``, ``Kafka``, ``Joined`` or another
+    ``Chained``) as this one's events, that aggregation run in the same driver
+    (:mod:`riverbed.stream.chained`): its batch, then this one's over its rows, each
+    exactly once. ``checkpoint`` and ``output``: the upstream's checkpoint and result
+    table (default: ``upstream`` and ``upstream-results`` inside this one's checkpoint)."""
+
+    aggregation: Any
+    source: Any
+    checkpoint: str | Path | None = None
+    output: str | Path | None = None
+
+    def open(
+        self,
+        spark: Any,
+        spec: Aggregation,
+        checkpoint: str,
+        log_url: str | None,
+        default_log: Callable[[], str],
+    ) -> Opened:
+        return Opened(log_url=log_url, chained=self)
+
+
 def _is_dataframe(source: Any) -> bool:
     from pyspark.sql import DataFrame
 
@@ -237,8 +265,8 @@ def as_source(source: Any) -> Source:
         return Frame(source)
     raise StreamValueError(
         f"cannot read events from {type(source).__name__}: give a source — Topic('clicks'), "
-        "Kafka(bootstrap=..., topic=..., schema=...), Frame(a streaming DataFrame), or "
-        "Joined(a Join)"
+        "Kafka(bootstrap=..., topic=..., schema=...), Frame(a streaming DataFrame), "
+        "Joined(a Join) or Chained(an Aggregation, its source)"
     )
 
 

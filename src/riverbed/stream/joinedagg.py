@@ -79,6 +79,7 @@ def open_joined(
     join_checkpoint: Any = None,
     join_output: Any = None,
     max_records: int | None = None,
+    fenced_by: str | None = None,
 ) -> JoinConfig:
     """The join an aggregation reads the rows of, checked against its sides and its
     checkpoint (:func:`riverbed.stream.joinquery.open_join`)."""
@@ -101,7 +102,8 @@ def open_joined(
     cfg = open_join(
         join, checkpoint=where, output=rows, state=state, log_url=log_url, term=term,
         state_name=state_name(spec_name, join.name),
-        fenced_by=str(location(checkpoint)),  # one driver, one fence: the aggregation's
+        # one driver, one fence: the aggregation's (or the one it is chained before)
+        fenced_by=fenced_by or str(location(checkpoint)),
     )  # fmt: skip
     if max_records is not None:
         cfg = replace(cfg, max_records=max_records)
@@ -139,7 +141,6 @@ def as_upstream(cfg: JoinConfig, batches: Batches) -> Upstream:
         batches=batches,
         output=cfg.output,
         bound=lambda column: rows_bound(cfg, column),
-        fault="joined",
     )
 
 

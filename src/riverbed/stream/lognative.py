@@ -325,11 +325,12 @@ def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
 
 
 def in_driver(records: int, limit: int, master: str) -> bool:
-    """Whether a co-located batch of ``records`` runs in the driver process: at most
-    ``limit`` records (0: never) and a ``local``/``local[…]`` master, whose tasks run in
-    this machine's Python workers with this machine's state directory anyway (not
-    ``local-cluster``, whose executors stand for other machines)."""
-    return 0 < records <= limit and tasks_in_this_process(master)
+    """Whether a batch of ``records`` runs in the driver process: at most ``limit``
+    records (0: never) — one with none too (its watermark moved: it closes windows) —
+    and a ``local``/``local[…]`` master, whose tasks run in this machine's Python
+    workers with this machine's state directory anyway (not ``local-cluster``, whose
+    executors stand for other machines)."""
+    return limit > 0 and records <= limit and tasks_in_this_process(master)
 
 
 def task_attempts(master: str) -> int:
@@ -437,9 +438,7 @@ def run_batch(
             return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
         total = sum(s.end - s.start for s in work)
-        if in_driver(total, cfg.shuffled_driver_records, where) or (
-            total == 0 and cfg.shuffled_driver_records > 0 and tasks_in_this_process(where)
-        ):
+        if in_driver(total, cfg.shuffled_driver_records, where):
             # a small batch (also one with no input: the watermark moved), as a
             # co-located one: the same two stages in the driver's threads (a Spark job's
             # own cost, ~250 ms a batch here, would be most of it)

@@ -87,10 +87,14 @@ class DirectQuery(ThreadQuery):
         """(first retained, end) offset of every partition of the topic."""
         return {o.partition: (o.start, o.end) for o in topic_log.offsets(self.cfg.options["topic"])}
 
+    def _target(self, topic_log: Any) -> dict[int, int] | None:
+        """Where ``availableNow`` ends: what the topic holds now, and no more."""
+        if not self.trigger.available_now:
+            return None
+        return {p: end for p, (_, end) in self._retained(topic_log).items()}
+
     def _loop(self, topic_log: Any) -> None:
-        target = None
-        if self.trigger.available_now:  # what the topic holds now, and no more
-            target = {p: end for p, (_, end) in self._retained(topic_log).items()}
+        target = self._target(topic_log)
 
         def run(batch_id: int, record: BatchRecord, began: float) -> None:
             plan_ms = round((time.perf_counter() - began) * 1000)

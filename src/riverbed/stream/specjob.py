@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,13 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.config import Config
 from riverbed.durations import iso_ms
-from riverbed.errors import ConfigError, RiverbedError
+from riverbed.errors import RiverbedError
 from riverbed.locations import OUTPUT, output_in_bucket
 from riverbed.state import StateConfig
 from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches, summed_totals
-from riverbed.stream.joins import Join
 from riverbed.stream.layout import (
     MANIFEST,
     checkpoint_store,
@@ -48,6 +46,7 @@ from riverbed.stream.layout import (
     state_url,
 )
 from riverbed.stream.leader import DriverLease
+from riverbed.stream.specsource import CHAINED_SOURCE, door, is_joined
 
 if TYPE_CHECKING:
     from riverbed.stream.savepoints import Savepoint
@@ -92,13 +91,17 @@ def manifest(job: StreamJob) -> dict[str, Any]:
         from riverbed.stream.joinedagg import locations as join_locations
 
         joined = {"join": join_locations(job.checkpoint, None, None)[0]}
+    if CHAINED_SOURCE in job.source:  # the upstream aggregation's checkpoint, likewise
+        from riverbed.stream.chained import locations as upstream_locations
+
+        joined = {"upstream": upstream_locations(job.checkpoint, None, None)[0]}
     return {
         "name": job.aggregation.name,
         "spec": str(job.spec) if job.spec else None,
         "topic": (
             kafka.parse(job.source).label
             if kafka.is_kafka(job.source)
-            else job.source.get("topic")  # (None: a join's rows)
+            else job.source.get("topic")  # (None: a join's rows, an aggregation's)
         ),
         **joined,
         "log": job.log_url,
@@ -135,27 +138,6 @@ def results_location(config: Config, name: str) -> str | Path:
     return bucket if bucket is not None else config.home.resolve() / OUTPUT / name
 
 
-def _namespace(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"spec file {path} does not exist")
-    try:
-        return runpy.run_path(str(path))
-    except Exception as exc:
-        raise ConfigError(f"spec file {path} failed to load: {type(exc).__name__}: {exc}") from exc
-
-
-def load_join(path: str | Path) -> Join | None:
-    """The stream-stream join a spec file defines (``join = Join(...)``), or None when
-    it defines an aggregation instead."""
-    namespace = _namespace(Path(path))
-    join = namespace.get("join")
-    if "aggregation" in namespace or join is None:
-        return None
-    if not isinstance(join, Join):
-        raise ConfigError(f"{path}: `join` must be a Join(...), not {type(join).__name__}")
-    return join
-
-
 def locations(config: Config, name: str) -> tuple[str | Path, str | Path, StateConfig]:
     """Where the stream ``name`` (an aggregation or a join) keeps its checkpoint, its
     result rows and its state, by the configuration's defaults."""
@@ -165,111 +147,6 @@ def locations(config: Config, name: str) -> tuple[str | Path, str | Path, StateC
         local_dir=config.state_dir.resolve(), durable=durable, memory_mb=config.state_memory_mb
     )
     return child(checkpoints, name), results_location(config, name), state
-
-
-def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
-    path = Path(path)
-    namespace = _namespace(path)
-    aggregation = namespace.get("aggregation")
-    source = namespace.get("source")
-    if aggregation is None and isinstance(namespace.get("join"), Join):
-        raise ConfigError(
-            f"{path} defines a stream-stream join (`join = Join(...)`): `riverbed stream run` "
-            "and `riverbed stream status` take it; this command takes an aggregation"
-        )
-    if not isinstance(aggregation, Aggregation):
-        raise ConfigError(
-            f"{path} must define `aggregation = Aggregation(...)` (or `join = Join(...)`: "
-            "two streams joined)"
-        )
-    if isinstance(source, dict) and "aggregation" in source:
-        return aggregation, chained_source(path, source)
-    if isinstance(source, dict) and JOINED_SOURCE in source:
-        return aggregation, joined_source(path, source)
-    if isinstance(source, dict) and kafka.is_kafka(source):
-        try:
-            kafka.parse(source)
-        except kafka.KafkaSourceError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        return aggregation, dict(source)
-    if not isinstance(source, dict) or "topic" not in source:
-        raise ConfigError(
-            f'{path} must define `source = {{"topic": ..., "schema": ...}}` (a riverbed '
-            'topic), `source = {"kafka": {"bootstrap": ..., "topic": ..., "schema": ...}}` '
-            'or `source = {"aggregation": "upstream.py"}` (another aggregation\'s results) '
-            'or `source = {"join": "join.py"}` (a join\'s rows, joined in the same driver)'
-        )
-    return aggregation, {str(k): str(v) for k, v in source.items()}
-
-
-SCALAR_KINDS = ("timestamp", "string", "long", "double", "boolean")
-
-
-def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
-    """``source = {"aggregation": "upstream.py"}``: the results of another aggregation
-    as this one's events — its results topic (``<name>.results`` in its log, which it
-    writes when run with ``--topic <name>.results``; ``topic`` and ``log`` may say
-    otherwise), with its result columns as the schema (TopK's lists left out; its
-    ``key`` is the records' key, the source's own ``key`` column). Only
-    an upstream with ``output="final"`` can be chained: with ``update`` a window's row
-    comes again every batch that changes it, and would be counted again."""
-    upstream_path = Path(str(source["aggregation"]))
-    if not upstream_path.is_absolute():
-        upstream_path = path.parent / upstream_path
-    upstream, upstream_source = load_spec(upstream_path)
-    if upstream.output != "final":
-        raise ConfigError(
-            f"{path}: reads the results of {upstream.name!r} ({upstream_path}), whose output "
-            "is 'update' — a window's row comes again each batch that changes it and would "
-            f'be counted again; set output="final" in {upstream_path}'
-        )
-    if upstream.sessions:
-        raise ConfigError(
-            f"{path}: chaining from session windows ({upstream.name!r}) is not supported yet"
-        )
-    from riverbed.spark.source import META_NAMES
-    from riverbed.stream.results import output_columns
-
-    # the upstream's key is its result records' key: the source's own `key` column
-    columns = [
-        (n, k) for n, k in output_columns(upstream) if k in SCALAR_KINDS and n not in META_NAMES
-    ]
-    chained = {str(k): str(v) for k, v in source.items() if k != "aggregation"}
-    chained.setdefault("topic", f"{upstream.name}.results")
-    chained.setdefault("schema", ", ".join(f"{n} {k}" for n, k in columns))
-    if "log" in upstream_source and not kafka.is_kafka(upstream_source):
-        chained.setdefault("log", str(upstream_source["log"]))
-    return chained
-
-
-JOINED_SOURCE = "join"  # source = {"join": "join.py"}: a join's rows, in this driver
-
-
-def joined_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
-    """``source = {"join": "join.py"}``: the rows of the join that spec file defines, as
-    this aggregation's events — the join run by this aggregation's own driver, batch by
-    batch (:mod:`riverbed.stream.joinedagg`); a path relative to this spec file's
-    directory."""
-    extra = sorted(set(source) - {JOINED_SOURCE})
-    if extra:
-        raise ConfigError(
-            f"{path}: a join source takes only the join's spec file "
-            f'(source = {{"join": "join.py"}}), not {extra}'
-        )
-    join_path = Path(str(source[JOINED_SOURCE]))
-    if not join_path.is_absolute():
-        join_path = path.parent / join_path
-    if load_join(join_path) is None:
-        raise ConfigError(
-            f"{path}: its source {join_path} must define `join = Join(...)` (the join whose "
-            "rows this aggregation reads)"
-        )
-    return {JOINED_SOURCE: str(join_path.resolve())}
-
-
-def is_joined(source: dict[str, Any]) -> bool:
-    """Whether a job's source is a join's rows (:func:`joined_source`)."""
-    return JOINED_SOURCE in source
 
 
 def job_for(
@@ -290,8 +167,8 @@ def job_for(
 def log_options(job: StreamJob) -> dict[str, str] | None:
     """The options that open the job's source as a log (its retained records can be
     read again: ``stream plan``'s backfill estimate), or None: a Kafka source Spark
-    reads (Avro, pinned offsets), or a join's rows."""
-    if is_joined(job.source):
+    reads (Avro, pinned offsets), a join's rows, or another aggregation's."""
+    if is_joined(job.source) or CHAINED_SOURCE in job.source:
         return None
     if kafka.is_kafka(job.source):
         parsed = kafka.parse(job.source)
@@ -398,22 +275,12 @@ def run(
     from riverbed.stream.fencing import DriverFencedError
 
     write_manifest(job)
-    options: Any = {"log": job.log_url, **job.source}
-    if is_joined(job.source):  # the join runs in this driver (stream/joinedagg.py)
-        from riverbed.stream.doors import Joined
-
-        join = load_join(job.source[JOINED_SOURCE])
-        options = Joined(join, max_records=max_records)
-    elif max_records and kafka.is_kafka(options):
-        options = kafka.with_max_records(options, max_records)
-    elif max_records:
-        options = {k: v for k, v in options.items() if k.lower() != "maxrecordsperbatch"}
-        options["maxRecordsPerBatch"] = str(max_records)
+    options = door(job.source, job.log_url, max_records)
     trigger = {"availableNow": True} if once else {"processingTime": "1 second"}
     query = start(
         spark,
         job.aggregation,
-        options,  # the log-native path: state tasks read the topic themselves
+        options,
         checkpoint=job.checkpoint,
         output=job.output,
         state=job.state,
