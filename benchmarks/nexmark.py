@@ -22,8 +22,9 @@ q14, q21 and q22 are per-event projections and filters, which riverbed — an
 aggregation engine — has no output for):
 
 * ``q5`` hot items: bids per auction per 10 s window sliding every 2 s (``final``),
-  then, chained through its results topic, the largest count per window and its
-  auction (Flink: Nexmark's join of the counts with their maximum);
+  then, chained after it in the same driver (``Chained``; ``--through-topic``: through
+  its results topic, a driver each), the largest count per window and its auction
+  (Flink: Nexmark's join of the counts with their maximum);
 * ``q11`` user sessions: bids per bidder per session (10 s gap);
 * ``q15`` bidding statistics per day, ``q16`` per channel and day (3 filtered counts,
   8 exact distinct counts, filtered), ``q17`` per auction and day (filtered counts,
@@ -57,6 +58,7 @@ import riverbed.log
 from riverbed.stream import (
     Aggregation,
     ArgMax,
+    Chained,
     Count,
     Distinct,
     Hopping,
@@ -258,40 +260,49 @@ def run_riverbed(
     chain: list[Aggregation],
     batch: int,
     driver_records: int | None = None,
+    through_topic: bool = False,
 ) -> tuple[float, list[pd.DataFrame]]:
-    """The query's aggregations in turn (a chained one reads the results topic of the
-    one before); seconds in all, and each one's result table."""
-    tables = []
+    """The query's aggregations (a chained one over the final rows of the one before:
+    in one driver, or with ``through_topic`` in a driver each, the next reading the
+    one before's results topic); seconds in all, and each one's result table."""
     began = time.perf_counter()
-    source: dict[str, str] = {"topic": "bids", "log": url, "schema": SCHEMA}
     # batches of up to this many records run in the driver (riverbed's default: 50,000)
     driver = {} if driver_records is None else {"driverBatchRecords": str(driver_records)}
-    for i, spec in enumerate(chain):
-        chained = i + 1 < len(chain)
+    source: Any = (
+        {"topic": "bids", "log": url, "schema": SCHEMA}
+        | {"maxRecordsPerBatch": str(batch)}
+        | driver
+    )
+    if through_topic:
+        for i, spec in enumerate(chain):
+            chained = i + 1 < len(chain)
+            query = start(
+                spark, spec, source, checkpoint=root / f"ckpt-{spec.name}",
+                output=root / f"out-{spec.name}",
+                topic=f"{spec.name}.results" if chained else None,
+                log_url=url, trigger={"availableNow": True},
+            )  # fmt: skip
+            query.awaitTermination()
+            assert query.exception() is None, query.exception()
+            print(f"    {spec.name}: {time.perf_counter() - began:.1f} s in", flush=True)
+            # the next one's events: this one's results (specsource.chained_source)
+            source = {
+                "topic": f"{spec.name}.results", "log": url,
+                "schema": "window_start timestamp, window_end timestamp, num long, batch_id long",
+                "maxRecordsPerBatch": str(batch),
+            } | driver  # fmt: skip
+    else:  # each after the one before, in one driver (stream/chained.py)
+        for spec in chain[:-1]:
+            source = Chained(spec, source, output=root / f"out-{spec.name}")
+        last = chain[-1]
         query = start(
-            spark,
-            spec,
-            source | {"maxRecordsPerBatch": str(batch)} | driver,
-            checkpoint=root / f"ckpt-{spec.name}",
-            output=root / f"out-{spec.name}",
-            topic=f"{spec.name}.results" if chained else None,
-            log_url=url,
-            trigger={"availableNow": True},
-        )
+            spark, last, source, checkpoint=root / f"ckpt-{last.name}",
+            output=root / f"out-{last.name}", log_url=url, trigger={"availableNow": True},
+        )  # fmt: skip
         query.awaitTermination()
         assert query.exception() is None, query.exception()
-        if len(chain) > 1:
-            print(f"    {spec.name}: {time.perf_counter() - began:.1f} s in", flush=True)
-        if chained:  # the next one's events: this one's results (specjob.chained_source)
-            source = {
-                "topic": f"{spec.name}.results",
-                "log": url,
-                "schema": "window_start timestamp, window_end timestamp, num long, batch_id long",
-            } | driver
     seconds = time.perf_counter() - began
-    for spec in chain:
-        tables.append(read_results(root / f"out-{spec.name}"))
-    return seconds, tables
+    return seconds, [read_results(root / f"out-{spec.name}") for spec in chain]
 
 
 # -- DuckDB, and the checks ----------------------------------------------------------------
@@ -438,6 +449,10 @@ def main() -> None:
         "--driver-records", type=int, default=None,
         help="riverbed's driverBatchRecords (default: its own, 50,000)",
     )  # fmt: skip
+    parser.add_argument(
+        "--through-topic", action="store_true",
+        help="q5's second aggregation in a driver of its own, over the first's results topic",
+    )  # fmt: skip
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from stream import bench_session
@@ -477,8 +492,9 @@ def main() -> None:
         rows = []
         for query in queries:
             seconds, tables = run_riverbed(
-                spark, url, root / query, all_specs[query], batch, args.driver_records
-            )
+                spark, url, root / query, all_specs[query], batch, args.driver_records,
+                args.through_topic,
+            )  # fmt: skip
             want = duckdb_answer(bids, query)
             ours = compare(query, tables, want)
             theirs = flink.get(query, {})

@@ -37,9 +37,9 @@ the join's rows, its q7 needs no join):
 * ``q4`` — the average closing price per category: each auction's highest bid up to its
   ``expires`` (q9i's join), averaged per category. riverbed: the join and an
   aggregation of its rows in one driver — the highest price per (auction, category) in
-  the 10 s window of the auction's time (``output="final"``, to its results topic);
-  chained to an aggregation of their ``Mean`` per category over a day's window (the
-  whole run) in a second driver after it. Flink: the interval join, a window aggregation over the
+  the 10 s window of the auction's time (``output="final"``), and chained after it in
+  the same driver (``Chained(q4_max, Joined(join))``) their ``Mean`` per category over
+  a day's window (the whole run). Flink: the interval join, a window aggregation over the
   auction's time (10 s), then a 1-day window aggregation over its ``window_time`` — its
   insert-only form (Nexmark's group aggregations update rows);
 * ``q3`` — sellers in OR, ID or CA with their auctions of category 10 (a ``where`` on
@@ -96,6 +96,7 @@ import riverbed.log
 from riverbed.stream import (
     Aggregation,
     ArgMax,
+    Chained,
     Join,
     Joined,
     Lookup,
@@ -122,13 +123,12 @@ SIDES = {
     "q9j": ("auctions", "bids"),
     "q9i": ("auctions", "bids"),
     "q9": ("auctions", "bids"),  # and an aggregation of the joined rows
-    "q4": ("auctions", "bids"),  # and two aggregations (the second: a results topic's)
+    "q4": ("auctions", "bids"),  # and two aggregations, chained, in the join's driver
     "q3": ("persons", "auctions"),
     "q20": ("bids", "auctions"),
     "q13": ("bids",),  # and the side table (a lookup)
     "q7": ("bids",),  # one aggregation: every bid at its window's highest price
 }
-Q4_MAX = "window_start timestamp, id long, category long, final double, batch_id long"
 END = -1  # the id (and auction) of the far-later events that end the input
 
 
@@ -312,31 +312,18 @@ def q4_chain() -> list[Aggregation]:
 
 
 def run_joined(spark: Any, url: str, root: Path, join: Join, batch: int) -> float:
-    """q9's or q4's first aggregation over the rows of its join, in one driver (q4's to
-    its results topic): its seconds."""
-    spec = q9_winners() if join.name == "q9" else q4_chain()[0]
+    """q9: the join and the aggregation over its rows; q4: the join, the closing price
+    over its rows, their average per category over those — one driver: its seconds."""
+    source: Any = Joined(join, max_records=batch)
+    if join.name == "q9":
+        spec = q9_winners()
+    else:
+        closing, spec = q4_chain()
+        source = Chained(closing, source, output=root / "out" / closing.name)
     began = time.perf_counter()
     query = start(
-        spark, spec, Joined(join, max_records=batch),
-        checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
-        topic="q4_max.results" if spec.name == "q4_max" else None,
-        log_url=url, trigger={"availableNow": True},
-    )  # fmt: skip
-    query.awaitTermination()
-    assert query.exception() is None, query.exception()
-    return time.perf_counter() - began
-
-
-def run_average(spark: Any, url: str, root: Path, batch: int) -> float:
-    """q4's average per category, over the closing prices' results topic: its seconds."""
-    spec = q4_chain()[1]
-    began = time.perf_counter()
-    query = start(
-        spark, spec,
-        {"topic": "q4_max.results", "log": url, "schema": Q4_MAX,
-         "maxRecordsPerBatch": str(batch)},
-        checkpoint=root / "cp" / spec.name, output=root / "out" / spec.name,
-        log_url=url, trigger={"availableNow": True},
+        spark, spec, source, checkpoint=root / "cp" / spec.name,
+        output=root / "out" / spec.name, log_url=url, trigger={"availableNow": True},
     )  # fmt: skip
     query.awaitTermination()
     assert query.exception() is None, query.exception()
@@ -397,7 +384,6 @@ def run_riverbed(
         if join.name == "q9":  # the winners
             won = read_results(root / "out" / "q9_win")
             return seconds, won[won["key"] != str(END)]
-        seconds += run_average(spark, url, root, batch)  # then the average per category
         return seconds, read_results(root / "out" / "q4_avg")
     seconds = run()
     end(url, streams, SIDES[join.name])

@@ -216,8 +216,9 @@ SETTINGS: tuple[Setting, ...] = (
         "a failpoint of the stream engine (`after_commit:<dir>`; `kill_in_move:<n>`, "
         "`read`, `switch` or `done`: SIGKILL during a state rescale, backfill or restore; "
         "`table_commit:<before|after>:<batch>`: SIGKILL around a lakehouse table's commit; "
-        "`joined:<join|planned>:<batch>`: SIGKILL between a join's batch and the "
-        "aggregation of its rows)",
+        "`joined:<join|planned>:<batch>`, `chained:<head>:committed:<batch>`, "
+        "`chained:<aggregation>:planned:<batch>`: SIGKILL between a join's or an "
+        "aggregation's batch and the aggregation of its rows)",
         inherited=True,
         who="tests",
     ),
