@@ -112,3 +112,27 @@ def test_a_commit_that_fails_closes_instead_of_keeping(tmp_path: Path) -> None:
             store.commit(1)
         assert held() == []
         provider.engine.open(tmp_path / "local" / "ns" / "0").close()
+
+
+def test_letting_one_namespace_go_keeps_the_others_open(tmp_path: Path) -> None:
+    """A Spark job of one aggregation needs its partitions in other processes; the
+    driver's other aggregation (a chained one) keeps its own open meanwhile."""
+    from riverbed.state.provider import local_root
+
+    config = _config(tmp_path)
+    provider = StateProvider(config)
+    with keep_open():
+        for namespace in ("head", "headless", "next"):
+            store = provider.load(namespace, 0, version=0)
+            store.put(b"a", b"1")
+            store.commit(1)
+        kept = provider.load("next", 0, version=1)
+        live = kept._live()
+        kept.abort()
+        let_go(local_root(config, "head"))  # not "headless", whose name starts the same
+        assert held() == [tmp_path / "local" / n / "0" for n in ("headless", "next")]
+        store = provider.load("next", 0, version=1)
+        assert store._live() is live, "the other namespace's partition was reopened"
+        store.abort()
+        provider.engine.open(tmp_path / "local" / "head" / "0").close()  # let go: free
+    assert held() == []

@@ -246,3 +246,40 @@ def test_a_failing_row_names_the_expression_and_a_branch_not_taken_fails_nothing
     assert values.to_pylist() == [None, 7] and why.to_pylist()[0].startswith("a value that is")
     assert compile_expression("0.908", TYPES).type.precision == 3
     assert Decimal("0.908") == compile_expression("0.908", TYPES).evaluate(table)[0][0].as_py()
+
+
+PLAIN_TEXTS = st.lists(
+    st.one_of(
+        st.none(),
+        st.integers(-(10**18) + 1, 10**18 - 1).map(str),
+        st.sampled_from(["007", "-0", "2147483647", "2147483648", "-2147483649", "0"]),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@given(texts=PLAIN_TEXTS)
+def test_a_cast_of_plain_integer_texts_at_once_gives_what_row_by_row_gives(
+    texts: list[str | None],
+) -> None:
+    """Texts that are all plain integers (a key's text of ids) are cast by Arrow at once;
+    the answer — values, NULLs, the rows that fail — is the row-by-row path's, which
+    the test above holds to Spark's."""
+    from riverbed.stream.expressions import _converter, _plain_integers
+
+    table = pa.table({"s": pa.array(texts, pa.string())})
+    for text in ("cast(s as int)", "cast(s as bigint)", "try_cast(s as int)"):
+        node = compile_expression(text, {"s": TYPES["s"]})
+        values, why = node.evaluate(table)
+        to = node.type
+        assert _plain_integers(to)(table.column("s").combine_chunks(), True) is not None
+        slow = _converter(TYPES["s"], to)
+        want = [None if t is None else slow(t) for t in texts]
+        assert values.to_pylist() == want, text
+        failed = [i for i, w in enumerate(why.to_pylist()) if w is not None]
+        pairs = enumerate(zip(texts, want, strict=True))
+        expect = [i for i, (t, w) in pairs if t is not None and w is None]
+        if text.startswith("try"):
+            expect = []
+        assert failed == expect, text

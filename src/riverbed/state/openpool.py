@@ -41,9 +41,13 @@ class _Pool:
             self.dbs[path] = db
             return True
 
-    def let_go(self) -> None:
+    def let_go(self, under: Path | None = None) -> None:
         with self.lock:
-            dbs, self.dbs = self.dbs, {}
+            if under is None:
+                dbs, self.dbs = self.dbs, {}
+            else:
+                dbs = {p: db for p, db in self.dbs.items() if p.is_relative_to(under)}
+                self.dbs = {p: db for p, db in self.dbs.items() if p not in dbs}
         for db in dbs.values():
             db.close()
 
@@ -67,9 +71,12 @@ def keep_open() -> Iterator[None]:
             _POOL.let_go()
 
 
-def let_go() -> None:
-    """Close every partition this process keeps open (other processes need them now)."""
-    _POOL.let_go()
+def let_go(under: Path | None = None) -> None:
+    """Close the partitions this process keeps open (other processes need them now):
+    every one, or those under ``under`` (one state namespace's:
+    :func:`riverbed.state.provider.local_root` — a Spark job of one aggregation, while
+    its driver keeps another's open)."""
+    _POOL.let_go(under)
 
 
 def take(path: Path) -> LocalDB | None:

@@ -92,6 +92,11 @@ class StateConfig:
             )
 
 
+def local_root(config: StateConfig, namespace: str) -> Path:
+    """Where a namespace's local partitions are (``<local_dir>/<namespace>/<p>``)."""
+    return Path(config.local_dir) / namespace
+
+
 @dataclass(frozen=True)
 class StateDamage:
     kind: str  # "changelog" | "snapshot"
@@ -173,7 +178,7 @@ class StateProvider:
         return f"{self._base(namespace, partition)}/snapshot/{version:020d}-{tag:08x}"
 
     def _local(self, namespace: str, partition: int) -> Path:
-        return self.local_dir / namespace / str(partition)
+        return local_root(self.config, namespace) / str(partition)
 
     # -- listing -------------------------------------------------------------------------
     def namespaces(self) -> list[str]:

@@ -40,6 +40,7 @@ import pyarrow as pa
 from riverbed.config import inherited
 from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.state import openpool
+from riverbed.state.provider import local_root
 from riverbed.stream import lookups
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import Maintenance
@@ -140,7 +141,8 @@ def rows_batch(
     if tasks_in_this_process(where) and cfg.driver_records > 0:
         frames = merged_here(pairs, n, merge, task_attempts(where))
     else:
-        openpool.let_go()  # the job's tasks, in other processes, open the partitions
+        # the job's tasks, in other processes, open the partitions
+        openpool.let_go(local_root(cfg.engine.state, cfg.engine.namespace))
         frames, _ = tasks.shuffle_job(spark, [pairs], [], list, n, merge)
     full = [f for f in frames if len(f)]
     if not full:

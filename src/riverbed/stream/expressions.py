@@ -590,8 +590,13 @@ def _cast_node(arg: Node, to: SqlType, text: str, safe: bool) -> Node:
     if (source.name, to.name) not in allowed:
         raise ExpressionError(f"{text}: CAST from {source} to {to} is not supported")
     convert = _converter(source, to)
+    plain = _plain_integers(to) if source == STRING and to.integral else None
 
     def run(arrays: list[pa.Array]) -> tuple[pa.Array, np.ndarray | None]:
+        if plain is not None:  # texts of plain integers (ids: a key's text): at once
+            got = plain(arrays[0], safe)
+            if got is not None:
+                return got
         values, failed = [], np.zeros(len(arrays[0]), dtype=bool)
         for i, v in enumerate(arrays[0].to_pylist()):
             out = None if v is None else convert(v)
@@ -602,6 +607,31 @@ def _cast_node(arg: Node, to: SqlType, text: str, safe: bool) -> Node:
 
     article = "an" if to.name[0] in "aeiou" else "a"
     return Apply([arg], to, text, run, f"a value that is not {article} {to}")
+
+
+_PLAIN_INTEGER = r"^-?[0-9]{1,18}$"  # Arrow parses these as Spark does; 18 digits fit
+
+
+def _plain_integers(
+    to: SqlType,
+) -> Callable[[pa.Array, bool], tuple[pa.Array, np.ndarray | None] | None]:
+    """CAST of texts to ``to`` by Arrow, when every text is a plain integer (no sign
+    but ``-``, no space, at most 18 digits) or NULL — what a key's text of an id is;
+    None otherwise (the row-by-row path gives Spark's answer for the rest)."""
+    low, high = _BOUNDS[to.name]
+
+    def run(array: pa.Array, safe: bool) -> tuple[pa.Array, np.ndarray | None] | None:
+        if not pc.all(pc.fill_null(pc.match_substring_regex(array, _PLAIN_INTEGER), True)).as_py():
+            return None
+        ints = pc.cast(array, pa.int64())
+        fits = pc.fill_null(pc.and_(pc.greater_equal(ints, low), pc.less_equal(ints, high)), True)
+        if pc.all(fits).as_py():
+            return ints.cast(arrow_type(to)), None
+        out = pc.if_else(fits, ints, pa.scalar(None, pa.int64())).cast(arrow_type(to))
+        failed = ~fits.to_numpy(zero_copy_only=False)  # (a NULL text fits: it stays NULL)
+        return out, None if safe else failed
+
+    return run
 
 
 def _converter(source: SqlType, to: SqlType) -> Callable[[Any], Any]:

@@ -43,6 +43,7 @@ from riverbed.errors import RiverbedError
 from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import openpool
+from riverbed.state.provider import local_root
 from riverbed.stream import lookups
 from riverbed.stream.batch import (
     SIDE_LIMIT,
@@ -425,7 +426,8 @@ def run_batch(
                     pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
                 )
         else:
-            openpool.let_go()  # the job's tasks, in other processes, open the partitions
+            # the job's tasks, in other processes, open the partitions
+            openpool.let_go(local_root(cfg.engine.state, cfg.engine.namespace))
             results = _colocated_job(spark, cfg, batch_id, watermark, previous, groups)
         for group_rows in results:
             for rows, part_side in group_rows:
@@ -445,7 +447,7 @@ def run_batch(
             stage1 = shuffle_tasks(cfg, watermark)
             merged, sides = _shuffled_here(work, stage1, n, merge, task_attempts(where))
         else:
-            openpool.let_go()
+            openpool.let_go(local_root(cfg.engine.state, cfg.engine.namespace))
             merged, sides = tasks.shuffle_job(
                 spark, work, LogSlice(0, 0, 0), shuffle_tasks(cfg, watermark), n, merge
             )
