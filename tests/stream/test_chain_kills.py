@@ -6,6 +6,7 @@ of the bids read back — every (window, auction) count once, none late."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -96,3 +97,12 @@ def test_chained_aggregations_killed_mid_batch_and_between_them_count_every_wind
         newest = batches.get(batches.ids()[-1])
         assert newest is not None and newest.done and newest.totals is not None
         assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+    # `stream status` shows the upstream it runs: its batches, its topic read to the end
+    status = subprocess.run([*command[:3], "stream", "status", str(tmp_path / "hot.py"),
+                             "--json"], env=env, capture_output=True, text=True)  # fmt: skip
+    assert status.returncode == 0, status.stderr[-2000:]
+    info = json.loads(status.stdout)
+    upstream = info["upstream"]
+    assert upstream["aggregation"] == "auction_counts"
+    assert upstream["input_records"] == len(events) and upstream["late"] == 0
+    assert info["lag"] == upstream["lag"] and sum(info["lag"].values()) == 0

@@ -437,6 +437,15 @@ def _status(args: argparse.Namespace) -> int:
     if joined:  # the join it runs: what each side's state holds
         held = ", ".join(f"{s['topic']}={s['held']}" for s in joined.get("sides", {}).values())
         out.print(f"{'join':>14}: {joined.get('joined', 0)} rows joined, held {held}")
+    upstream = info.get("upstream")
+    while upstream:  # the aggregations it runs before it, in its driver: nearest first
+        said = upstream.get("error") or (
+            f"{upstream.get('aggregation')}: {upstream.get('batches', 0)} batches, "
+            f"{upstream.get('input_records', 0)} records, {upstream.get('late', 0)} late, "
+            f"watermark {upstream.get('watermark')}"
+        )
+        out.print(f"{'chained after':>14}: {said}")
+        upstream = upstream.get("upstream")
     driver = info.get("driver")
     if driver:
         active = driver["active"] or "none (stopped)"

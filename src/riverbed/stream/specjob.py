@@ -46,7 +46,7 @@ from riverbed.stream.layout import (
     state_url,
 )
 from riverbed.stream.leader import DriverLease
-from riverbed.stream.specsource import CHAINED_SOURCE, door, is_joined
+from riverbed.stream.specsource import CHAINED_SOURCE, door, is_joined, load_spec
 
 if TYPE_CHECKING:
     from riverbed.stream.savepoints import Savepoint
@@ -114,7 +114,30 @@ def manifest(job: StreamJob) -> dict[str, Any]:
 
 
 def write_manifest(job: StreamJob) -> None:
-    checkpoint_store(job.checkpoint).put(MANIFEST, json.dumps(manifest(job), indent=1).encode())
+    """The job's manifest, and each chained upstream's in its own checkpoint."""
+    upstream: StreamJob | None = job
+    while upstream is not None:
+        data = json.dumps(manifest(upstream), indent=1).encode()
+        checkpoint_store(upstream.checkpoint).put(MANIFEST, data)
+        upstream = upstream_job(upstream)
+
+
+def upstream_job(job: StreamJob) -> StreamJob | None:
+    """The aggregation a job's driver runs before it (``source = {"chained": …}``), as
+    a job of its own: its checkpoint, result table and state inside the job's
+    (:mod:`riverbed.stream.chained`); None for any other source."""
+    if CHAINED_SOURCE not in job.source:
+        return None
+    from riverbed.stream.chained import locations, state_of
+
+    path = Path(job.source[CHAINED_SOURCE])
+    upstream, source = load_spec(path)
+    checkpoint, output = locations(job.checkpoint, None, None)
+    return StreamJob(
+        aggregation=upstream, source=source, checkpoint=checkpoint, output=output,
+        state=state_of(job.state, job.aggregation.name),
+        log_url=str(source.get("log") or job.log_url), spec=path,
+    )  # fmt: skip
 
 
 def read_manifest(checkpoint: str | Path) -> dict[str, Any] | None:
@@ -395,6 +418,14 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
             for side in joined["join"]["sides"].values()
             if side.get("lag") is not None
         }
+    elif info.get("upstream"):  # another aggregation's rows: its status, its lag
+        upstream = read_manifest(str(info["upstream"]))
+        joined["upstream"] = (
+            status_of(upstream, log)
+            if upstream is not None
+            else {"error": f"no manifest in {info['upstream']} yet", "lag": {}}
+        )
+        lag = dict(joined["upstream"].get("lag") or {})
     elif kafka.is_label(info["topic"]):  # a Kafka source: the brokers know the ends
         lag = kafka.lag(info["topic"], committed)
     else:
@@ -410,7 +441,7 @@ def status_of(info: dict[str, Any], log: Any = None) -> dict[str, Any]:
     # the watermark the next batch will use: from everything seen so far
     head = newest_first[0] if newest_first else None
     watermark = max(head.watermark_ms, head.max_event_ms - int(info["watermark_ms"])) if head else 0
-    if joined and head is not None:  # (held back by what the join may still emit)
+    if joined and head is not None:  # (held back by what its upstream may still emit)
         watermark = head.watermark_ms
     last = next((d for d in newest_first if d.ms), None)
     # the rate of the newest batch that read input (a no-data batch's would be 0)
