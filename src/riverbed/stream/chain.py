@@ -282,6 +282,41 @@ class Stages:
         for before, after in zip(self.stages, self.stages[1:], strict=False):
             before.next = after
 
+    @classmethod
+    def after_head(
+        cls,
+        spark: Any,
+        head: Upstream,
+        directs: Sequence[DirectConfig],
+        progress: Callable[[dict[str, Any]], None],
+    ) -> Stages:
+        """``directs`` in order: the first over ``head``'s rows, each next over the
+        final rows of the one before."""
+        stages, source = [], head
+        for direct in directs:
+            stage = Downstream(spark, direct, source, progress)
+            stages.append(stage)
+            source = stage.as_upstream()
+        return cls(stages)
+
+    def drive(
+        self,
+        triggered: Callable[[Any, Any], None],
+        head_next: Callable[[], tuple[int, BatchRecord] | None],
+        head_run: Callable[[int, BatchRecord, float], None],
+    ) -> None:
+        """The loop of a head and these stages under the query's trigger
+        (``triggered(plan, run)``: :meth:`ThreadQuery._triggered`), their maintenance
+        waited for at its end."""
+
+        def run(index: int, batch_id: int, record: BatchRecord, began: float) -> None:
+            self.run(index, batch_id, record, began, head_run)
+
+        try:
+            triggered(lambda: self.next(head_next), run)
+        finally:
+            self.wait()
+
     def hand(self, batch_id: int, table: pa.Table) -> None:
         """The head's batch's rows, for the first aggregation."""
         self.stages[0].hand(batch_id, table)
@@ -302,9 +337,34 @@ class Stages:
                 return index, *got
         return None
 
-    def run(self, index: int, batch_id: int, record: BatchRecord, began: float) -> None:
-        """Run a stage's planned batch, then each later stage's over its rows."""
-        self.stages[index].run(batch_id, record, began)
+    def next(
+        self, head: Callable[[], tuple[int, BatchRecord] | None]
+    ) -> tuple[int, int, BatchRecord] | None:
+        """What the loop runs next: a stage's batch a kill left unfinished, else the
+        head's next batch (``head()``: planned and recorded; stage -1), else the first
+        stage with a batch to run now (a no-data batch: its watermark moved)."""
+        unfinished = self.unfinished()
+        if unfinished is not None:
+            return unfinished
+        planned = head()
+        if planned is not None:
+            return (-1, *planned)
+        return self.planned()
+
+    def run(
+        self,
+        index: int,
+        batch_id: int,
+        record: BatchRecord,
+        began: float,
+        head: Callable[[int, BatchRecord, float], None],
+    ) -> None:
+        """Run a planned batch of stage ``index`` (-1: the head's, by ``head``), then
+        each later stage's over its rows."""
+        if index < 0:
+            head(batch_id, record, began)
+        else:
+            self.stages[index].run(batch_id, record, began)
         self.after(index, began)
 
     def after(self, index: int, began: float) -> None:

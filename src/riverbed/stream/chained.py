@@ -34,7 +34,7 @@ from riverbed.locations import child, location
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batchlog import Batches, BatchRecord
-from riverbed.stream.chain import UPSTREAM, Downstream, Stages, Upstream, failpoint, window_bound
+from riverbed.stream.chain import UPSTREAM, Stages, Upstream, failpoint, window_bound
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.lognative import run_planned
@@ -158,34 +158,17 @@ class ChainedQuery(DirectQuery):
         self.batches = open_batches(head.engine.checkpoint, head.engine.fence)
         self._maintenance = Maintenance(head.engine.spec.name)
         self._watch = SlowBatchWatch(spark, self.name, self._group)
-        source, stages = as_upstream(head, self.batches), []
-        for direct in after:
-            stage = Downstream(spark, direct, source, self._progress_of)
-            stages.append(stage)
-            source = stage.as_upstream()
-        self.stages = Stages(stages)
+        self.stages = Stages.after_head(
+            spark, as_upstream(head, self.batches), after,
+            lambda entry: self._add_progress({"id": self.id, **entry}),
+        )  # fmt: skip
         self._start()
-
-    def _progress_of(self, entry: dict[str, Any]) -> None:
-        self._add_progress({"id": self.id, **entry})
 
     def _loop(self, topic_log: Any) -> None:
         target = self._target(topic_log)
         head = self.cfg.engine.spec.name
 
-        def plan() -> tuple[int, int, BatchRecord] | None:
-            unfinished = self.stages.unfinished()
-            if unfinished is not None:
-                return unfinished
-            planned = self._next(topic_log, target)
-            if planned is not None:
-                return (-1, *planned)
-            return self.stages.planned()
-
-        def run(index: int, batch_id: int, record: BatchRecord, began: float) -> None:
-            if index >= 0:
-                self.stages.run(index, batch_id, record, began)
-                return
+        def head_run(batch_id: int, record: BatchRecord, began: float) -> None:
             plan_ms = round((time.perf_counter() - began) * 1000)
             with self._watch.batch(batch_id):
                 run_planned(
@@ -193,12 +176,8 @@ class ChainedQuery(DirectQuery):
                     self._maintenance, emitted=lambda t: self.stages.hand(batch_id, t),
                 )  # fmt: skip
             failpoint(f"chained:{head}:committed:{batch_id}")  # its rows not read yet
-            self.stages.after(-1, began)
 
-        try:
-            self._triggered(plan, run)
-        finally:
-            self.stages.wait()
+        self.stages.drive(self._triggered, lambda: self._next(topic_log, target), head_run)
 
 
 __all__ = ["CHECKPOINT", "RESULTS", "Built", "ChainedQuery", "locations", "state_of", "upstream"]

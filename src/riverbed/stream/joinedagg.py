@@ -48,7 +48,7 @@ from typing import Any
 from riverbed.locations import location
 from riverbed.state import StateConfig
 from riverbed.stream.batchlog import Batches, BatchRecord, open_batches
-from riverbed.stream.chain import JOINED, Downstream, Stages, Upstream, failpoint
+from riverbed.stream.chain import JOINED, Stages, Upstream, failpoint
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.joinquery import JoinQuery, open_join
 from riverbed.stream.joins import Join
@@ -164,46 +164,24 @@ class JoinedQuery(JoinQuery):
         self.cfg = join_cfg
         self.streams = SIDES[: len(join_cfg.join.sides)]
         self.batches = open_batches(join_cfg.checkpoint, join_cfg.fence)
-        upstream = as_upstream(join_cfg, self.batches)
-        stages = []
-        for direct in directs:
-            stage = Downstream(spark, direct, upstream, self._progress_of)
-            stages.append(stage)
-            upstream = stage.as_upstream()
-        self.stages = Stages(stages)
+        self.stages = Stages.after_head(
+            spark, as_upstream(join_cfg, self.batches), directs,
+            lambda entry: self._add_progress({"id": self.id, **entry}),
+        )  # fmt: skip
         self._start()
-
-    def _progress_of(self, entry: dict[str, Any]) -> None:
-        self._add_progress({"id": self.id, **entry})
 
     def _loop(self, logs: dict[str, Any]) -> None:
         target = self._target(logs)
 
-        def plan() -> tuple[int, int, BatchRecord] | None:
-            unfinished = self.stages.unfinished()
-            if unfinished is not None:
-                return unfinished
-            joined = self._next(logs, target)
-            if joined is not None:
-                return (-1, *joined)
-            return self.stages.planned()
-
-        def run(index: int, batch_id: int, record: BatchRecord, began: float) -> None:
-            if index >= 0:
-                self.stages.run(index, batch_id, record, began)
-                return
+        def head_run(batch_id: int, record: BatchRecord, began: float) -> None:
             run_join(
                 self.spark, self.cfg, self.batches, batch_id, record,
                 self._tasks_of(batch_id, record),
                 emitted=lambda table: self.stages.hand(batch_id, table),
             )  # fmt: skip
             failpoint(f"joined:join:{batch_id}")  # its rows not aggregated yet
-            self.stages.after(-1, began)
 
-        try:
-            self._triggered(plan, run)
-        finally:
-            self.stages.wait()
+        self.stages.drive(self._triggered, lambda: self._next(logs, target), head_run)
 
 
 __all__ = [

@@ -124,6 +124,19 @@ def _upstream(path: Path, upstream_path: Path) -> tuple[Aggregation, dict[str, A
     return upstream, upstream_source
 
 
+def _named(path: Path, source: dict[str, Any], key: str, what: str, example: str) -> Path:
+    """The spec file ``source[key]`` names (relative to ``path``'s directory), the
+    source saying nothing else."""
+    extra = sorted(set(source) - {key})
+    if extra:
+        raise ConfigError(
+            f"{path}: a {key} source takes only the {what}'s spec file "
+            f'(source = {{"{key}": "{example}"}}), not {extra}'
+        )
+    named = Path(str(source[key]))
+    return named if named.is_absolute() else path.parent / named
+
+
 CHAINED_SOURCE = "chained"  # source = {"chained": "up.py"}: its final rows, in this driver
 
 
@@ -132,15 +145,7 @@ def chained_here(path: Path, source: dict[str, Any]) -> dict[str, str]:
     spec file defines, as this one's events — that aggregation run by this one's driver,
     batch by batch, over its own spec file's source (:mod:`riverbed.stream.chained`;
     no results topic between them); a path relative to this spec file's directory."""
-    extra = sorted(set(source) - {CHAINED_SOURCE})
-    if extra:
-        raise ConfigError(
-            f"{path}: a chained source takes only the upstream aggregation's spec file "
-            f'(source = {{"chained": "upstream.py"}}), not {extra}'
-        )
-    upstream_path = Path(str(source[CHAINED_SOURCE]))
-    if not upstream_path.is_absolute():
-        upstream_path = path.parent / upstream_path
+    upstream_path = _named(path, source, CHAINED_SOURCE, "upstream aggregation", "upstream.py")
     _upstream(path, upstream_path)
     return {CHAINED_SOURCE: str(upstream_path.resolve())}
 
@@ -175,15 +180,7 @@ def joined_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
     this aggregation's events — the join run by this aggregation's own driver, batch by
     batch (:mod:`riverbed.stream.joinedagg`); a path relative to this spec file's
     directory."""
-    extra = sorted(set(source) - {JOINED_SOURCE})
-    if extra:
-        raise ConfigError(
-            f"{path}: a join source takes only the join's spec file "
-            f'(source = {{"join": "join.py"}}), not {extra}'
-        )
-    join_path = Path(str(source[JOINED_SOURCE]))
-    if not join_path.is_absolute():
-        join_path = path.parent / join_path
+    join_path = _named(path, source, JOINED_SOURCE, "join", "join.py")
     if load_join(join_path) is None:
         raise ConfigError(
             f"{path}: its source {join_path} must define `join = Join(...)` (the join whose "
