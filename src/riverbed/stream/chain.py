@@ -98,6 +98,19 @@ def window_bound(spec: Aggregation, column: str) -> Bound | None:
     return None
 
 
+def aggregation_upstream(direct: DirectConfig, batches: Batches) -> Upstream:
+    """An aggregation (``batches``: its batch log) as the upstream of the one chained
+    after it: its final rows, in its result table."""
+    spec = direct.engine.spec
+    return Upstream(
+        label=f"aggregation {spec.name!r}",
+        source=UPSTREAM,
+        batches=batches,
+        output=direct.engine.output,
+        bound=lambda column: window_bound(spec, column),
+    )
+
+
 def upstream_range(record: BatchRecord) -> tuple[str, int, int] | None:
     """Which upstream batches an aggregation batch reads — (its source, first, end) —
     or None for a batch of a topic."""
@@ -177,14 +190,7 @@ class Downstream:
 
     def as_upstream(self) -> Upstream:
         """This aggregation as the upstream of another (its final rows)."""
-        spec = self.direct.engine.spec
-        return Upstream(
-            label=f"aggregation {spec.name!r}",
-            source=UPSTREAM,
-            batches=self.batches,
-            output=self.direct.engine.output,
-            bound=lambda column: window_bound(spec, column),
-        )
+        return aggregation_upstream(self.direct, self.batches)
 
     def hand(self, batch_id: int, table: pa.Table) -> None:
         """An upstream batch's rows, before it commits (read once it has)."""
@@ -386,6 +392,7 @@ __all__ = [
     "Downstream",
     "Stages",
     "Upstream",
+    "aggregation_upstream",
     "failpoint",
     "rows_batch",
     "upstream_range",

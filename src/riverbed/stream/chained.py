@@ -33,8 +33,8 @@ import pyarrow as pa
 from riverbed.locations import child, location
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.batchlog import Batches, BatchRecord
-from riverbed.stream.chain import UPSTREAM, Stages, Upstream, failpoint, window_bound
+from riverbed.stream.batchlog import BatchRecord
+from riverbed.stream.chain import Stages, aggregation_upstream, failpoint
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.lognative import run_planned
@@ -123,18 +123,6 @@ def upstream(
     return Built(built, up.name)
 
 
-def as_upstream(direct: DirectConfig, batches: Batches) -> Upstream:
-    """A topic aggregation as the upstream of the one chained after it."""
-    spec = direct.engine.spec
-    return Upstream(
-        label=f"aggregation {spec.name!r}",
-        source=UPSTREAM,
-        batches=batches,
-        output=direct.engine.output,
-        bound=lambda column: window_bound(spec, column),
-    )
-
-
 class ChainedQuery(DirectQuery):
     """A topic aggregation and the aggregations chained after it, run batch by batch
     on one driver thread (see the module doc); constructing it starts the loop. Its
@@ -159,7 +147,7 @@ class ChainedQuery(DirectQuery):
         self._maintenance = Maintenance(head.engine.spec.name)
         self._watch = SlowBatchWatch(spark, self.name, self._group)
         self.stages = Stages.after_head(
-            spark, as_upstream(head, self.batches), after,
+            spark, aggregation_upstream(head, self.batches), after,
             lambda entry: self._add_progress({"id": self.id, **entry}),
         )  # fmt: skip
         self._start()
