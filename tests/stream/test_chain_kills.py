@@ -15,11 +15,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from starlette.testclient import TestClient
 
 import riverbed.log
+from riverbed.config import Config
+from riverbed.inspect import Sources
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.layout import Checkpoint
+from riverbed.ui.app import create_app
+from riverbed.ui.console import Console
 from tests.stream.crashes import backlogs, kill_mid_batch, newest_batch
 from tests.stream.test_acceptance_queries import bids
 from tests.stream.test_chained import COUNTS, HOT
@@ -106,3 +111,11 @@ def test_chained_aggregations_killed_mid_batch_and_between_them_count_every_wind
     assert upstream["aggregation"] == "auction_counts"
     assert upstream["input_records"] == len(events) and upstream["late"] == 0
     assert info["lag"] == upstream["lag"] and sum(info["lag"].values()) == 0
+    # the console's ledger names the upstream batches each batch read
+    sources = Sources(Config(home=home))
+    try:
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            page = client.get("/streams/hot_items").text
+            assert "<code>upstream batches " in page
+    finally:
+        sources.close()
