@@ -133,10 +133,9 @@ def test_a_chain_refuses_what_it_cannot_run(spark: Any, tmp_path: Path, log_url:
 
     assert "set output=\"final\" on 'per_user'" in refused(per_user(output="update"))
     assert "of the same name" in refused(per_user(name="busiest"))
-    no_such = per_user(metrics={"n": Count(), "spent": Sum("amount")})
     bad = Aggregation(
         name="busiest", key="all", time="window_start", window=Tumbling("20m"),
         columns={"all": "'all'"}, metrics={"x": Max("nope")},
     )  # fmt: skip
-    message = refused(no_such, bad)
+    message = refused(per_user(), bad)
     assert "nope" in message and "per_user" in message

@@ -33,7 +33,7 @@ import pyarrow as pa
 from riverbed.locations import child, location
 from riverbed.state import StateConfig
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.batchlog import BatchRecord
+from riverbed.stream.batchlog import BatchRecord, open_batches
 from riverbed.stream.chain import Stages, aggregation_upstream, failpoint
 from riverbed.stream.engine import EngineConfig
 from riverbed.stream.errors import StreamValueError
@@ -42,7 +42,6 @@ from riverbed.stream.loop import DirectQuery
 from riverbed.stream.nativeconfig import DirectConfig, check_reads
 from riverbed.stream.pipeline import Pipeline
 from riverbed.stream.plan import Trigger
-from riverbed.stream.threadquery import ThreadQuery
 
 CHECKPOINT, RESULTS = "upstream", "upstream-results"  # inside the downstream's checkpoint
 
@@ -136,21 +135,13 @@ class ChainedQuery(DirectQuery):
         after: Sequence[DirectConfig],
         trigger: Trigger,
     ) -> None:
-        from riverbed.stream.batch import Maintenance
-        from riverbed.stream.batchlog import open_batches
-        from riverbed.stream.slowbatch import SlowBatchWatch
-
-        name = after[-1].engine.spec.name
-        ThreadQuery.__init__(self, spark, name, f"riverbed-{name}", trigger)
-        self.cfg = head
-        self.batches = open_batches(head.engine.checkpoint, head.engine.fence)
-        self._maintenance = Maintenance(head.engine.spec.name)
-        self._watch = SlowBatchWatch(spark, self.name, self._group)
+        # before DirectQuery's constructor starts the loop; the stages only read the
+        # head's batch log
         self.stages = Stages.after_head(
-            spark, aggregation_upstream(head, self.batches), after,
+            spark, aggregation_upstream(head, open_batches(head.engine.checkpoint)), after,
             lambda entry: self._add_progress({"id": self.id, **entry}),
         )  # fmt: skip
-        self._start()
+        super().__init__(spark, head, trigger, name=after[-1].engine.spec.name)
 
     def _loop(self, topic_log: Any) -> None:
         target = self._target(topic_log)

@@ -54,9 +54,8 @@ from riverbed.stream.joinquery import JoinQuery, open_join
 from riverbed.stream.joins import Join
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import Trigger
-from riverbed.stream.streamjoin import PREFIX, SIDES, WINDOW_START, JoinConfig
+from riverbed.stream.streamjoin import PREFIX, WINDOW_START, JoinConfig
 from riverbed.stream.streamjoin import run_planned as run_join
-from riverbed.stream.threadquery import ThreadQuery
 
 log = logging.getLogger(__name__)
 
@@ -159,16 +158,13 @@ class JoinedQuery(JoinQuery):
         directs: Sequence[DirectConfig],
         trigger: Trigger,
     ) -> None:
-        name = directs[-1].engine.spec.name
-        ThreadQuery.__init__(self, spark, name, f"riverbed-{name}", trigger)
-        self.cfg = join_cfg
-        self.streams = SIDES[: len(join_cfg.join.sides)]
-        self.batches = open_batches(join_cfg.checkpoint, join_cfg.fence)
+        # before JoinQuery's constructor starts the loop; the stages only read the
+        # join's batch log
         self.stages = Stages.after_head(
-            spark, as_upstream(join_cfg, self.batches), directs,
+            spark, as_upstream(join_cfg, open_batches(join_cfg.checkpoint)), directs,
             lambda entry: self._add_progress({"id": self.id, **entry}),
         )  # fmt: skip
-        self._start()
+        super().__init__(spark, join_cfg, trigger, name=directs[-1].engine.spec.name)
 
     def _loop(self, logs: dict[str, Any]) -> None:
         target = self._target(logs)

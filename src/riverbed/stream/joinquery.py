@@ -43,8 +43,12 @@ class JoinQuery(ThreadQuery):
 
     kind = "join"
 
-    def __init__(self, spark: Any, cfg: JoinConfig, trigger: Trigger) -> None:
-        super().__init__(spark, cfg.join.name, f"riverbed-join-{cfg.join.name}", trigger)
+    def __init__(
+        self, spark: Any, cfg: JoinConfig, trigger: Trigger, name: str | None = None
+    ) -> None:
+        """``name``: the query's, when not the join's (the last aggregation over its rows)."""
+        group = f"riverbed-join-{cfg.join.name}" if name is None else f"riverbed-{name}"
+        super().__init__(spark, name or cfg.join.name, group, trigger)
         self.cfg = cfg
         self.streams = SIDES[: len(cfg.join.sides)]  # a lookup join's: the left one only
         self.batches = open_batches(cfg.checkpoint, cfg.fence)

@@ -62,11 +62,15 @@ class DirectQuery(ThreadQuery):
 
     kind = "aggregation"
 
-    def __init__(self, spark: Any, cfg: DirectConfig, trigger: Trigger) -> None:
-        super().__init__(spark, cfg.engine.spec.name, f"riverbed-{cfg.engine.spec.name}", trigger)
+    def __init__(
+        self, spark: Any, cfg: DirectConfig, trigger: Trigger, name: str | None = None
+    ) -> None:
+        """``name``: the query's, when not the aggregation's (a chain's last one)."""
+        name = name or cfg.engine.spec.name
+        super().__init__(spark, name, f"riverbed-{name}", trigger)
         self.cfg = cfg
         self.batches = open_batches(cfg.engine.checkpoint, cfg.engine.fence)
-        self._maintenance = Maintenance(self.name)
+        self._maintenance = Maintenance(cfg.engine.spec.name)
         self._watch = SlowBatchWatch(spark, self.name, self._group)
         self._start()
 

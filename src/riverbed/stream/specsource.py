@@ -89,10 +89,7 @@ def chained_source(path: Path, source: dict[str, Any]) -> dict[str, str]:
     ``key`` is the records' key, the source's own ``key`` column). Only
     an upstream with ``output="final"`` can be chained: with ``update`` a window's row
     comes again every batch that changes it, and would be counted again."""
-    upstream_path = Path(str(source["aggregation"]))
-    if not upstream_path.is_absolute():
-        upstream_path = path.parent / upstream_path
-    upstream, upstream_source = _upstream(path, upstream_path)
+    upstream, upstream_source = _upstream(path, _beside(path, source["aggregation"]))
     if upstream.sessions:
         raise ConfigError(
             f"{path}: chaining from session windows ({upstream.name!r}) is not supported yet"
@@ -133,8 +130,13 @@ def _named(path: Path, source: dict[str, Any], key: str, what: str, example: str
             f"{path}: a {key} source takes only the {what}'s spec file "
             f'(source = {{"{key}": "{example}"}}), not {extra}'
         )
-    named = Path(str(source[key]))
-    return named if named.is_absolute() else path.parent / named
+    return _beside(path, source[key])
+
+
+def _beside(path: Path, named: Any) -> Path:
+    """A spec file a spec file names: as given if absolute, else in its directory."""
+    given = Path(str(named))
+    return given if given.is_absolute() else path.parent / given
 
 
 CHAINED_SOURCE = "chained"  # source = {"chained": "up.py"}: its final rows, in this driver

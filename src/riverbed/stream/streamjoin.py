@@ -47,6 +47,7 @@ from riverbed.log import reach_environment
 from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.source import LogSlice, read_slice
 from riverbed.state import StateConfig, StateProvider, openpool
+from riverbed.state.provider import local_root
 from riverbed.stream.batch import SIDE_LIMIT, side_outputs, side_outputs_written
 from riverbed.stream.batchlog import COUNTS, BatchLog, BatchRecord
 from riverbed.stream.derive import side_derivation
@@ -424,7 +425,9 @@ def run_batch(
         with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-join") as pool:
             frames = list(pool.map(lambda p: pair(p, routed[p]), range(n)))
     else:
-        openpool.let_go()  # the job's tasks, in other processes, open the partitions
+        # the job's tasks, in other processes, open the join's partitions (an aggregation
+        # over its rows in this driver keeps its own open)
+        openpool.let_go(local_root(cfg.state, cfg.namespace))
         frames, reports = tasks.shuffle_job(
             spark, work, ("left", LogSlice(0, 0, 0)), read, n, lambda p, v: pair(p, list(v))
         )
