@@ -101,14 +101,24 @@ def test_jobs_hold_under_chaos_on_a_fresh_database(
         c.stop()
 
 
-def _hanging(c: Cluster) -> set[int]:
-    """Pids of the workers running a chunk that holds a hanging id (a worker's id is
-    ``<host>-<pid>-<random>``)."""
+def _spared(c: Cluster) -> set[int]:
+    """Pids of the workers a kill must spare: those running a chunk that holds a hanging
+    id (its timeout, not a kill, must stop it), or a chunk on its last attempt (a kill
+    there fails the chunk: kills may cost only what retries absorb — on a slow host
+    fresh workers die before finishing anything, and the same chunk, claimed first
+    each time, would otherwise lose every attempt). A worker's id is
+    ``<host>-<pid>-<random>``."""
     with c.queue.db.read() as conn:
         rows = conn.execute(
-            select(chunks.c.worker, chunks.c.work_ids).where(chunks.c.state == "RUNNING")
+            select(
+                chunks.c.worker, chunks.c.work_ids, chunks.c.attempt, chunks.c.max_attempts
+            ).where(chunks.c.state == "RUNNING")
         ).all()
-    return {int(w.split("-")[-2]) for w, ids in rows if w and set(json.loads(ids)) & HANG}
+    return {
+        int(w.split("-")[-2])
+        for w, ids, attempt, most in rows
+        if w and (set(json.loads(ids)) & HANG or attempt >= most)
+    }
 
 
 def _chaos(c: Cluster) -> None:
@@ -158,15 +168,26 @@ def _chaos(c: Cluster) -> None:
                 orchestrators["o3"] = c.orchestrator("o3")  # the supervisor restarts it
                 leader_killed = True
         if now > next_kill:
-            # spare a worker that runs a hanging id: its timeout, not a kill, must stop it
-            # (else both hang chunks can lose their first attempt to kills, and the
-            # timeout path the test checks never runs)
-            victims = [w for w in workers[1:] if w.poll() is None and w.pid not in _hanging(c)]
-            victim = rng.choice(victims or [w for w in workers[1:] if w.poll() is None])
-            os.kill(victim.pid, signal.SIGKILL)
-            killed.add(victim.pid)
-            workers[workers.index(victim)] = c.worker()
-            next_kill = now + rng.uniform(2.0, 4.0)
+            # spare a worker that runs a hanging id (else both hang chunks can lose their
+            # first attempt to kills, and the timeout path the test checks never runs)
+            # or a last attempt. The victims are stopped while the test reads what they
+            # run, so none claims a chunk between the read and the kill (a claim not yet
+            # committed dies with its connection).
+            alive = [p for p in workers[1:] if p.poll() is None and p is not stopped]
+            for p in alive:
+                os.kill(p.pid, signal.SIGSTOP)
+            spared = _spared(c)
+            victims = [p for p in alive if p.pid not in spared]
+            victim = rng.choice(victims) if victims else None
+            if victim is not None:
+                os.kill(victim.pid, signal.SIGKILL)
+                killed.add(victim.pid)
+            for p in alive:
+                if p is not victim:
+                    os.kill(p.pid, signal.SIGCONT)
+            if victim is not None:
+                workers[workers.index(victim)] = c.worker()
+            next_kill = now + (rng.uniform(2.0, 4.0) if victim is not None else 0.5)
         time.sleep(0.05)
     assert leader_killed and stopped is not None and len(killed) >= 4
 
@@ -182,7 +203,10 @@ def _chaos(c: Cluster) -> None:
 
     # poison ids isolated: each alone in a FAILED chunk of a; nothing else failed in a
     failed_a = [r for r in by_job["a"] if r["state"] == "FAILED"]
-    assert sorted(json.loads(r["work_ids"])[0] for r in failed_a) == sorted(POISON)
+    assert sorted(json.loads(r["work_ids"])[0] for r in failed_a) == sorted(POISON), [
+        (r["work_ids"], [(a["attempt"], a["error"]) for a in c.queue.get(r["id"])["attempts"]])
+        for r in failed_a
+    ]
     assert all(r["n_ids"] == 1 for r in failed_a)
     # hanging ids: their first attempt was stopped — by its timeout, or lost with a
     # killed worker first — and a later attempt succeeded; the timeout stopped one
