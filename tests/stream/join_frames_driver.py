@@ -1,7 +1,8 @@
 """A driver joining two riverbed topics on the DataFrame path (both sides ``Frame(df)``
 over ``spark.readStream.format("riverbed")``), as a user's process runs one:
 ``python join_frames_driver.py LOG CHECKPOINT OUTPUT SHAPE HOW [--once] [--records N]``
-— SHAPE ``within`` (10 minutes before to 1 hour after) or ``window`` (30 minutes); runs
+— SHAPE ``within`` (10 minutes before to 1 hour after), ``window`` (30 minutes) or
+``lookup:<table>`` (the orders enriched from a Parquet file's ``label`` by order id); runs
 until stopped (a micro-batch a second), or with ``--once`` over what the topics hold;
 each side's micro-batch at most N records (default 60)."""
 
@@ -15,7 +16,7 @@ def main(
 ) -> int:
     from riverbed.config import SparkConfig
     from riverbed.spark import session
-    from riverbed.stream import Frame, Join, register
+    from riverbed.stream import Frame, Join, Lookup, register
     from riverbed.stream.joinquery import start_join
 
     spark = session(SparkConfig(master="local[2]", app_name="riverbed-join-frames"))
@@ -31,13 +32,19 @@ def main(
             .load()
         )
 
-    join = Join(
-        name="paid",
-        left=side("orders", "order_id long, amount double, ts timestamp"),
-        right=side("payments", "order_id long, paid double, ts timestamp"),
-        on="order_id", time="ts", how=how, watermark="2h", state_partitions=3,  # type: ignore[arg-type]
-        **({"within": ("10m", "1h")} if shape == "within" else {"window": "30m"}),  # type: ignore[arg-type]
-    )  # fmt: skip
+    orders = side("orders", "order_id long, amount double, ts timestamp")
+    if shape.startswith("lookup:"):  # the orders enriched from a Parquet table
+        join = Join(
+            name="labelled", left=orders, time="ts", topic="labelled_rows", how=how,  # type: ignore[arg-type]
+            right=Lookup(shape.split(":", 1)[1], on="order_id", columns={"label": "label"}),
+        )  # fmt: skip
+    else:
+        join = Join(
+            name="paid", left=orders,
+            right=side("payments", "order_id long, paid double, ts timestamp"),
+            on="order_id", time="ts", how=how, watermark="2h", state_partitions=3,  # type: ignore[arg-type]
+            **({"within": ("10m", "1h")} if shape == "within" else {"window": "30m"}),  # type: ignore[arg-type]
+        )  # fmt: skip
     trigger = {"availableNow": True} if once else {"processingTime": "1 second"}
     query = start_join(
         spark, join, checkpoint=checkpoint, output=output, log_url=log_url, trigger=trigger

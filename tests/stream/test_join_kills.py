@@ -524,3 +524,70 @@ def test_a_join_of_dataframes_killed_mid_batch_gives_every_row_once(
     newest = batches.get(batches.ids()[-1])
     assert newest is not None and newest.totals is not None
     assert newest.totals["late"] == 0 and newest.totals["malformed"] == 0
+
+
+def test_a_lookup_join_of_a_dataframe_killed_mid_batch_joins_each_batch_with_its_table(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The DataFrame path's lookup join (``Join(left=Frame(df), right=Lookup(...))``,
+    tests/stream/join_frames_driver.py) SIGKILLed mid-batch while orders arrive and the
+    table is rewritten before every start: every order is in the rows once (a left
+    join: those the table lacks too), each with the label of the table version its
+    micro-batch's record names — a version the table really had."""
+    import pyarrow as pa
+
+    from riverbed.stream.joins import Lookup
+    from riverbed.stream.lookups import encoded, normalized
+
+    kills = 3
+    root = Path(__file__).resolve().parents[2]
+    env = {**subprocess_env, "PYTHONPATH": str(root)}
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, _ = orders_and_payments(900, seed=9)
+    table = tmp_path / "labels.parquet"
+    versions: list[pd.DataFrame] = []
+
+    def release(k: int) -> None:
+        """Version k of the table (orders below 700 labelled ``v<k>``), then k's orders."""
+        frame = pd.DataFrame({"order_id": range(700), "label": [f"v{k}"] * 700})
+        versions.append(frame)
+        frame.to_parquet(tmp_path / "labels.tmp", index=False)
+        (tmp_path / "labels.tmp").rename(table)  # whole, or not yet
+        cut = [len(orders) * i // (kills + 1) for i in range(kills + 2)]
+        send(log_url, "orders", orders.iloc[cut[k] : cut[k + 1]], 3)
+
+    checkpoint, output = tmp_path / "cp", tmp_path / "out"
+    command = [sys.executable, str(FRAMES_DRIVER), log_url, str(checkpoint), str(output),
+               f"lookup:{table}", "left"]  # fmt: skip
+    aimed = kill_mid_batch(command, env, Checkpoint(checkpoint).batches, kills=kills,
+                           rng=random.Random(17), before_start=release,
+                           logs=tmp_path / "logs")  # fmt: skip
+    assert len(aimed) == kills
+    release(kills)
+    finished = subprocess.run(
+        [*command, "--once"], env=env, capture_output=True, text=True, check=False, cwd=root
+    )
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-3000:]
+
+    lookup = Lookup(str(table), on="order_id", columns={"label": "label"})
+    by_id = {encoded(normalized(lookup, pa.Table.from_pandas(v)))[0]: v for v in versions}
+    got = read_joined(output)
+    assert sorted(got["order_id"]) == sorted(orders["order_id"])  # every order once
+    batches = open_batches(checkpoint)
+    labels = set()
+    for b, rows in got.groupby("batch_id"):
+        record = batches.get(int(b))
+        assert record is not None and record.done and record.lookups
+        known = by_id.get(record.lookups[0]["id"])
+        assert known is not None, f"batch {b} joined with a table that never was"
+        want = rows[["order_id"]].merge(known, on="order_id", how="left")
+        assert list(rows.sort_values("order_id")["label"].fillna("-")) == list(
+            want.sort_values("order_id")["label"].fillna("-")
+        ), f"batch {b}: not its planned table's labels"
+        labels |= set(known["label"])
+    assert len(labels) >= 3  # the table changed under the running join, more than once
+    assert got["label"].isna().sum() == (orders["order_id"] >= 700).sum()
+    log = riverbed.log.open(log_url)
+    on_topic = sum(o.end - o.start for o in log.offsets("labelled_rows"))
+    log.close()
+    assert on_topic == len(got)  # the join's topic: the same rows, once

@@ -20,7 +20,7 @@ import riverbed.log
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.doors import Frame, Topic
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.joinquery import read_joined, status
+from riverbed.stream.joinquery import read_joined, start_join, status
 from riverbed.stream.joins import Join, Lookup
 from riverbed.stream.layout import checkpoint_store, commit_key, default_state
 from tests.stream.conftest import T0
@@ -197,9 +197,6 @@ def test_a_lookup_join_refuses_what_it_cannot_do_with_the_fix(spark: Any, tmp_pa
         Join(name="j", left="orders", right=table, where={"right": "tier = 1"})
     with pytest.raises(StreamValueError, match="on= names the key column"):
         Join(name="j", left="orders", right="payments", window="1m")
-    frame = Frame(spark.readStream.format("rate").load())
-    with pytest.raises(StreamValueError, match="reads its events from a topic"):
-        Join(name="j", left=frame, right=table)
     # the defaults: the Lookup's key and how; the Join's how when given
     assert Join(name="j", left="orders", right=table).how == "left"
     assert Join(name="j", left="orders", right=table, how="inner").how == "inner"
@@ -246,3 +243,60 @@ def test_a_derived_column_is_the_key_of_a_lookup(spark: Any, tmp_path: Path) -> 
     assert (got["bucket"] == got["customer"] % 50).all()
     with pytest.raises(StreamValueError, match="derive columns of the left side"):
         replace(join, columns={"right": {"x": "1"}})
+
+
+@pytest.mark.parametrize("how", ["left", "inner"])
+def test_a_dataframes_events_are_enriched_as_of_each_micro_batch(
+    spark: Any, tmp_path: Path, how: str
+) -> None:
+    """The DataFrame path: ``Join(left=Frame(df), right=Lookup(...))`` — one Spark
+    streaming query over the left DataFrame, each micro-batch joined with the table's
+    snapshot its record names (planned before anything of it is written): a table
+    changed between backlogs enriches the later events only, each row once."""
+    from riverbed.stream import register
+
+    register(spark)
+    log_url = f"file://{tmp_path / 'log'}"
+    table = tmp_path / "customers"
+
+    def drain_frame() -> None:
+        frame = (
+            spark.readStream.format("riverbed").option("topic", "orders")
+            .option("log", log_url).option("schema", ORDERS)
+            .option("maxRecordsPerBatch", 120).load()
+        )  # fmt: skip
+        join = Join(
+            name="named", left=Frame(frame), time="ts", topic="orders_named",
+            right=Lookup(str(table), on=("customer", "id"), how=how),  # type: ignore[arg-type]
+        )  # fmt: skip
+        query = start_join(
+            spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out",
+            log_url=log_url, trigger={"availableNow": True},
+        )  # fmt: skip
+        query.awaitTermination()
+        assert query.exception() is None
+
+    first, second = orders(300, seed=5), orders(300, seed=6, start=300)
+    write_table(table, customers(1))
+    send(log_url, "orders", first)
+    drain_frame()
+    write_table(table, customers(2))  # renamed and added customers: later events only
+    send(log_url, "orders", second)
+    drain_frame()
+
+    want = pd.concat([oracle(first, customers(1), how), oracle(second, customers(2), how)])
+    got = read_joined(tmp_path / "out")
+    assert rows_of(got) == rows_of(want)  # every row once, each with its batch's table
+    batches = open_batches(tmp_path / "cp")
+    records = [batches.get(b) for b in batches.ids()]
+    assert len(records) >= 6 and all(r is not None and r.done and r.lookups for r in records)
+    assert len({r.lookups[0]["id"] for r in records if r is not None and r.lookups}) == 2
+    newest = records[-1]
+    assert newest is not None and newest.totals is not None
+    alone = int(first["customer"].isna().sum() + (first["customer"] >= 50).sum())
+    alone += int(second["customer"].isna().sum() + (second["customer"] >= 60).sum())
+    assert (newest.totals["joined"], newest.totals["unmatched"]) == (600 - alone, alone)
+    log = riverbed.log.open(log_url)
+    on_topic = sum(o.end - o.start for o in log.offsets("orders_named"))
+    log.close()
+    assert on_topic == len(want)  # the join's topic: the same rows, once

@@ -25,6 +25,11 @@ A side's event ids are its ``partition`` and ``offset`` columns when it has them
 riverbed topic's, Kafka's), else the Spark partition and a row id within the batch.
 Spark runs a micro-batch only when one of the sources has new events: the watermark
 moves (and a left join emits its unmatched rows) with the next events of either side.
+
+A lookup join (``Join(left=Frame(df), right=Lookup(...))``) has one DataFrame and no
+state: its plan names the table's snapshot (:func:`riverbed.stream.lookupjoin.plan`),
+its tasks enrich their rows (:func:`~riverbed.stream.lookupjoin.enriched`) and send
+them to the driver, which finishes the batch as above.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ def union(cfg: JoinConfig, frames: dict[str, Any]) -> Any:
 
     out = None
     for which, side in zip(SIDES, cfg.sides, strict=True):
+        if which not in frames:  # a lookup join's right side: its table
+            continue
         df = frames[which]
         names = set(df.columns)
         p = _PREFIX[which]
@@ -98,7 +105,9 @@ def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
     frames = cfg.join.frames
     # what the batches and their tasks see: the join without its DataFrames (a task's
     # config travels pickled; a DataFrame does not)
-    bare = replace(cfg, join=replace(cfg.join, left=DATAFRAME, right=DATAFRAME))
+    left = DATAFRAME
+    right = cfg.join.right if cfg.join.lookup is not None else DATAFRAME  # (its table)
+    bare = replace(cfg, join=replace(cfg.join, left=left, right=right))
     location = spark_location(cfg.checkpoint)
     clear_unfinished_start(location)
     writer = (
@@ -120,12 +129,19 @@ def foreach_batch(cfg: JoinConfig) -> Any:
             return  # committed by riverbed; Spark had not recorded it when its driver died
         df = df.cache()
         try:
+            lookup = cfg.join.lookup is not None
             if record is None:
-                record = _plan(cfg, batches, batch_id, df)
+                record = (
+                    _plan_lookup(cfg, batches, batch_id)
+                    if lookup
+                    else _plan(cfg, batches, batch_id, df)
+                )
             spark = df.sparkSession
             done = record
 
             def tasks_of() -> tuple[pa.Table | None, Counts]:
+                if lookup:
+                    return _run_lookup(cfg, df, batch_id, done)
                 return _run_tasks(spark, cfg, df, batch_id, done.watermark_ms)
 
             run_planned(spark, cfg, batches, batch_id, record, tasks_of)
@@ -153,6 +169,55 @@ def _plan(cfg: JoinConfig, batches: BatchLog, batch_id: int, df: Any) -> BatchRe
     )
     batches.put(batch_id, record)
     return record
+
+
+def _plan_lookup(cfg: JoinConfig, batches: BatchLog, batch_id: int) -> BatchRecord:
+    """A lookup join's micro-batch record: the table's snapshot it joins with
+    (:func:`riverbed.stream.lookupjoin.plan`), written durably before anything of it;
+    no watermark (nothing of a lookup join waits for time)."""
+    from riverbed.stream import lookupjoin
+
+    newest = batches.previous(batch_id)
+    record = BatchRecord(
+        max_event_ms=newest.max_event_ms if newest is not None else 0,
+        source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
+        lookups=lookupjoin.plan(cfg, newest),
+    )
+    batches.put(batch_id, record)
+    return record
+
+
+def _run_lookup(
+    cfg: JoinConfig, df: Any, batch_id: int, record: BatchRecord
+) -> tuple[pa.Table | None, Counts]:
+    """A lookup join's micro-batch: each task enriches its rows of the left DataFrame
+    with the snapshot the plan names (:func:`riverbed.stream.lookupjoin.enriched`); the
+    rows and counts come back to the driver."""
+    from pyspark.sql import functions as F
+
+    from riverbed.stream import lookupjoin
+
+    snapshot = lookupjoin.snapshot_of(cfg, batch_id, record)
+    p = _PREFIX["left"]
+    rows = df.select(*[F.col(p + c).alias(c) for c in (*cfg.sides[0].columns, *_META)])
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from riverbed.stream.lookups import tables
+
+        counts = Counts()
+        table = tables(cfg.checkpoint, [snapshot])[0]
+        for joined in lookupjoin.enriched(cfg, table, batches, counts):
+            yield pa.RecordBatch.from_pydict({"p": [0], "v": [pickle.dumps(joined)]}, _STAGED)
+        yield pa.RecordBatch.from_pydict({"p": [1], "v": [pickle.dumps(counts)]}, _STAGED)
+
+    counts, frames = Counts(), []
+    for row in rows.mapInArrow(run, "p long, v binary").collect():
+        value = pickle.loads(row["v"])  # noqa: S301 - our own tasks' values
+        if row["p"]:
+            counts.add(value)
+        else:
+            frames.append(value)
+    return joined_rows(frames), counts
 
 
 def _run_tasks(

@@ -363,12 +363,6 @@ class Join:
 
     def _lookup_join(self, lookup: Lookup) -> None:
         """A lookup join's own rules (see the class doc): its key is the Lookup's."""
-        if _frame(self.left) is not None:
-            raise StreamValueError(
-                f"join {self.name}: a lookup join reads its events from a topic (a riverbed "
-                'or a Kafka topic: Topic("bids", log="kafka://host:9092")), not a DataFrame; '
-                "a DataFrame's events are enriched by an aggregation's lookups="
-            )
         if self.on is not None and _pair(self.on, "on")[0] != lookup.event_column:
             raise StreamValueError(
                 f"join {self.name}: on={self.on!r}, but the Lookup joins on "

@@ -74,26 +74,22 @@ def prepare(
             _side(join, which, schema, options, f"side's topic {topic!r}", "give the topic "
                   "a schema option")
         )  # fmt: skip
-    table_schema = None
-    if join.lookup is not None:  # the right side is a table: its columns as they are now
-        from riverbed.stream import lookupjoin, lookups
-
-        table_schema = lookups.at_start([join.lookup], checkpoint, log_url)[0]
-        sides.append(lookupjoin.table_side(join, sides[0], table_schema))
+    table = _with_table(join, sides, checkpoint, log_url)
     # the smaller of the two: a side may raise the default as well as lower it
     cfg = _config(join, sides, checkpoint, output, state, log_url, term, limits,
                   min(in_driver))  # fmt: skip
-    return cfg if table_schema is None else replace(cfg, lookup_schema=table_schema)
+    return cfg if table is None else replace(cfg, lookup_schema=table)
 
 
 def _prepare_frames(
     join: Join, checkpoint: str, output: str, state: StateConfig, log_url: str | None,
     term: int | None,
 ) -> JoinConfig:  # fmt: skip
-    """:func:`prepare` for a join with a side given as ``Frame(df)``: both must be."""
+    """:func:`prepare` for a join with a side given as ``Frame(df)``: both must be (a
+    lookup join's left side: its right side is its table)."""
     frames = join.frames
     sides = []
-    for which in SIDES:
+    for which in SIDES[: len(join.sides)]:
         if which not in frames:
             raise StreamValueError(
                 f"join {join.name}: one side is a DataFrame, the {which} side is not; give "
@@ -107,8 +103,25 @@ def _prepare_frames(
                 "(spark.readStream…)"
             )
         sides.append(_side(join, which, df.schema, {}, "side's DataFrame", "select it first"))
-    return _config(join, sides, checkpoint, output, state, log_url, term, [],
-                   JOIN_DRIVER_BATCH_RECORDS)  # fmt: skip
+    table = _with_table(join, sides, checkpoint, log_url)
+    cfg = _config(join, sides, checkpoint, output, state, log_url, term, [],
+                  JOIN_DRIVER_BATCH_RECORDS)  # fmt: skip
+    return cfg if table is None else replace(cfg, lookup_schema=table)
+
+
+def _with_table(
+    join: Join, sides: list[JoinSide], checkpoint: str, log_url: str | None
+) -> pa.Schema | None:
+    """A lookup join's right side, its table, added to ``sides`` from its columns as
+    they are now (:func:`riverbed.stream.lookups.at_start`); returns their schema (None:
+    not a lookup join)."""
+    if join.lookup is None:
+        return None
+    from riverbed.stream import lookupjoin, lookups
+
+    schema = lookups.at_start([join.lookup], checkpoint, log_url)[0]
+    sides.append(lookupjoin.table_side(join, sides[0], schema))
+    return schema
 
 
 def _side(

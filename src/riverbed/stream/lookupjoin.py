@@ -13,6 +13,11 @@ late, and nothing waits for a partner.
   the snapshot (:func:`riverbed.stream.lookups.join`); an event without a row (or with
   a NULL key) is counted unmatched — kept with NULLs by ``how="left"``, dropped by
   ``"inner"``.
+
+A streaming DataFrame's events (``Join(left=Frame(df), right=Lookup(...))``) take the
+same two steps inside a Spark streaming query's micro-batches
+(:mod:`riverbed.stream.joinframes`: Spark's checkpoint holds the slices; the snapshot
+is in riverbed's record; :func:`enriched` runs over each task's rows).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from riverbed.stream.streamjoin import (
     stored_column,
 )
 
-__all__ = ["plan", "run_batch", "table_side"]
+__all__ = ["enriched", "plan", "run_batch", "snapshot_of", "table_side"]
 
 
 def table_side(join: Join, left: JoinSide, schema: pa.Schema) -> JoinSide:
@@ -79,34 +84,52 @@ def plan(cfg: JoinConfig, previous: BatchRecord | None) -> list[dict[str, Any]]:
     return lookups.plan_record([lookup], cfg.checkpoint, previous, schemas, cfg.log_url)
 
 
-def enrich_task(cfg: JoinConfig, snapshot: str) -> Any:
-    """One piece of the left topic's slices enriched: (the rows, as the output's
-    internal columns; the counts)."""
+def enriched(cfg: JoinConfig, table: Any, read: Any, counts: Counts) -> list[pa.Table]:
+    """The left side's rows ``read`` (Arrow batches of its columns and event ids: a
+    topic's slice, or a DataFrame's rows) decoded and joined with ``table`` (a
+    snapshot, :func:`riverbed.stream.lookups.tables`): the rows, as the output's
+    internal columns; ``counts`` counts them (an event without a row: unmatched)."""
     lookup = cfg.join.lookup
     assert lookup is not None
     inside = dataclasses.replace(lookup, on=(PREFIX["left"] + lookup.event_column,
                                              lookup.table_column))  # fmt: skip
     right = cfg.sides[1]
+    out = []
+    for kept in events(cfg, "left", read, 0, counts):
+        width = kept.num_columns
+        joined, found = lookups.join(kept, inside, table)
+        missed = int(len(found) - pc.sum(found).as_py()) if len(found) else 0
+        counts.unmatched += missed
+        if cfg.join.how == "inner" and missed:
+            joined = joined.filter(found)
+        names = joined.column_names
+        for at in range(width, joined.num_columns):  # the table's: as the right side's
+            column = joined.column(at)
+            stored = stored_column(column, names[at] in right.times)
+            joined = joined.set_column(at, PREFIX["right"] + names[at], stored)
+        out.append(joined)
+    return out
+
+
+def snapshot_of(cfg: JoinConfig, batch_id: int, record: BatchRecord) -> str:
+    """The id of the table's snapshot batch ``batch_id``'s plan joins with."""
+    if not record.lookups:
+        raise StreamValueError(
+            f"join {cfg.join.name}: batch {batch_id}'s plan names no snapshot of the table; "
+            "it was planned by another kind of join: start on a new checkpoint"
+        )
+    return str(record.lookups[0]["id"])
+
+
+def enrich_task(cfg: JoinConfig, snapshot: str) -> Any:
+    """One piece of the left topic's slices enriched: (the rows, as the output's
+    internal columns; the counts)."""
 
     def run(piece: LogSlice) -> tuple[pa.Table | None, Counts]:
         counts = Counts()
         table = lookups.tables(cfg.checkpoint, [snapshot])[0]
-        out = []
         read = read_slice(cfg.sides[0].options, cfg.sides[0].schema, piece)
-        for kept in events(cfg, "left", read, 0, counts):
-            width = kept.num_columns
-            joined, found = lookups.join(kept, inside, table)
-            missed = int(len(found) - pc.sum(found).as_py()) if len(found) else 0
-            counts.unmatched += missed
-            if cfg.join.how == "inner" and missed:
-                joined = joined.filter(found)
-            names = joined.column_names
-            for at in range(width, joined.num_columns):  # the table's: as the right side's
-                column = joined.column(at)
-                stored = stored_column(column, names[at] in right.times)
-                joined = joined.set_column(at, PREFIX["right"] + names[at], stored)
-            out.append(joined)
-        return joined_rows(out), counts
+        return joined_rows(enriched(cfg, table, read, counts)), counts
 
     return run
 
@@ -117,12 +140,7 @@ def run_batch(
     """Run one planned batch's tasks (each piece of the left side's slices enriched with
     the snapshot its plan names); returns the rows and the counts."""
     tasks.describe(spark, f"riverbed join {cfg.join.name} batch {batch_id}")
-    if not record.lookups:
-        raise StreamValueError(
-            f"join {cfg.join.name}: batch {batch_id}'s plan names no snapshot of the table; "
-            "it was planned by another kind of join: start on a new checkpoint"
-        )
-    enrich = enrich_task(cfg, str(record.lookups[0]["id"]))
+    enrich = enrich_task(cfg, snapshot_of(cfg, batch_id, record))
     slices = side_slices(record, "left")
     work = pieces(slices, tasks.parallelism(spark))
     total = sum(s.end - s.start for s in slices)
