@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverbed.state import CorruptStateError, PartitionBusyError, StateConfig, StateProvider, codecs
-from riverbed.state.keys import expire_before, split_window_key, window_key
+from riverbed.state.keys import (
+    expire_before,
+    split_window_key,
+    split_window_key_ms,
+    split_window_keys_ms,
+    window_key,
+)
 
 T0 = datetime(2026, 11, 21, tzinfo=UTC)
 
@@ -19,6 +25,14 @@ T0 = datetime(2026, 11, 21, tzinfo=UTC)
 @given(st.integers(0, 2**50), st.integers(0, 2**50), st.binary(max_size=8), st.binary(max_size=8))
 def test_window_keys_sort_by_time_first(a: int, b: int, ka: bytes, kb: bytes) -> None:
     assert (window_key(a, ka) < window_key(b, kb)) == ((a, ka) < (b, kb))
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**62), st.binary(max_size=12)), max_size=20))
+def test_many_window_keys_split_at_once_as_each_alone(pairs: list[tuple[int, bytes]]) -> None:
+    data = [window_key(ms, key) for ms, key in pairs]
+    starts, keys = split_window_keys_ms(data)
+    assert list(zip(starts.tolist(), keys, strict=True)) == [split_window_key_ms(k) for k in data]
+    assert starts.dtype == "int64"
 
 
 def test_expire_before_drops_whole_windows(provider: StateProvider) -> None:

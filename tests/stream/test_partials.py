@@ -126,3 +126,47 @@ def test_counts_minima_and_maxima_of_all_groups_at_once_equal_group_by_group(
             mine = picked if counts is None else picked[counts[picked]]
             want.append(metric.partial(column[mine], len(mine)))
         assert got == want, metric
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2**62), st.integers(0, 30)), max_size=60),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_rows_sorted_by_window_and_key_in_one_argsort_keep_lexsorts_order(
+    rows: list[tuple[int, int]], extra_codes: int, narrow: bool
+) -> None:
+    """The combined-key argsort gives exactly ``np.lexsort``'s (stable) order — a
+    group's rows stay in event order, which a float sum's result depends on — and a
+    span too wide to combine falls back to lexsort."""
+    from riverbed.stream.engine import _by_window_and_key
+
+    starts = np.array([s % 10_000 if narrow else s for s, _ in rows], dtype=np.int64)
+    codes = np.array([c for _, c in rows], dtype=np.int64)
+    n_codes = (int(codes.max()) + 1 if len(codes) else 0) + extra_codes
+    got = _by_window_and_key(starts, codes, n_codes)
+    assert got.tolist() == np.lexsort((codes, starts)).tolist()
+
+
+def test_results_column_by_column_equal_each_values_result() -> None:
+    """``result_columns`` (what result rows are built from) gives, per metric, what the
+    metric's ``result`` gives value by value — the fast paths included."""
+    from riverbed.stream import Max, Mean, Min, TopK
+    from riverbed.stream.metrics import result_columns
+
+    partials = {
+        Count(): [3, 0, 7],
+        Sum("a"): [1.5, -2.0, 0.0],
+        Min("a"): [None, 1.0, -3.5],
+        Max("a"): [2.0, None, 9.0],
+        Mean("a"): [[3.0, 2], [0.0, 0], [-1.0, 4]],
+        Distinct("u"): [Distinct("u").partial(np.array(v), len(v)) for v in ([1, 2], [], [5])],
+        TopK("u", 2): [TopK("u", 2).partial(np.array(v), len(v)) for v in ([1, 1, 2], [3])],
+    }
+    for metric, values in partials.items():
+        want: dict[str, list[Any]] = {}
+        for value in values:
+            for suffix, result in metric.result(value).items():
+                want.setdefault(suffix, []).append(result)
+        assert result_columns(metric, values) == want, metric

@@ -38,7 +38,10 @@ the layouts never meet.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from datetime import UTC, datetime
+
+import numpy as np
 
 from riverbed.durations import epoch_ms
 from riverbed.state.errors import StateValueError
@@ -71,6 +74,14 @@ def split_window_key_ms(data: bytes) -> tuple[int, bytes]:
     """:func:`split_window_key` with the window start in epoch milliseconds."""
     (millis,) = _TS.unpack_from(data)
     return int(millis), data[_TS.size :]
+
+
+def split_window_keys_ms(data: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]]:
+    """:func:`split_window_key_ms` of many keys at once: their window starts (an int64
+    array of epoch milliseconds) and their keys."""
+    width = _TS.size
+    starts = np.frombuffer(b"".join([k[:width] for k in data]), dtype=">u8").astype(np.int64)
+    return starts, [k[width:] for k in data]
 
 
 def window_prefix(window_start: datetime | int) -> bytes:

@@ -790,3 +790,21 @@ VALUE_METRICS = (First, Last, ArgMax, ArgMin)  # their result is a value of thei
 def where_column(name: str) -> str:
     """The internal column holding metric ``name``'s ``where`` (true: it counts)."""
     return f"_where_{name}"
+
+
+def result_columns(metric: Any, values: list[Any]) -> dict[str, list[Any]]:
+    """What ``metric.result`` gives for each of ``values`` (stored partials), column by
+    column: ``{suffix: [result, ...]}``. Counts, sums, minima, maxima and means are
+    read straight from the list (their results are the values themselves, or a mean's
+    quotient); other metrics give theirs value by value."""
+    if isinstance(metric, Count):
+        return {"": [int(v) for v in values]}
+    if isinstance(metric, Sum | Min | Max):
+        return {"": values}
+    if isinstance(metric, Mean):
+        return {"": [v[0] / v[1] if v[1] else None for v in values]}
+    columns: dict[str, list[Any]] = {}
+    for value in values:
+        for suffix, result in metric.result(value).items():
+            columns.setdefault(suffix, []).append(result)
+    return columns
