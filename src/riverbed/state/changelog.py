@@ -66,7 +66,7 @@ class Changelog:
 
     @cached_property
     def raw(self) -> bytes:
-        packed = msgpack.packb([list(op) for op in self.ops])
+        packed = msgpack.packb(self.ops)  # (tuples pack as arrays, as lists do)
         body: bytes = (
             _MAGIC
             + _HEADER.pack(self.version, self.base, self.base_tag)

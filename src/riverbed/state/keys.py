@@ -65,6 +65,14 @@ def window_key(window_start: datetime | int, key: bytes) -> bytes:
     return _TS.pack(to_millis(window_start)) + key
 
 
+def window_keys(starts: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+    """:func:`window_key` of many (window start in epoch ms, key) pairs at once."""
+    if starts and min(starts) < 0:
+        raise StateValueError(f"timestamp must be >= 0 ms, got {min(starts)}")
+    pack = _TS.pack
+    return [pack(ms) + key for ms, key in zip(starts, keys, strict=True)]
+
+
 def split_window_key(data: bytes) -> tuple[datetime, bytes]:
     millis, key = split_window_key_ms(data)
     return datetime.fromtimestamp(millis / 1000, tz=UTC), key

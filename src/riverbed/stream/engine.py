@@ -51,7 +51,7 @@ from riverbed.state.keys import (
     session_key,
     split_session_end_key,
     split_window_keys_ms,
-    window_key,
+    window_keys,
     window_prefix,
 )
 from riverbed.stream import keys, sessions
@@ -247,7 +247,7 @@ def group_partials(
     if spec.key_column in returned and spec.key_column not in columns:
         columns[spec.key_column] = pdf[spec.key_column].to_numpy()
     firsts = np.asarray(bounds[:-1], dtype=np.int64)
-    out: list[dict[str, Any]] = [{} for _ in firsts]
+    out: list[dict[str, Any]] = [{} for _ in range(len(firsts))]  # (not numpy scalars)
     for name, metric in spec.metrics.items():
         column = _column_of(metric, columns)
         # a metric's own where: the events it counts (NULL: not counted)
@@ -419,8 +419,10 @@ def merge_partition(
 def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
     """Partials merged per (window, key), under their state keys (fixed windows)."""
     out: dict[bytes, dict[str, Any]] = {}
-    for window_start, key, partial in partials:
-        k = window_key(window_start, key.encode())
+    given = partials if isinstance(partials, list) else list(partials)
+    starts = [start for start, _, _ in given]
+    state_keys = window_keys(starts, [key.encode() for _, key, _ in given])
+    for k, (_, _, partial) in zip(state_keys, given, strict=True):
         if k in out:
             out[k] = {n: m.merge(out[k][n], partial[n]) for n, m in spec.metrics.items()}
         else:
