@@ -560,13 +560,13 @@ def session_rows(
         return empty_rows(spec)
     names = output_arrow_schema(spec).names
     columns: dict[str, list[Any]] = {name: [] for name in names}
-    for key, start, end, value in sorted(emitted, key=lambda s: (s[1], s[0])):
-        columns["key"].append(key)
-        columns["window_start"].append(start)
-        columns["window_end"].append(end)
-        for name, metric in spec.metrics.items():
-            for suffix, result in metric.result(value[name]).items():
-                columns[name + suffix].append(result)
+    ordered = sorted(emitted, key=lambda s: (s[1], s[0]))
+    columns["key"] = [key for key, _, _, _ in ordered]
+    columns["window_start"] = [start for _, start, _, _ in ordered]
+    columns["window_end"] = [end for _, _, end, _ in ordered]
+    for name, metric in spec.metrics.items():
+        for suffix, results in result_columns(metric, [v[name] for *_, v in ordered]).items():
+            columns[name + suffix] = results
     for key, start in sorted(removed, key=lambda r: (r[1], r[0])):
         columns["key"].append(key)
         columns["window_start"].append(start)
