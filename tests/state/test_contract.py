@@ -43,6 +43,17 @@ def test_staged_reads_see_own_writes_and_commit_makes_a_version(provider: StateP
     again.abort()
 
 
+def test_put_many_is_each_put_in_order(provider: StateProvider) -> None:
+    store = provider.load("ns", 0)
+    store.put(b"a", b"0")
+    store.put_many([(b"b", b"1"), (b"a", b"2"), (b"b", b"3")])
+    assert store.get(b"a") == b"2" and store.get(b"b") == b"3"
+    store.commit()
+    again = provider.load("ns", 0)
+    assert list(again.scan()) == [(b"a", b"2"), (b"b", b"3")]
+    again.abort()
+
+
 def test_abort_discards(provider: StateProvider) -> None:
     commit_items(provider, {b"a": b"1"}, 1)
     store = provider.load("ns", 0)
@@ -196,3 +207,31 @@ def test_purge_runs_while_a_writer_holds_the_partition(provider: StateProvider) 
 def test_bad_namespace_names(provider: StateProvider, bad: str) -> None:
     with pytest.raises(ValueError, match="namespace"):
         provider.load(bad, 0)
+
+
+def test_the_last_key_of_a_range_is_the_greatest_one_a_scan_gives(
+    provider: StateProvider,
+) -> None:
+    """``last(start, end)`` — committed keys (one seek) and staged puts, deletes and
+    deleted ranges alike — is the greatest key ``scan`` gives in ``[start, end)``."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = [bytes([a, b]) for a in (0, 1, 2, 250) for b in (0, 7, 255)]
+    for version in range(1, 6):
+        store = provider.load("ns", 0, version - 1)
+        for _ in range(6):
+            store.put(rng.choice(alphabet), b"v")
+        store.commit(version)
+        store = provider.load("ns", 0, version)
+        for staged in (False, True):
+            if staged:  # the same questions with changes staged
+                store.put(rng.choice(alphabet), b"w")
+                store.delete(rng.choice(alphabet))
+                lo, hi = sorted(rng.sample(alphabet, 2))
+                store.delete_range(lo, hi)
+            for _ in range(30):
+                start, end = sorted(rng.sample([*alphabet, b"", b"\x03"], 2))
+                keys = [k for k, _ in store.scan(start=start, end=end)]
+                assert store.last(start, end) == (keys[-1] if keys else None), (start, end)
+        store.abort()

@@ -40,6 +40,14 @@ class LocalDB(ABC):
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` (``end=None``: to the last key), by key."""
 
+    def last(self, start: bytes, end: bytes) -> bytes | None:
+        """The greatest key with ``start <= key < end``; None when there is none (an
+        engine answers with one seek; this default walks the range)."""
+        found = None
+        for key, _ in self.scan(start, end):
+            found = key
+        return found
+
     @abstractmethod
     def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
         """Apply ``ops`` and set the (version, tag) marker, atomically."""

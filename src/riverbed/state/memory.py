@@ -66,6 +66,11 @@ class MemoryLocalDB(LocalDB):
         for key in keys[lo:hi]:
             yield key, self._d.values[key]
 
+    def last(self, start: bytes, end: bytes) -> bytes | None:
+        keys = self._d.keys
+        at = bisect.bisect_left(keys, end) - 1
+        return keys[at] if at >= 0 and keys[at] >= start else None
+
     def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
         if self._release is None:
             raise StateError("this state database was opened read-only")

@@ -186,6 +186,16 @@ class RocksLocalDB(LocalDB):
             yield key, it.value()
             it.next()
 
+    def last(self, start: bytes, end: bytes) -> bytes | None:
+        it = self._db.iter()
+        it.seek_for_prev(end)  # the greatest key <= end
+        if it.valid() and it.key() >= end:
+            it.prev()
+        if not it.valid():
+            return None
+        key: bytes = it.key()
+        return key if key >= start else None
+
     def apply(self, ops: Sequence[Op], version: int, tag: int) -> None:
         batch = WriteBatch(raw_mode=True)
         for kind, a, b in ops:

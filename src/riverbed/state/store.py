@@ -105,11 +105,28 @@ class StateStore:
             if value is not None:
                 yield key, value
 
+    def last(self, start: bytes, end: bytes) -> bytes | None:
+        """The greatest key with ``start <= key < end``, staged changes included; None
+        when there is none. One seek while nothing is staged (a store just loaded)."""
+        db = self._live()
+        if not self._staged and not self._ranges:
+            return db.last(start, end)
+        found = None
+        for key, _ in self.scan(start=start, end=end):
+            found = key
+        return found
+
     # -- writes ------------------------------------------------------------------------
     def put(self, key: bytes, value: bytes) -> None:
         self._live()
         self._ops.append(("put", key, value))
         self._staged[key] = value
+
+    def put_many(self, pairs: Sequence[tuple[bytes, bytes]]) -> None:
+        """:meth:`put` of each (key, value) pair, in order."""
+        self._live()
+        self._ops.extend([("put", k, v) for k, v in pairs])
+        self._staged.update(pairs)
 
     def delete(self, key: bytes) -> None:
         self._live()

@@ -30,6 +30,7 @@ are the same (see :mod:`riverbed.state` for why re-commits are safe).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -389,21 +390,25 @@ def merge_partition(
         emitted: dict[bytes, dict[str, Any]] = {}
         pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer a call)
         metrics = list(spec.metrics.items())
-        for k, stored in zip(keys, store.get_many(keys), strict=True):
-            value = batch[k]
+        looked = keys[: _held_up_to(store, keys)]  # past the newest stored key: all new
+        for k, stored in zip(looked, store.get_many(looked), strict=True):
             if stored is not None:
-                old = msgpack.unpackb(stored, raw=False)
-                value = batch[k] = {n: m.merge(old[n], value[n]) for n, m in metrics}
-            store.put(k, pack(value))
+                old, value = msgpack.unpackb(stored, raw=False), batch[k]
+                batch[k] = {n: m.merge(old[n], value[n]) for n, m in metrics}
         if spec.output == "update":
             emitted = batch
         # windows the watermark closed in this batch: start + size <= watermark
         closed_to = watermark_ms - size  # starts <= closed_to are closed
         if spec.output == "final" and watermark_ms > previous_watermark_ms:
             lo = max(previous_watermark_ms - size + 1, 0)
-            for k, blob in store.scan(start=window_prefix(lo), end=window_prefix(closed_to + 1)):
-                # a window this batch merged: its value as merged, else as stored
-                emitted[k] = batch[k] if k in batch else msgpack.unpackb(blob, raw=False)
+            first, end = window_prefix(lo), window_prefix(closed_to + 1)
+            # (read before this batch's puts: the stored ones, then the batch's merged)
+            for k, blob in store.scan(start=first, end=end):
+                if k not in batch:
+                    emitted[k] = msgpack.unpackb(blob, raw=False)
+            for k in keys[bisect.bisect_left(keys, first) : bisect.bisect_left(keys, end)]:
+                emitted[k] = batch[k]
+        store.put_many([(k, pack(batch[k])) for k in keys])
         expire_to = closed_to - spec.keep_closed_ms
         if expire_to >= 0:
             store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
@@ -414,6 +419,16 @@ def merge_partition(
         raise
     _failpoint(config, partition, batch_id)
     return _rows(spec, emitted, batch_id)
+
+
+def _held_up_to(store: Any, keys: list[bytes]) -> int:
+    """How many of ``keys`` (sorted) the store may hold: those up to the greatest key it
+    holds in their range (one seek) — events in time order make most of a batch's
+    windows new, and a lookup of each costs as much as the rest of its merge."""
+    if not keys:
+        return 0
+    newest = store.last(keys[0], keys[-1] + b"\x00")
+    return 0 if newest is None else bisect.bisect_right(keys, newest)
 
 
 def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
