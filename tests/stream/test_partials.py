@@ -170,3 +170,27 @@ def test_results_column_by_column_equal_each_values_result() -> None:
             for suffix, result in metric.result(value).items():
                 want.setdefault(suffix, []).append(result)
         assert result_columns(metric, values) == want, metric
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-(2**40), 2**40), st.integers(0, 3 * HOUR)), min_size=1, max_size=60
+    ),
+    st.booleans(),
+)
+def test_integer_keys_give_the_partials_of_their_text(
+    events: list[tuple[int, int]], hopping: bool
+) -> None:
+    """An integer key column is grouped by its values and named by their text: the
+    same partials as the same keys given as strings."""
+    spec = Aggregation(
+        name="p", key="k", time="ts", window=Hopping("1h", "30m") if hopping else Tumbling("1h"),
+        watermark="10m", metrics={"n": Count(), "s": Sum("a")},
+    )  # fmt: skip
+    ints = pd.DataFrame(
+        {"k": [k for k, _ in events], "ts": [t for _, t in events], "a": [1.0] * len(events)}
+    )
+    texts = ints.assign(k=ints["k"].astype(str))
+    ts = ints["ts"].to_numpy(dtype=np.int64)
+    assert partials_of(spec, ints, 0, ts) == partials_of(spec, texts, 0, ts)

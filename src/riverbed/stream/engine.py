@@ -174,6 +174,9 @@ def partials_of(
     # groupby costs ~0.2 ms a group, which dominates small batches)
     if isinstance(key.dtype, pd.CategoricalDtype):  # the log-native path's string keys
         codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
+    elif key.dtype.kind in "iu":  # integers: the distinct ones as text, not every event's
+        codes, distinct = pd.factorize(key.to_numpy())
+        names = distinct.astype(str)
     else:
         codes, names = pd.factorize(key.astype(str).to_numpy())
     window = spec.window
