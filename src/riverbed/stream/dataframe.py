@@ -483,8 +483,8 @@ def read_live(
     """
     from riverbed.state import StateProvider
     from riverbed.state.query import read_state
-    from riverbed.stream.engine import rows_from_state
     from riverbed.stream.results import empty_rows
+    from riverbed.stream.rows import rows_from_state
 
     provider = StateProvider(state)
     version = None if batch_id is None else batch_id + 1

@@ -46,26 +46,19 @@ from riverbed.config import adopt, inherited
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import (
-    SESSIONS,
     session_end_key,
     session_ends,
     session_key,
     split_session_end_key,
-    split_window_keys_ms,
     window_keys,
     window_prefix,
 )
-from riverbed.stream import keys, sessions
+from riverbed.stream import sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, result_columns, where_column
+from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
 from riverbed.stream.rescale import partition_of
-from riverbed.stream.results import (
-    empty_rows,
-    output_arrow_schema,
-    since_values,
-    with_listed_times,
-)
+from riverbed.stream.rows import SessionRow, session_rows, window_rows
 from riverbed.windows import Session
 
 if TYPE_CHECKING:
@@ -421,7 +414,7 @@ def merge_partition(
         store.abort()
         raise
     _failpoint(config, partition, batch_id)
-    return _rows(spec, emitted, batch_id)
+    return window_rows(spec, emitted, batch_id)
 
 
 def _held_up_to(store: Any, keys: list[bytes]) -> int:
@@ -446,9 +439,6 @@ def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict
         else:
             out[k] = partial
     return out
-
-
-SessionRow = tuple[str, int, int, dict[str, Any]]  # (key, start ms, end ms, partials)
 
 
 def _merge_sessions(
@@ -537,81 +527,3 @@ def merger(
         )
 
     return run
-
-
-def _utc_us(ms: np.ndarray) -> pd.DatetimeIndex:
-    """Epoch milliseconds as UTC microseconds: years 1-9999 (pandas' nanoseconds end in
-    2262; validity.py admits windows of the whole calendar)."""
-    return pd.to_datetime(ms.astype("datetime64[ms]"), utc=True).as_unit("us")
-
-
-def _rows(spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int) -> pd.DataFrame:
-    """The emitted windows as output rows (built column by column)."""
-    if not emitted:  # typed empty columns (empty lists would all be float64)
-        return empty_rows(spec)
-    names = output_arrow_schema(spec).names
-    columns: dict[str, list[Any]] = {name: [] for name in names}
-    ordered = sorted(emitted)
-    start_ms, key_bytes = split_window_keys_ms(ordered)
-    columns["key"] = [k.decode() for k in key_bytes]
-    values = [emitted[k] for k in ordered]
-    for name, metric in spec.metrics.items():
-        for suffix, results in result_columns(metric, [v[name] for v in values]).items():
-            columns[name + suffix] = results
-    with_listed_times(spec, columns)
-    if spec.composite:  # each part under its own name, typed (keys.py)
-        columns.update(keys.decode(columns["key"], spec))
-    columns["window_start"] = _utc_us(start_ms)
-    columns.update(since_values(spec, start_ms))  # a metric backfilled past retention
-    assert not isinstance(spec.window, Session)
-    columns["window_end"] = _utc_us(start_ms + spec.window.size_ms)
-    columns["batch_id"] = [batch_id] * len(ordered)
-    return pd.DataFrame(columns, columns=names)
-
-
-def session_rows(
-    spec: Aggregation, emitted: list[SessionRow], removed: list[tuple[str, int]], batch_id: int
-) -> pd.DataFrame:
-    """Sessions as output rows, and a tombstone row (``deleted``, no end or metrics)
-    for each removed (key, start)."""
-    if not emitted and not removed:
-        return empty_rows(spec)
-    names = output_arrow_schema(spec).names
-    columns: dict[str, list[Any]] = {name: [] for name in names}
-    ordered = sorted(emitted, key=lambda s: (s[1], s[0]))
-    columns["key"] = [key for key, _, _, _ in ordered]
-    columns["window_start"] = [start for _, start, _, _ in ordered]
-    columns["window_end"] = [end for _, _, end, _ in ordered]
-    for name, metric in spec.metrics.items():
-        for suffix, results in result_columns(metric, [v[name] for *_, v in ordered]).items():
-            columns[name + suffix] = results
-    for key, start in sorted(removed, key=lambda r: (r[1], r[0])):
-        columns["key"].append(key)
-        columns["window_start"].append(start)
-        columns["window_end"].append(None)
-        for name, metric in spec.metrics.items():
-            for suffix, _ in metric.outputs(spec.column_types):
-                columns[name + suffix].append(None)
-    columns["deleted"] = [False] * len(emitted) + [True] * len(removed)
-    with_listed_times(spec, columns)
-    if spec.composite:  # each part under its own name, typed (keys.py)
-        columns.update(keys.decode(columns["key"], spec))
-    columns["window_start"] = _utc_us(np.array(columns["window_start"], dtype=np.int64))
-    ends = np.array([0 if e is None else e for e in columns["window_end"]], dtype=np.int64)
-    columns["window_end"] = pd.Series(_utc_us(ends)).where(~np.array(columns["deleted"]))
-    columns["batch_id"] = [batch_id] * (len(emitted) + len(removed))
-    return pd.DataFrame(columns, columns=names)
-
-
-def rows_from_state(spec: Aggregation, values: dict[bytes, bytes], batch_id: int) -> pd.DataFrame:
-    """The windows a state partition holds (its key/value pairs, as stored) as output
-    rows: what ``read_live`` answers."""
-    if spec.sessions:
-        held = [
-            (k[len(SESSIONS) :].decode(), s[0], s[1], s[2])
-            for k, v in values.items()
-            if k.startswith(SESSIONS)
-            for s in msgpack.unpackb(v, raw=False)
-        ]
-        return session_rows(spec, held, [], batch_id)
-    return _rows(spec, {k: msgpack.unpackb(v, raw=False) for k, v in values.items()}, batch_id)
