@@ -167,7 +167,9 @@ def partials_of(
     # groupby costs ~0.2 ms a group, which dominates small batches)
     if isinstance(key.dtype, pd.CategoricalDtype):  # the log-native path's string keys
         codes, names = key.cat.codes.to_numpy(), key.cat.categories.astype(str).to_numpy()
-    elif key.dtype.kind in "iu":  # integers: the distinct ones as text, not every event's
+    elif isinstance(key.dtype, np.dtype) and key.dtype.kind in "iu":
+        # numpy's integers (not pandas' nullable ones: a NA would factorize to -1 and
+        # the rest to floats): the distinct ones as text, not every event's
         codes, distinct = pd.factorize(key.to_numpy())
         names = distinct.astype(str)
     else:
