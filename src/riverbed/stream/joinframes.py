@@ -105,9 +105,8 @@ def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
     frames = cfg.join.frames
     # what the batches and their tasks see: the join without its DataFrames (a task's
     # config travels pickled; a DataFrame does not)
-    left = DATAFRAME
     right = cfg.join.right if cfg.join.lookup is not None else DATAFRAME  # (its table)
-    bare = replace(cfg, join=replace(cfg.join, left=left, right=right))
+    bare = replace(cfg, join=replace(cfg.join, left=DATAFRAME, right=right))
     location = spark_location(cfg.checkpoint)
     clear_unfinished_start(location)
     writer = (
@@ -129,18 +128,13 @@ def foreach_batch(cfg: JoinConfig) -> Any:
             return  # committed by riverbed; Spark had not recorded it when its driver died
         df = df.cache()
         try:
-            lookup = cfg.join.lookup is not None
             if record is None:
-                record = (
-                    _plan_lookup(cfg, batches, batch_id)
-                    if lookup
-                    else _plan(cfg, batches, batch_id, df)
-                )
+                record = _plan(cfg, batches, batch_id, df)
             spark = df.sparkSession
             done = record
 
             def tasks_of() -> tuple[pa.Table | None, Counts]:
-                if lookup:
+                if cfg.join.lookup is not None:
                     return _run_lookup(cfg, df, batch_id, done)
                 return _run_tasks(spark, cfg, df, batch_id, done.watermark_ms)
 
@@ -152,37 +146,28 @@ def foreach_batch(cfg: JoinConfig) -> Any:
 
 
 def _plan(cfg: JoinConfig, batches: BatchLog, batch_id: int, df: Any) -> BatchRecord:
-    """Micro-batch ``batch_id``'s record, written durably before anything of it."""
+    """Micro-batch ``batch_id``'s record, written durably before anything of it: its
+    watermark — or a lookup join's table snapshot (:func:`riverbed.stream.lookupjoin.
+    plan`; nothing of a lookup join waits for time, so no watermark)."""
     newest = batches.previous(batch_id)
-    with_input = {row[_SIDE] for row in df.groupBy(_SIDE).count().collect()}
-    now = int(time.time() * 1000)
-    moved: dict[str, int] = {}
-    for which in SIDES:
-        was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
-        moved[which] = now if which in with_input or was is None else int(was)
     record = BatchRecord(
-        watermark_ms=watermark_of(cfg.join, newest, moved, now),
         previous_watermark_ms=newest.watermark_ms if newest is not None else 0,
         max_event_ms=newest.max_event_ms if newest is not None else 0,
         source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
-        source_moved_ms=moved,
     )
-    batches.put(batch_id, record)
-    return record
+    if cfg.join.lookup is not None:
+        from riverbed.stream import lookupjoin
 
-
-def _plan_lookup(cfg: JoinConfig, batches: BatchLog, batch_id: int) -> BatchRecord:
-    """A lookup join's micro-batch record: the table's snapshot it joins with
-    (:func:`riverbed.stream.lookupjoin.plan`), written durably before anything of it;
-    no watermark (nothing of a lookup join waits for time)."""
-    from riverbed.stream import lookupjoin
-
-    newest = batches.previous(batch_id)
-    record = BatchRecord(
-        max_event_ms=newest.max_event_ms if newest is not None else 0,
-        source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
-        lookups=lookupjoin.plan(cfg, newest),
-    )
+        record.lookups = lookupjoin.plan(cfg, newest)
+    else:
+        with_input = {row[_SIDE] for row in df.groupBy(_SIDE).count().collect()}
+        now = int(time.time() * 1000)
+        moved: dict[str, int] = {}
+        for which in SIDES:
+            was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
+            moved[which] = now if which in with_input or was is None else int(was)
+        record.watermark_ms = watermark_of(cfg.join, newest, moved, now)
+        record.source_moved_ms = moved
     batches.put(batch_id, record)
     return record
 
@@ -202,11 +187,8 @@ def _run_lookup(
     rows = df.select(*[F.col(p + c).alias(c) for c in (*cfg.sides[0].columns, *_META)])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from riverbed.stream.lookups import tables
-
         counts = Counts()
-        table = tables(cfg.checkpoint, [snapshot])[0]
-        for joined in lookupjoin.enriched(cfg, table, batches, counts):
+        for joined in lookupjoin.enriched(cfg, snapshot, batches, counts):
             yield pa.RecordBatch.from_pydict({"p": [0], "v": [pickle.dumps(joined)]}, _STAGED)
         yield pa.RecordBatch.from_pydict({"p": [1], "v": [pickle.dumps(counts)]}, _STAGED)
 

@@ -84,13 +84,14 @@ def plan(cfg: JoinConfig, previous: BatchRecord | None) -> list[dict[str, Any]]:
     return lookups.plan_record([lookup], cfg.checkpoint, previous, schemas, cfg.log_url)
 
 
-def enriched(cfg: JoinConfig, table: Any, read: Any, counts: Counts) -> list[pa.Table]:
+def enriched(cfg: JoinConfig, snapshot: str, read: Any, counts: Counts) -> list[pa.Table]:
     """The left side's rows ``read`` (Arrow batches of its columns and event ids: a
-    topic's slice, or a DataFrame's rows) decoded and joined with ``table`` (a
-    snapshot, :func:`riverbed.stream.lookups.tables`): the rows, as the output's
-    internal columns; ``counts`` counts them (an event without a row: unmatched)."""
+    topic's slice, or a DataFrame's rows) decoded and joined with the table's snapshot
+    ``snapshot`` (its id, :func:`snapshot_of`): the rows, as the output's internal
+    columns; ``counts`` counts them (an event without a row: unmatched)."""
     lookup = cfg.join.lookup
     assert lookup is not None
+    table = lookups.tables(cfg.checkpoint, [snapshot])[0]
     inside = dataclasses.replace(lookup, on=(PREFIX["left"] + lookup.event_column,
                                              lookup.table_column))  # fmt: skip
     right = cfg.sides[1]
@@ -127,9 +128,8 @@ def enrich_task(cfg: JoinConfig, snapshot: str) -> Any:
 
     def run(piece: LogSlice) -> tuple[pa.Table | None, Counts]:
         counts = Counts()
-        table = lookups.tables(cfg.checkpoint, [snapshot])[0]
         read = read_slice(cfg.sides[0].options, cfg.sides[0].schema, piece)
-        return joined_rows(enriched(cfg, table, read, counts)), counts
+        return joined_rows(enriched(cfg, snapshot, read, counts)), counts
 
     return run
 
