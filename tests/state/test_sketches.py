@@ -218,3 +218,71 @@ def test_an_empty_exact_set_takes_either_kind_after_a_round_trip() -> None:
     assert again.ids() == ["c", "d"]
     ints = ExactIds.from_bytes(ExactIds().to_bytes()).update(np.array([], dtype=object))
     assert ints.update([3]).ids() == [3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["stored", "fast", "ids", "empty"]),
+            st.lists(st.integers(0, 2**32 - 1), max_size=50),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_exact_ids_merged_at_once_hold_the_union_of_what_they_merge(
+    parts: list[tuple[str, list[int]]],
+) -> None:
+    """``ExactIds.merged`` — several stored values and partials (a key's, from several
+    tasks) as one bitmap — holds what merging them one by one holds, is read back by
+    ``from_bytes`` as any stored value, and ``count_of`` counts it."""
+    values = []
+    for kind, ids in parts:
+        array_ = np.array(ids, dtype=np.int64)
+        if kind == "stored":
+            values.append(ExactIds().update(array_).to_bytes())
+        elif kind == "fast":
+            values.append(ExactIds.bytes_of(array_) or ExactIds().to_bytes())
+        elif kind == "ids":  # a group's partial, cut from one array
+            (partial,) = ExactIds.partials_of(array_, np.array([0, len(ids)])) or [None]
+            values.append(partial)
+        else:
+            values.append(ExactIds().to_bytes())
+    want = ExactIds.from_bytes(values[0])
+    for value in values[1:]:
+        want.merge(ExactIds.from_bytes(value))
+    got = ExactIds.merged(values)
+    assert got is not None
+    assert got[0] == 0  # a bitmap, as state keeps it: never the partials' ids
+    held = {i for kind, ids in parts if kind != "empty" for i in ids}
+    assert ExactIds.from_bytes(got).ids() == want.ids() == sorted(held)
+    assert ExactIds.count_of(got) == len(want.ids())
+
+
+def test_exact_ids_merged_at_once_leave_ids_past_32_bits_and_strings_to_the_general_way() -> None:
+    wide = ExactIds().update(np.array([1, 2**40], dtype=np.int64)).to_bytes()
+    small = ExactIds.bytes_of(np.array([3], dtype=np.int64))
+    assert small is not None
+    assert ExactIds.merged([small, wide]) is None
+    assert ExactIds.merged([small, ExactIds().update(["a"]).to_bytes()]) is None
+    assert ExactIds.count_of(wide) is None
+    assert ExactIds.partials_of(np.array([-1, 2], dtype=np.int64), np.array([0, 2])) is None
+    assert ExactIds.partials_of(np.array([2**32], dtype=np.int64), np.array([0, 1])) is None
+    assert ExactIds.partials_of(np.array(["a"], dtype=object), np.array([0, 1])) is None
+    # a partial of ids read on its own (as a merge of one-by-one would) holds them too
+    (partial,) = ExactIds.partials_of(np.array([5, 5, 9], dtype=np.int64), np.array([0, 3])) or []
+    assert ExactIds.from_bytes(partial).ids() == [5, 9]
+    assert ExactIds.from_bytes(ExactIds.merged([partial]) or b"").ids() == [5, 9]
+
+
+def test_a_group_of_many_ids_gets_its_bitmap_in_its_partial() -> None:
+    """A hot key's group (many ids, repeated) ships a bitmap, not its ids; small groups
+    their ids; both merge into the same stored value."""
+    many = np.arange(1000, dtype=np.int64) % 300
+    ids = np.concatenate([many, np.array([7, 7, 400], dtype=np.int64)])
+    big, small = ExactIds.partials_of(ids, np.array([0, 1000, 1003])) or []
+    assert big[0] == 0 and len(big) < 1000  # a bitmap (runs), not 4,000 bytes of ids
+    assert small[0] == 3 and len(small) == 1 + 3 * 4
+    merged = ExactIds.merged([big, small])
+    assert merged is not None and ExactIds.from_bytes(merged).ids() == [*range(300), 400]

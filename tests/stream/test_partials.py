@@ -200,3 +200,53 @@ def test_integer_keys_give_the_partials_of_their_text(
     assert partials_of(spec, nullable, 0, ts) == partials_of(
         spec, nullable.assign(k=nullable["k"].astype(str)), 0, ts
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(0, 2**32 - 1)), st.booleans()),
+        min_size=1,
+        max_size=40,
+    ),
+    st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    st.sampled_from(["int", "float", "negative", "fraction"]),
+    st.booleans(),
+)
+def test_exact_distinct_partials_of_all_groups_at_once_hold_each_groups_ids(
+    cells: list[tuple[int | None, bool]], cuts: list[int], kind: str, filtered: bool
+) -> None:
+    """``Distinct.group_partials`` (every group's ids cut from one array) gives, once
+    merged as state keeps it, what ``partial`` gives group by group: NULLs skipped (an
+    integer column with NULLs is float), a filtered metric's uncounted rows left out.
+    Ids that are negative, or numbers that are not whole, are left to the per-group
+    way (None)."""
+    from riverbed.state.sketches import ExactIds
+
+    if kind == "int":
+        column = np.array([v or 0 for v, _ in cells], dtype=np.int64)
+    elif kind == "negative":
+        column = np.array([-(v or 0) - 1 for v, _ in cells], dtype=np.int64)
+    elif kind == "float":
+        column = np.array([np.nan if v is None else float(v) for v, _ in cells])
+    else:
+        column = np.array([np.nan if v is None else v + 0.5 for v, _ in cells])
+    counts = np.array([c for _, c in cells]) if filtered else None
+    rows = np.arange(len(cells))[::-1].copy()  # groups of rows in any order
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    metric = Distinct("v")
+    got = metric.group_partials(column, rows, bounds, counts)
+    kept = column[rows] if counts is None else column[rows][counts[rows]]
+    kept = kept[~np.isnan(kept)] if kept.dtype.kind == "f" else kept
+    if kind in ("negative", "fraction") and len(kept):
+        assert got is None
+        return
+    assert got is not None and len(got) == len(bounds) - 1
+    for partial, (a, b) in zip(got, itertools.pairwise(bounds), strict=True):
+        picked = rows[a:b]
+        mine = picked if counts is None else picked[counts[picked]]
+        want = metric.partial(column[mine], len(mine))
+        stored = metric.merge_all([partial])
+        assert stored[0] == want[0] == 0  # a bitmap, not the partial's ids
+        assert ExactIds.from_bytes(stored).ids() == ExactIds.from_bytes(want).ids()
+        assert metric.result(stored) == metric.result(want)

@@ -25,6 +25,7 @@ small sets as exact coupon lists). Bitmaps are built from the array directly.
 from __future__ import annotations
 
 import array
+import itertools
 import math
 import struct
 from collections.abc import Iterable
@@ -39,8 +40,13 @@ import pyroaring
 from riverbed.state.errors import CorruptStateError, StateValueError
 
 _EXACT_INT, _EXACT_STR, _HLL = 0, 1, 2
+# a partial only, never stored (ExactIds.merged turns it into a bitmap): the ids as
+# little-endian uint32, in any order and repeated — cut from one array for all groups
+_EXACT_IDS32 = 3
+_IDS_AS_THEY_ARE = 256  # a group of more ids gets its bitmap in its partial
 _TOP = 1 << 63  # ids are signed 64-bit: [-_TOP, _TOP)
 _ONE_LOW_BUCKET = struct.pack("<QI", 1, 0)  # a 64-bit bitmap's one bucket, high bits 0
+_NO_BUCKETS = struct.pack("<Q", 0)  # an empty 64-bit bitmap
 Ids = Union[np.ndarray, Iterable[int], Iterable[str], Iterable[bytes]]  # noqa: UP007
 
 
@@ -310,11 +316,76 @@ class ExactIds:
         bitmap = pyroaring.BitMap(array.array("I", ids.astype(np.uint32).tobytes()))
         return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + bitmap.serialize()
 
+    @staticmethod
+    def partials_of(ids: np.ndarray, bounds: np.ndarray) -> list[bytes] | None:
+        """The partials of consecutive groups of integer ids — group ``i`` is
+        ``ids[bounds[i]:bounds[i + 1]]`` — each the group's ids as they are (a bitmap
+        each costs ~3 µs a group; a slice of one buffer ~0.3 µs): :meth:`merged` makes
+        the bitmap, once per key, of every partial it merges; a group of many ids (a
+        hot key's: they repeat) gets its bitmap here. None when the ids are not
+        integers that all fit 32 bits."""
+        if ids.dtype.kind not in "iu":
+            return None
+        if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
+            return None
+        data = ids.astype("<u4").tobytes()
+        head, bitmap = bytes([_EXACT_IDS32]), bytes([_EXACT_INT]) + _ONE_LOW_BUCKET
+        out = []
+        for a, b in itertools.pairwise(np.asarray(bounds, dtype=np.int64).tolist()):
+            if b - a <= _IDS_AS_THEY_ARE:
+                out.append(head + data[4 * a : 4 * b])
+            else:  # built here, in parallel tasks; smaller to ship than its ids
+                ids32 = array.array("I", data[4 * a : 4 * b])
+                out.append(bitmap + pyroaring.BitMap(ids32).serialize())
+        return out
+
+    @staticmethod
+    def merged(values: list[bytes]) -> bytes | None:
+        """The stored value of several exact values and partials of integer ids — one
+        bitmap, built once — when every id fits 32 bits (a bitmap of one low bucket,
+        or :meth:`partials_of`'s), else None: merge them one by one. The 64-bit
+        format of one bucket of high bits 0 is that header and the 32-bit bitmap, so
+        :meth:`from_bytes` reads it as any stored value."""
+        if len(values) == 1 and values[0][0] == _EXACT_INT:
+            return values[0]  # stored as it is
+        bitmaps: list[pyroaring.BitMap] = []
+        ids = array.array("I")
+        for value in values:
+            kind = value[0]
+            if kind == _EXACT_IDS32:
+                ids.frombytes(memoryview(value)[1:])
+            elif kind != _EXACT_INT:
+                return None
+            elif value[1:13] == _ONE_LOW_BUCKET:
+                bitmaps.append(pyroaring.BitMap.deserialize(value[13:]))
+            elif value[1:] != _NO_BUCKETS:
+                return None
+        if ids:
+            bitmaps.append(pyroaring.BitMap(ids))
+        union = pyroaring.BitMap.union(*bitmaps) if len(bitmaps) > 1 else None
+        union = union if union is not None else bitmaps[0] if bitmaps else None
+        if not union:
+            return bytes([_EXACT_INT]) + _NO_BUCKETS
+        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + union.serialize()
+
+    @staticmethod
+    def count_of(value: bytes) -> int | None:
+        """How many ids a stored value holds, read without a 64-bit bitmap when they fit
+        32 bits; None for other values."""
+        if value[0] != _EXACT_INT:
+            return None
+        if value[1:13] == _ONE_LOW_BUCKET:
+            return len(pyroaring.BitMap.deserialize(value[13:]))
+        return 0 if value[1:] == _NO_BUCKETS else None
+
     @classmethod
     def from_bytes(cls, data: bytes) -> ExactIds:
         kind, payload = data[0], data[1:]
         if kind == _EXACT_INT:
             return cls(bitmap=pyroaring.BitMap64.deserialize(payload))
+        if kind == _EXACT_IDS32:
+            ids = np.frombuffer(payload, dtype="<u4").astype(np.int64)
+            return cls().update(ids) if len(ids) else cls(bitmap=pyroaring.BitMap64())
         if kind == _EXACT_STR:
             return cls(items=set(msgpack.unpackb(payload)))
         raise CorruptStateError(f"not an exact id set (kind byte {kind})")

@@ -56,7 +56,7 @@ from riverbed.state.keys import (
 from riverbed.stream import sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.metrics import VALUE_METRICS, Count, Max, Min, where_column
+from riverbed.stream.metrics import VALUE_METRICS, Count, Distinct, Max, Min, where_column
 from riverbed.stream.rescale import partition_of
 from riverbed.stream.rows import SessionRow, session_rows, window_rows
 from riverbed.windows import Session
@@ -236,7 +236,9 @@ def group_partials(
     """Every group's metric partials: group ``i`` is ``rows[bounds[i]:bounds[i + 1]]``
     (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
     all groups at once (:func:`_vectorized`), as are the metrics that pick one event
-    (First/Last/ArgMax/ArgMin: ``group_partials``); the other metrics group by group."""
+    (First/Last/ArgMax/ArgMin: ``group_partials``) and exact distinct counts of integer
+    ids (``Distinct.group_partials``: each group's ids, cut from one array); the other
+    metrics group by group."""
     columns = {c: _array(pdf[c]) for c in spec.reads()[2:]}
     # a picked row may return the key or the time too (ArgMax([...], by=...)): only then
     # are they turned into arrays here (the key of the log-native path is categorical)
@@ -252,6 +254,8 @@ def group_partials(
         # a metric's own where: the events it counts (NULL: not counted)
         counts = _counted(columns[where_column(name)]) if metric.where is not None else None
         vector = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
+        if vector is None and isinstance(metric, Distinct) and column is not None:
+            vector = metric.group_partials(column, rows, bounds, counts)
         if vector is not None:
             for partials, value in zip(out, vector, strict=True):
                 partials[name] = value
@@ -383,16 +387,18 @@ def merge_partition(
     assert not isinstance(spec.window, Session)
     size = spec.window.size_ms
     try:
-        batch = combined(spec, partials)  # several tasks made them
-        keys = sorted(batch)
+        given = grouped(partials)  # several tasks made them
+        keys = sorted(given)
         emitted: dict[bytes, dict[str, Any]] = {}
         pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer a call)
-        metrics = list(spec.metrics.items())
+        merge = _merger(spec)
         looked = keys[: _held_up_to(store, keys)]  # past the newest stored key: all new
-        for k, stored in zip(looked, store.get_many(looked), strict=True):
-            if stored is not None:
-                old, value = msgpack.unpackb(stored, raw=False), batch[k]
-                batch[k] = {n: m.merge(old[n], value[n]) for n, m in metrics}
+        old = dict(zip(looked, store.get_many(looked), strict=True))
+        batch = {}
+        for k in keys:
+            stored = old.get(k)
+            value = None if stored is None else msgpack.unpackb(stored, raw=False)
+            batch[k] = merge(given[k], value)
         if spec.output == "update":
             emitted = batch
         # windows the watermark closed in this batch: start + size <= watermark
@@ -429,18 +435,55 @@ def _held_up_to(store: Any, keys: list[bytes]) -> int:
     return 0 if newest is None else bisect.bisect_right(keys, newest)
 
 
-def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
-    """Partials merged per (window, key), under their state keys (fixed windows)."""
-    out: dict[bytes, dict[str, Any]] = {}
+def grouped(partials: Iterable[Partial]) -> dict[bytes, list[dict[str, Any]]]:
+    """Partials per (window, key), under their state keys (fixed windows), in the
+    order given."""
+    out: dict[bytes, list[dict[str, Any]]] = {}
     given = partials if isinstance(partials, list) else list(partials)
     starts = [start for start, _, _ in given]
     state_keys = window_keys(starts, [key.encode() for _, key, _ in given])
     for k, (_, _, partial) in zip(state_keys, given, strict=True):
         if k in out:
-            out[k] = {n: m.merge(out[k][n], partial[n]) for n, m in spec.metrics.items()}
+            out[k].append(partial)
         else:
-            out[k] = partial
+            out[k] = [partial]
     return out
+
+
+def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
+    """Partials merged per (window, key) into values as state keeps them, under their
+    state keys (fixed windows)."""
+    merge = _merger(spec)
+    return {k: merge(ps, None) for k, ps in grouped(partials).items()}
+
+
+def _merger(
+    spec: Aggregation,
+) -> Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]]:
+    """``merge(partials, stored)``: one key's partials (in order) and its stored value
+    (or None) as the value state keeps. A metric with ``merge_all`` (Distinct) merges
+    them all at once — its partials may not be what state keeps (an exact id set's are
+    its ids) — the others fold the partials in order, then merge the stored value with
+    that (a float sum's order is part of its result)."""
+    metrics = list(spec.metrics.items())
+    at_once = {n: m.merge_all for n, m in metrics if isinstance(m, Distinct)}
+
+    def merge(partials: list[dict[str, Any]], stored: dict[str, Any] | None) -> dict[str, Any]:
+        if stored is None and len(partials) == 1 and not at_once:
+            return partials[0]
+        out: dict[str, Any] = {}
+        for n, m in metrics:
+            if n in at_once:
+                values = [p[n] for p in partials]
+                out[n] = at_once[n](values if stored is None else [stored[n], *values])
+                continue
+            value = partials[0][n]
+            for p in partials[1:]:
+                value = m.merge(value, p[n])
+            out[n] = value if stored is None else m.merge(stored[n], value)
+        return out
+
+    return merge
 
 
 def _merge_sessions(
@@ -456,10 +499,11 @@ def _merge_sessions(
     changed, and the starts of the ones merged away), drop the expired. Returns the
     sessions to emit and the removed (key, start) pairs."""
     incoming: dict[str, list[sessions.Stored]] = {}
+    settle = _merger(spec)  # a partial as state keeps it
     for start, key, partial in partials:
         mine = dict(partial)
         end = int(mine.pop(sessions.END))
-        incoming.setdefault(key, []).append((start, end, mine))
+        incoming.setdefault(key, []).append((start, end, settle([mine], None)))
 
     def combine(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         return {n: m.merge(a[n], b[n]) for n, m in spec.metrics.items()}
