@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Self
 
 from riverbed.config import child_environment
+from riverbed.spark import BASE_CONF, TEST_CONF
 from riverbed.spark.jars import jars, pyspark_jars
 from riverbed.testing.servers import ServerError, _Server, _wait_until, free_port
 
@@ -46,9 +47,10 @@ class ConnectServer(_Server):
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.sql.session.timeZone": "UTC",
+            # the tests' own session's settings (no UI, 2 shuffle partitions, no adaptive
+            # planning, a C1 JVM): a test's jobs are small and many, as on a classic one
+            **BASE_CONF,
+            **TEST_CONF,
             **self.conf,
         }
         found = jars()  # the jar cache (riverbed setup jars), as riverbed's sessions have it
