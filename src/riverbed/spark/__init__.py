@@ -51,6 +51,8 @@ TEST_CONF: dict[str, str] = {
     "spark.default.parallelism": "2",
     "spark.sql.adaptive.enabled": "false",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    # executors (a local-cluster's, a test bed's workers'): as small and short-lived
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
 BASE_CONF: dict[str, str] = {

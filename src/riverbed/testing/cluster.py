@@ -209,6 +209,9 @@ class Cluster:
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOG_DIR": str(self.bed.root / "logs" / f"spark-{host}"),
             "SPARK_NO_DAEMONIZE": "1",
+            # masters and workers: small daemons of a short test (a C1 JVM starts and
+            # runs them on less CPU, as the tests' drivers and executors)
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         }
 
     def start_spark(
