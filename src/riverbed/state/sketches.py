@@ -362,11 +362,11 @@ class ExactIds:
                 return None
         if ids:
             bitmaps.append(pyroaring.BitMap(ids))
-        union = pyroaring.BitMap.union(*bitmaps) if len(bitmaps) > 1 else None
-        union = union if union is not None else bitmaps[0] if bitmaps else None
-        if not union:
+        if len(bitmaps) > 1:
+            bitmaps = [pyroaring.BitMap.union(*bitmaps)]
+        if not bitmaps or not bitmaps[0]:  # no ids at all: an empty set, stored as ever
             return bytes([_EXACT_INT]) + _NO_BUCKETS
-        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + union.serialize()
+        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + bitmaps[0].serialize()
 
     @staticmethod
     def count_of(value: bytes) -> int | None:
