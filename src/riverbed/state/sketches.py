@@ -362,11 +362,11 @@ class ExactIds:
                 return None
         if ids:
             bitmaps.append(pyroaring.BitMap(ids))
-        if len(bitmaps) > 1:
-            bitmaps = [pyroaring.BitMap.union(*bitmaps)]
-        if not bitmaps or not bitmaps[0]:  # no ids at all: an empty set, stored as ever
+        union = pyroaring.BitMap.union(*bitmaps) if len(bitmaps) > 1 else None
+        union = union if union is not None else bitmaps[0] if bitmaps else None
+        if not union:
             return bytes([_EXACT_INT]) + _NO_BUCKETS
-        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + bitmaps[0].serialize()
+        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + union.serialize()
 
     @staticmethod
     def count_of(value: bytes) -> int | None:
