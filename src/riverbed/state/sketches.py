@@ -329,14 +329,15 @@ class ExactIds:
         if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
             return None
         data = ids.astype("<u4").tobytes()
-        head, bitmap = bytes([_EXACT_IDS32]), bytes([_EXACT_INT]) + _ONE_LOW_BUCKET
+        head = bytes([_EXACT_IDS32])
         out = []
         for a, b in itertools.pairwise(np.asarray(bounds, dtype=np.int64).tolist()):
             if b - a <= _IDS_AS_THEY_ARE:
                 out.append(head + data[4 * a : 4 * b])
             else:  # built here, in parallel tasks; smaller to ship than its ids
-                ids32 = array.array("I", data[4 * a : 4 * b])
-                out.append(bitmap + pyroaring.BitMap(ids32).serialize())
+                bitmap = ExactIds.bytes_of(ids[a:b])
+                assert bitmap is not None  # (they fit 32 bits: checked above)
+                out.append(bitmap)
         return out
 
     @staticmethod
@@ -362,11 +363,11 @@ class ExactIds:
                 return None
         if ids:
             bitmaps.append(pyroaring.BitMap(ids))
-        union = pyroaring.BitMap.union(*bitmaps) if len(bitmaps) > 1 else None
-        union = union if union is not None else bitmaps[0] if bitmaps else None
-        if not union:
+        if len(bitmaps) > 1:  # (BitMap.union of no bitmaps raises)
+            bitmaps = [pyroaring.BitMap.union(*bitmaps)]
+        if not bitmaps or not bitmaps[0]:
             return bytes([_EXACT_INT]) + _NO_BUCKETS
-        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + union.serialize()
+        return bytes([_EXACT_INT]) + _ONE_LOW_BUCKET + bitmaps[0].serialize()
 
     @staticmethod
     def count_of(value: bytes) -> int | None:

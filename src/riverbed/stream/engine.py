@@ -506,7 +506,7 @@ def _merge_sessions(
         incoming.setdefault(key, []).append((start, end, settle([mine], None)))
 
     def combine(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-        return {n: m.merge(a[n], b[n]) for n, m in spec.metrics.items()}
+        return settle([b], a)  # two sessions' values, in order, as one
 
     emitted: list[SessionRow] = []
     removed: list[tuple[str, int]] = []
