@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from riverbed.config import adopt, inherited
+from riverbed.gcpause import pausing
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import (
@@ -151,6 +152,7 @@ def event_millis(column: pd.Series) -> np.ndarray:
 Partial = tuple[int, str, dict[str, Any]]  # (window start ms, key, {metric: partial})
 
 
+@pausing  # (riverbed.gcpause: per-key objects, none in a cycle)
 def partials_of(
     spec: Aggregation, pdf: pd.DataFrame, watermark_ms: int, ts: np.ndarray | None = None
 ) -> list[Partial]:
@@ -358,6 +360,7 @@ def _failpoint(config: EngineConfig, partition: int, batch_id: int) -> None:
     raise InjectedFault(f"injected fault after commit: partition {partition}, batch {batch_id}")
 
 
+@pausing
 def merge_partition(
     config: EngineConfig,
     partition: int,

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.errors import RiverbedError
+from riverbed.gcpause import pausing
 from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import openpool
@@ -269,6 +270,7 @@ def colocated_task(
         )
         return rows, side
 
+    @pausing  # a task's partials, its merge and its rows: riverbed.gcpause
     def run(index: int) -> list[tuple[pd.DataFrame, Side]]:
         topic_log = open_log(cfg.options)
         try:
@@ -295,6 +297,7 @@ def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
     spec = cfg.engine.spec
     n = spec.state_partitions
 
+    @pausing
     def run(piece: LogSlice) -> list[tuple[int, Any]]:
         side = Side()
         out: list[tuple[int, Any]] = []
