@@ -528,16 +528,25 @@ def _merge_sessions(
         if spec.output == "update":
             emitted += [(key, s, e, p) for s, e, p in merged.changed]
             removed += [(key, start) for start in merged.removed]
+    # each key's stored sessions, read once for both steps below (nothing is written
+    # between the reads: the expiry writes a key after its read)
+    held: dict[bytes, list[Any]] = {}
+
+    def stored(user_key: bytes) -> list[Any]:
+        if user_key not in held:
+            blob = store.get(session_key(user_key))
+            held[user_key] = msgpack.unpackb(blob, raw=False) if blob else []
+        return held[user_key]
+
     # sessions end before the watermark: closed (windows.late keeps later events out)
     if spec.output == "final" and watermark_ms > previous_watermark_ms:
         lo, hi = session_ends(previous_watermark_ms, watermark_ms)
-        for user_key, closed in _sessions_of(store, lo, hi):
-            emitted += [(user_key.decode(), s, e, p) for s, e, p in closed]
+        for user_key, starts in _ending(store, lo, hi).items():
+            emitted += [(user_key.decode(), s, e, p) for s, e, p in stored(user_key) if s in starts]
     expire = watermark_ms - spec.keep_closed_ms
     lo, hi = session_ends(0, expire)
-    for user_key, _ in _sessions_of(store, lo, hi):
-        blob = store.get(session_key(user_key))
-        kept = [s for s in msgpack.unpackb(blob, raw=False) if s[1] >= expire]
+    for user_key in _ending(store, lo, hi):
+        kept = [s for s in stored(user_key) if s[1] >= expire]
         if kept:
             store.put(session_key(user_key), msgpack.packb(kept, use_bin_type=True))
         else:
@@ -546,16 +555,14 @@ def _merge_sessions(
     return emitted, removed
 
 
-def _sessions_of(store: Any, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, list[Any]]]:
-    """Per key, its sessions whose index entries are in ``[lo, hi)`` (by end)."""
+def _ending(store: Any, lo: bytes, hi: bytes) -> dict[bytes, set[int]]:
+    """Per key, the starts of its sessions whose index entries are in ``[lo, hi)`` (by
+    end)."""
     wanted: dict[bytes, set[int]] = {}
     for k, _ in store.scan(start=lo, end=hi):
         _, start, user_key = split_session_end_key(k)
         wanted.setdefault(user_key, set()).add(start)
-    for user_key, starts in wanted.items():
-        blob = store.get(session_key(user_key))
-        every = msgpack.unpackb(blob, raw=False) if blob else []
-        yield user_key, [tuple(s) for s in every if s[0] in starts]
+    return wanted
 
 
 def merger(
