@@ -532,7 +532,7 @@ def _merge_sessions(
     # between the reads: the expiry writes a key after its read)
     held: dict[bytes, list[Any]] = {}
 
-    def stored(user_key: bytes) -> list[Any]:
+    def held_by(user_key: bytes) -> list[Any]:
         if user_key not in held:
             blob = store.get(session_key(user_key))
             held[user_key] = msgpack.unpackb(blob, raw=False) if blob else []
@@ -542,11 +542,13 @@ def _merge_sessions(
     if spec.output == "final" and watermark_ms > previous_watermark_ms:
         lo, hi = session_ends(previous_watermark_ms, watermark_ms)
         for user_key, starts in _ending(store, lo, hi).items():
-            emitted += [(user_key.decode(), s, e, p) for s, e, p in stored(user_key) if s in starts]
+            emitted += [
+                (user_key.decode(), s, e, p) for s, e, p in held_by(user_key) if s in starts
+            ]
     expire = watermark_ms - spec.keep_closed_ms
     lo, hi = session_ends(0, expire)
     for user_key in _ending(store, lo, hi):
-        kept = [s for s in stored(user_key) if s[1] >= expire]
+        kept = [s for s in held_by(user_key) if s[1] >= expire]
         if kept:
             store.put(session_key(user_key), msgpack.packb(kept, use_bin_type=True))
         else:
