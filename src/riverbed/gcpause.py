@@ -3,10 +3,11 @@
 A state partition's merge makes a few Python objects per (window, key) — a dict of
 partials, a list, a state key — tens of thousands a task, nearly all freed by their
 reference counts, none in a cycle. Each 700 allocations CPython's collector still walks
-the young objects, and every tenth walk the older ones: on Nexmark q5's partials and
-merge that was 10-20 % of the task's time (measured with ``gc.disable()`` around them).
-:func:`paused` holds it off for such a stretch and lets it run again after; the
-cycles it would have found are collected then.
+the young objects, and every tenth walk the older ones: ten q5-shaped batches of one
+partition (115,000 bids, 24,500 windows each) in a process with a Python worker's
+imports made 2,084 collections, 0.52 s of 2.0 s CPU (``gc.callbacks``; 13 and 1.69 s
+paused). :func:`paused` holds it off for such a stretch and lets it run again after;
+the cycles it would have found are collected then.
 
 Threads share the collector (the driver runs small batches on threads of its own), so
 the pause is counted: the collector runs again when the last pause ends, and never
