@@ -4,6 +4,7 @@ strings or as a category."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -12,8 +13,19 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from riverbed.stream import Aggregation, Count, Distinct, Hopping, Sum, Tumbling
+from riverbed.stream import (
+    Aggregation,
+    Count,
+    Distinct,
+    Hopping,
+    Max,
+    Min,
+    Sliding,
+    Sum,
+    Tumbling,
+)
 from riverbed.stream.engine import partials_of
+from riverbed.stream.metrics import where_column
 
 HOUR = 3_600_000
 
@@ -250,3 +262,56 @@ def test_exact_distinct_partials_of_all_groups_at_once_hold_each_groups_ids(
         assert stored[0] == want[0] == 0  # a bitmap, not the partial's ids
         assert ExactIds.from_bytes(stored).ids() == ExactIds.from_bytes(want).ids()
         assert metric.result(stored) == metric.result(want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from("abcd"),
+            st.integers(-2 * HOUR, 6 * HOUR - 1),
+            st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    hop=st.sampled_from([HOUR // 4, HOUR // 2, HOUR]),
+    sliding=st.booleans(),
+    watermark=st.integers(-HOUR, 5 * HOUR),
+    integers=st.booleans(),
+)
+def test_hopping_windows_by_panes_give_the_per_window_partials(
+    events: list[tuple[str, int, float | None, bool]],
+    hop: int,
+    sliding: bool,
+    watermark: int,
+    integers: bool,
+) -> None:
+    """Counts (plain and filtered), minima and maxima (NULLs, filtered values, integers
+    or floats) of hopping and sliding windows, grouped per pane first
+    (``_pane_partials``), equal what the per-window way gives: the same spec with one
+    more metric that panes cannot take (a Sum) runs that way."""
+    window = Sliding("2h", hop) if sliding else Hopping("2h", hop)
+    metrics: dict[str, Any] = {
+        "n": Count(),
+        "big": Count(where="big"),
+        "lo": Min("x"),
+        "hi": Max("x"),
+        "hi_big": Max("x", where="big"),
+    }
+    spec = Aggregation(name="p", key="k", time="ts", window=window, watermark="0s", metrics=metrics)
+    per_window = dataclasses.replace(spec, metrics={**metrics, "sum": Sum("x")})
+    pdf = pd.DataFrame(events, columns=["k", "ts", "x", "big"])
+    pdf["x"] = pdf["x"].astype(np.float64)  # a NULL: NaN, as Arrow's floats arrive
+    if integers:
+        pdf["x"] = pdf["x"].fillna(0).round().astype(np.int64)
+    pdf[where_column("big")] = pdf["big"].to_numpy()
+    pdf[where_column("hi_big")] = pdf["big"].to_numpy()
+    ts = pdf["ts"].to_numpy(dtype=np.int64)
+    got = partials_of(spec, pdf, watermark, ts)
+    want = [
+        (w, k, {m: p[m] for m in metrics})
+        for w, k, p in partials_of(per_window, pdf, watermark, ts)
+    ]
+    assert got == want

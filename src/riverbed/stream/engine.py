@@ -189,6 +189,10 @@ def partials_of(
             out.append((int(ts[rows_all[a]]), str(names[codes[rows_all[a]]]), partials))
         return out
     size = window.size_ms
+    if getattr(window, "hop_ms", size) < size:
+        by_panes = _pane_partials(spec, pdf, ts, codes, names, watermark_ms)
+        if by_panes is not None:
+            return by_panes
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
     for starts in window.starts(ts):
         open_ = np.flatnonzero(starts + size > watermark_ms)  # closed windows take no more
@@ -207,6 +211,78 @@ def partials_of(
     firsts = np.asarray(bounds[:-1], dtype=np.int64)
     group_names = names[key_codes[firsts]].astype(str).tolist()
     return list(zip(starts_all[firsts].tolist(), group_names, groups, strict=True))
+
+
+def _pane_partials(
+    spec: Aggregation,
+    pdf: pd.DataFrame,
+    ts: np.ndarray,
+    codes: np.ndarray,
+    names: np.ndarray,
+    watermark_ms: int,
+) -> list[Partial] | None:
+    """:func:`partials_of` of hopping and sliding windows through their panes (Flink's
+    slices): events grouped per (hop-long pane, key) first — one row an event, not one
+    per window it is in (q5: five) — then each pane group added to every open window
+    that holds it. Exactly the per-window partials, for metrics that combine by a
+    vectorized reduction: ``Count``, ``Min``/``Max`` of numbers (a float sum's order
+    would change); None for any other spec."""
+    window = spec.window
+    size, hop = window.size_ms, window.hop_ms  # type: ignore[union-attr]
+    columns = {c: _array(pdf[c]) for c in spec.reads()[2:]}
+    for metric in spec.metrics.values():
+        column = getattr(metric, "column", None)
+        numeric = isinstance(column, str) and columns[column].dtype.kind in "iuf"
+        if not (isinstance(metric, Count) or (isinstance(metric, Min | Max) and numeric)):
+            return None
+    panes = (ts // hop) * hop  # = a pane's latest window's start (windows._hop_starts)
+    alive = np.flatnonzero(panes + size > watermark_ms)  # in an open window at all
+    if not len(alive):
+        return []
+    order = alive[_by_window_and_key(panes[alive], codes[alive], len(names))]
+    pane_of, code_of = panes[order], codes[order]
+    cuts = np.flatnonzero((np.diff(pane_of) != 0) | (np.diff(code_of) != 0)) + 1
+    firsts = np.concatenate([[0], cuts]).astype(np.int64)
+    sizes = np.diff(np.append(firsts, len(order)))
+    per_pane: dict[str, np.ndarray] = {}  # each metric's value per pane group
+    for name, metric in spec.metrics.items():
+        counts = _counted(columns[where_column(name)]) if metric.where is not None else None
+        if isinstance(metric, Count):
+            per_pane[name] = (
+                sizes if counts is None else np.add.reduceat(counts[order].astype(np.int64), firsts)
+            )
+            continue
+        column = getattr(metric, "column", None)
+        assert isinstance(column, str)  # (checked above: a Min or Max of one column)
+        values = columns[column][order].astype(np.float64)
+        if counts is not None:
+            values[~counts[order]] = np.nan
+        per_pane[name] = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(values, firsts)
+    group_pane, group_code = pane_of[firsts], code_of[firsts]
+    starts, groups = [], []  # one entry per (pane group, open window holding it)
+    for i in range(size // hop):
+        start = group_pane - i * hop
+        open_ = np.flatnonzero(start + size > watermark_ms)
+        starts.append(start[open_])
+        groups.append(open_)
+    starts_all, groups_all = np.concatenate(starts), np.concatenate(groups)
+    key_codes = group_code[groups_all]
+    order = _by_window_and_key(starts_all, key_codes, len(names))
+    starts_all, key_codes, groups_all = starts_all[order], key_codes[order], groups_all[order]
+    cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
+    firsts = np.concatenate([[0], cuts]).astype(np.int64)
+    out: list[dict[str, Any]] = [{} for _ in range(len(firsts))]
+    for name, metric in spec.metrics.items():
+        picked = per_pane[name][groups_all]
+        if isinstance(metric, Count):
+            merged = np.add.reduceat(picked, firsts).tolist()
+        else:
+            found = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(picked, firsts)
+            merged = [None if v != v else v for v in found.tolist()]  # NaN: none counted
+        for partials, value in zip(out, merged, strict=True):
+            partials[name] = value
+    group_names = names[key_codes[firsts]].astype(str).tolist()
+    return list(zip(starts_all[firsts].tolist(), group_names, out, strict=True))
 
 
 def _by_window_and_key(starts: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
