@@ -119,7 +119,7 @@ def test_counts_minima_and_maxima_of_all_groups_at_once_equal_group_by_group(
     uncounted rows left out, None where a group has no number."""
     import numpy as np
 
-    from riverbed.stream.engine import _vectorized
+    from riverbed.stream.grouping import _vectorized
     from riverbed.stream.metrics import Count, Max, Min
 
     if kind == "int":  # an integer column has no NULLs in numpy
@@ -152,12 +152,12 @@ def test_rows_sorted_by_window_and_key_in_one_argsort_keep_lexsorts_order(
     """The combined-key argsort gives exactly ``np.lexsort``'s (stable) order — a
     group's rows stay in event order, which a float sum's result depends on — and a
     span too wide to combine falls back to lexsort."""
-    from riverbed.stream.engine import _by_window_and_key
+    from riverbed.stream.grouping import by_window_and_key
 
     starts = np.array([s % 10_000 if narrow else s for s, _ in rows], dtype=np.int64)
     codes = np.array([c for _, c in rows], dtype=np.int64)
     n_codes = (int(codes.max()) + 1 if len(codes) else 0) + extra_codes
-    got = _by_window_and_key(starts, codes, n_codes)
+    got = by_window_and_key(starts, codes, n_codes)
     assert got.tolist() == np.lexsort((codes, starts)).tolist()
 
 

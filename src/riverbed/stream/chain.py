@@ -45,7 +45,8 @@ from riverbed.stream import lookups
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import Batches, BatchRecord, next_record, open_batches
-from riverbed.stream.engine import Partial, merge_partition, partials_of
+from riverbed.stream.engine import merge_partition, partials_of
+from riverbed.stream.grouping import Partial
 from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import Side, checked, merged_here, owned, task_attempts
 from riverbed.stream.lognative import run_planned as run_aggregation

@@ -57,7 +57,8 @@ from riverbed.state.keys import (
 from riverbed.stream import sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.metrics import VALUE_METRICS, Count, Distinct, Max, Min, where_column
+from riverbed.stream.grouping import Partial, by_window_and_key, group_partials, pane_partials
+from riverbed.stream.metrics import Distinct
 from riverbed.stream.rescale import partition_of
 from riverbed.stream.rows import SessionRow, session_rows, window_rows
 from riverbed.windows import Session
@@ -149,7 +150,6 @@ def event_millis(column: pd.Series) -> np.ndarray:
 
 
 # -- step 3: pre-aggregation -------------------------------------------------------------------
-Partial = tuple[int, str, dict[str, Any]]  # (window start ms, key, {metric: partial})
 
 
 @pausing  # (riverbed.gcpause: per-key objects, none in a cycle)
@@ -190,7 +190,7 @@ def partials_of(
         return out
     size = window.size_ms
     if getattr(window, "hop_ms", size) < size:
-        by_panes = _pane_partials(spec, pdf, ts, codes, names, watermark_ms)
+        by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
         if by_panes is not None:
             return by_panes
     window_starts, rows = [], []  # one entry per (event, open window it falls in)
@@ -203,7 +203,7 @@ def partials_of(
         return []
     starts_all, rows_all = np.concatenate(window_starts), np.concatenate(rows)
     key_codes = codes[rows_all]
-    order = _by_window_and_key(starts_all, key_codes, len(names))
+    order = by_window_and_key(starts_all, key_codes, len(names))
     starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]
     cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
     bounds = [0, *cuts.tolist(), len(rows_all)]
@@ -211,189 +211,6 @@ def partials_of(
     firsts = np.asarray(bounds[:-1], dtype=np.int64)
     group_names = names[key_codes[firsts]].astype(str).tolist()
     return list(zip(starts_all[firsts].tolist(), group_names, groups, strict=True))
-
-
-def _pane_partials(
-    spec: Aggregation,
-    pdf: pd.DataFrame,
-    ts: np.ndarray,
-    codes: np.ndarray,
-    names: np.ndarray,
-    watermark_ms: int,
-) -> list[Partial] | None:
-    """:func:`partials_of` of hopping and sliding windows through their panes (Flink's
-    slices): events grouped per (hop-long pane, key) first — one row an event, not one
-    per window it is in (q5: five) — then each pane group added to every open window
-    that holds it. Exactly the per-window partials, for metrics that combine by a
-    vectorized reduction: ``Count``, ``Min``/``Max`` of numbers (a float sum's order
-    would change); None for any other spec."""
-    window = spec.window
-    size, hop = window.size_ms, window.hop_ms  # type: ignore[union-attr]
-    columns = {c: _array(pdf[c]) for c in spec.reads()[2:]}
-    for metric in spec.metrics.values():
-        column = getattr(metric, "column", None)
-        numeric = isinstance(column, str) and columns[column].dtype.kind in "iuf"
-        if not (isinstance(metric, Count) or (isinstance(metric, Min | Max) and numeric)):
-            return None
-    panes = (ts // hop) * hop  # = a pane's latest window's start (windows._hop_starts)
-    alive = np.flatnonzero(panes + size > watermark_ms)  # in an open window at all
-    if not len(alive):
-        return []
-    order = alive[_by_window_and_key(panes[alive], codes[alive], len(names))]
-    pane_of, code_of = panes[order], codes[order]
-    cuts = np.flatnonzero((np.diff(pane_of) != 0) | (np.diff(code_of) != 0)) + 1
-    firsts = np.concatenate([[0], cuts]).astype(np.int64)
-    sizes = np.diff(np.append(firsts, len(order)))
-    per_pane: dict[str, np.ndarray] = {}  # each metric's value per pane group
-    for name, metric in spec.metrics.items():
-        counts = _counted(columns[where_column(name)]) if metric.where is not None else None
-        if isinstance(metric, Count):
-            per_pane[name] = (
-                sizes if counts is None else np.add.reduceat(counts[order].astype(np.int64), firsts)
-            )
-            continue
-        column = getattr(metric, "column", None)
-        assert isinstance(column, str)  # (checked above: a Min or Max of one column)
-        values = columns[column][order].astype(np.float64)
-        if counts is not None:
-            values[~counts[order]] = np.nan
-        per_pane[name] = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(values, firsts)
-    group_pane, group_code = pane_of[firsts], code_of[firsts]
-    starts, groups = [], []  # one entry per (pane group, open window holding it)
-    for i in range(size // hop):
-        start = group_pane - i * hop
-        open_ = np.flatnonzero(start + size > watermark_ms)
-        starts.append(start[open_])
-        groups.append(open_)
-    starts_all, groups_all = np.concatenate(starts), np.concatenate(groups)
-    key_codes = group_code[groups_all]
-    order = _by_window_and_key(starts_all, key_codes, len(names))
-    starts_all, key_codes, groups_all = starts_all[order], key_codes[order], groups_all[order]
-    cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
-    firsts = np.concatenate([[0], cuts]).astype(np.int64)
-    out: list[dict[str, Any]] = [{} for _ in range(len(firsts))]
-    for name, metric in spec.metrics.items():
-        picked = per_pane[name][groups_all]
-        if isinstance(metric, Count):
-            merged = np.add.reduceat(picked, firsts).tolist()
-        else:
-            found = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(picked, firsts)
-            merged = [None if v != v else v for v in found.tolist()]  # NaN: none counted
-        for partials, value in zip(out, merged, strict=True):
-            partials[name] = value
-    group_names = names[key_codes[firsts]].astype(str).tolist()
-    return list(zip(starts_all[firsts].tolist(), group_names, out, strict=True))
-
-
-def _by_window_and_key(starts: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
-    """The order that sorts rows by window start, then key code: one argsort of a
-    combined int64 (a two-key lexsort costs ~2x as much) while it cannot overflow."""
-    if not len(starts):
-        return np.arange(0)
-    low = int(starts.min())
-    span = int(starts.max()) - low + 1
-    if span * max(n_codes, 1) >= 2**62:
-        return np.lexsort((codes, starts))
-    combined = (starts - low) * max(n_codes, 1) + codes
-    return np.argsort(combined, kind="stable")
-
-
-def _array(column: pd.Series) -> np.ndarray:
-    """A column as numpy's: a time zone's times as UTC datetime64 (pandas gives an
-    object array of Timestamps, one Python object per event: 0.77 s of 2.1 for 914,000
-    joined rows of Nexmark q9)."""
-    if isinstance(column.dtype, pd.DatetimeTZDtype):
-        column = column.dt.tz_convert("UTC").dt.tz_localize(None)
-    out: np.ndarray = column.to_numpy()
-    return out
-
-
-def group_partials(
-    spec: Aggregation, pdf: pd.DataFrame, ts: np.ndarray, rows: np.ndarray, bounds: list[int]
-) -> list[dict[str, Any]]:
-    """Every group's metric partials: group ``i`` is ``rows[bounds[i]:bounds[i + 1]]``
-    (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
-    all groups at once (:func:`_vectorized`), as are the metrics that pick one event
-    (First/Last/ArgMax/ArgMin: ``group_partials``) and exact distinct counts of integer
-    ids (``Distinct.group_partials``: each group's ids, cut from one array); the other
-    metrics group by group."""
-    columns = {c: _array(pdf[c]) for c in spec.reads()[2:]}
-    # a picked row may return the key or the time too (ArgMax([...], by=...)): only then
-    # are they turned into arrays here (the key of the log-native path is categorical)
-    returned = {c for m in spec.metrics.values() if isinstance(m, VALUE_METRICS) for c in m.columns}
-    if spec.time in returned:
-        columns[spec.time] = ts.astype("datetime64[ms]")
-    if spec.key_column in returned and spec.key_column not in columns:
-        columns[spec.key_column] = pdf[spec.key_column].to_numpy()
-    firsts = np.asarray(bounds[:-1], dtype=np.int64)
-    out: list[dict[str, Any]] = [{} for _ in range(len(firsts))]  # (not numpy scalars)
-    for name, metric in spec.metrics.items():
-        column = _column_of(metric, columns)
-        # a metric's own where: the events it counts (NULL: not counted)
-        counts = _counted(columns[where_column(name)]) if metric.where is not None else None
-        vector = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
-        if vector is None and isinstance(metric, Distinct) and column is not None:
-            vector = metric.group_partials(column, rows, bounds, counts)
-        if vector is not None:
-            for partials, value in zip(out, vector, strict=True):
-                partials[name] = value
-            continue
-        if isinstance(metric, VALUE_METRICS):  # one event of each group: all at once
-            # what First/Last (the event time) and ArgMax/ArgMin (a column) compare by
-            by = ts if metric.by is None else columns[metric.by]
-            chosen = metric.group_partials(column, by, rows, bounds, counts)
-            for partials, value in zip(out, chosen, strict=True):
-                partials[name] = value
-            continue
-        for partials, (a, b) in zip(out, itertools.pairwise(bounds), strict=True):
-            picked = rows[a:b]
-            mine = picked if counts is None else picked[counts[picked]]
-            values = column[mine] if column is not None else None
-            partials[name] = metric.partial(values, len(mine))
-    return out
-
-
-def _column_of(metric: Any, columns: dict[str, np.ndarray]) -> Any:
-    """What a metric reads: its column's values; a row's columns (a list) for a metric
-    that picks several; None for Count."""
-    column = getattr(metric, "column", None)
-    if column is None:
-        return None
-    if isinstance(column, tuple):
-        return [columns[c] for c in column]
-    return columns[column]
-
-
-def _vectorized(
-    metric: Any,
-    column: np.ndarray | None,
-    counts: np.ndarray | None,
-    rows: np.ndarray,
-    firsts: np.ndarray,
-    sizes: np.ndarray,
-) -> list[Any] | None:
-    """The partials of ``Count``, ``Min`` and ``Max`` (over integers or floats) for all
-    groups at once — the values ``partial`` gives group by group (a min of the group's
-    non-NaN numbers as a float, None when there is none) — else None."""
-    if isinstance(metric, Count):
-        if counts is None:
-            return sizes.tolist()  # type: ignore[no-any-return]
-        return np.add.reduceat(counts[rows].astype(np.int64), firsts).tolist()  # type: ignore[no-any-return]
-    if not isinstance(metric, Min | Max) or column is None or column.dtype.kind not in "iuf":
-        return None
-    values = column[rows].astype(np.float64)  # float(min(x)) == min(float(x)): monotonic
-    if counts is not None:
-        values[~counts[rows]] = np.nan
-    reduce = np.fmin if isinstance(metric, Min) else np.fmax  # NaN (null) only if all are
-    found = reduce.reduceat(values, firsts)
-    return [None if v != v else v for v in found.tolist()]
-
-
-def _counted(condition: np.ndarray) -> np.ndarray:
-    """A metric's where column as booleans: true counts; false and NULL do not."""
-    if condition.dtype == bool:
-        return condition
-    return np.array([v is True for v in condition], dtype=bool)
 
 
 def preaggregate(

@@ -56,7 +56,6 @@ from riverbed.stream.batch import (
 from riverbed.stream.batchlog import Batches, BatchRecord
 from riverbed.stream.derive import derivation
 from riverbed.stream.engine import (
-    Partial,
     event_millis,
     merge_partition,
     partials_of,
@@ -64,6 +63,7 @@ from riverbed.stream.engine import (
 )
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.fencing import DriverFencedError
+from riverbed.stream.grouping import Partial
 from riverbed.stream.layout import handoff_dir
 from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.nativeconfig import DirectConfig
