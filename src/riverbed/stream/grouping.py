@@ -35,12 +35,18 @@ def pane_partials(
     would change); None for any other spec."""
     window = spec.window
     size, hop = window.size_ms, window.hop_ms  # type: ignore[union-attr]
-    columns = {c: as_array(pdf[c]) for c in spec.reads()[2:]}
-    for metric in spec.metrics.values():
+    columns: dict[str, np.ndarray] = {}  # only what the pane path reads, and only if it can
+    for name, metric in spec.metrics.items():
         column = getattr(metric, "column", None)
-        numeric = isinstance(column, str) and columns[column].dtype.kind in "iuf"
-        if not (isinstance(metric, Count) or (isinstance(metric, Min | Max) and numeric)):
+        if isinstance(metric, Min | Max) and isinstance(column, str):
+            if column not in columns:
+                columns[column] = as_array(pdf[column])
+            if columns[column].dtype.kind not in "iuf":
+                return None
+        elif not isinstance(metric, Count):
             return None
+        if metric.where is not None:
+            columns[where_column(name)] = as_array(pdf[where_column(name)])
     panes = (ts // hop) * hop  # = a pane's latest window's start (windows._hop_starts)
     alive = np.flatnonzero(panes + size > watermark_ms)  # in an open window at all
     if not len(alive):
@@ -53,17 +59,9 @@ def pane_partials(
     per_pane: dict[str, np.ndarray] = {}  # each metric's value per pane group
     for name, metric in spec.metrics.items():
         counts = _counted(columns[where_column(name)]) if metric.where is not None else None
-        if isinstance(metric, Count):
-            per_pane[name] = (
-                sizes if counts is None else np.add.reduceat(counts[order].astype(np.int64), firsts)
-            )
-            continue
-        column = getattr(metric, "column", None)
-        assert isinstance(column, str)  # (checked above: a Min or Max of one column)
-        values = columns[column][order].astype(np.float64)
-        if counts is not None:
-            values[~counts[order]] = np.nan
-        per_pane[name] = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(values, firsts)
+        reduced = _reduced(metric, _column_of(metric, columns), counts, order, firsts, sizes)
+        assert reduced is not None  # (checked above: a Count, or a Min or Max of numbers)
+        per_pane[name] = reduced
     group_pane, group_code = pane_of[firsts], code_of[firsts]
     starts, groups = [], []  # one entry per (pane group, open window holding it)
     for i in range(size // hop):
@@ -181,18 +179,36 @@ def _vectorized(
     """The partials of ``Count``, ``Min`` and ``Max`` (over integers or floats) for all
     groups at once — the values ``partial`` gives group by group (a min of the group's
     non-NaN numbers as a float, None when there is none) — else None."""
+    found = _reduced(metric, column, counts, rows, firsts, sizes)
+    if found is None:
+        return None
+    if isinstance(metric, Count):
+        return found.tolist()  # type: ignore[no-any-return]
+    return [None if v != v else v for v in found.tolist()]  # NaN: none counted
+
+
+def _reduced(
+    metric: Any,
+    column: np.ndarray | None,
+    counts: np.ndarray | None,
+    rows: np.ndarray,
+    firsts: np.ndarray,
+    sizes: np.ndarray,
+) -> np.ndarray | None:
+    """Each group's ``Count`` (int64), or ``Min``/``Max`` of numbers (float64, NaN where
+    no event of the group counted), reduced in one numpy call; None for other metrics.
+    Group ``i`` is ``rows[firsts[i]:firsts[i] + sizes[i]]``."""
     if isinstance(metric, Count):
         if counts is None:
-            return sizes.tolist()  # type: ignore[no-any-return]
-        return np.add.reduceat(counts[rows].astype(np.int64), firsts).tolist()  # type: ignore[no-any-return]
+            return sizes
+        return np.add.reduceat(counts[rows].astype(np.int64), firsts)
     if not isinstance(metric, Min | Max) or column is None or column.dtype.kind not in "iuf":
         return None
     values = column[rows].astype(np.float64)  # float(min(x)) == min(float(x)): monotonic
     if counts is not None:
         values[~counts[rows]] = np.nan
     reduce = np.fmin if isinstance(metric, Min) else np.fmax  # NaN (null) only if all are
-    found = reduce.reduceat(values, firsts)
-    return [None if v != v else v for v in found.tolist()]
+    return reduce.reduceat(values, firsts)
 
 
 def _counted(condition: np.ndarray) -> np.ndarray:
