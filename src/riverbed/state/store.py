@@ -95,6 +95,9 @@ class StateStore:
         staged = sorted(
             (k, v) for k, v in self._staged.items() if k >= lo and (hi is None or k < hi)
         )
+        if not staged and not self._ranges:  # nothing to lay over the stored pairs
+            yield from db.scan(lo, hi)
+            return
         staged_keys = {k for k, _ in staged}
         stored: Iterable[tuple[bytes, bytes | None]] = (
             (k, v)
