@@ -13,7 +13,7 @@ import pandas as pd
 from riverbed.state.keys import SESSIONS, split_window_keys_ms
 from riverbed.stream import keys
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.metrics import result_columns
+from riverbed.stream.metrics import Count, result_columns
 from riverbed.stream.results import (
     empty_rows,
     output_arrow_schema,
@@ -28,7 +28,9 @@ SessionRow = tuple[str, int, int, dict[str, Any]]  # (key, start ms, end ms, par
 def utc_us(ms: np.ndarray) -> pd.DatetimeIndex:
     """Epoch milliseconds as UTC microseconds: years 1-9999 (pandas' nanoseconds end in
     2262; validity.py admits windows of the whole calendar)."""
-    return pd.to_datetime(ms.astype("datetime64[ms]"), utc=True).as_unit("us")
+    # (not pd.to_datetime: it builds a cache of the distinct values first, ~10x slower)
+    us = ms.astype("datetime64[ms]").astype("datetime64[us]")
+    return pd.DatetimeIndex(us).tz_localize("UTC")
 
 
 def window_rows(
@@ -46,6 +48,11 @@ def window_rows(
     for name, metric in spec.metrics.items():
         for suffix, results in result_columns(metric, [v[name] for v in values]).items():
             columns[name + suffix] = results
+    # typed arrays where the type is known: pandas infers a list's type value by value
+    # (half of building 25,000 rows)
+    for name, metric in spec.metrics.items():
+        if isinstance(metric, Count):
+            columns[name] = np.asarray(columns[name], dtype=np.int64)
     with_listed_times(spec, columns)
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
@@ -53,7 +60,9 @@ def window_rows(
     columns.update(since_values(spec, start_ms))  # a metric backfilled past retention
     assert not isinstance(spec.window, Session)
     columns["window_end"] = utc_us(start_ms + spec.window.size_ms)
-    columns["batch_id"] = [batch_id] * len(ordered)
+    columns["batch_id"] = np.full(len(ordered), batch_id, dtype=np.int64)
+    if not spec.composite:  # (keys.decode typed a composite key's parts already)
+        columns["key"] = np.asarray(columns["key"], dtype=object)
     return pd.DataFrame(columns, columns=names)
 
 
