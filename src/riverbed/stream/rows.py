@@ -40,7 +40,7 @@ def window_rows(
     if not emitted:  # typed empty columns (empty lists would all be float64)
         return empty_rows(spec)
     names = output_arrow_schema(spec).names
-    columns: dict[str, list[Any]] = {name: [] for name in names}
+    columns: dict[str, Any] = {name: [] for name in names}
     ordered = sorted(emitted)
     start_ms, key_bytes = split_window_keys_ms(ordered)
     columns["key"] = [k.decode() for k in key_bytes]
