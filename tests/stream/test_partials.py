@@ -315,3 +315,54 @@ def test_hopping_windows_by_panes_give_the_per_window_partials(
         for w, k, p in partials_of(per_window, pdf, watermark, ts)
     ]
     assert got == want
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 10 * HOUR), st.integers(-5, 5)),
+        min_size=1,
+        max_size=60,
+    ),
+    gap_min=st.integers(1, 120),
+    watermark=st.integers(0, 11 * HOUR),
+)
+def test_session_partials_equal_each_keys_runs_of_events(
+    events: list[tuple[str, int, int]], gap_min: int, watermark: int
+) -> None:
+    """A session's partials — its first event's time, its key, its count and sum, and
+    its end (last event + gap) — are each key's runs of events not before the
+    watermark, cut where the next event is more than the gap after the last; a frame
+    whose every event is before the watermark gives none (it raised IndexError)."""
+    from riverbed.stream import Session
+    from riverbed.stream.sessions import END
+
+    gap = gap_min * 60_000
+    spec = Aggregation(
+        name="s", key="k", time="ts", window=Session(f"{gap_min}m"), watermark="1h",
+        metrics={"n": Count(), "total": Sum("x")},
+    )  # fmt: skip
+    pdf = pd.DataFrame(
+        {
+            "k": [k for k, _, _ in events],
+            "ts": pd.to_datetime([t for _, t, _ in events], unit="ms", utc=True),
+            "x": [x for _, _, x in events],
+        }
+    )
+    want = []
+    for key in sorted({k for k, t, _ in events if t >= watermark}):
+        times = sorted((t, x) for k, t, x in events if k == key and t >= watermark)
+        run = [times[0]]
+        for t, x in times[1:]:
+            if t - run[-1][0] > gap:
+                want.append((run[0][0], key, len(run), sum(v for _, v in run), run[-1][0] + gap))
+                run = []
+            run.append((t, x))
+        want.append((run[0][0], key, len(run), sum(v for _, v in run), run[-1][0] + gap))
+    got = [
+        (start, key, p["n"], p["total"], p[END])
+        for start, key, p in partials_of(spec, pdf, watermark)
+    ]
+    assert sorted(got) == sorted(want)
+    assert all(isinstance(start, int) and isinstance(p[END], int) for start, _, p in
+               partials_of(spec, pdf, watermark))  # fmt: skip

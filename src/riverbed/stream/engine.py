@@ -31,7 +31,6 @@ are the same (see :mod:`riverbed.state` for why re-commits are safe).
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -180,14 +179,20 @@ def partials_of(
     if isinstance(window, Session):
         gap = window.gap_ms
         rows_all = np.flatnonzero(ts >= watermark_ms)  # before it: late (windows.late)
+        if not len(rows_all):
+            return []
         order, bounds = sessions.cut(ts[rows_all], codes[rows_all], gap)
         rows_all = rows_all[order]
-        out: list[Partial] = []
         groups = group_partials(spec, pdf, ts, rows_all, bounds)
-        for (a, b), partials in zip(itertools.pairwise(bounds), groups, strict=True):
-            partials[sessions.END] = int(ts[rows_all[b - 1]]) + gap
-            out.append((int(ts[rows_all[a]]), str(names[codes[rows_all[a]]]), partials))
-        return out
+        # each session's first and last event, and its key, for all at once (numpy's
+        # scalars one session at a time were 13 % of a q11 task)
+        edges = np.asarray(bounds, dtype=np.int64)
+        firsts, lasts = rows_all[edges[:-1]], rows_all[edges[1:] - 1]
+        ends = (ts[lasts] + gap).tolist()
+        for partials, end in zip(groups, ends, strict=True):
+            partials[sessions.END] = end
+        session_keys = names[codes[firsts]].astype(str).tolist()
+        return list(zip(ts[firsts].tolist(), session_keys, groups, strict=True))
     size = window.size_ms
     if getattr(window, "hop_ms", size) < size:
         by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
