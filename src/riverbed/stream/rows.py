@@ -48,11 +48,6 @@ def window_rows(
     for name, metric in spec.metrics.items():
         for suffix, results in result_columns(metric, [v[name] for v in values]).items():
             columns[name + suffix] = results
-    # typed arrays where the type is known: pandas infers a list's type value by value
-    # (half of building 25,000 rows)
-    for name, metric in spec.metrics.items():
-        if isinstance(metric, Count):
-            columns[name] = np.asarray(columns[name], dtype=np.int64)
     with_listed_times(spec, columns)
     if spec.composite:  # each part under its own name, typed (keys.py)
         columns.update(keys.decode(columns["key"], spec))
@@ -60,10 +55,23 @@ def window_rows(
     columns.update(since_values(spec, start_ms))  # a metric backfilled past retention
     assert not isinstance(spec.window, Session)
     columns["window_end"] = utc_us(start_ms + spec.window.size_ms)
-    columns["batch_id"] = np.full(len(ordered), batch_id, dtype=np.int64)
+    _typed(spec, columns, len(ordered), batch_id, counts_null=False)
+    return pd.DataFrame(columns, columns=names)
+
+
+def _typed(
+    spec: Aggregation, columns: dict[str, Any], rows: int, batch_id: int, counts_null: bool
+) -> None:
+    """The columns whose type is known as typed arrays — counts (unless a tombstone row
+    leaves one NULL), the key, the batch id: pandas infers a list's type value by value,
+    half of building 25,000 rows."""
+    if not counts_null:
+        for name, metric in spec.metrics.items():
+            if isinstance(metric, Count):
+                columns[name] = np.asarray(columns[name], dtype=np.int64)
     if not spec.composite:  # (keys.decode typed a composite key's parts already)
         columns["key"] = np.asarray(columns["key"], dtype=object)
-    return pd.DataFrame(columns, columns=names)
+    columns["batch_id"] = np.full(rows, batch_id, dtype=np.int64)
 
 
 def session_rows(
@@ -74,7 +82,7 @@ def session_rows(
     if not emitted and not removed:
         return empty_rows(spec)
     names = output_arrow_schema(spec).names
-    columns: dict[str, list[Any]] = {name: [] for name in names}
+    columns: dict[str, Any] = {name: [] for name in names}
     ordered = sorted(emitted, key=lambda s: (s[1], s[0]))
     columns["key"] = [key for key, _, _, _ in ordered]
     columns["window_start"] = [start for _, start, _, _ in ordered]
@@ -96,7 +104,7 @@ def session_rows(
     columns["window_start"] = utc_us(np.array(columns["window_start"], dtype=np.int64))
     ends = np.array([0 if e is None else e for e in columns["window_end"]], dtype=np.int64)
     columns["window_end"] = pd.Series(utc_us(ends)).where(~np.array(columns["deleted"]))
-    columns["batch_id"] = [batch_id] * (len(emitted) + len(removed))
+    _typed(spec, columns, len(emitted) + len(removed), batch_id, counts_null=bool(removed))
     return pd.DataFrame(columns, columns=names)
 
 
