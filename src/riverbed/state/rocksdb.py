@@ -102,6 +102,10 @@ def _options(memory: Budget | None = None) -> Options:
     # its statistics dumps (~1.4 MB in 16 minutes): rolled at 1 MiB
     options.set_keep_log_file_num(KEPT_INFO_LOGS)
     options.set_max_log_file_size(MiB)
+    # An open starts up to 16 threads (per column family) to open the table files; a
+    # partition is opened every batch a Spark task merges it, with ~10 files: one
+    # thread per core opens and closes it in 4.6 ms instead of 5.9 (median of 40 each)
+    options.set_max_file_opening_threads(max(1, min(16, os.cpu_count() or 1)))
     if memory is not None:
         memory.apply(options)
     return options
