@@ -293,13 +293,12 @@ def merge_partition(
         emitted: dict[bytes, dict[str, Any]] = {}
         pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer a call)
         merge = _merger(spec)
-        looked = keys[: _held_up_to(store, keys)]  # past the newest stored key: all new
-        old = dict(zip(looked, store.get_many(looked), strict=True))
+        held = _held_up_to(store, keys)  # past the newest stored key: all new
         batch = {}
-        for k in keys:
-            stored = old.get(k)
+        for k, stored in zip(keys[:held], store.get_many(keys[:held]), strict=True):
             value = None if stored is None else msgpack.unpackb(stored, raw=False)
             batch[k] = merge(given[k], value)
+        batch.update([(k, merge(given[k], None)) for k in keys[held:]])
         if spec.output == "update":
             emitted = batch
         # windows the watermark closed in this batch: start + size <= watermark
