@@ -187,8 +187,7 @@ class RocksLocalDB(LocalDB):
         bounded = ReadOptions()
         if end is not None:
             bounded.set_iterate_upper_bound(end)
-        pairs: Iterator[tuple[bytes, bytes]] = self._db.items(from_key=start, read_opt=bounded)  # type: ignore[assignment]
-        return pairs
+        return self._db.items(from_key=start, read_opt=bounded)  # type: ignore[return-value]
 
     def last(self, start: bytes, end: bytes) -> bytes | None:
         it = self._db.iter()
