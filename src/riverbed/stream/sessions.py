@@ -64,6 +64,8 @@ def merge(
     """Merge ``incoming`` sessions (any order, overlapping each other or not) into a
     key's ``stored`` ones (disjoint, by start). Sessions that overlap or touch become
     one; ``combine`` merges two sessions' partials."""
+    if not stored and len(incoming) == 1:  # a key's first session: nothing to merge
+        return Merged(sessions=[incoming[0]], changed=[incoming[0]])
     tagged = sorted(
         [(s, e, p, True) for s, e, p in stored] + [(s, e, p, False) for s, e, p in incoming],
         key=lambda t: (t[0], t[1], not t[3]),  # stored first among equals: a stable order
