@@ -121,7 +121,7 @@ def test_counts_minima_and_maxima_of_all_groups_at_once_equal_group_by_group(
     uncounted rows left out, None where a group has no number."""
     import numpy as np
 
-    from riverbed.stream.grouping import _vectorized
+    from riverbed.stream.grouping import _as_partials, _reduced
     from riverbed.stream.metrics import Count, Max, Min
 
     if kind == "int":  # an integer column has no NULLs in numpy
@@ -133,7 +133,7 @@ def test_counts_minima_and_maxima_of_all_groups_at_once_equal_group_by_group(
     bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
     firsts = np.asarray(bounds[:-1])
     for metric in (Count(), Min("v"), Max("v")):
-        got = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
+        got = _as_partials(metric, _reduced(metric, column, counts, rows, firsts, np.diff(bounds)))
         want = []
         for a, b in itertools.pairwise(bounds):
             picked = rows[a:b]

@@ -117,7 +117,7 @@ def group_partials(
 ) -> list[dict[str, Any]]:
     """Every group's metric partials: group ``i`` is ``rows[bounds[i]:bounds[i + 1]]``
     (rows of ``pdf``). Counts, and the minimum and maximum of numbers, are computed for
-    all groups at once (:func:`_vectorized`), as are the metrics that pick one event
+    all groups at once (:func:`_reduced`), as are the metrics that pick one event
     (First/Last/ArgMax/ArgMin: ``group_partials``) and exact distinct counts of integer
     ids (``Distinct.group_partials``: each group's ids, cut from one array); the other
     metrics group by group."""
@@ -135,7 +135,8 @@ def group_partials(
         column = _column_of(metric, columns)
         # a metric's own where: the events it counts (NULL: not counted)
         counts = _counted(columns[where_column(name)]) if metric.where is not None else None
-        vector = _vectorized(metric, column, counts, rows, firsts, np.diff(bounds))
+        reduced = _reduced(metric, column, counts, rows, firsts, np.diff(bounds))
+        vector = _as_partials(metric, reduced)
         if vector is None and isinstance(metric, Distinct) and column is not None:
             vector = metric.group_partials(column, rows, bounds, counts)
         if vector is not None:
@@ -168,18 +169,10 @@ def _column_of(metric: Any, columns: dict[str, np.ndarray]) -> Any:
     return columns[column]
 
 
-def _vectorized(
-    metric: Any,
-    column: np.ndarray | None,
-    counts: np.ndarray | None,
-    rows: np.ndarray,
-    firsts: np.ndarray,
-    sizes: np.ndarray,
-) -> list[Any] | None:
-    """The partials of ``Count``, ``Min`` and ``Max`` (over integers or floats) for all
-    groups at once — the values ``partial`` gives group by group (a min of the group's
-    non-NaN numbers as a float, None when there is none) — else None."""
-    found = _reduced(metric, column, counts, rows, firsts, sizes)
+def _as_partials(metric: Any, found: np.ndarray | None) -> list[Any] | None:
+    """:func:`_reduced`'s arrays as the partials ``partial`` gives group by group (a
+    count as an int; a min of the group's non-NaN numbers as a float, None when there
+    is none); None when the metric is not reduced that way."""
     if found is None:
         return None
     if isinstance(metric, Count):
