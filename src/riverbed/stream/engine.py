@@ -56,7 +56,14 @@ from riverbed.state.keys import (
 from riverbed.stream import sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
-from riverbed.stream.grouping import Partial, by_window_and_key, group_partials, pane_partials
+from riverbed.stream.grouping import (
+    Partial,
+    by_window_and_key,
+    group_partials,
+    pane_partials,
+    run_firsts,
+    tagged,
+)
 from riverbed.stream.metrics import Distinct
 from riverbed.stream.rescale import partition_of
 from riverbed.stream.rows import SessionRow, session_rows, window_rows
@@ -191,8 +198,7 @@ def partials_of(
         ends = (ts[lasts] + gap).tolist()
         for partials, end in zip(groups, ends, strict=True):
             partials[sessions.END] = end
-        session_keys = names[codes[firsts]].astype(str).tolist()
-        return list(zip(ts[firsts].tolist(), session_keys, groups, strict=True))
+        return tagged(ts[firsts], codes[firsts], names, groups)
     size = window.size_ms
     if getattr(window, "hop_ms", size) < size:
         by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
@@ -210,12 +216,9 @@ def partials_of(
     key_codes = codes[rows_all]
     order = by_window_and_key(starts_all, key_codes, len(names))
     starts_all, key_codes, rows_all = starts_all[order], key_codes[order], rows_all[order]
-    cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
-    bounds = [0, *cuts.tolist(), len(rows_all)]
-    groups = group_partials(spec, pdf, ts, rows_all, bounds)
-    firsts = np.asarray(bounds[:-1], dtype=np.int64)
-    group_names = names[key_codes[firsts]].astype(str).tolist()
-    return list(zip(starts_all[firsts].tolist(), group_names, groups, strict=True))
+    firsts = run_firsts(starts_all, key_codes)
+    groups = group_partials(spec, pdf, ts, rows_all, [*firsts.tolist(), len(rows_all)])
+    return tagged(starts_all[firsts], key_codes[firsts], names, groups)
 
 
 def preaggregate(

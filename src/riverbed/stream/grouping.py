@@ -14,7 +14,15 @@ import pandas as pd
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.metrics import VALUE_METRICS, Count, Distinct, Max, Min, where_column
 
-__all__ = ["Partial", "as_array", "by_window_and_key", "group_partials", "pane_partials"]
+__all__ = [
+    "Partial",
+    "as_array",
+    "by_window_and_key",
+    "group_partials",
+    "pane_partials",
+    "run_firsts",
+    "tagged",
+]
 
 Partial = tuple[int, str, dict[str, Any]]  # (window start ms, key, {metric: partial})
 
@@ -53,8 +61,7 @@ def pane_partials(
         return []
     order = alive[by_window_and_key(panes[alive], codes[alive], len(names))]
     pane_of, code_of = panes[order], codes[order]
-    cuts = np.flatnonzero((np.diff(pane_of) != 0) | (np.diff(code_of) != 0)) + 1
-    firsts = np.concatenate([[0], cuts]).astype(np.int64)
+    firsts = run_firsts(pane_of, code_of)
     sizes = np.diff(np.append(firsts, len(order)))
     per_pane: dict[str, np.ndarray] = {}  # each metric's value per pane group
     for name, metric in spec.metrics.items():
@@ -73,20 +80,33 @@ def pane_partials(
     key_codes = group_code[groups_all]
     order = by_window_and_key(starts_all, key_codes, len(names))
     starts_all, key_codes, groups_all = starts_all[order], key_codes[order], groups_all[order]
-    cuts = np.flatnonzero((np.diff(starts_all) != 0) | (np.diff(key_codes) != 0)) + 1
-    firsts = np.concatenate([[0], cuts]).astype(np.int64)
+    firsts = run_firsts(starts_all, key_codes)
     out: list[dict[str, Any]] = [{} for _ in range(len(firsts))]
     for name, metric in spec.metrics.items():
-        picked = per_pane[name][groups_all]
-        if isinstance(metric, Count):
-            merged = np.add.reduceat(picked, firsts).tolist()
-        else:
-            found = (np.fmin if isinstance(metric, Min) else np.fmax).reduceat(picked, firsts)
-            merged = [None if v != v else v for v in found.tolist()]  # NaN: none counted
+        reduce = (
+            np.add if isinstance(metric, Count) else np.fmin if isinstance(metric, Min) else np.fmax
+        )
+        merged = _as_partials(metric, reduce.reduceat(per_pane[name][groups_all], firsts))
+        assert merged is not None
         for partials, value in zip(out, merged, strict=True):
             partials[name] = value
-    group_names = names[key_codes[firsts]].astype(str).tolist()
-    return list(zip(starts_all[firsts].tolist(), group_names, out, strict=True))
+    return tagged(starts_all[firsts], key_codes[firsts], names, out)
+
+
+def run_firsts(starts: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Where each run of rows with one (window start, key code) begins, the rows sorted
+    by both (:func:`by_window_and_key`; at least one row): int64 row indices, 0 first."""
+    cuts = np.flatnonzero((np.diff(starts) != 0) | (np.diff(codes) != 0)) + 1
+    return np.concatenate([[0], cuts]).astype(np.int64)
+
+
+def tagged(
+    starts: np.ndarray, codes: np.ndarray, names: np.ndarray, values: list[dict[str, Any]]
+) -> list[Partial]:
+    """Each group's partials with its window (or session) start and its key as text
+    (``names[code]``): the :data:`Partial` tuples, Python's ints and strings."""
+    keys = names[codes].astype(str).tolist()
+    return list(zip(starts.tolist(), keys, values, strict=True))
 
 
 def by_window_and_key(starts: np.ndarray, codes: np.ndarray, n_codes: int) -> np.ndarray:
