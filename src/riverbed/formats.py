@@ -13,7 +13,8 @@ format                     where its version is
 ``checkpoint``             ``riverbed/format.json`` of a stream checkpoint (batch
                            records, spec shapes, state generations, backfilled rows),
                            written by its first start (:mod:`riverbed.stream.layout`)
-``spec shape``             ``version`` of each ``riverbed/specs/<hash>.json``
+``spec shape``             ``version`` of each ``riverbed/specs/<hash>.json`` (2: its
+                           state holds a hopping window's panes; 1 otherwise)
 ``savepoint``              ``format`` of each ``riverbed/savepoints/<name>.json``
 ``result table``           ``riverbed.format`` in each Parquet file's key-value metadata
 ``state changelog``        the byte after ``RBCL`` in each changelog's header (3: its
@@ -41,7 +42,7 @@ __all__ = ["CURRENT", "check"]
 
 CURRENT: dict[str, int] = {
     "checkpoint": 1,
-    "spec shape": 1,
+    "spec shape": 2,  # 2: state holds panes (riverbed.stream.panes; written only then)
     "savepoint": 1,
     "result table": 1,
     "state changelog": 3,

@@ -83,6 +83,52 @@ def finish_stream(work: Path, env: dict[str, str]) -> None:
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
 
 
+def hopping_oracle() -> pd.DataFrame:
+    """Every (2-hour window starting each half hour, flag) of all the events."""
+    frame = events()
+    newest = frame["ts"].dt.floor("30min")
+    parts = [frame.assign(window_start=newest - pd.Timedelta(minutes=30 * i)) for i in range(4)]
+    return (
+        pd.concat(parts)
+        .groupby(["window_start", "flag"])
+        .agg(events=("user_id", "size"), amount=("amount", "sum"), top=("amount", "max"))
+        .reset_index()
+        .rename(columns={"flag": "key"})
+    )
+
+
+@pytest.mark.spark
+def test_a_hopping_windows_checkpoint_keeps_one_value_per_window(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """State written before it held panes (riverbed.stream.panes) holds one value per
+    window: resumed, it goes on that way — read as panes, each window would be the
+    merge of four windows' counts — for the result table and for a read of the state."""
+    work = unpack("stream-hopping", tmp_path / "moved")
+    env = {
+        **subprocess_env,
+        "RIVERBED_HOME": str(work / "home"),
+        "RIVERBED_SPARK_MASTER": "local[2]",
+    }
+    write_events(f"file://{work / 'home' / 'log'}", events().iloc[EVENTS // 2 :])
+    run = ("stream", "run", "hops.py", "--once", f"--max-records-per-batch={BATCH}")
+    text = riverbed(work, env, *run)
+    assert "resuming from the checkpoint: batches up to 3 are committed; next is 4" in text
+    want = hopping_oracle()
+    keys = ["window_start", "key"]
+    for how in (("hops", "--json"), ("hops.py", "--from-state", "--json")):
+        shown = riverbed(work, env, "query", *how).splitlines()
+        got = pd.DataFrame([json.loads(line) for line in shown if line.startswith("{")])
+        got["window_start"] = pd.to_datetime(got["window_start"])
+        got = got[["window_start", "key", "events", "amount", "top"]]
+        got = got.sort_values(keys).reset_index(drop=True)
+        pd.testing.assert_frame_equal(
+            got, want.sort_values(keys).reset_index(drop=True), check_dtype=False
+        )
+    shapes = list((work / "home" / "checkpoints" / "hops" / "riverbed" / "specs").glob("*.json"))
+    assert shapes and all("state_layout" not in json.loads(p.read_text()) for p in shapes)
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("fixture", ["stream-dir", "stream-dir-snapshots"])
 def test_a_stream_checkpoint_in_a_directory_resumes(

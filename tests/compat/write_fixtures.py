@@ -20,6 +20,9 @@ Fixtures (the events and readings are seeded, so the writer and the test agree):
   objects as files under ``bucket/``; the test puts them back into its S3 server);
 - ``stream-dir-snapshots``, ``stream-bucket-snapshots``: the same with a state snapshot
   every 2 versions, so a restore reads a snapshot of the writer's format;
+- ``stream-hopping``: a hopping window's aggregation in a directory after the first half
+  (3 batches), written before state held panes: one value per window and key, which
+  the checkpoint keeps (riverbed.stream.panes);
 - ``timerange-half``: a time-range job with 3 of its 6 chunks published (output files
   and the control plane's SQLite database with the chunk records);
 - ``jobs-db``: a jobs database (SQLite) with one run DONE and one submitted, and the
@@ -57,6 +60,17 @@ aggregation = Aggregation(
     name="flags", key="flag", time="ts", window=Tumbling("1h"), watermark="5h",
     metrics={"users": Distinct("user_id"), "events": Count(), "amount": Sum("amount"),
              "top": Max("amount")},
+    state_partitions=3,
+)
+"""
+
+HOPPING_SPEC = """
+from riverbed.stream import Aggregation, Count, Hopping, Max, Sum
+
+source = {"topic": "events", "schema": "user_id long, flag string, amount double, ts timestamp"}
+aggregation = Aggregation(
+    name="hops", key="flag", time="ts", window=Hopping("2h", "30m"), watermark="5h",
+    metrics={"events": Count(), "amount": Sum("amount"), "top": Max("amount")},
     state_partitions=3,
 )
 """
@@ -142,6 +156,15 @@ def stream_dir(work: Path, *options: str) -> list[str]:
     return ["flags.py", "home/log", "home/checkpoints", "home/output"]
 
 
+def stream_hopping(work: Path) -> list[str]:
+    (work / "hops.py").write_text(HOPPING_SPEC)
+    write_events(f"file://{work / 'home' / 'log'}", events().iloc[: EVENTS // 2])
+    env = base_env(work / "home")
+    run = ("stream", "run", "hops.py", "--once", f"--max-records-per-batch={BATCH}")
+    riverbed(work, env, *run)
+    return ["hops.py", "home/log", "home/checkpoints", "home/output"]
+
+
 def stream_bucket(work: Path, *options: str) -> list[str]:
     from riverbed.storage import open_store
     from riverbed.testing.s3 import CephS3Server
@@ -202,6 +225,7 @@ WRITERS = {
     "stream-bucket": stream_bucket,
     "stream-dir-snapshots": lambda work: stream_dir(work, *SNAPSHOTS),
     "stream-bucket-snapshots": lambda work: stream_bucket(work, *SNAPSHOTS),
+    "stream-hopping": stream_hopping,
     "timerange-half": timerange_half,
     "jobs-db": jobs_db,
 }

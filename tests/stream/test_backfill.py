@@ -346,3 +346,55 @@ def test_a_metric_added_after_retention_says_which_windows_miss_events(
     assert len(forked) == len(got)
     assert forked["total_since"].notna().sum() == marked.sum()
     assert since(tmp_path / "fork", dataclasses.replace(added, name="fork"), (), None) == held
+
+
+@pytest.mark.spark
+def test_a_metric_added_to_hopping_windows_held_as_panes_is_backfilled(
+    spark: Any, tmp_path: Path
+) -> None:
+    """State of a hopping window holds panes (riverbed.stream.panes) and, for
+    ``keep_closed``, the closed windows as emitted: a metric added to it is backfilled
+    into both, and the result table and a read of the state give every window and key
+    what a recomputation over all events gives."""
+    import dataclasses
+
+    import riverbed.log
+    from riverbed.state import StateConfig
+    from riverbed.stream import Aggregation, Count, Hopping, Sum
+    from riverbed.stream.dataframe import read_live
+    from riverbed.stream.layout import Checkpoint, state_root
+    from tests.stream.test_engine import oracle, run_to_end
+
+    url = f"file://{tmp_path / 'log'}"
+    log = riverbed.log.open(url)
+    log.create_topic("events", 3)
+    log.close()
+    events = make_events(1500, hours=6)  # in time order: nothing late at 30m
+    write_events(url, events.iloc[:900])
+    window = Hopping("2h", "30m")
+    spec = Aggregation(
+        name="hops", key="flag", time="ts", window=window, watermark="30m",
+        keep_closed="3h", metrics={"events": Count()}, state_partitions=3,
+    )  # fmt: skip
+    run_to_end(spark, spec, url, tmp_path, "colocated")
+    write_events(url, events.iloc[900:])
+    added = dataclasses.replace(spec, metrics={"events": Count(), "total": Sum("amount")})
+    got = run_to_end(spark, added, url, tmp_path, "colocated")
+    want = oracle(events, window)[["window_start", "key", "events", "total"]]
+    keys = ["window_start", "key"]
+    got["window_start"] = pd.to_datetime(got["window_start"], utc=True).dt.as_unit("ns")
+    want["window_start"] = want["window_start"].dt.as_unit("ns")
+    got = got[want.columns].sort_values(keys).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want.sort_values(keys).reset_index(drop=True))
+    # the state: the open windows (from panes) and the closed ones kept (3h)
+    checkpoint = tmp_path / "ckpt"
+    state = StateConfig(
+        local_dir=Checkpoint(checkpoint).local_state, durable=state_root(checkpoint)
+    )
+    live = read_live(added, state, checkpoint=checkpoint)
+    live["window_start"] = pd.to_datetime(live["window_start"], utc=True).dt.as_unit("ns")
+    assert len(live) > 10 and live["window_start"].nunique() > 4  # closed ones too
+    merged = live.merge(got, on=keys, suffixes=("", "_table"), validate="1:1")
+    assert len(merged) == len(live)
+    assert (merged["events"] == merged["events_table"]).all()
+    assert (merged["total"] == merged["total_table"]).all()

@@ -31,6 +31,12 @@ key's events as one msgpack list — and ``0x04 + side + expiry + time + partiti
 offset + key`` — an index entry per event; a partition still holding them is rewritten
 as segments by its next batch (:func:`riverbed.stream.pairing.step`).
 
+A hopping or sliding window's state held as panes (:mod:`riverbed.stream.panes`) keys
+each pane as a window (its start + user key), and a window the watermark closed, while
+``keep_closed`` keeps it, as a window key whose start has its top bit set
+(:func:`closed_window_keys`: ``0x80`` and up): the user key stays 8 bytes in, where a
+move between partition counts reads it, and expiry is one more range delete.
+
 A window key's first byte is 0 for every window start before the year 2,280,000, so
 the layouts never meet.
 """
@@ -90,6 +96,38 @@ def split_window_keys_ms(data: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]
     width = _TS.size
     starts = np.frombuffer(b"".join([k[:width] for k in data]), dtype=">u8").astype(np.int64)
     return starts, [k[width:] for k in data]
+
+
+CLOSED = 1 << 63  # a closed window's start, in its key (panes' keep_closed)
+
+
+def closed_window_keys(starts: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
+    """The keys of closed windows kept beside panes (the module doc): each window's
+    start with the top bit set, then its key."""
+    return window_keys([CLOSED | int(ms) for ms in starts], keys)
+
+
+def is_closed_window_key(data: bytes) -> bool:
+    """Whether a state key is one of :func:`closed_window_keys`."""
+    return data[0] >= 0x80
+
+
+def window_key_of_closed(data: bytes) -> bytes:
+    """The window key of one of :func:`closed_window_keys`."""
+    (start,) = _TS.unpack_from(data)
+    return _TS.pack(start & (CLOSED - 1)) + data[_TS.size :]
+
+
+def split_closed_window_keys_ms(data: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]]:
+    """:func:`split_window_keys_ms` of :func:`closed_window_keys`."""
+    width = _TS.size
+    raw = np.frombuffer(b"".join([k[:width] for k in data]), dtype=">u8")
+    return (raw & np.uint64(CLOSED - 1)).astype(np.int64), [k[width:] for k in data]
+
+
+def closed_prefix(window_start: int) -> bytes:
+    """Where the closed windows starting at ``window_start`` begin (the module doc)."""
+    return _TS.pack(CLOSED | window_start)
 
 
 def window_prefix(window_start: datetime | int) -> bytes:

@@ -94,6 +94,11 @@ class Aggregation:
     # from the checkpoint (riverbed.stream.backfill.since); results then carry
     # `<metric>_since` on the windows that may miss some (riverbed.stream.results)
     since: Mapping[str, int] = field(default_factory=dict)
+    # how state holds a hopping or sliding window: "panes" (one value per hop-long pane
+    # and key, each window's value the merge of its panes' — riverbed.stream.panes) or
+    # "windows" (one value per window and key: a checkpoint an older riverbed started).
+    # Resolved at start from the checkpoint (riverbed.stream.specrecord.layout)
+    state_layout: Literal["panes", "windows"] = "panes"
 
     def __post_init__(self) -> None:
         if isinstance(self.key, list | tuple):
@@ -142,6 +147,8 @@ class Aggregation:
             raise StreamValueError("state_partitions must be at least 1")
         duration_ms(self.watermark)
         duration_ms(self.keep_closed)
+        if self.state_layout not in ("panes", "windows"):
+            raise StreamValueError(f"state_layout must be panes or windows: {self.state_layout!r}")
         if self.where is not None and (not isinstance(self.where, str) or not self.where.strip()):
             raise StreamValueError(f"where must be a Spark SQL condition, not {self.where!r}")
         if not isinstance(self.columns, Mapping):
@@ -192,6 +199,15 @@ class Aggregation:
     def sessions(self) -> bool:
         """Whether the window is a :class:`~riverbed.windows.Session`."""
         return isinstance(self.window, Session)
+
+    @property
+    def pane_ms(self) -> int:
+        """The length of the panes state holds (a hopping or sliding window's hop), or 0:
+        state holds windows (tumbling, sessions, the ``"windows"`` layout)."""
+        window = self.window
+        if self.state_layout != "panes" or isinstance(window, Session):
+            return 0
+        return window.hop_ms if window.hop_ms < window.size_ms else 0
 
     @property
     def composite(self) -> bool:

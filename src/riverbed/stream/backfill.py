@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from riverbed.state.keys import window_key
+from riverbed.state.keys import is_closed_window_key, window_key, window_key_of_closed
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batchlog import BatchRecord, input_rate, open_batches
 from riverbed.stream.changes import Plan, Replay
@@ -255,17 +255,22 @@ class _Added:
         shape: str,
         added: tuple[str, ...],
         partials: dict[bytes, dict[str, Any]],
+        windows: dict[bytes, dict[str, Any]],
         rows: Callable[[Generation], None],
         bound: int | None,
     ) -> None:
         self.spec, self.backfilled, self.partials, self._rows = shape, added, partials, rows
+        self.windows = windows  # (a closed window kept beside panes: its own partials)
         self.since = tuple((n, bound) for n in added)
         self._metrics = spec.metrics
         self._empty = {n: empty_partial(spec.metrics[n]) for n in added}
 
     def value(self, key: bytes, value: bytes) -> bytes:
         held = msgpack.unpackb(value, raw=False)
-        found = self.partials.get(key, self._empty)
+        if is_closed_window_key(key):
+            found = self.windows.get(window_key_of_closed(key), self._empty)
+        else:
+            found = self.partials.get(key, self._empty)
         # an added metric's partial is the backfill's even if the entry holds one under
         # its name (a metric removed before, and not written over since)
         out = {n: found[n] if n in self.backfilled else held[n] for n in self._metrics}
@@ -275,19 +280,26 @@ class _Added:
         self._rows(new)
 
 
-def _tasks(direct: Any, spec: Aggregation) -> Callable[[Piece], tuple[list[Any], int]]:
+def _tasks(direct: Any, spec: Aggregation) -> Callable[[Piece], tuple[list[Any], list[Any], int]]:
     """A Spark task: the added metrics' partials over one piece (``spec`` holds only
-    them), and the records it read."""
+    them) as state holds them, and per window when state holds panes (for the result
+    rows: a window takes no event its batch's watermark had closed it to, where its
+    panes may), and the records it read."""
     from riverbed.spark.source import LogSlice
     from riverbed.stream.lognative import Side, events
 
-    def run(piece: Piece) -> tuple[list[Any], int]:
+    by_window = replace(spec, state_layout="windows") if spec.pane_ms else None
+
+    def run(piece: Piece) -> tuple[list[Any], list[Any], int]:
         side = Side()
         out: list[Any] = []
+        windows: list[Any] = []
         wm = piece.watermark_ms
         for pdf, ts in events(direct, LogSlice(piece.partition, piece.start, piece.end), wm, side):
             out += partials_of(spec, pdf, wm, ts)
-        return out, side.input
+            if by_window is not None:
+                windows += partials_of(by_window, pdf, wm, ts)
+        return out, windows, side.input
 
     return run
 
@@ -385,20 +397,25 @@ def run(
         f"backfilling {', '.join(added)} of {spec.name}: "
         f"{sum(p.end - p.start for p in work):,} records up to batch {newest}"
     )
-    found: list[tuple[list[Any], int]] = []
+    found: list[tuple[list[Any], list[Any], int]] = []
     if work:
         from riverbed.spark import tasks
 
         tasks.describe(spark, f"riverbed {spec.name} backfill of {', '.join(added)}")
         found = tasks.map_items(spark, work, _tasks(direct, only))
-    partials = combined(only, (p for f, _ in found for p in f))
-    read = sum(n for _, n in found)
+    partials = combined(only, (p for f, _, _ in found for p in f))
+    windows = (
+        combined(replace(only, state_layout="windows"), (p for _, f, _ in found for p in f))
+        if only.pane_ms
+        else partials
+    )
+    read = sum(n for _, _, n in found)
     version = newest + 1
 
     def rows(new: Generation) -> None:
         if checkpoint_store(engine.checkpoint).exists(backfill_key(new.number)):
             return  # written before a kill: the same rows
-        table = _rewritten(spec, added, engine.output, partials, version, waiting)
+        table = _rewritten(spec, added, engine.output, windows, version, waiting)
         if table is not None:
             store_backfilled(engine.checkpoint, new.number, table, fence)
 
@@ -410,7 +427,7 @@ def run(
         from riverbed.stream.results import with_backfilled
 
         waiting = with_backfilled(engine.checkpoint, old.number, pd.DataFrame())
-    change = _Added(spec, shape, added, partials, rows, bound)
+    change = _Added(spec, shape, added, partials, windows, rows, bound)
     new = rescale.move(
         engine.checkpoint,
         engine.state,

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 Action = Literal["kept", "applied", "backfilled", "refused"]
 
 __all__ = [
+    "STATE_LAYOUT",
     "Change",
     "Plan",
     "Replay",
@@ -91,13 +92,19 @@ def _described(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
     return out
 
 
+# how state holds the windows (Aggregation.state_layout), in a shape only when it holds
+# panes: a shape without it (an older riverbed's) holds one value per window
+STATE_LAYOUT = "state_layout"
+
+
 def shape(spec: Aggregation) -> dict[str, Any]:
     """Everything of ``spec`` that decides its results or its state, canonical: two
     specs that count the same way have equal shapes ("1h" and "60m" are one window)."""
     from riverbed.locations import shown
 
     return {
-        "version": CURRENT["spec shape"],
+        # (2 only where state holds panes: a riverbed before them refuses that state)
+        "version": CURRENT["spec shape"] if spec.pane_ms else 1,
         "name": spec.name,
         "key": list(spec.key_parts),
         "time": spec.time,
@@ -113,7 +120,7 @@ def shape(spec: Aggregation) -> dict[str, Any]:
             for lk in spec.lookups
         ],
         "metrics": {name: _described(m) for name, m in spec.metrics.items()},
-    }
+    } | ({STATE_LAYOUT: "panes"} if spec.pane_ms else {})
 
 
 def shape_hash(value: Mapping[str, Any]) -> str:

@@ -365,6 +365,7 @@ def _build(
     if from_savepoint is not None:  # one restore batch first (savepoints.py)
         _restore(checkpoint, output, state, spec, options, from_savepoint, fence)
     # the spec against what the checkpoint ran with: refused as `stream plan` says
+    spec = specrecord.layout(checkpoint, spec)  # (panes, or an older riverbed's windows)
     shape, decided = specrecord.start(checkpoint, spec, options)
     for name, metric in spec.metrics.items():  # user-defined metrics travel to the tasks
         if isinstance(metric, Custom):
@@ -487,6 +488,13 @@ def read_live(
     from riverbed.stream.rows import rows_from_state
 
     provider = StateProvider(state)
+    if checkpoint is not None:
+        spec = specrecord.layout(checkpoint, spec)
+    elif spec.pane_ms:  # (the open windows are those its batch's watermark left open)
+        raise StreamValueError(
+            f"aggregation {spec.name!r} holds a hopping window's panes: reading them as "
+            "windows needs its checkpoint (read_live(..., checkpoint=...))"
+        )
     version = None if batch_id is None else batch_id + 1
     namespace = spec.name  # the generation holding that version (rescale.py)
     if checkpoint is not None:
@@ -495,11 +503,15 @@ def read_live(
     if not provider.partitions(namespace):
         raise StreamValueError(f"aggregation {spec.name!r} has no state in {state.durable} yet")
     frames = []
+    records = None if checkpoint is None else open_batches(checkpoint)
     for batch in read_state(provider, namespace, version):
         values = dict(
             zip(batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True)
         )
-        frames.append(rows_from_state(spec, values, batch.column("version")[0].as_py() - 1))
+        batch_id = batch.column("version")[0].as_py() - 1
+        record = None if records is None else records.get(batch_id)
+        watermark = None if record is None else record.watermark_ms
+        frames.append(rows_from_state(spec, values, batch_id, watermark))
     if not frames:
         return empty_rows(spec)
     frame = pd.concat(frames, ignore_index=True).drop(columns=[DELETED], errors="ignore")

@@ -46,14 +46,17 @@ from riverbed.gcpause import pausing
 from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import (
+    closed_prefix,
+    closed_window_keys,
     session_end_key,
     session_ends,
     session_key,
     split_session_end_key,
+    split_window_keys_ms,
     window_keys,
     window_prefix,
 )
-from riverbed.stream import sessions
+from riverbed.stream import panes, sessions
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.fencing import check_term
 from riverbed.stream.grouping import (
@@ -64,7 +67,7 @@ from riverbed.stream.grouping import (
     run_firsts,
     tagged,
 )
-from riverbed.stream.metrics import Distinct
+from riverbed.stream.metrics import values_merger
 from riverbed.stream.rescale import partition_of
 from riverbed.stream.rows import SessionRow, session_rows, window_rows
 from riverbed.windows import Session
@@ -200,13 +203,20 @@ def partials_of(
             partials[sessions.END] = end
         return tagged(ts[firsts], codes[firsts], names, groups)
     size = window.size_ms
-    if getattr(window, "hop_ms", size) < size:
+    if spec.pane_ms:  # state holds panes: an event's partial is its pane's (panes.py)
+        hop = spec.pane_ms
+        all_starts = [(ts // hop) * hop]  # (a pane starts where its newest window does)
+    elif getattr(window, "hop_ms", size) < size:
         by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
         if by_panes is not None:
             return by_panes
-    window_starts, rows = [], []  # one entry per (event, open window it falls in)
-    for starts in window.starts(ts):
-        open_ = np.flatnonzero(starts + size > watermark_ms)  # closed windows take no more
+        all_starts = window.starts(ts)
+    else:
+        all_starts = window.starts(ts)
+    window_starts, rows = [], []  # one entry per (event, open window/pane it falls in)
+    for starts in all_starts:
+        # closed windows take no more; a pane, while a window holding it is open
+        open_ = np.flatnonzero(starts + size > watermark_ms)
         if len(open_):
             window_starts.append(starts[open_])
             rows.append(open_)
@@ -295,18 +305,20 @@ def merge_partition(
         keys = sorted(given)
         emitted: dict[bytes, dict[str, Any]] = {}
         pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer a call)
-        merge = _merger(spec)
+        merge = values_merger(spec)
         held = _held_up_to(store, keys)  # past the newest stored key: all new
         batch = {}
         for k, stored in zip(keys[:held], store.get_many(keys[:held]), strict=True):
             value = None if stored is None else msgpack.unpackb(stored, raw=False)
             batch[k] = merge(given[k], value)
         batch.update([(k, merge(given[k], None)) for k in keys[held:]])
-        if spec.output == "update":
-            emitted = batch
         # windows the watermark closed in this batch: start + size <= watermark
         closed_to = watermark_ms - size  # starts <= closed_to are closed
-        if spec.output == "final" and watermark_ms > previous_watermark_ms:
+        if spec.pane_ms:  # (read before this batch's puts, like the windows below)
+            emitted = _pane_windows(spec, store, batch, keys, watermark_ms, previous_watermark_ms)
+        elif spec.output == "update":
+            emitted = batch
+        elif watermark_ms > previous_watermark_ms:
             lo = max(previous_watermark_ms - size + 1, 0)
             first, end = window_prefix(lo), window_prefix(closed_to + 1)
             # (read before this batch's puts: the stored ones, then the batch's merged)
@@ -317,7 +329,12 @@ def merge_partition(
                 emitted[k] = batch[k]
         store.put_many([(k, pack(batch[k])) for k in keys])
         expire_to = closed_to - spec.keep_closed_ms
-        if expire_to >= 0:
+        if spec.pane_ms:  # a pane serves no window once its newest one closed
+            if closed_to >= 0:
+                store.delete_range(window_prefix(0), window_prefix(closed_to + 1))
+            if expire_to >= 0:  # the closed windows kept (keep_closed)
+                store.delete_range(closed_prefix(0), closed_prefix(expire_to + 1))
+        elif expire_to >= 0:
             store.delete_range(window_prefix(0), window_prefix(expire_to + 1))
         config.fence()  # a replaced driver's task must not commit a version
         store.commit(batch_id + 1)
@@ -326,6 +343,53 @@ def merge_partition(
         raise
     _failpoint(config, partition, batch_id)
     return window_rows(spec, emitted, batch_id)
+
+
+def _pane_windows(
+    spec: Aggregation,
+    store: Any,
+    batch: dict[bytes, dict[str, Any]],
+    keys: list[bytes],
+    watermark_ms: int,
+    previous_watermark_ms: int,
+) -> dict[bytes, dict[str, Any]]:
+    """The windows a batch emits when state holds panes (riverbed.stream.panes), from
+    the stored panes and the batch's merged ones (``batch``, under the sorted
+    ``keys``): ``update``, every open window holding a pane the batch changed;
+    ``final``, the windows the watermark closed in this batch — which ``keep_closed``
+    keeps under their own keys (riverbed.state.keys.closed_window_keys): a pane goes
+    on taking events after some of its windows closed."""
+    size = spec.window.size_ms  # type: ignore[union-attr]
+    merge = values_merger(spec)
+
+    def unpacked(pairs: Iterable[tuple[bytes, bytes | None]]) -> dict[bytes, dict[str, Any]]:
+        return {
+            k: batch[k] if k in batch else msgpack.unpackb(blob, raw=False)
+            for k, blob in pairs
+            if blob is not None or k in batch
+        }
+
+    closing: dict[bytes, dict[str, Any]] = {}
+    lo, closed_to = max(previous_watermark_ms - size + 1, 0), watermark_ms - size
+    if watermark_ms > previous_watermark_ms and closed_to >= lo:
+        # none of this batch's events is in a window its watermark closes (partials_of
+        # leaves them out: late): their panes as stored before it
+        first, end = window_prefix(lo), window_prefix(closed_to + size)
+        held = {k: msgpack.unpackb(v, raw=False) for k, v in store.scan(start=first, end=end)}
+        closing = panes.windows(spec, held, merge, lambda s: (s >= lo) & (s <= closed_to))
+        if spec.keep_closed_ms > 0 and closing:
+            starts, users = split_window_keys_ms(list(closing))
+            pack = msgpack.Packer(use_bin_type=True).pack
+            closed = closed_window_keys(starts.tolist(), users)
+            store.put_many([(k, pack(v)) for k, v in zip(closed, closing.values(), strict=True)])
+    if spec.output == "final":
+        return closing
+    open_from = watermark_ms - size + 1  # start + size > watermark
+    wanted = panes.holding(spec, keys, open_from)
+    needed = panes.panes_of(spec, wanted)
+    held = unpacked(zip(needed, store.get_many(needed), strict=True))
+    made = panes.windows(spec, held, merge, lambda starts: starts >= open_from)
+    return {k: v for k, v in made.items() if k in wanted}
 
 
 def _held_up_to(store: Any, keys: list[bytes]) -> int:
@@ -356,37 +420,8 @@ def grouped(partials: Iterable[Partial]) -> dict[bytes, list[dict[str, Any]]]:
 def combined(spec: Aggregation, partials: Iterable[Partial]) -> dict[bytes, dict[str, Any]]:
     """Partials merged per (window, key) into values as state keeps them, under their
     state keys (fixed windows)."""
-    merge = _merger(spec)
+    merge = values_merger(spec)
     return {k: merge(ps, None) for k, ps in grouped(partials).items()}
-
-
-def _merger(
-    spec: Aggregation,
-) -> Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]]:
-    """``merge(partials, stored)``: one key's partials (in order) and its stored value
-    (or None) as the value state keeps. A metric with ``merge_all`` (Distinct) merges
-    them all at once — its partials may not be what state keeps (an exact id set's are
-    its ids) — the others fold the partials in order, then merge the stored value with
-    that (a float sum's order is part of its result)."""
-    metrics = list(spec.metrics.items())
-    at_once = {n: m.merge_all for n, m in metrics if isinstance(m, Distinct)}
-
-    def merge(partials: list[dict[str, Any]], stored: dict[str, Any] | None) -> dict[str, Any]:
-        if stored is None and len(partials) == 1 and not at_once:
-            return partials[0]
-        out: dict[str, Any] = {}
-        for n, m in metrics:
-            if n in at_once:
-                values = [p[n] for p in partials]
-                out[n] = at_once[n](values if stored is None else [stored[n], *values])
-                continue
-            value = partials[0][n]
-            for p in partials[1:]:
-                value = m.merge(value, p[n])
-            out[n] = value if stored is None else m.merge(stored[n], value)
-        return out
-
-    return merge
 
 
 def _merge_sessions(
@@ -402,7 +437,7 @@ def _merge_sessions(
     changed, and the starts of the ones merged away), drop the expired. Returns the
     sessions to emit and the removed (key, start) pairs."""
     incoming: dict[str, list[sessions.Stored]] = {}
-    settle = _merger(spec)  # a partial as state keeps it
+    settle = values_merger(spec)  # a partial as state keeps it
     for start, key, partial in partials:
         mine = dict(partial)
         end = int(mine.pop(sessions.END))

@@ -18,7 +18,7 @@ columns (:mod:`riverbed.stream.derive`, as the column :func:`where_column` names
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -842,3 +842,33 @@ def result_columns(metric: Any, values: list[Any]) -> dict[str, list[Any]]:
         for suffix, result in metric.result(value).items():
             columns.setdefault(suffix, []).append(result)
     return columns
+
+
+def values_merger(
+    spec: Any,
+) -> Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]]:
+    """``merge(partials, stored)``: one key's partials (in order) and its stored value
+    (or None) as the value state keeps, for an aggregation ``spec``'s metrics. A metric
+    with ``merge_all`` (Distinct) merges them all at once — its partials may not be
+    what state keeps (an exact id set's are its ids) — the others fold the partials in
+    order, then merge the stored value with that (a float sum's order is part of its
+    result)."""
+    metrics = list(spec.metrics.items())
+    at_once = {n: m.merge_all for n, m in metrics if isinstance(m, Distinct)}
+
+    def merge(partials: list[dict[str, Any]], stored: dict[str, Any] | None) -> dict[str, Any]:
+        if stored is None and len(partials) == 1 and not at_once:
+            return partials[0]
+        out: dict[str, Any] = {}
+        for n, m in metrics:
+            if n in at_once:
+                values = [p[n] for p in partials]
+                out[n] = at_once[n](values if stored is None else [stored[n], *values])
+                continue
+            value = partials[0][n]
+            for p in partials[1:]:
+                value = m.merge(value, p[n])
+            out[n] = value if stored is None else m.merge(stored[n], value)
+        return out
+
+    return merge

@@ -10,10 +10,17 @@ import msgpack
 import numpy as np
 import pandas as pd
 
-from riverbed.state.keys import SESSIONS, split_window_keys_ms
-from riverbed.stream import keys
+from riverbed.state.keys import (
+    SESSIONS,
+    is_closed_window_key,
+    split_closed_window_keys_ms,
+    split_window_keys_ms,
+    window_key,
+)
+from riverbed.stream import keys, panes
 from riverbed.stream.aggregation import Aggregation
-from riverbed.stream.metrics import Count, result_columns
+from riverbed.stream.errors import StreamValueError
+from riverbed.stream.metrics import Count, result_columns, values_merger
 from riverbed.stream.results import (
     empty_rows,
     output_arrow_schema,
@@ -108,9 +115,14 @@ def session_rows(
     return pd.DataFrame(columns, columns=names)
 
 
-def rows_from_state(spec: Aggregation, values: dict[bytes, bytes], batch_id: int) -> pd.DataFrame:
+def rows_from_state(
+    spec: Aggregation, values: dict[bytes, bytes], batch_id: int, watermark_ms: int | None = None
+) -> pd.DataFrame:
     """The windows a state partition holds (its key/value pairs, as stored) as output
-    rows: what ``read_live`` answers."""
+    rows: what ``read_live`` answers. Panes (riverbed.stream.panes) make the windows
+    the batch's ``watermark_ms`` has not expired — without it, the windows from the
+    oldest pane the partition holds on (an expired window's newer panes stay until
+    its own last window expires)."""
     if spec.sessions:
         held = [
             (k[len(SESSIONS) :].decode(), s[0], s[1], s[2])
@@ -120,4 +132,26 @@ def rows_from_state(spec: Aggregation, values: dict[bytes, bytes], batch_id: int
         ]
         return session_rows(spec, held, [], batch_id)
     stored = {k: msgpack.unpackb(v, raw=False) for k, v in values.items()}
+    if spec.pane_ms:
+        stored = _pane_windows(spec, stored, watermark_ms)
     return window_rows(spec, stored, batch_id)
+
+
+def _pane_windows(
+    spec: Aggregation, stored: dict[bytes, Any], watermark_ms: int | None
+) -> dict[bytes, Any]:
+    """The windows of a partition that holds panes (riverbed.stream.panes), as of a
+    batch that ran at ``watermark_ms``: the open ones from their panes, the closed ones
+    ``keep_closed`` keeps as they were emitted (riverbed.state.keys)."""
+    if watermark_ms is None:
+        raise StreamValueError(f"{spec.name}: the windows of panes need the batch's watermark")
+    size = spec.window.size_ms  # type: ignore[union-attr]
+    open_from = watermark_ms - size + 1
+    held = {k: v for k, v in stored.items() if not is_closed_window_key(k)}
+    out = panes.windows(spec, held, values_merger(spec), lambda s: s >= open_from)
+    closed = [k for k in stored if is_closed_window_key(k)]
+    if closed:  # (the engine drops them at keep_closed: each one here is kept)
+        starts, users = split_closed_window_keys_ms(closed)
+        for start, user, k in zip(starts.tolist(), users, closed, strict=True):
+            out[window_key(start, user)] = stored[k]
+    return out

@@ -19,15 +19,24 @@ from typing import TYPE_CHECKING, Any
 
 from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream.batchlog import open_batches
-from riverbed.stream.changes import Plan, legacy_record, legacy_shape, plan, shape, shape_hash
+from riverbed.stream.changes import (
+    STATE_LAYOUT,
+    Plan,
+    legacy_record,
+    legacy_shape,
+    plan,
+    shape,
+    shape_hash,
+)
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import SPEC, checkpoint_store, record_format, spec_key
+from riverbed.windows import Hopping, Sliding
 
 if TYPE_CHECKING:
     from riverbed.stream.aggregation import Aggregation
     from riverbed.stream.savepoints import Savepoint
 
-__all__ = ["check", "plan_start", "recorded", "start"]
+__all__ = ["check", "layout", "plan_start", "recorded", "start"]
 
 
 def _shape(store: Any, digest: str, where: str | Path) -> dict[str, Any]:
@@ -65,6 +74,20 @@ def recorded(
     if store.exists(SPEC):
         return legacy_shape(json.loads(store.get(SPEC))), (ids[-1] if ids else None)
     return None, None
+
+
+def layout(checkpoint: str | Path, spec: Aggregation) -> Aggregation:
+    """``spec`` with the state layout its checkpoint holds (``Aggregation.state_layout``):
+    a first start's hopping or sliding window is held as panes; a checkpoint that
+    recorded no layout (an older riverbed's) holds windows, and keeps doing so."""
+    if not isinstance(spec.window, Hopping | Sliding):
+        return spec
+    was, newest = recorded(checkpoint, spec.state_partitions)
+    # a first start (or the record of one that planned no batch: no state), or a shape
+    # that says panes
+    first = was is None or (newest is None and "window" not in was)
+    panes = first or (was is not None and was.get(STATE_LAYOUT) == "panes")
+    return replace(spec, state_layout="panes" if panes else "windows")
 
 
 NOT_REPLAYED = "riverbed cannot read this source's events again (a DataFrame, a join's rows)"

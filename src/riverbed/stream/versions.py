@@ -172,10 +172,16 @@ def record(
 
 def _spec_hash(was: Mapping[str, Any] | None, name: str) -> str | None:
     """A recorded shape's hash as version-free: the same spec under any version's name
-    hashes the same."""
-    from riverbed.stream.changes import shape_hash
+    hashes the same — and under either state layout (panes or windows: a checkpoint's,
+    not the spec's)."""
+    from riverbed.stream.changes import STATE_LAYOUT, shape_hash
 
-    return None if was is None else shape_hash({**was, "name": name})
+    if was is None:
+        return None
+    same = dict(was)
+    if same.pop(STATE_LAYOUT, None) is not None:  # (its format: 2 for panes only)
+        same["version"] = 1
+    return shape_hash({**same, "name": name})
 
 
 @dataclass(frozen=True)
