@@ -303,7 +303,7 @@ def merge_partition(
     try:
         given = grouped(partials)  # several tasks made them
         keys = sorted(given)
-        emitted: dict[bytes, dict[str, Any]] = {}
+        emitted: dict[bytes, dict[str, Any]] | panes.Windows = {}
         pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer a call)
         merge = values_merger(spec)
         held = _held_up_to(store, keys)  # past the newest stored key: all new
@@ -322,11 +322,14 @@ def merge_partition(
             lo = max(previous_watermark_ms - size + 1, 0)
             first, end = window_prefix(lo), window_prefix(closed_to + 1)
             # (read before this batch's puts: the stored ones, then the batch's merged)
-            for k, blob in store.scan(start=first, end=end):
-                if k not in batch:
-                    emitted[k] = msgpack.unpackb(blob, raw=False)
+            closing = {
+                k: msgpack.unpackb(blob, raw=False)
+                for k, blob in store.scan(start=first, end=end)
+                if k not in batch
+            }
             for k in keys[bisect.bisect_left(keys, first) : bisect.bisect_left(keys, end)]:
-                emitted[k] = batch[k]
+                closing[k] = batch[k]
+            emitted = closing
         store.put_many([(k, pack(batch[k])) for k in keys])
         expire_to = closed_to - spec.keep_closed_ms
         if spec.pane_ms:  # a pane serves no window once its newest one closed
@@ -352,7 +355,7 @@ def _pane_windows(
     keys: list[bytes],
     watermark_ms: int,
     previous_watermark_ms: int,
-) -> dict[bytes, dict[str, Any]]:
+) -> dict[bytes, dict[str, Any]] | panes.Windows:
     """The windows a batch emits when state holds panes (riverbed.stream.panes), from
     the stored panes and the batch's merged ones (``batch``, under the sorted
     ``keys``): ``update``, every open window holding a pane the batch changed;
@@ -361,6 +364,7 @@ def _pane_windows(
     on taking events after some of its windows closed."""
     size = spec.window.size_ms  # type: ignore[union-attr]
     merge = values_merger(spec)
+    closing: dict[bytes, dict[str, Any]] | panes.Windows = {}
 
     def unpacked(pairs: Iterable[tuple[bytes, bytes | None]]) -> dict[bytes, dict[str, Any]]:
         return {
@@ -369,19 +373,21 @@ def _pane_windows(
             if blob is not None or k in batch
         }
 
-    closing: dict[bytes, dict[str, Any]] = {}
     lo, closed_to = max(previous_watermark_ms - size + 1, 0), watermark_ms - size
     if watermark_ms > previous_watermark_ms and closed_to >= lo:
         # none of this batch's events is in a window its watermark closes (partials_of
         # leaves them out: late): their panes as stored before it
         first, end = window_prefix(lo), window_prefix(closed_to + size)
         held = {k: msgpack.unpackb(v, raw=False) for k, v in store.scan(start=first, end=end)}
-        closing = panes.windows(spec, held, merge, lambda s: (s >= lo) & (s <= closed_to))
+        closing = panes.windows(
+            spec, held, merge, lambda s: (s >= lo) & (s <= closed_to), columns=True
+        )
         if spec.keep_closed_ms > 0 and closing:
-            starts, users = split_window_keys_ms(list(closing))
+            made = closing.as_dict() if isinstance(closing, panes.Windows) else closing
+            starts, users = split_window_keys_ms(list(made))
             pack = msgpack.Packer(use_bin_type=True).pack
             closed = closed_window_keys(starts.tolist(), users)
-            store.put_many([(k, pack(v)) for k, v in zip(closed, closing.values(), strict=True)])
+            store.put_many([(k, pack(v)) for k, v in zip(closed, made.values(), strict=True)])
     if spec.output == "final":
         return closing
     open_from = watermark_ms - size + 1  # start + size > watermark

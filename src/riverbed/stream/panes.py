@@ -15,7 +15,8 @@ Pure: no I/O. :mod:`riverbed.stream.engine` reads the panes it needs from state.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,7 @@ from riverbed.stream.metrics import Count, Max, Min
 
 Merge = Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]]
 
-__all__ = ["holding", "panes_of", "windows"]
+__all__ = ["Windows", "holding", "panes_of", "windows"]
 
 
 def _sizes(spec: Aggregation) -> tuple[int, int]:
@@ -36,16 +37,58 @@ def _sizes(spec: Aggregation) -> tuple[int, int]:
     return spec.window.size_ms, hop  # type: ignore[union-attr]
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Windows as columns, sorted by start, then key: what :func:`windows` makes in
+    numpy, ready for result rows (riverbed.stream.rows) without a value per window."""
+
+    starts: np.ndarray  # int64, epoch ms
+    keys: list[bytes]
+    values: dict[str, list[Any]]  # per metric, each window's value
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def as_dict(self) -> dict[bytes, dict[str, Any]]:
+        """Each window's value under its state key."""
+        names = window_keys(self.starts.tolist(), self.keys)
+        columns = list(self.values.items())
+        return {k: {n: column[i] for n, column in columns} for i, k in enumerate(names)}
+
+
+@overload
 def windows(
     spec: Aggregation,
     panes: Mapping[bytes, dict[str, Any]],
     merge: Merge,
     keep: Callable[[np.ndarray], np.ndarray],
-) -> dict[bytes, dict[str, Any]]:
+    columns: Literal[False] = False,
+) -> dict[bytes, dict[str, Any]]: ...
+
+
+@overload
+def windows(
+    spec: Aggregation,
+    panes: Mapping[bytes, dict[str, Any]],
+    merge: Merge,
+    keep: Callable[[np.ndarray], np.ndarray],
+    columns: Literal[True],
+) -> dict[bytes, dict[str, Any]] | Windows: ...
+
+
+def windows(
+    spec: Aggregation,
+    panes: Mapping[bytes, dict[str, Any]],
+    merge: Merge,
+    keep: Callable[[np.ndarray], np.ndarray],
+    columns: bool = False,
+) -> dict[bytes, dict[str, Any]] | Windows:
     """The windows the given panes (state key → value) make, under their state keys:
     those whose start ``keep(starts)`` (a boolean mask) admits. A window's value is the
     merge of its panes' values in pane order; the caller passes every pane of each
-    window it keeps (a missing one is a pane with no events)."""
+    window it keeps (a missing one is a pane with no events). With ``columns``, as
+    :class:`Windows` when numpy made them (every metric a ``Count``, or a ``Min`` or
+    ``Max`` of numbers)."""
     if not panes:
         return {}
     size, hop = _sizes(spec)
@@ -64,7 +107,7 @@ def windows(
         return {}
     fast = _reduced(spec, values, at, row, key_bytes)
     if fast is not None:
-        return fast
+        return fast if columns else fast.as_dict()
     order = np.argsort(row, kind="stable")  # pane order within each window
     at, row = at[order], row[order]
     names = window_keys(at.tolist(), [key_bytes[i] for i in row.tolist()])
@@ -82,7 +125,7 @@ def _reduced(
     at: np.ndarray,
     row: np.ndarray,
     key_bytes: list[bytes],
-) -> dict[bytes, dict[str, Any]] | None:
+) -> Windows | None:
     """:func:`windows` in numpy, when every metric is a ``Count``, or a ``Min``/``Max``
     whose panes all hold numbers: window ``at[i]`` holds pane ``row[i]``. None for
     other specs."""
@@ -100,13 +143,14 @@ def _reduced(
         if column.dtype.kind not in "iuf":  # (a None: no event of a pane counted)
             return None
         columns[name] = column
-    codes, _ = pd.factorize(np.array(key_bytes, dtype=object))
+    # (codes in the keys' byte order: windows sorted by start, then code, are sorted as
+    # their state keys are)
+    codes, _ = pd.factorize(np.array(key_bytes, dtype=object), sort=True)
     order = by_window_and_key(at, codes[row], int(codes.max()) + 1)
     at, row = at[order], row[order]
     firsts = run_firsts(at, codes[row])
-    names = window_keys(at[firsts].tolist(), [key_bytes[i] for i in row[firsts].tolist()])
     merged = {name: reduce[name].reduceat(columns[name][row], firsts).tolist() for name in reduce}
-    return {k: {name: merged[name][i] for name in reduce} for i, k in enumerate(names)}
+    return Windows(at[firsts], [key_bytes[i] for i in row[firsts].tolist()], merged)
 
 
 def holding(spec: Aggregation, changed: Iterable[bytes], open_from: int) -> set[bytes]:

@@ -41,19 +41,24 @@ def utc_us(ms: np.ndarray) -> pd.DatetimeIndex:
 
 
 def window_rows(
-    spec: Aggregation, emitted: dict[bytes, dict[str, Any]], batch_id: int
+    spec: Aggregation, emitted: dict[bytes, dict[str, Any]] | panes.Windows, batch_id: int
 ) -> pd.DataFrame:
-    """The emitted windows as output rows (built column by column)."""
+    """The emitted windows as output rows (built column by column): values under their
+    state keys, or windows as columns already (riverbed.stream.panes)."""
     if not emitted:  # typed empty columns (empty lists would all be float64)
         return empty_rows(spec)
     names = output_arrow_schema(spec).names
     columns: dict[str, Any] = {name: [] for name in names}
-    ordered = sorted(emitted)
-    start_ms, key_bytes = split_window_keys_ms(ordered)
+    if isinstance(emitted, panes.Windows):
+        start_ms, key_bytes, per_metric = emitted.starts, emitted.keys, emitted.values
+    else:
+        ordered = sorted(emitted)
+        start_ms, key_bytes = split_window_keys_ms(ordered)
+        values = [emitted[k] for k in ordered]
+        per_metric = {name: [v[name] for v in values] for name in spec.metrics}
     columns["key"] = [k.decode() for k in key_bytes]
-    values = [emitted[k] for k in ordered]
     for name, metric in spec.metrics.items():
-        for suffix, results in result_columns(metric, [v[name] for v in values]).items():
+        for suffix, results in result_columns(metric, per_metric[name]).items():
             columns[name + suffix] = results
     with_listed_times(spec, columns)
     if spec.composite:  # each part under its own name, typed (keys.py)
@@ -62,7 +67,7 @@ def window_rows(
     columns.update(since_values(spec, start_ms))  # a metric backfilled past retention
     assert not isinstance(spec.window, Session)
     columns["window_end"] = utc_us(start_ms + spec.window.size_ms)
-    _typed(spec, columns, len(ordered), batch_id, counts_null=False)
+    _typed(spec, columns, len(key_bytes), batch_id, counts_null=False)
     return pd.DataFrame(columns, columns=names)
 
 
