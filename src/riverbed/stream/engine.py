@@ -282,7 +282,8 @@ def merge_partition(
 ) -> pd.DataFrame:
     """Merge one batch's partials into state partition ``partition``: load version
     ``batch_id``, merge, emit, expire closed windows, commit ``batch_id + 1``. Returns
-    the rows to emit."""
+    the rows to emit. The partials are :func:`partials_of` the batch's events at
+    ``watermark_ms``: a window this batch closes takes none of them."""
     spec = config.spec
     provider = StateProvider(config.state)
     store = provider.load(config.namespace, partition, version=batch_id)
@@ -379,9 +380,7 @@ def _pane_windows(
         # leaves them out: late): their panes as stored before it
         first, end = window_prefix(lo), window_prefix(closed_to + size)
         held = {k: msgpack.unpackb(v, raw=False) for k, v in store.scan(start=first, end=end)}
-        closing = panes.windows(
-            spec, held, merge, lambda s: (s >= lo) & (s <= closed_to), columns=True
-        )
+        closing = panes.window_columns(spec, held, merge, lambda s: (s >= lo) & (s <= closed_to))
         if spec.keep_closed_ms > 0 and closing:
             made = closing.as_dict() if isinstance(closing, panes.Windows) else closing
             starts, users = split_window_keys_ms(list(made))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,7 @@ from riverbed.stream.metrics import Count, Max, Min
 
 Merge = Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]]
 
-__all__ = ["Windows", "holding", "panes_of", "windows"]
+__all__ = ["Windows", "holding", "panes_of", "window_columns", "windows"]
 
 
 def _sizes(spec: Aggregation) -> tuple[int, int]:
@@ -56,39 +56,28 @@ class Windows:
         return {k: {n: column[i] for n, column in columns} for i, k in enumerate(names)}
 
 
-@overload
 def windows(
     spec: Aggregation,
     panes: Mapping[bytes, dict[str, Any]],
     merge: Merge,
     keep: Callable[[np.ndarray], np.ndarray],
-    columns: Literal[False] = False,
-) -> dict[bytes, dict[str, Any]]: ...
-
-
-@overload
-def windows(
-    spec: Aggregation,
-    panes: Mapping[bytes, dict[str, Any]],
-    merge: Merge,
-    keep: Callable[[np.ndarray], np.ndarray],
-    columns: Literal[True],
-) -> dict[bytes, dict[str, Any]] | Windows: ...
-
-
-def windows(
-    spec: Aggregation,
-    panes: Mapping[bytes, dict[str, Any]],
-    merge: Merge,
-    keep: Callable[[np.ndarray], np.ndarray],
-    columns: bool = False,
-) -> dict[bytes, dict[str, Any]] | Windows:
+) -> dict[bytes, dict[str, Any]]:
     """The windows the given panes (state key → value) make, under their state keys:
     those whose start ``keep(starts)`` (a boolean mask) admits. A window's value is the
     merge of its panes' values in pane order; the caller passes every pane of each
-    window it keeps (a missing one is a pane with no events). With ``columns``, as
-    :class:`Windows` when numpy made them (every metric a ``Count``, or a ``Min`` or
-    ``Max`` of numbers)."""
+    window it keeps (a missing one is a pane with no events)."""
+    made = window_columns(spec, panes, merge, keep)
+    return made.as_dict() if isinstance(made, Windows) else made
+
+
+def window_columns(
+    spec: Aggregation,
+    panes: Mapping[bytes, dict[str, Any]],
+    merge: Merge,
+    keep: Callable[[np.ndarray], np.ndarray],
+) -> dict[bytes, dict[str, Any]] | Windows:
+    """:func:`windows`, as :class:`Windows` when numpy made them (every metric a
+    ``Count``, or a ``Min`` or ``Max`` of numbers)."""
     if not panes:
         return {}
     size, hop = _sizes(spec)
@@ -107,7 +96,7 @@ def windows(
         return {}
     fast = _reduced(spec, values, at, row, key_bytes)
     if fast is not None:
-        return fast if columns else fast.as_dict()
+        return fast
     order = np.argsort(row, kind="stable")  # pane order within each window
     at, row = at[order], row[order]
     names = window_keys(at.tolist(), [key_bytes[i] for i in row.tolist()])
