@@ -12,11 +12,15 @@ from hypothesis import strategies as st
 
 from riverbed.state import CorruptStateError, PartitionBusyError, StateConfig, StateProvider, codecs
 from riverbed.state.keys import (
+    closed_prefix,
+    closed_window_key,
     expire_before,
+    is_closed_window_key,
     split_window_key,
     split_window_key_ms,
     split_window_keys_ms,
     window_key,
+    window_key_of_closed,
 )
 
 T0 = datetime(2026, 11, 21, tzinfo=UTC)
@@ -33,6 +37,20 @@ def test_many_window_keys_split_at_once_as_each_alone(pairs: list[tuple[int, byt
     starts, keys = split_window_keys_ms(data)
     assert list(zip(starts.tolist(), keys, strict=True)) == [split_window_key_ms(k) for k in data]
     assert starts.dtype == "int64"
+
+
+@given(st.integers(0, 2**62), st.integers(0, 2**62), st.binary(max_size=8))
+def test_a_closed_windows_key_is_its_window_key_apart_and_back(
+    start: int, expire_to: int, key: bytes
+) -> None:
+    """A closed window kept beside panes: a key of its own, after every window key, the
+    user key still 8 bytes in, its window key back from it, and inside the range that
+    expires it exactly when its start is at or before the expiry."""
+    closed = closed_window_key(window_key(start, key))
+    assert is_closed_window_key(closed) and not is_closed_window_key(window_key(start, key))
+    assert closed > window_key(2**62, b"\xff" * 8) and closed[8:] == key
+    assert window_key_of_closed(closed) == window_key(start, key)
+    assert (closed_prefix(0) <= closed < closed_prefix(expire_to + 1)) == (start <= expire_to)
 
 
 def test_expire_before_drops_whole_windows(provider: StateProvider) -> None:

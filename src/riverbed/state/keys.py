@@ -34,7 +34,7 @@ as segments by its next batch (:func:`riverbed.stream.pairing.step`).
 A hopping or sliding window's state held as panes (:mod:`riverbed.stream.panes`) keys
 each pane as a window (its start + user key), and a window the watermark closed, while
 ``keep_closed`` keeps it, as a window key whose start has its top bit set
-(:func:`closed_window_keys`: ``0x80`` and up): the user key stays 8 bytes in, where a
+(:func:`closed_window_key`: ``0x80`` and up): the user key stays 8 bytes in, where a
 move between partition counts reads it, and expiry is one more range delete.
 
 A window key's first byte is 0 for every window start before the year 2,280,000, so
@@ -101,28 +101,20 @@ def split_window_keys_ms(data: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]
 CLOSED = 1 << 63  # a closed window's start, in its key (panes' keep_closed)
 
 
-def closed_window_keys(starts: Sequence[int], keys: Sequence[bytes]) -> list[bytes]:
-    """The keys of closed windows kept beside panes (the module doc): each window's
-    start with the top bit set, then its key."""
-    return window_keys([CLOSED | int(ms) for ms in starts], keys)
+def closed_window_key(window_key: bytes) -> bytes:
+    """The key a closed window is kept under beside panes (the module doc): its window
+    key with the start's top bit set."""
+    return bytes([window_key[0] | 0x80]) + window_key[1:]
 
 
 def is_closed_window_key(data: bytes) -> bool:
-    """Whether a state key is one of :func:`closed_window_keys`."""
+    """Whether a state key is a :func:`closed_window_key`."""
     return data[0] >= 0x80
 
 
 def window_key_of_closed(data: bytes) -> bytes:
-    """The window key of one of :func:`closed_window_keys`."""
-    (start,) = _TS.unpack_from(data)
-    return _TS.pack(start & (CLOSED - 1)) + data[_TS.size :]
-
-
-def split_closed_window_keys_ms(data: Sequence[bytes]) -> tuple[np.ndarray, list[bytes]]:
-    """:func:`split_window_keys_ms` of :func:`closed_window_keys`."""
-    width = _TS.size
-    raw = np.frombuffer(b"".join([k[:width] for k in data]), dtype=">u8")
-    return (raw & np.uint64(CLOSED - 1)).astype(np.int64), [k[width:] for k in data]
+    """The window key of a :func:`closed_window_key`."""
+    return bytes([data[0] & 0x7F]) + data[1:]
 
 
 def closed_prefix(window_start: int) -> bytes:

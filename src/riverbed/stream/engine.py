@@ -47,12 +47,11 @@ from riverbed.log import reach_environment
 from riverbed.state import StateConfig, StateProvider
 from riverbed.state.keys import (
     closed_prefix,
-    closed_window_keys,
+    closed_window_key,
     session_end_key,
     session_ends,
     session_key,
     split_session_end_key,
-    split_window_keys_ms,
     window_keys,
     window_prefix,
 )
@@ -206,12 +205,11 @@ def partials_of(
     if spec.pane_ms:  # state holds panes: an event's partial is its pane's (panes.py)
         hop = spec.pane_ms
         all_starts = [(ts // hop) * hop]  # (a pane starts where its newest window does)
-    elif getattr(window, "hop_ms", size) < size:
-        by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
-        if by_panes is not None:
-            return by_panes
-        all_starts = window.starts(ts)
     else:
+        if getattr(window, "hop_ms", size) < size:  # (an older riverbed's state: windows)
+            by_panes = pane_partials(spec, pdf, ts, codes, names, watermark_ms)
+            if by_panes is not None:
+                return by_panes
         all_starts = window.starts(ts)
     window_starts, rows = [], []  # one entry per (event, open window/pane it falls in)
     for starts in all_starts:
@@ -361,7 +359,7 @@ def _pane_windows(
     the stored panes and the batch's merged ones (``batch``, under the sorted
     ``keys``): ``update``, every open window holding a pane the batch changed;
     ``final``, the windows the watermark closed in this batch — which ``keep_closed``
-    keeps under their own keys (riverbed.state.keys.closed_window_keys): a pane goes
+    keeps under their own keys (riverbed.state.keys.closed_window_key): a pane goes
     on taking events after some of its windows closed."""
     size = spec.window.size_ms  # type: ignore[union-attr]
     merge = values_merger(spec)
@@ -383,10 +381,8 @@ def _pane_windows(
         closing = panes.window_columns(spec, held, merge, lambda s: (s >= lo) & (s <= closed_to))
         if spec.keep_closed_ms > 0 and closing:
             made = closing.as_dict() if isinstance(closing, panes.Windows) else closing
-            starts, users = split_window_keys_ms(list(made))
             pack = msgpack.Packer(use_bin_type=True).pack
-            closed = closed_window_keys(starts.tolist(), users)
-            store.put_many([(k, pack(v)) for k, v in zip(closed, made.values(), strict=True)])
+            store.put_many([(closed_window_key(k), pack(v)) for k, v in made.items()])
     if spec.output == "final":
         return closing
     open_from = watermark_ms - size + 1  # start + size > watermark

@@ -84,7 +84,6 @@ def window_columns(
     given = sorted(panes)  # (by pane start, then key: each window's panes in order)
     starts, key_bytes = split_window_keys_ms(given)
     values = [panes[k] for k in given]
-    found: dict[bytes, list[dict[str, Any]]] = {}
     window_starts, rows = [], []
     for i in range(size // hop):
         start = starts - i * hop
@@ -100,6 +99,7 @@ def window_columns(
     order = np.argsort(row, kind="stable")  # pane order within each window
     at, row = at[order], row[order]
     names = window_keys(at.tolist(), [key_bytes[i] for i in row.tolist()])
+    found: dict[bytes, list[dict[str, Any]]] = {}
     for k, r in zip(names, row.tolist(), strict=True):
         if k in found:
             found[k].append(values[r])

@@ -13,9 +13,8 @@ import pandas as pd
 from riverbed.state.keys import (
     SESSIONS,
     is_closed_window_key,
-    split_closed_window_keys_ms,
     split_window_keys_ms,
-    window_key,
+    window_key_of_closed,
 )
 from riverbed.stream import keys, panes
 from riverbed.stream.aggregation import Aggregation
@@ -124,10 +123,8 @@ def rows_from_state(
     spec: Aggregation, values: dict[bytes, bytes], batch_id: int, watermark_ms: int | None = None
 ) -> pd.DataFrame:
     """The windows a state partition holds (its key/value pairs, as stored) as output
-    rows: what ``read_live`` answers. Panes (riverbed.stream.panes) make the windows
-    the batch's ``watermark_ms`` has not expired — without it, the windows from the
-    oldest pane the partition holds on (an expired window's newer panes stay until
-    its own last window expires)."""
+    rows: what ``read_live`` answers. Panes (riverbed.stream.panes) need the
+    ``watermark_ms`` of the batch that wrote ``values``: the windows it left open."""
     if spec.sessions:
         held = [
             (k[len(SESSIONS) :].decode(), s[0], s[1], s[2])
@@ -154,9 +151,6 @@ def _pane_windows(
     open_from = watermark_ms - size + 1
     held = {k: v for k, v in stored.items() if not is_closed_window_key(k)}
     out = panes.windows(spec, held, values_merger(spec), lambda s: s >= open_from)
-    closed = [k for k in stored if is_closed_window_key(k)]
-    if closed:  # (the engine drops them at keep_closed: each one here is kept)
-        starts, users = split_closed_window_keys_ms(closed)
-        for start, user, k in zip(starts.tolist(), users, closed, strict=True):
-            out[window_key(start, user)] = stored[k]
+    # (the engine drops them at keep_closed: each one here is kept)
+    out.update((window_key_of_closed(k), v) for k, v in stored.items() if is_closed_window_key(k))
     return out
