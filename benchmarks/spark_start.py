@@ -1,16 +1,20 @@
-"""How long a Spark driver takes from nothing to its first results, with and without
-riverbed's class-data archive of Spark's JVM classes (:mod:`riverbed.spark.cds`).
+"""How long a Spark driver takes from nothing to its first results: with and without
+riverbed's class-data archive of Spark's JVM classes (:mod:`riverbed.spark.cds`), or
+with riverbed's Python worker daemon and PySpark's own (:mod:`riverbed.spark.daemon`).
 
 Each run is a fresh Python process that starts a ``local[2]`` session with riverbed's
-settings, runs a first SQL job, then a first Python task (the first Python worker), as
-every riverbed driver, worker chunk and demo does. Runs alternate between the archive
-and ``RIVERBED_SPARK_CDS=off`` (the JVM loading every class itself: the baseline), so
-the machine's drift hits both; prints the medians of each phase and their ratio.
+settings, runs a first SQL job, a first Python task (the first Python worker), then a
+first task of riverbed's kind (a pandas function over two partitions that uses
+riverbed's engine), as every riverbed driver, worker chunk and demo does. Runs
+alternate between the two sides — the archive and ``RIVERBED_SPARK_CDS=off`` (the JVM
+loading every class itself), or ``spark.python.daemon.module`` riverbed's and
+``pyspark.daemon`` — so the machine's drift hits both; prints the medians of each
+phase and their ratio.
 
 Usage::
 
     .venv/bin/python -m riverbed.spark.cds            # build the archive (make does)
-    .venv/bin/python benchmarks/spark_start.py [--runs 3]
+    .venv/bin/python benchmarks/spark_start.py [--runs 3] [--against archive|daemon]
 """
 
 from __future__ import annotations
@@ -25,19 +29,30 @@ import sys
 from riverbed.spark.cds import ENV, archive
 
 PROBE = """
-import json, time
+import json, os, time
 began = time.monotonic()
 from riverbed.spark import session
 from riverbed.config import SparkConfig
-spark = session(SparkConfig(master="local[2]"), test=True)
+conf = {"spark.python.daemon.module": os.environ["DAEMON"]} if "DAEMON" in os.environ else {}
+spark = session(SparkConfig(master="local[2]", conf=conf), test=True)
 t1 = time.monotonic()
 spark.range(10).count()
 t2 = time.monotonic()
 spark.createDataFrame([(1,)], "a long").rdd.map(lambda r: r).count()
 t3 = time.monotonic()
+
+def task(frames):
+    from riverbed.stream.engine import event_millis
+    for pdf in frames:
+        pdf["id"] = event_millis(pdf["id"].astype("datetime64[ms]"))
+        yield pdf
+
+spark.range(0, 1000, numPartitions=2).mapInPandas(task, "id long").count()
+t4 = time.monotonic()
 print(json.dumps({"session": t1 - began, "first job": t2 - t1, "first Python task": t3 - t2,
-                  "total": t3 - began}))
+                  "first riverbed task": t4 - t3, "total": t4 - began}))
 """
+PHASES = ("session", "first job", "first Python task", "first riverbed task", "total")
 
 
 def probe(env: dict[str, str]) -> dict[str, float]:
@@ -51,20 +66,28 @@ def probe(env: dict[str, str]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", choices=("archive", "daemon"), default="archive")
     args = parser.parse_args()
-    path = archive()
-    if path is None or not path.is_file():
-        sys.exit(f"no archive at {path}: build it first (python -m riverbed.spark.cds)")
-    runs: dict[str, list[dict[str, float]]] = {"archive": [], "no archive": []}
+    if args.against == "archive":
+        path = archive()
+        if path is None or not path.is_file():
+            sys.exit(f"no archive at {path}: build it first (python -m riverbed.spark.cds)")
+        sides = {"no archive": {ENV: "off"}, "archive": {ENV: str(path)}}
+        what = path.name
+    else:
+        sides = {"pyspark.daemon": {"DAEMON": "pyspark.daemon"}, "riverbed's": {}}
+        what = "spark.python.daemon.module"
+    (base, base_env), (ours, our_env) = sides.items()
+    runs: dict[str, list[dict[str, float]]] = {base: [], ours: []}
     for _ in range(args.runs):
-        runs["no archive"].append(probe({**os.environ, ENV: "off"}))
-        runs["archive"].append(probe({**os.environ, ENV: str(path)}))
-    print(f"median of {args.runs} fresh drivers, local[2] ({path.name}):")
-    print(f"  {'phase':<18} {'no archive':>10} {'archive':>10} {'ratio':>7}")
-    for phase in ("session", "first job", "first Python task", "total"):
-        off = statistics.median(r[phase] for r in runs["no archive"])
-        on = statistics.median(r[phase] for r in runs["archive"])
-        print(f"  {phase:<18} {off:>9.1f}s {on:>9.1f}s {on / off:>6.2f}x")
+        runs[base].append(probe({**os.environ, **base_env}))
+        runs[ours].append(probe({**os.environ, **our_env}))
+    print(f"median of {args.runs} fresh drivers, local[2] ({what}):")
+    print(f"  {'phase':<20} {base:>14} {ours:>14} {'ratio':>7}")
+    for phase in PHASES:
+        off = statistics.median(r[phase] for r in runs[base])
+        on = statistics.median(r[phase] for r in runs[ours])
+        print(f"  {phase:<20} {off:>13.2f}s {on:>13.2f}s {on / off:>6.2f}x")
 
 
 if __name__ == "__main__":

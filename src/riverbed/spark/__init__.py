@@ -59,6 +59,8 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",  # riverbed prints its own progress
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Python workers forked with riverbed's task modules imported (riverbed.spark.daemon)
+    "spark.python.daemon.module": "riverbed.spark.daemon",
 }
 
 
