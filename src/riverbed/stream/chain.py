@@ -48,7 +48,15 @@ from riverbed.stream.batchlog import Batches, BatchRecord, next_record, open_bat
 from riverbed.stream.engine import merge_partition, partials_of
 from riverbed.stream.grouping import Partial
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import Side, checked, merged_here, owned, task_attempts
+from riverbed.stream.lognative import (
+    Side,
+    checked,
+    merged_here,
+    owned,
+    packed,
+    task_attempts,
+    unpacked,
+)
 from riverbed.stream.lognative import run_planned as run_aggregation
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.results import batch_key, empty_rows, read_file
@@ -138,16 +146,18 @@ def rows_batch(
     n = spec.state_partitions
     watermark, previous = record.watermark_ms, record.previous_watermark_ms
     side = Side()
-    pairs: list[tuple[int, Partial]] = []
+    by_partition: dict[int, list[Partial]] = {}
     reads = (
         t.append_column("_error", pa.nulls(t.num_rows, pa.string())) for t in tables if t.num_rows
     )
     for pdf, ts in checked(cfg, reads, watermark, side):
-        pairs += owned(partials_of(spec, pdf, watermark, ts), n)
+        for p, partials in owned(partials_of(spec, pdf, watermark, ts), n).items():
+            by_partition.setdefault(p, []).extend(partials)
+    pairs = [(p, packed(partials)) for p, partials in by_partition.items()]
     tasks.describe(spark, f"riverbed {spec.name} batch {batch_id}")
 
-    def merge(p: int, values: Iterator[Partial]) -> pd.DataFrame:
-        return merge_partition(cfg.engine, p, batch_id, watermark, previous, values)
+    def merge(p: int, values: Iterator[bytes]) -> pd.DataFrame:
+        return merge_partition(cfg.engine, p, batch_id, watermark, previous, unpacked(values))
 
     # in the driver, where the rows are, unless the tasks run elsewhere (or
     # driverBatchRecords=0: every batch a Spark job)

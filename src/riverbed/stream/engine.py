@@ -449,6 +449,9 @@ def _merge_sessions(
 
     emitted: list[SessionRow] = []
     removed: list[tuple[str, int]] = []
+    # each key's sessions as stored after this batch's merge, for the closing and
+    # expiry below (nothing else writes a key between: the expiry writes it last)
+    held: dict[bytes, list[Any]] = {}
     names = sorted(incoming)
     raw = [k.encode() for k in names]
     for key, user_key, blob in zip(
@@ -461,12 +464,10 @@ def _merge_sessions(
         for start, end, _ in merged.changed:
             store.put(session_end_key(end, start, user_key), b"")
         store.put(session_key(user_key), msgpack.packb(merged.sessions, use_bin_type=True))
+        held[user_key] = merged.sessions
         if spec.output == "update":
             emitted += [(key, s, e, p) for s, e, p in merged.changed]
             removed += [(key, start) for start in merged.removed]
-    # each key's stored sessions, read once for both steps below (nothing is written
-    # between the reads: the expiry writes a key after its read)
-    held: dict[bytes, list[Any]] = {}
 
     def held_by(user_key: bytes) -> list[Any]:
         if user_key not in held:
@@ -474,33 +475,46 @@ def _merge_sessions(
             held[user_key] = msgpack.unpackb(blob, raw=False) if blob else []
         return held[user_key]
 
-    # sessions end before the watermark: closed (windows.late keeps later events out)
-    if spec.output == "final" and watermark_ms > previous_watermark_ms:
-        lo, hi = session_ends(previous_watermark_ms, watermark_ms)
-        for user_key, starts in _ending(store, lo, hi).items():
+    # sessions end before the watermark: closed (windows.late keeps later events out);
+    # closed ones are kept keep_closed longer. Without keep_closed both are the index
+    # entries before the watermark: one scan (the expiry's below left none earlier)
+    final = spec.output == "final" and watermark_ms > previous_watermark_ms
+    expire = watermark_ms - spec.keep_closed_ms
+    if spec.keep_closed_ms == 0:
+        ending = _ending(store, *session_ends(0, watermark_ms))
+        closing = ending if final else {}
+    else:
+        closing = {}
+        if final:
+            closing = _ending(store, *session_ends(previous_watermark_ms, watermark_ms))
+        ending = _ending(store, *session_ends(0, expire))
+    for user_key, entries in closing.items():
+        starts = {start for end, start in entries if end >= previous_watermark_ms}
+        if starts:
             emitted += [
                 (user_key.decode(), s, e, p) for s, e, p in held_by(user_key) if s in starts
             ]
-    expire = watermark_ms - spec.keep_closed_ms
-    lo, hi = session_ends(0, expire)
-    for user_key in _ending(store, lo, hi):
+    for user_key in ending:
         kept = [s for s in held_by(user_key) if s[1] >= expire]
         if kept:
             store.put(session_key(user_key), msgpack.packb(kept, use_bin_type=True))
         else:
             store.delete(session_key(user_key))
-    store.delete_range(lo, hi)
+    store.delete_range(*session_ends(0, expire))
     return emitted, removed
 
 
-def _ending(store: Any, lo: bytes, hi: bytes) -> dict[bytes, set[int]]:
-    """Per key, the starts of its sessions whose index entries are in ``[lo, hi)`` (by
-    end)."""
-    wanted: dict[bytes, set[int]] = {}
+def _ending(store: Any, lo: bytes, hi: bytes) -> dict[bytes, list[tuple[int, int]]]:
+    """Per key, the (end, start) of its sessions whose index entries are in ``[lo,
+    hi)``."""
+    found: dict[bytes, list[tuple[int, int]]] = {}
     for k, _ in store.scan(start=lo, end=hi):
-        _, start, user_key = split_session_end_key(k)
-        wanted.setdefault(user_key, set()).add(start)
-    return wanted
+        end, start, user_key = split_session_end_key(k)
+        if user_key in found:
+            found[user_key].append((end, start))
+        else:
+            found[user_key] = [(end, start)]
+    return found
 
 
 def merger(
