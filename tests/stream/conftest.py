@@ -6,10 +6,36 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import strategies as st
 
 import riverbed.log
 
 T0 = datetime(2026, 11, 21, tzinfo=UTC)
+
+Event = tuple[str, int, int]  # key, time (s), amount: one partition's merges (test_panes...)
+
+
+def batches_of_events(
+    watermark: st.SearchStrategy[int], max_batches: int
+) -> st.SearchStrategy[list[tuple[list[Event], int]]]:
+    """Batches of a few events of keys ``a``-``c`` in 0-120 s, each batch with a
+    watermark drawn from ``watermark`` (what it means is the test's)."""
+    events = st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 120), st.integers(0, 9)), max_size=12
+    )
+    return st.lists(st.tuples(events, watermark), min_size=1, max_size=max_batches)
+
+
+def events_frame(events: list[Event]) -> pd.DataFrame:
+    """(key, time in ms, amount) events as the engine reads them: ``user``, ``ts``,
+    ``amount``."""
+    return pd.DataFrame(
+        {
+            "user": pd.Series([k for k, _, _ in events], dtype="string"),
+            "ts": pd.to_datetime([t for _, t, _ in events], unit="ms", utc=True),
+            "amount": pd.Series([a for _, _, a in events], dtype="float64"),
+        }
+    )
 
 
 def make_events(n: int, hours: int, seed: int = 0) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.stream import Aggregation, Count, Distinct, Hopping, Max, Sliding, Sum, Tumbling
 from riverbed.stream.engine import EngineConfig, merge_partition, partials_of
 from riverbed.stream.rows import rows_from_state
+from tests.stream.conftest import batches_of_events, events_frame
 
 S = 1000  # ms
 T0 = 1_000_000 * S
@@ -34,13 +35,7 @@ def _run(spec: Aggregation, root: Path, batches: list[tuple[list[tuple[str, int,
     previous, out = 0, []
     for batch_id, (events, watermark_s) in enumerate(batches):
         watermark = max(previous, T0 + watermark_s * S)
-        pdf = pd.DataFrame(
-            {
-                "user": pd.Series([k for k, _, _ in events], dtype="string"),
-                "ts": pd.to_datetime([T0 + t * S for _, t, _ in events], unit="ms", utc=True),
-                "amount": pd.Series([a for _, _, a in events], dtype="float64"),
-            }
-        )
+        pdf = events_frame([(k, T0 + t * S, a) for k, t, a in events])
         partials = partials_of(spec, pdf, watermark)
         emitted = merge_partition(cfg, 0, batch_id, watermark, previous, partials)
         store = StateProvider(cfg.state).load(cfg.namespace, 0, version=batch_id + 1)
@@ -68,17 +63,7 @@ REDUCED = {"n": Count(), "top": Max("amount")}  # in numpy (panes._reduced)
 
 @settings(max_examples=80, deadline=None)
 @given(
-    batches=st.lists(
-        st.tuples(
-            st.lists(
-                st.tuples(st.sampled_from("abc"), st.integers(0, 120), st.integers(0, 9)),
-                max_size=12,
-            ),
-            st.integers(0, 140),
-        ),
-        min_size=1,
-        max_size=6,
-    ),
+    batches=batches_of_events(st.integers(0, 140), max_batches=6),
     window=st.sampled_from([Hopping("20s", "5s"), Hopping("10s", "5s"), Sliding("30s", "10s")]),
     output=st.sampled_from(["final", "update"]),
     keep_closed=st.sampled_from(["0s", "7s", "30s"]),

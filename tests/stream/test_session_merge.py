@@ -18,6 +18,7 @@ from riverbed.state import StateConfig, StateProvider
 from riverbed.stream import Aggregation, Count, Session, Sum
 from riverbed.stream.engine import EngineConfig, merge_partition, partials_of
 from riverbed.stream.rows import rows_from_state
+from tests.stream.conftest import batches_of_events, events_frame
 
 S = 1000  # ms
 T0 = 1_000_000 * S
@@ -60,17 +61,8 @@ def _rows(frame: pd.DataFrame) -> list[tuple[Row, bool]]:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    batches=st.lists(
-        st.tuples(
-            st.lists(
-                st.tuples(st.sampled_from("abc"), st.integers(0, 120), st.integers(0, 9)),
-                max_size=12,
-            ),
-            st.integers(0, 30),  # how far the batch moves the watermark (s)
-        ),
-        min_size=1,
-        max_size=8,
-    ),
+    # each batch moves the watermark 0-30 s
+    batches=batches_of_events(st.integers(0, 30), max_batches=8),
     output=st.sampled_from(["final", "update"]),
     keep_closed=st.sampled_from(["0s", "7s", "30s"]),
 )
@@ -96,13 +88,7 @@ def test_merged_sessions_are_the_sessions_of_every_on_time_event(
         for batch_id, (events, advance_s) in enumerate(batches):
             watermark = max(previous, T0) + advance_s * S
             stamped = [(k, T0 + t * S, a) for k, t, a in events]
-            pdf = pd.DataFrame(
-                {
-                    "user": pd.Series([k for k, _, _ in stamped], dtype="string"),
-                    "ts": pd.to_datetime([t for _, t, _ in stamped], unit="ms", utc=True),
-                    "amount": pd.Series([a for _, _, a in stamped], dtype="float64"),
-                }
-            )
+            pdf = events_frame(stamped)
             on_time += [e for e in stamped if e[1] >= watermark]  # windows.late
             rows = merge_partition(
                 cfg, 0, batch_id, watermark, previous, partials_of(spec, pdf, watermark)
