@@ -48,18 +48,11 @@ from riverbed.stream.batchlog import Batches, BatchRecord, next_record, open_bat
 from riverbed.stream.engine import merge_partition, partials_of
 from riverbed.stream.grouping import Partial
 from riverbed.stream.layout import checkpoint_store
-from riverbed.stream.lognative import (
-    Side,
-    checked,
-    merged_here,
-    owned,
-    packed,
-    task_attempts,
-    unpacked,
-)
+from riverbed.stream.lognative import Side, checked, merged_here, task_attempts
 from riverbed.stream.lognative import run_planned as run_aggregation
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.results import batch_key, empty_rows, read_file
+from riverbed.stream.shuffle import owned, packed, unpacked
 from riverbed.windows import Session
 
 JOINED = "join"  # the source of an aggregation over a join's rows, in its records

@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import msgpack
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -70,6 +69,7 @@ from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.results import empty_rows, with_backfilled
+from riverbed.stream.shuffle import owned, packed, unpacked
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
 from riverbed.windows import late as window_late
@@ -310,35 +310,6 @@ def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
         return out
 
     return run
-
-
-def owned(partials: list[Partial], n: int) -> dict[int, list[Partial]]:
-    """The partials per state partition (of ``n``) their keys belong to."""
-    if not partials:
-        return {}
-    owners = state_partition_of(pd.Series([key for _, key, _ in partials]), n).tolist()
-    out: dict[int, list[Partial]] = {}
-    for p, partial in zip(owners, partials, strict=True):
-        if p in out:
-            out[p].append(partial)
-        else:
-            out[p] = [partial]
-    return out
-
-
-def packed(partials: list[Partial]) -> bytes:
-    """A shuffle's value: a state partition's share of a piece's partials, as one
-    msgpack array of ``[start, key, partials]`` — one value a partition and piece for
-    Spark's shuffle to move, not one a (window, key) through PySpark's pickling (a
-    q11 batch's ~100,000 session partials: most of its shuffle's cost)."""
-    blob: bytes = msgpack.packb(partials, use_bin_type=True)
-    return blob
-
-
-def unpacked(values: Iterable[bytes]) -> Iterator[Partial]:
-    """The partials of :func:`packed` shuffle values, in their order."""
-    for blob in values:
-        yield from msgpack.unpackb(blob, raw=False)
 
 
 def pieces(slices: list[LogSlice], parallelism: int) -> list[LogSlice]:
