@@ -41,7 +41,7 @@ from riverbed.config import inherited
 from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.state import openpool
 from riverbed.state.provider import local_root
-from riverbed.stream import lookups
+from riverbed.stream import lookups, shuffle
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.batch import Maintenance
 from riverbed.stream.batchlog import Batches, BatchRecord, next_record, open_batches
@@ -52,7 +52,6 @@ from riverbed.stream.lognative import Side, checked, merged_here, task_attempts
 from riverbed.stream.lognative import run_planned as run_aggregation
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.results import batch_key, empty_rows, read_file
-from riverbed.stream.shuffle import owned, packed, unpacked
 from riverbed.windows import Session
 
 JOINED = "join"  # the source of an aggregation over a join's rows, in its records
@@ -139,18 +138,18 @@ def rows_batch(
     n = spec.state_partitions
     watermark, previous = record.watermark_ms, record.previous_watermark_ms
     side = Side()
-    by_partition: dict[int, list[Partial]] = {}
+    partials: list[Partial] = []
     reads = (
         t.append_column("_error", pa.nulls(t.num_rows, pa.string())) for t in tables if t.num_rows
     )
     for pdf, ts in checked(cfg, reads, watermark, side):
-        for p, partials in owned(partials_of(spec, pdf, watermark, ts), n).items():
-            by_partition.setdefault(p, []).extend(partials)
-    pairs = [(p, packed(partials)) for p, partials in by_partition.items()]
+        partials += partials_of(spec, pdf, watermark, ts)
+    pairs = shuffle.values(partials, n)
     tasks.describe(spark, f"riverbed {spec.name} batch {batch_id}")
 
     def merge(p: int, values: Iterator[bytes]) -> pd.DataFrame:
-        return merge_partition(cfg.engine, p, batch_id, watermark, previous, unpacked(values))
+        given = shuffle.unpacked(values)
+        return merge_partition(cfg.engine, p, batch_id, watermark, previous, given)
 
     # in the driver, where the rows are, unless the tasks run elsewhere (or
     # driverBatchRecords=0: every batch a Spark job)

@@ -45,7 +45,7 @@ from riverbed.spark import tasks, tasks_in_this_process
 from riverbed.spark.source import LogSlice, open_log, read_slice
 from riverbed.state import openpool
 from riverbed.state.provider import local_root
-from riverbed.stream import lookups
+from riverbed.stream import lookups, shuffle
 from riverbed.stream.batch import (
     SIDE_LIMIT,
     Maintenance,
@@ -69,7 +69,6 @@ from riverbed.stream.lookups import tables as lookup_tables
 from riverbed.stream.nativeconfig import DirectConfig
 from riverbed.stream.plan import balanced_groups
 from riverbed.stream.results import empty_rows, with_backfilled
-from riverbed.stream.shuffle import owned, packed, unpacked
 from riverbed.stream.steal import Board, lopsided, split, steal_order
 from riverbed.stream.validity import arrow_reasons
 from riverbed.windows import late as window_late
@@ -293,20 +292,18 @@ def colocated_task(
 
 
 def shuffle_tasks(cfg: DirectConfig, watermark_ms: int) -> Any:
-    """Stage 1 of the shuffled path: (state partition, :func:`packed` partials) pairs,
-    one a partition its piece has partials for, and one (n, Side) pair for the driver."""
+    """Stage 1 of the shuffled path: a piece's partials as :func:`shuffle.values`, and
+    one (n, Side) pair for the driver."""
     spec = cfg.engine.spec
     n = spec.state_partitions
 
     @pausing
     def run(piece: LogSlice) -> list[tuple[int, Any]]:
         side = Side()
-        by_partition: dict[int, list[Partial]] = {}
+        partials: list[Partial] = []
         for pdf, ts in events(cfg, piece, watermark_ms, side):
-            for p, partials in owned(partials_of(spec, pdf, watermark_ms, ts), n).items():
-                by_partition.setdefault(p, []).extend(partials)
-        out: list[tuple[int, Any]] = [(p, packed(ps)) for p, ps in by_partition.items()]
-        out.append((n, side))
+            partials += partials_of(spec, pdf, watermark_ms, ts)
+        out: list[tuple[int, Any]] = [*shuffle.values(partials, n), (n, side)]
         return out
 
     return run
@@ -435,7 +432,7 @@ def run_batch(
         work = pieces([s for s in slices if s.end > s.start], parallelism)
 
         def merge(index: int, values: Iterator[bytes]) -> pd.DataFrame:
-            partials = unpacked(values)
+            partials = shuffle.unpacked(values)
             return merge_partition(cfg.engine, index, batch_id, watermark, previous, partials)
 
         total = sum(s.end - s.start for s in work)

@@ -36,6 +36,12 @@ def packed(partials: list[Partial]) -> bytes:
     return blob
 
 
+def values(partials: list[Partial], n: int) -> list[tuple[int, bytes]]:
+    """A piece's partials as shuffle values: (state partition of ``n``, :func:`packed`
+    share), one a partition it has partials for."""
+    return [(p, packed(share)) for p, share in owned(partials, n).items()]
+
+
 def unpacked(values: Iterable[bytes]) -> Iterator[Partial]:
     """The partials of :func:`packed` shuffle values, in their order."""
     for blob in values:
