@@ -73,6 +73,15 @@ EXPRESSIONS = [
     "substr(s, 0, 2)", "substring(s, -5, 2)", "concat(s, '-', s)", "concat(s, NULL)",
     "regexp_extract(s, '([a-c]+)(\\\\d*)', 2)", "regexp_extract(s, 'b+', 0)",
     "regexp_extract(s, '^(a)?b', 1)",
+    "replace(s, 'a', 'xy')", "replace(s, '1')", "replace(s, '', 'z')",
+    "length(s) - length(replace(s, 'c', ''))",
+    # one part of a split string (ANSI: an index past the parts fails [i] and element_at)
+    "split(s, '/')[1]", "element_at(split(s, '/'), 2)", "element_at(split(s, '/'), -1)",
+    "try_element_at(split(s, '[/.]+'), 3)", "try_element_at(split(s, '/'), -4)",
+    "get(split(s, 'b'), 0)", "get(split(s, '/'), -1)", "split(s, '/', 2)[1]",
+    "get(split(s, '/', -1), 2)", "get(split(s, '^a'), 0)",
+    "split_part(s, '/', 2)", "split_part(s, '.', -1)", "split_part(s, '', 1)",
+    "split_part(s, 'ab', -2)",
     # times (the session's time zone is UTC)
     "year(ts)", "month(ts)", "day(ts)", "dayofmonth(ts)", "hour(ts)", "minute(ts)",
     "second(ts)",
@@ -96,7 +105,7 @@ DOUBLES = st.one_of(
 )
 TEXT = st.one_of(
     st.none(),
-    st.text(alphabet="abc123 +-.eEé", max_size=8),
+    st.text(alphabet="abc123 +-.eEé/", max_size=8),
     st.sampled_from(
         [
             "",
@@ -219,6 +228,12 @@ def test_every_supported_expression_gives_what_spark_gives(
         ("i +", "is not a Spark SQL expression"),
         ("(SELECT 1)", "is not supported"),
         ("cast(ts as int)", "CAST from timestamp to int is not supported"),
+        ("split(s, '/')", "SPLIT gives an array"),
+        ("split(s, 'x*')[0]", "matches the empty string is not supported"),
+        ("element_at(split(s, '/'), 0)", "start at 1, not 0"),
+        ("split(s, '/')[i]", "must be an integer literal"),
+        ("replace(s, s)", "REPLACE needs string literals"),
+        ("split_part(s, '/', 0)", "non-zero integer literal"),
     ],
 )
 def test_what_riverbed_cannot_evaluate_is_refused_in_one_line(text: str, says: str) -> None:
@@ -229,7 +244,9 @@ def test_what_riverbed_cannot_evaluate_is_refused_in_one_line(text: str, says: s
 
 
 def test_the_supported_list_names_every_family_the_test_covers() -> None:
-    for name in ("CASE WHEN", "COALESCE", "CAST", "REGEXP_EXTRACT", "SUBSTRING", "HOUR", "LIKE"):
+    families = ["CASE WHEN", "COALESCE", "CAST", "REGEXP_EXTRACT", "SUBSTRING", "HOUR", "LIKE"]
+    families += ["REPLACE", "SPLIT", "SPLIT_PART", "element_at", "try_element_at", "get"]
+    for name in families:
         assert name in SUPPORTED
 
 

@@ -1,5 +1,6 @@
 """``riverbed stream run`` of a spec file that defines ``join = Join(...)``: a
-stream-stream join (:mod:`riverbed.stream.joinquery`) run by one active driver."""
+stream-stream join (:mod:`riverbed.stream.joinquery`) run by one active driver — or
+``select = Select(...)``, which runs as a one-sided join."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
         if lease.term is None:
             lease.acquire(on_standby=say)
         say(lease.describe())
-        say(f"running join [bold]{join.name}[/bold]: joined rows in {output}")
+        rows = "rows" if join.select is not None else "joined rows"
+        say(f"running {join.noun} [bold]{join.name}[/bold]: {rows} in {output}")
         query = start_join(
             spark,
             join,
@@ -53,18 +55,19 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
                 for done in query.recentProgress:
                     record = query.batches.get(done["batchId"])
                     if done["batchId"] > shown and record is not None:
-                        say(batch_line(done["batchId"], record))
+                        say(batch_line(done["batchId"], record, join.select is not None))
                         shown = done["batchId"]
                 if not lease.still_leading():
                     query.stop()
                     raise DriverFencedError(
-                        f"this driver lost the lead of join '{join.name}' (its lease expired: "
+                        f"this driver lost the lead of {join.noun} '{join.name}' (its lease "
+                        "expired: "
                         "was it paused or cut off from the control plane?); it stopped, and "
                         "the active driver carries on from the checkpoint"
                     )
             failed = query.exception()
             if failed is not None:
-                raise StreamFailedError(f"join {join.name!r} stopped: {root_cause(failed)}")
+                raise StreamFailedError(f"{join.noun} {join.name!r} stopped: {root_cause(failed)}")
         finally:
             if query.isActive:
                 query.stop()

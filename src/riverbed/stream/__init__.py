@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         Sum,
         TopK,
     )
+    from riverbed.stream.selects import Select
     from riverbed.windows import Hopping, Session, Sliding, Tumbling
 
 _WHERE = {
@@ -72,6 +73,7 @@ _WHERE = {
     "Last": "metrics",
     "Join": "joins",
     "Lookup": "joins",
+    "Select": "selects",
     "Aggregation": "aggregation",
     "Count": "metrics",
     "Custom": "metrics",
@@ -123,6 +125,7 @@ __all__ = [
     "ResultTable",
     "ResultsTopic",
     "RiverbedDataSource",
+    "Select",
     "Session",
     "Sink",
     "Sliding",

@@ -776,6 +776,114 @@ def _regexp_extract(arg: Node, pattern: Node, index: Node | None, text: str) -> 
     return Apply([arg], STRING, text, run)
 
 
+def _splitter(
+    arg: Node, pattern: Node, limit: Node | None, text: str
+) -> Callable[[str], list[str]]:
+    """SPLIT(s, regex[, limit]) of one string as Spark splits it: Java's ``String.split``
+    with the limit (0 and below: -1, every part, trailing empty ones kept) — a
+    zero-width match at the start makes no empty first part. A regex that matches the
+    empty string is refused (Java and Python step past empty matches differently)."""
+    _need(arg, STRING, text)
+    if not isinstance(pattern, Literal) or pattern.type != STRING:
+        raise ExpressionError(f"{text}: SPLIT needs a string literal regex")
+    if limit is not None and not (isinstance(limit, Literal) and limit.type.integral):
+        raise ExpressionError(f"{text}: SPLIT needs an integer literal limit")
+    try:
+        compiled = re.compile(pattern.value)
+    except re.error as exc:
+        raise ExpressionError(f"{text}: the regex does not compile ({exc})") from None
+    if compiled.search("") is not None:
+        raise ExpressionError(
+            f"{text}: SPLIT by a regex that matches the empty string is not supported"
+        )
+    most = int(limit.value) if limit is not None else -1
+
+    def split(s: str) -> list[str]:
+        out: list[str] = []
+        at = 0
+        for found in compiled.finditer(s):
+            if 0 < most <= len(out) + 1:
+                break
+            if at == 0 and found.start() == found.end() == 0:
+                continue
+            out.append(s[at : found.start()])
+            at = found.end()
+        if at == 0 and not out:
+            return [s]
+        out.append(s[at:])
+        return out
+
+    return split
+
+
+def _split_at(
+    arg: Node, parts: Callable[[str], list[str]], index: Node, base: int, missing: str, text: str
+) -> Node:
+    """One part of a split string: ``base`` 0 (``split(…)[i]``, ``get``) or 1
+    (``element_at``: a negative index counts from the end); an index past the parts is
+    ``missing``: ``"fail"`` (ANSI's error), ``"null"`` (``try_element_at``, ``get``)."""
+    if not (isinstance(index, Literal) and index.type.integral):
+        raise ExpressionError(f"{text}: the index of a split string must be an integer literal")
+    i = int(index.value)
+    if base == 1 and i == 0:
+        raise ExpressionError(f"{text}: SQL array indices start at 1, not 0")
+
+    def pick(s: str) -> tuple[str | None, bool]:
+        got = parts(s)
+        at = i - 1 if base == 1 and i > 0 else (len(got) + i if base == 1 else i)
+        if 0 <= at < len(got):
+            return got[at], False
+        return None, missing == "fail"
+
+    def run(arrays: list[pa.Array]) -> tuple[pa.Array, np.ndarray | None]:
+        picked = [(None, False) if s is None else pick(s) for s in arrays[0].to_pylist()]
+        failed = np.array([f for _, f in picked], dtype=bool)
+        return pa.array([v for v, _ in picked], pa.string()), failed if failed.any() else None
+
+    return Apply([arg], STRING, text, run, "array index out of bounds")
+
+
+def _split_part(arg: Node, delimiter: Node, index: Node, text: str) -> Node:
+    """SPLIT_PART(s, delimiter, n): the n-th part (1-based; negative from the end) of
+    ``s`` split at a literal delimiter (an empty one does not split), ``""`` past the
+    parts."""
+    _need(arg, STRING, text)
+    if not isinstance(delimiter, Literal) or delimiter.type != STRING:
+        raise ExpressionError(f"{text}: SPLIT_PART needs a string literal delimiter")
+    if not (isinstance(index, Literal) and index.type.integral) or int(index.value) == 0:
+        raise ExpressionError(f"{text}: SPLIT_PART needs a non-zero integer literal index")
+    cut, i = str(delimiter.value), int(index.value)
+
+    def one(s: str) -> str:
+        got = s.split(cut) if cut else [s]
+        at = i - 1 if i > 0 else len(got) + i
+        return got[at] if 0 <= at < len(got) else ""
+
+    def run(arrays: list[pa.Array]) -> tuple[pa.Array, None]:
+        return pa.array(
+            [None if s is None else one(s) for s in arrays[0].to_pylist()], pa.string()
+        ), None
+
+    return Apply([arg], STRING, text, run)
+
+
+def _replace(arg: Node, search: Node, replacement: Node | None, text: str) -> Node:
+    """REPLACE(s, search[, replace='']): every occurrence of ``search`` replaced (an
+    empty ``search`` replaces nothing)."""
+    _need(arg, STRING, text)
+    for n in (search, replacement):
+        if n is not None and not (isinstance(n, Literal) and n.type == STRING):
+            raise ExpressionError(f"{text}: REPLACE needs string literals to search and replace")
+    find = str(search.value)  # type: ignore[attr-defined]
+    put = "" if replacement is None else str(replacement.value)  # type: ignore[attr-defined]
+    if not find:
+        return Apply([arg], STRING, text, lambda a: (a[0], None))
+    return Apply(
+        [arg], STRING, text,
+        _string_function(lambda a: pc.replace_substring(a, pattern=find, replacement=put)),
+    )  # fmt: skip
+
+
 def _concat(args: list[Node], text: str) -> Node:
     for a in args:
         _need(a, STRING, text)
@@ -848,8 +956,9 @@ SUPPORTED = (
     "+ - * / % div, unary -, = == <> != < <= > >= <=>, AND OR NOT, IS [NOT] NULL, "
     "[NOT] IN (...), BETWEEN, [NOT] LIKE, CASE WHEN, IF, COALESCE, CAST/TRY_CAST (int, "
     "bigint, double, string, boolean, decimal), ABS, FLOOR, CEIL, LOWER, UPPER, LENGTH, "
-    "TRIM, SUBSTRING/SUBSTR, CONCAT, REGEXP_EXTRACT, YEAR, MONTH, DAY/DAYOFMONTH, HOUR, "
-    "MINUTE, SECOND"
+    "TRIM, SUBSTRING/SUBSTR, CONCAT, REPLACE, REGEXP_EXTRACT, one part of SPLIT "
+    "(split(s, regex)[i], element_at, try_element_at, get), SPLIT_PART, YEAR, MONTH, "
+    "DAY/DAYOFMONTH, HOUR, MINUTE, SECOND"
 )
 
 
@@ -1007,6 +1116,35 @@ def _build(e: Any, schema: Mapping[str, SqlType]) -> Node:
         return _regexp_extract(sub(e.this), sub(e.expression), sub(group) if group else None, text)
     if isinstance(e, exp.Concat):
         return _concat([sub(x) for x in e.expressions], text)
+    if isinstance(e, exp.Replace):
+        replacement = e.args.get("replacement")
+        return _replace(
+            sub(e.this), sub(e.expression), sub(replacement) if replacement else None, text
+        )
+    if isinstance(e, exp.SplitPart):
+        return _split_part(sub(e.this), sub(e.args["delimiter"]), sub(e.args["part_index"]), text)
+    getter = isinstance(e, exp.Anonymous) and str(e.name).lower() == "get"
+    if isinstance(e, exp.Bracket) or getter:
+        array, index = (
+            (e.expressions[0], e.expressions[1]) if getter else (e.this, e.expressions[0])
+        )
+        if len(e.expressions) != (2 if getter else 1) or not isinstance(array, exp.RegexpSplit):
+            raise ExpressionError(
+                f"{text}: arrays are not supported but for one part of a split string "
+                "(split(s, '/')[i], element_at(split(s, '/'), i), get(split(s, '/'), i))"
+            )
+        limit = array.args.get("limit")
+        parts = _splitter(
+            sub(array.this), sub(array.expression), sub(limit) if limit else None, text
+        )
+        base = 0 if getter else int(e.args.get("offset") or 0)
+        missing = "null" if getter or e.args.get("safe") else "fail"
+        return _split_at(sub(array.this), parts, sub(index), base, missing, text)
+    if isinstance(e, exp.RegexpSplit):
+        raise ExpressionError(
+            f"{text}: SPLIT gives an array, which riverbed's expressions do not hold; take "
+            "one part of it: split(s, '/')[i], element_at(split(s, '/'), i), get(...)"
+        )
     part = type(e).__name__
     if part in _PARTS:
         inner = e.this.this if isinstance(e.this, exp.TsOrDsToDate) else e.this

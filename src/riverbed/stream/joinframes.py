@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -89,13 +89,20 @@ def union(cfg: JoinConfig, frames: dict[str, Any]) -> Any:
             if "_error" in names
             else F.lit(None).cast("string"),
         }
+        # a Select's side evaluates its columns from the events' fields (every one)
+        read = side.columns if cfg.join.select is None else _fields(df.columns)
         selected = df.select(
             F.lit(which).alias(_SIDE),
-            *[F.col(c).alias(p + c) for c in side.columns],
+            *[F.col(c).alias(p + c) for c in read],
             *[meta[m].alias(p + m) for m in _META],
         )
         out = selected if out is None else out.unionByName(selected, allowMissingColumns=True)
     return out
+
+
+def _fields(columns: Iterable[str]) -> list[str]:
+    """A DataFrame's columns but the event ids and ``_error`` (the union adds its own)."""
+    return [c for c in columns if c not in _META]
 
 
 def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
@@ -105,7 +112,7 @@ def start(cfg: JoinConfig, trigger: dict[str, Any] | None) -> Any:
     frames = cfg.join.frames
     # what the batches and their tasks see: the join without its DataFrames (a task's
     # config travels pickled; a DataFrame does not)
-    right = cfg.join.right if cfg.join.lookup is not None else DATAFRAME  # (its table)
+    right = cfg.join.right if cfg.join.stateless else DATAFRAME  # (a table, or none)
     bare = replace(cfg, join=replace(cfg.join, left=DATAFRAME, right=right))
     location = spark_location(cfg.checkpoint)
     clear_unfinished_start(location)
@@ -134,7 +141,7 @@ def foreach_batch(cfg: JoinConfig) -> Any:
             done = record
 
             def tasks_of() -> tuple[pa.Table | None, Counts]:
-                if cfg.join.lookup is not None:
+                if cfg.join.stateless:
                     return _run_lookup(cfg, df, batch_id, done)
                 return _run_tasks(spark, cfg, df, batch_id, done.watermark_ms)
 
@@ -159,6 +166,8 @@ def _plan(cfg: JoinConfig, batches: BatchLog, batch_id: int, df: Any) -> BatchRe
         from riverbed.stream import lookupjoin
 
         record.lookups = lookupjoin.plan(cfg, newest)
+    elif cfg.join.select is not None:
+        pass  # a Select's record: nothing to decide (no table, no watermark)
     else:
         with_input = {row[_SIDE] for row in df.groupBy(_SIDE).count().collect()}
         now = int(time.time() * 1000)
@@ -176,15 +185,19 @@ def _run_lookup(
     cfg: JoinConfig, df: Any, batch_id: int, record: BatchRecord
 ) -> tuple[pa.Table | None, Counts]:
     """A lookup join's micro-batch: each task enriches its rows of the left DataFrame
-    with the snapshot the plan names (:func:`riverbed.stream.lookupjoin.enriched`); the
-    rows and counts come back to the driver."""
+    with the snapshot the plan names (:func:`riverbed.stream.lookupjoin.enriched`) — a
+    Select's filters and projects them; the rows and counts come back to the driver."""
     from pyspark.sql import functions as F
 
     from riverbed.stream import lookupjoin
 
-    snapshot = lookupjoin.snapshot_of(cfg, batch_id, record)
+    selects = cfg.join.select is not None
+    snapshot = "" if selects else lookupjoin.snapshot_of(cfg, batch_id, record)
     p = _PREFIX["left"]
-    rows = df.select(*[F.col(p + c).alias(c) for c in (*cfg.sides[0].columns, *_META)])
+    read = cfg.sides[0].columns
+    if selects:  # the events' fields, as the union took them
+        read = tuple(_fields(c[len(p) :] for c in df.columns if c.startswith(p)))
+    rows = df.select(*[F.col(p + c).alias(c) for c in (*read, *_META)])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         counts = Counts()

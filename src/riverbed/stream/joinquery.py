@@ -30,6 +30,7 @@ from riverbed.stream.layout import JOIN, MANIFEST, checkpoint_store, default_sta
 from riverbed.stream.pairing import Rule, buffered_count
 from riverbed.stream.plan import Trigger, ends_of, has_input, parse_trigger, slices_json
 from riverbed.stream.results import read_table
+from riverbed.stream.selects import Select
 from riverbed.stream.streamjoin import SIDES, JoinConfig, run_planned, watermark_of
 from riverbed.stream.threadquery import ThreadQuery
 
@@ -50,6 +51,7 @@ class JoinQuery(ThreadQuery):
         group = f"riverbed-join-{cfg.join.name}" if name is None else f"riverbed-{name}"
         super().__init__(spark, name or cfg.join.name, group, trigger)
         self.cfg = cfg
+        self.kind = cfg.join.noun  # how errors name it
         self.streams = SIDES[: len(cfg.join.sides)]  # a lookup join's: the left one only
         self.batches = open_batches(cfg.checkpoint, cfg.fence)
         self._start()
@@ -96,8 +98,9 @@ class JoinQuery(ThreadQuery):
         self._triggered(lambda: self._next(logs, target), run)
 
     def _tasks_of(self, batch_id: int, record: BatchRecord) -> Any:
-        """What runs a batch's tasks: a lookup join's (None: the stream join's)."""
-        if self.cfg.join.lookup is None:
+        """What runs a batch's tasks: a lookup join's or a Select's (None: the stream
+        join's)."""
+        if not self.cfg.join.stateless:
             return None
         from riverbed.stream import lookupjoin
 
@@ -133,8 +136,8 @@ class JoinQuery(ThreadQuery):
             sources[which] = slices_json(begin, ends)
             was = (newest.source_moved_ms or {}).get(which) if newest is not None else None
             moved[which] = now if has_input(sources[which]) or was is None else int(was)
-        lookup = self.cfg.join.lookup is not None  # no state, nothing late: no watermark
-        watermark = 0 if lookup else watermark_of(self.cfg.join, newest, moved, now)
+        stateless = self.cfg.join.stateless  # no state, nothing late: no watermark
+        watermark = 0 if stateless else watermark_of(self.cfg.join, newest, moved, now)
         previous = newest.watermark_ms if newest is not None else 0
         if not any(has_input(s) for s in sources.values()) and watermark <= previous:
             return None
@@ -146,7 +149,7 @@ class JoinQuery(ThreadQuery):
             source_max_ms=dict(newest.source_max_ms or {}) if newest is not None else {},
             source_moved_ms=moved,
         )
-        if lookup:  # and the table's version it joins with
+        if self.cfg.join.lookup is not None:  # and the table's version it joins with
             from riverbed.stream import lookupjoin
 
             record.lookups = lookupjoin.plan(self.cfg, newest)
@@ -160,6 +163,8 @@ class JoinQuery(ThreadQuery):
 def _shape(join: Join) -> dict[str, Any]:
     """What a join's state depends on: fixed at its first start (a lookup join has no
     state; its topic's rows are placed by the partition count)."""
+    if join.select is not None:  # (its topic's rows are placed by the partition count)
+        return {"kind": "select", "state_partitions": join.state_partitions}
     if join.lookup is not None:
         return {"kind": "lookup", "state_partitions": join.state_partitions}
     shape = {
@@ -193,7 +198,7 @@ def _check_shape(checkpoint: str, join: Join) -> None:
             k for k in sorted({*now, *recorded} - {"format"}) if recorded.get(k) != now.get(k)
         ]
         raise StreamValueError(
-            f"join {join.name}: its checkpoint {checkpoint} ran with "
+            f"{join.noun} {join.name}: its checkpoint {checkpoint} ran with "
             + ", ".join(f"{k}={recorded.get(k)!r}" for k in changed)
             + f", not {', '.join(f'{k}={now.get(k)!r}' for k in changed)}: the buffered "
             "events were placed and kept by those; start on a new checkpoint (and output) "
@@ -224,12 +229,14 @@ def start_join(
     (``availableNow=True``, ``processingTime="2 seconds"``); ``max_records``: each
     side's records per batch at most (else its ``maxRecordsPerBatch`` option).
     ``spec``: the spec file it came from (the console names it)."""
+    if isinstance(join, Select):
+        join = join.join  # (run as a one-sided join)
     if not isinstance(join, Join):
-        raise StreamValueError(f"start_join takes a Join, not {type(join).__name__}")
+        raise StreamValueError(f"start_join takes a Join or a Select, not {type(join).__name__}")
     parsed = parse_trigger(trigger)
     if join.frames and max_records is not None:
         raise StreamValueError(
-            f"join {join.name}: max_records limits a topic side's batches; a DataFrame's "
+            f"{join.noun} {join.name}: max_records limits a topic side's batches; a DataFrame's "
             "source has its own limit (Kafka's maxOffsetsPerTrigger, a riverbed topic's "
             "maxRecordsPerBatch, files' maxFilesPerTrigger)"
         )
@@ -291,10 +298,15 @@ def open_join(
     return cfg
 
 
-def batch_line(batch_id: int, record: BatchRecord) -> str:
-    """How ``stream run`` reports a join's finished batch."""
+def batch_line(batch_id: int, record: BatchRecord, select: bool = False) -> str:
+    """How ``stream run`` reports a join's finished batch (``select``: a Select's)."""
     alone = f", {record.unmatched} unmatched" if record.unmatched else ""
     kept_out = f", {record.filtered} filtered" if record.filtered else ""  # (a side's where)
+    if select:  # nothing is late: it has no watermark
+        return (
+            f"batch {batch_id}: {record.counted('input')} records, {record.joined or 0} rows, "
+            f"{record.counted('malformed')} malformed{kept_out}"
+        )
     return (
         f"batch {batch_id}: {record.counted('input')} records, {record.joined or 0} joined"
         f"{alone}, {record.counted('late')} late, {record.counted('malformed')} malformed"
@@ -330,9 +342,12 @@ def manifest(
     }
     if join.lookup is not None:
         sides["right"] = {"table": join.lookup.label, "refresh": join.lookup.refresh}
+    derived = dict(join.derived[0])
     return {
         "kind": "join",
         "name": join.name,
+        # a Select's output columns, {name: Spark SQL} ({}: every field); None: a join
+        "select": None if join.select is None else {n: derived[c] for n, c in join.select},
         "spec": str(spec) if spec else None,
         "sides": sides,
         "how": join.how,
@@ -363,7 +378,8 @@ def status(
     }
     table = None if join.lookup is None else join.lookup.label
     return status_of(
-        join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join), table
+        join.name, sides, join.state_partitions, checkpoint, state, Rule.of(join), table,
+        stateless=join.stateless,
     )  # fmt: skip
 
 
@@ -376,12 +392,14 @@ def status_of(
     rule: Rule,
     table: str | None = None,
     namespace: str | None = None,
+    stateless: bool = False,
 ) -> dict[str, Any]:
     """:func:`status` from what it needs: each side's (topic, log, reader options), the
     state's partition count, its pairing rule; a lookup join's ``table`` (its label),
     shown as its right side with the version the newest batch joined with; its state's
-    name when not ``name``. A side whose log cannot be read now has no lag (``None``)
-    and says why (``lag_error``)."""
+    name when not ``name``; ``stateless``: a lookup join or a Select (no state, no
+    watermark). A side whose log cannot be read now has no lag (``None``) and says why
+    (``lag_error``)."""
     from riverbed.durations import iso_ms
     from riverbed.errors import RiverbedError
 
@@ -389,6 +407,7 @@ def status_of(
     ids = batches.ids()
     done = next((r for b in reversed(ids) if (r := batches.get(b)) is not None and r.done), None)
     totals = dict(done.totals or {}) if done is not None else {}
+    stateless = stateless or table is not None
     info: dict[str, Any] = {
         "join": name,
         "batches": totals.get("batches", 0),
@@ -398,11 +417,11 @@ def status_of(
         "late": totals.get("late", 0),
         "malformed": totals.get("malformed", 0),
         "filtered": totals.get("filtered", 0),
-        # (a lookup join has none: nothing of it waits for time)
-        "watermark": iso_ms(done.watermark_ms) if done is not None and table is None else None,
+        # (a lookup join and a Select have none: nothing of them waits for time)
+        "watermark": iso_ms(done.watermark_ms) if done is not None and not stateless else None,
         "sides": {},
     }
-    holding = _held(namespace or name, partitions if table is None else 0, state, rule)
+    holding = _held(namespace or name, 0 if stateless else partitions, state, rule)
     for which, (topic, url, reader) in sides.items():
         read = ends_of((done.sources or {}).get(which, {})) if done is not None else {}
         lag, why = None, None
@@ -452,7 +471,7 @@ def manifest_status(
     state = StateConfig(local_dir=local_dir, durable=info["state_durable"])
     return status_of(
         str(info["name"]), sides, int(info["state_partitions"]), checkpoint, state, rule, table,
-        info.get("state_name"),
+        info.get("state_name"), stateless=info.get("select") is not None,
     )  # fmt: skip
 
 

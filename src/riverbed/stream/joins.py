@@ -2,7 +2,9 @@
 process import it cheaply): a :class:`Lookup` enriches an aggregation's events from a
 table (read, snapshotted and joined by :mod:`riverbed.stream.lookups`); a :class:`Join`
 pairs the events of two streams in a window or an interval (the pairing rules:
-:mod:`riverbed.stream.pairing`; run by :mod:`riverbed.stream.streamjoin`)."""
+:mod:`riverbed.stream.pairing`; run by :mod:`riverbed.stream.streamjoin`) — or, built
+by a :class:`~riverbed.stream.selects.Select`, filters and projects one stream's
+events."""
 
 from __future__ import annotations
 
@@ -245,12 +247,23 @@ class Join:
     where: Mapping[str, str] | None = None
     until: str | None = None
     columns: Mapping[str, Mapping[str, str]] | None = None
+    # a Select's output columns, (name, the left side's column it is), in order ((): every
+    # field of the source); set by Select.join only — then there is no right side
+    select: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise StreamValueError(f"join name {self.name!r}: letters, digits, '_' (max 64)")
         _side(self.left, "left")
-        if isinstance(self.right, Lookup):
+        if self.select is not None:
+            if self.right is not None or any(
+                getattr(self, w) is not None for w in ("window", "within", "until", "how")
+            ):
+                raise StreamValueError(
+                    f"select {self.name}: a Select has one source and no window, interval "
+                    "or partner (build it with Select(...))"
+                )
+        elif isinstance(self.right, Lookup):
             self._lookup_join(self.right)
         else:
             _side(self.right, "right")
@@ -262,7 +275,7 @@ class Join:
             _pair(self.on, "on")
             object.__setattr__(self, "how", "inner" if self.how is None else self.how)
         _pair(self.time, "time")
-        if self.lookup is None and (self.window is None) == (self.within is None):
+        if not self.stateless and (self.window is None) == (self.within is None):
             raise StreamValueError(
                 f"join {self.name}: give window= (both events in the same window, e.g. "
                 "'10s') or within=(before, after) (an interval around the left event's "
@@ -279,9 +292,9 @@ class Join:
             object.__setattr__(self, "within", (self.within[0], self.within[1]))
             for d in self.within:
                 _ms(d, "within")
-        if self.how not in ("inner", "left"):
+        if self.select is None and self.how not in ("inner", "left"):
             raise StreamValueError(f"join how={self.how!r}: 'inner' or 'left'")
-        if self.until is not None and self.lookup is None:
+        if self.until is not None and not self.stateless:
             if not isinstance(self.until, str) or not self.until:
                 raise StreamValueError(
                     f"join {self.name}: until={self.until!r} names a time column of the left "
@@ -319,7 +332,7 @@ class Join:
                     "e.g. {'left': \"state IN ('OR', 'CA')\", 'right': 'category = 10'}"
                 )
             # kept as (side, condition) pairs in the sides' order: a Join stays hashable
-            if self.lookup is not None and "right" in where:
+            if self.stateless and "right" in where:
                 raise StreamValueError(
                     f"join {self.name}: the right side is a table (a Lookup): it has no "
                     "where; its columns= chooses what the events get"
@@ -342,7 +355,7 @@ class Join:
         for side in _SIDES:
             if side not in given:
                 continue
-            if side == "right" and self.lookup is not None:
+            if side == "right" and self.stateless:
                 raise StreamValueError(
                     f"join {self.name}: the right side is a table (a Lookup): derive columns "
                     "of the left side, which the table's are joined to"
@@ -384,10 +397,28 @@ class Join:
         return self.right if isinstance(self.right, Lookup) else None
 
     @property
+    def stateless(self) -> bool:
+        """A lookup join or a Select: one stream, no state, no watermark (nothing of it
+        waits for time)."""
+        return self.lookup is not None or self.select is not None
+
+    def named(self, text: str) -> str:
+        """``text`` (an error, a dead letter's reason) with a Select's own names for its
+        columns, not the derived columns that run them."""
+        for name, internal in self.select or ():
+            text = text.replace(f"columns[{internal!r}]", f"columns[{name!r}]")
+        return text
+
+    @property
+    def noun(self) -> str:
+        """How errors name it: ``select`` or ``join``."""
+        return "join" if self.select is None else "select"
+
+    @property
     def sides(self) -> tuple[tuple[str, str | None, dict[str, str]], ...]:
         """(topic, log or None, reader options) of the left, then the right side (of a
-        lookup join: the left side only)."""
-        if self.lookup is not None:
+        lookup join and a Select: the left side only)."""
+        if self.stateless:
             return (_side(self.left, "left"),)
         return _side(self.left, "left"), _side(self.right, "right")
 
@@ -412,6 +443,8 @@ class Join:
 
     @property
     def keys(self) -> tuple[str, str]:
+        if self.select is not None:  # rows keep their log order: by partition, offset
+            return "partition", "partition"
         if self.lookup is not None:
             return self.lookup.event_column, self.lookup.table_column
         return _pair(self.on, "on")

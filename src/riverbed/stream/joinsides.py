@@ -51,7 +51,7 @@ def prepare(
         url = side_log or log_url
         if url is None:
             raise StreamValueError(
-                f"join {join.name}: the {which} side's topic {topic!r} needs a log: "
+                f"{join.noun} {join.name}: the {which} side's topic {topic!r} needs a log: "
                 "configure one (riverbed.toml's log) or give Topic(name, log=...)"
             )
         options = {**reader, "topic": topic, "log": url}
@@ -63,8 +63,8 @@ def prepare(
         try:
             if topic not in opened.topics():
                 raise StreamValueError(
-                    f"join {join.name}: the {which} side's topic {topic!r} does not exist in "
-                    f"{url}; create it with `riverbed topic create {topic} --partitions "
+                    f"{join.noun} {join.name}: the {which} side's topic {topic!r} does not "
+                    f"exist in {url}; create it with `riverbed topic create {topic} --partitions "
                     f"{join.state_partitions}`"
                 )
         finally:
@@ -92,14 +92,14 @@ def _prepare_frames(
     for which in SIDES[: len(join.sides)]:
         if which not in frames:
             raise StreamValueError(
-                f"join {join.name}: one side is a DataFrame, the {which} side is not; give "
+                f"{join.noun} {join.name}: one side is a DataFrame, the {which} side is not; give "
                 "both as Frame(df) (a riverbed topic reads as one through "
                 'spark.readStream.format("riverbed").option("topic", …)), or both as topics'
             )
         df = frames[which]
         if not getattr(df, "isStreaming", False):
             raise StreamValueError(
-                f"join {join.name}: the {which} side's DataFrame is not a streaming one "
+                f"{join.noun} {join.name}: the {which} side's DataFrame is not a streaming one "
                 "(spark.readStream…)"
             )
         sides.append(_side(join, which, df.schema, {}, "side's DataFrame", "select it first"))
@@ -138,15 +138,30 @@ def _side(
     try:  # refused now, not by the first task
         compiled = compile_side(derived, where, input_types(arrow))
     except ExpressionError as exc:
-        raise ExpressionError(f"join {join.name}, the {which} side's {exc}") from None
+        if join.select is not None:
+            raise ExpressionError(f"select {join.name}: {join.named(str(exc))}") from None
+        raise ExpressionError(f"{join.noun} {join.name}, the {which} side's {exc}") from None
     added = [pa.field(n, arrow_type(c.type)) for n, c in (compiled.columns if compiled else ())]
     for f in added:
         arrow = arrow.append(f)
     fields = [f.name for f in schema.fields if f.name not in META_NAMES] + [f.name for f in added]
+    if join.select is not None:  # its rows: the output's columns, as Spark gives them
+        given = [f.name for f in schema.fields if f.name not in META_NAMES]
+        kept = [internal for _, internal in join.select] or given
+        every = [f.name for f in schema.fields]  # (the record's timestamp among them)
+        for what, column in [("time", time_column)]:
+            if column not in every:
+                raise StreamValueError(
+                    f"select {join.name}: {what}={column!r} is not a field of its "
+                    f"{what_side} (its fields: {', '.join(given) or 'none'}); name one of "
+                    f"them, or {fix}"
+                )
+        return JoinSide(options, schema, key, time_column, tuple(kept), (), where, derived,
+                        tuple(added))  # fmt: skip
     for what, column in (("on", key), ("time", time_column)):
         if column not in fields and not (what == "time" and column == "timestamp"):
             raise StreamValueError(
-                f"join {join.name}: {what}={column!r} is not a field of the {which} "
+                f"{join.noun} {join.name}: {what}={column!r} is not a field of the {which} "
                 f"{what_side} (its fields: {', '.join(fields) or 'none'}); "
                 f"name one of them, or {fix}"
             )
@@ -158,7 +173,7 @@ def _side(
         found = join.until in fields
         if not found or not pa.types.is_timestamp(arrow.field(join.until).type):
             raise StreamValueError(
-                f"join {join.name}: until={join.until!r} is "
+                f"{join.noun} {join.name}: until={join.until!r} is "
                 + ("not a timestamp" if found else "not a field")
                 + f" of the left {what_side} (its fields: {', '.join(fields) or 'none'}); name "
                 f"a timestamp column of it, or {fix}"
@@ -172,6 +187,8 @@ def _config(
     log_url: str | None, term: int | None, limits: list[int], in_driver_up_to: int,
 ) -> JoinConfig:  # fmt: skip
     names, out_schema = _output(join, sides)
+    if join.select is not None:  # one side: the right one reads nothing
+        sides = [sides[0], JoinSide({}, None, "", "", (), ())]
     return JoinConfig(
         join=join,
         sides=(sides[0], sides[1]),
@@ -194,6 +211,8 @@ def _output(join: Join, sides: list[JoinSide]) -> tuple[list[tuple[str, str]], p
     it is the same value), ``batch_id``."""
     names: list[tuple[str, str]] = []
     types: list[pa.Field] = []
+    if join.select is not None:
+        return _selected(join, sides[0])
     if join.window is not None:
         names.append((WINDOW_START, WINDOW_START))
         types.append(pa.field(WINDOW_START, pa.timestamp("us", tz="UTC")))
@@ -205,13 +224,14 @@ def _output(join: Join, sides: list[JoinSide]) -> tuple[list[tuple[str, str]], p
                 continue
             if which == "left" and c in taken:
                 raise StreamValueError(
-                    f"join {join.name}: the left side's column {c!r} has the name of a column "
-                    "riverbed adds to the joined rows; rename it (a schema option on the topic)"
+                    f"{join.noun} {join.name}: the left side's column {c!r} has the name of a "
+                    "column riverbed adds to the joined rows; rename it (a schema option on the "
+                    "topic)"
                 )
             name = c if c not in taken else f"right_{c}"
             if name in taken:
                 raise StreamValueError(
-                    f"join {join.name}: both sides have a column {c!r} and the right side "
+                    f"{join.noun} {join.name}: both sides have a column {c!r} and the right side "
                     f"also has {name!r}; rename one (a schema option on the topic)"
                 )
             taken.add(name)
@@ -224,6 +244,27 @@ def _output(join: Join, sides: list[JoinSide]) -> tuple[list[tuple[str, str]], p
             types.append(pa.field(name, kind))
     types.append(pa.field("batch_id", pa.int64()))
     return names, pa.schema(types)
+
+
+def _selected(join: Join, side: JoinSide) -> tuple[list[tuple[str, str]], pa.Schema]:
+    """:func:`_output` of a Select: its columns in order (every field when it names
+    none) with the types Spark gives them — decimals and timestamps as they are —
+    then ``batch_id``."""
+    arrow = side.arrow
+    pairs = list(join.select or ()) or [(c, c) for c in side.columns]
+    if "batch_id" in (name for name, _ in pairs):
+        raise StreamValueError(
+            f"select {join.name}: its source has a field 'batch_id', the name of the column "
+            "riverbed adds to each row; select its columns by name (columns=[...]) without it"
+        )
+    names = [(PREFIX["left"] + internal, name) for name, internal in pairs]
+    types = [pa.field(name, arrow.field(internal).type) for name, internal in pairs]
+    if join.on is not None and join.on not in {name for name, _ in pairs}:
+        raise StreamValueError(
+            f"select {join.name}: key={join.on!r} is not one of its columns "
+            f"({', '.join(n for n, _ in pairs)}); name one of them"
+        )
+    return names, pa.schema([*types, pa.field("batch_id", pa.int64())])
 
 
 __all__ = ["prepare"]

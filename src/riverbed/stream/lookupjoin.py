@@ -1,4 +1,6 @@
-"""A lookup join's batch (``Join(left="bids", right=Lookup(...))``): each event of the
+"""A lookup join's batch (``Join(left="bids", right=Lookup(...))``) — and a Select's,
+which is one without a table (:class:`~riverbed.stream.joins.Select`: the events
+filtered and projected, nothing added): each event of the
 left topic enriched from a table as of its batch, the rows written like a stream-stream
 join's (:func:`riverbed.stream.streamjoin.run_planned`: the output's batch file, the
 join's topic, the batch record) — but no state and no watermark: an event is never
@@ -88,9 +90,11 @@ def enriched(cfg: JoinConfig, snapshot: str, read: Any, counts: Counts) -> list[
     """The left side's rows ``read`` (Arrow batches of its columns and event ids: a
     topic's slice, or a DataFrame's rows) decoded and joined with the table's snapshot
     ``snapshot`` (its id, :func:`snapshot_of`): the rows, as the output's internal
-    columns; ``counts`` counts them (an event without a row: unmatched)."""
+    columns; ``counts`` counts them (an event without a row: unmatched). A Select's
+    (no table, ``snapshot`` ``""``): the events kept, with its columns."""
     lookup = cfg.join.lookup
-    assert lookup is not None
+    if lookup is None:
+        return list(events(cfg, "left", read, 0, counts))
     table = lookups.tables(cfg.checkpoint, [snapshot])[0]
     inside = dataclasses.replace(lookup, on=(PREFIX["left"] + lookup.event_column,
                                              lookup.table_column))  # fmt: skip
@@ -138,9 +142,11 @@ def run_batch(
     spark: Any, cfg: JoinConfig, batch_id: int, record: BatchRecord
 ) -> tuple[pa.Table | None, Counts]:
     """Run one planned batch's tasks (each piece of the left side's slices enriched with
-    the snapshot its plan names); returns the rows and the counts."""
+    the snapshot its plan names — a Select's: filtered and projected); returns the rows
+    and the counts."""
     tasks.describe(spark, f"riverbed join {cfg.join.name} batch {batch_id}")
-    enrich = enrich_task(cfg, snapshot_of(cfg, batch_id, record))
+    snapshot = "" if cfg.join.lookup is None else snapshot_of(cfg, batch_id, record)
+    enrich = enrich_task(cfg, snapshot)
     slices = side_slices(record, "left")
     work = pieces(slices, tasks.parallelism(spark))
     total = sum(s.end - s.start for s in slices)

@@ -1,6 +1,7 @@
 """A spec file's aggregation and its source, read: what ``riverbed stream run``,
 ``status`` and ``plan`` and the console load (``aggregation = Aggregation(...)``,
-``source = {...}``; ``join = Join(...)`` for a join's spec file) — the source as a
+``source = {...}``; ``join = Join(...)`` for a join's spec file, ``select = Select(...)``
+for a Select's, run as a one-sided join) — the source as a
 topic's or Kafka's options, a join's rows run in the same driver (``{"join":
 "join.py"}``), another aggregation's results through its results topic
 (``{"aggregation": "up.py"}``) or run in the same driver (``{"chained": "up.py"}``) —
@@ -16,6 +17,7 @@ from riverbed.errors import ConfigError
 from riverbed.stream import kafkasource as kafka
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.joins import Join
+from riverbed.stream.selects import Select
 
 
 def _namespace(path: Path) -> dict[str, Any]:
@@ -28,11 +30,21 @@ def _namespace(path: Path) -> dict[str, Any]:
 
 
 def load_join(path: str | Path) -> Join | None:
-    """The stream-stream join a spec file defines (``join = Join(...)``), or None when
-    it defines an aggregation instead."""
+    """The stream-stream join a spec file defines (``join = Join(...)``; ``select =
+    Select(...)``: the one-sided join that runs it), or None when it defines an
+    aggregation instead."""
     namespace = _namespace(Path(path))
     join = namespace.get("join")
-    if "aggregation" in namespace or join is None:
+    if "aggregation" in namespace:
+        return None
+    if join is None and "select" in namespace:
+        select = namespace["select"]
+        if not isinstance(select, Select):
+            raise ConfigError(
+                f"{path}: `select` must be a Select(...), not {type(select).__name__}"
+            )
+        return select.join
+    if join is None:
         return None
     if not isinstance(join, Join):
         raise ConfigError(f"{path}: `join` must be a Join(...), not {type(join).__name__}")
@@ -49,10 +61,15 @@ def load_spec(path: str | Path) -> tuple[Aggregation, dict[str, Any]]:
             f"{path} defines a stream-stream join (`join = Join(...)`): `riverbed stream run` "
             "and `riverbed stream status` take it; this command takes an aggregation"
         )
+    if aggregation is None and isinstance(namespace.get("select"), Select):
+        raise ConfigError(
+            f"{path} defines a Select (`select = Select(...)`): `riverbed stream run` and "
+            "`riverbed stream status` take it; this command takes an aggregation"
+        )
     if not isinstance(aggregation, Aggregation):
         raise ConfigError(
             f"{path} must define `aggregation = Aggregation(...)` (or `join = Join(...)`: "
-            "two streams joined)"
+            "two streams joined; or `select = Select(...)`: one stream filtered and projected)"
         )
     if isinstance(source, dict) and "aggregation" in source:
         return aggregation, chained_source(path, source)

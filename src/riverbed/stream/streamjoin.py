@@ -211,7 +211,9 @@ def events(
     SIDE_LIMIT) in ``counts``."""
     side = cfg.sides[SIDES.index(which)]
     rule = cfg.rule
-    keyless_ok = cfg.join.lookup is not None  # a NULL key matches no row of a table, as in SQL
+    # a NULL key matches no row of a table, as in SQL; a Select has no key
+    keyless_ok = cfg.join.stateless
+    as_given = cfg.join.select is not None  # a Select's rows keep Spark's types
     for read in batches:
         counts.input += read.num_rows
         batch: pa.RecordBatch | pa.Table = read
@@ -251,6 +253,8 @@ def events(
                 why = rows["_error"].to_numpy(dtype=object)
                 for holds, text in reasons[1:]:
                     why[pd.isna(why) & holds[bad]] = text
+                if as_given:  # a Select's reasons name its own columns
+                    why = np.array([v if v is None else cfg.join.named(v) for v in why], object)
                 counts.dlq_rows.append(rows.assign(_error=why, side=which))
         ok = ~bad & ~dropped
         if not ok.any():
@@ -273,7 +277,9 @@ def events(
             pc.cast(kept.column("offset"), pa.int64()),
         ]
         for c in side.columns:
-            arrays.append(stored_column(kept.column(c), c in side.times))
+            arrays.append(
+                kept.column(c) if as_given else stored_column(kept.column(c), c in side.times)
+            )
         yield pa.Table.from_arrays(arrays, names=[KEY, TS, PART, OFF, *cfg.columns(which)])
 
 
@@ -442,6 +448,13 @@ def output_rows(cfg: JoinConfig, batch_id: int, joined: pa.Table | None) -> pa.T
     schema = cfg.output_schema
     if joined is None or not joined.num_rows:
         return schema.empty_table()
+    if cfg.join.select is not None:  # a Select's: as they are, in log order
+        ranked = pc.sort_indices(joined, sort_keys=[(PART, "ascending"), (OFF, "ascending")])
+        joined = joined.take(ranked)
+        arrays = [joined.column(internal).cast(schema.field(name).type)
+                  for internal, name in cfg.names]  # fmt: skip
+        arrays.append(pa.array(np.full(joined.num_rows, batch_id, dtype=np.int64)))
+        return pa.Table.from_arrays(arrays, schema=schema)
     order = [KEY, "l" + TS, "l" + PART, "l" + OFF, "r" + TS, "r" + PART, "r" + OFF]
     for c in order:
         if c not in joined.column_names:  # no pairs in this batch: unmatched rows only
@@ -498,7 +511,7 @@ def run_planned(
     record.input, record.late, record.malformed = counts.input, counts.late, counts.malformed
     record.filtered = counts.filtered
     # unmatched: events without a partner; alone: the rows emitted without one
-    if cfg.join.lookup is not None:  # counted by the lookup tasks (inner: dropped)
+    if cfg.join.stateless:  # counted by the lookup tasks (inner: dropped; a Select: none)
         unmatched = counts.unmatched
         alone = unmatched if cfg.join.how == "left" else 0
     elif joined is None:
@@ -539,7 +552,8 @@ def _to_topic(cfg: JoinConfig, batch_id: int, table: pa.Table) -> None:
     sink = TopicSink(url, topic, cfg.join.state_partitions, schema=table.schema)
     try:
         cfg.fence()
-        sink.write_table(batch_id, table, cfg.sides[0].key)
+        key = cfg.join.on if cfg.join.select is not None else cfg.sides[0].key
+        sink.write_table(batch_id, table, str(key))
     finally:
         sink.close()
 
@@ -556,7 +570,7 @@ def _commit(cfg: JoinConfig, batches: BatchLog, batch_id: int, record: BatchReco
     if (batch_id + 1) % cfg.state.snapshot_every == 0:
         try:
             provider = StateProvider(cfg.state)
-            stateful = cfg.join.lookup is None  # (a lookup join keeps none)
+            stateful = not cfg.join.stateless  # (a lookup join and a Select keep none)
             for partition in range(cfg.join.state_partitions if stateful else 0):
                 provider.purge(cfg.namespace, partition, sweep_after=3600.0)
             batches.prune(batch_id + 1 - cfg.state.retain_versions)
