@@ -300,3 +300,23 @@ def test_a_cast_of_plain_integer_texts_at_once_gives_what_row_by_row_gives(
         if text.startswith("try"):
             expect = []
         assert failed == expect, text
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=ROWS)
+def test_a_batch_of_repeated_values_gives_what_each_row_alone_gives(
+    compiled: dict[str, Any], rows: list[tuple[Any, ...]]
+) -> None:
+    """Per-value functions (regexes, splits, substrings) run once per distinct string when
+    a batch repeats them (``expressions._each``): the answer — values and failed rows —
+    is the one the rows give each alone, which the Spark test holds to Spark's."""
+    table = _table(rows)
+    repeated = pa.concat_tables([table] * (64 // len(rows) + 1))
+    for text, node in compiled.items():
+        values, why = node.evaluate(table)
+        many, many_why = node.evaluate(repeated)
+        times = repeated.num_rows // table.num_rows
+        pairs = zip(many.to_pylist(), values.to_pylist() * times, strict=True)
+        assert all(_same(a, b) for a, b in pairs), text
+        failed = [w is not None for w in why.to_pylist()]
+        assert [w is not None for w in many_why.to_pylist()] == failed * times, text

@@ -723,6 +723,17 @@ def _string_function(fn: Callable[[pa.Array], pa.Array]) -> Callable[[list[pa.Ar
     return lambda a: (fn(a[0]), None)
 
 
+def _each(array: pa.Array, one: Callable[[str], Any], kind: pa.DataType = pa.string()) -> pa.Array:
+    """``one`` of each string (NULL stays NULL), in Python — once per distinct value when
+    they repeat (urls, channels: a batch holds few), else once per row."""
+    if len(array) >= 64:
+        encoded = pc.dictionary_encode(array)
+        distinct = encoded.dictionary.to_pylist()
+        if 2 * len(distinct) <= len(array):
+            return pa.array([one(s) for s in distinct], kind).take(encoded.indices)
+    return pa.array([None if s is None else one(s) for s in array.to_pylist()], kind)
+
+
 def _substring(arg: Node, start: Node, length: Node | None, text: str) -> Node:
     """Spark's 1-based SUBSTRING(s, pos[, len]): pos 0 is 1, a negative pos counts from
     the end; as ``UTF8String.substringSQL``."""
@@ -741,9 +752,7 @@ def _substring(arg: Node, start: Node, length: Node | None, text: str) -> Node:
         return "" if first >= end else s[first:end]
 
     def run(arrays: list[pa.Array]) -> tuple[pa.Array, None]:
-        return pa.array(
-            [None if s is None else one(s) for s in arrays[0].to_pylist()], pa.string()
-        ), None
+        return _each(arrays[0], one), None
 
     return Apply([arg], STRING, text, run)
 
@@ -769,20 +778,51 @@ def _regexp_extract(arg: Node, pattern: Node, index: Node | None, text: str) -> 
         return (found.group(group) or "") if found else ""
 
     def run(arrays: list[pa.Array]) -> tuple[pa.Array, None]:
-        return pa.array(
-            [None if s is None else one(s) for s in arrays[0].to_pylist()], pa.string()
-        ), None
+        return _each(arrays[0], one), None
 
     return Apply([arg], STRING, text, run)
 
 
-def _splitter(
-    arg: Node, pattern: Node, limit: Node | None, text: str
-) -> Callable[[str], list[str]]:
-    """SPLIT(s, regex[, limit]) of one string as Spark splits it: Java's ``String.split``
-    with the limit (0 and below: -1, every part, trailing empty ones kept) — a
-    zero-width match at the start makes no empty first part. A regex that matches the
-    empty string is refused (Java and Python step past empty matches differently)."""
+_REGEX_SYNTAX = set(".$|()[]{}^?*+\\")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """SPLIT(s, regex[, limit]) as Spark splits a string: Java's ``String.split`` with
+    the limit (0 and below: -1, every part, trailing empty ones kept) — a zero-width
+    match at the start makes no empty first part. ``literal``: the regex when it is
+    plain text (no regex syntax), split by Arrow at once."""
+
+    regex: re.Pattern[str]
+    most: int
+    literal: str | None
+
+    def __call__(self, s: str) -> list[str]:
+        out: list[str] = []
+        at = 0
+        for found in self.regex.finditer(s):
+            if 0 < self.most <= len(out) + 1:
+                break
+            if at == 0 and found.start() == found.end() == 0:
+                continue
+            out.append(s[at : found.start()])
+            at = found.end()
+        if at == 0 and not out:
+            return [s]
+        out.append(s[at:])
+        return out
+
+    def lists(self, strings: pa.Array) -> pa.ListArray:
+        """Every string's parts at once (a literal regex only)."""
+        assert self.literal is not None
+        most = self.most - 1 if self.most > 0 else None
+        parts: pa.ListArray = pc.split_pattern(strings, pattern=self.literal, max_splits=most)
+        return parts
+
+
+def _splitter(arg: Node, pattern: Node, limit: Node | None, text: str) -> _Split:
+    """:class:`_Split` of SPLIT's arguments. A regex that matches the empty string is
+    refused (Java and Python step past empty matches differently)."""
     _need(arg, STRING, text)
     if not isinstance(pattern, Literal) or pattern.type != STRING:
         raise ExpressionError(f"{text}: SPLIT needs a string literal regex")
@@ -796,29 +836,11 @@ def _splitter(
         raise ExpressionError(
             f"{text}: SPLIT by a regex that matches the empty string is not supported"
         )
-    most = int(limit.value) if limit is not None else -1
-
-    def split(s: str) -> list[str]:
-        out: list[str] = []
-        at = 0
-        for found in compiled.finditer(s):
-            if 0 < most <= len(out) + 1:
-                break
-            if at == 0 and found.start() == found.end() == 0:
-                continue
-            out.append(s[at : found.start()])
-            at = found.end()
-        if at == 0 and not out:
-            return [s]
-        out.append(s[at:])
-        return out
-
-    return split
+    plain = None if set(pattern.value) & _REGEX_SYNTAX else str(pattern.value)
+    return _Split(compiled, int(limit.value) if limit is not None else -1, plain)
 
 
-def _split_at(
-    arg: Node, parts: Callable[[str], list[str]], index: Node, base: int, missing: str, text: str
-) -> Node:
+def _split_at(arg: Node, parts: _Split, index: Node, base: int, missing: str, text: str) -> Node:
     """One part of a split string: ``base`` 0 (``split(…)[i]``, ``get``) or 1
     (``element_at``: a negative index counts from the end); an index past the parts is
     ``missing``: ``"fail"`` (ANSI's error), ``"null"`` (``try_element_at``, ``get``)."""
@@ -827,18 +849,39 @@ def _split_at(
     i = int(index.value)
     if base == 1 and i == 0:
         raise ExpressionError(f"{text}: SQL array indices start at 1, not 0")
+    fails = missing == "fail"
 
-    def pick(s: str) -> tuple[str | None, bool]:
+    def position(count: Any) -> Any:
+        """The part's place among ``count`` parts (past them: out of range)."""
+        return i - 1 if base == 1 and i > 0 else (count + i if base == 1 else i)
+
+    def pick(s: str) -> dict[str, Any]:
         got = parts(s)
-        at = i - 1 if base == 1 and i > 0 else (len(got) + i if base == 1 else i)
+        at = position(len(got))
         if 0 <= at < len(got):
-            return got[at], False
-        return None, missing == "fail"
+            return {"v": got[at], "f": False}
+        return {"v": None, "f": fails}
+
+    kind = pa.struct([("v", pa.string()), ("f", pa.bool_())])
+
+    def at_once(strings: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+        lists = parts.lists(strings)
+        given = pc.is_valid(strings).to_numpy(zero_copy_only=False)
+        count = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+        at = position(count.astype(np.int64))
+        inside = given & (at >= 0) & (at < count)
+        first = lists.offsets.to_numpy(zero_copy_only=False)[:-1].astype(np.int64)
+        where = pa.array(np.where(inside, first + at, 0), mask=~inside)  # (NULL: none)
+        values = lists.values.take(where) if inside.any() else pa.nulls(len(strings), pa.string())
+        failed = given & ~inside if fails else np.zeros(len(strings), dtype=bool)
+        return values, failed if failed.any() else None
 
     def run(arrays: list[pa.Array]) -> tuple[pa.Array, np.ndarray | None]:
-        picked = [(None, False) if s is None else pick(s) for s in arrays[0].to_pylist()]
-        failed = np.array([f for _, f in picked], dtype=bool)
-        return pa.array([v for v, _ in picked], pa.string()), failed if failed.any() else None
+        if parts.literal is not None and len(arrays[0]):
+            return at_once(arrays[0])
+        picked = _each(arrays[0], pick, kind)
+        failed = pc.fill_null(pc.struct_field(picked, [1]), False).to_numpy(zero_copy_only=False)
+        return pc.struct_field(picked, [0]), failed if failed.any() else None
 
     return Apply([arg], STRING, text, run, "array index out of bounds")
 
@@ -860,9 +903,7 @@ def _split_part(arg: Node, delimiter: Node, index: Node, text: str) -> Node:
         return got[at] if 0 <= at < len(got) else ""
 
     def run(arrays: list[pa.Array]) -> tuple[pa.Array, None]:
-        return pa.array(
-            [None if s is None else one(s) for s in arrays[0].to_pylist()], pa.string()
-        ), None
+        return _each(arrays[0], one), None
 
     return Apply([arg], STRING, text, run)
 
