@@ -723,9 +723,11 @@ def _string_function(fn: Callable[[pa.Array], pa.Array]) -> Callable[[list[pa.Ar
     return lambda a: (fn(a[0]), None)
 
 
-def _each(array: pa.Array, one: Callable[[str], Any], kind: pa.DataType = pa.string()) -> pa.Array:
+def _each(array: pa.Array, one: Callable[[str], Any], kind: pa.DataType | None = None) -> pa.Array:
     """``one`` of each string (NULL stays NULL), in Python — once per distinct value when
-    they repeat (urls, channels: a batch holds few), else once per row."""
+    they repeat (urls, channels: a batch holds few), else once per row; strings unless
+    ``kind`` says."""
+    kind = pa.string() if kind is None else kind
     if len(array) >= 64:
         encoded = pc.dictionary_encode(array)
         distinct = encoded.dictionary.to_pylist()
