@@ -251,3 +251,38 @@ def test_a_select_refuses_what_it_cannot_do_with_the_fix(spark: Any, tmp_path: P
         with pytest.raises(StreamValueError, match=match):
             drain(spark, select, tmp_path, log_url)
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.kafka
+def test_a_kafka_topics_events_are_selected_as_a_riverbed_topics_are(
+    spark: Any, tmp_path: Path, kafka_server: Any, kafka_topic: str
+) -> None:
+    """The source in Kafka (JSON values): the rows Spark SQL gives, a record that is not
+    JSON malformed and sent to the Select's .dlq, counted."""
+    import json
+
+    from confluent_kafka import Producer
+
+    events = bids(300, seed=12).assign(tag="7")
+    kafka_server.create_topic(kafka_topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap, "acks": "all"})
+    rows = events.astype(object).where(events.notna(), None).to_dict("records")
+    for row in rows:
+        value = {**row, "ts": pd.Timestamp(row["ts"]).isoformat()}
+        producer.produce(kafka_topic, key=str(row["auction"]), value=json.dumps(value))
+    producer.produce(kafka_topic, key="x", value=b"{not json")
+    assert producer.flush(30) == 0
+    log_url = f"file://{tmp_path / 'log'}"
+    source = Topic(kafka_topic, log=f"kafka://{kafka_server.bootstrap}?serde=json",
+                   options={"schema": BIDS})  # fmt: skip
+    select = Select(name="picked", source=source, where=WHERE, columns=COLUMNS, time="ts")
+    drain(spark, select, tmp_path, log_url)
+    want, bad = spark_answer(spark, events)
+    assert rows_of(read_joined(tmp_path / "out")) == want and not bad and len(want) > 100
+    batches = open_batches(tmp_path / "cp")
+    totals = batches.get(batches.ids()[-1]).totals  # type: ignore[union-attr]
+    assert totals is not None and totals["malformed"] == 1 and totals["input"] == 301
+    log = riverbed.log.open(log_url)
+    (dead,) = [r.value for r in log.read("picked.dlq", 0, 0, 10)]
+    log.close()
+    assert dead["_error"]
