@@ -14,10 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from starlette.testclient import TestClient
 
 import riverbed.log
+from riverbed.config import Config
+from riverbed.inspect import Sources
+from riverbed.inspect import join as inspect_join
 from riverbed.stream.joinquery import read_joined
 from riverbed.stream.layout import Checkpoint
+from riverbed.ui.app import create_app
+from riverbed.ui.console import Console
 from tests.stream.crashes import stream_run_killed_then_drained
 from tests.stream.test_select import BIDS, bids, send
 
@@ -106,3 +112,16 @@ def test_a_select_killed_mid_batch_gives_every_row_once(
     said = json.loads(status.stdout)
     assert said["joined"] == len(want) and said["input_records"] == len(events)
     assert said["sides"]["left"]["lag"] == 0 and said["watermark"] is None
+
+    # the console's page of it, from its checkpoint alone: a Select, its columns
+    sources = Sources(Config(home=home))
+    try:
+        shown = inspect_join(sources, "picked")
+        assert shown["select"]["dollars"] == "price * 0.908" and shown["joined"] == len(want)
+        with TestClient(create_app(Console(sources, interval=3600), sample=False)) as client:
+            page = client.get("/streams/picked").text
+            assert "<h1>Select picked</h1>" in page and "no state (a Select)" in page
+            assert "<code>dollars = price * 0.908</code>" in page and "rb__" not in page
+            assert 'href="/streams/picked"' in client.get("/streams").text
+    finally:
+        sources.close()

@@ -183,7 +183,9 @@ def join(src: Sources, name: str) -> dict[str, Any]:
         out["error"] = str(exc)
     out["driver"] = _driver(src, name)
     out["checkpoint"] = str(checkpoint)
-    shape = ("how", "window_ms", "bounds_ms", "until", "where", "columns", "state_partitions")
+    # (select: a Select's output columns, {name: Spark SQL}, {} for every field; else None)
+    shape = ("how", "window_ms", "bounds_ms", "until", "where", "columns", "state_partitions",
+             "select")  # fmt: skip
     for key in (*shape, "output"):
         out[key] = info.get(key)
     return out

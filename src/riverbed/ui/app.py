@@ -361,8 +361,9 @@ class ConsoleApp:
         name = request.path_params["name"]
         if name in q.join_names(self.src):  # a stream-stream join: its sides
             joined = q.join(self.src, name)
+            kind = "Join" if joined.get("select") is None else "Select"  # (a one-sided join)
             return self.page(
-                request, "join.html", f"Join {name}",
+                request, "join.html", f"{kind} {name}",
                 f"riverbed stream status {joined['spec'] or name + '.py'} --json", j=joined,
             )  # fmt: skip
         info = q.stream(self.src, name, ledger=30)
