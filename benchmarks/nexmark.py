@@ -18,10 +18,13 @@ random letters and ``item.htm?query=1``, a channel not hot's ``&channel_id=`` af
 auction queries read co-located, the others shuffle partials), CSV files for Flink
 (one per source task, each in time order), and a DataFrame for DuckDB.
 
-**Queries.** Those riverbed expresses (every one needs state; Nexmark's q0, q1, q2,
-q14, q21 and q22 are per-event projections and filters, which riverbed — an
-aggregation engine — has no output for):
+**Queries.** Nexmark's bid queries:
 
+* ``q0`` pass-through, ``q1`` currency conversion, ``q2`` selection, ``q14``
+  calculation, ``q21`` channel id, ``q22`` url directories: per-event projections and
+  filters, each a riverbed ``Select`` (:func:`selects`; no ``extra`` column is
+  generated, so q14 counts the url's 'c's) — their millions of rows compared by an
+  order-free digest (``flink_conf.digest``);
 * ``q5`` hot items: bids per auction per 10 s window sliding every 2 s (``final``),
   then, chained after it in the same driver (``Chained``; ``--through-topic``: through
   its results topic, a driver each), the largest count per window and its auction
