@@ -759,19 +759,26 @@ def _substring(arg: Node, start: Node, length: Node | None, text: str) -> Node:
     return Apply([arg], STRING, text, run)
 
 
+def _regex(function: str, arg: Node, pattern: Node, number: Node | None, what: str,
+           text: str) -> re.Pattern[str]:  # fmt: skip
+    """A regex function's string argument checked, and its regex — a string literal —
+    compiled; ``number`` (its group, its limit) an integer literal if given."""
+    _need(arg, STRING, text)
+    if not isinstance(pattern, Literal) or pattern.type != STRING:
+        raise ExpressionError(f"{text}: {function} needs a string literal regex")
+    if number is not None and not (isinstance(number, Literal) and number.type.integral):
+        raise ExpressionError(f"{text}: {function} needs an integer literal {what}")
+    try:
+        return re.compile(pattern.value)
+    except re.error as exc:
+        raise ExpressionError(f"{text}: the regex does not compile ({exc})") from None
+
+
 def _regexp_extract(arg: Node, pattern: Node, index: Node | None, text: str) -> Node:
     """REGEXP_EXTRACT(s, regex[, idx=1]): the group's text, "" when the regex does not
     match or the group took no part; NULL for a NULL input."""
-    _need(arg, STRING, text)
-    if not isinstance(pattern, Literal) or pattern.type != STRING:
-        raise ExpressionError(f"{text}: REGEXP_EXTRACT needs a string literal regex")
-    if index is not None and not (isinstance(index, Literal) and index.type.integral):
-        raise ExpressionError(f"{text}: REGEXP_EXTRACT needs an integer literal group")
-    try:
-        compiled = re.compile(pattern.value)
-    except re.error as exc:
-        raise ExpressionError(f"{text}: the regex does not compile ({exc})") from None
-    group = 1 if index is None else int(index.value)
+    compiled = _regex("REGEXP_EXTRACT", arg, pattern, index, "group", text)
+    group = 1 if index is None else int(index.value)  # type: ignore[attr-defined]
     if not 0 <= group <= compiled.groups:
         raise ExpressionError(f"{text}: the regex has {compiled.groups} group(s), not {group}")
 
@@ -825,21 +832,13 @@ class _Split:
 def _splitter(arg: Node, pattern: Node, limit: Node | None, text: str) -> _Split:
     """:class:`_Split` of SPLIT's arguments. A regex that matches the empty string is
     refused (Java and Python step past empty matches differently)."""
-    _need(arg, STRING, text)
-    if not isinstance(pattern, Literal) or pattern.type != STRING:
-        raise ExpressionError(f"{text}: SPLIT needs a string literal regex")
-    if limit is not None and not (isinstance(limit, Literal) and limit.type.integral):
-        raise ExpressionError(f"{text}: SPLIT needs an integer literal limit")
-    try:
-        compiled = re.compile(pattern.value)
-    except re.error as exc:
-        raise ExpressionError(f"{text}: the regex does not compile ({exc})") from None
+    compiled = _regex("SPLIT", arg, pattern, limit, "limit", text)
     if compiled.search("") is not None:
         raise ExpressionError(
             f"{text}: SPLIT by a regex that matches the empty string is not supported"
         )
-    plain = None if set(pattern.value) & _REGEX_SYNTAX else str(pattern.value)
-    return _Split(compiled, int(limit.value) if limit is not None else -1, plain)
+    plain = None if set(compiled.pattern) & _REGEX_SYNTAX else compiled.pattern
+    return _Split(compiled, int(limit.value) if limit is not None else -1, plain)  # type: ignore[attr-defined]
 
 
 def _split_at(arg: Node, parts: _Split, index: Node, base: int, missing: str, text: str) -> Node:

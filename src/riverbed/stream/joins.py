@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 from urllib.parse import urlsplit
 
 from riverbed.durations import duration_ms
@@ -146,6 +146,17 @@ class Lookup:
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _SIDES = ("left", "right")
+
+
+def named_expressions(value: Any) -> TypeGuard[Mapping[str, str]]:
+    """Whether ``value`` maps names (letters, digits, '_') to Spark SQL texts, one at
+    least: a side's derived columns, a Select's columns."""
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(isinstance(k, str) and _NAME.match(k) for k in value)
+        and all(isinstance(v, str) and v.strip() for v in value.values())
+    )
 
 
 def _pair(value: Any, what: str) -> tuple[str, str]:
@@ -361,12 +372,7 @@ class Join:
                     "of the left side, which the table's are joined to"
                 )
             named = given[side]
-            if (
-                not isinstance(named, Mapping)
-                or not named
-                or not all(isinstance(k, str) and _NAME.match(k) for k in named)
-                or not all(isinstance(v, str) and v.strip() for v in named.values())
-            ):
+            if not named_expressions(named):
                 raise StreamValueError(
                     f"join {self.name}: columns[{side!r}]={named!r} maps each new column's "
                     f"name (letters, digits, '_') to a Spark SQL expression, {example}"

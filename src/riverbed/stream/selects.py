@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from riverbed.stream.errors import StreamValueError
-from riverbed.stream.joins import _NAME, Join, _side
+from riverbed.stream.joins import _NAME, Join, _side, named_expressions
 
 __all__ = ["Select"]
 
@@ -70,12 +70,7 @@ class Select:
         if isinstance(columns, list | tuple) and all(isinstance(c, str) for c in columns):
             columns = {c: f"`{c}`" for c in columns}
         example = "e.g. {'auction': 'auction', 'dollars': 'price * 0.908'}, or ['auction', 'price']"
-        if columns is not None and (
-            not isinstance(columns, Mapping)
-            or not columns
-            or not all(isinstance(k, str) and _NAME.match(k) for k in columns)
-            or not all(isinstance(v, str) and v.strip() for v in columns.values())
-        ):
+        if columns is not None and not named_expressions(columns):
             raise StreamValueError(
                 f"select {self.name}: columns={self.columns!r} maps each output column's name "
                 f"(letters, digits, '_') to a Spark SQL expression, {example}"
