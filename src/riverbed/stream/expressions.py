@@ -1175,13 +1175,11 @@ def _build(e: Any, schema: Mapping[str, SqlType]) -> Node:
                 f"{text}: arrays are not supported but for one part of a split string "
                 "(split(s, '/')[i], element_at(split(s, '/'), i), get(split(s, '/'), i))"
             )
-        limit = array.args.get("limit")
-        parts = _splitter(
-            sub(array.this), sub(array.expression), sub(limit) if limit else None, text
-        )
+        limit, strings = array.args.get("limit"), sub(array.this)
+        parts = _splitter(strings, sub(array.expression), sub(limit) if limit else None, text)
         base = 0 if getter else int(e.args.get("offset") or 0)
         missing = "null" if getter or e.args.get("safe") else "fail"
-        return _split_at(sub(array.this), parts, sub(index), base, missing, text)
+        return _split_at(strings, parts, sub(index), base, missing, text)
     if isinstance(e, exp.RegexpSplit):
         raise ExpressionError(
             f"{text}: SPLIT gives an array, which riverbed's expressions do not hold; take "

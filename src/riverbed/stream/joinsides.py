@@ -148,14 +148,12 @@ def _side(
     if join.select is not None:  # its rows: the output's columns, as Spark gives them
         given = [f.name for f in schema.fields if f.name not in META_NAMES]
         kept = [internal for _, internal in join.select] or given
-        every = [f.name for f in schema.fields]  # (the record's timestamp among them)
-        for what, column in [("time", time_column)]:
-            if column not in every:
-                raise StreamValueError(
-                    f"select {join.name}: {what}={column!r} is not a field of its "
-                    f"{what_side} (its fields: {', '.join(given) or 'none'}); name one of "
-                    f"them, or {fix}"
-                )
+        if time_column not in schema.names:  # (the record's timestamp among them)
+            raise StreamValueError(
+                f"select {join.name}: time={time_column!r} is not a field of its "
+                f"{what_side} (its fields: {', '.join(given) or 'none'}); name one of "
+                f"them, or {fix}"
+            )
         return JoinSide(options, schema, key, time_column, tuple(kept), (), where, derived,
                         tuple(added))  # fmt: skip
     for what, column in (("on", key), ("time", time_column)):

@@ -76,8 +76,7 @@ class Select:
                 f"(letters, digits, '_') to a Spark SQL expression, {example}"
             )
         if columns is not None:
-            clash = [k for k in columns if k == "batch_id"]
-            if clash:
+            if "batch_id" in columns:
                 raise StreamValueError(
                     f"select {self.name}: the output column 'batch_id' is riverbed's (each "
                     "row's batch); name yours otherwise"
