@@ -122,6 +122,7 @@ def test_a_select_killed_mid_batch_gives_every_row_once(
             page = client.get("/streams/picked").text
             assert "<h1>Select picked</h1>" in page and "no state (a Select)" in page
             assert "<code>dollars = price * 0.908</code>" in page and "rb__" not in page
+            assert "one for each event kept" in page and "left side: where" not in page
             assert 'href="/streams/picked"' in client.get("/streams").text
     finally:
         sources.close()
