@@ -250,6 +250,48 @@ def test_a_select_refuses_what_it_cannot_do_with_the_fix(spark: Any, tmp_path: P
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def test_a_select_restarted_with_changed_columns_is_refused_and_keeps_its_rows(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Its output's files keep one set of columns: a restart on the same checkpoint with
+    a column changed (its type, a name, one more) is refused naming it, with the fix,
+    before anything is written; a changed ``where`` runs (later batches filter by it). A
+    checkpoint of an older riverbed (no columns recorded) runs, and records them."""
+    import json
+
+    from riverbed.stream.layout import JOIN
+
+    log_url = f"file://{tmp_path / 'log'}"
+    source = Topic("bids", options={"schema": BIDS})
+    columns = {"auction": "auction", "price": "price"}
+    send(log_url, "bids", bids(100, seed=3))
+    select = Select(name="s", source=source, columns=columns, where="price > 10")
+    drain(spark, select, tmp_path, log_url)
+    before = read_joined(tmp_path / "out")
+    send(log_url, "bids", bids(50, seed=4, start=100))
+    changed = [
+        ({"auction": "auction", "price": "price * 0.9"}, "columns price decimal"),
+        ({"auction": "auction", "dollars": "price"}, "columns dollars int64"),
+        ({**columns, "url": "url"}, "now columns url string"),
+        ({"price": "price", "auction": "auction"}, r"\(in this order\)"),
+    ]
+    for given, match in changed:
+        with pytest.raises(StreamValueError, match=f"{match}.*start on a new checkpoint"):
+            drain(spark, Select(name="s", source=source, columns=given), tmp_path, log_url)
+    assert read_joined(tmp_path / "out").equals(before)
+
+    shape_file = tmp_path / "cp" / JOIN
+    recorded = json.loads(shape_file.read_text())
+    assert recorded["columns"] == [["auction", "int64"], ["price", "int64"], ["batch_id", "int64"]]
+    shape_file.write_text(json.dumps({k: v for k, v in recorded.items() if k != "columns"}))
+    select = Select(name="s", source=source, columns=columns, where="price > 5000")
+    drain(spark, select, tmp_path, log_url)
+    assert json.loads(shape_file.read_text()) == recorded
+    after = read_joined(tmp_path / "out")
+    new = after[after["auction"] >= 100]
+    assert len(after) == len(before) + len(new) and len(new) and (new["price"] > 5000).all()
+
+
 @pytest.mark.kafka
 def test_a_kafka_topics_events_are_selected_as_a_riverbed_topics_are(
     spark: Any, tmp_path: Path, kafka_server: Any, kafka_topic: str

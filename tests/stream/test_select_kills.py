@@ -112,6 +112,13 @@ def test_a_select_killed_mid_batch_gives_every_row_once(
     said = json.loads(status.stdout)
     assert said["joined"] == len(want) and said["input_records"] == len(events)
     assert said["sides"]["left"]["lag"] == 0 and said["watermark"] is None
+    text = subprocess.run([*command[:3], "stream", "status", str(spec)], env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert f"rows: {len(want)}" in text.stdout and "select: picked" in text.stdout
+    assert "source: topic" in text.stdout and "lag 0 records" in text.stdout
+    words = set(text.stdout.replace(":", " ").split())
+    assert not {"joined", "unmatched", "watermark", "held"} & words
 
     # the console's page of it, from its checkpoint alone: a Select, its columns
     sources = Sources(Config(home=home))

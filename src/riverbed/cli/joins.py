@@ -79,7 +79,8 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
 
 def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
     """``stream status join.py``: the join's totals and watermark, and each side's
-    topic, newest event time, lag and held events (``--json``: as one object)."""
+    topic, newest event time, lag and held events (``--json``: as one object); a
+    Select's totals, rows and its source's lag."""
     import json
 
     from rich.console import Console
@@ -93,26 +94,27 @@ def join_status(args: argparse.Namespace, config: Config, join: Any) -> int:
     if args.json:
         print(json.dumps(info))
         return 0
-    for key in (
-        "join",
-        "batches",
-        "input_records",
-        "joined",
-        "unmatched",
-        "late",
-        "malformed",
-        "filtered",
-    ):
-        out.print(f"{key:>14}: {info[key]}")
-    out.print(f"{'watermark':>14}: {info['watermark'] or '-'}")
+    select = join.select is not None
+    if select:  # one stream, no partner, no watermark, nothing held
+        shown = [("select", "join"), ("rows", "joined")] + [
+            (k, k) for k in ("batches", "input_records", "malformed", "filtered")
+        ]
+    else:
+        shown = [(k, k) for k in ("join", "batches", "input_records", "joined", "unmatched",
+                                  "late", "malformed", "filtered")]  # fmt: skip
+    for label, key in shown:
+        out.print(f"{label:>14}: {info[key]}")
+    if not select:
+        out.print(f"{'watermark':>14}: {info['watermark'] or '-'}")
     for which, side in info["sides"].items():
         if "table" in side:  # a lookup join's right side
             out.print(f"{which:>14}: table {side['table']}, read {side['read_at'] or '-'}")
             continue
         out.print(
-            f"{which:>14}: topic {side['topic']}, newest event {side['newest_event'] or '-'}, "
-            f"lag {side['lag'] if side['lag'] is not None else '-'} records, "
-            f"{side['held']} events held"
+            f"{'source' if select else which:>14}: topic {side['topic']}, newest event "
+            f"{side['newest_event'] or '-'}, "
+            f"lag {side['lag'] if side['lag'] is not None else '-'} records"
+            + ("" if select else f", {side['held']} events held")
             + (f" (lag unknown: {side['lag_error']})" if side.get("lag_error") else "")
         )
     return 0

@@ -179,23 +179,35 @@ def _shape(join: Join) -> dict[str, Any]:
     return shape
 
 
-def _check_shape(checkpoint: str, join: Join) -> None:
-    """Record the join's shape and its state's format at the first start; refuse a
-    changed shape, or state a newer riverbed wrote. State of an older format is read
-    (each partition rewritten by its next batch), so the record is raised to this one."""
+def output_columns(schema: pa.Schema) -> list[list[str]]:
+    """A join's (or Select's) output columns as its checkpoint records them: each name
+    and Arrow type (its result table's files must agree, as must its topic's rows)."""
+    return [[f.name, str(f.type)] for f in schema]
+
+
+def _check_shape(checkpoint: str, join: Join, columns: list[list[str]] | None = None) -> None:
+    """Record the join's shape, its output ``columns`` (:func:`output_columns`) and its
+    state's format at the first start; refuse a changed shape or changed columns, or
+    state a newer riverbed wrote. State of an older format is read (each partition
+    rewritten by its next batch), so the record is raised to this one; a record without
+    columns (an older riverbed's) takes them."""
     from riverbed.formats import CURRENT, check
 
     store = checkpoint_store(checkpoint)
     current = CURRENT["join state"]
     shape = {**_shape(join), "format": current}
+    if columns is not None:
+        shape["columns"] = columns
     if store.put_if_absent(JOIN, json.dumps(shape, sort_keys=True).encode()):
         return
     recorded = json.loads(store.get(JOIN))
     check("join state", recorded.get("format"), f"join {join.name} ({checkpoint})")
     now = _shape(join)
-    if {k: v for k, v in recorded.items() if k != "format"} != now:
+    if {k: v for k, v in recorded.items() if k not in ("format", "columns")} != now:
         changed = [
-            k for k in sorted({*now, *recorded} - {"format"}) if recorded.get(k) != now.get(k)
+            k
+            for k in sorted({*now, *recorded} - {"format", "columns"})
+            if recorded.get(k) != now.get(k)
         ]
         raise StreamValueError(
             f"{join.noun} {join.name}: its checkpoint {checkpoint} ran with "
@@ -204,8 +216,25 @@ def _check_shape(checkpoint: str, join: Join) -> None:
             "events were placed and kept by those; start on a new checkpoint (and output) "
             "to run the changed join"
         )
-    if recorded.get("format") != current:
+    was = recorded.get("columns")
+    if columns is not None and was is not None and was != columns:
+        raise StreamValueError(
+            f"{join.noun} {join.name}: its checkpoint {checkpoint} wrote rows of "
+            f"{_columns_text(was, columns)}, now {_columns_text(columns, was)}: its output's "
+            "files (and its topic's rows) keep one set of columns; start on a new "
+            "checkpoint and output (a new name) to run the changed columns, or put the "
+            "columns back"
+        )
+    if recorded.get("format") != current or (columns is not None and was is None):
         store.put(JOIN, json.dumps(shape, sort_keys=True).encode())
+
+
+def _columns_text(these: list[list[str]], others: list[list[str]]) -> str:
+    """The columns of ``these`` that differ from ``others`` (name and type), as text."""
+    differ = [f"{name} {kind}" for name, kind in these if [name, kind] not in others]
+    order = [n for n, _ in these] != [n for n, _ in others] and not differ
+    shown = ", ".join(differ) if differ else ", ".join(n for n, _ in these)
+    return f"columns {shown}" + (" (in this order)" if order else "")
 
 
 def start_join(
@@ -288,7 +317,7 @@ def open_join(
         term=term,
     )
     record_format(checkpoint)
-    _check_shape(str(checkpoint), join)
+    _check_shape(str(checkpoint), join, output_columns(cfg.output_schema))
     store = checkpoint_store(checkpoint)
     described = manifest(join, checkpoint, output, state, log_url, spec)
     if state_name is not None:
