@@ -13,7 +13,9 @@ state):
   with Snappy (RocksDB's default, what riverbed used before), with LZ4 + zstd for the
   bottommost level (RocksDB's advice) and with zstd (today's) — bytes on disk, and
   seconds to write and compact;
-* **result files** (Parquet, one per batch): Snappy (before) against zstd (today's).
+* **result files** (Parquet, one per batch) — the demo's and a join's rows (Nexmark q9i's
+  columns): Snappy and zstd with Parquet's dictionaries on every column (before) against
+  zstd with them on text columns only (today's).
 
     .venv/bin/python benchmarks/compression.py [--events 200000]
 
@@ -33,9 +35,12 @@ import time
 from pathlib import Path
 
 import msgpack
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from rocksdict import AccessType, DBCompressionType, Options, Rdict
 
+from riverbed.parquetbytes import text_columns
 from riverbed.state.changelog import Changelog
 
 
@@ -122,24 +127,55 @@ def state_files(state: Path, scratch: Path) -> tuple[tuple[str, str], list[list[
     return ("state files (SSTs)", f"{len(parts)} partitions, {len(items)} entries"), out
 
 
-def results(output: Path) -> tuple[tuple[str, str], list[list[object]]]:
-    files = sorted(output.rglob("*.parquet"))
+def results(tables: list[pa.Table], what: str) -> tuple[tuple[str, str], list[list[object]]]:
+    """Each table written as a result file three ways: Snappy (before), zstd with
+    Parquet's dictionaries on every column (before), zstd with them on text only
+    (today's: ``riverbed.stream.results.encode_file``)."""
     out: list[list[object]] = []
     sizes: dict[str, int] = {}
-    for codec in ("snappy", "zstd"):
+    ways = {
+        "snappy (before)": lambda t: {"compression": "snappy"},
+        "zstd, dictionaries everywhere (before)": lambda t: {"compression": "zstd"},
+        "zstd, dictionaries for text (today)": lambda t: {
+            "compression": "zstd", "use_dictionary": text_columns(t.schema)
+        },
+    }  # fmt: skip
+    for label, options in ways.items():
         total, seconds = 0, 0.0
-        for f in files:
-            table = pq.read_table(f)
+        for table in tables:
             buffer = io.BytesIO()
             t = time.perf_counter()
-            pq.write_table(table, buffer, compression=codec)
+            pq.write_table(table, buffer, **options(table))
             seconds += time.perf_counter() - t
             total += buffer.tell()
-        sizes[codec] = total
-        label = "snappy (before)" if codec == "snappy" else "zstd (today)"
-        n = max(1, len(files))
-        out.append([label, total, total / n, seconds / n * 1e3, total / max(1, sizes["snappy"])])
-    return ("result files (Parquet)", f"{len(files)} files"), out
+        sizes[label] = total
+        n = max(1, len(tables))
+        out.append(
+            [label, total, total / n, seconds / n * 1e3, total / max(1, sizes["snappy (before)"])]
+        )
+    return ("result files (Parquet): " + what, f"{len(tables)} files"), out
+
+
+def join_rows(batches: int = 10, rows: int = 91_000) -> list[pa.Table]:
+    """A join's result files as Nexmark's q9i writes them (each auction with its bids:
+    ids, a category, prices, times, a channel), ``rows`` a batch."""
+    rng = np.random.default_rng(7)
+    tables = []
+    for b in range(batches):
+        auction = np.sort(rng.integers(1000 + b * 6000, 7000 + b * 6000, rows))
+        us = pa.timestamp("us", tz="UTC")
+        tables.append(pa.table({
+            "id": auction,
+            "category": rng.integers(10, 15, rows),
+            "ts": pa.array((auction * 16 + rng.integers(0, 5, rows)) * 1000, us),
+            "expires": pa.array((auction * 16 + 20_000) * 1000, us),
+            "right_ts": pa.array(np.sort(rng.integers(0, 10**9, rows)) * 1000, us),
+            "price": rng.integers(100, 10**7, rows),
+            "bidder": rng.integers(1000, 21_000, rows),
+            "channel": rng.choice(["apple", "google", "facebook", "baidu"], rows),
+            "batch_id": np.full(rows, b),
+        }))  # fmt: skip
+    return tables
 
 
 def main() -> None:
@@ -155,7 +191,11 @@ def main() -> None:
         reports = [
             changelogs(demo / "checkpoints" / "state"),
             state_files(demo / "state", home / "scratch"),
-            results(demo / "output"),
+            results(
+                [pq.read_table(f) for f in sorted((demo / "output").rglob("*.parquet"))],
+                "the demo's aggregation",
+            ),
+            results(join_rows(), "a join's rows (q9i-like)"),
         ]
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from rescale import build  # a sibling benchmark's state
