@@ -30,7 +30,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -416,10 +415,9 @@ def run_batch(
             # mostly RocksDB and fsync, which let go of the GIL), with no board
             task = colocated_task(cfg, batch_id, watermark, previous, groups, None)
             attempts = task_attempts(where)
-            with ThreadPoolExecutor(len(groups), thread_name_prefix="riverbed-task") as pool:
-                results = list(
-                    pool.map(lambda i: _attempted(task, i, attempts), range(len(groups)))
-                )
+            results = tasks.in_threads(
+                lambda i: _attempted(task, i, attempts), range(len(groups)), len(groups)
+            )
         else:
             # the job's tasks, in other processes, open the partitions
             openpool.let_go(local_root(cfg.engine.state, cfg.engine.namespace))
@@ -464,10 +462,9 @@ def _shuffled_here(
     ``attempts`` times, as Spark would) — the merges' rows and the pieces' side counts."""
     pairs: list[tuple[int, Any]] = []
     sides: list[Side] = []
-    with ThreadPoolExecutor(max(1, min(len(work), 4)), thread_name_prefix="riverbed-task") as pool:
-        for piece in pool.map(stage1, work):
-            sides += [value for p, value in piece if p == n]
-            pairs += [(p, value) for p, value in piece if p != n]
+    for piece in tasks.in_threads(stage1, work, max(1, min(len(work), 4))):
+        sides += [value for p, value in piece if p == n]
+        pairs += [(p, value) for p, value in piece if p != n]
     return merged_here(pairs, n, merge, attempts), sides
 
 
@@ -480,12 +477,9 @@ def merged_here(
     routed: dict[int, list[Any]] = {p: [] for p in range(n)}
     for p, value in pairs:
         routed[p].append(value)
-    with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-task") as pool:
-        return list(
-            pool.map(
-                lambda p: _attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n)
-            )
-        )
+    return tasks.in_threads(
+        lambda p: _attempted(lambda i: merge(i, iter(routed[i])), p, attempts), range(n), min(n, 4)
+    )
 
 
 def _stray(cfg: DirectConfig, exc: BaseException) -> bool:

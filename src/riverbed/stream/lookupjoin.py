@@ -25,7 +25,6 @@ is in riverbed's record; :func:`enriched` runs over each task's rows).
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -151,9 +150,7 @@ def run_batch(
     work = pieces(slices, tasks.parallelism(spark))
     total = sum(s.end - s.start for s in slices)
     if in_driver(total, cfg.driver_records, tasks.master(spark)) or not work:
-        threads = min(max(1, len(work)), 4)
-        with ThreadPoolExecutor(threads, thread_name_prefix="riverbed-join") as pool:
-            done = list(pool.map(enrich, work))
+        done = tasks.in_threads(enrich, work, min(max(1, len(work)), 4))
     else:
         done = tasks.map_items(spark, work, enrich)
     counts = Counts()

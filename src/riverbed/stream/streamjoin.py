@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -428,8 +427,7 @@ def run_batch(
                     counts.add(value)
                 else:
                     routed[p].append(value)
-        with ThreadPoolExecutor(min(n, 4), thread_name_prefix="riverbed-join") as pool:
-            frames = list(pool.map(lambda p: pair(p, routed[p]), range(n)))
+        frames = tasks.in_threads(lambda p: pair(p, routed[p]), range(n), min(n, 4))
     else:
         # the job's tasks, in other processes, open the join's partitions (an aggregation
         # over its rows in this driver keeps its own open)
