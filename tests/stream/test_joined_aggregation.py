@@ -146,3 +146,45 @@ def _fields(obj: Any) -> dict[str, Any]:
     import dataclasses
 
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def test_a_failed_aggregation_batch_stops_the_query_and_the_restart_finishes_it_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The aggregation's batches run on a thread of their own while the join runs its
+    next (riverbed.stream.chain.Stages.drive): one that fails there stops the query
+    with its error (nothing hidden, the join not run on without it), and the next start
+    runs it again, every result once."""
+    log_url = f"file://{tmp_path / 'log'}"
+    orders, payments = orders_and_payments(400, seed=8)
+    late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
+    send(log_url, "orders", pd.concat([orders, late]), 3)
+    send(log_url, "payments", pd.concat([payments, late.rename(columns={"amount": "paid"})]), 2)
+    blocked = tmp_path / "out" / "batch_id=2"  # a file where the batch's directory goes
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("in the way")
+
+    def run() -> Any:
+        query = start(
+            spark, banded(), Joined(paid_join({}), max_records=60), checkpoint=tmp_path / "cp",
+            output=tmp_path / "out", log_url=log_url, trigger={"availableNow": True},
+        )  # fmt: skip
+        assert query.wait(300)
+        return query
+
+    failed = run()
+    assert "batch_id=2" in str(failed.exception())
+    aggregated = open_batches(tmp_path / "cp")
+    assert aggregated.ids()[-1] == 2 and not aggregated.get(2).done
+    join_batches = open_batches(tmp_path / "cp" / "join")
+    # the join ran at most its batch beside the failed one, not on to its end
+    assert join_batches.ids()[-1] <= upstream_range(aggregated.get(2))[2]
+    blocked.unlink()
+    assert run().exception() is None
+
+    want = expected(orders, payments)
+    got = read_results(tmp_path / "out")
+    got = got[got["window_start"] < T0 + pd.Timedelta("3d")].reset_index(drop=True)
+    assert len(want) > 20 and got["rows"].tolist() == want["rows"].tolist()
+    assert got["key"].tolist() == want["band"].tolist()
+    np.testing.assert_allclose(got["paid"].astype(float), want["paid"].astype(float))

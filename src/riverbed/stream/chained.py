@@ -156,7 +156,9 @@ class ChainedQuery(DirectQuery):
                 )  # fmt: skip
             failpoint(f"chained:{head}:committed:{batch_id}")  # its rows not read yet
 
-        self.stages.drive(self._triggered, lambda: self._next(topic_log, target), head_run)
+        self.stages.drive(
+            self._triggered, lambda: self._next(topic_log, target), head_run, self._tag
+        )
 
 
 __all__ = ["CHECKPOINT", "RESULTS", "Built", "ChainedQuery", "locations", "state_of", "upstream"]
