@@ -151,10 +151,9 @@ def _fields(obj: Any) -> dict[str, Any]:
 def test_a_failed_aggregation_batch_stops_the_query_and_the_restart_finishes_it_once(
     spark: Any, tmp_path: Path
 ) -> None:
-    """The aggregation's batches run on a thread of their own while the join runs its
-    next (riverbed.stream.chain.Stages.drive): one that fails there stops the query
-    with its error (nothing hidden, the join not run on without it), and the next start
-    runs it again, every result once."""
+    """An aggregation batch that fails (its output's directory is a file) stops the
+    query with its error — nothing hidden, the join not run on without it — and the
+    next start runs it again, every result once."""
     log_url = f"file://{tmp_path / 'log'}"
     orders, payments = orders_and_payments(400, seed=8)
     late = pd.DataFrame({"order_id": [10**6], "amount": [0.0], "ts": [T0 + pd.Timedelta("3d")]})
@@ -177,8 +176,8 @@ def test_a_failed_aggregation_batch_stops_the_query_and_the_restart_finishes_it_
     aggregated = open_batches(tmp_path / "cp")
     assert aggregated.ids()[-1] == 2 and not aggregated.get(2).done
     join_batches = open_batches(tmp_path / "cp" / "join")
-    # the join ran at most its batch beside the failed one, not on to its end
-    assert join_batches.ids()[-1] <= upstream_range(aggregated.get(2))[2]
+    # the join stopped at the batches the failed one reads, not run on to its end
+    assert join_batches.ids()[-1] < upstream_range(aggregated.get(2))[2]
     blocked.unlink()
     assert run().exception() is None
 

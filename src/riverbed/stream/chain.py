@@ -13,15 +13,11 @@ head's next batch, then each downstream's next batch over **the upstream batches
 has not read yet** — named in its record before it runs (``sources =
 {"<source>": {"0": [first, end]}}``: upstream batch ids) — so a kill anywhere re-runs
 the unfinished batch with the same input and exactly once holds for all of them. The
-downstreams' batches after a head's batch run on a thread of their own while the head
-runs its next batch (they share no state; q4's join and aggregations: ~10 % less
-wall time on 2 cores), and are waited for before the downstreams run again. The
 rows are handed over in memory; a re-run reads them from the upstream's output files
 (``batch_id=<b>/``: a join's rows, an aggregation's result table), which stay until a
-downstream has read them: a downstream's batch left unfinished by a kill runs before
-the head plans another, one running beside the head has read every upstream batch but
-the head's newest two, and compaction only folds an aggregation's batches before the
-one before its newest.
+downstream has read them: a downstream's unfinished batch runs before the head plans
+another, and compaction only folds an aggregation's batches before the one before its
+newest.
 
 A downstream's watermark never passes what its upstream may still emit
 (:attr:`Upstream.bound`): an aggregation's batch after watermark *P* emits windows
@@ -35,7 +31,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -318,38 +313,17 @@ class Stages:
         triggered: Callable[[Any, Any], None],
         head_next: Callable[[], tuple[int, BatchRecord] | None],
         head_run: Callable[[int, BatchRecord, float], None],
-        on_thread: Callable[[], None] = lambda: None,
     ) -> None:
         """The loop of a head and these stages under the query's trigger
         (``triggered(plan, run)``: :meth:`ThreadQuery._triggered`), their maintenance
-        waited for at its end. The stages' batches over a head's batch run on a thread
-        of their own (``on_thread()`` called there first: the query's Spark job group)
-        while the head runs its next batch — each waited for before the stages run
-        again, and before the loop ends."""
-        behind = _Behind(on_thread)
-
-        def plan() -> tuple[int, int, BatchRecord] | None:
-            if behind.running():  # the stages' batch is the one they are running
-                planned = head_next()
-                if planned is not None:
-                    return (-1, *planned)
-                behind.settle()
-            return self.next(head_next)
+        waited for at its end."""
 
         def run(index: int, batch_id: int, record: BatchRecord, began: float) -> None:
-            if index < 0:
-                head_run(batch_id, record, began)
-                behind.settle()  # the stages' batches over the head's batch before
-                behind.start(lambda: self.after(-1, began))
-            else:
-                behind.settle()
-                self.run(index, batch_id, record, began, head_run)
+            self.run(index, batch_id, record, began, head_run)
 
         try:
-            triggered(plan, run)
-            behind.settle()
+            triggered(lambda: self.next(head_next), run)
         finally:
-            behind.close()
             self.wait()
 
     def hand(self, batch_id: int, table: pa.Table) -> None:
@@ -413,43 +387,6 @@ class Stages:
     def wait(self) -> None:
         for stage in self.stages:
             stage.maintenance.wait()
-
-
-class _Behind:
-    """The stages' batches over the head's newest batch, run on one thread of their own
-    while the head runs its next: at most one run at a time; :meth:`settle` waits for it
-    and raises what it raised."""
-
-    def __init__(self, on_thread: Callable[[], None]) -> None:
-        self._on_thread = on_thread
-        self._pool: ThreadPoolExecutor | None = None
-        self._running: Future[None] | None = None
-
-    def running(self) -> bool:
-        return self._running is not None
-
-    def start(self, work: Callable[[], None]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                1, thread_name_prefix="riverbed-stages", initializer=self._on_thread
-            )
-        self._running = self._pool.submit(work)
-
-    def settle(self) -> None:
-        running, self._running = self._running, None
-        if running is not None:
-            running.result()
-
-    def close(self) -> None:
-        """Wait for a run still going (its error, if any, is not raised: the loop is
-        ending on another), then end the thread."""
-        try:
-            if self._running is not None:
-                wait([self._running])
-                self._running = None
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
 
 
 __all__ = [

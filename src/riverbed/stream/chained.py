@@ -156,9 +156,7 @@ class ChainedQuery(DirectQuery):
                 )  # fmt: skip
             failpoint(f"chained:{head}:committed:{batch_id}")  # its rows not read yet
 
-        self.stages.drive(
-            self._triggered, lambda: self._next(topic_log, target), head_run, self._tag
-        )
+        self.stages.drive(self._triggered, lambda: self._next(topic_log, target), head_run)
 
 
 __all__ = ["CHECKPOINT", "RESULTS", "Built", "ChainedQuery", "locations", "state_of", "upstream"]

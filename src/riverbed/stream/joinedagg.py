@@ -177,7 +177,7 @@ class JoinedQuery(JoinQuery):
             )  # fmt: skip
             failpoint(f"joined:join:{batch_id}")  # its rows not aggregated yet
 
-        self.stages.drive(self._triggered, lambda: self._next(logs, target), head_run, self._tag)
+        self.stages.drive(self._triggered, lambda: self._next(logs, target), head_run)
 
 
 __all__ = [

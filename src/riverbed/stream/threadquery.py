@@ -61,7 +61,7 @@ class ThreadQuery:
 
     def _main(self) -> None:
         try:
-            self._tag()
+            tasks.tag(self.spark, self._group, f"riverbed {self.name}")
             # the partitions of batches run here stay open between them (a Spark job's
             # batch lets them go first); all are closed when the loop ends. Their
             # snapshots upload off the batch's thread; the loop's end waits.
@@ -74,11 +74,6 @@ class ThreadQuery:
         finally:
             self._idle.set()
             self._done.set()
-
-    def _tag(self) -> None:
-        """Put the calling thread's Spark jobs in the query's group (:meth:`stop`
-        cancels them): the loop's thread, and any thread running its batches."""
-        tasks.tag(self.spark, self._group, f"riverbed {self.name}")
 
     def _triggered(
         self,
