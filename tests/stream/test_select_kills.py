@@ -130,6 +130,8 @@ def test_a_select_killed_mid_batch_gives_every_row_once(
             assert "<h1>Select picked</h1>" in page and "no state (a Select)" in page
             assert "<code>dollars = price * 0.908</code>" in page and "rb__" not in page
             assert "one for each event kept" in page and "left side: where" not in page
-            assert 'href="/streams/picked"' in client.get("/streams").text
+            listing = client.get("/streams").text
+            assert 'href="/streams/picked"' in listing and "<h2>Selects</h2>" in listing
+            assert "<h2>Joins</h2>" not in listing  # (a Select is none)
     finally:
         sources.close()
