@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -359,3 +360,29 @@ def test_a_directory_is_no_object_of_a_file_store(tmp_path: Path) -> None:
     assert not (tmp_path / "root" / "a").exists() and (tmp_path / "root").is_dir()
     store.put("a/b/c", b"3")  # the emptied directories come back with a write
     assert store.get("a/b/c") == b"3"
+
+
+def test_a_write_beside_the_delete_that_empties_its_directory_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers of one directory: one deletes its last object (the directory goes
+    with it) just as the other makes the directory for a write — after ``mkdir`` found
+    it there, before ``Path.mkdir`` saw it was a directory. The write succeeds: the
+    directory was not a file in the way. (The interleaving is forced here; two threads
+    putting and deleting keys in one directory hit it within seconds.)"""
+    store = open_store(tmp_path / "root")
+    store.put("d/other", b"1")
+    real_mkdir, removed = os.mkdir, []
+
+    def mkdir(path: Any, mode: int = 0o777, **kw: Any) -> None:
+        try:
+            real_mkdir(path, mode, **kw)
+        except FileExistsError:
+            if Path(path).name == "d" and not removed:  # the other writer's delete, now
+                store.delete("d/other")
+                removed.append(path)
+            raise
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    store.put("d/mine", b"2")
+    assert removed and store.get("d/mine") == b"2" and store.list("d/") != []

@@ -55,14 +55,20 @@ class FileStore(ObjectStore):
         key = path.relative_to(self.root).as_posix()
         if path.is_dir():
             raise StorageValueError(f"object key {key!r} is already the directory of other keys")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            in_the_way = _file_in_the_way(path.parent) or path.parent
-            raise StorageValueError(
-                f"object key {key!r} is below a key that is an object itself: {in_the_way} "
-                "is a file where a directory goes"
-            ) from None
+        for attempt in range(3):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                break
+            except (FileExistsError, NotADirectoryError):
+                in_the_way = _file_in_the_way(path.parent)
+                # none: the directory was there, and a delete removed it once emptied
+                # before mkdir saw it was a directory (Path.mkdir's exist_ok checks after)
+                if in_the_way is None and attempt < 2:
+                    continue
+                raise StorageValueError(
+                    f"object key {key!r} is below a key that is an object itself: "
+                    f"{in_the_way or path.parent} is a file where a directory goes"
+                ) from None
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP}")
         # a local file is opened before any temporary exists: a missing one leaves none
         with contextlib.ExitStack() as stack:
