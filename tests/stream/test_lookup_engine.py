@@ -20,6 +20,7 @@ from riverbed.stream import Aggregation, Count, Distinct, Lookup, Max, Sum, Tumb
 from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import start
 from riverbed.stream.layout import LOOKUPS, checkpoint_store
+from riverbed.stream.lookupparts import parted
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import PATHS, run_to_end, source_for
 
@@ -58,10 +59,13 @@ def enriched(events: pd.DataFrame, users: pd.DataFrame, teams: pd.DataFrame) -> 
     return joined.merge(teams, on="flag", how="left")
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("path", "parts"), [*((p, None) for p in PATHS), ("spark", 3), ("shuffled", 4)]
+)
 def test_lookups_equal_pandas_on_every_path_as_of_each_batch(
-    spark: Any, log_url: str, tmp_path: Path, path: str
+    spark: Any, log_url: str, tmp_path: Path, path: str, parts: int | None
 ) -> None:
+    """(``parts``: the users' table held in parts, riverbed.stream.lookupparts.)"""
     users_at, teams_at = tmp_path / "users.parquet", tmp_path / "teams.db"
     spec = Aggregation(
         name="enriched",
@@ -70,7 +74,7 @@ def test_lookups_equal_pandas_on_every_path_as_of_each_batch(
         window=Tumbling("1h"),
         watermark="10h",
         lookups=[
-            Lookup(str(users_at), on="user_id", how="inner"),
+            Lookup(str(users_at), on="user_id", how="inner", parts=parts),
             Lookup(f"sqlite:///{teams_at}", on="flag", table="teams", columns={"team": "team"}),
         ],
         columns={"spend": "amount * budget"},
@@ -131,8 +135,14 @@ def test_lookups_equal_pandas_on_every_path_as_of_each_batch(
     versions = {tuple(d["id"] for d in r.lookups) for r in records}
     assert len(versions) == 2, versions
     kept = {i.key for i in checkpoint_store(str(tmp_path / "ckpt")).list(LOOKUPS)}
-    newest = {f"{LOOKUPS}{d['id']}.arrow" for d in records[-1].lookups}
-    assert newest <= kept and len(kept) <= 4, kept  # older versions are pruned
+    newest = {
+        f"{LOOKUPS}{d['id']}/0.arrow" if parted(d["id"]) else f"{LOOKUPS}{d['id']}.arrow"
+        for d in records[-1].lookups
+    }
+    assert newest <= kept, kept
+    # older versions are pruned: two of each lookup at most (a part counts as one)
+    assert len({k[len(LOOKUPS) :].split("/")[0] for k in kept}) <= 4, kept
+    assert [parted(d["id"]) for d in records[-1].lookups] == [parts or 0, 0]
 
 
 def test_a_lookup_that_cannot_start_is_refused_at_start(

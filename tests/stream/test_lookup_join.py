@@ -104,17 +104,23 @@ def rows_of(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
     )
 
 
-@pytest.mark.parametrize(("how", "in_driver"), [("left", True), ("inner", True), ("left", False)])
+@pytest.mark.parametrize(
+    ("how", "in_driver", "parts"),
+    [("left", True, None), ("inner", True, None), ("left", False, None), ("inner", True, 3),
+     ("left", False, 3)],
+)  # fmt: skip
 def test_each_batch_joins_with_the_table_as_of_its_plan(
-    spark: Any, tmp_path: Path, how: str, in_driver: bool
+    spark: Any, tmp_path: Path, how: str, in_driver: bool, parts: int | None
 ) -> None:
+    """(``parts``: the table held in parts, each task reading the parts its events'
+    keys need — on the driver's threads and in Spark's tasks alike.)"""
     log_url = f"file://{tmp_path / 'log'}"
     table = tmp_path / "customers"
     jobs = {} if in_driver else {"driverBatchRecords": "0"}
     join = Join(
         name="named",
         left=Topic("orders", options={"schema": ORDERS, **jobs}),
-        right=Lookup(str(table), on=("customer", "id"), how=how),  # type: ignore[arg-type]
+        right=Lookup(str(table), on=("customer", "id"), how=how, parts=parts),  # type: ignore[arg-type]
         time="ts",
         topic="orders_named",
     )
@@ -141,6 +147,10 @@ def test_each_batch_joins_with_the_table_as_of_its_plan(
     assert (newest.totals["joined"], newest.totals["unmatched"]) == (600 - alone, alone)
     assert newest.totals["input"] == 600 and newest.totals["malformed"] == 0
     assert newest.watermark_ms == 0  # nothing waits, nothing is late
+    from riverbed.stream.lookupparts import parted
+
+    ids = [str(d["id"]) for b in batches.ids() for d in batches.get(b).lookups or ()]
+    assert ids and all(parted(i) == (parts or 0) for i in ids)  # whole, or in 3 parts
 
     # the join's topic holds the same rows, once
     log = riverbed.log.open(log_url)

@@ -91,6 +91,8 @@ def sqlite_table(path: Path, rows: list[tuple[int, str]]) -> str:
         ({"location": "c.parquet", "on": "cid", "table": "t"}, "read whole"),
         ({"location": "c.parquet", "on": "cid", "columns": "owner"}, "is a list"),
         ({"location": "c.parquet", "on": "cid", "columns": []}, "at least one"),
+        ({"location": "c.parquet", "on": "cid", "parts": 0}, "a positive number"),
+        ({"location": "c.parquet", "on": "cid", "parts": True}, "how many parts"),
     ],
 )
 def test_a_lookup_that_cannot_be_is_named(kwargs: dict[str, object], says: str) -> None:
@@ -205,6 +207,50 @@ def test_snapshots_follow_refresh_and_are_written_once_per_content(tmp_path: Pat
     assert new.to_pydict() == {"id": [1], "owner": ["z"]}
     assert prune_snapshots(store, {s.id for s in later}) == 2
     assert {i.key for i in store.list(LOOKUPS)} == {f"{LOOKUPS}{s.id}.arrow" for s in later}
+
+
+def test_a_table_over_the_limit_is_held_in_parts_and_joins_as_the_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot in parts (riverbed.stream.lookupparts): its id says how many, each
+    part an object of its own written once per content; a task reads only the parts
+    its events' keys need; the join equals the whole table's; pruning keeps a kept
+    snapshot's parts and removes a dropped one's."""
+    from riverbed.stream import lookupparts
+    from riverbed.stream.lookups import join
+    from riverbed.stream.rescale import partition_of
+
+    rows = [(i, f"owner{i % 7}", float(i)) for i in range(1, 400)]
+    path = campaigns(tmp_path / "c.parquet", rows)
+    whole, parted = Lookup(str(path), on="id"), Lookup(str(path), on="id", parts=4)
+    url = f"memory://parts-{tmp_path.name}"
+    store = open_store(url)
+    (kept,) = plan_snapshots([parted], None, store, now_ms=0)
+    assert kept.id.endswith(".p4") and lookupparts.parted(kept.id) == 4
+    assert plan_snapshots([parted], None, store, now_ms=1)[0].id == kept.id  # same content
+    # over the size limit (lowered here), a table without parts= is held in parts too:
+    # the fewest multiple of the state partitions (3) with parts under the limit
+    table = tables(url, plan_snapshots([whole], None, store, now_ms=0)[0].id.split())[0]
+    monkeypatch.setattr(lookupparts, "WHOLE_BYTES", table.nbytes // 5)
+    (auto,) = plan_snapshots([whole], None, store, now_ms=2, partitions=3)
+    assert lookupparts.parted(auto.id) == 6
+
+    (held,) = tables(url, [kept.id])
+    assert isinstance(held, lookupparts.Parts) and held.schema == table.schema
+    keys = [k for k in range(1, 400) if partition_of(str(k).encode(), 4) == 2][:30]
+    events = pa.table({"id": pa.array([*keys, 9999, None], pa.int64())})
+    got, found = join(events, whole, held)
+    want, want_found = join(events, whole, table)
+    assert got.equals(want) and found.equals(want_found)
+    assert held.reads == 1  # one partition's keys: one part read
+    got, _ = join(pa.table({"id": pa.array(range(400), pa.int64())}), whole, held)
+    # every part read once (KEPT_PARTS kept: part 2 was let go for the others first)
+    assert held.reads == 1 + 4 and got.column("owner").null_count == 1  # (id 0: no row)
+
+    assert prune_snapshots(store, {kept.id}) == 6 + 1 + 1  # auto: 6 parts, its schema; whole
+    assert {i.key for i in store.list(LOOKUPS)} == {
+        f"{LOOKUPS}{kept.id}/{name}.arrow" for name in ("0", "1", "2", "3", "schema")
+    }
 
 
 def test_a_table_that_breaks_keeps_the_version_before_and_a_first_is_refused(
@@ -358,10 +404,10 @@ def test_text_keys_join_the_same_through_either_index(
 ) -> None:
     """Text keys of small tables go through Arrow's index_in, of big ones through a
     pandas index built once (benchmarks/lookups.py): both give the same rows."""
-    from riverbed.stream import lookups
+    from riverbed.stream import lookupindex
 
-    monkeypatch.setattr(lookups._KeyIndex, "SMALL_TEXT", small_text)
-    monkeypatch.setattr(lookups, "_INDEXES", {})
+    monkeypatch.setattr(lookupindex.KeyIndex, "SMALL_TEXT", small_text)
+    monkeypatch.setattr(lookupindex, "_INDEXES", {})
     table = pa.table({"k": ["b", "a", "é", ""], "v": [2, 1, 3, 0]})
     events = pa.table({"k": pa.array(["a", None, "é", "zz", "", "b"])})
     joined, found = join(events, Lookup("t.parquet", on="k"), table)
@@ -377,7 +423,7 @@ def test_a_key_index_probed_by_many_threads_at_once_answers_each() -> None:
 
     import numpy as np
 
-    from riverbed.stream.lookups import _KeyIndex
+    from riverbed.stream.lookupindex import KeyIndex as _KeyIndex
 
     probe = pa.array(np.arange(0, 100_000, 3, dtype=np.int64))
     for _ in range(20):

@@ -39,7 +39,9 @@ class Lookup:
     ``on``: the events' column, or ``(events' column, table's column)``. ``columns``:
     the table's columns to add (all but the key when ``None``), or ``{"new name":
     "table column"}``. ``how``: ``"left"`` or ``"inner"``. ``refresh``: ``"batch"`` or
-    a duration."""
+    a duration. ``parts``: how many parts its snapshots are held in, each task reading
+    only the parts its events' keys need (``None``: whole up to 64 MiB, in parts above;
+    1: always whole) — :mod:`riverbed.stream.lookupparts`."""
 
     location: str | None = None
     on: str | tuple[str, str] = ""
@@ -48,6 +50,7 @@ class Lookup:
     refresh: str = "batch"
     table: str | None = None
     topic: str | None = None
+    parts: int | None = None
 
     def __repr__(self) -> str:
         return shown_repr(self, "location")
@@ -81,6 +84,13 @@ class Lookup:
         object.__setattr__(self, "on", on)
         if self.how not in ("left", "inner"):
             raise StreamValueError(f"lookup how={self.how!r}: 'left' or 'inner'")
+        if self.parts is not None and (
+            isinstance(self.parts, bool) or not isinstance(self.parts, int) or self.parts < 1
+        ):
+            raise StreamValueError(
+                f"lookup parts={self.parts!r}: how many parts its table is held in (a "
+                "positive number; 1: whole), or None to hold tables over 64 MiB in parts"
+            )
         if self.refresh != "batch":
             try:
                 if duration_ms(self.refresh) <= 0:

@@ -82,7 +82,9 @@ def plan(cfg: JoinConfig, previous: BatchRecord | None) -> list[dict[str, Any]]:
     lookup = cfg.join.lookup
     assert lookup is not None
     schemas = None if cfg.lookup_schema is None else [cfg.lookup_schema]
-    return lookups.plan_record([lookup], cfg.checkpoint, previous, schemas, cfg.log_url)
+    return lookups.plan_record(
+        [lookup], cfg.checkpoint, previous, schemas, cfg.log_url, cfg.join.state_partitions
+    )
 
 
 def enriched(cfg: JoinConfig, snapshot: str, read: Any, counts: Counts) -> list[pa.Table]:

@@ -3,10 +3,17 @@
 A table too big to hold whole in every task (issue 52: "partitioned like the state
 instead of broadcast") is split into ``n`` parts by the state's placement rule — a
 key's part is the state partition :func:`riverbed.stream.rescale.partition_of` gives
-its text, the rule an aggregation's keys and a rescale follow — so a task whose events
-are one partition's keys needs one part, and any task holds one part at a time. Pure:
-splitting a table and joining events with a table given part by part; where the parts
-are stored and how a task loads them is the caller's.
+its text, the rule an aggregation's keys, a rescale and a keyed topic's producer follow
+— so a task whose events are one partition's keys needs one part, and any task holds
+one part at a time.
+
+Stored in the checkpoint beside the whole snapshots (:mod:`riverbed.stream.lookups`):
+a snapshot in parts has the id ``<content hash>.p<n>`` (its plan says how it is held)
+and its objects ``riverbed/lookups/<id>/<p>.arrow`` and ``…/schema.arrow``; a task
+reads a part when an event needs it and keeps :data:`KEPT_PARTS` of them
+(:class:`Parts`). A table is held in parts when its ``Lookup(parts=n)`` says so, or,
+without, when it is over :data:`WHOLE_BYTES` in memory: then in the fewest multiple of
+the state partitions with parts of that size at most on average.
 
 :func:`join_parts` gives exactly what :func:`riverbed.stream.lookups.join` gives with
 the whole table (the events' order and number kept; ``tests/stream/test_lookup_parts.py``
@@ -15,15 +22,26 @@ holds the two equal over random tables and events).
 
 from __future__ import annotations
 
+import hashlib
+import io
+import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.stream.joins import Lookup
-from riverbed.stream.lookups import join
 from riverbed.stream.rescale import partition_of
+
+if TYPE_CHECKING:
+    from riverbed.storage import ObjectStore
+
+WHOLE_BYTES = 64 * 1024 * 1024  # a table bigger in memory is held in parts (by default)
+KEPT_PARTS = 2  # the parts of one snapshot a process keeps read
 
 
 def key_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -60,6 +78,8 @@ def join_parts(
     """:func:`riverbed.stream.lookups.join` of ``events`` with a table in ``n`` parts
     (``part(p)``: part ``p``, asked for once, only for parts some event's key is in;
     ``schema``: the table's), row for row in the events' order."""
+    from riverbed.stream.lookups import join
+
     parts = parts_of(events.column(lookup.event_column), n)
     pieces: list[tuple[np.ndarray, pa.Table, pa.Array]] = []
     for p in np.unique(parts):
@@ -78,4 +98,91 @@ def join_parts(
     return joined.take(back), found.take(back)
 
 
-__all__ = ["join_parts", "key_values", "parts_of", "split"]
+def part_count(lookup: Lookup, table: pa.Table, partitions: int) -> int:
+    """How many parts a snapshot of ``table`` is held in: the lookup's ``parts``, else
+    1 (whole) up to :data:`WHOLE_BYTES`, else the fewest multiple of ``partitions``
+    whose parts hold that much at most on average."""
+    if lookup.parts is not None:
+        return lookup.parts
+    if table.nbytes <= WHOLE_BYTES:
+        return 1
+    each = max(1, partitions)
+    return each * math.ceil(table.nbytes / (WHOLE_BYTES * each))
+
+
+def parted(snapshot_id: str) -> int:
+    """How many parts the snapshot ``snapshot_id`` is held in (0: whole)."""
+    _, dot, n = snapshot_id.rpartition(".p")
+    return int(n) if dot and n.isdigit() else 0
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _read(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
+        return reader.read_all()
+
+
+def store_parts(store: ObjectStore, prefix: str, table: pa.Table, key: str, n: int) -> str:
+    """``table`` written in ``n`` parts under ``prefix`` (each object once per content,
+    as a whole snapshot); its id (``<hash of the parts>.p<n>``)."""
+    encoded = [_ipc(part) for part in split(table, key, n)]
+    digest = hashlib.sha256(str(n).encode())
+    for data in encoded:
+        digest.update(hashlib.sha256(data).digest())
+    snapshot_id = f"{digest.hexdigest()[:32]}.p{n}"
+    for at, data in enumerate(encoded):
+        store.put_if_absent(f"{prefix}{snapshot_id}/{at}.arrow", data)
+    store.put_if_absent(f"{prefix}{snapshot_id}/schema.arrow", _ipc(table.schema.empty_table()))
+    return snapshot_id
+
+
+class Parts:
+    """A snapshot held in parts, as a task joins with it: its ``n``, its ``schema``,
+    and :meth:`part` — read from the store when first asked for, the newest
+    :data:`KEPT_PARTS` kept (a task's events of one state partition need one)."""
+
+    def __init__(self, store: ObjectStore, prefix: str, snapshot_id: str) -> None:
+        self.n = parted(snapshot_id)
+        self._store, self._at = store, f"{prefix}{snapshot_id}/"
+        self.schema = _read(store.get(f"{self._at}schema.arrow")).schema
+        self._kept: OrderedDict[int, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+        self.reads = 0  # parts read from the store (what a test can watch)
+
+    def part(self, p: int) -> pa.Table:
+        with self._lock:
+            table = self._kept.get(p)
+            if table is not None:
+                self._kept.move_to_end(p)
+                return table
+        table = _read(self._store.get(f"{self._at}{p}.arrow"))
+        with self._lock:
+            self.reads += 1
+            self._kept[p] = table
+            while len(self._kept) > KEPT_PARTS:
+                self._kept.popitem(last=False)
+        return table
+
+    def join(self, events: pa.Table, lookup: Lookup) -> tuple[pa.Table, pa.Array]:
+        """:func:`join_parts` of ``events`` with this snapshot."""
+        return join_parts(events, lookup, self.n, self.part, self.schema)
+
+
+__all__ = [
+    "KEPT_PARTS",
+    "WHOLE_BYTES",
+    "Parts",
+    "join_parts",
+    "key_values",
+    "part_count",
+    "parted",
+    "parts_of",
+    "split",
+    "store_parts",
+]

@@ -39,7 +39,6 @@ import hashlib
 import io
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,16 +46,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.parquetbytes import read_parquet_bytes
+from riverbed.stream import lookupparts
 from riverbed.stream.errors import StreamError
 from riverbed.stream.expressions import SqlType
 from riverbed.stream.joins import SQL_SCHEMES, Lookup
 from riverbed.stream.layout import LOOKUPS, checkpoint_store
+from riverbed.stream.lookupindex import key_index
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -337,9 +336,12 @@ def plan_snapshots(
     now_ms: int | None = None,
     schemas: Sequence[pa.Schema] | None = None,
     log_url: str | None = None,
+    partitions: int = 1,
 ) -> list[Snapshot]:
     """The snapshot of each lookup for a new batch: the previous batch's while it is
-    fresh enough, else the table read now, written once per content. A table that
+    fresh enough, else the table read now, written once per content (whole, or in
+    parts: :func:`riverbed.stream.lookupparts.part_count` of the state's
+    ``partitions``). A table that
     cannot be read, is no longer keyed, or whose columns are no longer ``schemas`` (the
     ones the spec was compiled against at start) keeps the previous snapshot, with a
     warning, when there is one; on a first batch it is :class:`LookupTableError`."""
@@ -366,8 +368,12 @@ def plan_snapshots(
             log.warning("%s; joining with the version read at %s ms", exc, was.at_ms)
             out.append(was)
             continue
-        digest, data = encoded(table)
-        store.put_if_absent(f"{LOOKUPS}{digest}.arrow", data)
+        n = lookupparts.part_count(lookup, table, partitions)
+        if n > 1:  # too big for a task's memory: in parts placed as the state is
+            digest = lookupparts.store_parts(store, LOOKUPS, table, lookup.table_column, n)
+        else:
+            digest, data = encoded(table)
+            store.put_if_absent(f"{LOOKUPS}{digest}.arrow", data)
         out.append(Snapshot(digest, now_ms))
     return out
 
@@ -379,22 +385,27 @@ def _columns(schema: pa.Schema) -> str:
 def prune_snapshots(store: ObjectStore, keep: set[str]) -> int:
     """Delete the snapshots no batch that can still run names (``keep``: the ids of the
     newest batches' plans); how many went."""
-    gone = [
+    gone = [  # (a snapshot in parts: the objects under <id>/)
         i.key
         for i in store.list(LOOKUPS)
-        if i.key.endswith(".arrow") and i.key[len(LOOKUPS) : -len(".arrow")] not in keep
+        if i.key.endswith(".arrow")
+        and i.key[len(LOOKUPS) :].split("/")[0].removesuffix(".arrow") not in keep
     ]
     store.delete_many(gone)
     return len(gone)
 
 
-def tables(checkpoint: str, ids: Sequence[str]) -> tuple[pa.Table, ...]:
-    """The snapshots ``ids`` of a checkpoint's lookups, read once per process."""
+def tables(checkpoint: str, ids: Sequence[str]) -> tuple[Any, ...]:
+    """The snapshots ``ids`` of a checkpoint's lookups, read once per process (a
+    snapshot in parts: a :class:`~riverbed.stream.lookupparts.Parts`, read a part at a
+    time)."""
     return tuple(_snapshot(checkpoint, i) for i in ids)
 
 
 @functools.lru_cache(maxsize=16)
-def _snapshot(checkpoint: str, snapshot_id: str) -> pa.Table:
+def _snapshot(checkpoint: str, snapshot_id: str) -> Any:
+    if lookupparts.parted(snapshot_id):
+        return lookupparts.Parts(checkpoint_store(checkpoint), LOOKUPS, snapshot_id)
     data = checkpoint_store(checkpoint).get(f"{LOOKUPS}{snapshot_id}.arrow")
     with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
         return reader.read_all()
@@ -461,7 +472,7 @@ def planned(config: EngineConfig, previous: BatchRecord | None) -> list[dict[str
         return None
     return plan_record(
         config.spec.lookups, config.checkpoint, previous, config.lookup_schemas or None,
-        config.log_url,
+        config.log_url, config.spec.state_partitions,
     )  # fmt: skip
 
 
@@ -471,13 +482,16 @@ def plan_record(
     previous: BatchRecord | None,
     schemas: Sequence[pa.Schema] | None,
     log_url: str | None,
+    partitions: int = 1,
 ) -> list[dict[str, Any]]:
     """A new batch's ``lookups`` (its record's) — an aggregation's, or a lookup join's
     table: :func:`plan_snapshots` after the ``previous`` batch's; snapshots no batch
     that can still run names are pruned."""
     store = checkpoint_store(checkpoint)
     before = recorded(previous.lookups) if previous is not None else None
-    snapshots = plan_snapshots(lookups, before, store, schemas=schemas, log_url=log_url)
+    snapshots = plan_snapshots(
+        lookups, before, store, schemas=schemas, log_url=log_url, partitions=partitions
+    )
     now = {s.id for s in snapshots}
     was = {s.id for s in before or ()}
     if now != was:  # only the newest batch can run again; the one before it is done
@@ -504,83 +518,27 @@ def running(
 # -- the join -------------------------------------------------------------------------------
 
 
-def join(events: pa.Table, lookup: Lookup, table: pa.Table) -> tuple[pa.Table, pa.Array]:
+def join(
+    events: pa.Table, lookup: Lookup, table: pa.Table | lookupparts.Parts
+) -> tuple[pa.Table, pa.Array]:
     """``events`` with the lookup's columns appended (row for row: the events' order and
-    number are kept), and whether each event found a row."""
+    number are kept), and whether each event found a row (``table``: a snapshot, whole
+    or in parts)."""
+    if isinstance(table, lookupparts.Parts):
+        return table.join(events, lookup)
     key = lookup.table_column
     values = events.column(lookup.event_column)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    at = _index(table, key).positions(values)
+    at = key_index(table, key).positions(values)
     found = pc.is_valid(at)
     for name in table.column_names:
         if name == key:
             continue
         events = events.append_column(name, table.column(name).take(at))
     return events, found
-
-
-class _KeyIndex:
-    """A table's key, hashed once per snapshot where that pays (a task joins every piece
-    of every batch with it; ``pc.index_in`` hashes the table again each time: 104 ms a
-    50,000-event piece against a million integer keys, here 11): integers as 64-bit in
-    a pandas index; text keys of small tables by ``index_in`` (Arrow hashes 100,000
-    strings faster than pandas probes 50,000 Python ones), of big ones by a pandas
-    index (benchmarks/lookups.py)."""
-
-    SMALL_TEXT = 250_000  # text keys up to this many: index_in
-
-    def __init__(self, keys: pa.Array) -> None:
-        self.integral = pa.types.is_integer(keys.type)
-        self.keys = keys
-        self.index: pd.Index | None = None
-        self.unique = True
-        if self.integral:
-            self.index = pd.Index(keys.cast(pa.int64()).to_numpy())
-        elif len(keys) > self.SMALL_TEXT:
-            self.index = pd.Index(keys.to_numpy(zero_copy_only=False))
-        if self.index is not None:
-            # built now, before any task thread probes it: pandas fills an index's hash
-            # table on its first use, and threads that first use it together see it
-            # half-filled ("Reindexing only valid with uniquely valued Index objects":
-            # 163 of 200 tries with 4 threads; once in a fresh-clone suite run)
-            self.unique = bool(self.index.is_unique)  # (asking fills the table)
-
-    def positions(self, values: pa.Array) -> pa.Array:
-        """Each value's row in the table (NULL: none, or a NULL value)."""
-        if self.index is None:
-            keys = self.keys if self.keys.type == values.type else self.keys.cast(values.type)
-            return pc.index_in(values, value_set=keys).cast(pa.int64())
-        valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
-        if self.integral:
-            probe = pc.fill_null(values.cast(pa.int64()), 0).to_numpy()
-        else:
-            probe = values.to_numpy(zero_copy_only=False)
-        rows = self.index.get_indexer(probe)
-        hit = (rows >= 0) & valid
-        return pa.array(np.where(hit, rows, 0), pa.int64(), mask=~hit)
-
-
-_INDEXES: dict[tuple[int, str], tuple[pa.Table, _KeyIndex]] = {}
-_INDEXES_LOCK = threading.Lock()
-
-
-def _index(table: pa.Table, key: str) -> _KeyIndex:
-    """The key index of ``table`` (kept for the few snapshots a process joins with; the
-    table is held beside it, so its id is not reused meanwhile)."""
-    with _INDEXES_LOCK:
-        held = _INDEXES.get((id(table), key))
-        if held is not None:
-            return held[1]
-    keys = table.column(key).combine_chunks()
-    index = _KeyIndex(keys)
-    with _INDEXES_LOCK:
-        if len(_INDEXES) >= 16:
-            _INDEXES.pop(next(iter(_INDEXES)))
-        _INDEXES[(id(table), key)] = (table, index)
-    return index
 
 
 def key_types_match(event: SqlType, table: SqlType) -> bool:
