@@ -255,9 +255,9 @@ def test_a_derived_column_is_the_key_of_a_lookup(spark: Any, tmp_path: Path) -> 
         replace(join, columns={"right": {"x": "1"}})
 
 
-@pytest.mark.parametrize("how", ["left", "inner"])
+@pytest.mark.parametrize(("how", "parts"), [("left", None), ("inner", None), ("left", 4)])
 def test_a_dataframes_events_are_enriched_as_of_each_micro_batch(
-    spark: Any, tmp_path: Path, how: str
+    spark: Any, tmp_path: Path, how: str, parts: int | None
 ) -> None:
     """The DataFrame path: ``Join(left=Frame(df), right=Lookup(...))`` — one Spark
     streaming query over the left DataFrame, each micro-batch joined with the table's
@@ -277,7 +277,7 @@ def test_a_dataframes_events_are_enriched_as_of_each_micro_batch(
         )  # fmt: skip
         join = Join(
             name="named", left=Frame(frame), time="ts", topic="orders_named",
-            right=Lookup(str(table), on=("customer", "id"), how=how),  # type: ignore[arg-type]
+            right=Lookup(str(table), on=("customer", "id"), how=how, parts=parts),  # type: ignore[arg-type]
         )  # fmt: skip
         query = start_join(
             spark, join, checkpoint=tmp_path / "cp", output=tmp_path / "out",
@@ -300,7 +300,8 @@ def test_a_dataframes_events_are_enriched_as_of_each_micro_batch(
     batches = open_batches(tmp_path / "cp")
     records = [batches.get(b) for b in batches.ids()]
     assert len(records) >= 6 and all(r is not None and r.done and r.lookups for r in records)
-    assert len({r.lookups[0]["id"] for r in records if r is not None and r.lookups}) == 2
+    held = {r.lookups[0]["id"] for r in records if r is not None and r.lookups}
+    assert len(held) == 2 and all(i.endswith(".p4") == bool(parts) for i in held)
     newest = records[-1]
     assert newest is not None and newest.totals is not None
     alone = int(first["customer"].isna().sum() + (first["customer"] >= 50).sum())

@@ -253,6 +253,18 @@ def test_a_table_over_the_limit_is_held_in_parts_and_joins_as_the_whole(
     }
 
 
+def test_holding_a_table_in_parts_is_no_change_of_the_aggregation() -> None:
+    from riverbed.stream import Aggregation, Count, Tumbling
+    from riverbed.stream.changes import shape
+
+    def spec(parts: int | None) -> Aggregation:
+        return Aggregation(name="a", key="owner", time="ts", window=Tumbling("1h"),
+                           lookups=[Lookup("c.parquet", on="id", parts=parts)],
+                           metrics={"n": Count()})  # fmt: skip
+
+    assert shape(spec(None)) == shape(spec(8)) == shape(spec(1))
+
+
 def test_a_table_that_breaks_keeps_the_version_before_and_a_first_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -116,7 +116,8 @@ def shape(spec: Aggregation) -> dict[str, Any]:
         "where": spec.where,
         "columns": dict(spec.columns),
         "lookups": [
-            {**_described(lk, ("location",)), "location": shown(lk.location or "")}
+            # (parts: how its snapshots are held, not what they hold)
+            {**_described(lk, ("location", "parts")), "location": shown(lk.location or "")}
             for lk in spec.lookups
         ],
         "metrics": {name: _described(m) for name, m in spec.metrics.items()},
