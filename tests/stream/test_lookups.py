@@ -243,9 +243,19 @@ def test_a_table_over_the_limit_is_held_in_parts_and_joins_as_the_whole(
     want, want_found = join(events, whole, table)
     assert got.equals(want) and found.equals(want_found)
     assert held.reads == 1  # one partition's keys: one part read
+    # a process keeps the newest parts it read up to KEPT_BYTES (here: two parts' worth)
+    monkeypatch.setattr(lookupparts, "KEPT_BYTES", 2 * held.part(2).nbytes + 64)
     got, _ = join(pa.table({"id": pa.array(range(400), pa.int64())}), whole, held)
-    # every part read once (KEPT_PARTS kept: part 2 was let go for the others first)
     assert held.reads == 1 + 4 and got.column("owner").null_count == 1  # (id 0: no row)
+
+    def of_part(p: int) -> pa.Table:
+        ids = [k for k in range(1, 400) if partition_of(str(k).encode(), 4) == p]
+        return pa.table({"id": pa.array(ids, pa.int64())})
+
+    join(of_part(3), whole, held)  # the newest: kept
+    assert held.reads == 5
+    join(of_part(0), whole, held)  # let go for the later ones
+    assert held.reads == 6
 
     assert prune_snapshots(store, {kept.id}) == 6 + 1 + 1  # auto: 6 parts, its schema; whole
     assert {i.key for i in store.list(LOOKUPS)} == {

@@ -10,10 +10,11 @@ one part at a time.
 Stored in the checkpoint beside the whole snapshots (:mod:`riverbed.stream.lookups`):
 a snapshot in parts has the id ``<content hash>.p<n>`` (its plan says how it is held)
 and its objects ``riverbed/lookups/<id>/<p>.arrow`` and ``…/schema.arrow``; a task
-reads a part when an event needs it and keeps :data:`KEPT_PARTS` of them
-(:class:`Parts`). A table is held in parts when its ``Lookup(parts=n)`` says so, or,
-without, when it is over :data:`WHOLE_BYTES` in memory: then in the fewest multiple of
-the state partitions with parts of that size at most on average.
+reads a part when an event needs it and keeps the newest it read (and their key
+indexes) up to :data:`KEPT_BYTES` (:class:`Parts`). A table is held in parts when its
+``Lookup(parts=n)`` says so, or, without, when it is over :data:`WHOLE_BYTES` in
+memory: then in the fewest multiple of the state partitions with parts of that size at
+most on average.
 
 :func:`join_parts` gives exactly what :func:`riverbed.stream.lookups.join` gives with
 the whole table (the events' order and number kept; ``tests/stream/test_lookup_parts.py``
@@ -35,13 +36,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.stream.joins import Lookup
+from riverbed.stream.lookupindex import KeyIndex
 from riverbed.stream.rescale import partition_of
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
 
 WHOLE_BYTES = 64 * 1024 * 1024  # a table bigger in memory is held in parts (by default)
-KEPT_PARTS = 2  # the parts of one snapshot a process keeps read
+KEPT_BYTES = 2 * WHOLE_BYTES  # the parts of one snapshot a process keeps read, at most
+_KEY = b"riverbed.key"  # the key column's name, in a snapshot's schema.arrow
 
 
 def key_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -73,19 +76,25 @@ def split(table: pa.Table, key: str, n: int) -> list[pa.Table]:
 
 
 def join_parts(
-    events: pa.Table, lookup: Lookup, n: int, part: Callable[[int], pa.Table], schema: pa.Schema
+    events: pa.Table,
+    lookup: Lookup,
+    n: int,
+    part: Callable[[int], pa.Table | tuple[pa.Table, KeyIndex]],
+    schema: pa.Schema,
 ) -> tuple[pa.Table, pa.Array]:
     """:func:`riverbed.stream.lookups.join` of ``events`` with a table in ``n`` parts
-    (``part(p)``: part ``p``, asked for once, only for parts some event's key is in;
-    ``schema``: the table's), row for row in the events' order."""
+    (``part(p)``: part ``p`` — or it and its key's index — asked for once, only for
+    parts some event's key is in; ``schema``: the table's), row for row in the events'
+    order."""
     from riverbed.stream.lookups import join
 
     parts = parts_of(events.column(lookup.event_column), n)
     pieces: list[tuple[np.ndarray, pa.Table, pa.Array]] = []
     for p in np.unique(parts):
         rows = np.flatnonzero(parts == p)
-        table = schema.empty_table() if p < 0 else part(int(p))  # (NULL keys: no row)
-        joined, found = join(events.take(pa.array(rows)), lookup, table)
+        got = schema.empty_table() if p < 0 else part(int(p))  # (NULL keys: no row)
+        table, index = got if isinstance(got, tuple) else (got, None)
+        joined, found = join(events.take(pa.array(rows)), lookup, table, index)
         pieces.append((rows, joined, found))
     if not pieces:  # no events
         return join(events, lookup, schema.empty_table())
@@ -138,44 +147,58 @@ def store_parts(store: ObjectStore, prefix: str, table: pa.Table, key: str, n: i
     snapshot_id = f"{digest.hexdigest()[:32]}.p{n}"
     for at, data in enumerate(encoded):
         store.put_if_absent(f"{prefix}{snapshot_id}/{at}.arrow", data)
-    store.put_if_absent(f"{prefix}{snapshot_id}/schema.arrow", _ipc(table.schema.empty_table()))
+    # the table's columns, its key named (what a task needs before any part)
+    keyed = table.schema.with_metadata({**(table.schema.metadata or {}), _KEY: key.encode()})
+    store.put_if_absent(f"{prefix}{snapshot_id}/schema.arrow", _ipc(keyed.empty_table()))
     return snapshot_id
 
 
 class Parts:
     """A snapshot held in parts, as a task joins with it: its ``n``, its ``schema``,
-    and :meth:`part` — read from the store when first asked for, the newest
-    :data:`KEPT_PARTS` kept (a task's events of one state partition need one)."""
+    and :meth:`part` — read from the store when first asked for, the newest read kept
+    up to :data:`KEPT_BYTES` in memory (always the one just read): a task's events of
+    one state partition need ``n`` / partitions of them."""
 
     def __init__(self, store: ObjectStore, prefix: str, snapshot_id: str) -> None:
         self.n = parted(snapshot_id)
         self._store, self._at = store, f"{prefix}{snapshot_id}/"
-        self.schema = _read(store.get(f"{self._at}schema.arrow")).schema
-        self._kept: OrderedDict[int, pa.Table] = OrderedDict()
+        keyed = _read(store.get(f"{self._at}schema.arrow")).schema
+        meta = dict(keyed.metadata or {})
+        self.key = meta.pop(_KEY).decode()
+        self.schema = keyed.with_metadata(meta or None)
+        self._kept: OrderedDict[int, tuple[pa.Table, KeyIndex]] = OrderedDict()
         self._lock = threading.Lock()
         self.reads = 0  # parts read from the store (what a test can watch)
 
     def part(self, p: int) -> pa.Table:
+        """Part ``p``'s rows."""
+        return self._held(p)[0]
+
+    def _held(self, p: int) -> tuple[pa.Table, KeyIndex]:
+        """Part ``p`` and its key's index (built once, let go with it: not the process's
+        cache of whole tables' indexes, which would keep every part)."""
         with self._lock:
-            table = self._kept.get(p)
-            if table is not None:
+            held = self._kept.get(p)
+            if held is not None:
                 self._kept.move_to_end(p)
-                return table
+                return held
         table = _read(self._store.get(f"{self._at}{p}.arrow"))
+        held = (table, KeyIndex(key_values(table.column(self.key))))
         with self._lock:
             self.reads += 1
-            self._kept[p] = table
-            while len(self._kept) > KEPT_PARTS:
-                self._kept.popitem(last=False)
-        return table
+            self._kept[p] = held
+            size = sum(t.nbytes for t, _ in self._kept.values())
+            while len(self._kept) > 1 and size > KEPT_BYTES:
+                size -= self._kept.popitem(last=False)[1][0].nbytes
+        return held
 
     def join(self, events: pa.Table, lookup: Lookup) -> tuple[pa.Table, pa.Array]:
         """:func:`join_parts` of ``events`` with this snapshot."""
-        return join_parts(events, lookup, self.n, self.part, self.schema)
+        return join_parts(events, lookup, self.n, self._held, self.schema)
 
 
 __all__ = [
-    "KEPT_PARTS",
+    "KEPT_BYTES",
     "WHOLE_BYTES",
     "Parts",
     "join_parts",
