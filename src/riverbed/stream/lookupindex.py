@@ -1,5 +1,6 @@
-"""A lookup table's key, hashed once per snapshot (:func:`key_index`): where each event's
-key is in the table, for :func:`riverbed.stream.lookups.join`."""
+"""A lookup table's key, hashed once per snapshot (:func:`key_index`), and the join of
+events with a table by it (:func:`join_with`: what :func:`riverbed.stream.lookups.join`
+does for a whole snapshot and :mod:`riverbed.stream.lookupparts` for each part)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from riverbed.stream.joins import Lookup
 
 
 class KeyIndex:
@@ -72,4 +75,30 @@ def key_index(table: pa.Table, key: str) -> KeyIndex:
     return index
 
 
-__all__ = ["KeyIndex", "key_index"]
+def key_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A key column as one plain array (chunks combined, a dictionary decoded)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return column
+
+
+def join_with(
+    events: pa.Table, lookup: Lookup, table: pa.Table, index: KeyIndex | None = None
+) -> tuple[pa.Table, pa.Array]:
+    """``events`` with ``table``'s columns appended (row for row: the events' order and
+    number are kept), and whether each event found a row (``index``: the table key's,
+    when the caller holds it — else the process's kept one, :func:`key_index`)."""
+    key = lookup.table_column
+    values = key_values(events.column(lookup.event_column))
+    at = (index or key_index(table, key)).positions(values)
+    found = pc.is_valid(at)
+    for name in table.column_names:
+        if name == key:
+            continue
+        events = events.append_column(name, table.column(name).take(at))
+    return events, found
+
+
+__all__ = ["KeyIndex", "join_with", "key_index", "key_values"]

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from riverbed.stream.joins import Lookup
-from riverbed.stream.lookupindex import KeyIndex
+from riverbed.stream.lookupindex import KeyIndex, join_with, key_values
 from riverbed.stream.rescale import partition_of
 
 if TYPE_CHECKING:
@@ -45,15 +45,6 @@ if TYPE_CHECKING:
 WHOLE_BYTES = 64 * 1024 * 1024  # a table bigger in memory is held in parts (by default)
 KEPT_BYTES = 2 * WHOLE_BYTES  # the parts of one snapshot a process keeps read, at most
 _KEY = b"riverbed.key"  # the key column's name, in a snapshot's schema.arrow
-
-
-def key_values(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A key column as one plain array (chunks combined, a dictionary decoded)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    return column
 
 
 def parts_of(values: pa.Array | pa.ChunkedArray, n: int) -> np.ndarray:
@@ -86,18 +77,16 @@ def join_parts(
     (``part(p)``: part ``p`` — or it and its key's index — asked for once, only for
     parts some event's key is in; ``schema``: the table's), row for row in the events'
     order."""
-    from riverbed.stream.lookups import join
-
     parts = parts_of(events.column(lookup.event_column), n)
     pieces: list[tuple[np.ndarray, pa.Table, pa.Array]] = []
     for p in np.unique(parts):
         rows = np.flatnonzero(parts == p)
         got = schema.empty_table() if p < 0 else part(int(p))  # (NULL keys: no row)
         table, index = got if isinstance(got, tuple) else (got, None)
-        joined, found = join(events.take(pa.array(rows)), lookup, table, index)
+        joined, found = join_with(events.take(pa.array(rows)), lookup, table, index)
         pieces.append((rows, joined, found))
     if not pieces:  # no events
-        return join(events, lookup, schema.empty_table())
+        return join_with(events, lookup, schema.empty_table())
     if len(pieces) == 1:
         return pieces[0][1], pieces[0][2]
     rows = np.concatenate([r for r, _, _ in pieces])
@@ -113,10 +102,11 @@ def part_count(lookup: Lookup, table: pa.Table, partitions: int) -> int:
     whose parts hold that much at most on average."""
     if lookup.parts is not None:
         return lookup.parts
-    if table.nbytes <= WHOLE_BYTES:
+    size = int(table.nbytes)
+    if size <= WHOLE_BYTES:
         return 1
     each = max(1, partitions)
-    return each * math.ceil(table.nbytes / (WHOLE_BYTES * each))
+    return each * math.ceil(size / (WHOLE_BYTES * each))
 
 
 def parted(snapshot_id: str) -> int:
@@ -202,7 +192,6 @@ __all__ = [
     "WHOLE_BYTES",
     "Parts",
     "join_parts",
-    "key_values",
     "part_count",
     "parted",
     "parts_of",

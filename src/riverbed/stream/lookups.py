@@ -55,7 +55,7 @@ from riverbed.stream.errors import StreamError
 from riverbed.stream.expressions import SqlType
 from riverbed.stream.joins import SQL_SCHEMES, Lookup
 from riverbed.stream.layout import LOOKUPS, checkpoint_store
-from riverbed.stream.lookupindex import KeyIndex, key_index
+from riverbed.stream.lookupindex import join_with
 
 if TYPE_CHECKING:
     from riverbed.storage import ObjectStore
@@ -519,26 +519,14 @@ def running(
 
 
 def join(
-    events: pa.Table,
-    lookup: Lookup,
-    table: pa.Table | lookupparts.Parts,
-    index: KeyIndex | None = None,
+    events: pa.Table, lookup: Lookup, table: pa.Table | lookupparts.Parts
 ) -> tuple[pa.Table, pa.Array]:
     """``events`` with the lookup's columns appended (row for row: the events' order and
     number are kept), and whether each event found a row (``table``: a snapshot, whole
-    or in parts; ``index``: its key's, when the caller holds it — else the process's
-    kept one, :func:`~riverbed.stream.lookupindex.key_index`)."""
+    or in parts)."""
     if isinstance(table, lookupparts.Parts):
         return table.join(events, lookup)
-    key = lookup.table_column
-    values = lookupparts.key_values(events.column(lookup.event_column))
-    at = (index or key_index(table, key)).positions(values)
-    found = pc.is_valid(at)
-    for name in table.column_names:
-        if name == key:
-            continue
-        events = events.append_column(name, table.column(name).take(at))
-    return events, found
+    return join_with(events, lookup, table)
 
 
 def key_types_match(event: SqlType, table: SqlType) -> bool:
