@@ -4,8 +4,8 @@ A table too big to hold whole in every task (issue 52: "partitioned like the sta
 instead of broadcast") is split into ``n`` parts by the state's placement rule — a
 key's part is the state partition :func:`riverbed.stream.rescale.partition_of` gives
 its text, the rule an aggregation's keys, a rescale and a keyed topic's producer follow
-— so a task whose events are one partition's keys needs one part, and any task holds
-one part at a time.
+— so a task whose events are one partition's keys needs that partition's parts only,
+and a task holds the parts its events need up to a budget, not the whole table.
 
 Stored in the checkpoint beside the whole snapshots (:mod:`riverbed.stream.lookups`):
 a snapshot in parts has the id ``<content hash>.p<n>`` (its plan says how it is held)
@@ -24,7 +24,6 @@ holds the two equal over random tables and events).
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import threading
 from collections import OrderedDict
@@ -35,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverbed.arrowbytes import ipc_bytes, read_ipc_bytes
 from riverbed.stream.joins import Lookup
 from riverbed.stream.lookupindex import KeyIndex, join_with, key_values
 from riverbed.stream.rescale import partition_of
@@ -115,22 +115,10 @@ def parted(snapshot_id: str) -> int:
     return int(n) if dot and n.isdigit() else 0
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def _read(data: bytes) -> pa.Table:
-    with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
-        return reader.read_all()
-
-
 def store_parts(store: ObjectStore, prefix: str, table: pa.Table, key: str, n: int) -> str:
     """``table`` written in ``n`` parts under ``prefix`` (each object once per content,
     as a whole snapshot); its id (``<hash of the parts>.p<n>``)."""
-    encoded = [_ipc(part) for part in split(table, key, n)]
+    encoded = [ipc_bytes(part) for part in split(table, key, n)]
     digest = hashlib.sha256(str(n).encode())
     for data in encoded:
         digest.update(hashlib.sha256(data).digest())
@@ -139,7 +127,7 @@ def store_parts(store: ObjectStore, prefix: str, table: pa.Table, key: str, n: i
         store.put_if_absent(f"{prefix}{snapshot_id}/{at}.arrow", data)
     # the table's columns, its key named (what a task needs before any part)
     keyed = table.schema.with_metadata({**(table.schema.metadata or {}), _KEY: key.encode()})
-    store.put_if_absent(f"{prefix}{snapshot_id}/schema.arrow", _ipc(keyed.empty_table()))
+    store.put_if_absent(f"{prefix}{snapshot_id}/schema.arrow", ipc_bytes(keyed.empty_table()))
     return snapshot_id
 
 
@@ -152,7 +140,7 @@ class Parts:
     def __init__(self, store: ObjectStore, prefix: str, snapshot_id: str) -> None:
         self.n = parted(snapshot_id)
         self._store, self._at = store, f"{prefix}{snapshot_id}/"
-        keyed = _read(store.get(f"{self._at}schema.arrow")).schema
+        keyed = read_ipc_bytes(store.get(f"{self._at}schema.arrow")).schema
         meta = dict(keyed.metadata or {})
         self.key = meta.pop(_KEY).decode()
         self.schema = keyed.with_metadata(meta or None)
@@ -172,7 +160,7 @@ class Parts:
             if held is not None:
                 self._kept.move_to_end(p)
                 return held
-        table = _read(self._store.get(f"{self._at}{p}.arrow"))
+        table = read_ipc_bytes(self._store.get(f"{self._at}{p}.arrow"))
         held = (table, KeyIndex(key_values(table.column(self.key))))
         with self._lock:
             self.reads += 1

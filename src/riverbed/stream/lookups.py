@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import io
 import logging
 import sqlite3
 import time
@@ -49,6 +48,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from riverbed.arrowbytes import ipc_bytes, read_ipc_bytes
 from riverbed.parquetbytes import read_parquet_bytes
 from riverbed.stream import lookupparts
 from riverbed.stream.errors import StreamError
@@ -322,10 +322,7 @@ def due(lookup: Lookup, previous: Snapshot | None, now_ms: int) -> bool:
 
 def encoded(table: pa.Table) -> tuple[str, bytes]:
     """A snapshot's object: its content hash and bytes (an Arrow IPC stream)."""
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue()
+    data = ipc_bytes(table)
     return hashlib.sha256(data).hexdigest()[:32], data
 
 
@@ -406,9 +403,7 @@ def tables(checkpoint: str, ids: Sequence[str]) -> tuple[Any, ...]:
 def _snapshot(checkpoint: str, snapshot_id: str) -> Any:
     if lookupparts.parted(snapshot_id):
         return lookupparts.Parts(checkpoint_store(checkpoint), LOOKUPS, snapshot_id)
-    data = checkpoint_store(checkpoint).get(f"{LOOKUPS}{snapshot_id}.arrow")
-    with pa.ipc.open_stream(pa.BufferReader(data)) as reader:
-        return reader.read_all()
+    return read_ipc_bytes(checkpoint_store(checkpoint).get(f"{LOOKUPS}{snapshot_id}.arrow"))
 
 
 # -- the driver's part: at start and for every batch -----------------------------------------

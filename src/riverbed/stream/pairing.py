@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.arrowbytes import ipc_bytes, read_ipc_bytes
 from riverbed.state.keys import (
     JOIN_EXPIRY,
     JOIN_MATCHED,
@@ -226,7 +227,7 @@ def _decoded(store: Any, name: bytes) -> pa.Table:
         blob = store.get(join_segment_data_key(name))
         if blob is None:
             raise KeyError(f"join state: segment {name.hex()} is indexed but has no events")
-        table = pa.ipc.open_stream(blob).read_all()
+        table = read_ipc_bytes(blob)
         _CACHE.put(name, table)
     return table
 
@@ -343,7 +344,7 @@ def _buffer(
     decoded. Returns its index entry's key."""
     name = os.urandom(16)
     key = join_segment_key(side, max_expiry, batch, n)
-    store.put(join_segment_data_key(name), _encode(events))
+    store.put(join_segment_data_key(name), ipc_bytes(events))
     store.put(key, name)
     _CACHE.put(name, events)
     return key
@@ -427,14 +428,6 @@ def _pair_schema(left: pa.Schema, right: pa.Schema, cols: dict[bytes, list[str]]
         fields += [schema.field(c).with_name(prefix + c) for c in (TS, PART, OFF)]
         fields += [schema.field(c) for c in cols[side]]
     return pa.schema(fields)
-
-
-def _encode(events: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, events.schema) as writer:
-        writer.write_table(events)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
 
 
 def _migrate(
