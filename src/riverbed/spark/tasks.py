@@ -59,8 +59,8 @@ os.register_at_fork(after_in_child=_forget_pools)
 def in_threads(fn: Callable[[Any], Any], items: Iterable[Any], threads: int = 4) -> list[Any]:
     """``fn`` of each item, run by the calling thread's own pool (``threads`` threads,
     or as many as an earlier call of that thread asked for when more), results in the
-    items' order; once every item has ended, the first failed
-    item's exception is raised here (nothing of the call still runs)."""
+    items' order; once every item has ended, the first failed item's exception is
+    raised here (nothing of the call still runs)."""
     items = list(items)
     if len(items) <= 1 or threads <= 1:
         return [fn(i) for i in items]
