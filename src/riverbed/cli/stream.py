@@ -369,6 +369,7 @@ def _stand_by_again(make: Callable[[], DriverLease], say: Callable[[str], None])
 
 def _status(args: argparse.Namespace) -> int:
     from riverbed.inspect import QueryError, Sources, stream
+    from riverbed.stream.lookupparts import parted
     from riverbed.stream.specjob import status
     from riverbed.stream.versions import resolve
 
@@ -423,7 +424,9 @@ def _status(args: argparse.Namespace) -> int:
         out.print(f"{'version':>14}: {said}")
     for at, snapshot in enumerate(info.get("lookups") or []):
         read = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snapshot["at_ms"] / 1000))
-        out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}, read {read}")
+        parts = parted(str(snapshot["id"]))
+        held = f" (in {parts} parts)" if parts else ""
+        out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}{held}, read {read}")
     state = info.get("state")
     if state:  # rescaled: which generation, since which state version
         moved = f" (generation {state['generation']}, since state version {state['from_version']})"
