@@ -424,8 +424,8 @@ def _status(args: argparse.Namespace) -> int:
         out.print(f"{'version':>14}: {said}")
     for at, snapshot in enumerate(info.get("lookups") or []):
         read = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snapshot["at_ms"] / 1000))
-        parts = parted(str(snapshot["id"]))
-        held = f" (in {parts} parts)" if parts else ""
+        in_parts = parted(str(snapshot["id"]))
+        held = f" (in {in_parts} parts)" if in_parts else ""
         out.print(f"{f'lookup {at}':>14}: version {snapshot['id'][:12]}{held}, read {read}")
     state = info.get("state")
     if state:  # rescaled: which generation, since which state version
