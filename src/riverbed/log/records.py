@@ -40,6 +40,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
+from riverbed.arrowbytes import ipc_bytes
 from riverbed.checksum import crc32
 from riverbed.log.errors import CorruptLogError, LogValueError
 
@@ -141,7 +142,7 @@ def encode_body(records: Sequence[RawRecord], typed: pa.RecordBatch | None = Non
     else:
         if typed.num_rows != len(records):
             raise LogValueError(f"{typed.num_rows} typed values for {len(records)} records")
-        stored = [FORMAT_TYPED, _ipc(typed)]
+        stored = [FORMAT_TYPED, ipc_bytes(typed)]
     body: bytes = msgpack.packb(
         [
             stored[0],
@@ -162,13 +163,6 @@ def encode_batch(
 ) -> bytes:
     """The frame of one batch (see :func:`encode_body`)."""
     return encode_body(records, typed).frame(base_offset)
-
-
-def _ipc(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return bytes(sink.getvalue())
 
 
 def _from_ipc(data: bytes) -> pa.StructArray:
@@ -359,7 +353,7 @@ def encode_columns(batch: ColumnBatch) -> EncodedBatch:
     key_offsets, key_valid, key_data = _binary_parts(batch.keys)
     stored: list[Any]
     if pa.types.is_struct(batch.values.type):
-        stored = [FORMAT_TYPED, _ipc(pa.RecordBatch.from_struct_array(batch.values))]
+        stored = [FORMAT_TYPED, ipc_bytes(pa.RecordBatch.from_struct_array(batch.values))]
     else:
         value_offsets, _, value_data = _binary_parts(batch.values)
         stored = [FORMAT_COLUMNS, value_offsets, value_data]
