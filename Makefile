@@ -57,7 +57,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 
 test: $(STAMP) system-test compile jars spark-archive lint
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 3 --dist loadgroup
 
 # The quick loop while working (docs/testing.md): lint, types, import layers and every
 # test that needs no server, no Spark and no multi-process scenario; `make test` runs

@@ -22,6 +22,7 @@ from riverbed.testing import (
     MariaDBServer,
     PostgresServer,
 )
+from tests import timings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -198,13 +199,16 @@ def subprocess_env() -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``make test`` (two pytest-xdist workers, ``--dist loadgroup``) the ``slow``
-    scenario tests that start Spark drivers — killed, restarted, taken over — are one
-    group: one worker runs them one after another while the other takes the rest. Two
-    such scenarios at once on 2 cores starve each other (takeovers and deadlines
-    stretch). The scenarios without Spark (log servers, control-plane and jobs
-    processes, the S3 outages) are spread over both workers like any test: kept in the
-    group they made it the longest way through the suite."""
+    """Under ``make test`` (pytest-xdist workers, ``--dist loadgroup``) the ``slow``
+    scenario tests that start Spark drivers — killed, restarted, taken over — are
+    :data:`tests.timings.GROUPS` groups of whole modules, of about equal time: each
+    group runs on one worker, one test after another, so no more scenarios than that
+    run at once (on 2 cores, more starve each other: takeovers and deadlines stretch).
+    xdist hands out the largest units first, so each group starts at once on a worker
+    of its own, and everything else fills the workers around them. The scenarios
+    without Spark (log servers, control-plane and jobs processes, the S3 outages) are
+    spread like any test."""
+    scenarios = []
     for item in items:
         # a test that uses a server's fixture carries its marker, so `make check` (no
         # servers, no Spark) never starts one: the markers follow the fixtures
@@ -214,7 +218,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, marker))
         drivers = item.get_closest_marker("spark") or item.nodeid.startswith(SPARK_SCENARIOS)
         if item.get_closest_marker("slow") and drivers:
-            item.add_marker(pytest.mark.xdist_group("scenarios"))
+            scenarios.append(item)
+    group = timings.groups_of([i.nodeid for i in scenarios], timings.load())
+    for item in scenarios:
+        n = group[item.nodeid.split("::", 1)[0]]
+        item.add_marker(pytest.mark.xdist_group(f"scenarios-{n + 1}"))
 
 
 SERVER_FIXTURES = {
