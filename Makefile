@@ -1,8 +1,9 @@
 # The two commands of the README. Both bootstrap what they need, idempotently.
 #   make demo   the main job on embedded defaults: stream aggregation through a driver crash
 #   make test   lint, format check, mypy --strict, the import-layer contracts, and the
-#               whole pytest suite (all markers), in two pytest-xdist workers: one runs
-#               the slow Spark scenario tests in turn, the other the rest (tests/conftest.py)
+#               whole pytest suite (all markers), in three pytest-xdist workers: the slow
+#               Spark scenario tests in two groups, each in turn on a worker of its own,
+#               everything else around them (tests/conftest.py, tests/timings.py)
 #   make check  the quick loop: the same lint, and the tests that need no server and
 #               no Spark (docs/testing.md)
 
