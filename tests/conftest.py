@@ -198,6 +198,7 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test`` (pytest-xdist workers, ``--dist loadgroup``) the ``slow``
     scenario tests that start Spark drivers — killed, restarted, taken over — are

@@ -67,7 +67,10 @@ def seconds_by_test(junit: Path, kept: float = KEPT) -> dict[str, float]:
         classes = []  # a test in a class: the class is part of its id
         while len(parts) > 2 and parts[-1][:1].isupper():
             classes.insert(0, parts.pop())
-        node = "::".join(["/".join(parts) + ".py", *classes, case.get("name") or ""])
+        name = case.get("name") or ""
+        if name.rfind("@") > name.rfind("]"):  # xdist's group suffix: "test_x[p]@scenarios-1"
+            name = name[: name.rfind("@")]
+        node = "::".join(["/".join(parts) + ".py", *classes, name])
         out[node] = round(float(case.get("time") or 0), 1)
     return dict(sorted(out.items()))
 
