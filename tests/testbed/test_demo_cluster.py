@@ -14,7 +14,11 @@ import pytest
 
 from tests.cli import run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(900)]
+# A guard against a hung demo, not a bound on it: the demo took 325 s on a quiet 2-core
+# machine and 819 s in a whole suite under one core's worth of CPU (2026-12-06) — 21 s
+# short of the 840 s this guard was then. Its own deadlines (takeovers, the fenced
+# driver) are asserted below.
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(1860)]
 
 
 def test_losing_a_host_and_a_partition_lose_nothing(tmp_path):
@@ -22,7 +26,7 @@ def test_losing_a_host_and_a_partition_lose_nothing(tmp_path):
     env = {**os.environ, "RIVERBED_HOME": str(home), "COLUMNS": "200"}
     for name in ("RIVERBED_CONTROL", "RIVERBED_LOG", "RIVERBED_CHECKPOINTS"):
         env.pop(name, None)
-    done = run_cli("demo", "cluster", env=env, timeout=840)
+    done = run_cli("demo", "cluster", env=env, timeout=1800)
     out = done.stdout
     assert done.returncode == 0, f"{out[-4000:]}\n{done.stderr[-3000:]}"
     assert "IDENTICAL to one pass of pandas" in out
