@@ -222,7 +222,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             scenarios.append(item)
     group = timings.groups_of([i.nodeid for i in scenarios], timings.load())
     for item in scenarios:
-        n = group[item.nodeid.split("::", 1)[0]]
+        n = group[timings.module_of(item.nodeid)]
         item.add_marker(pytest.mark.xdist_group(f"scenarios-{n + 1}"))
 
 

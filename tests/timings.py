@@ -36,6 +36,11 @@ def load(path: Path = SECONDS) -> dict[str, float]:
         return {}
 
 
+def module_of(test: str) -> str:
+    """The module path of a test's node id (``tests/…/test_x.py::test_y[p]``)."""
+    return test.split("::", 1)[0]
+
+
 def groups_of(
     tests: Iterable[str], seconds: Mapping[str, float], groups: int = GROUPS
 ) -> dict[str, int]:
@@ -45,7 +50,7 @@ def groups_of(
     answer)."""
     weight: dict[str, float] = {}
     for test in tests:
-        module = test.split("::", 1)[0]
+        module = module_of(test)
         weight[module] = weight.get(module, 0.0) + seconds.get(test, UNKNOWN)
     load = [0.0] * groups
     out: dict[str, int] = {}
