@@ -28,6 +28,7 @@ from riverbed.testing.signals import stop_outside_writes
 from riverbed.timerange.compute import one_pass
 from riverbed.timerange.oracle import pandas_rows
 from riverbed.timerange.plan import parse_time
+from tests.jobs.cluster import until
 from tests.jobs.test_timerange_spark import assert_same, write_input
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -204,7 +205,7 @@ def test_sigkill_at_random_points_then_resume_equals_one_pass(
             def progressed(done: int = done, proc: subprocess.Popen[str] = proc) -> bool:
                 return len(records(setup)) > done or proc.poll() is not None
 
-            wait_for(progressed, 180, "a chunk")
+            until(progressed, 180, "a chunk")
         time.sleep(rng.uniform(0.5, 6.0))
         if proc.poll() is not None:
             break  # it finished before this kill
@@ -231,14 +232,6 @@ def table_commits(s: dict[str, Any]) -> list[int]:
     return [DeltaTable(text.removeprefix("delta:")).version() for text in spec.job.tables.values()]
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     setup: dict[str, Any], spark: Any
 ) -> None:
@@ -251,7 +244,7 @@ def test_a_standby_takes_over_and_a_woken_zombie_cannot_publish(
     tables = {"rows": f"delta:{tmp / 'lake'}", "windows_30m": f"delta:{tmp / 'lake-windows'}"}
     setup["spec"].write_text(spec_text(str(tmp / "in"), str(tmp / "out"), tables))
     first = driver(setup, hours=hours)
-    wait_for(lambda: len(records(setup)) >= 2, 120, "the first driver's chunks")
+    until(lambda: len(records(setup)) >= 2, 120, "the first driver's chunks")
     second = driver(setup, hours=hours)
     time.sleep(2)  # the second is a standby while the first lives
     assert second.poll() is None

@@ -21,6 +21,7 @@ from riverbed.stream.batchlog import open_batches
 from riverbed.stream.fencing import recorded_driver
 from riverbed.stream.layout import checkpoint_store, output_url
 from riverbed.testing.s3 import CephS3Server
+from tests.jobs.cluster import until
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_standby import (
     SPEC,
@@ -28,7 +29,6 @@ from tests.stream.test_standby import (
     assert_fenced,
     later_events,
     standby_line,
-    wait_for,
 )
 from tests.stream.test_standby import oracle as standby_oracle
 
@@ -122,17 +122,17 @@ def test_a_paused_driver_resumed_after_a_takeover_makes_nothing_current(cluster:
     # the first driver runs until stopped (its backlog, in small batches in the driver,
     # could be done before the standby is up) and ends when it loses its lead
     a = cluster.driver("machine-a", "--no-standby")
-    wait_for(lambda: cluster.term() is not None, 180, "the first driver's term")
+    until(lambda: cluster.term() is not None, 180, "the first driver's term")
     b = cluster.driver("machine-b")  # its Spark starts while the first one runs batches
     line = standby_line(b)
     assert a.poll() is None, "the first driver ended before the standby was up"
     assert "standby for duo" in line, line
-    wait_for(lambda: len(cluster.committed()) >= 2, 180, "the first driver's batches")
+    until(lambda: len(cluster.committed()) >= 2, 180, "the first driver's batches")
     first = cluster.term()
     os.killpg(a.pid, signal.SIGSTOP)  # Python and JVM: a zombie holding an old term
     cluster.produce(1_500, after_hours=6)  # the standby's backlog has these whatever A did
     try:
-        wait_for(lambda: cluster.term() != first, TTL + 60, "the standby's takeover")
+        until(lambda: cluster.term() != first, TTL + 60, "the standby's takeover")
         _, err = b.communicate(timeout=300)
         assert b.returncode == 0, err[-2000:]
         second = cluster.term()
@@ -153,7 +153,7 @@ def test_the_bucket_gone_for_30_seconds_stalls_the_driver_and_loses_nothing(
     cluster: Cluster, s3_server: CephS3Server
 ) -> None:
     a = cluster.driver("machine-a")
-    wait_for(lambda: len(cluster.committed()) >= 2, 180, "the first batches")
+    until(lambda: len(cluster.committed()) >= 2, 180, "the first batches")
     s3_server.stop_gateway()
     # mid-stream: the driver was not done (30 batches of 300), and is still not once the
     # bucket is back

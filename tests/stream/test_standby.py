@@ -23,6 +23,7 @@ from riverbed.stream.batchlog import open_batches
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.fencing import recorded_driver
 from riverbed.stream.warmup import WARM
+from tests.jobs.cluster import until
 from tests.stream.conftest import make_events, write_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -106,14 +107,6 @@ def records(s: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {b: r.to_json() for b in batches.ids() if (r := batches.get(b)) is not None}
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def fingerprint(s: dict[str, Any]) -> dict[str, str]:
     """Every file riverbed writes for the aggregation (not Spark's own offset logs), by
     content and inode — a file replaced by the same bytes is a write too — but hidden
@@ -176,7 +169,7 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
     lake = ("--table", f"delta:{setup['home'] / 'lake'}")  # results as a Delta table too
     # A ends when it loses its lead (it does not stand by again): the zombie's exit
     a = driver(setup, "--no-standby", *lake, continuous=True)
-    wait_for(lambda: term(setup) is not None, 120, "the first driver's term")
+    until(lambda: term(setup) is not None, 120, "the first driver's term")
     if control == "sqlite":  # refusing to stand by happens before Spark starts: cheap
         refused = driver(setup, "--no-standby")
         _, err = refused.communicate(timeout=120)
@@ -197,13 +190,13 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         os.killpg(a.pid, signal.SIGSTOP)  # the whole driver, Python and JVM: a zombie
         paused_at = time.monotonic()
         produce(setup, 1_500, after_hours=6)  # the second part
-        wait_for(lambda: term(setup) != first_term, TTL + 60, "a standby's takeover")
+        until(lambda: term(setup) != first_term, TTL + 60, "a standby's takeover")
         took = time.monotonic() - paused_at
         assert took <= TTL + 15, f"took over {took:.1f}s after the pause"
         second_term = term(setup)
         x = {b.pid: b, c.pid: c}[active_pid(setup)]
         y = c if x is b else b
-        wait_for(
+        until(
             lambda: any(r.get("term") == second_term for r in records(setup).values()),
             120,
             "the second driver's first batch",
@@ -212,8 +205,8 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
         os.killpg(x.pid, signal.SIGKILL)
         x.wait()
         produce(setup, 1_500, after_hours=7)  # the third part
-        wait_for(lambda: term(setup) not in (first_term, second_term), TTL + 60, "the takeover")
-        wait_for(lambda: caught_up(setup), 300, "every event aggregated once")
+        until(lambda: term(setup) not in (first_term, second_term), TTL + 60, "the takeover")
+        until(lambda: caught_up(setup), 300, "every event aggregated once")
         os.killpg(y.pid, signal.SIGTERM)  # stopped as a user stops it: Ctrl-C
         _, err = y.communicate(timeout=120)
         assert y.returncode == 130, err[-2000:]
@@ -297,18 +290,18 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
     setup["env"]["RIVERBED_CONTROL"] = etcd_server.url
     nodename = os.uname().nodename
     a = driver(setup, continuous=True)
-    wait_for(lambda: term(setup) is not None, 120, "the first driver's term")
+    until(lambda: term(setup) is not None, 120, "the first driver's term")
     first_term = term(setup)
     b = driver(setup, continuous=True)
     assert f"active driver {nodename}:{a.pid} since" in standby_line(b)
-    wait_for(
+    until(
         lambda: any(r.get("term") == first_term for r in records(setup).values()),
         120,
         "the first driver's first batch",
     )
     os.killpg(a.pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: term(setup) != first_term, TTL + 60, "the standby's takeover")
+        until(lambda: term(setup) != first_term, TTL + 60, "the standby's takeover")
         assert active_pid(setup) == b.pid
     finally:
         os.killpg(a.pid, signal.SIGCONT)
@@ -325,7 +318,7 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
 
     cp = connect(etcd_server.url)
     try:
-        wait_for(
+        until(
             lambda: len(cp.get_prefix(b"riverbed/election/streams/duo/")) == 2,
             30,
             "the standby's candidacy",
@@ -342,11 +335,11 @@ def test_a_driver_that_lost_its_lead_stands_by_again_and_takes_over_later(
     assert term(setup) == second_term, "B lost its lead to a paused standby"
     os.killpg(b.pid, signal.SIGKILL)
     b.wait()
-    wait_for(lambda: active_pid(setup) == a.pid, TTL + 60, "the first driver's second takeover")
+    until(lambda: active_pid(setup) == a.pid, TTL + 60, "the first driver's second takeover")
     third_term = term(setup)
     assert third_term is not None and third_term > second_term
 
-    wait_for(lambda: caught_up(setup), 180, "every event aggregated once")
+    until(lambda: caught_up(setup), 180, "every event aggregated once")
     done = {bid: r for bid, r in records(setup).items() if r.get("done")}
     terms = [done[bid]["term"] for bid in sorted(done)]
     assert terms == sorted(terms), "two drivers interleaved batches"
