@@ -348,6 +348,35 @@ def test_every_hundredth_batch_compacts_the_table_after_its_commit(
     assert sorted(got) == list(range(100))
 
 
+def test_a_delta_compaction_deletes_the_files_no_commit_named_once_they_are_a_week_old(
+    tmp_path: Path,
+) -> None:
+    """A data file whose commit never came (a killed writer's, a fenced zombie's) is
+    never read, and the compaction deletes it once older than the retention; a younger
+    one may be a commit in flight and stays, as do the files the table's rows are in."""
+    import os
+    import time
+
+    import pyarrow.parquet as pq
+
+    sink = DeltaSink(tmp_path / "t")
+    for b in range(3):
+        assert sink.write("agg", b, rows(b, {f"k{b}": b}), SCHEMA)
+    stale, fresh = (
+        tmp_path / "t" / "part-00000-stale.parquet",
+        tmp_path / "t" / "part-00000-fresh.parquet",
+    )
+    for orphan in (stale, fresh):
+        pq.write_table(pa.Table.from_pandas(rows(9, {"zombie": 9}), schema=SCHEMA), orphan)
+    week_ago = time.time() - 169 * 3600
+    os.utime(stale, (week_ago, week_ago))
+    assert table_rows(tmp_path / "t") == {"k0": 0, "k1": 1, "k2": 2}  # orphans unread
+    sink.compact()
+    assert not stale.exists() and fresh.exists()
+    assert table_rows(tmp_path / "t") == {"k0": 0, "k1": 1, "k2": 2}
+    assert all(Path(f.removeprefix("file://")).exists() for f in sink.data_files())
+
+
 @pytest.mark.s3
 def test_a_delta_table_in_a_bucket(s3_url: str) -> None:
     """The same commits in a bucket (the S3 server keeps objects on disk): delta-rs

@@ -84,8 +84,11 @@ def side_outputs_written(batches: Batches, batch_id: int) -> bool:
 
 
 def publish(config: EngineConfig, batch_id: int, rows: pd.DataFrame) -> None:
-    """The batch's rows to the sinks besides the result table (riverbed.stream.doors)."""
+    """The batch's rows to the sinks besides the result table (riverbed.stream.doors),
+    each after a fence check of its own: a driver paused while it wrote the result
+    table, and replaced, stops here instead of writing the sinks."""
     for sink in config.sinks:
+        config.fence()
         sink.write(config, batch_id, rows)
 
 

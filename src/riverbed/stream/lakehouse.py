@@ -8,7 +8,10 @@ batch id as the aggregation's *application transaction* (Delta's ``txn`` action:
 ``appId`` = ``riverbed:<name>``, ``version`` = the batch id), in the same atomic commit
 as the rows, so a batch run again after a crash finds its commit and writes nothing,
 and a stale driver's older batch is never committed over a newer one. (The engine's
-fence stops a replaced driver before it writes at all; this is the table's own guard.)
+fence stops a replaced driver before each write; this is the table's own guard. A
+driver paused *inside* a write can wake to finish its data file, whose commit is then
+refused: a file no version names, which readers never see and the compaction deletes
+once a week old.)
 
 Maintenance: :meth:`DeltaSink.compact` (delta-rs ``optimize``, then ``vacuum`` of the
 files no version of the last week needs), every 100th batch right after its commit — by
@@ -185,13 +188,20 @@ class DeltaSink:
 
     def compact(self, retention_hours: int = 168) -> None:
         """Rewrite small files into fewer (``optimize``), then delete the files no
-        version younger than ``retention_hours`` needs (``vacuum``)."""
+        version younger than ``retention_hours`` needs (``vacuum``) — also those no
+        commit ever named, once that old: a writer's data files whose commit never came
+        (a driver killed, or a replaced one that woke mid-write and was refused), which
+        delta-rs's default vacuum keeps for ever. Younger ones may be a commit's in
+        flight and stay."""
         table = self._table()
         if table is None:
             return
         table.optimize.compact()
         table.vacuum(
-            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+            retention_hours=retention_hours,
+            dry_run=False,
+            enforce_retention_duration=False,
+            full=True,
         )
 
 
