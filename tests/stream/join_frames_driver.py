@@ -14,12 +14,17 @@ import sys
 def main(
     log_url: str, checkpoint: str, output: str, shape: str, how: str, once: bool, records: int
 ) -> int:
-    from riverbed.config import SparkConfig
+    from dataclasses import replace
+
+    from riverbed.config import load_config
     from riverbed.spark import session
     from riverbed.stream import Frame, Join, Lookup, register
     from riverbed.stream.joinquery import start_join
 
-    spark = session(SparkConfig(master="local[2]", app_name="riverbed-join-frames"))
+    # riverbed.toml's and RIVERBED_SPARK_CONF's settings, as a user's driver would take
+    # them (the tests' quick ones: no UI, 2 shuffle partitions, a C1 JVM)
+    config = load_config().spark
+    spark = session(replace(config, master="local[2]", app_name="riverbed-join-frames"))
     register(spark)
 
     def side(topic: str, schema: str) -> Frame:

@@ -27,7 +27,8 @@ DRIVER = """
 import sys
 PATHS = ("dataframe", "shuffled", "colocated")
 from pathlib import Path
-from riverbed.config import SparkConfig
+from dataclasses import replace
+from riverbed.config import load_config
 from riverbed.spark import session
 from riverbed.state import StateConfig
 from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, start
@@ -35,10 +36,11 @@ from riverbed.stream import Aggregation, Count, Distinct, Tumbling, register, st
 root, log_url = Path(sys.argv[1]), sys.argv[2]
 # No locality wait: with the default 3 s, every short state task waits for the executor
 # that holds its shuffle input, so all of them can land on one executor.
-spark = session(SparkConfig(master="local-cluster[2,1,1024]", app_name="riverbed-lc",
-                            conf={"spark.executor.memory": "512m",
-                                  "spark.sql.shuffle.partitions": "4",
-                                  "spark.locality.wait": "0"}))
+config = load_config().spark  # the tests' settings (RIVERBED_SPARK_CONF), then these
+spark = session(replace(config, master="local-cluster[2,1,1024]", app_name="riverbed-lc",
+                        conf={**config.conf, "spark.executor.memory": "512m",
+                              "spark.sql.shuffle.partitions": "4",
+                              "spark.locality.wait": "0"}))
 # Executors register a few seconds after the driver starts; a batch planned before the
 # second one is up runs entirely on the first.
 import time

@@ -43,13 +43,14 @@ from pathlib import Path
 from riverbed.spark import session
 from riverbed.stream import register
 from riverbed.stream.dataframe import start
-from riverbed.config import SparkConfig
+from dataclasses import replace
+from riverbed.config import load_config
 
 sys.path.insert(0, str(Path(sys.argv[1]).parent))
 from spec import aggregation
 
 home = Path(sys.argv[2])
-spark = session(SparkConfig(master="local[2]"))
+spark = session(replace(load_config().spark, master="local[2]"))  # with the tests' settings
 register(spark)
 df = (spark.readStream.format("riverbed").option("topic", "events")
       .option("log", f"file://{home / 'log'}")
