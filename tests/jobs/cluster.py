@@ -62,7 +62,9 @@ def main(ctx, work_ids, hang=None):
     n = ctx.spark.range(0, 1000 * len(work_ids)).count()
     ctx.output.write_json("effect.json", {"ids": work_ids, "attempt": ctx.attempt,
                                            "app": ctx.spark.sparkContext.applicationId,
-                                           "pid": os.getpid(), "count": n})
+                                           "pid": os.getpid(), "count": n,
+                                           "partitions": ctx.spark.conf.get(
+                                               "spark.sql.shuffle.partitions")})
 
 job = Job(main=main, chunk_size=1, kind="spark")
 """

@@ -25,6 +25,7 @@ from riverbed.jobs.schema import chunks, fires, meta
 from riverbed.jobs.schema import schedules as schedules_t
 from riverbed.jobs.worker import log_path
 from riverbed.processes import is_alive
+from riverbed.spark import TEST_CONF
 from riverbed.storage import open_store
 from riverbed.testing.signals import stop_outside_writes
 from tests.jobs.cluster import Cluster, published, run_state, until
@@ -470,6 +471,9 @@ def test_spark_chunks_share_one_warm_session_and_cancel_ends_their_python_worker
     assert {o["count"] for o in outputs} == {1000}
     assert len({o["app"] for o in outputs}) == 1  # one SparkSession for every chunk
     assert len({o["pid"] for o in outputs}) == 1
+    # the worker's Spark settings (RIVERBED_SPARK_CONF here, as riverbed.toml's [spark])
+    # reach the chunks' session, not only its master
+    assert {o["partitions"] for o in outputs} == {TEST_CONF["spark.sql.shuffle.partitions"]}
     # Cancel a chunk stuck in a Python task. PySpark's daemon puts itself and the
     # workers it forks in a process group of their own: killing the executor's group
     # would leave the worker running; the executor's session takes it along.
@@ -479,6 +483,18 @@ def test_spark_chunks_share_one_warm_session_and_cancel_ends_their_python_worker
     until(lambda: run_state(cluster, stuck) == "CANCELED", 30, "the run to be cancelled")
     pid = int(mark.name.split("-")[1])
     until(lambda: not is_alive(pid), 15, f"the chunk's Python worker {pid} to be killed")
+
+
+@on("sqlite")
+def test_the_development_runner_gives_spark_chunks_the_configured_settings(
+    cluster: Cluster,
+) -> None:
+    """`jobs run` runs the chunks in the CLI's own process (no worker here to take
+    them): their session has riverbed's Spark settings, not only its master."""
+    assert cluster.cli("run", "sparky", "--work-ids", "7")["state"] == "DONE"
+    (output,) = published(cluster, "sparky").values()
+    assert output["ids"] == [7] and output["pid"] != os.getpid()
+    assert output["partitions"] == TEST_CONF["spark.sql.shuffle.partitions"]
 
 
 def _drop_connections(server: Any, kind: str, dbname: str) -> None:

@@ -23,6 +23,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,14 @@ def _redirected(log_path: Path) -> Iterator[None]:
         os.close(fd)
         os.close(saved[0])
         os.close(saved[1])
+
+
+def chunk_spark(config: Config | None, master: str | None) -> SparkConfig:
+    """The Spark settings a chunk's session starts with: the configuration's
+    (``[spark]`` of riverbed.toml, ``RIVERBED_SPARK_CONF``; read here when not given),
+    on ``master`` when the worker was given one."""
+    spark = (config if config is not None else load_config()).spark
+    return replace(spark, master=master) if master else spark
 
 
 class ChunkRunner:
@@ -172,9 +181,9 @@ def executor_main(
     logging.getLogger("riverbed").addHandler(handler)
     logging.getLogger("riverbed").setLevel(logging.INFO)
     _stop_with_the_worker()
-    spark_config = SparkConfig(master=spark_master) if spark_master else SparkConfig()
     if config is None:
         config = load_config()
+    spark_config = chunk_spark(config, spark_master)
     runner = ChunkRunner(Path(jobs_dir), Path(home), spark_config, checkpoints, config)
     while True:
         try:

@@ -523,15 +523,10 @@ def run_here(
     """The development runner: run every chunk of run ``master`` in this process (no
     executor, so a debugger and prints work), registered like a worker so a running
     orchestrator does not reap it. Returns the run's final state."""
-    from riverbed.config import SparkConfig
-    from riverbed.jobs.executor import ChunkRunner
+    from riverbed.jobs.executor import ChunkRunner, chunk_spark
 
     runner = ChunkRunner(
-        Path(jobs_dir),
-        Path(home),
-        SparkConfig(master=spark_master) if spark_master else None,
-        checkpoints,
-        config,
+        Path(jobs_dir), Path(home), chunk_spark(config, spark_master), checkpoints, config
     )
     pub = runner.publication
     host = host_name()
