@@ -28,8 +28,11 @@ compile:
 	@$(BIN)/python -m compileall -q src tests >/dev/null
 
 # A class-data archive of Spark's JVM classes (riverbed.spark.cds): every Spark driver
-# the demo and the tests start maps them instead of loading them (built once, 2-3 min here).
+# the demo and the tests start maps them instead of loading them (built once, 2-3 min here);
+# and bytecode in PySpark's worker zips (riverbed.spark.bytecode), which every Python
+# process Spark starts imports from (a few seconds, once).
 spark-archive:
+	@$(BIN)/python -m riverbed.spark.bytecode
 	@$(BIN)/python -m riverbed.spark.cds
 
 # The JVM jars Spark drivers add to PySpark's own — Hadoop's S3A connector with the AWS
