@@ -8,7 +8,7 @@ instead (:mod:`riverbed.spark.daemon`), but Spark starts others it cannot reach:
 Python data source's planning and reading workers (riverbed's Spark source), the
 streaming source runner, Spark Connect's ``foreachBatch`` worker — 0.5-0.7 s of CPU
 each (``import pyspark.worker`` from the zip 0.88 s, with its bytecode 0.24 s; a Connect
-``foreachBatch`` worker 1.4 s against 0.7 s: docs/testing.md).
+``foreachBatch`` worker 1.4 s against 0.7 s: docs/benchmarks.md, "Python workers").
 
 :func:`compile_zip` adds each module's bytecode beside its source in the zip — a
 ``.pyc`` of the *unchecked hash-based* kind (PEP 552), which ``zipimport`` reads without
