@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TEST_CONF",
+    "TEST_JVM_OPTIONS",
     "SourceOptionError",
     "SparkUnavailableError",
     "driver_heap_bytes",
@@ -44,15 +45,19 @@ __all__ = [
     "tasks_on_this_machine",
 ]
 
+# JVMs that live as long as a test: C1 only (C2's compiles never pay back in minutes, and
+# take CPU from the other tests) and the serial collector (docs/testing.md)
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.sql.adaptive.enabled": "false",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
     # executors (a local-cluster's, a test bed's workers'): as small and short-lived
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
 }
 
 BASE_CONF: dict[str, str] = {

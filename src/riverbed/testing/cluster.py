@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from riverbed.spark import TEST_JVM_OPTIONS
 from riverbed.spark.discovery import master_page
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import PostgresServer, ServerError, etcd_argv, etcd_healthy
@@ -211,7 +212,7 @@ class Cluster:
             "SPARK_NO_DAEMONIZE": "1",
             # masters and workers: small daemons of a short test (a C1 JVM starts and
             # runs them on less CPU, as the tests' drivers and executors)
-            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "SPARK_DAEMON_JAVA_OPTS": TEST_JVM_OPTIONS,
         }
 
     def start_spark(
@@ -450,6 +451,9 @@ class Cluster:
             "spark.storage.blockManagerHeartbeatTimeoutMs": "10s",
             "spark.executor.heartbeatInterval": "1s",
             "spark.network.timeoutInterval": "1s",
+            # the test bed's JVMs, as its masters' and workers' (SPARK_DAEMON_JAVA_OPTS)
+            "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
         }
 
     # ------------------------------------------------------------------ log servers
