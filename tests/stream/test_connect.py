@@ -205,6 +205,8 @@ def _pass_over_connect(url: str, env: dict[str, str], ids: list[str]) -> None:
         capture_output=True, text=True, timeout=1200, check=False,
     )  # fmt: skip
     tail = done.stdout[-4000:]
-    assert done.returncode == 0, tail + done.stderr[-2000:]
+    # a server's error is a long Java trace: its causes first, then the run's end
+    causes = [line for line in done.stdout.splitlines() if "Caused by:" in line][:10]
+    assert done.returncode == 0, "\n".join(causes) + "\n" + tail + done.stderr[-2000:]
     passed = re.search(rf"\b{len(ids)} passed\b", tail)
     assert passed and "failed" not in tail and "skipped" not in tail, tail
