@@ -104,12 +104,12 @@ def compile_zip(path: Path) -> Compiled:
 
 
 def compile_pyspark() -> list[Compiled]:
-    """:func:`compile_zip` for the zips of this Python's PySpark (its package is the
-    ``SPARK_HOME`` of a pip-installed PySpark, riverbed's sessions)."""
+    """:func:`compile_zip` for the zips of this Python's PySpark: its package is the
+    Spark home of a pip-installed PySpark (riverbed's sessions; a Spark installed
+    elsewhere keeps its zips as they are)."""
     import pyspark
 
-    home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
-    return [compile_zip(z) for z in worker_zips(home)]
+    return [compile_zip(z) for z in worker_zips(Path(pyspark.__file__).parent)]
 
 
 def main() -> int:

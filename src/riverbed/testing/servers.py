@@ -34,24 +34,33 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+_HANDED_OUT: set[int] = set()  # free_port's answers in this process
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now and outside the kernel's ephemeral range.
+    """A TCP port on 127.0.0.1 that is free now and outside the kernel's ephemeral range,
+    and that this process was never given before.
 
     Ports from ``bind(0)`` come from the ephemeral range, which outgoing connections
     also draw from: between choosing a port and the server binding it, a client socket
     (etcd peers dialing each other, say) could take it. Ports below that range are only
-    ever taken by an explicit bind.
+    ever taken by an explicit bind. A port is still free until its server binds it, so
+    ports asked for together (a Kafka cluster's nodes, before any starts) could be the
+    same one: each is handed out once (a cluster of three once listed one port twice).
     """
     low, _ = _ephemeral_range()
     ceiling = max(low - 1, 2000)
     for _ in range(200):
         port = random.randint(max(1024, ceiling - 12000), ceiling)  # noqa: S311
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise ServerError("no free TCP port found below the ephemeral range")
 
 
