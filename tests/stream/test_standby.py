@@ -232,8 +232,8 @@ def test_standbys_take_over_from_a_paused_and_a_killed_driver_and_the_zombie_wri
 def assert_wrote_nothing_read(s: dict[str, Any], before: dict[str, str]) -> None:
     """Every file as ``before`` the zombie woke, but for data files of the Delta table
     that no version names: a zombie paused *inside* the table's write finishes its data
-    file on waking, and its commit is refused. No reader sees such
-    a file, and the table's compaction deletes it once a week old
+    file on waking, and its commit is refused. No reader sees such a file, and the
+    table's compaction deletes it once a week old
     (:meth:`riverbed.stream.lakehouse.DeltaSink.compact`). A commit, a changed or a
     removed file anywhere fails."""
     after = fingerprint(s)
