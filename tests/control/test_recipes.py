@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -170,6 +171,15 @@ def test_session_notices_its_lease_was_revoked(cp: ControlPlane) -> None:
     session = Session(cp, ttl=1)
     cp.revoke(session.lease)
     assert session.lost.wait(timeout=3)
-    with pytest.raises(SessionLostError):
+    # the reason says what the keeper saw: the control plane no longer has the lease,
+    # and how late its refreshes were (a starved process, or a slow control plane)
+    assert session.lost_reason is not None
+    assert "expired or was revoked" in session.lost_reason
+    assert re.search(
+        r"the last refresh that got through was sent \d+\.\d s before; this one woke "
+        r"-?\d+\.\d s late and was answered in \d+\.\d s",
+        session.lost_reason,
+    )
+    with pytest.raises(SessionLostError, match="expired or was revoked"):
         session.ensure_alive()
     session.close()

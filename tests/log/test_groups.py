@@ -206,6 +206,17 @@ def test_bad_group_configuration_is_named(flog: Log, cp: ControlPlane) -> None:
         consumer.poll(0)
 
 
+def test_a_consumer_whose_lease_ended_says_why(flog: Log, cp: ControlPlane) -> None:
+    fill(flog, "ev", 10)
+    consumer = flog.consumer(cp, "g", "ev", session_ttl=2)
+    until(lambda: len(consumer.assignment()) == 4, step=lambda: consumer.poll(0.05))
+    cp.revoke(consumer.session.lease)  # as another process's reaper or an operator would
+    assert consumer.session.lost.wait(5)
+    with pytest.raises(GroupError, match=r"lost its session \(lease \w+ expired or was revoked"):
+        consumer.poll(0)
+    consumer.close()
+
+
 def test_consumer_is_importable_from_the_group_package() -> None:
     assert Consumer.__module__ == "riverbed.log.group.consumer"
 

@@ -37,6 +37,8 @@ class Session:
         self._valid_until = sent + ttl
         self._refreshed = threading.Condition()
         self.lost = threading.Event()
+        #: why the session was lost, with what the keeper saw (None while alive)
+        self.lost_reason: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._keep, name=f"riverbed-lease-{self.lease:x}", daemon=True
@@ -45,30 +47,51 @@ class Session:
 
     def _keep(self) -> None:
         interval = max(self.ttl / 3, 0.1)
-        last_ok = time.monotonic()
+        last_ok = self._valid_until - self.ttl  # when the last refresh that got through was sent
+        slept_at = time.monotonic()
         while not self._stop.wait(interval):
+            # a refresh can be late two ways: this thread woke late (a starved or paused
+            # process) or the control plane answered slowly; a lost session says which
+            late = time.monotonic() - slept_at - interval
             try:
                 sent = time.monotonic()
                 ttl = self.cp.keepalive(self.lease)
-                last_ok = time.monotonic()
+                if sent - last_ok > 2 * interval:  # more than one refresh's slack used
+                    log.warning(
+                        "lease %x refreshed %.1f s after the previous one (TTL %s s): this "
+                        "thread woke %.1f s late and the control plane answered in %.1f s",
+                        self.lease,
+                        sent - last_ok,
+                        self.ttl,
+                        late,
+                        time.monotonic() - sent,
+                    )
+                last_ok = sent
                 with self._refreshed:
                     self._valid_until = sent + min(ttl, self.ttl)
                     self._refreshed.notify_all()
             except LeaseNotFoundError:
-                log.warning("lease %x expired; session lost", self.lease)
-                self.lost.set()
+                self._lose(
+                    f"lease {self.lease:x} expired or was revoked: the control plane no "
+                    f"longer has it (TTL {self.ttl} s; the last refresh that got through "
+                    f"was sent {sent - last_ok:.1f} s before; this one woke {late:.1f} s "
+                    f"late and was answered in {time.monotonic() - sent:.1f} s)"
+                )
                 return
             except ControlError as exc:
                 if time.monotonic() - last_ok >= self.ttl:
-                    log.warning(
-                        "lease %x not refreshed for %ss (%s); session lost",
-                        self.lease,
-                        self.ttl,
-                        exc,
+                    self._lose(
+                        f"lease {self.lease:x} not refreshed for its TTL of {self.ttl} s "
+                        f"(the control plane did not answer: {exc})"
                     )
-                    self.lost.set()
                     return
                 log.info("keepalive of lease %x failed (%s); retrying", self.lease, exc)
+            slept_at = time.monotonic()
+
+    def _lose(self, reason: str) -> None:
+        log.warning("%s; session lost", reason)
+        self.lost_reason = reason
+        self.lost.set()
 
     def remaining(self) -> float:
         """Seconds the lease is certainly still held (0 once lost or closed): from the
@@ -95,8 +118,9 @@ class Session:
 
     def ensure_alive(self) -> None:
         if not self.alive:
+            why = self.lost_reason or "expired or closed"
             raise SessionLostError(
-                f"session lease {self.lease:x} is gone (expired or closed); start a new session"
+                f"session lease {self.lease:x} is gone ({why}); start a new session"
             )
 
     def close(self, revoke: bool = True) -> None:

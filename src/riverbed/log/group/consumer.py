@@ -173,6 +173,7 @@ class Consumer:
         self._owned: dict[TopicPartition, _Owned] = {}
         self._generation = 0
         self._threads: list[threading.Thread] = []
+        self._failure: str | None = None  # a background thread's error, once one failed
         try:
             Registry(cp, self.keys.registry).register(
                 self.session,
@@ -185,18 +186,21 @@ class Consumer:
         self.election = Election(cp, self.keys.registry, self.session)
         for target, name in ((self._lead, "leader"), (self._follow, "member")):
             thread = threading.Thread(
-                target=self._guard(target), name=f"riverbed-group-{group}-{name}", daemon=True
+                target=self._guard(target, name),
+                name=f"riverbed-group-{group}-{name}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)
 
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+    def _guard(self, fn: Callable[[], None], name: str) -> Callable[[], None]:
         def run() -> None:
             try:
                 fn()
-            except Exception:
+            except Exception as exc:
                 if not self._stop.is_set():
-                    log.exception("consumer %s: background thread failed", self.member_id)
+                    log.exception("consumer %s: %s thread failed", self.member_id, name)
+                    self._failure = f"its {name} thread failed: {type(exc).__name__}: {exc}"
                     self.session.lost.set()
                     with self._cond:
                         self._cond.notify_all()
@@ -428,9 +432,14 @@ class Consumer:
     def _check(self) -> None:
         if self._stop.is_set():
             raise GroupError(f"consumer {self.member_id} is closed")
-        if not self.session.alive:
+        if self._failure is not None:
             raise GroupError(
-                f"consumer {self.member_id} lost its session (lease expired); create a new one"
+                f"consumer {self.member_id} stopped ({self._failure}); create a new one"
+            )
+        if not self.session.alive:
+            why = self.session.lost_reason or "lease expired"
+            raise GroupError(
+                f"consumer {self.member_id} lost its session ({why}); create a new one"
             )
 
     # -- processing API ----------------------------------------------------------------------
