@@ -30,6 +30,7 @@ properties outlive snapshot expiry, where a snapshot summary would not.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
 from collections.abc import Callable
@@ -237,6 +238,39 @@ class PartitionTable(Protocol):
         ...
 
 
+def iceberg_transaction(table: Any) -> Any:
+    """``table.transaction()``, whose staged metadata is computed once per state."""
+    return _cached_transaction()(table)
+
+
+@functools.cache
+def _cached_transaction() -> Any:
+    """A pyiceberg ``Transaction`` whose staged metadata is computed once per state.
+
+    pyiceberg 0.12's ``Transaction.table_metadata`` replays the staged updates and deep
+    copies the whole metadata (every snapshot) on each read, and a delete and an append
+    read it dozens of times: most of a commit's time on a table of a few hundred
+    snapshots (benchmarks/table_sinks.py: a batch sink's and a partition's). The same
+    metadata is returned until an update is staged (``_updates`` is a tuple, rebound on
+    each) or the table is refreshed — what apache/iceberg-python#3302 proposes upstream."""
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import update_table_metadata
+
+    class CachedTransaction(Transaction):
+        _cached: tuple[Any, Any, Any] | None = None
+
+        @property
+        def table_metadata(self) -> Any:
+            base, updates = self._table.metadata, self._updates
+            cached = self._cached
+            if cached is None or cached[0] is not base or cached[1] is not updates:
+                cached = (base, updates, update_table_metadata(base, updates))
+                self._cached = cached
+            return cached[2]
+
+    return CachedTransaction
+
+
 def partition_table(text: str, owner: str) -> PartitionTable:
     """The table ``text`` names (:func:`parse_table`), its partitions written by
     ``owner`` (a time-range job's name)."""
@@ -423,7 +457,7 @@ class IcebergPartitions:
                 with table.update_schema() as update:
                     update.union_by_name(pa.schema(new))
                 table = table.refresh()
-            with warnings.catch_warnings(), table.transaction() as tx:
+            with warnings.catch_warnings(), iceberg_transaction(table) as tx:
                 # a partition replaced for the first time: "did not match any records"
                 warnings.simplefilter("ignore", UserWarning)
                 tx.set_properties({self._key(partition): str(version)})

@@ -537,6 +537,56 @@ def test_both_tables_hold_what_the_batches_upserted_and_deleted(
         assert held == model, type(sink).__name__
 
 
+def test_an_iceberg_compaction_bounds_the_snapshot_history_and_keeps_files_a_week(
+    tmp_path: Path,
+) -> None:
+    """Each commit's cost grows with the snapshots the table keeps, so a compaction
+    expires those before its rewrite — unless the table's own
+    ``history.expire.max-snapshot-age-ms`` keeps more; the expired snapshots' data files
+    stay for the retention (a reader on one still finds them). A bad value is named."""
+    sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
+    for b in range(3):
+        assert sink.write("agg", b, rows(b, {"a": b, f"k{b}": b}), SCHEMA)
+    on_disk = lambda: set((tmp_path / "warehouse").rglob("*.parquet"))  # noqa: E731
+    files_before = on_disk()
+    sink.compact()  # the default: a week's retention of files
+    table = sink.catalog.load_table("rb.t")
+    assert [s.snapshot_id for s in table.snapshots()] == [table.current_snapshot().snapshot_id]
+    assert files_before < on_disk()  # nothing deleted: younger than a week
+    assert sink.committed("agg") == 2
+    # a table that asks for a day of history keeps its snapshots
+    with table.transaction() as tx:
+        tx.set_properties({"history.expire.max-snapshot-age-ms": str(86_400_000)})
+    for b in range(3, 5):
+        assert sink.write("agg", b, rows(b, {"a": b}), SCHEMA)
+    ids = lambda: {s.snapshot_id for s in sink.catalog.load_table("rb.t").snapshots()}  # noqa: E731
+    kept = ids()
+    sink.compact()
+    assert kept < ids()  # every one kept, and the rewrite's
+    table = sink.catalog.load_table("rb.t")
+    with table.transaction() as tx:
+        tx.set_properties({"history.expire.max-snapshot-age-ms": "a day"})
+    with pytest.raises(TableSinkError, match=r"max-snapshot-age-ms is 'a day'.*86400000"):
+        sink.compact()
+    got = sink.read()
+    assert dict(zip(got["key"], got["n"], strict=True)) == {"a": 4, "k0": 0, "k1": 1, "k2": 2}
+
+
+def test_an_iceberg_batch_transaction_computes_its_staged_metadata_once_per_state(
+    tmp_path: Path,
+) -> None:
+    from riverbed.tables import iceberg_transaction
+
+    sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
+    assert sink.write("agg", 0, rows(0, {"a": 0}), SCHEMA)
+    tx = iceberg_transaction(sink.catalog.load_table("rb.t"))
+    first = tx.table_metadata
+    assert tx.table_metadata is first  # not replayed and copied again
+    tx.set_properties({"x": "1"})
+    assert tx.table_metadata is not first and tx.table_metadata.properties["x"] == "1"
+    assert "x" not in first.properties
+
+
 def test_an_iceberg_compaction_keeps_every_aggregations_batch_id_and_expires_the_rest(
     tmp_path: Path,
 ) -> None:

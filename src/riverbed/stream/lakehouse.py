@@ -34,6 +34,7 @@ from riverbed.tables import (
     delta_location,
     delta_options,
     iceberg_catalog,
+    iceberg_transaction,
     open_delta,
     read_files_with_spark,
 )
@@ -275,11 +276,20 @@ class IcebergSink:
     def compact(self, retention_hours: int = 168) -> None:
         """Rewrite the table's current rows into as few files as one write makes (each
         batch adds files, and its delete rewrites the files holding the rows it
-        replaces), expire the snapshots older than ``retention_hours``, and delete the
-        data files older than that which no snapshot left refers to (pyiceberg's expiry
-        leaves them). The rewrite's snapshots carry every aggregation's newest batch id,
-        so the lineage that :meth:`committed` walks never loses one."""
-        from datetime import UTC, datetime, timedelta
+        replaces); expire the snapshots before the rewrite's — or, when the table sets
+        Iceberg's ``history.expire.max-snapshot-age-ms``, those older than that — and
+        delete the data files older than ``retention_hours`` which no snapshot left
+        refers to (pyiceberg's expiry leaves them; a reader still on an expired snapshot
+        finds its files for that long).
+
+        Snapshot history is bounded so because every commit's cost grows with it
+        (pyiceberg copies the table's metadata, snapshots and all, many times a commit;
+        a batch is two snapshots): a week of it at one batch a second is a million
+        snapshots. Time travel reaches back to the last compaction by default. The
+        rewrite's snapshot carries every aggregation's newest batch id, so the lineage
+        that :meth:`committed` walks never loses one."""
+        import time
+        from datetime import UTC, datetime
 
         table = self._table()
         if table is None:
@@ -287,12 +297,23 @@ class IcebergSink:
         props = _batch_ids(table)
         table.overwrite(table.scan().to_arrow(), snapshot_properties=props)
         table = table.refresh()
-        cutoff = datetime.now(UTC) - timedelta(hours=retention_hours)
         current = table.current_snapshot()
-        if current is not None and current.timestamp_ms <= cutoff.timestamp() * 1000:
-            cutoff = datetime.fromtimestamp((current.timestamp_ms - 1) / 1000, UTC)
-        table.maintenance.expire_snapshots().older_than(cutoff).commit()
-        _delete_unreferenced(table.refresh(), cutoff.timestamp())
+        if current is not None:
+            keep_ms = current.timestamp_ms  # every snapshot before the rewrite's expires
+            history = table.properties.get(_MAX_SNAPSHOT_AGE)
+            if history is not None:
+                try:
+                    age_ms = int(history)
+                except ValueError:
+                    raise TableSinkError(
+                        f"Iceberg table {self.identifier}: {_MAX_SNAPSHOT_AGE} is "
+                        f"{history!r}, not a number of milliseconds; set it to one, e.g. "
+                        "86400000 for a day of snapshots"
+                    ) from None
+                keep_ms = min(keep_ms, int(time.time() * 1000) - age_ms)
+            cutoff = datetime.fromtimestamp((keep_ms - 1) / 1000, UTC)
+            table.maintenance.expire_snapshots().older_than(cutoff).commit()
+        _delete_unreferenced(table.refresh(), time.time() - retention_hours * 3600)
 
     def write(self, name: str, batch_id: int, rows: pd.DataFrame, schema: pa.Schema) -> bool:
         """Commit batch ``batch_id``'s rows; whether this call committed."""
@@ -328,7 +349,7 @@ class IcebergSink:
                 table = table.refresh()
             source = _with_table_columns(source, table.schema().as_arrow())
         props = {f"{_BATCH}{name}": str(batch_id)}
-        with table.transaction() as tx:
+        with iceberg_transaction(table) as tx:
             # an upsert as a delete of every (window, key) the batch touches — its rows
             # and its sessions merged away — then an append of its rows: one commit.
             # (pyiceberg's own upsert joins the batch with the table in Python: 4 s a
@@ -362,6 +383,7 @@ class IcebergSink:
 
 
 _BATCH = "riverbed.batch."  # a snapshot summary's key: + the aggregation's name
+_MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"  # Iceberg's table property
 
 
 def _delete_unreferenced(table: Any, older_than: float) -> int:
