@@ -16,6 +16,7 @@ import pytest
 
 from riverbed.stream.sinks import MARKERS, KafkaSink, KafkaSinkError
 from riverbed.testing import KafkaServer, free_port
+from tests.jobs.cluster import until
 
 pytestmark = pytest.mark.kafka
 
@@ -82,11 +83,10 @@ def _driver(label: str, mode: str, *batches: int) -> tuple[subprocess.Popen[str]
     return proc, lines
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any]]:
-    """Every value of ``topic`` a consumer at ``isolation`` sees, from the start."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+def _consumer(bootstrap: str, isolation: str) -> Any:
+    from confluent_kafka import Consumer
 
-    consumer = Consumer(
+    return Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{isolation}",
@@ -94,10 +94,41 @@ def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any
             "isolation.level": isolation,
         }
     )
+
+
+def _ends(consumer: Any, topic: str) -> dict[int, int]:
+    """Each partition's end as ``consumer``'s isolation level sees it: under
+    read_committed the first offset of a transaction whose markers are not written yet."""
+    from confluent_kafka import TopicPartition
+
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
+    }
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any]]:
+    """Every value of ``topic`` a consumer at ``isolation`` sees, from the start — under
+    read_committed once every transaction's markers are written: Kafka's commit returns
+    when the coordinator has logged it, and writes the partitions' markers after (until
+    then a read_committed end stops before the transaction's records)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    consumer = _consumer(bootstrap, isolation)
     try:
+        if isolation == "read_committed":
+            raw = _consumer(bootstrap, "read_uncommitted")
+            try:
+                until(
+                    lambda: _ends(consumer, topic) == _ends(raw, topic),
+                    30,
+                    f"the markers of {topic}'s transactions",
+                )
+            finally:
+                raw.close()
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         tps = [TopicPartition(topic, p) for p in parts]
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        ends = _ends(consumer, topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         values: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
