@@ -566,8 +566,10 @@ def test_an_iceberg_compaction_bounds_the_snapshot_history_and_keeps_files_a_wee
     table = sink.catalog.load_table("rb.t")
     with table.transaction() as tx:
         tx.set_properties({"history.expire.max-snapshot-age-ms": "a day"})
+    kept = ids()
     with pytest.raises(TableSinkError, match=r"max-snapshot-age-ms is 'a day'.*86400000"):
         sink.compact()
+    assert ids() == kept  # refused before it changed anything
     got = sink.read()
     assert dict(zip(got["key"], got["n"], strict=True)) == {"a": 4, "k0": 0, "k1": 1, "k2": 2}
 

@@ -282,7 +282,7 @@ class IcebergSink:
         refers to (pyiceberg's expiry leaves them; a reader still on an expired snapshot
         finds its files for that long).
 
-        Snapshot history is bounded so because every commit's cost grows with it
+        The snapshot history is bounded because every commit's cost grows with it
         (pyiceberg copies the table's metadata, snapshots and all, many times a commit;
         a batch is two snapshots): a week of it at one batch a second is a million
         snapshots. Time travel reaches back to the last compaction by default. The
@@ -294,22 +294,21 @@ class IcebergSink:
         table = self._table()
         if table is None:
             return
+        history = table.properties.get(_MAX_SNAPSHOT_AGE)
+        try:
+            age_ms = None if history is None else int(history)
+        except ValueError:
+            raise TableSinkError(
+                f"Iceberg table {self.identifier}: {_MAX_SNAPSHOT_AGE} is {history!r}, not "
+                "a number of milliseconds; set it to one, e.g. 86400000 for a day of snapshots"
+            ) from None
         props = _batch_ids(table)
         table.overwrite(table.scan().to_arrow(), snapshot_properties=props)
         table = table.refresh()
         current = table.current_snapshot()
         if current is not None:
             keep_ms = current.timestamp_ms  # every snapshot before the rewrite's expires
-            history = table.properties.get(_MAX_SNAPSHOT_AGE)
-            if history is not None:
-                try:
-                    age_ms = int(history)
-                except ValueError:
-                    raise TableSinkError(
-                        f"Iceberg table {self.identifier}: {_MAX_SNAPSHOT_AGE} is "
-                        f"{history!r}, not a number of milliseconds; set it to one, e.g. "
-                        "86400000 for a day of snapshots"
-                    ) from None
+            if age_ms is not None:
                 keep_ms = min(keep_ms, int(time.time() * 1000) - age_ms)
             cutoff = datetime.fromtimestamp((keep_ms - 1) / 1000, UTC)
             table.maintenance.expire_snapshots().older_than(cutoff).commit()
