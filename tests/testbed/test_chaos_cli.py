@@ -95,8 +95,11 @@ def test_destroy_stops_the_gateway_servers_a_dead_demo_left(tmp_path):
         assert "gateway's postgres stopped" in done.stdout
         assert not is_alive(pid)  # gone (or a zombie init has not reaped yet)
         assert not (bed.root / "gateway.json").exists()
+        assert not bed.owns_slot()
+        # its namespace is gone — unless another bed (a test beside this one) has claimed
+        # the slot since, whose namespace has the same name: that one is not this bed's
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert bed.plan.hosts[0].netns not in netns
+        assert bed.plan.hosts[0].netns not in netns or bed.claim.exists()
     finally:
         bed.destroy()
         Cluster.stop_gateway(bed)

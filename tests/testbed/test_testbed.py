@@ -182,3 +182,26 @@ def test_loopback_fallback_stands_in_for_a_partition(tmp_path, monkeypatch):
         _wait_get(bed, "h2", h1, 8080)
         bed.kill_host("h1")
         assert bed.processes("h1") == []
+
+
+def test_a_second_destroy_leaves_the_namespaces_of_whoever_holds_the_slot_now(tmp_path):
+    """Once a bed is destroyed another bed may claim its slot and make namespaces of the
+    same names; a second destroy of the first (`chaos destroy`, then its owner's own)
+    must leave them. Here the slot's claim is handed to another root by hand, as
+    another bed's claim would, while the namespaces stay."""
+    bed = TestBed.create(tmp_path / "bed", hosts=1)
+    claim = bed.claim
+    netns = bed.plan.hosts[0].netns
+    listed = lambda: subprocess.run(  # noqa: E731
+        ["ip", "netns", "list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    try:
+        assert bed.owns_slot() and netns in listed()
+        claim.write_text(str(tmp_path / "another-bed"))  # the slot is another bed's now
+        TestBed.open(bed.root).destroy()  # as `riverbed chaos destroy` would
+        assert netns in listed()  # not this bed's to delete any more
+        assert claim.read_text() == str(tmp_path / "another-bed")
+    finally:
+        claim.write_text(str(bed.root))  # its own again: destroyed for real
+        bed.destroy()
+    assert netns not in listed() and not claim.exists()

@@ -206,18 +206,35 @@ class TestBed:
         for child in self._children:
             with contextlib.suppress(OSError):
                 child.wait(timeout=5)
-        if self.plan.mode == "netns":
-            for h in self.plan.hosts:
-                _ip("link", "del", h.link, check=False)
-                _ip("netns", "del", h.netns, check=False)
-            _ip("link", "del", self.plan.bridge, check=False)
-        with contextlib.suppress(FileNotFoundError):
-            (_CLAIMS / str(self.plan.slot)).unlink()
+        # the network and the slot only while the slot is still this bed's: once a bed
+        # is destroyed another may claim the slot and make namespaces of the same names,
+        # which a second destroy (a `chaos destroy`, then the owner's own) must not delete
+        if self.owns_slot():
+            if self.plan.mode == "netns":
+                for h in self.plan.hosts:
+                    _ip("link", "del", h.link, check=False)
+                    _ip("netns", "del", h.netns, check=False)
+                _ip("link", "del", self.plan.bridge, check=False)
+            with contextlib.suppress(FileNotFoundError):
+                self.claim.unlink()
         with contextlib.suppress(OSError):
             self.log_action("destroy", "")
         data["destroyed"] = True
         with contextlib.suppress(OSError):
             self._write(data)
+
+    @property
+    def claim(self) -> Path:
+        """The claim file of this bed's slot: it names the root of the bed holding it."""
+        return _CLAIMS / str(self.plan.slot)
+
+    def owns_slot(self) -> bool:
+        """Whether this bed still holds its slot (its claim names this bed's root): its
+        namespaces' and links' names are its own only while it does."""
+        try:
+            return self.claim.read_text().strip() == str(self.root)
+        except OSError:
+            return False
 
     # ------------------------------------------------------------------ network
     def _make_network(self) -> None:
