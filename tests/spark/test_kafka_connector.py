@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from riverbed.stream.kafkasource import watermarks
 from riverbed.testing import KafkaServer
 
 pytestmark = pytest.mark.kafka
@@ -30,21 +31,19 @@ def _read_back(bootstrap: str, topic: str, n: int) -> dict[int, list[int]]:
     assigned each partition from its start to its end (no group, no rebalance)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readback"})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     deadline = time.monotonic() + 60
     while True:  # just after a restart a partition may not have its leader yet
         try:
-            ends = {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in partitions
-            }
+            marks = watermarks({"bootstrap.servers": bootstrap}, topic, None, 10)
             break
         except KafkaException as exc:
             assert time.monotonic() < deadline, f"no leader for a partition in 60 s: {exc}"
             time.sleep(0.5)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    found: dict[int, list[int]] = {p: [] for p in partitions if ends[p] > 0}
+    assert marks is not None, f"no topic {topic} on {bootstrap}"
+    ends = {p: end for p, (_, end) in marks.items()}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readback"})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    found: dict[int, list[int]] = {p: [] for p in ends if ends[p] > 0}
     try:
         while sum(map(len, found.values())) < sum(ends.values()):
             message = consumer.poll(10)

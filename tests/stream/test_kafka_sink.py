@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from riverbed.stream.kafkasource import watermarks
 from riverbed.stream.sinks import MARKERS, KafkaSink, KafkaSinkError
 from riverbed.testing import KafkaServer, free_port
 from tests.jobs.cluster import until
@@ -96,15 +97,13 @@ def _consumer(bootstrap: str, isolation: str) -> Any:
     )
 
 
-def _ends(consumer: Any, topic: str) -> dict[int, int]:
-    """Each partition's end as ``consumer``'s isolation level sees it: under
-    read_committed the first offset of a transaction whose markers are not written yet."""
-    from confluent_kafka import TopicPartition
-
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    return {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
-    }
+def _ends(bootstrap: str, topic: str, isolation: str) -> dict[int, int]:
+    """Each partition's end as a reader at ``isolation`` sees it."""
+    marks = watermarks(
+        {"bootstrap.servers": bootstrap, "isolation.level": isolation}, topic, None, 10
+    )
+    assert marks is not None, f"no topic {topic} on {bootstrap}"
+    return {p: end for p, (_, end) in marks.items()}
 
 
 def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any]]:
@@ -114,22 +113,19 @@ def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any
     then a read_committed end stops before the transaction's records)."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+    if isolation == "read_committed":
+        until(
+            lambda: (
+                _ends(bootstrap, topic, isolation) == _ends(bootstrap, topic, "read_uncommitted")
+            ),
+            30,
+            f"the markers of {topic}'s transactions",
+        )
+    ends = _ends(bootstrap, topic, isolation)
+    tps = [TopicPartition(topic, p) for p in ends]
     consumer = _consumer(bootstrap, isolation)
     try:
-        if isolation == "read_committed":
-            raw = _consumer(bootstrap, "read_uncommitted")
-            try:
-                until(
-                    lambda: _ends(consumer, topic) == _ends(raw, topic),
-                    30,
-                    f"the markers of {topic}'s transactions",
-                )
-            finally:
-                raw.close()
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        tps = [TopicPartition(topic, p) for p in parts]
-        ends = _ends(consumer, topic)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
         values: list[dict[str, Any]] = []
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -33,6 +33,7 @@ from riverbed.stream.kafkasource import (
     log_options,
     parse,
     parse_label,
+    watermarks,
     with_max_records,
 )
 from riverbed.stream.layout import Checkpoint
@@ -595,12 +596,11 @@ def _read_back(bootstrap: str, topic: str) -> pd.DataFrame:
     """The topic's well-formed events, read by a Kafka consumer from start to end."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    marks = watermarks({"bootstrap.servers": bootstrap}, topic, None, 10)
+    assert marks is not None, f"no topic {topic} on {bootstrap}"
+    ends = {p: end for p, (_, end) in marks.items()}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle"})
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
-    }
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     rows, seen = [], 0
     try:
         while seen < sum(ends.values()):

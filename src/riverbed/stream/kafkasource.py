@@ -73,6 +73,7 @@ __all__ = [
     "log_options",
     "parse",
     "parse_label",
+    "watermarks",
     "with_max_records",
 ]
 
@@ -148,7 +149,7 @@ def lag(label: str, committed: Mapping[int, int], timeout: float = 3.0) -> dict[
 
     bootstrap, topic = parse_label(label)
     try:
-        marks = _watermarks({"bootstrap.servers": bootstrap, "log_level": 2}, topic, None, timeout)
+        marks = watermarks({"bootstrap.servers": bootstrap, "log_level": 2}, topic, None, timeout)
     except KafkaException:
         return {}
     if marks is None:
@@ -156,12 +157,15 @@ def lag(label: str, committed: Mapping[int, int], timeout: float = 3.0) -> dict[
     return {str(p): max(0, high - committed.get(p, low)) for p, (low, high) in marks.items()}
 
 
-def _watermarks(
+def watermarks(
     settings: Mapping[str, Any], topic: str, partitions: list[int] | None, timeout: float
 ) -> dict[int, tuple[int, int]] | None:
     """(oldest retained offset, next offset) of each of ``partitions`` of ``topic``
     (all of them when None; None when the topic is not there), asked by a consumer that
-    never joins a group or commits."""
+    never joins a group or commits. The next offset is as ``settings``'
+    ``isolation.level`` sees it: under read_committed, the first offset of the oldest
+    transaction whose markers are not written yet. Raises confluent_kafka's
+    KafkaException when the brokers do not answer within ``timeout``."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -435,7 +439,7 @@ def check(source: KafkaSource, timeout: float = 10.0, read: Mapping[int, int] | 
     partitions = len(topic.partitions)
     if read:
         asked = [p for p in read if p < partitions]
-        marks = _watermarks(settings, source.topic, asked, timeout) or {}
+        marks = watermarks(settings, source.topic, asked, timeout) or {}
         earliest = {p: low for p, (low, _) in marks.items()}
         for warning in continuity(
             source.topic, partitions, read, earliest, source.fail_on_data_loss
