@@ -23,7 +23,7 @@ from riverbed.stream.batch import (
     side_outputs,
     side_outputs_written,
 )
-from riverbed.stream.batchlog import Batches, next_record, open_batches
+from riverbed.stream.batchlog import Batches, BatchRecord, next_record, open_batches
 from riverbed.stream.derive import (
     KEPT,
     UNMATCHED,
@@ -147,26 +147,34 @@ def foreach_batch(config: EngineConfig) -> Any:
             *[F.unix_millis(F.col(c)).alias(c) if c == spec.time else c for c in spec.reads()]
         )
         try:
-            stats = good.agg(
-                F.max(F.col(spec.time)).alias("max_ms"), F.count(F.lit(1)).alias("n")
-            ).first()
+            # one Spark job for every number the batch records (each its own count was a
+            # job of two stages — five a batch, the most of a small batch's time)
+            usable = F.col("_error").isNull()
+            event_ms = F.unix_millis(F.col(spec.time))
+            is_late = late_column(spec.window, event_ms, watermark)
+            numbers = [
+                F.max(F.when(usable & kept, event_ms)).alias("max_ms"),
+                F.count(F.when(usable & kept, 1)).alias("n"),
+                F.count(F.when(usable & kept & is_late, 1)).alias("late"),
+                F.count(F.when(~usable, 1)).alias("malformed"),
+                F.count(F.when(usable & ~kept, 1)).alias("filtered"),
+            ]
+            if spec.lookups:
+                numbers.append(F.count(F.when(usable & F.col(UNMATCHED), 1)).alias("unmatched"))
+            stats = df.agg(*numbers).first()
             if stats["max_ms"] is not None:
                 record.max_event_ms = max(record.max_event_ms, int(stats["max_ms"]))
-            # late events go to the side topic whole, so they can be reprocessed
-            late = whole.filter(
-                late_column(spec.window, F.unix_millis(F.col(spec.time)), watermark)
-            )
-            # counted once: a re-run keeps the recorded counts and skips these Spark jobs
+            # counted once: a re-run keeps the recorded counts
             if record.late is None:
-                record.late = late.count()
+                record.late = int(stats["late"])
             if record.malformed is None:
-                record.malformed = df.filter(F.col("_error").isNotNull()).count()
+                record.malformed = int(stats["malformed"])
             if record.filtered is None:
-                record.filtered = df.filter(F.col("_error").isNull() & ~kept).count()
+                record.filtered = int(stats["filtered"])
             if record.unmatched is None and spec.lookups:
-                record.unmatched = df.filter(F.col("_error").isNull() & F.col(UNMATCHED)).count()
+                record.unmatched = int(stats["unmatched"])
             batches.put(batch_id, record)
-            _side_outputs(config, df, late, batch_id, batches)
+            _side_outputs(config, df, lambda: whole.filter(is_late), batch_id, batches, record)
 
             session = df.sparkSession
             partials = good.mapInPandas(preaggregate(spec, watermark), PARTIAL_SCHEMA)
@@ -218,20 +226,29 @@ def _utc(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _side_outputs(
-    config: EngineConfig, df: Any, late: Any, batch_id: int, batches: Batches
+    config: EngineConfig,
+    df: Any,
+    late: Callable[[], Any],
+    batch_id: int,
+    batches: Batches,
+    record: BatchRecord,
 ) -> None:
-    """Malformed records to <name>.dlq, late events to <name>.late (once per batch id)."""
+    """Malformed records to <name>.dlq, late events (whole, so they can be reprocessed)
+    to <name>.late — once per batch id, each read only when ``record`` counted some."""
     if config.log_url is None or side_outputs_written(batches, batch_id):
         return
     # through Arrow: its pandas keeps microseconds (toPandas' nanoseconds end in 2262)
-    dlq = (
-        df.filter("_error IS NOT NULL")
-        .drop(KEPT, UNMATCHED)
-        .limit(SIDE_LIMIT)
-        .toArrow()
-        .to_pandas()
-    )
-    side_outputs(config, batch_id, batches, dlq, late.limit(SIDE_LIMIT).toArrow().to_pandas())
+    dlq = None
+    if record.malformed:
+        dlq = (
+            df.filter("_error IS NOT NULL")
+            .drop(KEPT, UNMATCHED)
+            .limit(SIDE_LIMIT)
+            .toArrow()
+            .to_pandas()
+        )
+    late_rows = late().limit(SIDE_LIMIT).toArrow().to_pandas() if record.late else None
+    side_outputs(config, batch_id, batches, dlq, late_rows)
 
 
 def start(
