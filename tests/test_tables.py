@@ -139,3 +139,75 @@ def test_table_names_are_checked_and_secrets_never_shown(tmp_path: Path) -> None
         t.replace("a", pa.table({PARTITION: ["x"]}), 1)
     with pytest.raises(TableError, match="quote"):
         t.replace("it's", rows(1), 1)
+
+
+@pytest.fixture(params=["iceberg", pytest.param("iceberg-s3", marks=pytest.mark.s3)])
+def iceberg_spelled(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "iceberg-s3":
+        url = request.getfixturevalue("s3_url")
+        return f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.chunks@{url}/warehouse"
+    return f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.chunks"
+
+
+def _listed(url: str, suffix: str) -> set[str]:
+    from riverbed.storage import open_store
+
+    return {f"{url}/{i.key}" for i in open_store(url).list() if i.key.endswith(suffix)}
+
+
+def test_an_iceberg_partition_table_bounds_its_snapshots_files_and_metadata(
+    iceberg_spelled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every publication is a commit and a snapshot (10,000 a week at a chunk a minute),
+    and each commit's cost grows with them: past twice ``PARTITION_HISTORY`` the table
+    expires all but the newest ``PARTITION_HISTORY`` — the partitions' versions, table
+    properties, stay — and deletes the data files no snapshot names once older than
+    the retention; riverbed's tables delete metadata files beyond Iceberg's
+    ``write.metadata.previous-versions-max``."""
+    import riverbed.iceberg
+    import riverbed.tables
+
+    monkeypatch.setattr(riverbed.tables, "PARTITION_HISTORY", 3)
+    monkeypatch.setattr(riverbed.iceberg, "FILE_RETENTION_HOURS", 0)
+    t = partition_table(iceberg_spelled, "sensors")
+    assert isinstance(t, IcebergPartitions)
+    assert t.replace("a", rows(1), 1)
+    table = t._table()
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    with table.transaction() as tx:  # a user's setting: keep two metadata files besides
+        tx.set_properties({"write.metadata.previous-versions-max": "2"})
+    data = f"{table.location().rstrip('/')}/data"
+    first = _listed(data, ".parquet")
+    counts = []
+    for version in range(2, 14):
+        assert t.replace("abc"[version % 3], rows(version), version)
+        table = t._table()
+        counts.append(len(table.snapshots()))
+        assert len(_listed(f"{table.location().rstrip('/')}/metadata", ".metadata.json")) <= 3
+    assert max(counts) <= 2 * 3 and min(counts[4:]) >= 3, counts  # expired, then bounded
+    assert (t.version("a"), t.version("b"), t.version("c")) == (12, 13, 11)
+    assert content(t) == [("a", 12), ("b", 13), ("c", 11)]
+    # the first file was replaced long ago: no snapshot names it, it is gone; every file
+    # a snapshot names is there
+    named = {task.file.file_path for s in table.snapshots()
+             for task in table.scan(snapshot_id=s.snapshot_id).plan_files()}  # fmt: skip
+    assert first and not first & _listed(data, ".parquet")
+    assert named <= _listed(data, ".parquet")
+    # manifests and manifest lists too: each kept snapshot's, and none besides
+    metadata = f"{table.location().rstrip('/')}/metadata"
+    lists = {s.manifest_list for s in table.snapshots()}
+    manifests = {m.manifest_path for s in table.snapshots() for m in s.manifests(table.io)}
+    assert _listed(metadata, ".avro") == lists | manifests
+
+    with table.transaction() as tx:  # a table that keeps a day of history keeps it
+        tx.set_properties({"history.expire.max-snapshot-age-ms": "86400000"})
+    before = len(t._table().snapshots())
+    for version in range(14, 20):
+        assert t.replace("a", rows(version), version)
+    assert len(t._table().snapshots()) > before >= 3
+
+    with t._table().transaction() as tx:  # a bad setting: refused before any write
+        tx.set_properties({"history.expire.max-snapshot-age-ms": "a day"})
+    with pytest.raises(TableError, match="not a number of milliseconds"):
+        t.replace("a", rows(99), 20)
+    assert t.version("a") == 19 and content(t)[0] == ("a", 19)

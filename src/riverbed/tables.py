@@ -30,7 +30,6 @@ properties outlive snapshot expiry, where a snapshot summary would not.)
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import warnings
 from collections.abc import Callable
@@ -41,6 +40,12 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from riverbed.errors import InvalidValueError, RiverbedError
+from riverbed.iceberg import (
+    expire_iceberg_history,
+    iceberg_history_ms,
+    iceberg_transaction,
+    new_iceberg_table,
+)
 from riverbed.locations import shown
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ __all__ = [
 
 PARTITION = "chunk"  # the partition column of a table whose partitions are chunks
 COMMIT_TRIES = 8  # a writer that keeps losing the table's optimistic check gives up
+PARTITION_HISTORY = 100  # snapshots a partition table keeps at least, unless told more
 
 
 class TableError(RiverbedError):
@@ -238,39 +244,6 @@ class PartitionTable(Protocol):
         ...
 
 
-def iceberg_transaction(table: Any) -> Any:
-    """``table.transaction()``, whose staged metadata is computed once per state."""
-    return _cached_transaction()(table)
-
-
-@functools.cache
-def _cached_transaction() -> Any:
-    """A pyiceberg ``Transaction`` whose staged metadata is computed once per state.
-
-    pyiceberg 0.12's ``Transaction.table_metadata`` replays the staged updates and deep
-    copies the whole metadata (every snapshot) on each read, and a delete and an append
-    read it dozens of times: most of a commit's time on a table of a few hundred
-    snapshots (benchmarks/table_sinks.py: a batch sink's and a partition's). The same
-    metadata is returned until an update is staged (``_updates`` is a tuple, rebound on
-    each) or the table is refreshed — what apache/iceberg-python#3302 proposes upstream."""
-    from pyiceberg.table import Transaction
-    from pyiceberg.table.update import update_table_metadata
-
-    class CachedTransaction(Transaction):
-        _cached: tuple[Any, Any, Any] | None = None
-
-        @property
-        def table_metadata(self) -> Any:
-            base, updates = self._table.metadata, self._updates
-            cached = self._cached
-            if cached is None or cached[0] is not base or cached[1] is not updates:
-                cached = (base, updates, update_table_metadata(base, updates))
-                self._cached = cached
-            return cached[2]
-
-    return CachedTransaction
-
-
 def partition_table(text: str, owner: str) -> PartitionTable:
     """The table ``text`` names (:func:`parse_table`), its partitions written by
     ``owner`` (a time-range job's name)."""
@@ -420,7 +393,9 @@ class IcebergPartitions:
             if schema is None:
                 return None
             self.catalog.create_namespace_if_not_exists(self.namespace)
-            table = self.catalog.create_table_if_not_exists(self.identifier, schema=schema)
+            table = self.catalog.create_table_if_not_exists(
+                self.identifier, schema=schema, properties=new_iceberg_table(self.catalog)
+            )
         if schema is not None and not any(
             table.schema().find_field(f.source_id).name == PARTITION for f in table.spec().fields
         ):  # its own commit, before any rows (a writer killed in between finds it undone)
@@ -446,11 +421,15 @@ class IcebergPartitions:
         _literal(partition)
         data = _with_partition(rows, partition)
 
+        committed: list[tuple[Any, int | None]] = []
+
         def attempt() -> bool:
             table = self._table(data.schema)
             held = self.version(partition, table)
             if held is not None and held >= version:
                 return False
+            # a bad history setting is refused before anything is written
+            history_ms = iceberg_history_ms(table, TableError, self.identifier)
             known = {f.name for f in table.schema().fields}
             new = [f for f in data.schema if f.name not in known]
             if new:  # a column a later version of the job adds: its own commit first
@@ -465,10 +444,30 @@ class IcebergPartitions:
                     _as_table_columns(data, table.schema().as_arrow()),
                     overwrite_filter=ex.EqualTo(PARTITION, partition),
                 )
+            committed.append((table, history_ms))
             return True
 
         conflicts = (CommitFailedException, ValidationException)
-        return _decided(attempt, conflicts, f"Iceberg table {self.identifier}", partition)
+        if not _decided(attempt, conflicts, f"Iceberg table {self.identifier}", partition):
+            return False
+        table, history_ms = committed[-1]
+        self._bound_history(table, history_ms, conflicts)
+        return True
+
+    def _bound_history(
+        self, table: Any, history_ms: int | None, conflicts: tuple[type[Exception], ...]
+    ) -> None:
+        """Every commit adds a snapshot (a chunk a minute: 10,000 a week), and each
+        commit's cost grows with them: past twice :data:`PARTITION_HISTORY`, expire all
+        but the newest of them (or what the table's ``history.expire.max-snapshot-age-ms``
+        keeps). The partitions' versions are table properties, which expiry leaves."""
+        snapshots = sorted(s.timestamp_ms for s in table.snapshots())
+        if len(snapshots) <= 2 * PARTITION_HISTORY:
+            return
+        try:
+            expire_iceberg_history(table, snapshots[-PARTITION_HISTORY], history_ms)
+        except conflicts as exc:  # another writer's commit came first: the next one expires
+            log.info("Iceberg table %s: snapshot expiry deferred: %s", self.identifier, exc)
 
     def read(self) -> pa.Table:
         table = self._table()

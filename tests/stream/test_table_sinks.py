@@ -577,7 +577,7 @@ def test_an_iceberg_compaction_bounds_the_snapshot_history_and_keeps_files_a_wee
 def test_an_iceberg_batch_transaction_computes_its_staged_metadata_once_per_state(
     tmp_path: Path,
 ) -> None:
-    from riverbed.tables import iceberg_transaction
+    from riverbed.iceberg import iceberg_transaction
 
     sink = IcebergSink(f"sqlite:///{tmp_path / 'catalog.db'}", "rb.t")
     assert sink.write("agg", 0, rows(0, {"a": 0}), SCHEMA)

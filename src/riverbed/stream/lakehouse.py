@@ -27,6 +27,13 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from riverbed.iceberg import (
+    FILE_RETENTION_HOURS,
+    expire_iceberg_history,
+    iceberg_history_ms,
+    iceberg_transaction,
+    new_iceberg_table,
+)
 from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamError
 from riverbed.tables import (
@@ -34,7 +41,6 @@ from riverbed.tables import (
     delta_location,
     delta_options,
     iceberg_catalog,
-    iceberg_transaction,
     open_delta,
     read_files_with_spark,
 )
@@ -187,7 +193,7 @@ class DeltaSink:
             )
         return [str(uri) for uri in table.file_uris()]
 
-    def compact(self, retention_hours: int = 168) -> None:
+    def compact(self, retention_hours: int = FILE_RETENTION_HOURS) -> None:
         """Rewrite small files into fewer (``optimize``), then delete the files no
         version younger than ``retention_hours`` needs (``vacuum``) — also those no
         commit ever named, once that old: a writer's data files whose commit never came
@@ -262,7 +268,9 @@ class IcebergSink:
             except NoSuchTableError:
                 return None
         self.catalog.create_namespace_if_not_exists(self.namespace)
-        return self.catalog.create_table_if_not_exists(self.identifier, schema=schema)
+        return self.catalog.create_table_if_not_exists(
+            self.identifier, schema=schema, properties=new_iceberg_table(self.catalog)
+        )
 
     def committed(self, name: str, table: Any = None) -> int | None:
         """The newest batch id of aggregation ``name`` the table holds (None: none);
@@ -273,7 +281,7 @@ class IcebergSink:
         found = _batch_ids(table).get(f"{_BATCH}{name}")
         return None if found is None else int(found)
 
-    def compact(self, retention_hours: int = 168) -> None:
+    def compact(self, retention_hours: int = FILE_RETENTION_HOURS) -> None:
         """Rewrite the table's current rows into as few files as one write makes (each
         batch adds files, and its delete rewrites the files holding the rows it
         replaces); expire the snapshots before the rewrite's — or, when the table sets
@@ -288,31 +296,16 @@ class IcebergSink:
         snapshots. Time travel reaches back to the last compaction by default. The
         rewrite's snapshot carries every aggregation's newest batch id, so the lineage
         that :meth:`committed` walks never loses one."""
-        import time
-        from datetime import UTC, datetime
-
         table = self._table()
         if table is None:
             return
-        history = table.properties.get(_MAX_SNAPSHOT_AGE)
-        try:
-            age_ms = None if history is None else int(history)
-        except ValueError:
-            raise TableSinkError(
-                f"Iceberg table {self.identifier}: {_MAX_SNAPSHOT_AGE} is {history!r}, not "
-                "a number of milliseconds; set it to one, e.g. 86400000 for a day of snapshots"
-            ) from None
+        history_ms = iceberg_history_ms(table, TableSinkError, self.identifier)
         props = _batch_ids(table)
         table.overwrite(table.scan().to_arrow(), snapshot_properties=props)
         table = table.refresh()
         current = table.current_snapshot()
-        if current is not None:
-            keep_ms = current.timestamp_ms  # every snapshot before the rewrite's expires
-            if age_ms is not None:
-                keep_ms = min(keep_ms, int(time.time() * 1000) - age_ms)
-            cutoff = datetime.fromtimestamp((keep_ms - 1) / 1000, UTC)
-            table.maintenance.expire_snapshots().older_than(cutoff).commit()
-        _delete_unreferenced(table.refresh(), time.time() - retention_hours * 3600)
+        if current is not None:  # every snapshot before the rewrite's expires
+            expire_iceberg_history(table, current.timestamp_ms, history_ms, retention_hours)
 
     def write(self, name: str, batch_id: int, rows: pd.DataFrame, schema: pa.Schema) -> bool:
         """Commit batch ``batch_id``'s rows; whether this call committed."""
@@ -382,31 +375,6 @@ class IcebergSink:
 
 
 _BATCH = "riverbed.batch."  # a snapshot summary's key: + the aggregation's name
-_MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"  # Iceberg's table property
-
-
-def _delete_unreferenced(table: Any, older_than: float) -> int:
-    """Delete the table's data files that no snapshot refers to and that were written
-    before ``older_than`` (seconds since the epoch: a file younger than the retention
-    may belong to a commit in flight); how many."""
-    from riverbed.storage import open_store
-
-    kept: set[str] = set()
-    for snapshot in table.snapshots():
-        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
-            kept.add(task.file.file_path)
-            kept.update(d.file_path for d in task.delete_files)
-    data = f"{table.location().rstrip('/')}/data"
-    store = open_store(data)
-    gone = [
-        info.key
-        for info in store.list()
-        if info.key.endswith(".parquet")
-        and f"{data}/{info.key}" not in kept
-        and info.modified < older_than
-    ]
-    store.delete_many(gone)
-    return len(gone)
 
 
 def _batch_ids(table: Any) -> dict[str, str]:

@@ -28,7 +28,7 @@ class ServerError(RiverbedError):
 
 def _ephemeral_range() -> tuple[int, int]:
     try:
-        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()  # noqa: SIM115
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999
