@@ -19,7 +19,11 @@ pytestmark = pytest.mark.kafka
 def _produce(bootstrap: str, topic: str, n: int) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    # idempotent: a retried batch (a slow broker, a partition whose leader is not known
+    # yet) keeps its place in the partition — without it librdkafka may reorder on retry
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
     for i in range(n):
         value = json.dumps({"i": i, "k": i % 7})
         producer.produce(topic, key=str(i % 7), value=value, partition=i % 3)
