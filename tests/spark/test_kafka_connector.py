@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from riverbed.stream.kafkasource import watermarks
 from riverbed.testing import KafkaServer
+from tests.stream.test_kafka_sink import topic_ends
 
 pytestmark = pytest.mark.kafka
 
@@ -38,13 +38,11 @@ def _read_back(bootstrap: str, topic: str, n: int) -> dict[int, list[int]]:
     deadline = time.monotonic() + 60
     while True:  # just after a restart a partition may not have its leader yet
         try:
-            marks = watermarks({"bootstrap.servers": bootstrap}, topic, None, 10)
+            ends = topic_ends(bootstrap, topic, "read_committed")  # the client's default
             break
         except KafkaException as exc:
             assert time.monotonic() < deadline, f"no leader for a partition in 60 s: {exc}"
             time.sleep(0.5)
-    assert marks is not None, f"no topic {topic} on {bootstrap}"
-    ends = {p: end for p, (_, end) in marks.items()}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readback"})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     found: dict[int, list[int]] = {p: [] for p in ends if ends[p] > 0}

@@ -97,7 +97,7 @@ def _consumer(bootstrap: str, isolation: str) -> Any:
     )
 
 
-def _ends(bootstrap: str, topic: str, isolation: str) -> dict[int, int]:
+def topic_ends(bootstrap: str, topic: str, isolation: str) -> dict[int, int]:
     """Each partition's end as a reader at ``isolation`` sees it."""
     marks = watermarks(
         {"bootstrap.servers": bootstrap, "isolation.level": isolation}, topic, None, 10
@@ -116,12 +116,13 @@ def read_topic(bootstrap: str, topic: str, isolation: str) -> list[dict[str, Any
     if isolation == "read_committed":
         until(
             lambda: (
-                _ends(bootstrap, topic, isolation) == _ends(bootstrap, topic, "read_uncommitted")
+                topic_ends(bootstrap, topic, isolation)
+                == topic_ends(bootstrap, topic, "read_uncommitted")
             ),
             30,
             f"the markers of {topic}'s transactions",
         )
-    ends = _ends(bootstrap, topic, isolation)
+    ends = topic_ends(bootstrap, topic, isolation)
     tps = [TopicPartition(topic, p) for p in ends]
     consumer = _consumer(bootstrap, isolation)
     try:

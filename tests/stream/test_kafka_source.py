@@ -33,7 +33,6 @@ from riverbed.stream.kafkasource import (
     log_options,
     parse,
     parse_label,
-    watermarks,
     with_max_records,
 )
 from riverbed.stream.layout import Checkpoint
@@ -44,7 +43,7 @@ from riverbed.testing import KafkaCluster, KafkaServer, free_port
 from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events
 from tests.stream.crashes import backlogs, kill_mid_batch
-from tests.stream.test_kafka_sink import read_topic
+from tests.stream.test_kafka_sink import read_topic, topic_ends
 
 SCHEMA = "user_id long, flag string, amount double, ts timestamp"
 GOOD = {"bootstrap": "127.0.0.1:9092", "topic": "clicks", "schema": SCHEMA}
@@ -596,9 +595,7 @@ def _read_back(bootstrap: str, topic: str) -> pd.DataFrame:
     """The topic's well-formed events, read by a Kafka consumer from start to end."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    marks = watermarks({"bootstrap.servers": bootstrap}, topic, None, 10)
-    assert marks is not None, f"no topic {topic} on {bootstrap}"
-    ends = {p: end for p, (_, end) in marks.items()}
+    ends = topic_ends(bootstrap, topic, "read_committed")  # the client's default
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle"})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
     rows, seen = [], 0

@@ -140,7 +140,8 @@ def foreach_batch(config: EngineConfig) -> Any:
         # Read the source once: every step below (stats, side outputs, partials) uses it.
         df = df.withColumn("_error", error).cache()
         kept = F.col(KEPT) if KEPT in df.columns else F.lit(True)
-        whole = df.filter(F.col("_error").isNull() & kept).drop("_error", KEPT, UNMATCHED)
+        usable = F.col("_error").isNull()
+        whole = df.filter(usable & kept).drop("_error", KEPT, UNMATCHED)
         # the event time as epoch ms from here on: pandas' nanoseconds (toPandas,
         # mapInPandas) end in 2262, the calendar in 9999 (validity.py)
         good = whole.select(
@@ -149,7 +150,6 @@ def foreach_batch(config: EngineConfig) -> Any:
         try:
             # one Spark job for every number the batch records (each its own count was a
             # job of two stages — five a batch, the most of a small batch's time)
-            usable = F.col("_error").isNull()
             event_ms = F.unix_millis(F.col(spec.time))
             is_late = late_column(spec.window, event_ms, watermark)
             numbers = [

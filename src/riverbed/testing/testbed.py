@@ -226,7 +226,7 @@ class TestBed:
     @property
     def claim(self) -> Path:
         """The claim file of this bed's slot: it names the root of the bed holding it."""
-        return _CLAIMS / str(self.plan.slot)
+        return _claim_of(self.plan.slot)
 
     def owns_slot(self) -> bool:
         """Whether this bed still holds its slot (its claim names this bed's root): its
@@ -539,13 +539,18 @@ class TestBed:
             self._write(data)
 
 
+def _claim_of(slot: int) -> Path:
+    """The claim file of ``slot``: it names the root of the bed holding the slot."""
+    return _CLAIMS / str(slot)
+
+
 def _claim_slot(root: Path) -> int:
     """A slot no other live bed holds: a claim file created exclusively. A claim whose
     bed is gone (its root has no bed file, or was destroyed) is taken over, and the
     namespaces and links of that slot — riverbed's by their names — are deleted."""
     _CLAIMS.mkdir(parents=True, exist_ok=True)
     for slot in range(SLOTS):
-        claim = _CLAIMS / str(slot)
+        claim = _claim_of(slot)
         try:
             fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
