@@ -154,6 +154,24 @@ def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> st
     return f"{slug}-{os.urandom(3).hex()}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spark_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Spark's scratch space (its ``spark-*`` and ``blockmgr-*`` directories) for every
+    Spark this run starts — the session's, and the drivers, executors and cluster daemons
+    of the processes tests start, which inherit the environment — under this run's
+    pytest temporary directory. A JVM killed with SIGKILL never removes its own, and a
+    run kills hundreds: in /tmp they outlived the run (thousands after a few runs);
+    here they go with pytest's retention of old runs' directories."""
+    scratch = tmp_path_factory.mktemp("spark-local")
+    previous = os.environ.get("SPARK_LOCAL_DIRS")
+    os.environ["SPARK_LOCAL_DIRS"] = str(scratch)
+    yield scratch
+    if previous is None:
+        os.environ.pop("SPARK_LOCAL_DIRS", None)
+    else:
+        os.environ["SPARK_LOCAL_DIRS"] = previous
+
+
 @pytest.fixture(scope="session")
 def spark(request: pytest.FixtureRequest) -> Iterator[object]:
     _no_servers_in_a_quick_run(request, "a Spark session")
