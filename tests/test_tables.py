@@ -164,11 +164,10 @@ def test_an_iceberg_partition_table_bounds_its_snapshots_files_and_metadata(
     properties, stay — and deletes the data files no snapshot names once older than
     the retention; riverbed's tables delete metadata files beyond Iceberg's
     ``write.metadata.previous-versions-max``."""
-    import riverbed.iceberg
     import riverbed.tables
 
     monkeypatch.setattr(riverbed.tables, "PARTITION_HISTORY", 3)
-    monkeypatch.setattr(riverbed.iceberg, "FILE_RETENTION_HOURS", 0)
+    monkeypatch.setattr(riverbed.tables, "FILE_RETENTION_HOURS", 0)
     t = partition_table(iceberg_spelled, "sensors")
     assert isinstance(t, IcebergPartitions)
     assert t.replace("a", rows(1), 1)
@@ -211,3 +210,61 @@ def test_an_iceberg_partition_table_bounds_its_snapshots_files_and_metadata(
     with pytest.raises(TableError, match="not a number of milliseconds"):
         t.replace("a", rows(99), 20)
     assert t.version("a") == 19 and content(t)[0] == ("a", 19)
+
+
+@pytest.fixture(params=["delta", pytest.param("delta-s3", marks=pytest.mark.s3)])
+def delta_spelled(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "delta-s3":
+        return f"delta:{request.getfixturevalue('s3_url')}/lake"
+    return f"delta:{tmp_path / 'lake'}"
+
+
+def test_a_delta_partition_table_vacuums_the_files_it_replaced_every_hundredth_version(
+    delta_spelled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced partition's files stay in the table's directory after the log stops
+    naming them (a chunk a minute: 10,000 a week): every ``PARTITION_HISTORY``-th version
+    the table vacuums — the files no version names once older than the retention, and
+    files no commit ever named (a writer killed before its commit) — and every file the
+    table's current version names stays."""
+    import riverbed.tables
+    from riverbed.storage import open_store
+
+    monkeypatch.setattr(riverbed.tables, "PARTITION_HISTORY", 4)
+    t = partition_table(delta_spelled, "sensors")
+    assert isinstance(t, DeltaPartitions)
+    for version in (1, 2, 3):  # versions 0, 1, 2
+        assert t.replace("ab"[version % 2], rows(version), version)
+    store = open_store(t.uri)
+    first = {i.key for i in store.list() if i.key.endswith(".parquet")}
+    store.put("chunk=a/never-committed.parquet", b"PAR1 a writer killed before its commit")
+    monkeypatch.setattr(riverbed.tables, "FILE_RETENTION_HOURS", 1)  # all younger: kept
+    vacuums: list[int] = []
+    vacuum = DeltaPartitions._vacuum
+
+    def counted(self: DeltaPartitions) -> None:
+        vacuums.append(self._table().version())
+        vacuum(self)
+
+    monkeypatch.setattr(DeltaPartitions, "_vacuum", counted)
+    assert t.replace("a", rows(4), 4)  # version 3, no vacuum yet
+    assert t.replace("b", rows(5), 5)  # version 4: a vacuum (that deletes nothing)
+    assert vacuums == [4]
+    kept = {i.key for i in store.list() if i.key.endswith(".parquet")}
+    assert first | {"chunk=a/never-committed.parquet"} <= kept  # none a week old
+
+    monkeypatch.setattr(riverbed.tables, "FILE_RETENTION_HOURS", 0)
+    counts = []
+    for version in range(6, 16):
+        assert t.replace("ab"[version % 2], rows(version), version)
+        counts.append(sum(1 for i in store.list() if i.key.endswith(".parquet")))
+    table = t._table()
+    named = {u.removeprefix(t.uri.rstrip("/") + "/") for u in table.file_uris()}
+    now = {i.key for i in store.list() if i.key.endswith(".parquet")}
+    assert named <= now and len(named) == 2
+    assert not first & now and "chunk=a/never-committed.parquet" not in now
+    # two live files, and a vacuum interval's replaced ones at most
+    assert max(counts[3:]) <= 2 + 3, counts
+    assert vacuums[1:] == [8, 12, 16, 20], vacuums  # a vacuum's two commits count as versions
+    assert (t.version("a"), t.version("b")) == (14, 15)
+    assert content(t) == [("a", 14), ("b", 15)]

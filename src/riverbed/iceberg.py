@@ -10,7 +10,6 @@ import functools
 from typing import Any
 
 __all__ = [
-    "FILE_RETENTION_HOURS",
     "ICEBERG_HISTORY",
     "expire_iceberg_history",
     "iceberg_history_ms",
@@ -53,7 +52,6 @@ def _cached_transaction() -> Any:
 
 
 ICEBERG_HISTORY = "history.expire.max-snapshot-age-ms"  # Iceberg's table property
-FILE_RETENTION_HOURS = 168  # a data file no snapshot names stays this long (readers in flight)
 
 
 def new_iceberg_table(catalog: Any) -> dict[str, str]:
@@ -86,12 +84,13 @@ def expire_iceberg_history(
     table: Any,
     keep_from_ms: int,
     history_ms: int | None,
-    retention_hours: float | None = None,
+    retention_hours: float,
 ) -> Any:
     """Expire ``table``'s snapshots written before ``keep_from_ms`` — or before
     ``history_ms`` ago, when that is earlier (the table keeps more) — never the current
     one; delete the data files no snapshot left names that are older than
-    ``retention_hours`` (:data:`FILE_RETENTION_HOURS` by default). The table after."""
+    ``retention_hours`` (riverbed's: :data:`riverbed.tables.FILE_RETENTION_HOURS`). The
+    table after."""
     import time
     from datetime import UTC, datetime
 
@@ -100,8 +99,7 @@ def expire_iceberg_history(
     cutoff = datetime.fromtimestamp((keep_from_ms - 1) / 1000, UTC)
     table.maintenance.expire_snapshots().older_than(cutoff).commit()
     table = table.refresh()
-    hours = FILE_RETENTION_HOURS if retention_hours is None else retention_hours
-    _delete_unreferenced(table, time.time() - hours * 3600)
+    _delete_unreferenced(table, time.time() - retention_hours * 3600)
     return table
 
 

@@ -51,6 +51,7 @@ from riverbed.locations import shown
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FILE_RETENTION_HOURS",
     "PARTITION",
     "SPELLINGS",
     "PartitionTable",
@@ -67,6 +68,9 @@ __all__ = [
 PARTITION = "chunk"  # the partition column of a table whose partitions are chunks
 COMMIT_TRIES = 8  # a writer that keeps losing the table's optimistic check gives up
 PARTITION_HISTORY = 100  # snapshots a partition table keeps at least, unless told more
+# a data file no version of a Delta or Iceberg table riverbed writes names any more stays
+# this long (readers in flight of an older version), then compaction or vacuum deletes it
+FILE_RETENTION_HOURS = 168
 
 
 class TableError(RiverbedError):
@@ -327,11 +331,14 @@ class DeltaPartitions:
         data = _with_partition(rows, partition)
         commit = CommitProperties(app_transactions=[Transaction(self._app(partition), version)])
 
+        read: list[int] = []
+
         def attempt() -> bool:
             table = self._table()
             held = self.version(partition, table)
             if held is not None and held >= version:
                 return False
+            read.append(-1 if table is None else int(table.version()))
             write_deltalake(
                 self.uri if table is None else table,  # its version: what it read
                 data,
@@ -344,7 +351,34 @@ class DeltaPartitions:
             )
             return True
 
-        return _decided(attempt, (CommitFailedError,), f"Delta table {shown(self.uri)}", partition)
+        name = f"Delta table {shown(self.uri)}"
+        if not _decided(attempt, (CommitFailedError,), name, partition):
+            return False
+        made = read[-1] + 1  # the version this commit made (a vacuum's commits count too)
+        if made > 0 and made % PARTITION_HISTORY == 0:
+            self._vacuum()
+        return True
+
+    def _vacuum(self) -> None:
+        """Every replacement leaves the partition's old files in the table's directory
+        (the log only stops naming them: a chunk a minute, 10,000 dead files a week);
+        a commit that makes a multiple of :data:`PARTITION_HISTORY` its version (a
+        vacuum's own two commits count) deletes those no version younger than
+        :data:`FILE_RETENTION_HOURS` names, and those no commit ever named (a writer
+        killed between its files and its commit) once that old. The log itself is
+        Delta's to bound (checkpoints, ``delta.logRetentionDuration``)."""
+        from deltalake.exceptions import CommitFailedError
+
+        table = self._table()
+        try:
+            table.vacuum(
+                retention_hours=FILE_RETENTION_HOURS,
+                dry_run=False,
+                enforce_retention_duration=False,
+                full=True,
+            )
+        except CommitFailedError as exc:  # another writer's commit came first: next time
+            log.info("Delta table %s: vacuum deferred: %s", shown(self.uri), exc)
 
     def read(self) -> pa.Table:
         table = self._table()
@@ -465,7 +499,9 @@ class IcebergPartitions:
         if len(snapshots) <= 2 * PARTITION_HISTORY:
             return
         try:
-            expire_iceberg_history(table, snapshots[-PARTITION_HISTORY], history_ms)
+            expire_iceberg_history(
+                table, snapshots[-PARTITION_HISTORY], history_ms, FILE_RETENTION_HOURS
+            )
         except conflicts as exc:  # another writer's commit came first: the next one expires
             log.info("Iceberg table %s: snapshot expiry deferred: %s", self.identifier, exc)
 

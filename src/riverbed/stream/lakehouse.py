@@ -28,7 +28,6 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.iceberg import (
-    FILE_RETENTION_HOURS,
     expire_iceberg_history,
     iceberg_history_ms,
     iceberg_transaction,
@@ -37,6 +36,7 @@ from riverbed.iceberg import (
 from riverbed.stream.aggregation import DELETED
 from riverbed.stream.errors import StreamError
 from riverbed.tables import (
+    FILE_RETENTION_HOURS,
     TableError,
     delta_location,
     delta_options,
