@@ -31,9 +31,30 @@ DRIVER = Path(__file__).with_name("connect_driver.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The server runs its Python workers with this wrapper around the tests' interpreter:
+# while ``armed`` is in its directory, the first start of a foreachBatch worker after it
+# is held 12 s — a Python start-up on a machine too busy to give it any CPU, past Spark's
+# hard-coded 10 s — and every other start is at once.
+HELD_PYTHON = """#!/bin/sh
+case "$*" in
+  *foreach_batch_worker*)
+    if [ -e "{marks}/armed" ] && mkdir "{marks}/held" 2>/dev/null; then sleep 12; fi ;;
+esac
+exec "{python}" "$@"
+"""
+
+
 @pytest.fixture(scope="module")
-def connect_url() -> Iterator[str]:
-    with ConnectServer() as server:
+def worker_marks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("worker-marks")
+
+
+@pytest.fixture(scope="module")
+def connect_url(worker_marks: Path) -> Iterator[str]:
+    python = worker_marks.parent / f"{worker_marks.name}-python"
+    python.write_text(HELD_PYTHON.format(marks=worker_marks, python=sys.executable))
+    python.chmod(0o755)
+    with ConnectServer(python=str(python)) as server:
         yield server.url
 
 
@@ -67,6 +88,29 @@ def test_an_aggregation_over_spark_connect_equals_the_oracle_across_a_restart(
     write_events(log_url, events.iloc[1800:], partitions=3)  # more, then again
     second = _drive(connect_url, log_url, tmp_path, "tumbling", subprocess_env)
     assert second.returncode == 0, second.stderr[-3000:]
+    _equals_oracle(read_results(tmp_path / "out"), events)
+
+
+def test_a_foreach_batch_worker_too_slow_to_connect_back_is_started_again(
+    connect_url: str, worker_marks: Path, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Over Connect the server starts the query's foreachBatch worker when the client
+    starts the query, and refuses the start when the worker does not connect back within
+    Spark's 10 s: the driver starts the query again (nothing ran), and the results equal
+    the oracle."""
+    log_url = f"file://{tmp_path / 'log'}"
+    events = make_events(1200, hours=3, seed=27)
+    write_events(log_url, events, partitions=3)
+    (worker_marks / "armed").touch()
+    try:
+        done = _drive(connect_url, log_url, tmp_path, "tumbling", subprocess_env)
+    finally:
+        (worker_marks / "armed").unlink()
+    assert (worker_marks / "held").is_dir()  # the first start was held past the 10 s
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = " ".join(done.stderr.split())
+    assert "foreachBatch function's Python worker (on the Connect server) did not connect" in said
+    assert "starting it again from its checkpoint (attempt 2 of" in said
     _equals_oracle(read_results(tmp_path / "out"), events)
 
 

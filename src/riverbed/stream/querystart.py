@@ -12,10 +12,12 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-# Spark gives the Python process behind a Python streaming source 10 s to start and
-# connect back (hard-coded in its PythonWorkerFactory); on a machine busy enough for a
-# Python start-up to take that long the query dies before its first batch. Nothing was
-# planned yet, so starting again from the checkpoint is safe.
+# Spark gives the Python processes a query starts 10 s to start and connect back
+# (hard-coded in its PythonWorkerFactory): a Python streaming source's, and over Spark
+# Connect the server's ``foreachBatch`` worker. On a machine busy enough for a Python
+# start-up to take that long, a source's failure ends the query before its first batch,
+# and a ``foreachBatch`` worker's fails the start itself (the server refuses the query).
+# Nothing was planned yet either way, so starting again from the checkpoint is safe.
 START_ATTEMPTS = 5  # a CI-like host (0.4 CPU) once failed 3 in a row
 _TRANSIENT_START = (
     "Python worker failed to connect back",
@@ -33,15 +35,24 @@ def start_query(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
     """Start the query and wait until its sources are initialized; a query that died of a
     transient start-up failure is started again (up to :data:`START_ATTEMPTS` times)."""
     for attempt in range(1, START_ATTEMPTS + 1):
-        query = writer.start()
-        failure = _initialization_failure(query, init_timeout)
-        if failure is None or not transient_start_failure(failure) or attempt == START_ATTEMPTS:
-            return query
+        last = attempt == START_ATTEMPTS
+        try:
+            query = writer.start()
+        except Exception as exc:  # over Connect: the server's foreachBatch worker
+            if last or not transient_start_failure(str(exc)):
+                raise
+            worker = "its foreachBatch function's Python worker (on the Connect server)"
+        else:
+            failure = _initialization_failure(query, init_timeout)
+            if failure is None or not transient_start_failure(failure) or last:
+                return query
+            worker = "its source's Python worker"
         log.warning(
-            "aggregation %r failed while starting: its source's Python worker did not "
-            "connect back within Spark's 10 s (is the machine overloaded?); starting it "
-            "again from its checkpoint (attempt %d of %d)",
+            "query %r failed while starting: %s did not connect back within Spark's 10 s "
+            "(is the machine overloaded?); starting it again from its checkpoint "
+            "(attempt %d of %d)",
             name,
+            worker,
             attempt + 1,
             START_ATTEMPTS,
         )

@@ -28,9 +28,17 @@ CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 class ConnectServer(_Server):
     """One Spark Connect server, stopped (its whole process group) on exit."""
 
-    def __init__(self, master: str = "local[2]", conf: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        master: str = "local[2]",
+        conf: dict[str, str] | None = None,
+        python: str | None = None,
+    ) -> None:
+        """``python``: what the server runs its Python workers with (this interpreter by
+        default; a test's wrapper around it, e.g. one that holds a worker's start)."""
         self.master = master
         self.conf = conf or {}
+        self.python = python or sys.executable
         self.port = 0
         self.dir = Path(tempfile.mkdtemp(prefix="rb-connect-"))
         self.log = self.dir / "server.log"
@@ -64,7 +72,7 @@ class ConnectServer(_Server):
         command.append("spark-internal")
         env = child_environment(
             {
-                "PYSPARK_PYTHON": sys.executable,
+                "PYSPARK_PYTHON": self.python,
                 "SPARK_HOME": str(pyspark_jars().parent),
                 "SPARK_LOG_DIR": str(self.dir),
             }
