@@ -216,6 +216,19 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker (and every process its tests start) draws the ports of
+    its servers from a slice of its own: workers choosing at random from one range once
+    in a while chose the same free port at once, and one server failed to bind."""
+    from riverbed.testing.servers import PORTS_ENV, _ephemeral_range, port_range, port_slice
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if worker.startswith("gw") and count > 0 and not os.environ.get(PORTS_ENV):
+        low, high = port_slice(*port_range(_ephemeral_range()[0]), int(worker[2:]), count)
+        os.environ[PORTS_ENV] = f"{low}-{high}"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test`` (pytest-xdist workers, ``--dist loadgroup``) the ``slow``

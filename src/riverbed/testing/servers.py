@@ -36,6 +36,44 @@ def _ephemeral_range() -> tuple[int, int]:
 
 _HANDED_OUT: set[int] = set()  # free_port's answers in this process
 
+# "<low>-<high>": the ports free_port draws from in this process and its children. Test
+# runners that run several processes side by side (pytest-xdist workers) give each its
+# own slice (port_slice), so two of them never choose one port between its check and
+# its server's bind.
+PORTS_ENV = "RIVERBED_TEST_PORTS"
+_PORTS_BELOW_EPHEMERAL = 12000  # how far below the ephemeral range free_port reaches
+
+
+def port_range(ephemeral_low: int) -> tuple[int, int]:
+    """The ports free_port draws from when nothing narrows it: the ~12,000 below the
+    kernel's ephemeral range (none below 1024)."""
+    ceiling = max(ephemeral_low - 1, 2000)
+    return max(1024, ceiling - _PORTS_BELOW_EPHEMERAL), ceiling
+
+
+def port_slice(low: int, high: int, index: int, count: int) -> tuple[int, int]:
+    """The ``index``-th of ``count`` disjoint slices of ``low..high`` (inclusive), as
+    even as they divide; every slice holds at least one port when there are enough."""
+    if not 0 <= index < count:
+        raise ValueError(f"slice {index} of {count}")
+    size = high - low + 1
+    return low + size * index // count, low + size * (index + 1) // count - 1
+
+
+def _drawn_range() -> tuple[int, int]:
+    text = os.environ.get(PORTS_ENV, "")
+    if text:
+        try:
+            low, high = (int(part) for part in text.split("-"))
+        except ValueError:
+            raise ServerError(
+                f"{PORTS_ENV}={text!r}: expected '<low>-<high>', e.g. 20000-24000"
+            ) from None
+        if not 1024 <= low <= high <= 65535:
+            raise ServerError(f"{PORTS_ENV}={text!r}: expected 1024 <= low <= high <= 65535")
+        return low, high
+    return port_range(_ephemeral_range()[0])
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now and outside the kernel's ephemeral range,
@@ -47,11 +85,12 @@ def free_port() -> int:
     ever taken by an explicit bind. A port is still free until its server binds it, so
     ports asked for together (a Kafka cluster's nodes, before any starts) could be the
     same one: each is handed out once (a cluster of three once listed one port twice).
+    Processes side by side keep apart by drawing from slices of their own
+    (:data:`PORTS_ENV`).
     """
-    low, _ = _ephemeral_range()
-    ceiling = max(low - 1, 2000)
+    low, high = _drawn_range()
     for _ in range(200):
-        port = random.randint(max(1024, ceiling - 12000), ceiling)  # noqa: S311
+        port = random.randint(low, high)  # noqa: S311
         if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -61,7 +100,7 @@ def free_port() -> int:
                 continue
         _HANDED_OUT.add(port)
         return port
-    raise ServerError("no free TCP port found below the ephemeral range")
+    raise ServerError(f"no free TCP port found in {low}-{high}")
 
 
 def _require(binary: str, package: str) -> str:
