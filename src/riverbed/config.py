@@ -259,6 +259,13 @@ SETTINGS: tuple[Setting, ...] = (
         who="tests",
     ),
     Setting(
+        "RIVERBED_TEST_PORTS",
+        None,
+        "12,000 ports below the ephemeral range",
+        "`<low>-<high>`: the ports test servers start on (each pytest-xdist worker: a slice)",
+        who="tests",
+    ),
+    Setting(
         "RIVERBED_TESTBED_CLAIMS",
         None,
         "$TMPDIR/riverbed-testbeds",
