@@ -55,7 +55,7 @@ def port_slice(low: int, high: int, index: int, count: int) -> tuple[int, int]:
     """The ``index``-th of ``count`` disjoint slices of ``low..high`` (inclusive), as
     even as they divide; every slice holds at least one port when there are enough."""
     if not 0 <= index < count:
-        raise ValueError(f"slice {index} of {count}")
+        raise ServerError(f"no slice {index} of {count}: the index must be in 0..{count - 1}")
     size = high - low + 1
     return low + size * index // count, low + size * (index + 1) // count - 1
 
