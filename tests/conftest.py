@@ -161,15 +161,24 @@ def _spark_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     of the processes tests start, which inherit the environment — under this run's
     pytest temporary directory. A JVM killed with SIGKILL never removes its own, and a
     run kills hundreds: in /tmp they outlived the run (thousands after a few runs);
-    here they go with pytest's retention of old runs' directories."""
+    here they go with pytest's retention of old runs' directories. So does the JVMs'
+    ``java.io.tmpdir`` of every JVM spark-submit starts (drivers, the Connect server:
+    ``SPARK_SUBMIT_OPTS``), where Spark keeps its ``artifacts-*`` directories."""
     scratch = tmp_path_factory.mktemp("spark-local")
-    previous = os.environ.get("SPARK_LOCAL_DIRS")
-    os.environ["SPARK_LOCAL_DIRS"] = str(scratch)
+    settings = {
+        "SPARK_LOCAL_DIRS": str(scratch),
+        "SPARK_SUBMIT_OPTS": " ".join(
+            filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), f"-Djava.io.tmpdir={scratch}"])
+        ),
+    }
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield scratch
-    if previous is None:
-        os.environ.pop("SPARK_LOCAL_DIRS", None)
-    else:
-        os.environ["SPARK_LOCAL_DIRS"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

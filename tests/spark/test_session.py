@@ -31,12 +31,15 @@ def test_spark_keeps_its_scratch_files_under_the_runs_temporary_directory(
     spark: Any, _spark_scratch: Any
 ) -> None:
     """A shuffle writes block files; they land in the run's scratch directory (which
-    pytest removes with old runs), not in /tmp where killed JVMs would leave them."""
+    pytest removes with old runs), not in /tmp where killed JVMs would leave them; and
+    the JVM's temporary directory is there too."""
     df = spark.range(0, 1000, numPartitions=4)
     assert df.groupBy((df.id % 7).alias("k")).count().count() == 7
     made = [p.name for p in _spark_scratch.iterdir()]
     assert any(name.startswith("blockmgr-") for name in made), made
     assert any(name.startswith("spark-") for name in made), made
+    system = spark.sparkContext._jvm.java.lang.System
+    assert system.getProperty("java.io.tmpdir") == str(_spark_scratch)  # artifacts-* too
 
 
 def test_session_settings(spark: Any) -> None:
