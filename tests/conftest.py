@@ -227,8 +227,8 @@ def subprocess_env() -> dict[str, str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker (and every process its tests start) draws the ports of
-    its servers from a slice of its own: workers choosing at random from one range once
-    in a while chose the same free port at once, and one server failed to bind."""
+    its servers from a slice of its own: workers choosing at random from one range could
+    choose the same free port at once, and one server would fail to bind."""
     from riverbed.testing.servers import PORTS_ENV, _ephemeral_range, port_range, port_slice
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
