@@ -229,12 +229,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """Each pytest-xdist worker (and every process its tests start) draws the ports of
     its servers from a slice of its own: workers choosing at random from one range could
     choose the same free port at once, and one server would fail to bind."""
-    from riverbed.testing.servers import PORTS_ENV, _ephemeral_range, port_range, port_slice
+    from riverbed.testing.servers import PORTS_ENV, host_port_range, port_slice
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if worker.startswith("gw") and count > 0 and not os.environ.get(PORTS_ENV):
-        low, high = port_slice(*port_range(_ephemeral_range()[0]), int(worker[2:]), count)
+        low, high = port_slice(*host_port_range(), int(worker[2:]), count)
         os.environ[PORTS_ENV] = f"{low}-{high}"
 
 

@@ -13,7 +13,7 @@ from riverbed.testing import free_port
 from riverbed.testing.servers import (
     PORTS_ENV,
     ServerError,
-    _ephemeral_range,
+    host_port_range,
     port_range,
     port_slice,
 )
@@ -54,7 +54,7 @@ def test_free_port_draws_from_its_processs_slice(monkeypatch: pytest.MonkeyPatch
     assert (low, high) == (32767 - 12000, 32767)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # a slice of this host's whole range
         mine_low, mine_high = (int(p) for p in os.environ[PORTS_ENV].split("-"))
-        whole_low, whole_high = port_range(_ephemeral_range()[0])
+        whole_low, whole_high = host_port_range()
         assert whole_low <= mine_low < mine_high <= whole_high
     monkeypatch.setenv(PORTS_ENV, "21000-21049")
     ports = {free_port() for _ in range(30)}

@@ -63,6 +63,7 @@ __all__ = [
     "partition_table",
     "read_files_with_spark",
     "read_with_spark",
+    "vacuum_delta",
 ]
 
 PARTITION = "chunk"  # the partition column of a table whose partitions are chunks
@@ -288,6 +289,19 @@ def _with_partition(rows: pa.Table, partition: str) -> pa.Table:
     )
 
 
+def vacuum_delta(table: Any, retention_hours: float) -> None:
+    """Delete the files of a Delta ``table`` that no version younger than
+    ``retention_hours`` names — also those no commit ever named (a writer killed between
+    its files and its commit), once that old, which delta-rs's default vacuum keeps for
+    ever. Younger ones may be a commit's in flight, or an older version's a reader is on."""
+    table.vacuum(
+        retention_hours=retention_hours,
+        dry_run=False,
+        enforce_retention_duration=False,
+        full=True,
+    )
+
+
 def _literal(partition: str) -> str:
     if "'" in partition:
         raise TableError(f"partition {partition!r}: a quote cannot be part of its name")
@@ -369,14 +383,8 @@ class DeltaPartitions:
         Delta's to bound (checkpoints, ``delta.logRetentionDuration``)."""
         from deltalake.exceptions import CommitFailedError
 
-        table = self._table()
         try:
-            table.vacuum(
-                retention_hours=FILE_RETENTION_HOURS,
-                dry_run=False,
-                enforce_retention_duration=False,
-                full=True,
-            )
+            vacuum_delta(self._table(), FILE_RETENTION_HOURS)
         except CommitFailedError as exc:  # another writer's commit came first: next time
             log.info("Delta table %s: vacuum deferred: %s", shown(self.uri), exc)
 

@@ -43,6 +43,7 @@ from riverbed.tables import (
     iceberg_catalog,
     open_delta,
     read_files_with_spark,
+    vacuum_delta,
 )
 
 log = logging.getLogger(__name__)
@@ -204,12 +205,7 @@ class DeltaSink:
         if table is None:
             return
         table.optimize.compact()
-        table.vacuum(
-            retention_hours=retention_hours,
-            dry_run=False,
-            enforce_retention_duration=False,
-            full=True,
-        )
+        vacuum_delta(table, retention_hours)
 
 
 def _with_table_columns(source: pa.Table, target: pa.Schema) -> pa.Table:

@@ -51,6 +51,11 @@ def port_range(ephemeral_low: int) -> tuple[int, int]:
     return max(1024, ceiling - _PORTS_BELOW_EPHEMERAL), ceiling
 
 
+def host_port_range() -> tuple[int, int]:
+    """:func:`port_range` below this machine's ephemeral range."""
+    return port_range(_ephemeral_range()[0])
+
+
 def port_slice(low: int, high: int, index: int, count: int) -> tuple[int, int]:
     """The ``index``-th of ``count`` disjoint slices of ``low..high`` (inclusive), as
     even as they divide; every slice holds at least one port when there are enough."""
@@ -72,7 +77,7 @@ def _drawn_range() -> tuple[int, int]:
         if not 1024 <= low <= high <= 65535:
             raise ServerError(f"{PORTS_ENV}={text!r}: expected 1024 <= low <= high <= 65535")
         return low, high
-    return port_range(_ephemeral_range()[0])
+    return host_port_range()
 
 
 def free_port() -> int:
