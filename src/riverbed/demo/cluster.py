@@ -70,6 +70,7 @@ class Outcome:
     master_s: float | None = None  # the Spark master's host killed → the standby leads
     master_batch_s: float | None = None  # … → the first batch run wholly after the kill
     master_ok: bool = False  # the same application and the live workers on the new master
+    master_detail: str = ""  # when not: what was where
     timeline: list[tuple[float, str]] = field(default_factory=list)
     jobs: JobsOutcome | None = None  # phase 2, the jobs pipeline
 
@@ -372,6 +373,11 @@ def _lose_the_master(
     moved = {a["id"] for a in cluster.spark_apps("h2") if a.get("state") == "RUNNING"}
     alive = [w for w in cluster.spark_workers("h2") if w.get("state") == "ALIVE"]
     out.master_ok = bool(apps) and apps <= moved and len(alive) >= 2
+    if not out.master_ok:  # which part did not move, for the verdict (the master's log says why)
+        out.master_detail = (
+            f"applications running before: {', '.join(sorted(apps)) or 'none'}; on h2 after: "
+            f"{', '.join(sorted(moved)) or 'none'}; workers alive on h2: {len(alive)}"
+        )
     cluster.wait_etcd(["h2", "h3"])
     bed.restart_host("h1")
     cluster.wait_etcd()
@@ -443,7 +449,8 @@ def _verdict(
     console.print(
         "Spark master: "
         + ("the application and the live workers moved to the standby on h2" if out.master_ok
-           else "[bold red]the application or the workers did not move to h2[/bold red]")
+           else "[bold red]the application or the workers did not move to h2[/bold red] "
+                f"({out.master_detail})")
     )  # fmt: skip
     console.print(
         f"topic clicks: {out.events:,} events for {len(sent):,} produced — "

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from riverbed.control import Compare, ControlPlane, Delete, Put
+from riverbed.control import Compare, ControlPlane, Delete, OutcomeUnknownError, Put
 from riverbed.log.base import (
     LogStorage,
     TopicConfig,
@@ -87,6 +87,7 @@ FLUSH_MS = 50  # the default flush interval: the latency/cost trade-off (docs/lo
 FLUSH_BYTES = 4 * 1024 * 1024  # a flush goes sooner once this much is waiting
 PAGE_BITS = 16  # index entries are grouped by base offset >> PAGE_BITS
 COMMIT_ATTEMPTS = 200  # conflicts with other writers before a flush gives up
+UNKNOWN_ATTEMPTS = 6  # commits lost with their member (outcome unknown) before it gives up
 CACHE_BYTES = 64 * 1024 * 1024
 MAX_TXN_OPS = 100  # operations (and compares) per control-plane transaction: etcd allows 128
 DISK_CACHE_BYTES = 1024 * 1024 * 1024
@@ -745,7 +746,14 @@ class DisklessLogStorage(LogStorage):
         writer_key = self.layout.writer(self._writer)
         partitions = sorted({(p.topic, p.partition) for p in pending})
         producers = sorted({(p.topic, p.partition, p.producer) for p in pending if p.producer})
+        unknown = 0  # attempts whose outcome the control plane could not tell
         for _ in range(COMMIT_ATTEMPTS):
+            # An attempt lost with its member may still land (raft had it) — then every
+            # later attempt's compares fail, as it moved each partition's end: so after
+            # one, each attempt first asks whether the flush is committed already.
+            if unknown and (recorded := self._committed(writer_key, flush)) is not None:
+                bases = recorded
+                break
             heads: dict[tuple[str, int], Head] = {}
             compares = []
             for tp in partitions:
@@ -787,8 +795,12 @@ class DisklessLogStorage(LogStorage):
             try:
                 result = self.control.txn(compares, puts)
             except Exception as exc:
-                if self._committed(writer_key, flush) == bases:
-                    break  # the answer was lost, the commit was not
+                if (recorded := self._committed(writer_key, flush)) is not None:
+                    bases = recorded  # the answer was lost, the commit was not
+                    break
+                if isinstance(exc, OutcomeUnknownError) and unknown < UNKNOWN_ATTEMPTS:
+                    unknown += 1  # a member failed while handling it (its host lost):
+                    continue  # the client asks another one next
                 raise DisklessCommitError(
                     f"could not commit a flush of {len(pending)} batches to the control "
                     f"plane at {self.control.url}: {exc}; nothing of it was acknowledged"
