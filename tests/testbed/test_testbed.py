@@ -205,3 +205,34 @@ def test_a_second_destroy_leaves_the_namespaces_of_whoever_holds_the_slot_now(tm
         claim.write_text(str(bed.root))  # its own again: destroyed for real
         bed.destroy()
     assert netns not in listed() and not claim.exists()
+
+
+def test_a_slot_claimed_again_loses_the_namespaces_a_killed_teardown_left(tmp_path, monkeypatch):
+    """A teardown killed after deleting its bridge but before its namespaces leaves
+    them behind; the next bed in the slot must not fail on "File exists". The slot is
+    the last one (never a live bed's in the suite): a private claim directory holds
+    every other slot for live beds of their own."""
+    from riverbed.testing import testbed
+    from riverbed.testing.hostplan import SLOTS, netns_prefix
+
+    claims = tmp_path / "claims"
+    monkeypatch.setattr(testbed, "_CLAIMS", claims)
+    claims.mkdir()
+    for slot in range(SLOTS - 1):  # taken: each claim's bed says it holds that slot
+        owner = tmp_path / "beds" / str(slot)
+        owner.mkdir(parents=True)
+        (owner / testbed.BED_FILE).write_text(json.dumps({"slot": slot}))
+        (claims / str(slot)).write_text(str(owner))
+    last = SLOTS - 1
+    stray = f"{netns_prefix(last)}h1"
+    listed = lambda: subprocess.run(  # noqa: E731
+        ["ip", "netns", "list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    subprocess.run(["ip", "netns", "add", stray], check=True)
+    try:
+        assert stray in listed()
+        assert testbed._claim_slot(tmp_path / "new-bed") == last
+        assert stray not in listed()
+        assert (claims / str(last)).read_text() == str(tmp_path / "new-bed")
+    finally:
+        subprocess.run(["ip", "netns", "del", stray], capture_output=True, check=False)

@@ -546,8 +546,8 @@ def _claim_of(slot: int) -> Path:
 
 def _claim_slot(root: Path) -> int:
     """A slot no other live bed holds: a claim file created exclusively. A claim whose
-    bed is gone (its root has no bed file, or was destroyed) is taken over, and the
-    namespaces and links of that slot — riverbed's by their names — are deleted."""
+    bed is gone (its root has no bed file, or was destroyed) is taken over. Either way
+    the namespaces and links of the slot — riverbed's by their names — are deleted."""
     _CLAIMS.mkdir(parents=True, exist_ok=True)
     for slot in range(SLOTS):
         claim = _claim_of(slot)
@@ -556,7 +556,6 @@ def _claim_slot(root: Path) -> int:
         except FileExistsError:
             if not _stale(claim):
                 continue
-            _sweep(slot)
             claim.unlink(missing_ok=True)
             try:
                 fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -564,11 +563,10 @@ def _claim_slot(root: Path) -> int:
                 continue
         with os.fdopen(fd, "w") as f:
             f.write(str(root))
-        if (
-            shutil.which("ip")
-            and _ip("link", "show", bridge_name(slot), check=False).returncode == 0
-        ):
-            _sweep(slot)  # a bed that crashed before claiming (or a claim dir wiped)
+        # whatever riverbed's names in this slot are still there is nobody's now: a bed
+        # that crashed, a teardown killed halfway (its bridge gone, namespaces left:
+        # the next bed's "File exists"), a claim directory wiped
+        _sweep(slot)
         return slot
     raise TestBedError(f"all {SLOTS} test bed slots are taken ({_CLAIMS})")
 
