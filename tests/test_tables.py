@@ -268,3 +268,40 @@ def test_a_delta_partition_table_vacuums_the_files_it_replaced_every_hundredth_v
     assert vacuums[1:] == [8, 12, 16, 20], vacuums  # a vacuum's two commits count as versions
     assert (t.version("a"), t.version("b")) == (14, 15)
     assert content(t) == [("a", 14), ("b", 15)]
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_upkeep_that_fails_after_a_commit_leaves_the_commit_standing(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A vacuum or a snapshot expiry runs after a replacement committed: its failure (a
+    bucket's hiccup, here raised in its place) is logged with the table's name and left
+    to its next turn — the replacement stays done, and is not tried again."""
+    import logging
+
+    import riverbed.tables
+
+    monkeypatch.setattr(riverbed.tables, "PARTITION_HISTORY", 1)
+    work = "vacuum_delta" if kind == "delta" else "expire_iceberg_history"
+    calls: list[int] = []
+
+    def fails(*args: object) -> None:
+        calls.append(1)
+        raise OSError("the bucket answered 503 Slow Down")
+
+    monkeypatch.setattr(riverbed.tables, work, fails)
+    spelled = (
+        f"delta:{tmp_path / 'lake'}"
+        if kind == "delta"
+        else f"iceberg:sqlite:///{tmp_path / 'catalog.db'}#rb.chunks"
+    )
+    t = partition_table(spelled, "sensors")
+    with caplog.at_level(logging.WARNING, logger="riverbed.tables"):
+        for version in range(1, 5):
+            assert t.replace("ab"[version % 2], rows(version), version)
+    assert calls  # the upkeep ran, and failed
+    assert content(t) == [("a", 4), ("b", 3)]
+    assert t.version("a") == 4 and t.version("b") == 3
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said and all("left to its next turn" in m and "503 Slow Down" in m for m in said)
+    assert all(("lake" in m) if kind == "delta" else ("rb.chunks" in m) for m in said)

@@ -63,6 +63,7 @@ __all__ = [
     "partition_table",
     "read_files_with_spark",
     "read_with_spark",
+    "upkeep",
     "vacuum_delta",
 ]
 
@@ -289,6 +290,23 @@ def _with_partition(rows: pa.Table, partition: str) -> pa.Table:
     )
 
 
+def upkeep(what: str, work: Callable[[], None], expected: tuple[type[Exception], ...] = ()) -> bool:
+    """Run a table's upkeep — a vacuum, a snapshot expiry, a compaction — after a commit
+    that already succeeded; whether it ran. Whatever it raises is logged and left to its
+    next turn, never the commit's failure: a bucket's hiccup in a vacuum must not stop
+    a stream, or publish a chunk once more. ``expected`` (another writer's commit came
+    first) is said quietly; anything else as a warning."""
+    try:
+        work()
+    except expected as exc:
+        log.info("%s deferred: %s", what, exc)
+        return False
+    except Exception as exc:
+        log.warning("%s failed and is left to its next turn: %s: %s", what, type(exc).__name__, exc)
+        return False
+    return True
+
+
 def vacuum_delta(table: Any, retention_hours: float) -> None:
     """Delete the files of a Delta ``table`` that no version younger than
     ``retention_hours`` names — also those no commit ever named (a writer killed between
@@ -383,10 +401,11 @@ class DeltaPartitions:
         Delta's to bound (checkpoints, ``delta.logRetentionDuration``)."""
         from deltalake.exceptions import CommitFailedError
 
-        try:
-            vacuum_delta(self._table(), FILE_RETENTION_HOURS)
-        except CommitFailedError as exc:  # another writer's commit came first: next time
-            log.info("Delta table %s: vacuum deferred: %s", shown(self.uri), exc)
+        upkeep(
+            f"Delta table {shown(self.uri)}: vacuum",
+            lambda: vacuum_delta(self._table(), FILE_RETENTION_HOURS),
+            (CommitFailedError,),
+        )
 
     def read(self) -> pa.Table:
         table = self._table()
@@ -506,12 +525,13 @@ class IcebergPartitions:
         snapshots = sorted(s.timestamp_ms for s in table.snapshots())
         if len(snapshots) <= 2 * PARTITION_HISTORY:
             return
-        try:
-            expire_iceberg_history(
+        upkeep(
+            f"Iceberg table {self.identifier}: snapshot expiry",
+            lambda: expire_iceberg_history(
                 table, snapshots[-PARTITION_HISTORY], history_ms, FILE_RETENTION_HOURS
-            )
-        except conflicts as exc:  # another writer's commit came first: the next one expires
-            log.info("Iceberg table %s: snapshot expiry deferred: %s", self.identifier, exc)
+            ),
+            conflicts,
+        )
 
     def read(self) -> pa.Table:
         table = self._table()

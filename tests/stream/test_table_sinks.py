@@ -348,6 +348,49 @@ def test_every_hundredth_batch_compacts_the_table_after_its_commit(
     assert sorted(got) == list(range(100))
 
 
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_compaction_that_fails_after_a_batch_commits_does_not_fail_the_batch(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Batch 99's commit is followed by the table's compaction; its failure (a bucket's
+    hiccup, raised in its place) is a warning naming the table, not the batch's: the
+    stream goes on, the batch is committed, the compaction is left to batch 199."""
+    import logging
+    from dataclasses import dataclass
+
+    @dataclass
+    class Running:  # what a sink is told of the aggregation (doors.Running)
+        spec: Aggregation
+        log_url: str | None = None
+
+    def fails(self: Any, *args: Any) -> None:
+        raise OSError("the bucket answered 503 Slow Down")
+
+    monkeypatch.setattr(DeltaSink if kind == "delta" else IcebergSink, "compact", fails)
+    spec = Aggregation(name="many", key="k", window=Tumbling("1h"), metrics={"n": Count()})
+    catalog = f"sqlite:///{tmp_path / 'catalog.db'}"
+    sink = Delta(tmp_path / "t") if kind == "delta" else Iceberg(catalog, "c.t")
+    schema = output_arrow_schema(spec)
+    frame = pd.DataFrame(
+        {
+            "window_start": [T0],
+            "window_end": [T0 + pd.Timedelta(hours=1)],
+            "key": ["x"],
+            "n": [7],
+            "batch_id": [99],
+        }
+    )[schema.names]
+    with caplog.at_level(logging.WARNING, logger="riverbed.tables"):
+        sink.write(Running(spec), 99, frame)
+    if kind == "delta":
+        assert DeltaTable(str(tmp_path / "t")).transaction_version(app_id("many")) == 99
+    else:
+        assert IcebergSink(catalog, "c.t").committed("many") == 99
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "compaction" in said[0] and "503 Slow Down" in said[0]
+    assert ("Delta table" if kind == "delta" else "Iceberg table c.t") in said[0]
+
+
 def test_a_delta_compaction_deletes_the_files_no_commit_named_once_they_are_a_week_old(
     tmp_path: Path,
 ) -> None:

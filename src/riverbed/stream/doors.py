@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from riverbed.config import inherited
-from riverbed.locations import shown_repr
+from riverbed.locations import shown, shown_repr
 from riverbed.stream.errors import StreamValueError
 
 if TYPE_CHECKING:
@@ -388,6 +388,7 @@ class Delta:
     def write(self, config: Running, batch_id: int, rows: pd.DataFrame) -> None:
         from riverbed.stream.lakehouse import DeltaSink
         from riverbed.stream.results import output_arrow_schema
+        from riverbed.tables import upkeep
 
         if rows.empty:
             return
@@ -400,7 +401,7 @@ class Delta:
             # between this batch's commit and the next, in the driver's one writer: a
             # compaction beside a batch's MERGE would make one of them lose the
             # table's concurrency check
-            sink.compact()
+            upkeep(f"Delta table {shown(str(self.location))}: compaction", sink.compact)
 
 
 @dataclass(frozen=True)
@@ -427,6 +428,7 @@ class Iceberg:
 
     def write(self, config: Running, batch_id: int, rows: pd.DataFrame) -> None:
         from riverbed.stream.results import output_arrow_schema
+        from riverbed.tables import upkeep
 
         if rows.empty:
             return
@@ -435,7 +437,7 @@ class Iceberg:
         committed = sink.write(config.spec.name, batch_id, rows, output_arrow_schema(config.spec))
         table_failpoint("after", batch_id)
         if committed and batch_id % 100 == 99:  # as Delta's: by the one writer, after it
-            sink.compact()
+            upkeep(f"Iceberg table {self.table}: compaction", sink.compact)
 
 
 def table_sink(text: str) -> Sink:
