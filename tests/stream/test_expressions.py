@@ -237,7 +237,7 @@ def test_every_supported_expression_gives_what_spark_gives(
     ],
 )
 def test_what_riverbed_cannot_evaluate_is_refused_in_one_line(text: str, says: str) -> None:
-    with pytest.raises(ExpressionError, match="") as refused:
+    with pytest.raises(ExpressionError) as refused:
         compile_expression(text, TYPES)
     message = str(refused.value)
     assert says in message and "\n" not in message, message
