@@ -1,6 +1,8 @@
 """How long a Spark driver takes from nothing to its first results: with and without
 riverbed's class-data archive of Spark's JVM classes (:mod:`riverbed.spark.cds`), or
-with riverbed's Python worker daemon and PySpark's own (:mod:`riverbed.spark.daemon`).
+with riverbed's Python worker daemon and PySpark's own (:mod:`riverbed.spark.daemon`), or
+with one such daemon for every task and Spark's default of two (``--against
+one-daemon``: SQL UDFs' tasks get their own, keyed by SPARK_SIMPLIFIED_TRACEBACK).
 
 Each run is a fresh Python process that starts a ``local[2]`` session with riverbed's
 settings, runs a first SQL job, a first Python task (the first Python worker), then a
@@ -14,7 +16,7 @@ phase and their ratio.
 Usage::
 
     .venv/bin/python -m riverbed.spark.cds            # build the archive (make does)
-    .venv/bin/python benchmarks/spark_start.py [--runs 3] [--against archive|daemon]
+    .venv/bin/python benchmarks/spark_start.py [--runs 3] [--against archive|daemon|one-daemon]
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ began = time.monotonic()
 from riverbed.spark import session
 from riverbed.config import SparkConfig
 conf = {"spark.python.daemon.module": os.environ["DAEMON"]} if "DAEMON" in os.environ else {}
+if "SIMPLIFIED" in os.environ:  # Spark's default: a second daemon for SQL UDFs' tasks
+    conf["spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"] = "true"
 spark = session(SparkConfig(master="local[2]", conf=conf), test=True)
 t1 = time.monotonic()
 spark.range(10).count()
@@ -66,7 +70,7 @@ def probe(env: dict[str, str]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--against", choices=("archive", "daemon"), default="archive")
+    parser.add_argument("--against", choices=("archive", "daemon", "one-daemon"), default="archive")
     args = parser.parse_args()
     if args.against == "archive":
         path = archive()
@@ -74,9 +78,12 @@ def main() -> None:
             sys.exit(f"no archive at {path}: build it first (python -m riverbed.spark.cds)")
         sides = {"no archive": {ENV: "off"}, "archive": {ENV: str(path)}}
         what = path.name
-    else:
+    elif args.against == "daemon":
         sides = {"pyspark.daemon": {"DAEMON": "pyspark.daemon"}, "riverbed's": {}}
         what = "spark.python.daemon.module"
+    else:  # the RDD task and the pandas task: one daemon each, or one for both
+        sides = {"two daemons": {"SIMPLIFIED": "1"}, "one daemon": {}}
+        what = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
     (base, base_env), (ours, our_env) = sides.items()
     runs: dict[str, list[dict[str, float]]] = {base: [], ours: []}
     for _ in range(args.runs):

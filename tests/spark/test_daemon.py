@@ -84,3 +84,28 @@ def test_workers_are_forked_by_riverbeds_daemon_with_its_task_modules_imported(
         assert loaded
         assert ".zip" not in pyspark_file
         assert os.path.isfile(pyspark_file)
+
+
+@pytest.mark.spark
+def test_sql_and_rdd_tasks_share_one_daemon_per_executor(spark: Any) -> None:
+    """A pandas UDF's tasks and an RDD's (the warm-up's) are forked by the same daemon:
+    Spark keys daemons by the workers' environment, which the simplified-traceback
+    setting would make differ (riverbed.spark.BASE_CONF)."""
+
+    def by_rdd(rows: Any) -> Any:
+        import os as worker_os
+
+        yield worker_os.getppid()
+
+    def by_pandas(frames: Any) -> Any:
+        import os as worker_os
+
+        import pandas as worker_pd
+
+        for _ in frames:
+            yield worker_pd.DataFrame({"daemon": [worker_os.getppid()]})
+
+    rdd = set(spark.range(0, 4, numPartitions=2).rdd.mapPartitions(by_rdd).collect())
+    frame = spark.range(0, 4, numPartitions=2).mapInPandas(by_pandas, "daemon long")
+    sql = {r.daemon for r in frame.collect()}
+    assert len(rdd) == 1 and rdd == sql, (rdd, sql)

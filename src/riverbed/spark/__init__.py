@@ -66,6 +66,14 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # Python workers forked with riverbed's task modules imported (riverbed.spark.daemon)
     "spark.python.daemon.module": "riverbed.spark.daemon",
+    # One such daemon per executor, not two: Spark keys its daemons by the workers'
+    # environment, and a SQL UDF's (a pandas UDF, a Python data source's read) gets
+    # SPARK_SIMPLIFIED_TRACEBACK where an RDD task's (the executors' warm-up) does not —
+    # a second daemon with riverbed's modules imported and its own idle workers (~1 s of
+    # CPU a driver start, docs/testing.md). A task's error keeps its last line, which is
+    # what riverbed reports (stream.specjob.root_cause); its traceback keeps PySpark's
+    # frames.
+    "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
 }
 
 
