@@ -497,6 +497,51 @@ def test_a_client_of_three_servers_carries_on_while_two_are_down() -> None:
         servers[2].shutdown()
 
 
+class CutOff:
+    """The control plane as one server sees it: the same real in-memory state as the
+    others', but once ``cut`` its flush commits find no member (its host's link to
+    etcd down), while its reads still answer from what it has."""
+
+    def __init__(self, plane: MemoryControlPlane) -> None:
+        self.plane, self.cut = plane, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plane, name)
+
+    def txn(self, compare: Any = (), success: Any = (), failure: Any = ()) -> Any:
+        if self.cut and _writes_a_writer_key(success):
+            raise UnavailableError("no etcd endpoint of etcd://10.0.0.1:2379 answered within 10s")
+        return self.plane.txn(compare, success, failure)
+
+
+def test_a_server_cut_off_from_the_control_plane_sends_its_client_to_another() -> None:
+    """A server whose flush cannot commit because the control plane is out of its
+    reach says it is unavailable, not that the append failed: the client's next
+    server writes it, once (producer id and sequence)."""
+    from riverbed.log.server import LogServer
+
+    name, plane = f"dl-{uuid.uuid4().hex}", MemoryControlPlane()
+    cuts = [CutOff(plane), CutOff(plane)]
+    servers = [
+        LogServer(DisklessLogStorage(MemoryStore(name), cut, flush_ms=5))  # type: ignore[arg-type]
+        for cut in cuts
+    ]
+    log = riverbed.log.open(
+        "flight://" + ",".join(s.url.removeprefix("flight://") for s in servers)
+    )
+    try:
+        log.create_topic("t", 1)
+        producer = log.producer("t")
+        assert [producer.send(i).offset for i in range(5)] == list(range(5))
+        cuts[log.storage._current].cut = True  # type: ignore[attr-defined]  # the client's
+        assert [producer.send(i).offset for i in range(5, 10)] == list(range(5, 10))
+        assert [r.value for r in log.read("t", 0, 0, 100)] == list(range(10))
+    finally:
+        log.close()
+        for server in servers:
+            server.shutdown()
+
+
 def test_a_server_list_with_a_bad_entry_is_named() -> None:
     with pytest.raises(riverbed.log.LogError, match="bad port in 'b:x'"):
         riverbed.log.open("flight://a:1,b:x")

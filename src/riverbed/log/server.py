@@ -117,13 +117,26 @@ def _refusals() -> Iterator[None]:
         yield
     except flight.FlightError:
         raise
-    except (UnavailableError, StorageUnavailableError) as exc:
-        # this server cannot reach the control plane or the bucket (cut off from them?):
-        # another server of the client's list may — unavailable is what moves it on (a
-        # retried append is recognised by its producer id and sequence)
-        raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
-    except (LogError, ValueError, KeyError, TypeError) as exc:
+    except (LogError, ValueError, KeyError, TypeError, UnavailableError) as exc:
+        if _cut_off(exc):
+            # this server cannot reach the control plane or the bucket (cut off from
+            # them?): another server of the client's list may — unavailable is what
+            # moves it on (a retried append is recognised by its producer id and
+            # sequence; a client without them is told the outcome is unknown)
+            raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
         raise _refuse(exc) from None
+    except StorageUnavailableError as exc:
+        raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
+
+
+def _cut_off(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was raised because of, the control plane or the bucket out
+    of this server's reach (a diskless flush's failed commit says why in its cause)."""
+    while exc is not None:
+        if isinstance(exc, (UnavailableError, StorageUnavailableError)):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def _chunk(stored: Iterator[StoredBatch]) -> tuple[pa.RecordBatch | None, bool]:
