@@ -72,18 +72,21 @@ def test_a_sigstopped_worker_resumed_after_its_chunk_was_reclaimed_records_nothi
     until(lambda: f"end-{chunk['id']}-1" in cluster.marks_of("end"), 30, "attempt 1 to end")
     os.kill(paused.pid, signal.SIGCONT)
     log = cluster.tmp / "worker-1.log"
-    time.sleep(3)
+    # the resumed worker has read attempt 1's answer once it says what it did with it:
+    # then the queue, the output and the staging show whether it recorded or published
+    text = until(
+        lambda: "nothing recorded or published" in log.read_text() and log.read_text(),
+        60,
+        "the resumed worker to report its fenced attempt",
+    )
+    assert f"chunk {chunk['id']} attempt 1" in text
+    # after saying so it retracts what it may have published, then deletes its staging
+    staging = cluster.home / "jobs" / "staging" / f"{chunk['id']}-1"
+    until(lambda: not staging.exists(), 30, "the fenced attempt's staging to go")
     row = cluster.queue.get(chunk["id"])
     assert row["state"] == "DONE" and row["attempt"] == 2 and row["output_attempt"] == 2
     assert [a["state"] for a in row["attempts"]] == ["FAILED", "DONE"]
     assert published(cluster) == {chunk["id"]: {"ids": [1, 2], "attempt": 2}}
-    assert not (cluster.home / "jobs" / "staging" / f"{chunk['id']}-1").exists()
-    text = until(
-        lambda: "nothing recorded or published" in log.read_text() and log.read_text(),
-        10,
-        "the resumed worker to report its fenced attempt",
-    )
-    assert f"chunk {chunk['id']} attempt 1" in text
     if cluster.checkpoints is not None:  # in the bucket: attempt 2's objects and marker only
         store = open_store(f"{cluster.checkpoints}/jobs/output")
         assert store.entries("effect/.attempts/") == [f"chunk={chunk['id']}-2"]
