@@ -173,15 +173,24 @@ def test_the_master_fails_only_after_independent_chunks_finish(queue: JobQueue) 
 
 
 def test_retries_back_off_then_run_again(queue: JobQueue) -> None:
+    # The back-off is long enough that the three statements after the failure run
+    # within it on a starved host too (0.3 s did not, on MariaDB under a one-core
+    # quota: next_retry() found it over); the retry is then waited for, not slept to.
+    backoff = 3.0
     master = submit(
-        queue, {"X": job("X", None)}, "X", [1], {"X": Policy(max_attempts=2, backoff=0.3)}
+        queue, {"X": job("X", None)}, "X", [1], {"X": Policy(max_attempts=2, backoff=backoff)}
     )
     first = queue.claim("w1", "h")[0]
+    failed = time.monotonic()
     assert queue.fail(first.id, first.attempt, "flaky") == "PENDING"
     assert queue.claim("w1", "h") == []  # backing off
-    assert 0 < (queue.next_retry() or 0) <= 0.3
-    time.sleep(0.35)
-    second = queue.claim("w1", "h")[0]
+    assert 0 < (queue.next_retry() or 0) <= backoff
+    assert time.monotonic() - failed < backoff  # (else the two checks above prove little)
+    deadline = time.monotonic() + backoff + 30
+    while not (again := queue.claim("w1", "h")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a poll of the queue until the back-off is over
+    assert time.monotonic() - failed >= backoff * 0.9, "claimable before its back-off ended"
+    second = again[0]
     assert (second.id, second.attempt) == (first.id, 2)
     assert queue.fail(second.id, second.attempt, "again") == "FAILED"
     assert state(queue, master) == "FAILED"

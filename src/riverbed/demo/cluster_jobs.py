@@ -78,6 +78,23 @@ def wait_for(what: str, check: Any, timeout: float) -> Any:
     return got
 
 
+def wait_for_progress(what: str, count: Any, target: int, stalled: float) -> None:
+    """Until ``count()`` reaches ``target``; a TimeoutError naming ``what`` only when it
+    stood still for ``stalled`` seconds — a job of many chunks takes as long as the host
+    makes it (under one core's worth of CPU, each chunk of the time-range job took 6-11 s
+    and the whole job longer than any fixed wait sized on a quicker host), and a hang
+    still ends the wait."""
+    seen, moved = count(), time.monotonic()
+    while seen < target:
+        if time.monotonic() - moved > stalled:
+            raise TimeoutError(
+                f"{what} did not happen: {seen} of {target} after {stalled:.0f}s without progress"
+            )
+        time.sleep(0.25)
+        if (now := count()) > seen:
+            seen, moved = now, time.monotonic()
+
+
 def run_jobs_phase(
     bed: TestBed,
     cluster: Cluster,
@@ -191,7 +208,7 @@ def run_jobs_phase(
         out.state = wait_for("the run to end",
                              lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
         clock(f"run {master} {out.state}")
-        wait_for("the time-range job to finish", lambda: published() >= tr_total, 300)
+        wait_for_progress("the time-range job to finish", published, tr_total, 240)
         clock(f"time-range: all {tr_total} chunks published")
         _verdict(queue, master, oracle, checkpoints, root, out, console)
         _timerange_verdict(cp, root, out, console)
