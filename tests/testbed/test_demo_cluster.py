@@ -16,8 +16,9 @@ from tests.cli import run_cli
 
 # A guard against a hung demo, not a bound on it: the demo took 325 s on a quiet 2-core
 # machine and 819 s in a whole suite under one core's worth of CPU (2026-12-06) — 21 s
-# short of the 840 s this guard was then. Its own deadlines (takeovers, the fenced
-# driver) are asserted below.
+# short of the 840 s this guard was then — and 1,426 s in another such suite
+# (2026-12-07, its time-range job then still going). Its own deadlines (takeovers, the
+# fenced driver) are asserted below.
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(1860)]
 
 
