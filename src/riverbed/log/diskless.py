@@ -748,12 +748,6 @@ class DisklessLogStorage(LogStorage):
         producers = sorted({(p.topic, p.partition, p.producer) for p in pending if p.producer})
         unknown = 0  # attempts whose outcome the control plane could not tell
         for _ in range(COMMIT_ATTEMPTS):
-            # An attempt lost with its member may still land (raft had it) — then every
-            # later attempt's compares fail, as it moved each partition's end: so after
-            # one, each attempt first asks whether the flush is committed already.
-            if unknown and (recorded := self._committed(writer_key, flush)) is not None:
-                bases = recorded
-                break
             heads: dict[tuple[str, int], Head] = {}
             compares = []
             for tp in partitions:
@@ -806,6 +800,12 @@ class DisklessLogStorage(LogStorage):
                     f"plane at {self.control.url}: {exc}; nothing of it was acknowledged"
                 ) from exc
             if result.succeeded:
+                break
+            # An attempt lost with its member may still land (raft had it): then this
+            # one's compares failed because it moved each partition's end, and the flush
+            # is committed already — with that attempt's offsets.
+            if unknown and (recorded := self._committed(writer_key, flush)) is not None:
+                bases = recorded
                 break
             self.stats["conflicts"] += 1
         else:

@@ -117,7 +117,14 @@ def _refusals() -> Iterator[None]:
         yield
     except flight.FlightError:
         raise
-    except (LogError, ValueError, KeyError, TypeError, UnavailableError) as exc:
+    except (
+        LogError,
+        ValueError,
+        KeyError,
+        TypeError,
+        UnavailableError,
+        StorageUnavailableError,
+    ) as exc:
         if _cut_off(exc):
             # this server cannot reach the control plane or the bucket (cut off from
             # them?): another server of the client's list may — unavailable is what
@@ -125,8 +132,6 @@ def _refusals() -> Iterator[None]:
             # sequence; a client without them is told the outcome is unknown)
             raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
         raise _refuse(exc) from None
-    except StorageUnavailableError as exc:
-        raise flight.FlightUnavailableError(f"this log server is cut off: {exc}") from None
 
 
 def _cut_off(exc: BaseException | None) -> bool:
