@@ -307,7 +307,7 @@ def test_a_commit_lost_with_its_member_is_retried_and_placed_once(
 
 def test_a_flush_reads_its_writer_key_only_after_a_failure() -> None:
     """The commit's guard against a late landing costs nothing in the common case: the
-    writer key's revision is known from its own last commit."""
+    writer's key is read only after a commit failed (or, after one, met a conflict)."""
     plane = MemberLost(lose=0)
     log = diskless(f"dl-{uuid.uuid4().hex}", plane)
     log.create_topic("t", 1)
