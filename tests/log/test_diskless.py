@@ -38,7 +38,9 @@ from riverbed.log.diskless import (
     merged,
     place,
     remembered,
+    stale_writer,
     unreferenced,
+    writer_record,
 )
 from riverbed.log.records import RawRecord
 from riverbed.storage.memory import MemoryStore
@@ -593,6 +595,50 @@ def test_retention_drops_only_a_prefix_and_exactly_what_is_over_its_limits(
 def test_only_old_objects_no_entry_names_are_collected() -> None:
     objects = {"wal/a": 0.0, "wal/b": 0.0, "wal/c": 95.0, "wal/d": 10.0}
     assert unreferenced(objects, {"wal/b"}, now_s=100.0, grace_s=60.0) == ["wal/a", "wal/d"]
+
+
+@given(
+    st.integers(0, 10**6),
+    st.lists(st.integers(0, 10**9), max_size=5),
+    st.integers(0, 10**9),
+    st.integers(0, 10**5),
+    st.integers(0, 10**5),
+)
+def test_a_writer_key_is_stale_only_once_its_last_flush_is_older_than_the_grace(
+    flush: int, bases: list[int], at: int, age: int, grace: int
+) -> None:
+    value = writer_record(flush, bases, at).encode()
+    assert stale_writer(value, at + age, grace) == (age > grace)
+    assert stale_writer(b"[3, [0, 10]]", at, 1e9)  # an earlier riverbed's: no time in it
+
+
+def test_a_writer_deletes_its_key_when_it_closes_and_garbage_collection_takes_the_dead() -> None:
+    """Every log server process puts a key of its own with each flush (to recognise a
+    commit whose answer was lost); none may stay in the control plane for good."""
+    plane = MemoryControlPlane()
+    name = f"dl-{uuid.uuid4().hex}"
+    one, two = diskless(name, plane), diskless(name, plane)
+    one.create_topic("t", 1)
+    one.producer("t").send(1)
+    two.producer("t").send(2)
+
+    def writers() -> list[bytes]:
+        prefix = one.storage.layout.writer("")  # type: ignore[attr-defined]
+        return sorted(kv.key for kv in plane.get_prefix(prefix))
+
+    assert len(writers()) == 2
+    one.close()
+    (left,) = writers()  # the closed writer's went, the other's stays
+    dead = left.replace(left.rsplit(b"/", 1)[1], b"0123456789ab")
+    plane.put(dead, writer_record(7, [0], time.time() - 7200))  # killed two hours ago
+    plane.put(dead + b"c", b"[7, [0]]")  # written by an earlier riverbed
+    assert len(writers()) == 3
+    two.storage.collect_garbage(grace_s=3600)
+    assert writers() == [left]  # the live writer's key is young
+    two.producer("t").send(3)  # and a flush still commits
+    assert [r.value for r in two.read("t", 0, 0, 10)] == [1, 2, 3]
+    two.close()
+    assert writers() == []
 
 
 def test_retention_moves_the_first_offset_and_garbage_collection_deletes_dropped_objects() -> None:

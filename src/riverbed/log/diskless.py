@@ -28,18 +28,20 @@ it (the shape of WarpStream, Bufstream and Kafka's KIP-1150 "diskless topics"):
 * **Upkeep** (every log server runs it each minute): retention drops a partition's
   oldest index entries; compaction rewrites runs of batches in shared objects into one
   object of their partition (``seg/…``), fenced by the old entries' revisions; garbage
-  collection deletes objects nothing names any more, an hour after they were written.
+  collection deletes objects nothing names any more, an hour after they were written,
+  and the writer keys of writers gone as long (a writer deletes its own when it closes).
 
 The key layout in the control plane and the bucket has one owner, :class:`Layout`.
 The pure decisions — where each batch goes in a flush's object and which offsets it
 gets (:func:`place`), which index entries a read needs (:func:`covering`), what
 retention drops (:func:`expired`), what compaction merges (:func:`compaction_runs`,
-:func:`merged`), what garbage goes (:func:`unreferenced`), what the processes did
-(:func:`summarize`) — are functions of their inputs alone.
+:func:`merged`), what garbage goes (:func:`unreferenced`, :func:`stale_writer`),
+what the processes did (:func:`summarize`) — are functions of their inputs alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -317,6 +319,21 @@ def remembered(known: Mapping[int, int], new: Mapping[int, int]) -> dict[int, in
     :data:`REMEMBERED` sequences of both."""
     merged = {**known, **new}
     return {q: merged[q] for q in sorted(merged)[-REMEMBERED:]}
+
+
+def writer_record(flush: int, bases: Sequence[int], at: float) -> str:
+    """A writer key's value: the last flush the writer committed, its batches' base
+    offsets, and when (so :func:`stale_writer` can tell a writer long gone)."""
+    return json.dumps({"flush": flush, "bases": list(bases), "at": at})
+
+
+def stale_writer(value: bytes, now: float, grace_s: float) -> bool:
+    """Whether a writer key is garbage: its last flush is ``grace_s`` old (only its own
+    writer reads it, right after a flush commits). A value without a time
+    (``[flush, bases]``, as earlier riverbeds wrote it) counts as stale: its writer, if
+    still running, puts the key again with its next flush."""
+    record = json.loads(value)
+    return not isinstance(record, dict) or now - float(record["at"]) > grace_s
 
 
 def fitting(pending: Sequence[Pending], limit: int = MAX_TXN_OPS) -> int:
@@ -785,7 +802,7 @@ class DisklessLogStorage(LogStorage):
             for (t, part, producer), fresh in new.items():
                 record = remembered(seen[(t, part, producer)], fresh)
                 puts.append(Put.of(self.layout.producer(t, part, producer), json.dumps(record)))
-            puts.append(Put.of(writer_key, json.dumps([flush, bases])))
+            puts.append(Put.of(writer_key, writer_record(flush, bases, time.time())))
             try:
                 result = self.control.txn(compares, puts)
             except Exception as exc:
@@ -876,8 +893,8 @@ class DisklessLogStorage(LogStorage):
             return None
         if kv is None:
             return None
-        recorded, bases = json.loads(kv.value)
-        return list(bases) if recorded == flush else None
+        record = json.loads(kv.value)
+        return list(record["bases"]) if record["flush"] == flush else None
 
     # -- reads -------------------------------------------------------------------------
 
@@ -1116,6 +1133,9 @@ class DisklessLogStorage(LogStorage):
         for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
             if time.time() - json.loads(kv.value)["at"] > grace_s:
                 self.control.delete(kv.key)
+        for kv in self.control.get_prefix(self.layout.writer("")):
+            if stale_writer(kv.value, time.time(), grace_s):
+                self.control.delete(kv.key)
         objects = {o.key: o.modified for where in (WAL, SEG) for o in self.store.list(where)}
         if not objects:
             return 0
@@ -1131,6 +1151,11 @@ class DisklessLogStorage(LogStorage):
         if self._flusher is not None:
             self._flusher.join(30)
         self._publish(force=True)  # what this process did since it last said
+        if self._flusher is None or not self._flusher.is_alive():
+            # No flush of this process asks its writer key again; a control plane
+            # that is down now leaves it to collect_garbage.
+            with contextlib.suppress(Exception):
+                self.control.delete(self.layout.writer(self._writer))
         if self._close_control:
             self.control.close()
 
