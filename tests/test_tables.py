@@ -11,14 +11,22 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import riverbed.tables
 from riverbed.tables import (
+    DELTA_TXN_RETENTION,
+    ICEBERG_AT,
+    ICEBERG_VERSION,
     PARTITION,
     DeltaPartitions,
     IcebergPartitions,
     PartitionTable,
     TableError,
     TableNameError,
+    delta_interval,
+    expired_versions,
     parse_table,
     partition_table,
     read_with_spark,
@@ -97,6 +105,75 @@ def test_a_writer_that_read_the_table_before_a_newer_commit_loses(
         assert not t.replace("a", rows(7), 6)
     assert len(reads) >= 2, "the stale commit was not refused: the writer never read again"
     assert content(partition_table(spelled, "sensors")) == [("a", 2), ("a", 3)]
+
+
+def test_a_partitions_version_fences_stale_writers_for_its_retention_then_goes(
+    spelled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions do not pile up for ever (a partition a minute is 500,000 a year): one
+    whose last commit is older than the retention is forgotten (its partition's rows
+    stay); a younger one still refuses a stale writer. The clock of the commits is
+    moved, not waited on."""
+    monkeypatch.setattr(riverbed.tables, "VERSION_RETENTION_HOURS", 1)
+    t = partition_table(spelled, "sensors")
+    real = riverbed.tables._now_ms
+    with monkeypatch.context() as patched:  # committed two hours ago
+        patched.setattr(riverbed.tables, "_now_ms", lambda: real() - 2 * 3_600_000)
+        assert t.replace("a", rows(1), 10)
+    assert t.replace("b", rows(2), 11)  # now: and a's version, long past, goes
+    assert (t.version("a"), t.version("b")) == (None, 11)
+    assert not t.replace("b", rows(9), 3)  # b's is young: the stale writer loses
+    assert content(t) == [("a", 1), ("b", 2)]  # a forgotten version keeps its rows
+    assert t.replace("a", rows(5), 1)  # and the next writer of a starts afresh
+    assert t.version("a") == 1 and content(t) == [("a", 5), ("b", 2)]
+    table = t._table()  # type: ignore[attr-defined]
+    if isinstance(t, DeltaPartitions):  # the table tells every Delta reader and writer
+        assert table.metadata().configuration[DELTA_TXN_RETENTION] == "interval 1 hours"
+    else:  # each version has its time beside it; the expired ones were removed
+        keys = {k for k in table.properties if k.startswith("riverbed.")}
+        assert keys == {
+            f"{prefix}.sensors.{p}" for prefix in (ICEBERG_VERSION, ICEBERG_AT) for p in "ab"
+        }
+
+
+def test_a_delta_table_made_before_versions_expired_gets_its_retention(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    made = rows(1).append_column(PARTITION, pa.array(["z"]))
+    write_deltalake(str(tmp_path / "lake"), made, partition_by=[PARTITION])  # as before
+    t = partition_table(f"delta:{tmp_path / 'lake'}", "sensors")
+    assert t.replace("a", rows(2), 1)
+    config = t._table().metadata().configuration  # type: ignore[attr-defined]
+    assert config[DELTA_TXN_RETENTION] == "interval 168 hours"
+    assert t.version("a") == 1
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.tuples(st.integers(0, 10**7), st.none() | st.integers(0, 10**7)),
+    ),
+    st.integers(0, 10**7),
+    st.integers(0, 10**7),
+)
+def test_the_versions_expired_are_those_whose_commit_is_older_than_the_retention(
+    held: dict[str, tuple[int, int | None]], now: int, retention: int
+) -> None:
+    properties = {"write.format.default": "parquet", f"{ICEBERG_AT}.other.a": "0"}
+    for p, (version, at) in held.items():
+        properties[f"{ICEBERG_VERSION}.job.{p}"] = str(version)
+        if at is not None:  # (none: a version written before there were times)
+            properties[f"{ICEBERG_AT}.job.{p}"] = str(at)
+    doomed = expired_versions(properties, "job", now, retention)
+    old = [p for p, (_, at) in held.items() if at is not None and now - at > retention]
+    assert doomed == sorted(
+        f"{prefix}.job.{p}" for p in old for prefix in (ICEBERG_VERSION, ICEBERG_AT)
+    )
+
+
+def test_delta_intervals_are_spelled_as_delta_reads_them() -> None:
+    assert delta_interval(168) == "interval 168 hours"
+    assert delta_interval(0.5) == "interval 1800 seconds"
 
 
 def test_each_reader_sees_every_partition_once(spelled: str, spark: object) -> None:

@@ -25,12 +25,22 @@ again. (Delta keeps the version as an application transaction, ``txn`` with ``ap
 ``riverbed:<owner>:<partition>``; Iceberg as a table property
 ``riverbed.partition.<owner>.<partition>``, set in the commit that replaces the rows —
 properties outlive snapshot expiry, where a snapshot summary would not.)
+
+A partition's version fences stale writers for :data:`VERSION_RETENTION_HOURS` after
+its last commit, then goes, so a table written a partition a minute does not keep a
+version for each for ever (Delta: the table property
+``delta.setTransactionRetentionDuration``, set by riverbed's first commit — or its
+next one, on a table made before — and each ``txn`` stamped with its time; Iceberg:
+beside each version, ``riverbed.partition-at.<owner>.<partition>``, the time of its
+commit, and a commit removes the versions whose time is that old). A version written
+without a time (by a riverbed before 2026-12-07) stays.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,10 +64,13 @@ __all__ = [
     "FILE_RETENTION_HOURS",
     "PARTITION",
     "SPELLINGS",
+    "VERSION_RETENTION_HOURS",
     "PartitionTable",
     "TableError",
     "TableName",
+    "delta_interval",
     "delta_options",
+    "expired_versions",
     "iceberg_catalog",
     "parse_table",
     "partition_table",
@@ -68,11 +81,18 @@ __all__ = [
 ]
 
 PARTITION = "chunk"  # the partition column of a table whose partitions are chunks
+ICEBERG_VERSION = "riverbed.partition"  # .<owner>.<partition>: a partition's version
+ICEBERG_AT = "riverbed.partition-at"  # .<owner>.<partition>: its commit's time, ms
 COMMIT_TRIES = 8  # a writer that keeps losing the table's optimistic check gives up
 PARTITION_HISTORY = 100  # snapshots a partition table keeps at least, unless told more
 # a data file no version of a Delta or Iceberg table riverbed writes names any more stays
 # this long (readers in flight of an older version), then compaction or vacuum deletes it
 FILE_RETENTION_HOURS = 168
+# a partition's version refuses a stale writer (one paused since before the newest
+# commit of the partition) this long after that commit, then it is forgotten: the
+# horizon of stale writers the files' retention assumes too
+VERSION_RETENTION_HOURS = FILE_RETENTION_HOURS
+DELTA_TXN_RETENTION = "delta.setTransactionRetentionDuration"
 
 
 class TableError(RiverbedError):
@@ -259,6 +279,10 @@ def partition_table(text: str, owner: str) -> PartitionTable:
     return IcebergPartitions(name.where, name.table, name.warehouse, owner)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _decided(
     attempt: Callable[[], bool],
     conflicts: tuple[type[Exception], ...],
@@ -320,6 +344,34 @@ def vacuum_delta(table: Any, retention_hours: float) -> None:
     )
 
 
+def delta_interval(hours: float) -> str:
+    """``hours`` as a Delta table property's interval (``interval 168 hours``)."""
+    if hours == int(hours):
+        return f"interval {int(hours)} hours"
+    return f"interval {round(hours * 3600)} seconds"
+
+
+def expired_versions(
+    properties: dict[str, str], owner: str, now_ms: int, retention_ms: int
+) -> list[str]:
+    """The properties of ``owner``'s partitions (their version and its time) to remove
+    from an Iceberg partition table at ``now_ms``: those whose commit is more than
+    ``retention_ms`` old. A version with no time beside it (written before there was
+    one) stays."""
+    at_prefix = f"{ICEBERG_AT}.{owner}."
+    doomed = []
+    for key, value in properties.items():
+        if not key.startswith(at_prefix):
+            continue
+        try:
+            at = int(value)
+        except ValueError:
+            continue  # not riverbed's spelling: not riverbed's to remove
+        if now_ms - at > retention_ms:
+            doomed += [key, f"{ICEBERG_VERSION}.{owner}.{key[len(at_prefix) :]}"]
+    return sorted(doomed)
+
+
 def _literal(partition: str) -> str:
     if "'" in partition:
         raise TableError(f"partition {partition!r}: a quote cannot be part of its name")
@@ -361,7 +413,7 @@ class DeltaPartitions:
         from deltalake.exceptions import CommitFailedError
 
         data = _with_partition(rows, partition)
-        commit = CommitProperties(app_transactions=[Transaction(self._app(partition), version)])
+        retention = delta_interval(VERSION_RETENTION_HOURS)
 
         read: list[int] = []
 
@@ -370,7 +422,12 @@ class DeltaPartitions:
             held = self.version(partition, table)
             if held is not None and held >= version:
                 return False
+            if table is not None and DELTA_TXN_RETENTION not in table.metadata().configuration:
+                # a table made before versions expired (one the user set is theirs)
+                table.alter.set_table_properties({DELTA_TXN_RETENTION: retention})
+                table = self._table()
             read.append(-1 if table is None else int(table.version()))
+            stamp = Transaction(self._app(partition), version, last_updated=_now_ms())
             write_deltalake(
                 self.uri if table is None else table,  # its version: what it read
                 data,
@@ -378,8 +435,9 @@ class DeltaPartitions:
                 mode="overwrite",
                 predicate=_literal(partition),
                 schema_mode="merge" if table is not None else None,
+                configuration={DELTA_TXN_RETENTION: retention} if table is None else None,
                 storage_options=self.options,
-                commit_properties=commit,
+                commit_properties=CommitProperties(app_transactions=[stamp]),
             )
             return True
 
@@ -443,7 +501,10 @@ class IcebergPartitions:
         return f"IcebergPartitions({self.identifier!r})"
 
     def _key(self, partition: str) -> str:
-        return f"riverbed.partition.{self.owner}.{partition}"
+        return f"{ICEBERG_VERSION}.{self.owner}.{partition}"
+
+    def _at(self, partition: str) -> str:
+        return f"{ICEBERG_AT}.{self.owner}.{partition}"
 
     def _table(self, schema: pa.Schema | None = None) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
@@ -500,7 +561,15 @@ class IcebergPartitions:
             with warnings.catch_warnings(), iceberg_transaction(table) as tx:
                 # a partition replaced for the first time: "did not match any records"
                 warnings.simplefilter("ignore", UserWarning)
-                tx.set_properties({self._key(partition): str(version)})
+                now = _now_ms()
+                retention_ms = round(VERSION_RETENTION_HOURS * 3_600_000)
+                stale = expired_versions(table.properties, self.owner, now, retention_ms)
+                stale = [k for k in stale if k not in (self._key(partition), self._at(partition))]
+                if stale:
+                    tx.remove_properties(*stale)
+                tx.set_properties(
+                    {self._key(partition): str(version), self._at(partition): str(now)}
+                )
                 tx.overwrite(
                     _as_table_columns(data, table.schema().as_arrow()),
                     overwrite_filter=ex.EqualTo(PARTITION, partition),
