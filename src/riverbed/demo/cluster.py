@@ -42,7 +42,7 @@ from rich.table import Table
 
 import riverbed.log
 from riverbed.config import overlaid
-from riverbed.demo.cluster_jobs import JobsOutcome
+from riverbed.demo.cluster_jobs import JobsOutcome, wait_while_moving
 from riverbed.demo.cluster_jobs import wait_for as _wait
 from riverbed.demo.stream import SPEC, TOPIC_SCHEMA, compare, generate
 from riverbed.stream import warmup
@@ -299,12 +299,14 @@ def run_cluster_scenario(
         clock("producer done")
         ends = {o.partition: o.end for o in log.offsets("clicks")}
 
-        def caught_up() -> bool:  # where the newest committed batch ended, per partition
+        def covered() -> dict[int, int]:  # where the newest committed batch ended
             done = _done()
-            covered = ends_of(done[max(done)].slices or {})
-            return all(covered.get(p, 0) >= e for p, e in ends.items())
+            return ends_of(done[max(done)].slices or {})
 
-        _wait("the stream to catch up", caught_up, 600)
+        def caught_up() -> bool:
+            return all(covered().get(p, 0) >= e for p, e in ends.items())
+
+        wait_while_moving("the stream to catch up", caught_up, covered, 240)
         clock("the stream caught up with every produced event")
         for svc in bed.services():
             if svc.kind == "driver":  # stopped for good: not started again with its host

@@ -78,21 +78,27 @@ def wait_for(what: str, check: Any, timeout: float) -> Any:
     return got
 
 
-def wait_for_progress(what: str, count: Any, target: int, stalled: float) -> None:
-    """Until ``count()`` reaches ``target``; a TimeoutError naming ``what`` only when it
-    stood still for ``stalled`` seconds — a job of many chunks takes as long as the host
-    makes it (under one core's worth of CPU, each chunk of the time-range job took 6-11 s
-    and the whole job longer than any fixed wait sized on a quicker host), and a hang
-    still ends the wait."""
-    seen, moved = count(), time.monotonic()
-    while seen < target:
+def wait_while_moving(what: str, check: Any, progress: Any, stalled: float) -> Any:
+    """``check()``'s first true answer, asked four times a second; a TimeoutError naming
+    ``what`` (and where ``progress()`` stood) only when ``progress()`` gave the same answer
+    for ``stalled`` seconds — work of many steps takes as long as the host makes it (under
+    one core's worth of CPU, each chunk of the time-range job took 6-11 s and the whole
+    job longer than any fixed wait sized on a quicker host), and a hang still ends it."""
+    seen, moved = progress(), time.monotonic()
+    while not (got := check()):
         if time.monotonic() - moved > stalled:
             raise TimeoutError(
-                f"{what} did not happen: {seen} of {target} after {stalled:.0f}s without progress"
+                f"{what} did not happen: {seen} after {stalled:.0f}s without progress"
             )
         time.sleep(0.25)
-        if (now := count()) > seen:
+        if (now := progress()) != seen:
             seen, moved = now, time.monotonic()
+    return got
+
+
+def wait_for_progress(what: str, count: Any, target: int, stalled: float) -> None:
+    """Until ``count()`` reaches ``target``, while it grows (:func:`wait_while_moving`)."""
+    wait_while_moving(what, lambda: count() >= target, lambda: f"{count()} of {target}", stalled)
 
 
 def run_jobs_phase(
@@ -205,8 +211,12 @@ def run_jobs_phase(
         time.sleep(max(partition_s - (time.monotonic() - clock.t0 - cut), 0))
         bed.heal("h3")
         clock("h3 healed")
-        out.state = wait_for("the run to end",
-                             lambda: (s := queue.state(master)) != "MASTER" and s, 600)  # fmt: skip
+        out.state = wait_while_moving(
+            "the run to end",
+            lambda: (s := queue.state(master)) != "MASTER" and s,
+            lambda: sorted((c["id"], c["state"]) for c in queue.graph(master)),
+            240,
+        )
         clock(f"run {master} {out.state}")
         wait_for_progress("the time-range job to finish", published, tr_total, 240)
         clock(f"time-range: all {tr_total} chunks published")
