@@ -21,6 +21,7 @@ from typing import Self
 
 import httpx
 
+from riverbed.spark import TEST_JVM_OPTIONS
 from riverbed.testing.servers import (
     ServerError,
     _require,
@@ -77,7 +78,7 @@ class IcebergRestServer(_Server):
         began = time.monotonic()
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [java, f"-Xmx{self.heap}", "-XX:TieredStopAtLevel=1",
+                [java, f"-Xmx{self.heap}", *TEST_JVM_OPTIONS.split(),
                  "-cp", f"{iceberg_rest_jars()}/*", MAIN],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip

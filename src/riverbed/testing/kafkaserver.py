@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Self
 
+from riverbed.spark import TEST_JVM_OPTIONS
 from riverbed.testing.servers import (
     ServerError,
     _require,
@@ -123,8 +124,7 @@ class KafkaServer(_Server):
         return [
             java,
             f"-Xmx{self.heap}",
-            "-XX:+UseG1GC",
-            "-XX:TieredStopAtLevel=1",  # starts faster; a test broker never gets hot
+            *TEST_JVM_OPTIONS.split(),  # starts faster; a test broker never gets hot
             "-Djava.awt.headless=true",
             "-cp",
             f"{kafka_jars()}/*",
