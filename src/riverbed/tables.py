@@ -1,6 +1,10 @@
 """Lakehouse tables: how riverbed names and reaches a Delta or Iceberg table, and a
 table whose partitions are replaced whole, each by a fenced writer.
 
+(Over 600 lines: the two formats' partition tables side by side, on the naming and
+reaching they share, so that each fencing rule is written once for both and read in
+one place. Split the partition tables out when a third format comes.)
+
 **Naming** (the one owner of the spelling; ``stream run --table`` and a time-range
 job's ``tables=`` both read it)::
 
