@@ -198,6 +198,7 @@ def run_cluster_scenario(
             (unmastering, first + 3 * quarter, len(rows)),
         ]
         failures: list[BaseException] = []
+        sent = [first]  # events sent so far: the producer's progress
 
         def produce() -> None:
             try:
@@ -206,6 +207,7 @@ def run_cluster_scenario(
                         released.wait()
                     for i in range(start, end, chunk):
                         producer.send_batch(rows[i : min(i + chunk, end)], key_field="flag")
+                        sent[0] = min(i + chunk, end)
                         if not chaos_over.is_set():
                             time.sleep(0.5)
             except BaseException as exc:  # reported after the run
@@ -293,7 +295,8 @@ def run_cluster_scenario(
         out.fenced_ok = all((done[b].term or 0) > h3_term for b in done if b >= first[0])
         _lose_the_master(bed, cluster, clock, _done, unmastering, out)
 
-        produced.wait(timeout=600)
+        wait_while_moving("the producer to send every event", produced.is_set,
+                          lambda: f"{sent[0]:,} of {len(rows):,} sent", 240)  # fmt: skip
         if failures:
             raise failures[0]
         clock("producer done")
