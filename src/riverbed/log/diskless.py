@@ -328,10 +328,11 @@ def writer_record(flush: int, bases: Sequence[int], at: float) -> str:
 
 
 def stale_writer(value: bytes, now: float, grace_s: float) -> bool:
-    """Whether a writer key is garbage: its last flush is ``grace_s`` old (only its own
-    writer reads it, right after a flush commits). A value without a time
-    (``[flush, bases]``, as earlier riverbeds wrote it) counts as stale: its writer, if
-    still running, puts the key again with its next flush."""
+    """Whether a process's writer key or stats key is garbage: what it last said (its
+    ``at``) is ``grace_s`` old (only its own writer reads the writer key, right after a
+    flush commits; stats are summed over the last seconds). A value without a time
+    (``[flush, bases]``, as earlier riverbeds wrote writer keys) counts as stale: its
+    writer, if still running, puts the key again with its next flush."""
     record = json.loads(value)
     return not isinstance(record, dict) or now - float(record["at"]) > grace_s
 
@@ -1130,12 +1131,11 @@ class DisklessLogStorage(LogStorage):
         its PUT and its commit), once they
         are ``grace_s`` old; returns how many. Safe beside writers, readers and other
         collectors: an object is only ever unreferenced for good."""
-        for kv in self.control.get_prefix(self.layout.stats()):  # processes long gone
-            if time.time() - json.loads(kv.value)["at"] > grace_s:
-                self.control.delete(kv.key)
-        for kv in self.control.get_prefix(self.layout.writer("")):
-            if stale_writer(kv.value, time.time(), grace_s):
-                self.control.delete(kv.key)
+        now = time.time()
+        for prefix in (self.layout.stats(), self.layout.writer("")):  # processes long gone
+            for kv in self.control.get_prefix(prefix):
+                if stale_writer(kv.value, now, grace_s):
+                    self.control.delete(kv.key)
         objects = {o.key: o.modified for where in (WAL, SEG) for o in self.store.list(where)}
         if not objects:
             return 0
