@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.metrics import Count
 from riverbed.windows import Tumbling
+from tests.conftest import location_of
 
 SPEC = Aggregation(name="t", key="k", time="ts", window=Tumbling("1h"), metrics={"n": Count()})
 T = pd.Timestamp("2026-11-21", tz="UTC")
@@ -174,3 +181,145 @@ def test_riverbed_query_shows_a_sessions_end_and_never_its_tombstones(
     )
     assert main(["query", "t"]) == 0
     assert "window_end" not in capsys.readouterr().out  # a fixed window's end: start + size
+
+
+ZOMBIE = """
+import os, signal, sys
+import pyarrow.parquet as pq
+from riverbed.stream import results
+from riverbed.stream.fencing import DriverFencedError, check_term
+
+output, checkpoint, rows = sys.argv[1:]
+checks = []
+
+def fence():  # the driver's own fence, term 1; paused once its first check passed
+    check_term(checkpoint, 1, "t")
+    checks.append(1)
+    if len(checks) == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+try:
+    wrote = results.store_batch(output, 7, pq.read_table(rows), fence)
+except DriverFencedError as exc:
+    print("fenced:", exc)
+    sys.exit(3)
+print("wrote" if wrote else "kept")
+"""
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "T"
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.mark.parametrize("rows", ["the same rows", "other rows"])
+def test_a_driver_paused_between_its_fence_and_its_write_writes_nothing_when_it_wakes(
+    kind: str, rows: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A driver (a real process, holding term 1) passes its fence for batch 7's result
+    file and is paused (SIGSTOP) before the write; a standby takes term 2 and stores the
+    batch; the paused driver wakes. The same rows (the re-run's own order): its copy is
+    dropped; other rows: its fence, checked again before a replace, stops it. Either
+    way the standby's file is as it was — bytes and, on disk, inode — and no staging
+    is left."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from riverbed.stream.fencing import check_term, record_term
+
+    output = location_of(kind, request, tmp_path, "out")
+    checkpoint = tmp_path / "checkpoint"
+    standby = pa.Table.from_pandas(batch(7, ["a", "b", "c"]), preserve_index=False)
+    standby = standby.cast(results.output_arrow_schema(SPEC))
+    zombie = standby.take([2, 1, 0])  # the same rows in another order: other bytes
+    if rows == "other rows":
+        zombie = zombie.set_column(3, "n", pa.array([1, 2, 3], pa.int64()))
+    pq.write_table(zombie, tmp_path / "zombie.parquet")
+    record_term(checkpoint, 1, "zombie", "2026-12-07T00:00:00Z")
+    process = subprocess.Popen(
+        [sys.executable, "-c", ZOMBIE, output, str(checkpoint), str(tmp_path / "zombie.parquet")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not stopped(process.pid):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the driver never reached its write"
+            time.sleep(0.05)
+        record_term(checkpoint, 2, "standby", "2026-12-07T00:01:00Z")  # the takeover
+        assert results.store_batch(output, 7, standby, lambda: check_term(checkpoint, 2, "t"))
+        store = results.checkpoint_store(output)
+        key = results.batch_key(7)
+        before = store.get(key), store.head(key)
+        if kind == "file":
+            inode = (Path(output) / key).stat().st_ino
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    out, err = process.communicate(timeout=120)
+    if rows == "the same rows":
+        assert (process.returncode, out.strip()) == (0, "kept"), err
+    else:
+        assert process.returncode == 3, err
+        assert "fenced: this driver of 't' (term 1) was replaced by" in out, out
+    assert (store.get(key), store.head(key)) == before
+    assert [i.key for i in store.list("batch_id=")] == [key]  # no staging left
+    if kind == "file":
+        assert (Path(output) / key).stat().st_ino == inode
+        assert sorted(p.name for p in (Path(output) / "batch_id=7").iterdir()) == [results.PART]
+
+
+def test_a_rerun_with_the_same_rows_leaves_the_file_and_other_rows_replace_it(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    results.write_output(str(out), SPEC, 3, batch(3, ["a", "b"]))
+    part = out / results.batch_key(3)
+    first = (part.read_bytes(), part.stat().st_ino)
+    results.write_output(str(out), SPEC, 3, batch(3, ["a", "b"]).iloc[::-1])  # a re-run
+    assert (part.read_bytes(), part.stat().st_ino) == first
+    # a rollback's or a backfill's rows for the batch: replaced
+    results.write_output(str(out), SPEC, 3, batch(4, ["a"]).assign(batch_id=3))
+    assert read_results(out)[["key", "n"]].values.tolist() == [["a", 40]]
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.text("ab", max_size=2),
+            st.lists(st.integers(0, 2), max_size=2),
+        ),
+        min_size=1,
+        max_size=8,
+        unique_by=lambda r: (r[0], r[1]),  # one row per window and key, as in a batch
+    ),
+    seed=st.randoms(use_true_random=False),
+    change=st.integers(0, 2),
+)
+def test_same_rows_ignores_the_order_and_sees_any_changed_value(
+    rows: list[tuple[int, str, list[int]]], seed: Any, change: int
+) -> None:
+    import pyarrow as pa
+
+    def table(rs: list[tuple[int, str, list[int]]]) -> pa.Table:
+        return pa.table(
+            {
+                "w": pa.array([r[0] for r in rs], pa.int64()),
+                "key": pa.array([r[1] for r in rs], pa.string()),
+                "top": pa.array([r[2] for r in rs], pa.list_(pa.int64())),
+            }
+        )
+
+    shuffled = list(rows)
+    seed.shuffle(shuffled)
+    assert results.same_rows(table(rows), table(shuffled))
+    w, key, top = shuffled[0]
+    changed = [(w + 10, key, top), (w, key + "c", top), (w, key, [*top, 9])][change]
+    assert not results.same_rows(table(rows), table([changed, *shuffled[1:]]))
+    assert not results.same_rows(table(rows), table(shuffled[1:]))

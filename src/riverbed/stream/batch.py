@@ -169,7 +169,8 @@ def finish(
     """The end of every batch, whichever path ran it — the one place it is written:
 
     1. check the driver's fence: a replaced driver publishes nothing;
-    2. replace the result table's directory of the batch (atomic; a re-run replaces it);
+    2. store the result table's file of the batch (atomic, once: a re-run's same rows
+       leave it, :func:`~riverbed.stream.results.store_batch`);
     3. upsert into the SQL table and append to the results topic, if asked (both
        idempotent per batch id);
     4. mark the batch record done, with running totals — the commit — and every

@@ -17,8 +17,10 @@ a batch ends :mod:`riverbed.stream.batch`. For each micro-batch:
 4. **merge** — one call per state partition (plus a heartbeat so partitions without
    data still expire and emit): load the state as of the previous batch (version
    ``batch_id``), merge, emit, expire closed windows, commit version ``batch_id + 1``;
-5. **output** — the emitted rows overwrite ``<output>/batch_id=<id>/``: a re-run
-   replaces its own output, never duplicates it;
+5. **output** — the emitted rows are ``<output>/batch_id=<id>/``, stored once: a
+   re-run's same rows leave the file (a late writer replaces nothing), other rows (a
+   rollback's, a backfill's) replace it — never a duplicate
+   (:func:`~riverbed.stream.results.store_batch`);
 6. **finish** — the batch record gets ``done`` and running totals; every
    ``snapshot_every`` batches the driver purges old state history and batch records,
    so a query that runs for months keeps a bounded checkpoint.

@@ -1,12 +1,12 @@
 """The result table: one Parquet directory per batch under ``<output>/batch_id=<id>/``
-(written atomically, replaced whole by a re-run), one schema whichever path wrote a
+(written atomically and once: a re-run's same rows leave it), one schema whichever path wrote a
 batch, and the compaction that folds old batch directories together.
 
 ``output`` is a directory or a bucket (``s3://bucket/prefix/output/<name>``): there a
-batch is the object ``batch_id=<id>/part-00000.parquet``, one PUT, replaced whole by a
-re-run (every run of a batch writes the same rows), and compaction writes its object
-before it deletes what it folded — the same order, and the same readers' rule (the
-highest ``batch_id`` per window and key wins), as on disk."""
+batch is the object ``batch_id=<id>/part-00000.parquet``, one conditional PUT (every
+run of a batch writes the same rows: the first stays, :func:`store_batch`), and
+compaction writes its object before it deletes what it folded — the same order, and
+the same readers' rule (the highest ``batch_id`` per window and key wins), as on disk."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.parquetbytes import parquet_bytes, read_parquet_bytes, text_columns
+from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import backfill_key, checkpoint_store
@@ -165,22 +166,62 @@ def write_output(
     rows: pd.DataFrame | pa.Table,
     fence: Callable[[], None] | None = None,
 ) -> pa.Table:
-    """Write ``<output>/batch_id=<id>/part-00000.parquet`` (one object, replaced whole
-    by a re-run of the batch; what compaction put beside it stays); returns what was
-    written. Both paths write through here, so the table has one Parquet schema
-    (timestamps as UTC microseconds) whichever path wrote a batch. ``fence`` (the
-    driver's term check) runs again once the rows are encoded and right before they
-    are stored: a driver paused meanwhile and resumed after a takeover raises there."""
+    """Write ``<output>/batch_id=<id>/part-00000.parquet`` (one object, written once:
+    :func:`store_batch`; what compaction put beside it stays); returns the rows. Both
+    paths write through here, so the table has one Parquet schema (timestamps as UTC
+    microseconds) whichever path wrote a batch. ``fence`` (the driver's term check)
+    runs again once the rows are encoded and right before they are stored: a driver
+    paused meanwhile and resumed after a takeover raises there."""
     schema = output_arrow_schema(spec)
     if isinstance(rows, pa.Table):
         table = rows.select(schema.names).cast(schema)
     else:
         table = pa.Table.from_pandas(rows, schema=schema, preserve_index=False)
+    store_batch(output, batch_id, table, fence)
+    return table
+
+
+def store_batch(
+    output: str, batch_id: int, table: pa.Table, fence: Callable[[], None] | None = None
+) -> bool:
+    """Store ``table`` as the batch's result file unless an earlier run of the batch
+    stored the same rows; whether this call wrote. An earlier run is a driver killed
+    before its commit, or one that lost its lead while paused between its fence and
+    its write: a re-run computes the same rows (:mod:`riverbed.stream.engine`), so the
+    first file stays and a late writer's copy is dropped — a replaced file would be a
+    write by a driver that no longer leads. Rows that differ (the first batch of a
+    backfilled generation, run before the change by a killed driver) replace the file,
+    after the fence once more. Both the aggregation's and the join's path store here."""
     data = encode_file(table)
     if fence is not None:
         fence()
-    checkpoint_store(output).put(batch_key(batch_id), data)
-    return table
+    store = checkpoint_store(output)
+    key = batch_key(batch_id)
+    if store.put_if_absent(key, data):
+        return True
+    try:
+        stored = read_file(store.get(key), f"result table {store.url}/{key}")
+    except ObjectNotFoundError:  # removed meanwhile: nothing to keep
+        stored = None
+    if stored is not None and same_rows(stored, table):
+        return False
+    if fence is not None:
+        fence()
+    store.put(key, data)
+    return True
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two result files hold the same rows, in any order (a re-run's rows come
+    in its own order). Rows are compared sorted by every column that sorts (nested
+    ones — a top-k's list — do not), then whole."""
+    if a.schema.remove_metadata() != b.schema.remove_metadata() or a.num_rows != b.num_rows:
+        return False
+    order = [(f.name, "ascending") for f in a.schema if not pa.types.is_nested(f.type)]
+    a, b = a.replace_schema_metadata(None), b.replace_schema_metadata(None)
+    if order:
+        a, b = a.sort_by(order), b.sort_by(order)
+    return bool(a.equals(b))
 
 
 FORMAT_KEY = b"riverbed.format"  # the result table's format version in each file

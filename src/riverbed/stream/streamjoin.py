@@ -19,9 +19,10 @@ thread (:mod:`riverbed.stream.joinquery`, like a log-native aggregation's,
    paired and buffered (:func:`riverbed.stream.pairing.step`), version *b + 1*
    committed;
 4. **finish** on the driver: the joined rows (in one order: by key and the events'
-   times and offsets) replace ``<output>/batch_id=b/part-00000.parquet``, go to the
-   join's ``topic`` (once per batch and partition, :class:`~riverbed.stream.sinks.
-   TopicSink`), malformed and late events to ``<name>.dlq`` / ``<name>.late``; then the
+   times and offsets) are ``<output>/batch_id=b/part-00000.parquet`` (stored once: a
+   re-run's same rows leave the file, :func:`riverbed.stream.results.store_batch`), go
+   to the join's ``topic`` (once per batch and partition, :class:`~riverbed.stream.
+   sinks.TopicSink`), malformed and late events to ``<name>.dlq`` / ``<name>.late``; then the
    batch is recorded done — the commit.
 
 A small batch (a local master) runs its tasks in the driver's threads instead of as a
@@ -53,11 +54,10 @@ from riverbed.stream.derive import side_derivation
 from riverbed.stream.engine import state_partition_of
 from riverbed.stream.fencing import check_term
 from riverbed.stream.joins import Join
-from riverbed.stream.layout import checkpoint_store
 from riverbed.stream.lognative import decimal_doubles, in_driver, pieces
 from riverbed.stream.nativeconfig import JOIN_DRIVER_BATCH_RECORDS
 from riverbed.stream.pairing import KEY, OFF, PART, TS, Rule, no_events, step
-from riverbed.stream.results import batch_key, encode_file
+from riverbed.stream.results import store_batch
 
 log = logging.getLogger(__name__)
 
@@ -526,9 +526,7 @@ def run_planned(
         side_outputs(cfg, batch_id, batches, dlq, late)
         record.side_outputs_written = side_outputs_written(batches, batch_id)
     cfg.fence()
-    data = encode_file(table)
-    cfg.fence()
-    checkpoint_store(cfg.output).put(batch_key(batch_id), data)
+    store_batch(cfg.output, batch_id, table, cfg.fence)
     if cfg.join.topic is not None and cfg.log_url is not None and table.num_rows:
         _to_topic(cfg, batch_id, table)
     record.ms = {
