@@ -235,3 +235,31 @@ def test_the_last_key_of_a_range_is_the_greatest_one_a_scan_gives(
                 keys = [k for k, _ in store.scan(start=start, end=end)]
                 assert store.last(start, end) == (keys[-1] if keys else None), (start, end)
         store.abort()
+
+
+def test_a_version_committed_again_with_the_same_changes_writes_nothing(
+    provider: StateProvider,
+) -> None:
+    """A retried task, or a driver that lost its lead while paused between its fence
+    and its commit, commits the same changelog again: the object is left as it is (a
+    directory's file keeps its inode); other changes replace it."""
+    from pathlib import Path
+
+    durable = provider.durable
+    commit_items(provider, {b"a": b"1"}, 1)
+    commit_items(provider, {b"a": b"2"}, 2)
+    [name] = [n for n in durable.list("ns/0/changelog") if int(n.split(".")[0]) == 2]
+    key = f"ns/0/changelog/{name}"
+    first = durable.read(key)
+    where = Path(durable.url.removeprefix("file://")) / key
+    inode = where.stat().st_ino if where.exists() else None
+    assert not durable.write_once(key, first)
+    commit_items(provider, {b"a": b"2"}, 2)  # the batch re-run
+    assert durable.read(key) == first
+    if inode is not None:
+        assert where.stat().st_ino == inode
+    commit_items(provider, {b"a": b"3"}, 2)  # another history: replaced, as before
+    assert durable.read(key) != first
+    store = provider.load("ns", 0)
+    assert store.version == 2 and list(store.scan()) == [(b"a", b"3")]
+    store.abort()

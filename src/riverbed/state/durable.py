@@ -28,6 +28,13 @@ class DurableStorage(ABC):
         """Write object ``name`` whole: readers see the old content or the new, never a part."""
 
     @abstractmethod
+    def write_once(self, name: str, data: bytes) -> bool:
+        """Write object ``name`` whole unless it holds ``data`` already; whether this
+        wrote. A re-commit of a deterministic batch (a retried task, a driver that lost
+        its lead while paused between its fence and its commit) writes nothing; other
+        bytes replace the object, as :meth:`write`."""
+
+    @abstractmethod
     def read(self, name: str) -> bytes: ...
 
     @abstractmethod

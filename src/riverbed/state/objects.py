@@ -83,6 +83,18 @@ class ObjectStorage(DurableStorage):
         with _named(self.url):
             self.store.put(name, data)
 
+    def write_once(self, name: str, data: bytes) -> bool:
+        with _named(self.url):
+            if self.store.put_if_absent(name, data):
+                return True
+            try:
+                if self.store.get(name) == data:
+                    return False
+            except ObjectNotFoundError:  # deleted meanwhile (a purge): written again
+                pass
+            self.store.put(name, data)
+            return True
+
     def read(self, name: str) -> bytes:
         try:
             return self.store.get(name)

@@ -21,10 +21,10 @@ Load protocol (:meth:`StateProvider.load`):
    history, or the empty state; start from that and apply the changelogs forward.
 
 Every version carries a *tag*, the checksum of its changelog, kept in the local
-database's version marker and in the snapshot's name. Re-committing an old version
-(a retried batch) never deletes newer versions — a late zombie retry must not destroy
-work — and because versions are rebuilt along base pointers, a newer version based on
-an older history is still rebuilt exactly as it was committed.
+database's version marker and in the snapshot's name. The same changelog committed
+again (a retried task, a zombie resumed) writes nothing (``write_once``); re-committing
+an old version never deletes newer versions (a late zombie retry destroys no work), and
+versions rebuilt along base pointers rebuild one on an older history as committed.
 """
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ class StateProvider:
         ops: Sequence[Op],
     ) -> None:
         changelog = Changelog(new, base[0], base[1], list(ops))
-        self.durable.write(self._changelog_name(namespace, partition, new), changelog.encode())
+        self.durable.write_once(self._changelog_name(namespace, partition, new), changelog.encode())
         db.apply(ops, new, changelog.tag)
         # Is a snapshot due? The newest one this process saw says when one may be; only
         # then are the snapshots listed (a request, in a bucket) — another process may
