@@ -200,10 +200,12 @@ def store_batch(
     if store.put_if_absent(key, data):
         return True
     try:
-        stored = read_file(store.get(key), f"result table {store.url}/{key}")
+        found = store.get(key)
     except ObjectNotFoundError:  # removed meanwhile: nothing to keep
-        stored = None
-    if stored is not None and same_rows(stored, table):
+        found = None
+    if found is not None and (
+        found == data or same_rows(read_file(found, f"result table {store.url}/{key}"), table)
+    ):
         return False
     if fence is not None:
         fence()
