@@ -9,7 +9,7 @@ the one it replaced the same way:
 * a time-range driver, in the control plane (:class:`ControlFence`: one key, moved by
   compare-and-swap; :meth:`ControlFence.guard` puts the check *inside* the transaction
   that publishes a chunk);
-* the jobs orchestrator, in the jobs database (``riverbed.jobs.schema.SqlFence``: one
+* the jobs orchestrator, in the jobs database (``riverbed.jobs.termfence.SqlFence``: one
   row; the check runs inside each grooming transaction).
 
 The **term** is always the election's fencing token (:mod:`riverbed.control.election`:

@@ -42,9 +42,29 @@ def submit_and_die(url: str) -> None:
     )
 
 
+def hold_term(url: str, idle_limit: str) -> None:
+    """Claim term 1 as orchestrator "old", open a grooming transaction (the term checked
+    inside it: the meta row's share lock held), say so and stop there (SIGSTOP); when
+    continued, write a fire row in the same transaction."""
+    from sqlalchemy import insert
+
+    from riverbed.jobs.schema import Database, fires
+
+    queue = JobQueue(Database(url, idle_limit=int(idle_limit)))
+    queue.fence(1, "old")
+    with queue.db.write() as conn:
+        queue.term_fence.check_in(conn, 1)
+        print("holding", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        conn.execute(insert(fires).values(job="zombie", fire_time=1.0, master=None, note="late"))
+    print("wrote", flush=True)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "submit-and-die":
         submit_and_die(args[0])
+    elif command == "hold-term":
+        hold_term(*args)
     else:
         sys.exit(f"unknown command {command}")

@@ -280,6 +280,27 @@ def test_reaping_counts_against_the_retry_limit_and_says_why(queue: JobQueue) ->
     assert row["state"] == "FAILED" and "worker gone lost" in row["error"]
 
 
+def test_reaping_reads_the_workers_outside_its_transaction(queue: JobQueue) -> None:
+    """The control plane may take seconds to answer (or a cut-off orchestrator forever):
+    a newer term's claim made meanwhile goes through, and the reap is then refused."""
+    submit(queue, {"X": job("X", None)}, "X", [1])
+    queue.fence(1, "old")
+    c = queue.claim("gone", "h")[0]
+    other = JobQueue(queue.db.url)
+    claimed = threading.Event()
+
+    def live_workers() -> set[str]:
+        threading.Thread(target=lambda: (other.fence(2, "new"), claimed.set()), daemon=True).start()
+        assert claimed.wait(30), "the claim waited for the reap's transaction"
+        return set()
+
+    with pytest.raises(FencedError, match=r"\(term 1\) was replaced by new \(term 2\)"):
+        queue.reap(1, live_workers, stale_after=60)
+    assert state(queue, c.id) == "RUNNING"  # the refused reap changed nothing
+    assert [r.id for r in queue.reap(2, lambda: set(), stale_after=60)] == [c.id]
+    other.close()
+
+
 def test_a_demoted_orchestrator_cannot_groom(queue: JobQueue) -> None:
     queue.fence(10, "new")
     for stale in (queue.reap, queue.overdue):

@@ -19,6 +19,7 @@ import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.metrics import Count
+from riverbed.testing.signals import is_stopped
 from riverbed.windows import Tumbling
 from tests.conftest import location_of
 
@@ -207,11 +208,6 @@ print("wrote" if wrote else "kept")
 """
 
 
-def stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rpartition(")")[2].split()[0] == "T"
-
-
 @pytest.mark.parametrize("kind", ["file", pytest.param("s3", marks=pytest.mark.s3)])
 @pytest.mark.parametrize("rows", ["the same rows", "other rows"])
 def test_a_driver_paused_between_its_fence_and_its_write_writes_nothing_when_it_wakes(
@@ -248,7 +244,7 @@ def test_a_driver_paused_between_its_fence_and_its_write_writes_nothing_when_it_
     )
     try:
         deadline = time.monotonic() + 120
-        while not stopped(process.pid):
+        while not is_stopped(process.pid):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the driver never reached its write"
             time.sleep(0.05)

@@ -33,7 +33,7 @@ class Duties(QueueBase):
 
     def fence(self, term: int, leader: str) -> None:
         """Make ``term`` the acting orchestrator's term; a newer one refuses it
-        (:class:`~riverbed.jobs.schema.SqlFence`)."""
+        (:class:`~riverbed.jobs.termfence.SqlFence`)."""
         self.term_fence.claim(term, leader)
 
     def reap(
@@ -41,9 +41,28 @@ class Duties(QueueBase):
     ) -> list[Reaped]:
         """Chunks RUNNING on a worker that is gone (its lease expired) or silent for
         ``stale_after`` seconds go back to retry (or fail at the retry limit). Returns
-        each reaped chunk with its job and the attempt that was lost."""
+        each reaped chunk with its job and the attempt that was lost.
+
+        Membership (the control plane, which may take seconds to answer or fail) is read
+        outside any transaction: a write transaction holds the meta row's share lock,
+        which a newer term's claim waits for."""
+        with self.db.read() as conn:
+            seen = {
+                (int(cid), int(attempt), str(worker))
+                for cid, attempt, worker in conn.execute(
+                    select(chunks.c.id, chunks.c.attempt, chunks.c.worker).where(
+                        chunks.c.state == "RUNNING"
+                    )
+                )
+            }
+        # Read membership only after the RUNNING rows: a worker registers before it
+        # claims, so a claim seen above belongs to a worker that is listed below
+        # unless that worker is gone.
+        live = live_workers() if seen else set()
         with self.db.write() as conn:
             self._check_term(conn, term)
+            if not seen:
+                return []
             now = self._now(conn)
             running = conn.execute(
                 select(
@@ -52,16 +71,12 @@ class Duties(QueueBase):
                     chunks.c.attempt,
                     chunks.c.worker,
                     chunks.c.heartbeat_at,
-                ).where(chunks.c.state == "RUNNING")
+                ).where(chunks.c.state == "RUNNING", chunks.c.id.in_([c for c, _, _ in seen]))
             ).all()
-            if not running:
-                return []
-            # Read membership only after the RUNNING rows: a worker registers before it
-            # claims, so a claim seen above belongs to a worker that is listed below
-            # unless that worker is gone.
-            live = live_workers()
             reaped = []
             for cid, job, attempt, worker, beat in running:
+                if (int(cid), int(attempt), str(worker)) not in seen:
+                    continue  # claimed again since the read: membership says nothing of it
                 silent = now - float(beat or 0.0)
                 if worker in live and silent <= stale_after:
                     continue

@@ -26,10 +26,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Connection
 
@@ -44,10 +44,11 @@ from riverbed.control import (
 from riverbed.control.processes import Presence, host_name
 from riverbed.jobs import cron
 from riverbed.jobs.errors import FencedError, JobsError, QueueError
+from riverbed.jobs.graph import Plan
 from riverbed.jobs.outputs import open_publication
 from riverbed.jobs.publication import Publication
 from riverbed.jobs.queue import JobQueue
-from riverbed.jobs.runs import submit
+from riverbed.jobs.runs import prepare
 from riverbed.jobs.spec import Catalog, canonical_kwargs, schedule_job
 from riverbed.jobs.worker import WORKERS
 from riverbed.storage import StorageError
@@ -232,20 +233,6 @@ class Orchestrator:
                 )
         self.queue.sync_schedules(term, wanted)
 
-    def _submit_fire(self, row: dict[str, Any], fire_time: float, conn: Connection) -> int:
-        ids = None if row["work_ids"] is None else json.loads(row["work_ids"])
-        master, _ = submit(
-            self.catalog,
-            self.queue,
-            schedule_job(row["job"]),
-            ids,
-            json.loads(row["kwargs"]),
-            conn=conn,
-            schedule=row["job"],  # the schedule's key: which of the job's schedules fired
-            fire_time=fire_time,
-        )
-        return master
-
     def _fire(self, term: int) -> None:
         """Submit each schedule's due fires, oldest first, each once (its own
         transaction, keyed by fire time); record the ones too old to run."""
@@ -274,12 +261,23 @@ class Orchestrator:
                         and self.queue.active_run(job) is not None
                     ):
                         break  # one run at a time: this fire waits (inside its grace)
+                    # the job's code (its work ids) runs now, outside the fire's
+                    # transaction: a slow select_work never holds the term's lock
+                    write = prepare(
+                        self.catalog,
+                        self.queue,
+                        job,
+                        None if row["work_ids"] is None else json.loads(row["work_ids"]),
+                        json.loads(row["kwargs"]),
+                        schedule=key,  # which of the job's schedules fired
+                        fire_time=fire_time,
+                    )
                     master = self.queue.fire(
                         term,
                         key,
                         fire_time,
                         spec.allow_multiple_jobs,
-                        functools.partial(self._submit_fire, row, fire_time),
+                        functools.partial(_master_of, write),
                     )
                 except FencedError:
                     raise
@@ -289,6 +287,10 @@ class Orchestrator:
                 if master is not None:
                     self.stats.fired += 1
                     log.info("schedule %s fired at %s → run %s", key, _utc(fire_time), master)
+
+
+def _master_of(write: Callable[[Connection | None], tuple[int, Plan]], conn: Connection) -> int:
+    return write(conn)[0]
 
 
 def _utc(ts: float) -> str:

@@ -13,7 +13,6 @@ from sqlalchemy import Connection, func, select
 from riverbed.jobs.errors import NotFoundError
 from riverbed.jobs.schema import (
     Database,
-    SqlFence,
     attempts,
     chunks,
     edges,
@@ -23,6 +22,7 @@ from riverbed.jobs.schema import (
     schedules,
 )
 from riverbed.jobs.statements import compiled
+from riverbed.jobs.termfence import SqlFence
 
 
 def _row(r: Any) -> dict[str, Any]:

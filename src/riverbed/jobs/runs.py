@@ -7,7 +7,7 @@ transaction**, so the plan written is the plan resolved.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -85,6 +85,41 @@ def plan(
     return resolve(specs, job, ids, kwargs, fresh, active, now, code, stale_only)
 
 
+def prepare(
+    catalog: Catalog,
+    queue: JobQueue,
+    job: str,
+    work_ids: Sequence[int] | str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    schedule: str | None = None,
+    fire_time: float | None = None,
+    parent: int | None = None,
+    stale_only: bool = False,
+) -> Callable[[Connection | None], tuple[int, Plan]]:
+    """Everything of a submission that runs the job's code (its work ids, the graph's
+    keys, the code versions), done now; returns the writer of the run, which resolves
+    and queues it in ``conn``'s transaction (or its own) — so no transaction waits on
+    job code. ``stale_only``: the root's chunks only where the current code has not run
+    them."""
+    kwargs = dict(kwargs or {})
+    specs = catalog.closure(job)
+    ids = work_ids_for(catalog, job, work_ids, kwargs)
+    nodes = node_keys(specs, job, kwargs)
+    code = code_versions(catalog, specs)
+    pols = policies(catalog, specs)
+
+    def plan_for(fresh: Freshness, active: Sequence[ActiveChunk], now: float) -> Plan:
+        return resolve(specs, job, ids, kwargs, fresh, active, now, code, stale_only)
+
+    def write(conn: Connection | None) -> tuple[int, Plan]:
+        return queue.submit(
+            nodes, plan_for, pols, conn=conn, schedule=schedule, fire_time=fire_time, parent=parent
+        )
+
+    return write
+
+
 def submit(
     catalog: Catalog,
     queue: JobQueue,
@@ -92,32 +127,13 @@ def submit(
     work_ids: Sequence[int] | str | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
-    conn: Connection | None = None,
-    schedule: str | None = None,
-    fire_time: float | None = None,
     parent: int | None = None,
     stale_only: bool = False,
 ) -> tuple[int, Plan]:
     """Resolve and queue a run in one transaction; returns (master id, plan).
     ``stale_only``: the root's chunks only where the current code has not run them."""
-    kwargs = dict(kwargs or {})
-    specs = catalog.closure(job)
-    ids = work_ids_for(catalog, job, work_ids, kwargs)
-    nodes = node_keys(specs, job, kwargs)
-    code = code_versions(catalog, specs)
-
-    def plan_for(fresh: Freshness, active: Sequence[ActiveChunk], now: float) -> Plan:
-        return resolve(specs, job, ids, kwargs, fresh, active, now, code, stale_only)
-
-    return queue.submit(
-        nodes,
-        plan_for,
-        policies(catalog, specs),
-        conn=conn,
-        schedule=schedule,
-        fire_time=fire_time,
-        parent=parent,
-    )
+    write = prepare(catalog, queue, job, work_ids, kwargs, parent=parent, stale_only=stale_only)
+    return write(None)
 
 
 def rerun(catalog: Catalog, queue: JobQueue, run_or_chunk: int) -> int:

@@ -19,9 +19,9 @@ are ``VARCHAR`` (InnoDB indexes no ``TEXT``) compared byte for byte (``*_nopad_b
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,10 +50,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import SQLAlchemyError
 
-from riverbed.fencing import Fence, Term
 from riverbed.files import flocked, sqlite_path, writer_lock
 from riverbed.formats import CURRENT, check
-from riverbed.jobs.errors import FencedError, QueueError
+from riverbed.jobs.errors import QueueError
 from riverbed.locations import shown
 
 SCHEMA_VERSION = CURRENT["jobs database"]
@@ -61,6 +60,11 @@ _ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements IN
 # The dialects of the databases with row locks (SELECT … FOR UPDATE); SQLite serializes
 # every write transaction instead.
 ROW_LOCKS = ("postgresql", "mariadb")
+# Seconds a session of PostgreSQL or MariaDB may sit silent inside a transaction before
+# the server ends it (and its locks): no riverbed transaction waits on anything but the
+# database, so a silent one belongs to a client that is cut off, paused or dead — and
+# its locks would otherwise stay until TCP gives up on it, two hours by default.
+IDLE_IN_TRANSACTION = 30
 # MariaDB: FLOAT is single precision (epoch seconds need DOUBLE); TEXT is at most 64 KB
 # (a chunk's work ids, an error's traceback: LONGTEXT) and cannot be a key — keys are
 # VARCHAR, sized so a key of them fits InnoDB's 3072 bytes. Kwargs are canonical JSON,
@@ -235,9 +239,12 @@ def db_now(dialect: str) -> Any:
 class Database:
     """Engines for one jobs database URL, plus the write-transaction discipline."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, idle_limit: int = IDLE_IN_TRANSACTION) -> None:
+        """``idle_limit``: seconds a session may sit silent inside a transaction before
+        the server ends it (PostgreSQL, MariaDB; :data:`IDLE_IN_TRANSACTION`)."""
         parts = urlsplit(url)
         self.url = url
+        self.idle_limit = idle_limit
         self.lock_path: Path | None = None
         if parts.scheme == "sqlite":
             try:
@@ -272,6 +279,8 @@ class Database:
             # Reads (the CLI, the console, an idle worker's look) ping first: a read
             # is safe to retry, so a dropped connection costs nobody an error.
             self.reader = create_engine(sa_url, pool_size=2, max_overflow=4, pool_pre_ping=True)
+            for engine in (self.engine, self.reader):
+                event.listen(engine, "connect", functools.partial(_postgres_session, idle_limit))
         elif parts.scheme in MARIADB_SCHEMES:
             try:
                 import pymysql
@@ -299,7 +308,7 @@ class Database:
                 isolation_level="READ COMMITTED",
             )
             for engine in (self.engine, self.reader):
-                event.listen(engine, "connect", _mariadb_session)
+                event.listen(engine, "connect", functools.partial(_mariadb_session, idle_limit))
         else:
             raise QueueError(
                 f"unsupported jobs database {shown(url)!r}; use sqlite:///path/jobs.db, "
@@ -346,6 +355,32 @@ class Database:
                 yield conn
         except self.errors as exc:
             raise QueueError(f"jobs database {shown(self.url)}: {_first_line(exc)}") from exc
+
+    @contextlib.contextmanager
+    def lock_wait(self, conn: Connection, seconds: int) -> Iterator[None]:
+        """Inside: a statement of ``conn`` waits at most ``seconds`` for a row lock, then
+        fails (:meth:`lock_timed_out`) — so a waiter can say what it waits for. SQLite
+        has no row locks (its writers queue on the flock)."""
+        if self.dialect == "postgresql":
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(seconds)}s'")
+        elif self.dialect == "mariadb":
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
+        try:
+            yield
+        finally:
+            if self.dialect == "mariadb":  # a session setting: the pool reuses the session
+                conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+
+    @staticmethod
+    def lock_timed_out(exc: BaseException) -> bool:
+        """Whether ``exc`` (a :class:`QueueError` of :meth:`write`) is a row lock wait
+        that :meth:`lock_wait` ended."""
+        cause = exc.__cause__
+        orig = getattr(cause, "orig", cause)
+        if getattr(orig, "sqlstate", None) == "55P03":  # PostgreSQL: lock_not_available
+            return True
+        args: tuple[Any, ...] = getattr(orig, "args", ())
+        return type(orig).__module__.startswith("pymysql") and bool(args) and args[0] == 1205
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -515,9 +550,10 @@ def mariadb_refusal(version: str) -> str | None:
     )
 
 
-def _mariadb_session(dbapi: Any, _record: Any) -> None:
+def _mariadb_session(idle_limit: int, dbapi: Any, _record: Any) -> None:
     """Every new MariaDB connection: refuse a server that is not MariaDB 10.6+; UTC;
-    standard ``SET`` (each expression reads the row's old values)."""
+    standard ``SET`` (each expression reads the row's old values); a transaction silent
+    for ``idle_limit`` seconds is ended."""
     with dbapi.cursor() as cur:
         cur.execute("SELECT VERSION()")
         refusal = mariadb_refusal(str(cur.fetchone()[0]))
@@ -525,8 +561,22 @@ def _mariadb_session(dbapi: Any, _record: Any) -> None:
             raise QueueError(refusal)
         cur.execute(
             "SET time_zone = '+00:00', "
-            "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES,SIMULTANEOUS_ASSIGNMENT')"
+            "sql_mode = CONCAT(@@sql_mode, ',STRICT_ALL_TABLES,SIMULTANEOUS_ASSIGNMENT'), "
+            f"idle_transaction_timeout = {int(idle_limit)}"
         )
+
+
+def _postgres_session(idle_limit: int, dbapi: Any, _record: Any) -> None:
+    """Every new PostgreSQL connection: a transaction silent for ``idle_limit`` seconds
+    is ended, and the server probes a silent client
+    after 10 s (then every 5 s, 3 times) and gives up on unacknowledged data after
+    30 s, instead of the operating system's two hours."""
+    dbapi.execute(
+        f"SET idle_in_transaction_session_timeout = '{int(idle_limit)}s'; "
+        "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+        "SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000"
+    )
+    dbapi.commit()
 
 
 # One advisory lock key for schema changes of this database (any constant works; this
@@ -539,44 +589,3 @@ _MARIADB_LOCK = "CONCAT('riverbed_jobs_schema.', DATABASE())"
 def _first_line(exc: BaseException) -> str:
     msg = str(getattr(exc, "orig", None) or exc).strip()
     return msg.splitlines()[0] if msg else type(exc).__name__
-
-
-class SqlFence(Fence):
-    """The acting orchestrator's term as the jobs database's one meta row
-    (:mod:`riverbed.fencing`): a claim is one ``UPDATE … WHERE term <= :term``, and
-    :meth:`check_in` checks inside the transaction of the write it guards (PostgreSQL:
-    under a share lock of the row, so a claim waits for the writes of the older term
-    in flight)."""
-
-    def __init__(self, db: Database, now: Callable[[Connection], float]) -> None:
-        super().__init__("the orchestrator", FencedError)
-        self.db, self.now = db, now
-
-    def _record(self, term: int, holder: str, since: str) -> bool:
-        with self.db.write() as conn:
-            done = conn.execute(
-                update(meta)
-                .where(meta.c.id == 1, meta.c.term <= term)
-                .values(term=term, leader=holder, since=self.now(conn))
-            ).rowcount
-            return bool(done)
-
-    def _row(self, conn: Connection, lock: bool = False) -> Term | None:
-        q = select(meta.c.term, meta.c.leader, meta.c.since).where(meta.c.id == 1)
-        if lock and self.db.dialect in ROW_LOCKS:
-            q = q.with_for_update(read=True)
-        term, leader, since = conn.execute(q).one()
-        if int(term) == 0 and not leader:
-            return None  # no orchestrator has acted yet
-        when = datetime.fromtimestamp(float(since), UTC).isoformat(timespec="seconds")
-        return Term(int(term), str(leader), when)
-
-    def current(self) -> Term | None:
-        with self.db.read() as conn:
-            return self._row(conn)
-
-    def check_in(self, conn: Connection, term: int) -> None:
-        """:meth:`check`, inside the transaction of ``conn``."""
-        current = self._row(conn, lock=True)
-        if current is None or current.term != term:
-            raise self.refused(term, current)

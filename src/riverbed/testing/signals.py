@@ -15,7 +15,7 @@ from contextlib import ExitStack
 
 from riverbed.files import flocked, sqlite_path, writer_lock
 
-__all__ = ["stop_outside_writes"]
+__all__ = ["is_stopped", "stop_outside_writes"]
 
 
 def stop_outside_writes(pid: int, *urls: str) -> None:
@@ -28,3 +28,9 @@ def stop_outside_writes(pid: int, *urls: str) -> None:
             if database is not None:
                 held.enter_context(flocked(writer_lock(database)))
         os.kill(pid, signal.SIGSTOP)
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in ``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] == "T"

@@ -1,0 +1,101 @@
+"""A newer orchestrator's claim of the term against an older one that went silent in the
+middle of a write (cut off, paused): the database ends the silent transaction, the claim
+goes through, and the older one's write never lands — on real PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from riverbed.jobs.queue import JobQueue
+from riverbed.jobs.schema import IDLE_IN_TRANSACTION, fires
+from riverbed.testing.signals import is_stopped
+from tests.jobs.conftest import SERVERS
+
+PROCS = Path(__file__).with_name("procs.py")
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_claim_goes_through_when_the_older_term_went_silent_inside_a_write(
+    kind: str,
+    request: pytest.FixtureRequest,
+    subprocess_env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = request.getfixturevalue(f"{kind}_db")
+    JobQueue(url).close()
+    holder = subprocess.Popen(
+        [sys.executable, str(PROCS), "hold-term", url, "5"],
+        env=subprocess_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    queue = JobQueue(url)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "holding\n", holder.communicate()
+        deadline = time.monotonic() + 60
+        while not is_stopped(holder.pid):
+            assert time.monotonic() < deadline, "the holder never stopped"
+            time.sleep(0.05)
+        failures: list[BaseException] = []
+
+        def claim() -> None:
+            try:
+                queue.fence(2, "new")
+            except BaseException as exc:  # reported by the assertion below
+                failures.append(exc)
+
+        caplog.set_level(logging.WARNING, "riverbed.jobs.termfence")
+        claimer = threading.Thread(target=claim, daemon=True)
+        claimer.start()
+        # the holder's session ends after 5 s of silence; unbounded before the fix
+        claimer.join(timeout=60)
+        assert not claimer.is_alive(), "the claim still waits for the silent holder"
+        assert failures == []
+        current = queue.term_fence.current()
+        assert current is not None and (current.term, current.holder) == (2, "new")
+        assert "the claim of term 2 waits for a write of old (term 1)" in caplog.text
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        out, err = holder.communicate(timeout=60)
+    # woken, the older term's transaction is gone: its write fails, nothing lands
+    assert holder.returncode != 0 and "wrote" not in out, (out, err)
+    assert "jobs database" in err, err
+    with queue.db.read() as conn:
+        assert conn.execute(select(func.count()).select_from(fires)).scalar() == 0
+    queue.close()
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_every_session_is_ended_after_the_idle_limit_and_a_claim_leaves_no_setting_behind(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    queue = JobQueue(request.getfixturevalue(f"{kind}_db"))
+    queue.fence(1, "o")
+    for engine in (queue.db.engine, queue.db.reader):
+        with engine.connect() as conn:
+            if kind == "postgres":
+                limit = conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar()
+                assert limit == f"{IDLE_IN_TRANSACTION}s"
+            else:
+                limit = conn.execute(text("SELECT @@session.idle_transaction_timeout")).scalar()
+                assert int(limit) == IDLE_IN_TRANSACTION
+                waits = conn.execute(
+                    text(
+                        "SELECT @@session.innodb_lock_wait_timeout, "
+                        "@@global.innodb_lock_wait_timeout"
+                    )
+                ).one()
+                assert waits[0] == waits[1]  # the claim's short wait was put back
+    queue.close()
