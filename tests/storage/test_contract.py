@@ -79,6 +79,47 @@ def test_create_only_write_has_one_winner(store: ObjectStore) -> None:
     assert store.get("race/key") == f"writer {wins[0]}".encode()
 
 
+def test_write_once_leaves_the_same_content_and_replaces_other_content_after_its_check(
+    store: ObjectStore,
+) -> None:
+    checks: list[str] = []
+    assert store.write_once("batch/1", b"rows a,b", before_replace=lambda: checks.append("x"))
+    assert checks == []  # a create needs no second check
+    # the same bytes, or what ``same`` calls the same (rows in another order): left as it is
+    assert not store.write_once("batch/1", b"rows a,b", before_replace=lambda: checks.append("x"))
+    assert not store.write_once(
+        "batch/1", b"rows b,a", same=lambda found: sorted(found) == sorted(b"rows b,a")
+    )
+    assert store.get("batch/1") == b"rows a,b" and checks == []
+
+    class Fenced(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Fenced
+
+    # other content is checked once more, then replaces
+    with pytest.raises(Fenced):
+        store.write_once("batch/1", b"rows c", same=lambda found: False, before_replace=refuse)
+    assert store.get("batch/1") == b"rows a,b"
+    assert store.write_once("batch/1", b"rows c", before_replace=lambda: checks.append("x"))
+    assert store.get("batch/1") == b"rows c" and checks == ["x"]
+    # writers of the same bytes at once: one writes, the others leave its object
+    wrote: list[bool] = []
+    barrier = threading.Barrier(6)
+
+    def race() -> None:
+        barrier.wait()
+        wrote.append(store.write_once("race/once", b"same"))
+
+    threads = [threading.Thread(target=race) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wrote) == [False] * 5 + [True] and store.get("race/once") == b"same"
+
+
 def test_move_gives_the_bytes_to_the_target_once(store: ObjectStore) -> None:
     store.put("staged/t1/rows.parquet", b"new rows")
     store.put("rows/chunk=1/part.parquet", b"old rows")

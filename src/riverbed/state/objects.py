@@ -85,15 +85,7 @@ class ObjectStorage(DurableStorage):
 
     def write_once(self, name: str, data: bytes) -> bool:
         with _named(self.url):
-            if self.store.put_if_absent(name, data):
-                return True
-            try:
-                if self.store.get(name) == data:
-                    return False
-            except ObjectNotFoundError:  # deleted meanwhile (a purge): written again
-                pass
-            self.store.put(name, data)
-            return True
+            return self.store.write_once(name, data)
 
     def read(self, name: str) -> bytes:
         try:

@@ -11,6 +11,8 @@ The contract (``tests/storage/test_contract.py`` runs it on every backend):
   ``If-None-Match: *``, a hard link on a filesystem). Everything riverbed decides by
   "who wrote first" — which term's batch record is current, which pointer version —
   rests on it. (``If-Match`` on ETags is not used: servers disagree on it.)
+  ``write_once`` builds on it for a writer that may run twice: an object that holds
+  the same content stays, untouched; other content replaces it.
 * ``get`` of a missing key raises :class:`ObjectNotFoundError`; ``delete`` of one is
   not an error.
 * ``list`` returns every object under a prefix, sorted by key, including those just
@@ -107,6 +109,34 @@ class ObjectStore(abc.ABC):
         if info is None:
             raise ObjectNotFoundError(f"no object {key!r} in {self.url}")
         return self.get_range(key, 0, n), info.size
+
+    def write_once(
+        self,
+        key: str,
+        data: bytes,
+        same: Callable[[bytes], bool] | None = None,
+        before_replace: Callable[[], None] | None = None,
+    ) -> bool:
+        """Create ``key`` with ``data``, or leave the object there if it holds the same
+        content — the same bytes, or ``same(found)`` (the same rows in another order,
+        say) — and replace it otherwise, after ``before_replace`` (a fence check);
+        whether this call wrote. For a writer that may run twice — a re-run of a killed
+        one, or one paused between its fence check and its write that wakes after its
+        replacement wrote: an identical object is never replaced (a check before a
+        write cannot stop a write; a create-only write can), and only different
+        content, after the check once more, replaces it."""
+        if self.put_if_absent(key, data):
+            return True
+        try:
+            found: bytes | None = self.get(key)
+        except ObjectNotFoundError:  # deleted meanwhile (a purge): written again
+            found = None
+        if found is not None and (found == data or (same is not None and same(found))):
+            return False
+        if before_replace is not None:
+            before_replace()
+        self.put(key, data)
+        return True
 
     def entries(self, prefix: str = "", *, with_partial: bool = False) -> builtins.list[str]:
         """The names directly below ``prefix`` (a "directory": ``""`` or ending in

@@ -22,7 +22,6 @@ import pandas as pd
 import pyarrow as pa
 
 from riverbed.parquetbytes import parquet_bytes, read_parquet_bytes, text_columns
-from riverbed.storage.errors import ObjectNotFoundError
 from riverbed.stream.aggregation import DELETED, Aggregation
 from riverbed.stream.errors import StreamValueError
 from riverbed.stream.layout import backfill_key, checkpoint_store
@@ -197,20 +196,12 @@ def store_batch(
         fence()
     store = checkpoint_store(output)
     key = batch_key(batch_id)
-    if store.put_if_absent(key, data):
-        return True
-    try:
-        found = store.get(key)
-    except ObjectNotFoundError:  # removed meanwhile: nothing to keep
-        found = None
-    if found is not None and (
-        found == data or same_rows(read_file(found, f"result table {store.url}/{key}"), table)
-    ):
-        return False
-    if fence is not None:
-        fence()
-    store.put(key, data)
-    return True
+    return store.write_once(
+        key,
+        data,
+        same=lambda found: same_rows(read_file(found, f"result table {store.url}/{key}"), table),
+        before_replace=fence,
+    )
 
 
 def same_rows(a: pa.Table, b: pa.Table) -> bool:
