@@ -99,3 +99,25 @@ def test_every_session_is_ended_after_the_idle_limit_and_a_claim_leaves_no_setti
                 ).one()
                 assert waits[0] == waits[1]  # the claim's short wait was put back
     queue.close()
+
+
+@pytest.mark.postgres
+def test_the_cluster_demo_says_who_leads_and_which_transactions_wait_when_no_standby_leads(
+    postgres_db: str, tmp_path: Path
+) -> None:
+    from riverbed.control import Election, Session, connect
+    from riverbed.demo.cluster_jobs import _failover_state
+    from riverbed.jobs.orchestrator import ELECTION
+
+    queue = JobQueue(postgres_db)
+    cp = connect(f"sqlite:///{tmp_path / 'control.db'}")
+    assert _failover_state(queue, cp).startswith("the election names nobody")
+    with Session(cp, ttl=10) as session:
+        Election(cp, ELECTION, session).campaign("o2")
+        with queue.db.write() as conn:  # a transaction open beside the diagnosis
+            conn.execute(text("SELECT 1"))
+            said = _failover_state(queue, cp)
+    assert "the election names 'o2'" in said, said
+    assert "idle in transaction" in said and "'SELECT 1'" in said, said
+    cp.close()
+    queue.close()

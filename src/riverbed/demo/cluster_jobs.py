@@ -204,8 +204,11 @@ def run_jobs_phase(
         cut = clock(f"[bold red]partition h3[/bold red] for {partition_s:.0f}s: the leading "
                     f"orchestrator ({leader}) and a worker cut off")  # fmt: skip
         bed.partition("h3")
-        new = wait_for("the standby orchestrator to lead",
-                       lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
+        try:
+            new = wait_for("the standby orchestrator to lead",
+                           lambda: (t := queue.leader())[0] > term and t, 120)  # fmt: skip
+        except TimeoutError as exc:  # what the next reader of the log needs to know
+            raise TimeoutError(f"{exc}; {_failover_state(queue, cp)}") from None
         out.terms.append(new)
         out.failover_s = clock(f"{new[1]} leads (term {new[0]} > {term})") - cut
         time.sleep(max(partition_s - (time.monotonic() - clock.t0 - cut), 0))
@@ -226,6 +229,44 @@ def run_jobs_phase(
         queue.close()
         cp.close()
     return out
+
+
+def _failover_state(queue: JobQueue, cp: Any) -> str:
+    """Who the election names and what the jobs database's sessions do — a standby
+    that won the election but waits in the database shows as a session waiting on a
+    lock beside the one that holds it."""
+    from sqlalchemy import text
+
+    from riverbed.control import Election
+    from riverbed.jobs.orchestrator import ELECTION
+
+    said = []
+    try:
+        kv = Election(cp, ELECTION).leader()
+        said.append(
+            "the election names nobody"
+            if kv is None
+            else f"the election names {kv.value.decode()!r} (lease {kv.lease:x})"
+        )
+    except Exception as exc:  # a diagnosis must not hide the timeout it explains
+        said.append(f"the election could not be read: {exc}")
+    try:
+        with queue.db.read() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT pid, state, wait_event_type, "
+                    "extract(epoch from now() - xact_start)::int, left(query, 60) "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+                )
+            ).all()
+        said.append(
+            "jobs database transactions: "
+            + ("; ".join(f"pid {r[0]} {r[1]} wait={r[2]} {r[3]}s {r[4]!r}" for r in rows) or "none")
+        )
+    except Exception as exc:
+        said.append(f"the jobs database's sessions could not be read: {exc}")
+    return "; ".join(said)
 
 
 def _chunks_published(cp: Any) -> int:
