@@ -34,7 +34,7 @@ def test_a_claim_goes_through_when_the_older_term_went_silent_inside_a_write(
     url = request.getfixturevalue(f"{kind}_db")
     JobQueue(url).close()
     holder = subprocess.Popen(
-        [sys.executable, str(PROCS), "hold-term", url, "5"],
+        [sys.executable, str(PROCS), "hold-term", url, "10"],
         env=subprocess_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,8 +59,9 @@ def test_a_claim_goes_through_when_the_older_term_went_silent_inside_a_write(
         caplog.set_level(logging.WARNING, "riverbed.jobs.termfence")
         claimer = threading.Thread(target=claim, daemon=True)
         claimer.start()
-        # the holder's session ends after 5 s of silence; unbounded before the fix
-        claimer.join(timeout=60)
+        # the holder's session ends after 10 s of silence (the claim says after 2 s whom
+        # it waits for); unbounded before the fix
+        claimer.join(timeout=90)
         assert not claimer.is_alive(), "the claim still waits for the silent holder"
         assert failures == []
         current = queue.term_fence.current()
@@ -142,7 +143,9 @@ def select_work():
         done.set()
 
     threading.Thread(target=claim, daemon=True).start()
-    if not done.wait(10):
+    # less than the server's 30 s idle limit, after which a claim waiting for the
+    # fire's lock would go through (the server ends the fire's transaction)
+    if not done.wait(20):
         with open(WAITED, "a") as f:
             f.write("the claim waited for the fire's transaction")
         raise RuntimeError("the claim waited for the fire's transaction")
@@ -179,7 +182,7 @@ def test_a_fire_runs_the_jobs_select_work_outside_its_transaction(
         orch = Orchestrator(queue, cp, Catalog(jobs), tmp_path, sweep_every=3600)
         queue.fence(1, "old")
         orch._sync_schedules(1)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         # the schedule falls due within a second or two; its fire then meets the claim
         # select_work made: refused, nothing submitted
         with pytest.raises(FencedError, match=r"\(term 1\) was replaced by new \(term 2\)"):
