@@ -568,10 +568,9 @@ def _mariadb_session(idle_limit: int, dbapi: Any, _record: Any) -> None:
 
 def _postgres_session(idle_limit: int, dbapi: Any, _record: Any) -> None:
     """Every new PostgreSQL connection: a transaction silent for ``idle_limit`` seconds
-    is ended, and the server probes a silent client
-    after 10 s (then every 5 s, 3 times) and gives up on unacknowledged data after
-    30 s, instead of the operating system's two hours (``tcp_user_timeout``: PostgreSQL
-    12+)."""
+    is ended, and the server probes a silent client after 10 s (then every 5 s, 3 times)
+    and gives up on unacknowledged data after 30 s, instead of the operating system's
+    two hours (``tcp_user_timeout``: PostgreSQL 12+)."""
     dbapi.execute(
         f"SET idle_in_transaction_session_timeout = '{int(idle_limit)}s'; "
         "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
