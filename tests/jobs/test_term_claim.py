@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 
 from riverbed.jobs.queue import JobQueue
 from riverbed.jobs.schema import IDLE_IN_TRANSACTION, fires
-from riverbed.testing.signals import is_stopped
+from riverbed.testing.signals import wait_stopped
 from tests.jobs.conftest import SERVERS
 
 PROCS = Path(__file__).with_name("procs.py")
@@ -44,10 +44,7 @@ def test_a_claim_goes_through_when_the_older_term_went_silent_inside_a_write(
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline() == "holding\n", holder.communicate()
-        deadline = time.monotonic() + 60
-        while not is_stopped(holder.pid):
-            assert time.monotonic() < deadline, "the holder never stopped"
-            time.sleep(0.05)
+        wait_stopped(holder, 60, "the holder did not stop")
         failures: list[BaseException] = []
 
         def claim() -> None:

@@ -6,7 +6,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import riverbed.stream.results as results
 from riverbed.stream.aggregation import Aggregation
 from riverbed.stream.dataframe import read_results
 from riverbed.stream.metrics import Count
-from riverbed.testing.signals import is_stopped
+from riverbed.testing.signals import wait_stopped
 from riverbed.windows import Tumbling
 from tests.conftest import location_of
 
@@ -243,11 +242,7 @@ def test_a_driver_paused_between_its_fence_and_its_write_writes_nothing_when_it_
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not is_stopped(process.pid):
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the driver never reached its write"
-            time.sleep(0.05)
+        wait_stopped(process, 120, "the driver did not reach its write")
         record_term(checkpoint, 2, "standby", "2026-12-07T00:01:00Z")  # the takeover
         assert results.store_batch(output, 7, standby, lambda: check_term(checkpoint, 2, "t"))
         store = results.checkpoint_store(output)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
 from contextlib import ExitStack
 
 from riverbed.files import flocked, sqlite_path, writer_lock
 
-__all__ = ["is_stopped", "stop_outside_writes"]
+__all__ = ["is_stopped", "stop_outside_writes", "wait_stopped"]
 
 
 def stop_outside_writes(pid: int, *urls: str) -> None:
@@ -34,3 +36,16 @@ def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in ``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rpartition(")")[2].split()[0] == "T"
+
+
+def wait_stopped(process: subprocess.Popen[str], timeout: float, what: str) -> None:
+    """Until ``process`` has stopped itself (SIGSTOP at the point a test wants it
+    paused); an AssertionError saying ``what`` did not happen if it exits first (with
+    its output) or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not is_stopped(process.pid):
+        if process.poll() is not None:
+            raise AssertionError(f"{what}: the process exited, {process.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout:.0f}s")
+        time.sleep(0.05)
