@@ -55,8 +55,8 @@ system-test:
 	@bash scripts/check_system.sh java etcd postgres mariadb chromium s3
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 	$(BIN)/mypy src
 	$(BIN)/lint-imports --no-cache
 
