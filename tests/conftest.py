@@ -260,6 +260,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         drivers = item.get_closest_marker("spark") or item.nodeid.startswith(SPARK_SCENARIOS)
         if item.get_closest_marker("slow") and drivers:
             scenarios.append(item)
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(SCENARIO_HANG_GUARD))
     group = timings.groups_of([i.nodeid for i in scenarios], timings.load())
     for item in scenarios:
         n = group[timings.module_of(item.nodeid)]
@@ -275,6 +277,16 @@ SERVER_FIXTURES = {
     "kafka": {"kafka_server"},
     "rest_catalog": {"iceberg_rest"},
 }
+
+# The hang guard of every Spark scenario test (unless it sets a longer one: the cluster
+# demo). A guard stops a test that hangs; it is not what a test checks, and a slow host
+# must not reach it. A driver's start and first micro-batch cost ~16.5 s of CPU, and
+# under one core's worth of CPU shared by three workers (a slow CI host) the kill
+# scenarios took up to 450 s — pytest-timeout's default here — in whole suites: the
+# DataFrame join's 356 s and a Connect shard's 298 s (2026-12-06), the lookup join's
+# kills 402 s and over 450 (stopped by the default guard in its last check, not hung),
+# the Kafka source's 310 s, the driver crash's 281 s (2026-12-07, at 91bd60b).
+SCENARIO_HANG_GUARD = 900
 
 # modules whose slow tests start Spark drivers in processes of their own (the ``spark``
 # marker only says a test uses the session's Spark)

@@ -115,12 +115,11 @@ def test_the_deleted_records_event_times_are_bounded(data: st.DataObject) -> Non
 
 
 # a scenario: seven `stream run` drivers, three of them killed. Slow, so it runs in a
-# scenario group, never beside two others (it did: 52 s at two cores); the hang guard is
-# not a bound — its drivers took 50-100 s each in whole suites under one core's worth of
-# CPU (2026-12-06, twice: the default 450 s came during the seventh)
+# scenario group, never beside two others (it did: 52 s at two cores), with the
+# scenarios' hang guard — its drivers took 50-100 s each in whole suites under one
+# core's worth of CPU (2026-12-06, twice: the default 450 s came during the seventh)
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.timeout(900)
 def test_metrics_added_to_a_running_aggregation_are_backfilled_through_kills(
     tmp_path: Path,
     subprocess_env: dict[str, str],

@@ -23,10 +23,9 @@ from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 from tests.stream.test_engine import oracle, session_events, session_oracle
 
-# a Spark Connect server (Spark, started by the fixture) and drivers: the scenario group
-# a hang guard, not a bound: a shard of the engine's tests took 298 s in a whole suite
-# under one core's worth of CPU (2026-12-06), two thirds of the default 450
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+# a Spark Connect server (Spark, started by the fixture) and drivers: the scenario group,
+# and its hang guard (tests/conftest.py's SCENARIO_HANG_GUARD)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 DRIVER = Path(__file__).with_name("connect_driver.py")
 ROOT = Path(__file__).resolve().parents[2]
 

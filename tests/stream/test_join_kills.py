@@ -34,9 +34,8 @@ from tests.stream.conftest import T0
 from tests.stream.crashes import kill_mid_batch, newest_batch, stream_run_killed_then_drained
 from tests.stream.test_stream_join import oracle, orders_and_payments, rows_of, send
 
-# a hang guard, not a bound: the DataFrame join's four kills and two drains took 356 s
-# in a whole suite under one core's worth of CPU (2026-12-06), 79 % of the default 450
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+# a scenario: its hang guard is tests/conftest.py's SCENARIO_HANG_GUARD
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SPEC = """
 from riverbed.stream import Join, Topic

@@ -17,9 +17,9 @@ from riverbed.stream.dataframe import read_results
 from riverbed.testing import log_server_process
 from tests.stream.conftest import make_events, write_events
 
-# A local cluster (a master, two executor JVMs) and three queries: 240 s on an idle
-# 2-core machine, over 300 s (pytest-timeout's default) on a busy one.
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
+# A local cluster (a master, two executor JVMs) and three queries: a scenario, with the
+# scenarios' hang guard (tests/conftest.py's SCENARIO_HANG_GUARD)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 PATHS = ("dataframe", "shuffled", "colocated")
 
