@@ -278,9 +278,9 @@ SERVER_FIXTURES = {
     "rest_catalog": {"iceberg_rest"},
 }
 
-# The hang guard of every Spark scenario test (unless it sets a longer one: the cluster
-# demo). A guard stops a test that hangs; it is not what a test checks, and a slow host
-# must not reach it. A driver's start and first micro-batch cost ~16.5 s of CPU, and
+# The hang guard of every Spark scenario test without one of its own (only the cluster
+# demo has one: longer). A guard stops a test that hangs; it is not what a test checks,
+# and a slow host must not reach it. A driver's start and first micro-batch cost ~16.5 s of CPU, and
 # under one core's worth of CPU shared by three workers (a slow CI host) the kill
 # scenarios took up to 450 s — pytest-timeout's default here — in whole suites: the
 # DataFrame join's 356 s and a Connect shard's 298 s (2026-12-06), the lookup join's
