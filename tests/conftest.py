@@ -280,9 +280,9 @@ SERVER_FIXTURES = {
 
 # The hang guard of every Spark scenario test without one of its own (only the cluster
 # demo has one: longer). A guard stops a test that hangs; it is not what a test checks,
-# and a slow host must not reach it. A driver's start and first micro-batch cost ~16.5 s of CPU, and
-# under one core's worth of CPU shared by three workers (a slow CI host) the kill
-# scenarios took up to 450 s — pytest-timeout's default here — in whole suites: the
+# and a slow host must not reach it. A driver's start and first micro-batch cost ~16.5 s
+# of CPU, and under one core's worth of CPU shared by three workers (a slow CI host) the
+# kill scenarios took up to 450 s — pytest-timeout's default here — in whole suites: the
 # DataFrame join's 356 s and a Connect shard's 298 s (2026-12-06), the lookup join's
 # kills 402 s and over 450 (stopped by the default guard in its last check, not hung),
 # the Kafka source's 310 s, the driver crash's 281 s (2026-12-07, at 91bd60b).
