@@ -5,12 +5,18 @@ workers, riverbed's CLI, …).
 
     python scripts/cpu_by_process.py sample OUT.json    (until SIGTERM or Ctrl-C)
     python scripts/cpu_by_process.py report OUT.json
+    python scripts/cpu_by_process.py by-test OUT.json   (which tests start what)
 
 A process is known by its pid and start time; its last sampled CPU time counts, less
 what it had used when sampling began. One that lives under half a second is missed
 (counted in its parent only if the parent waits for it). A process that execs another
 program (``spark-class``'s bash becoming Java) is named by the last program seen. The
-report compares the sum with what ``/proc/stat`` says the machine was busy."""
+report compares the sum with what ``/proc/stat`` says the machine was busy.
+
+A process started while a test runs carries pytest's ``PYTEST_CURRENT_TEST`` in its
+environment; ``by-test`` sums the CPU of the processes each test file started (a
+session fixture's server counts to the test that first asked for it; the xdist workers'
+own CPU — the in-process tests — to none)."""
 
 from __future__ import annotations
 
@@ -59,8 +65,17 @@ def _command(pid: str) -> str:
     return " ".join(words[:3] + [w for w in words if MAIN_CLASS.match(w)] + words[-4:])[:1500]
 
 
+def _test(pid: str) -> str:
+    """The test file that was running when ``pid`` started, "" if none."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        for word in f.read().split(b"\0"):
+            if word.startswith(b"PYTEST_CURRENT_TEST="):
+                return word.split(b"=", 1)[1].decode(errors="replace").split("::")[0]
+    return ""
+
+
 def sample(out: str) -> None:
-    seen: dict[str, list[Any]] = {}  # "pid:start" -> [ticks, base, name, command]
+    seen: dict[str, list[Any]] = {}  # "pid:start" -> [ticks, base, name, command, test]
     began, first = _busy(), True
 
     def dump(*_: object) -> None:
@@ -85,11 +100,12 @@ def sample(out: str) -> None:
                 ticks, key = int(fields[11]) + int(fields[12]), f"{pid}:{fields[19]}"
                 entry = seen.get(key)
                 if entry is None:
-                    seen[key] = [ticks, ticks if first else 0, name, _command(pid)]
+                    base = ticks if first else 0
+                    seen[key] = [ticks, base, name, _command(pid), _test(pid)]
                 else:
                     entry[0] = ticks
                     if entry[2] != name:  # an exec
-                        entry[2:] = [name, _command(pid)]
+                        entry[2:4] = [name, _command(pid)]
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
         first = False
@@ -115,7 +131,7 @@ def report(path: str) -> None:
         data = json.load(f)
     seconds: Counter[str] = Counter()
     starts: Counter[str] = Counter()
-    for ticks, base, name, command in data["processes"]:
+    for ticks, base, name, command, *_ in data["processes"]:
         label = kind(name, command)
         seconds[label] += (ticks - base) / HZ
         starts[label] += 1
@@ -128,7 +144,28 @@ def report(path: str) -> None:
         print(f"{spent:8,.0f} {spent / total:6.1%} {starts[label]:7,}  {label}")
 
 
+def by_test(path: str, top: int = 30) -> None:
+    with open(path) as f:
+        data = json.load(f)
+    seconds: Counter[str] = Counter()
+    drivers: Counter[str] = Counter()
+    driver_seconds: Counter[str] = Counter()
+    for ticks, base, name, command, *test in data["processes"]:
+        if not test:
+            sys.exit(f"{path} was sampled without the tests' names: sample again")
+        spent, where = (ticks - base) / HZ, test[0] or "(no test: the workers, servers, …)"
+        seconds[where] += spent
+        if kind(name, command) == "Spark driver JVMs":
+            drivers[where] += 1
+            driver_seconds[where] += spent
+    print(f"{sum(seconds.values()):,.0f} s of CPU seen, by the test file that started it")
+    print(f"{'CPU s':>8} {'drivers':>8} {'their s':>8}  test file")
+    for where, spent in seconds.most_common(top):
+        print(f"{spent:8,.0f} {drivers[where]:8,} {driver_seconds[where]:8,.0f}  {where}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("sample", "report"):
+    COMMANDS = {"sample": sample, "report": report, "by-test": by_test}
+    if len(sys.argv) != 3 or sys.argv[1] not in COMMANDS:
         sys.exit(__doc__.split("\n\n")[1])
-    (sample if sys.argv[1] == "sample" else report)(sys.argv[2])
+    COMMANDS[sys.argv[1]](sys.argv[2])
