@@ -32,6 +32,10 @@ from typing import Any
 HZ = os.sysconf("SC_CLK_TCK")
 MAIN_CLASS = re.compile(r"^(org|kafka|io|com)\.[\w.$]*[A-Z]\w*$")
 KINDS = (  # (pattern in the command line, kind): the first match names a process
+    # spark-submit's bash and the short JVM it asks for the command line (three processes
+    # a Spark JVM start, of which only the last, the bash exec'd into it, is the JVM)
+    ("org.apache.spark.launcher.Main", "spark-submit's launchers (bash, a short JVM)"),
+    ("bin/spark-class", "spark-submit's launchers (bash, a short JVM)"),
     ("SparkConnectServer", "Spark Connect servers"),
     ("CoarseGrainedExecutorBackend", "Spark executors"),
     ("deploy.master.Master", "Spark masters"),
