@@ -200,7 +200,7 @@ class Cluster:
             # the Spark sessions of the host's own processes (a jobs worker's, a time-range
             # driver's, each on a local master) in the test bed's JVMs, as its masters',
             # workers' and the cluster's drivers' (driver_conf, which a driver of the
-            # cluster gets instead): C2 and G1 took ~40 % more CPU in these short JVMs
+            # cluster gets instead): C2 and G1 took 1.7-1.9x the CPU in these short JVMs
             "RIVERBED_SPARK_CONF": json.dumps(
                 {
                     "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
