@@ -157,7 +157,7 @@ def by_test(path: str, top: int = 30) -> None:
     for ticks, base, name, command, *test in data["processes"]:
         if not test:
             sys.exit(f"{path} was sampled without the tests' names: sample again")
-        spent, where = (ticks - base) / HZ, test[0] or "(no test: the workers, servers, …)"
+        spent, where = (ticks - base) / HZ, test[0] or "(no test: the xdist workers, tools, …)"
         seconds[where] += spent
         if kind(name, command) == "Spark driver JVMs":
             drivers[where] += 1
