@@ -40,6 +40,33 @@ def bed(tmp_path):
         yield made
 
 
+# The tests that look up a destroyed bed's names (`ip netns list`, `ip link show`) must
+# be alone in their slot: once destroyed, a bed's slot is free, and on another worker
+# the next bed may take it and make namespaces of the same names at once (it did: the
+# two-core run of 9b806d4). They take the last slot, which no live bed of the suite ever
+# reaches (beds take the lowest free one), through a private claim directory in which
+# every other slot is held; one xdist group runs them one after another.
+LAST_SLOT = pytest.mark.xdist_group("testbed-last-slot")
+
+
+@pytest.fixture
+def last_slot(tmp_path, monkeypatch):
+    """A private claim directory with every slot but the last held by a live bed of its
+    own; yields the last slot's number, which the next bed created here takes."""
+    from riverbed.testing import testbed
+    from riverbed.testing.hostplan import SLOTS
+
+    claims = tmp_path / "claims"
+    monkeypatch.setattr(testbed, "_CLAIMS", claims)
+    claims.mkdir()
+    for slot in range(SLOTS - 1):  # taken: each claim's bed says it holds that slot
+        owner = tmp_path / "beds" / str(slot)
+        owner.mkdir(parents=True)
+        (owner / testbed.BED_FILE).write_text(json.dumps({"slot": slot}))
+        (claims / str(slot)).write_text(str(owner))
+    return SLOTS - 1
+
+
 def test_hosts_reach_each_other_and_nothing_outside_the_bed(bed, tmp_path):
     assert bed.plan.mode == "netns"  # this machine permits namespaces (FACTS.md)
     h1 = bed.host("h1").address
@@ -150,8 +177,10 @@ def test_another_process_opens_the_same_bed_and_nothing_else(bed, tmp_path):
         TestBed.create(bed.root)
 
 
-def test_destroy_deletes_what_the_bed_made_by_name(tmp_path):
+@LAST_SLOT
+def test_destroy_deletes_what_the_bed_made_by_name(tmp_path, last_slot):
     bed = TestBed.create(tmp_path / "bed", hosts=2)
+    assert bed.plan.slot == last_slot
     bed.spawn("h1", "sleeper", ["sleep", "600"])
     pid = bed.service("h1", "sleeper").pid
     names = [bed.plan.bridge, *(h.link for h in bed.plan.hosts)]
@@ -161,8 +190,9 @@ def test_destroy_deletes_what_the_bed_made_by_name(tmp_path):
     for name in names:
         assert subprocess.run(["ip", "link", "show", name], capture_output=True).returncode != 0
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
-    # the slot is free again: a new bed may take it
+    # the slot is free again: a new bed takes it
     again = TestBed.create(tmp_path / "bed2", hosts=1)
+    assert again.plan.slot == last_slot
     again.destroy()
 
 
@@ -184,12 +214,14 @@ def test_loopback_fallback_stands_in_for_a_partition(tmp_path, monkeypatch):
         assert bed.processes("h1") == []
 
 
-def test_a_second_destroy_leaves_the_namespaces_of_whoever_holds_the_slot_now(tmp_path):
+@LAST_SLOT
+def test_a_second_destroy_leaves_the_namespaces_of_whoever_holds_the_slot_now(tmp_path, last_slot):
     """Once a bed is destroyed another bed may claim its slot and make namespaces of the
     same names; a second destroy of the first (`chaos destroy`, then its owner's own)
     must leave them. Here the slot's claim is handed to another root by hand, as
     another bed's claim would, while the namespaces stay."""
     bed = TestBed.create(tmp_path / "bed", hosts=1)
+    assert bed.plan.slot == last_slot
     claim = bed.claim
     netns = bed.plan.hosts[0].netns
     listed = lambda: subprocess.run(  # noqa: E731
@@ -207,32 +239,22 @@ def test_a_second_destroy_leaves_the_namespaces_of_whoever_holds_the_slot_now(tm
     assert netns not in listed() and not claim.exists()
 
 
-def test_a_slot_claimed_again_loses_the_namespaces_a_killed_teardown_left(tmp_path, monkeypatch):
+@LAST_SLOT
+def test_a_slot_claimed_again_loses_the_namespaces_a_killed_teardown_left(tmp_path, last_slot):
     """A teardown killed after deleting its bridge but before its namespaces leaves
-    them behind; the next bed in the slot must not fail on "File exists". The slot is
-    the last one (never a live bed's in the suite): a private claim directory holds
-    every other slot for live beds of their own."""
+    them behind; the next bed in the slot must not fail on "File exists"."""
     from riverbed.testing import testbed
-    from riverbed.testing.hostplan import SLOTS, netns_prefix
+    from riverbed.testing.hostplan import netns_prefix
 
-    claims = tmp_path / "claims"
-    monkeypatch.setattr(testbed, "_CLAIMS", claims)
-    claims.mkdir()
-    for slot in range(SLOTS - 1):  # taken: each claim's bed says it holds that slot
-        owner = tmp_path / "beds" / str(slot)
-        owner.mkdir(parents=True)
-        (owner / testbed.BED_FILE).write_text(json.dumps({"slot": slot}))
-        (claims / str(slot)).write_text(str(owner))
-    last = SLOTS - 1
-    stray = f"{netns_prefix(last)}h1"
+    stray = f"{netns_prefix(last_slot)}h1"
     listed = lambda: subprocess.run(  # noqa: E731
         ["ip", "netns", "list"], capture_output=True, text=True, check=True
     ).stdout.split()
     subprocess.run(["ip", "netns", "add", stray], check=True)
     try:
         assert stray in listed()
-        assert testbed._claim_slot(tmp_path / "new-bed") == last
+        assert testbed._claim_slot(tmp_path / "new-bed") == last_slot
         assert stray not in listed()
-        assert (claims / str(last)).read_text() == str(tmp_path / "new-bed")
+        assert (testbed._CLAIMS / str(last_slot)).read_text() == str(tmp_path / "new-bed")
     finally:
         subprocess.run(["ip", "netns", "del", stray], capture_output=True, check=False)
