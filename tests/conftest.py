@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from riverbed.testing import (
     PostgresServer,
 )
 from tests import timings
+
+_BEGAN = pytest.StashKey[float]()
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -236,6 +239,35 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker.startswith("gw") and count > 0 and not os.environ.get(PORTS_ENV):
         low, high = port_slice(*host_port_range(), int(worker[2:]), count)
         os.environ[PORTS_ENV] = f"{low}-{high}"
+
+
+_WORKERS_DONE: dict[str, float] = {}  # xdist worker id -> when it finished (monotonic)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEGAN] = time.monotonic()
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on the controller
+def pytest_testnodedown(node: object, error: object) -> None:
+    gateway = getattr(node, "gateway", None)
+    _WORKERS_DONE[str(getattr(gateway, "id", node))] = time.monotonic()
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """Under ``make test``: when each pytest-xdist worker ran out of tests — how evenly the
+    run spread over the workers (a worker done early left its core to the others)."""
+    began = config.stash.get(_BEGAN, None)
+    if began is None or len(_WORKERS_DONE) < 2:
+        return
+    done = sorted((at - began, worker) for worker, at in _WORKERS_DONE.items())
+    spread = done[-1][0] - done[0][0]
+    each = ", ".join(f"{worker} {int(at) // 60}:{int(at) % 60:02d}" for at, worker in done)
+    terminalreporter.write_line(
+        f"xdist workers ran out of tests at {each} (the first {spread:.0f} s before the last)"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
