@@ -17,7 +17,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
     stands by), every write fenced by its term."""
     from dataclasses import replace
 
-    from riverbed.spark import session
+    from riverbed.spark.lazy import DeferredSession, deferred
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.joinquery import batch_line, start_join
     from riverbed.stream.leader import DriverLease
@@ -30,9 +30,17 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
         if args.no_standby:
             lease.acquire(standby=False)
         spark_config = replace(config.spark, master=args.master) if args.master else config.spark
-        spark = session(spark_config)
+        # started when a batch first needs it, or before a standby's wait (warm for the
+        # takeover): as an aggregation's (riverbed.spark.lazy, cli/stream.py)
+        spark = deferred(spark_config)
+
+        def standing_by(text: str) -> None:
+            say(text)
+            if isinstance(spark, DeferredSession):
+                spark.start()
+
         if lease.term is None:
-            lease.acquire(on_standby=say)
+            lease.acquire(on_standby=standing_by)
         say(lease.describe())
         rows = "rows" if join.select is not None else "joined rows"
         say(f"running {join.noun} [bold]{join.name}[/bold]: {rows} in {output}")
@@ -73,7 +81,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
                 query.stop()
     finally:
         lease.close()
-    spark.stop()
+    spark.stop()  # (a deferred session never started: nothing to stop)
     return 0
 
 

@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.control.errors import SessionLostError
-    from riverbed.spark import session
+    from riverbed.spark.lazy import DeferredSession, deferred
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.layout import checkpoints_location
@@ -218,13 +218,17 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.no_standby:
             lease.acquire(standby=False)  # fails now, before Spark starts, if one is active
-        # Spark starts before the wait: a standby takes over with its session warm
+        # Spark starts when a batch first needs it (riverbed.spark.lazy: a local master's
+        # small batches run in this process, and a run of them never starts it), and
+        # before a standby's wait: a standby takes over with its session warm
         spark_config = replace(config.spark, master=args.master) if args.master else config.spark
-        spark = session(spark_config)
+        spark = deferred(spark_config)
         if lease.term is None:
 
             def standing_by(text: str) -> None:
                 say(text)
+                if isinstance(spark, DeferredSession):
+                    spark.start()
                 # a hot standby: its executors up and their Python workers started
                 # while it waits, not when it takes over (riverbed.stream.warmup)
                 warm_up_in_background(spark, say)
@@ -325,11 +329,13 @@ def _run(args: argparse.Namespace) -> int:
                 f"{lease.term}): it wrote nothing more, and stands by again to take over "
                 "when the active driver's lease ends[/yellow]"
             )
+            if isinstance(spark, DeferredSession):
+                spark.start()  # warm for the takeover: its first batch may be a backlog
             lease = _stand_by_again(new_lease, say)
             say(lease.describe())
     finally:
         lease.close()
-    spark.stop()
+    spark.stop()  # (a deferred session never started: nothing to stop)
     return 0
 
 

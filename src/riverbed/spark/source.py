@@ -166,9 +166,19 @@ def value_schema(options: dict[str, str]) -> StructType | str:
 def reader_schema(options: dict[str, str]) -> StructType:
     """What a topic's reader yields: its value fields (:func:`value_schema`; options'
     keys in lower case) and the source's metadata columns. On the driver, with a Spark
-    session: a DDL string is parsed here, as executors cannot parse DDL."""
+    session: a DDL string is parsed here, as executors cannot parse DDL (a list of
+    primitive fields without Spark, :mod:`riverbed.spark.ddl`; any other by Spark,
+    started now if it was deferred)."""
+    from riverbed.spark.ddl import simple_schema
+    from riverbed.spark.lazy import start_deferred
+
     values = value_schema(options)
-    parsed = StructType.fromDDL(values) if isinstance(values, str) else values
+    parsed: DataType | None = values if isinstance(values, StructType) else None
+    if isinstance(values, str):
+        parsed = simple_schema(values)
+        if parsed is None:
+            start_deferred()
+            parsed = StructType.fromDDL(values)
     if not isinstance(parsed, StructType):
         raise SourceOptionError(f"schema {options.get('schema')!r} must be a list of fields")
     return StructType(list(parsed.fields) + META_FIELDS)

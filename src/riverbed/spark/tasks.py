@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from riverbed.spark import is_connect
+from riverbed.spark.lazy import DeferredSession, unstarted
 
 __all__ = [
     "CONNECT_MASTER",
@@ -78,6 +79,8 @@ def in_threads(fn: Callable[[Any], Any], items: Iterable[Any], threads: int = 4)
 def master(spark: Any) -> str:
     """The session's master URL (:data:`CONNECT_MASTER` over Connect: the server's
     master says where its tasks run, not where this driver is)."""
+    if unstarted(spark):  # a deferred session (riverbed.spark.lazy): not started for this
+        return str(spark.master)
     return CONNECT_MASTER if is_connect(spark) else str(spark.sparkContext.master)
 
 
@@ -85,6 +88,8 @@ def parallelism(spark: Any) -> int:
     """How many tasks run at once: the context's default parallelism, or over Connect
     the server's ``spark.default.parallelism``, else its local master's thread count,
     else this machine's cores."""
+    if unstarted(spark):
+        return int(spark.parallelism)
     if not is_connect(spark):
         return int(spark.sparkContext.defaultParallelism)
     found = spark.conf.get("spark.default.parallelism", None)
@@ -96,14 +101,18 @@ def parallelism(spark: Any) -> int:
 
 def describe(spark: Any, text: str | None) -> None:
     """Name the next jobs in the Spark UI (classic sessions; Connect has no such call)."""
-    if not is_connect(spark):
+    if isinstance(spark, DeferredSession):
+        spark.describe(text)  # set in this thread when it reaches the session
+    elif not is_connect(spark):
         spark.sparkContext.setJobDescription(text)
 
 
 def tag(spark: Any, name: str, description: str) -> None:
     """Put this thread's jobs in ``name``, so :func:`interrupt` can cancel them (a job
     group described so in the Spark UI on a classic session, a tag over Connect)."""
-    if is_connect(spark):
+    if isinstance(spark, DeferredSession):
+        spark.tag(name, description)  # set in this thread when it reaches the session
+    elif is_connect(spark):
         spark.addTag(name)
     else:
         spark.sparkContext.setJobGroup(name, description, interruptOnCancel=True)
@@ -111,6 +120,8 @@ def tag(spark: Any, name: str, description: str) -> None:
 
 def interrupt(spark: Any, name: str) -> None:
     """Cancel the running jobs :func:`tag` put in ``name``."""
+    if unstarted(spark):
+        return  # no job ever ran
     if is_connect(spark):
         spark.interruptTag(name)
     else:

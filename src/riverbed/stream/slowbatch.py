@@ -161,9 +161,12 @@ class SlowBatchWatch:
 
     def _spark(self) -> tuple[list[StageProgress], dict[str, int]]:
         from riverbed.spark import is_connect
+        from riverbed.spark.lazy import unstarted
 
-        if is_connect(self.spark):
-            return [], {}  # Connect has no status tracker: the line says where it waits
+        if is_connect(self.spark) or unstarted(self.spark):
+            # Connect has no status tracker, and a session not started ran no stage: the
+            # line says where the batch waits
+            return [], {}
         sc = self.spark.sparkContext
         tracker = sc.statusTracker()
         stages = []
