@@ -193,8 +193,10 @@ def _run(
         f"{checkpoints}/flags_hourly" if checkpoints else home / "checkpoints" / "flags_hourly"
     )
     console.print(
-        "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 Spark "
-        "tasks a batch, each reading one log partition straight into its state partition"
+        "[bold]1.[/bold] starting the streaming query (a separate driver process): 4 tasks "
+        "a batch, each reading one log partition straight into its state partition — in "
+        "the driver's own threads while batches are this small (Spark starts for bigger "
+        "ones), as Spark tasks on a cluster"
     )
     # The driver's own lines come through a pipe (its Spark noise goes to a log file,
     # see riverbed.cli._quiet): relayed here, so the demo knows which batches it printed.
