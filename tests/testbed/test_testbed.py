@@ -52,7 +52,7 @@ LAST_SLOT = pytest.mark.xdist_group("testbed-last-slot")
 @pytest.fixture
 def last_slot(tmp_path, monkeypatch):
     """A private claim directory with every slot but the last held by a live bed of its
-    own; yields the last slot's number, which the next bed created here takes."""
+    own; the last slot's number, which the next bed created here takes."""
     from riverbed.testing import testbed
     from riverbed.testing.hostplan import SLOTS
 
