@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TEST_CONF",
+    "TEST_JVM_CONF",
     "TEST_JVM_OPTIONS",
     "SourceOptionError",
     "SparkUnavailableError",
@@ -48,6 +49,12 @@ __all__ = [
 # JVMs that live as long as a test: C1 only (C2's compiles never pay back in minutes, and
 # take CPU from the other tests) and the serial collector (docs/testing.md)
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# ... for a driver and its executors (a local-cluster's, a test bed's workers'): as small
+# and short-lived
+TEST_JVM_CONF: dict[str, str] = {
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
+}
 
 TEST_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -55,9 +62,7 @@ TEST_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
     "spark.sql.adaptive.enabled": "false",
-    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
-    # executors (a local-cluster's, a test bed's workers'): as small and short-lived
-    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
+    **TEST_JVM_CONF,
 }
 
 BASE_CONF: dict[str, str] = {

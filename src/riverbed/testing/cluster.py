@@ -32,20 +32,13 @@ from typing import Any
 
 import httpx
 
-from riverbed.spark import TEST_JVM_OPTIONS
+from riverbed.spark import TEST_JVM_CONF, TEST_JVM_OPTIONS
 from riverbed.spark.discovery import master_page
 from riverbed.testing.s3 import CephS3Server
 from riverbed.testing.servers import PostgresServer, ServerError, etcd_argv, etcd_healthy
 from riverbed.testing.testbed import Service, TestBed, TestBedError
 
 __all__ = ["ETCD_CLIENT", "LOG_PORT", "SPARK_PORT", "Cluster"]
-
-# The Spark settings of every driver and executor on the test bed's hosts: its JVMs
-# are C1/serial ones, as its masters' and workers' (Cluster.spark_env)
-_JVM_CONF = {
-    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
-    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
-}
 
 ETCD_CLIENT, ETCD_PEER = 2379, 2380
 SPARK_PORT, SPARK_UI, WORKER_UI = 7077, 8080, 8081
@@ -208,7 +201,7 @@ class Cluster:
             # driver's, each on a local master) in the test bed's JVMs, as its masters',
             # workers' and the cluster's drivers' (driver_conf, which a driver of the
             # cluster gets instead): C2 and G1 took 1.7-1.9x the CPU in these short JVMs
-            "RIVERBED_SPARK_CONF": json.dumps(_JVM_CONF),
+            "RIVERBED_SPARK_CONF": json.dumps(TEST_JVM_CONF),
             **self.spark_env(host),
         }
 
@@ -464,7 +457,7 @@ class Cluster:
             "spark.executor.heartbeatInterval": "1s",
             "spark.network.timeoutInterval": "1s",
             # the test bed's JVMs, as its masters' and workers' (SPARK_DAEMON_JAVA_OPTS)
-            **_JVM_CONF,
+            **TEST_JVM_CONF,
         }
 
     # ------------------------------------------------------------------ log servers
