@@ -17,7 +17,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
     stands by), every write fenced by its term."""
     from dataclasses import replace
 
-    from riverbed.spark.lazy import DeferredSession, deferred
+    from riverbed.spark.lazy import deferred, start_now
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.joinquery import batch_line, start_join
     from riverbed.stream.leader import DriverLease
@@ -36,8 +36,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
 
         def standing_by(text: str) -> None:
             say(text)
-            if isinstance(spark, DeferredSession):
-                spark.start()
+            start_now(spark)
 
         if lease.term is None:
             lease.acquire(on_standby=standing_by)

@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from riverbed.control.errors import SessionLostError
-    from riverbed.spark.lazy import DeferredSession, deferred
+    from riverbed.spark.lazy import deferred, start_now
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.layout import checkpoints_location
@@ -227,8 +227,7 @@ def _run(args: argparse.Namespace) -> int:
 
             def standing_by(text: str) -> None:
                 say(text)
-                if isinstance(spark, DeferredSession):
-                    spark.start()
+                start_now(spark)
                 # a hot standby: its executors up and their Python workers started
                 # while it waits, not when it takes over (riverbed.stream.warmup)
                 warm_up_in_background(spark, say)
@@ -329,8 +328,7 @@ def _run(args: argparse.Namespace) -> int:
                 f"{lease.term}): it wrote nothing more, and stands by again to take over "
                 "when the active driver's lease ends[/yellow]"
             )
-            if isinstance(spark, DeferredSession):
-                spark.start()  # warm for the takeover: its first batch may be a backlog
+            start_now(spark)  # warm for the takeover: its first batch may be a backlog
             lease = _stand_by_again(new_lease, say)
             say(lease.describe())
     finally:

@@ -116,6 +116,13 @@ def deferred(config: SparkConfig) -> Any:
     return session(config)
 
 
+def start_now(spark: object) -> None:
+    """Start ``spark`` now if it is a deferred session not started yet (a standby's,
+    before its wait: it takes over with Spark warm); any other is started already."""
+    if isinstance(spark, DeferredSession):
+        spark.start()
+
+
 # the last deferred session made in this process, for what PySpark asks of "the active
 # session" rather than of a session it was given (parsing a DDL it cannot parse without one)
 _LAST: weakref.ref[DeferredSession] | None = None
