@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from riverbed.stream.warmup import expected_executors, warm_up
+from riverbed.stream import warmup
+from riverbed.stream.warmup import expected_executors, shortfall, warm_up, warm_up_in_background
 
 
 @given(cores=st.integers(1, 64), per=st.integers(1, 8))
@@ -28,3 +29,40 @@ def test_a_session_that_does_not_say_expects_nothing_to_wait_for():
 
 def test_warming_up_imports_the_task_modules_in_a_task_on_every_core(spark):
     assert warm_up(spark, wait_s=5) == spark.sparkContext.defaultParallelism == 2
+
+
+@given(expected=st.integers(1, 64), registered=st.integers(0, 64))
+def test_a_standby_short_of_executors_says_how_many_came_of_how_many(expected, registered):
+    registered = min(registered, expected - 1)
+    line = shortfall(registered, expected, 120.0)
+    assert "120 s" in line
+    assert f"the {expected}" in line
+    if registered == 0:
+        assert line.startswith("no executor") and "free core" in line
+    else:
+        assert line.startswith(f"{registered} of the {expected} executors")
+
+
+def test_a_standby_whose_executors_do_not_come_says_so_and_still_warms_what_runs(
+    spark, monkeypatch
+):
+    # a local session registers no executor besides the driver: asked for three, it
+    # waits, says none came, and runs the warm-up tasks in the driver all the same
+    monkeypatch.setattr(warmup, "expected_executors", lambda conf: 3)
+    said: list[str] = []
+    assert warm_up(spark, wait_s=0.5, say=said.append) == 2
+    assert said == [shortfall(0, 3, 0.5)]
+
+
+def test_a_warm_up_that_fails_says_why_instead_of_staying_silent():
+    class Stopped:  # what a session whose JVM went away answers
+        @property
+        def sparkContext(self):
+            raise RuntimeError("SparkContext was shut down [stage 3]")
+
+    said: list[str] = []
+    warm_up_in_background(Stopped(), said.append).join(10)
+    assert said == [
+        "warming up the executors failed (SparkContext was shut down [stage 3]): a takeover "
+        "starts them itself, slower, not wrong"
+    ]

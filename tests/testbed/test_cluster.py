@@ -168,6 +168,12 @@ def test_a_spark_job_on_the_standalone_cluster_survives_losing_a_worker_host(clu
         return m
 
     printed(r"^running$", 180)
+    # what a failed scenario prints of the cluster (riverbed.demo.cluster's last words):
+    # the leading master, its three workers and the application with its cores
+    summary = cluster.spark_summary()
+    assert re.fullmatch(r"Spark master on h1: ALIVE, \d+ of 3 cores in use", summary[0]), summary
+    assert len([s for s in summary if re.match(r"  worker \S+ ALIVE: \d of 1 cores", s)]) == 3
+    assert any(re.match(r"  app lost-worker \(app-\S+\) RUNNING: [1-3] cores", s) for s in summary)
     time.sleep(2)  # tasks are on every worker now
     cluster.bed.kill_host("h3")
     assert int(printed(r"^sum (\d+)$", 180).group(1)) == sum(x * x for x in range(24))

@@ -138,6 +138,8 @@ def _sayer(timestamps: bool) -> Any:
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from rich.markup import escape
+
     from riverbed.control.errors import SessionLostError
     from riverbed.spark.lazy import deferred, start_now
     from riverbed.stream.batchlog import BatchRecord
@@ -230,7 +232,8 @@ def _run(args: argparse.Namespace) -> int:
                 start_now(spark)
                 # a hot standby: its executors up and their Python workers started
                 # while it waits, not when it takes over (riverbed.stream.warmup)
-                warm_up_in_background(spark, say)
+                # (its lines are plain text: an error's brackets are not markup)
+                warm_up_in_background(spark, lambda line: say(escape(line)))
 
             try:
                 lease.acquire(on_standby=standing_by)

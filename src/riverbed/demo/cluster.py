@@ -120,6 +120,21 @@ def _printed(bed: TestBed, host: str, since: int, text: str) -> bool:
         return text.encode() in f.read()
 
 
+def _warm(bed: TestBed, host: str, since: int) -> bool:
+    """Whether ``host``'s standby driver said its executors are warm past byte ``since``
+    of its log; what kept them cold, raised, when it said that instead (the scenario
+    stops with the driver's reason, not after waiting for a line that will not come)."""
+    with open(bed.service(host, "driver").log, "rb") as f:
+        f.seek(since)
+        said = f.read().decode(errors="replace")
+    if warmup.WARM in said:
+        return True
+    failed = next((line for line in said.splitlines() if warmup.FAILED in line), None)
+    if failed is not None:
+        raise RuntimeError(f"the standby driver on {host} stays cold: {failed.strip()}")
+    return False
+
+
 def run_cluster_demo(home: Path, events: int = 40_000) -> int:
     """``riverbed demo cluster``: the scenario under ``home`` (its test bed in
     ``home/testbed``, where ``riverbed chaos`` finds it); 0 when nothing was lost."""
@@ -242,7 +257,7 @@ def run_cluster_scenario(
         feeder.start()
         before = len(_done())
         _wait("two more batches", lambda: len(_done()) >= before + 2, 300)
-        _wait("the standby's executors", lambda: _printed(bed, "h3", 0, warmup.WARM), 300)
+        _wait("the standby's executors", lambda: _warm(bed, "h3", 0), 300)
         clock("hot standby on h3 (its Spark session up, its executors warm, waiting on the "
               "lease)")  # fmt: skip
         old_term = max(r.term or 0 for r in _done().values())
@@ -264,7 +279,7 @@ def run_cluster_scenario(
         cluster.wait_zookeeper()  # h3's cut must leave a quorum: h1 and h2
         clock("h2 restarted with an empty disk: its etcd and ZooKeeper members rejoined, its "
               "Spark worker, standby master and log server are back")  # fmt: skip
-        _wait("the driver on h2 to stand by", lambda: _printed(bed, "h2", mark, warmup.WARM), 300)
+        _wait("the driver on h2 to stand by", lambda: _warm(bed, "h2", mark), 300)
         clock("the driver on h2 is the hot standby now (its executors warm)")
 
         # the active driver's host is cut off: it must stop by itself (self-fencing)
@@ -322,7 +337,7 @@ def run_cluster_scenario(
             console.rule("[bold]phase 2: the jobs pipeline, through the same failures")
             out.jobs = run_jobs_phase(bed, cluster, control, log_url, clock, console, root)
     except Exception:
-        _last_words(bed, console)
+        _last_words(bed, cluster, console)
         raise
     finally:
         out.timeline = clock.lines
@@ -401,9 +416,11 @@ def _lose_the_master(
           "registered with the master on h2")  # fmt: skip
 
 
-def _last_words(bed: TestBed, console: Console, lines: int = 12) -> None:
+def _last_words(bed: TestBed, cluster: Cluster, console: Console, lines: int = 12) -> None:
     """When the scenario fails: what each driver, orchestrator and jobs worker printed
-    last, so the one-line error comes with their side of it."""
+    last, a driver's last warnings from Spark, and what the Spark masters say of their
+    workers and applications — so the one-line error comes with their side of it (a
+    CI run's directory is gone when its output is read)."""
     for svc in bed.services():
         if svc.kind not in ("driver", "orchestrator", "jobs-worker"):
             continue
@@ -412,6 +429,27 @@ def _last_words(bed: TestBed, console: Console, lines: int = 12) -> None:
             console.print(f"[bold]{svc.name} on {svc.host}, last lines[/bold] ({svc.log}):")
             for line in tail:
                 console.print(f"  {line}", markup=False, highlight=False)
+        if svc.kind == "driver":
+            _spark_warnings(bed, svc.host, console)
+    with contextlib.suppress(Exception):  # evidence, best effort: never the error itself
+        for line in cluster.spark_summary():
+            console.print(line, markup=False, highlight=False)
+
+
+def _spark_warnings(bed: TestBed, host: str, console: Console, lines: int = 8) -> None:
+    """The last WARN and ERROR lines of the newest Spark log of a driver on ``host``
+    (``RIVERBED_HOME/logs`` in its data directory: gone when the host was lost)."""
+    logs = sorted((bed.host_dir(host) / "home" / "logs").glob("stream-run-*.log"),
+                  key=lambda f: f.stat().st_mtime)  # fmt: skip
+    if not logs:
+        return
+    with contextlib.suppress(OSError):
+        text = logs[-1].read_text(errors="replace").splitlines()
+        said = [line for line in text if " WARN " in line or " ERROR " in line][-lines:]
+        if said:
+            console.print(f"[bold]Spark on {host}, last warnings[/bold] ({logs[-1]}):")
+            for line in said:
+                console.print(f"  {line[:400]}", markup=False, highlight=False)
 
 
 def _verdict(

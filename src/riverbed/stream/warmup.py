@@ -10,7 +10,8 @@ standing by instead: it waits for the executors the session asked for (``spark.c
 max`` / ``spark.executor.cores``; a local master has its own) and runs a task on each
 core that imports what a batch's tasks import.
 
-The pure core is :func:`expected_executors`; the rest is I/O.
+The pure cores are :func:`expected_executors` and :func:`shortfall` (what a standby
+says when too few executors came); the rest is I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 GROUP = "riverbed-warm-up"  # the Spark job group of the warm-up job
 WAIT_S = 120.0  # how long the executors are waited for (then whatever registered)
 WARM = "executors warm"  # how the standby's line says it is ready (the cluster demo waits for it)
+FAILED = "warming up the executors failed"  # how it says it stays cold (and the demo stops)
 POLL_S = 0.25  # Spark tells no one when an executor registers: asked this often
 
 
@@ -46,6 +48,22 @@ def expected_executors(conf: dict[str, str]) -> int | None:
     return max(1, cores // per)
 
 
+def shortfall(registered: int, expected: int, waited_s: float) -> str:
+    """What a standby says when fewer executors than it asked for registered in
+    ``waited_s`` (a cluster without free cores for it: the reason a standby would stay
+    cold, said where its operator looks, not only in Spark's own log)."""
+    if registered <= 0:
+        return (
+            f"no executor of the {expected} this standby asks for registered in "
+            f"{waited_s:.0f} s (has the cluster a free core for it? its master's page "
+            "says): the warm-up waits for one, and a takeover before starts them itself"
+        )
+    return (
+        f"{registered} of the {expected} executors this standby asks for registered in "
+        f"{waited_s:.0f} s: warming those (a takeover starts the rest)"
+    )
+
+
 def _import_task_modules(index: int) -> int:
     """Run on an executor: import what a batch's tasks import (1: a task that did)."""
     import riverbed.state.rocksdb
@@ -55,10 +73,11 @@ def _import_task_modules(index: int) -> int:
     return 1
 
 
-def warm_up(spark: Any, wait_s: float = WAIT_S) -> int:
+def warm_up(spark: Any, wait_s: float = WAIT_S, say: Callable[[str], None] | None = None) -> int:
     """Wait (up to ``wait_s``) for the executors the session asked for, then run one
     task per core importing riverbed's task modules; returns how many did (over Spark
-    Connect: one task a core, without waiting for executors — the server has them)."""
+    Connect: one task a core, without waiting for executors — the server has them).
+    ``say`` is told when fewer executors than asked for registered in time."""
     from riverbed.spark import is_connect, tasks
 
     if is_connect(spark):
@@ -69,9 +88,14 @@ def warm_up(spark: Any, wait_s: float = WAIT_S) -> int:
     expected = expected_executors(dict(sc.getConf().getAll()))
     if expected is not None:
         deadline = time.monotonic() + wait_s
-        # the driver's own block manager is in the list too
-        while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < expected:
+
+        def registered() -> int:  # the driver's own block manager is in the list too
+            return int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+
+        while registered() < expected:
             if time.monotonic() >= deadline:
+                if say is not None:
+                    say(shortfall(registered(), expected, wait_s))
                 break
             time.sleep(POLL_S)
     n = max(1, sc.defaultParallelism)
@@ -83,28 +107,40 @@ def warm_up_in_background(
     spark: Any, on_warm: Callable[[str], None] | None = None
 ) -> threading.Thread:
     """:func:`warm_up` on a daemon thread (a standby's campaign goes on meanwhile);
-    ``on_warm`` is told when it is done. A failure is logged, never raised: a cold
-    start is slower, not wrong."""
+    ``on_warm`` is told when it is done, and what kept it from being (too few executors
+    in time, a failure: a standby that stays cold says why where its operator reads).
+    A failure is never raised: a cold start is slower, not wrong."""
+
+    def tell(line: str) -> None:
+        if on_warm is not None:
+            on_warm(line)
+        else:
+            log.warning(line)
 
     def run() -> None:
         began = time.monotonic()
         try:
-            tasks = warm_up(spark)
+            tasks = warm_up(spark, say=tell)
         except Exception as exc:  # a stopped session, a lost executor: only slower
-            log.info("warming up the executors did not finish: %s", exc)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            tell(f"{FAILED} ({first[:300]}): a takeover starts them itself, slower, not wrong")
             return
-        line = (
+        tell(
             f"{WARM} in {time.monotonic() - began:.1f} s: riverbed's task modules imported "
             f"on every core ({tasks})"
         )
-        if on_warm is not None:
-            on_warm(line)
-        else:
-            log.info(line)
 
     thread = threading.Thread(target=run, name="riverbed warm-up", daemon=True)
     thread.start()
     return thread
 
 
-__all__ = ["GROUP", "WARM", "expected_executors", "warm_up", "warm_up_in_background"]
+__all__ = [
+    "FAILED",
+    "GROUP",
+    "WARM",
+    "expected_executors",
+    "shortfall",
+    "warm_up",
+    "warm_up_in_background",
+]

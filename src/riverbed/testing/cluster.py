@@ -98,6 +98,29 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def master_summary(host: str, page: dict[str, Any]) -> list[str]:
+    """Lines of a standalone master's JSON ``page``: its status, each worker's cores
+    in use, each application's cores and state (one line when it did not answer)."""
+    if not page:
+        return [f"Spark master on {host}: does not answer"]
+    lines = [
+        f"Spark master on {host}: {page.get('status', '?')}, "
+        f"{page.get('coresused', '?')} of {page.get('cores', '?')} cores in use"
+    ]
+    for w in page.get("workers", []):
+        lines.append(
+            f"  worker {w.get('host', '?')}:{w.get('port', '?')} {w.get('state', '?')}: "
+            f"{w.get('coresused', '?')} of {w.get('cores', '?')} cores in use"
+        )
+    for kind in ("activeapps", "completedapps"):
+        for a in page.get(kind, []):
+            lines.append(
+                f"  {'app' if kind == 'activeapps' else 'ended app'} {a.get('name', '?')} "
+                f"({a.get('id', '?')}) {a.get('state', '?')}: {a.get('cores', '?')} cores"
+            )
+    return lines
+
+
 class Cluster:
     """The servers of riverbed's cluster on ``bed`` (see the module docstring)."""
 
@@ -309,6 +332,11 @@ class Cluster:
     def active_master(self) -> str | None:
         """The host of the leading Spark master, if one leads."""
         return next((m for m in self.masters if self.master_status(m) == "ALIVE"), None)
+
+    def spark_summary(self) -> list[str]:
+        """What each Spark master says of its workers and applications (a failed
+        scenario's evidence: which cores were free, which application waited)."""
+        return [line for m in self.masters for line in master_summary(m, self._master_page(m))]
 
     def spark_apps(self, master: str) -> list[dict[str, Any]]:
         """The applications ``master`` runs (its JSON page)."""
