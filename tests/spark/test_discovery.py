@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from riverbed.control import connect
 from riverbed.control.processes import processes
 from riverbed.errors import InvalidValueError
-from riverbed.spark.discovery import ROLE, master_url, resolve
+from riverbed.spark.discovery import ROLE, master_url, resolve, silent_too_long
 from riverbed.testing import free_port
 from riverbed.testing.cluster import spark_home
 
@@ -77,6 +77,17 @@ def _until(check: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"{what} within {timeout}s")
 
 
+@given(  # whole seconds: the boundary itself is exact
+    silent_for=st.integers(0, 100), grace=st.integers(1, 60), now=st.integers(0, 10**6)
+)
+def test_a_master_is_withdrawn_only_once_silent_for_the_grace(silent_for, grace, now):
+    assert silent_too_long(now - silent_for, now, grace) == (silent_for >= grace)
+    assert not silent_too_long(None, now, grace)  # it answered at its last look
+
+
+TTL = 8  # the presence's lease and how long a silent master is kept
+
+
 @pytest.mark.slow
 def test_a_real_master_is_announced_while_it_answers_and_withdrawn_when_gone(
     tmp_path: Path, subprocess_env: dict[str, str]
@@ -100,7 +111,7 @@ def test_a_real_master_is_announced_while_it_answers_and_withdrawn_when_gone(
     url = f"spark://127.0.0.1:{port}"
     presence = subprocess.Popen(
         [sys.executable, "-m", "riverbed.cli.main", "control", "spark-master", url,
-         "--ui", f"http://127.0.0.1:{ui}", "--ttl", "3"],
+         "--ui", f"http://127.0.0.1:{ui}", "--ttl", str(TTL)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     cp = connect(control)
@@ -115,9 +126,25 @@ def test_a_real_master_is_announced_while_it_answers_and_withdrawn_when_gone(
         assert len(announced) == 1 and announced[0]["url"] == url
         assert announced[0]["host"] == "m1"
         assert resolve("riverbed", control) == url  # what a driver given `riverbed` gets
+        # a master that does not answer for a moment (paused 4 s: at least one look,
+        # 2 s each, timed out) is a busy one: its entry stays (it went at the first
+        # look that timed out, and a driver starting then got the standby alone)
+        os.killpg(master.pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            while time.monotonic() - paused < 4:
+                assert [p for p in processes(cp) if p.get("role") == ROLE], "withdrawn"
+                time.sleep(0.2)
+        finally:
+            os.killpg(master.pid, signal.SIGCONT)
+        assert resolve("riverbed", control) == url
+        # gone for good, it is withdrawn once silent for the TTL
         os.killpg(master.pid, signal.SIGKILL)
         master.wait(timeout=30)
-        _until(lambda: not [p for p in processes(cp) if p.get("role") == ROLE], 20, "withdrawal")
+        _until(lambda: not [p for p in processes(cp) if p.get("role") == ROLE], 40, "withdrawal")
+        # not at its first silent look: after the TTL (counted from the pause, when its
+        # silence may have begun if no look came between the pause and the kill)
+        assert time.monotonic() - paused >= TTL
         with pytest.raises(InvalidValueError, match="knows no Spark master"):
             resolve("riverbed", control)
         assert presence.poll() is None  # it waits for the master to answer again

@@ -4,20 +4,22 @@ Beside each Spark standalone master runs ``riverbed control spark-master
 spark://host:7077`` (:class:`MasterPresence`): while the master's web UI answers, it
 registers the master in the control plane's ``processes`` group (role
 ``spark-master``, ``{url, state}``: the master's status, ``ALIVE`` for the leader,
-``STANDBY``…, as the hosts view shows a driver's) on a lease
-of its own, so the entry goes with the master's host; a master that stops answering
-is withdrawn until it answers again. A driver given the master ``riverbed`` asks the
-control plane for the live masters and connects to all of them
-(``spark://a:7077,b:7077``, the leader first): with ZooKeeper recovery it follows
-whichever leads — a moved or replaced master is found without editing configuration.
+``STANDBY``…, as the hosts view shows a driver's) on a lease of its own, so the entry
+goes with the master's host; a master that stops answering is withdrawn once it has
+been silent for the entry's TTL (one slow answer is a busy master), until it answers
+again. A driver given the master ``riverbed`` asks the control plane for the live
+masters and connects to all of them (``spark://a:7077,b:7077``, the leader first):
+with ZooKeeper recovery it follows whichever leads — a moved or replaced master is
+found without editing configuration.
 
-:func:`master_url` is the pure choice (Hypothesis-tested).
+:func:`master_url` and :func:`silent_too_long` are the pure choices (Hypothesis-tested).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,7 +29,15 @@ from riverbed.control.errors import ControlError
 from riverbed.control.processes import announce, processes
 from riverbed.errors import InvalidValueError
 
-__all__ = ["DISCOVERED", "ROLE", "MasterPresence", "master_page", "master_url", "resolve"]
+__all__ = [
+    "DISCOVERED",
+    "ROLE",
+    "MasterPresence",
+    "master_page",
+    "master_url",
+    "resolve",
+    "silent_too_long",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +114,20 @@ def _status(ui: str) -> str | None:
     return str(status) if status else None
 
 
+def silent_too_long(silent_since: float | None, now: float, grace: float) -> bool:
+    """Whether a master not answering since ``silent_since`` (None: it answered last)
+    is to be withdrawn at ``now``: once it has been silent ``grace`` seconds. One look
+    that timed out is a busy master (a GC pause, a loaded host), not a gone one — and a
+    live master withdrawn for it is left out of the URL a driver starting then gets,
+    which registers with the standby alone and gives up: a master kept a few seconds
+    too long costs nothing, a driver connects to every master listed."""
+    return silent_since is not None and now - silent_since >= grace
+
+
 class MasterPresence:
     """Announce the Spark master at ``url`` (its web UI at ``ui``) while it answers,
-    with its status; withdraw it while it does not. Polls every ``every`` seconds."""
+    with its status; withdraw it once it has not answered for ``ttl`` seconds (as its
+    entry would go if this process died). Polls every ``every`` seconds."""
 
     def __init__(
         self, cp: ControlPlane, url: str, ui: str, ttl: int = 10, every: float = 1.0
@@ -118,17 +139,27 @@ class MasterPresence:
         self.cp, self.url, self.ui, self.ttl, self.every = cp, url, ui, ttl, every
         self.status: str | None = None  # as announced now (None: not announced)
         self._session: Session | None = None
+        self._silent_since: float | None = None  # when it stopped answering
         self._stop = threading.Event()
 
     def step(self) -> str | None:
-        """One look at the master: announce, update or withdraw it; its status."""
+        """One look at the master: announce, update or withdraw it; its status (None
+        while it does not answer)."""
         status = _status(self.ui)
+        now = time.monotonic()
         if status is None:
-            if self._session is not None:  # it went away: so does its entry
-                self._session.close()
+            if self._silent_since is None:
+                self._silent_since = now
+            if self._session is not None and silent_too_long(self._silent_since, now, self.ttl):
+                self._session.close()  # it went away: so does its entry
                 self._session, self.status = None, None
-                log.warning("Spark master %s does not answer: withdrawn", self.url)
+                log.warning(
+                    "Spark master %s has not answered for %.0f s: withdrawn",
+                    self.url,
+                    now - self._silent_since,
+                )
             return None
+        self._silent_since = None
         if self._session is None or not self._session.alive:
             self._session, self.status = Session(self.cp, ttl=self.ttl), None
         if status != self.status and announce(
