@@ -54,11 +54,10 @@ def test_an_unstarted_session_answers_from_its_configuration_and_stops_as_nothin
 
 
 PROBE = """
-import json, os
-from pyspark import SparkContext
+import json
 from riverbed.config import SparkConfig
 from riverbed.spark import session
-from riverbed.spark.lazy import local_parallelism
+from riverbed.spark.lazy import DeferredSession, ended, local_parallelism, revived
 got = []
 for master, conf in [("local", {}), ("local[3]", {}), ("local[*]", {}), ("local[2,4]", {}),
                      ("local[3]", {"spark.default.parallelism": "5"})]:
@@ -68,20 +67,35 @@ for master, conf in [("local", {}), ("local[3]", {}), ("local[*]", {}), ("local[
                 local_parallelism(master, config.conf, s.sparkContext._jvm.java.lang.Runtime
                                   .getRuntime().availableProcessors())])
     s.stop()
-print(json.dumps(got))
+# a context that stops under its session, as the JVM's does when a cluster's master
+# removes the application: ended, and revived as a new session that runs jobs
+config = SparkConfig(master="local[2]", conf={})
+s = session(config)
+alive = [ended(s), s.range(3).count()]
+s.sparkContext._jsc.sc().stop()
+new = revived(s, config)
+after = [ended(s), type(new) is DeferredSession, new.range(5).count(), ended(new),
+         revived(new, config) is new]
+print(json.dumps({"parallelism": got, "alive": alive, "after": after}))
 """
 
 
 @pytest.mark.spark
 def test_the_parallelism_equals_what_spark_gives(subprocess_env: dict[str, str]) -> None:
-    """Five sessions, one after another, in a process of their own (one per process)."""
+    """Five sessions, one after another, in a process of their own (one per process);
+    then one whose context stops under it is :func:`ended`, and :func:`revived` as a
+    new session that runs jobs (what a standby does whose application its master
+    removed while it waited)."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE], env=subprocess_env, capture_output=True, text=True,
         timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    for master, conf, spark_says, mine in json.loads(done.stdout.splitlines()[-1]):
+    said = json.loads(done.stdout.splitlines()[-1])
+    for master, conf, spark_says, mine in said["parallelism"]:
         assert mine == spark_says, (master, conf)
+    assert said["alive"] == [False, 3]
+    assert said["after"] == [True, True, 5, False, True]
 
 
 @pytest.mark.spark

@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from riverbed.control.errors import SessionLostError
-    from riverbed.spark.lazy import deferred, start_now
+    from riverbed.spark.lazy import deferred, ended, revived, start_now
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.layout import checkpoints_location
@@ -287,6 +287,12 @@ def _run(args: argparse.Namespace) -> int:
     rejoin = not (args.once or args.no_standby)
     try:
         while True:
+            if ended(spark):  # (a standby's, while it waited: Spark's log says why)
+                say(
+                    "[yellow]this driver's Spark application had ended (its master removed "
+                    "it: Spark's log says why): it starts a new one[/yellow]"
+                )
+                spark = revived(spark, spark_config)
             say(f"running [bold]{job.aggregation.name}[/bold]: results in {job.output}")
             resuming = resume_line(job)
             if resuming is not None:

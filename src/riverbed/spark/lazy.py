@@ -19,6 +19,7 @@ session without running a job it answers from its configuration:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -121,6 +122,38 @@ def start_now(spark: object) -> None:
     before its wait: it takes over with Spark warm); any other is started already."""
     if isinstance(spark, DeferredSession):
         spark.start()
+
+
+def ended(spark: object) -> bool:
+    """Whether a started classic session's SparkContext has stopped under it: a
+    cluster's master removed its application (no master answered its registration,
+    its executors failed again and again), and every job it is given fails. A session
+    not started yet, or a Spark Connect client, has not."""
+    from riverbed.spark import is_connect
+
+    if isinstance(spark, DeferredSession):
+        spark = spark._started
+        if spark is None:
+            return False
+    if is_connect(spark):
+        return False
+    jsc = getattr(getattr(spark, "sparkContext", None), "_jsc", None)
+    if jsc is None:  # stopped from Python
+        return True
+    try:
+        return bool(jsc.sc().isStopped())
+    except Exception:  # the JVM itself is gone: ended as well
+        return True
+
+
+def revived(spark: Any, config: SparkConfig) -> Any:
+    """``spark``, or — when it has :func:`ended` — a new session for ``config`` (the
+    ended one stopped first: PySpark would hand it back otherwise)."""
+    if not ended(spark):
+        return spark
+    with contextlib.suppress(Exception):  # what stopping an ended context can raise
+        spark.stop()
+    return deferred(config)
 
 
 # the last deferred session made in this process, for what PySpark asks of "the active
