@@ -45,6 +45,7 @@ from riverbed.config import overlaid
 from riverbed.demo.cluster_jobs import JobsOutcome, wait_while_moving
 from riverbed.demo.cluster_jobs import wait_for as _wait
 from riverbed.demo.stream import SPEC, TOPIC_SCHEMA, compare, generate
+from riverbed.errors import RiverbedError
 from riverbed.stream import warmup
 from riverbed.stream.plan import ends_of
 from riverbed.testing.cluster import BUCKET, Cluster
@@ -131,7 +132,7 @@ def _warm(bed: TestBed, host: str, since: int) -> bool:
         return True
     failed = next((line for line in said.splitlines() if warmup.FAILED in line), None)
     if failed is not None:
-        raise RuntimeError(f"the standby driver on {host} stays cold: {failed.strip()}")
+        raise RiverbedError(f"the standby driver on {host} stays cold: {failed.strip()}")
     return False
 
 
