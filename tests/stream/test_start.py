@@ -4,12 +4,15 @@ its first batch is started again from its checkpoint, and counts every event onc
 
 from __future__ import annotations
 
+import itertools
 import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from riverbed.stream import Aggregation, Count, Distinct, register
 from riverbed.stream.dataframe import (
@@ -19,6 +22,7 @@ from riverbed.stream.dataframe import (
     start_phase,
     transient_start_failure,
 )
+from riverbed.stream.querystart import start_waits
 from riverbed.windows import Tumbling
 from tests.stream.conftest import make_events, write_events
 
@@ -128,3 +132,24 @@ AGGREGATION = Aggregation(
     name="startup", key="flag", time="ts", window=Tumbling("1h"), watermark="3h",
     metrics={"users": Distinct("user_id"), "events": Count()}, state_partitions=3,
 )  # fmt: skip
+
+
+@given(
+    first=st.floats(0.1, 10, allow_nan=False),
+    most=st.floats(10, 60, allow_nan=False),
+    patience=st.floats(1, 600, allow_nan=False),
+)
+def test_the_waits_between_starts_double_up_to_a_cap_and_add_up_to_the_patience(
+    first: float, most: float, patience: float
+) -> None:
+    waits = start_waits(first, most, patience)
+    assert sum(waits) == pytest.approx(patience)
+    assert all(0 < w <= most for w in waits)
+    assert waits[0] == min(first, patience)
+    for before, after in itertools.pairwise(waits[:-1]):  # the last one is cut to fit
+        assert after == min(before * 2, most)
+
+
+def test_a_start_is_tried_over_minutes_not_seconds() -> None:
+    # five tries 2-8 s apart (20 s) all failed in a one-core run: the default outlasts that
+    assert sum(start_waits()) >= 120 and len(start_waits()) + 1 == START_ATTEMPTS

@@ -18,7 +18,32 @@ log = logging.getLogger(__name__)
 # start-up to take that long, a source's failure ends the query before its first batch,
 # and a ``foreachBatch`` worker's fails the start itself (the server refuses the query).
 # Nothing was planned yet either way, so starting again from the checkpoint is safe.
-START_ATTEMPTS = 5  # a CI-like host (0.4 CPU) once failed 3 in a row
+# How long a start is retried: a CI-like host (0.4 CPU) once failed 3 starts in a row,
+# and a one-core suite run (three workers, a Connect server) five over ~70 s
+# (2026-12-08). A failed start costs nothing (nothing ran), and a user's query on a busy
+# shared Spark would rather start late than not: the waits between the tries double
+# from 2 s up to 30 s, until they add up to PATIENCE_S.
+FIRST_WAIT_S, MOST_WAIT_S, PATIENCE_S = 2.0, 30.0, 150.0
+
+
+def start_waits(
+    first: float = FIRST_WAIT_S, most: float = MOST_WAIT_S, patience: float = PATIENCE_S
+) -> list[float]:
+    """The waits before each start after the first: doubling from ``first``, at most
+    ``most`` each, until they add up to ``patience`` (the last one cut to fit)."""
+    waits: list[float] = []
+    wait, left = first, patience
+    while left > 0:
+        if min(wait, most) >= left:
+            waits.append(left)  # the last: cut to fit
+            break
+        waits.append(min(wait, most))
+        left -= waits[-1]
+        wait *= 2
+    return waits
+
+
+START_ATTEMPTS = 1 + len(start_waits())  # the first start and one after each wait
 _TRANSIENT_START = (
     "Python worker failed to connect back",
     "Timed out while waiting for the Python worker to connect back",
@@ -33,7 +58,9 @@ def transient_start_failure(failure: str) -> bool:
 
 def start_query(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
     """Start the query and wait until its sources are initialized; a query that died of a
-    transient start-up failure is started again (up to :data:`START_ATTEMPTS` times)."""
+    transient start-up failure is started again (up to :data:`START_ATTEMPTS` times, the
+    waits between them :func:`start_waits`)."""
+    waits = start_waits()
     for attempt in range(1, START_ATTEMPTS + 1):
         last = attempt == START_ATTEMPTS
         try:
@@ -56,7 +83,7 @@ def start_query(writer: Any, name: str, *, init_timeout: float = 120.0) -> Any:
             attempt + 1,
             START_ATTEMPTS,
         )
-        time.sleep(2.0 * attempt)  # let the load that starved it pass
+        time.sleep(waits[attempt - 1])  # let the load that starved it pass
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -97,4 +124,10 @@ def _initialization_failure(query: Any, timeout: float) -> str | None:
     return None if error is None else str(error)
 
 
-__all__ = ["START_ATTEMPTS", "start_phase", "start_query", "transient_start_failure"]
+__all__ = [
+    "START_ATTEMPTS",
+    "start_phase",
+    "start_query",
+    "start_waits",
+    "transient_start_failure",
+]
