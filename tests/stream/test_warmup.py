@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -66,3 +71,24 @@ def test_a_warm_up_that_fails_says_why_instead_of_staying_silent():
         "warming up the executors failed (SparkContext was shut down [stage 3]): a takeover "
         "starts them itself, slower, not wrong"
     ]
+
+
+STOPPED = """
+import json
+from riverbed.config import SparkConfig
+from riverbed.spark import session
+from riverbed.stream.warmup import warm_up_in_background
+spark = session(SparkConfig(master="local[2]", conf={}))
+spark.stop()  # the driver ends (a --once run's end) while its standby's warm-up runs
+said = []
+warm_up_in_background(spark, said.append).join(60)
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.spark
+def test_a_warm_up_ended_by_its_driver_stopping_says_nothing(subprocess_env):
+    done = subprocess.run([sys.executable, "-c", STOPPED], env=subprocess_env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []

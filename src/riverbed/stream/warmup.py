@@ -103,6 +103,16 @@ def warm_up(spark: Any, wait_s: float = WAIT_S, say: Callable[[str], None] | Non
     return int(sum(sc.parallelize(range(n), n).map(_import_task_modules).collect()))
 
 
+def _stopped(spark: Any) -> bool:
+    """Whether ``spark`` has stopped (:func:`riverbed.spark.lazy.ended`; no answer: no)."""
+    from riverbed.spark.lazy import ended
+
+    try:
+        return ended(spark)
+    except Exception:  # what cannot be asked has not said it stopped
+        return False
+
+
 def warm_up_in_background(
     spark: Any, on_warm: Callable[[str], None] | None = None
 ) -> threading.Thread:
@@ -122,6 +132,9 @@ def warm_up_in_background(
         try:
             tasks = warm_up(spark, say=tell)
         except Exception as exc:  # a stopped session, a lost executor: only slower
+            if _stopped(spark):  # the driver is ending (a takeover says an ended application)
+                log.info("the warm-up ended with its session: %s", exc)
+                return
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             tell(f"{FAILED} ({first[:300]}): a takeover starts them itself, slower, not wrong")
             return
