@@ -76,19 +76,31 @@ def test_a_warm_up_that_fails_says_why_instead_of_staying_silent():
 STOPPED = """
 import json
 from riverbed.config import SparkConfig
-from riverbed.spark import session
+from riverbed.spark import lazy, session
 from riverbed.stream.warmup import warm_up_in_background
-spark = session(SparkConfig(master="local[2]", conf={}))
-spark.stop()  # the driver ends (a --once run's end) while its standby's warm-up runs
-said = []
-warm_up_in_background(spark, said.append).join(60)
+config = SparkConfig(master="local[2]", conf={})
+said = {}
+# the driver ends (a --once run's end) while its standby's warm-up runs
+spark = session(config)
+lazy.stop(spark)
+said["stopped"] = []
+warm_up_in_background(spark, said["stopped"].append).join(60)
+# the application ends under it (the JVM's context stops, as its master's removal does)
+spark = session(config)
+spark.sparkContext._jsc.sc().stop()
+said["ended"] = []
+warm_up_in_background(spark, said["ended"].append).join(60)
 print(json.dumps(said))
 """
 
 
 @pytest.mark.spark
-def test_a_warm_up_ended_by_its_driver_stopping_says_nothing(subprocess_env):
+def test_a_warm_up_ended_by_its_driver_says_nothing_and_by_its_application_says_so(
+    subprocess_env,
+):
     done = subprocess.run([sys.executable, "-c", STOPPED], env=subprocess_env,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == []
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said["stopped"] == []
+    assert said["ended"] == [f"{warmup.ENDED}: a takeover starts a new one (Spark's log says why)"]

@@ -17,7 +17,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
     stands by), every write fenced by its term."""
     from dataclasses import replace
 
-    from riverbed.spark.lazy import deferred, start_now
+    from riverbed.spark.lazy import deferred, start_now, stop
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.joinquery import batch_line, start_join
     from riverbed.stream.leader import DriverLease
@@ -80,7 +80,7 @@ def run_join(args: argparse.Namespace, config: Config, join: Any, say: Any) -> i
                 query.stop()
     finally:
         lease.close()
-    spark.stop()  # (a deferred session never started: nothing to stop)
+    stop(spark)  # (a deferred session never started: nothing to stop)
     return 0
 
 

@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from riverbed.control.errors import SessionLostError
-    from riverbed.spark.lazy import deferred, ended, revived, start_now
+    from riverbed.spark.lazy import deferred, ended, revived, start_now, stop
     from riverbed.stream.batchlog import BatchRecord
     from riverbed.stream.fencing import DriverFencedError
     from riverbed.stream.layout import checkpoints_location
@@ -342,7 +342,7 @@ def _run(args: argparse.Namespace) -> int:
             say(lease.describe())
     finally:
         lease.close()
-    spark.stop()  # (a deferred session never started: nothing to stop)
+    stop(spark)  # (a deferred session never started: nothing to stop)
     return 0
 
 

@@ -130,7 +130,9 @@ def _warm(bed: TestBed, host: str, since: int) -> bool:
         said = f.read().decode(errors="replace")
     if warmup.WARM in said:
         return True
-    failed = next((line for line in said.splitlines() if warmup.FAILED in line), None)
+    failed = next(
+        (line for line in said.splitlines() if warmup.FAILED in line or warmup.ENDED in line), None
+    )
     if failed is not None:
         raise RiverbedError(f"the standby driver on {host} stays cold: {failed.strip()}")
     return False

@@ -146,6 +146,25 @@ def ended(spark: object) -> bool:
         return True
 
 
+# the sessions this process is stopping itself (its driver's end): their jobs' failures
+# are the stop's, not news (a standby's warm-up says nothing of them)
+_STOPPING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def stop(spark: Any) -> None:
+    """Stop ``spark`` as this driver's own end (what :func:`stopping` then says)."""
+    _STOPPING.add(spark)
+    spark.stop()
+
+
+def stopping(spark: object) -> bool:
+    """Whether this process stopped ``spark`` itself (:func:`stop`)."""
+    try:
+        return spark in _STOPPING
+    except TypeError:  # what cannot be weakly referenced was never added
+        return False
+
+
 def revived(spark: Any, config: SparkConfig) -> Any:
     """``spark``, or — when it has :func:`ended` — a new session for ``config`` (the
     ended one stopped first: PySpark would hand it back otherwise)."""

@@ -28,6 +28,7 @@ GROUP = "riverbed-warm-up"  # the Spark job group of the warm-up job
 WAIT_S = 120.0  # how long the executors are waited for (then whatever registered)
 WARM = "executors warm"  # how the standby's line says it is ready (the cluster demo waits for it)
 FAILED = "warming up the executors failed"  # how it says it stays cold (and the demo stops)
+ENDED = "this standby's Spark application ended while it warmed up"  # its master removed it
 POLL_S = 0.25  # Spark tells no one when an executor registers: asked this often
 
 
@@ -103,8 +104,8 @@ def warm_up(spark: Any, wait_s: float = WAIT_S, say: Callable[[str], None] | Non
     return int(sum(sc.parallelize(range(n), n).map(_import_task_modules).collect()))
 
 
-def _stopped(spark: Any) -> bool:
-    """Whether ``spark`` has stopped (:func:`riverbed.spark.lazy.ended`; no answer: no)."""
+def _ended(spark: Any) -> bool:
+    """Whether ``spark`` has ended (:func:`riverbed.spark.lazy.ended`; no answer: no)."""
     from riverbed.spark.lazy import ended
 
     try:
@@ -127,13 +128,18 @@ def warm_up_in_background(
         else:
             log.warning(line)
 
+    from riverbed.spark.lazy import stopping
+
     def run() -> None:
         began = time.monotonic()
         try:
             tasks = warm_up(spark, say=tell)
         except Exception as exc:  # a stopped session, a lost executor: only slower
-            if _stopped(spark):  # the driver is ending (a takeover says an ended application)
+            if stopping(spark):  # the driver is ending: the stop's doing, not news
                 log.info("the warm-up ended with its session: %s", exc)
+                return
+            if _ended(spark):  # its master removed the application under it
+                tell(f"{ENDED}: a takeover starts a new one (Spark's log says why)")
                 return
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             tell(f"{FAILED} ({first[:300]}): a takeover starts them itself, slower, not wrong")
@@ -149,6 +155,7 @@ def warm_up_in_background(
 
 
 __all__ = [
+    "ENDED",
     "FAILED",
     "GROUP",
     "WARM",
