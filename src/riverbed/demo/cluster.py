@@ -114,20 +114,23 @@ def _size(path: str) -> int:
         return 0
 
 
-def _printed(bed: TestBed, host: str, since: int, text: str) -> bool:
-    """Whether ``host``'s driver printed ``text`` past byte ``since`` of its log."""
+def _said(bed: TestBed, host: str, since: int) -> str:
+    """What ``host``'s driver printed past byte ``since`` of its log."""
     with open(bed.service(host, "driver").log, "rb") as f:
         f.seek(since)
-        return text.encode() in f.read()
+        return f.read().decode(errors="replace")
+
+
+def _printed(bed: TestBed, host: str, since: int, text: str) -> bool:
+    """Whether ``host``'s driver printed ``text`` past byte ``since`` of its log."""
+    return text in _said(bed, host, since)
 
 
 def _warm(bed: TestBed, host: str, since: int) -> bool:
     """Whether ``host``'s standby driver said its executors are warm past byte ``since``
     of its log; what kept them cold, raised, when it said that instead (the scenario
     stops with the driver's reason, not after waiting for a line that will not come)."""
-    with open(bed.service(host, "driver").log, "rb") as f:
-        f.seek(since)
-        said = f.read().decode(errors="replace")
+    said = _said(bed, host, since)
     if warmup.WARM in said:
         return True
     failed = next(

@@ -121,14 +121,13 @@ def warm_up_in_background(
     ``on_warm`` is told when it is done, and what kept it from being (too few executors
     in time, a failure: a standby that stays cold says why where its operator reads).
     A failure is never raised: a cold start is slower, not wrong."""
+    from riverbed.spark.lazy import stopping
 
-    def tell(line: str) -> None:
+    def tell(line: str, level: int = logging.WARNING) -> None:  # (level: told no one)
         if on_warm is not None:
             on_warm(line)
         else:
-            log.warning(line)
-
-    from riverbed.spark.lazy import stopping
+            log.log(level, line)
 
     def run() -> None:
         began = time.monotonic()
@@ -141,12 +140,14 @@ def warm_up_in_background(
             if _ended(spark):  # its master removed the application under it
                 tell(f"{ENDED}: a takeover starts a new one (Spark's log says why)")
                 return
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
             tell(f"{FAILED} ({first[:300]}): a takeover starts them itself, slower, not wrong")
             return
         tell(
             f"{WARM} in {time.monotonic() - began:.1f} s: riverbed's task modules imported "
-            f"on every core ({tasks})"
+            f"on every core ({tasks})",
+            logging.INFO,
         )
 
     thread = threading.Thread(target=run, name="riverbed warm-up", daemon=True)
